@@ -70,6 +70,8 @@ __all__ = [
     "FlushPlan",
     "AppendResult",
     "RecoveryReport",
+    "VerifyReport",
+    "verify_store",
     "StoreError",
     "StoreLockedError",
     "CorruptStoreError",
@@ -957,6 +959,56 @@ def _load_segments(
     return segments, segment_size
 
 
+@dataclass
+class _Walk:
+    """
+    Where a record walk over whole segment files stopped.
+    """
+
+    index: int
+    position: int
+    records: int
+    error: RecordError | None
+
+
+def _walk(segments: list[_Segment], index: int, check_crc: bool) -> _Walk:
+    """
+    Verify records from the start of C{segments[index]} over the full size
+    of every segment file, following BLANK fillers to the next segment,
+    until zero bytes (the normal end), a record that does not verify, or
+    the end of the last segment.
+    """
+    records = 0
+    while True:
+        segment = segments[index]
+        mm = segment.mm
+        position = 0
+        while position < segment.size:
+            try:
+                item = parse_record(
+                    mm,
+                    position,
+                    segment.size,
+                    segment.start + position,
+                    check_crc=check_crc,
+                    with_body=False,
+                )
+            except RecordError as e:
+                return _Walk(index, position, records, e)
+            if type(item) is Blank:
+                position = segment.size
+                break
+            records += 1
+            position += item.size
+        if index + 1 == len(segments):
+            return _Walk(index, position, records, None)
+        index += 1
+
+
+def _is_end_of_data(error: RecordError | None) -> bool:
+    return error is None or error.reason == "no record here (zero bytes)"
+
+
 def _recover(
     store_dir: str,
     segments: list[_Segment],
@@ -974,43 +1026,17 @@ def _recover(
     if not segments:
         return RecoveryReport(clean_shutdown=clean, walk_from=0, end_offset=0)
     index = max(0, len(segments) - 3)
-    report = RecoveryReport(
-        clean_shutdown=clean, walk_from=segments[index].start, end_offset=0
-    )
-    end_index = index
-    position = 0
-    while True:
-        segment = segments[end_index]
-        mm = segment.mm
-        position = 0
-        stop = False
-        while position < segment.size:
-            try:
-                item = parse_record(
-                    mm,
-                    position,
-                    segment.size,
-                    segment.start + position,
-                    check_crc=check_crc,
-                    with_body=False,
-                )
-            except RecordError as e:
-                if e.reason != "no record here (zero bytes)":
-                    report.stop_reason = str(e)
-                stop = True
-                break
-            if type(item) is Blank:
-                position = segment.size
-                break
-            report.records += 1
-            position += item.size
-        if stop or end_index + 1 == len(segments):
-            break
-        end_index += 1
-    segment = segments[end_index]
+    walk = _walk(segments, index, check_crc)
+    segment = segments[walk.index]
+    position = walk.position
     segment.wrote = position
-    report.end_offset = segment.start + position
-    # Is anything but zeros left behind the end in its segment?
+    report = RecoveryReport(
+        clean_shutdown=clean,
+        walk_from=segments[index].start,
+        end_offset=segment.start + position,
+        stop_reason=None if _is_end_of_data(walk.error) else str(walk.error),
+        records=walk.records,
+    )
     mm = segment.mm
     # After a clean shutdown that ended at zeros, the rest is zeros: this
     # store zeroed it at its last recovery and writes strictly in order.
@@ -1019,8 +1045,8 @@ def _recover(
     if report.torn and not read_only:
         _zero_after(mm, position, segment.size)
         mm.flush()
-    dropped = segments[end_index + 1 :]
-    del segments[end_index + 1 :]
+    dropped = segments[walk.index + 1 :]
+    del segments[walk.index + 1 :]
     for segment in dropped:
         name = os.path.basename(segment.path)
         report.dropped_segments.append(name)
@@ -1044,15 +1070,20 @@ def _recover(
     return report
 
 
-def _nonzero_after(mm: mmap.mmap, start: int, end: int) -> bool:
+def _first_nonzero(mm: mmap.mmap, start: int, end: int) -> int | None:
     step = len(_ZERO_CHUNK)
     position = start
     while position < end:
         n = min(step, end - position)
-        if mm[position : position + n] != _ZERO_CHUNK[:n]:
-            return True
+        chunk = mm[position : position + n]
+        if chunk != _ZERO_CHUNK[:n]:
+            return position + len(chunk) - len(chunk.lstrip(b"\0"))
         position += n
-    return False
+    return None
+
+
+def _nonzero_after(mm: mmap.mmap, start: int, end: int) -> bool:
+    return _first_nonzero(mm, start, end) is not None
 
 
 def _zero_after(mm: mmap.mmap, start: int, end: int) -> None:
@@ -1077,3 +1108,69 @@ def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:
         magic in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
         and written - position < total <= size - position
     )
+
+
+@dataclass
+class VerifyReport:
+    """
+    What L{verify_store} found.
+
+    @ivar error: the first problem, or C{None} when the store is sound.
+    @ivar bad_offset: where that problem is.
+    """
+
+    segments: int
+    records: int
+    min_offset: int
+    end_offset: int
+    error: str | None = None
+    bad_offset: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def verify_store(
+    store_dir: str, *, commitlog_dir: str | None = None, check_crc: bool = True
+) -> VerifyReport:
+    """
+    Check every record of every segment (not just the last three, as
+    opening does), without modifying anything: each record must verify,
+    every segment but the last must be closed by a BLANK filler (or end
+    exactly at its end), and nothing but zeros may follow the last record.
+
+    @raise StoreError: the store cannot be opened at all.
+    """
+    commitlog_dir = commitlog_dir or os.path.join(store_dir, "commitlog")
+    if not os.path.isdir(commitlog_dir):
+        raise StoreError(f"{commitlog_dir}: no such commit log directory")
+    segments, _ = _load_segments(commitlog_dir, None, writable=False)
+    try:
+        if not segments:
+            return VerifyReport(0, 0, 0, 0)
+        walk = _walk(segments, 0, check_crc)
+        segment = segments[walk.index]
+        end = segment.start + walk.position
+        report = VerifyReport(
+            len(segments), walk.records, segments[0].start, end
+        )
+        if not _is_end_of_data(walk.error):
+            assert walk.error is not None
+            report.error = walk.error.reason
+            report.bad_offset = walk.error.offset
+            return report
+        for later in segments[walk.index :]:
+            start = walk.position if later is segment else 0
+            first = _first_nonzero(later.mm, start, later.size)
+            if first is not None:
+                report.error = (
+                    f"non-zero bytes at offset {later.start + first} after the "
+                    f"end of the records at offset {end} (a torn or stale tail)"
+                )
+                report.bad_offset = end
+                return report
+        return report
+    finally:
+        for segment in segments:
+            segment.close()

@@ -1,0 +1,386 @@
+# -*- test-case-name: tests.test_cli -*-
+"""
+The C{rmqha} command: operator tools for a store.
+
+    rmqha store info DIR [--json]
+    rmqha store check DIR
+    rmqha store dump DIR [--from OFFSET] [--limit N]
+    rmqha store fill DIR --count N --body-size BYTES [--topics a,b] [--segment-size BYTES]
+    rmqha demo [--dir DIR]
+
+Every inspection command opens the store read-only: it never modifies a
+store, and works on one a broker has open.  Errors are one line on stderr
+and a non-zero exit status (2 for bad arguments, 1 otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from collections import Counter
+from typing import IO, Any, NoReturn, Sequence
+
+from rmqha import __version__
+from rmqha._record import Message, MessageRejected, Record, RecordError
+from rmqha._units import parse_size
+from rmqha.commitlog import CommitLog, StoreError, verify_store
+
+__all__ = ["main"]
+
+
+class _CommandError(Exception):
+    """
+    A failure to report as one line, exit status 1.
+    """
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage block: this is read in scripts.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _size_arg(name: str):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        try:
+            return parse_size(text, name)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return parse
+
+
+def _nonnegative(name: str):  # type: ignore[no-untyped-def]
+    def parse(text: str) -> int:
+        try:
+            value = int(text, 0)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} {text!r} is not an integer")
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"{name} {value} is negative")
+        return value
+
+    return parse
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="rmqha",
+        description="RocketMQ-compatible commit log with master/slave replication.",
+    )
+    parser.add_argument("--version", action="version", version=f"rmqha {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    store = commands.add_parser("store", help="inspect or fill a store")
+    actions = store.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    actions.required = True
+
+    info = actions.add_parser("info", help="segments, offsets, messages per topic")
+    info.add_argument("dir", help="store root (the directory holding commitlog/)")
+    info.add_argument("--json", action="store_true", help="one JSON object")
+    info.set_defaults(run=_info)
+
+    check = actions.add_parser(
+        "check", help="verify every record; exit 1 at the first bad one"
+    )
+    check.add_argument("dir")
+    check.set_defaults(run=_check)
+
+    dump = actions.add_parser("dump", help="records as JSON lines (body base64)")
+    dump.add_argument("dir")
+    dump.add_argument(
+        "--from",
+        dest="start",
+        type=_nonnegative("--from"),
+        default=None,
+        help="offset of the first record (a record boundary; default the oldest)",
+    )
+    dump.add_argument(
+        "--limit", type=_nonnegative("--limit"), default=None, help="at most N records"
+    )
+    dump.set_defaults(run=_dump)
+
+    fill = actions.add_parser("fill", help="append generated messages")
+    fill.add_argument("dir")
+    fill.add_argument("--count", type=_nonnegative("--count"), required=True)
+    fill.add_argument("--body-size", type=_size_arg("--body-size"), required=True)
+    fill.add_argument(
+        "--topics", default="TopicTest", help="comma-separated topics, used in turn"
+    )
+    fill.add_argument("--queues", type=_nonnegative("--queues"), default=4,
+                      help="queues per topic, used in turn (default 4)")
+    fill.add_argument(
+        "--segment-size",
+        type=_size_arg("--segment-size"),
+        default=None,
+        help="segment size for a new store (default 1g)",
+    )
+    fill.set_defaults(run=_fill)
+
+    demo = commands.add_parser("demo", help="the quick-start demo")
+    demo.add_argument("--dir", default="demo-store", help="store to create (default ./demo-store)")
+    demo.add_argument("--count", type=_nonnegative("--count"), default=50000)
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def _open_read_only(directory: str) -> CommitLog:
+    if not os.path.isdir(directory):
+        raise _CommandError(f"{directory}: no such directory")
+    return CommitLog.open(directory, read_only=True)
+
+
+def _format_host(host: tuple[str, int]) -> str:
+    ip, port = host
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def store_summary(commitlog: CommitLog) -> dict[str, Any]:
+    """
+    What C{rmqha store info --json} prints.
+    """
+    topics: Counter[str] = Counter()
+    for record in commitlog.records(with_body=False):
+        topics[record.topic] += 1  # type: ignore[union-attr]
+    recovery = commitlog.recovery
+    return {
+        "store_dir": commitlog.store_dir,
+        "commitlog_dir": commitlog.commitlog_dir,
+        "segment_size": commitlog.segment_size,
+        "segments": [
+            {"name": name, "start": start, "bytes": wrote}
+            for name, start, wrote in commitlog.segments
+        ],
+        "min_offset": commitlog.min_offset,
+        "max_offset": commitlog.max_offset,
+        "messages": sum(topics.values()),
+        "topics": dict(sorted(topics.items())),
+        "clean_shutdown": recovery.clean_shutdown,
+        "torn_tail": recovery.torn or recovery.stop_reason is not None,
+        "stop_reason": recovery.stop_reason,
+    }
+
+
+def _info(args: argparse.Namespace, out: IO[str]) -> int:
+    with _open_read_only(args.dir) as commitlog:
+        summary = store_summary(commitlog)
+    if args.json:
+        json.dump(summary, out)
+        out.write("\n")
+        return 0
+    size = summary["segment_size"]
+    out.write(f"store          {summary['store_dir']}\n")
+    out.write(f"segment size   {size} bytes ({_human(size)})\n")
+    out.write(f"segments       {len(summary['segments'])}\n")
+    for segment in summary["segments"]:
+        out.write(
+            f"  {segment['name']}  {segment['bytes']:>12} bytes used "
+            f"({100 * segment['bytes'] / size:5.1f}%)\n"
+        )
+    out.write(f"min offset     {summary['min_offset']}\n")
+    out.write(
+        f"max offset     {summary['max_offset']} "
+        f"({_human(summary['max_offset'] - summary['min_offset'])} of data)\n"
+    )
+    out.write(f"messages       {summary['messages']}\n")
+    for topic, count in summary["topics"].items():
+        out.write(f"  {topic:<40} {count:>12}\n")
+    state = "clean" if summary["clean_shutdown"] else "NOT clean (abort marker present)"
+    out.write(f"last shutdown  {state}\n")
+    if summary["torn_tail"]:
+        out.write(
+            f"torn tail      {summary['stop_reason'] or 'non-zero bytes after the end'}"
+            " (cut when opened read-write)\n"
+        )
+    return 0
+
+
+def _check(args: argparse.Namespace, out: IO[str]) -> int:
+    if not os.path.isdir(args.dir):
+        raise _CommandError(f"{args.dir}: no such directory")
+    report = verify_store(args.dir)
+    if report.ok:
+        out.write(
+            f"sound: {report.records} records in {report.segments} segments, "
+            f"offsets {report.min_offset}..{report.end_offset}\n"
+        )
+        return 0
+    out.write(f"bad record at offset {report.bad_offset}: {report.error}\n")
+    return 1
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    """
+    One line of C{rmqha store dump}.
+    """
+    return {
+        "offset": record.offset,
+        "size": record.size,
+        "topic": record.topic,
+        "queue_id": record.queue_id,
+        "queue_offset": record.queue_offset,
+        "flag": record.flag,
+        "sysflag": record.sysflag,
+        "born_timestamp": record.born_timestamp,
+        "born_host": _format_host(record.born_host),
+        "store_timestamp": record.store_timestamp,
+        "store_host": _format_host(record.store_host),
+        "reconsume_times": record.reconsume_times,
+        "prepared_tx_offset": record.prepared_tx_offset,
+        "msg_id": record.msg_id,
+        "properties": record.properties,
+        "tags": record.tags,
+        "keys": record.keys,
+        "body_crc": record.body_crc,
+        "crc_ok": record.crc_ok,
+        "body": base64.b64encode(record.body).decode("ascii"),
+    }
+
+
+def _dump(args: argparse.Namespace, out: IO[str]) -> int:
+    with _open_read_only(args.dir) as commitlog:
+        start = commitlog.min_offset if args.start is None else args.start
+        if not commitlog.min_offset <= start <= commitlog.max_offset:
+            raise _CommandError(
+                f"--from {start} is outside the store's offsets "
+                f"{commitlog.min_offset}..{commitlog.max_offset}"
+            )
+        count = 0
+        try:
+            for record in commitlog.records(start):
+                if args.limit is not None and count >= args.limit:
+                    break
+                out.write(json.dumps(record_json(record)) + "\n")  # type: ignore[arg-type]
+                count += 1
+        except RecordError as e:
+            if e.offset == start:
+                raise _CommandError(
+                    f"--from {start} is not the start of a record ({e.reason})"
+                ) from None
+            raise
+    return 0
+
+
+def fill(
+    commitlog: CommitLog,
+    count: int,
+    body_size: int,
+    topics: Sequence[str],
+    queues: int = 4,
+    seed: int = 0,
+) -> tuple[int, int]:
+    """
+    Append C{count} generated messages, cycling through C{topics} and
+    C{queues} queues, with bodies of C{body_size} bytes cut from a random
+    pool and RocketMQ producer properties (C{UNIQ_KEY}, C{TAGS}, C{KEYS},
+    C{WAIT}).
+
+    @return: the first and the next free offset.
+    """
+    import random
+
+    rng = random.Random(seed)
+    pool = rng.randbytes(max(body_size * 2, 1 << 16))
+    first = None
+    put = commitlog.put
+    queues = max(queues, 1)
+    for i in range(count):
+        start = rng.randrange(len(pool) - body_size + 1)
+        message = Message(
+            topic=topics[i % len(topics)],
+            body=pool[start : start + body_size],
+            queue_id=(i // len(topics)) % queues,
+            properties={
+                "UNIQ_KEY": f"7F0000010001{seed & 0xFFFF:04X}{i:016X}",
+                "TAGS": f"Tag{i % 3}",
+                "KEYS": f"key-{i}",
+                "WAIT": "true",
+            },
+        )
+        result = put(message)
+        if first is None:
+            first = result.offset
+    return (commitlog.max_offset if first is None else first), commitlog.max_offset
+
+
+def _fill(args: argparse.Namespace, out: IO[str]) -> int:
+    topics = [t.strip() for t in args.topics.split(",") if t.strip()]
+    if not topics:
+        raise _CommandError("--topics names no topic")
+    started = time.perf_counter()
+    with CommitLog.open(args.dir, segment_size=args.segment_size) as commitlog:
+        first, end = fill(commitlog, args.count, args.body_size, topics, args.queues)
+        commitlog.flush()
+    elapsed = time.perf_counter() - started
+    out.write(
+        f"appended {args.count} messages ({_human(end - first)}) at offsets "
+        f"{first}..{end} in {elapsed:.2f} s\n"
+    )
+    return 0
+
+
+def _demo(args: argparse.Namespace, out: IO[str]) -> int:
+    out.write(f"filling {args.dir} with {args.count} messages of 1 KiB ...\n")
+    _fill(
+        argparse.Namespace(
+            dir=args.dir,
+            count=args.count,
+            body_size=1024,
+            topics="DemoOrders,DemoPayments,DemoAudit",
+            queues=4,
+            segment_size=64 << 20,
+        ),
+        out,
+    )
+    out.write(f"\n$ rmqha store info {args.dir}\n")
+    return _info(argparse.Namespace(dir=args.dir, json=False), out)
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def main(
+    argv: Sequence[str] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+) -> int:
+    """
+    Run the C{rmqha} command.
+
+    @return: the exit status.
+    """
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        return int(args.run(args, out))
+    except (_CommandError, StoreError, MessageRejected, RecordError, ValueError) as e:
+        err.write(f"rmqha: error: {e}\n")
+        return 1
+    except OSError as e:
+        err.write(f"rmqha: error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}\n")
+        return 1
+    except KeyboardInterrupt:
+        err.write("rmqha: interrupted\n")
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

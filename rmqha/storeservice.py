@@ -1,0 +1,157 @@
+# -*- test-case-name: tests.test_storeservice -*-
+"""
+The commit log as a Twisted service: opened when the service starts,
+flushed periodically off the reactor thread (RocketMQ's
+C{FlushRealTimeService}), flushed and closed cleanly when it stops.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorThreads, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from rmqha.commitlog import CommitLog, FlushDiskType, FlushPlan
+
+__all__ = ["CommitLogService", "DEFAULT_FLUSH_INTERVAL"]
+
+#: RocketMQ's C{flushIntervalCommitLog}: 500 ms.
+DEFAULT_FLUSH_INTERVAL = 0.5
+#: RocketMQ's C{flushCommitLogLeastPages}: 4 pages of 4 KiB.
+DEFAULT_FLUSH_LEAST_BYTES = 4 * 4096
+#: RocketMQ's C{flushCommitLogThoroughInterval}: 10 s.
+DEFAULT_FLUSH_THOROUGH_INTERVAL = 10.0
+
+class CommitLogService(Service):
+    """
+    Owns one L{CommitLog}.
+
+    With C{ASYNC_FLUSH} a L{LoopingCall} on the injected reactor asks the
+    log every C{flush_interval} seconds for a flush plan (at least
+    C{flush_least_bytes} dirty, or anything dirty once
+    C{flush_thorough_interval} has passed since the last flush) and runs
+    its C{fdatasync}s on a thread, so puts continue meanwhile; one flush at
+    a time.  With C{SYNC_FLUSH} the log flushes inside every put.
+
+    @ivar commitlog: the open log while the service runs, else C{None}.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        open_commitlog: Callable[[], CommitLog],
+        reactor: IReactorTime,
+        *,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        flush_least_bytes: int = DEFAULT_FLUSH_LEAST_BYTES,
+        flush_thorough_interval: float = DEFAULT_FLUSH_THOROUGH_INTERVAL,
+        run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
+    ) -> None:
+        """
+        @param open_commitlog: opens the log; called by C{startService}.
+        @param run_in_thread: runs a flush and returns a Deferred; defaults
+            to the reactor's thread pool (tests pass a synchronous one).
+        """
+        if flush_interval <= 0:
+            raise ValueError(f"flush interval {flush_interval!r} must be positive")
+        self._open_commitlog = open_commitlog
+        self._reactor = reactor
+        self._flush_interval = flush_interval
+        self._flush_least_bytes = flush_least_bytes
+        self._flush_thorough_interval = flush_thorough_interval
+        if run_in_thread is None:
+            run_in_thread = self._default_run_in_thread
+        self._run_in_thread = run_in_thread
+        self._loop: LoopingCall | None = None
+        self._flushing = False
+        self._waiters: list[Deferred[None]] = []
+        self._last_flush = 0.0
+        self.commitlog: CommitLog | None = None
+
+    def _default_run_in_thread(self, f: Callable[[], None]) -> Deferred[None]:
+        reactor: Any = self._reactor
+        assert IReactorThreads.providedBy(reactor), "needs a reactor with threads"
+        return deferToThreadPool(reactor, reactor.getThreadPool(), f)
+
+    def startService(self) -> None:
+        self.commitlog = self._open_commitlog()
+        self._last_flush = self._reactor.seconds()
+        if self.commitlog.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+            self._loop = LoopingCall(self.flush_now)
+            self._loop.clock = self._reactor
+            self._loop.start(self._flush_interval, now=False).addErrback(
+                lambda f: self._log.failure("flush loop stopped", f)
+            )
+        super().startService()
+
+    def flush_now(self, thorough: bool = False) -> Deferred[None]:
+        """
+        Start a flush unless one is running.
+
+        @param thorough: flush however little is dirty.
+        @return: fires when this (or the running) flush is over; a failed
+            flush is logged, not raised, and the next tick tries again.
+        """
+        commitlog = self.commitlog
+        if commitlog is None or commitlog.closed:
+            return succeed(None)
+        if self._flushing:
+            waiter: Deferred[None] = Deferred()
+            self._waiters.append(waiter)
+            return waiter
+        now = self._reactor.seconds()
+        if now - self._last_flush >= self._flush_thorough_interval:
+            thorough = True
+        plan = commitlog.flush_plan(0 if thorough else self._flush_least_bytes)
+        if plan is None:
+            return succeed(None)
+        self._last_flush = now
+        self._flushing = True
+
+        def failed(failure: Failure) -> None:
+            commitlog.flush_abandoned(plan)
+            self._log.failure(
+                "flushing the commit log up to offset {target} failed",
+                failure,
+                target=plan.target,
+            )
+
+        def finished(_: None) -> None:
+            self._flushing = False
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+
+        d = self._run_in_thread(plan.execute)
+        d.addCallbacks(lambda _: commitlog.flush_done(plan), failed)
+        d.addCallback(finished)
+        return d
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Stop the flush loop, wait for a running flush, then flush
+        what is left and close the log (which removes the C{abort} marker).
+        """
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        if self._flushing:
+            waiting: Deferred[None] = Deferred()
+            self._waiters.append(waiting)
+        else:
+            waiting = succeed(None)
+
+        def close(_: object) -> None:
+            commitlog, self.commitlog = self.commitlog, None
+            if commitlog is not None:
+                commitlog.close()
+
+        return waiting.addCallback(close)
