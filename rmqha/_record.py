@@ -397,16 +397,17 @@ def _fixed_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
 
 _FIXED = {(b, s): _fixed_struct(b, s) for b in (False, True) for s in (False, True)}
 _NOT_V6 = ~(SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6)
+# A BLANK's size is an int32, so no segment (and no record) is larger.
+_MAX_RECORD = 0x7FFFFFFF
 
 
 class RecordEncoder:
     """
     Encodes messages into v1 records for one store host.
 
-    The store's put path calls L{prepare} (validation, and the size the
-    record will take), then L{encode_into} with the position and queue
-    offset it assigns; L{encode_record} is the same code for callers that
-    want bytes.
+    The store's put path calls L{encode} with the position, room and
+    queue offset it assigns; L{encode_record} is the same code for callers
+    that want bytes.
 
     @ivar max_message_size: the largest body accepted.
     """
@@ -417,15 +418,32 @@ class RecordEncoder:
         self.store_host = store_host
         self._store_ip, self._store_port, self._store_v6 = _parse_host(store_host)
         self._store_v6_flag = SysFlag.STOREHOST_V6 if self._store_v6 else 0
+        # Born host defaults to the store host: same address family.
+        self._fixed_default = _FIXED[self._store_v6, self._store_v6]
         self.max_message_size = max_message_size
 
-    def prepare(self, message: Message) -> tuple[int, struct.Struct, bytes, int, bytes, int]:
+    def encode(
+        self,
+        buf: bytearray | memoryview | mmap,
+        pos: int,
+        room: int,
+        message: Message,
+        queue_offset: int,
+        physical_offset: int,
+        store_timestamp: int,
+    ) -> int:
         """
-        Validate C{message} and compute what does not depend on where it is
-        stored.
+        Validate C{message} and, if its record takes at most C{room} bytes,
+        write it at C{buf[pos:]}.
 
-        @return: an opaque value for L{encode_into}; its first item is the
-            record's total size.
+        One call does both because the store's put path needs the size to
+        choose where the record goes, and a second pass over the message
+        would cost as much as the encoding.
+
+        @return: the record's size, or its size negated when it does not
+            fit in C{room} (nothing is written then).
+        @raise MessageRejected: the message breaks a limit (named in the
+            text); nothing is written.
         """
         body = message.body
         if type(body) is not bytes and not isinstance(body, (bytes, bytearray)):
@@ -440,38 +458,22 @@ class RecordEncoder:
         properties = message.properties
         properties = encode_properties(properties) if properties else b""
         born_host = message.born_host
-        if born_host is None:
-            born_ip, born_port, born_v6 = self._store_ip, self._store_port, self._store_v6
-        else:
-            born_ip, born_port, born_v6 = _parse_host(tuple(born_host))  # type: ignore[arg-type]
         # The host-family bits describe the record, whatever the caller set.
         sysflag = message.sysflag & _NOT_V6 | self._store_v6_flag
-        if born_v6:
-            sysflag |= SysFlag.BORNHOST_V6
-        fixed = _FIXED[born_v6, self._store_v6]
+        if born_host is None:
+            born_ip, born_port = self._store_ip, self._store_port
+            fixed = self._fixed_default
+            if self._store_v6:
+                sysflag |= SysFlag.BORNHOST_V6
+        else:
+            born_ip, born_port, born_v6 = _parse_host(tuple(born_host))  # type: ignore[arg-type]
+            fixed = _FIXED[born_v6, self._store_v6]
+            if born_v6:
+                sysflag |= SysFlag.BORNHOST_V6
         tail = topic + _SHORT.pack(len(properties)) + properties
         total = fixed.size + body_length + len(tail)
-        return total, fixed, born_ip, born_port, tail, sysflag
-
-    def encode_into(
-        self,
-        buf: bytearray | memoryview | mmap,
-        pos: int,
-        message: Message,
-        prepared: tuple[int, struct.Struct, bytes, int, bytes, int],
-        queue_offset: int,
-        physical_offset: int,
-        store_timestamp: int,
-    ) -> int:
-        """
-        Write the record for C{message} at C{buf[pos:]}.
-
-        @param prepared: what L{prepare} returned for C{message}.
-        @return: the record's size.
-        @raise MessageRejected: an integer field is out of range (named).
-        """
-        total, fixed, born_ip, born_port, tail, sysflag = prepared
-        body = message.body
+        if total > room:
+            return -total
         born_timestamp = message.born_timestamp
         if born_timestamp is None:
             born_timestamp = store_timestamp
@@ -495,15 +497,16 @@ class RecordEncoder:
                 self._store_port,
                 message.reconsume_times,
                 message.prepared_tx_offset,
-                len(body),
+                body_length,
             )
         except struct.error:
+            # pack_into may have written some fields before failing.
+            buf[pos : pos + fixed.size] = bytes(fixed.size)
             self._explain_bad_integer(message, born_timestamp)
             raise
         p = pos + fixed.size
-        n = len(body)
-        buf[p : p + n] = body
-        p += n
+        buf[p : p + body_length] = body
+        p += body_length
         buf[p : p + len(tail)] = tail
         return total
 
@@ -529,12 +532,13 @@ def encode_record(
     The whole v1 record for C{message} as bytes.
     """
     encoder = RecordEncoder(store_host, max_message_size=0x7FFFFFFF)
-    prepared = encoder.prepare(message)
-    buf = bytearray(prepared[0])
-    encoder.encode_into(
-        buf, 0, message, prepared, queue_offset, physical_offset, store_timestamp
+    buf = bytearray(_MAX_RECORD)
+    total = encoder.encode(
+        buf, 0, _MAX_RECORD, message, queue_offset, physical_offset, store_timestamp
     )
-    return bytes(buf)
+    if total < 0:
+        raise MessageRejected(f"record of {-total} bytes is larger than any segment")
+    return bytes(buf[:total])
 
 
 def parse_record(

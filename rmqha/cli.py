@@ -38,10 +38,16 @@ class _CommandError(Exception):
     """
 
 
+class _UsageError(Exception):
+    """
+    Bad arguments: one line, exit status 2.
+    """
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         # One line, not argparse's usage block: this is read in scripts.
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        raise _UsageError(f"{self.prog}: error: {message}")
 
 
 def _size_arg(name: str):  # type: ignore[no-untyped-def]
@@ -365,7 +371,10 @@ def main(
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:
+    except _UsageError as e:
+        err.write(f"{e}\n")
+        return 2
+    except SystemExit as e:  # --help, --version
         return int(e.code or 0)
     try:
         return int(args.run(args, out))

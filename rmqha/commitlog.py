@@ -91,6 +91,7 @@ MIN_SEGMENT_SIZE = 256
 #: A BLANK filler's size is an int32, so a segment cannot be larger.
 MAX_SEGMENT_SIZE = 0x7FFFFFFF
 
+_UNCOUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 _SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
 _PAGE = mmap.PAGESIZE
 _ZERO_CHUNK = bytes(1 << 20)
@@ -462,15 +463,8 @@ class CommitLog:
         """
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
-        prepared = self._encoder.prepare(message)
-        total = prepared[0]
         segment = self._segments[-1] if self._segments else None
-        if segment is None or total + END_FILE_MIN_BLANK_LENGTH > segment.size - segment.wrote:
-            if total + END_FILE_MIN_BLANK_LENGTH > self.segment_size:
-                raise MessageRejected(
-                    f"record of {total} bytes (plus an 8-byte BLANK filler) "
-                    f"does not fit in a segment of {self.segment_size} bytes"
-                )
+        if segment is None:
             segment = self._roll()
         position = segment.wrote
         offset = segment.start + position
@@ -478,33 +472,44 @@ class CommitLog:
         if table is None or self._queue_table_end != offset:
             table = self._catch_up_queue_table()
         transaction = message.sysflag & SysFlag.TRANSACTION_MASK
-        key = (message.topic, message.queue_id)
         # Prepared and rolled-back transaction messages take no queue slot.
-        counted = (
-            transaction != SysFlag.TRANSACTION_PREPARED_TYPE
-            and transaction != SysFlag.TRANSACTION_ROLLBACK_TYPE
-        )
+        counted = transaction not in _UNCOUNTED
         if counted:
+            key = (message.topic, message.queue_id)
             queue_offset = table.get(key, 0)
-            table[key] = queue_offset + 1
         else:
             queue_offset = 0
         store_timestamp = int(self._clock() * 1000)
-        try:
-            self._encoder.encode_into(
+        # A record goes in only if it leaves room for a BLANK filler.
+        total = self._encoder.encode(
+            segment.mm,
+            position,
+            segment.size - position - END_FILE_MIN_BLANK_LENGTH,
+            message,
+            queue_offset,
+            offset,
+            store_timestamp,
+        )
+        if total < 0:
+            if -total > self.segment_size - END_FILE_MIN_BLANK_LENGTH:
+                raise MessageRejected(
+                    f"record of {-total} bytes (plus an 8-byte BLANK filler) "
+                    f"does not fit in a segment of {self.segment_size} bytes"
+                )
+            segment = self._roll()
+            position = 0
+            offset = segment.start
+            total = self._encoder.encode(
                 segment.mm,
-                position,
+                0,
+                segment.size - END_FILE_MIN_BLANK_LENGTH,
                 message,
-                prepared,
                 queue_offset,
                 offset,
                 store_timestamp,
             )
-        except BaseException:
-            segment.mm[position : position + total] = bytes(total)
-            if counted:
-                table[key] = queue_offset
-            raise
+        if counted:
+            table[key] = queue_offset + 1
         segment.wrote = position + total
         self._queue_table_end = offset + total
         self._last_put = offset

@@ -1,0 +1,197 @@
+"""
+Tests for the C{rmqha} command (L{rmqha.cli}), run in-process.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha._record import Message
+from rmqha.cli import main
+from rmqha.commitlog import CommitLog
+
+SEGMENT = 4096
+
+
+class CLITests(SynchronousTestCase):
+    """
+    C{rmqha store ...} subcommands.
+    """
+
+    def run_cli(self, *argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = main(list(argv), stdout=out, stderr=err)
+        return status, out.getvalue(), err.getvalue()
+
+    def make_store(self, count: int = 10, body: bytes = b"b" * 200) -> tuple[str, int]:
+        """
+        A store of C{count} identical-size messages; returns it and the
+        record size (computed from the record layout: 91 fixed bytes).
+        """
+        store = self.mktemp()
+        with CommitLog.open(store, segment_size=SEGMENT, clock=lambda: 1700000000.0) as log:
+            for i in range(count):
+                log.put(Message("TopicA" if i % 2 else "TopicB", body, queue_id=i % 2))
+        return store, 91 + len(body) + len("TopicA")
+
+    def assertOneLineError(self, err: str, *needles: str) -> None:
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertTrue(err.startswith("rmqha"), err)
+        self.assertNotIn("Traceback", err)
+        for needle in needles:
+            self.assertIn(needle, err)
+
+    def test_fill_then_info_json(self) -> None:
+        """
+        C{store fill} appends exactly C{--count} messages over the topics;
+        C{store info --json} reports them with the documented keys.
+        """
+        store = self.mktemp()
+        status, out, err = self.run_cli(
+            "store", "fill", store, "--count", "30", "--body-size", "300",
+            "--topics", "a,b,c", "--segment-size", "8k",
+        )
+        self.assertEqual((status, err), (0, ""))
+        self.assertIn("appended 30 messages", out)
+        status, out, err = self.run_cli("store", "info", store, "--json")
+        self.assertEqual(status, 0)
+        info = json.loads(out)
+        self.assertEqual(info["messages"], 30)
+        self.assertEqual(info["topics"], {"a": 10, "b": 10, "c": 10})
+        self.assertEqual(info["min_offset"], 0)
+        self.assertEqual(info["segment_size"], 8192)
+        self.assertEqual(
+            info["max_offset"],
+            sum(s["bytes"] for s in info["segments"]),
+        )
+        self.assertGreater(len(info["segments"]), 1)
+        self.assertTrue(info["clean_shutdown"])
+
+    def test_info_text(self) -> None:
+        """
+        Without C{--json}, info lists segments, offsets and topic counts.
+        """
+        store, size = self.make_store(count=4)
+        status, out, _ = self.run_cli("store", "info", store)
+        self.assertEqual(status, 0)
+        self.assertIn("00000000000000000000", out)
+        self.assertIn(f"max offset     {4 * size}", out)
+        self.assertIn("messages       4", out)
+        self.assertRegex(out, r"TopicA\s+2")
+
+    def test_check_sound(self) -> None:
+        """
+        A sound store: exit 0 and the record count.
+        """
+        store, _ = self.make_store()
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 0)
+        self.assertIn("sound: 10 records", out)
+
+    def test_check_flipped_body_byte(self) -> None:
+        """
+        A flipped body byte in the third record: exit 1, naming that
+        record's offset and the CRC mismatch.
+        """
+        store, size = self.make_store()
+        path = os.path.join(store, "commitlog", "0" * 20)
+        with open(path, "r+b") as f:
+            f.seek(2 * size + 100)
+            byte = f.read(1)
+            f.seek(2 * size + 100)
+            f.write(bytes([byte[0] ^ 0x01]))
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 1)
+        self.assertIn(f"bad record at offset {2 * size}", out)
+        self.assertIn("CRC", out)
+
+    def test_check_garbage_after_end(self) -> None:
+        """
+        Non-zero bytes after the last record (a torn tail) fail the check.
+        """
+        store, size = self.make_store(count=3)
+        path = os.path.join(store, "commitlog", "0" * 20)
+        with open(path, "r+b") as f:
+            f.seek(3 * size + 50)
+            f.write(b"\x07")
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 1)
+        self.assertIn(f"offset {3 * size}", out)
+
+    def test_dump(self) -> None:
+        """
+        C{store dump} prints one JSON object per record with the body in
+        base64; C{--from} starts at a record boundary, C{--limit} stops.
+        """
+        store, size = self.make_store(count=5, body=b"hello" * 40)
+        status, out, _ = self.run_cli("store", "dump", store, "--from", str(size), "--limit", "2")
+        self.assertEqual(status, 0)
+        lines = [json.loads(line) for line in out.splitlines()]
+        self.assertEqual([r["offset"] for r in lines], [size, 2 * size])
+        self.assertEqual(base64.b64decode(lines[0]["body"]), b"hello" * 40)
+        self.assertEqual(lines[0]["topic"], "TopicA")
+        self.assertEqual(lines[0]["store_timestamp"], 1700000000000)
+        self.assertTrue(lines[0]["crc_ok"])
+
+    def test_dump_from_mid_record(self) -> None:
+        """
+        C{--from} inside a record is a one-line error.
+        """
+        store, _ = self.make_store()
+        status, out, err = self.run_cli("store", "dump", store, "--from", "5")
+        self.assertEqual(status, 1)
+        self.assertOneLineError(err, "--from 5", "not the start of a record")
+
+    def test_errors_are_one_line(self) -> None:
+        """
+        Unreadable stores and bad arguments: one line on stderr, non-zero
+        exit, no traceback.
+        """
+        store, _ = self.make_store()
+        with open(os.path.join(store, "commitlog", "junk.txt"), "w") as f:
+            f.write("x")
+        cases = [
+            (("store", "info", self.mktemp()), 1, "no such directory"),
+            (("store", "check", self.mktemp()), 1, "no such directory"),
+            (("store", "info", store), 1, "junk.txt"),
+            (("store", "fill", self.mktemp(), "--count", "x", "--body-size", "1"), 2, "--count"),
+            (("store", "fill", self.mktemp(), "--count", "1", "--body-size", "1q"), 2, "--body-size"),
+            (("store", "fill", self.mktemp(), "--count", "1", "--body-size", "5m"), 1, "maxMessageSize"),
+            (("store", "fill", self.mktemp(), "--count", "1", "--body-size", "1", "--topics", "bad topic"), 1, "bad topic"),
+            (("store", "dump", store, "--limit", "-1"), 2, "--limit"),
+            (("store", "frobnicate"), 2, "frobnicate"),
+        ]
+        for argv, expected, needle in cases:
+            status, _, err = self.run_cli(*argv)
+            self.assertEqual(status, expected, argv)
+            self.assertOneLineError(err, needle)
+
+    def test_read_only(self) -> None:
+        """
+        info, check and dump leave a store's files untouched (no lock, no
+        abort marker, no rmqha/ directory).
+        """
+        store, _ = self.make_store()
+        before = sorted(os.listdir(store))
+        self.assertNotIn("abort", before)
+        for action in ("info", "check", "dump"):
+            self.run_cli("store", action, store)
+        self.assertEqual(sorted(os.listdir(store)), before)
+
+    def test_module_entry_point(self) -> None:
+        """
+        C{python -m rmqha} is the same command (one real process).
+        """
+        result = subprocess.run(
+            [sys.executable, "-m", "rmqha", "store", "info", self.mktemp()],
+            capture_output=True, text=True, timeout=60,
+        )
+        self.assertEqual(result.returncode, 1)
+        self.assertIn("no such directory", result.stderr)

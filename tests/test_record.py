@@ -1,0 +1,1060 @@
+"""
+Tests for L{rmqha._record}: the RocketMQ 4.9 commit-log record codec.
+
+Expected bytes are built by hand with C{struct} from the field table in the
+reference notes (section C.2), never with the code under test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import string
+import struct
+import zlib
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha._record import (
+    BLANK_MAGIC,
+    MESSAGE_MAGIC_V1,
+    MESSAGE_MAGIC_V2,
+    Blank,
+    Message,
+    MessageRejected,
+    Record,
+    RecordEncoder,
+    RecordError,
+    SysFlag,
+    decode_properties,
+    encode_blank,
+    encode_properties,
+    encode_record,
+    parse_record,
+    record_length,
+)
+
+# The magic codes as the reference gives them: signed Java ints.
+V1 = -626843481  # 0xDAA320A7
+V2 = -626843477  # 0xDAA320AB
+BLANK = -875286124  # 0xCBD43194
+
+STORE = ("10.0.0.1", 10911)
+STORE_PACKED = (bytes([10, 0, 0, 1]), 10911)
+BORN = ("192.168.1.2", 40000)
+BORN_PACKED = (bytes([192, 168, 1, 2]), 40000)
+BORN6 = ("2001:db8::1", 50000)
+BORN6_PACKED = (bytes.fromhex("20010db8000000000000000000000001"), 50000)
+STORE6 = ("2001:db8::2a", 10912)
+STORE6_PACKED = (bytes.fromhex("20010db800000000000000000000002a"), 10912)
+
+# Where the store puts the sample message.
+QUEUE_OFFSET = 42
+PHYSICAL_OFFSET = 4096
+STORE_TIMESTAMP = 1_700_000_000_123
+SAMPLE_PROPERTIES = b"TAGS\x01TagA\x02KEYS\x01key1 key2"  # 24 bytes
+
+
+def sample_message(**changes: object) -> Message:
+    """
+    The message that L{handmade}'s defaults describe.
+    """
+    message = Message(
+        topic="TopicTest",
+        body=b"Hello RocketMQ",
+        queue_id=3,
+        flag=7,
+        properties={"TAGS": "TagA", "KEYS": "key1 key2"},
+        sysflag=0,
+        born_timestamp=1_700_000_000_000,
+        born_host=BORN,
+        reconsume_times=2,
+        prepared_tx_offset=0,
+    )
+    return dataclasses.replace(message, **changes)
+
+
+def encode(message: Message, store_host: tuple[str, int] = STORE) -> bytes:
+    """
+    Encode C{message} at the sample place in the log.
+    """
+    return encode_record(
+        message,
+        queue_offset=QUEUE_OFFSET,
+        physical_offset=PHYSICAL_OFFSET,
+        store_timestamp=STORE_TIMESTAMP,
+        store_host=store_host,
+    )
+
+
+def handmade(
+    *,
+    body: bytes = b"Hello RocketMQ",
+    topic: bytes = b"TopicTest",
+    properties: bytes = SAMPLE_PROPERTIES,
+    queue_id: int = 3,
+    flag: int = 7,
+    queue_offset: int = QUEUE_OFFSET,
+    physical_offset: int = PHYSICAL_OFFSET,
+    sysflag: int = 0,
+    born_timestamp: int = 1_700_000_000_000,
+    born_host: tuple[bytes, int] = BORN_PACKED,
+    store_timestamp: int = STORE_TIMESTAMP,
+    store_host: tuple[bytes, int] = STORE_PACKED,
+    reconsume_times: int = 2,
+    prepared_tx_offset: int = 0,
+    magic: int = V1,
+    total: int | None = None,
+    body_crc: int | None = None,
+    body_length: int | None = None,
+    topic_length: int | None = None,
+    properties_length: int | None = None,
+) -> bytes:
+    """
+    A record assembled field by field from the reference table (C.2).
+
+    Hosts are C{(packed address, port)}.  The C{*_length}, C{total} and
+    C{body_crc} arguments override the computed value, to forge bad records.
+    """
+    if body_crc is None:
+        body_crc = zlib.crc32(body) & 0x7FFFFFFF
+    topic_length_format = ">b" if magic == V1 else ">h"  # int8 in v1, int16 in v2
+    rest = b"".join(
+        [
+            struct.pack(">i", magic),  # MAGICCODE
+            struct.pack(">i", body_crc),  # BODYCRC
+            struct.pack(">i", queue_id),  # QUEUEID
+            struct.pack(">i", flag),  # FLAG
+            struct.pack(">q", queue_offset),  # QUEUEOFFSET
+            struct.pack(">q", physical_offset),  # PHYSICALOFFSET
+            struct.pack(">i", sysflag),  # SYSFLAG
+            struct.pack(">q", born_timestamp),  # BORNTIMESTAMP
+            born_host[0] + struct.pack(">i", born_host[1]),  # BORNHOST
+            struct.pack(">q", store_timestamp),  # STORETIMESTAMP
+            store_host[0] + struct.pack(">i", store_host[1]),  # STOREHOSTADDRESS
+            struct.pack(">i", reconsume_times),  # RECONSUMETIMES
+            struct.pack(">q", prepared_tx_offset),  # PREPAREDTRANSACTIONOFFSET
+            struct.pack(">i", len(body) if body_length is None else body_length),
+            body,
+            struct.pack(
+                topic_length_format, len(topic) if topic_length is None else topic_length
+            ),
+            topic,
+            struct.pack(
+                ">h", len(properties) if properties_length is None else properties_length
+            ),
+            properties,
+        ]
+    )
+    return struct.pack(">i", 4 + len(rest) if total is None else total) + rest
+
+
+class ConstantsTests(SynchronousTestCase):
+    """
+    The module's magic numbers and length formula match the reference.
+    """
+
+    def test_magic_codes(self) -> None:
+        """
+        The v1, v2 and BLANK magics are 0xDAA320A7, 0xDAA320AB and 0xCBD43194
+        read as big-endian signed ints.
+        """
+        self.assertEqual(
+            (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2, BLANK_MAGIC),
+            struct.unpack(">iii", bytes.fromhex("DAA320A7DAA320ABCBD43194")),
+        )
+
+    def test_record_length(self) -> None:
+        """
+        C{record_length} is 91 fixed bytes plus body, topic and properties,
+        12 more per IPv6 host, and one more for the v2 int16 topic length.
+        """
+        self.assertEqual(record_length(0, 0, 0), 91)
+        self.assertEqual(record_length(10, 20, 30), 151)
+        self.assertEqual(record_length(10, 20, 30, born_v6=True), 163)
+        self.assertEqual(record_length(10, 20, 30, store_v6=True), 163)
+        self.assertEqual(record_length(10, 20, 30, True, True), 175)
+        self.assertEqual(record_length(10, 20, 30, magic=V2), 152)
+
+
+class EncodeRecordTests(SynchronousTestCase):
+    """
+    C{encode_record} writes the v1 layout byte for byte.
+    """
+
+    def test_literal_vector(self) -> None:
+        """
+        A tiny record (topic C{T}, body C{hi}, no properties) encodes to
+        bytes written out by hand from the table, one field per line.
+        """
+        expected = bytes.fromhex(
+            "0000005e"  # TOTALSIZE 94 = 91 + 2 + 1 + 0
+            "daa320a7"  # MAGICCODE v1
+            "58932aac"  # BODYCRC crc32(b"hi") = 0xd8932aac, & 0x7fffffff
+            "00000001"  # QUEUEID 1
+            "00000000"  # FLAG 0
+            "0000000000000000"  # QUEUEOFFSET 0
+            "0000000000000100"  # PHYSICALOFFSET 256
+            "00000000"  # SYSFLAG 0
+            "0000000000000001"  # BORNTIMESTAMP 1
+            "7f000001" "00000001"  # BORNHOST 127.0.0.1:1
+            "0000000000000002"  # STORETIMESTAMP 2
+            "7f000001" "00000002"  # STOREHOSTADDRESS 127.0.0.1:2
+            "00000000"  # RECONSUMETIMES 0
+            "0000000000000000"  # PREPAREDTRANSACTIONOFFSET 0
+            "00000002" "6869"  # BODYLENGTH 2, b"hi"
+            "01" "54"  # TOPICLENGTH 1, b"T"
+            "0000"  # PROPERTIESLENGTH 0
+        )
+        message = Message(
+            topic="T", body=b"hi", queue_id=1, born_timestamp=1, born_host=("127.0.0.1", 1)
+        )
+        data = encode_record(
+            message,
+            queue_offset=0,
+            physical_offset=256,
+            store_timestamp=2,
+            store_host=("127.0.0.1", 2),
+        )
+        self.assertEqual(data.hex(), expected.hex())
+
+    def test_ipv4_hosts(self) -> None:
+        """
+        With IPv4 born and store hosts the record matches the table, its
+        properties are C{name\\x01value\\x02name\\x01value} with no trailing
+        separator, and it is 91 bytes plus body, topic and properties.
+        """
+        data = encode(sample_message())
+        self.assertEqual(data, handmade())
+        self.assertEqual(len(data), 91 + 14 + 9 + 24)
+        self.assertEqual(struct.unpack_from(">i", data)[0], len(data))
+
+    def test_ipv6_born_host(self) -> None:
+        """
+        An IPv6 born host is 16 address bytes and an int32 port, sets
+        SYSFLAG 0x10 and makes the record 12 bytes longer.
+        """
+        data = encode(sample_message(born_host=BORN6))
+        self.assertEqual(data, handmade(born_host=BORN6_PACKED, sysflag=0x10))
+        self.assertEqual(len(data), 91 + 12 + 14 + 9 + 24)
+
+    def test_ipv6_store_host(self) -> None:
+        """
+        An IPv6 store host sets SYSFLAG 0x20 and adds 12 bytes.
+        """
+        data = encode(sample_message(), store_host=STORE6)
+        self.assertEqual(data, handmade(store_host=STORE6_PACKED, sysflag=0x20))
+        self.assertEqual(len(data), 91 + 12 + 14 + 9 + 24)
+
+    def test_ipv6_both_hosts(self) -> None:
+        """
+        IPv6 born and store hosts set both bits and add 24 bytes.
+        """
+        data = encode(sample_message(born_host=BORN6), store_host=STORE6)
+        self.assertEqual(
+            data,
+            handmade(born_host=BORN6_PACKED, store_host=STORE6_PACKED, sysflag=0x30),
+        )
+        self.assertEqual(len(data), 91 + 24 + 14 + 9 + 24)
+
+    def test_v6_flags_follow_hosts(self) -> None:
+        """
+        The host-family bits describe the hosts actually written: wrong bits
+        passed in C{Message.sysflag} are cleared or set, other bits are kept.
+        """
+        other = SysFlag.MULTI_TAGS | SysFlag.TRANSACTION_COMMIT_TYPE | 0x100
+        self.assertEqual(
+            encode(sample_message(sysflag=other | 0x30)), handmade(sysflag=other)
+        )
+        self.assertEqual(
+            encode(sample_message(sysflag=other | 0x20, born_host=BORN6)),
+            handmade(sysflag=other | 0x10, born_host=BORN6_PACKED),
+        )
+        self.assertEqual(
+            encode(sample_message(sysflag=other | 0x10), store_host=STORE6),
+            handmade(sysflag=other | 0x20, store_host=STORE6_PACKED),
+        )
+
+    def test_born_defaults_to_store(self) -> None:
+        """
+        A message without born host or timestamp gets the store host (and
+        its v6 bit) and the store timestamp.
+        """
+        message = sample_message(born_host=None, born_timestamp=None)
+        self.assertEqual(
+            encode(message),
+            handmade(born_host=STORE_PACKED, born_timestamp=STORE_TIMESTAMP),
+        )
+        self.assertEqual(
+            encode(message, store_host=STORE6),
+            handmade(
+                born_host=STORE6_PACKED,
+                store_host=STORE6_PACKED,
+                born_timestamp=STORE_TIMESTAMP,
+                sysflag=0x30,
+            ),
+        )
+
+    def test_int_extremes(self) -> None:
+        """
+        Integer fields take their whole signed range.
+        """
+        low, high = -(2**31), 2**31 - 1
+        message = sample_message(
+            queue_id=low,
+            flag=high,
+            reconsume_times=low,
+            prepared_tx_offset=2**63 - 1,
+            born_timestamp=-(2**63),
+        )
+        self.assertEqual(
+            encode(message),
+            handmade(
+                queue_id=low,
+                flag=high,
+                reconsume_times=low,
+                prepared_tx_offset=2**63 - 1,
+                born_timestamp=-(2**63),
+            ),
+        )
+
+    def test_encode_into(self) -> None:
+        """
+        C{RecordEncoder.encode_into} writes the record at C{pos} of a larger
+        buffer, returns the size L{RecordEncoder.prepare} announced, and
+        leaves the bytes around it alone.
+        """
+        encoder = RecordEncoder(STORE)
+        message = sample_message()
+        prepared = encoder.prepare(message)
+        expected = handmade()
+        self.assertEqual(prepared[0], len(expected))
+        buf = bytearray(b"\xaa" * (len(expected) + 20))
+        size = encoder.encode_into(
+            buf, 10, message, prepared, QUEUE_OFFSET, PHYSICAL_OFFSET, STORE_TIMESTAMP
+        )
+        self.assertEqual(size, len(expected))
+        self.assertEqual(bytes(buf), b"\xaa" * 10 + expected + b"\xaa" * 10)
+
+
+class BlankTests(SynchronousTestCase):
+    """
+    The end-of-segment BLANK filler (reference C.3).
+    """
+
+    def test_encode_blank(self) -> None:
+        """
+        A BLANK is int32 size then int32 0xCBD43194.
+        """
+        self.assertEqual(encode_blank(1000), struct.pack(">ii", 1000, BLANK))
+        self.assertEqual(encode_blank(1000), bytes.fromhex("000003e8cbd43194"))
+
+    def test_blank_reaching_end(self) -> None:
+        """
+        A BLANK covering exactly the rest of the segment decodes as L{Blank}
+        whatever the bytes after its header; its C{next_offset} is the
+        segment end.
+        """
+        record = handmade()
+        for filler in (bytes(42), b"\x99" * 42):
+            segment = record + encode_blank(50) + filler
+            blank = parse_record(
+                segment, len(record), len(segment), PHYSICAL_OFFSET + len(record)
+            )
+            self.assertEqual(blank, Blank(PHYSICAL_OFFSET + len(record), 50))
+            self.assertEqual(blank.next_offset, PHYSICAL_OFFSET + len(segment))
+
+    def test_blank_size_mismatch(self) -> None:
+        """
+        A BLANK whose size is not the number of bytes left is a
+        L{RecordError} that gives both numbers.
+        """
+        for remaining in (49, 51):
+            segment = encode_blank(50) + bytes(remaining - 8)
+            error = self.assertRaises(
+                RecordError, parse_record, segment, 0, len(segment), 7000
+            )
+            self.assertEqual(error.offset, 7000)
+            self.assertIn("BLANK", error.reason)
+            self.assertIn("50", error.reason)
+            self.assertIn(str(remaining), error.reason)
+
+
+class ParseRecordTests(SynchronousTestCase):
+    """
+    C{parse_record} gives back every field of a well-formed record.
+    """
+
+    def test_every_field(self) -> None:
+        """
+        A record inside a larger buffer decodes to the values written: hosts
+        as C{(ip, port)}, properties as a dict, tags and keys, the offset
+        message id and the next offset.
+        """
+        data = handmade(sysflag=SysFlag.MULTI_TAGS)
+        buf = b"\xff" * 7 + data + b"\xee" * 5
+        record = parse_record(buf, 7, len(buf), PHYSICAL_OFFSET)
+        self.assertEqual(
+            record,
+            Record(
+                offset=4096,
+                size=138,
+                magic=V1,
+                body_crc=zlib.crc32(b"Hello RocketMQ") & 0x7FFFFFFF,
+                queue_id=3,
+                flag=7,
+                queue_offset=42,
+                physical_offset=4096,
+                sysflag=0x2,
+                born_timestamp=1_700_000_000_000,
+                born_host=("192.168.1.2", 40000),
+                store_timestamp=1_700_000_000_123,
+                store_host=("10.0.0.1", 10911),
+                reconsume_times=2,
+                prepared_tx_offset=0,
+                body=b"Hello RocketMQ",
+                topic="TopicTest",
+                properties={"TAGS": "TagA", "KEYS": "key1 key2"},
+                crc_ok=True,
+            ),
+        )
+        self.assertEqual(record.tags, "TagA")
+        self.assertEqual(record.keys, "key1 key2")
+        self.assertEqual(record.next_offset, 4096 + 138)
+        # 0A000001 = 10.0.0.1, 00002A9F = port 10911, then offset 4096.
+        self.assertEqual(record.msg_id, "0A00000100002A9F0000000000001000")
+
+    def test_ipv6_hosts(self) -> None:
+        """
+        IPv6 hosts decode to their canonical text form, and the message id
+        is 16 address bytes, the port and the offset (28 bytes).
+        """
+        data = handmade(born_host=BORN6_PACKED, store_host=STORE6_PACKED, sysflag=0x30)
+        record = parse_record(data, 0, len(data), PHYSICAL_OFFSET)
+        self.assertEqual(record.born_host, BORN6)
+        self.assertEqual(record.store_host, STORE6)
+        self.assertEqual(record.size, 138 + 24)
+        self.assertEqual(
+            record.msg_id,
+            "20010DB800000000000000000000002A" "00002AA0" "0000000000001000",
+        )
+
+    def test_no_tags_or_keys(self) -> None:
+        """
+        C{tags} and C{keys} are C{None} when the properties lack them.
+        """
+        data = handmade(properties=b"")
+        record = parse_record(data, 0, len(data), PHYSICAL_OFFSET)
+        self.assertEqual(record.properties, {})
+        self.assertIsNone(record.tags)
+        self.assertIsNone(record.keys)
+
+    def test_without_body(self) -> None:
+        """
+        C{with_body=False} leaves the body empty; C{crc_ok} is C{None}
+        unless the CRC is checked.
+        """
+        data = handmade()
+        unchecked = parse_record(
+            data, 0, len(data), PHYSICAL_OFFSET, check_crc=False, with_body=False
+        )
+        self.assertEqual((unchecked.body, unchecked.crc_ok), (b"", None))
+        checked = parse_record(data, 0, len(data), PHYSICAL_OFFSET, with_body=False)
+        self.assertEqual((checked.body, checked.crc_ok), (b"", True))
+        self.assertEqual(checked.topic, "TopicTest")
+
+    def test_buffer_types(self) -> None:
+        """
+        C{bytearray} and C{memoryview} buffers decode like C{bytes}.
+        """
+        data = handmade()
+        expected = parse_record(data, 0, len(data), PHYSICAL_OFFSET)
+        for buf in (bytearray(data), memoryview(data)):
+            self.assertEqual(parse_record(buf, 0, len(data), PHYSICAL_OFFSET), expected)
+
+    def test_v2_record(self) -> None:
+        """
+        A 5.x v2 record (magic 0xDAA320AB, int16 topic length, one byte
+        longer) decodes, including a topic longer than v1's 127 bytes.
+        """
+        for topic in (b"TopicTest", b"t" * 200):
+            data = handmade(magic=V2, topic=topic)
+            self.assertEqual(len(data), 91 + 1 + 14 + len(topic) + 24)
+            record = parse_record(data, 0, len(data), PHYSICAL_OFFSET)
+            self.assertEqual(record.magic, V2)
+            self.assertEqual(record.size, len(data))
+            self.assertEqual(record.topic, topic.decode())
+            self.assertEqual(record.body, b"Hello RocketMQ")
+            self.assertEqual(record.properties, {"TAGS": "TagA", "KEYS": "key1 key2"})
+
+
+class ParseRecordRejectionTests(SynchronousTestCase):
+    """
+    C{parse_record} refuses malformed bytes with a L{RecordError} that names
+    the record offset and the problem.
+    """
+
+    def assertRejected(
+        self,
+        buf: bytes,
+        *words: str,
+        pos: int = 0,
+        end: int | None = None,
+        offset: int = PHYSICAL_OFFSET,
+        **kwargs: bool,
+    ) -> RecordError:
+        end = len(buf) if end is None else end
+        error = self.assertRaises(
+            RecordError, parse_record, buf, pos, end, offset, **kwargs
+        )
+        self.assertEqual(error.offset, offset)
+        for word in words:
+            self.assertIn(word, error.reason.lower())
+        self.assertIn(f"offset {offset}", str(error))
+        return error
+
+    def test_bad_magic(self) -> None:
+        """
+        An unknown magic code is rejected and shown in hex.
+        """
+        self.assertRejected(handmade(magic=0x12345678), "magic", "12345678")
+
+    def test_zero_bytes(self) -> None:
+        """
+        Zero-filled space (a pre-allocated segment) is "no record", with a
+        full header or fewer than 8 bytes.
+        """
+        self.assertRejected(bytes(200), "no record")
+        self.assertRejected(bytes(5), "no record")
+
+    def test_truncated_header(self) -> None:
+        """
+        Fewer than 8 non-zero bytes before C{end} cannot hold a header.
+        """
+        self.assertRejected(handmade()[:5], "truncated", "5")
+        self.assertRejected(handmade(), "truncated", "7", end=7)
+
+    def test_torn(self) -> None:
+        """
+        A TOTALSIZE running past C{end} is a torn record.
+        """
+        data = handmade()
+        self.assertRejected(data[:-1], "torn", "138")
+        self.assertRejected(data + b"\x00", "torn", end=len(data) - 10)
+
+    def test_total_below_minimum(self) -> None:
+        """
+        A TOTALSIZE below the 91-byte minimum is rejected.
+        """
+        self.assertRejected(handmade(total=90), "smaller", "90", "91")
+        self.assertRejected(handmade(total=0), "smaller")
+        self.assertRejected(handmade(total=-5), "smaller")
+
+    def test_total_not_sum_of_fields(self) -> None:
+        """
+        TOTALSIZE must equal what the fields add up to, whether it is larger
+        or smaller.
+        """
+        data = handmade()
+        self.assertRejected(
+            handmade(total=len(data) + 4) + bytes(4), "total size 142", "does not match"
+        )
+        self.assertRejected(handmade(total=len(data) - 1), "total size 137")
+
+    def test_hosts_do_not_fit(self) -> None:
+        """
+        SYSFLAG claiming IPv6 hosts that do not fit in TOTALSIZE is rejected.
+        """
+        data = handmade(body=b"", topic=b"", properties=b"", sysflag=0x30)
+        self.assertEqual(len(data), 91)
+        self.assertRejected(data, "hosts")
+
+    def test_body_length(self) -> None:
+        """
+        A body length that is negative or runs past the record is rejected.
+        """
+        self.assertRejected(handmade(body_length=1000), "body length 1000")
+        self.assertRejected(handmade(body_length=-1), "body length -1")
+
+    def test_topic_length(self) -> None:
+        """
+        A topic length that is negative or runs past the record, or a body
+        that leaves no room for the topic length byte, is rejected.
+        """
+        self.assertRejected(handmade(topic_length=100), "topic length 100")
+        self.assertRejected(handmade(topic_length=-1), "topic length -1")
+        total = len(handmade())
+        self.assertRejected(handmade(body_length=total - 88), "topic length")
+
+    def test_properties_length(self) -> None:
+        """
+        A properties length that is negative or runs past the record is
+        rejected.
+        """
+        self.assertRejected(handmade(properties_length=1000), "properties length 1000")
+        self.assertRejected(handmade(properties_length=-1), "properties length -1")
+
+    def test_physical_offset_mismatch(self) -> None:
+        """
+        A record whose PHYSICALOFFSET is not where it was found is rejected,
+        giving both offsets.
+        """
+        self.assertRejected(handmade(), "physicaloffset", "4096", "4097", offset=4097)
+
+    def test_body_crc_mismatch(self) -> None:
+        """
+        A flipped body byte fails the CRC check; with C{check_crc=False} the
+        record decodes with C{crc_ok} false.
+        """
+        data = bytearray(handmade())
+        data[88] ^= 0x01  # first body byte
+        self.assertRejected(bytes(data), "crc")
+        record = parse_record(data, 0, len(data), PHYSICAL_OFFSET, check_crc=False)
+        self.assertFalse(record.crc_ok)
+        self.assertEqual(record.body, b"Iello RocketMQ")
+
+    def test_stored_crc_mismatch(self) -> None:
+        """
+        A wrong BODYCRC field over an intact body fails the CRC check, and
+        the message shows the stored value.
+        """
+        self.assertRejected(handmade(body_crc=12345), "crc", "12345")
+
+
+class PropertiesTests(SynchronousTestCase):
+    """
+    The properties string: strict when writing, RocketMQ-lenient reading.
+    """
+
+    def test_encode(self) -> None:
+        """
+        Properties encode as UTF-8 C{name\\x01value} pairs joined by
+        C{\\x02}, without a trailing separator; none encode to nothing.
+        """
+        self.assertEqual(encode_properties({}), b"")
+        self.assertEqual(encode_properties({"a": "1"}), b"a\x011")
+        self.assertEqual(
+            encode_properties({"a": "1", "b": "2", "k": "\u00e9"}),
+            b"a\x011\x02b\x012\x02k\x01\xc3\xa9",
+        )
+
+    def test_separators_refused(self) -> None:
+        """
+        C{\\x01} or C{\\x02} inside a name or value is refused, naming the
+        property.
+        """
+        cases = [
+            ("a\x01b", "v"),
+            ("a\x02b", "v"),
+            ("name", "v\x01w"),
+            ("name", "v\x02w"),
+        ]
+        for name, value in cases:
+            error = self.assertRaises(
+                MessageRejected, encode_properties, {"ok": "fine", name: value}
+            )
+            self.assertIn(repr(name), str(error))
+
+    def test_empty_name_refused(self) -> None:
+        """
+        An empty property name is refused.
+        """
+        error = self.assertRaises(MessageRejected, encode_properties, {"": "v"})
+        self.assertIn("empty", str(error))
+
+    def test_non_string_refused(self) -> None:
+        """
+        Names and values must be strings.
+        """
+        error = self.assertRaises(MessageRejected, encode_properties, {"a": 1})
+        self.assertIn("strings", str(error))
+
+    def test_unencodable_refused(self) -> None:
+        """
+        A value that cannot be encoded as UTF-8 (a lone surrogate) is a
+        L{MessageRejected}, like every other property the store refuses.
+        """
+        self.assertRaises(MessageRejected, encode_properties, {"k": "\ud800"})
+
+    def test_size_limit(self) -> None:
+        """
+        The encoded properties may be at most 32767 bytes, counted in UTF-8
+        bytes rather than characters.
+        """
+        self.assertEqual(len(encode_properties({"k": "x" * 32765})), 32767)
+        error = self.assertRaises(MessageRejected, encode_properties, {"k": "x" * 32766})
+        self.assertIn("32768", str(error))
+        self.assertIn("32767", str(error))
+        # 16385 characters, 32768 bytes.
+        error = self.assertRaises(
+            MessageRejected, encode_properties, {"k": "\u00e9" * 16383}
+        )
+        self.assertIn("32768", str(error))
+
+    def test_decode(self) -> None:
+        """
+        Well-formed properties decode to a dict, with or without the
+        trailing separator older clients leave.
+        """
+        self.assertEqual(decode_properties(b""), {})
+        self.assertEqual(decode_properties(b"a\x011\x02b\x012"), {"a": "1", "b": "2"})
+        self.assertEqual(
+            decode_properties(b"a\x011\x02b\x012\x02"), {"a": "1", "b": "2"}
+        )
+        self.assertEqual(decode_properties(b"k\x01\xc3\xa9"), {"k": "\u00e9"})
+
+    def test_decode_lenient(self) -> None:
+        """
+        Like RocketMQ's C{string2messageProperties}: chunks shorter than 3
+        characters, or without a separator strictly inside, are skipped; a
+        value keeps any later C{\\x01}; a repeated name keeps the last value.
+        """
+        cases = [
+            (b"ab\x02x\x01y", {"x": "y"}),  # no separator
+            (b"\x01ab\x02x\x01y", {"x": "y"}),  # separator first
+            (b"ab\x01\x02x\x01y", {"x": "y"}),  # separator last: empty value
+            (b"a\x01\x02\x01b\x02x\x01y", {"x": "y"}),  # 2-character chunks
+            (b"\x02\x02x\x01y\x02\x02", {"x": "y"}),  # empty chunks
+            (b"a\x01b\x01c", {"a": "b\x01c"}),
+            (b"a\x011\x02a\x012", {"a": "2"}),
+        ]
+        for raw, expected in cases:
+            self.assertEqual(decode_properties(raw), expected, raw)
+
+    def test_decode_bad_utf8(self) -> None:
+        """
+        Invalid UTF-8 becomes U+FFFD, as Java's decoder does, not an error.
+        """
+        self.assertEqual(decode_properties(b"k\x01\xff"), {"k": "\ufffd"})
+
+
+class EncoderRejectionTests(SynchronousTestCase):
+    """
+    Messages the encoder refuses, each with a L{MessageRejected} naming the
+    field or limit.
+    """
+
+    def test_body_size(self) -> None:
+        """
+        A body above C{max_message_size} is refused; one at the limit is not.
+        """
+        encoder = RecordEncoder(STORE, max_message_size=16)
+        self.assertEqual(encoder.prepare(Message("T", b"x" * 16))[0], 91 + 16 + 1)
+        error = self.assertRaises(MessageRejected, encoder.prepare, Message("T", b"x" * 17))
+        self.assertIn("17", str(error))
+        self.assertIn("maxMessageSize is 16", str(error))
+
+    def test_body_type(self) -> None:
+        """
+        A body that is not bytes is refused.
+        """
+        error = self.assertRaises(MessageRejected, encode, sample_message(body="text"))
+        self.assertIn("body", str(error))
+
+    def test_topic_length(self) -> None:
+        """
+        A topic of 127 bytes is accepted, 128 is refused naming the limit.
+        """
+        data = encode(sample_message(topic="t" * 127))
+        self.assertEqual(data[88 + 14 : 88 + 14 + 128], b"\x7f" + b"t" * 127)
+        error = self.assertRaises(MessageRejected, encode, sample_message(topic="t" * 128))
+        self.assertIn("128", str(error))
+        self.assertIn("127", str(error))
+
+    def test_empty_topic(self) -> None:
+        """
+        An empty topic is refused.
+        """
+        error = self.assertRaises(MessageRejected, encode, sample_message(topic=""))
+        self.assertIn("topic", str(error))
+
+    def test_topic_characters(self) -> None:
+        """
+        A topic is limited to RocketMQ's C{[%|a-zA-Z0-9_-]}.
+        """
+        data = encode(sample_message(topic="%RETRY%cg|a_b-C9"))
+        record = parse_record(data, 0, len(data), PHYSICAL_OFFSET)
+        self.assertEqual(record.topic, "%RETRY%cg|a_b-C9")
+        for topic in ("a b", "a/b", "a.b", "t\u00f3pico", "a\nb", "a\x01"):
+            error = self.assertRaises(MessageRejected, encode, sample_message(topic=topic))
+            self.assertIn(repr(topic), str(error))
+            self.assertIn("[%|a-zA-Z0-9_-]", str(error))
+
+    def test_unencodable_topic(self) -> None:
+        """
+        A topic with a lone surrogate is a L{MessageRejected}, not a
+        C{UnicodeEncodeError}.
+        """
+        self.assertRaises(MessageRejected, encode, sample_message(topic="T\ud800"))
+
+    def test_integer_ranges(self) -> None:
+        """
+        An integer field outside its Java type is refused naming the field,
+        by C{encode_record} and by C{RecordEncoder.encode_into}.
+        """
+        cases = [
+            ("queue_id", 2**31),
+            ("queue_id", -(2**31) - 1),
+            ("flag", 2**31),
+            ("sysflag", 2**31),
+            ("reconsume_times", -(2**31) - 1),
+            ("prepared_tx_offset", 2**63),
+            ("born_timestamp", -(2**63) - 1),
+        ]
+        encoder = RecordEncoder(STORE)
+        for name, value in cases:
+            message = sample_message(**{name: value})
+            error = self.assertRaises(MessageRejected, encode, message)
+            self.assertIn(name, str(error))
+            self.assertIn(str(value), str(error))
+            prepared = encoder.prepare(message)
+            error = self.assertRaises(
+                MessageRejected,
+                encoder.encode_into,
+                bytearray(prepared[0]),
+                0,
+                message,
+                prepared,
+                QUEUE_OFFSET,
+                PHYSICAL_OFFSET,
+                STORE_TIMESTAMP,
+            )
+            self.assertIn(name, str(error))
+
+    def test_bad_born_host(self) -> None:
+        """
+        A born host that is not an (IPv4 or IPv6 address, 0-65535 port) pair
+        is refused.
+        """
+        hosts = [
+            ("not-an-ip", 1),
+            ("10.0.0.300", 1),
+            ("10.0.0.1", 65536),
+            ("10.0.0.1", -1),
+            ("10.0.0.1", "80"),
+            ("10.0.0.1",),
+        ]
+        for host in hosts:
+            error = self.assertRaises(
+                MessageRejected, RecordEncoder(STORE).prepare, sample_message(born_host=host)
+            )
+            self.assertIn("host", str(error))
+
+    def test_bad_store_host(self) -> None:
+        """
+        A bad store host is refused when the encoder is made.
+        """
+        for host in (("host.example", 10911), ("10.0.0.1", 70000)):
+            self.assertRaises(MessageRejected, RecordEncoder, host)
+
+
+# -- property-based tests -----------------------------------------------------
+
+INT32 = st.integers(-(2**31), 2**31 - 1)
+INT64 = st.integers(-(2**63), 2**63 - 1)
+TOPICS = st.text(
+    alphabet=string.ascii_letters + string.digits + "%|_-", min_size=1, max_size=127
+)
+# Empty values are left out: RocketMQ's reader skips "name\x01" chunks.
+PROPERTY_TEXT = st.text(
+    alphabet=st.characters(exclude_categories=("Cs",), exclude_characters="\x01\x02"),
+    min_size=1,
+    max_size=24,
+)
+HOSTS = st.tuples(
+    st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str),
+    st.integers(0, 0xFFFF),
+)
+
+
+def messages(max_body: int = 4096, max_properties: int = 6) -> st.SearchStrategy[Message]:
+    return st.builds(
+        Message,
+        topic=TOPICS,
+        body=st.binary(max_size=max_body),
+        queue_id=INT32,
+        flag=INT32,
+        properties=st.dictionaries(PROPERTY_TEXT, PROPERTY_TEXT, max_size=max_properties),
+        sysflag=INT32,
+        born_timestamp=st.none() | INT64,
+        born_host=st.none() | HOSTS,
+        reconsume_times=INT32,
+        prepared_tx_offset=INT64,
+    )
+
+
+def is_v6(host: tuple[str, int]) -> bool:
+    return ipaddress.ip_address(host[0]).version == 6
+
+
+class RoundTripTests(SynchronousTestCase):
+    """
+    Whatever the encoder accepts, the decoder gives back unchanged.
+    """
+
+    @settings(deadline=None, derandomize=True, max_examples=300)
+    @given(
+        message=messages(),
+        store_host=HOSTS,
+        queue_offset=INT64,
+        physical_offset=st.integers(0, 2**63 - 1),
+        store_timestamp=INT64,
+    )
+    def test_round_trip(
+        self,
+        message: Message,
+        store_host: tuple[str, int],
+        queue_offset: int,
+        physical_offset: int,
+        store_timestamp: int,
+    ) -> None:
+        """
+        C{parse_record(encode_record(m))} returns every field of C{m}; the
+        length is C{record_length} and the TOTALSIZE field; the message id
+        is the store host bytes, port and physical offset in upper hex.
+        """
+        data = encode_record(
+            message,
+            queue_offset=queue_offset,
+            physical_offset=physical_offset,
+            store_timestamp=store_timestamp,
+            store_host=store_host,
+        )
+        born_host = store_host if message.born_host is None else message.born_host
+        born_timestamp = (
+            store_timestamp if message.born_timestamp is None else message.born_timestamp
+        )
+        born_v6, store_v6 = is_v6(born_host), is_v6(store_host)
+        topic = message.topic.encode()
+        properties = message.properties
+        properties_length = sum(
+            len(name.encode()) + 1 + len(value.encode())
+            for name, value in properties.items()
+        ) + max(len(properties) - 1, 0)
+        length = 91 + 12 * born_v6 + 12 * store_v6 + len(message.body) + len(topic)
+        length += properties_length
+
+        self.assertEqual(len(data), length)
+        self.assertEqual(struct.unpack_from(">i", data)[0], length)
+        self.assertEqual(
+            record_length(
+                len(message.body), len(topic), properties_length, born_v6, store_v6
+            ),
+            length,
+        )
+        record = parse_record(data, 0, len(data), physical_offset)
+        self.assertEqual(
+            record,
+            Record(
+                offset=physical_offset,
+                size=length,
+                magic=V1,
+                body_crc=zlib.crc32(message.body) & 0x7FFFFFFF,
+                queue_id=message.queue_id,
+                flag=message.flag,
+                queue_offset=queue_offset,
+                physical_offset=physical_offset,
+                sysflag=(message.sysflag & ~0x30) | born_v6 * 0x10 | store_v6 * 0x20,
+                born_timestamp=born_timestamp,
+                born_host=born_host,
+                store_timestamp=store_timestamp,
+                store_host=store_host,
+                reconsume_times=message.reconsume_times,
+                prepared_tx_offset=message.prepared_tx_offset,
+                body=message.body,
+                topic=message.topic,
+                properties=dict(properties),
+                crc_ok=True,
+            ),
+        )
+        store_bytes = ipaddress.ip_address(store_host[0]).packed + struct.pack(
+            ">iq", store_host[1], physical_offset
+        )
+        self.assertEqual(record.msg_id, store_bytes.hex().upper())
+
+
+@st.composite
+def decoder_inputs(draw: st.DrawFn) -> tuple[bytes, int, int, int]:
+    """
+    C{(buf, pos, end, offset)}: random bytes, random bytes behind a real
+    header, or a real record with bytes or int32 fields overwritten.
+    """
+    kind = draw(st.sampled_from(["random", "header", "mutated"]))
+    offset = draw(st.integers(0, 2**40))
+    if kind == "random":
+        body = draw(st.binary(max_size=300))
+    elif kind == "header":
+        total = draw(st.integers(0, 300) | INT32)
+        magic = draw(st.sampled_from([V1, V2, BLANK]))
+        body = struct.pack(">ii", total, magic) + draw(st.binary(max_size=300))
+    else:
+        message = draw(messages(max_body=64, max_properties=3))
+        buf = bytearray(
+            encode_record(
+                message,
+                queue_offset=draw(INT64),
+                physical_offset=offset,
+                store_timestamp=draw(INT64),
+                store_host=draw(HOSTS),
+            )
+        )
+        for _ in range(draw(st.integers(1, 3))):
+            if draw(st.booleans()):
+                buf[draw(st.integers(0, len(buf) - 1))] = draw(st.integers(0, 255))
+            else:
+                value = draw(st.integers(-300, 300) | INT32)
+                struct.pack_into(">i", buf, draw(st.integers(0, len(buf) - 4)), value)
+        if draw(st.booleans()):
+            buf[4:8] = struct.pack(">i", V2)
+        body = bytes(buf)
+    prefix = draw(st.binary(max_size=8))
+    buf = prefix + body + draw(st.binary(max_size=16))
+    pos = len(prefix)
+    end = draw(st.integers(pos, len(buf)))
+    return buf, pos, end, offset
+
+
+def decode_outcome(buf: bytes | memoryview, pos: int, end: int, offset: int, **kwargs: bool):
+    """
+    What C{parse_record} returns, or the offset and reason it gives up with;
+    any other exception propagates.
+    """
+    try:
+        return parse_record(buf, pos, end, offset, **kwargs)
+    except RecordError as error:
+        return ("RecordError", error.offset, error.reason)
+
+
+class DecoderRobustnessTests(SynchronousTestCase):
+    """
+    Hostile bytes give a L{RecordError} or a result, never another
+    exception, and nothing after C{end} is read.
+    """
+
+    @settings(deadline=None, derandomize=True, max_examples=500)
+    @given(inputs=decoder_inputs(), check_crc=st.booleans(), with_body=st.booleans())
+    def test_arbitrary_bytes(
+        self, inputs: tuple[bytes, int, int, int], check_crc: bool, with_body: bool
+    ) -> None:
+        """
+        C{parse_record} on arbitrary bytes returns a L{Record} or L{Blank}
+        within C{[pos, end)} or raises L{RecordError} at C{offset}, and the
+        outcome is the same whatever follows C{end}, or when the buffer stops
+        there.
+        """
+        buf, pos, end, offset = inputs
+        kwargs = {"check_crc": check_crc, "with_body": with_body}
+        outcome = decode_outcome(buf, pos, end, offset, **kwargs)
+        if isinstance(outcome, tuple):
+            self.assertEqual(outcome[:2], ("RecordError", offset))
+        elif isinstance(outcome, Blank):
+            self.assertEqual(outcome, Blank(offset, end - pos))
+        else:
+            self.assertIsInstance(outcome, Record)
+            self.assertEqual(outcome.size, struct.unpack_from(">i", buf, pos)[0])
+            self.assertLessEqual(pos + outcome.size, end)
+        flipped = buf[:end] + bytes(b ^ 0xFF for b in buf[end:]) + b"\x5a" * 8
+        for other in (flipped, buf[:end], memoryview(buf)):
+            self.assertEqual(decode_outcome(other, pos, end, offset, **kwargs), outcome)

@@ -1,0 +1,233 @@
+"""
+Tests for L{rmqha.storeservice}: the commit log's lifecycle and flush
+policy as a Twisted service, driven by a fake clock.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha._record import Message
+from rmqha.commitlog import CommitLog, FlushDiskType
+from rmqha.storeservice import CommitLogService
+
+
+class _Threads:
+    """
+    Stands in for the reactor's thread pool: flushes run when the test
+    says so, so "a flush is in progress" can be observed.
+    """
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Callable[[], None], Deferred[None]]] = []
+
+    def __call__(self, f: Callable[[], None]) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        self.pending.append((f, d))
+        return d
+
+    def run_all(self) -> None:
+        pending, self.pending = self.pending, []
+        for f, d in pending:
+            try:
+                f()
+            except Exception:
+                d.errback(Failure())
+            else:
+                d.callback(None)
+
+
+def _message(n: int = 0, size: int = 100) -> Message:
+    return Message("TopicTest", bytes([n % 256]) * size)
+
+
+class CommitLogServiceTests(SynchronousTestCase):
+    """
+    L{CommitLogService} opens, flushes and closes its commit log.
+    """
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1000)
+        self.threads = _Threads()
+        self.store = self.mktemp()
+
+    def _service(
+        self, flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    ) -> CommitLogService:
+        service = CommitLogService(
+            lambda: CommitLog.open(
+                self.store,
+                segment_size=64 * 1024,
+                clock=self.clock.seconds,
+                flush_disk_type=flush_disk_type,
+            ),
+            self.clock,
+            flush_interval=0.5,
+            flush_least_bytes=4096,
+            flush_thorough_interval=10.0,
+            run_in_thread=self.threads,
+        )
+        self.addCleanup(self._stop, service)
+        return service
+
+    def _stop(self, service: CommitLogService) -> None:
+        if service.running:
+            d = service.stopService()
+            self.threads.run_all()
+            self.successResultOf(d)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_start_opens_and_stop_closes(self) -> None:
+        """
+        The log is opened by C{startService} (so a daemonised twistd takes
+        the store lock in the process that runs) and closed by
+        C{stopService}, which removes the C{abort} marker.
+        """
+        service = self._service()
+        self.assertIsNone(service.commitlog)
+        service.startService()
+        self.assertIsNotNone(service.commitlog)
+        self.assertTrue(os.path.exists(os.path.join(self.store, "abort")))
+        self.successResultOf(service.stopService())
+        self.assertIsNone(service.commitlog)
+        self.assertFalse(os.path.exists(os.path.join(self.store, "abort")))
+
+    def test_periodic_flush_needs_least_bytes(self) -> None:
+        """
+        Each tick flushes only when at least C{flush_least_bytes} are dirty
+        (RocketMQ's C{flushCommitLogLeastPages}), on the thread runner.
+        """
+        service = self._service()
+        service.startService()
+        commitlog = service.commitlog
+        assert commitlog is not None
+        commitlog.put(_message(size=100))
+        self.clock.advance(0.5)
+        self.assertEqual(self.threads.pending, [])
+        self.assertEqual(commitlog.flushed_offset, 0)
+        while commitlog.max_offset < 4096:
+            commitlog.put(_message())
+        self.clock.advance(0.5)
+        self.assertEqual(len(self.threads.pending), 1)
+        self.assertEqual(commitlog.flushed_offset, 0)
+        self.threads.run_all()
+        self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
+
+    def test_thorough_flush_after_interval(self) -> None:
+        """
+        Once C{flush_thorough_interval} has passed since the last flush,
+        even a few dirty bytes are flushed.
+        """
+        service = self._service()
+        service.startService()
+        commitlog = service.commitlog
+        assert commitlog is not None
+        commitlog.put(_message(size=10))
+        self.clock.advance(9.5)
+        self.assertEqual(self.threads.pending, [])
+        self.clock.advance(0.5)
+        self.threads.run_all()
+        self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
+
+    def test_one_flush_at_a_time(self) -> None:
+        """
+        While a flush runs on the thread, ticks and explicit flushes start
+        no second one; they wait for the running one.  Puts go on, and the
+        flushed offset is what the running flush covered.
+        """
+        service = self._service()
+        service.startService()
+        commitlog = service.commitlog
+        assert commitlog is not None
+        while commitlog.max_offset < 8192:
+            commitlog.put(_message())
+        first_target = commitlog.max_offset
+        self.clock.advance(0.5)
+        self.assertEqual(len(self.threads.pending), 1)
+        while commitlog.max_offset < 16384:
+            commitlog.put(_message())
+        waiter = service.flush_now(thorough=True)
+        self.clock.advance(0.5)
+        self.assertEqual(len(self.threads.pending), 1)
+        self.assertNoResult(waiter)
+        self.threads.run_all()
+        self.successResultOf(waiter)
+        self.assertEqual(commitlog.flushed_offset, first_target)
+        self.clock.advance(0.5)
+        self.threads.run_all()
+        self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
+
+    def test_failed_flush_is_logged_and_retried(self) -> None:
+        """
+        A flush that fails (an C{fdatasync} error) does not advance the
+        flushed offset; it is logged and the next tick tries again.
+        """
+        service = self._service()
+        service.startService()
+        commitlog = service.commitlog
+        assert commitlog is not None
+        while commitlog.max_offset < 8192:
+            commitlog.put(_message())
+        self.clock.advance(0.5)
+        (f, d), = self.threads.pending
+        self.threads.pending = []
+        d.errback(Failure(OSError(5, "Input/output error")))
+        self.assertEqual(commitlog.flushed_offset, 0)
+        self.assertEqual(len(self.flushLoggedErrors(OSError)), 1)
+        self.clock.advance(0.5)
+        self.threads.run_all()
+        self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
+
+    def test_stop_waits_for_running_flush(self) -> None:
+        """
+        C{stopService} waits for a flush in progress before the final flush
+        and close, so a descriptor is never closed under a running
+        C{fdatasync}.
+        """
+        service = self._service()
+        service.startService()
+        commitlog = service.commitlog
+        assert commitlog is not None
+        while commitlog.max_offset < 8192:
+            commitlog.put(_message())
+        self.clock.advance(0.5)
+        stopped = service.stopService()
+        self.assertNoResult(stopped)
+        self.assertFalse(commitlog.closed)
+        self.threads.run_all()
+        self.successResultOf(stopped)
+        self.assertTrue(commitlog.closed)
+
+    def test_sync_flush_runs_no_loop(self) -> None:
+        """
+        With C{SYNC_FLUSH} every put is flushed before it returns and no
+        periodic flush is scheduled.
+        """
+        service = self._service(FlushDiskType.SYNC_FLUSH)
+        service.startService()
+        commitlog = service.commitlog
+        assert commitlog is not None
+        commitlog.put(_message())
+        self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_open_failure_propagates(self) -> None:
+        """
+        An error opening the store surfaces from C{startService} and
+        leaves the service stopped with no timers.
+        """
+        service = CommitLogService(
+            lambda: CommitLog.open(self.store, read_only=True),
+            self.clock,
+            run_in_thread=lambda f: succeed(f()),
+        )
+        self.assertRaises(Exception, service.startService)
+        self.assertFalse(service.running)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
