@@ -81,7 +81,17 @@ class CommitLogService(Service):
         return deferToThreadPool(reactor, reactor.getThreadPool(), f)
 
     def startService(self) -> None:
-        self.commitlog = self._open_commitlog()
+        self.commitlog = commitlog = self._open_commitlog()
+        self._log.info(
+            "commit log {dir}: {segments} segments, offsets {min}..{max}, "
+            "last shutdown {shutdown}, {flush}",
+            dir=commitlog.commitlog_dir,
+            segments=len(commitlog.segments),
+            min=commitlog.min_offset,
+            max=commitlog.max_offset,
+            shutdown="clean" if commitlog.recovery.clean_shutdown else "NOT clean",
+            flush=commitlog.flush_disk_type.value,
+        )
         self._last_flush = self._reactor.seconds()
         if self.commitlog.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
             self._loop = LoopingCall(self.flush_now)

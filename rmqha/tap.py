@@ -20,6 +20,7 @@ from rmqha.commitlog import (
     FlushDiskType,
     MAX_SEGMENT_SIZE,
     MIN_SEGMENT_SIZE,
+    StoreError,
 )
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 
@@ -129,14 +130,18 @@ def makeService(options: Options) -> IService:
     store_dir = os.path.abspath(options["store-dir"])
 
     def open_commitlog() -> CommitLog:
-        return CommitLog.open(
-            store_dir,
-            segment_size=options["segment-size"],
-            commitlog_dir=options["commitlog-dir"],
-            store_host=options["store-host"],
-            flush_disk_type=options["flush-disk-type"],
-            clock=reactor.seconds,
-        )
+        try:
+            return CommitLog.open(
+                store_dir,
+                segment_size=options["segment-size"],
+                commitlog_dir=options["commitlog-dir"],
+                store_host=options["store-host"],
+                flush_disk_type=options["flush-disk-type"],
+                clock=reactor.seconds,
+            )
+        except (StoreError, ValueError, OSError) as e:
+            # An operator's problem, not a bug: one line, exit status 1.
+            raise SystemExit(f"twistd rmqha: cannot open the store: {e}") from None
 
     top = MultiService()
     store = CommitLogService(

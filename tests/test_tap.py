@@ -4,6 +4,8 @@ Tests for the twistd plugin and L{rmqha.tap}.
 
 from __future__ import annotations
 
+import os
+
 from twisted.application.service import IServiceMaker
 from twisted.plugin import getPlugins
 from twisted.python.usage import UsageError
@@ -94,3 +96,18 @@ class OptionsTests(SynchronousTestCase):
         child = service.getServiceNamed("store")
         self.assertIsInstance(child, CommitLogService)
         self.assertIsNone(child.commitlog)
+
+    def test_store_error_is_one_line_exit(self) -> None:
+        """
+        A store that cannot be opened stops twistd with a one-line message
+        naming the problem (SystemExit), not a traceback.
+        """
+        store = self.mktemp()
+        os.makedirs(os.path.join(store, "commitlog"))
+        with open(os.path.join(store, "commitlog", "junk"), "w"):
+            pass
+        service = makeService(self.parse("--store-dir", store))
+        e = self.assertRaises(SystemExit, service.startService)
+        self.assertIn("cannot open the store", str(e.code))
+        self.assertIn("junk", str(e.code))
+        self.assertNotIn("\n", str(e.code))

@@ -1,0 +1,877 @@
+"""
+Tests for L{rmqha.commitlog}: the on-disk layout, the put path and its
+BLANK rule, queue offsets, the replica path, the transfer read path,
+flushing, record iteration and opening checks.
+
+Recovery from crashes is in L{tests.test_recovery}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+
+from hypothesis import given, settings, strategies as st
+from twisted.trial.unittest import SynchronousTestCase
+
+import rmqha
+from rmqha._record import Blank, MessageRejected, Record, RecordError
+from rmqha.commitlog import (
+    CommitLog,
+    CorruptStoreError,
+    FlushDiskType,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    StoreError,
+)
+
+from tests._helpers import (
+    BLANK_MAGIC,
+    MAGIC_V1,
+    STORE_HOST_HEX,
+    STORE_SECONDS,
+    STORE_TIMESTAMP,
+    commitlog_dir,
+    copy_store,
+    file_bytes,
+    fixed_clock,
+    header_fields,
+    make_message,
+    open_store,
+    plan_offsets,
+    put_all,
+    record_size,
+    rewrite,
+    segment_file_name,
+    segment_files,
+    segment_path,
+    tree_digest,
+    xor_byte,
+)
+
+SEGMENT = 512
+
+
+def body_for_size(size: int, topic: str = "T") -> bytes:
+    """
+    A body making a record (no properties) exactly C{size} bytes long.
+    """
+    length = size - 91 - len(topic)
+    assert length >= 0
+    return bytes((i % 251) + 1 for i in range(length))
+
+
+class LayoutTests(SynchronousTestCase):
+    """
+    The files a store consists of.
+    """
+
+    def test_empty_store(self) -> None:
+        """
+        A new store has no segment file yet and both its min and max
+        offsets are 0.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        self.assertEqual(os.listdir(log.commitlog_dir), [])
+        self.assertEqual((log.min_offset, log.max_offset), (0, 0))
+
+    def test_segments(self) -> None:
+        """
+        Segments are named by their start offset in 20 zero-padded digits,
+        every file is exactly the segment size, the min offset is the first
+        segment's start and the max offset is the end of the last record.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        messages = [make_message(b"m" * n) for n in (100, 100, 250, 10, 300, 40, 100)]
+        put_all(log, messages)
+        _, _, end = plan_offsets(map(record_size, messages), SEGMENT)
+        expected = [segment_file_name(start) for start in range(0, end, SEGMENT)]
+        self.assertEqual(expected[:2], ["00000000000000000000", "00000000000000000512"])
+        self.assertEqual(sorted(os.listdir(log.commitlog_dir)), expected)
+        for name in expected:
+            self.assertEqual(
+                os.path.getsize(os.path.join(log.commitlog_dir, name)), SEGMENT
+            )
+        self.assertEqual((log.min_offset, log.max_offset), (0, end))
+
+    def test_lock_and_abort_marker(self) -> None:
+        """
+        C{<store>/lock} and C{<store>/abort} exist while the store is open;
+        C{close()} removes the C{abort} marker.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(make_message())
+        self.assertTrue(os.path.isfile(os.path.join(log.store_dir, "lock")))
+        self.assertTrue(os.path.isfile(os.path.join(log.store_dir, "abort")))
+        log.close()
+        self.assertFalse(os.path.exists(os.path.join(log.store_dir, "abort")))
+
+
+class PutTests(SynchronousTestCase):
+    """
+    The put path: where records land and what they hold.
+    """
+
+    def test_consecutive_offsets(self) -> None:
+        """
+        Records land back to back; each one's TOTALSIZE, MAGICCODE,
+        PHYSICALOFFSET, BODYCRC, BODYLENGTH and STORETIMESTAMP on disk are
+        what the 4.9 format says.
+        """
+        log = open_store(self, segment_size=4096)
+        messages = [
+            make_message(b"", topic="A"),
+            make_message(b"hello", properties={"TAGS": "t1"}),
+            make_message(bytes(range(256)), topic="Topic_B-2", queue_id=3),
+        ]
+        results = put_all(log, messages)
+        offset = 0
+        for message, result in zip(messages, results):
+            size = record_size(message)
+            self.assertEqual((result.offset, result.size), (offset, size))
+            fields = header_fields(file_bytes(log.store_dir, 4096, offset, offset + size))
+            self.assertEqual(fields["TOTALSIZE"], size)
+            self.assertEqual(fields["MAGICCODE"], MAGIC_V1)
+            self.assertEqual(fields["PHYSICALOFFSET"], offset)
+            self.assertEqual(fields["BODYCRC"], zlib.crc32(message.body) & 0x7FFFFFFF)
+            self.assertEqual(fields["BODYLENGTH"], len(message.body))
+            self.assertEqual(fields["STORETIMESTAMP"], STORE_TIMESTAMP)
+            offset += size
+        self.assertEqual(log.max_offset, offset)
+
+    def test_queue_offsets_per_queue(self) -> None:
+        """
+        Queue offsets count from 0 separately for every (topic, queue id),
+        in the AppendResult and in the QUEUEOFFSET field.
+        """
+        log = open_store(self, segment_size=4096)
+        keys = [("A", 0), ("A", 1), ("B", 0), ("A", 0), ("B", 0), ("A", 1), ("A", 0)]
+        results = put_all(log, [make_message(topic=t, queue_id=q) for t, q in keys])
+        self.assertEqual([r.queue_offset for r in results], [0, 0, 0, 1, 1, 1, 2])
+        on_disk = [
+            header_fields(file_bytes(log.store_dir, 4096, r.offset, r.next_offset))[
+                "QUEUEOFFSET"
+            ]
+            for r in results
+        ]
+        self.assertEqual(on_disk, [0, 0, 0, 1, 1, 1, 2])
+
+    def test_transaction_sysflags(self) -> None:
+        """
+        Prepared (0x4) and rolled-back (0xC) transaction messages get queue
+        offset 0 and take no slot; commit (0x8) messages count like plain
+        ones.  SYSFLAG is stored as given.
+        """
+        log = open_store(self, segment_size=4096)
+        sysflags = [0x0, 0x4, 0x0, 0xC, 0x8, 0x4, 0x0]
+        results = put_all(log, [make_message(sysflag=s) for s in sysflags])
+        self.assertEqual([r.queue_offset for r in results], [0, 0, 1, 0, 2, 0, 3])
+        for sysflag, result in zip(sysflags, results):
+            fields = header_fields(file_bytes(log.store_dir, 4096, result.offset, result.next_offset))
+            self.assertEqual((fields["SYSFLAG"], fields["QUEUEOFFSET"]), (sysflag, result.queue_offset))
+
+    def test_append_result(self) -> None:
+        """
+        AppendResult carries the offset, size, queue offset, the store
+        timestamp from the injected clock in ms, and the offsetMsgId: hex of
+        the store host's address and port and the 8-byte offset.
+        """
+        log = open_store(self, segment_size=4096)
+        log.put(make_message(b"first"))
+        message = make_message(b"second", queue_id=2)
+        result = log.put(message)
+        offset = record_size(make_message(b"first"))
+        self.assertEqual(result.offset, offset)
+        self.assertEqual(result.size, record_size(message))
+        self.assertEqual(result.next_offset, offset + record_size(message))
+        self.assertEqual(result.queue_offset, 0)
+        self.assertEqual(result.store_timestamp, STORE_TIMESTAMP)
+        self.assertEqual(result.msg_id, STORE_HOST_HEX + "%016X" % offset)
+
+    def test_store_timestamp_from_clock(self) -> None:
+        """
+        Every put reads the injected clock: STORETIMESTAMP is its value in
+        whole milliseconds.
+        """
+        ticks = iter(range(10))
+        log = open_store(
+            self, segment_size=4096, clock=lambda: STORE_SECONDS + next(ticks) * 0.25
+        )
+        results = put_all(log, [make_message() for _ in range(3)])
+        # open() may read the clock too; the puts read consecutive ticks.
+        stamps = [r.store_timestamp for r in results]
+        self.assertEqual([b - a for a, b in zip(stamps, stamps[1:])], [250, 250])
+        for result in results:
+            fields = header_fields(file_bytes(log.store_dir, 4096, result.offset, result.next_offset))
+            self.assertEqual(fields["STORETIMESTAMP"], result.store_timestamp)
+
+
+class BlankRuleTests(SynchronousTestCase):
+    """
+    RocketMQ's end-of-segment rule: a record is placed only if it leaves
+    room for an 8-byte BLANK; otherwise a BLANK covers the rest.
+    """
+
+    def assertBlank(self, log: CommitLog, offset: int, size: int) -> None:
+        data = file_bytes(log.store_dir, SEGMENT, offset, offset + size)
+        self.assertEqual(data[:8], (size).to_bytes(4, "big", signed=True) + BLANK_MAGIC.to_bytes(4, "big", signed=True))
+        self.assertEqual(data[8:], bytes(size - 8))
+
+    def test_leaving_exactly_eight_bytes_fits(self) -> None:
+        """
+        A record that leaves exactly 8 bytes in its segment stays there;
+        the next record does not fit, so an 8-byte BLANK (int32 8, int32
+        -875286124) fills the end and the record starts the next segment.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        results = put_all(
+            log,
+            [
+                make_message(body_for_size(300), topic="T"),
+                make_message(body_for_size(204), topic="T"),
+                make_message(body_for_size(100), topic="T"),
+            ],
+        )
+        self.assertEqual([r.offset for r in results], [0, 300, 512])
+        self.assertBlank(log, 504, 8)
+        self.assertEqual(log.max_offset, 612)
+
+    def test_leaving_seven_bytes_does_not_fit(self) -> None:
+        """
+        A record that would leave 7 bytes is not placed: a BLANK for the
+        remaining 212 bytes is written at the old position (8 bytes; the
+        rest stays zero) and the record goes to offset 0 of the next
+        segment.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        results = put_all(
+            log,
+            [
+                make_message(body_for_size(300), topic="T"),
+                make_message(body_for_size(205), topic="T"),
+            ],
+        )
+        self.assertEqual([r.offset for r in results], [0, 512])
+        self.assertBlank(log, 300, 212)
+        self.assertEqual(
+            sorted(os.listdir(log.commitlog_dir)),
+            [segment_file_name(0), segment_file_name(512)],
+        )
+
+    def test_largest_record(self) -> None:
+        """
+        A record of segment size - 8 bytes fits an empty segment, both the
+        first one and one rolled to.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        results = put_all(
+            log,
+            [make_message(body_for_size(504), topic="T") for _ in range(2)],
+        )
+        self.assertEqual([r.offset for r in results], [0, 512])
+        self.assertBlank(log, 504, 8)
+
+    def test_record_larger_than_a_segment(self) -> None:
+        """
+        A record that cannot fit even an empty segment (size + 8 > segment
+        size) is refused with MessageRejected: no BLANK, no new segment,
+        no bytes, same max offset.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        for store_has_data in (False, True):
+            before = segment_files(log.store_dir)
+            max_offset = log.max_offset
+            self.assertRaises(
+                MessageRejected, log.put, make_message(body_for_size(505), topic="T")
+            )
+            self.assertEqual(segment_files(log.store_dir), before)
+            self.assertEqual(log.max_offset, max_offset)
+            if not store_has_data:
+                log.put(make_message(body_for_size(300), topic="T"))
+
+
+class RejectionTests(SynchronousTestCase):
+    """
+    Messages the put path refuses leave the store as it was.
+    """
+
+    def setUp(self) -> None:
+        self.log = open_store(self, segment_size=SEGMENT, max_message_size=100)
+        self.log.put(make_message(b"x" * 100, topic="T"))
+
+    def assertRejectedUnchanged(self, message) -> MessageRejected:
+        before = tree_digest(self.log.commitlog_dir)
+        max_offset = self.log.max_offset
+        error = self.assertRaises(MessageRejected, self.log.put, message)
+        self.assertEqual(tree_digest(self.log.commitlog_dir), before)
+        self.assertEqual(self.log.max_offset, max_offset)
+        # The counter did not move either.
+        self.assertEqual(self.log.put(make_message(topic="T")).queue_offset, 1)
+        return error
+
+    def test_oversized_body(self) -> None:
+        """
+        A body over max_message_size is refused and the text names both
+        sizes; a body of exactly max_message_size is accepted.
+        """
+        error = self.assertRejectedUnchanged(make_message(b"x" * 101, topic="T"))
+        self.assertIn("101", str(error))
+        self.assertIn("100", str(error))
+
+    def test_bad_topics(self) -> None:
+        """
+        Empty topics, topics over 127 bytes and characters outside
+        RocketMQ's [%|a-zA-Z0-9_-] are refused.
+        """
+        for topic in ["", "a" * 128, "bad topic", "t\u00f6pic", "a/b"]:
+            self.assertRejectedUnchanged(make_message(topic=topic))
+            # Remove the probe message so the next round sees queue offset 1.
+            self.log = open_store(self, segment_size=SEGMENT, max_message_size=100)
+            self.log.put(make_message(b"x" * 100, topic="T"))
+
+    def test_longest_topic(self) -> None:
+        """
+        A 127-byte topic is accepted and stored in full.
+        """
+        result = self.log.put(make_message(topic="a" * 127))
+        self.assertEqual(result.size, 91 + len(b"payload") + 127)
+        records = list(self.log.records())
+        self.assertEqual(records[-1].topic, "a" * 127)
+
+    def test_out_of_range_field(self) -> None:
+        """
+        A message whose integer field does not fit its record field
+        (queue id 2**31) is refused and the store is unchanged.
+        """
+        self.assertRejectedUnchanged(make_message(topic="T", queue_id=2**31))
+
+    def test_out_of_range_field_when_rolling(self) -> None:
+        """
+        The same refusal when the message would have started a new
+        segment: the put path must not write the BLANK filler or create
+        the next segment for a message it then refuses (the put contract:
+        "nothing is written"), so the max offset stays where it was.
+        """
+        # 191 + 300 = 491 of 512 bytes used: a 300-byte record rolls.
+        self.log.put(make_message(body_for_size(300), topic="T"))
+        self.log.queue_offset_probe = None
+        before = tree_digest(self.log.commitlog_dir)
+        max_offset = self.log.max_offset
+        self.assertRaises(
+            MessageRejected,
+            self.log.put,
+            make_message(body_for_size(300), topic="T", queue_id=2**31),
+        )
+        self.assertEqual(
+            (self.log.max_offset, tree_digest(self.log.commitlog_dir)),
+            (max_offset, before),
+        )
+
+
+class QueueOffsetPersistenceTests(SynchronousTestCase):
+    """
+    Queue offsets continue across reopening, whatever state the snapshot
+    in C{<store>/rmqha/queue-offsets.json} is in.
+    """
+
+    #: (topic, queue id) of the messages put by _fill, in order.
+    KEYS = [("A", 0), ("A", 1), ("B", 0), ("A", 0), ("A", 1), ("A", 0)] * 2
+    #: Queue offsets the next message of each queue must get.
+    NEXT = {("A", 0): 6, ("A", 1): 4, ("B", 0): 2}
+
+    def _fill(self):
+        """
+        A closed store holding KEYS over several 512-byte segments.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        results = put_all(
+            log, [make_message(b"q" * 120, topic=t, queue_id=q) for t, q in self.KEYS]
+        )
+        self.assertGreater(results[-1].offset, 2 * SEGMENT)
+        log.close()
+        return log.store_dir, results
+
+    def _snapshot_path(self, store_dir: str) -> str:
+        return os.path.join(store_dir, "rmqha", "queue-offsets.json")
+
+    def _edit_snapshot(self, store_dir: str, edit) -> None:
+        path = self._snapshot_path(store_dir)
+        with open(path) as f:
+            snapshot = json.load(f)
+        edit(snapshot)
+        with open(path, "w") as f:
+            json.dump(snapshot, f)
+
+    def assertContinues(self, store_dir: str, expected=None) -> None:
+        log = open_store(self, store_dir)
+        for (topic, queue_id), next_offset in (expected or self.NEXT).items():
+            result = log.put(make_message(topic=topic, queue_id=queue_id))
+            self.assertEqual(
+                result.queue_offset, next_offset, f"queue {topic}:{queue_id}"
+            )
+
+    def test_reopen(self) -> None:
+        """
+        After close(), a snapshot exists and reopening continues every
+        queue where it was.
+        """
+        store_dir, _ = self._fill()
+        self.assertTrue(os.path.isfile(self._snapshot_path(store_dir)))
+        self.assertContinues(store_dir)
+
+    def test_snapshot_deleted(self) -> None:
+        """
+        Without the snapshot the queue offsets are rebuilt from the log.
+        """
+        store_dir, _ = self._fill()
+        os.unlink(self._snapshot_path(store_dir))
+        self.assertContinues(store_dir)
+
+    def test_snapshot_garbage(self) -> None:
+        """
+        A snapshot that is not JSON is ignored and the offsets rebuilt.
+        """
+        store_dir, _ = self._fill()
+        with open(self._snapshot_path(store_dir), "w") as f:
+            f.write("{not json")
+        self.assertContinues(store_dir)
+
+    def test_snapshot_names_wrong_record(self) -> None:
+        """
+        A snapshot naming a record (offset, size, body CRC) that does not
+        match the log, here with understated counters, is ignored.
+        """
+        store_dir, results = self._fill()
+
+        def edit(snapshot):
+            snapshot["check"] = [results[3].offset, results[3].size, 12345]
+            snapshot["queues"] = [["A", 0, 1]]
+
+        self._edit_snapshot(store_dir, edit)
+        self.assertContinues(store_dir)
+
+    def test_snapshot_names_offset_inside_record(self) -> None:
+        """
+        A snapshot naming a record at an offset that is inside a record is
+        ignored.
+        """
+        store_dir, results = self._fill()
+
+        def edit(snapshot):
+            snapshot["check"] = [results[3].offset + 4, results[3].size, 1]
+            snapshot["queues"] = []
+
+        self._edit_snapshot(store_dir, edit)
+        self.assertContinues(store_dir)
+
+    def test_snapshot_past_end(self) -> None:
+        """
+        A snapshot taken at an offset beyond the log's end (the log was cut
+        back since) is ignored.
+        """
+        store_dir, results = self._fill()
+
+        def edit(snapshot):
+            snapshot["offset"] = results[-1].next_offset + 1000
+            snapshot["queues"] = []
+
+        self._edit_snapshot(store_dir, edit)
+        self.assertContinues(store_dir)
+
+    def test_snapshot_from_log_replaced(self) -> None:
+        """
+        A snapshot left behind when the commit log was replaced by another
+        store's (different records at the checked offset) is ignored.
+        """
+        store_dir, _ = self._fill()
+        other = open_store(self, segment_size=SEGMENT)
+        put_all(other, [make_message(b"o" * 33, topic="C") for _ in range(20)])
+        other.close()
+        os.rename(commitlog_dir(store_dir), commitlog_dir(store_dir) + ".old")
+        os.rename(commitlog_dir(other.store_dir), commitlog_dir(store_dir))
+        self.assertContinues(store_dir, {("C", 0): 20, ("A", 0): 0})
+
+    def test_snapshot_stale_after_crash(self) -> None:
+        """
+        After a crash the snapshot is the one written when the last
+        segment was started; the records put after it are counted too.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        put_all(
+            log, [make_message(b"q" * 120, topic=t, queue_id=q) for t, q in self.KEYS]
+        )
+        self.assertTrue(os.path.isfile(self._snapshot_path(log.store_dir)))
+        self.assertContinues(copy_store(self, log.store_dir))
+
+    def test_snapshot_offset_inside_record(self) -> None:
+        """
+        A snapshot whose resume offset is inside a record (its check record
+        is genuine) does not break the put path: it is ignored and queue
+        offsets continue.
+        """
+        store_dir, results = self._fill()
+        self._edit_snapshot(
+            store_dir, lambda s: s.update(offset=results[4].offset + 5)
+        )
+        self.assertContinues(store_dir)
+
+    def test_snapshot_offset_not_after_check(self) -> None:
+        """
+        A snapshot whose resume offset is not where its check record ends
+        (or the next segment's start) is inconsistent and must not be
+        trusted: here it names the first record, resumes at the end of the
+        log and understates every queue.
+        """
+        store_dir, results = self._fill()
+
+        def edit(snapshot):
+            snapshot["check"] = [results[0].offset, results[0].size, snapshot["check"][2]]
+            snapshot["check"][2] = zlib.crc32(b"q" * 120) & 0x7FFFFFFF
+            snapshot["queues"] = [["A", 0, 1]]
+
+        self._edit_snapshot(store_dir, edit)
+        self.assertContinues(store_dir)
+
+
+MESSAGES = st.lists(
+    st.builds(
+        make_message,
+        body=st.binary(max_size=300),
+        topic=st.sampled_from(["T", "TopicA", "Topic_B-9"]),
+        queue_id=st.integers(0, 3),
+        properties=st.sampled_from([None, {"TAGS": "a"}, {"KEYS": "k1 k2", "TAGS": "tag"}]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+class ReplicaAppendTests(SynchronousTestCase):
+    """
+    The replica path, C{append_at(offset, data)}.
+    """
+
+    @settings(deadline=None, derandomize=True, max_examples=25)
+    @given(
+        segment_size=st.integers(512, 4096),
+        messages=MESSAGES,
+        cut_fractions=st.lists(st.floats(0, 1), max_size=10),
+        wrap=st.sampled_from([bytes, bytearray, memoryview]),
+    )
+    def test_copy_is_byte_identical(self, segment_size, messages, cut_fractions, wrap) -> None:
+        """
+        Copying a master's bytes [min, max) into an empty store through
+        append_at, in chunks that cut through records and cross segment
+        boundaries, gives byte-identical segment files with the same names
+        and the same max offset.
+        """
+        source = open_store(self, segment_size=segment_size)
+        put_all(source, messages)
+        _, _, end = plan_offsets(map(record_size, messages), segment_size)
+        self.assertEqual(source.max_offset, end)
+        data = file_bytes(source.store_dir, segment_size, 0, end)
+        cuts = sorted({0, end, *(int(f * end) for f in cut_fractions)})
+        target = open_store(self, segment_size=segment_size)
+        for start, stop in zip(cuts, cuts[1:]):
+            self.assertEqual(target.append_at(start, wrap(data[start:stop])), stop)
+        self.assertEqual(target.max_offset, end)
+        self.assertEqual(segment_files(target.store_dir), segment_files(source.store_dir))
+        source.close()
+        target.close()
+
+    def _store_with_data(self) -> CommitLog:
+        log = open_store(self, segment_size=SEGMENT)
+        log.append_at(0, b"\x07" * 700)
+        return log
+
+    def test_gap_refused(self) -> None:
+        """
+        Bytes offered past the end are refused with OffsetMismatchError
+        naming the expected and the offered offset; nothing is written.
+        """
+        log = self._store_with_data()
+        before = segment_files(log.store_dir)
+        for offered in (701, 699, 0):
+            error = self.assertRaises(OffsetMismatchError, log.append_at, offered, b"x")
+            self.assertEqual((error.expected, error.offered), (700, offered))
+            self.assertIn("700", str(error))
+            self.assertIn(str(offered), str(error))
+        self.assertEqual(segment_files(log.store_dir), before)
+        self.assertEqual(log.max_offset, 700)
+
+    def test_empty_store_starts_at_segment_boundary(self) -> None:
+        """
+        An empty store takes its first bytes at any multiple of the segment
+        size: its first file is named after that offset, which becomes the
+        min offset.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        self.assertEqual(log.append_at(3 * SEGMENT, b"\x05" * 600), 3 * SEGMENT + 600)
+        self.assertEqual(
+            sorted(os.listdir(log.commitlog_dir)),
+            [segment_file_name(3 * SEGMENT), segment_file_name(4 * SEGMENT)],
+        )
+        self.assertEqual((log.min_offset, log.max_offset), (3 * SEGMENT, 3 * SEGMENT + 600))
+        self.assertEqual(
+            file_bytes(log.store_dir, SEGMENT, 3 * SEGMENT, 4 * SEGMENT + 88),
+            b"\x05" * 600,
+        )
+
+    def test_empty_store_refuses_unaligned_start(self) -> None:
+        """
+        An empty store refuses a first offset that is not a segment
+        boundary, naming it, and creates no file.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        error = self.assertRaises(
+            OffsetMismatchError, log.append_at, 3 * SEGMENT + 1, b"x"
+        )
+        self.assertEqual(error.offered, 3 * SEGMENT + 1)
+        self.assertIn(str(3 * SEGMENT + 1), str(error))
+        self.assertEqual(os.listdir(log.commitlog_dir), [])
+        self.assertEqual(log.max_offset, 0)
+
+    def test_read_only_refuses_writes(self) -> None:
+        """
+        A store opened read-only refuses put and append_at with
+        ReadOnlyStoreError and its files stay as they were.
+        """
+        log = self._store_with_data()
+        log.close()
+        before = tree_digest(log.store_dir)
+        reader = open_store(self, log.store_dir, read_only=True)
+        self.assertRaises(ReadOnlyStoreError, reader.put, make_message())
+        self.assertRaises(ReadOnlyStoreError, reader.append_at, 700, b"x")
+        reader.close()
+        self.assertEqual(tree_digest(log.store_dir), before)
+
+
+class ReadTests(SynchronousTestCase):
+    """
+    The transfer read path.
+    """
+
+    def setUp(self) -> None:
+        self.log = open_store(self, segment_size=SEGMENT)
+        self.messages = [make_message(b"r" * n, topic="T") for n in (300, 150, 90, 400, 10, 200, 200)]
+        put_all(self.log, self.messages)
+        _, self.blanks, self.end = plan_offsets(map(record_size, self.messages), SEGMENT)
+        self.assertGreaterEqual(len(self.blanks), 2)
+
+    def expected(self, offset: int, limit: int) -> bytes:
+        segment_end = offset - offset % SEGMENT + SEGMENT
+        stop = min(offset + limit, segment_end, self.end)
+        return file_bytes(self.log.store_dir, SEGMENT, offset, stop) if stop > offset else b""
+
+    @settings(deadline=None, derandomize=True, max_examples=150)
+    @given(data=st.data(), limit=st.integers(0, 2000))
+    def test_read_matches_files(self, data, limit) -> None:
+        """
+        read(offset, limit) is the file bytes from offset up to the first
+        of offset + limit, the end of offset's segment and the max offset;
+        read_view gives the same bytes as a memoryview.
+        """
+        offset = data.draw(st.integers(0, self.end))
+        expected = self.expected(offset, limit)
+        self.assertEqual(self.log.read(offset, limit), expected)
+        with self.log.read_view(offset, limit) as view:
+            self.assertIsInstance(view, memoryview)
+            self.assertEqual(bytes(view), expected)
+
+    def test_read_stops_at_segment_end(self) -> None:
+        """
+        Reading from 10 bytes before a segment's end with a large limit
+        gives only those 10 bytes (the end of the BLANK filler).
+        """
+        chunk = self.log.read(SEGMENT - 10, 10_000)
+        self.assertEqual(len(chunk), 10)
+        self.assertEqual(chunk, file_bytes(self.log.store_dir, SEGMENT, SEGMENT - 10, SEGMENT))
+
+    def test_read_stops_at_max_offset(self) -> None:
+        """
+        A read never goes past the max offset, and at the max offset it
+        gives b"".
+        """
+        self.assertEqual(self.log.read(self.end - 5, 100), file_bytes(self.log.store_dir, SEGMENT, self.end - 5, self.end))
+        self.assertEqual(self.log.read(self.end, 100), b"")
+
+    def test_out_of_range(self) -> None:
+        """
+        Offsets above the max offset or below the min offset raise
+        OffsetOutOfRangeError with the offset and the bounds.
+        """
+        error = self.assertRaises(OffsetOutOfRangeError, self.log.read, self.end + 1, 10)
+        self.assertEqual((error.offset, error.min_offset, error.max_offset), (self.end + 1, 0, self.end))
+        replica = open_store(self, segment_size=SEGMENT)
+        replica.append_at(3 * SEGMENT, b"\x01" * 100)
+        for offset in (0, 3 * SEGMENT - 1, 3 * SEGMENT + 101):
+            self.assertRaises(OffsetOutOfRangeError, replica.read, offset, 10)
+            self.assertRaises(OffsetOutOfRangeError, replica.read_view, offset, 10)
+        self.assertEqual(replica.read(3 * SEGMENT, 1000), b"\x01" * 100)
+
+
+class FlushTests(SynchronousTestCase):
+    """
+    flushed_offset, flush() and flush_plan().
+    """
+
+    def test_flush(self) -> None:
+        """
+        Puts do not advance the flushed offset by themselves; flush()
+        advances it to the max offset and returns it.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        put_all(log, [make_message(b"f" * 200) for _ in range(5)])
+        self.assertEqual(log.flushed_offset, 0)
+        self.assertEqual(log.flush(), log.max_offset)
+        self.assertEqual(log.flushed_offset, log.max_offset)
+
+    def test_flush_plan_threshold(self) -> None:
+        """
+        flush_plan(least_bytes) is None while fewer than least_bytes are
+        unflushed; otherwise executing the plan and reporting it done
+        moves the flushed offset to the plan's target, the max offset.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        self.assertIsNone(log.flush_plan())
+        size = log.put(make_message(b"f" * 100)).size
+        self.assertIsNone(log.flush_plan(size + 1))
+        plan = log.flush_plan(size)
+        self.assertEqual(plan.target, size)
+        plan.execute()
+        log.flush_done(plan)
+        self.assertEqual(log.flushed_offset, size)
+        self.assertIsNone(log.flush_plan())
+
+    def test_sync_flush(self) -> None:
+        """
+        With SYNC_FLUSH every put and every replica append is flushed
+        before it returns.
+        """
+        log = open_store(self, segment_size=SEGMENT, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+        for n in (100, 300, 300, 10):
+            log.put(make_message(b"s" * n))
+            self.assertEqual(log.flushed_offset, log.max_offset)
+        replica = open_store(self, segment_size=SEGMENT, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+        for start in range(0, log.max_offset, 200):
+            replica.append_at(start, log.read(start, 200))
+            self.assertEqual(replica.flushed_offset, replica.max_offset)
+
+
+class RecordsAndOpeningTests(SynchronousTestCase):
+    """
+    records() iteration and the checks made when opening a store.
+    """
+
+    def test_records(self) -> None:
+        """
+        records() yields every message as put, at the planned offsets, and
+        with blanks=True also the BLANK fillers in place.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        messages = [
+            make_message(b"a" * n, topic=t, queue_id=q, properties=p)
+            for n, t, q, p in [
+                (300, "A", 0, None),
+                (200, "B", 1, {"TAGS": "x"}),
+                (10, "A", 0, {"KEYS": "k", "TAGS": "y"}),
+                (400, "A", 2, None),
+                (0, "C", 0, None),
+            ]
+        ]
+        put_all(log, messages)
+        offsets, blanks, _ = plan_offsets(map(record_size, messages), SEGMENT)
+        records = list(log.records(check_crc=True))
+        self.assertEqual([r.offset for r in records], offsets)
+        self.assertEqual(
+            [(r.topic, r.queue_id, r.body, r.properties, r.crc_ok) for r in records],
+            [(m.topic, m.queue_id, m.body, dict(m.properties), True) for m in messages],
+        )
+        with_blanks = list(log.records(blanks=True))
+        self.assertEqual(
+            [(b.offset, b.size) for b in with_blanks if isinstance(b, Blank)], blanks
+        )
+        self.assertEqual([r.offset for r in with_blanks if isinstance(r, Record)], offsets)
+
+    def test_records_check_crc(self) -> None:
+        """
+        A body byte changed on disk makes records(check_crc=True) raise
+        RecordError at that record; without check_crc it is yielded with
+        crc_ok False.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        results = put_all(log, [make_message(b"c" * 50) for _ in range(3)])
+        xor_byte(segment_path(log.store_dir, 0), results[1].offset + 88 + 7)
+        error = self.assertRaises(RecordError, list, log.records(check_crc=True))
+        self.assertEqual(error.offset, results[1].offset)
+        self.assertEqual([r.crc_ok for r in log.records()], [True, False, True])
+
+    def test_segment_size_mismatch(self) -> None:
+        """
+        Opening an existing store with a different segment size fails with
+        a StoreError naming both sizes, and leaves the store usable.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(make_message())
+        log.close()
+        before = tree_digest(log.store_dir)
+        error = self.assertRaises(
+            StoreError, CommitLog.open, log.store_dir, segment_size=1024, clock=fixed_clock
+        )
+        self.assertIn("512", str(error))
+        self.assertIn("1024", str(error))
+        self.assertEqual(tree_digest(log.store_dir), before)
+        self.assertEqual(open_store(self, log.store_dir).segment_size, SEGMENT)
+
+    def test_foreign_file(self) -> None:
+        """
+        A file in commitlog/ that is not a segment makes open fail with
+        CorruptStoreError naming the file.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(make_message())
+        log.close()
+        with open(os.path.join(log.commitlog_dir, "notes.txt"), "w") as f:
+            f.write("hello")
+        error = self.assertRaises(CorruptStoreError, CommitLog.open, log.store_dir, clock=fixed_clock)
+        self.assertIn("notes.txt", str(error))
+
+    def test_second_writer_locked(self) -> None:
+        """
+        While a store is open for writing, another process's writable open
+        fails with StoreLockedError (POSIX locks are per process, hence the
+        subprocess); once it is closed, the other process can open it.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(make_message())
+        script = (
+            "import sys\n"
+            "from rmqha.commitlog import CommitLog, StoreLockedError\n"
+            "try:\n"
+            "    CommitLog.open(sys.argv[1]).close()\n"
+            "except StoreLockedError as e:\n"
+            "    print(e)\n"
+            "    sys.exit(3)\n"
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(rmqha.__file__)))
+
+        def other_process():
+            return subprocess.run(
+                [sys.executable, "-c", script, log.store_dir],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        locked = other_process()
+        self.assertEqual(locked.returncode, 3, locked.stderr)
+        self.assertIn(log.store_dir, locked.stdout)
+        log.close()
+        unlocked = other_process()
+        self.assertEqual(unlocked.returncode, 0, unlocked.stderr)
