@@ -278,20 +278,18 @@ class BlankRuleTests(SynchronousTestCase):
     def test_record_larger_than_a_segment(self) -> None:
         """
         A record that cannot fit even an empty segment (size + 8 > segment
-        size) is refused with MessageRejected: no BLANK, no new segment,
-        no bytes, same max offset.
+        size) is refused with MessageRejected naming the segment size: no
+        BLANK, no new segment, no bytes, same max offset.
         """
         log = open_store(self, segment_size=SEGMENT)
-        for store_has_data in (False, True):
-            before = segment_files(log.store_dir)
-            max_offset = log.max_offset
-            self.assertRaises(
-                MessageRejected, log.put, make_message(body_for_size(505), topic="T")
-            )
-            self.assertEqual(segment_files(log.store_dir), before)
-            self.assertEqual(log.max_offset, max_offset)
-            if not store_has_data:
-                log.put(make_message(body_for_size(300), topic="T"))
+        log.put(make_message(body_for_size(300), topic="T"))
+        before = segment_files(log.store_dir)
+        error = self.assertRaises(
+            MessageRejected, log.put, make_message(body_for_size(505), topic="T")
+        )
+        self.assertIn("512", str(error))
+        self.assertEqual(segment_files(log.store_dir), before)
+        self.assertEqual(log.max_offset, 300)
 
 
 class RejectionTests(SynchronousTestCase):
@@ -300,17 +298,21 @@ class RejectionTests(SynchronousTestCase):
     """
 
     def setUp(self) -> None:
-        self.log = open_store(self, segment_size=SEGMENT, max_message_size=100)
+        self.log = open_store(self, segment_size=SEGMENT, max_message_size=300)
         self.log.put(make_message(b"x" * 100, topic="T"))
 
     def assertRejectedUnchanged(self, message) -> MessageRejected:
+        """
+        Putting C{message} raises MessageRejected and changes no file and
+        not the max offset.
+        """
         before = tree_digest(self.log.commitlog_dir)
         max_offset = self.log.max_offset
         error = self.assertRaises(MessageRejected, self.log.put, message)
-        self.assertEqual(tree_digest(self.log.commitlog_dir), before)
-        self.assertEqual(self.log.max_offset, max_offset)
-        # The counter did not move either.
-        self.assertEqual(self.log.put(make_message(topic="T")).queue_offset, 1)
+        self.assertEqual(
+            (self.log.max_offset, tree_digest(self.log.commitlog_dir)),
+            (max_offset, before),
+        )
         return error
 
     def test_oversized_body(self) -> None:
@@ -318,9 +320,11 @@ class RejectionTests(SynchronousTestCase):
         A body over max_message_size is refused and the text names both
         sizes; a body of exactly max_message_size is accepted.
         """
-        error = self.assertRejectedUnchanged(make_message(b"x" * 101, topic="T"))
-        self.assertIn("101", str(error))
-        self.assertIn("100", str(error))
+        error = self.assertRejectedUnchanged(make_message(b"x" * 301, topic="T"))
+        self.assertIn("301", str(error))
+        self.assertIn("300", str(error))
+        # The refused message took no queue slot.
+        self.assertEqual(self.log.put(make_message(b"x" * 300, topic="T")).queue_offset, 1)
 
     def test_bad_topics(self) -> None:
         """
@@ -329,9 +333,22 @@ class RejectionTests(SynchronousTestCase):
         """
         for topic in ["", "a" * 128, "bad topic", "t\u00f6pic", "a/b"]:
             self.assertRejectedUnchanged(make_message(topic=topic))
-            # Remove the probe message so the next round sees queue offset 1.
-            self.log = open_store(self, segment_size=SEGMENT, max_message_size=100)
-            self.log.put(make_message(b"x" * 100, topic="T"))
+
+    def test_rejected_on_empty_store(self) -> None:
+        """
+        A message refused by a store holding nothing yet (bad topic,
+        oversized body, a record larger than a segment) does not create
+        the first segment file.
+        """
+        self.log = open_store(self, segment_size=SEGMENT, max_message_size=300)
+        self.assertRejectedUnchanged(make_message(topic="bad topic"))
+        self.assertRejectedUnchanged(make_message(b"x" * 301))
+        big = open_store(self, segment_size=SEGMENT)
+        self.assertRaises(
+            MessageRejected, big.put, make_message(body_for_size(505), topic="T")
+        )
+        for log in (self.log, big):
+            self.assertEqual(os.listdir(log.commitlog_dir), [])
 
     def test_longest_topic(self) -> None:
         """
@@ -348,6 +365,7 @@ class RejectionTests(SynchronousTestCase):
         (queue id 2**31) is refused and the store is unchanged.
         """
         self.assertRejectedUnchanged(make_message(topic="T", queue_id=2**31))
+        self.assertEqual(self.log.put(make_message(topic="T")).queue_offset, 1)
 
     def test_out_of_range_field_when_rolling(self) -> None:
         """
@@ -356,19 +374,10 @@ class RejectionTests(SynchronousTestCase):
         the next segment for a message it then refuses (the put contract:
         "nothing is written"), so the max offset stays where it was.
         """
-        # 191 + 300 = 491 of 512 bytes used: a 300-byte record rolls.
+        # 192 + 300 = 492 of 512 bytes used: a 300-byte record rolls.
         self.log.put(make_message(body_for_size(300), topic="T"))
-        self.log.queue_offset_probe = None
-        before = tree_digest(self.log.commitlog_dir)
-        max_offset = self.log.max_offset
-        self.assertRaises(
-            MessageRejected,
-            self.log.put,
-            make_message(body_for_size(300), topic="T", queue_id=2**31),
-        )
-        self.assertEqual(
-            (self.log.max_offset, tree_digest(self.log.commitlog_dir)),
-            (max_offset, before),
+        self.assertRejectedUnchanged(
+            make_message(body_for_size(300), topic="T", queue_id=2**31)
         )
 
 
@@ -489,11 +498,11 @@ class QueueOffsetPersistenceTests(SynchronousTestCase):
         """
         store_dir, _ = self._fill()
         other = open_store(self, segment_size=SEGMENT)
-        put_all(other, [make_message(b"o" * 33, topic="C") for _ in range(20)])
+        put_all(other, [make_message(b"o" * 33, topic="C") for _ in range(30)])
         other.close()
         os.rename(commitlog_dir(store_dir), commitlog_dir(store_dir) + ".old")
         os.rename(commitlog_dir(other.store_dir), commitlog_dir(store_dir))
-        self.assertContinues(store_dir, {("C", 0): 20, ("A", 0): 0})
+        self.assertContinues(store_dir, {("C", 0): 30, ("A", 0): 0})
 
     def test_snapshot_stale_after_crash(self) -> None:
         """
@@ -529,8 +538,8 @@ class QueueOffsetPersistenceTests(SynchronousTestCase):
         store_dir, results = self._fill()
 
         def edit(snapshot):
-            snapshot["check"] = [results[0].offset, results[0].size, snapshot["check"][2]]
-            snapshot["check"][2] = zlib.crc32(b"q" * 120) & 0x7FFFFFFF
+            crc = zlib.crc32(b"q" * 120) & 0x7FFFFFFF
+            snapshot["check"] = [results[0].offset, results[0].size, crc]
             snapshot["queues"] = [["A", 0, 1]]
 
         self._edit_snapshot(store_dir, edit)
@@ -757,9 +766,10 @@ class FlushTests(SynchronousTestCase):
             log.put(make_message(b"s" * n))
             self.assertEqual(log.flushed_offset, log.max_offset)
         replica = open_store(self, segment_size=SEGMENT, flush_disk_type=FlushDiskType.SYNC_FLUSH)
-        for start in range(0, log.max_offset, 200):
-            replica.append_at(start, log.read(start, 200))
-            self.assertEqual(replica.flushed_offset, replica.max_offset)
+        position = 0
+        while position < log.max_offset:
+            position = replica.append_at(position, log.read(position, 200))
+            self.assertEqual(replica.flushed_offset, position)
 
 
 class RecordsAndOpeningTests(SynchronousTestCase):
