@@ -211,6 +211,13 @@ def file_bytes(store_dir: str, segment_size: int, start: int, end: int) -> bytes
     return b"".join(chunks)
 
 
+def disk(log: CommitLog, start: int, end: int) -> bytes:
+    """
+    C{log}'s bytes C{[start, end)} as its segment files hold them.
+    """
+    return file_bytes(log.store_dir, log.segment_size, start, end)
+
+
 def header_fields(data: bytes, position: int = 0) -> dict[str, int]:
     """
     The integer fields of the record at C{data[position:]} (IPv4 hosts),
@@ -232,6 +239,13 @@ def header_fields(data: bytes, position: int = 0) -> dict[str, int]:
     (fields["STORETIMESTAMP"],) = struct.unpack_from(">q", data, position + 56)
     (fields["BODYLENGTH"],) = struct.unpack_from(">i", data, position + 84)
     return fields
+
+
+def disk_fields(log: CommitLog, offset: int) -> dict[str, int]:
+    """
+    The integer fields of the record at C{offset}, read from the files.
+    """
+    return header_fields(disk(log, offset, offset + 88))
 
 
 def rewrite(path: str, position: int, data: bytes) -> None:

@@ -37,15 +37,14 @@ from tests._helpers import (
     STORE_TIMESTAMP,
     commitlog_dir,
     copy_store,
-    file_bytes,
+    disk,
+    disk_fields,
     fixed_clock,
-    header_fields,
     make_message,
     open_store,
     plan_offsets,
     put_all,
     record_size,
-    rewrite,
     segment_file_name,
     segment_files,
     segment_path,
@@ -86,16 +85,18 @@ class LayoutTests(SynchronousTestCase):
         segment's start and the max offset is the end of the last record.
         """
         log = open_store(self, segment_size=SEGMENT)
-        messages = [make_message(b"m" * n) for n in (100, 100, 250, 10, 300, 40, 100)]
+        sizes = (100, 100, 250, 10, 300, 40, 100)
+        messages = [make_message(b"m" * n) for n in sizes]
         put_all(log, messages)
         _, _, end = plan_offsets(map(record_size, messages), SEGMENT)
         expected = [segment_file_name(start) for start in range(0, end, SEGMENT)]
-        self.assertEqual(expected[:2], ["00000000000000000000", "00000000000000000512"])
-        self.assertEqual(sorted(os.listdir(log.commitlog_dir)), expected)
+        self.assertEqual(
+            expected[:2], ["00000000000000000000", "00000000000000000512"]
+        )
+        directory = commitlog_dir(log.store_dir)
+        self.assertEqual(sorted(os.listdir(directory)), expected)
         for name in expected:
-            self.assertEqual(
-                os.path.getsize(os.path.join(log.commitlog_dir, name)), SEGMENT
-            )
+            self.assertEqual(os.path.getsize(os.path.join(directory, name)), SEGMENT)
         self.assertEqual((log.min_offset, log.max_offset), (0, end))
 
     def test_lock_and_abort_marker(self) -> None:
@@ -133,11 +134,13 @@ class PutTests(SynchronousTestCase):
         for message, result in zip(messages, results):
             size = record_size(message)
             self.assertEqual((result.offset, result.size), (offset, size))
-            fields = header_fields(file_bytes(log.store_dir, 4096, offset, offset + size))
+            fields = disk_fields(log, offset)
             self.assertEqual(fields["TOTALSIZE"], size)
             self.assertEqual(fields["MAGICCODE"], MAGIC_V1)
             self.assertEqual(fields["PHYSICALOFFSET"], offset)
-            self.assertEqual(fields["BODYCRC"], zlib.crc32(message.body) & 0x7FFFFFFF)
+            self.assertEqual(
+                fields["BODYCRC"], zlib.crc32(message.body) & 0x7FFFFFFF
+            )
             self.assertEqual(fields["BODYLENGTH"], len(message.body))
             self.assertEqual(fields["STORETIMESTAMP"], STORE_TIMESTAMP)
             offset += size
@@ -152,12 +155,7 @@ class PutTests(SynchronousTestCase):
         keys = [("A", 0), ("A", 1), ("B", 0), ("A", 0), ("B", 0), ("A", 1), ("A", 0)]
         results = put_all(log, [make_message(topic=t, queue_id=q) for t, q in keys])
         self.assertEqual([r.queue_offset for r in results], [0, 0, 0, 1, 1, 1, 2])
-        on_disk = [
-            header_fields(file_bytes(log.store_dir, 4096, r.offset, r.next_offset))[
-                "QUEUEOFFSET"
-            ]
-            for r in results
-        ]
+        on_disk = [disk_fields(log, r.offset)["QUEUEOFFSET"] for r in results]
         self.assertEqual(on_disk, [0, 0, 0, 1, 1, 1, 2])
 
     def test_transaction_sysflags(self) -> None:
@@ -171,8 +169,11 @@ class PutTests(SynchronousTestCase):
         results = put_all(log, [make_message(sysflag=s) for s in sysflags])
         self.assertEqual([r.queue_offset for r in results], [0, 0, 1, 0, 2, 0, 3])
         for sysflag, result in zip(sysflags, results):
-            fields = header_fields(file_bytes(log.store_dir, 4096, result.offset, result.next_offset))
-            self.assertEqual((fields["SYSFLAG"], fields["QUEUEOFFSET"]), (sysflag, result.queue_offset))
+            fields = disk_fields(log, result.offset)
+            self.assertEqual(
+                (fields["SYSFLAG"], fields["QUEUEOFFSET"]),
+                (sysflag, result.queue_offset),
+            )
 
     def test_append_result(self) -> None:
         """
@@ -204,10 +205,13 @@ class PutTests(SynchronousTestCase):
         results = put_all(log, [make_message() for _ in range(3)])
         # open() may read the clock too; the puts read consecutive ticks.
         stamps = [r.store_timestamp for r in results]
+        self.assertEqual((stamps[0] - STORE_TIMESTAMP) % 250, 0)
         self.assertEqual([b - a for a, b in zip(stamps, stamps[1:])], [250, 250])
         for result in results:
-            fields = header_fields(file_bytes(log.store_dir, 4096, result.offset, result.next_offset))
-            self.assertEqual(fields["STORETIMESTAMP"], result.store_timestamp)
+            self.assertEqual(
+                disk_fields(log, result.offset)["STORETIMESTAMP"],
+                result.store_timestamp,
+            )
 
 
 class BlankRuleTests(SynchronousTestCase):
@@ -217,8 +221,12 @@ class BlankRuleTests(SynchronousTestCase):
     """
 
     def assertBlank(self, log: CommitLog, offset: int, size: int) -> None:
-        data = file_bytes(log.store_dir, SEGMENT, offset, offset + size)
-        self.assertEqual(data[:8], (size).to_bytes(4, "big", signed=True) + BLANK_MAGIC.to_bytes(4, "big", signed=True))
+        data = disk(log, offset, offset + size)
+        self.assertEqual(
+            data[:8],
+            size.to_bytes(4, "big", signed=True)
+            + BLANK_MAGIC.to_bytes(4, "big", signed=True),
+        )
         self.assertEqual(data[8:], bytes(size - 8))
 
     def test_leaving_exactly_eight_bytes_fits(self) -> None:
@@ -324,7 +332,8 @@ class RejectionTests(SynchronousTestCase):
         self.assertIn("301", str(error))
         self.assertIn("300", str(error))
         # The refused message took no queue slot.
-        self.assertEqual(self.log.put(make_message(b"x" * 300, topic="T")).queue_offset, 1)
+        result = self.log.put(make_message(b"x" * 300, topic="T"))
+        self.assertEqual(result.queue_offset, 1)
 
     def test_bad_topics(self) -> None:
         """
@@ -513,7 +522,8 @@ class QueueOffsetPersistenceTests(SynchronousTestCase):
         put_all(
             log, [make_message(b"q" * 120, topic=t, queue_id=q) for t, q in self.KEYS]
         )
-        self.assertTrue(os.path.isfile(self._snapshot_path(log.store_dir)))
+        with open(self._snapshot_path(log.store_dir)) as f:
+            self.assertLess(json.load(f)["offset"], log.max_offset)
         self.assertContinues(copy_store(self, log.store_dir))
 
     def test_snapshot_offset_inside_record(self) -> None:
@@ -549,12 +559,15 @@ class QueueOffsetPersistenceTests(SynchronousTestCase):
 MESSAGES = st.lists(
     st.builds(
         make_message,
-        body=st.binary(max_size=300),
+        body=st.binary(min_size=20, max_size=300),
         topic=st.sampled_from(["T", "TopicA", "Topic_B-9"]),
         queue_id=st.integers(0, 3),
-        properties=st.sampled_from([None, {"TAGS": "a"}, {"KEYS": "k1 k2", "TAGS": "tag"}]),
+        properties=st.sampled_from(
+            [None, {"TAGS": "a"}, {"KEYS": "k1 k2", "TAGS": "tag"}]
+        ),
     ),
-    min_size=1,
+    # Enough 111..419-byte records to fill several small segments.
+    min_size=12,
     max_size=40,
 )
 
@@ -564,14 +577,17 @@ class ReplicaAppendTests(SynchronousTestCase):
     The replica path, C{append_at(offset, data)}.
     """
 
-    @settings(deadline=None, derandomize=True, max_examples=25)
+    @settings(deadline=None, derandomize=True, max_examples=40)
     @given(
-        segment_size=st.integers(512, 4096),
+        segment_size=st.integers(512, 2048),
         messages=MESSAGES,
-        cut_fractions=st.lists(st.floats(0, 1), max_size=10),
+        cut_fractions=st.lists(st.floats(0, 1), max_size=12),
+        cut_at_segments=st.booleans(),
         wrap=st.sampled_from([bytes, bytearray, memoryview]),
     )
-    def test_copy_is_byte_identical(self, segment_size, messages, cut_fractions, wrap) -> None:
+    def test_copy_is_byte_identical(
+        self, segment_size, messages, cut_fractions, cut_at_segments, wrap
+    ) -> None:
         """
         Copying a master's bytes [min, max) into an empty store through
         append_at, in chunks that cut through records and cross segment
@@ -582,13 +598,18 @@ class ReplicaAppendTests(SynchronousTestCase):
         put_all(source, messages)
         _, _, end = plan_offsets(map(record_size, messages), segment_size)
         self.assertEqual(source.max_offset, end)
-        data = file_bytes(source.store_dir, segment_size, 0, end)
-        cuts = sorted({0, end, *(int(f * end) for f in cut_fractions)})
+        data = disk(source, 0, end)
+        cuts = {0, end, *(int(f * end) for f in cut_fractions)}
+        if cut_at_segments:
+            cuts.update(range(0, end, segment_size))
+        cuts = sorted(cuts)
         target = open_store(self, segment_size=segment_size)
         for start, stop in zip(cuts, cuts[1:]):
             self.assertEqual(target.append_at(start, wrap(data[start:stop])), stop)
         self.assertEqual(target.max_offset, end)
-        self.assertEqual(segment_files(target.store_dir), segment_files(source.store_dir))
+        self.assertEqual(
+            segment_files(target.store_dir), segment_files(source.store_dir)
+        )
         source.close()
         target.close()
 
@@ -597,10 +618,11 @@ class ReplicaAppendTests(SynchronousTestCase):
         log.append_at(0, b"\x07" * 700)
         return log
 
-    def test_gap_refused(self) -> None:
+    def test_offset_mismatch_refused(self) -> None:
         """
-        Bytes offered past the end are refused with OffsetMismatchError
-        naming the expected and the offered offset; nothing is written.
+        Bytes offered anywhere but at the max offset (leaving a gap, or
+        overlapping) are refused with OffsetMismatchError naming the
+        expected and the offered offset; nothing is written.
         """
         log = self._store_with_data()
         before = segment_files(log.store_dir)
@@ -624,11 +646,10 @@ class ReplicaAppendTests(SynchronousTestCase):
             sorted(os.listdir(log.commitlog_dir)),
             [segment_file_name(3 * SEGMENT), segment_file_name(4 * SEGMENT)],
         )
-        self.assertEqual((log.min_offset, log.max_offset), (3 * SEGMENT, 3 * SEGMENT + 600))
         self.assertEqual(
-            file_bytes(log.store_dir, SEGMENT, 3 * SEGMENT, 4 * SEGMENT + 88),
-            b"\x05" * 600,
+            (log.min_offset, log.max_offset), (3 * SEGMENT, 3 * SEGMENT + 600)
         )
+        self.assertEqual(disk(log, 3 * SEGMENT, 4 * SEGMENT + 88), b"\x05" * 600)
 
     def test_empty_store_refuses_unaligned_start(self) -> None:
         """
@@ -649,12 +670,14 @@ class ReplicaAppendTests(SynchronousTestCase):
         A store opened read-only refuses put and append_at with
         ReadOnlyStoreError and its files stay as they were.
         """
-        log = self._store_with_data()
+        log = open_store(self, segment_size=SEGMENT)
+        end = log.put(make_message()).next_offset
         log.close()
         before = tree_digest(log.store_dir)
         reader = open_store(self, log.store_dir, read_only=True)
+        self.assertEqual(reader.max_offset, end)
         self.assertRaises(ReadOnlyStoreError, reader.put, make_message())
-        self.assertRaises(ReadOnlyStoreError, reader.append_at, 700, b"x")
+        self.assertRaises(ReadOnlyStoreError, reader.append_at, end, b"x")
         reader.close()
         self.assertEqual(tree_digest(log.store_dir), before)
 
@@ -666,15 +689,20 @@ class ReadTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.log = open_store(self, segment_size=SEGMENT)
-        self.messages = [make_message(b"r" * n, topic="T") for n in (300, 150, 90, 400, 10, 200, 200)]
-        put_all(self.log, self.messages)
-        _, self.blanks, self.end = plan_offsets(map(record_size, self.messages), SEGMENT)
-        self.assertGreaterEqual(len(self.blanks), 2)
+        sizes = (300, 150, 90, 400, 10, 200, 200)
+        messages = [make_message(b"r" * n, topic="T") for n in sizes]
+        put_all(self.log, messages)
+        _, blanks, self.end = plan_offsets(map(record_size, messages), SEGMENT)
+        self.assertGreaterEqual(len(blanks), 2)
 
     def expected(self, offset: int, limit: int) -> bytes:
+        """
+        What a read must return: the file bytes up to the first of
+        C{offset + limit}, the segment end and the max offset.
+        """
         segment_end = offset - offset % SEGMENT + SEGMENT
         stop = min(offset + limit, segment_end, self.end)
-        return file_bytes(self.log.store_dir, SEGMENT, offset, stop) if stop > offset else b""
+        return disk(self.log, offset, stop) if stop > offset else b""
 
     @settings(deadline=None, derandomize=True, max_examples=150)
     @given(data=st.data(), limit=st.integers(0, 2000))
@@ -698,14 +726,16 @@ class ReadTests(SynchronousTestCase):
         """
         chunk = self.log.read(SEGMENT - 10, 10_000)
         self.assertEqual(len(chunk), 10)
-        self.assertEqual(chunk, file_bytes(self.log.store_dir, SEGMENT, SEGMENT - 10, SEGMENT))
+        self.assertEqual(chunk, disk(self.log, SEGMENT - 10, SEGMENT))
 
     def test_read_stops_at_max_offset(self) -> None:
         """
         A read never goes past the max offset, and at the max offset it
         gives b"".
         """
-        self.assertEqual(self.log.read(self.end - 5, 100), file_bytes(self.log.store_dir, SEGMENT, self.end - 5, self.end))
+        self.assertEqual(
+            self.log.read(self.end - 5, 100), disk(self.log, self.end - 5, self.end)
+        )
         self.assertEqual(self.log.read(self.end, 100), b"")
 
     def test_out_of_range(self) -> None:
@@ -713,8 +743,13 @@ class ReadTests(SynchronousTestCase):
         Offsets above the max offset or below the min offset raise
         OffsetOutOfRangeError with the offset and the bounds.
         """
-        error = self.assertRaises(OffsetOutOfRangeError, self.log.read, self.end + 1, 10)
-        self.assertEqual((error.offset, error.min_offset, error.max_offset), (self.end + 1, 0, self.end))
+        error = self.assertRaises(
+            OffsetOutOfRangeError, self.log.read, self.end + 1, 10
+        )
+        self.assertEqual(
+            (error.offset, error.min_offset, error.max_offset),
+            (self.end + 1, 0, self.end),
+        )
         replica = open_store(self, segment_size=SEGMENT)
         replica.append_at(3 * SEGMENT, b"\x01" * 100)
         for offset in (0, 3 * SEGMENT - 1, 3 * SEGMENT + 101):
@@ -731,13 +766,18 @@ class FlushTests(SynchronousTestCase):
     def test_flush(self) -> None:
         """
         Puts do not advance the flushed offset by themselves; flush()
-        advances it to the max offset and returns it.
+        advances it to the max offset and returns it.  A reopened store
+        has nothing to flush.
         """
         log = open_store(self, segment_size=SEGMENT)
         put_all(log, [make_message(b"f" * 200) for _ in range(5)])
         self.assertEqual(log.flushed_offset, 0)
         self.assertEqual(log.flush(), log.max_offset)
         self.assertEqual(log.flushed_offset, log.max_offset)
+        log.close()
+        reopened = open_store(self, log.store_dir)
+        self.assertEqual(reopened.flushed_offset, reopened.max_offset)
+        self.assertIsNone(reopened.flush_plan())
 
     def test_flush_plan_threshold(self) -> None:
         """
@@ -761,11 +801,12 @@ class FlushTests(SynchronousTestCase):
         With SYNC_FLUSH every put and every replica append is flushed
         before it returns.
         """
-        log = open_store(self, segment_size=SEGMENT, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+        sync = FlushDiskType.SYNC_FLUSH
+        log = open_store(self, segment_size=SEGMENT, flush_disk_type=sync)
         for n in (100, 300, 300, 10):
             log.put(make_message(b"s" * n))
             self.assertEqual(log.flushed_offset, log.max_offset)
-        replica = open_store(self, segment_size=SEGMENT, flush_disk_type=FlushDiskType.SYNC_FLUSH)
+        replica = open_store(self, segment_size=SEGMENT, flush_disk_type=sync)
         position = 0
         while position < log.max_offset:
             position = replica.append_at(position, log.read(position, 200))
@@ -805,7 +846,9 @@ class RecordsAndOpeningTests(SynchronousTestCase):
         self.assertEqual(
             [(b.offset, b.size) for b in with_blanks if isinstance(b, Blank)], blanks
         )
-        self.assertEqual([r.offset for r in with_blanks if isinstance(r, Record)], offsets)
+        self.assertEqual(
+            [r.offset for r in with_blanks if isinstance(r, Record)], offsets
+        )
 
     def test_records_check_crc(self) -> None:
         """
@@ -830,7 +873,11 @@ class RecordsAndOpeningTests(SynchronousTestCase):
         log.close()
         before = tree_digest(log.store_dir)
         error = self.assertRaises(
-            StoreError, CommitLog.open, log.store_dir, segment_size=1024, clock=fixed_clock
+            StoreError,
+            CommitLog.open,
+            log.store_dir,
+            segment_size=1024,
+            clock=fixed_clock,
         )
         self.assertIn("512", str(error))
         self.assertIn("1024", str(error))
@@ -847,7 +894,9 @@ class RecordsAndOpeningTests(SynchronousTestCase):
         log.close()
         with open(os.path.join(log.commitlog_dir, "notes.txt"), "w") as f:
             f.write("hello")
-        error = self.assertRaises(CorruptStoreError, CommitLog.open, log.store_dir, clock=fixed_clock)
+        error = self.assertRaises(
+            CorruptStoreError, CommitLog.open, log.store_dir, clock=fixed_clock
+        )
         self.assertIn("notes.txt", str(error))
 
     def test_second_writer_locked(self) -> None:
@@ -868,7 +917,8 @@ class RecordsAndOpeningTests(SynchronousTestCase):
             "    sys.exit(3)\n"
         )
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(rmqha.__file__)))
+        checkout = os.path.dirname(os.path.dirname(os.path.abspath(rmqha.__file__)))
+        env["PYTHONPATH"] = checkout
 
         def other_process():
             return subprocess.run(

@@ -47,6 +47,11 @@ def _message(n: int = 0, size: int = 100) -> Message:
     return Message("TopicTest", bytes([n % 256]) * size)
 
 
+def _fill_to(commitlog: CommitLog, offset: int) -> None:
+    while commitlog.max_offset < offset:
+        commitlog.put(_message())
+
+
 class CommitLogServiceTests(SynchronousTestCase):
     """
     L{CommitLogService} opens, flushes and closes its commit log.
@@ -77,6 +82,14 @@ class CommitLogServiceTests(SynchronousTestCase):
         self.addCleanup(self._stop, service)
         return service
 
+    def _started(
+        self, flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    ) -> tuple[CommitLogService, CommitLog]:
+        service = self._service(flush_disk_type)
+        service.startService()
+        assert service.commitlog is not None
+        return service, service.commitlog
+
     def _stop(self, service: CommitLogService) -> None:
         if service.running:
             d = service.stopService()
@@ -104,16 +117,12 @@ class CommitLogServiceTests(SynchronousTestCase):
         Each tick flushes only when at least C{flush_least_bytes} are dirty
         (RocketMQ's C{flushCommitLogLeastPages}), on the thread runner.
         """
-        service = self._service()
-        service.startService()
-        commitlog = service.commitlog
-        assert commitlog is not None
+        service, commitlog = self._started()
         commitlog.put(_message(size=100))
         self.clock.advance(0.5)
         self.assertEqual(self.threads.pending, [])
         self.assertEqual(commitlog.flushed_offset, 0)
-        while commitlog.max_offset < 4096:
-            commitlog.put(_message())
+        _fill_to(commitlog, 4096)
         self.clock.advance(0.5)
         self.assertEqual(len(self.threads.pending), 1)
         self.assertEqual(commitlog.flushed_offset, 0)
@@ -125,10 +134,7 @@ class CommitLogServiceTests(SynchronousTestCase):
         Once C{flush_thorough_interval} has passed since the last flush,
         even a few dirty bytes are flushed.
         """
-        service = self._service()
-        service.startService()
-        commitlog = service.commitlog
-        assert commitlog is not None
+        service, commitlog = self._started()
         commitlog.put(_message(size=10))
         self.clock.advance(9.5)
         self.assertEqual(self.threads.pending, [])
@@ -142,17 +148,12 @@ class CommitLogServiceTests(SynchronousTestCase):
         no second one; they wait for the running one.  Puts go on, and the
         flushed offset is what the running flush covered.
         """
-        service = self._service()
-        service.startService()
-        commitlog = service.commitlog
-        assert commitlog is not None
-        while commitlog.max_offset < 8192:
-            commitlog.put(_message())
+        service, commitlog = self._started()
+        _fill_to(commitlog, 8192)
         first_target = commitlog.max_offset
         self.clock.advance(0.5)
         self.assertEqual(len(self.threads.pending), 1)
-        while commitlog.max_offset < 16384:
-            commitlog.put(_message())
+        _fill_to(commitlog, 16384)
         waiter = service.flush_now(thorough=True)
         self.clock.advance(0.5)
         self.assertEqual(len(self.threads.pending), 1)
@@ -169,12 +170,8 @@ class CommitLogServiceTests(SynchronousTestCase):
         A flush that fails (an C{fdatasync} error) does not advance the
         flushed offset; it is logged and the next tick tries again.
         """
-        service = self._service()
-        service.startService()
-        commitlog = service.commitlog
-        assert commitlog is not None
-        while commitlog.max_offset < 8192:
-            commitlog.put(_message())
+        service, commitlog = self._started()
+        _fill_to(commitlog, 8192)
         self.clock.advance(0.5)
         (f, d), = self.threads.pending
         self.threads.pending = []
@@ -191,12 +188,8 @@ class CommitLogServiceTests(SynchronousTestCase):
         and close, so a descriptor is never closed under a running
         C{fdatasync}.
         """
-        service = self._service()
-        service.startService()
-        commitlog = service.commitlog
-        assert commitlog is not None
-        while commitlog.max_offset < 8192:
-            commitlog.put(_message())
+        service, commitlog = self._started()
+        _fill_to(commitlog, 8192)
         self.clock.advance(0.5)
         stopped = service.stopService()
         self.assertNoResult(stopped)
@@ -210,10 +203,7 @@ class CommitLogServiceTests(SynchronousTestCase):
         With C{SYNC_FLUSH} every put is flushed before it returns and no
         periodic flush is scheduled.
         """
-        service = self._service(FlushDiskType.SYNC_FLUSH)
-        service.startService()
-        commitlog = service.commitlog
-        assert commitlog is not None
+        service, commitlog = self._started(FlushDiskType.SYNC_FLUSH)
         commitlog.put(_message())
         self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
         self.assertEqual(self.clock.getDelayedCalls(), [])

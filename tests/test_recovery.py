@@ -1,0 +1,549 @@
+"""
+Tests for what L{rmqha.commitlog.CommitLog.open} does to a store's tail:
+RocketMQ's C{recoverNormally} walk, cutting torn records, moving segments
+past the end aside, read-only inspection and a replica's incomplete tail.
+
+A crash is simulated by leaving the C{abort} marker (or copying a store
+while it is open) and editing segment files: zeroing them from a position
+is what a segment looks like when writing stopped there, since segment
+files are fixed-size and pre-allocated with zeros.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable, Iterable
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha._record import MessageRejected, RecordError
+from rmqha.commitlog import CommitLog, StoreError
+
+from tests._helpers import (
+    copy_store,
+    disk,
+    field_spans,
+    file_bytes,
+    make_message,
+    mark_unclean,
+    open_store,
+    plan_offsets,
+    put_all,
+    record_size,
+    segment_file_name,
+    segment_files,
+    segment_path,
+    tree_digest,
+    xor_byte,
+    zero_from,
+)
+
+#: Fields a flipped byte in must be noticed by recovery: they are checked
+#: (magic, sizes adding up, PHYSICALOFFSET, body CRC).
+DETECTED_FIELDS = [
+    "TOTALSIZE",
+    "MAGICCODE",
+    "BODYCRC",
+    "PHYSICALOFFSET",
+    "BODYLENGTH",
+    "BODY",
+    "TOPICLENGTH",
+    "PROPERTIESLENGTH",
+]
+
+
+def body(length: int, seed: int = 0) -> bytes:
+    """
+    A body without zero bytes, so zeroing any part of it changes it.
+    """
+    return bytes((seed + i * 7) % 255 + 1 for i in range(length))
+
+
+class TornStore:
+    """
+    A closed store whose last segment holds several records, and the
+    knowledge of where everything is, computed by hand.
+    """
+
+    SEGMENT = 1024
+
+    def __init__(self, case: SynchronousTestCase) -> None:
+        # Four 250-byte records fill segment 0 up to a 24-byte BLANK; the
+        # last segment holds two more and a 124-byte one.
+        self.messages = [
+            make_message(body(150, i), properties={"K": "v"}) for i in range(6)
+        ] + [make_message(body(24, 6), properties={"K": "v"})]
+        log = open_store(case, segment_size=self.SEGMENT)
+        put_all(log, self.messages)
+        log.close()
+        self.store_dir = log.store_dir
+        self.offsets, self.blanks, self.end = plan_offsets(
+            map(record_size, self.messages), self.SEGMENT
+        )
+        self.last = self.offsets[-1]
+        self.last_start = self.last - self.last % self.SEGMENT
+        self.spans = field_spans(self.messages[-1])
+        case.assertEqual((self.blanks, self.last_start), ([(1000, 24)], 1024))
+
+    def last_segment(self, store_dir: str) -> str:
+        return segment_path(store_dir, self.last_start)
+
+
+class RecoveryCheck:
+    """
+    Assertions about a recovered store, for sweeps over many positions.
+    """
+
+    def sweep(self, positions: Iterable[int], check: Callable[[int], None]) -> None:
+        """
+        Run C{check} for every position and fail once, listing every
+        position whose check failed and why.
+        """
+        failures = {}
+        for position in positions:
+            try:
+                check(position)
+            except Exception as e:
+                failures[position] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        self.assertEqual(failures, {})
+
+    def assertRecovered(
+        self,
+        log: CommitLog,
+        offsets: list[int],
+        segment_size: int,
+        next_queue_offset: int | None = None,
+    ) -> None:
+        """
+        C{log} holds exactly the records at C{offsets}, all verifying, with
+        nothing but zeros from its end to its segment's end; a new record
+        lands at the end and the log then still verifies, with zeros after
+        the new record.
+        """
+        end = log.max_offset
+        self.assertEqual([r.offset for r in log.records(check_crc=True)], offsets)
+        segment_end = end - end % segment_size + segment_size
+        tail = disk(log, end, segment_end)
+        self.assertEqual(tail, bytes(len(tail)), "bytes after the end are not zero")
+        result = log.put(make_message(b"new"))
+        self.assertEqual(result.offset, end)
+        if next_queue_offset is not None:
+            self.assertEqual(result.queue_offset, next_queue_offset)
+        self.assertEqual(
+            [r.offset for r in log.records(check_crc=True)], offsets + [end]
+        )
+        tail = disk(log, result.next_offset, segment_end)
+        self.assertEqual(tail, bytes(len(tail)), "stale bytes after the new record")
+
+
+class TornTailTests(RecoveryCheck, SynchronousTestCase):
+    """
+    A crash while the last record was being written.
+    """
+
+    def setUp(self) -> None:
+        self.store = TornStore(self)
+
+    def _crashed_copy(
+        self, edit: Callable[[str, int], None], position: int
+    ) -> CommitLog:
+        """
+        Copy the store, apply C{edit} to its last segment at commit-log
+        C{position}, leave the abort marker and reopen it.
+        """
+        store_dir = copy_store(self, self.store.store_dir)
+        edit(self.store.last_segment(store_dir), position - self.store.last_start)
+        mark_unclean(store_dir)
+        return open_store(self, store_dir)
+
+    def test_torn_at_every_byte(self) -> None:
+        """
+        If writing the last record stopped at any of its bytes (the rest of
+        the segment zero) and the abort marker was left, reopening cuts the
+        torn record: the max offset is its start, the earlier records
+        verify, zeros follow, and a new put lands there with the torn
+        record's queue offset.
+
+        The exception is a record whose missing bytes are all inside the
+        PROPERTIES text: no 4.9 field covers it (no CRC; 5.x added
+        C{__CRC32#}), so neither RocketMQ nor rmqha can tell it from a
+        record whose properties hold NUL characters, and the record may
+        be kept whole.
+        """
+        store = self.store
+        properties_start = store.last + store.spans["PROPERTIES"].start
+
+        def check(position: int) -> None:
+            log = self._crashed_copy(zero_from, position)
+            try:
+                self.assertFalse(log.recovery.clean_shutdown)
+                if log.max_offset == store.end and position >= properties_start:
+                    self.assertRecovered(log, store.offsets, store.SEGMENT)
+                else:
+                    self.assertEqual(log.max_offset, store.last)
+                    self.assertRecovered(log, store.offsets[:-1], store.SEGMENT, 6)
+            finally:
+                log.close()
+
+        self.sweep(range(store.last, store.end), check)
+
+    def test_garbled_at_every_byte(self) -> None:
+        """
+        If any one byte of the last record is flipped and the abort marker
+        was left, reopening either cuts the record (max offset at its
+        start) or keeps it whole, nothing else; a flipped byte in TOTALSIZE,
+        MAGICCODE, BODYCRC, PHYSICALOFFSET, BODYLENGTH, the body,
+        TOPICLENGTH or PROPERTIESLENGTH is always caught.  Either way the
+        log verifies afterwards, a new put lands at the end and no stale
+        bytes follow it.
+        """
+        store = self.store
+        detected = {
+            store.last + i for name in DETECTED_FIELDS for i in store.spans[name]
+        }
+
+        def check(position: int) -> None:
+            log = self._crashed_copy(xor_byte, position)
+            try:
+                if position in detected or log.max_offset != store.end:
+                    self.assertEqual(log.max_offset, store.last)
+                    self.assertRecovered(log, store.offsets[:-1], store.SEGMENT)
+                else:
+                    self.assertRecovered(log, store.offsets, store.SEGMENT)
+            finally:
+                log.close()
+
+        self.sweep(range(store.last, store.end), check)
+
+
+class SegmentsPastTheEndTests(RecoveryCheck, SynchronousTestCase):
+    """
+    Segment files after the segment where the walk stopped.
+    """
+
+    SEGMENT = 512
+
+    def _store(self, count: int = 6):
+        """
+        A closed store of 242-byte records, two per 512-byte segment.
+        """
+        messages = [make_message(body(150, i), topic="T") for i in range(count)]
+        log = open_store(self, segment_size=self.SEGMENT)
+        put_all(log, messages)
+        log.close()
+        offsets, _, end = plan_offsets(map(record_size, messages), self.SEGMENT)
+        return log.store_dir, offsets, end
+
+    def _tear_segment_one(self, store_dir: str, offsets: list[int]) -> int:
+        """
+        Tear the second record of segment 1 in its middle, leave the abort
+        marker; the torn record's offset.
+        """
+        torn = offsets[3]
+        self.assertEqual(torn // self.SEGMENT, 1)
+        zero_from(segment_path(store_dir, self.SEGMENT), torn - self.SEGMENT + 100)
+        mark_unclean(store_dir)
+        return torn
+
+    def test_data_after_torn_segment_moved_aside(self) -> None:
+        """
+        When segment 1 is torn in the middle, segment 2 (which has data) is
+        not part of the log any more: it is moved, bytes intact, to
+        <store>/rmqha/dropped/ and named in RecoveryReport.dropped_segments.
+        """
+        store_dir, offsets, _ = self._store()
+        name = segment_file_name(2 * self.SEGMENT)
+        original = segment_files(store_dir)[name]
+        torn = self._tear_segment_one(store_dir, offsets)
+        log = open_store(self, store_dir)
+        self.assertEqual(log.max_offset, torn)
+        self.assertEqual(log.recovery.dropped_segments, [name])
+        self.assertIsNotNone(log.recovery.stop_reason)
+        self.assertEqual(
+            sorted(os.listdir(log.commitlog_dir)),
+            [segment_file_name(0), segment_file_name(self.SEGMENT)],
+        )
+        with open(os.path.join(store_dir, "rmqha", "dropped", name), "rb") as f:
+            self.assertEqual(f.read(), original)
+        self.assertRecovered(log, offsets[:3], self.SEGMENT)
+
+    def test_dropped_twice(self) -> None:
+        """
+        A segment dropped a second time under the same name does not
+        replace the first one in rmqha/dropped/.
+        """
+        store_dir, offsets, _ = self._store()
+        self._tear_segment_one(store_dir, offsets)
+        name = segment_file_name(2 * self.SEGMENT)
+        first = segment_files(store_dir)[name]
+        log = open_store(self, store_dir)
+        # The same three offsets as before, other bodies: a new segment 2.
+        results = put_all(
+            log, [make_message(body(150, 40 + i), topic="T") for i in range(3)]
+        )
+        self.assertEqual([r.offset for r in results], offsets[3:])
+        log.close()
+        second = segment_files(store_dir)[name]
+        self.assertNotEqual(first, second)
+        self._tear_segment_one(store_dir, offsets)
+        open_store(self, store_dir).close()
+        dropped = os.path.join(store_dir, "rmqha", "dropped")
+        contents = []
+        for entry in sorted(os.listdir(dropped)):
+            with open(os.path.join(dropped, entry), "rb") as f:
+                contents.append(f.read())
+        self.assertEqual(sorted(contents), sorted([first, second]))
+
+    def test_preallocated_segment_after_partial_one(self) -> None:
+        """
+        An all-zero segment after a partly written last segment (one
+        RocketMQ pre-allocated) is removed, not kept aside, and no record
+        is lost.
+        """
+        store_dir, offsets, end = self._store(5)
+        name = segment_file_name(3 * self.SEGMENT)
+        with open(os.path.join(store_dir, "commitlog", name), "wb") as f:
+            f.write(bytes(self.SEGMENT))
+        log = open_store(self, store_dir)
+        self.assertEqual(log.max_offset, end)
+        self.assertNotIn(name, os.listdir(log.commitlog_dir))
+        dropped = os.path.join(store_dir, "rmqha", "dropped", name)
+        self.assertFalse(os.path.exists(dropped))
+        self.assertRecovered(log, offsets, self.SEGMENT)
+
+    def test_preallocated_segment_after_full_one(self) -> None:
+        """
+        An all-zero segment after a segment closed by a BLANK is where the
+        log continues: nothing is lost and the next put lands at its start.
+        """
+        store_dir, offsets, _ = self._store(6)
+        # A seventh record rolls to segment 3, leaving a BLANK in segment
+        # 2; zeroing segment 3 makes it a pre-allocated, unwritten file.
+        log = open_store(self, store_dir)
+        result = log.put(make_message(body(150, 9), topic="T"))
+        self.assertEqual(result.offset, 3 * self.SEGMENT)
+        log.close()
+        zero_from(segment_path(store_dir, 3 * self.SEGMENT), 0)
+        log = open_store(self, store_dir)
+        self.assertEqual(log.max_offset, 3 * self.SEGMENT)
+        self.assertIsNone(log.recovery.stop_reason)
+        self.assertIn(
+            segment_file_name(3 * self.SEGMENT), os.listdir(log.commitlog_dir)
+        )
+        self.assertRecovered(log, offsets, self.SEGMENT)
+
+
+class WalkStartTests(SynchronousTestCase):
+    """
+    Where the recovery walk starts.
+    """
+
+    SEGMENT = 512
+
+    def setUp(self) -> None:
+        messages = [make_message(body(150, i), topic="T") for i in range(10)]
+        log = open_store(self, segment_size=self.SEGMENT)
+        put_all(log, messages)
+        log.close()
+        self.store_dir = log.store_dir
+        self.offsets, _, self.end = plan_offsets(
+            map(record_size, messages), self.SEGMENT
+        )
+        self.assertEqual(self.end // self.SEGMENT, 4)
+
+    def _garble_body(self, offset: int) -> CommitLog:
+        store_dir = copy_store(self, self.store_dir)
+        start = offset - offset % self.SEGMENT
+        xor_byte(segment_path(store_dir, start), offset - start + 88 + 10)
+        mark_unclean(store_dir)
+        return open_store(self, store_dir)
+
+    def test_old_corruption_not_detected(self) -> None:
+        """
+        Like RocketMQ's recoverNormally, the walk starts at the third-to-last
+        segment (RecoveryReport.walk_from), so a corrupt record in an
+        older segment is not noticed by open(): the log keeps its length
+        and only reading the record with CRC checks finds the damage.
+        """
+        log = self._garble_body(self.offsets[0])
+        self.assertEqual(log.recovery.walk_from, 2 * self.SEGMENT)
+        self.assertEqual(log.max_offset, self.end)
+        error = self.assertRaises(RecordError, list, log.records(check_crc=True))
+        self.assertEqual(error.offset, self.offsets[0])
+
+    def test_corruption_in_walked_segment(self) -> None:
+        """
+        The same damage in the third-to-last segment cuts the log there
+        and moves the later segments aside.
+        """
+        first_walked = self.offsets[4]
+        self.assertEqual(first_walked, 2 * self.SEGMENT)
+        log = self._garble_body(first_walked)
+        self.assertEqual(log.max_offset, first_walked)
+        self.assertEqual(
+            log.recovery.dropped_segments,
+            [segment_file_name(3 * self.SEGMENT), segment_file_name(4 * self.SEGMENT)],
+        )
+
+
+class CleanShutdownTests(SynchronousTestCase):
+    """
+    RecoveryReport.clean_shutdown.
+    """
+
+    def test_clean_shutdown(self) -> None:
+        """
+        A store closed with close() reopens with clean_shutdown True; a
+        copy taken while it was open (abort marker present) reopens with
+        clean_shutdown False, and after closing that, True again.
+        """
+        log = open_store(self, segment_size=512)
+        log.put(make_message())
+        crashed = copy_store(self, log.store_dir)
+        log.close()
+        self.assertTrue(open_store(self, log.store_dir).recovery.clean_shutdown)
+        self.assertTrue(os.path.exists(os.path.join(crashed, "abort")))
+        reopened = open_store(self, crashed)
+        self.assertFalse(reopened.recovery.clean_shutdown)
+        self.assertEqual(reopened.max_offset, record_size(make_message()))
+        reopened.close()
+        self.assertTrue(open_store(self, crashed).recovery.clean_shutdown)
+
+
+class ReadOnlyRecoveryTests(SynchronousTestCase):
+    """
+    read_only=True inspects a store without modifying anything.
+    """
+
+    SEGMENT = 512
+
+    def _torn_store(self, with_later_segment: bool) -> tuple[str, list[int], int]:
+        """
+        A store of only commitlog/ whose last record (or, with
+        C{with_later_segment}, a record of segment 1 while segment 2 has
+        data) is torn; the surviving offsets and the torn one.
+        """
+        messages = [make_message(body(150, i), topic="T") for i in range(6)]
+        log = open_store(self, segment_size=self.SEGMENT)
+        put_all(log, messages)
+        log.close()
+        offsets, _, _ = plan_offsets(map(record_size, messages), self.SEGMENT)
+        store_dir = self.mktemp()
+        os.mkdir(store_dir)
+        shutil.copytree(log.commitlog_dir, os.path.join(store_dir, "commitlog"))
+        torn = offsets[3] if with_later_segment else offsets[-1]
+        start = torn - torn % self.SEGMENT
+        zero_from(segment_path(store_dir, start), torn - start + 60)
+        return store_dir, offsets[: offsets.index(torn)], torn
+
+    def _inspect(self, store_dir: str, offsets: list[int], torn: int) -> CommitLog:
+        log = open_store(self, store_dir, read_only=True)
+        self.assertEqual(log.max_offset, torn)
+        self.assertEqual([r.offset for r in log.records(check_crc=True)], offsets)
+        self.assertEqual(log.read(offsets[-1], 10_000), disk(log, offsets[-1], torn))
+        log.close()
+        return log
+
+    def test_torn_tail(self) -> None:
+        """
+        Opening a torn store read-only, reading its records and closing it
+        changes no byte and creates no lock, abort marker or rmqha/
+        directory, while the CommitLog's max offset is the recovered end.
+        """
+        store_dir, offsets, torn = self._torn_store(with_later_segment=False)
+        before = tree_digest(store_dir)
+        self._inspect(store_dir, offsets, torn)
+        self.assertEqual(tree_digest(store_dir), before)
+        self.assertEqual(os.listdir(store_dir), ["commitlog"])
+
+    def test_segment_past_the_end(self) -> None:
+        """
+        Read-only, a segment past a torn one is ignored, not moved: the
+        files (and the abort marker a crash left) stay as they were.
+        """
+        store_dir, offsets, torn = self._torn_store(with_later_segment=True)
+        mark_unclean(store_dir)
+        before = tree_digest(store_dir)
+        log = self._inspect(store_dir, offsets, torn)
+        self.assertFalse(log.recovery.clean_shutdown)
+        self.assertEqual(
+            log.recovery.dropped_segments, [segment_file_name(2 * self.SEGMENT)]
+        )
+        self.assertEqual(tree_digest(store_dir), before)
+
+
+class ReplicaTailTests(RecoveryCheck, SynchronousTestCase):
+    """
+    A replica whose last append ended inside a record.
+    """
+
+    def setUp(self) -> None:
+        self.store = TornStore(self)
+        self.data = file_bytes(
+            self.store.store_dir, self.store.SEGMENT, 0, self.store.end
+        )
+
+    def _check_cut(self, present: int) -> None:
+        """
+        A replica holding C{present} bytes of the last record iterates the
+        complete records while open; closed and reopened, it ends at the
+        last complete record, followed by zeros.
+        """
+        store = self.store
+        log = open_store(self, segment_size=store.SEGMENT)
+        try:
+            log.append_at(0, self.data[: store.last + present])
+            self.assertEqual(log.max_offset, store.last + present)
+            self.assertEqual([r.offset for r in log.records()], store.offsets[:-1])
+        finally:
+            log.close()
+        log = open_store(self, log.store_dir)
+        try:
+            self.assertEqual(log.max_offset, store.last)
+            self.assertEqual(
+                [r.offset for r in log.records(check_crc=True)], store.offsets[:-1]
+            )
+            tail = disk(log, store.last, store.last_start + store.SEGMENT)
+            self.assertEqual(tail, bytes(len(tail)))
+        finally:
+            log.close()
+
+    def test_incomplete_record_cut(self) -> None:
+        """
+        Whatever part of the last record arrived, up to and including one
+        byte of PROPERTIESLENGTH, records() stops before it while open and
+        reopening cuts it.
+        """
+        self.sweep(range(1, self.store.spans["PROPERTIESLENGTH"].stop), self._check_cut)
+
+    def test_incomplete_properties_cut(self) -> None:
+        """
+        A replica closed cleanly while the last record's PROPERTIES text
+        was still missing must not, reopened, take the record as complete:
+        it would report a max offset past the bytes it received and keep
+        zeros where the master has property text, so the copies diverge
+        for good.
+        """
+        self.sweep(self.store.spans["PROPERTIES"], self._check_cut)
+
+    def test_put_after_incomplete_tail(self) -> None:
+        """
+        A put on a store whose tail is an incomplete replica record (a
+        slave promoted without a restart) must not be acknowledged at an
+        offset that recovery then cuts away: either it is refused, or the
+        record it acknowledges is readable and survives reopening.
+        """
+        store = self.store
+        log = open_store(self, segment_size=store.SEGMENT)
+        log.append_at(0, self.data[: store.last + 40])
+        try:
+            result = log.put(make_message(b"promoted"))
+        except (StoreError, MessageRejected):
+            return
+        self.assertIn(result.offset, [r.offset for r in log.records()])
+        log.close()
+        reopened = open_store(self, log.store_dir)
+        self.assertIn(
+            result.offset, [r.offset for r in reopened.records(check_crc=True)]
+        )
