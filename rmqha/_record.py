@@ -93,7 +93,8 @@ _SHORT = struct.Struct(">h")
 _BLANK = struct.Struct(">ii")
 _IPV4_HOST = struct.Struct(">4si")
 _IPV6_HOST = struct.Struct(">16si")
-_MIDDLE = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTXOFFSET, BODYLENGTH
+_MIDDLE = struct.Struct(">iqi")
+_MSG_ID_TAIL = struct.Struct(">iq")  # port, physical offset  # RECONSUMETIMES, PREPAREDTXOFFSET, BODYLENGTH
 
 #: Smallest possible v1 record: IPv4 hosts, empty body, topic and properties.
 _MIN_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
@@ -241,6 +242,9 @@ def _parse_host(host: Host) -> tuple[bytes, int, bool]:
         ) from None
     if not isinstance(port, int) or not 0 <= port <= 0xFFFF:
         raise MessageRejected(f"host port {port!r} is outside 0-65535")
+    if address.version == 6 and address.ipv4_mapped is not None:
+        # Java's InetAddress turns ::ffff:a.b.c.d into an Inet4Address.
+        address = address.ipv4_mapped
     return address.packed, port, address.version == 6
 
 
@@ -282,7 +286,10 @@ def encode_properties(properties: Mapping[str, str]) -> bytes:
         or "" in properties
     ):
         _explain_bad_properties(properties)
-    encoded = text.encode("utf-8")
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise MessageRejected(f"properties are not encodable as UTF-8: {e.reason}") from None
     if len(encoded) > MAX_PROPERTIES_LENGTH:
         raise MessageRejected(
             f"properties are {len(encoded)} bytes encoded; "
@@ -349,8 +356,9 @@ def offset_msg_id(store_host: Host, physical_offset: int) -> str:
     RocketMQ's C{offsetMsgId}: upper-case hex of the store host (address and
     int32 port) followed by the int64 physical offset.
     """
-    packed, _ = _pack_host(store_host)
-    return (packed + _LONG.pack(physical_offset)).hex().upper()
+    ip, port = store_host
+    packed = ipaddress.ip_address(ip).packed
+    return (packed + _MSG_ID_TAIL.pack(port, physical_offset)).hex().upper()
 
 
 def encode_blank(size: int) -> bytes:
@@ -373,15 +381,15 @@ def _encode_topic(topic: str) -> bytes:
     """
     if not isinstance(topic, str) or not topic:
         raise MessageRejected("topic must be a non-empty string")
-    encoded = topic.encode("utf-8")
+    if not _TOPIC_PATTERN.match(topic):
+        raise MessageRejected(
+            f"topic {topic!r} has characters outside RocketMQ's [%|a-zA-Z0-9_-]"
+        )
+    encoded = topic.encode("ascii")
     if len(encoded) > MAX_TOPIC_LENGTH:
         raise MessageRejected(
             f"topic is {len(encoded)} bytes; a v1 record holds at most "
             f"{MAX_TOPIC_LENGTH}"
-        )
-    if not _TOPIC_PATTERN.match(topic):
-        raise MessageRejected(
-            f"topic {topic!r} has characters outside RocketMQ's [%|a-zA-Z0-9_-]"
         )
     return bytes([len(encoded)]) + encoded
 
@@ -454,7 +462,10 @@ class RecordEncoder:
                 f"body is {body_length} bytes; maxMessageSize is "
                 f"{self.max_message_size}"
             )
-        topic = _encode_topic(message.topic)
+        try:
+            topic = _encode_topic(message.topic)
+        except TypeError:  # unhashable: not a string
+            raise MessageRejected("topic must be a non-empty string") from None
         properties = message.properties
         properties = encode_properties(properties) if properties else b""
         born_host = message.born_host
@@ -466,13 +477,24 @@ class RecordEncoder:
             if self._store_v6:
                 sysflag |= SysFlag.BORNHOST_V6
         else:
-            born_ip, born_port, born_v6 = _parse_host(tuple(born_host))  # type: ignore[arg-type]
+            try:
+                born_ip, born_port, born_v6 = _parse_host(tuple(born_host))  # type: ignore[arg-type]
+            except TypeError:
+                raise MessageRejected(
+                    f"born host {born_host!r} is not an (address, port) pair"
+                ) from None
             fixed = _FIXED[born_v6, self._store_v6]
             if born_v6:
                 sysflag |= SysFlag.BORNHOST_V6
         tail = topic + _SHORT.pack(len(properties)) + properties
         total = fixed.size + body_length + len(tail)
         if total > room:
+            # The caller may roll to a new segment on this answer: it must
+            # only come for a message that is otherwise acceptable.
+            born_timestamp = message.born_timestamp
+            self._explain_bad_integer(
+                message, store_timestamp if born_timestamp is None else born_timestamp
+            )
             return -total
         born_timestamp = message.born_timestamp
         if born_timestamp is None:
@@ -531,14 +553,16 @@ def encode_record(
     """
     The whole v1 record for C{message} as bytes.
     """
-    encoder = RecordEncoder(store_host, max_message_size=0x7FFFFFFF)
-    buf = bytearray(_MAX_RECORD)
-    total = encoder.encode(
-        buf, 0, _MAX_RECORD, message, queue_offset, physical_offset, store_timestamp
+    encoder = RecordEncoder(store_host, max_message_size=_MAX_RECORD)
+    # Room -1 fits nothing: this validates and tells the size.
+    size = -encoder.encode(
+        None, 0, -1, message, queue_offset, physical_offset, store_timestamp  # type: ignore[arg-type]
     )
-    if total < 0:
-        raise MessageRejected(f"record of {-total} bytes is larger than any segment")
-    return bytes(buf[:total])
+    if size > _MAX_RECORD:
+        raise MessageRejected(f"record of {size} bytes is larger than any segment")
+    buf = bytearray(size)
+    encoder.encode(buf, 0, size, message, queue_offset, physical_offset, store_timestamp)
+    return bytes(buf)
 
 
 def parse_record(
@@ -549,6 +573,7 @@ def parse_record(
     *,
     check_crc: bool = True,
     with_body: bool = True,
+    strict: bool = False,
 ) -> Union[Record, Blank]:
     """
     Decode the record at C{buf[pos:end]}, which sits at commit-log C{offset}.
@@ -564,6 +589,11 @@ def parse_record(
 
     @param with_body: C{False} leaves C{body} empty and C{crc_ok} C{None}
         unless C{check_crc} is set.
+    @param strict: also refuse a topic or properties that end in a zero
+        byte.  Neither can (topics are validated, property text is never
+        NUL-terminated), but it is exactly what a torn write leaves when a
+        record's last bytes never reached the disk, and the body CRC does
+        not cover them.  Recovery and C{rmqha store check} use it.
     """
     available = end - pos
     if available < 8:
@@ -643,6 +673,8 @@ def parse_record(
             offset, f"topic length {topic_length} does not fit in total size {total}"
         )
     topic_bytes = bytes(buf[p : p + topic_length])
+    if strict and topic_length and topic_bytes[-1] == 0:
+        raise RecordError(offset, "topic ends in a zero byte (torn record)")
     p += topic_length
     (properties_length,) = _SHORT.unpack_from(buf, p)
     p += 2
@@ -653,6 +685,8 @@ def parse_record(
             f"{total}",
         )
     properties_raw = bytes(buf[p : p + properties_length])
+    if strict and properties_length and properties_raw[-1] == 0:
+        raise RecordError(offset, "properties end in a zero byte (torn record)")
     p += properties_length
     if p != limit:
         raise RecordError(
@@ -666,7 +700,7 @@ def parse_record(
             f"PHYSICALOFFSET field says {physical_offset}, the record is at {offset}",
         )
     body = bytes(buf[body_start : body_start + body_length]) if with_body else b""
-    if check_crc:
+    if check_crc and body_length > 0:
         crc_ok = (
             zlib.crc32(buf[body_start : body_start + body_length]) & 0x7FFFFFFF
         ) == stored_crc
@@ -676,8 +710,9 @@ def parse_record(
                 f"body CRC mismatch: stored {stored_crc}, computed "
                 f"{body_crc(bytes(buf[body_start:body_start + body_length]))}",
             )
-    elif with_body:
-        crc_ok = body_crc(body) == stored_crc
+    elif check_crc or with_body:
+        # RocketMQ checks the CRC only when the body is not empty.
+        crc_ok = body_length == 0 or body_crc(body) == stored_crc
     else:
         crc_ok = None
     return Record(

@@ -47,6 +47,7 @@ from typing import Callable, Iterator, NamedTuple, Union
 from twisted.logger import Logger
 
 from rmqha._record import (
+    BLANK_MAGIC,
     DEFAULT_MAX_MESSAGE_SIZE,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
@@ -91,6 +92,7 @@ MIN_SEGMENT_SIZE = 256
 #: A BLANK filler's size is an int32, so a segment cannot be larger.
 MAX_SEGMENT_SIZE = 0x7FFFFFFF
 
+_BLANK_HEADER = struct.Struct(">ii")
 _UNCOUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 _SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
 _PAGE = mmap.PAGESIZE
@@ -322,6 +324,9 @@ class CommitLog:
         self._clock = clock
         self._lock_fd = lock_fd
         self._flushed = self.max_offset
+        # Every byte before this is whole records (and BLANKs); a replica's
+        # bytes after it are a record still arriving.
+        self._record_end = self.max_offset
         self._flushes_in_flight = 0
         self._closed = False
         # (topic, queue id) -> next queue offset, accurate for the records
@@ -463,13 +468,10 @@ class CommitLog:
         """
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
-        segment = self._segments[-1] if self._segments else None
-        if segment is None:
-            segment = self._roll()
-        position = segment.wrote
-        offset = segment.start + position
+        if self._record_end != self.max_offset:
+            self._cut_incomplete_tail("before a put")
         table = self._queue_table
-        if table is None or self._queue_table_end != offset:
+        if table is None or self._queue_table_end != self.max_offset:
             table = self._catch_up_queue_table()
         transaction = message.sysflag & SysFlag.TRANSACTION_MASK
         # Prepared and rolled-back transaction messages take no queue slot.
@@ -480,16 +482,24 @@ class CommitLog:
         else:
             queue_offset = 0
         store_timestamp = int(self._clock() * 1000)
-        # A record goes in only if it leaves room for a BLANK filler.
-        total = self._encoder.encode(
-            segment.mm,
-            position,
-            segment.size - position - END_FILE_MIN_BLANK_LENGTH,
-            message,
-            queue_offset,
-            offset,
-            store_timestamp,
-        )
+        segment = self._segments[-1] if self._segments else None
+        if segment is None:
+            # Validate (room -1 fits nothing) before creating a segment.
+            total = self._encoder.encode(
+                None, 0, -1, message, queue_offset, 0, store_timestamp  # type: ignore[arg-type]
+            )
+        else:
+            position = segment.wrote
+            # A record goes in only if it leaves room for a BLANK filler.
+            total = self._encoder.encode(
+                segment.mm,
+                position,
+                segment.size - position - END_FILE_MIN_BLANK_LENGTH,
+                message,
+                queue_offset,
+                segment.start + position,
+                store_timestamp,
+            )
         if total < 0:
             if -total > self.segment_size - END_FILE_MIN_BLANK_LENGTH:
                 raise MessageRejected(
@@ -498,20 +508,20 @@ class CommitLog:
                 )
             segment = self._roll()
             position = 0
-            offset = segment.start
             total = self._encoder.encode(
                 segment.mm,
                 0,
                 segment.size - END_FILE_MIN_BLANK_LENGTH,
                 message,
                 queue_offset,
-                offset,
+                segment.start,
                 store_timestamp,
             )
+        offset = segment.start + position
         if counted:
             table[key] = queue_offset + 1
         segment.wrote = position + total
-        self._queue_table_end = offset + total
+        self._record_end = self._queue_table_end = offset + total
         self._last_put = offset
         if self.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             self.flush()
@@ -531,6 +541,7 @@ class CommitLog:
         if remaining >= END_FILE_MIN_BLANK_LENGTH:
             last.mm[last.wrote : last.wrote + 8] = encode_blank(remaining)
         last.wrote = last.size
+        self._record_end = last.end
         if table_current and self._queue_table is not None:
             self._queue_table_end = last.end
             self._save_queue_table()
@@ -572,6 +583,8 @@ class CommitLog:
                 )
             if self._segments and self._segments[0].start != offset:
                 self._discard_empty_segments()
+            # The log now starts here: nothing before it is owed to disk.
+            self._record_end = self._flushed = offset
         elif offset != self.max_offset:
             raise OffsetMismatchError(self.max_offset, offset)
         view = memoryview(data).cast("B")
@@ -587,9 +600,60 @@ class CommitLog:
             segment.mm[segment.wrote : segment.wrote + n] = view[written : written + n]
             segment.wrote += n
             written += n
+        self._advance_record_end()
         if self.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             self.flush()
         return self.max_offset
+
+    def _advance_record_end(self) -> None:
+        """
+        Hop over the records replica appends have completed, reading only
+        their 8-byte headers.
+        """
+        end = self._record_end
+        max_offset = self.max_offset
+        while end < max_offset:
+            segment, position, _ = self._locate(end, 0)
+            if position == segment.size:
+                end = segment.start + segment.size
+                continue
+            if segment.wrote - position < 8:
+                break
+            total, magic = _BLANK_HEADER.unpack_from(segment.mm, position)
+            if magic == BLANK_MAGIC:
+                if segment.wrote < segment.size:
+                    break
+                end = segment.start + segment.size
+                continue
+            if (
+                magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
+                or total <= 0
+                or position + total > segment.wrote
+            ):
+                break
+            end += total
+        self._record_end = end
+
+    def _cut_incomplete_tail(self, why: str) -> None:
+        """
+        Drop replicated bytes after the last whole record: a record that
+        will not be completed (the log is about to be written by a put, or
+        closed).  Nothing whole is lost; a master resends from here.
+        """
+        end = self._record_end
+        segment, position, _ = self._locate(end, 0)
+        if position == segment.size:
+            return
+        cut = self.max_offset - end
+        _zero_after(segment.mm, position, segment.wrote)
+        segment.wrote = position
+        self._log.warn(
+            "cut {cut} bytes of an incomplete replicated record at offset "
+            "{offset} {why}",
+            cut=cut,
+            offset=end,
+            why=why,
+        )
 
     def _has_data(self) -> bool:
         return bool(self._segments) and (
@@ -601,7 +665,7 @@ class CommitLog:
             segment.close()
             os.unlink(segment.path)
         self._segments = []
-        self._flushed = 0
+        self._flushed = self._record_end = 0
 
     # -- the transfer read path --------------------------------------------
 
@@ -758,6 +822,19 @@ class CommitLog:
         start = self._queue_table_end
         if table is None:
             table, start = self._load_queue_table()
+        try:
+            self._scan_queue_offsets(table, start)
+        except RecordError:
+            if start == self.min_offset:
+                raise
+            # The snapshot pointed somewhere wrong: read everything.
+            table, start = {}, self.min_offset
+            self._scan_queue_offsets(table, start)
+        self._queue_table = table
+        self._queue_table_end = self.max_offset
+        return table
+
+    def _scan_queue_offsets(self, table: dict[tuple[str, int], int], start: int) -> None:
         for record in self.records(start, with_body=False):
             assert isinstance(record, Record)
             transaction = record.sysflag & SysFlag.TRANSACTION_MASK
@@ -770,27 +847,37 @@ class CommitLog:
             if record.queue_offset + 1 > table.get(key, 0):
                 table[key] = record.queue_offset + 1
             self._last_put = record.offset
-        self._queue_table = table
-        self._queue_table_end = self.max_offset
-        return table
 
     def _load_queue_table(self) -> tuple[dict[tuple[str, int], int], int]:
+        """
+        The snapshot's table and the offset it is valid up to, if it still
+        describes this log: its C{check} record must be in the log and
+        directly precede C{offset} (or a BLANK between them must).
+        Otherwise an empty table from the min offset (a full scan).
+        """
         try:
             with open(self._queue_table_path()) as f:
                 snapshot = json.load(f)
             offset = snapshot["offset"]
-            if not (self.min_offset <= offset <= self.max_offset):
-                raise ValueError("snapshot offset outside the log")
             check = snapshot["check"]
-            if check is not None:
-                record = next(
-                    iter(self.records(check[0], check[0] + check[1], with_body=False))
-                )
-                if [record.offset, record.size, record.body_crc] != check:
+            table = {(str(t), int(q)): int(n) for t, q, n in snapshot["queues"]}
+            if not (
+                isinstance(offset, int) and self.min_offset <= offset <= self.max_offset
+            ):
+                raise ValueError("snapshot offset outside the log")
+            if check is None:
+                if offset != self.min_offset:
+                    raise ValueError("snapshot names no record")
+            else:
+                first, size, crc = check
+                record = next(iter(self.records(first, first + 1, with_body=False)))
+                if [record.offset, record.size, record.body_crc] != [first, size, crc]:
                     raise ValueError("snapshot does not match the log")
-            table = {(t, q): n for t, q, n in snapshot["queues"]}
-            if check is not None:
-                self._last_put = check[0]
+                if record.next_offset != offset:
+                    blank = next(iter(self.records(record.next_offset, offset, blanks=True)))
+                    if type(blank) is not Blank or blank.next_offset != offset:
+                        raise ValueError("snapshot offset does not follow its record")
+                self._last_put = first
             return table, offset
         except (OSError, ValueError, KeyError, TypeError, StopIteration, StoreError):
             return {}, self.min_offset
@@ -836,6 +923,8 @@ class CommitLog:
         self._closed = True
         try:
             if not self.read_only:
+                if self._record_end != self.max_offset:
+                    self._cut_incomplete_tail("at close")
                 self.flush()
                 if self._queue_table is not None and self._queue_table_end == self.max_offset:
                     self._save_queue_table()
@@ -997,6 +1086,7 @@ def _walk(segments: list[_Segment], index: int, check_crc: bool) -> _Walk:
                     segment.start + position,
                     check_crc=check_crc,
                     with_body=False,
+                    strict=True,
                 )
             except RecordError as e:
                 return _Walk(index, position, records, e)
