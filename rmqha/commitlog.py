@@ -324,6 +324,10 @@ class CommitLog:
         self._clock = clock
         self._lock_fd = lock_fd
         self._flushed = self.max_offset
+        self._sync_flush = flush_disk_type is FlushDiskType.SYNC_FLUSH
+        # Where the next put may go without L{_prepare_put}'s checks; -1
+        # after anything else changed the log.
+        self._put_ready_at = -1
         # Every byte before this is whole records (and BLANKs); a replica's
         # bytes after it are a record still arriving.
         self._record_end = self.max_offset
@@ -466,13 +470,12 @@ class CommitLog:
         @raise MessageRejected: the message breaks a limit (named in the
             text); nothing is written.
         """
-        if self.read_only:
-            raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
-        if self._record_end != self.max_offset:
-            self._cut_incomplete_tail("before a put")
+        segments = self._segments
+        segment = segments[-1] if segments else None
+        if segment is None or segment.start + segment.wrote != self._put_ready_at:
+            segment = self._prepare_put()
         table = self._queue_table
-        if table is None or self._queue_table_end != self.max_offset:
-            table = self._catch_up_queue_table()
+        assert table is not None
         transaction = message.sysflag & SysFlag.TRANSACTION_MASK
         # Prepared and rolled-back transaction messages take no queue slot.
         counted = transaction not in _UNCOUNTED
@@ -482,7 +485,6 @@ class CommitLog:
         else:
             queue_offset = 0
         store_timestamp = int(self._clock() * 1000)
-        segment = self._segments[-1] if self._segments else None
         if segment is None:
             # Validate (room -1 fits nothing) before creating a segment.
             total = self._encoder.encode(
@@ -521,13 +523,33 @@ class CommitLog:
         if counted:
             table[key] = queue_offset + 1
         segment.wrote = position + total
-        self._record_end = self._queue_table_end = offset + total
+        self._put_ready_at = self._record_end = self._queue_table_end = offset + total
         self._last_put = offset
-        if self.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+        if self._sync_flush:
             self.flush()
         return AppendResult(
             offset, total, queue_offset, store_timestamp, self._encoder.store_host
         )
+
+    def _prepare_put(self) -> _Segment | None:
+        """
+        The checks a put needs after anything but a put changed the log;
+        then puts go straight in at L{_put_ready_at} until the next such
+        change.
+
+        @return: the segment to write to, if any.
+        """
+        if self.read_only or self._closed:
+            raise ReadOnlyStoreError(
+                f"{self.commitlog_dir} is "
+                + ("closed" if self._closed else "open read-only")
+            )
+        if self._record_end != self.max_offset:
+            self._cut_incomplete_tail("before a put")
+        if self._queue_table is None or self._queue_table_end != self.max_offset:
+            self._catch_up_queue_table()
+        self._put_ready_at = self.max_offset
+        return self._segments[-1] if self._segments else None
 
     def _roll(self) -> _Segment:
         """
@@ -587,6 +609,7 @@ class CommitLog:
             self._record_end = self._flushed = offset
         elif offset != self.max_offset:
             raise OffsetMismatchError(self.max_offset, offset)
+        self._put_ready_at = -1
         view = memoryview(data).cast("B")
         written = 0
         total = len(view)
@@ -601,7 +624,7 @@ class CommitLog:
             segment.wrote += n
             written += n
         self._advance_record_end()
-        if self.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+        if self._sync_flush:
             self.flush()
         return self.max_offset
 
@@ -645,6 +668,7 @@ class CommitLog:
         if position == segment.size:
             return
         cut = self.max_offset - end
+        self._put_ready_at = -1
         _zero_after(segment.mm, position, segment.wrote)
         segment.wrote = position
         self._log.warn(
@@ -921,6 +945,7 @@ class CommitLog:
         if self._closed:
             return
         self._closed = True
+        self._put_ready_at = -1
         try:
             if not self.read_only:
                 if self._record_end != self.max_offset:
