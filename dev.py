@@ -94,7 +94,7 @@ def main(args: list[str]) -> int:
         return run([PYTHON, "-m", "rmqha", "demo", *rest])
     # trial first (the suite must pass under both runners), pytest last so
     # that its summary line closes the output.
-    status = run([PYTHON, "-m", "twisted.trial", "--reporter=summary", "tests"])
+    status = run([PYTHON, "-m", "twisted.trial", "--reporter=text", "tests"])
     if status:
         _say("twisted.trial reported failures; pytest runs anyway")
     pytest_status = run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest])
