@@ -56,6 +56,8 @@ def machine_info() -> dict[str, Any]:
 
 
 def _messages(body_size: int, n: int = 16384) -> list[Message]:
+    # n is a multiple of every batch size used (powers of two up to 4096),
+    # so batches never wrap around the end of the list.
     body = os.urandom(body_size)
     return [
         Message(
@@ -73,7 +75,12 @@ def _messages(body_size: int, n: int = 16384) -> list[Message]:
 
 
 async def _put_run(
-    reactor: Any, directory: str, count: int, messages: list[Message], segment_size: int
+    reactor: Any,
+    directory: str,
+    count: int,
+    messages: list[Message],
+    segment_size: int,
+    batch_size: int,
 ) -> dict[str, float]:
     service = CommitLogService(
         lambda: CommitLog.open(
@@ -84,15 +91,19 @@ async def _put_run(
     service.startService()
     commitlog = service.commitlog
     assert commitlog is not None
-    put = commitlog.put
+    put, put_batch = commitlog.put, commitlog.put_batch
     n = len(messages)
-    batch = 4096
+    turn = 4096  # puts between two reactor turns
     started = time.perf_counter()
     done = 0
     while done < count:
-        for i in range(done, min(done + batch, count)):
-            put(messages[i % n])
-        done += batch
+        if batch_size == 1:
+            for i in range(done, min(done + turn, count)):
+                put(messages[i % n])
+        else:
+            for i in range(done, min(done + turn, count), batch_size):
+                put_batch(messages[i % n : i % n + min(batch_size, count - i)])
+        done += turn
         # Let the reactor run the flush loop, as a broker's would.
         await deferLater(reactor, 0, lambda: None)
     elapsed = time.perf_counter() - started
@@ -128,7 +139,7 @@ async def _store(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
         for run in range(args.runs):
             directory = os.path.join(root, f"run{run}")
             result = await _put_run(
-                reactor, directory, args.count, messages, args.segment_size
+                reactor, directory, args.count, messages, args.segment_size, args.batch
             )
             puts.append(result)
             _progress(
@@ -151,6 +162,7 @@ async def _store(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_info(),
         "count": args.count,
         "body_size": args.body_size,
+        "batch": args.batch,
         "runs": args.runs,
         "put_msgs_per_s": statistics.median(r["msgs_per_s"] for r in puts),
         "put_mb_per_s": statistics.median(r["mb_per_s"] for r in puts),
@@ -171,6 +183,9 @@ def main(argv: list[str] | None = None) -> None:
     store = commands.add_parser("store", help="put and transfer-read throughput")
     store.add_argument("--count", type=int, default=400_000, help="puts per run")
     store.add_argument("--body-size", type=int, default=1024)
+    store.add_argument(
+        "--batch", type=int, default=1, help="messages per put_batch (1: single puts)"
+    )
     store.add_argument("--runs", type=int, default=5)
     store.add_argument("--segment-size", type=int, default=1 << 30)
     store.add_argument("--chunk", type=int, default=32768, help="read size (haTransferBatchSize)")

@@ -42,7 +42,7 @@ import re
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, NamedTuple, Union
+from typing import Callable, Iterator, NamedTuple, Sequence, Union
 
 from twisted.logger import Logger
 
@@ -470,65 +470,130 @@ class CommitLog:
         @raise MessageRejected: the message breaks a limit (named in the
             text); nothing is written.
         """
+        return self.put_batch((message,))[0]
+
+    def put_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
+        """
+        Append C{messages} as consecutive records (RocketMQ's batch put,
+        C{asyncPutMessages}): like RocketMQ, a batch never straddles two
+        segments: if it does not fit in what is left of the current one,
+        the BLANK filler goes first and the whole batch starts the next.
+        All or nothing; under C{SYNC_FLUSH} one flush serves the batch.
+
+        @raise MessageRejected: a message breaks a limit (named in the
+            text), or the batch cannot fit even an empty segment; nothing
+            is written.
+        """
         segments = self._segments
         segment = segments[-1] if segments else None
         if segment is None or segment.start + segment.wrote != self._put_ready_at:
             segment = self._prepare_put()
-        table = self._queue_table
-        assert table is not None
-        transaction = message.sysflag & SysFlag.TRANSACTION_MASK
-        # Prepared and rolled-back transaction messages take no queue slot.
-        counted = transaction not in _UNCOUNTED
-        if counted:
-            key = (message.topic, message.queue_id)
-            queue_offset = table.get(key, 0)
-        else:
-            queue_offset = 0
         store_timestamp = int(self._clock() * 1000)
-        if segment is None:
-            # Validate (room -1 fits nothing) before creating a segment.
-            total = self._encoder.encode(
-                None, 0, -1, message, queue_offset, 0, store_timestamp  # type: ignore[arg-type]
-            )
-        else:
-            position = segment.wrote
-            # A record goes in only if it leaves room for a BLANK filler.
-            total = self._encoder.encode(
-                segment.mm,
-                position,
-                segment.size - position - END_FILE_MIN_BLANK_LENGTH,
-                message,
-                queue_offset,
-                segment.start + position,
-                store_timestamp,
-            )
-        if total < 0:
-            if -total > self.segment_size - END_FILE_MIN_BLANK_LENGTH:
+        results = self._encode_batch(segment, messages, store_timestamp)
+        if results is None:
+            # Does not fit: check every message before writing the BLANK
+            # and a new segment, so a refused batch leaves no trace.
+            size = self._batch_size(messages, store_timestamp)
+            if segment is not None and segment.wrote == 0 or size > (
+                self.segment_size - END_FILE_MIN_BLANK_LENGTH
+            ):
                 raise MessageRejected(
-                    f"record of {-total} bytes (plus an 8-byte BLANK filler) "
-                    f"does not fit in a segment of {self.segment_size} bytes"
+                    f"{'batch' if len(messages) > 1 else 'record'} of {size} "
+                    "bytes (plus an 8-byte BLANK filler) does not fit in a "
+                    f"segment of {self.segment_size} bytes"
                 )
             segment = self._roll()
-            position = 0
-            total = self._encoder.encode(
-                segment.mm,
-                0,
-                segment.size - END_FILE_MIN_BLANK_LENGTH,
-                message,
-                queue_offset,
-                segment.start,
-                store_timestamp,
-            )
-        offset = segment.start + position
-        if counted:
-            table[key] = queue_offset + 1
-        segment.wrote = position + total
-        self._put_ready_at = self._record_end = self._queue_table_end = offset + total
-        self._last_put = offset
+            results = self._encode_batch(segment, messages, store_timestamp)
+            assert results is not None
+        if not results:
+            return results
+        end = results[-1].offset + results[-1].size
+        segment.wrote = end - segment.start  # type: ignore[union-attr]
+        self._put_ready_at = self._record_end = self._queue_table_end = end
+        self._last_put = results[-1].offset
         if self._sync_flush:
             self.flush()
-        return AppendResult(
-            offset, total, queue_offset, store_timestamp, self._encoder.store_host
+        return results
+
+    def _encode_batch(
+        self,
+        segment: _Segment | None,
+        messages: Sequence[Message],
+        store_timestamp: int,
+    ) -> list[AppendResult] | None:
+        """
+        Encode C{messages} from the end of C{segment}, assigning queue
+        offsets; C{None} (with nothing written and the queue table as it
+        was) if they do not all fit.
+        """
+        table = self._queue_table
+        assert table is not None
+        encode = self._encoder.encode
+        store_host = self._encoder.store_host
+        if segment is None:
+            mm, start, first, limit = None, 0, 0, -1
+        else:
+            mm, start, first = segment.mm, segment.start, segment.wrote
+            # Records go in only if they leave room for a BLANK filler.
+            limit = segment.size - END_FILE_MIN_BLANK_LENGTH
+        position = first
+        results: list[AppendResult] = []
+        previous: dict[tuple[str, int], int] = {}
+        try:
+            for message in messages:
+                # Prepared and rolled-back transaction messages take no
+                # queue slot.
+                if message.sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
+                    queue_offset = 0
+                else:
+                    key = (message.topic, message.queue_id)
+                    queue_offset = table.get(key, 0)
+                    if key not in previous:
+                        previous[key] = queue_offset
+                    table[key] = queue_offset + 1
+                total = encode(
+                    mm,
+                    position,
+                    limit - position,
+                    message,
+                    queue_offset,
+                    start + position,
+                    store_timestamp,
+                )
+                if total < 0:
+                    self._undo_batch(mm, first, position, previous)
+                    return None
+                results.append(
+                    AppendResult(
+                        start + position, total, queue_offset, store_timestamp, store_host
+                    )
+                )
+                position += total
+        except BaseException:
+            self._undo_batch(mm, first, position, previous)
+            raise
+        return results
+
+    def _undo_batch(
+        self,
+        mm: mmap.mmap | None,
+        first: int,
+        position: int,
+        previous: dict[tuple[str, int], int],
+    ) -> None:
+        if mm is not None and position > first:
+            mm[first:position] = bytes(position - first)
+        assert self._queue_table is not None
+        self._queue_table.update(previous)
+
+    def _batch_size(self, messages: Sequence[Message], store_timestamp: int) -> int:
+        """
+        Validate every message (raising L{MessageRejected}) and add up
+        their record sizes.
+        """
+        return sum(
+            -self._encoder.encode(None, 0, -1, m, 0, 0, store_timestamp)  # type: ignore[arg-type]
+            for m in messages
         )
 
     def _prepare_put(self) -> _Segment | None:

@@ -300,6 +300,126 @@ class BlankRuleTests(SynchronousTestCase):
         self.assertEqual(log.max_offset, 300)
 
 
+class BatchPutTests(SynchronousTestCase):
+    """
+    L{CommitLog.put_batch}: RocketMQ's batch put.  A batch is all or
+    nothing and never straddles two segments.
+    """
+
+    def test_contiguous_records(self) -> None:
+        """
+        A batch lands as consecutive records with consecutive queue offsets
+        per queue, in the order given.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        messages = [make_message(b"m%d" % i, queue_id=i % 2) for i in range(4)]
+        results = log.put_batch(messages)
+        offsets, _, end = plan_offsets([record_size(m) for m in messages], SEGMENT)
+        self.assertEqual([r.offset for r in results], offsets)
+        self.assertEqual([r.queue_offset for r in results], [0, 0, 1, 1])
+        self.assertEqual(log.max_offset, end)
+        self.assertEqual(
+            [disk_fields(log, o)["QUEUEOFFSET"] for o in offsets], [0, 0, 1, 1]
+        )
+
+    def test_whole_batch_moves_to_next_segment(self) -> None:
+        """
+        A batch that would fit record by record (the first record alone
+        fits) but not as a whole goes entirely to the next segment, behind
+        a BLANK at the old end (C{asyncPutMessages}).
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        first = sized(300)
+        log.put(first)
+        batch = [sized(150), sized(150)]
+        # 300 + 150 + 8 fits, 300 + 300 + 8 does not.
+        results = log.put_batch(batch)
+        self.assertEqual([r.offset for r in results], [SEGMENT, SEGMENT + 150])
+        blank = disk(log, 300, 308)
+        self.assertEqual(blank, struct_pack_blank(SEGMENT - 300))
+
+    def test_invalid_message_writes_nothing(self) -> None:
+        """
+        One refused message refuses the batch: no bytes, no queue offsets
+        used, even for the messages before it.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(make_message(b"a"))
+        end = log.max_offset
+        before = segment_files(log.store_dir)
+        batch = [make_message(b"b"), make_message(b"c", topic="bad topic")]
+        self.assertRaises(MessageRejected, log.put_batch, batch)
+        self.assertEqual(log.max_offset, end)
+        self.assertEqual(segment_files(log.store_dir), before)
+        self.assertEqual(log.put(make_message(b"d")).queue_offset, 1)
+
+    def test_invalid_message_after_the_roll_point(self) -> None:
+        """
+        A batch that does not fit the current segment and also holds a bad
+        message is refused before the BLANK or a new segment is written.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(sized(300))
+        before = segment_files(log.store_dir)
+        batch = [
+            sized(150),
+            sized(150),
+            make_message(b"x", topic="T", queue_id=2**31),
+        ]
+        e = self.assertRaises(MessageRejected, log.put_batch, batch)
+        self.assertIn("queue_id", str(e))
+        self.assertEqual(segment_files(log.store_dir), before)
+        self.assertEqual(log.max_offset, 300)
+
+    def test_batch_larger_than_a_segment(self) -> None:
+        """
+        A batch that could not fit even an empty segment is refused, on an
+        empty store without creating the first segment.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        batch = [sized(200) for _ in range(3)]
+        e = self.assertRaises(MessageRejected, log.put_batch, batch)
+        self.assertIn("600", str(e))
+        self.assertEqual(os.listdir(commitlog_dir(log.store_dir)), [])
+
+    def test_sync_flush_once_per_batch(self) -> None:
+        """
+        Under C{SYNC_FLUSH} the whole batch is on disk when it returns, by
+        one flush.
+        """
+        log = open_store(
+            self, segment_size=SEGMENT, flush_disk_type=FlushDiskType.SYNC_FLUSH
+        )
+        flushes = []
+        original = log.flush
+        log.flush = lambda: flushes.append(1) or original()  # type: ignore[method-assign]
+        log.put_batch([make_message(b"a"), make_message(b"b"), make_message(b"c")])
+        self.assertEqual(len(flushes), 1)
+        self.assertEqual(log.flushed_offset, log.max_offset)
+
+    def test_empty_batch(self) -> None:
+        """
+        An empty batch writes nothing and returns no results.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        self.assertEqual(log.put_batch([]), [])
+        self.assertEqual(log.max_offset, 0)
+
+
+def sized(size: int):  # type: ignore[no-untyped-def]
+    """
+    A message whose record is exactly C{size} bytes.
+    """
+    return make_message(body_for_size(size), topic="T")
+
+
+def struct_pack_blank(size: int) -> bytes:
+    """
+    A BLANK filler, by hand: int32 size, int32 0xCBD43194.
+    """
+    return size.to_bytes(4, "big") + (BLANK_MAGIC & 0xFFFFFFFF).to_bytes(4, "big")
+
+
 class RejectionTests(SynchronousTestCase):
     """
     Messages the put path refuses leave the store as it was.
