@@ -92,13 +92,16 @@ def main(args: list[str]) -> int:
     ensure_venv()
     if command == "demo":
         return run([PYTHON, "-m", "rmqha", "demo", *rest])
-    # trial first (the suite must pass under both runners), pytest last so
-    # that its summary line closes the output.
-    status = run([PYTHON, "-m", "twisted.trial", "--reporter=text", "tests"])
+    # mypy, then trial (the suite must pass under both runners), then
+    # pytest last so that its summary line closes the output.
+    status = run([PYTHON, "-m", "mypy"])
     if status:
+        _say("mypy found type errors; the tests run anyway")
+    trial = run([PYTHON, "-m", "twisted.trial", "--reporter=text", "tests"])
+    if trial:
         _say("twisted.trial reported failures; pytest runs anyway")
     pytest_status = run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest])
-    return pytest_status or status
+    return pytest_status or trial or status
 
 
 if __name__ == "__main__":

@@ -256,7 +256,7 @@ def _pack_host(host: Host) -> tuple[bytes, bool]:
     return (_IPV6_HOST if v6 else _IPV4_HOST).pack(packed, port), v6
 
 
-def _unpack_host(buf: bytes | memoryview | bytearray, pos: int, v6: bool) -> Host:
+def _unpack_host(buf: bytes | memoryview | bytearray | mmap, pos: int, v6: bool) -> Host:
     if v6:
         raw, port = _IPV6_HOST.unpack_from(buf, pos)
         return str(ipaddress.IPv6Address(raw)), port
@@ -432,7 +432,7 @@ class RecordEncoder:
 
     def encode(
         self,
-        buf: bytearray | memoryview | mmap,
+        buf: bytearray | memoryview | mmap | None,
         pos: int,
         room: int,
         message: Message,
@@ -442,7 +442,8 @@ class RecordEncoder:
     ) -> int:
         """
         Validate C{message} and, if its record takes at most C{room} bytes,
-        write it at C{buf[pos:]}.
+        write it at C{buf[pos:]}.  With C{room} -1 (and no C{buf}) this
+        only validates and tells the size.
 
         One call does both because the store's put path needs the size to
         choose where the record goes, and a second pass over the message
@@ -466,8 +467,9 @@ class RecordEncoder:
             topic = _encode_topic(message.topic)
         except TypeError:  # unhashable: not a string
             raise MessageRejected("topic must be a non-empty string") from None
-        properties = message.properties
-        properties = encode_properties(properties) if properties else b""
+        properties = (
+            encode_properties(message.properties) if message.properties else b""
+        )
         born_host = message.born_host
         # The host-family bits describe the record, whatever the caller set.
         sysflag = message.sysflag & _NOT_V6 | self._store_v6_flag
@@ -478,7 +480,7 @@ class RecordEncoder:
                 sysflag |= SysFlag.BORNHOST_V6
         else:
             try:
-                born_ip, born_port, born_v6 = _parse_host(tuple(born_host))  # type: ignore[arg-type]
+                born_ip, born_port, born_v6 = _parse_host(tuple(born_host))
             except TypeError:
                 raise MessageRejected(
                     f"born host {born_host!r} is not an (address, port) pair"
@@ -496,6 +498,7 @@ class RecordEncoder:
                 message, store_timestamp if born_timestamp is None else born_timestamp
             )
             return -total
+        assert buf is not None, "a buffer is needed when there is room"
         born_timestamp = message.born_timestamp
         if born_timestamp is None:
             born_timestamp = store_timestamp
@@ -556,7 +559,7 @@ def encode_record(
     encoder = RecordEncoder(store_host, max_message_size=_MAX_RECORD)
     # Room -1 fits nothing: this validates and tells the size.
     size = -encoder.encode(
-        None, 0, -1, message, queue_offset, physical_offset, store_timestamp  # type: ignore[arg-type]
+        None, 0, -1, message, queue_offset, physical_offset, store_timestamp
     )
     if size > _MAX_RECORD:
         raise MessageRejected(f"record of {size} bytes is larger than any segment")
@@ -566,7 +569,7 @@ def encode_record(
 
 
 def parse_record(
-    buf: bytes | bytearray | memoryview,
+    buf: bytes | bytearray | memoryview | mmap,
     pos: int,
     end: int,
     offset: int,

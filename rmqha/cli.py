@@ -50,7 +50,7 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: error: {message}")
 
 
-def _size_arg(name: str):  # type: ignore[no-untyped-def]
+def _size_arg(name: str):  # noqa: ANN201 (returns an argparse type)
     def parse(text: str) -> int:
         try:
             return parse_size(text, name)
@@ -60,7 +60,7 @@ def _size_arg(name: str):  # type: ignore[no-untyped-def]
     return parse
 
 
-def _nonnegative(name: str):  # type: ignore[no-untyped-def]
+def _nonnegative(name: str):  # noqa: ANN201
     def parse(text: str) -> int:
         try:
             value = int(text, 0)

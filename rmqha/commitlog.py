@@ -67,6 +67,11 @@ from rmqha._record import (
 
 __all__ = [
     "CommitLog",
+    "Message",
+    "Record",
+    "Blank",
+    "MessageRejected",
+    "RecordError",
     "FlushDiskType",
     "FlushPlan",
     "AppendResult",
@@ -592,7 +597,7 @@ class CommitLog:
         their record sizes.
         """
         return sum(
-            -self._encoder.encode(None, 0, -1, m, 0, 0, store_timestamp)  # type: ignore[arg-type]
+            -self._encoder.encode(None, 0, -1, m, 0, 0, store_timestamp)
             for m in messages
         )
 
@@ -959,17 +964,29 @@ class CommitLog:
                     raise ValueError("snapshot names no record")
             else:
                 first, size, crc = check
-                record = next(iter(self.records(first, first + 1, with_body=False)))
-                if [record.offset, record.size, record.body_crc] != [first, size, crc]:
+                record = self._item_at(first)
+                if type(record) is not Record or [record.size, record.body_crc] != [
+                    size,
+                    crc,
+                ]:
                     raise ValueError("snapshot does not match the log")
                 if record.next_offset != offset:
-                    blank = next(iter(self.records(record.next_offset, offset, blanks=True)))
+                    blank = self._item_at(record.next_offset)
                     if type(blank) is not Blank or blank.next_offset != offset:
                         raise ValueError("snapshot offset does not follow its record")
                 self._last_put = first
             return table, offset
-        except (OSError, ValueError, KeyError, TypeError, StopIteration, StoreError):
+        except (OSError, ValueError, KeyError, TypeError, StoreError):
             return {}, self.min_offset
+
+    def _item_at(self, offset: int) -> Record | Blank:
+        """
+        The record or BLANK at C{offset} (headers only, no CRC check).
+        """
+        segment, position, _ = self._locate(offset, 0)
+        return parse_record(
+            segment.mm, position, segment.wrote, offset, check_crc=False, with_body=False
+        )
 
     def _save_queue_table(self) -> None:
         """
@@ -982,9 +999,8 @@ class CommitLog:
             return
         check = None
         if self._last_put is not None:
-            record = next(
-                iter(self.records(self._last_put, self._last_put + 1, with_body=False))
-            )
+            record = self._item_at(self._last_put)
+            assert type(record) is Record
             check = [record.offset, record.size, record.body_crc]
         snapshot = {
             "offset": self._queue_table_end,
