@@ -63,9 +63,11 @@ def _size_arg(name: str):  # noqa: ANN201 (returns an argparse type)
 def _nonnegative(name: str):  # noqa: ANN201
     def parse(text: str) -> int:
         try:
-            value = int(text, 0)
+            value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} is not an integer")
+            raise argparse.ArgumentTypeError(
+                f"{name} {text!r} is not an integer"
+            ) from None
         if value < 0:
             raise argparse.ArgumentTypeError(f"{name} {value} is negative")
         return value

@@ -609,11 +609,7 @@ class CommitLog:
 
         @return: the segment to write to, if any.
         """
-        if self.read_only or self._closed:
-            raise ReadOnlyStoreError(
-                f"{self.commitlog_dir} is "
-                + ("closed" if self._closed else "open read-only")
-            )
+        self._check_writable()
         if self._record_end != self.max_offset:
             self._cut_incomplete_tail("before a put")
         if self._queue_table is None or self._queue_table_end != self.max_offset:
@@ -663,8 +659,7 @@ class CommitLog:
         @return: the new max offset.
         @raise OffsetMismatchError: C{offset} is not the max offset.
         """
-        if self.read_only:
-            raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
+        self._check_writable()
         if not self._has_data():
             if offset < 0 or offset % self.segment_size:
                 raise OffsetMismatchError(
@@ -749,6 +744,12 @@ class CommitLog:
             why=why,
         )
 
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.commitlog_dir} is closed")
+        if self.read_only:
+            raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
+
     def _has_data(self) -> bool:
         return bool(self._segments) and (
             len(self._segments) > 1 or self._segments[0].wrote > 0
@@ -786,6 +787,8 @@ class CommitLog:
     def _locate(self, offset: int, limit: int) -> tuple[_Segment, int, int]:
         if limit < 0:
             raise ValueError(f"read limit {limit} is negative")
+        if self._closed:
+            raise StoreError(f"{self.commitlog_dir} is closed")
         if not self._segments or not self.min_offset <= offset <= self.max_offset:
             raise OffsetOutOfRangeError(offset, self.min_offset, self.max_offset)
         index = (offset - self._segments[0].start) // self.segment_size
@@ -861,7 +864,6 @@ class CommitLog:
         fds = []
         for segment in self._segments:
             if segment.end > self._flushed and segment.wrote > 0:
-                segment.mm  # map it, which opens its descriptor
                 fds.append(segment.ensure_fd())
         self._flushes_in_flight += 1
         return FlushPlan(target, fds)
@@ -1025,8 +1027,6 @@ class CommitLog:
         """
         if self._closed:
             return
-        self._closed = True
-        self._put_ready_at = -1
         try:
             if not self.read_only:
                 if self._record_end != self.max_offset:
@@ -1035,6 +1035,8 @@ class CommitLog:
                 if self._queue_table is not None and self._queue_table_end == self.max_offset:
                     self._save_queue_table()
         finally:
+            self._closed = True
+            self._put_ready_at = -1
             for segment in self._segments:
                 segment.close()
             if not self.read_only:

@@ -17,7 +17,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from rmqha.commitlog import CommitLog, FlushDiskType, FlushPlan
+from rmqha.commitlog import CommitLog, FlushDiskType
 
 __all__ = ["CommitLogService", "DEFAULT_FLUSH_INTERVAL"]
 

@@ -933,6 +933,35 @@ class FlushTests(SynchronousTestCase):
             self.assertEqual(replica.flushed_offset, position)
 
 
+class ClosedStoreTests(SynchronousTestCase):
+    """
+    A closed store refuses every access instead of quietly mapping its
+    files again.
+    """
+
+    def test_closed_refuses_access(self) -> None:
+        """
+        put, put_batch, append_at, read, read_view and records all raise
+        L{StoreError} naming the store once it is closed.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(make_message(b"a"))
+        end = log.max_offset
+        log.close()
+        for call in [
+            lambda: log.put(make_message(b"b")),
+            lambda: log.put_batch([make_message(b"b")]),
+            lambda: log.append_at(end, b"xx"),
+            lambda: log.read(0, 10),
+            lambda: log.read_view(0, 10),
+            lambda: list(log.records()),
+        ]:
+            e = self.assertRaises(StoreError, call)
+            self.assertIn("closed", str(e))
+        with open(segment_path(log.store_dir, 0), "rb") as f:
+            self.assertEqual(f.read(end + 2)[end:], b"\0\0")
+
+
 class RecordsAndOpeningTests(SynchronousTestCase):
     """
     records() iteration and the checks made when opening a store.
