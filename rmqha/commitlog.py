@@ -773,6 +773,8 @@ class CommitLog:
         @return: C{b""} at the max offset.
         @raise OffsetOutOfRangeError: C{offset} is not in the log.
         """
+        if self._empty_at(offset, limit):
+            return b""
         segment, position, end = self._locate(offset, limit)
         return segment.mm[position:end]
 
@@ -781,8 +783,14 @@ class CommitLog:
         Like L{read} but without copying: a view into the mapped segment,
         valid until the store is closed (release it before L{close}).
         """
+        if self._empty_at(offset, limit):
+            return memoryview(b"")
         segment, position, end = self._locate(offset, limit)
         return memoryview(segment.mm)[position:end]
+
+    def _empty_at(self, offset: int, limit: int) -> bool:
+        # A log with no segment yet has one offset, 0, and nothing there.
+        return not self._segments and offset == 0 and limit >= 0 and not self._closed
 
     def _locate(self, offset: int, limit: int) -> tuple[_Segment, int, int]:
         if limit < 0:

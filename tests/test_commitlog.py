@@ -927,6 +927,16 @@ class ReadTests(SynchronousTestCase):
         )
         self.assertEqual(self.log.read(self.end, 100), b"")
 
+    def test_empty_log(self) -> None:
+        """
+        An empty log reads as nothing at its max offset, 0, and refuses
+        any other offset.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        self.assertEqual(log.read(0, 100), b"")
+        self.assertEqual(bytes(log.read_view(0, 100)), b"")
+        self.assertRaises(OffsetOutOfRangeError, log.read, 1, 100)
+
     def test_out_of_range(self) -> None:
         """
         Offsets above the max offset or below the min offset raise

@@ -1,0 +1,388 @@
+# -*- test-case-name: tests.test_master -*-
+"""
+The master's accept side of RocketMQ's classic HA: one L{MasterConnection}
+per slave, built by L{MasterFactory}.
+
+A connection waits for the slave's first 8-byte report, which says where
+its commit log ends, and from there streams the master's commit log as
+12-byte headers plus bytes.  The connection is the push producer
+registered on its transport: it writes while the transport accepts and
+stops when the transport pauses it, so a slow slave costs the master no
+memory beyond the transport's buffer.  With nothing left to send it waits
+for L{MasterFactory.notify_appended} (no polling) and sends a heartbeat
+after C{heartbeat_interval} of silence.  Every later report is the
+slave's acknowledgement (its max offset).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from twisted.internet.interfaces import (
+    IAddress,
+    IConsumer,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+)
+from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from rmqha._wire import MAX_BODY_SIZE, ProtocolError, ReportDecoder, encode_header
+from rmqha.commitlog import CommitLog, StoreError
+
+__all__ = ["HAConfig", "MasterFactory", "MasterConnection", "SlaveStatus"]
+
+
+@dataclass(frozen=True)
+class HAConfig:
+    """
+    RocketMQ's HA settings (C{MessageStoreConfig}), in seconds and bytes.
+    """
+
+    #: C{haTransferBatchSize}: the most body bytes in one frame.
+    transfer_batch_size: int = 32 * 1024
+    #: C{haSendHeartbeatInterval}: heartbeat after this much silence.
+    heartbeat_interval: float = 5.0
+    #: C{haHousekeepingInterval}: drop a peer silent for this long.
+    housekeeping_interval: float = 20.0
+    #: C{syncFromLastFile}: an empty slave gets only the last segment
+    #: (4.9's rule) instead of the whole log.
+    sync_from_last_file: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.transfer_batch_size <= MAX_BODY_SIZE:
+            raise ValueError(
+                f"haTransferBatchSize {self.transfer_batch_size} must be between 1 "
+                f"and {MAX_BODY_SIZE} (what a RocketMQ slave accepts)"
+            )
+        if self.heartbeat_interval <= 0:
+            raise ValueError(
+                f"haSendHeartbeatInterval {self.heartbeat_interval} must be positive"
+            )
+        if self.housekeeping_interval <= 0:
+            raise ValueError(
+                f"haHousekeepingInterval {self.housekeeping_interval} must be positive"
+            )
+
+
+@dataclass(frozen=True)
+class SlaveStatus:
+    """
+    One slave connection, as C{/status} shows it.
+    """
+
+    peer: str
+    ack_offset: int | None
+    lag_bytes: int | None
+    bytes_per_s: float
+    connected_since: float
+
+
+class _State(enum.Enum):
+    AWAITING_REPORT = "awaiting first report"
+    TRANSFERRING = "transferring"
+    CLOSED = "closed"
+
+
+#: How far back acknowledgements are kept to compute a transfer rate.
+_RATE_WINDOW = 10.0
+
+
+def _peer_name(address: IAddress | None) -> str:
+    host = getattr(address, "host", None)
+    port = getattr(address, "port", None)
+    if host is None:
+        return str(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@implementer(IPushProducer)
+class MasterConnection(Protocol):
+    """
+    One slave, from the master's side.
+
+    @ivar ack_offset: the slave's last report after the first (its max
+        offset), or C{None} before it has acknowledged anything.
+    @ivar next_offset: where the next frame starts.
+    """
+
+    _log = Logger()
+
+    def __init__(self, factory: "MasterFactory", address: IAddress | None) -> None:
+        self.factory = factory
+        self.peer = _peer_name(address)
+        self.ack_offset: int | None = None
+        self.next_offset: int | None = None
+        self.connected_since = 0.0
+        self._state = _State.AWAITING_REPORT
+        self._reports = ReportDecoder()
+        self._paused = False
+        self._producing = False
+        self._last_read = 0.0
+        self._last_write = 0.0
+        self._heartbeat_call: IDelayedCall | None = None
+        self._housekeeping_call: IDelayedCall | None = None
+        self._acks: deque[tuple[float, int]] = deque()
+
+    # -- Protocol ----------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        clock = self.factory.clock
+        self.connected_since = self._last_read = self._last_write = clock.seconds()
+        IConsumer(self.transport).registerProducer(self, True)
+        self.factory.connections.add(self)
+        self._housekeeping_call = clock.callLater(
+            self.factory.config.housekeeping_interval, self._housekeeping
+        )
+        self._log.info("slave {peer} connected", peer=self.peer)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._last_read = self.factory.clock.seconds()
+        try:
+            offset = self._reports.feed(data)
+        except ProtocolError as e:
+            self._drop(str(e))
+            return
+        if offset is None:
+            return
+        if self._state is _State.AWAITING_REPORT:
+            self._start(offset)
+        else:
+            self._acknowledged(offset)
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        if self._state is not _State.CLOSED:
+            self._log.info(
+                "slave {peer} disconnected: {reason}",
+                peer=self.peer,
+                reason=reason.getErrorMessage(),
+            )
+        self._state = _State.CLOSED
+        self._paused = True
+        for call in (self._heartbeat_call, self._housekeeping_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._heartbeat_call = self._housekeeping_call = None
+        self.factory.connections.discard(self)
+        if self.transport is not None:
+            IConsumer(self.transport).unregisterProducer()
+
+    # -- reports -----------------------------------------------------------
+
+    def _start(self, offset: int) -> None:
+        """
+        The first report: where the slave's log ends, so where to start.
+        """
+        commitlog = self.factory.commitlog
+        if offset == 0:
+            if self.factory.config.sync_from_last_file:
+                # 4.9's rule: only the master's last segment.
+                end = commitlog.max_offset
+                start = end - end % commitlog.segment_size
+            else:
+                # The whole log (what users asked for, RocketMQ #3661).
+                start = commitlog.min_offset
+        else:
+            start = offset
+        if start > commitlog.max_offset:
+            self._drop(
+                f"slave is at offset {start}, ahead of the master's max offset "
+                f"{commitlog.max_offset}"
+            )
+            return
+        if start < commitlog.min_offset:
+            self._drop(
+                f"slave is at offset {start}, behind the master's oldest "
+                f"segment (min offset {commitlog.min_offset})"
+            )
+            return
+        if offset:
+            self._record_ack(offset)
+        self.next_offset = start
+        self._state = _State.TRANSFERRING
+        self._log.info(
+            "slave {peer} reported offset {offset}; transfer starts at {start}",
+            peer=self.peer,
+            offset=offset,
+            start=start,
+        )
+        self._heartbeat_call = self.factory.clock.callLater(
+            self.factory.config.heartbeat_interval, self._heartbeat
+        )
+        self._produce()
+
+    def _acknowledged(self, offset: int) -> None:
+        max_offset = self.factory.commitlog.max_offset
+        if offset > max_offset:
+            # RocketMQ #3015: a fake or diverged slave must not count as
+            # having replicated what the master does not even have.
+            self._drop(
+                f"slave acknowledged offset {offset}, beyond the master's max "
+                f"offset {max_offset}"
+            )
+            return
+        self._record_ack(offset)
+
+    def _record_ack(self, offset: int) -> None:
+        now = self.factory.clock.seconds()
+        self.ack_offset = offset
+        acks = self._acks
+        acks.append((now, offset))
+        while len(acks) > 2 and now - acks[1][0] >= _RATE_WINDOW:
+            acks.popleft()
+
+    # -- IPushProducer -----------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._paused = False
+        self._produce()
+
+    def stopProducing(self) -> None:
+        self._paused = True
+
+    def data_available(self) -> None:
+        """
+        The commit log grew: send it unless paused or already sending.
+        """
+        if not self._paused:
+            self._produce()
+
+    def _produce(self) -> None:
+        """
+        Write frames while the transport accepts them and there is data.
+        A write can pause us from inside C{transport.write}; the loop checks
+        after each frame.
+        """
+        if self._producing or self._state is not _State.TRANSFERRING:
+            return
+        self._producing = True
+        try:
+            commitlog = self.factory.commitlog
+            batch = self.factory.config.transfer_batch_size
+            write = self.transport.writeSequence  # type: ignore[union-attr]
+            offset = self.next_offset
+            assert offset is not None
+            wrote = False
+            while not self._paused and self._state is _State.TRANSFERRING:
+                try:
+                    data = commitlog.read(offset, batch)
+                except StoreError as e:
+                    self._drop(f"cannot read the commit log at offset {offset}: {e}")
+                    return
+                if not data:
+                    break
+                write([encode_header(offset, len(data)), data])
+                offset += len(data)
+                self.next_offset = offset
+                wrote = True
+            if wrote:
+                self._last_write = self.factory.clock.seconds()
+        finally:
+            self._producing = False
+
+    # -- timers ------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        """
+        After C{heartbeat_interval} without a write, send a heartbeat
+        (an empty frame at the next offset), which keeps the slave's
+        read-idle timer from firing and makes it re-check its offset.
+        """
+        clock = self.factory.clock
+        interval = self.factory.config.heartbeat_interval
+        idle = clock.seconds() - self._last_write
+        if idle >= interval and not self._paused and self.next_offset is not None:
+            self.transport.write(encode_header(self.next_offset, 0))  # type: ignore[union-attr]
+            self._last_write = clock.seconds()
+            idle = 0.0
+        self._heartbeat_call = clock.callLater(max(interval - idle, 0.0), self._heartbeat)
+
+    def _housekeeping(self) -> None:
+        clock = self.factory.clock
+        interval = self.factory.config.housekeeping_interval
+        silent = clock.seconds() - self._last_read
+        if silent >= interval:
+            self._housekeeping_call = None
+            self._drop(f"nothing received for {silent:.1f} s")
+            return
+        self._housekeeping_call = clock.callLater(interval - silent, self._housekeeping)
+
+    # -- status ------------------------------------------------------------
+
+    def status(self) -> SlaveStatus:
+        max_offset = self.factory.commitlog.max_offset
+        acks = self._acks
+        rate = 0.0
+        if len(acks) >= 2 and acks[-1][0] > acks[0][0]:
+            rate = (acks[-1][1] - acks[0][1]) / (acks[-1][0] - acks[0][0])
+        return SlaveStatus(
+            peer=self.peer,
+            ack_offset=self.ack_offset,
+            lag_bytes=None if self.ack_offset is None else max_offset - self.ack_offset,
+            bytes_per_s=rate,
+            connected_since=self.connected_since,
+        )
+
+    def _drop(self, why: str) -> None:
+        self._log.warn("dropping slave {peer}: {why}", peer=self.peer, why=why)
+        self._state = _State.CLOSED
+        self._paused = True
+        self.transport.abortConnection()  # type: ignore[union-attr]
+
+
+class MasterFactory(ServerFactory):
+    """
+    Builds a L{MasterConnection} per accepted slave; shares the commit log,
+    the clock and the settings among them.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self, commitlog: CommitLog, clock: IReactorTime, config: HAConfig = HAConfig()
+    ) -> None:
+        self.commitlog = commitlog
+        self.clock = clock
+        self.config = config
+        self.connections: set[MasterConnection] = set()
+        self._wake: IDelayedCall | None = None
+
+    def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
+        return MasterConnection(self, addr)
+
+    def notify_appended(self) -> None:
+        """
+        Call after appending to the commit log.  Idle connections are woken
+        once, on the reactor's next turn, however many appends happen in
+        this one: frames then carry up to a batch of them.
+        """
+        if self._wake is None and self.connections:
+            self._wake = self.clock.callLater(0, self._wake_connections)
+
+    def _wake_connections(self) -> None:
+        self._wake = None
+        for connection in list(self.connections):
+            connection.data_available()
+
+    def slaves(self) -> list[SlaveStatus]:
+        """
+        The status of every connected slave.
+        """
+        return [c.status() for c in self.connections]
+
+    def stopFactory(self) -> None:
+        if self._wake is not None and self._wake.active():
+            self._wake.cancel()
+        self._wake = None
+

@@ -1,0 +1,381 @@
+"""
+Tests for L{rmqha.master}: the master's side of a slave connection,
+against C{StringTransport} (which records producer registration and pause
+state) and a C{Clock}.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs, formatEvent
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha.commitlog import CommitLog
+from rmqha.master import HAConfig, MasterConnection, MasterFactory
+
+from tests._helpers import make_message, open_store
+
+SEGMENT = 4096
+
+
+def report(offset: int) -> bytes:
+    """
+    A slave report, by hand: int64 big-endian.
+    """
+    return struct.pack(">q", offset)
+
+
+def frames(data: bytes) -> list[tuple[int, bytes]]:
+    """
+    Split what the master wrote into (offset, body) frames, by hand.
+    """
+    result = []
+    position = 0
+    while position < len(data):
+        offset, size = struct.unpack_from(">qi", data, position)
+        position += 12
+        result.append((offset, data[position : position + size]))
+        position += size
+    assert position == len(data), "a partial frame was written"
+    return result
+
+
+class MasterTestCase(SynchronousTestCase):
+    """
+    A master over a small-segment store, and helpers to connect slaves.
+    """
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.store = open_store(self, segment_size=SEGMENT)
+
+    def fill(self, count: int, body: bytes = b"m" * 300) -> None:
+        for _ in range(count):
+            self.store.put(make_message(body))
+
+    def factory(self, **config: object) -> MasterFactory:
+        factory = MasterFactory(self.store, self.clock, HAConfig(**config))  # type: ignore[arg-type]
+        self.addCleanup(factory.stopFactory)
+        return factory
+
+    def connect(
+        self, factory: MasterFactory, port: int = 40000
+    ) -> tuple[MasterConnection, StringTransport]:
+        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", port))
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        self.addCleanup(self.disconnect, connection, transport)
+        return connection, transport
+
+    def disconnect(self, connection: MasterConnection, transport: StringTransport) -> None:
+        if connection.factory.connections and connection in connection.factory.connections:
+            connection.connectionLost()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def store_bytes(self, start: int, end: int) -> bytes:
+        out = b""
+        while start < end:
+            chunk = self.store.read(start, end - start)
+            out += chunk
+            start += len(chunk)
+        return out
+
+
+class StartTests(MasterTestCase):
+    """
+    The first report decides where the transfer starts.
+    """
+
+    def test_nothing_before_first_report(self) -> None:
+        """
+        The master sends nothing, not even heartbeats, until the slave's
+        first report (as RocketMQ's master does); it registers itself as a
+        streaming producer at once.
+        """
+        self.fill(5)
+        factory = self.factory()
+        connection, transport = self.connect(factory)
+        self.assertIs(transport.producer, connection)
+        self.assertTrue(transport.streaming)
+        self.clock.advance(30)
+        self.assertEqual(transport.value(), b"")
+
+    def test_empty_slave_gets_whole_log(self) -> None:
+        """
+        Report 0 (an empty slave): by default the whole log from the
+        oldest segment (RocketMQ #3661), in frames of at most the batch
+        size that never cross a segment boundary.
+        """
+        self.fill(30)
+        end = self.store.max_offset
+        self.assertGreater(end, 2 * SEGMENT)
+        factory = self.factory(transfer_batch_size=1000)
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(0))
+        sent = frames(transport.value())
+        self.assertEqual(sent[0][0], 0)
+        self.assertEqual(b"".join(body for _, body in sent), self.store_bytes(0, end))
+        position = 0
+        for offset, body in sent:
+            self.assertEqual(offset, position)
+            self.assertLessEqual(len(body), 1000)
+            self.assertEqual(offset // SEGMENT, (offset + len(body) - 1) // SEGMENT)
+            position += len(body)
+        self.assertEqual(connection.next_offset, end)
+
+    def test_sync_from_last_file(self) -> None:
+        """
+        With C{sync_from_last_file}, report 0 gets 4.9's rule: only from
+        the start of the master's last segment.
+        """
+        self.fill(30)
+        end = self.store.max_offset
+        factory = self.factory(sync_from_last_file=True)
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(0))
+        sent = frames(transport.value())
+        self.assertEqual(sent[0][0], end - end % SEGMENT)
+        self.assertEqual(sent[-1][0] + len(sent[-1][1]), end)
+
+    def test_resume_from_reported_offset(self) -> None:
+        """
+        A non-zero first report is where the slave's log ends: transfer
+        starts exactly there, and it counts as the slave's ack.
+        """
+        self.fill(10)
+        middle = self.store.put(make_message(b"x")).offset
+        self.fill(3)
+        factory = self.factory()
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(middle))
+        sent = frames(transport.value())
+        self.assertEqual(sent[0][0], middle)
+        self.assertEqual(connection.ack_offset, middle)
+
+    def test_slave_ahead_is_dropped(self) -> None:
+        """
+        A first report beyond the master's max offset (the slave is ahead:
+        the master lost data) drops the connection with a log naming both
+        offsets, instead of RocketMQ's endless heartbeats.
+        """
+        self.fill(2)
+        factory = self.factory()
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(self.store.max_offset + 1))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.value(), b"")
+
+
+class AckTests(MasterTestCase):
+    """
+    Later reports are acknowledgements.
+    """
+
+    def test_ack_tracked_and_last_in_read_wins(self) -> None:
+        """
+        Each report after the first is the slave's ack; of several in one
+        read only the last counts (Java's parse rule).
+        """
+        self.fill(5)
+        factory = self.factory()
+        connection, _ = self.connect(factory)
+        connection.dataReceived(report(0))
+        connection.dataReceived(report(100) + report(200) + report(300))
+        self.assertEqual(connection.ack_offset, 300)
+        status = connection.status()
+        self.assertEqual(status.peer, "127.0.0.1:40000")
+        self.assertEqual(status.lag_bytes, self.store.max_offset - 300)
+
+    def test_ack_beyond_max_drops(self) -> None:
+        """
+        An ack beyond the master's max offset (RocketMQ #3015: a fake or
+        diverged slave) drops the connection.
+        """
+        self.fill(2)
+        factory = self.factory()
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(0))
+        bogus = self.store.max_offset + 4096
+        with capturedLogs() as events:
+            connection.dataReceived(report(bogus))
+        self.assertTrue(transport.disconnecting)
+        self.assertNotEqual(connection.ack_offset, bogus)
+        text = " ".join(formatEvent(e) for e in events)
+        self.assertIn(str(bogus), text)
+        self.assertIn(str(self.store.max_offset), text)
+
+    def test_negative_report_drops(self) -> None:
+        """
+        A negative offset is not a report: the connection is dropped.
+        """
+        factory = self.factory()
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(-8))
+        self.assertTrue(transport.disconnecting)
+
+    def test_rate(self) -> None:
+        """
+        bytes_per_s is the ack rate over the recent window.
+        """
+        self.fill(20)
+        factory = self.factory()
+        connection, _ = self.connect(factory)
+        connection.dataReceived(report(0))
+        connection.dataReceived(report(1000))
+        self.clock.advance(2)
+        connection.dataReceived(report(5000))
+        self.assertEqual(connection.status().bytes_per_s, 2000.0)
+
+
+class FlowControlTests(MasterTestCase):
+    """
+    The connection is a push producer: bounded memory whatever the slave's
+    speed.
+    """
+
+    def test_pause_and_resume(self) -> None:
+        """
+        pauseProducing stops writes at the next frame; resumeProducing
+        continues exactly where it stopped.
+        """
+        self.fill(30)
+        end = self.store.max_offset
+        factory = self.factory(transfer_batch_size=500)
+        connection, transport = self.connect(factory)
+        connection.pauseProducing()
+        connection.dataReceived(report(0))
+        self.assertEqual(transport.value(), b"")
+        connection.resumeProducing()
+        self.assertEqual(
+            b"".join(b for _, b in frames(transport.value())), self.store_bytes(0, end)
+        )
+
+    def test_paused_from_inside_write(self) -> None:
+        """
+        A transport that pauses its producer from inside C{write} (as a
+        full Twisted transport does) gets no more frames until resumed.
+        """
+        self.fill(30)
+        factory = self.factory(transfer_batch_size=500)
+        connection, transport = self.connect(factory)
+        original = transport.writeSequence
+
+        def write_then_pause(data):  # type: ignore[no-untyped-def]
+            original(data)
+            connection.pauseProducing()
+
+        transport.writeSequence = write_then_pause  # type: ignore[method-assign]
+        connection.dataReceived(report(0))
+        self.assertEqual(len(frames(transport.value())), 1)
+        transport.writeSequence = original  # type: ignore[method-assign]
+        connection.resumeProducing()
+        self.assertEqual(connection.next_offset, self.store.max_offset)
+
+    def test_woken_by_appends_on_next_turn(self) -> None:
+        """
+        A caught-up connection sends new data after notify_appended, on the
+        reactor's next turn, once for all appends of this turn.
+        """
+        self.fill(2)
+        factory = self.factory()
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(0))
+        transport.clear()
+        before = self.store.max_offset
+        self.fill(3)
+        factory.notify_appended()
+        factory.notify_appended()
+        self.assertEqual(transport.value(), b"")
+        self.clock.advance(0)
+        sent = frames(transport.value())
+        self.assertEqual(len(sent), 1)
+        self.assertEqual(sent[0], (before, self.store_bytes(before, self.store.max_offset)))
+
+
+class TimerTests(MasterTestCase):
+    """
+    Heartbeats and housekeeping, on the injected clock.
+    """
+
+    def test_heartbeat_after_idle_interval(self) -> None:
+        """
+        After C{heartbeat_interval} without a write, an empty frame at the
+        next offset; none while frames flow more often than that.
+        """
+        self.fill(2)
+        factory = self.factory(heartbeat_interval=5.0, housekeeping_interval=1000.0)
+        connection, transport = self.connect(factory)
+        connection.dataReceived(report(0))
+        end = self.store.max_offset
+        transport.clear()
+        self.clock.advance(4.9)
+        self.assertEqual(transport.value(), b"")
+        self.clock.advance(0.1)
+        self.assertEqual(frames(transport.value()), [(end, b"")])
+        transport.clear()
+        self.clock.advance(3)
+        self.fill(1)
+        factory.notify_appended()
+        self.clock.advance(0)
+        transport.clear()
+        self.clock.advance(4.9)
+        self.assertEqual(transport.value(), b"")
+        self.clock.advance(0.1)
+        self.assertEqual(frames(transport.value()), [(self.store.max_offset, b"")])
+
+    def test_housekeeping_drops_silent_slave(self) -> None:
+        """
+        A slave that sends nothing for C{housekeeping_interval} is dropped;
+        each report restarts the count.
+        """
+        factory = self.factory(heartbeat_interval=1000.0, housekeeping_interval=20.0)
+        connection, transport = self.connect(factory)
+        self.clock.advance(15)
+        connection.dataReceived(report(0))
+        self.clock.advance(15)
+        self.assertFalse(transport.disconnecting)
+        self.clock.advance(5)
+        self.assertTrue(transport.disconnecting)
+
+    def test_config_refuses_bad_values(self) -> None:
+        """
+        A batch size above what a RocketMQ slave accepts (4 MiB - 12), or
+        non-positive intervals, are refused naming the RocketMQ key.
+        """
+        for config, key in [
+            ({"transfer_batch_size": 4 * 1024 * 1024 - 11}, "haTransferBatchSize"),
+            ({"transfer_batch_size": 0}, "haTransferBatchSize"),
+            ({"heartbeat_interval": 0}, "haSendHeartbeatInterval"),
+            ({"housekeeping_interval": -1}, "haHousekeepingInterval"),
+        ]:
+            e = self.assertRaises(ValueError, HAConfig, **config)  # type: ignore[arg-type]
+            self.assertIn(key, str(e))
+
+
+class ManySlavesTests(MasterTestCase):
+    """
+    Any number of slaves, each with its own position and ack.
+    """
+
+    def test_independent_slaves(self) -> None:
+        """
+        Two slaves at different offsets each get their own stream and ack;
+        dropping one leaves the other.
+        """
+        self.fill(10)
+        middle = self.store.put(make_message(b"mid")).offset
+        self.fill(2)
+        factory = self.factory()
+        a, ta = self.connect(factory, 40001)
+        b, tb = self.connect(factory, 40002)
+        a.dataReceived(report(0))
+        b.dataReceived(report(middle))
+        self.assertEqual(frames(ta.value())[0][0], 0)
+        self.assertEqual(frames(tb.value())[0][0], middle)
+        self.assertEqual({s.peer for s in factory.slaves()}, {"127.0.0.1:40001", "127.0.0.1:40002"})
+        a.connectionLost()
+        self.assertEqual([s.peer for s in factory.slaves()], ["127.0.0.1:40002"])
