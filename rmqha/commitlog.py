@@ -660,7 +660,7 @@ class CommitLog:
         @raise OffsetMismatchError: C{offset} is not the max offset.
         """
         self._check_writable()
-        if not self._has_data():
+        if not self.has_data():
             if offset < 0 or offset % self.segment_size:
                 raise OffsetMismatchError(
                     max(0, offset - offset % self.segment_size),
@@ -750,7 +750,11 @@ class CommitLog:
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
 
-    def _has_data(self) -> bool:
+    def has_data(self) -> bool:
+        """
+        Whether the log holds any byte (a slave with none accepts the
+        master's first frame at any segment boundary).
+        """
         return bool(self._segments) and (
             len(self._segments) > 1 or self._segments[0].wrote > 0
         )

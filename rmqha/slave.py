@@ -1,0 +1,204 @@
+# -*- test-case-name: tests.test_slave -*-
+"""
+The slave's side of RocketMQ's classic HA: a reconnecting client that
+copies the master's commit log byte for byte.
+
+On every connection the slave reports where its log ends (at once: a
+RocketMQ 4.9.8 slave waits for its 5 s timer), then appends each frame at
+exactly the offset the frame names.  A frame for any other offset means
+the two logs disagree about where the slave is: the slave logs both
+offsets and drops the connection, and L{ClientService} reconnects after a
+back-off, so the slave reports again and the master restarts from there.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, cast
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.interfaces import (
+    IAddress,
+    IDelayedCall,
+    IProtocol,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from rmqha._wire import ProtocolError, TransferDecoder, encode_report
+from rmqha.commitlog import CommitLog, StoreError
+from rmqha.master import HAConfig
+
+__all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
+
+
+class SlaveConnection(Protocol):
+    """
+    One connection to the master.
+
+    @ivar master_offset: the offset of the last frame header received (the
+        master's position in its stream to us), for lag estimates.
+    """
+
+    _log = Logger()
+
+    def __init__(self, factory: "SlaveFactory") -> None:
+        self.factory = factory
+        self.master_offset: int | None = None
+        self._decoder = TransferDecoder()
+        self._closed = False
+        self._last_read = 0.0
+        self._last_report = 0.0
+        self._reported: int | None = None
+        self._report_call: IDelayedCall | None = None
+        self._housekeeping_call: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        clock = self.factory.clock
+        self._last_read = clock.seconds()
+        config = self.factory.config
+        self._report_call = clock.callLater(config.heartbeat_interval, self._report_timer)
+        self._housekeeping_call = clock.callLater(
+            config.housekeeping_interval, self._housekeeping
+        )
+        self.factory.connection = self
+
+    def send_report(self) -> None:
+        """
+        Tell the master where this log ends: the first report asks for the
+        bytes after it, every later one acknowledges everything before it.
+        """
+        if self._closed:
+            return
+        offset = self.factory.commitlog.max_offset
+        self.transport.write(encode_report(offset))  # type: ignore[union-attr]
+        self._reported = offset
+        self._last_report = self.factory.clock.seconds()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closed:
+            return
+        self._last_read = self.factory.clock.seconds()
+        decoder = self._decoder
+        decoder.feed(data)
+        commitlog = self.factory.commitlog
+        try:
+            while (frame := decoder.next_frame()) is not None:
+                self.master_offset = frame.offset
+                expected = commitlog.max_offset
+                if frame.offset != expected and commitlog.has_data():
+                    self._drop(
+                        f"master sent offset {frame.offset}, this slave's max "
+                        f"offset is {expected}"
+                    )
+                    return
+                if frame.body:
+                    commitlog.append_at(frame.offset, frame.body)
+        except ProtocolError as e:
+            self._drop(str(e))
+            return
+        except StoreError as e:
+            self._drop(f"cannot append to the commit log: {e}")
+            return
+        if commitlog.max_offset != self._reported:
+            self.send_report()
+            self.factory.notify_appended()
+
+    def _report_timer(self) -> None:
+        """
+        Report at least every C{heartbeat_interval}, so the master knows
+        this slave is alive when nothing flows.
+        """
+        clock = self.factory.clock
+        interval = self.factory.config.heartbeat_interval
+        since = clock.seconds() - self._last_report
+        if since >= interval:
+            self.send_report()
+            since = 0.0
+        self._report_call = clock.callLater(interval - since, self._report_timer)
+
+    def _housekeeping(self) -> None:
+        """
+        Drop a master that has sent nothing, not even a heartbeat, for
+        C{housekeeping_interval} (4.9.8's slave watches its own writes and
+        misses this).
+        """
+        clock = self.factory.clock
+        interval = self.factory.config.housekeeping_interval
+        silent = clock.seconds() - self._last_read
+        if silent >= interval:
+            self._housekeeping_call = None
+            self._drop(f"nothing received from the master for {silent:.1f} s")
+            return
+        self._housekeeping_call = clock.callLater(interval - silent, self._housekeeping)
+
+    def _drop(self, why: str) -> None:
+        self._log.warn("dropping the connection to the master: {why}", why=why)
+        self._closed = True
+        self.transport.abortConnection()  # type: ignore[union-attr]
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        self._closed = True
+        for call in (self._report_call, self._housekeeping_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._report_call = self._housekeeping_call = None
+        if self.factory.connection is self:
+            self.factory.connection = None
+
+
+class SlaveFactory(Factory):
+    """
+    Builds L{SlaveConnection}s over one commit log.
+
+    @ivar connection: the current connection, if any.
+    @ivar on_appended: called after frames grew the log (the store's
+        flush policy or other observers hook in here).
+    """
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        clock: IReactorTime,
+        config: HAConfig = HAConfig(),
+        on_appended: Callable[[], None] | None = None,
+    ) -> None:
+        self.commitlog = commitlog
+        self.clock = clock
+        self.config = config
+        self.connection: SlaveConnection | None = None
+        self._on_appended = on_appended
+
+    def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
+        return SlaveConnection(self)
+
+    def notify_appended(self) -> None:
+        if self._on_appended is not None:
+            self._on_appended()
+
+
+def _send_first_report(protocol: IProtocol) -> None:
+    # ClientService passes a proxy that forwards to the SlaveConnection.
+    cast(SlaveConnection, protocol).send_report()
+
+
+def make_slave_service(
+    endpoint: IStreamClientEndpoint,
+    factory: SlaveFactory,
+    clock: IReactorTime,
+    retry_policy: Callable[[int], float] | None = None,
+) -> ClientService:
+    """
+    A service that keeps a connection to the master, reconnecting with
+    exponential back-off (1 s, growing 1.5 times up to 30 s, with jitter),
+    and sends the first report as soon as each connection is made.
+    """
+    return ClientService(
+        endpoint,
+        factory,
+        retryPolicy=retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0),
+        clock=clock,
+        prepareConnection=_send_first_report,
+    )

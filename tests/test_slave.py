@@ -1,0 +1,285 @@
+"""
+Tests for L{rmqha.slave}: the slave's side against C{StringTransport} and
+a C{Clock}, the reconnecting service against a fake endpoint, and a whole
+master-to-slave conversation in memory.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Factory
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs, formatEvent
+from twisted.python.failure import Failure
+from twisted.test import iosim
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha.commitlog import CommitLog
+from rmqha.master import HAConfig, MasterFactory
+from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
+
+from tests._helpers import make_message, open_store, segment_files
+
+SEGMENT = 4096
+
+
+def frame(offset: int, body: bytes = b"") -> bytes:
+    """
+    A master frame, by hand: int64 offset, int32 size, body.
+    """
+    return struct.pack(">qi", offset, len(body)) + body
+
+
+def reports(data: bytes) -> list[int]:
+    """
+    The offsets in what the slave wrote, by hand.
+    """
+    assert len(data) % 8 == 0
+    return [struct.unpack_from(">q", data, i)[0] for i in range(0, len(data), 8)]
+
+
+class SlaveTestCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.source = open_store(self, segment_size=SEGMENT)
+        self.replica = open_store(self, segment_size=SEGMENT)
+
+    def fill(self, count: int, body: bytes = b"s" * 300) -> None:
+        for _ in range(count):
+            self.source.put(make_message(body))
+
+    def source_bytes(self, start: int, end: int) -> bytes:
+        out = b""
+        while start < end:
+            chunk = self.source.read(start, end - start)
+            out += chunk
+            start += len(chunk)
+        return out
+
+    def connect(self, **config: object) -> tuple[SlaveConnection, StringTransport]:
+        factory = SlaveFactory(self.replica, self.clock, HAConfig(**config))  # type: ignore[arg-type]
+        connection = factory.buildProtocol(None)
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        self.addCleanup(self._lose, connection)
+        return connection, transport
+
+    def _lose(self, connection: SlaveConnection) -> None:
+        connection.connectionLost()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class FrameTests(SlaveTestCase):
+    """
+    Frames are appended at exactly their offset.
+    """
+
+    def test_first_report_is_max_offset(self) -> None:
+        """
+        The first report is the slave's max offset (0 when empty).
+        """
+        connection, transport = self.connect()
+        connection.send_report()
+        self.assertEqual(transport.value(), struct.pack(">q", 0))
+
+    def test_frames_appended_then_one_report(self) -> None:
+        """
+        A frame is appended once complete; frames completed by one read
+        are appended in order and answered by one report of the new max
+        offset.
+        """
+        self.fill(10)
+        end = self.source.max_offset
+        data = frame(0, self.source_bytes(0, 1000)) + frame(1000, self.source_bytes(1000, end))
+        connection, transport = self.connect()
+        connection.send_report()
+        transport.clear()
+        connection.dataReceived(data[:700])
+        self.assertEqual(self.replica.max_offset, 0)
+        self.assertEqual(transport.value(), b"")
+        connection.dataReceived(data[700:])
+        self.assertEqual(self.replica.max_offset, end)
+        self.assertEqual(self.replica.read(0, end), self.source.read(0, end))
+        self.assertEqual(reports(transport.value()), [end])
+
+    def test_empty_slave_accepts_last_segment_start(self) -> None:
+        """
+        A genuine RocketMQ master answers report 0 from the start of its
+        last segment: an empty slave starts its log there.
+        """
+        self.fill(30)
+        end = self.source.max_offset
+        start = end - end % SEGMENT
+        connection, _ = self.connect()
+        connection.dataReceived(frame(start, self.source_bytes(start, end)))
+        self.assertEqual(self.replica.min_offset, start)
+        self.assertEqual(self.replica.max_offset, end)
+
+    def test_offset_mismatch_drops(self) -> None:
+        """
+        A frame for any offset but the slave's max drops the connection,
+        logging both offsets; nothing is appended.
+        """
+        self.fill(3)
+        end = self.source.max_offset
+        self.replica.append_at(0, self.source_bytes(0, 500))
+        connection, transport = self.connect()
+        with capturedLogs() as events:
+            connection.dataReceived(frame(600, self.source_bytes(600, end)))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.replica.max_offset, 500)
+        text = " ".join(formatEvent(e) for e in events)
+        self.assertIn("600", text)
+        self.assertIn("500", text)
+
+    def test_heartbeat_mismatch_drops(self) -> None:
+        """
+        A heartbeat also carries the master's position: a wrong one drops.
+        """
+        self.replica.append_at(0, b"\0" * 100)
+        connection, transport = self.connect()
+        connection.dataReceived(frame(100))
+        self.assertFalse(transport.disconnecting)
+        connection.dataReceived(frame(101))
+        self.assertTrue(transport.disconnecting)
+
+    def test_oversized_frame_drops(self) -> None:
+        """
+        A frame header announcing more than a RocketMQ slave accepts drops
+        the connection before the body is buffered.
+        """
+        connection, transport = self.connect()
+        connection.dataReceived(struct.pack(">qi", 0, 4 * 1024 * 1024))
+        self.assertTrue(transport.disconnecting)
+
+
+class TimerTests(SlaveTestCase):
+    """
+    Reports on a timer, and read-idle housekeeping.
+    """
+
+    def test_periodic_report(self) -> None:
+        """
+        With nothing arriving, the slave reports every heartbeat interval.
+        """
+        connection, transport = self.connect(heartbeat_interval=5.0)
+        connection.send_report()
+        transport.clear()
+        self.clock.advance(4.9)
+        self.assertEqual(transport.value(), b"")
+        self.clock.advance(0.1)
+        self.assertEqual(reports(transport.value()), [0])
+
+    def test_silent_master_dropped(self) -> None:
+        """
+        A master that sends nothing for the housekeeping interval is
+        dropped; heartbeats keep the connection.
+        """
+        connection, transport = self.connect(
+            heartbeat_interval=5.0, housekeeping_interval=20.0
+        )
+        for _ in range(3):
+            self.clock.advance(10)
+            connection.dataReceived(frame(0))
+        self.assertFalse(transport.disconnecting)
+        self.clock.advance(20)
+        self.assertTrue(transport.disconnecting)
+
+
+class _Endpoint:
+    """
+    A client endpoint whose connections are StringTransports.
+    """
+
+    def __init__(self) -> None:
+        self.connected: list[tuple[object, StringTransport]] = []
+
+    def connect(self, factory: Factory) -> Deferred:
+        protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912))
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        self.connected.append((protocol, transport))
+        return succeed(protocol)
+
+
+class ServiceTests(SlaveTestCase):
+    """
+    L{make_slave_service}: a reconnecting client.
+    """
+
+    def test_report_at_connect_and_reconnect(self) -> None:
+        """
+        The first report goes out as the connection is made (not after the
+        5 s timer); after a drop the service reconnects after a back-off
+        and reports again.
+        """
+        endpoint = _Endpoint()
+        factory = SlaveFactory(self.replica, self.clock, HAConfig())
+        service = make_slave_service(
+            endpoint, factory, self.clock, retry_policy=lambda attempt: 2.0
+        )
+        service.startService()
+        (protocol, transport), = endpoint.connected
+        self.assertEqual(reports(transport.value()), [0])
+        protocol.dataReceived(frame(0, b"\0" * 64))
+        protocol.dataReceived(frame(5))
+        self.assertTrue(transport.disconnecting)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(len(endpoint.connected), 1)
+        self.clock.advance(2.0)
+        self.assertEqual(len(endpoint.connected), 2)
+        self.assertEqual(reports(endpoint.connected[1][1].value()), [64])
+        d = service.stopService()
+        endpoint.connected[1][0].connectionLost(Failure(ConnectionDone()))
+        self.successResultOf(d)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class ConversationTests(SlaveTestCase):
+    """
+    A master and a slave talking in memory end with identical logs.
+    """
+
+    def converse(self, master: MasterFactory, slave: SlaveFactory) -> iosim.IOPump:
+        client, server, pump = iosim.connectedServerAndClient(
+            lambda: master.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000)),
+            lambda: slave.buildProtocol(None),
+            clock=self.clock,
+        )
+        client.send_report()
+        self.addCleanup(self._hang_up, pump, client, server)
+        return pump
+
+    def _hang_up(self, pump, client, server) -> None:  # type: ignore[no-untyped-def]
+        client.transport.loseConnection()
+        pump.flush()
+        self.clock.advance(0)
+
+    def test_replicates_and_follows(self) -> None:
+        """
+        An empty slave receives the whole log over several segments, then
+        follows new puts; the segment files end byte-identical, and the
+        master sees the slave's ack at its max offset.
+        """
+        self.fill(40)
+        master = MasterFactory(self.source, self.clock)
+        slave = SlaveFactory(self.replica, self.clock)
+        pump = self.converse(master, slave)
+        pump.flush()
+        self.assertEqual(self.replica.max_offset, self.source.max_offset)
+        self.fill(25)
+        master.notify_appended()
+        self.clock.advance(0)
+        pump.flush()
+        self.assertEqual(self.replica.max_offset, self.source.max_offset)
+        self.assertEqual(
+            segment_files(self.replica.store_dir), segment_files(self.source.store_dir)
+        )
+        (status,) = master.slaves()
+        self.assertEqual(status.ack_offset, self.source.max_offset)
+        self.assertEqual(status.lag_bytes, 0)
