@@ -67,12 +67,16 @@ class TransferFrame(NamedTuple):
         return not self.body
 
 
+def _check_offset(offset: int) -> None:
+    if not 0 <= offset < 1 << 63:
+        raise ValueError(f"offset {offset} is outside 0..2**63-1")
+
+
 def encode_report(offset: int) -> bytes:
     """
     The 8-byte report of a slave whose commit log ends at C{offset}.
     """
-    if offset < 0:
-        raise ValueError(f"offset {offset} is negative")
+    _check_offset(offset)
     return _REPORT.pack(offset)
 
 
@@ -81,8 +85,7 @@ def encode_header(offset: int, size: int) -> bytes:
     The 12-byte header of a frame of C{size} body bytes from C{offset}
     (C{size} 0: a heartbeat).
     """
-    if offset < 0:
-        raise ValueError(f"offset {offset} is negative")
+    _check_offset(offset)
     if not 0 <= size <= MAX_BODY_SIZE:
         raise ValueError(f"frame body size {size} is outside 0..{MAX_BODY_SIZE}")
     return _HEADER.pack(offset, size)
