@@ -2,29 +2,35 @@
 """
 C{twistd rmqha}: options and the service tree.
 
-For now the service holds the commit log open with its flush policy and
-closes it cleanly on SIGTERM; replication (C{--role master|slave}) is
-built on this.
+    twistd -n rmqha --role master --store-dir DIR [--ha-listen tcp:10912]
+    twistd -n rmqha --role slave --master HOST:PORT --store-dir DIR
+
+Settings come from RocketMQ's defaults, then C{--config broker.conf}, then
+the command line, each overriding the one before.  A bad value is a usage
+error naming the flag or the C{broker.conf} key it came from.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any, Callable
 
-from twisted.application.service import IService, MultiService
+from twisted.application.service import IService
 from twisted.python import usage
 
 from rmqha._units import parse_size
+from rmqha.broker import Broker, Role
 from rmqha.commitlog import (
-    CommitLog,
-    FlushDiskType,
     MAX_SEGMENT_SIZE,
     MIN_SEGMENT_SIZE,
+    CommitLog,
+    FlushDiskType,
     StoreError,
 )
-from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
+from rmqha.master import HAConfig
 
-__all__ = ["Options", "makeService"]
+__all__ = ["Options", "makeService", "parse_host_port", "read_properties"]
 
 
 def parse_host_port(text: str, what: str) -> tuple[str, int]:
@@ -40,85 +46,265 @@ def parse_host_port(text: str, what: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def read_properties(path: str) -> dict[str, str]:
+    """
+    A Java properties file (RocketMQ's C{broker.conf}): C{key=value},
+    C{key: value} or C{key value} lines, C{#} and C{!} comments, a trailing
+    backslash continuing a line.
+
+    @raise ValueError: the file cannot be read.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"--config {path}: {e.strerror}") from None
+    result: dict[str, str] = {}
+    logical = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            logical += line[:-1]
+            continue
+        logical += line
+        key, value = logical, ""
+        for i, char in enumerate(logical):
+            if char in "=:" or char.isspace():
+                key = logical[:i].strip()
+                value = logical[i + 1 :].strip()
+                if char.isspace() and value[:1] in ("=", ":"):
+                    value = value[1:].strip()
+                break
+        result[key] = value
+        logical = ""
+    return result
+
+
+def _role(text: str) -> Role:
+    value = text.strip().upper()
+    if value in ("MASTER", "ASYNC_MASTER"):
+        return Role.MASTER
+    if value == "SLAVE":
+        return Role.SLAVE
+    if value == "SYNC_MASTER":
+        raise ValueError(
+            "SYNC_MASTER (synchronous double write) is not available yet; "
+            "use ASYNC_MASTER"
+        )
+    raise ValueError(f"{text!r} is not master, slave, ASYNC_MASTER or SLAVE")
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"{text!r} is not true or false")
+    return value == "true"
+
+
+def _positive_ms(text: str) -> float:
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise ValueError(f"{text!r} is not a positive number of milliseconds")
+    return int(text) / 1000
+
+
+def _segment_size(text: str) -> int:
+    size = parse_size(text, "value")
+    if not MIN_SEGMENT_SIZE <= size <= MAX_SEGMENT_SIZE:
+        raise ValueError(f"{size} is outside {MIN_SEGMENT_SIZE}..{MAX_SEGMENT_SIZE}")
+    return size
+
+
+def _batch_size(text: str) -> int:
+    size = parse_size(text, "value")
+    HAConfig(transfer_batch_size=size)  # the range check, in one place
+    return size
+
+
+def _flush_type(text: str) -> FlushDiskType:
+    try:
+        return FlushDiskType(text.strip().upper())
+    except ValueError:
+        raise ValueError(f"{text!r} is not ASYNC_FLUSH or SYNC_FLUSH") from None
+
+
+def _port_endpoint(text: str) -> str:
+    if not text.strip().isdigit() or not 0 <= int(text) < 65536:
+        raise ValueError(f"{text!r} is not a port")
+    return f"tcp:{int(text)}"
+
+
+def _master_address(text: str) -> str:
+    host, port = parse_host_port(text.strip(), "address")
+    return f"tcp:host={host}:port={port}"
+
+
+@dataclass(frozen=True)
+class _Setting:
+    """
+    One setting: its option name, its broker.conf key, how to parse it.
+    """
+
+    option: str
+    key: str | None
+    parse: Callable[[str], Any]
+    #: How the broker.conf key is parsed, when it differs from the flag.
+    parse_key: Callable[[str], Any] | None = None
+
+
+_SETTINGS = [
+    _Setting("role", "brokerRole", _role),
+    _Setting("store-dir", "storePathRootDir", str),
+    _Setting("commitlog-dir", "storePathCommitLog", str),
+    _Setting("segment-size", "mappedFileSizeCommitLog", _segment_size),
+    _Setting("flush-disk-type", "flushDiskType", _flush_type),
+    _Setting("flush-interval", "flushIntervalCommitLog", _positive_ms),
+    _Setting("store-host", None, lambda t: parse_host_port(t, "value")),
+    _Setting("ha-listen", "haListenPort", str, _port_endpoint),
+    _Setting("master", "haMasterAddress", _master_address),
+    _Setting("master-endpoint", None, str),
+    _Setting("batch-size", "haTransferBatchSize", _batch_size),
+    _Setting("heartbeat-interval", "haSendHeartbeatInterval", _positive_ms),
+    _Setting("housekeeping-interval", "haHousekeepingInterval", _positive_ms),
+]
+
+_DEFAULTS: dict[str, Any] = {
+    "role": Role.MASTER,
+    "flush-disk-type": FlushDiskType.ASYNC_FLUSH,
+    "flush-interval": 0.5,
+    "store-host": ("127.0.0.1", 10911),
+    "ha-listen": "tcp:10912",
+    "batch-size": HAConfig.transfer_batch_size,
+    "heartbeat-interval": HAConfig.heartbeat_interval,
+    "housekeeping-interval": HAConfig.housekeeping_interval,
+    "sync-from-last-file": False,
+}
+
+
 class Options(usage.Options):
     """
     C{twistd rmqha} command line.
     """
 
-    synopsis = "--store-dir DIR [options]"
+    synopsis = "--role master|slave --store-dir DIR [options]"
     longdesc = (
-        "Runs an rmqha broker store: a RocketMQ 4.9-compatible commit log "
-        "under --store-dir, flushed per --flush-disk-type and closed cleanly "
-        "on SIGTERM."
+        "Runs an rmqha broker: a RocketMQ 4.9-compatible commit log under "
+        "--store-dir replicated with RocketMQ's classic HA protocol. A master "
+        "serves slaves on --ha-listen; a slave follows --master (or any "
+        "Twisted client endpoint given as --master-endpoint). SIGTERM shuts "
+        "down cleanly. Settings may come from a RocketMQ broker.conf "
+        "(--config); flags override it."
     )
 
+    optFlags = [
+        [
+            "sync-from-last-file",
+            None,
+            "an empty slave gets only the master's last segment (4.9's rule; "
+            "default: the whole log) [syncFromLastFile]",
+        ],
+    ]
     optParameters = [
-        ["store-dir", None, None, "store root (RocketMQ storePathRootDir)"],
+        ["config", None, None, "a RocketMQ broker.conf to read settings from"],
+        ["role", None, None, "master (ASYNC_MASTER) or slave (SLAVE) [brokerRole]"],
+        ["store-dir", None, None, "store root [storePathRootDir]"],
         [
             "commitlog-dir",
             None,
             None,
-            "commit log directory (RocketMQ storePathCommitLog; "
-            "default STORE_DIR/commitlog)",
+            "commit log directory (default STORE_DIR/commitlog) [storePathCommitLog]",
         ],
         [
             "segment-size",
             None,
             None,
-            "segment file size for a new store, e.g. 1g, 64m "
-            "(mappedFileSizeCommitLog; default 1g; an existing store's files "
-            "decide)",
+            "segment size for a new store, e.g. 1g, 64m (default 1g; an "
+            "existing store's files decide) [mappedFileSizeCommitLog]",
+        ],
+        ["flush-disk-type", None, None, "ASYNC_FLUSH (default) or SYNC_FLUSH [flushDiskType]"],
+        ["flush-interval", None, None, "ms between async flushes (500) [flushIntervalCommitLog]"],
+        ["store-host", None, None, "HOST:PORT written as STOREHOST (127.0.0.1:10911)"],
+        [
+            "ha-listen",
+            None,
+            None,
+            "master: Twisted server endpoint for slaves (tcp:10912) "
+            "[haListenPort, honoured, unlike 4.9]",
+        ],
+        ["master", None, None, "slave: the master's HA address HOST:PORT [haMasterAddress]"],
+        [
+            "master-endpoint",
+            None,
+            None,
+            "slave: the master as any Twisted client endpoint description",
         ],
         [
-            "flush-disk-type",
+            "batch-size",
             None,
-            "ASYNC_FLUSH",
-            "ASYNC_FLUSH (periodic, off the reactor thread) or SYNC_FLUSH",
+            None,
+            "most bytes in one frame, at most 4 MiB - 12 (32k) [haTransferBatchSize]",
         ],
         [
-            "flush-interval",
+            "heartbeat-interval",
             None,
-            str(int(DEFAULT_FLUSH_INTERVAL * 1000)),
-            "ms between async flushes (flushIntervalCommitLog)",
+            None,
+            "ms of silence before a heartbeat or report (5000) [haSendHeartbeatInterval]",
         ],
         [
-            "store-host",
+            "housekeeping-interval",
             None,
-            "127.0.0.1:10911",
-            "HOST:PORT written as STOREHOST in every record (brokerIP1:listenPort)",
+            None,
+            "ms of silence before a peer is dropped (20000) [haHousekeepingInterval]",
         ],
     ]
 
     def postOptions(self) -> None:
-        if not self["store-dir"]:
-            raise usage.UsageError("--store-dir is required")
+        settings = dict(_DEFAULTS)
         try:
-            if self["segment-size"] is not None:
-                size = parse_size(self["segment-size"], "--segment-size")
-                if not MIN_SEGMENT_SIZE <= size <= MAX_SEGMENT_SIZE:
+            conf = read_properties(self["config"]) if self["config"] else {}
+            for setting in _SETTINGS:
+                if setting.key is not None and setting.key in conf:
+                    source = f"{setting.key} in {self['config']}"
+                    try:
+                        parse = setting.parse_key or setting.parse
+                        settings[setting.option] = parse(conf[setting.key])
+                    except ValueError as e:
+                        raise ValueError(f"{source}: {e}") from None
+                if self[setting.option] is not None:
+                    try:
+                        settings[setting.option] = setting.parse(self[setting.option])
+                    except ValueError as e:
+                        raise ValueError(f"--{setting.option}: {e}") from None
+            if "syncFromLastFile" in conf:
+                try:
+                    settings["sync-from-last-file"] = _bool(conf["syncFromLastFile"])
+                except ValueError as e:
+                    raise ValueError(f"syncFromLastFile in {self['config']}: {e}") from None
+            if self["sync-from-last-file"]:
+                settings["sync-from-last-file"] = True
+            if not settings.get("store-dir"):
+                raise ValueError("--store-dir (or storePathRootDir) is required")
+            if settings["role"] is Role.SLAVE:
+                if settings.get("master") and self["master-endpoint"]:
+                    raise ValueError("give --master or --master-endpoint, not both")
+                if not (settings.get("master") or settings.get("master-endpoint")):
                     raise ValueError(
-                        f"--segment-size {size} must be between "
-                        f"{MIN_SEGMENT_SIZE} and {MAX_SEGMENT_SIZE}"
+                        "a slave needs --master HOST:PORT (or haMasterAddress, or "
+                        "--master-endpoint)"
                     )
-                self["segment-size"] = size
-            try:
-                self["flush-disk-type"] = FlushDiskType(
-                    self["flush-disk-type"].upper()
-                )
-            except ValueError:
-                raise ValueError(
-                    f"--flush-disk-type {self['flush-disk-type']!r} is not "
-                    "ASYNC_FLUSH or SYNC_FLUSH"
-                ) from None
-            interval = self["flush-interval"]
-            if not str(interval).isdigit() or int(interval) <= 0:
-                raise ValueError(
-                    f"--flush-interval {interval!r} is not a positive number of ms"
-                )
-            self["flush-interval"] = int(interval) / 1000
-            self["store-host"] = parse_host_port(self["store-host"], "--store-host")
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
+        self.settings = settings
+
+    def ha_config(self) -> HAConfig:
+        s = self.settings
+        return HAConfig(
+            transfer_batch_size=s["batch-size"],
+            heartbeat_interval=s["heartbeat-interval"],
+            housekeeping_interval=s["housekeeping-interval"],
+            sync_from_last_file=s["sync-from-last-file"],
+        )
 
 
 def makeService(options: Options) -> IService:
@@ -127,27 +313,29 @@ def makeService(options: Options) -> IService:
     """
     from twisted.internet import reactor
 
-    store_dir = os.path.abspath(options["store-dir"])
+    s = options.settings
+    store_dir = os.path.abspath(s["store-dir"])
 
     def open_commitlog() -> CommitLog:
         try:
             return CommitLog.open(
                 store_dir,
-                segment_size=options["segment-size"],
-                commitlog_dir=options["commitlog-dir"],
-                store_host=options["store-host"],
-                flush_disk_type=options["flush-disk-type"],
+                segment_size=s.get("segment-size"),
+                commitlog_dir=s.get("commitlog-dir"),
+                store_host=s["store-host"],
+                flush_disk_type=s["flush-disk-type"],
                 clock=reactor.seconds,
             )
         except (StoreError, ValueError, OSError) as e:
             # An operator's problem, not a bug: one line, exit status 1.
             raise SystemExit(f"twistd rmqha: cannot open the store: {e}") from None
 
-    top = MultiService()
-    store = CommitLogService(
-        open_commitlog, reactor, flush_interval=options["flush-interval"]
+    return Broker(
+        reactor,
+        open_commitlog,
+        s["role"],
+        ha_listen=s["ha-listen"],
+        master_endpoint=s.get("master-endpoint") or s.get("master"),
+        config=options.ha_config(),
+        flush_interval=s["flush-interval"],
     )
-    store.setName("store")
-    store.setServiceParent(top)
-    return top
-

@@ -12,7 +12,7 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.commitlog import FlushDiskType
-from rmqha.storeservice import CommitLogService
+from rmqha.broker import Broker, Role
 from rmqha.tap import Options, makeService
 
 
@@ -33,7 +33,8 @@ class PluginTests(SynchronousTestCase):
 
 class OptionsTests(SynchronousTestCase):
     """
-    L{Options} validates values and names the bad one.
+    L{Options} resolves RocketMQ defaults, then broker.conf, then flags, and
+    names the bad value's source.
     """
 
     def parse(self, *argv: str) -> Options:
@@ -41,61 +42,136 @@ class OptionsTests(SynchronousTestCase):
         options.parseOptions(list(argv))
         return options
 
+    def conf(self, text: str) -> str:
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
     def test_defaults(self) -> None:
         """
-        Only C{--store-dir} is needed; flushing defaults to RocketMQ's
-        ASYNC_FLUSH every 500 ms, the store host to 127.0.0.1:10911.
+        Only C{--store-dir} is needed: an ASYNC_FLUSH master on tcp:10912
+        with RocketMQ's HA defaults.
         """
-        options = self.parse("--store-dir", "s")
-        self.assertEqual(options["flush-disk-type"], FlushDiskType.ASYNC_FLUSH)
-        self.assertEqual(options["flush-interval"], 0.5)
-        self.assertEqual(options["store-host"], ("127.0.0.1", 10911))
-        self.assertIsNone(options["segment-size"])
+        s = self.parse("--store-dir", "s").settings
+        self.assertEqual(s["role"], Role.MASTER)
+        self.assertEqual(s["flush-disk-type"], FlushDiskType.ASYNC_FLUSH)
+        self.assertEqual(s["flush-interval"], 0.5)
+        self.assertEqual(s["store-host"], ("127.0.0.1", 10911))
+        self.assertEqual(s["ha-listen"], "tcp:10912")
+        config = self.parse("--store-dir", "s").ha_config()
+        self.assertEqual(
+            (config.transfer_batch_size, config.heartbeat_interval,
+             config.housekeeping_interval, config.sync_from_last_file),
+            (32768, 5.0, 20.0, False),
+        )
 
     def test_values(self) -> None:
         """
-        Sizes take suffixes, the flush type is case-insensitive, an IPv6
-        store host is written C{[addr]:port}.
+        Sizes take suffixes, names are case-insensitive, an IPv6 host is
+        written C{[addr]:port}, intervals are milliseconds.
         """
-        options = self.parse(
+        s = self.parse(
             "--store-dir", "s", "--segment-size", "64m",
             "--flush-disk-type", "sync_flush", "--flush-interval", "200",
-            "--store-host", "[::1]:10911",
-        )
-        self.assertEqual(options["segment-size"], 64 << 20)
-        self.assertEqual(options["flush-disk-type"], FlushDiskType.SYNC_FLUSH)
-        self.assertEqual(options["flush-interval"], 0.2)
-        self.assertEqual(options["store-host"], ("::1", 10911))
+            "--store-host", "[::1]:10911", "--role", "slave",
+            "--master", "10.1.2.3:10912", "--batch-size", "64k",
+            "--heartbeat-interval", "1000", "--sync-from-last-file",
+        ).settings
+        self.assertEqual(s["segment-size"], 64 << 20)
+        self.assertEqual(s["flush-disk-type"], FlushDiskType.SYNC_FLUSH)
+        self.assertEqual(s["flush-interval"], 0.2)
+        self.assertEqual(s["store-host"], ("::1", 10911))
+        self.assertEqual(s["role"], Role.SLAVE)
+        self.assertEqual(s["master"], "tcp:host=10.1.2.3:port=10912")
+        self.assertEqual(s["batch-size"], 65536)
+        self.assertEqual(s["heartbeat-interval"], 1.0)
+        self.assertTrue(s["sync-from-last-file"])
 
-    def test_errors_name_the_option(self) -> None:
+    def test_broker_conf(self) -> None:
         """
-        Each bad value is a L{UsageError} that names its option.
+        RocketMQ broker.conf keys are read (comments, spacing and ':' as in
+        Java properties files); flags override them.
         """
-        cases = [
+        path = self.conf(
+            "# a RocketMQ broker.conf\n"
+            "brokerClusterName = DefaultCluster\n"
+            "brokerRole=SLAVE\n"
+            "haMasterAddress : 192.0.2.1:10912\n"
+            "storePathRootDir=/data/store\n"
+            "mappedFileSizeCommitLog=1073741824\n"
+            "flushDiskType=SYNC_FLUSH\n"
+            "haSendHeartbeatInterval=2000\n"
+            "haHousekeepingInterval=8000\n"
+            "haTransferBatchSize=65536\n"
+            "syncFromLastFile=true\n"
+            "! another comment\n"
+        )
+        s = self.parse("--config", path, "--flush-disk-type", "ASYNC_FLUSH").settings
+        self.assertEqual(s["role"], Role.SLAVE)
+        self.assertEqual(s["master"], "tcp:host=192.0.2.1:port=10912")
+        self.assertEqual(s["store-dir"], "/data/store")
+        self.assertEqual(s["segment-size"], 1 << 30)
+        self.assertEqual(s["flush-disk-type"], FlushDiskType.ASYNC_FLUSH)
+        self.assertEqual((s["heartbeat-interval"], s["housekeeping-interval"]), (2.0, 8.0))
+        self.assertEqual(s["batch-size"], 65536)
+        self.assertTrue(s["sync-from-last-file"])
+
+    def test_ha_listen_port_honoured(self) -> None:
+        """
+        haListenPort is used (4.9 overwrites it with listenPort + 1,
+        RocketMQ #6537).
+        """
+        path = self.conf("storePathRootDir=s\nhaListenPort=20912\n")
+        self.assertEqual(self.parse("--config", path).settings["ha-listen"], "tcp:20912")
+
+    def test_errors_name_the_source(self) -> None:
+        """
+        Each bad value is a L{UsageError} naming its flag, or its
+        broker.conf key.
+        """
+        flag_cases = [
             ((), "--store-dir"),
             (("--segment-size", "12q"), "--segment-size"),
             (("--segment-size", "10"), "--segment-size"),
             (("--flush-disk-type", "SOMETIMES"), "--flush-disk-type"),
             (("--flush-interval", "0"), "--flush-interval"),
-            (("--flush-interval", "fast"), "--flush-interval"),
             (("--store-host", "nohost"), "--store-host"),
-            (("--store-host", "h:99999"), "--store-host"),
+            (("--role", "boss"), "--role"),
+            (("--role", "SYNC_MASTER"), "SYNC_MASTER"),
+            (("--role", "slave"), "--master"),
+            (("--role", "slave", "--master", "nohost"), "--master"),
+            (("--batch-size", "5m"), "haTransferBatchSize"),
         ]
-        for extra, name in cases:
+        for extra, needle in flag_cases:
             argv = extra if extra == () else ("--store-dir", "s", *extra)
             e = self.assertRaises(UsageError, self.parse, *argv)
-            self.assertIn(name, str(e), argv)
+            self.assertIn(needle, str(e), argv)
+        for line, key in [
+            ("brokerRole=BOSS", "brokerRole"),
+            ("haSendHeartbeatInterval=-5", "haSendHeartbeatInterval"),
+            ("haTransferBatchSize=0", "haTransferBatchSize"),
+            ("syncFromLastFile=yes", "syncFromLastFile"),
+            ("mappedFileSizeCommitLog=100", "mappedFileSizeCommitLog"),
+        ]:
+            path = self.conf(f"storePathRootDir=s\n{line}\n")
+            e = self.assertRaises(UsageError, self.parse, "--config", path)
+            self.assertIn(key, str(e), line)
+        e = self.assertRaises(UsageError, self.parse, "--config", self.mktemp())
+        self.assertIn("--config", str(e))
 
     def test_make_service(self) -> None:
         """
-        The service tree holds a L{CommitLogService} named C{store}, which
-        does not touch the store until started.
+        The service tree is a L{Broker} with the chosen role, whose store
+        is not touched until started.
         """
         store = self.mktemp()
-        service = makeService(self.parse("--store-dir", store))
-        child = service.getServiceNamed("store")
-        self.assertIsInstance(child, CommitLogService)
-        self.assertIsNone(child.commitlog)
+        service = makeService(self.parse("--store-dir", store, "--role", "slave",
+                                         "--master", "127.0.0.1:10912"))
+        self.assertIsInstance(service, Broker)
+        self.assertEqual(service.role, Role.SLAVE)
+        self.assertIsNone(service.store.commitlog)
+        self.assertFalse(os.path.exists(store))
 
     def test_store_error_is_one_line_exit(self) -> None:
         """
