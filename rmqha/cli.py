@@ -6,7 +6,7 @@ The C{rmqha} command: operator tools for a store.
     rmqha store check DIR
     rmqha store dump DIR [--from OFFSET] [--limit N]
     rmqha store fill DIR --count N --body-size BYTES [--topics a,b] [--segment-size BYTES]
-    rmqha demo [--dir DIR]
+    rmqha demo [--dir DIR] [--count N] [--live N]
 
 Every inspection command opens the store read-only: it never modifies a
 store, and works on one a broker has open.  Errors are one line on stderr
@@ -130,9 +130,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     fill.set_defaults(run=_fill)
 
-    demo = commands.add_parser("demo", help="the quick-start demo")
-    demo.add_argument("--dir", default="demo-store", help="store to create (default ./demo-store)")
-    demo.add_argument("--count", type=_nonnegative("--count"), default=50000)
+    demo = commands.add_parser(
+        "demo", help="the quick-start demo: a live master and slave on loopback"
+    )
+    demo.add_argument(
+        "--dir", default="demo-store", help="where the two stores go (default ./demo-store)"
+    )
+    demo.add_argument(
+        "--count", type=_nonnegative("--count"), default=200_000,
+        help="messages in the master's backlog before the slave starts",
+    )
+    demo.add_argument(
+        "--live", type=_nonnegative("--live"), default=20_000,
+        help="messages put while the slave catches up",
+    )
     demo.set_defaults(run=_demo)
     return parser
 
@@ -333,20 +344,9 @@ def _fill(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _demo(args: argparse.Namespace, out: IO[str]) -> int:
-    out.write(f"filling {args.dir} with {args.count} messages of 1 KiB ...\n")
-    _fill(
-        argparse.Namespace(
-            dir=args.dir,
-            count=args.count,
-            body_size=1024,
-            topics="DemoOrders,DemoPayments,DemoAudit",
-            queues=4,
-            segment_size=64 << 20,
-        ),
-        out,
-    )
-    out.write(f"\n$ rmqha store info {args.dir}\n")
-    return _info(argparse.Namespace(dir=args.dir, json=False), out)
+    from rmqha.demo import run_demo
+
+    return run_demo(args.dir, args.count, args.live, out)
 
 
 def _human(n: int) -> str:
