@@ -30,6 +30,12 @@ from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 __all__ = ["Role", "Broker", "NotMasterError"]
 
 
+def _stop_child(_: object, service: IService) -> Deferred[None]:
+    stopping = service.stopService()
+    d: Deferred[Any] = stopping if isinstance(stopping, Deferred) else succeed(None)
+    return d.addBoth(lambda _: service.disownServiceParent())
+
+
 class Role(enum.Enum):
     """
     What a broker does in its HA pair.
@@ -64,6 +70,7 @@ class Broker(MultiService):
         *,
         ha_listen: str = "tcp:10912",
         master_endpoint: str | None = None,
+        http: str | None = None,
         config: HAConfig = HAConfig(),
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
@@ -73,6 +80,8 @@ class Broker(MultiService):
             port (master).
         @param master_endpoint: a Twisted client endpoint description of the
             master's HA port (slave).
+        @param http: a Twisted server endpoint description for the admin
+            HTTP interface (L{rmqha.admin}), or C{None} for none.
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -83,11 +92,16 @@ class Broker(MultiService):
         self._ha_listen = ha_listen
         self._master_endpoint = master_endpoint
         self._retry_policy = retry_policy
+        self._http = http
+        self.http_service: StreamServerEndpointService | None = None
         self.store = CommitLogService(
             open_commitlog, reactor, flush_interval=flush_interval
         )
         self.store.setName("store")
         self.store.setServiceParent(self)
+        #: Messages and bytes put on this master.
+        self.puts = 0
+        self.put_bytes = 0
         self.master_factory: MasterFactory | None = None
         self.slave_factory: SlaveFactory | None = None
         self.ha_service: IService | None = None
@@ -116,18 +130,29 @@ class Broker(MultiService):
         # MultiService starts every child; the store is already running.
         self.running = True
         self.ha_service.startService()
+        if self._http is not None:
+            from twisted.web.server import Site
+
+            from rmqha.admin import AdminRoot
+
+            self.http_service = StreamServerEndpointService(
+                serverFromString(self.reactor, self._http), Site(AdminRoot(self))
+            )
+            self.http_service.setName("http")
+            self.http_service.setServiceParent(self)
+            self.http_service.startService()
 
     def stopService(self) -> Deferred[None]:
         """
         Stop replication, then close the store cleanly.
         """
         self.running = False
-        ha = self.ha_service
-        self.ha_service = None
-        stopping = ha.stopService() if ha is not None else None
-        d: Deferred[Any] = stopping if isinstance(stopping, Deferred) else succeed(None)
-        if ha is not None:
-            d.addBoth(lambda _: ha.disownServiceParent())
+        d: Deferred[Any] = succeed(None)
+        # The admin interface, then replication, then the store.
+        for service in (self.http_service, self.ha_service):
+            if service is not None:
+                d.addBoth(_stop_child, service)
+        self.http_service = self.ha_service = None
         d.addBoth(lambda _: self.store.stopService())
         return d
 
@@ -148,8 +173,17 @@ class Broker(MultiService):
         if self.role is not Role.MASTER or self.master_factory is None:
             raise NotMasterError("messages are put on the master, this is a slave")
         result = self.commitlog.put(message)
+        self.puts += 1
+        self.put_bytes += result.size
         self.master_factory.notify_appended()
         return succeed(result)
+
+    @property
+    def master_endpoint(self) -> str | None:
+        """
+        On a slave, the master's endpoint description.
+        """
+        return self._master_endpoint
 
     def slaves(self) -> list[SlaveStatus]:
         """

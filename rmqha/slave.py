@@ -47,6 +47,10 @@ class SlaveConnection(Protocol):
     def __init__(self, factory: "SlaveFactory") -> None:
         self.factory = factory
         self.master_offset: int | None = None
+        #: The last frame was a heartbeat at this slave's max offset: the
+        #: master had nothing more to send (the classic protocol never
+        #: says the master's max offset otherwise).
+        self.caught_up = False
         self._decoder = TransferDecoder()
         self._closed = False
         self._last_read = 0.0
@@ -64,6 +68,7 @@ class SlaveConnection(Protocol):
             config.housekeeping_interval, self._housekeeping
         )
         self.factory.connection = self
+        self.factory.connections_made += 1
 
     def send_report(self) -> None:
         """
@@ -96,6 +101,10 @@ class SlaveConnection(Protocol):
                     return
                 if frame.body:
                     commitlog.append_at(frame.offset, frame.body)
+                    self.factory.bytes_received += len(frame.body)
+                    self.caught_up = False
+                else:
+                    self.caught_up = True
         except ProtocolError as e:
             self._drop(str(e))
             return
@@ -169,6 +178,10 @@ class SlaveFactory(Factory):
         self.clock = clock
         self.config = config
         self.connection: SlaveConnection | None = None
+        #: Commit-log bytes received and appended, over all connections.
+        self.bytes_received = 0
+        #: Connections made to the master.
+        self.connections_made = 0
         self._on_appended = on_appended
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:

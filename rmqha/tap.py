@@ -164,6 +164,7 @@ _SETTINGS = [
     _Setting("ha-listen", "haListenPort", str, _port_endpoint),
     _Setting("master", "haMasterAddress", _master_address),
     _Setting("master-endpoint", None, str),
+    _Setting("http", None, str),
     _Setting("batch-size", "haTransferBatchSize", _batch_size),
     _Setting("heartbeat-interval", "haSendHeartbeatInterval", _positive_ms),
     _Setting("housekeeping-interval", "haHousekeepingInterval", _positive_ms),
@@ -238,6 +239,13 @@ class Options(usage.Options):
             None,
             None,
             "slave: the master as any Twisted client endpoint description",
+        ],
+        [
+            "http",
+            None,
+            None,
+            "admin HTTP (/status, /metrics, produce) on this Twisted server "
+            "endpoint, e.g. tcp:8080:interface=127.0.0.1",
         ],
         [
             "batch-size",
@@ -336,6 +344,7 @@ def makeService(options: Options) -> IService:
         s["role"],
         ha_listen=s["ha-listen"],
         master_endpoint=s.get("master-endpoint") or s.get("master"),
+        http=s.get("http"),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],
     )
