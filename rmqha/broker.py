@@ -22,12 +22,15 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.logger import Logger
 
-from rmqha.commitlog import AppendResult, CommitLog, Message
+from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
 from rmqha.master import HAConfig, MasterFactory, SlaveStatus
 from rmqha.slave import SlaveFactory, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 
-__all__ = ["Role", "Broker", "NotMasterError"]
+__all__ = ["Role", "Broker", "NotMasterError", "DEFAULT_MAX_UNFLUSHED"]
+
+#: A slave stops reading while this much received data is not on disk.
+DEFAULT_MAX_UNFLUSHED = 256 * 1024 * 1024
 
 
 def _stop_child(_: object, service: IService) -> Deferred[None]:
@@ -74,6 +77,7 @@ class Broker(MultiService):
         config: HAConfig = HAConfig(),
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
+        max_unflushed: int = DEFAULT_MAX_UNFLUSHED,
     ) -> None:
         """
         @param ha_listen: a Twisted server endpoint description for the HA
@@ -82,6 +86,8 @@ class Broker(MultiService):
             master's HA port (slave).
         @param http: a Twisted server endpoint description for the admin
             HTTP interface (L{rmqha.admin}), or C{None} for none.
+        @param max_unflushed: a slave stops reading from its master while
+            more received bytes than this are not on disk.
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -93,6 +99,7 @@ class Broker(MultiService):
         self._master_endpoint = master_endpoint
         self._retry_policy = retry_policy
         self._http = http
+        self._max_unflushed = max_unflushed
         self.http_service: StreamServerEndpointService | None = None
         self.store = CommitLogService(
             open_commitlog, reactor, flush_interval=flush_interval
@@ -118,7 +125,18 @@ class Broker(MultiService):
             )
         else:
             assert self._master_endpoint is not None
-            self.slave_factory = SlaveFactory(commitlog, self.reactor, self.config)
+            self.slave_factory = SlaveFactory(
+                commitlog,
+                self.reactor,
+                self.config,
+                max_unflushed=(
+                    None
+                    if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH
+                    else self._max_unflushed
+                ),
+                request_flush=lambda: self.store.flush_now(thorough=True),
+            )
+            self.store.flush_observers.append(self.slave_factory.flushed)
             self.ha_service = make_slave_service(
                 clientFromString(self.reactor, self._master_endpoint),
                 self.slave_factory,

@@ -53,6 +53,7 @@ class SlaveConnection(Protocol):
         self.caught_up = False
         self._decoder = TransferDecoder()
         self._closed = False
+        self._reading_paused = False
         self._last_read = 0.0
         self._last_report = 0.0
         self._reported: int | None = None
@@ -114,6 +115,38 @@ class SlaveConnection(Protocol):
         if commitlog.max_offset != self._reported:
             self.send_report()
             self.factory.notify_appended()
+        self._apply_backpressure()
+
+    def _apply_backpressure(self) -> None:
+        """
+        Stop reading from the master while more than C{max_unflushed}
+        received bytes are not on disk yet (TCP then holds the master's
+        producer back); L{flushed} resumes.
+        """
+        factory = self.factory
+        limit = factory.max_unflushed
+        if limit is None or self._reading_paused or self._closed:
+            return
+        commitlog = factory.commitlog
+        if commitlog.max_offset - commitlog.flushed_offset > limit:
+            self._reading_paused = True
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+            factory.request_flush()
+
+    def flushed(self) -> None:
+        """
+        A flush finished: read again once below half the limit.
+        """
+        factory = self.factory
+        limit = factory.max_unflushed
+        if not self._reading_paused or self._closed or limit is None:
+            return
+        commitlog = factory.commitlog
+        if commitlog.max_offset - commitlog.flushed_offset <= limit // 2:
+            self._reading_paused = False
+            self.transport.resumeProducing()  # type: ignore[union-attr]
+        else:
+            factory.request_flush()
 
     def _report_timer(self) -> None:
         """
@@ -173,7 +206,16 @@ class SlaveFactory(Factory):
         clock: IReactorTime,
         config: HAConfig = HAConfig(),
         on_appended: Callable[[], None] | None = None,
+        max_unflushed: int | None = None,
+        request_flush: Callable[[], object] | None = None,
     ) -> None:
+        """
+        @param max_unflushed: pause reading from the master while more
+            received bytes than this are not flushed (C{None}: no limit,
+            as with C{SYNC_FLUSH}, where every append is flushed).
+        @param request_flush: starts a flush now (the store service's
+            C{flush_now}).
+        """
         self.commitlog = commitlog
         self.clock = clock
         self.config = config
@@ -183,6 +225,8 @@ class SlaveFactory(Factory):
         #: Connections made to the master.
         self.connections_made = 0
         self._on_appended = on_appended
+        self.max_unflushed = max_unflushed
+        self._request_flush = request_flush
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)
@@ -190,6 +234,17 @@ class SlaveFactory(Factory):
     def notify_appended(self) -> None:
         if self._on_appended is not None:
             self._on_appended()
+
+    def request_flush(self) -> None:
+        if self._request_flush is not None:
+            self._request_flush()
+
+    def flushed(self) -> None:
+        """
+        Tell the connection a flush finished (a store flush observer).
+        """
+        if self.connection is not None:
+            self.connection.flushed()
 
 
 def _send_first_report(protocol: IProtocol) -> None:

@@ -72,6 +72,8 @@ class CommitLogService(Service):
         self._loop: LoopingCall | None = None
         self._flushing = False
         self._waiters: list[Deferred[None]] = []
+        #: Called after every flush that advanced the flushed offset.
+        self.flush_observers: list[Callable[[], None]] = []
         self._last_flush = 0.0
         self.commitlog: CommitLog | None = None
 
@@ -139,8 +141,13 @@ class CommitLogService(Service):
             for waiter in waiters:
                 waiter.callback(None)
 
+        def done(_: None) -> None:
+            commitlog.flush_done(plan)
+            for observer in list(self.flush_observers):
+                observer()
+
         d = self._run_in_thread(plan.execute)
-        d.addCallbacks(lambda _: commitlog.flush_done(plan), failed)
+        d.addCallbacks(done, failed)
         d.addCallback(finished)
         return d
 

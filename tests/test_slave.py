@@ -191,6 +191,54 @@ class TimerTests(SlaveTestCase):
         self.assertTrue(transport.disconnecting)
 
 
+class BackpressureTests(SlaveTestCase):
+    """
+    The slave stops reading while too much received data is unflushed.
+    """
+
+    def test_pause_until_flushed(self) -> None:
+        """
+        Past C{max_unflushed} unflushed bytes the slave pauses its transport
+        and asks for a flush at once; it reads again only when a flush has
+        brought the backlog under half the limit.
+        """
+        self.fill(20)
+        end = self.source.max_offset
+        flushes = []
+        factory = SlaveFactory(
+            self.replica, self.clock, HAConfig(),
+            max_unflushed=3000, request_flush=lambda: flushes.append(1),
+        )
+        connection = factory.buildProtocol(None)
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        self.addCleanup(self._lose, connection)
+        connection.dataReceived(frame(0, self.source_bytes(0, 2000)))
+        self.assertEqual(transport.producerState, "producing")
+        connection.dataReceived(frame(2000, self.source_bytes(2000, 4000)))
+        self.assertEqual(transport.producerState, "paused")
+        self.assertEqual(flushes, [1])
+        factory.flushed()  # a flush that did not reach the store: still paused
+        self.assertEqual(transport.producerState, "paused")
+        self.assertEqual(len(flushes), 2)
+        self.replica.flush()
+        factory.flushed()
+        self.assertEqual(transport.producerState, "producing")
+        connection.dataReceived(frame(4000, self.source_bytes(4000, end)))
+        self.assertEqual(self.replica.max_offset, end)
+
+    def test_no_limit(self) -> None:
+        """
+        Without a limit (SYNC_FLUSH slaves flush every append) the slave
+        never pauses.
+        """
+        self.fill(20)
+        end = self.source.max_offset
+        connection, transport = self.connect()
+        connection.dataReceived(frame(0, self.source_bytes(0, end)))
+        self.assertEqual(transport.producerState, "producing")
+
+
 class _Endpoint:
     """
     A client endpoint whose connections are StringTransports.

@@ -198,6 +198,27 @@ class CommitLogServiceTests(SynchronousTestCase):
         self.successResultOf(stopped)
         self.assertTrue(commitlog.closed)
 
+    def test_flush_observers(self) -> None:
+        """
+        Observers are called after each flush that completed, not after a
+        failed one.
+        """
+        service, commitlog = self._started()
+        calls = []
+        service.flush_observers.append(lambda: calls.append(commitlog.flushed_offset))
+        _fill_to(commitlog, 8192)
+        service.flush_now(thorough=True)
+        self.assertEqual(calls, [])
+        self.threads.run_all()
+        self.assertEqual(calls, [commitlog.max_offset])
+        commitlog.put(_message())
+        service.flush_now(thorough=True)
+        (f, d), = self.threads.pending
+        self.threads.pending = []
+        d.errback(Failure(OSError(5, "Input/output error")))
+        self.flushLoggedErrors(OSError)
+        self.assertEqual(len(calls), 1)
+
     def test_sync_flush_runs_no_loop(self) -> None:
         """
         With C{SYNC_FLUSH} every put is flushed before it returns and no
