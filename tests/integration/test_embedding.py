@@ -1,0 +1,35 @@
+"""
+The example in docs/embedding.md runs as written, in the test reactor.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import pytest_twisted
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest_twisted.ensureDeferred
+async def test_embedding_example() -> None:
+    """
+    The documented main(reactor) starts a master and a slave, puts a
+    message, sees it replicated and stops both cleanly.
+    """
+    from twisted.internet import reactor
+
+    with open(os.path.join(ROOT, "docs", "embedding.md"), encoding="utf-8") as f:
+        (block,) = re.findall(r"```python\n(.*?)```", f.read(), re.DOTALL)
+    printed: list[tuple[Any, ...]] = []
+    namespace: dict[str, Any] = {"__name__": "docs_embedding", "print": lambda *a: printed.append(a)}
+    exec(compile(block, "docs/embedding.md", "exec"), namespace)
+    result = await namespace["main"](reactor)
+    assert result.offset == 0
+    assert printed[0][:2] == ("stored at offset", 0)
+    master_status = printed[1][1]
+    slave_status = printed[2][1]
+    assert master_status["role"] == "master"
+    assert slave_status["max_offset"] == result.next_offset
