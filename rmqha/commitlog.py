@@ -267,8 +267,26 @@ class _Segment:
 
     def ensure_fd(self) -> int:
         if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+            flags = os.O_RDWR if self.writable else os.O_RDONLY
+            self.fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0))
         return self.fd
+
+    def pread(self, position: int, size: int) -> bytes:
+        fd = self.ensure_fd()
+        data = os.pread(fd, size, position)
+        while len(data) < size:  # short reads are allowed; finish the job
+            more = os.pread(fd, size - len(data), position + len(data))
+            if not more:
+                raise OSError(f"{self.path}: unexpected end of file at {position + len(data)}")
+            data += more
+        return data
+
+    def pwrite(self, position: int, data: memoryview) -> None:
+        fd = self.ensure_fd()
+        while data:
+            written = os.pwrite(fd, data, position)
+            position += written
+            data = data[written:]
 
     def close_fd(self) -> None:
         if self.fd is not None:
@@ -685,7 +703,9 @@ class CommitLog:
             elif segment.wrote == segment.size:
                 segment = self._create_segment(segment.start + segment.size)
             n = min(total - written, segment.size - segment.wrote)
-            segment.mm[segment.wrote : segment.wrote + n] = view[written : written + n]
+            # pwrite, not the mapping: a slave copying a whole log would
+            # otherwise map all of it into its memory.
+            segment.pwrite(segment.wrote, view[written : written + n])
             segment.wrote += n
             written += n
         self._advance_record_end()
@@ -772,7 +792,9 @@ class CommitLog:
         """
         Up to C{limit} bytes from C{offset}, stopping at the end of the
         segment holding C{offset} and at the max offset.  The only copy
-        made is the one C{transport.write} needs (an mmap slice).
+        made is the one C{transport.write} needs: a C{pread}, not an mmap
+        slice, so that streaming a whole log to a slave does not map it
+        into this process (file pages mapped in count as its memory).
 
         @return: C{b""} at the max offset.
         @raise OffsetOutOfRangeError: C{offset} is not in the log.
@@ -780,7 +802,7 @@ class CommitLog:
         if self._empty_at(offset, limit):
             return b""
         segment, position, end = self._locate(offset, limit)
-        return segment.mm[position:end]
+        return segment.pread(position, end - position)
 
     def read_view(self, offset: int, limit: int) -> memoryview:
         """
