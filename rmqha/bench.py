@@ -1,11 +1,20 @@
 """
-Benchmarks (commands, not tests): C{python -m rmqha.bench store}.
+Benchmarks (commands, not tests): C{python -m rmqha.bench store} and
+C{python -m rmqha.bench replicate}.
 
 C{store} measures the put path (1 KiB bodies by default, ASYNC_FLUSH: the
 real L{CommitLogService} flushes on a thread while the reactor thread puts)
 and the transfer read path (C{CommitLog.read} in C{haTransferBatchSize}
-chunks, from page cache).  Each figure is the median of C{--runs} runs; the
-last line printed is one JSON object with every figure.
+chunks, from page cache).
+
+C{replicate} measures a master process streaming a backlog (1 GiB by
+default) to an empty slave process over loopback, with each process's
+RSS, against the raw ceiling measured in the same run: a plain socket pair
+moving the same bytes into a file.  A last phase throttles the slave to
+1 MB/s and samples the master's RSS, which must stay flat.
+
+Each figure is the median of C{--runs} runs; the last line printed is one
+JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -16,6 +25,7 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -177,6 +187,271 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+# -- replicate ---------------------------------------------------------------
+
+
+def _rss() -> int:
+    """
+    This process's resident set size, in bytes.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _spawn(*args: str) -> "subprocess.Popen[str]":
+    import subprocess
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "rmqha.bench", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _json_line(process: "subprocess.Popen[str]") -> dict[str, Any]:
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        raise RuntimeError(f"benchmark helper {process.args!r} ended without output")
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+def _serve_master(store: str) -> None:
+    """
+    A master on 127.0.0.1:0; prints its port, then (at SIGTERM) its idle
+    and maximum RSS, sampled every 50 ms.
+    """
+    from twisted.internet import reactor
+    from twisted.internet.task import LoopingCall
+
+    from rmqha.broker import Broker, Role
+
+    broker = Broker(
+        reactor,
+        lambda: CommitLog.open(store, read_only=False, clock=reactor.seconds),
+        Role.MASTER,
+        ha_listen="tcp:0:interface=127.0.0.1",
+    )
+    samples = {"idle": _rss(), "max": 0}
+
+    def sample() -> None:
+        samples["max"] = max(samples["max"], _rss())
+
+    def report() -> None:
+        print(json.dumps({"idle_rss": samples["idle"], "max_rss": samples["max"]}), flush=True)
+
+    def started(address: Any) -> None:
+        samples["idle"] = _rss()
+        print(json.dumps({"port": address.port}), flush=True)
+
+    broker.startService()
+    broker.ha_address().addCallback(started)
+    sampler = LoopingCall(sample)
+    sampler.clock = reactor
+    sampler.start(0.05)
+    reactor.addSystemEventTrigger("before", "shutdown", report)
+    reactor.addSystemEventTrigger("before", "shutdown", broker.stopService)
+    reactor.run()
+
+
+def _run_slave(store: str, port: int, target: int, throttle: float, seconds: float) -> None:
+    """
+    A slave following 127.0.0.1:PORT until it holds TARGET bytes (or, when
+    throttled to THROTTLE bytes/s, for SECONDS); prints the time, the bytes
+    and its maximum RSS.
+    """
+    from twisted.internet import reactor
+    from twisted.internet.endpoints import clientFromString
+    from twisted.internet.task import LoopingCall
+
+    from rmqha.master import HAConfig
+    from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
+
+    commitlog = CommitLog.open(store, clock=reactor.seconds)
+    started = time.perf_counter()
+    state = {"max_rss": 0, "done": False}
+
+    class Throttled(SlaveConnection):
+        def dataReceived(self, data: bytes) -> None:
+            super().dataReceived(data)
+            allowed = throttle * (time.perf_counter() - started)
+            excess = self.factory.bytes_received - allowed
+            if excess > 0 and not self._closed:
+                self.transport.pauseProducing()  # type: ignore[union-attr]
+                reactor.callLater(excess / throttle, self.transport.resumeProducing)  # type: ignore[union-attr]
+
+    class Factory(SlaveFactory):
+        def buildProtocol(self, addr: Any) -> SlaveConnection:
+            return Throttled(self) if throttle else SlaveConnection(self)
+
+    factory = Factory(commitlog, reactor, HAConfig())
+    service = make_slave_service(
+        clientFromString(reactor, f"tcp:host=127.0.0.1:port={port}"), factory, reactor
+    )
+
+    def check() -> None:
+        state["max_rss"] = max(state["max_rss"], _rss())
+        elapsed = time.perf_counter() - started
+        if state["done"]:
+            return
+        if commitlog.max_offset >= target or (throttle and elapsed >= seconds):
+            state["done"] = True
+            print(
+                json.dumps(
+                    {"seconds": elapsed, "bytes": commitlog.max_offset, "max_rss": state["max_rss"]}
+                ),
+                flush=True,
+            )
+            service.stopService().addBoth(lambda _: commitlog.close()).addBoth(
+                lambda _: reactor.stop()
+            )
+
+    service.startService()
+    poll = LoopingCall(check)
+    poll.clock = reactor
+    poll.start(0.01)
+    reactor.run()
+
+
+def _raw_receive(path: str) -> None:
+    """
+    The raw ceiling's receiving end: accept one connection on 127.0.0.1:0
+    (port printed), write everything into PATH, print bytes and seconds.
+    """
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    print(json.dumps({"port": server.getsockname()[1]}), flush=True)
+    conn, _ = server.accept()
+    buf = bytearray(1 << 20)
+    view = memoryview(buf)
+    total = 0
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        while True:
+            n = conn.recv_into(buf)
+            if not n:
+                break
+            f.write(view[:n])
+            total += n
+    print(json.dumps({"bytes": total, "seconds": time.perf_counter() - started}), flush=True)
+
+
+def _raw_send(store: str, port: int) -> None:
+    import socket
+
+    directory = os.path.join(store, "commitlog")
+    sock = socket.create_connection(("127.0.0.1", port))
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            while chunk := f.read(1 << 20):
+                sock.sendall(chunk)
+    sock.close()
+
+
+def _replicate(args: argparse.Namespace) -> dict[str, Any]:
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    master_store = os.path.join(root, "master")
+    try:
+        from rmqha.cli import fill
+
+        _progress(f"filling a {args.size / (1 << 30):.2f} GiB backlog ...")
+        with CommitLog.open(master_store, segment_size=args.segment_size) as log:
+            fill(log, args.size // 1141 + 1, 1024, ["BenchTopic"], 8)
+            target = log.max_offset
+        # Page cache warm for every variant alike.
+        _raw_read_all(master_store)
+        raw, rmq = [], []
+        for run in range(args.runs):
+            out = os.path.join(root, "raw.bin")
+            receiver = _spawn("_raw-receive", out)
+            port = _json_line(receiver)["port"]
+            _raw_send(master_store, port)
+            result = _json_line(receiver)
+            receiver.wait()
+            os.unlink(out)
+            raw.append(result["bytes"] / result["seconds"] / 1e6)
+            _progress(f"run {run + 1}: raw ceiling {raw[-1]:,.0f} MB/s")
+
+            slave_store = os.path.join(root, "slave")
+            master = _spawn("_serve-master", master_store)
+            port = _json_line(master)["port"]
+            slave = _spawn("_run-slave", slave_store, str(port), str(target), "0", "0")
+            result = _json_line(slave)
+            slave.wait()
+            master.terminate()
+            memory = _json_line(master)
+            master.wait()
+            shutil.rmtree(slave_store)
+            rmq.append(
+                {
+                    "mb_per_s": result["bytes"] / result["seconds"] / 1e6,
+                    "master_idle_rss": memory["idle_rss"],
+                    "master_max_rss": memory["max_rss"],
+                    "slave_max_rss": result["max_rss"],
+                }
+            )
+            _progress(
+                f"run {run + 1}: rmqha {rmq[-1]['mb_per_s']:,.0f} MB/s "
+                f"({100 * rmq[-1]['mb_per_s'] / raw[-1]:.0f}% of raw); master RSS "
+                f"{memory['idle_rss'] >> 20} -> {memory['max_rss'] >> 20} MiB, slave "
+                f"RSS {result['max_rss'] >> 20} MiB"
+            )
+        # A slave throttled to 1 MB/s: the master must not buffer for it.
+        slave_store = os.path.join(root, "slow-slave")
+        master = _spawn("_serve-master", master_store)
+        port = _json_line(master)["port"]
+        slave = _spawn(
+            "_run-slave", slave_store, str(port), str(target), str(args.throttle), str(args.throttle_seconds)
+        )
+        slow = _json_line(slave)
+        slave.wait()
+        master.terminate()
+        slow_memory = _json_line(master)
+        master.wait()
+        _progress(
+            f"throttled slave: {slow['bytes'] / slow['seconds'] / 1e6:.2f} MB/s for "
+            f"{slow['seconds']:.0f} s; master RSS {slow_memory['idle_rss'] >> 20} -> "
+            f"{slow_memory['max_rss'] >> 20} MiB"
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    median_raw = statistics.median(raw)
+    median_rmq = statistics.median(r["mb_per_s"] for r in rmq)
+    return {
+        "benchmark": "replicate",
+        "machine": machine_info(),
+        "backlog_bytes": target,
+        "runs": args.runs,
+        "raw_mb_per_s": median_raw,
+        "rmqha_mb_per_s": median_rmq,
+        "fraction_of_raw": median_rmq / median_raw,
+        "raw_runs": [round(x) for x in raw],
+        "rmqha_runs": [round(r["mb_per_s"]) for r in rmq],
+        "master_rss_growth_mib": max(
+            (r["master_max_rss"] - r["master_idle_rss"]) >> 20 for r in rmq
+        ),
+        "master_max_rss_mib": max(r["master_max_rss"] for r in rmq) >> 20,
+        "slave_max_rss_mib": max(r["slave_max_rss"] for r in rmq) >> 20,
+        "throttled_mb_per_s": slow["bytes"] / slow["seconds"] / 1e6,
+        "throttled_master_rss_growth_mib": (slow_memory["max_rss"] - slow_memory["idle_rss"]) >> 20,
+    }
+
+
+def _raw_read_all(store: str) -> None:
+    directory = os.path.join(store, "commitlog")
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rmqha.bench")
     commands = parser.add_subparsers(dest="benchmark", required=True)
@@ -190,7 +465,43 @@ def main(argv: list[str] | None = None) -> None:
     store.add_argument("--segment-size", type=int, default=1 << 30)
     store.add_argument("--chunk", type=int, default=32768, help="read size (haTransferBatchSize)")
     store.add_argument("--dir", default=None, help="where to create the stores")
+    replicate = commands.add_parser(
+        "replicate", help="master -> slave over loopback vs. the raw socket ceiling"
+    )
+    replicate.add_argument("--size", type=int, default=1 << 30, help="backlog bytes (1 GiB)")
+    replicate.add_argument("--runs", type=int, default=3)
+    replicate.add_argument("--segment-size", type=int, default=1 << 30)
+    replicate.add_argument("--throttle", type=float, default=1e6, help="slow slave's bytes/s")
+    replicate.add_argument("--throttle-seconds", type=float, default=15.0)
+    replicate.add_argument("--dir", default=None, help="where to create the stores")
+    for name, params in [
+        ("_serve-master", ["store"]),
+        ("_run-slave", ["store", "port", "target", "throttle", "seconds"]),
+        ("_raw-receive", ["path"]),
+    ]:
+        helper = commands.add_parser(name)
+        for param in params:
+            helper.add_argument(param)
     args = parser.parse_args(argv)
+    if args.benchmark == "_serve-master":
+        return _serve_master(args.store)
+    if args.benchmark == "_run-slave":
+        return _run_slave(
+            args.store, int(args.port), int(args.target), float(args.throttle), float(args.seconds)
+        )
+    if args.benchmark == "_raw-receive":
+        return _raw_receive(args.path)
+    if args.benchmark == "replicate":
+        result = _replicate(args)
+        print(
+            f"replicate: {result['rmqha_mb_per_s']:,.0f} MB/s, "
+            f"{100 * result['fraction_of_raw']:.0f}% of the raw ceiling "
+            f"({result['raw_mb_per_s']:,.0f} MB/s), median of {args.runs}; master RSS "
+            f"growth {result['master_rss_growth_mib']} MiB (throttled slave: "
+            f"{result['throttled_master_rss_growth_mib']} MiB)"
+        )
+        print(json.dumps(result))
+        return None
 
     def run(reactor: Any) -> Deferred[None]:
         async def go() -> None:

@@ -421,6 +421,11 @@ class CommitLog:
             recovery = _recover(
                 store_dir, segments, segment_size, clean, check_crc, read_only
             )
+            # Recovery read the tail through mappings; let them go (they
+            # come back when needed) so that an open store does not hold
+            # the pages it read as its own memory.
+            for segment in segments:
+                segment.close()
             if not read_only:
                 with open(abort_path, "wb"):
                     pass
@@ -708,16 +713,20 @@ class CommitLog:
             segment.pwrite(segment.wrote, view[written : written + n])
             segment.wrote += n
             written += n
-        self._advance_record_end()
+        self._advance_record_end(offset, view)
         if self._sync_flush:
             self.flush()
         return self.max_offset
 
-    def _advance_record_end(self) -> None:
+    def _advance_record_end(self, chunk_offset: int, chunk: memoryview) -> None:
         """
         Hop over the records replica appends have completed, reading only
-        their 8-byte headers.
+        their 8-byte headers: from C{chunk}, the bytes just appended at
+        C{chunk_offset}, or (for a header that started in an earlier
+        append) from the file — never through the mapping, which would map
+        the whole replicated log into this process.
         """
+        chunk_end = chunk_offset + len(chunk)
         end = self._record_end
         max_offset = self.max_offset
         while end < max_offset:
@@ -727,7 +736,10 @@ class CommitLog:
                 continue
             if segment.wrote - position < 8:
                 break
-            total, magic = _BLANK_HEADER.unpack_from(segment.mm, position)
+            if chunk_offset <= end and end + 8 <= chunk_end:
+                total, magic = _BLANK_HEADER.unpack_from(chunk, end - chunk_offset)
+            else:
+                total, magic = _BLANK_HEADER.unpack(segment.pread(position, 8))
             if magic == BLANK_MAGIC:
                 if segment.wrote < segment.size:
                     break
