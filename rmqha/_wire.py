@@ -56,11 +56,12 @@ class ProtocolError(ValueError):
 class TransferFrame(NamedTuple):
     """
     One master-to-slave frame: C{body} belongs at commit-log C{offset}.
-    An empty body is a heartbeat.
+    An empty body is a heartbeat.  C{body} may be a read-only
+    C{memoryview} of the received bytes.
     """
 
     offset: int
-    body: bytes
+    body: bytes | memoryview
 
     @property
     def is_heartbeat(self) -> bool:
@@ -132,7 +133,9 @@ class TransferDecoder:
     C{IntNStringReceiver} loop, without the protocol.
 
     Sizes are checked as soon as a header is complete, before any body is
-    buffered for it.
+    buffered for it.  A frame wholly inside one read is returned without
+    copying (its body is a C{memoryview} of the bytes that were fed, which
+    are immutable); only a frame cut across reads is assembled in a buffer.
     """
 
     def __init__(self, max_body_size: int = MAX_BODY_SIZE) -> None:
@@ -141,7 +144,10 @@ class TransferDecoder:
                 f"max body size {max_body_size} is outside 0..{MAX_BODY_SIZE}"
             )
         self.max_body_size = max_body_size
-        self._buffer = bytearray()
+        # Bytes of earlier reads not yet returned (at most a frame in
+        # normal use), then the latest read and how much of it is used.
+        self._partial = bytearray()
+        self._data = memoryview(b"")
         self._position = 0
 
     @property
@@ -149,17 +155,17 @@ class TransferDecoder:
         """
         Bytes received but not yet returned as frames.
         """
-        return len(self._buffer) - self._position
+        return len(self._partial) + len(self._data) - self._position
 
     def feed(self, data: bytes) -> None:
         """
         Add received bytes; take frames with L{next_frame}.
         """
-        if self._position:
-            # Drop consumed bytes once per read, not once per frame.
-            del self._buffer[: self._position]
-            self._position = 0
-        self._buffer += data
+        if self._position < len(self._data):
+            # The caller stopped between frames: keep the rest.
+            self._partial += self._data[self._position :]
+        self._data = memoryview(data)
+        self._position = 0
 
     def pending_header(self) -> tuple[int, int] | None:
         """
@@ -168,10 +174,20 @@ class TransferDecoder:
 
         @raise ProtocolError: the header is invalid.
         """
-        position = self._position
-        if len(self._buffer) - position < HEADER_SIZE:
+        partial = self._partial
+        if not partial:
+            if len(self._data) - self._position < HEADER_SIZE:
+                return None
+            offset, size = _HEADER.unpack_from(self._data, self._position)
+        elif len(partial) >= HEADER_SIZE:
+            offset, size = _HEADER.unpack_from(partial, 0)
+        elif self.buffered >= HEADER_SIZE:
+            needed = HEADER_SIZE - len(partial)
+            offset, size = _HEADER.unpack(
+                bytes(partial) + self._data[self._position : self._position + needed]
+            )
+        else:
             return None
-        offset, size = _HEADER.unpack_from(self._buffer, position)
         if offset < 0:
             raise ProtocolError(f"master sent a frame at negative offset {offset}")
         if not 0 <= size <= self.max_body_size:
@@ -192,9 +208,22 @@ class TransferDecoder:
         if header is None:
             return None
         offset, size = header
-        start = self._position + HEADER_SIZE
-        if len(self._buffer) - start < size:
+        total = HEADER_SIZE + size
+        if self.buffered < total:
             return None
-        body = bytes(self._buffer[start : start + size])
-        self._position = start + size
+        partial = self._partial
+        body: bytes | memoryview
+        if not partial:
+            start = self._position + HEADER_SIZE
+            body = self._data[start : start + size]
+            self._position += total
+        elif len(partial) >= total:
+            body = bytes(partial[HEADER_SIZE:total])
+            del partial[:total]
+        else:
+            missing = total - len(partial)
+            partial += self._data[self._position : self._position + missing]
+            self._position += missing
+            body = bytes(partial[HEADER_SIZE:])
+            partial.clear()
         return TransferFrame(offset, body)

@@ -367,42 +367,24 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
             target = log.max_offset
         # Page cache warm for every variant alike.
         _raw_read_all(master_store)
-        raw, rmq = [], []
+        raw: list[float] = []
+        rmq: list[dict[str, Any]] = []
         for run in range(args.runs):
-            out = os.path.join(root, "raw.bin")
-            receiver = _spawn("_raw-receive", out)
-            port = _json_line(receiver)["port"]
-            _raw_send(master_store, port)
-            result = _json_line(receiver)
-            receiver.wait()
-            os.unlink(out)
-            raw.append(result["bytes"] / result["seconds"] / 1e6)
-            _progress(f"run {run + 1}: raw ceiling {raw[-1]:,.0f} MB/s")
-
-            slave_store = os.path.join(root, "slave")
-            master = _spawn("_serve-master", master_store)
-            port = _json_line(master)["port"]
-            slave = _spawn("_run-slave", slave_store, str(port), str(target), "0", "0")
-            result = _json_line(slave)
-            slave.wait()
-            master.terminate()
-            memory = _json_line(master)
-            master.wait()
-            shutil.rmtree(slave_store)
-            rmq.append(
-                {
-                    "mb_per_s": result["bytes"] / result["seconds"] / 1e6,
-                    "master_idle_rss": memory["idle_rss"],
-                    "master_max_rss": memory["max_rss"],
-                    "slave_max_rss": result["max_rss"],
-                }
-            )
-            _progress(
-                f"run {run + 1}: rmqha {rmq[-1]['mb_per_s']:,.0f} MB/s "
-                f"({100 * rmq[-1]['mb_per_s'] / raw[-1]:.0f}% of raw); master RSS "
-                f"{memory['idle_rss'] >> 20} -> {memory['max_rss'] >> 20} MiB, slave "
-                f"RSS {result['max_rss'] >> 20} MiB"
-            )
+            # Alternate the order, so that neither variant always runs
+            # just after the other's writes.
+            for variant in ("raw", "rmqha") if run % 2 == 0 else ("rmqha", "raw"):
+                _settle()
+                if variant == "raw":
+                    raw.append(_raw_run(root, master_store))
+                    _progress(f"run {run + 1}: raw ceiling {raw[-1]:,.0f} MB/s")
+                else:
+                    rmq.append(_rmqha_run(root, master_store, target))
+                    r = rmq[-1]
+                    _progress(
+                        f"run {run + 1}: rmqha {r['mb_per_s']:,.0f} MB/s; master RSS "
+                        f"{r['master_idle_rss'] >> 20} -> {r['master_max_rss'] >> 20} MiB, "
+                        f"slave RSS {r['slave_max_rss'] >> 20} MiB"
+                    )
         # A slave throttled to 1 MB/s: the master must not buffer for it.
         slave_store = os.path.join(root, "slow-slave")
         master = _spawn("_serve-master", master_store)
@@ -432,6 +414,7 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         "raw_mb_per_s": median_raw,
         "rmqha_mb_per_s": median_rmq,
         "fraction_of_raw": median_rmq / median_raw,
+        "paired_fractions": [round(r["mb_per_s"] / x, 2) for r, x in zip(rmq, raw)],
         "raw_runs": [round(x) for x in raw],
         "rmqha_runs": [round(r["mb_per_s"]) for r in rmq],
         "master_rss_growth_mib": max(
@@ -441,6 +424,45 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         "slave_max_rss_mib": max(r["slave_max_rss"] for r in rmq) >> 20,
         "throttled_mb_per_s": slow["bytes"] / slow["seconds"] / 1e6,
         "throttled_master_rss_growth_mib": (slow_memory["max_rss"] - slow_memory["idle_rss"]) >> 20,
+    }
+
+
+def _settle() -> None:
+    """
+    Write back what earlier phases left dirty, so it does not slow the
+    next measured transfer down.
+    """
+    os.sync()
+    time.sleep(1)
+
+
+def _raw_run(root: str, master_store: str) -> float:
+    out = os.path.join(root, "raw.bin")
+    receiver = _spawn("_raw-receive", out)
+    port = _json_line(receiver)["port"]
+    _raw_send(master_store, port)
+    result = _json_line(receiver)
+    receiver.wait()
+    os.unlink(out)
+    return float(result["bytes"] / result["seconds"] / 1e6)
+
+
+def _rmqha_run(root: str, master_store: str, target: int) -> dict[str, Any]:
+    slave_store = os.path.join(root, "slave")
+    master = _spawn("_serve-master", master_store)
+    port = _json_line(master)["port"]
+    slave = _spawn("_run-slave", slave_store, str(port), str(target), "0", "0")
+    result = _json_line(slave)
+    slave.wait()
+    master.terminate()
+    memory = _json_line(master)
+    master.wait()
+    shutil.rmtree(slave_store)
+    return {
+        "mb_per_s": result["bytes"] / result["seconds"] / 1e6,
+        "master_idle_rss": memory["idle_rss"],
+        "master_max_rss": memory["max_rss"],
+        "slave_max_rss": result["max_rss"],
     }
 
 

@@ -33,6 +33,8 @@ from rmqha.master import HAConfig
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
 
+_READ_SIZE = 1024 * 1024
+
 
 class SlaveConnection(Protocol):
     """
@@ -61,6 +63,10 @@ class SlaveConnection(Protocol):
         self._housekeeping_call: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
+        # Read up to 1 MiB per recv (Twisted's default is 64 KiB): fewer
+        # reads and appends per byte when catching up.
+        if hasattr(self.transport, "bufferSize"):
+            self.transport.bufferSize = _READ_SIZE  # type: ignore[union-attr]
         clock = self.factory.clock
         self._last_read = clock.seconds()
         config = self.factory.config

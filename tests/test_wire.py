@@ -709,7 +709,7 @@ class TransferDecoderMemoryTests(SynchronousTestCase):
         size = len(encoded[0])
         for i, data in enumerate(encoded):
             decoder.feed(data)
-            self.assertLessEqual(len(decoder._buffer), size)
+            self.assertLessEqual(len(decoder._partial), size)
             self.assertEqual(drain(decoder), [TransferFrame(i * 20, data[12:])])
         self.assertEqual(decoder.buffered, 0)
 
@@ -726,7 +726,7 @@ class TransferDecoderMemoryTests(SynchronousTestCase):
         got = 0
         for start in range(0, len(stream), 45):
             decoder.feed(stream[start : start + 45])
-            self.assertLess(len(decoder._buffer), size + 45)
+            self.assertLess(len(decoder._partial), size + 45)
             for f in drain(decoder):
                 self.assertEqual(f.offset, got * 20)
                 got += 1
