@@ -171,6 +171,10 @@ class Broker(MultiService):
             if service is not None:
                 d.addBoth(_stop_child, service)
         self.http_service = self.ha_service = None
+        if self.master_factory is not None:
+            # Stopping the listener leaves accepted connections open.
+            master_factory = self.master_factory
+            d.addBoth(lambda _: master_factory.disconnect_all("the master is stopping"))
         d.addBoth(lambda _: self.store.stopService())
         return d
 

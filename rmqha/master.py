@@ -147,7 +147,7 @@ class MasterConnection(Protocol):
         try:
             offset = self._reports.feed(data)
         except ProtocolError as e:
-            self._drop(str(e))
+            self.drop(str(e))
             return
         if offset is None:
             return
@@ -191,13 +191,13 @@ class MasterConnection(Protocol):
         else:
             start = offset
         if start > commitlog.max_offset:
-            self._drop(
+            self.drop(
                 f"slave is at offset {start}, ahead of the master's max offset "
                 f"{commitlog.max_offset}"
             )
             return
         if start < commitlog.min_offset:
-            self._drop(
+            self.drop(
                 f"slave is at offset {start}, behind the master's oldest "
                 f"segment (min offset {commitlog.min_offset})"
             )
@@ -222,7 +222,7 @@ class MasterConnection(Protocol):
         if offset > max_offset:
             # RocketMQ #3015: a fake or diverged slave must not count as
             # having replicated what the master does not even have.
-            self._drop(
+            self.drop(
                 f"slave acknowledged offset {offset}, beyond the master's max "
                 f"offset {max_offset}"
             )
@@ -278,7 +278,7 @@ class MasterConnection(Protocol):
                 try:
                     data = commitlog.read(offset, batch)
                 except StoreError as e:
-                    self._drop(f"cannot read the commit log at offset {offset}: {e}")
+                    self.drop(f"cannot read the commit log at offset {offset}: {e}")
                     return
                 if not data:
                     break
@@ -314,7 +314,7 @@ class MasterConnection(Protocol):
         silent = clock.seconds() - self._last_read
         if silent >= interval:
             self._housekeeping_call = None
-            self._drop(f"nothing received for {silent:.1f} s")
+            self.drop(f"nothing received for {silent:.1f} s")
             return
         self._housekeeping_call = clock.callLater(interval - silent, self._housekeeping)
 
@@ -334,7 +334,7 @@ class MasterConnection(Protocol):
             connected_since=self.connected_since,
         )
 
-    def _drop(self, why: str) -> None:
+    def drop(self, why: str) -> None:
         self._log.warn("dropping slave {peer}: {why}", peer=self.peer, why=why)
         self._state = _State.CLOSED
         self._paused = True
@@ -374,6 +374,13 @@ class MasterFactory(ServerFactory):
         self._wake = None
         for connection in list(self.connections):
             connection.data_available()
+
+    def disconnect_all(self, why: str) -> None:
+        """
+        Drop every slave connection (the master is stopping).
+        """
+        for connection in list(self.connections):
+            connection.drop(why)
 
     def slaves(self) -> list[SlaveStatus]:
         """

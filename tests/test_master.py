@@ -52,6 +52,8 @@ class MasterTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.store = open_store(self, segment_size=SEGMENT)
+        # Registered first, so it runs after every connection's cleanup.
+        self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
 
     def fill(self, count: int, body: bytes = b"m" * 300) -> None:
         for _ in range(count):
@@ -72,9 +74,8 @@ class MasterTestCase(SynchronousTestCase):
         return connection, transport
 
     def disconnect(self, connection: MasterConnection, transport: StringTransport) -> None:
-        if connection.factory.connections and connection in connection.factory.connections:
+        if connection in connection.factory.connections:
             connection.connectionLost()
-        self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def store_bytes(self, start: int, end: int) -> bytes:
         out = b""
@@ -379,3 +380,12 @@ class ManySlavesTests(MasterTestCase):
         self.assertEqual({s.peer for s in factory.slaves()}, {"127.0.0.1:40001", "127.0.0.1:40002"})
         a.connectionLost()
         self.assertEqual([s.peer for s in factory.slaves()], ["127.0.0.1:40002"])
+
+    def test_disconnect_all(self) -> None:
+        """
+        disconnect_all (the master is stopping) drops every slave.
+        """
+        factory = self.factory()
+        transports = [self.connect(factory, 40001 + i)[1] for i in range(3)]
+        factory.disconnect_all("stopping")
+        self.assertTrue(all(t.disconnecting for t in transports))
