@@ -168,6 +168,9 @@ _SETTINGS = [
     _Setting("batch-size", "haTransferBatchSize", _batch_size),
     _Setting("heartbeat-interval", "haSendHeartbeatInterval", _positive_ms),
     _Setting("housekeeping-interval", "haHousekeepingInterval", _positive_ms),
+    # Read and checked now; they take effect with SYNC_MASTER.
+    _Setting("slave-fallbehind-max", "haSlaveFallbehindMax", lambda t: parse_size(t, "value")),
+    _Setting("slave-timeout", "slaveTimeout", _positive_ms),
 ]
 
 _DEFAULTS: dict[str, Any] = {
@@ -180,6 +183,8 @@ _DEFAULTS: dict[str, Any] = {
     "heartbeat-interval": HAConfig.heartbeat_interval,
     "housekeeping-interval": HAConfig.housekeeping_interval,
     "sync-from-last-file": False,
+    "slave-fallbehind-max": 256 * 1024 * 1024,
+    "slave-timeout": 3.0,
 }
 
 
@@ -279,7 +284,7 @@ class Options(usage.Options):
                         settings[setting.option] = parse(conf[setting.key])
                     except ValueError as e:
                         raise ValueError(f"{source}: {e}") from None
-                if self[setting.option] is not None:
+                if self.get(setting.option) is not None:
                     try:
                         settings[setting.option] = setting.parse(self[setting.option])
                     except ValueError as e:

@@ -153,6 +153,8 @@ class OptionsTests(SynchronousTestCase):
             ("haTransferBatchSize=0", "haTransferBatchSize"),
             ("syncFromLastFile=yes", "syncFromLastFile"),
             ("mappedFileSizeCommitLog=100", "mappedFileSizeCommitLog"),
+            ("haSlaveFallbehindMax=lots", "haSlaveFallbehindMax"),
+            ("slaveTimeout=0", "slaveTimeout"),
         ]:
             path = self.conf(f"storePathRootDir=s\n{line}\n")
             e = self.assertRaises(UsageError, self.parse, "--config", path)
