@@ -23,7 +23,7 @@ from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.logger import Logger
 
 from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
-from rmqha.master import HAConfig, MasterFactory, SlaveStatus
+from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha.slave import SlaveFactory, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 
@@ -74,7 +74,7 @@ class Broker(MultiService):
         ha_listen: str = "tcp:10912",
         master_endpoint: str | None = None,
         http: str | None = None,
-        config: HAConfig = HAConfig(),
+        config: HAConfig = DEFAULT_HA_CONFIG,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
         max_unflushed: int = DEFAULT_MAX_UNFLUSHED,

@@ -26,15 +26,16 @@ from twisted.internet.interfaces import (
     IPushProducer,
     IReactorTime,
 )
-from twisted.internet.protocol import Protocol, ServerFactory
+from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from rmqha._timers import IdleTimer
 from rmqha._wire import MAX_BODY_SIZE, ProtocolError, ReportDecoder, encode_header
 from rmqha.commitlog import CommitLog, StoreError
 
-__all__ = ["HAConfig", "MasterFactory", "MasterConnection", "SlaveStatus"]
+__all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ class HAConfig:
             raise ValueError(
                 f"haHousekeepingInterval {self.housekeeping_interval} must be positive"
             )
+
+
+#: RocketMQ's defaults (frozen, so one instance can be shared).
+DEFAULT_HA_CONFIG = HAConfig()
 
 
 @dataclass(frozen=True)
@@ -124,8 +129,14 @@ class MasterConnection(Protocol):
         self._producing = False
         self._last_read = 0.0
         self._last_write = 0.0
-        self._heartbeat_call: IDelayedCall | None = None
-        self._housekeeping_call: IDelayedCall | None = None
+        config = factory.config
+        clock = factory.clock
+        self._heartbeat = IdleTimer(
+            clock, config.heartbeat_interval, lambda: self._last_write, self._send_heartbeat
+        )
+        self._housekeeping = IdleTimer(
+            clock, config.housekeeping_interval, lambda: self._last_read, self._silent
+        )
         self._acks: deque[tuple[float, int]] = deque()
 
     # -- Protocol ----------------------------------------------------------
@@ -135,9 +146,7 @@ class MasterConnection(Protocol):
         self.connected_since = self._last_read = self._last_write = clock.seconds()
         IConsumer(self.transport).registerProducer(self, True)
         self.factory.connections.add(self)
-        self._housekeeping_call = clock.callLater(
-            self.factory.config.housekeeping_interval, self._housekeeping
-        )
+        self._housekeeping.start()
         self._log.info("slave {peer} connected", peer=self.peer)
 
     def dataReceived(self, data: bytes) -> None:
@@ -156,7 +165,7 @@ class MasterConnection(Protocol):
         else:
             self._acknowledged(offset)
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._state is not _State.CLOSED:
             self._log.info(
                 "slave {peer} disconnected: {reason}",
@@ -165,10 +174,8 @@ class MasterConnection(Protocol):
             )
         self._state = _State.CLOSED
         self._paused = True
-        for call in (self._heartbeat_call, self._housekeeping_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._heartbeat_call = self._housekeeping_call = None
+        self._heartbeat.stop()
+        self._housekeeping.stop()
         self.factory.connections.discard(self)
         if self.transport is not None:
             IConsumer(self.transport).unregisterProducer()
@@ -212,9 +219,7 @@ class MasterConnection(Protocol):
             offset=offset,
             start=start,
         )
-        self._heartbeat_call = self.factory.clock.callLater(
-            self.factory.config.heartbeat_interval, self._heartbeat
-        )
+        self._heartbeat.start()
         self._produce()
 
     def _acknowledged(self, offset: int) -> None:
@@ -293,30 +298,22 @@ class MasterConnection(Protocol):
 
     # -- timers ------------------------------------------------------------
 
-    def _heartbeat(self) -> None:
+    def _send_heartbeat(self) -> bool:
         """
-        After C{heartbeat_interval} without a write, send a heartbeat
-        (an empty frame at the next offset), which keeps the slave's
-        read-idle timer from firing and makes it re-check its offset.
+        After C{heartbeat_interval} without a write, send a heartbeat (an
+        empty frame at the next offset): it keeps the slave's read-idle
+        timer from firing and makes it re-check its offset.  Not while
+        paused: the transport is full of data then.
         """
-        clock = self.factory.clock
-        interval = self.factory.config.heartbeat_interval
-        idle = clock.seconds() - self._last_write
-        if idle >= interval and not self._paused and self.next_offset is not None:
+        if not self._paused and self.next_offset is not None:
             self.transport.write(encode_header(self.next_offset, 0))  # type: ignore[union-attr]
-            self._last_write = clock.seconds()
-            idle = 0.0
-        self._heartbeat_call = clock.callLater(max(interval - idle, 0.0), self._heartbeat)
+            self._last_write = self.factory.clock.seconds()
+        return True
 
-    def _housekeeping(self) -> None:
-        clock = self.factory.clock
-        interval = self.factory.config.housekeeping_interval
-        silent = clock.seconds() - self._last_read
-        if silent >= interval:
-            self._housekeeping_call = None
-            self.drop(f"nothing received for {silent:.1f} s")
-            return
-        self._housekeeping_call = clock.callLater(interval - silent, self._housekeeping)
+    def _silent(self) -> bool:
+        silent = self.factory.clock.seconds() - self._last_read
+        self.drop(f"nothing received for {silent:.1f} s")
+        return False
 
     # -- status ------------------------------------------------------------
 

@@ -18,18 +18,18 @@ from typing import Callable, cast
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.interfaces import (
     IAddress,
-    IDelayedCall,
     IProtocol,
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from rmqha._timers import IdleTimer
 from rmqha._wire import ProtocolError, TransferDecoder, encode_report
 from rmqha.commitlog import CommitLog, StoreError
-from rmqha.master import HAConfig
+from rmqha.master import DEFAULT_HA_CONFIG, HAConfig
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
 
@@ -59,21 +59,23 @@ class SlaveConnection(Protocol):
         self._last_read = 0.0
         self._last_report = 0.0
         self._reported: int | None = None
-        self._report_call: IDelayedCall | None = None
-        self._housekeeping_call: IDelayedCall | None = None
+        config = factory.config
+        clock = factory.clock
+        self._report_timer = IdleTimer(
+            clock, config.heartbeat_interval, lambda: self._last_report, self._report_idle
+        )
+        self._housekeeping = IdleTimer(
+            clock, config.housekeeping_interval, lambda: self._last_read, self._silent
+        )
 
     def connectionMade(self) -> None:
         # Read up to 1 MiB per recv (Twisted's default is 64 KiB): fewer
         # reads and appends per byte when catching up.
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = _READ_SIZE  # type: ignore[union-attr]
-        clock = self.factory.clock
-        self._last_read = clock.seconds()
-        config = self.factory.config
-        self._report_call = clock.callLater(config.heartbeat_interval, self._report_timer)
-        self._housekeeping_call = clock.callLater(
-            config.housekeeping_interval, self._housekeeping
-        )
+        self._last_read = self._last_report = self.factory.clock.seconds()
+        self._report_timer.start()
+        self._housekeeping.start()
         self.factory.connection = self
         self.factory.connections_made += 1
 
@@ -154,45 +156,33 @@ class SlaveConnection(Protocol):
         else:
             factory.request_flush()
 
-    def _report_timer(self) -> None:
+    def _report_idle(self) -> bool:
         """
         Report at least every C{heartbeat_interval}, so the master knows
         this slave is alive when nothing flows.
         """
-        clock = self.factory.clock
-        interval = self.factory.config.heartbeat_interval
-        since = clock.seconds() - self._last_report
-        if since >= interval:
-            self.send_report()
-            since = 0.0
-        self._report_call = clock.callLater(interval - since, self._report_timer)
+        self.send_report()
+        return True
 
-    def _housekeeping(self) -> None:
+    def _silent(self) -> bool:
         """
         Drop a master that has sent nothing, not even a heartbeat, for
         C{housekeeping_interval} (4.9.8's slave watches its own writes and
         misses this).
         """
-        clock = self.factory.clock
-        interval = self.factory.config.housekeeping_interval
-        silent = clock.seconds() - self._last_read
-        if silent >= interval:
-            self._housekeeping_call = None
-            self._drop(f"nothing received from the master for {silent:.1f} s")
-            return
-        self._housekeeping_call = clock.callLater(interval - silent, self._housekeeping)
+        silent = self.factory.clock.seconds() - self._last_read
+        self._drop(f"nothing received from the master for {silent:.1f} s")
+        return False
 
     def _drop(self, why: str) -> None:
         self._log.warn("dropping the connection to the master: {why}", why=why)
         self._closed = True
         self.transport.abortConnection()  # type: ignore[union-attr]
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closed = True
-        for call in (self._report_call, self._housekeeping_call):
-            if call is not None and call.active():
-                call.cancel()
-        self._report_call = self._housekeeping_call = None
+        self._report_timer.stop()
+        self._housekeeping.stop()
         if self.factory.connection is self:
             self.factory.connection = None
 
@@ -210,7 +200,7 @@ class SlaveFactory(Factory):
         self,
         commitlog: CommitLog,
         clock: IReactorTime,
-        config: HAConfig = HAConfig(),
+        config: HAConfig = DEFAULT_HA_CONFIG,
         on_appended: Callable[[], None] | None = None,
         max_unflushed: int | None = None,
         request_flush: Callable[[], object] | None = None,

@@ -7,7 +7,6 @@ the middle, and byte-identical segment files at the end.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Callable
 
@@ -20,31 +19,12 @@ from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog, Message
 from rmqha.master import HAConfig
 
+from tests.integration._support import store_digest, until
+
 SEGMENT = 8 * 1024 * 1024
 BODY = 1024
 # 64 MiB and a little more, in 1 KiB messages (1,141-byte records).
 COUNT = 64 * 1024 * 1024 // 1141 + 1000
-
-
-def _digest(store_dir: str) -> dict[str, str]:
-    directory = os.path.join(store_dir, "commitlog")
-    out = {}
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            out[name] = hashlib.sha256(f.read()).hexdigest()
-    return out
-
-
-async def _until(reactor: Any, condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    """
-    Wait for C{condition} (checked every 20 ms), failing after C{timeout}.
-    """
-    waited = 0.0
-    while not condition():
-        if waited >= timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        await deferLater(reactor, 0.02, lambda: None)
-        waited += 0.02
 
 
 def _broker(reactor: Any, store: str, role: Role, **kwargs: Any) -> Broker:
@@ -92,12 +72,12 @@ async def test_replicates_with_restarts(tmp_path: Any) -> None:
 
         slave = start_slave()
         await produce(COUNT // 3)
-        await _until(reactor, lambda: slave.commitlog.max_offset > 0, "the slave to start")
+        await until(reactor, lambda: slave.commitlog.max_offset > 0, "the slave to start")
         await slave.stopService()
         # The slave is down while the master takes more.
         await produce(COUNT // 3)
         slave = start_slave()
-        await _until(
+        await until(
             reactor,
             lambda: slave.commitlog.max_offset > master.commitlog.max_offset // 2,
             "the slave to catch up half way",
@@ -109,12 +89,12 @@ async def test_replicates_with_restarts(tmp_path: Any) -> None:
         await produce(COUNT - 2 * (COUNT // 3))
         await slave.stopService()
         slave = start_slave()
-        await _until(
+        await until(
             reactor,
             lambda: slave.commitlog.max_offset == master.commitlog.max_offset,
             "the slave to catch up",
         )
-        await _until(
+        await until(
             reactor,
             lambda: any(s.ack_offset == master.commitlog.max_offset for s in master.slaves()),
             "the master to see the slave's ack",
@@ -124,4 +104,4 @@ async def test_replicates_with_restarts(tmp_path: Any) -> None:
         await slave.stopService()
     finally:
         await master.stopService()
-    assert _digest(slave_store) == _digest(str(tmp_path / "master"))
+    assert store_digest(slave_store) == store_digest(str(tmp_path / "master"))

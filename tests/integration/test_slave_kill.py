@@ -7,7 +7,6 @@ logs end byte-identical.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -21,16 +20,9 @@ from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog, Message
 from rmqha.master import HAConfig
 
+from tests.integration._support import store_digest, until
+
 SEGMENT = 4 * 1024 * 1024
-
-
-def _digest(store_dir: str) -> dict[str, str]:
-    directory = os.path.join(store_dir, "commitlog")
-    out = {}
-    for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            out[name] = hashlib.sha256(f.read()).hexdigest()
-    return out
 
 
 def _start_slave(store: str, port: int, log: str) -> subprocess.Popen[bytes]:
@@ -44,15 +36,6 @@ def _start_slave(store: str, port: int, log: str) -> subprocess.Popen[bytes]:
             "--heartbeat-interval", "200",
         ],
     )
-
-
-async def _until(reactor: Any, condition: Any, what: str, timeout: float = 60.0) -> None:
-    waited = 0.0
-    while not condition():
-        if waited >= timeout:
-            raise AssertionError(f"timed out waiting for {what}")
-        await deferLater(reactor, 0.02, lambda: None)
-        waited += 0.02
 
 
 @pytest_twisted.ensureDeferred
@@ -99,15 +82,15 @@ async def test_slave_killed_and_restarted(tmp_path: Any) -> None:
         for kill in range(3):
             slave = _start_slave(slave_store, port, str(tmp_path / f"slave{kill}.log"))
             target = acked() + 2 * 1024 * 1024
-            await _until(reactor, lambda: acked() >= target, f"the slave to pass {target}")
+            await until(reactor, lambda: acked() >= target, f"the slave to pass {target}")
             slave.send_signal(signal.SIGKILL)
             slave.wait()
-            await _until(reactor, lambda: not master.slaves(), "the master to notice")
+            await until(reactor, lambda: not master.slaves(), "the master to notice")
         producing = False
         await producing_done
         slave = _start_slave(slave_store, port, str(tmp_path / "slave-final.log"))
         end = master.commitlog.max_offset
-        await _until(reactor, lambda: acked() == end, "the slave to catch up")
+        await until(reactor, lambda: acked() == end, "the slave to catch up")
         slave.send_signal(signal.SIGTERM)
         # twistd shuts down cleanly, then re-raises the signal so that its
         # exit status says what stopped it.
@@ -121,7 +104,7 @@ async def test_slave_killed_and_restarted(tmp_path: Any) -> None:
             slave.kill()
             slave.wait()
         await master.stopService()
-    assert _digest(slave_store) == _digest(master_store)
+    assert store_digest(slave_store) == store_digest(master_store)
     with open(tmp_path / "slave1.log") as f:
         # A restart after SIGKILL knows the last shutdown was not clean.
         assert "last shutdown NOT clean" in f.read()
