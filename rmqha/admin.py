@@ -23,7 +23,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from rmqha.broker import Broker, NotMasterError, Role
-from rmqha.commitlog import AppendResult, Message, MessageRejected
+from rmqha.commitlog import Message, MessageRejected
+from rmqha.group import PutMessageResult
 
 __all__ = ["AdminRoot", "status"]
 
@@ -39,7 +40,7 @@ def status(broker: Broker) -> dict[str, Any]:
         "max_offset": commitlog.max_offset,
         "flushed_offset": commitlog.flushed_offset,
     }
-    if broker.role is Role.MASTER:
+    if broker.role.is_master:
         result["slaves"] = [
             {
                 "peer": s.peer,
@@ -97,8 +98,14 @@ class _BrokerCollector(Collector):
             ("rmqha_commitlog_flushed_offset", commitlog.flushed_offset, "offset known to be on disk"),
         ]:
             yield GaugeMetricFamily(name, text, value=value)
-        if broker.role is Role.MASTER:
+        if broker.role.is_master:
             yield CounterMetricFamily("rmqha_puts", "messages put", value=broker.puts)
+            statuses = CounterMetricFamily(
+                "rmqha_put_results", "puts by PutMessageStatus", labels=["status"]
+            )
+            for put_status, count in broker.put_statuses.items():
+                statuses.add_metric([put_status.value], count)
+            yield statuses
             yield CounterMetricFamily("rmqha_put_bytes", "record bytes put", value=broker.put_bytes)
             slaves = broker.slaves()
             yield GaugeMetricFamily("rmqha_slaves_connected", "connected slaves", value=len(slaves))
@@ -160,17 +167,19 @@ class _Messages(Resource):
         except MessageRejected as e:
             return _error(request, 400, "MESSAGE_ILLEGAL", str(e))
 
-        def answer(result: AppendResult) -> None:
+        def answer(result: PutMessageResult) -> None:
+            # Every outcome in which the message was stored is a 200.
+            append = result.append
             request.write(
                 _json(
                     request,
                     200,
                     {
-                        "status": "PUT_OK",
-                        "offset": result.offset,
-                        "next_offset": result.next_offset,
-                        "msg_id": result.msg_id,
-                        "queue_offset": result.queue_offset,
+                        "status": result.status.value,
+                        "offset": append.offset,
+                        "next_offset": append.next_offset,
+                        "msg_id": append.msg_id,
+                        "queue_offset": append.queue_offset,
                     },
                 )
             )

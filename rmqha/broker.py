@@ -23,6 +23,7 @@ from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.logger import Logger
 
 from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
+from rmqha.group import GroupTransferService, PutMessageResult, PutStatus
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha.slave import SlaveFactory, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
@@ -41,11 +42,18 @@ def _stop_child(_: object, service: IService) -> Deferred[None]:
 
 class Role(enum.Enum):
     """
-    What a broker does in its HA pair.
+    RocketMQ's C{brokerRole}.
     """
 
-    MASTER = "master"
-    SLAVE = "slave"
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+    #: "master" means ASYNC_MASTER, as in RocketMQ's default.
+    MASTER = "ASYNC_MASTER"
+
+    @property
+    def is_master(self) -> bool:
+        return self is not Role.SLAVE
 
 
 class NotMasterError(Exception):
@@ -78,6 +86,10 @@ class Broker(MultiService):
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
         max_unflushed: int = DEFAULT_MAX_UNFLUSHED,
+        in_sync_replicas: int = 2,
+        min_in_sync_replicas: int = 1,
+        slave_timeout: float = 3.0,
+        slave_fallbehind_max: int = 256 * 1024 * 1024,
     ) -> None:
         """
         @param ha_listen: a Twisted server endpoint description for the HA
@@ -88,13 +100,32 @@ class Broker(MultiService):
             HTTP interface (L{rmqha.admin}), or C{None} for none.
         @param max_unflushed: a slave stops reading from its master while
             more received bytes than this are not on disk.
+        @param in_sync_replicas: on a SYNC_MASTER, how many copies (the
+            master's included) a put waits for: C{inSyncReplicas}, 2 being
+            4.x's SYNC_MASTER.
+        @param min_in_sync_replicas: fewer in-sync copies than this fail a
+            put at once with C{IN_SYNC_REPLICAS_NOT_ENOUGH}.
+        @param slave_timeout: C{slaveTimeout}, seconds.
+        @param slave_fallbehind_max: C{haSlaveFallbehindMax}: a slave this
+            far behind a put's end does not count as in sync.
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
             raise ValueError("a slave needs the master's address")
         self.reactor = reactor
+        if not 1 <= min_in_sync_replicas <= in_sync_replicas:
+            raise ValueError(
+                f"minInSyncReplicas {min_in_sync_replicas} must be between 1 and "
+                f"inSyncReplicas {in_sync_replicas}"
+            )
         self.role = role
         self.config = config
+        self.in_sync_replicas = in_sync_replicas
+        self.min_in_sync_replicas = min_in_sync_replicas
+        self.slave_fallbehind_max = slave_fallbehind_max
+        self.group = GroupTransferService(reactor, slave_timeout)
+        #: How many puts ended with each status.
+        self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
         self._ha_listen = ha_listen
         self._master_endpoint = master_endpoint
         self._retry_policy = retry_policy
@@ -118,8 +149,9 @@ class Broker(MultiService):
         self.store.startService()
         commitlog = self.store.commitlog
         assert commitlog is not None
-        if self.role is Role.MASTER:
+        if self.role.is_master:
             self.master_factory = MasterFactory(commitlog, self.reactor, self.config)
+            self.master_factory.ack_listeners.append(self._acks_changed)
             self.ha_service = StreamServerEndpointService(
                 serverFromString(self.reactor, self._ha_listen), self.master_factory
             )
@@ -171,6 +203,7 @@ class Broker(MultiService):
             if service is not None:
                 d.addBoth(_stop_child, service)
         self.http_service = self.ha_service = None
+        self.group.stop()
         if self.master_factory is not None:
             # Stopping the listener leaves accepted connections open.
             master_factory = self.master_factory
@@ -185,20 +218,57 @@ class Broker(MultiService):
             raise RuntimeError("the broker is not running")
         return commitlog
 
-    def put(self, message: Message) -> Deferred[AppendResult]:
+    def put(self, message: Message) -> Deferred[PutMessageResult]:
         """
-        Store C{message} on this master and start replicating it.
+        Store C{message} on this master and replicate it.
 
-        @return: fires with where it was stored.
-        @raise NotMasterError: this broker is a slave.
+        On an ASYNC_MASTER the result is C{PUT_OK} at once.  On a
+        SYNC_MASTER: C{IN_SYNC_REPLICAS_NOT_ENOUGH} or
+        C{SLAVE_NOT_AVAILABLE} at once when too few slaves are connected and
+        within C{haSlaveFallbehindMax}; otherwise C{PUT_OK} when
+        C{inSyncReplicas - 1} distinct slaves have acknowledged the put's
+        end offset, or C{FLUSH_SLAVE_TIMEOUT} after C{slaveTimeout}.  The
+        message is stored in every case.
+
+        @raise NotMasterError: this broker is a slave (nothing is stored).
+        @raise MessageRejected: the message breaks a limit (nothing stored).
         """
-        if self.role is not Role.MASTER or self.master_factory is None:
+        factory = self.master_factory
+        if not self.role.is_master or factory is None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError("messages are put on the master, this is a slave")
-        result = self.commitlog.put(message)
+        append = self.commitlog.put(message)
         self.puts += 1
-        self.put_bytes += result.size
-        self.master_factory.notify_appended()
-        return succeed(result)
+        self.put_bytes += append.size
+        factory.notify_appended()
+        if self.role is not Role.SYNC_MASTER or self.in_sync_replicas <= 1:
+            return succeed(self._result(PutStatus.PUT_OK, append))
+        end = append.next_offset
+        in_sync = 1 + sum(
+            1
+            for ack in factory.ack_offsets()
+            if end - ack < self.slave_fallbehind_max
+        )
+        if in_sync < self.min_in_sync_replicas:
+            return succeed(self._result(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, append))
+        if in_sync < self.in_sync_replicas:
+            return succeed(self._result(PutStatus.SLAVE_NOT_AVAILABLE, append))
+        return self.group.wait_for(end).addCallback(self._result, append)
+
+    def _result(self, status: PutStatus, append: AppendResult) -> PutMessageResult:
+        self.put_statuses[status] += 1
+        return PutMessageResult(status, append)
+
+    def _acks_changed(self) -> None:
+        """
+        A slave acknowledged or went away: the quorum offset is the k-th
+        highest ack among the connected slaves (k = inSyncReplicas - 1).
+        """
+        needed = self.in_sync_replicas - 1
+        if needed <= 0 or self.master_factory is None:
+            return
+        acks = sorted(self.master_factory.ack_offsets(), reverse=True)
+        self.group.quorum_changed(acks[needed - 1] if len(acks) >= needed else -1)
 
     @property
     def master_endpoint(self) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
@@ -177,6 +178,8 @@ class MasterConnection(Protocol):
         self._heartbeat.stop()
         self._housekeeping.stop()
         self.factory.connections.discard(self)
+        if self.ack_offset is not None:
+            self.factory.acks_changed()
         if self.transport is not None:
             IConsumer(self.transport).unregisterProducer()
 
@@ -237,6 +240,7 @@ class MasterConnection(Protocol):
     def _record_ack(self, offset: int) -> None:
         now = self.factory.clock.seconds()
         self.ack_offset = offset
+        self.factory.acks_changed()
         acks = self._acks
         acks.append((now, offset))
         while len(acks) > 2 and now - acks[1][0] >= _RATE_WINDOW:
@@ -353,6 +357,8 @@ class MasterFactory(ServerFactory):
         self.clock = clock
         self.config = config
         self.connections: set[MasterConnection] = set()
+        #: Called when a slave's ack changes or an acking slave goes away.
+        self.ack_listeners: list[Callable[[], None]] = []
         self._wake: IDelayedCall | None = None
 
     def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
@@ -371,6 +377,16 @@ class MasterFactory(ServerFactory):
         self._wake = None
         for connection in list(self.connections):
             connection.data_available()
+
+    def acks_changed(self) -> None:
+        for listener in list(self.ack_listeners):
+            listener()
+
+    def ack_offsets(self) -> list[int]:
+        """
+        The ack of every connected slave that has acknowledged anything.
+        """
+        return [c.ack_offset for c in self.connections if c.ack_offset is not None]
 
     def disconnect_all(self, why: str) -> None:
         """

@@ -84,16 +84,20 @@ def read_properties(path: str) -> dict[str, str]:
 
 def _role(text: str) -> Role:
     value = text.strip().upper()
-    if value in ("MASTER", "ASYNC_MASTER"):
-        return Role.MASTER
-    if value == "SLAVE":
-        return Role.SLAVE
-    if value == "SYNC_MASTER":
+    if value == "MASTER":
+        return Role.ASYNC_MASTER
+    try:
+        return Role(value)
+    except ValueError:
         raise ValueError(
-            "SYNC_MASTER (synchronous double write) is not available yet; "
-            "use ASYNC_MASTER"
-        )
-    raise ValueError(f"{text!r} is not master, slave, ASYNC_MASTER or SLAVE")
+            f"{text!r} is not master, slave, ASYNC_MASTER, SYNC_MASTER or SLAVE"
+        ) from None
+
+
+def _replicas(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{text!r} is not a number of replicas (1 or more)")
+    return int(text)
 
 
 def _bool(text: str) -> bool:
@@ -168,9 +172,10 @@ _SETTINGS = [
     _Setting("batch-size", "haTransferBatchSize", _batch_size),
     _Setting("heartbeat-interval", "haSendHeartbeatInterval", _positive_ms),
     _Setting("housekeeping-interval", "haHousekeepingInterval", _positive_ms),
-    # Read and checked now; they take effect with SYNC_MASTER.
     _Setting("slave-fallbehind-max", "haSlaveFallbehindMax", lambda t: parse_size(t, "value")),
     _Setting("slave-timeout", "slaveTimeout", _positive_ms),
+    _Setting("in-sync-replicas", "inSyncReplicas", _replicas),
+    _Setting("min-in-sync-replicas", "minInSyncReplicas", _replicas),
 ]
 
 _DEFAULTS: dict[str, Any] = {
@@ -185,6 +190,8 @@ _DEFAULTS: dict[str, Any] = {
     "sync-from-last-file": False,
     "slave-fallbehind-max": 256 * 1024 * 1024,
     "slave-timeout": 3.0,
+    "in-sync-replicas": 2,
+    "min-in-sync-replicas": 1,
 }
 
 
@@ -193,7 +200,7 @@ class Options(usage.Options):
     C{twistd rmqha} command line.
     """
 
-    synopsis = "--role master|slave --store-dir DIR [options]"
+    synopsis = "--role master|SYNC_MASTER|slave --store-dir DIR [options]"
     longdesc = (
         "Runs an rmqha broker: a RocketMQ 4.9-compatible commit log under "
         "--store-dir replicated with RocketMQ's classic HA protocol. A master "
@@ -213,7 +220,32 @@ class Options(usage.Options):
     ]
     optParameters = [
         ["config", None, None, "a RocketMQ broker.conf to read settings from"],
-        ["role", None, None, "master (ASYNC_MASTER) or slave (SLAVE) [brokerRole]"],
+        [
+            "role",
+            None,
+            None,
+            "master (= ASYNC_MASTER), SYNC_MASTER or slave (SLAVE) [brokerRole]",
+        ],
+        [
+            "slave-timeout",
+            None,
+            None,
+            "ms a SYNC_MASTER put waits for slaves (3000) [slaveTimeout]",
+        ],
+        [
+            "in-sync-replicas",
+            None,
+            None,
+            "copies a SYNC_MASTER put waits for, the master's included (2) "
+            "[inSyncReplicas]",
+        ],
+        [
+            "min-in-sync-replicas",
+            None,
+            None,
+            "fewer in-sync copies fail a put at once with "
+            "IN_SYNC_REPLICAS_NOT_ENOUGH (1) [minInSyncReplicas]",
+        ],
         ["store-dir", None, None, "store root [storePathRootDir]"],
         [
             "commitlog-dir",
@@ -296,6 +328,11 @@ class Options(usage.Options):
                     raise ValueError(f"syncFromLastFile in {self['config']}: {e}") from None
             if self["sync-from-last-file"]:
                 settings["sync-from-last-file"] = True
+            if settings["min-in-sync-replicas"] > settings["in-sync-replicas"]:
+                raise ValueError(
+                    f"--min-in-sync-replicas {settings['min-in-sync-replicas']} is "
+                    f"more than --in-sync-replicas {settings['in-sync-replicas']}"
+                )
             if not settings.get("store-dir"):
                 raise ValueError("--store-dir (or storePathRootDir) is required")
             if settings["role"] is Role.SLAVE:
@@ -352,4 +389,8 @@ def makeService(options: Options) -> IService:
         http=s.get("http"),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],
+        in_sync_replicas=s["in-sync-replicas"],
+        min_in_sync_replicas=s["min-in-sync-replicas"],
+        slave_timeout=s["slave-timeout"],
+        slave_fallbehind_max=s["slave-fallbehind-max"],
     )

@@ -129,7 +129,7 @@ class MasterAdminTests(AdminTestCase):
         self.assertEqual(code, 200)
         self.assertEqual(
             {k: answer[k] for k in ("role", "min_offset", "max_offset", "flushed_offset")},
-            {"role": "master", "min_offset": 0, "max_offset": end, "flushed_offset": 0},
+            {"role": "ASYNC_MASTER", "min_offset": 0, "max_offset": end, "flushed_offset": 0},
         )
         (slave,) = answer["slaves"]
         self.assertEqual(slave["peer"], "127.0.0.1:40001")
@@ -174,7 +174,7 @@ class SlaveAdminTests(AdminTestCase):
         root = AdminRoot(self.broker(Role.SLAVE))
         code, data, _ = request(root, b"GET", b"/status")
         answer = json.loads(data)
-        self.assertEqual(answer["role"], "slave")
+        self.assertEqual(answer["role"], "SLAVE")
         self.assertEqual(answer["master"], "tcp:host=127.0.0.1:port=10912")
         self.assertFalse(answer["connected"])
         self.assertIsNone(answer["lag_bytes"])

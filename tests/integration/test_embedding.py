@@ -31,5 +31,5 @@ async def test_embedding_example() -> None:
     assert printed[0][:2] == ("stored at offset", 0)
     master_status = printed[1][1]
     slave_status = printed[2][1]
-    assert master_status["role"] == "master"
+    assert master_status["role"] == "ASYNC_MASTER"
     assert slave_status["max_offset"] == result.next_offset
