@@ -212,8 +212,9 @@ class MasterConnection(Protocol):
                 f"segment (min offset {commitlog.min_offset})"
             )
             return
-        if offset:
-            self._record_ack(offset)
+        # The first report is what the slave holds: 0 for an empty one,
+        # which is connected and counts (from 0) for in-sync decisions.
+        self._record_ack(offset)
         self.next_offset = start
         self._state = _State.TRANSFERRING
         self._log.info(

@@ -1,0 +1,291 @@
+"""
+Tests for synchronous double write: L{rmqha.group.GroupTransferService}
+on a C{Clock}, and SYNC_MASTER puts through L{rmqha.broker.Broker} with
+slaves on C{StringTransport}s.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha.broker import Broker, Role
+from rmqha.commitlog import CommitLog, Message
+from rmqha.group import GroupTransferService, PutStatus
+from rmqha.master import MasterConnection
+
+from tests._helpers import fixed_clock
+
+
+class GroupTransferServiceTests(SynchronousTestCase):
+    """
+    Waiters fire when the quorum offset reaches them, or time out.
+    """
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.group = GroupTransferService(self.clock, timeout=3.0)
+        self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
+        self.addCleanup(self.group.stop)
+
+    def test_fires_on_next_turn(self) -> None:
+        """
+        A quorum reaching the end offset fires PUT_OK on the reactor's next
+        turn, not inside the call that reported the ack.
+        """
+        d = self.group.wait_for(100)
+        self.group.quorum_changed(100)
+        self.assertNoResult(d)
+        self.clock.advance(0)
+        self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
+
+    def test_already_covered(self) -> None:
+        """
+        A put whose end the quorum already covers is PUT_OK at once.
+        """
+        self.group.quorum_changed(500)
+        self.assertEqual(self.successResultOf(self.group.wait_for(400)), PutStatus.PUT_OK)
+
+    def test_deadline_exact(self) -> None:
+        """
+        FLUSH_SLAVE_TIMEOUT exactly at slaveTimeout, not a tick before; an
+        ack after the deadline changes nothing.
+        """
+        d = self.group.wait_for(100)
+        self.clock.advance(2.999)
+        self.assertNoResult(d)
+        self.clock.advance(0.001)
+        self.assertEqual(self.successResultOf(d), PutStatus.FLUSH_SLAVE_TIMEOUT)
+        self.group.quorum_changed(100)
+        self.clock.advance(0)
+        self.assertEqual(self.group.waiting, 0)
+
+    def test_ack_just_before_deadline(self) -> None:
+        """
+        An ack a tick before the deadline wins.
+        """
+        d = self.group.wait_for(100)
+        self.clock.advance(2.999)
+        self.group.quorum_changed(120)
+        self.clock.advance(0)
+        self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
+
+    def test_offset_order_and_partial(self) -> None:
+        """
+        Waiters fire in end-offset order, and only those the quorum covers.
+        """
+        order: list[int] = []
+        for end in (300, 100, 200, 400):
+            self.group.wait_for(end).addCallback(lambda _, e=end: order.append(e))
+        self.group.quorum_changed(300)
+        self.clock.advance(0)
+        self.assertEqual(order, [100, 200, 300])
+        self.assertEqual(self.group.waiting, 1)
+        self.group.quorum_changed(400)
+        self.clock.advance(0)
+        self.assertEqual(order, [100, 200, 300, 400])
+
+    def test_cancel(self) -> None:
+        """
+        A cancelled wait is withdrawn (and cancels its deadline).
+        """
+        d = self.group.wait_for(100)
+        d.cancel()
+        self.failureResultOf(d)
+        self.assertEqual(self.group.waiting, 0)
+        many = [self.group.wait_for(1000 + i) for i in range(200)]
+        for w in many:
+            w.cancel()
+            self.failureResultOf(w)
+        self.assertEqual(self.group.waiting, 0)
+
+    def test_stop_resolves_everything(self) -> None:
+        """
+        Stopping resolves every waiter with SLAVE_NOT_AVAILABLE and leaves
+        no timers; later waits get the same at once.
+        """
+        ds = [self.group.wait_for(end) for end in (10, 20)]
+        self.group.stop()
+        for d in ds:
+            self.assertEqual(self.successResultOf(d), PutStatus.SLAVE_NOT_AVAILABLE)
+        self.assertEqual(
+            self.successResultOf(self.group.wait_for(30)), PutStatus.SLAVE_NOT_AVAILABLE
+        )
+
+    def test_timeout_must_be_positive(self) -> None:
+        """
+        slaveTimeout 0 or less is refused, naming the key.
+        """
+        e = self.assertRaises(ValueError, GroupTransferService, self.clock, 0)
+        self.assertIn("slaveTimeout", str(e))
+
+
+class SyncMasterTests(SynchronousTestCase):
+    """
+    SYNC_MASTER puts, with slaves as connections on StringTransports.
+    """
+
+    def broker(self, role: Role = Role.SYNC_MASTER, **options: object) -> Broker:
+        self.reactor = MemoryReactorClock()
+        store = self.mktemp()
+        broker = Broker(
+            self.reactor,
+            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            role,
+            ha_listen="tcp:0",
+            slave_timeout=3.0,
+            **options,  # type: ignore[arg-type]
+        )
+        broker.startService()
+        self.addCleanup(broker.stopService)
+        return broker
+
+    def slave(self, broker: Broker, port: int, report: int = 0) -> MasterConnection:
+        factory = broker.master_factory
+        assert factory is not None
+        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", port))
+        connection.makeConnection(StringTransport())
+        connection.dataReceived(struct.pack(">q", report))
+        return connection
+
+    def ack(self, connection: MasterConnection, offset: int) -> None:
+        connection.dataReceived(struct.pack(">q", offset))
+
+    def put(self, broker: Broker):  # type: ignore[no-untyped-def]
+        return broker.put(Message("SyncTopic", b"x" * 100))
+
+    def test_async_master_ok_at_once(self) -> None:
+        """
+        ASYNC_MASTER: PUT_OK at once, with no slave at all.
+        """
+        broker = self.broker(Role.ASYNC_MASTER)
+        self.assertEqual(self.successResultOf(self.put(broker)).status, PutStatus.PUT_OK)
+
+    def test_no_slave(self) -> None:
+        """
+        SYNC_MASTER without a slave: SLAVE_NOT_AVAILABLE at once, and the
+        message is stored anyway.
+        """
+        broker = self.broker()
+        result = self.successResultOf(self.put(broker))
+        self.assertEqual(result.status, PutStatus.SLAVE_NOT_AVAILABLE)
+        self.assertEqual(broker.commitlog.max_offset, result.next_offset)
+
+    def test_min_in_sync_fails_fast(self) -> None:
+        """
+        With minInSyncReplicas 2 and no slave: IN_SYNC_REPLICAS_NOT_ENOUGH.
+        """
+        broker = self.broker(min_in_sync_replicas=2)
+        self.assertEqual(
+            self.successResultOf(self.put(broker)).status,
+            PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
+        )
+
+    def test_slave_too_far_behind(self) -> None:
+        """
+        A slave further behind than haSlaveFallbehindMax does not count:
+        SLAVE_NOT_AVAILABLE.
+        """
+        broker = self.broker(slave_fallbehind_max=150)
+        self.put(broker)
+        self.put(broker)
+        self.slave(broker, 40001, report=0)
+        self.assertEqual(
+            self.successResultOf(self.put(broker)).status, PutStatus.SLAVE_NOT_AVAILABLE
+        )
+
+    def test_ack_and_timeout(self) -> None:
+        """
+        With a connected slave the put waits: PUT_OK when the slave acks
+        its end offset; FLUSH_SLAVE_TIMEOUT when it does not within
+        slaveTimeout.  Both messages are stored.
+        """
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        d = self.put(broker)
+        self.assertNoResult(d)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        d = self.put(broker)
+        self.reactor.advance(3.0)
+        result = self.successResultOf(d)
+        self.assertEqual(result.status, PutStatus.FLUSH_SLAVE_TIMEOUT)
+        self.assertEqual(broker.commitlog.max_offset, result.next_offset)
+        self.assertEqual(broker.put_statuses[PutStatus.PUT_OK], 1)
+        self.assertEqual(broker.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT], 1)
+
+    def test_one_slave_does_not_ack_for_another(self) -> None:
+        """
+        inSyncReplicas 3 (two slaves): one slave's ack is not enough, and
+        the same slave acking twice is still one; the second slave's ack
+        completes the quorum.
+        """
+        broker = self.broker(in_sync_replicas=3)
+        a = self.slave(broker, 40001)
+        b = self.slave(broker, 40002)
+        d = self.put(broker)
+        end = broker.commitlog.max_offset
+        self.ack(a, end)
+        self.ack(a, end)
+        self.reactor.advance(0)
+        self.assertNoResult(d)
+        self.ack(b, end)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+
+    def test_two_slaves_only_one_acks(self) -> None:
+        """
+        The default quorum (master + one slave) with two slaves: either
+        slave's ack is enough.
+        """
+        broker = self.broker()
+        self.slave(broker, 40001)
+        b = self.slave(broker, 40002)
+        d = self.put(broker)
+        self.ack(b, broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+
+    def test_slave_disconnects_while_waiting(self) -> None:
+        """
+        A slave that goes away while puts wait no longer counts: a waiting
+        put completes only when another slave acks, or times out; once too
+        few slaves are left, puts are SLAVE_NOT_AVAILABLE at once.
+        """
+        broker = self.broker(in_sync_replicas=3)
+        a = self.slave(broker, 40001)
+        b = self.slave(broker, 40002)
+        d = self.put(broker)
+        end = broker.commitlog.max_offset
+        self.ack(a, end)
+        b.connectionLost()
+        c = self.slave(broker, 40003)
+        self.reactor.advance(1)
+        self.assertNoResult(d)
+        self.ack(c, end)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        d = self.put(broker)
+        a.connectionLost()
+        self.reactor.advance(3)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.FLUSH_SLAVE_TIMEOUT)
+        # Now one slave for a quorum that needs two: refused at once.
+        self.assertEqual(
+            self.successResultOf(self.put(broker)).status, PutStatus.SLAVE_NOT_AVAILABLE
+        )
+
+    def test_stop_while_waiting(self) -> None:
+        """
+        Stopping the broker resolves waiting puts with SLAVE_NOT_AVAILABLE.
+        """
+        broker = self.broker()
+        self.slave(broker, 40001)
+        d = self.put(broker)
+        self.assertNoResult(d)
+        broker.stopService()
+        self.assertEqual(self.successResultOf(d).status, PutStatus.SLAVE_NOT_AVAILABLE)
