@@ -18,12 +18,12 @@ from typing import Any, Callable
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.endpoints import clientFromString, serverFromString
 from twisted.logger import Logger
 
 from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
-from rmqha.group import GroupTransferService, PutMessageResult, PutStatus
+from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha.slave import SlaveFactory, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
@@ -90,6 +90,8 @@ class Broker(MultiService):
         min_in_sync_replicas: int = 1,
         slave_timeout: float = 3.0,
         slave_fallbehind_max: int = 256 * 1024 * 1024,
+        sync_flush_timeout: float = 5.0,
+        run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
     ) -> None:
         """
         @param ha_listen: a Twisted server endpoint description for the HA
@@ -108,6 +110,10 @@ class Broker(MultiService):
         @param slave_timeout: C{slaveTimeout}, seconds.
         @param slave_fallbehind_max: C{haSlaveFallbehindMax}: a slave this
             far behind a put's end does not count as in sync.
+        @param sync_flush_timeout: C{syncFlushTimeout}, seconds: with
+            SYNC_FLUSH, a put not on disk by then is C{FLUSH_DISK_TIMEOUT}.
+        @param run_in_thread: how the store runs its flushes (default: the
+            reactor's thread pool; see L{CommitLogService}).
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -123,6 +129,7 @@ class Broker(MultiService):
         self.in_sync_replicas = in_sync_replicas
         self.min_in_sync_replicas = min_in_sync_replicas
         self.slave_fallbehind_max = slave_fallbehind_max
+        self.sync_flush_timeout = sync_flush_timeout
         self.group = GroupTransferService(reactor, slave_timeout)
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
@@ -133,7 +140,10 @@ class Broker(MultiService):
         self._max_unflushed = max_unflushed
         self.http_service: StreamServerEndpointService | None = None
         self.store = CommitLogService(
-            open_commitlog, reactor, flush_interval=flush_interval
+            open_commitlog,
+            reactor,
+            flush_interval=flush_interval,
+            run_in_thread=run_in_thread,
         )
         self.store.setName("store")
         self.store.setServiceParent(self)
@@ -237,23 +247,48 @@ class Broker(MultiService):
         if not self.role.is_master or factory is None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError("messages are put on the master, this is a slave")
-        append = self.commitlog.put(message)
+        commitlog = self.commitlog
+        append = commitlog.put(message)
         self.puts += 1
         self.put_bytes += append.size
         factory.notify_appended()
-        if self.role is not Role.SYNC_MASTER or self.in_sync_replicas <= 1:
-            return succeed(self._result(PutStatus.PUT_OK, append))
         end = append.next_offset
+        # Disk and replicas are waited for at the same time; the disk's
+        # verdict comes first, as in RocketMQ's asyncPutMessage.
+        waits = [self._replica_wait(end)]
+        if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            flushed: Deferred[PutStatus] = self.store.when_flushed(end).addCallback(
+                lambda _: PutStatus.PUT_OK
+            )
+            flushed.addTimeout(
+                self.sync_flush_timeout,
+                self.reactor,
+                onTimeoutCancel=timed_out_as(PutStatus.FLUSH_DISK_TIMEOUT),
+            )
+            waits.insert(0, flushed)
+        if len(waits) == 1:
+            return waits[0].addCallback(self._result, append)
+        return gatherResults(waits).addCallback(
+            lambda statuses: self._result(
+                next((s for s in statuses if s is not PutStatus.PUT_OK), PutStatus.PUT_OK),
+                append,
+            )
+        )
+
+    def _replica_wait(self, end: int) -> Deferred[PutStatus]:
+        if self.role is not Role.SYNC_MASTER or self.in_sync_replicas <= 1:
+            return succeed(PutStatus.PUT_OK)
+        assert self.master_factory is not None
         in_sync = 1 + sum(
             1
-            for ack in factory.ack_offsets()
+            for ack in self.master_factory.ack_offsets()
             if end - ack < self.slave_fallbehind_max
         )
         if in_sync < self.min_in_sync_replicas:
-            return succeed(self._result(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, append))
+            return succeed(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
         if in_sync < self.in_sync_replicas:
-            return succeed(self._result(PutStatus.SLAVE_NOT_AVAILABLE, append))
-        return self.group.wait_for(end).addCallback(self._result, append)
+            return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
+        return self.group.wait_for(end)
 
     def _result(self, status: PutStatus, append: AppendResult) -> PutMessageResult:
         self.put_statuses[status] += 1

@@ -348,6 +348,10 @@ class CommitLog:
         self._lock_fd = lock_fd
         self._flushed = self.max_offset
         self._sync_flush = flush_disk_type is FlushDiskType.SYNC_FLUSH
+        #: With SYNC_FLUSH, whether put and append_at flush before they
+        #: return.  A service doing group commit (one flush for many puts,
+        #: off the caller's thread) turns this off and owns the guarantee.
+        self.sync_flush_inline = True
         # Where the next put may go without L{_prepare_put}'s checks; -1
         # after anything else changed the log.
         self._put_ready_at = -1
@@ -539,7 +543,7 @@ class CommitLog:
         segment.wrote = end - segment.start  # type: ignore[union-attr]
         self._put_ready_at = self._record_end = self._queue_table_end = end
         self._last_put = results[-1].offset
-        if self._sync_flush:
+        if self._sync_flush and self.sync_flush_inline:
             self.flush()
         return results
 
@@ -714,7 +718,7 @@ class CommitLog:
             segment.wrote += n
             written += n
         self._advance_record_end(offset, view)
-        if self._sync_flush:
+        if self._sync_flush and self.sync_flush_inline:
             self.flush()
         return self.max_offset
 

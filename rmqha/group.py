@@ -21,7 +21,7 @@ import enum
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -39,6 +39,8 @@ class PutStatus(enum.Enum):
 
     #: Stored (and, on a SYNC_MASTER, held by enough slaves).
     PUT_OK = "PUT_OK"
+    #: Stored; not on disk within C{syncFlushTimeout} (SYNC_FLUSH).
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
     #: Stored; the slaves did not acknowledge it within C{slaveTimeout}.
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
     #: Stored; too few slaves connected and caught up to wait for.
@@ -179,10 +181,18 @@ class GroupTransferService:
                 waiter.deferred.callback(PutStatus.SLAVE_NOT_AVAILABLE)
 
 
-def _timed_out(result: Any, timeout: float) -> Any:
+def timed_out_as(status: PutStatus) -> Callable[[Any, float], Any]:
     """
-    addTimeout's translation of its own cancellation.
+    An C{onTimeoutCancel} for C{Deferred.addTimeout} that turns the
+    timeout into C{status}.
     """
-    if isinstance(result, Failure) and result.check(CancelledError):
-        return PutStatus.FLUSH_SLAVE_TIMEOUT
-    return result
+
+    def translate(result: Any, timeout: float) -> Any:
+        if isinstance(result, Failure) and result.check(CancelledError):
+            return status
+        return result
+
+    return translate
+
+
+_timed_out = timed_out_as(PutStatus.FLUSH_SLAVE_TIMEOUT)

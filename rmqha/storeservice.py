@@ -7,6 +7,7 @@ C{FlushRealTimeService}), flushed and closed cleanly when it stops.
 
 from __future__ import annotations
 
+import heapq
 from typing import Any, Callable
 
 from twisted.application.service import Service
@@ -37,7 +38,9 @@ class CommitLogService(Service):
     C{flush_least_bytes} dirty, or anything dirty once
     C{flush_thorough_interval} has passed since the last flush) and runs
     its C{fdatasync}s on a thread, so puts continue meanwhile; one flush at
-    a time.  With C{SYNC_FLUSH} the log flushes inside every put.
+    a time.  With C{SYNC_FLUSH} the service does group commit: callers wait
+    on L{when_flushed}, and one flush serves every put made before it
+    started (puts arriving during a flush ride the next one).
 
     @ivar commitlog: the open log while the service runs, else C{None}.
     """
@@ -74,6 +77,9 @@ class CommitLogService(Service):
         self._waiters: list[Deferred[None]] = []
         #: Called after every flush that advanced the flushed offset.
         self.flush_observers: list[Callable[[], None]] = []
+        # (offset, sequence, Deferred) waiting for the flushed offset.
+        self._flush_waiters: list[tuple[int, int, Deferred[None]]] = []
+        self._flush_sequence = 0
         self._last_flush = 0.0
         self.commitlog: CommitLog | None = None
 
@@ -84,6 +90,8 @@ class CommitLogService(Service):
 
     def startService(self) -> None:
         self.commitlog = commitlog = self._open_commitlog()
+        if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            commitlog.sync_flush_inline = False
         self._log.info(
             "commit log {dir}: {segments} segments, offsets {min}..{max}, "
             "last shutdown {shutdown}, {flush}",
@@ -140,9 +148,13 @@ class CommitLogService(Service):
             waiters, self._waiters = self._waiters, []
             for waiter in waiters:
                 waiter.callback(None)
+            if self._flush_waiters:
+                # Puts that came during this flush: the next one is theirs.
+                self.flush_now(thorough=True)
 
         def done(_: None) -> None:
             commitlog.flush_done(plan)
+            self._release_flush_waiters()
             for observer in list(self.flush_observers):
                 observer()
 
@@ -150,6 +162,35 @@ class CommitLogService(Service):
         d.addCallbacks(done, failed)
         d.addCallback(finished)
         return d
+
+    def when_flushed(self, offset: int) -> Deferred[None]:
+        """
+        Fires once everything before C{offset} is on disk, starting a flush
+        if none is running (group commit).  Cancelling withdraws the wait.
+        """
+        commitlog = self.commitlog
+        if commitlog is None or commitlog.flushed_offset >= offset:
+            return succeed(None)
+
+        def cancel(d: Deferred[None]) -> None:
+            self._flush_waiters = [w for w in self._flush_waiters if w[2] is not d]
+            heapq.heapify(self._flush_waiters)
+
+        d: Deferred[None] = Deferred(cancel)
+        self._flush_sequence += 1
+        heapq.heappush(self._flush_waiters, (offset, self._flush_sequence, d))
+        if not self._flushing:
+            self.flush_now(thorough=True)
+        return d
+
+    def _release_flush_waiters(self) -> None:
+        commitlog = self.commitlog
+        if commitlog is None:
+            return
+        flushed = commitlog.flushed_offset
+        waiters = self._flush_waiters
+        while waiters and waiters[0][0] <= flushed:
+            heapq.heappop(waiters)[2].callback(None)
 
     def stopService(self) -> Deferred[None]:
         """
@@ -169,6 +210,9 @@ class CommitLogService(Service):
         def close(_: object) -> None:
             commitlog, self.commitlog = self.commitlog, None
             if commitlog is not None:
-                commitlog.close()
+                commitlog.close()  # flushes what is left
+            waiters, self._flush_waiters = self._flush_waiters, []
+            for _offset, _sequence, waiter in sorted(waiters, key=lambda w: w[:2]):
+                waiter.callback(None)
 
         return waiting.addCallback(close)

@@ -174,6 +174,7 @@ _SETTINGS = [
     _Setting("housekeeping-interval", "haHousekeepingInterval", _positive_ms),
     _Setting("slave-fallbehind-max", "haSlaveFallbehindMax", lambda t: parse_size(t, "value")),
     _Setting("slave-timeout", "slaveTimeout", _positive_ms),
+    _Setting("sync-flush-timeout", "syncFlushTimeout", _positive_ms),
     _Setting("in-sync-replicas", "inSyncReplicas", _replicas),
     _Setting("min-in-sync-replicas", "minInSyncReplicas", _replicas),
 ]
@@ -190,6 +191,7 @@ _DEFAULTS: dict[str, Any] = {
     "sync-from-last-file": False,
     "slave-fallbehind-max": 256 * 1024 * 1024,
     "slave-timeout": 3.0,
+    "sync-flush-timeout": 5.0,
     "in-sync-replicas": 2,
     "min-in-sync-replicas": 1,
 }
@@ -393,4 +395,5 @@ def makeService(options: Options) -> IService:
         min_in_sync_replicas=s["min-in-sync-replicas"],
         slave_timeout=s["slave-timeout"],
         slave_fallbehind_max=s["slave-fallbehind-max"],
+        sync_flush_timeout=s["sync-flush-timeout"],
     )

@@ -9,12 +9,13 @@ from __future__ import annotations
 import struct
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
+from rmqha.commitlog import CommitLog, FlushDiskType, Message
 from rmqha.group import GroupTransferService, PutStatus
 from rmqha.master import MasterConnection
 
@@ -289,3 +290,101 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertNoResult(d)
         broker.stopService()
         self.assertEqual(self.successResultOf(d).status, PutStatus.SLAVE_NOT_AVAILABLE)
+
+
+
+class SyncFlushTests(SynchronousTestCase):
+    """
+    SYNC_FLUSH puts wait for the disk (group commit) as well as for the
+    slaves; the disk's verdict comes first.
+    """
+
+    slave = SyncMasterTests.slave
+    ack = SyncMasterTests.ack
+
+    def broker(self, role: Role = Role.SYNC_MASTER) -> Broker:
+        self.reactor = MemoryReactorClock()
+        self.flushes: list = []
+        store = self.mktemp()
+
+        def held(f):  # type: ignore[no-untyped-def]
+            d: Deferred = Deferred()
+            self.flushes.append((f, d))
+            return d
+
+        broker = Broker(
+            self.reactor,
+            lambda: CommitLog.open(
+                store, segment_size=64 * 1024, clock=fixed_clock,
+                flush_disk_type=FlushDiskType.SYNC_FLUSH,
+            ),
+            role,
+            ha_listen="tcp:0",
+            slave_timeout=3.0,
+            sync_flush_timeout=5.0,
+            run_in_thread=held,
+        )
+        broker.startService()
+        self.addCleanup(self._release_and_stop, broker)
+        return broker
+
+    def _release_and_stop(self, broker: Broker) -> None:
+        self.run_flushes()
+        broker.stopService()
+        self.run_flushes()
+
+    def run_flushes(self) -> None:
+        while self.flushes:
+            f, d = self.flushes.pop(0)
+            f()
+            d.callback(None)
+
+    def put(self, broker: Broker):  # type: ignore[no-untyped-def]
+        return broker.put(Message("SyncTopic", b"x" * 100))
+
+    def test_async_master_waits_for_disk(self) -> None:
+        """
+        ASYNC_MASTER with SYNC_FLUSH: PUT_OK once the flush that covers the
+        put is done; FLUSH_DISK_TIMEOUT when none finishes within
+        syncFlushTimeout (the message is stored).
+        """
+        broker = self.broker(Role.ASYNC_MASTER)
+        d = self.put(broker)
+        self.assertNoResult(d)
+        self.run_flushes()
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        d = self.put(broker)
+        self.reactor.advance(5.0)
+        result = self.successResultOf(d)
+        self.assertEqual(result.status, PutStatus.FLUSH_DISK_TIMEOUT)
+        self.assertEqual(broker.commitlog.max_offset, result.next_offset)
+
+    def test_both_ok(self) -> None:
+        """
+        SYNC_MASTER and SYNC_FLUSH: PUT_OK when both the disk and a slave
+        hold the put, whichever comes last.
+        """
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        d = self.put(broker)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        self.assertNoResult(d)
+        self.run_flushes()
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+
+    def test_disk_verdict_first(self) -> None:
+        """
+        Disk and slave both late: FLUSH_DISK_TIMEOUT (RocketMQ applies the
+        flush status first); disk done, slave late: FLUSH_SLAVE_TIMEOUT.
+        """
+        broker = self.broker()
+        self.slave(broker, 40001)
+        d = self.put(broker)
+        self.reactor.advance(5.0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.FLUSH_DISK_TIMEOUT)
+        self.run_flushes()
+        d = self.put(broker)
+        self.run_flushes()
+        self.reactor.advance(3.0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.FLUSH_SLAVE_TIMEOUT)

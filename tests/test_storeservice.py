@@ -219,15 +219,31 @@ class CommitLogServiceTests(SynchronousTestCase):
         self.flushLoggedErrors(OSError)
         self.assertEqual(len(calls), 1)
 
-    def test_sync_flush_runs_no_loop(self) -> None:
+    def test_sync_flush_group_commit(self) -> None:
         """
-        With C{SYNC_FLUSH} every put is flushed before it returns and no
+        With C{SYNC_FLUSH} the service does group commit: puts do not flush
+        inline; waiters on when_flushed are served by one flush for all
+        puts made before it; puts during that flush ride the next one.  No
         periodic flush is scheduled.
         """
         service, commitlog = self._started(FlushDiskType.SYNC_FLUSH)
-        commitlog.put(_message())
-        self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+        ends = [commitlog.put(_message(i)).next_offset for i in range(3)]
+        self.assertEqual(commitlog.flushed_offset, 0)
+        waiting = [service.when_flushed(end) for end in ends]
+        self.assertEqual(len(self.threads.pending), 1)
+        late = commitlog.put(_message(9)).next_offset
+        late_waiter = service.when_flushed(late)
+        self.assertEqual(len(self.threads.pending), 1)
+        self.threads.run_all()
+        for d in waiting:
+            self.successResultOf(d)
+        self.assertNoResult(late_waiter)
+        self.assertEqual(len(self.threads.pending), 1)
+        self.threads.run_all()
+        self.successResultOf(late_waiter)
+        self.assertEqual(commitlog.flushed_offset, commitlog.max_offset)
+        self.successResultOf(service.when_flushed(late))
 
     def test_open_failure_propagates(self) -> None:
         """
