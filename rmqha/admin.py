@@ -16,7 +16,11 @@ import json
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.registry import Collector
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -106,6 +110,13 @@ class _BrokerCollector(Collector):
             for put_status, count in broker.put_statuses.items():
                 statuses.add_metric([put_status.value], count)
             yield statuses
+            waits = broker.replication_wait
+            yield HistogramMetricFamily(
+                "rmqha_replication_wait_seconds",
+                "how long SYNC_MASTER puts waited for their slaves",
+                buckets=waits.cumulative(),
+                sum_value=waits.total,
+            )
             yield CounterMetricFamily("rmqha_put_bytes", "record bytes put", value=broker.put_bytes)
             slaves = broker.slaves()
             yield GaugeMetricFamily("rmqha_slaves_connected", "connected slaves", value=len(slaves))

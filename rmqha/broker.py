@@ -13,6 +13,7 @@ with a reactor, start it, and L{Broker.put} messages on a master.
 
 from __future__ import annotations
 
+import bisect
 import enum
 from typing import Any, Callable
 
@@ -38,6 +39,36 @@ def _stop_child(_: object, service: IService) -> Deferred[None]:
     stopping = service.stopService()
     d: Deferred[Any] = stopping if isinstance(stopping, Deferred) else succeed(None)
     return d.addBoth(lambda _: service.disownServiceParent())
+
+
+#: Upper bounds (seconds) of the replication-wait histogram's buckets.
+REPLICATION_WAIT_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0,
+)
+
+
+class Histogram:
+    """
+    Counts of observations per cumulative bucket, plus their sum (what a
+    Prometheus histogram exposes).
+    """
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
 
 
 class Role(enum.Enum):
@@ -133,6 +164,8 @@ class Broker(MultiService):
         self.group = GroupTransferService(reactor, slave_timeout)
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
+        #: Seconds SYNC_MASTER puts waited for their slaves.
+        self.replication_wait = Histogram(REPLICATION_WAIT_BUCKETS)
         self._ha_listen = ha_listen
         self._master_endpoint = master_endpoint
         self._retry_policy = retry_policy
@@ -288,7 +321,13 @@ class Broker(MultiService):
             return succeed(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
         if in_sync < self.in_sync_replicas:
             return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
-        return self.group.wait_for(end)
+        started = self.reactor.seconds()
+
+        def observe(status: PutStatus) -> PutStatus:
+            self.replication_wait.observe(self.reactor.seconds() - started)
+            return status
+
+        return self.group.wait_for(end).addCallback(observe)
 
     def _result(self, status: PutStatus, append: AppendResult) -> PutMessageResult:
         self.put_statuses[status] += 1

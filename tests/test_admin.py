@@ -150,6 +150,8 @@ class MasterAdminTests(AdminTestCase):
         self.assertIn(f"rmqha_commitlog_max_offset {float(end)}", text)
         self.assertIn("rmqha_puts_total 1.0", text)
         self.assertIn("rmqha_slaves_connected 0.0", text)
+        self.assertIn('rmqha_put_results_total{status="PUT_OK"} 1.0', text)
+        self.assertIn('rmqha_replication_wait_seconds_bucket{le="+Inf"} 0.0', text)
 
     def test_not_found(self) -> None:
         """

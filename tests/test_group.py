@@ -219,6 +219,10 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertEqual(broker.commitlog.max_offset, result.next_offset)
         self.assertEqual(broker.put_statuses[PutStatus.PUT_OK], 1)
         self.assertEqual(broker.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT], 1)
+        # Waited 0 s and 3 s: the histogram has both, in the right buckets.
+        buckets = dict(broker.replication_wait.cumulative())
+        self.assertEqual((buckets["0.0001"], buckets["2.5"], buckets["5.0"]), (1, 1, 2))
+        self.assertEqual(broker.replication_wait.total, 3.0)
 
     def test_one_slave_does_not_ack_for_another(self) -> None:
         """
