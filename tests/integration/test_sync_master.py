@@ -1,0 +1,86 @@
+"""
+SYNC_MASTER against a real slave process (twistd) that is paused with
+SIGSTOP and resumed with SIGCONT.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest_twisted
+
+from rmqha.broker import Broker, Role
+from rmqha.commitlog import CommitLog, Message
+from rmqha.group import PutStatus
+from rmqha.master import HAConfig
+
+from tests.integration._support import store_digest, until
+
+
+@pytest_twisted.ensureDeferred
+async def test_paused_slave(tmp_path: Any) -> None:
+    """
+    PUT_OK while the slave runs; FLUSH_SLAVE_TIMEOUT (message still
+    stored) while it is stopped; PUT_OK again once it continues; the slave
+    ends with every message.
+    """
+    from twisted.internet import reactor
+
+    master_store = str(tmp_path / "master")
+    slave_store = str(tmp_path / "slave")
+    master = Broker(
+        reactor,
+        lambda: CommitLog.open(master_store, segment_size=4 << 20, clock=reactor.seconds),
+        Role.SYNC_MASTER,
+        ha_listen="tcp:0:interface=127.0.0.1",
+        config=HAConfig(heartbeat_interval=0.2, housekeeping_interval=30.0),
+        slave_timeout=0.5,
+    )
+    master.startService()
+    slave = None
+    try:
+        port = (await master.ha_address()).port
+        slave = subprocess.Popen(
+            [
+                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+                "-n", "--pidfile", "", "--logfile", str(tmp_path / "slave.log"),
+                "rmqha", "--role", "slave", "--store-dir", slave_store,
+                "--segment-size", str(4 << 20),
+                "--master-endpoint", f"tcp:host=127.0.0.1:port={port}",
+                "--heartbeat-interval", "200",
+            ]
+        )
+        await until(reactor, lambda: bool(master.slaves()), "the slave to connect")
+
+        async def put() -> PutStatus:
+            result = await master.put(Message("SyncTopic", b"s" * 512))
+            return result.status
+
+        assert [await put() for _ in range(20)] == [PutStatus.PUT_OK] * 20
+        slave.send_signal(signal.SIGSTOP)
+        statuses = [await put() for _ in range(3)]
+        assert statuses == [PutStatus.FLUSH_SLAVE_TIMEOUT] * 3
+        slave.send_signal(signal.SIGCONT)
+        assert await put() == PutStatus.PUT_OK
+        end = master.commitlog.max_offset
+        await until(
+            reactor,
+            lambda: any(s.ack_offset == end for s in master.slaves()),
+            "the slave to hold everything",
+        )
+        slave.send_signal(signal.SIGTERM)
+        slave.wait(timeout=30)
+        slave = None
+    finally:
+        if slave is not None:
+            slave.send_signal(signal.SIGCONT)
+            slave.kill()
+            slave.wait()
+        await master.stopService()
+    assert store_digest(slave_store) == store_digest(master_store)
+    assert master.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT] == 3
+    assert not os.path.exists(os.path.join(slave_store, "abort"))
