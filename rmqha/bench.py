@@ -7,6 +7,10 @@ real L{CommitLogService} flushes on a thread while the reactor thread puts)
 and the transfer read path (C{CommitLog.read} in C{haTransferBatchSize}
 chunks, from page cache).
 
+C{sync} measures puts through the embedding API (C{Broker.put}) by N
+concurrent producers on a SYNC_MASTER or ASYNC_MASTER with one real slave
+process over loopback: puts per second and latency percentiles.
+
 C{replicate} measures a master process streaming a backlog (1 GiB by
 default) to an empty slave process over loopback, with each process's
 RSS, against the raw ceiling measured in the same run: a plain socket pair
@@ -31,7 +35,7 @@ import tempfile
 import time
 from typing import Any
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.task import deferLater, react
 
 from rmqha._record import Message
@@ -474,6 +478,86 @@ def _raw_read_all(store: str) -> None:
                 pass
 
 
+# -- sync -----------------------------------------------------------------------
+
+
+async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
+    from rmqha.broker import Broker, Role
+    from rmqha.group import PutStatus
+    from rmqha.master import HAConfig
+
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    role = Role.SYNC_MASTER if args.mode == "sync" else Role.ASYNC_MASTER
+    master = Broker(
+        reactor,
+        lambda: CommitLog.open(os.path.join(root, "master"), clock=reactor.seconds),
+        role,
+        ha_listen="tcp:0:interface=127.0.0.1",
+        config=HAConfig(heartbeat_interval=1.0),
+    )
+    master.startService()
+    slave = None
+    try:
+        port = (await master.ha_address()).port
+        slave = subprocess.Popen(
+            [
+                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+                "-n", "--pidfile", "", "--logfile", os.path.join(root, "slave.log"),
+                "rmqha", "--role", "slave", "--store-dir", os.path.join(root, "slave"),
+                "--master-endpoint", f"tcp:host=127.0.0.1:port={port}",
+            ]
+        )
+        while not master.slaves():
+            await deferLater(reactor, 0.05, lambda: None)
+        body = os.urandom(args.body_size)
+        latencies: list[int] = []
+        statuses: dict[str, int] = {}
+        deadline = time.perf_counter() + args.seconds
+        clock_ns = time.perf_counter_ns
+
+        async def producer(n: int) -> None:
+            message = Message("BenchTopic", body, queue_id=n % 8)
+            count = 0
+            while time.perf_counter() < deadline:
+                started = clock_ns()
+                result = await master.put(message)
+                latencies.append(clock_ns() - started)
+                statuses[result.status.value] = statuses.get(result.status.value, 0) + 1
+                count += 1
+                if result.status is PutStatus.PUT_OK and args.mode == "async" and count % 64 == 0:
+                    # An ASYNC put completes at once; let the reactor (and
+                    # the other producers, and replication) run.
+                    await deferLater(reactor, 0, lambda: None)
+
+        started = time.perf_counter()
+        await gatherResults([ensureDeferred(producer(n)) for n in range(args.producers)])
+        elapsed = time.perf_counter() - started
+    finally:
+        await master.stopService()
+        if slave is not None:
+            slave.terminate()
+            slave.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    latencies.sort()
+
+    def percentile(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000
+
+    return {
+        "benchmark": "sync",
+        "machine": machine_info(),
+        "mode": args.mode,
+        "producers": args.producers,
+        "seconds": elapsed,
+        "puts": len(latencies),
+        "puts_per_s": len(latencies) / elapsed,
+        "p50_us": percentile(0.50),
+        "p99_us": percentile(0.99),
+        "p999_us": percentile(0.999),
+        "statuses": statuses,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rmqha.bench")
     commands = parser.add_subparsers(dest="benchmark", required=True)
@@ -487,6 +571,13 @@ def main(argv: list[str] | None = None) -> None:
     store.add_argument("--segment-size", type=int, default=1 << 30)
     store.add_argument("--chunk", type=int, default=32768, help="read size (haTransferBatchSize)")
     store.add_argument("--dir", default=None, help="where to create the stores")
+    sync = commands.add_parser("sync", help="puts/s and latency, SYNC_MASTER or ASYNC_MASTER")
+    sync.add_argument("--producers", type=int, default=1)
+    sync.add_argument("--seconds", type=float, default=10.0)
+    sync.add_argument("--mode", choices=["sync", "async"], default="sync")
+    sync.add_argument("--body-size", type=int, default=1024)
+    sync.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
+    sync.add_argument("--dir", default=None)
     replicate = commands.add_parser(
         "replicate", help="master -> slave over loopback vs. the raw socket ceiling"
     )
@@ -513,6 +604,23 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.benchmark == "_raw-receive":
         return _raw_receive(args.path)
+    if args.benchmark == "sync":
+
+        def run_sync(reactor: Any) -> Deferred[None]:
+            async def go() -> None:
+                result = await _sync(reactor, args)
+                print(
+                    f"{args.mode.upper()}_MASTER, {args.producers} producers: "
+                    f"{result['puts_per_s']:,.0f} puts/s, p50 {result['p50_us']:.0f} us, "
+                    f"p99 {result['p99_us']:.0f} us, p99.9 {result['p999_us']:.0f} us "
+                    f"{result['statuses']}"
+                )
+                print(json.dumps(result))
+
+            return ensureDeferred(go())
+
+        react(run_sync)
+        return None
     if args.benchmark == "replicate":
         result = _replicate(args)
         print(

@@ -98,6 +98,16 @@ class _State(enum.Enum):
 _RATE_WINDOW = 10.0
 
 
+def set_tcp_no_delay(transport: object) -> None:
+    """
+    TCP_NODELAY, as RocketMQ sets on HA sockets: reports and small frames
+    must not wait for Nagle's algorithm (a SYNC_MASTER put waits on them).
+    """
+    set_no_delay = getattr(transport, "setTcpNoDelay", None)
+    if set_no_delay is not None:
+        set_no_delay(True)
+
+
 def _peer_name(address: IAddress | None) -> str:
     host = getattr(address, "host", None)
     port = getattr(address, "port", None)
@@ -145,6 +155,7 @@ class MasterConnection(Protocol):
     def connectionMade(self) -> None:
         clock = self.factory.clock
         self.connected_since = self._last_read = self._last_write = clock.seconds()
+        set_tcp_no_delay(self.transport)
         IConsumer(self.transport).registerProducer(self, True)
         self.factory.connections.add(self)
         self._housekeeping.start()

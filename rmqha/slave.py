@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 from rmqha._timers import IdleTimer
 from rmqha._wire import ProtocolError, TransferDecoder, encode_report
 from rmqha.commitlog import CommitLog, StoreError
-from rmqha.master import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
 
@@ -73,6 +73,7 @@ class SlaveConnection(Protocol):
         # reads and appends per byte when catching up.
         if hasattr(self.transport, "bufferSize"):
             self.transport.bufferSize = _READ_SIZE  # type: ignore[union-attr]
+        set_tcp_no_delay(self.transport)
         self._last_read = self._last_report = self.factory.clock.seconds()
         self._report_timer.start()
         self._housekeeping.start()
