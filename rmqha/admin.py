@@ -26,7 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from rmqha.broker import Broker, NotMasterError, Role
+from rmqha.broker import Broker, NotMasterError
 from rmqha.commitlog import Message, MessageRejected
 from rmqha.group import PutMessageResult
 

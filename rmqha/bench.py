@@ -41,6 +41,7 @@ from twisted.internet.task import deferLater, react
 from rmqha._record import Message
 from rmqha.commitlog import CommitLog
 from rmqha.storeservice import CommitLogService
+from rmqha.testing import twistd_slave_command
 
 __all__ = ["main", "machine_info"]
 
@@ -500,12 +501,11 @@ async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
     try:
         port = (await master.ha_address()).port
         slave = subprocess.Popen(
-            [
-                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-                "-n", "--pidfile", "", "--logfile", os.path.join(root, "slave.log"),
-                "rmqha", "--role", "slave", "--store-dir", os.path.join(root, "slave"),
-                "--master-endpoint", f"tcp:host=127.0.0.1:port={port}",
-            ]
+            twistd_slave_command(
+                os.path.join(root, "slave"),
+                f"tcp:host=127.0.0.1:port={port}",
+                os.path.join(root, "slave.log"),
+            )
         )
         while not master.slaves():
             await deferLater(reactor, 0.05, lambda: None)

@@ -14,7 +14,6 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.commitlog import CommitLog
 from rmqha.master import HAConfig, MasterConnection, MasterFactory
 
 from tests._helpers import make_message, open_store

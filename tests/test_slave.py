@@ -19,7 +19,6 @@ from twisted.python.failure import Failure
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.commitlog import CommitLog
 from rmqha.master import HAConfig, MasterFactory
 from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
 

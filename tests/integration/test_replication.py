@@ -8,11 +8,9 @@ the middle, and byte-identical segment files at the end.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
-import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
 from rmqha.broker import Broker, Role

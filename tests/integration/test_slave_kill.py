@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from typing import Any
 
 import pytest_twisted
@@ -19,6 +18,7 @@ from twisted.internet.task import deferLater
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog, Message
 from rmqha.master import HAConfig
+from rmqha.testing import twistd_slave_command
 
 from tests.integration._support import store_digest, until
 
@@ -27,14 +27,13 @@ SEGMENT = 4 * 1024 * 1024
 
 def _start_slave(store: str, port: int, log: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [
-            sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-            "-n", "--pidfile", "", "--logfile", log,
-            "rmqha", "--role", "slave", "--store-dir", store,
+        twistd_slave_command(
+            store,
+            f"tcp:host=127.0.0.1:port={port}",
+            log,
             "--segment-size", str(SEGMENT),
-            "--master-endpoint", f"tcp:host=127.0.0.1:port={port}",
             "--heartbeat-interval", "200",
-        ],
+        )
     )
 
 

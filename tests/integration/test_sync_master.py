@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 from typing import Any
 
 import pytest_twisted
@@ -17,6 +16,7 @@ from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog, Message
 from rmqha.group import PutStatus
 from rmqha.master import HAConfig
+from rmqha.testing import twistd_slave_command
 
 from tests.integration._support import store_digest, until
 
@@ -45,14 +45,13 @@ async def test_paused_slave(tmp_path: Any) -> None:
     try:
         port = (await master.ha_address()).port
         slave = subprocess.Popen(
-            [
-                sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-                "-n", "--pidfile", "", "--logfile", str(tmp_path / "slave.log"),
-                "rmqha", "--role", "slave", "--store-dir", slave_store,
+            twistd_slave_command(
+                slave_store,
+                f"tcp:host=127.0.0.1:port={port}",
+                str(tmp_path / "slave.log"),
                 "--segment-size", str(4 << 20),
-                "--master-endpoint", f"tcp:host=127.0.0.1:port={port}",
                 "--heartbeat-interval", "200",
-            ]
+            )
         )
         await until(reactor, lambda: bool(master.slaves()), "the slave to connect")
 
