@@ -87,14 +87,13 @@ _TOPIC_PATTERN = re.compile(r"[%|a-zA-Z0-9_-]+\Z")
 # Record prefix up to and including BORNTIMESTAMP.
 _PREFIX = struct.Struct(">iiiiiqqiq")
 _HEADER_SIZE = _PREFIX.size  # 48
-_INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
 _BLANK = struct.Struct(">ii")
 _IPV4_HOST = struct.Struct(">4si")
 _IPV6_HOST = struct.Struct(">16si")
-_MIDDLE = struct.Struct(">iqi")
-_MSG_ID_TAIL = struct.Struct(">iq")  # port, physical offset  # RECONSUMETIMES, PREPAREDTXOFFSET, BODYLENGTH
+_MIDDLE = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTXOFFSET, BODYLENGTH
+_MSG_ID_TAIL = struct.Struct(">iq")  # port, physical offset
 
 #: Smallest possible v1 record: IPv4 hosts, empty body, topic and properties.
 _MIN_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
@@ -246,14 +245,6 @@ def _parse_host(host: Host) -> tuple[bytes, int, bool]:
         # Java's InetAddress turns ::ffff:a.b.c.d into an Inet4Address.
         address = address.ipv4_mapped
     return address.packed, port, address.version == 6
-
-
-def _pack_host(host: Host) -> tuple[bytes, bool]:
-    """
-    Encode C{(ip, port)} as RocketMQ does; the flag says "IPv6".
-    """
-    packed, port, v6 = _parse_host(host)
-    return (_IPV6_HOST if v6 else _IPV4_HOST).pack(packed, port), v6
 
 
 def _unpack_host(buf: bytes | memoryview | bytearray | mmap, pos: int, v6: bool) -> Host:
