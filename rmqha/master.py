@@ -372,21 +372,34 @@ class MasterFactory(ServerFactory):
         #: Called when a slave's ack changes or an acking slave goes away.
         self.ack_listeners: list[Callable[[], None]] = []
         self._wake: IDelayedCall | None = None
+        self._more = False
 
     def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
         return MasterConnection(self, addr)
 
     def notify_appended(self) -> None:
         """
-        Call after appending to the commit log.  Idle connections are woken
-        once, on the reactor's next turn, however many appends happen in
-        this one: frames then carry up to a batch of them.
+        Call after appending to the commit log.  The first append of a
+        reactor turn is sent at once (a lone put does not wait a turn); the
+        appends that follow in the same turn are sent together on the next
+        turn, so a burst travels in frames of up to a batch, not one frame
+        per message.
         """
-        if self._wake is None and self.connections:
-            self._wake = self.clock.callLater(0, self._wake_connections)
+        if not self.connections:
+            return
+        if self._wake is None:
+            self._wake = self.clock.callLater(0, self._end_of_turn)
+            self._wake_connections()
+        else:
+            self._more = True
+
+    def _end_of_turn(self) -> None:
+        self._wake = None
+        if self._more:
+            self._more = False
+            self._wake_connections()
 
     def _wake_connections(self) -> None:
-        self._wake = None
         for connection in list(self.connections):
             connection.data_available()
 
@@ -417,4 +430,5 @@ class MasterFactory(ServerFactory):
         if self._wake is not None and self._wake.active():
             self._wake.cancel()
         self._wake = None
+        self._more = False
 

@@ -277,25 +277,49 @@ class FlowControlTests(MasterTestCase):
         connection.resumeProducing()
         self.assertEqual(connection.next_offset, self.store.max_offset)
 
-    def test_woken_by_appends_on_next_turn(self) -> None:
+    def test_first_append_of_a_turn_sent_at_once(self) -> None:
         """
-        A caught-up connection sends new data after notify_appended, on the
-        reactor's next turn, once for all appends of this turn.
+        A caught-up connection sends the first append of a reactor turn at
+        once; the appends after it in the same turn go together, in one
+        frame, on the next turn; the turn after that starts afresh.
         """
         self.fill(2)
         factory = self.factory()
         connection, transport = self.connect(factory)
         connection.dataReceived(report(0))
         transport.clear()
-        before = self.store.max_offset
+        first = self.store.max_offset
+        self.fill(1)
+        factory.notify_appended()
+        second = self.store.max_offset
+        self.assertEqual(frames(transport.value()), [(first, self.store_bytes(first, second))])
+        transport.clear()
         self.fill(3)
         factory.notify_appended()
         factory.notify_appended()
         self.assertEqual(transport.value(), b"")
         self.clock.advance(0)
-        sent = frames(transport.value())
-        self.assertEqual(len(sent), 1)
-        self.assertEqual(sent[0], (before, self.store_bytes(before, self.store.max_offset)))
+        third = self.store.max_offset
+        self.assertEqual(frames(transport.value()), [(second, self.store_bytes(second, third))])
+        transport.clear()
+        self.clock.advance(0)
+        self.assertEqual(transport.value(), b"")
+        self.fill(1)
+        factory.notify_appended()
+        self.assertEqual(
+            frames(transport.value()), [(third, self.store_bytes(third, self.store.max_offset))]
+        )
+        now = self.clock.seconds()
+        self.assertIn(now, [call.getTime() for call in self.clock.getDelayedCalls()])
+
+    def test_no_wake_without_connections(self) -> None:
+        """
+        Appends with no slave connected schedule nothing.
+        """
+        factory = self.factory()
+        self.fill(1)
+        factory.notify_appended()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
 
 class TimerTests(MasterTestCase):

@@ -157,6 +157,44 @@ class FrameTests(SlaveTestCase):
         self.assertTrue(transport.disconnecting)
 
 
+class _SizedTransport(StringTransport):
+    """
+    A StringTransport with a read size, like Twisted's TCP transports.
+    """
+
+    bufferSize = 64 * 1024
+
+
+class ReadSizeTests(SlaveTestCase):
+    """
+    The slave sizes its reads by what the last one brought.
+    """
+
+    def test_full_reads_grow_small_reads_shrink(self) -> None:
+        """
+        A read that fills the buffer doubles the next one, up to 1 MiB; a
+        read under an eighth of it halves it, down to 64 KiB.
+        """
+        factory = SlaveFactory(self.replica, self.clock, HAConfig())
+        connection = factory.buildProtocol(None)
+        transport = _SizedTransport()
+        connection.makeConnection(transport)
+        self.addCleanup(self._lose, connection)
+        sizes = []
+        for received in [65536, 131072, 262144, 524288, 1048576, 1048576]:
+            # Zero bytes are heartbeats at offset 0: valid for an empty slave.
+            connection.dataReceived(b"\0" * received)
+            sizes.append(transport.bufferSize)
+        self.assertEqual(sizes, [131072, 262144, 524288, 1048576, 1048576, 1048576])
+        sizes = []
+        for _ in range(6):
+            connection.dataReceived(frame(0))
+            sizes.append(transport.bufferSize)
+        self.assertEqual(sizes, [524288, 262144, 131072, 65536, 65536, 65536])
+        connection.dataReceived(frame(0) * 1000)
+        self.assertEqual(transport.bufferSize, 65536)
+
+
 class TimerTests(SlaveTestCase):
     """
     Reports on a timer, and read-idle housekeeping.
