@@ -52,6 +52,8 @@ def status(broker: Broker) -> dict[str, Any]:
                 "lag_bytes": s.lag_bytes,
                 "bytes_per_s": round(s.bytes_per_s, 1),
                 "connected_since": s.connected_since,
+                "transport": s.transport,
+                "identity": s.identity,
             }
             for s in sorted(broker.slaves(), key=lambda s: s.peer)
         ]

@@ -21,6 +21,7 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.endpoints import clientFromString, serverFromString
+from twisted.internet.interfaces import IStreamClientEndpoint, IStreamServerEndpoint
 from twisted.logger import Logger
 
 from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
@@ -28,6 +29,7 @@ from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha.slave import SlaveFactory, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
+from rmqha.tls import PeerPolicy, exposure_warning, plain_master_warning, split_description
 
 __all__ = ["Role", "Broker", "NotMasterError", "DEFAULT_MAX_UNFLUSHED"]
 
@@ -110,8 +112,9 @@ class Broker(MultiService):
         open_commitlog: Callable[[], CommitLog],
         role: Role,
         *,
-        ha_listen: str = "tcp:10912",
-        master_endpoint: str | None = None,
+        ha_listen: str | IStreamServerEndpoint = "tcp:10912",
+        master_endpoint: str | IStreamClientEndpoint | None = None,
+        peer_policy: PeerPolicy = PeerPolicy(),
         http: str | None = None,
         config: HAConfig = DEFAULT_HA_CONFIG,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
@@ -125,10 +128,14 @@ class Broker(MultiService):
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
     ) -> None:
         """
-        @param ha_listen: a Twisted server endpoint description for the HA
-            port (master).
-        @param master_endpoint: a Twisted client endpoint description of the
-            master's HA port (slave).
+        @param ha_listen: the HA port (master): a Twisted server endpoint
+            description, or an endpoint (L{rmqha.tls.server_endpoint} for
+            TLS that can require client certificates).
+        @param master_endpoint: the master's HA port (slave): a Twisted
+            client endpoint description, or an endpoint
+            (L{rmqha.tls.client_endpoint} for verified TLS).
+        @param peer_policy: what a slave's TLS certificate must satisfy
+            (master).
         @param http: a Twisted server endpoint description for the admin
             HTTP interface (L{rmqha.admin}), or C{None} for none.
         @param max_unflushed: a slave stops reading from its master while
@@ -168,6 +175,7 @@ class Broker(MultiService):
         self.replication_wait = Histogram(REPLICATION_WAIT_BUCKETS)
         self._ha_listen = ha_listen
         self._master_endpoint = master_endpoint
+        self._peer_policy = peer_policy
         self._retry_policy = retry_policy
         self._http = http
         self._max_unflushed = max_unflushed
@@ -193,11 +201,17 @@ class Broker(MultiService):
         commitlog = self.store.commitlog
         assert commitlog is not None
         if self.role.is_master:
-            self.master_factory = MasterFactory(commitlog, self.reactor, self.config)
-            self.master_factory.ack_listeners.append(self._acks_changed)
-            self.ha_service = StreamServerEndpointService(
-                serverFromString(self.reactor, self._ha_listen), self.master_factory
+            self.master_factory = MasterFactory(
+                commitlog, self.reactor, self.config, self._peer_policy
             )
+            self.master_factory.ack_listeners.append(self._acks_changed)
+            listen = self._ha_listen
+            if isinstance(listen, str):
+                warning = exposure_warning(listen)
+                if warning is not None:
+                    self._log.warn("{text}", text=warning)
+                listen = serverFromString(self.reactor, listen)
+            self.ha_service = StreamServerEndpointService(listen, self.master_factory)
         else:
             assert self._master_endpoint is not None
             self.slave_factory = SlaveFactory(
@@ -212,8 +226,16 @@ class Broker(MultiService):
                 request_flush=lambda: self.store.flush_now(thorough=True),
             )
             self.store.flush_observers.append(self.slave_factory.flushed)
+            master = self._master_endpoint
+            if isinstance(master, str):
+                kind, positional, keywords = split_description(master)
+                host = keywords.get("host") or (positional[0] if positional else "")
+                warning = plain_master_warning(host) if kind == "tcp" else None
+                if warning is not None:
+                    self._log.warn("{text}", text=warning)
+                master = clientFromString(self.reactor, master)
             self.ha_service = make_slave_service(
-                clientFromString(self.reactor, self._master_endpoint),
+                master,
                 self.slave_factory,
                 self.reactor,
                 self._retry_policy,
@@ -349,7 +371,10 @@ class Broker(MultiService):
         """
         On a slave, the master's endpoint description.
         """
-        return self._master_endpoint
+        master = self._master_endpoint
+        if master is None or isinstance(master, str):
+            return master
+        return str(getattr(master, "description", master))
 
     def slaves(self) -> list[SlaveStatus]:
         """

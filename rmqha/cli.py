@@ -145,7 +145,50 @@ def _build_parser() -> argparse.ArgumentParser:
         help="messages put while the slave catches up",
     )
     demo.set_defaults(run=_demo)
+
+    certs = commands.add_parser("certs", help="TLS certificates for a test set-up")
+    certs_actions = certs.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    certs_actions.required = True
+    init = certs_actions.add_parser(
+        "init",
+        help="write a CA and master/slave key pairs (test and lab set-ups; docs/tls.md)",
+    )
+    init.add_argument("dir", help="where the files go (created if needed)")
+    init.add_argument(
+        "--master-name", default="master",
+        help="the master's certificate name (also valid: localhost, 127.0.0.1, ::1)",
+    )
+    init.add_argument(
+        "--slave-names", default="slave",
+        help="comma-separated slave names, one key pair each (default: slave)",
+    )
+    init.set_defaults(run=_certs_init)
     return parser
+
+
+def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:
+    from rmqha import certs
+
+    names = [n.strip() for n in args.slave_names.split(",")]
+    written = certs.init(args.dir, args.master_name, names)
+    out.write(f"CA              {written.ca}  (ca.key: keep it offline)\n")
+    out.write(f"master          {written.master[0]}  {written.master[1]}\n")
+    for name, (cert, key) in written.slaves.items():
+        out.write(f"slave {name:<9} {cert}  {key}\n")
+    d = args.dir
+    out.write(
+        "\nmaster: twistd -n rmqha --role master --store-dir STORE "
+        f"--ha-listen ssl:10912 --tls-cert {d}/master.pem --tls-key {d}/master.key "
+        f"--tls-ca {d}/ca.pem --tls-require-client-cert "
+        f"--tls-allowed-peers {','.join(written.slaves)}\n"
+    )
+    first = next(iter(written.slaves))
+    out.write(
+        "slave:  twistd -n rmqha --role slave --store-dir STORE --master "
+        f"127.0.0.1:10912 --tls-ca {d}/ca.pem --tls-cert {d}/slave-{first}.pem "
+        f"--tls-key {d}/slave-{first}.key\n"
+    )
+    return 0
 
 
 def _open_read_only(directory: str) -> CommitLog:

@@ -24,17 +24,20 @@ from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
     IDelayedCall,
+    IHandshakeListener,
     IPushProducer,
     IReactorTime,
 )
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
 from rmqha._wire import MAX_BODY_SIZE, ProtocolError, ReportDecoder, encode_header
 from rmqha.commitlog import CommitLog, StoreError
+from rmqha.tls import PeerPolicy
 
 __all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
 
@@ -86,9 +89,14 @@ class SlaveStatus:
     lag_bytes: int | None
     bytes_per_s: float
     connected_since: float
+    #: C{"tcp"} or C{"tls"}.
+    transport: str = "tcp"
+    #: The name from the slave's verified TLS certificate, if it sent one.
+    identity: str | None = None
 
 
 class _State(enum.Enum):
+    HANDSHAKING = "TLS handshake"
     AWAITING_REPORT = "awaiting first report"
     TRANSFERRING = "transferring"
     CLOSED = "closed"
@@ -116,7 +124,7 @@ def _peer_name(address: IAddress | None) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-@implementer(IPushProducer)
+@implementer(IPushProducer, IHandshakeListener)
 class MasterConnection(Protocol):
     """
     One slave, from the master's side.
@@ -134,6 +142,9 @@ class MasterConnection(Protocol):
         self.ack_offset: int | None = None
         self.next_offset: int | None = None
         self.connected_since = 0.0
+        #: The slave's certificate name, once its TLS handshake is checked.
+        self.identity: str | None = None
+        self.tls = False
         self._state = _State.AWAITING_REPORT
         self._reports = ReportDecoder()
         self._paused = False
@@ -156,13 +167,44 @@ class MasterConnection(Protocol):
         clock = self.factory.clock
         self.connected_since = self._last_read = self._last_write = clock.seconds()
         set_tcp_no_delay(self.transport)
+        if isinstance(self.transport, TLSMemoryBIOProtocol):
+            # Nothing is read or sent until the handshake is done and the
+            # slave's certificate has passed the peer policy.
+            self.tls = True
+            self._state = _State.HANDSHAKING
         IConsumer(self.transport).registerProducer(self, True)
         self.factory.connections.add(self)
         self._housekeeping.start()
         self._log.info("slave {peer} connected", peer=self.peer)
 
+    def handshakeCompleted(self) -> None:
+        """
+        TLS is up (OpenSSL has checked any client certificate against the
+        CA): apply the peer policy before the first report is read.
+        """
+        if self._state is not _State.HANDSHAKING:
+            return
+        x509 = self.transport.getPeerCertificate()  # type: ignore[union-attr]
+        certificate = x509.to_cryptography() if x509 is not None else None
+        identity, refusal = self.factory.peer_policy.check(certificate)
+        self.identity = identity
+        if refusal is not None:
+            self.drop(f"refused after the TLS handshake: {refusal}")
+            return
+        self._state = _State.AWAITING_REPORT
+        self._log.info(
+            "slave {peer} verified by TLS as {identity}",
+            peer=self.peer,
+            identity=identity or "(no client certificate)",
+        )
+
     def dataReceived(self, data: bytes) -> None:
         if self._state is _State.CLOSED:
+            return
+        if self._state is _State.HANDSHAKING:
+            # TLSMemoryBIOProtocol delivers nothing before the handshake;
+            # should it ever, nothing is served to an unchecked peer.
+            self.drop("data arrived before the TLS handshake completed")
             return
         self._last_read = self.factory.clock.seconds()
         try:
@@ -345,6 +387,8 @@ class MasterConnection(Protocol):
             lag_bytes=None if self.ack_offset is None else max_offset - self.ack_offset,
             bytes_per_s=rate,
             connected_since=self.connected_since,
+            transport="tls" if self.tls else "tcp",
+            identity=self.identity,
         )
 
     def drop(self, why: str) -> None:
@@ -363,11 +407,20 @@ class MasterFactory(ServerFactory):
     _log = Logger()
 
     def __init__(
-        self, commitlog: CommitLog, clock: IReactorTime, config: HAConfig = HAConfig()
+        self,
+        commitlog: CommitLog,
+        clock: IReactorTime,
+        config: HAConfig = HAConfig(),
+        peer_policy: PeerPolicy = PeerPolicy(),
     ) -> None:
+        """
+        @param peer_policy: what a slave's TLS certificate must satisfy
+            (applies to TLS connections).
+        """
         self.commitlog = commitlog
         self.clock = clock
         self.config = config
+        self.peer_policy = peer_policy
         self.connections: set[MasterConnection] = set()
         #: Called when a slave's ack changes or an acking slave goes away.
         self.ack_listeners: list[Callable[[], None]] = []

@@ -18,18 +18,22 @@ from typing import Callable, cast
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.interfaces import (
     IAddress,
+    IHandshakeListener,
     IProtocol,
     IReactorTime,
     IStreamClientEndpoint,
 )
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
 from rmqha._wire import ProtocolError, TransferDecoder, encode_report
 from rmqha.commitlog import CommitLog, StoreError
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
+from rmqha.tls import describe_failure
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
 
@@ -38,6 +42,7 @@ _MIN_READ_SIZE = 64 * 1024
 _MAX_READ_SIZE = 1024 * 1024
 
 
+@implementer(IHandshakeListener)
 class SlaveConnection(Protocol):
     """
     One connection to the master.
@@ -58,6 +63,9 @@ class SlaveConnection(Protocol):
         self._decoder = TransferDecoder()
         self._closed = False
         self._adapt_reads = False
+        self._tls = False
+        self._handshake_done = False
+        self._received = False
         self._reading_paused = False
         self._last_read = 0.0
         self._last_report = 0.0
@@ -72,7 +80,9 @@ class SlaveConnection(Protocol):
         )
 
     def connectionMade(self) -> None:
-        self._adapt_reads = hasattr(self.transport, "bufferSize")
+        self._tls = isinstance(self.transport, TLSMemoryBIOProtocol)
+        # (A TLS wrapper's bufferSize is not the socket's.)
+        self._adapt_reads = not self._tls and hasattr(self.transport, "bufferSize")
         set_tcp_no_delay(self.transport)
         self._last_read = self._last_report = self.factory.clock.seconds()
         self._report_timer.start()
@@ -92,9 +102,13 @@ class SlaveConnection(Protocol):
         self._reported = offset
         self._last_report = self.factory.clock.seconds()
 
+    def handshakeCompleted(self) -> None:
+        self._handshake_done = True
+
     def dataReceived(self, data: bytes) -> None:
         if self._closed:
             return
+        self._received = True
         self._last_read = self.factory.clock.seconds()
         if self._adapt_reads:
             self._adapt_read_size(len(data))
@@ -200,6 +214,17 @@ class SlaveConnection(Protocol):
         self.transport.abortConnection()  # type: ignore[union-attr]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if not self._received:
+            # Nothing came from the master: count it towards the back-off
+            # (the TCP connect "succeeded", so ClientService would not).
+            self.factory.fruitless_connections += 1
+            if self._tls and not self._closed:
+                self._log.warn(
+                    "TLS connection to the master failed: {why}",
+                    why=describe_failure(reason, self.transport, self._handshake_done),
+                )
+        else:
+            self.factory.fruitless_connections = 0
         self._closed = True
         self._report_timer.stop()
         self._housekeeping.stop()
@@ -240,6 +265,10 @@ class SlaveFactory(Factory):
         self.bytes_received = 0
         #: Connections made to the master.
         self.connections_made = 0
+        #: Connections in a row that ended before the master sent anything
+        #: (refused TLS, a master that drops us at once): they lengthen the
+        #: reconnection back-off.
+        self.fruitless_connections = 0
         self._on_appended = on_appended
         self.max_unflushed = max_unflushed
         self._request_flush = request_flush
@@ -277,12 +306,21 @@ def make_slave_service(
     """
     A service that keeps a connection to the master, reconnecting with
     exponential back-off (1 s, growing 1.5 times up to 30 s, with jitter),
-    and sends the first report as soon as each connection is made.
+    and sends the first report as soon as each connection is made.  A
+    connection the master ends before sending anything counts as a failed
+    attempt, so a refused TLS handshake backs off like a refused connect.
     """
+    policy = retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0)
+
+    def retry(attempt: int) -> float:
+        # ClientService counts failed connects; connections the master
+        # ended before sending anything count too.
+        return policy(attempt + factory.fruitless_connections)
+
     return ClientService(
         endpoint,
         factory,
-        retryPolicy=retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0),
+        retryPolicy=retry,
         clock=clock,
         prepareConnection=_send_first_report,
     )

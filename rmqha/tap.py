@@ -29,6 +29,15 @@ from rmqha.commitlog import (
     StoreError,
 )
 from rmqha.master import HAConfig
+from rmqha.tls import (
+    PeerPolicy,
+    TLSFiles,
+    client_endpoint,
+    parse_ssl_listen,
+    server_context,
+    server_endpoint,
+    split_description,
+)
 
 __all__ = ["Options", "makeService", "parse_host_port", "read_properties"]
 
@@ -141,7 +150,21 @@ def _port_endpoint(text: str) -> str:
 
 def _master_address(text: str) -> str:
     host, port = parse_host_port(text.strip(), "address")
-    return f"tcp:host={host}:port={port}"
+    # Colons in an IPv6 address are escaped in endpoint descriptions.
+    return f"tcp:host={host.replace(':', chr(92) + ':')}:port={port}"
+
+
+def _peers(text: str) -> frozenset[str]:
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise ValueError(f"{text!r} names no peer")
+    return names
+
+
+def _name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("empty name")
+    return text.strip()
 
 
 @dataclass(frozen=True)
@@ -177,6 +200,11 @@ _SETTINGS = [
     _Setting("sync-flush-timeout", "syncFlushTimeout", _positive_ms),
     _Setting("in-sync-replicas", "inSyncReplicas", _replicas),
     _Setting("min-in-sync-replicas", "minInSyncReplicas", _replicas),
+    _Setting("tls-cert", "haTlsCert", str),
+    _Setting("tls-key", "haTlsKey", str),
+    _Setting("tls-ca", "haTlsCa", str),
+    _Setting("tls-allowed-peers", "haTlsAllowedPeers", _peers),
+    _Setting("tls-server-name", "haTlsServerName", _name),
 ]
 
 _DEFAULTS: dict[str, Any] = {
@@ -194,6 +222,7 @@ _DEFAULTS: dict[str, Any] = {
     "sync-flush-timeout": 5.0,
     "in-sync-replicas": 2,
     "min-in-sync-replicas": 1,
+    "tls-require-client-cert": False,
 }
 
 
@@ -213,6 +242,12 @@ class Options(usage.Options):
     )
 
     optFlags = [
+        [
+            "tls-require-client-cert",
+            None,
+            "master: refuse slaves without a certificate signed by --tls-ca "
+            "[haTlsRequireClientCert]",
+        ],
         [
             "sync-from-last-file",
             None,
@@ -287,6 +322,35 @@ class Options(usage.Options):
             "endpoint, e.g. tcp:8080:interface=127.0.0.1",
         ],
         [
+            "tls-cert",
+            None,
+            None,
+            "PEM certificate (and chain) of this broker; on a master, serve "
+            "TLS on --ha-listen ssl:PORT [haTlsCert]",
+        ],
+        ["tls-key", None, None, "PEM private key of --tls-cert [haTlsKey]"],
+        [
+            "tls-ca",
+            None,
+            None,
+            "PEM CA certificate(s) the peer must chain to; on a slave, follow "
+            "--master over TLS [haTlsCa]",
+        ],
+        [
+            "tls-allowed-peers",
+            None,
+            None,
+            "master: NAME[,NAME...] a slave certificate's DNS names (or CN) "
+            "must include one of [haTlsAllowedPeers]",
+        ],
+        [
+            "tls-server-name",
+            None,
+            None,
+            "slave: the name the master's certificate must carry (default: "
+            "the --master host) [haTlsServerName]",
+        ],
+        [
             "batch-size",
             None,
             None,
@@ -330,6 +394,13 @@ class Options(usage.Options):
                     raise ValueError(f"syncFromLastFile in {self['config']}: {e}") from None
             if self["sync-from-last-file"]:
                 settings["sync-from-last-file"] = True
+            if "haTlsRequireClientCert" in conf:
+                try:
+                    settings["tls-require-client-cert"] = _bool(conf["haTlsRequireClientCert"])
+                except ValueError as e:
+                    raise ValueError(f"haTlsRequireClientCert in {self['config']}: {e}") from None
+            if self["tls-require-client-cert"]:
+                settings["tls-require-client-cert"] = True
             if settings["min-in-sync-replicas"] > settings["in-sync-replicas"]:
                 raise ValueError(
                     f"--min-in-sync-replicas {settings['min-in-sync-replicas']} is "
@@ -345,9 +416,67 @@ class Options(usage.Options):
                         "a slave needs --master HOST:PORT (or haMasterAddress, or "
                         "--master-endpoint)"
                     )
+            self._check_tls(settings, conf)
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
         self.settings = settings
+
+    def _check_tls(self, settings: dict[str, Any], conf: dict[str, str]) -> None:
+        """
+        Decide the TLS set-up, and load every file now so a bad one is a
+        usage error naming its flag, not a failure at the first connection.
+        """
+        files = self.tls_files(settings)
+        if settings["role"].is_master:
+            for option in ("tls-server-name",):
+                if settings.get(option) is not None:
+                    raise ValueError(f"--{option} is for slaves")
+            if settings.get("tls-cert") is not None:
+                listen = settings["ha-listen"]
+                if self.get("ha-listen") is None and listen.startswith("tcp:"):
+                    # haListenPort (or the default) with a certificate: TLS.
+                    listen = settings["ha-listen"] = "ssl:" + listen[len("tcp:") :]
+                if not listen.startswith("ssl:"):
+                    raise ValueError(
+                        f"--ha-listen {listen}: with --tls-cert the HA port serves "
+                        "TLS; give ssl:PORT[:interface=ADDRESS]"
+                    )
+                parse_ssl_listen(listen)
+                server_context(files, self.peer_policy(settings))
+            else:
+                for option in ("tls-key", "tls-ca", "tls-allowed-peers"):
+                    if settings.get(option) is not None:
+                        raise ValueError(f"--{option} needs --tls-cert (the master's)")
+                if settings["tls-require-client-cert"]:
+                    raise ValueError("--tls-require-client-cert needs --tls-cert and --tls-ca")
+        else:
+            for option in ("tls-allowed-peers", "tls-require-client-cert"):
+                if settings.get(option):
+                    raise ValueError(f"--{option} is for masters")
+            if settings.get("tls-ca") is None:
+                for option in ("tls-cert", "tls-key", "tls-server-name"):
+                    if settings.get(option) is not None:
+                        raise ValueError(f"--{option} needs --tls-ca (the master's CA)")
+            else:
+                if self["master-endpoint"]:
+                    raise ValueError(
+                        "--tls-* settings apply to --master; with --master-endpoint "
+                        "give TLS in the description (tls:HOST:PORT:trustRoots=...)"
+                    )
+                files.trust_root()
+                if files.cert is not None or files.key is not None:
+                    files.key_pair()
+
+    @staticmethod
+    def tls_files(settings: dict[str, Any]) -> TLSFiles:
+        return TLSFiles(settings.get("tls-cert"), settings.get("tls-key"), settings.get("tls-ca"))
+
+    @staticmethod
+    def peer_policy(settings: dict[str, Any]) -> PeerPolicy:
+        return PeerPolicy(
+            require_client_cert=settings["tls-require-client-cert"],
+            allowed_peers=settings.get("tls-allowed-peers"),
+        )
 
     def ha_config(self) -> HAConfig:
         s = self.settings
@@ -382,12 +511,24 @@ def makeService(options: Options) -> IService:
             # An operator's problem, not a bug: one line, exit status 1.
             raise SystemExit(f"twistd rmqha: cannot open the store: {e}") from None
 
+    files = options.tls_files(s)
+    policy = options.peer_policy(s)
+    ha_listen: Any = s["ha-listen"]
+    master: Any = s.get("master-endpoint") or s.get("master")
+    if s["role"].is_master and files.cert is not None:
+        ha_listen = server_endpoint(reactor, ha_listen, files, policy)
+    elif not s["role"].is_master and files.ca is not None:
+        _, _, keywords = split_description(master)
+        master = client_endpoint(
+            reactor, keywords["host"], int(keywords["port"]), files, s.get("tls-server-name")
+        )
     return Broker(
         reactor,
         open_commitlog,
         s["role"],
-        ha_listen=s["ha-listen"],
-        master_endpoint=s.get("master-endpoint") or s.get("master"),
+        ha_listen=ha_listen,
+        master_endpoint=master,
+        peer_policy=policy,
         http=s.get("http"),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],

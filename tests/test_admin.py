@@ -136,6 +136,7 @@ class MasterAdminTests(AdminTestCase):
         self.assertEqual(slave["ack_offset"], 50)
         self.assertEqual(slave["lag_bytes"], end - 50)
         self.assertEqual(slave["connected_since"], 1700000000)
+        self.assertEqual((slave["transport"], slave["identity"]), ("tcp", None))
 
     def test_metrics(self) -> None:
         """

@@ -195,3 +195,77 @@ class CLITests(SynchronousTestCase):
         )
         self.assertEqual(result.returncode, 1)
         self.assertIn("no such directory", result.stderr)
+
+
+class CertsInitTests(SynchronousTestCase):
+    """
+    C{rmqha certs init}.
+    """
+
+    def run_cli(self, *argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = main(list(argv), stdout=out, stderr=err)
+        return status, out.getvalue(), err.getvalue()
+
+    def test_writes_a_usable_set(self) -> None:
+        """
+        A CA, the master's pair (for its name, localhost and loopback
+        addresses) and one pair per slave; keys are private (0600); the
+        printed command lines use them.
+        """
+        from cryptography import x509
+
+        from rmqha.tls import PeerPolicy, TLSFiles, certificate_names, server_context
+
+        d = self.mktemp()
+        status, out, err = self.run_cli(
+            "certs", "init", d, "--master-name", "broker-a", "--slave-names", "s1,s2"
+        )
+        self.assertEqual((status, err), (0, ""))
+        self.assertEqual(
+            sorted(os.listdir(d)),
+            ["ca.key", "ca.pem", "master.key", "master.pem",
+             "slave-s1.key", "slave-s1.pem", "slave-s2.key", "slave-s2.pem"],
+        )
+        for name in os.listdir(d):
+            mode = os.stat(os.path.join(d, name)).st_mode & 0o777
+            self.assertEqual(mode, 0o600 if name.endswith(".key") else 0o644 & ~_umask(), name)
+        files = TLSFiles(f"{d}/master.pem", f"{d}/master.key", f"{d}/ca.pem")
+        server_context(files, PeerPolicy(True, frozenset({"s1"})))
+        with open(f"{d}/master.pem", "rb") as f:
+            master = x509.load_pem_x509_certificate(f.read())
+        self.assertEqual(certificate_names(master), ["broker-a", "localhost"])
+        with open(f"{d}/slave-s2.pem", "rb") as f:
+            self.assertEqual(certificate_names(x509.load_pem_x509_certificate(f.read())), ["s2"])
+        self.assertIn("--tls-allowed-peers s1,s2", out)
+        self.assertIn(f"--tls-cert {d}/slave-s1.pem", out)
+
+    def test_refuses_to_overwrite_and_bad_names(self) -> None:
+        """
+        An existing set is never overwritten; bad or repeated names are
+        refused; each is one error line, exit status 1.
+        """
+        d = self.mktemp()
+        self.assertEqual(self.run_cli("certs", "init", d)[0], 0)
+        with open(f"{d}/ca.pem", "rb") as f:
+            before = f.read()
+        status, _, err = self.run_cli("certs", "init", d)
+        self.assertEqual(status, 1)
+        self.assertIn("exists; not overwriting it", err)
+        with open(f"{d}/ca.pem", "rb") as f:
+            self.assertEqual(f.read(), before)
+        for argv, needle in [
+            (("--slave-names", "a,a"), "must all differ"),
+            (("--slave-names", "a/b"), "'a/b' is not a usable certificate name"),
+            (("--master-name", "x", "--slave-names", "x"), "must all differ"),
+        ]:
+            status, _, err = self.run_cli("certs", "init", self.mktemp(), *argv)
+            self.assertEqual(status, 1, argv)
+            self.assertIn(needle, err, argv)
+            self.assertEqual(err.count("\n"), 1)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

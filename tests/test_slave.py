@@ -325,6 +325,36 @@ class ServiceTests(SlaveTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
 
+    def test_fruitless_connections_lengthen_backoff(self) -> None:
+        """
+        A connection that ends before the master sent anything (a refused
+        TLS handshake, a master dropping us at once) counts as a failed
+        attempt: the back-off grows.  One that brought data resets it.
+        """
+        endpoint = _Endpoint()
+        factory = SlaveFactory(self.replica, self.clock, HAConfig())
+        attempts: list[int] = []
+
+        def policy(attempt: int) -> float:
+            attempts.append(attempt)
+            return 1.0
+
+        service = make_slave_service(endpoint, factory, self.clock, retry_policy=policy)
+        service.startService()
+        for i in range(3):
+            protocol, _ = endpoint.connected[-1]
+            protocol.connectionLost(Failure(ConnectionDone()))
+            self.clock.advance(1.0)
+        protocol, _ = endpoint.connected[-1]
+        protocol.dataReceived(frame(0))
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(attempts, [2, 3, 4, 1])
+        self.clock.advance(1.0)
+        d = service.stopService()
+        endpoint.connected[-1][0].connectionLost(Failure(ConnectionDone()))
+        self.successResultOf(d)
+
+
 class ConversationTests(SlaveTestCase):
     """
     A master and a slave talking in memory end with identical logs.

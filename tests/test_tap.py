@@ -190,3 +190,113 @@ class OptionsTests(SynchronousTestCase):
         self.assertIn("cannot open the store", str(e.code))
         self.assertIn("junk", str(e.code))
         self.assertNotIn("\n", str(e.code))
+
+
+class TLSOptionsTests(SynchronousTestCase):
+    """
+    The C{--tls-*} flags and their broker.conf keys.
+    """
+
+    def setUp(self) -> None:
+        from rmqha import certs
+
+        self.dir = self.mktemp()
+        self.set = certs.init(self.dir, "master", ["s1"])
+
+    def parse(self, *argv: str) -> Options:
+        options = Options()
+        options.parseOptions(["--store-dir", "s", *argv])
+        return options
+
+    def master_flags(self) -> list[str]:
+        cert, key = self.set.master
+        return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", self.set.ca]
+
+    def test_master(self) -> None:
+        """
+        A TLS master: the flags and the allowlist land in the settings and
+        the service listens with the TLS endpoint.
+        """
+        options = self.parse(
+            "--ha-listen", "ssl:0:interface=127.0.0.1", *self.master_flags(),
+            "--tls-require-client-cert", "--tls-allowed-peers", "s1, s2",
+        )
+        s = options.settings
+        self.assertEqual(s["tls-allowed-peers"], frozenset({"s1", "s2"}))
+        self.assertTrue(s["tls-require-client-cert"])
+        broker = makeService(options)
+        self.assertNotIsInstance(broker._ha_listen, str)  # type: ignore[attr-defined]
+
+    def test_certificate_makes_default_port_tls(self) -> None:
+        """
+        With a certificate and no --ha-listen, the default port serves TLS.
+        """
+        options = self.parse(*self.master_flags(), "--tls-require-client-cert")
+        self.assertEqual(options.settings["ha-listen"], "ssl:10912")
+
+    def test_conf_keys(self) -> None:
+        """
+        broker.conf keys set the same; haListenPort with a certificate
+        serves TLS on that port.
+        """
+        cert, key = self.set.master
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write(
+                f"storePathRootDir=s\nhaListenPort=20912\nhaTlsCert={cert}\nhaTlsKey={key}\n"
+                f"haTlsCa={self.set.ca}\nhaTlsRequireClientCert=true\nhaTlsAllowedPeers=s1\n"
+            )
+        options = Options()
+        options.parseOptions(["--config", path])
+        s = options.settings
+        self.assertEqual(s["ha-listen"], "ssl:20912")
+        self.assertEqual((s["tls-cert"], s["tls-require-client-cert"]), (cert, True))
+
+    def test_slave(self) -> None:
+        """
+        A slave with --tls-ca follows --master over TLS, verifying the
+        --tls-server-name; /status shows the endpoint.
+        """
+        cert, key = self.set.slaves["s1"]
+        options = self.parse(
+            "--role", "slave", "--master", "127.0.0.1:10912", "--tls-ca", self.set.ca,
+            "--tls-cert", cert, "--tls-key", key, "--tls-server-name", "master",
+        )
+        broker = makeService(options)
+        self.assertEqual(broker.master_endpoint, "tls:127.0.0.1:10912 (verifying master)")
+
+    def test_errors_name_the_setting(self) -> None:
+        """
+        Contradictory or broken TLS settings are usage errors naming the
+        flag.
+        """
+        cert, key = self.set.master
+        slave_cert, slave_key = self.set.slaves["s1"]
+        cases = [
+            (("--ha-listen", "tcp:10912", "--tls-cert", cert, "--tls-key", key),
+             "--ha-listen tcp:10912"),
+            (("--ha-listen", "ssl:1", "--tls-cert", cert), "--tls-cert and --tls-key"),
+            (("--ha-listen", "ssl:1", "--tls-cert", cert, "--tls-key", slave_key),
+             "is not the key of --tls-cert"),
+            (("--ha-listen", "ssl:1", "--tls-cert", "/nonexistent", "--tls-key", key),
+             "--tls-cert /nonexistent"),
+            (("--ha-listen", "ssl:1:privateKey=k.pem", *self.master_flags()), "privateKey"),
+            (("--ha-listen", "ssl:1", "--tls-cert", cert, "--tls-key", key,
+              "--tls-require-client-cert"), "--tls-ca"),
+            (("--ha-listen", "ssl:1", *self.master_flags(), "--tls-allowed-peers", "s1"),
+             "--tls-allowed-peers needs --tls-require-client-cert"),
+            (("--tls-require-client-cert",), "--tls-require-client-cert"),
+            (("--ha-listen", "ssl:1", *self.master_flags()), "add --tls-require-client-cert"),
+            (("--tls-ca", self.set.ca), "--tls-ca needs --tls-cert"),
+            (("--tls-server-name", "x"), "--tls-server-name is for slaves"),
+            (("--role", "slave", "--master", "h:1", "--tls-cert", slave_cert),
+             "--tls-cert needs --tls-ca"),
+            (("--role", "slave", "--master", "h:1", "--tls-ca", slave_key), "--tls-ca"),
+            (("--role", "slave", "--master-endpoint", "tcp:h:1", "--tls-ca", self.set.ca),
+             "--master-endpoint"),
+            (("--role", "slave", "--master", "h:1", "--tls-allowed-peers", "a"),
+             "--tls-allowed-peers is for masters"),
+        ]
+        for argv, needle in cases:
+            e = self.assertRaises(UsageError, self.parse, *argv)
+            self.assertIn(needle, str(e), argv)

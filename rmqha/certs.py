@@ -1,0 +1,196 @@
+# -*- test-case-name: tests.test_certs -*-
+"""
+C{rmqha certs init}: a CA and key pairs for a test or lab set-up.
+
+    DIR/ca.pem, DIR/ca.key                  the CA (keep ca.key offline)
+    DIR/master.pem, DIR/master.key          the master (--tls-cert/--tls-key)
+    DIR/slave-NAME.pem, DIR/slave-NAME.key  one per slave
+
+EC P-256 keys; the master's certificate is for its name, C{localhost} and
+127.0.0.1 / ::1 (server auth); each slave's certificate carries its name as
+CN and DNS name (client auth), which is what C{--tls-allowed-peers} matches.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+__all__ = ["CertificateSet", "Issued", "init", "issue", "make_ca", "write_pair"]
+
+_ORGANIZATION = "rmqha"
+
+
+@dataclass(frozen=True)
+class Issued:
+    key: ec.EllipticCurvePrivateKey
+    certificate: x509.Certificate
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORGANIZATION),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
+
+
+def make_ca(
+    common_name: str = "rmqha test CA",
+    days: int = 3650,
+    now: datetime.datetime | None = None,
+) -> Issued:
+    """
+    A self-signed CA certificate and its key.
+    """
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(common_name)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return Issued(key, certificate)
+
+
+def issue(
+    ca: Issued,
+    common_name: str,
+    dns_names: list[str],
+    ip_addresses: list[str] = [],
+    server: bool = False,
+    client: bool = False,
+    days: int = 825,
+    not_before: datetime.datetime | None = None,
+) -> Issued:
+    """
+    A leaf certificate signed by C{ca}, valid from C{not_before} (default
+    five minutes ago) for C{days}.
+    """
+    start = not_before or datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
+        minutes=5
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    usages = []
+    if server:
+        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+    if client:
+        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(ca.certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+            critical=False,
+        )
+    )
+    if usages:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    return Issued(key, builder.sign(ca.key, hashes.SHA256()))
+
+
+def write_pair(issued: Issued, directory: str, stem: str) -> tuple[str, str]:
+    """
+    C{stem.pem} and C{stem.key} (mode 0600) in C{directory}.
+    """
+    cert_path = os.path.join(directory, stem + ".pem")
+    key_path = os.path.join(directory, stem + ".key")
+    key_pem = issued.key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key_pem)
+    with open(cert_path, "wb") as f:
+        f.write(issued.certificate.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+@dataclass(frozen=True)
+class CertificateSet:
+    """
+    What L{init} wrote.
+    """
+
+    ca: str
+    master: tuple[str, str]
+    slaves: dict[str, tuple[str, str]]
+
+
+def init(
+    directory: str, master_name: str = "master", slave_names: list[str] = ["slave"]
+) -> CertificateSet:
+    """
+    Write a CA and key pairs for a master and its slaves into
+    C{directory} (created if needed).
+
+    @raise ValueError: a name is empty or repeated, or a file of the set
+        exists already (nothing is overwritten).
+    """
+    for name in [master_name, *slave_names]:
+        if not name or any(c in name for c in "/\\,: "):
+            raise ValueError(f"{name!r} is not a usable certificate name")
+    if len(set(slave_names)) != len(slave_names) or master_name in slave_names:
+        raise ValueError("the master and slave names must all differ")
+    stems = ["ca", "master", *(f"slave-{n}" for n in slave_names)]
+    os.makedirs(directory, exist_ok=True)
+    for stem in stems:
+        for suffix in (".pem", ".key"):
+            path = os.path.join(directory, stem + suffix)
+            if os.path.exists(path):
+                raise ValueError(f"{path} exists; not overwriting it")
+    ca = make_ca()
+    ca_path, _ = write_pair(ca, directory, "ca")
+    master = issue(
+        ca,
+        master_name,
+        [master_name, "localhost"],
+        ["127.0.0.1", "::1"],
+        server=True,
+    )
+    master_paths = write_pair(master, directory, "master")
+    slaves = {}
+    for name in slave_names:
+        slaves[name] = write_pair(issue(ca, name, [name], client=True), directory, f"slave-{name}")
+    return CertificateSet(ca_path, master_paths, slaves)

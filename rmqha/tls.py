@@ -1,0 +1,516 @@
+# -*- test-case-name: tests.test_tls -*-
+"""
+TLS and mutual TLS for the HA port.
+
+RocketMQ's HA port has neither: whoever reaches it can copy the commit log
+or fake acknowledgements.  Here a master listens with
+L{server_endpoint} (C{ssl:PORT[:interface=…]} plus PEM files, optionally
+demanding client certificates from a CA and names from an allowlist, see
+L{PeerPolicy}); a slave dials with L{client_endpoint}, verifying the
+master's certificate against a CA and its name with service_identity.
+
+Twisted's C{ssl:} server string cannot require client certificates, so the
+server side is built here from L{CertificateOptions}; keys and certificates
+are passed as C{cryptography} objects (pyOpenSSL deprecates its own).
+
+Why a handshake failed is kept per connection (L{describe_failure}), so a
+slave logs one line naming the reason: wrong name, unknown CA, expired,
+no client certificate, refused by the master.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    PublicFormat,
+    load_pem_private_key,
+)
+from cryptography.x509.oid import NameOID
+from OpenSSL import SSL
+from service_identity.exceptions import VerificationError
+from service_identity.hazmat import DNS_ID, IPAddress_ID, verify_service_identity
+from service_identity.pyopenssl import extract_patterns
+from twisted.internet import ssl
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.endpoints import HostnameEndpoint, SSL4ServerEndpoint, wrapClientTLS
+from twisted.internet.interfaces import (
+    IOpenSSLClientConnectionCreator,
+    IReactorTCP,
+    IStreamClientEndpoint,
+)
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+__all__ = [
+    "TLSError",
+    "TLSFiles",
+    "PeerPolicy",
+    "server_endpoint",
+    "parse_ssl_listen",
+    "client_endpoint",
+    "certificate_names",
+    "describe_failure",
+    "split_description",
+    "exposure_warning",
+    "plain_master_warning",
+]
+
+
+class TLSError(ValueError):
+    """
+    A TLS setting is wrong: a file cannot be read or is not what it should
+    be, or settings contradict each other.  The message names the setting.
+    """
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """
+    PEM files, with the flag each came from (for error messages).
+
+    @ivar cert: this side's certificate, optionally followed by its chain.
+    @ivar key: the private key of C{cert}.
+    @ivar ca: the CA certificate(s) the peer's certificate must chain to.
+    """
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+
+    def certificate_chain(self) -> list[x509.Certificate]:
+        assert self.cert is not None
+        return _load_certificates(self.cert, "--tls-cert")
+
+    def private_key(self) -> Any:
+        assert self.key is not None
+        data = _read(self.key, "--tls-key")
+        try:
+            return load_pem_private_key(data, password=None)
+        except (ValueError, TypeError) as e:
+            raise TLSError(
+                f"--tls-key {self.key}: not an unencrypted PEM private key ({e})"
+            ) from None
+
+    def trust_root(self) -> Any:
+        assert self.ca is not None
+        certificates = _load_certificates(self.ca, "--tls-ca")
+        return ssl.trustRootFromCertificates(
+            [ssl.Certificate.loadPEM(c.public_bytes(Encoding.PEM)) for c in certificates]
+        )
+
+    def key_pair(self) -> tuple[Any, x509.Certificate, list[x509.Certificate]]:
+        """
+        The private key, the certificate and its chain, checked to belong
+        together.
+        """
+        if (self.cert is None) != (self.key is None):
+            raise TLSError("--tls-cert and --tls-key go together: give both or neither")
+        chain = self.certificate_chain()
+        key = self.private_key()
+        if _spki(key.public_key()) != _spki(chain[0].public_key()):
+            raise TLSError(f"--tls-key {self.key} is not the key of --tls-cert {self.cert}")
+        return key, chain[0], chain[1:]
+
+
+def _spki(public_key: Any) -> bytes:
+    return bytes(public_key.public_bytes(Encoding.DER, PublicFormat.SubjectPublicKeyInfo))
+
+
+def _read(path: str, flag: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise TLSError(f"{flag} {path}: {e.strerror}") from None
+
+
+def _load_certificates(path: str, flag: str) -> list[x509.Certificate]:
+    data = _read(path, flag)
+    try:
+        certificates = x509.load_pem_x509_certificates(data)
+    except ValueError:
+        certificates = []
+    if not certificates:
+        raise TLSError(f"{flag} {path}: no PEM certificate in it")
+    return certificates
+
+
+def certificate_names(certificate: x509.Certificate) -> list[str]:
+    """
+    The names a certificate is for: its DNS subject alternative names, or,
+    when it has none, its common name.
+    """
+    try:
+        san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+        names = list(san.value.get_values_for_type(x509.DNSName))
+    except x509.ExtensionNotFound:
+        names = []
+    if not names:
+        names = [
+            str(attribute.value)
+            for attribute in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        ]
+    return names
+
+
+@dataclass(frozen=True)
+class PeerPolicy:
+    """
+    What a master asks of a slave's certificate.
+
+    @ivar require_client_cert: refuse a slave without a certificate signed
+        by the CA (OpenSSL refuses it during the handshake).
+    @ivar allowed_peers: when set, one of the certificate's names
+        (L{certificate_names}) must be in it.
+    """
+
+    require_client_cert: bool = False
+    allowed_peers: frozenset[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.allowed_peers is not None and not self.require_client_cert:
+            raise TLSError("--tls-allowed-peers needs --tls-require-client-cert")
+
+    def check(self, certificate: x509.Certificate | None) -> tuple[str | None, str | None]:
+        """
+        @return: C{(identity, refusal)}: the name this peer is known by (its
+            first allowed name, else its first name), and why it is refused
+            (C{None} when it is not).
+        """
+        if certificate is None:
+            if self.require_client_cert:
+                return None, "it presented no client certificate"
+            return None, None
+        names = certificate_names(certificate)
+        if self.allowed_peers is not None:
+            allowed = [n for n in names if n in self.allowed_peers]
+            if not allowed:
+                return (names[0] if names else None), (
+                    f"its certificate names {', '.join(names) or 'nothing'}, none of "
+                    f"them in --tls-allowed-peers"
+                )
+            return allowed[0], None
+        return (names[0] if names else None), None
+
+
+def split_description(description: str) -> tuple[str, list[str], dict[str, str]]:
+    """
+    A Twisted endpoint description as C{(type, positional, keywords)},
+    honouring backslash escapes (C{interface=\\:\\:1}).
+    """
+    parts: list[str] = []
+    current = []
+    escaped = False
+    for char in description:
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == ":":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    kind, args = parts[0], parts[1:]
+    positional = [a for a in args if "=" not in a]
+    keywords = dict(a.split("=", 1) for a in args if "=" in a)
+    return kind, positional, keywords
+
+
+def server_context(files: TLSFiles, policy: PeerPolicy) -> ssl.CertificateOptions:
+    """
+    The master's TLS settings: its key pair, TLS 1.2 at least, and, when
+    C{policy} requires it, client certificates from C{files.ca}.
+    """
+    if files.cert is None or files.key is None:
+        raise TLSError("a TLS master needs --tls-cert and --tls-key")
+    key, certificate, chain = files.key_pair()
+    options: dict[str, Any] = {}
+    if policy.require_client_cert:
+        if files.ca is None:
+            raise TLSError("--tls-require-client-cert needs --tls-ca (the slaves' CA)")
+        options["trustRoot"] = files.trust_root()
+    elif files.ca is not None:
+        # An optional client certificate authenticates nothing: whoever
+        # wants the log would simply not send one.
+        raise TLSError(
+            "--tls-ca on a master checks slaves' certificates: add "
+            "--tls-require-client-cert (an optional certificate proves nothing)"
+        )
+    # cryptography objects work at runtime (the stubs say pyOpenSSL's, which
+    # pyOpenSSL itself now deprecates).
+    return ssl.CertificateOptions(
+        privateKey=key,
+        certificate=certificate,  # type: ignore[arg-type]
+        extraCertChain=chain or None,  # type: ignore[arg-type]
+        raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
+        **options,
+    )
+
+
+def parse_ssl_listen(description: str) -> tuple[int, str, int]:
+    """
+    C{ssl:PORT[:interface=…][:backlog=…]} as C{(port, interface, backlog)}.
+
+    @raise TLSError: the description is not of that form (key files in it
+        are refused: they come from C{--tls-cert}/C{--tls-key}).
+    """
+    kind, positional, keywords = split_description(description)
+    if kind != "ssl":
+        raise TLSError(
+            f"--ha-listen {description!r}: TLS settings need an ssl:PORT endpoint"
+        )
+    unknown = sorted(set(keywords) - {"port", "interface", "backlog"})
+    if unknown:
+        raise TLSError(
+            f"--ha-listen {description!r}: {', '.join(unknown)} cannot be given "
+            "here; use --tls-cert, --tls-key and --tls-ca"
+        )
+    port_text = keywords.get("port") or (positional[0] if positional else "")
+    if not port_text.isdigit() or int(port_text) > 65535 or len(positional) > 1:
+        raise TLSError(f"--ha-listen {description!r}: not ssl:PORT[:interface=ADDRESS]")
+    backlog = keywords.get("backlog", "50")
+    if not backlog.isdigit():
+        raise TLSError(f"--ha-listen {description!r}: backlog {backlog!r} is not a number")
+    return int(port_text), keywords.get("interface", ""), int(backlog)
+
+
+def server_endpoint(
+    reactor: IReactorTCP, description: str, files: TLSFiles, policy: PeerPolicy
+) -> SSL4ServerEndpoint:
+    """
+    The master's listening endpoint for C{ssl:PORT[:interface=…][:backlog=…]}
+    with the key pair (and client-certificate policy) from settings.
+
+    @raise TLSError: the description is not of that form, or a file or
+        setting is wrong.
+    """
+    port, interface, backlog = parse_ssl_listen(description)
+    return SSL4ServerEndpoint(
+        reactor, port, server_context(files, policy), backlog=backlog, interface=interface
+    )
+
+
+# Why each connection's certificate verification failed, kept until the
+# connection is gone: OpenSSL itself only says "certificate verify failed".
+_verify_errors: "weakref.WeakKeyDictionary[object, str]" = weakref.WeakKeyDictionary()
+
+_VERIFY_REASONS = {
+    7: "has a bad signature",
+    23: "has been revoked",
+    24: "is signed by a certificate that is not a CA",
+    26: "is not meant for a TLS server (extended key usage)",
+}
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class _VerifyingCreator:
+    """
+    Client TLS that verifies the server's certificate chain (OpenSSL) and
+    its name (service_identity), recording why verification failed:
+    OpenSSL's own error only says "certificate verify failed".
+
+    Twisted's L{ssl.optionsForClientTLS} makes the context and sends the
+    server name; its per-connection verify callback is replaced by one
+    doing the same name check plus the recording (pyOpenSSL keeps one
+    callback per connection).
+    """
+
+    def __init__(self, inner: IOpenSSLClientConnectionCreator, name: str) -> None:
+        self._inner = inner
+        self._name = name
+        if isIPAddress(name) or isIPv6Address(name):
+            self._service_id: Any = IPAddress_ID(name)
+        else:
+            self._service_id = DNS_ID(name)
+
+    def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+        connection = self._inner.clientConnectionForTLS(tlsProtocol)
+        protocol = weakref.ref(tlsProtocol)
+        service_id = self._service_id
+        name = self._name
+
+        def record(why: str) -> None:
+            target = protocol()
+            if target is not None and target not in _verify_errors:
+                _verify_errors[target] = why
+
+        def verify(conn: SSL.Connection, cert: Any, errno: int, depth: int, ok: int) -> bool:
+            try:
+                certificate = cert.to_cryptography()
+                if not ok:
+                    record(_chain_error(errno, certificate))
+                    return False
+                if depth != 0:
+                    return True
+                try:
+                    verify_service_identity(extract_patterns(cert), [service_id], [])
+                except VerificationError:
+                    names = certificate_names(certificate)
+                    record(
+                        f"the master's certificate is not for {name} (it is for "
+                        f"{', '.join(names) or 'no name'}); see --tls-server-name"
+                    )
+                    target = protocol()
+                    if target is not None:
+                        target.failVerification(Failure())
+                    return False
+                return True
+            except Exception:
+                # An exception escaping an OpenSSL callback is lost; refuse.
+                record("verifying the master's certificate failed unexpectedly")
+                return False
+
+        connection.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, verify)
+        return connection
+
+
+def _chain_error(errno: int, certificate: x509.Certificate) -> str:
+    if errno in (9, 10):
+        state = "has expired" if errno == 10 else "is not valid yet"
+        return (
+            f"the master's certificate ({certificate.subject.rfc4514_string()}) "
+            f"{state}: valid {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} to "
+            f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+        )
+    if errno in (18, 19):
+        return (
+            f"the master's certificate chain ends at "
+            f"{certificate.subject.rfc4514_string()}, which is not in --tls-ca"
+        )
+    if errno in (2, 20, 21):
+        return (
+            f"the master's certificate (issuer {certificate.issuer.rfc4514_string()}) "
+            "is not signed by a CA in --tls-ca"
+        )
+    reason = _VERIFY_REASONS.get(errno, f"failed verification (OpenSSL error {errno})")
+    return f"the master's certificate ({certificate.subject.rfc4514_string()}) {reason}"
+
+
+def client_endpoint(
+    reactor: Any, host: str, port: int, files: TLSFiles, server_name: str | None = None
+) -> IStreamClientEndpoint:
+    """
+    A slave's endpoint to a TLS master at C{host:port}: the master's
+    certificate must chain to C{files.ca} and name C{server_name} (default
+    C{host}; an IP address is matched against IP subject alternative
+    names); C{files.cert}/C{files.key}, when given, are this slave's
+    certificate.
+    """
+    if files.ca is None:
+        raise TLSError("TLS to the master needs --tls-ca (the master's CA)")
+    options: dict[str, Any] = {"raiseMinimumTo": ssl.TLSVersion.TLSv1_2}
+    if files.cert is not None or files.key is not None:
+        key, certificate, chain = files.key_pair()
+        options.update(privateKey=key, certificate=certificate, extraCertChain=chain or None)
+    name = server_name or host
+    creator = ssl.optionsForClientTLS(
+        name, trustRoot=files.trust_root(), extraCertificateOptions=options
+    )
+    shown = f"[{host}]" if ":" in host else host
+    return _DescribedEndpoint(
+        wrapClientTLS(_VerifyingCreator(creator, name), HostnameEndpoint(reactor, host, port)),
+        f"tls:{shown}:{port} (verifying {name})",
+    )
+
+
+@implementer(IStreamClientEndpoint)
+class _DescribedEndpoint:
+    """
+    An endpoint that says what it connects to (C{/status} shows it).
+    """
+
+    def __init__(self, endpoint: IStreamClientEndpoint, description: str) -> None:
+        self._endpoint = endpoint
+        self.description = description
+
+    def connect(self, protocolFactory: Any) -> Any:
+        return self._endpoint.connect(protocolFactory)
+
+    def __str__(self) -> str:
+        return self.description
+
+
+def describe_failure(reason: Failure, transport: object, handshake_done: bool) -> str:
+    """
+    One line saying why a TLS connection to the master ended before it
+    carried anything.
+    """
+    recorded = _verify_errors.get(transport)
+    if recorded is not None:
+        return recorded
+    if reason.check(SSL.Error):
+        text = str(reason.value).lower()
+        if "certificate required" in text:
+            return "the master requires a client certificate (give --tls-cert and --tls-key)"
+        if "unknown ca" in text:
+            return "the master refused this slave's certificate: not signed by a CA it trusts"
+        if "certificate expired" in text:
+            return "the master refused this slave's certificate: it has expired"
+        if "bad certificate" in text or "certificate unknown" in text:
+            return "the master refused this slave's certificate"
+        if "wrong version number" in text or "packet length too long" in text:
+            return "the master does not speak TLS on this port"
+        return f"TLS failed: {reason.value}"
+    if handshake_done:
+        return (
+            "the master closed the connection after the TLS handshake without "
+            "sending anything (is this slave's name in its --tls-allowed-peers? "
+            f"the master's log says why): {reason.getErrorMessage()}"
+        )
+    return f"the TLS handshake did not complete: {reason.getErrorMessage()}"
+
+
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(description: str) -> str | None:
+    """
+    For a master's listening endpoint description: a warning when it is
+    plain TCP on an interface other than loopback (the commit log is then
+    open to anyone who reaches the port), else C{None}.
+    """
+    kind, positional, keywords = split_description(description)
+    if kind not in ("tcp", "tcp6") and not kind.isdigit():
+        return None
+    interface = keywords.get("interface", "")
+    if interface and _is_loopback(interface):
+        return None
+    where = interface or ("all interfaces" if kind != "tcp6" else "all IPv6 interfaces")
+    return (
+        f"the HA port {description} is plain TCP on {where}: anyone who reaches "
+        "it can copy the whole commit log and fake acknowledgements; use "
+        "--ha-listen ssl:PORT with --tls-cert/--tls-key/--tls-ca and "
+        "--tls-require-client-cert (docs/tls.md), or bind it to loopback"
+    )
+
+
+def plain_master_warning(host: str) -> str | None:
+    """
+    For a slave following C{host} over plain TCP: a warning unless it is
+    loopback.
+    """
+    if _is_loopback(host):
+        return None
+    return (
+        f"replicating from {host} over plain TCP: the commit log crosses the "
+        "network unencrypted and the master is not authenticated; give "
+        "--tls-ca (docs/tls.md)"
+    )

@@ -1,0 +1,413 @@
+"""
+Tests for L{rmqha.tls}: TLS and mutual TLS between a master and a slave,
+in memory (L{TLSMemoryBIOFactory} over C{iosim} with a C{Clock}), with
+certificates generated per test by L{rmqha.certs}.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+from cryptography import x509
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import succeed
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import LogLevel, capturedLogs, formatEvent
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.test import iosim
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha import certs
+from rmqha.broker import Broker, Role
+from rmqha.commitlog import CommitLog
+from rmqha.master import MasterFactory
+from rmqha.slave import SlaveFactory
+from rmqha.tls import (
+    PeerPolicy,
+    TLSError,
+    TLSFiles,
+    _VerifyingCreator,
+    certificate_names,
+    exposure_warning,
+    plain_master_warning,
+    server_context,
+    split_description,
+)
+from twisted.internet import ssl
+
+from tests._helpers import fixed_clock, make_message, open_store, segment_files
+
+SEGMENT = 4096
+
+
+class PKI:
+    """
+    A CA, a master and slaves, written as PEM files under C{directory}.
+    """
+
+    def __init__(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.directory = directory
+        self.ca = certs.make_ca()
+        certs.write_pair(self.ca, directory, "ca")
+        self.ca_pem = os.path.join(directory, "ca.pem")
+
+    def pair(self, stem: str, issued: certs.Issued) -> TLSFiles:
+        cert, key = certs.write_pair(issued, self.directory, stem)
+        return TLSFiles(cert, key, self.ca_pem)
+
+    def master(self, names: list[str] = ["master", "localhost"], **kw: Any) -> TLSFiles:
+        return self.pair("master", certs.issue(self.ca, names[0], names, server=True, **kw))
+
+    def slave(self, name: str, **kw: Any) -> TLSFiles:
+        return self.pair(f"slave-{name}", certs.issue(self.ca, name, [name], client=True, **kw))
+
+
+class TLSConversationTests(SynchronousTestCase):
+    """
+    A master and a slave over in-memory TLS.
+    """
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.source = open_store(self, segment_size=SEGMENT)
+        self.replica = open_store(self, segment_size=SEGMENT)
+        self.pki = PKI(self.mktemp())
+        for _ in range(30):
+            self.source.put(make_message(b"t" * 300))
+
+    def converse(
+        self,
+        master_files: TLSFiles,
+        slave_files: TLSFiles,
+        policy: PeerPolicy = PeerPolicy(require_client_cert=True),
+        server_name: str = "master",
+        slave_has_cert: bool = True,
+    ) -> tuple[MasterFactory, SlaveFactory, list[str]]:
+        """
+        Connect, pump until quiet; return both factories and the log.
+        """
+        master = MasterFactory(self.source, self.clock, peer_policy=policy)
+        slave = SlaveFactory(self.replica, self.clock)
+        server_tls = TLSMemoryBIOFactory(
+            server_context(master_files, policy), False, master, clock=self.clock
+        )
+        options: dict[str, Any] = {}
+        if slave_has_cert:
+            key, cert, _ = slave_files.key_pair()
+            options.update(privateKey=key, certificate=cert)
+        creator = _VerifyingCreator(
+            ssl.optionsForClientTLS(
+                server_name, trustRoot=slave_files.trust_root(), extraCertificateOptions=options
+            ),
+            server_name,
+        )
+        client_tls = TLSMemoryBIOFactory(creator, True, slave, clock=self.clock)
+        with capturedLogs() as events:
+            client, server, pump = iosim.connectedServerAndClient(
+                lambda: server_tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000)),
+                lambda: client_tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912)),
+                clock=self.clock,
+                greet=False,
+            )
+            client.wrappedProtocol.send_report()
+            # Small TLS writes go out on the next turn: pump until quiet.
+            for _ in range(50):
+                self.clock.advance(0)
+                if not pump.pump() and not self.clock.getDelayedCalls():
+                    break
+            pump.flush()
+            self.addCleanup(self._hang_up, pump, client)
+        return master, slave, [formatEvent(e) for e in events]
+
+    def _hang_up(self, pump: iosim.IOPump, client: Any) -> None:
+        client.transport.loseConnection()
+        pump.flush()
+        self.clock.advance(0)
+        for call in self.clock.getDelayedCalls():
+            call.cancel()
+
+    def assertNothingReplicated(self, slave: SlaveFactory, master: MasterFactory) -> None:
+        self.assertEqual(self.replica.max_offset, 0)
+        self.assertEqual(slave.bytes_received, 0)
+        self.assertEqual(slave.fruitless_connections, 1)
+        self.assertEqual(master.slaves(), [])
+
+    def test_mutual_tls_replicates(self) -> None:
+        """
+        A slave with a certificate from the CA, named in the allowlist,
+        replicates the whole log; the master's status shows it as TLS with
+        the verified name.
+        """
+        policy = PeerPolicy(require_client_cert=True, allowed_peers=frozenset({"slave-1"}))
+        master, slave, log = self.converse(
+            self.pki.master(), self.pki.slave("slave-1"), policy
+        )
+        self.assertEqual(self.replica.max_offset, self.source.max_offset)
+        self.assertEqual(
+            segment_files(self.replica.store_dir), segment_files(self.source.store_dir)
+        )
+        (status,) = master.slaves()
+        self.assertEqual((status.transport, status.identity), ("tls", "slave-1"))
+        self.assertEqual(status.ack_offset, self.source.max_offset)
+        self.assertIn("verified by TLS as slave-1", " ".join(log))
+
+    def test_no_client_certificate(self) -> None:
+        """
+        A master requiring client certificates refuses a slave without one
+        during the handshake; the slave logs that a certificate is needed.
+        """
+        master, slave, log = self.converse(
+            self.pki.master(), self.pki.slave("slave-1"), slave_has_cert=False
+        )
+        self.assertNothingReplicated(slave, master)
+        self.assertIn("the master requires a client certificate", " ".join(log))
+
+    def test_peer_not_in_allowlist(self) -> None:
+        """
+        A valid certificate whose names are not allowed is dropped right
+        after the handshake, before the first report is even read: no
+        commit-log byte reaches the slave.  The master logs the names.
+        """
+        policy = PeerPolicy(require_client_cert=True, allowed_peers=frozenset({"slave-1"}))
+        master, slave, log = self.converse(self.pki.master(), self.pki.slave("intruder"), policy)
+        self.assertNothingReplicated(slave, master)
+        text = " ".join(log)
+        self.assertIn("its certificate names intruder, none of them in --tls-allowed-peers", text)
+        self.assertIn("the master closed the connection after the TLS handshake", text)
+
+    def test_client_certificate_from_another_ca(self) -> None:
+        """
+        A client certificate signed by a CA the master does not trust is
+        refused in the handshake.
+        """
+        rogue = PKI(self.mktemp())
+        rogue_slave = rogue.slave("slave-1")
+        files = TLSFiles(rogue_slave.cert, rogue_slave.key, self.pki.ca_pem)
+        master, slave, log = self.converse(self.pki.master(), files)
+        self.assertNothingReplicated(slave, master)
+        self.assertIn("not signed by a CA it trusts", " ".join(log))
+
+    def test_master_from_unknown_ca(self) -> None:
+        """
+        The slave refuses a master whose certificate does not chain to its
+        --tls-ca, and says so.
+        """
+        rogue = PKI(self.mktemp())
+        rogue_slave = rogue.slave("slave-1")
+        master, slave, log = self.converse(self.pki.master(), rogue_slave)
+        self.assertNothingReplicated(slave, master)
+        self.assertIn("which is not in --tls-ca", " ".join(log))
+
+    def test_wrong_server_name(self) -> None:
+        """
+        A master certificate for other names fails service_identity's
+        check; the slave names the wanted and the actual names.
+        """
+        master, slave, log = self.converse(
+            self.pki.master(), self.pki.slave("slave-1"), server_name="other.example"
+        )
+        self.assertNothingReplicated(slave, master)
+        self.assertIn(
+            "the master's certificate is not for other.example (it is for master, localhost)",
+            " ".join(log),
+        )
+
+    def test_ip_address_name(self) -> None:
+        """
+        An IP address as the server name is matched against the
+        certificate's IP subject alternative names.
+        """
+        files = self.pki.pair(
+            "master", certs.issue(self.pki.ca, "master", ["master"], ["127.0.0.1"], server=True)
+        )
+        master, _, _ = self.converse(files, self.pki.slave("s"), server_name="127.0.0.1")
+        self.assertEqual(self.replica.max_offset, self.source.max_offset)
+
+    def test_expired_master_certificate(self) -> None:
+        """
+        An expired master certificate is refused, with its validity dates.
+        """
+        past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=30)
+        files = self.pki.master(not_before=past, days=10)
+        master, slave, log = self.converse(files, self.pki.slave("slave-1"))
+        self.assertNothingReplicated(slave, master)
+        text = " ".join(log)
+        self.assertIn("has expired", text)
+        self.assertIn(f"{past:%Y-%m-%d}", text)
+
+    def test_expired_slave_certificate(self) -> None:
+        """
+        The master refuses an expired client certificate.
+        """
+        past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=30)
+        master, slave, log = self.converse(
+            self.pki.master(), self.pki.slave("slave-1", not_before=past, days=10)
+        )
+        self.assertNothingReplicated(slave, master)
+        self.assertIn("the master refused this slave's certificate: it has expired", " ".join(log))
+
+
+class PolicyTests(SynchronousTestCase):
+    """
+    L{PeerPolicy} and L{certificate_names}.
+    """
+
+    def setUp(self) -> None:
+        self.ca = certs.make_ca()
+
+    def cert(self, cn: str, dns: list[str]) -> x509.Certificate:
+        return certs.issue(self.ca, cn, dns, client=True).certificate
+
+    def test_names_are_dns_sans_else_cn(self) -> None:
+        """
+        DNS subject alternative names when there are any, else the CN.
+        """
+        self.assertEqual(certificate_names(self.cert("a", ["b", "c"])), ["b", "c"])
+        self.assertEqual(certificate_names(self.cert("a", [])), ["a"])
+
+    def test_allowlist(self) -> None:
+        """
+        One allowed name suffices and becomes the identity; none refuses.
+        """
+        policy = PeerPolicy(True, frozenset({"c"}))
+        self.assertEqual(policy.check(self.cert("a", ["b", "c"])), ("c", None))
+        identity, refusal = policy.check(self.cert("x", ["b"]))
+        self.assertEqual(identity, "b")
+        self.assertIn("none of them in --tls-allowed-peers", refusal or "")
+        self.assertEqual(policy.check(None), (None, "it presented no client certificate"))
+        self.assertEqual(PeerPolicy().check(None), (None, None))
+
+    def test_allowlist_needs_client_certificates(self) -> None:
+        """
+        An allowlist without requiring certificates is a setting error.
+        """
+        self.assertRaises(TLSError, PeerPolicy, False, frozenset({"a"}))
+
+
+class FileTests(SynchronousTestCase):
+    """
+    Loading PEM files: every problem names its flag and file.
+    """
+
+    def setUp(self) -> None:
+        self.pki = PKI(self.mktemp())
+        self.files = self.pki.master()
+
+    def test_missing_file(self) -> None:
+        """
+        A file that cannot be read.
+        """
+        e = self.assertRaises(
+            TLSError, TLSFiles("/nonexistent/x.pem", self.files.key).key_pair
+        )
+        self.assertEqual(str(e), "--tls-cert /nonexistent/x.pem: No such file or directory")
+
+    def test_not_pem(self) -> None:
+        """
+        A file with no certificate, and a key that is not a key.
+        """
+        assert self.files.key is not None
+        e = self.assertRaises(TLSError, TLSFiles(self.files.key, self.files.key).key_pair)
+        self.assertIn("--tls-cert", str(e))
+        self.assertIn("no PEM certificate", str(e))
+        e = self.assertRaises(TLSError, TLSFiles(self.files.cert, self.files.cert).key_pair)
+        self.assertIn("--tls-key", str(e))
+
+    def test_key_of_another_certificate(self) -> None:
+        """
+        A key that does not belong to the certificate.
+        """
+        other = self.pki.slave("s")
+        e = self.assertRaises(TLSError, TLSFiles(self.files.cert, other.key).key_pair)
+        self.assertIn("is not the key of --tls-cert", str(e))
+
+    def test_require_client_cert_needs_ca(self) -> None:
+        """
+        Requiring client certificates without a CA to check them against.
+        """
+        files = TLSFiles(self.files.cert, self.files.key)
+        e = self.assertRaises(TLSError, server_context, files, PeerPolicy(True))
+        self.assertIn("--tls-ca", str(e))
+
+
+class DescriptionTests(SynchronousTestCase):
+    """
+    Endpoint descriptions and the plain-TCP warnings.
+    """
+
+    def test_split(self) -> None:
+        """
+        Type, positional and keyword arguments, with escaped colons.
+        """
+        self.assertEqual(
+            split_description("ssl:10912:interface=\\:\\:1:backlog=5"),
+            ("ssl", ["10912"], {"interface": "::1", "backlog": "5"}),
+        )
+
+    def test_exposure_warning(self) -> None:
+        """
+        Plain TCP on every interface or a routable one warns; loopback and
+        TLS do not.
+        """
+        self.assertIn("all interfaces", exposure_warning("tcp:10912") or "")
+        self.assertIn("10.0.0.5", exposure_warning("tcp:10912:interface=10.0.0.5") or "")
+        for quiet in (
+            "tcp:10912:interface=127.0.0.1",
+            "tcp:0:interface=\\:\\:1",
+            "tcp:1:interface=localhost",
+            "ssl:10912",
+            "unix:/tmp/ha.sock",
+        ):
+            self.assertIsNone(exposure_warning(quiet), quiet)
+
+    def test_plain_master_warning(self) -> None:
+        """
+        A slave following a non-loopback master over TCP warns.
+        """
+        self.assertIsNone(plain_master_warning("127.0.0.1"))
+        self.assertIsNone(plain_master_warning("::1"))
+        self.assertIn("192.0.2.7", plain_master_warning("192.0.2.7") or "")
+
+
+class BrokerWarningTests(SynchronousTestCase):
+    """
+    A broker says when its commit log travels in the clear.
+    """
+
+    def start(self, role: Role, **options: Any) -> list[str]:
+        reactor = MemoryReactorClock()
+        store = self.mktemp()
+        broker = Broker(
+            reactor,
+            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            role,
+            run_in_thread=lambda f: succeed(f()),
+            **options,
+        )
+        with capturedLogs() as events:
+            broker.startService()
+        self.addCleanup(broker.stopService)
+        return [formatEvent(e) for e in events if e.get("log_level") == LogLevel.warn]
+
+    def test_master_on_all_interfaces(self) -> None:
+        """
+        Plain TCP on every interface warns that the commit log is exposed;
+        loopback does not.
+        """
+        (warning,) = self.start(Role.MASTER, ha_listen="tcp:10912")
+        self.assertIn("plain TCP on all interfaces", warning)
+        self.assertEqual(self.start(Role.MASTER, ha_listen="tcp:10912:interface=127.0.0.1"), [])
+
+    def test_slave_of_remote_master(self) -> None:
+        """
+        A slave following a non-loopback master over plain TCP warns.
+        """
+        (warning,) = self.start(Role.SLAVE, master_endpoint="tcp:host=192.0.2.7:port=10912")
+        self.assertIn("replicating from 192.0.2.7 over plain TCP", warning)
+        self.assertEqual(
+            self.start(Role.SLAVE, master_endpoint="tcp:host=127.0.0.1:port=10912"), []
+        )
