@@ -11,6 +11,9 @@ C{sync} measures puts through the embedding API (C{Broker.put}) by N
 concurrent producers on a SYNC_MASTER or ASYNC_MASTER with one real slave
 process over loopback: puts per second and latency percentiles.
 
+C{tls} replicates the same backlog over TCP and over mutual TLS, runs
+alternating, and reports both and their ratio.
+
 C{replicate} measures a master process streaming a backlog (1 GiB by
 default) to an empty slave process over loopback, with each process's
 RSS, against the raw ceiling measured in the same run: a plain socket pair
@@ -225,21 +228,30 @@ def _json_line(process: "subprocess.Popen[str]") -> dict[str, Any]:
     return result
 
 
-def _serve_master(store: str) -> None:
+def _serve_master(store: str, tls: str | None = None) -> None:
     """
-    A master on 127.0.0.1:0; prints its port, then (at SIGTERM) its idle
-    and maximum RSS, sampled every 50 ms.
+    A master on 127.0.0.1:0 (mutual TLS with the C{rmqha certs init} set
+    in directory C{tls}, if given); prints its port, then (at SIGTERM) its
+    idle and maximum RSS, sampled every 50 ms.
     """
     from twisted.internet import reactor
     from twisted.internet.task import LoopingCall
 
     from rmqha.broker import Broker, Role
+    from rmqha.tls import PeerPolicy, TLSFiles, server_endpoint
 
+    listen: Any = "tcp:0:interface=127.0.0.1"
+    policy = PeerPolicy()
+    if tls is not None:
+        policy = PeerPolicy(require_client_cert=True, allowed_peers=frozenset({"slave"}))
+        files = TLSFiles(f"{tls}/master.pem", f"{tls}/master.key", f"{tls}/ca.pem")
+        listen = server_endpoint(reactor, "ssl:0:interface=127.0.0.1", files, policy)
     broker = Broker(
         reactor,
         lambda: CommitLog.open(store, read_only=False, clock=reactor.seconds),
         Role.MASTER,
-        ha_listen="tcp:0:interface=127.0.0.1",
+        ha_listen=listen,
+        peer_policy=policy,
     )
     samples = {"idle": _rss(), "max": 0}
 
@@ -263,7 +275,9 @@ def _serve_master(store: str) -> None:
     reactor.run()
 
 
-def _run_slave(store: str, port: int, target: int, throttle: float, seconds: float) -> None:
+def _run_slave(
+    store: str, port: int, target: int, throttle: float, seconds: float, tls: str | None = None
+) -> None:
     """
     A slave following 127.0.0.1:PORT until it holds TARGET bytes (or, when
     throttled to THROTTLE bytes/s, for SECONDS); prints the time, the bytes
@@ -276,6 +290,14 @@ def _run_slave(store: str, port: int, target: int, throttle: float, seconds: flo
     from rmqha.master import HAConfig
     from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
 
+    if tls is None:
+        endpoint = clientFromString(reactor, f"tcp:host=127.0.0.1:port={port}")
+    else:
+        # Before the clock starts: importing the TLS stack takes a while.
+        from rmqha.tls import TLSFiles, client_endpoint
+
+        files = TLSFiles(f"{tls}/slave-slave.pem", f"{tls}/slave-slave.key", f"{tls}/ca.pem")
+        endpoint = client_endpoint(reactor, "127.0.0.1", port, files)
     commitlog = CommitLog.open(store, clock=reactor.seconds)
     started = time.perf_counter()
     state = {"max_rss": 0, "done": False}
@@ -294,9 +316,7 @@ def _run_slave(store: str, port: int, target: int, throttle: float, seconds: flo
             return Throttled(self) if throttle else SlaveConnection(self)
 
     factory = Factory(commitlog, reactor, HAConfig())
-    service = make_slave_service(
-        clientFromString(reactor, f"tcp:host=127.0.0.1:port={port}"), factory, reactor
-    )
+    service = make_slave_service(endpoint, factory, reactor)
 
     def check() -> None:
         state["max_rss"] = max(state["max_rss"], _rss())
@@ -452,11 +472,14 @@ def _raw_run(root: str, master_store: str) -> float:
     return float(result["bytes"] / result["seconds"] / 1e6)
 
 
-def _rmqha_run(root: str, master_store: str, target: int) -> dict[str, Any]:
+def _rmqha_run(
+    root: str, master_store: str, target: int, tls: str | None = None
+) -> dict[str, Any]:
     slave_store = os.path.join(root, "slave")
-    master = _spawn("_serve-master", master_store)
+    extra = ("--tls", tls) if tls is not None else ()
+    master = _spawn("_serve-master", master_store, *extra)
     port = _json_line(master)["port"]
-    slave = _spawn("_run-slave", slave_store, str(port), str(target), "0", "0")
+    slave = _spawn("_run-slave", slave_store, str(port), str(target), "0", "0", *extra)
     result = _json_line(slave)
     slave.wait()
     master.terminate()
@@ -468,6 +491,52 @@ def _rmqha_run(root: str, master_store: str, target: int) -> dict[str, Any]:
         "master_idle_rss": memory["idle_rss"],
         "master_max_rss": memory["max_rss"],
         "slave_max_rss": result["max_rss"],
+    }
+
+
+def _tls(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    Replication of the same backlog over TCP and over mutual TLS, runs
+    alternating, in one invocation.
+    """
+    from rmqha import certs
+    from rmqha.cli import fill
+
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    master_store = os.path.join(root, "master")
+    tls_dir = os.path.join(root, "certs")
+    try:
+        certs.init(tls_dir, "master", ["slave"])
+        _progress(f"filling a {args.size / (1 << 30):.2f} GiB backlog ...")
+        with CommitLog.open(master_store, segment_size=args.segment_size) as log:
+            fill(log, args.size // 1141 + 1, 1024, ["BenchTopic"], 8)
+            target = log.max_offset
+        _raw_read_all(master_store)
+        runs: dict[str, list[float]] = {"tcp": [], "tls": []}
+        for run in range(args.runs):
+            for variant in ("tcp", "tls") if run % 2 == 0 else ("tls", "tcp"):
+                _settle()
+                r = _rmqha_run(root, master_store, target, tls_dir if variant == "tls" else None)
+                runs[variant].append(r["mb_per_s"])
+                _progress(
+                    f"run {run + 1}: {variant.upper()} {r['mb_per_s']:,.0f} MB/s; master RSS "
+                    f"{r['master_idle_rss'] >> 20} -> {r['master_max_rss'] >> 20} MiB, slave "
+                    f"RSS {r['slave_max_rss'] >> 20} MiB"
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    tcp, tls = statistics.median(runs["tcp"]), statistics.median(runs["tls"])
+    return {
+        "benchmark": "tls",
+        "machine": machine_info(),
+        "backlog_bytes": target,
+        "runs": args.runs,
+        "tcp_mb_per_s": tcp,
+        "tls_mb_per_s": tls,
+        "tls_fraction_of_tcp": tls / tcp,
+        "paired_fractions": [round(t / c, 2) for t, c in zip(runs["tls"], runs["tcp"])],
+        "tcp_runs": [round(x) for x in runs["tcp"]],
+        "tls_runs": [round(x) for x in runs["tls"]],
     }
 
 
@@ -587,6 +656,13 @@ def main(argv: list[str] | None = None) -> None:
     replicate.add_argument("--throttle", type=float, default=1e6, help="slow slave's bytes/s")
     replicate.add_argument("--throttle-seconds", type=float, default=15.0)
     replicate.add_argument("--dir", default=None, help="where to create the stores")
+    tls = commands.add_parser(
+        "tls", help="replication throughput over mutual TLS vs TCP, in one run"
+    )
+    tls.add_argument("--size", type=int, default=1 << 30, help="backlog bytes (1 GiB)")
+    tls.add_argument("--runs", type=int, default=3)
+    tls.add_argument("--segment-size", type=int, default=1 << 30)
+    tls.add_argument("--dir", default=None, help="where to create the stores")
     for name, params in [
         ("_serve-master", ["store"]),
         ("_run-slave", ["store", "port", "target", "throttle", "seconds"]),
@@ -595,13 +671,25 @@ def main(argv: list[str] | None = None) -> None:
         helper = commands.add_parser(name)
         for param in params:
             helper.add_argument(param)
+        if name != "_raw-receive":
+            helper.add_argument("--tls", default=None, help="an rmqha certs init directory")
     args = parser.parse_args(argv)
     if args.benchmark == "_serve-master":
-        return _serve_master(args.store)
+        return _serve_master(args.store, args.tls)
     if args.benchmark == "_run-slave":
         return _run_slave(
-            args.store, int(args.port), int(args.target), float(args.throttle), float(args.seconds)
+            args.store, int(args.port), int(args.target), float(args.throttle),
+            float(args.seconds), args.tls,
         )
+    if args.benchmark == "tls":
+        result = _tls(args)
+        print(
+            f"tls: {result['tls_mb_per_s']:,.0f} MB/s over mutual TLS, "
+            f"{result['tcp_mb_per_s']:,.0f} MB/s over TCP: "
+            f"{100 * result['tls_fraction_of_tcp']:.0f}% (median of {args.runs})"
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "_raw-receive":
         return _raw_receive(args.path)
     if args.benchmark == "sync":

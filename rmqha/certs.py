@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -86,8 +87,8 @@ def make_ca(
 def issue(
     ca: Issued,
     common_name: str,
-    dns_names: list[str],
-    ip_addresses: list[str] = [],
+    dns_names: Sequence[str],
+    ip_addresses: Sequence[str] = (),
     server: bool = False,
     client: bool = False,
     days: int = 825,
@@ -159,7 +160,7 @@ class CertificateSet:
 
 
 def init(
-    directory: str, master_name: str = "master", slave_names: list[str] = ["slave"]
+    directory: str, master_name: str = "master", slave_names: Sequence[str] = ("slave",)
 ) -> CertificateSet:
     """
     Write a CA and key pairs for a master and its slaves into

@@ -733,29 +733,37 @@ class CommitLog:
         chunk_end = chunk_offset + len(chunk)
         end = self._record_end
         max_offset = self.max_offset
+        unpack_from = _BLANK_HEADER.unpack_from
         while end < max_offset:
             segment, position, _ = self._locate(end, 0)
-            if position == segment.size:
-                end = segment.start + segment.size
-                continue
-            if segment.wrote - position < 8:
-                break
-            if chunk_offset <= end and end + 8 <= chunk_end:
-                total, magic = _BLANK_HEADER.unpack_from(chunk, end - chunk_offset)
-            else:
-                total, magic = _BLANK_HEADER.unpack(segment.pread(position, 8))
-            if magic == BLANK_MAGIC:
-                if segment.wrote < segment.size:
+            size, wrote = segment.size, segment.wrote
+            # Hop record to record inside this segment (the hot loop: one
+            # pass per replicated record).
+            while position < size:
+                if wrote - position < 8:
+                    self._record_end = end
+                    return
+                if chunk_offset <= end and end + 8 <= chunk_end:
+                    total, magic = unpack_from(chunk, end - chunk_offset)
+                else:
+                    total, magic = _BLANK_HEADER.unpack(segment.pread(position, 8))
+                if magic == BLANK_MAGIC:
+                    if wrote < size:
+                        self._record_end = end
+                        return
+                    position = size
                     break
-                end = segment.start + segment.size
-                continue
-            if (
-                magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
-                or total <= 0
-                or position + total > segment.wrote
-            ):
-                break
-            end += total
+                if (
+                    magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
+                    or total <= 0
+                    or position + total > wrote
+                ):
+                    self._record_end = end
+                    return
+                end += total
+                position += total
+            if position >= size:
+                end = segment.start + size
         self._record_end = end
 
     def _cut_incomplete_tail(self, why: str) -> None:

@@ -13,11 +13,12 @@ back-off, so the slave reports again and the master restarts from there.
 
 from __future__ import annotations
 
-from typing import Callable, cast
+from typing import Any, Callable, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet.interfaces import (
     IAddress,
+    IDelayedCall,
     IHandshakeListener,
     IProtocol,
     IReactorTime,
@@ -62,7 +63,11 @@ class SlaveConnection(Protocol):
         self.caught_up = False
         self._decoder = TransferDecoder()
         self._closed = False
-        self._adapt_reads = False
+        # The socket transport whose read size adapts (under TLS, the one
+        # beneath the TLS layer), and the plaintext of this turn's read.
+        self._socket: Any = None
+        self._turn_bytes = 0
+        self._turn_end: IDelayedCall | None = None
         self._tls = False
         self._handshake_done = False
         self._received = False
@@ -82,7 +87,9 @@ class SlaveConnection(Protocol):
     def connectionMade(self) -> None:
         self._tls = isinstance(self.transport, TLSMemoryBIOProtocol)
         # (A TLS wrapper's bufferSize is not the socket's.)
-        self._adapt_reads = not self._tls and hasattr(self.transport, "bufferSize")
+        socket = getattr(self.transport, "transport", None) if self._tls else self.transport
+        if hasattr(socket, "bufferSize"):
+            self._socket = socket
         set_tcp_no_delay(self.transport)
         self._last_read = self._last_report = self.factory.clock.seconds()
         self._report_timer.start()
@@ -110,8 +117,15 @@ class SlaveConnection(Protocol):
             return
         self._received = True
         self._last_read = self.factory.clock.seconds()
-        if self._adapt_reads:
-            self._adapt_read_size(len(data))
+        if self._socket is not None:
+            if self._tls:
+                # TLS hands over a socket read in 32 KiB pieces: size the
+                # next read by the whole of this one, at the end of the turn.
+                self._turn_bytes += len(data)
+                if self._turn_end is None:
+                    self._turn_end = self.factory.clock.callLater(0, self._end_of_turn)
+            else:
+                self._adapt_read_size(len(data))
         decoder = self._decoder
         decoder.feed(data)
         commitlog = self.factory.commitlog
@@ -142,6 +156,12 @@ class SlaveConnection(Protocol):
             self.factory.notify_appended()
         self._apply_backpressure()
 
+    def _end_of_turn(self) -> None:
+        self._turn_end = None
+        received, self._turn_bytes = self._turn_bytes, 0
+        if not self._closed:
+            self._adapt_read_size(received)
+
     def _adapt_read_size(self, received: int) -> None:
         """
         Size the next C{recv} by this one: a read that filled the buffer
@@ -151,13 +171,14 @@ class SlaveConnection(Protocol):
         it for every read, which costs a caught-up slave tens of
         microseconds per small frame, on the path of every SYNC_MASTER ack.
         """
-        transport = self.transport
-        size: int = transport.bufferSize  # type: ignore[union-attr]
-        if received >= size:
+        socket = self._socket
+        size: int = socket.bufferSize
+        # "Filled": TLS framing takes a little of a full read's bytes.
+        if received >= size - size // 16:
             if size < _MAX_READ_SIZE:
-                transport.bufferSize = min(size * 2, _MAX_READ_SIZE)  # type: ignore[union-attr]
+                socket.bufferSize = min(size * 2, _MAX_READ_SIZE)
         elif received < size // 8 and size > _MIN_READ_SIZE:
-            transport.bufferSize = max(size // 2, _MIN_READ_SIZE)  # type: ignore[union-attr]
+            socket.bufferSize = max(size // 2, _MIN_READ_SIZE)
 
     def _apply_backpressure(self) -> None:
         """
@@ -214,6 +235,9 @@ class SlaveConnection(Protocol):
         self.transport.abortConnection()  # type: ignore[union-attr]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._turn_end is not None:
+            self._turn_end.cancel()
+            self._turn_end = None
         if not self._received:
             # Nothing came from the master: count it towards the back-off
             # (the TCP connect "succeeded", so ClientService would not).

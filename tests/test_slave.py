@@ -341,7 +341,7 @@ class ServiceTests(SlaveTestCase):
 
         service = make_slave_service(endpoint, factory, self.clock, retry_policy=policy)
         service.startService()
-        for i in range(3):
+        for _ in range(3):
             protocol, _ = endpoint.connected[-1]
             protocol.connectionLost(Failure(ConnectionDone()))
             self.clock.advance(1.0)

@@ -59,7 +59,8 @@ class PKI:
         cert, key = certs.write_pair(issued, self.directory, stem)
         return TLSFiles(cert, key, self.ca_pem)
 
-    def master(self, names: list[str] = ["master", "localhost"], **kw: Any) -> TLSFiles:
+    def master(self, **kw: Any) -> TLSFiles:
+        names = ["master", "localhost"]
         return self.pair("master", certs.issue(self.ca, names[0], names, server=True, **kw))
 
     def slave(self, name: str, **kw: Any) -> TLSFiles:
@@ -86,6 +87,7 @@ class TLSConversationTests(SynchronousTestCase):
         policy: PeerPolicy = PeerPolicy(require_client_cert=True),
         server_name: str = "master",
         slave_has_cert: bool = True,
+        client_transport: Any = None,
     ) -> tuple[MasterFactory, SlaveFactory, list[str]]:
         """
         Connect, pump until quiet; return both factories and the log.
@@ -112,6 +114,7 @@ class TLSConversationTests(SynchronousTestCase):
                 lambda: client_tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912)),
                 clock=self.clock,
                 greet=False,
+                **({"clientTransportFactory": client_transport} if client_transport else {}),
             )
             client.wrappedProtocol.send_report()
             # Small TLS writes go out on the next turn: pump until quiet.
@@ -154,6 +157,24 @@ class TLSConversationTests(SynchronousTestCase):
         self.assertEqual((status.transport, status.identity), ("tls", "slave-1"))
         self.assertEqual(status.ack_offset, self.source.max_offset)
         self.assertIn("verified by TLS as slave-1", " ".join(log))
+
+    def test_socket_read_size_adapts_under_tls(self) -> None:
+        """
+        Under TLS the slave sizes the socket's reads (not the TLS layer's)
+        by the plaintext a whole read brought: a backlog arriving in full
+        reads grows them.
+        """
+        for _ in range(3000):
+            self.source.put(make_message(b"t" * 300))
+        sized: list[_SizedFakeTransport] = []
+
+        def transport(protocol: Any) -> _SizedFakeTransport:
+            sized.append(_SizedFakeTransport(protocol, isServer=False))
+            return sized[-1]
+
+        self.converse(self.pki.master(), self.pki.slave("s"), client_transport=transport)
+        self.assertEqual(self.replica.max_offset, self.source.max_offset)
+        self.assertGreater(sized[0].bufferSize, 64 * 1024)
 
     def test_no_client_certificate(self) -> None:
         """
@@ -249,6 +270,15 @@ class TLSConversationTests(SynchronousTestCase):
         )
         self.assertNothingReplicated(slave, master)
         self.assertIn("the master refused this slave's certificate: it has expired", " ".join(log))
+
+
+class _SizedFakeTransport(iosim.FakeTransport):
+    """
+    An iosim transport with a read size attribute, like a TCP transport
+    (iosim delivers whatever is pending in one read, which is enough here).
+    """
+
+    bufferSize = 64 * 1024
 
 
 class PolicyTests(SynchronousTestCase):
