@@ -458,7 +458,7 @@ def describe_failure(reason: Failure, transport: object, handshake_done: bool) -
         if "bad certificate" in text or "certificate unknown" in text:
             return "the master refused this slave's certificate"
         if "wrong version number" in text or "packet length too long" in text:
-            return "the master does not speak TLS on this port"
+            return "the master does not speak TLS on this port (plain TCP?)"
         return f"TLS failed: {reason.value}"
     if handshake_done:
         return (
@@ -466,7 +466,10 @@ def describe_failure(reason: Failure, transport: object, handshake_done: bool) -
             "sending anything (is this slave's name in its --tls-allowed-peers? "
             f"the master's log says why): {reason.getErrorMessage()}"
         )
-    return f"the TLS handshake did not complete: {reason.getErrorMessage()}"
+    return (
+        "the TLS handshake did not complete (is the master serving TLS on "
+        f"this port?): {reason.getErrorMessage()}"
+    )
 
 
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}

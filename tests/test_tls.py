@@ -176,6 +176,34 @@ class TLSConversationTests(SynchronousTestCase):
         self.assertEqual(self.replica.max_offset, self.source.max_offset)
         self.assertGreater(sized[0].bufferSize, 64 * 1024)
 
+    def test_tls_slave_against_plain_master(self) -> None:
+        """
+        A TLS slave dialling a plain-TCP master: the master drops the
+        "report" its ClientHello makes, and the slave says the handshake
+        did not complete, suggesting the port does not serve TLS.
+        """
+        master = MasterFactory(self.source, self.clock)
+        slave = SlaveFactory(self.replica, self.clock)
+        files = self.pki.slave("s")
+        creator = _VerifyingCreator(
+            ssl.optionsForClientTLS("master", trustRoot=files.trust_root()), "master"
+        )
+        client_tls = TLSMemoryBIOFactory(creator, True, slave, clock=self.clock)
+        with capturedLogs() as events:
+            client, _, pump = iosim.connectedServerAndClient(
+                lambda: master.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000)),
+                lambda: client_tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912)),
+                clock=self.clock,
+                greet=False,
+            )
+            for _ in range(20):
+                self.clock.advance(0)
+                pump.pump()
+        text = " ".join(formatEvent(e) for e in events)
+        self.assertEqual(self.replica.max_offset, 0)
+        self.assertIn("TLS connection to the master failed: the TLS handshake did not complete", text)
+        self.assertIn("is the master serving TLS", text)
+
     def test_no_client_certificate(self) -> None:
         """
         A master requiring client certificates refuses a slave without one
