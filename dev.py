@@ -37,7 +37,8 @@ def _requirements_hash() -> str:
 
 def ensure_venv() -> None:
     """
-    Create ./.venv and install rmqha with its test extra, unless already done
+    Create ./.venv and install rmqha with its test and spark extras (the
+    pipeline's tests need PySpark, and Java 17 on the machine), unless already done
     for this pyproject.toml.  The install is editable in setuptools'
     "compat" mode: the checkout itself is on sys.path, which is what lets
     twistd find twisted/plugins/rmqha_plugin.py (the default editable mode
@@ -53,7 +54,7 @@ def ensure_venv() -> None:
     if not os.path.exists(PYTHON):
         _say(f"creating {VENV}")
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
-    _say("installing rmqha and its test dependencies (first run only)")
+    _say("installing rmqha with its test and Spark dependencies (first run: a few minutes)")
     subprocess.run(
         [PYTHON, "-m", "pip", "install", "--quiet", "--upgrade", "pip"], check=True
     )
@@ -67,7 +68,7 @@ def ensure_venv() -> None:
             "--config-settings",
             "editable_mode=compat",
             "-e",
-            f"{ROOT}[test]",
+            f"{ROOT}[test,spark]",
         ],
         check=True,
         # setuptools warns that compat mode is transitional; it is what

@@ -37,7 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from mmap import mmap
-from typing import Mapping, NamedTuple, Union
+from typing import Mapping, NamedTuple, Union, cast
 
 __all__ = [
     "MESSAGE_MAGIC_V1",
@@ -89,6 +89,7 @@ _PREFIX = struct.Struct(">iiiiiqqiq")
 _HEADER_SIZE = _PREFIX.size  # 48
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
+_INT = struct.Struct(">i")
 _BLANK = struct.Struct(">ii")
 _IPV4_HOST = struct.Struct(">4si")
 _IPV6_HOST = struct.Struct(">16si")
@@ -228,6 +229,14 @@ def body_crc(body: bytes) -> int:
 
 
 @lru_cache(maxsize=1024)
+def format_host(host: Host) -> str:
+    """
+    C{ip:port}, or C{[ip]:port} for IPv6.
+    """
+    ip, port = host
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
 def _parse_host(host: Host) -> tuple[bytes, int, bool]:
     """
     C{(ip, port)} as C{(packed address, port, is IPv6)}.
@@ -471,7 +480,7 @@ class RecordEncoder:
                 sysflag |= SysFlag.BORNHOST_V6
         else:
             try:
-                born_ip, born_port, born_v6 = _parse_host(tuple(born_host))
+                born_ip, born_port, born_v6 = _parse_host(cast(Host, tuple(born_host)))
             except TypeError:
                 raise MessageRejected(
                     f"born host {born_host!r} is not an (address, port) pair"
@@ -559,6 +568,52 @@ def encode_record(
     return bytes(buf)
 
 
+def record_body_length(buf: bytes | bytearray | memoryview | mmap, pos: int) -> int:
+    """
+    BODYLENGTH of the message record at C{buf[pos:]}, whose header has been
+    checked (by L{parse_record}).
+    """
+    (sysflag,) = _INT.unpack_from(buf, pos + 36)
+    p = pos + _HEADER_SIZE + (20 if sysflag & SysFlag.BORNHOST_V6 else 8) + 8
+    p += (20 if sysflag & SysFlag.STOREHOST_V6 else 8) + 12
+    length: int = _INT.unpack_from(buf, p)[0]
+    return length
+
+
+def record_topic(buf: bytes | bytearray | memoryview | mmap, pos: int, end: int) -> bytes | None:
+    """
+    The topic of the message record at C{buf[pos:end]}, read without
+    decoding the rest (to skip records by topic cheaply), or C{None} when
+    the bytes there are not a plausible message record; L{parse_record}
+    remains the judge of validity.
+    """
+    if end - pos < _HEADER_SIZE:
+        return None
+    total, magic = _BLANK.unpack_from(buf, pos)
+    if (magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2) or not (
+        _MIN_FIXED <= total <= end - pos
+    ):
+        return None
+    (sysflag,) = _INT.unpack_from(buf, pos + 36)
+    p = pos + _HEADER_SIZE
+    p += (20 if sysflag & SysFlag.BORNHOST_V6 else 8) + 8
+    p += (20 if sysflag & SysFlag.STOREHOST_V6 else 8) + 12
+    (body_length,) = _INT.unpack_from(buf, p)
+    p += 4 + body_length
+    limit = pos + total
+    if body_length < 0 or p + 2 > limit:
+        return None
+    if magic == MESSAGE_MAGIC_V1:
+        length = buf[p] if buf[p] < 128 else -1
+        p += 1
+    else:
+        (length,) = _SHORT.unpack_from(buf, p)
+        p += 2
+    if length < 0 or p + length > limit:
+        return None
+    return bytes(buf[p : p + length])
+
+
 def parse_record(
     buf: bytes | bytearray | memoryview | mmap,
     pos: int,
@@ -568,6 +623,7 @@ def parse_record(
     check_crc: bool = True,
     with_body: bool = True,
     strict: bool = False,
+    report_crc: bool = False,
 ) -> Union[Record, Blank]:
     """
     Decode the record at C{buf[pos:end]}, which sits at commit-log C{offset}.
@@ -582,7 +638,9 @@ def parse_record(
     is stale or misplaced bytes); and, with C{check_crc}, the body CRC.
 
     @param with_body: C{False} leaves C{body} empty and C{crc_ok} C{None}
-        unless C{check_crc} is set.
+        unless C{check_crc} or C{report_crc} is set.
+    @param report_crc: compute C{crc_ok} without raising on a mismatch, even
+        without the body (the data pipeline's C{crc_ok} column).
     @param strict: also refuse a topic or properties that end in a zero
         byte.  Neither can (topics are validated, property text is never
         NUL-terminated), but it is exactly what a torn write leaves when a
@@ -704,9 +762,11 @@ def parse_record(
                 f"body CRC mismatch: stored {stored_crc}, computed "
                 f"{body_crc(bytes(buf[body_start:body_start + body_length]))}",
             )
-    elif check_crc or with_body:
+    elif check_crc or with_body or report_crc:
         # RocketMQ checks the CRC only when the body is not empty.
-        crc_ok = body_length == 0 or body_crc(body) == stored_crc
+        crc_ok = body_length == 0 or (
+            zlib.crc32(buf[body_start : body_start + body_length]) & 0x7FFFFFFF
+        ) == stored_crc
     else:
         crc_ok = None
     return Record(

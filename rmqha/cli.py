@@ -25,7 +25,7 @@ from collections import Counter
 from typing import IO, Any, NoReturn, Sequence
 
 from rmqha import __version__
-from rmqha._record import Message, MessageRejected, Record, RecordError
+from rmqha._record import Message, MessageRejected, Record, RecordError, format_host
 from rmqha._units import parse_size
 from rmqha.commitlog import CommitLog, StoreError, verify_store
 
@@ -163,7 +163,27 @@ def _build_parser() -> argparse.ArgumentParser:
         help="comma-separated slave names, one key pair each (default: slave)",
     )
     init.set_defaults(run=_certs_init)
+
+    from rmqha.pipeline.jobs import add_arguments
+
+    pipeline = commands.add_parser(
+        "pipeline", help="Spark jobs: stats, export, verify (docs/pipeline.md)"
+    )
+    add_arguments(pipeline)
+    pipeline.set_defaults(run=_pipeline)
     return parser
+
+
+def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise _CommandError(
+            "the pipeline needs PySpark: pip install 'rmqha[spark]' (and Java 17)"
+        ) from None
+    from rmqha.pipeline.jobs import run
+
+    return run(args, out)
 
 
 def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:
@@ -197,9 +217,6 @@ def _open_read_only(directory: str) -> CommitLog:
     return CommitLog.open(directory, read_only=True)
 
 
-def _format_host(host: tuple[str, int]) -> str:
-    ip, port = host
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def store_summary(commitlog: CommitLog) -> dict[str, Any]:
@@ -289,9 +306,9 @@ def record_json(record: Record) -> dict[str, Any]:
         "flag": record.flag,
         "sysflag": record.sysflag,
         "born_timestamp": record.born_timestamp,
-        "born_host": _format_host(record.born_host),
+        "born_host": format_host(record.born_host),
         "store_timestamp": record.store_timestamp,
-        "store_host": _format_host(record.store_host),
+        "store_host": format_host(record.store_host),
         "reconsume_times": record.reconsume_times,
         "prepared_tx_offset": record.prepared_tx_offset,
         "msg_id": record.msg_id,

@@ -1,0 +1,380 @@
+# -*- test-case-name: tests.test_pipeline -*-
+"""
+Reading a commit log in parallel pieces, without Spark.
+
+L{plan} lists a store's segment files and cuts them into L{Span}s: whole
+segments, and sub-ranges of large ones that begin and end on record
+boundaries.  The commit log has no sync marker, so the boundaries come from
+hopping record headers (8 bytes each, read in large blocks) once, on the
+planning side; the hop also finds where each segment's records end (a BLANK
+filler, zero bytes, or a torn record).
+
+L{read_span} decodes one span with the project's decoder
+(L{rmqha._record.parse_record}) into Arrow record batches of the
+C{rocketmq-commitlog} schema; L{scan} does every span in this process (the
+plain single-process reader the Spark benchmark compares against).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rmqha._record import (
+    MESSAGE_MAGIC_V1,
+    MESSAGE_MAGIC_V2,
+    Blank,
+    RecordError,
+    format_host,
+    parse_record,
+    record_body_length,
+    record_topic,
+)
+
+__all__ = [
+    "DEFAULT_SPLIT_BYTES",
+    "PlanError",
+    "SCHEMA_DDL",
+    "Span",
+    "arrow_schema",
+    "commitlog_dir",
+    "hop",
+    "plan",
+    "read_span",
+    "scan",
+    "segments",
+]
+
+#: The DataFrame schema, as Spark DDL (timestamps are RocketMQ's epoch ms).
+SCHEMA_DDL = (
+    "offset long, size int, topic string, queue_id int, queue_offset long, "
+    "flag int, sysflag int, born_timestamp long, store_timestamp long, "
+    "born_host string, store_host string, reconsume_times int, "
+    "prepared_tx_offset long, properties map<string,string>, tags string, "
+    "keys string, body binary, body_size int, crc_ok boolean"
+)
+
+_SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
+_HOP_BLOCK = 16 * 1024 * 1024
+#: Sub-ranges of large segments aim at this many bytes.
+DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
+
+
+class PlanError(ValueError):
+    """
+    The directory is not a readable commit log (the message says why).
+    """
+
+
+@dataclass(frozen=True)
+class Span:
+    """
+    Record-aligned bytes C{[start, end)} of one segment file, where the
+    segment begins at commit-log offset C{base}.
+    """
+
+    path: str
+    base: int
+    start: int
+    end: int
+
+    @property
+    def offset(self) -> int:
+        return self.base + self.start
+
+    @property
+    def end_offset(self) -> int:
+        return self.base + self.end
+
+
+def commitlog_dir(store_dir: str) -> str:
+    """
+    The commit-log directory of a store root (or the directory itself when
+    it already holds segment files).
+    """
+    nested = os.path.join(store_dir, "commitlog")
+    if os.path.isdir(nested):
+        return nested
+    if os.path.isdir(store_dir) and any(_SEGMENT_NAME.match(n) for n in os.listdir(store_dir)):
+        return store_dir
+    raise PlanError(f"{store_dir}: no commitlog directory and no segment files")
+
+
+def segments(store_dir: str) -> list[tuple[int, str, int]]:
+    """
+    C{(start offset, path, file size)} of each segment file, in order.
+    """
+    directory = commitlog_dir(store_dir)
+    out = []
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if _SEGMENT_NAME.match(name) and os.path.isfile(path):
+            out.append((int(name), path, os.path.getsize(path)))
+    return out
+
+
+def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
+    """
+    Walk the record headers of one segment file.
+
+    @param size: the file's length.
+    @param every: the distance between the cut points wanted.
+    @return: C{(cuts, end)}: record starts, the first at or after each
+        multiple of C{every}; and the position where the records end (a
+        BLANK filler, zero bytes, a header that is not a record, or a record
+        running past the file).
+    """
+    cuts: list[int] = []
+    next_cut = every
+    position = 0
+    buf = bytearray(_HOP_BLOCK)
+    view = memoryview(buf)
+    from struct import Struct
+
+    unpack_from = Struct(">ii").unpack_from
+    magics = (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
+    with open(path, "rb", buffering=0) as f:
+        block_start = 0
+        block_len = 0
+        while position + 8 <= size:
+            if position + 8 > block_start + block_len:
+                f.seek(position)
+                block_start = position
+                block_len = f.readinto(view)
+                if block_len < 8:
+                    break
+            total, magic = unpack_from(buf, position - block_start)
+            if magic not in magics or total <= 0 or position + total > size:
+                break
+            if position >= next_cut:
+                cuts.append(position)
+                next_cut = (position // every + 1) * every
+            position += total
+    return cuts, position
+
+
+def plan(
+    store_dir: str,
+    split_bytes: int = DEFAULT_SPLIT_BYTES,
+    start_offset: int | None = None,
+    end_offset: int | None = None,
+) -> list[Span]:
+    """
+    The spans covering the records of C{store_dir} whose offsets lie in
+    C{[start_offset, end_offset)}: one per segment, segments larger than
+    C{split_bytes} cut at record boundaries about every C{split_bytes}.
+    A span never starts in the middle of a record; an offset range edge
+    inside a record moves to the next record.
+    """
+    if split_bytes <= 0:
+        raise PlanError(f"split size {split_bytes} must be positive")
+    spans: list[Span] = []
+    for base, path, size in segments(store_dir):
+        if end_offset is not None and base >= end_offset:
+            break
+        if start_offset is not None and base + size <= start_offset:
+            continue
+        cuts, end = hop(path, size, split_bytes)
+        starts = [0, *cuts]
+        bounds = list(zip(starts, [*cuts, end]))
+        for a, b in bounds:
+            if b <= a:
+                continue
+            spans.append(Span(path, base, a, b))
+    if start_offset is not None or end_offset is not None:
+        spans = _clip(spans, start_offset, end_offset)
+    return spans
+
+
+def _clip(spans: list[Span], start: int | None, end: int | None) -> list[Span]:
+    """
+    Restrict spans to records starting in C{[start, end)}: the span holding
+    an edge is re-hopped to the first record at or after it.
+    """
+    out = []
+    for span in spans:
+        a, b = span.start, span.end
+        if start is not None and span.base + a < start:
+            if span.base + b <= start:
+                continue
+            a = _first_record_at_or_after(span, start - span.base)
+        if end is not None and span.base + b > end:
+            if span.base + a >= end:
+                continue
+            b = _first_record_at_or_after(Span(span.path, span.base, a, b), end - span.base)
+        if b > a:
+            out.append(Span(span.path, span.base, a, b))
+    return out
+
+
+def _first_record_at_or_after(span: Span, position: int) -> int:
+    with open(span.path, "rb") as f:
+        f.seek(span.start)
+        data = f.read(span.end - span.start)
+    p = 0
+    while span.start + p < position and p + 8 <= len(data):
+        total = int.from_bytes(data[p : p + 4], "big", signed=True)
+        if total <= 0:
+            break
+        p += total
+    return min(span.start + p, span.end)
+
+
+def arrow_schema() -> Any:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("offset", pa.int64()),
+            ("size", pa.int32()),
+            ("topic", pa.string()),
+            ("queue_id", pa.int32()),
+            ("queue_offset", pa.int64()),
+            ("flag", pa.int32()),
+            ("sysflag", pa.int32()),
+            ("born_timestamp", pa.int64()),
+            ("store_timestamp", pa.int64()),
+            ("born_host", pa.string()),
+            ("store_host", pa.string()),
+            ("reconsume_times", pa.int32()),
+            ("prepared_tx_offset", pa.int64()),
+            ("properties", pa.map_(pa.string(), pa.string())),
+            ("tags", pa.string()),
+            ("keys", pa.string()),
+            ("body", pa.binary()),
+            ("body_size", pa.int32()),
+            ("crc_ok", pa.bool_()),
+        ]
+    )
+
+
+def read_span(
+    span: Span,
+    bodies: bool = True,
+    topics: Sequence[str] | None = None,
+    batch_rows: int = 8192,
+) -> Iterator[Any]:
+    """
+    The records of C{span} as Arrow record batches (C{arrow_schema()}).
+
+    @param bodies: C{False} leaves C{body} null (C{body_size} and
+        C{crc_ok} are still filled): far less to move when bodies are not
+        needed.
+    @param topics: only records of these topics; others are skipped after
+        reading just their topic, before any other decoding.
+    """
+    import pyarrow as pa
+
+    schema = arrow_schema()
+    wanted = None if topics is None else {t.encode() for t in topics}
+    with open(span.path, "rb") as f:
+        f.seek(span.start)
+        data = f.read(span.end - span.start)
+    view = memoryview(data)
+    length = len(data)
+    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+    keys: list[str] = []
+    values: list[str] = []
+    map_offsets = [0]
+    (offset_c, size_c, topic_c, queue_c, qoff_c, flag_c, sysflag_c, born_c, store_c,
+     bhost_c, shost_c, recons_c, prep_c, _, tags_c, keys_c, body_c, bsize_c,
+     crc_c) = (columns[n] for n in schema.names)
+    position = 0
+    base = span.base + span.start
+    while position < length:
+        if wanted is not None:
+            topic = record_topic(view, position, length)
+            if topic is not None and topic not in wanted:
+                position += int.from_bytes(view[position : position + 4], "big")
+                continue
+        try:
+            record = parse_record(
+                view,
+                position,
+                length,
+                base + position,
+                check_crc=False,
+                with_body=bodies,
+                report_crc=True,
+                strict=True,
+            )
+        except RecordError:
+            # The planner's hop ends spans where records end; a record
+            # whose header hops but whose fields do not add up ends it too.
+            break
+        if isinstance(record, Blank):
+            break
+        body_size = len(record.body) if bodies else record_body_length(view, position)
+        position += record.size
+        offset_c.append(record.offset)
+        size_c.append(record.size)
+        topic_c.append(record.topic)
+        queue_c.append(record.queue_id)
+        qoff_c.append(record.queue_offset)
+        flag_c.append(record.flag)
+        sysflag_c.append(record.sysflag)
+        born_c.append(record.born_timestamp)
+        store_c.append(record.store_timestamp)
+        bhost_c.append(format_host(record.born_host))
+        shost_c.append(format_host(record.store_host))
+        recons_c.append(record.reconsume_times)
+        prep_c.append(record.prepared_tx_offset)
+        properties = record.properties
+        keys.extend(properties)
+        values.extend(properties.values())
+        map_offsets.append(len(keys))
+        tags_c.append(properties.get("TAGS"))
+        keys_c.append(properties.get("KEYS"))
+        body_c.append(record.body if bodies else None)
+        bsize_c.append(body_size)
+        crc_c.append(record.crc_ok)
+        if len(offset_c) >= batch_rows:
+            yield _batch(pa, schema, columns, keys, values, map_offsets)
+            for column in columns.values():
+                column.clear()
+            keys.clear()
+            values.clear()
+            map_offsets[:] = [0]
+    if offset_c:
+        yield _batch(pa, schema, columns, keys, values, map_offsets)
+
+
+def _batch(
+    pa: Any,
+    schema: Any,
+    columns: dict[str, list[Any]],
+    keys: list[str],
+    values: list[str],
+    map_offsets: list[int],
+) -> Any:
+    arrays = []
+    for field in schema:
+        if field.name == "properties":
+            arrays.append(
+                pa.MapArray.from_arrays(
+                    pa.array(map_offsets, pa.int32()),
+                    pa.array(keys, pa.string()),
+                    pa.array(values, pa.string()),
+                )
+            )
+        else:
+            arrays.append(pa.array(columns[field.name], field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def scan(
+    store_dir: str,
+    bodies: bool = True,
+    topics: Sequence[str] | None = None,
+    split_bytes: int = DEFAULT_SPLIT_BYTES,
+) -> Iterator[Any]:
+    """
+    Every record of the store as Arrow batches, in offset order, in this
+    process.
+    """
+    for span in plan(store_dir, split_bytes):
+        yield from read_span(span, bodies, topics)
+

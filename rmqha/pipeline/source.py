@@ -1,0 +1,176 @@
+# -*- test-case-name: tests.test_pipeline -*-
+"""
+The C{rocketmq-commitlog} PySpark data source, and a SparkSession helper.
+
+    spark = spark_session()                 # local[*], or what spark-submit set
+    df = spark.read.format("rocketmq-commitlog").load("/data/store")
+
+One row per message record (L{rmqha.pipeline.scan.SCHEMA_DDL}); BLANK
+fillers and bytes after the last whole record are not rows.  Options:
+
+    bodies       true (default) | false: leave C{body} null (still filling
+                 C{body_size} and C{crc_ok}), much less to move
+    topics       a,b,c: only these topics (skipped before decoding)
+    startOffset  only records at or after this commit-log offset
+    endOffset    only records before this offset
+    splitBytes   partition size for large segments (default 64m)
+
+Offsets and topics are applied while planning and reading, not filtered
+after decoding.  Every executor needs rmqha installed (C{pip install
+'rmqha[spark]'}) and read access to the store's path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Any, Iterator
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from rmqha._units import parse_size
+from rmqha.pipeline.scan import DEFAULT_SPLIT_BYTES, SCHEMA_DDL, Span, plan, read_span
+
+__all__ = ["CommitLogDataSource", "spark_session", "FORMAT", "OptionError"]
+
+#: The format name to give C{spark.read.format}.
+FORMAT = "rocketmq-commitlog"
+
+
+class OptionError(ValueError):
+    """
+    A data source option is wrong (the message names it).
+    """
+
+
+class SpanPartition(InputPartition):
+    """
+    One L{Span} as a Spark input partition.
+    """
+
+    def __init__(self, span: Span) -> None:
+        super().__init__(span)
+        self.span = span
+
+
+def _offset(options: dict[str, str], name: str) -> int | None:
+    text = options.get(name)
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        raise OptionError(f"option {name}={text!r} is not a non-negative offset")
+    return int(text)
+
+
+def _read_options(options: dict[str, str]) -> dict[str, Any]:
+    lowered = {k.lower(): v for k, v in options.items()}
+    path = lowered.get("path")
+    if not path:
+        raise OptionError("give the store directory: .load(STORE_DIR)")
+    bodies_text = lowered.get("bodies", "true").strip().lower()
+    if bodies_text not in ("true", "false"):
+        raise OptionError(f"option bodies={lowered['bodies']!r} is not true or false")
+    topics = lowered.get("topics")
+    topic_list = None
+    if topics is not None:
+        topic_list = [t.strip() for t in topics.split(",") if t.strip()]
+        if not topic_list:
+            raise OptionError(f"option topics={topics!r} names no topic")
+    split = DEFAULT_SPLIT_BYTES
+    if "splitbytes" in lowered:
+        try:
+            split = parse_size(lowered["splitbytes"], "option splitBytes")
+        except ValueError as e:
+            raise OptionError(str(e)) from None
+        if split <= 0:
+            raise OptionError(f"option splitBytes={lowered['splitbytes']!r} must be positive")
+    start = _offset(lowered, "startoffset")
+    end = _offset(lowered, "endoffset")
+    if start is not None and end is not None and end < start:
+        raise OptionError(f"option endOffset {end} is before startOffset {start}")
+    return {
+        "path": path,
+        "bodies": bodies_text == "true",
+        "topics": topic_list,
+        "split": split,
+        "start": start,
+        "end": end,
+    }
+
+
+class CommitLogDataSource(DataSource):
+    """
+    C{spark.read.format("rocketmq-commitlog").load(STORE_DIR)}.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: Any) -> "CommitLogReader":
+        return CommitLogReader(_read_options(dict(self.options)))
+
+
+class CommitLogReader(DataSourceReader):
+    def __init__(self, options: dict[str, Any]) -> None:
+        self.options = options
+
+    def partitions(self) -> list[SpanPartition]:
+        o = self.options
+        spans = plan(o["path"], o["split"], o["start"], o["end"])
+        return [SpanPartition(span) for span in spans]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        o = self.options
+        assert isinstance(partition, SpanPartition)
+        yield from read_span(partition.span, o["bodies"], o["topics"])
+
+
+def _java_home() -> str | None:
+    java = shutil.which("java")
+    if java is None:
+        return None
+    # /usr/lib/jvm/X/bin/java, usually behind /usr/bin/java symlinks.
+    return os.path.dirname(os.path.dirname(os.path.realpath(java)))
+
+
+def spark_session(master: str | None = None, app_name: str = "rmqha") -> Any:
+    """
+    A SparkSession with the C{rocketmq-commitlog} source registered.
+
+    @param master: a Spark master URL; default C{local[*]}, unless this
+        process was started by C{spark-submit} (its C{--master} applies).
+    """
+    from pyspark.sql import SparkSession
+
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    if master is None and not submitted:
+        master = "local[*]"
+    if master is not None and master.startswith("local"):
+        # Keep a local driver on loopback, and its workers on this Python
+        # (PySpark would start "python3" from PATH).
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if "JAVA_HOME" not in os.environ:
+        home = _java_home()
+        if home is None:
+            raise RuntimeError("Spark needs Java 17: no java on PATH and no JAVA_HOME")
+        os.environ["JAVA_HOME"] = home
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.enabled", "false")
+    )
+    if master is not None:
+        builder = builder.master(master)
+        if master.startswith("local"):
+            builder = builder.config("spark.sql.shuffle.partitions", "8")
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(CommitLogDataSource)
+    return spark

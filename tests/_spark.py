@@ -1,0 +1,42 @@
+"""
+One local SparkSession for the whole test run (pytest or trial): starting
+Spark costs seconds, so every Spark test shares it.  Tests that need it
+skip, saying why, when PySpark or Java is missing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+from typing import Any
+
+_session: Any = None
+
+
+def why_no_spark() -> str | None:
+    """
+    Why Spark tests cannot run here, or C{None}.
+    """
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "PySpark is not installed (pip install 'rmqha[spark]')"
+    import os
+
+    if shutil.which("java") is None and "JAVA_HOME" not in os.environ:
+        return "Spark needs Java 17"
+    return None
+
+
+def spark() -> Any:
+    """
+    The shared C{local[2]} session, started on first use, stopped at exit.
+    """
+    global _session
+    if _session is None:
+        from rmqha.pipeline.source import spark_session
+
+        _session = spark_session("local[2]", app_name="rmqha tests")
+        atexit.register(_session.stop)
+    return _session

@@ -1,0 +1,189 @@
+"""
+Tests for L{rmqha.pipeline.scan}: planning record-aligned spans and
+decoding them to Arrow, without Spark (the data source runs this code in
+each task; the Spark side is in C{tests.test_pipeline_spark}).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha.commitlog import CommitLog, Record
+from rmqha.pipeline.scan import hop, plan, read_span, scan
+from rmqha._record import format_host
+
+from tests._helpers import make_message, open_store, segment_path, xor_byte, zero_from
+
+try:
+    import pyarrow  # noqa: F401
+except ImportError:  # pragma: no cover - the spark extra is not installed
+    skip_arrow = "pyarrow is not installed (pip install 'rmqha[spark]')"
+else:
+    skip_arrow = None
+
+
+def random_store(case: SynchronousTestCase, count: int, segment_size: int, seed: int) -> str:
+    """
+    A store of C{count} random messages: topics, queues, properties (some
+    empty), bodies of 0..900 bytes, IPv6 born hosts now and then.
+    """
+    rng = random.Random(seed)
+    path = case.mktemp()
+    log = CommitLog.open(path, segment_size=segment_size)
+    for i in range(count):
+        properties = {}
+        if rng.random() < 0.8:
+            properties["TAGS"] = f"tag{rng.randrange(5)}"
+        if rng.random() < 0.5:
+            properties["KEYS"] = f"k{i}"
+        if rng.random() < 0.3:
+            properties["custom"] = "v" * rng.randrange(1, 40)
+        message = make_message(
+            os.urandom(rng.randrange(0, 900)),
+            topic=rng.choice(["orders", "payments", "audit-log"]),
+            queue_id=rng.randrange(4),
+            properties=properties,
+        )
+        if rng.random() < 0.1:
+            message.born_host = ("2001:db8::7", 4321)
+        log.put(message)
+    log.close()
+    return path
+
+
+def store_rows(path: str) -> list[dict[str, object]]:
+    """
+    The store's records, decoded by the commit log itself, as rows.
+    """
+    with CommitLog.open(path, read_only=True) as log:
+        return [row_of(r) for r in log.records(check_crc=False) if isinstance(r, Record)]
+
+
+def row_of(r: Record) -> dict[str, object]:
+    return {
+        "offset": r.offset,
+        "size": r.size,
+        "topic": r.topic,
+        "queue_id": r.queue_id,
+        "queue_offset": r.queue_offset,
+        "flag": r.flag,
+        "sysflag": r.sysflag,
+        "born_timestamp": r.born_timestamp,
+        "store_timestamp": r.store_timestamp,
+        "born_host": format_host(r.born_host),
+        "store_host": format_host(r.store_host),
+        "reconsume_times": r.reconsume_times,
+        "prepared_tx_offset": r.prepared_tx_offset,
+        "properties": sorted(r.properties.items()),
+        "tags": r.tags,
+        "keys": r.keys,
+        "body": r.body,
+        "body_size": len(r.body),
+        "crc_ok": r.crc_ok,
+    }
+
+
+def arrow_rows(batches: object) -> list[dict[str, object]]:
+    rows = []
+    for batch in batches:  # type: ignore[attr-defined]
+        for row in batch.to_pylist():
+            row["properties"] = sorted(row["properties"])
+            rows.append(row)
+    return rows
+
+
+class PlanTests(SynchronousTestCase):
+    """
+    Spans start and end on record boundaries wherever the cut points fall.
+    """
+
+    skip = skip_arrow
+
+    def test_rows_equal_the_store_at_every_split(self) -> None:
+        """
+        Whatever the split size — smaller than a record, straddling records,
+        landing exactly on BLANK fillers or segment ends — the spans' rows
+        are exactly the store's records, in order, each once.
+        """
+        path = random_store(self, 300, 16 * 1024, seed=1)
+        expected = store_rows(path)
+        self.assertGreater(len({r["offset"] // (16 * 1024) for r in expected}), 5)
+        for split in [1, 97, 500, 1000, 1024, 4096, 5000, 16 * 1024, 1 << 30]:
+            spans = plan(path, split)
+            for a, b in zip(spans, spans[1:]):
+                self.assertLessEqual(a.end_offset, b.offset)
+            got = arrow_rows(b for s in spans for b in read_span(s))
+            self.assertEqual(got, expected, f"split {split}")
+
+    def test_cuts_are_record_starts(self) -> None:
+        """
+        C{hop} cuts at the first record at or after each multiple.
+        """
+        path = random_store(self, 50, 64 * 1024, seed=2)
+        starts = [r["offset"] for r in store_rows(path)]
+        cuts, end = hop(segment_path(path, 0), 64 * 1024, 3000)
+        for cut in cuts:
+            self.assertIn(cut, starts)
+            multiple = cut // 3000 * 3000
+            self.assertEqual(cut, min(s for s in starts if s >= multiple))
+        self.assertEqual(end, starts[-1] + store_rows(path)[-1]["size"])  # type: ignore[operator]
+
+    def test_torn_tail(self) -> None:
+        """
+        A record cut by a crash (zeroed from its middle) and one with a
+        garbled header end the rows where recovery would: at the last whole
+        record.
+        """
+        path = random_store(self, 40, 1 << 20, seed=3)
+        rows = store_rows(path)
+        last = rows[-1]
+        zero_from(segment_path(path, 0), int(last["offset"]) + 30)  # type: ignore[call-overload]
+        got = arrow_rows(scan(path))
+        self.assertEqual(got, rows[:-1])
+        xor_byte(segment_path(path, 0), int(rows[-2]["offset"]) + 5)  # type: ignore[call-overload]
+        self.assertEqual(arrow_rows(scan(path)), rows[:-2])
+
+    def test_flipped_body_byte_is_crc_false(self) -> None:
+        """
+        A body byte flipped on disk: the row is still there, with
+        C{crc_ok} false (the body CRC is what tells).
+        """
+        log = open_store(self, segment_size=1 << 20)
+        log.put(make_message(b"x" * 100))
+        second = log.put(make_message(b"y" * 100))
+        log.close()
+        # Tail after the body: topic length (1), "TopicA", properties length (2).
+        xor_byte(segment_path(log.store_dir, 0), second.offset + second.size - 9 - 50)
+        rows = arrow_rows(scan(log.store_dir))
+        self.assertEqual([r["crc_ok"] for r in rows], [True, False])
+
+    def test_offsets_topics_and_no_bodies(self) -> None:
+        """
+        An offset range (edges inside records move to the next record),
+        a topic list and bodies off give exactly the matching records.
+        """
+        path = random_store(self, 200, 32 * 1024, seed=4)
+        rows = store_rows(path)
+        start = int(rows[50]["offset"]) + 3  # type: ignore[call-overload]
+        end = int(rows[150]["offset"])  # type: ignore[call-overload]
+        got = arrow_rows(b for s in plan(path, 2000, start, end) for b in read_span(s))
+        self.assertEqual(got, rows[51:150])
+        got = arrow_rows(
+            b for s in plan(path, 2000) for b in read_span(s, bodies=False, topics=["audit-log"])
+        )
+        wanted = [dict(r, body=None) for r in rows if r["topic"] == "audit-log"]
+        self.assertEqual(got, wanted)
+        self.assertTrue(0 < len(wanted) < len(rows))
+
+    def test_not_a_store(self) -> None:
+        """
+        A directory without segment files is a clear error.
+        """
+        from rmqha.pipeline.scan import PlanError
+
+        os.makedirs("empty")
+        e = self.assertRaises(PlanError, plan, "empty")
+        self.assertIn("no commitlog directory", str(e))

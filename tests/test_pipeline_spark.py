@@ -1,0 +1,231 @@
+"""
+The C{rocketmq-commitlog} data source and the pipeline jobs on a local
+Spark (one session shared by the run: L{tests._spark}).  Marked C{spark}:
+C{pytest -m spark} runs them alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha.commitlog import CommitLog
+
+from tests._helpers import make_message, segment_path, xor_byte
+from tests._spark import spark, why_no_spark
+from tests.test_pipeline import random_store, store_rows
+
+pytestmark = pytest.mark.spark
+
+
+def df_rows(df: object) -> list[dict[str, object]]:
+    rows = []
+    for row in df.orderBy("offset").collect():  # type: ignore[attr-defined]
+        d = row.asDict()
+        d["properties"] = sorted((d["properties"] or {}).items())
+        d["body"] = None if d["body"] is None else bytes(d["body"])
+        rows.append(d)
+    return rows
+
+
+class DataSourceTests(SynchronousTestCase):
+    """
+    C{spark.read.format("rocketmq-commitlog")}.
+    """
+
+    skip = why_no_spark()
+
+    def read(self, path: str, **options: str) -> object:
+        reader = spark().read.format("rocketmq-commitlog")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load(path)
+
+    def test_rows_equal_the_store(self) -> None:
+        """
+        Every record once, field for field, over several partitions (large
+        segments cut into sub-ranges at record boundaries).
+        """
+        path = random_store(self, 400, 64 * 1024, seed=11)
+        df = self.read(path, splitBytes="10k")
+        self.assertGreater(df.rdd.getNumPartitions(), 8)  # type: ignore[attr-defined]
+        self.assertEqual(df_rows(df), store_rows(path))
+
+    def test_options_are_pushed_down(self) -> None:
+        """
+        Offsets, topics and bodies off: the matching records only.
+        """
+        path = random_store(self, 200, 64 * 1024, seed=12)
+        rows = store_rows(path)
+        start, end = int(rows[20]["offset"]), int(rows[180]["offset"])  # type: ignore[call-overload]
+        df = self.read(path, startOffset=str(start), endOffset=str(end), topics="orders",
+                       bodies="false")
+        wanted = [dict(r, body=None) for r in rows[20:180] if r["topic"] == "orders"]
+        self.assertEqual(df_rows(df), wanted)
+
+    def test_bad_option(self) -> None:
+        """
+        A bad option fails the query with its name in the message.
+        """
+        path = random_store(self, 3, 64 * 1024, seed=13)
+        with self.assertRaises(Exception) as raised:
+            self.read(path, bodies="maybe").count()  # type: ignore[attr-defined]
+        self.assertIn("bodies='maybe'", str(raised.exception))
+
+
+class JobTests(SynchronousTestCase):
+    """
+    C{stats}, C{export} and C{verify}.
+    """
+
+    skip = why_no_spark()
+
+    def test_verify_consistent_and_prefix(self) -> None:
+        """
+        An identical copy, and a slave holding a prefix of the master's log
+        (it is behind), are consistent.
+        """
+        from rmqha.pipeline.jobs import verify
+
+        master = random_store(self, 300, 32 * 1024, seed=21)
+        slave = self.mktemp()
+        shutil.copytree(master, slave)
+        self.assertTrue(verify(spark(), master, slave).consistent)
+        with CommitLog.open(master) as log:
+            log.put(make_message(b"more"))
+        result = verify(spark(), master, slave)
+        self.assertTrue(result.consistent, result.lines())
+        self.assertLess(result.slave_max_offset, result.master_max_offset)
+
+    def test_verify_finds_a_flipped_byte(self) -> None:
+        """
+        One byte flipped in the slave's third segment: its exact offset,
+        and the master's record containing it.
+        """
+        from rmqha.pipeline.jobs import verify
+
+        master = random_store(self, 300, 32 * 1024, seed=22)
+        slave = self.mktemp()
+        shutil.copytree(master, slave)
+        rows = store_rows(master)
+        target = next(r for r in rows if int(r["offset"]) > 2 * 32 * 1024)  # type: ignore[call-overload]
+        flipped = int(target["offset"]) + 77  # type: ignore[call-overload]
+        xor_byte(segment_path(slave, 2 * 32 * 1024), flipped - 2 * 32 * 1024)
+        result = verify(spark(), master, slave)
+        self.assertFalse(result.consistent)
+        self.assertEqual(result.divergent_offset, flipped)
+        assert result.record is not None
+        self.assertEqual(result.record["offset"], target["offset"])
+        self.assertIn(f"first divergent byte at offset {flipped}", result.lines())
+
+    def test_verify_truncated_slave_and_extra_segment(self) -> None:
+        """
+        A slave segment file cut short, and a segment the master does not
+        have, are each reported.
+        """
+        from rmqha.pipeline.jobs import verify
+
+        master = random_store(self, 300, 32 * 1024, seed=23)
+        slave = self.mktemp()
+        shutil.copytree(master, slave)
+        os.truncate(segment_path(slave, 32 * 1024), 1000)
+        shutil.copy(segment_path(slave, 0), segment_path(slave, 100 * 32 * 1024))
+        result = verify(spark(), master, slave)
+        self.assertFalse(result.consistent)
+        text = "\n".join(result.lines())
+        self.assertIn("segment 00000000000000032768 is truncated: 1000 bytes", text)
+        self.assertIn("extra segment 00000000000003276800", text)
+
+    def test_export_round_trip(self) -> None:
+        """
+        Parquet partitioned by topic reads back as the same records.
+        """
+        from rmqha.pipeline.jobs import export
+
+        path = random_store(self, 150, 64 * 1024, seed=24)
+        out = os.path.abspath(self.mktemp())
+        self.assertEqual(export(spark(), path, out), 150)
+        self.assertEqual(
+            sorted(n for n in os.listdir(out) if n.startswith("topic=")),
+            ["topic=audit-log", "topic=orders", "topic=payments"],
+        )
+        back = spark().read.parquet(out).select(*store_rows_columns())
+        self.assertEqual(df_rows(back), store_rows(path))
+
+    def test_stats(self) -> None:
+        """
+        Counts and bytes per topic equal the store's; percentiles and a
+        PNG chart are written.
+        """
+        from rmqha.pipeline.jobs import stats
+
+        path = random_store(self, 120, 64 * 1024, seed=25)
+        out = self.mktemp()
+        result = stats(spark(), path, out)
+        rows = store_rows(path)
+        for topic in result["topics"]:
+            mine = [r for r in rows if r["topic"] == topic["topic"]]
+            self.assertEqual(topic["messages"], len(mine))
+            self.assertEqual(topic["bytes"], sum(int(r["size"]) for r in mine))  # type: ignore[call-overload]
+            self.assertLessEqual(topic["body_size_p50"], topic["body_size_p99"])
+        self.assertEqual(sum(h["messages"] for h in result["hourly"]), len(rows))
+        with open(os.path.join(out, "stats.json")) as f:
+            self.assertEqual(json.load(f)["messages"], len(rows))
+        with open(os.path.join(out, "stats.png"), "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+
+def store_rows_columns() -> list[str]:
+    from rmqha.pipeline.scan import arrow_schema
+
+    return list(arrow_schema().names)
+
+
+class CommandTests(SynchronousTestCase):
+    """
+    C{rmqha pipeline ...} (in this process, on the shared session).
+    """
+
+    skip = why_no_spark()
+
+    def run_cli(self, *argv: str) -> tuple[int, str, str]:
+        import io
+
+        from rmqha.cli import main
+
+        spark()  # the shared session: the command then reuses it
+        out, err = io.StringIO(), io.StringIO()
+        return main(list(argv), stdout=out, stderr=err), out.getvalue(), err.getvalue()
+
+    def test_verify_exit_status(self) -> None:
+        """
+        C{consistent} and 0; the divergent offset and 1; a missing
+        directory is one error line.
+        """
+        master = random_store(self, 100, 32 * 1024, seed=31)
+        slave = self.mktemp()
+        shutil.copytree(master, slave)
+        status, out, _ = self.run_cli("pipeline", "verify", master, slave)
+        self.assertEqual(status, 0)
+        self.assertTrue(out.startswith("consistent: "), out)
+        xor_byte(segment_path(slave, 0), 5000)
+        status, out, _ = self.run_cli("pipeline", "verify", master, slave)
+        self.assertEqual(status, 1)
+        self.assertIn("first divergent byte at offset 5000\n", out)
+        status, _, err = self.run_cli("pipeline", "verify", master, "nowhere")
+        self.assertEqual((status, err), (1, "rmqha: error: nowhere: no such directory\n"))
+
+    def test_stats_command(self) -> None:
+        """
+        C{stats --out} prints the totals as JSON and writes the files.
+        """
+        path = random_store(self, 30, 64 * 1024, seed=32)
+        out_dir = self.mktemp()
+        status, out, _ = self.run_cli("pipeline", "stats", path, "--out", out_dir)
+        self.assertEqual(status, 0)
+        self.assertEqual(json.loads(out.splitlines()[0])["messages"], 30)
+        self.assertTrue(os.path.exists(os.path.join(out_dir, "stats.png")))
