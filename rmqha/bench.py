@@ -11,6 +11,10 @@ C{sync} measures puts through the embedding API (C{Broker.put}) by N
 concurrent producers on a SYNC_MASTER or ASYNC_MASTER with one real slave
 process over loopback: puts per second and latency percentiles.
 
+C{spark} scans and decodes a 2 GiB store with the plain single-process
+reader (L{rmqha.pipeline.scan.scan}) and with Spark on C{local[1]} and
+C{local[2]} (the C{rocketmq-commitlog} data source).
+
 C{tls} replicates the same backlog over TCP and over mutual TLS, runs
 alternating, and reports both and their ratio.
 
@@ -540,6 +544,100 @@ def _tls(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _spark_scan(store: str, master: str, bodies: str = "true") -> None:
+    """
+    One Spark scan of C{store} on C{master}, after a warm-up query on a
+    small slice in many partitions (so every Python worker is started):
+    prints the seconds and the totals as JSON.
+    """
+    from pyspark.sql import functions as F
+
+    from rmqha.pipeline.source import spark_session
+
+    spark = spark_session(master, app_name=f"rmqha bench {master}")
+    (
+        spark.read.format("rocketmq-commitlog")
+        .option("endOffset", "2000000")
+        .option("splitBytes", "100k")
+        .load(store)
+        .count()
+    )
+    started = time.perf_counter()
+    row = (
+        spark.read.format("rocketmq-commitlog")
+        .option("bodies", bodies)
+        .load(store)
+        .agg(F.count("*"), F.sum("size"), F.sum(F.length("body")), F.sum(F.col("crc_ok").cast("int")))
+        .collect()[0]
+    )
+    elapsed = time.perf_counter() - started
+    print(json.dumps({"seconds": elapsed, "records": row[0], "bytes": row[1]}), flush=True)
+    spark.stop()
+
+
+def _plain_scan(store: str, bodies: bool = True) -> dict[str, float]:
+    from rmqha.pipeline.scan import scan
+
+    started = time.perf_counter()
+    records = size = 0
+    for batch in scan(store, bodies=bodies):
+        records += batch.num_rows
+        size += sum(batch.column("size").to_pylist())
+    return {"seconds": time.perf_counter() - started, "records": records, "bytes": size}
+
+
+def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    Scan + decode of one store: the plain single-process reader, and Spark
+    with local[1] and local[2], runs alternating.
+    """
+    from rmqha.cli import fill
+
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    store = os.path.join(root, "store")
+    try:
+        _progress(f"filling a {args.size / (1 << 30):.2f} GiB store ...")
+        with CommitLog.open(store, segment_size=args.segment_size) as log:
+            fill(log, args.size // 1141 + 1, 1024, ["orders", "payments", "audit"], 8)
+        _raw_read_all(store)
+        runs: dict[str, list[dict[str, float]]] = {"plain": [], "local[1]": [], "local[2]": []}
+        for run in range(args.runs):
+            order = ["plain", "local[1]", "local[2]"]
+            for variant in order if run % 2 == 0 else order[::-1]:
+                if variant == "plain":
+                    result = _plain_scan(store, args.bodies == "true")
+                else:
+                    process = _spawn("_spark-scan", store, variant, "--bodies", args.bodies)
+                    result = _json_line(process)
+                    process.wait()
+                runs[variant].append(result)
+                _progress(
+                    f"run {run + 1}: {variant}: {result['bytes'] / result['seconds'] / 1e6:,.0f} "
+                    f"MB/s, {result['records'] / result['seconds']:,.0f} records/s "
+                    f"({result['seconds']:.1f} s)"
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict[str, Any] = {
+        "benchmark": "spark",
+        "machine": machine_info(),
+        "runs": args.runs,
+        "bodies": args.bodies == "true",
+    }
+    for variant, results in runs.items():
+        seconds = statistics.median(r["seconds"] for r in results)
+        key = variant.replace("[", "").replace("]", "")
+        out[f"{key}_seconds"] = seconds
+        out[f"{key}_mb_per_s"] = results[0]["bytes"] / seconds / 1e6
+        out[f"{key}_records_per_s"] = results[0]["records"] / seconds
+        out[f"{key}_runs_s"] = [round(r["seconds"], 2) for r in results]
+    out["store_bytes"] = runs["plain"][0]["bytes"]
+    out["records"] = runs["plain"][0]["records"]
+    out["local2_speedup_over_local1"] = out["local1_seconds"] / out["local2_seconds"]
+    out["local1_fraction_of_plain"] = out["plain_seconds"] / out["local1_seconds"]
+    return out
+
+
 def _raw_read_all(store: str) -> None:
     directory = os.path.join(store, "commitlog")
     for name in sorted(os.listdir(directory)):
@@ -663,7 +761,19 @@ def main(argv: list[str] | None = None) -> None:
     tls.add_argument("--runs", type=int, default=3)
     tls.add_argument("--segment-size", type=int, default=1 << 30)
     tls.add_argument("--dir", default=None, help="where to create the stores")
+    spark_bench = commands.add_parser(
+        "spark", help="scan + decode: plain reader vs Spark local[1] and local[2]"
+    )
+    spark_bench.add_argument("--size", type=int, default=2 << 30, help="store bytes (2 GiB)")
+    spark_bench.add_argument("--runs", type=int, default=3)
+    spark_bench.add_argument("--segment-size", type=int, default=1 << 30)
+    spark_bench.add_argument("--dir", default=None, help="where to create the store")
+    spark_bench.add_argument(
+        "--bodies", choices=["true", "false"], default="true",
+        help="decode and move bodies (the data source's bodies option)",
+    )
     for name, params in [
+        ("_spark-scan", ["store", "master"]),
         ("_serve-master", ["store"]),
         ("_run-slave", ["store", "port", "target", "throttle", "seconds"]),
         ("_raw-receive", ["path"]),
@@ -671,7 +781,9 @@ def main(argv: list[str] | None = None) -> None:
         helper = commands.add_parser(name)
         for param in params:
             helper.add_argument(param)
-        if name != "_raw-receive":
+        if name == "_spark-scan":
+            helper.add_argument("--bodies", default="true")
+        if name in ("_serve-master", "_run-slave"):
             helper.add_argument("--tls", default=None, help="an rmqha certs init directory")
     args = parser.parse_args(argv)
     if args.benchmark == "_serve-master":
@@ -681,6 +793,19 @@ def main(argv: list[str] | None = None) -> None:
             args.store, int(args.port), int(args.target), float(args.throttle),
             float(args.seconds), args.tls,
         )
+    if args.benchmark == "_spark-scan":
+        return _spark_scan(args.store, args.master, args.bodies)
+    if args.benchmark == "spark":
+        result = _spark_bench(args)
+        print(
+            f"spark: local[2] {result['local2_mb_per_s']:,.0f} MB/s = "
+            f"{result['local2_speedup_over_local1']:.2f}x local[1] "
+            f"({result['local1_mb_per_s']:,.0f} MB/s); local[1] = "
+            f"{100 * result['local1_fraction_of_plain']:.0f}% of the plain reader "
+            f"({result['plain_mb_per_s']:,.0f} MB/s); median of {args.runs}"
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "tls":
         result = _tls(args)
         print(

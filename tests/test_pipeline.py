@@ -187,3 +187,60 @@ class PlanTests(SynchronousTestCase):
         os.makedirs("empty")
         e = self.assertRaises(PlanError, plan, "empty")
         self.assertIn("no commitlog directory", str(e))
+
+
+class SyncSearchTests(SynchronousTestCase):
+    """
+    Cut points are found by the record-start check, not by walking the log.
+    """
+
+    skip = skip_arrow
+
+    def test_magic_bytes_in_bodies(self) -> None:
+        """
+        Bodies full of message magic codes (without the matching offset)
+        do not fool the search: rows equal the store at every split.
+        """
+        from rmqha._record import MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2
+
+        magic = MESSAGE_MAGIC_V1.to_bytes(4, "big", signed=True)
+        magic2 = MESSAGE_MAGIC_V2.to_bytes(4, "big", signed=True)
+        log = open_store(self, segment_size=64 * 1024)
+        for i in range(150):
+            log.put(make_message((magic + bytes(24) + magic2) * (i % 20 + 1)))
+        log.close()
+        expected = store_rows(log.store_dir)
+        for split in [50, 333, 4096, 20000]:
+            self.assertEqual(arrow_rows(scan(log.store_dir, split_bytes=split)), expected)
+
+    def test_forged_record_start_fails_loudly(self) -> None:
+        """
+        A body forging a whole record header at its own offset, chained to
+        the next real record, would mislead the search; the reader of the
+        span before it sees a record cross the cut and raises instead of
+        returning wrong rows.
+        """
+        import struct
+
+        from rmqha._record import MESSAGE_MAGIC_V1
+        from rmqha.pipeline.scan import PlanError
+        from tests._helpers import record_size
+
+        log = open_store(self, segment_size=1 << 20)
+        for _ in range(5):
+            log.put(make_message(b"f" * 100))
+        start = log.max_offset
+        template = make_message(bytes(1000))
+        end = start + record_size(template)
+        forged_at = start + 88 + 200  # the body starts 88 bytes in (IPv4 hosts)
+        header = struct.pack(
+            ">iiiiiqq", end - forged_at, MESSAGE_MAGIC_V1, 0, 0, 0, 0, forged_at
+        )
+        body = bytes(200) + header + bytes(1000 - 200 - len(header))
+        log.put(make_message(body))
+        log.put(make_message(b"after"))
+        log.close()
+        self.assertEqual(len(store_rows(log.store_dir)), 7)
+        with self.assertRaises(PlanError) as raised:
+            list(scan(log.store_dir, split_bytes=start + 100))
+        self.assertIn("runs past the partition boundary", str(raised.exception))

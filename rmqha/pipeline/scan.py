@@ -4,10 +4,15 @@ Reading a commit log in parallel pieces, without Spark.
 
 L{plan} lists a store's segment files and cuts them into L{Span}s: whole
 segments, and sub-ranges of large ones that begin and end on record
-boundaries.  The commit log has no sync marker, so the boundaries come from
-hopping record headers (8 bytes each, read in large blocks) once, on the
-planning side; the hop also finds where each segment's records end (a BLANK
-filler, zero bytes, or a torn record).
+boundaries.  The commit log has no sync marker, but every record holds its
+own offset (PHYSICALOFFSET) 28 bytes after its start, 4 bytes after its
+magic code: a position where the magic is followed at the right distance by
+that position's own offset is a record start (L{find_record_start}, a C
+speed C{bytes.find} for the magic, then the check, then the next record's
+header checked the same way).  So planning reads a few kilobytes per cut,
+not the log; readers stop where records stop (a BLANK filler, zero bytes,
+a torn record), and a reader that finds a record running past a cut fails
+loudly instead of returning wrong rows.
 
 L{read_span} decodes one span with the project's decoder
 (L{rmqha._record.parse_record}) into Arrow record batches of the
@@ -19,11 +24,13 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from rmqha._record import (
+    BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
     Blank,
@@ -73,13 +80,16 @@ class PlanError(ValueError):
 class Span:
     """
     Record-aligned bytes C{[start, end)} of one segment file, where the
-    segment begins at commit-log offset C{base}.
+    segment begins at commit-log offset C{base}.  When C{exact} is true,
+    C{end} is a record start (the next span's), and the last record must end
+    exactly there; otherwise records end before C{end} (or at it).
     """
 
     path: str
     base: int
     start: int
     end: int
+    exact: bool = False
 
     @property
     def offset(self) -> int:
@@ -156,6 +166,80 @@ def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
     return cuts, position
 
 
+_MAGICS = (
+    struct.pack(">i", MESSAGE_MAGIC_V1),
+    struct.pack(">i", MESSAGE_MAGIC_V2),
+)
+_HEADER = struct.Struct(">ii")
+_PHYSICAL = struct.Struct(">q")
+#: A record is at most this long (RocketMQ's maxMessageSize plus headers):
+#: a search for the next record start never needs to look further.
+_MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
+_SEARCH_BLOCK = 1024 * 1024
+
+
+def _is_record_start(data: bytes, p: int, base: int, size: int) -> bool:
+    """
+    Whether C{data[p:]} (at segment position C{p}, the segment starting at
+    commit-log offset C{base}) is a record: a message magic, PHYSICALOFFSET
+    equal to C{base + p}, and a length that lands inside the segment.
+    """
+    if p < 0 or p + 36 > len(data):
+        return False
+    total, magic = _HEADER.unpack_from(data, p)
+    if magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2) or total < 36 or p + total > size:
+        return False
+    return bool(_PHYSICAL.unpack_from(data, p + 28)[0] == base + p)
+
+
+def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: int) -> int | None:
+    """
+    The first record start at or after segment position C{position} and
+    before C{limit}, in the open segment file C{f}; C{None} when there is
+    none (only zeros, a BLANK, or the tail of one record lie there).  A
+    candidate counts only if the record after it also checks out (or it
+    ends at the segment's end, or a BLANK/zeros follow).
+    """
+    block_start = position
+    while block_start < limit:
+        f.seek(block_start)
+        # Overlap blocks by a header so a match across the seam is seen.
+        data = f.read(min(_SEARCH_BLOCK, limit - block_start) + 40)
+        if not data:
+            return None
+        candidates = []
+        for magic in _MAGICS:
+            i = data.find(magic, max(0, position - block_start + 4))
+            while i != -1:
+                p = i - 4
+                if _is_record_start(data, p, base + block_start, size - block_start):
+                    candidates.append(block_start + p)
+                i = data.find(magic, i + 1)
+        for candidate in sorted(candidates):
+            if candidate < limit and _followed_by_record(f, base, size, candidate):
+                return candidate
+        block_start += _SEARCH_BLOCK
+    return None
+
+
+def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
+    f.seek(start)
+    (total,) = struct.unpack(">i", f.read(4))
+    after = start + total
+    if after >= size:
+        return after == size
+    f.seek(after)
+    data = f.read(40)
+    if len(data) < 8:
+        return True
+    follower, magic = _HEADER.unpack_from(data, 0)
+    if magic == BLANK_MAGIC:
+        return after + follower == size
+    if follower == 0 and magic == 0:
+        return True  # the log ends there
+    return _is_record_start(data, 0, base + after, size - after)
+
+
 def plan(
     store_dir: str,
     split_bytes: int = DEFAULT_SPLIT_BYTES,
@@ -177,50 +261,42 @@ def plan(
             break
         if start_offset is not None and base + size <= start_offset:
             continue
-        cuts, end = hop(path, size, split_bytes)
-        starts = [0, *cuts]
-        bounds = list(zip(starts, [*cuts, end]))
-        for a, b in bounds:
-            if b <= a:
-                continue
-            spans.append(Span(path, base, a, b))
-    if start_offset is not None or end_offset is not None:
-        spans = _clip(spans, start_offset, end_offset)
+        first = 0 if start_offset is None or start_offset <= base else start_offset - base
+        last = size if end_offset is None or end_offset >= base + size else end_offset - base
+        with open(path, "rb") as f:
+            if first > 0:
+                found = find_record_start(f, base, size, first, size)
+                if found is None:
+                    continue
+                first = found
+            cuts = [first]
+            exact_last = False
+            nominal = (first // split_bytes + 1) * split_bytes
+            while nominal < last:
+                found = find_record_start(f, base, size, nominal, size)
+                if found is None:
+                    break  # no record starts after here: the data ends
+                if found >= last:
+                    break
+                cuts.append(found)
+                nominal = (found // split_bytes + 1) * split_bytes
+            end = last
+            if last < size:
+                found = find_record_start(f, base, size, last, size)
+                if found is not None:
+                    end, exact_last = found, True
+                else:
+                    end = min(size, last + _MAX_RECORD)
+            ends = [*cuts[1:], end]
+            for i, (a, b) in enumerate(zip(cuts, ends)):
+                exact = i < len(cuts) - 1 or exact_last
+                if b > a:
+                    spans.append(Span(path, base, a, b, exact))
     return spans
 
 
-def _clip(spans: list[Span], start: int | None, end: int | None) -> list[Span]:
-    """
-    Restrict spans to records starting in C{[start, end)}: the span holding
-    an edge is re-hopped to the first record at or after it.
-    """
-    out = []
-    for span in spans:
-        a, b = span.start, span.end
-        if start is not None and span.base + a < start:
-            if span.base + b <= start:
-                continue
-            a = _first_record_at_or_after(span, start - span.base)
-        if end is not None and span.base + b > end:
-            if span.base + a >= end:
-                continue
-            b = _first_record_at_or_after(Span(span.path, span.base, a, b), end - span.base)
-        if b > a:
-            out.append(Span(span.path, span.base, a, b))
-    return out
-
-
-def _first_record_at_or_after(span: Span, position: int) -> int:
-    with open(span.path, "rb") as f:
-        f.seek(span.start)
-        data = f.read(span.end - span.start)
-    p = 0
-    while span.start + p < position and p + 8 <= len(data):
-        total = int.from_bytes(data[p : p + 4], "big", signed=True)
-        if total <= 0:
-            break
-        p += total
-    return min(span.start + p, span.end)
+def _is_zero_or_short(view: memoryview, position: int) -> bool:
+    return len(view) - position < 8 or not any(view[position : position + 8])
 
 
 def arrow_schema() -> Any:
@@ -301,9 +377,15 @@ def read_span(
                 report_crc=True,
                 strict=True,
             )
-        except RecordError:
-            # The planner's hop ends spans where records end; a record
-            # whose header hops but whose fields do not add up ends it too.
+        except RecordError as e:
+            if span.exact and not _is_zero_or_short(view, position):
+                # The next span starts at span.end: a record running past
+                # it means the cut was not a record start.
+                raise PlanError(
+                    f"{span.path}: the record at offset {base + position} runs past "
+                    f"the partition boundary at offset {span.end_offset}: {e}"
+                ) from None
+            # Where records stop: zeros, a torn record.
             break
         if isinstance(record, Blank):
             break
