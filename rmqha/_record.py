@@ -98,6 +98,9 @@ _MSG_ID_TAIL = struct.Struct(">iq")  # port, physical offset
 
 #: Smallest possible v1 record: IPv4 hosts, empty body, topic and properties.
 _MIN_FIXED = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
+#: The smallest record there can be (IPv4 hosts, empty body, topic and
+#: properties).
+MIN_RECORD_SIZE = _MIN_FIXED
 
 
 class SysFlag:

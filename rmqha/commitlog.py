@@ -41,8 +41,9 @@ import os
 import re
 import struct
 import time
+import zlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, NamedTuple, Sequence, Union
+from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
@@ -51,6 +52,7 @@ from rmqha._record import (
     DEFAULT_MAX_MESSAGE_SIZE,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
+    MIN_RECORD_SIZE as _MIN_RECORD,
     END_FILE_MIN_BLANK_LENGTH,
     Blank,
     Host,
@@ -72,6 +74,7 @@ __all__ = [
     "Blank",
     "MessageRejected",
     "RecordError",
+    "CorruptReplicaError",
     "FlushDiskType",
     "FlushPlan",
     "AppendResult",
@@ -98,6 +101,11 @@ MIN_SEGMENT_SIZE = 256
 MAX_SEGMENT_SIZE = 0x7FFFFFFF
 
 _BLANK_HEADER = struct.Struct(">ii")
+# BODYCRC, PHYSICALOFFSET and SYSFLAG of a record, from its start.
+_CHECKED = struct.Struct(">8xi16xqi")
+_INT = struct.Struct(">i")
+# Where BODYLENGTH sits with IPv4 hosts (each IPv6 host adds 12 bytes).
+_BODY_LENGTH_AT = 48 + 8 + 8 + 8 + 4 + 8
 _UNCOUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 _SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
 _PAGE = mmap.PAGESIZE
@@ -133,6 +141,21 @@ class ReadOnlyStoreError(StoreError):
     """
     A write was attempted on a store opened read-only.
     """
+
+
+class CorruptReplicaError(StoreError):
+    """
+    A replicated record failed validation (its size, magic, offset field or
+    body CRC); the log was cut back to the record's start.
+    """
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(
+            f"replicated record at offset {offset} is corrupt ({reason}); cut back "
+            f"to offset {offset}"
+        )
+        self.offset = offset
+        self.reason = reason
 
 
 class OffsetMismatchError(StoreError):
@@ -724,16 +747,22 @@ class CommitLog:
 
     def _advance_record_end(self, chunk_offset: int, chunk: memoryview) -> None:
         """
-        Hop over the records replica appends have completed, reading only
-        their 8-byte headers: from C{chunk}, the bytes just appended at
-        C{chunk_offset}, or (for a header that started in an earlier
-        append) from the file — never through the mapping, which would map
-        the whole replicated log into this process.
+        Validate the records replica appends have completed and move the
+        record end past them: each record's size, magic, PHYSICALOFFSET and
+        body CRC, and that a BLANK filler reaches exactly the segment's end.
+        Headers and bodies come from C{chunk}, the bytes just appended at
+        C{chunk_offset}, or from the file for a record that began in an
+        earlier append — never through the mapping, which would map the
+        whole replicated log into this process.
+
+        @raise CorruptReplicaError: a completed record is invalid; the log
+            is cut back to its start first (it was never acknowledged).
         """
         chunk_end = chunk_offset + len(chunk)
         end = self._record_end
         max_offset = self.max_offset
         unpack_from = _BLANK_HEADER.unpack_from
+        crc32 = zlib.crc32
         while end < max_offset:
             segment, position, _ = self._locate(end, 0)
             size, wrote = segment.size, segment.wrote
@@ -743,28 +772,101 @@ class CommitLog:
                 if wrote - position < 8:
                     self._record_end = end
                     return
-                if chunk_offset <= end and end + 8 <= chunk_end:
+                in_chunk = chunk_offset <= end and end + 8 <= chunk_end
+                if in_chunk:
                     total, magic = unpack_from(chunk, end - chunk_offset)
                 else:
                     total, magic = _BLANK_HEADER.unpack(segment.pread(position, 8))
                 if magic == BLANK_MAGIC:
+                    if position + total != size:
+                        self._reject(
+                            end,
+                            f"a BLANK filler of {total} bytes at segment position "
+                            f"{position} does not reach this store's segment end "
+                            f"({size}): the master's segment size differs "
+                            "(mappedFileSizeCommitLog must match)",
+                        )
                     if wrote < size:
                         self._record_end = end
                         return
                     position = size
                     break
-                if (
-                    magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
-                    or total <= 0
-                    or position + total > wrote
-                ):
+                if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2:
+                    self._reject(end, f"bad magic code 0x{magic & 0xFFFFFFFF:08X}")
+                if total < _MIN_RECORD or position + total > size:
+                    self._reject(
+                        end,
+                        f"total size {total} is impossible at segment position "
+                        f"{position} of {size}",
+                    )
+                if position + total > wrote:
                     self._record_end = end
                     return
+                if in_chunk and end + total <= chunk_end:
+                    at = end - chunk_offset
+                    record: memoryview | bytes = chunk[at : at + total]
+                else:
+                    record = segment.pread(position, total)
+                (crc, physical, sysflag) = _CHECKED.unpack_from(record, 0)
+                if physical != end:
+                    self._reject(end, f"PHYSICALOFFSET field says {physical}")
+                body_at = (
+                    _BODY_LENGTH_AT
+                    + (12 if sysflag & SysFlag.BORNHOST_V6 else 0)
+                    + (12 if sysflag & SysFlag.STOREHOST_V6 else 0)
+                )
+                (body_length,) = _INT.unpack_from(record, body_at)
+                if body_length < 0 or body_at + 4 + body_length > total:
+                    self._reject(end, f"body length {body_length} does not fit")
+                if body_length and (
+                    crc32(record[body_at + 4 : body_at + 4 + body_length]) & 0x7FFFFFFF
+                ) != crc:
+                    self._reject(end, "body CRC mismatch")
                 end += total
                 position += total
             if position >= size:
                 end = segment.start + size
         self._record_end = end
+
+    def _reject(self, offset: int, reason: str) -> NoReturn:
+        """
+        A replicated record failed validation: cut the log back to its
+        start (nothing from it on was acknowledged) and raise.
+        """
+        self._record_end = offset
+        self._truncate_replica(offset)
+        raise CorruptReplicaError(offset, reason)
+
+    def _truncate_replica(self, offset: int) -> None:
+        """
+        Zero every replicated byte from C{offset} on, in whichever segments
+        they reached.
+        """
+        self._put_ready_at = -1
+        for segment in reversed(self._segments):
+            if segment.start + segment.wrote <= offset:
+                break
+            keep = max(0, offset - segment.start)
+            _zero_after(segment.mm, keep, segment.wrote)
+            segment.wrote = keep
+
+    def discard_incomplete_record(self) -> None:
+        """
+        Cut replicated bytes after the last whole record (a slave does
+        this before asking its master for more: the master resends the
+        record whole, and the slave never reports a partial one).
+        """
+        self._check_writable()
+        if self._record_end != self.max_offset:
+            self._cut_incomplete_tail("before asking the master for it again")
+
+    @property
+    def record_end(self) -> int:
+        """
+        The end of the last whole, validated record: what a slave may
+        acknowledge (bytes after it are a record still arriving).
+        """
+        return self._record_end
 
     def _cut_incomplete_tail(self, why: str) -> None:
         """

@@ -32,7 +32,7 @@ from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
 from rmqha._wire import ProtocolError, TransferDecoder, encode_report
-from rmqha.commitlog import CommitLog, StoreError
+from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
 from rmqha.tls import describe_failure
 
@@ -92,6 +92,8 @@ class SlaveConnection(Protocol):
             self._socket = socket
         set_tcp_no_delay(self.transport)
         self._last_read = self._last_report = self.factory.clock.seconds()
+        # Ask for a record cut short by the last connection whole again.
+        self.factory.commitlog.discard_incomplete_record()
         self._report_timer.start()
         self._housekeeping.start()
         self.factory.connection = self
@@ -99,12 +101,14 @@ class SlaveConnection(Protocol):
 
     def send_report(self) -> None:
         """
-        Tell the master where this log ends: the first report asks for the
-        bytes after it, every later one acknowledges everything before it.
+        Tell the master where this log's whole, validated records end: the
+        first report asks for the bytes after it, every later one
+        acknowledges everything before it.  Bytes of a record still
+        arriving, or of one that failed validation, are never acknowledged.
         """
         if self._closed:
             return
-        offset = self.factory.commitlog.max_offset
+        offset = self.factory.commitlog.record_end
         self.transport.write(encode_report(offset))  # type: ignore[union-attr]
         self._reported = offset
         self._last_report = self.factory.clock.seconds()
@@ -148,10 +152,13 @@ class SlaveConnection(Protocol):
         except ProtocolError as e:
             self._drop(str(e))
             return
+        except CorruptReplicaError as e:
+            self._drop(f"{e}, and will fetch it again")
+            return
         except StoreError as e:
             self._drop(f"cannot append to the commit log: {e}")
             return
-        if commitlog.max_offset != self._reported:
+        if commitlog.record_end != self._reported:
             self.send_report()
             self.factory.notify_appended()
         self._apply_backpressure()

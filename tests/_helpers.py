@@ -17,7 +17,7 @@ from typing import Iterable, Mapping
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import Message
+from rmqha._record import Message, encode_record
 from rmqha.commitlog import CommitLog
 
 #: What the injected clock says: store timestamps are this many seconds...
@@ -83,6 +83,31 @@ def record_size(message: Message) -> int:
         + len(message.topic.encode())
         + len(properties_bytes(message.properties))
     )
+
+
+def replica_records(start: int, *sizes: int) -> bytes:
+    """
+    Valid records of exactly these TOTALSIZEs (each at least
+    C{record_size(make_message(b""))}), chained from commit-log offset
+    C{start}: what a master would send a replica.
+    """
+    out = b""
+    offset = start
+    empty = record_size(make_message(b""))
+    for size in sizes:
+        if size < empty:
+            raise ValueError(f"a record is at least {empty} bytes, not {size}")
+        message = make_message(bytes(range(256)) * (size // 256 + 1))
+        message = make_message(message.body[: size - empty])
+        out += encode_record(
+            message,
+            queue_offset=0,
+            physical_offset=offset,
+            store_timestamp=1_700_000_000_000,
+            store_host=("127.0.0.1", 10911),
+        )
+        offset += size
+    return out
 
 
 def field_spans(message: Message) -> dict[str, range]:

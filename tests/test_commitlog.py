@@ -18,18 +18,20 @@ from hypothesis import given, settings, strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 import rmqha
-from rmqha._record import Blank, MessageRejected, Record, RecordError
+from rmqha._record import Blank, MessageRejected, Record, RecordError, encode_blank
 from rmqha.commitlog import (
     CommitLog,
     CorruptStoreError,
     FlushDiskType,
     OffsetMismatchError,
+    CorruptReplicaError,
     OffsetOutOfRangeError,
     ReadOnlyStoreError,
     StoreError,
 )
 
 from tests._helpers import (
+    replica_records,
     BLANK_MAGIC,
     MAGIC_V1,
     STORE_HOST_HEX,
@@ -804,7 +806,10 @@ class ReplicaAppendTests(SynchronousTestCase):
 
     def _store_with_data(self) -> CommitLog:
         log = open_store(self, segment_size=SEGMENT)
-        log.append_at(0, b"\x07" * 700)
+        # A record, the BLANK closing the 512-byte segment, a record.
+        log.append_at(
+            0, replica_records(0, 300) + encode_blank(212).ljust(212, b"\0") + replica_records(512, 188)
+        )
         return log
 
     def test_offset_mismatch_refused(self) -> None:
@@ -830,7 +835,13 @@ class ReplicaAppendTests(SynchronousTestCase):
         min offset.
         """
         log = open_store(self, segment_size=SEGMENT)
-        self.assertEqual(log.append_at(3 * SEGMENT, b"\x05" * 600), 3 * SEGMENT + 600)
+        # A record, the BLANK, and the first 88 bytes of the next record.
+        data = (
+            replica_records(3 * SEGMENT, 400)
+            + encode_blank(112).ljust(112, b"\0")
+            + replica_records(4 * SEGMENT, 200)[:88]
+        )
+        self.assertEqual(log.append_at(3 * SEGMENT, data), 3 * SEGMENT + 600)
         self.assertEqual(
             sorted(os.listdir(log.commitlog_dir)),
             [segment_file_name(3 * SEGMENT), segment_file_name(4 * SEGMENT)],
@@ -838,7 +849,7 @@ class ReplicaAppendTests(SynchronousTestCase):
         self.assertEqual(
             (log.min_offset, log.max_offset), (3 * SEGMENT, 3 * SEGMENT + 600)
         )
-        self.assertEqual(disk(log, 3 * SEGMENT, 4 * SEGMENT + 88), b"\x05" * 600)
+        self.assertEqual(disk(log, 3 * SEGMENT, 4 * SEGMENT + 88), data)
 
     def test_empty_store_refuses_unaligned_start(self) -> None:
         """
@@ -950,11 +961,12 @@ class ReadTests(SynchronousTestCase):
             (self.end + 1, 0, self.end),
         )
         replica = open_store(self, segment_size=SEGMENT)
-        replica.append_at(3 * SEGMENT, b"\x01" * 100)
+        data = replica_records(3 * SEGMENT, 100)
+        replica.append_at(3 * SEGMENT, data)
         for offset in (0, 3 * SEGMENT - 1, 3 * SEGMENT + 101):
             self.assertRaises(OffsetOutOfRangeError, replica.read, offset, 10)
             self.assertRaises(OffsetOutOfRangeError, replica.read_view, offset, 10)
-        self.assertEqual(replica.read(3 * SEGMENT, 1000), b"\x01" * 100)
+        self.assertEqual(replica.read(3 * SEGMENT, 1000), data)
 
 
 class FlushTests(SynchronousTestCase):
@@ -1163,3 +1175,83 @@ class RecordsAndOpeningTests(SynchronousTestCase):
         log.close()
         unlocked = other_process()
         self.assertEqual(unlocked.returncode, 0, unlocked.stderr)
+
+
+class ReplicaValidationTests(SynchronousTestCase):
+    """
+    Every replicated record is checked as it completes; a bad one is cut
+    and never becomes part of the log (so a slave never acknowledges it).
+    """
+
+    def flipped(self, data: bytes, position: int) -> bytes:
+        return data[:position] + bytes([data[position] ^ 0x01]) + data[position + 1 :]
+
+    def test_good_records_in_any_chunking(self) -> None:
+        """
+        Records arriving whole, byte by byte, or split at every position
+        complete: the record end follows them.
+        """
+        data = replica_records(0, 150, 200) + encode_blank(162).ljust(162, b"\0")
+        data += replica_records(512, 300)
+        for cut in range(0, len(data), 37):
+            log = open_store(self, segment_size=SEGMENT)
+            log.append_at(0, data[:cut])
+            log.append_at(cut, data[cut:])
+            self.assertEqual((log.record_end, log.max_offset), (812, 812))
+
+    def test_corrupt_body_is_cut(self) -> None:
+        """
+        A flipped body byte: CorruptReplicaError naming the record's offset
+        and "body CRC mismatch"; the log ends at that record, its bytes are
+        zeros, the good record before it stays, and the right bytes are then
+        accepted at that offset.
+        """
+        good = replica_records(0, 150, 200)
+        bad = self.flipped(good, 150 + 88 + 5)
+        for chunks in ([bad], [bad[:160], bad[160:]], [bad[:300], bad[300:]]):
+            log = open_store(self, segment_size=SEGMENT)
+            error = None
+            position = 0
+            for chunk in chunks:
+                try:
+                    log.append_at(position, chunk)
+                except CorruptReplicaError as e:
+                    error = e
+                    break
+                position += len(chunk)
+            assert error is not None
+            self.assertEqual(error.offset, 150)
+            self.assertIn("body CRC mismatch", str(error))
+            self.assertEqual((log.record_end, log.max_offset), (150, 150))
+            self.assertEqual(disk(log, 0, 512)[150:], bytes(362))
+            log.append_at(150, good[150:])
+            self.assertEqual(log.record_end, 350)
+
+    def test_other_corruptions(self) -> None:
+        """
+        A bad magic, an impossible size and a wrong PHYSICALOFFSET are each
+        refused, naming what was wrong.
+        """
+        good = replica_records(0, 150, 200)
+        cases = [
+            (self.flipped(good, 150 + 5), "bad magic code"),
+            (good[:150] + (600).to_bytes(4, "big") + good[154:], "total size 600 is impossible"),
+            (replica_records(0, 150) + replica_records(999, 200), "PHYSICALOFFSET field says 999"),
+        ]
+        for data, needle in cases:
+            log = open_store(self, segment_size=SEGMENT)
+            error = self.assertRaises(CorruptReplicaError, log.append_at, 0, data)
+            self.assertIn(needle, str(error))
+            self.assertEqual(log.max_offset, 150)
+
+    def test_segment_size_mismatch(self) -> None:
+        """
+        A BLANK filler that does not end at this store's segment end means
+        the master's segments are another size: refused, saying so.
+        """
+        data = replica_records(0, 300) + encode_blank(724).ljust(724, b"\0")
+        log = open_store(self, segment_size=SEGMENT)
+        error = self.assertRaises(CorruptReplicaError, log.append_at, 0, data[:400])
+        self.assertIn("segment size differs", str(error))
+        self.assertIn("mappedFileSizeCommitLog", str(error))
+        self.assertEqual(log.max_offset, 300)

@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha.master import HAConfig, MasterFactory
 from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
 
-from tests._helpers import make_message, open_store, segment_files
+from tests._helpers import make_message, open_store, replica_records, segment_files
 
 SEGMENT = 4096
 
@@ -126,21 +126,67 @@ class FrameTests(SlaveTestCase):
         """
         self.fill(3)
         end = self.source.max_offset
-        self.replica.append_at(0, self.source_bytes(0, 500))
+        have = list(self.source.records())[1].next_offset
+        self.replica.append_at(0, self.source_bytes(0, have))
         connection, transport = self.connect()
         with capturedLogs() as events:
-            connection.dataReceived(frame(600, self.source_bytes(600, end)))
+            connection.dataReceived(frame(have + 100, self.source_bytes(have + 100, end)))
         self.assertTrue(transport.disconnecting)
-        self.assertEqual(self.replica.max_offset, 500)
+        self.assertEqual(self.replica.max_offset, have)
         text = " ".join(formatEvent(e) for e in events)
-        self.assertIn("600", text)
-        self.assertIn("500", text)
+        self.assertIn(str(have + 100), text)
+        self.assertIn(str(have), text)
+
+    def test_corrupt_record_never_acknowledged(self) -> None:
+        """
+        A frame whose second record has a flipped body byte: the first
+        record is kept, the slave drops the connection saying which record
+        failed and why, and reports (acknowledges) nothing past the first
+        record; reconnected, it asks for the bad record again.
+        """
+        self.fill(3)
+        first = list(self.source.records())[0].next_offset
+        data = bytearray(self.source_bytes(0, self.source.max_offset))
+        data[first + 100] ^= 0x01
+        connection, transport = self.connect()
+        connection.send_report()
+        transport.clear()
+        with capturedLogs() as events:
+            connection.dataReceived(frame(0, bytes(data)))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.value(), b"")
+        self.assertEqual((self.replica.record_end, self.replica.max_offset), (first, first))
+        text = " ".join(formatEvent(e) for e in events)
+        self.assertIn(f"record at offset {first} is corrupt (body CRC mismatch)", text)
+        connection.connectionLost()
+        again, transport = self.connect()
+        again.send_report()
+        self.assertEqual(reports(transport.value()), [first])
+
+    def test_partial_record_not_reported_and_refetched(self) -> None:
+        """
+        Bytes of a record still arriving are not acknowledged; a new
+        connection discards them and asks for the record whole.
+        """
+        self.fill(2)
+        first = list(self.source.records())[0].next_offset
+        connection, transport = self.connect()
+        connection.send_report()
+        transport.clear()
+        connection.dataReceived(frame(0, self.source_bytes(0, first + 50)))
+        self.assertEqual(reports(transport.value()), [first])
+        self.assertEqual(self.replica.max_offset, first + 50)
+        connection.connectionLost()
+        again, transport = self.connect()
+        again.send_report()
+        self.assertEqual(reports(transport.value()), [first])
+        self.assertEqual(self.replica.max_offset, first)
 
     def test_heartbeat_mismatch_drops(self) -> None:
         """
         A heartbeat also carries the master's position: a wrong one drops.
         """
-        self.replica.append_at(0, b"\0" * 100)
+        self.replica.append_at(0, replica_records(0, 100))
         connection, transport = self.connect()
         connection.dataReceived(frame(100))
         self.assertFalse(transport.disconnecting)
@@ -311,14 +357,14 @@ class ServiceTests(SlaveTestCase):
         service.startService()
         (protocol, transport), = endpoint.connected
         self.assertEqual(reports(transport.value()), [0])
-        protocol.dataReceived(frame(0, b"\0" * 64))
+        protocol.dataReceived(frame(0, replica_records(0, 100)))
         protocol.dataReceived(frame(5))
         self.assertTrue(transport.disconnecting)
         protocol.connectionLost(Failure(ConnectionDone()))
         self.assertEqual(len(endpoint.connected), 1)
         self.clock.advance(2.0)
         self.assertEqual(len(endpoint.connected), 2)
-        self.assertEqual(reports(endpoint.connected[1][1].value()), [64])
+        self.assertEqual(reports(endpoint.connected[1][1].value()), [100])
         d = service.stopService()
         endpoint.connected[1][0].connectionLost(Failure(ConnectionDone()))
         self.successResultOf(d)
