@@ -104,6 +104,7 @@ _BLANK_HEADER = struct.Struct(">ii")
 # BODYCRC, PHYSICALOFFSET and SYSFLAG of a record, from its start.
 _CHECKED = struct.Struct(">8xi16xqi")
 _INT = struct.Struct(">i")
+_V6_HOSTS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 # Where BODYLENGTH sits with IPv4 hosts (each IPv6 host adds 12 bytes).
 _BODY_LENGTH_AT = 48 + 8 + 8 + 8 + 4 + 8
 _UNCOUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
@@ -762,6 +763,8 @@ class CommitLog:
         end = self._record_end
         max_offset = self.max_offset
         unpack_from = _BLANK_HEADER.unpack_from
+        checked = _CHECKED.unpack_from
+        int_at = _INT.unpack_from
         crc32 = zlib.crc32
         while end < max_offset:
             segment, position, _ = self._locate(end, 0)
@@ -803,23 +806,26 @@ class CommitLog:
                     self._record_end = end
                     return
                 if in_chunk and end + total <= chunk_end:
+                    record: memoryview | bytes = chunk
                     at = end - chunk_offset
-                    record: memoryview | bytes = chunk[at : at + total]
                 else:
                     record = segment.pread(position, total)
-                (crc, physical, sysflag) = _CHECKED.unpack_from(record, 0)
+                    at = 0
+                (crc, physical, sysflag) = checked(record, at)
                 if physical != end:
                     self._reject(end, f"PHYSICALOFFSET field says {physical}")
-                body_at = (
-                    _BODY_LENGTH_AT
-                    + (12 if sysflag & SysFlag.BORNHOST_V6 else 0)
-                    + (12 if sysflag & SysFlag.STOREHOST_V6 else 0)
-                )
-                (body_length,) = _INT.unpack_from(record, body_at)
-                if body_length < 0 or body_at + 4 + body_length > total:
+                if sysflag & _V6_HOSTS:
+                    body_at = at + _BODY_LENGTH_AT + (
+                        12 if sysflag & SysFlag.BORNHOST_V6 else 0
+                    ) + (12 if sysflag & SysFlag.STOREHOST_V6 else 0)
+                else:
+                    body_at = at + _BODY_LENGTH_AT
+                (body_length,) = int_at(record, body_at)
+                body_at += 4
+                if body_length < 0 or body_at + body_length > at + total:
                     self._reject(end, f"body length {body_length} does not fit")
                 if body_length and (
-                    crc32(record[body_at + 4 : body_at + 4 + body_length]) & 0x7FFFFFFF
+                    crc32(record[body_at : body_at + body_length]) & 0x7FFFFFFF
                 ) != crc:
                     self._reject(end, "body CRC mismatch")
                 end += total
