@@ -104,6 +104,7 @@ _BLANK_HEADER = struct.Struct(">ii")
 # BODYCRC, PHYSICALOFFSET and SYSFLAG of a record, from its start.
 _CHECKED = struct.Struct(">8xi16xqi")
 _INT = struct.Struct(">i")
+_SHORT = struct.Struct(">h")
 _V6_HOSTS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 # Where BODYLENGTH sits with IPv4 hosts (each IPv6 host adds 12 bytes).
 _BODY_LENGTH_AT = 48 + 8 + 8 + 8 + 4 + 8
@@ -765,6 +766,7 @@ class CommitLog:
         unpack_from = _BLANK_HEADER.unpack_from
         checked = _CHECKED.unpack_from
         int_at = _INT.unpack_from
+        short_at = _SHORT.unpack_from
         crc32 = zlib.crc32
         while end < max_offset:
             segment, position, _ = self._locate(end, 0)
@@ -820,10 +822,26 @@ class CommitLog:
                     ) + (12 if sysflag & SysFlag.STOREHOST_V6 else 0)
                 else:
                     body_at = at + _BODY_LENGTH_AT
+                record_end = at + total
+                if body_at + 4 > record_end:
+                    self._reject(end, f"total size {total} is too small for its hosts")
                 (body_length,) = int_at(record, body_at)
                 body_at += 4
-                if body_length < 0 or body_at + body_length > at + total:
+                # The fields must add up to TOTALSIZE (RocketMQ's calMsgLength):
+                # the topic length byte(s) and the properties length must fit.
+                topic_at = body_at + body_length
+                if body_length < 0 or topic_at + 2 > record_end:
                     self._reject(end, f"body length {body_length} does not fit")
+                if magic == MESSAGE_MAGIC_V1:
+                    topic_length = record[topic_at]
+                    properties_at = topic_at + 1 + topic_length
+                else:
+                    (topic_length,) = short_at(record, topic_at)
+                    properties_at = topic_at + 2 + topic_length
+                if properties_at + 2 > record_end or (
+                    properties_at + 2 + short_at(record, properties_at)[0] != record_end
+                ):
+                    self._reject(end, f"its fields do not add up to its total size {total}")
                 if body_length and (
                     crc32(record[body_at : body_at + body_length]) & 0x7FFFFFFF
                 ) != crc:

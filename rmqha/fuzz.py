@@ -1,0 +1,274 @@
+# -*- test-case-name: tests.test_fuzz -*-
+"""
+C{python -m rmqha.fuzz [--cases N] [--seed S]}: hostile input against
+every parser a peer or a disk can reach.
+
+Each case draws a target and an input, random or a mutation of a valid
+one (bit flips, byte changes, truncation, insertion, huge or negative
+sizes and offsets), and checks that the target either accepts it or
+refuses it with its documented error:
+
+- C{report}: the master's L{ReportDecoder} on a byte stream in random
+  chunks (L{ProtocolError} only);
+- C{transfer}: the slave's L{TransferDecoder} on frame streams
+  (L{ProtocolError} only; buffered bytes never exceed one frame);
+- C{record}: L{parse_record} on mutated records, strict and not
+  (L{RecordError} only);
+- C{slave}: a whole L{SlaveConnection} over a real commit log fed mutated
+  frames: it may append good records and must drop the connection with one
+  log line for anything else, never acknowledging a record that differs
+  from the original.
+
+Memory is sampled (RSS) before and after; the last line is JSON with the
+counts, and the exit status is 1 if any case misbehaved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import LogLevel, globalLogPublisher
+
+from rmqha._record import Message, RecordError, encode_record, parse_record
+from rmqha._wire import ProtocolError, ReportDecoder, TransferDecoder, encode_header
+from rmqha.commitlog import CommitLog
+from rmqha.slave import SlaveFactory
+
+__all__ = ["main", "run"]
+
+_SEGMENT = 64 * 1024
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _mutate(rng: random.Random, data: bytes) -> bytes:
+    """
+    One to four random mutations of C{data}.
+    """
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        kind = rng.randrange(7)
+        if not buf:
+            buf += rng.randbytes(rng.randint(1, 16))
+            continue
+        i = rng.randrange(len(buf))
+        if kind == 0:
+            buf[i] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            buf[i] = rng.randrange(256)
+        elif kind == 2:
+            del buf[i:]
+        elif kind == 3:
+            buf[i:i] = rng.randbytes(rng.randint(1, 32))
+        elif kind == 4 and i + 4 <= len(buf):
+            # A size or offset field made huge or negative.
+            buf[i : i + 4] = rng.choice([b"\x7f\xff\xff\xff", b"\xff\xff\xff\xff", b"\x80\0\0\0"])
+        elif kind == 5:
+            del buf[i : i + rng.randint(1, 64)]
+        else:
+            buf += rng.randbytes(rng.randint(1, 64))
+    return bytes(buf)
+
+
+def _chunks(rng: random.Random, data: bytes) -> list[bytes]:
+    out, i = [], 0
+    while i < len(data):
+        n = rng.choice([1, 7, 12, 100, 4096, len(data)])
+        out.append(data[i : i + n])
+        i += n
+    return out
+
+
+class _Corpus:
+    """
+    Valid records and frames to mutate.
+    """
+
+    def __init__(self, rng: random.Random) -> None:
+        self.records: list[bytes] = []
+        offset = 0
+        for i in range(24):
+            body = rng.randbytes(rng.choice([0, 1, 50, 300, 1000]))
+            properties = {"TAGS": f"t{i}"} if i % 2 else {}
+            record = encode_record(
+                Message(f"Topic{i % 3}", body, queue_id=i % 4, properties=properties),
+                queue_offset=i,
+                physical_offset=offset,
+                store_timestamp=1_700_000_000_000,
+                store_host=("127.0.0.1", 10911),
+            )
+            self.records.append(record)
+            offset += len(record)
+        self.log = b"".join(self.records)
+
+
+def _report_case(rng: random.Random, corpus: _Corpus) -> None:
+    stream = (
+        rng.randbytes(rng.randint(0, 64))
+        if rng.random() < 0.5
+        else _mutate(rng, b"".join(rng.randrange(1 << 40).to_bytes(8, "big") for _ in range(4)))
+    )
+    decoder = ReportDecoder()
+    for chunk in _chunks(rng, stream):
+        try:
+            decoder.feed(chunk)
+        except ProtocolError:
+            return
+
+
+def _transfer_case(rng: random.Random, corpus: _Corpus) -> None:
+    frames = b"".join(
+        encode_header(o, len(b)) + b
+        for o, b in [(0, corpus.log[:300]), (300, corpus.log[300:900]), (900, b"")]
+    )
+    stream = rng.randbytes(rng.randint(0, 200)) if rng.random() < 0.3 else _mutate(rng, frames)
+    decoder = TransferDecoder()
+    for chunk in _chunks(rng, stream):
+        try:
+            decoder.feed(chunk)
+            while decoder.next_frame() is not None:
+                pass
+        except ProtocolError:
+            return
+        if decoder.buffered > len(stream):
+            raise AssertionError("the decoder holds more than it was given")
+
+
+def _record_case(rng: random.Random, corpus: _Corpus) -> None:
+    record = _mutate(rng, rng.choice(corpus.records))
+    for strict in (False, True):
+        try:
+            parse_record(record, 0, len(record), 0, strict=strict, check_crc=rng.random() < 0.5)
+        except RecordError:
+            pass
+
+
+class _SlaveTarget:
+    """
+    A slave connection over a real commit log, reset for each case.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.lines: list[str] = []
+        globalLogPublisher.addObserver(self._observe)  # type: ignore[arg-type]
+
+    def _observe(self, event: dict[str, Any]) -> None:
+        if event.get("log_level") in (LogLevel.warn, LogLevel.error, LogLevel.critical):
+            self.lines.append(str(event.get("log_format")))
+
+    def close(self) -> None:
+        globalLogPublisher.removeObserver(self._observe)  # type: ignore[arg-type]
+
+    def case(self, rng: random.Random, corpus: _Corpus) -> None:
+        store = os.path.join(self.directory, "slave")
+        shutil.rmtree(store, ignore_errors=True)
+        log = CommitLog.open(store, segment_size=_SEGMENT)
+        try:
+            clock = Clock()
+            factory = SlaveFactory(log, clock)
+            connection = factory.buildProtocol(None)
+            transport = StringTransport()
+            connection.makeConnection(transport)
+            connection.send_report()
+            del self.lines[:]
+            cut = rng.randrange(len(corpus.log))
+            frames = encode_header(0, cut) + corpus.log[:cut]
+            frames += encode_header(cut, len(corpus.log) - cut) + corpus.log[cut:]
+            stream = _mutate(rng, frames)
+            for chunk in _chunks(rng, stream):
+                connection.dataReceived(chunk)
+                if transport.disconnecting:
+                    break
+            dropped = transport.disconnecting
+            drop_lines = [line for line in self.lines if "dropping" in line]
+            if dropped and len(drop_lines) != 1:
+                raise AssertionError(f"a dropped peer logged {len(drop_lines)} lines")
+            # Whatever was acknowledged is whole records passing every
+            # check the slave makes (size, magic, offset, fields, body CRC);
+            # a mutation those cannot see (a header field the CRC does not
+            # cover) is not the slave's to catch.
+            acked = int.from_bytes(transport.value()[-8:], "big") if transport.value() else 0
+            # (An empty slave may have started at any segment boundary.)
+            position = log.min_offset if log.has_data() else acked
+            while position < acked:
+                data = log.read(position, acked - position)
+                record = parse_record(data, 0, len(data), position, check_crc=True)
+                position += record.size
+            if position != acked:
+                raise AssertionError(f"acknowledged offset {acked} is not a record end")
+            connection.connectionLost()
+            for call in clock.getDelayedCalls():
+                call.cancel()
+        finally:
+            log.close()
+
+
+def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """
+    Run C{cases} cases; the counts per target and any failures.
+    """
+    rng = random.Random(seed)
+    corpus = _Corpus(rng)
+    directory = tempfile.mkdtemp(prefix="rmqha-fuzz-")
+    slave = _SlaveTarget(directory)
+    targets: list[tuple[str, Callable[[random.Random, _Corpus], None], float]] = [
+        ("report", _report_case, 0.3),
+        ("transfer", _transfer_case, 0.3),
+        ("record", _record_case, 0.38),
+        ("slave", slave.case, 0.02),
+    ]
+    counts = {name: 0 for name, _, _ in targets}
+    failures: list[str] = []
+    rss_before = _rss()
+    started = time.perf_counter()
+    try:
+        for i in range(cases):
+            name, target, _ = rng.choices(targets, weights=[w for _, _, w in targets])[0]
+            counts[name] += 1
+            try:
+                target(rng, corpus)
+            except Exception as e:  # anything but the documented errors
+                if len(failures) < 20:
+                    failures.append(f"case {i} ({name}): {type(e).__name__}: {e}")
+            if progress is not None and i and i % 100_000 == 0:
+                progress(f"{i:,} cases, {len(failures)} failures, RSS {_rss() >> 20} MiB")
+    finally:
+        slave.close()
+        shutil.rmtree(directory, ignore_errors=True)
+    return {
+        "cases": cases,
+        "seed": seed,
+        "seconds": round(time.perf_counter() - started, 1),
+        "per_target": counts,
+        "failures": failures,
+        "rss_before_mib": rss_before >> 20,
+        "rss_after_mib": _rss() >> 20,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rmqha.fuzz", description=__doc__)
+    parser.add_argument("--cases", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    result = run(args.cases, args.seed, lambda text: print(text, file=sys.stderr, flush=True))
+    print(json.dumps(result))
+    return 1 if result["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
