@@ -6,7 +6,20 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["twistd_slave_command"]
+__all__ = ["twistd_command", "twistd_slave_command"]
+
+
+def twistd_command(store_dir: str, log_file: str, *options: str) -> list[str]:
+    """
+    The argv of a C{twistd -n rmqha} process using this Python, on
+    C{store_dir}, logging to C{log_file}, with no pid file; C{options} are
+    further C{twistd rmqha} flags (the role among them).
+    """
+    return [
+        sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+        "-n", "--pidfile", "", "--logfile", log_file,
+        "rmqha", "--store-dir", store_dir, *options,
+    ]
 
 
 def twistd_slave_command(
@@ -18,10 +31,6 @@ def twistd_slave_command(
     description) into C{store_dir}, logging to C{log_file}, with no pid
     file.  C{options} are further C{twistd rmqha} flags.
     """
-    return [
-        sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-        "-n", "--pidfile", "", "--logfile", log_file,
-        "rmqha", "--role", "slave", "--store-dir", store_dir,
-        "--master-endpoint", master_endpoint,
-        *options,
-    ]
+    return twistd_command(
+        store_dir, log_file, "--role", "slave", "--master-endpoint", master_endpoint, *options
+    )
