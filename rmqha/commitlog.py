@@ -269,21 +269,16 @@ class _Segment:
     @property
     def mm(self) -> mmap.mmap:
         if self._mm is None:
-            flags = os.O_RDWR if self.writable else os.O_RDONLY
-            fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0))
-            try:
-                self._mm = mmap.mmap(
-                    fd,
-                    self.size,
-                    access=mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ,
-                )
-            except BaseException:
-                os.close(fd)
-                raise
-            if self.writable:
-                self.fd = fd
-            else:
-                os.close(fd)
+            # The segment's descriptor, opened here if need be: a second one
+            # would leak (one descriptor per segment for ever).
+            fd = self.ensure_fd()
+            self._mm = mmap.mmap(
+                fd,
+                self.size,
+                access=mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ,
+            )
+            if not self.writable:
+                self.close_fd()
         return self._mm
 
     @property
@@ -317,6 +312,19 @@ class _Segment:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+    def release_mapping(self) -> None:
+        """
+        Unmap (the descriptor stays open for flushes and preads).  A full
+        segment is only read with C{pread} after this; keeping its pages
+        mapped would count every byte ever put towards the process's RSS.
+        """
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                return  # a read_view of it is still alive; unmapped later
+            self._mm = None
 
     def close(self) -> None:
         if self._mm is not None:
@@ -685,6 +693,7 @@ class CommitLog:
         if table_current and self._queue_table is not None:
             self._queue_table_end = last.end
             self._save_queue_table()
+        last.release_mapping()
         return self._create_segment(last.end)
 
     def _create_segment(self, start: int) -> _Segment:

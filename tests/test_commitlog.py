@@ -15,7 +15,7 @@ import sys
 import zlib
 
 from hypothesis import given, settings, strategies as st
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
 from rmqha._record import Blank, MessageRejected, Record, RecordError, encode_blank
@@ -1289,3 +1289,40 @@ class ReplicaValidationTests(SynchronousTestCase):
         self.assertIn("segment size differs", str(error))
         self.assertIn("mappedFileSizeCommitLog", str(error))
         self.assertEqual(log.max_offset, 300)
+
+
+class ResourceTests(SynchronousTestCase):
+    """
+    A long-running master keeps neither mappings nor descriptors of full
+    segments (found by python -m rmqha.soak: RSS and open files grew with
+    every segment written).
+    """
+
+    def open_commitlog_files(self, log: CommitLog) -> list[str]:
+        names = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(log.commitlog_dir):
+                names.append(os.path.basename(target))
+        return names
+
+    def test_full_segments_released(self) -> None:
+        """
+        After rolling through five segments, reading old ones, and a flush:
+        only the last segment is mapped and open.
+        """
+        if not os.path.isdir("/proc/self/fd"):
+            raise SkipTest("needs /proc")
+        log = open_store(self, segment_size=64 * 1024)
+        for i in range(320):
+            result = log.put(make_message(b"r" * 1000))
+            if i % 40 == 0:
+                log.read(max(0, result.offset - 3000), 1000)
+        log.flush()
+        last = log._segments[-1]
+        self.assertGreaterEqual(len(log._segments), 5)
+        self.assertEqual([s for s in log._segments if s._mm is not None], [last])
+        self.assertEqual(set(self.open_commitlog_files(log)), {os.path.basename(last.path)})
