@@ -35,6 +35,20 @@ __all__ = [
     "encode_header",
     "ReportDecoder",
     "TransferDecoder",
+    "CONTROL_HELLO",
+    "CONTROL_INFO",
+    "CONTROL_DIGEST",
+    "CONTROL_MAX_DIGEST_RANGE",
+    "CONTROL_INFO_SIZE",
+    "CONTROL_REQUEST_SIZE",
+    "CONTROL_DIGEST_SIZE",
+    "encode_control_hello",
+    "encode_control_info",
+    "decode_control_info",
+    "encode_digest_request",
+    "decode_digest_request",
+    "encode_digest_answer",
+    "decode_digest_answer",
 ]
 
 REPORT_SIZE = 8
@@ -227,3 +241,73 @@ class TransferDecoder:
             body = bytes(partial[HEADER_SIZE:])
             partial.clear()
         return TransferFrame(offset, body)
+
+
+# -- the rmqha control extension (docs/protocol.md) ---------------------------
+#
+# A separate connection to the same HA port.  Every message starts with a
+# negative int64 code: a genuine RocketMQ master takes the hello for a first
+# report, finds no data at a negative offset and stays silent (or sends a
+# heartbeat whose offset is that same hello), so an rmqha slave recognises
+# a classic master by the absence of the INFO answer.
+
+#: Slave to master, 8 bytes: "rmqha control, version 1".
+CONTROL_HELLO = -0x524D514841_0001
+#: Master to slave: code, min offset, max offset, segment size (28 bytes).
+CONTROL_INFO = -0x524D514841_0002
+#: Request: code, start, end (24 bytes); answer: code, start, end, a
+#: 16-byte blake2b digest of the master's bytes [start, end) (40 bytes).
+#: An answer with start = end = -1 refuses the range.
+CONTROL_DIGEST = -0x524D514841_0003
+#: The most bytes one digest request may cover.
+CONTROL_MAX_DIGEST_RANGE = 16 * 1024 * 1024
+
+_CONTROL_INFO = struct.Struct(">qqqi")
+_CONTROL_REQUEST = struct.Struct(">qqq")
+_CONTROL_DIGEST = struct.Struct(">qqq16s")
+CONTROL_INFO_SIZE = _CONTROL_INFO.size
+CONTROL_REQUEST_SIZE = _CONTROL_REQUEST.size
+CONTROL_DIGEST_SIZE = _CONTROL_DIGEST.size
+
+
+def encode_control_hello() -> bytes:
+    return _REPORT.pack(CONTROL_HELLO)
+
+
+def encode_control_info(min_offset: int, max_offset: int, segment_size: int) -> bytes:
+    return _CONTROL_INFO.pack(CONTROL_INFO, min_offset, max_offset, segment_size)
+
+
+def decode_control_info(data: bytes) -> tuple[int, int, int] | None:
+    """
+    C{(min offset, max offset, segment size)}, or C{None} if C{data} is
+    not an INFO message.
+    """
+    if len(data) < CONTROL_INFO_SIZE:
+        return None
+    code, min_offset, max_offset, segment_size = _CONTROL_INFO.unpack_from(data)
+    if code != CONTROL_INFO or not 0 <= min_offset <= max_offset or segment_size <= 0:
+        return None
+    return min_offset, max_offset, segment_size
+
+
+def encode_digest_request(start: int, end: int) -> bytes:
+    return _CONTROL_REQUEST.pack(CONTROL_DIGEST, start, end)
+
+
+def decode_digest_request(data: bytes | bytearray) -> tuple[int, int]:
+    code, start, end = _CONTROL_REQUEST.unpack_from(data)
+    if code != CONTROL_DIGEST:
+        raise ProtocolError(f"control request code {code} is not DIGEST")
+    return start, end
+
+
+def encode_digest_answer(start: int, end: int, digest: bytes) -> bytes:
+    return _CONTROL_DIGEST.pack(CONTROL_DIGEST, start, end, digest)
+
+
+def decode_digest_answer(data: bytes | bytearray) -> tuple[int, int, bytes]:
+    code, start, end, digest = _CONTROL_DIGEST.unpack_from(data)
+    if code != CONTROL_DIGEST:
+        raise ProtocolError(f"control answer code {code} is not DIGEST")
+    return start, end, digest

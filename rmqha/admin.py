@@ -63,6 +63,8 @@ def status(broker: Broker) -> dict[str, Any]:
         result["master"] = broker.master_endpoint
         result["connected"] = connection is not None
         result["lag_bytes"] = 0 if connection is not None and connection.caught_up else None
+        # Replication is halted on this, when set (docs/reliability.md).
+        result["divergence"] = broker.divergence.as_dict() if broker.divergence else None
     return result
 
 
@@ -145,6 +147,20 @@ class _BrokerCollector(Collector):
                 "rmqha_master_connections", "connections made to the master",
                 value=factory.connections_made if factory else 0,
             )
+            halted = GaugeMetricFamily(
+                "rmqha_divergence",
+                "1 while replication is halted on a divergence of this kind",
+                labels=["kind"],
+            )
+            found = CounterMetricFamily(
+                "rmqha_divergences", "divergences found, by kind", labels=["kind"]
+            )
+            for kind, count in sorted(broker.divergences.items()):
+                current = broker.divergence is not None and broker.divergence.kind == kind
+                halted.add_metric([kind], int(current))
+                found.add_metric([kind], count)
+            yield halted
+            yield found
 
 
 class _Metrics(Resource):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import bisect
 import enum
+import os
+import time
 from typing import Any, Callable
 
 from twisted.application.internet import StreamServerEndpointService
@@ -25,6 +27,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint, IStreamServerEndp
 from twisted.logger import Logger
 
 from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
+from rmqha.divergence import Divergence, find_divergence, probe
 from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha.slave import SlaveFactory, make_slave_service
@@ -126,6 +129,8 @@ class Broker(MultiService):
         slave_fallbehind_max: int = 256 * 1024 * 1024,
         sync_flush_timeout: float = 5.0,
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
+        on_divergence: str | None = "halt",
+        probe_timeout: float = 3.0,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -152,6 +157,11 @@ class Broker(MultiService):
             SYNC_FLUSH, a put not on disk by then is C{FLUSH_DISK_TIMEOUT}.
         @param run_in_thread: how the store runs its flushes (default: the
             reactor's thread pool; see L{CommitLogService}).
+        @param on_divergence: what a slave does when its log has diverged
+            from the master's (docs/reliability.md): C{"halt"} (stop
+            replicating), C{"truncate"} (cut back to the last common
+            offset), C{"rebootstrap"} (move the store aside, start afresh),
+            or C{None} (no checks).
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -176,6 +186,19 @@ class Broker(MultiService):
         self._ha_listen = ha_listen
         self._master_endpoint = master_endpoint
         self._peer_policy = peer_policy
+        if on_divergence not in (None, "halt", "truncate", "rebootstrap"):
+            raise ValueError(
+                f"on-divergence {on_divergence!r} is not halt, truncate or rebootstrap"
+            )
+        self._on_divergence = on_divergence
+        self._probe_timeout = probe_timeout
+        self._checking = False
+        self._classic_logged = False
+        self._master_client: Any = None
+        #: The divergence replication is halted on, if any.
+        self.divergence: Divergence | None = None
+        #: Divergences found, by kind.
+        self.divergences: dict[str, int] = {"ahead": 0, "behind": 0, "different": 0}
         self._retry_policy = retry_policy
         self._http = http
         self._max_unflushed = max_unflushed
@@ -212,20 +235,13 @@ class Broker(MultiService):
                     self._log.warn("{text}", text=warning)
                 listen = serverFromString(self.reactor, listen)
             self.ha_service = StreamServerEndpointService(listen, self.master_factory)
+            self.ha_service.setName("ha")
+            self.ha_service.setServiceParent(self)
+            # MultiService starts every child; the store is already running.
+            self.running = True
+            self.ha_service.startService()
         else:
             assert self._master_endpoint is not None
-            self.slave_factory = SlaveFactory(
-                commitlog,
-                self.reactor,
-                self.config,
-                max_unflushed=(
-                    None
-                    if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH
-                    else self._max_unflushed
-                ),
-                request_flush=lambda: self.store.flush_now(thorough=True),
-            )
-            self.store.flush_observers.append(self.slave_factory.flushed)
             master = self._master_endpoint
             if isinstance(master, str):
                 kind, positional, keywords = split_description(master)
@@ -234,17 +250,10 @@ class Broker(MultiService):
                 if warning is not None:
                     self._log.warn("{text}", text=warning)
                 master = clientFromString(self.reactor, master)
-            self.ha_service = make_slave_service(
-                master,
-                self.slave_factory,
-                self.reactor,
-                self._retry_policy,
-            )
-        self.ha_service.setName("ha")
-        self.ha_service.setServiceParent(self)
-        # MultiService starts every child; the store is already running.
-        self.running = True
-        self.ha_service.startService()
+            self._master_client = master
+            self.running = True
+            self._build_slave_replication(commitlog)
+            self._check_then_replicate()
         if self._http is not None:
             from twisted.web.server import Site
 
@@ -256,6 +265,123 @@ class Broker(MultiService):
             self.http_service.setName("http")
             self.http_service.setServiceParent(self)
             self.http_service.startService()
+
+    # -- the slave's replication and its divergence checks ------------------
+
+    def _build_slave_replication(self, commitlog: CommitLog) -> None:
+        if self.slave_factory is not None:
+            self.store.flush_observers.remove(self.slave_factory.flushed)
+        self.slave_factory = SlaveFactory(
+            commitlog,
+            self.reactor,
+            self.config,
+            max_unflushed=(
+                None
+                if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH
+                else self._max_unflushed
+            ),
+            request_flush=lambda: self.store.flush_now(thorough=True),
+            on_suspect=self._suspect,
+        )
+        self.store.flush_observers.append(self.slave_factory.flushed)
+        self.ha_service = make_slave_service(
+            self._master_client, self.slave_factory, self.reactor, self._retry_policy
+        )
+        self.ha_service.setName("ha")
+        # A running parent would start it at once; the divergence check
+        # decides when it starts.
+        running, self.running = self.running, False
+        self.ha_service.setServiceParent(self)
+        self.running = running
+
+    def _suspect(self) -> None:
+        """
+        A connection ended before the master sent anything, or on an
+        offset mismatch: check for divergence (replication keeps retrying
+        meanwhile, with its back-off).
+        """
+        if self.running and not self._checking and self.divergence is None:
+            self._check_then_replicate()
+
+    def _check_then_replicate(self) -> None:
+        self._checking = True
+        d = Deferred.fromCoroutine(self._check_divergence())
+        d.addCallback(lambda found: Deferred.fromCoroutine(self._act_on(found)))
+        d.addErrback(lambda f: self._log.failure("checking for divergence", f))
+
+        def done(result: object) -> object:
+            self._checking = False
+            return result
+
+        d.addBoth(done)
+
+    async def _check_divergence(self) -> Divergence | None:
+        if self._on_divergence is None:
+            return None
+        # Where this log ends, taken before the master's offsets are: the
+        # master's max can only have grown since, so replication running
+        # meanwhile cannot look like "ahead".
+        slave_end = self.commitlog.record_end
+        session = await probe(self.reactor, self._master_client, self._probe_timeout)
+        if session is None:
+            if not self._classic_logged:
+                self._classic_logged = True
+                self._log.info(
+                    "the master does not answer the rmqha control extension "
+                    "(a RocketMQ master?): replicating classically, without "
+                    "divergence checks"
+                )
+            return None
+        client, info = session
+        try:
+            return await find_divergence(self.commitlog, client, info, slave_end=slave_end)
+        finally:
+            client.close()
+
+    async def _act_on(self, divergence: Divergence | None) -> None:
+        if not self.running:
+            return
+        service = self.ha_service
+        if divergence is None:
+            if service is not None and not service.running:
+                service.startService()
+            return
+        self.divergence = divergence
+        self.divergences[divergence.kind] += 1
+        mode = self._on_divergence
+        if mode == "truncate" and divergence.truncate_to is None:
+            mode = "halt"
+        self._log.warn(
+            "divergence: {what}; on-divergence={mode}",
+            what=divergence.describe(),
+            mode=mode,
+        )
+        if service is not None and service.running:
+            await service.stopService()
+        if mode == "halt":
+            return
+        if mode == "truncate":
+            assert divergence.truncate_to is not None
+            self.commitlog.truncate_replica(divergence.truncate_to)
+        else:
+            await self._rebootstrap()
+        self.divergence = None
+        if self.running and self.ha_service is not None:
+            self.ha_service.startService()
+
+    async def _rebootstrap(self) -> None:
+        """
+        Move the store aside (never deleted) and start an empty one.
+        """
+        old = self.commitlog.store_dir
+        await self.store.stopService()
+        aside = f"{old}.diverged-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+        os.rename(old, aside)
+        self._log.warn("moved the diverged store aside to {aside}", aside=aside)
+        self.store.startService()
+        if self.ha_service is not None:
+            self.ha_service.disownServiceParent()
+        self._build_slave_replication(self.commitlog)
 
     def stopService(self) -> Deferred[None]:
         """

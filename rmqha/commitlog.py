@@ -882,6 +882,12 @@ class CommitLog:
             keep = max(0, offset - segment.start)
             _zero_after(segment.mm, keep, segment.wrote)
             segment.wrote = keep
+        # Segments that now begin past the cut go (their files too): the
+        # next append must land in the segment holding the cut.
+        while len(self._segments) > 1 and self._segments[-1].start > offset:
+            segment = self._segments.pop()
+            segment.close()
+            os.unlink(segment.path)
 
     def discard_incomplete_record(self) -> None:
         """
@@ -892,6 +898,40 @@ class CommitLog:
         self._check_writable()
         if self._record_end != self.max_offset:
             self._cut_incomplete_tail("before asking the master for it again")
+
+    def record_start_at_or_before(self, offset: int) -> int:
+        """
+        The start of the record (or BLANK filler) holding C{offset}, found
+        by hopping record headers from its segment's start.
+        """
+        segment, position, _ = self._locate(min(offset, self.max_offset), 0)
+        if position == segment.size:
+            return segment.start + position
+        hop = 0
+        while True:
+            if hop + 8 > segment.wrote:
+                return segment.start + hop
+            total, magic = _BLANK_HEADER.unpack(segment.pread(hop, 8))
+            if total <= 0 or hop + total > position:
+                return segment.start + hop
+            hop += total
+
+    def truncate_replica(self, offset: int) -> None:
+        """
+        Cut the log back to C{offset}, a record boundary at or after its
+        min offset: what a diverged slave does to resume from the last
+        offset it shares with its master.  The bytes are zeroed.
+        """
+        self._check_writable()
+        if not self.min_offset <= offset <= self.max_offset:
+            raise OffsetOutOfRangeError(offset, self.min_offset, self.max_offset)
+        if offset == self.max_offset:
+            return
+        self._truncate_replica(offset)
+        self._record_end = offset
+        self._flushed = min(self._flushed, offset)
+        self._queue_table = None
+        self._log.warn("cut the log back to offset {offset}", offset=offset)
 
     @property
     def record_end(self) -> int:

@@ -17,6 +17,7 @@ slave's acknowledgement (its max offset).
 from __future__ import annotations
 
 import enum
+import hashlib
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
@@ -35,7 +36,18 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
-from rmqha._wire import MAX_BODY_SIZE, ProtocolError, ReportDecoder, encode_header
+from rmqha._wire import (
+    CONTROL_MAX_DIGEST_RANGE,
+    CONTROL_REQUEST_SIZE,
+    MAX_BODY_SIZE,
+    ProtocolError,
+    ReportDecoder,
+    decode_digest_request,
+    encode_control_hello,
+    encode_control_info,
+    encode_digest_answer,
+    encode_header,
+)
 from rmqha.commitlog import CommitLog, StoreError
 from rmqha.tls import PeerPolicy
 
@@ -97,6 +109,7 @@ class SlaveStatus:
 
 class _State(enum.Enum):
     HANDSHAKING = "TLS handshake"
+    CONTROL = "rmqha control session"
     AWAITING_REPORT = "awaiting first report"
     TRANSFERRING = "transferring"
     CLOSED = "closed"
@@ -146,6 +159,10 @@ class MasterConnection(Protocol):
         self.identity: str | None = None
         self.tls = False
         self._state = _State.AWAITING_REPORT
+        # The first bytes, until we know whether this is a control session.
+        self._head: bytearray | None = bytearray()
+        self._control = bytearray()
+        self._control_mode = False
         self._reports = ReportDecoder()
         self._paused = False
         self._producing = False
@@ -207,6 +224,12 @@ class MasterConnection(Protocol):
             self.drop("data arrived before the TLS handshake completed")
             return
         self._last_read = self.factory.clock.seconds()
+        if self._state is _State.CONTROL or (
+            self._state is _State.AWAITING_REPORT and self._head is not None
+        ):
+            data = self._control_or_classic(data)
+            if not data:
+                return
         try:
             offset = self._reports.feed(data)
         except ProtocolError as e:
@@ -218,6 +241,62 @@ class MasterConnection(Protocol):
             self._start(offset)
         else:
             self._acknowledged(offset)
+
+    # -- the rmqha control extension (docs/protocol.md) ----------------------
+
+    def _control_or_classic(self, data: bytes) -> bytes:
+        """
+        Until 8 bytes have come: is this an rmqha control session (its
+        hello) or a classic slave (its first report)?  Control requests are
+        answered here; classic bytes are returned for the report decoder.
+        """
+        if self._state is _State.AWAITING_REPORT:
+            assert self._head is not None
+            self._head += data
+            if len(self._head) < 8:
+                return b""
+            head, self._head = bytes(self._head), None
+            if head[:8] != encode_control_hello():
+                return head
+            self._state = _State.CONTROL
+            self._control_mode = True
+            # Not a slave: no producer, not in the status or the quorum.
+            self.factory.connections.discard(self)
+            IConsumer(self.transport).unregisterProducer()
+            commitlog = self.factory.commitlog
+            self.transport.write(  # type: ignore[union-attr]
+                encode_control_info(
+                    commitlog.min_offset, commitlog.max_offset, commitlog.segment_size
+                )
+            )
+            data = head[8:]
+        self._control += data
+        while len(self._control) >= CONTROL_REQUEST_SIZE:
+            try:
+                start, end = decode_digest_request(self._control)
+            except ProtocolError as e:
+                self.drop(f"control session: {e}")
+                return b""
+            del self._control[:CONTROL_REQUEST_SIZE]
+            self.transport.write(self._digest(start, end))  # type: ignore[union-attr]
+        return b""
+
+    def _digest(self, start: int, end: int) -> bytes:
+        commitlog = self.factory.commitlog
+        if not (
+            commitlog.min_offset <= start <= end <= commitlog.max_offset
+            and end - start <= CONTROL_MAX_DIGEST_RANGE
+        ):
+            return encode_digest_answer(-1, -1, bytes(16))
+        digest = hashlib.blake2b(digest_size=16)
+        position = start
+        while position < end:
+            chunk = commitlog.read(position, end - position)
+            if not chunk:
+                return encode_digest_answer(-1, -1, bytes(16))
+            digest.update(chunk)
+            position += len(chunk)
+        return encode_digest_answer(start, end, digest.digest())
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._state is not _State.CLOSED:
@@ -233,7 +312,7 @@ class MasterConnection(Protocol):
         self.factory.connections.discard(self)
         if self.ack_offset is not None:
             self.factory.acks_changed()
-        if self.transport is not None:
+        if self.transport is not None and self._control_mode is False:
             IConsumer(self.transport).unregisterProducer()
 
     # -- reports -----------------------------------------------------------

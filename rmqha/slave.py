@@ -71,6 +71,7 @@ class SlaveConnection(Protocol):
         self._tls = False
         self._handshake_done = False
         self._received = False
+        self._mismatch = False
         self._reading_paused = False
         self._last_read = 0.0
         self._last_report = 0.0
@@ -138,6 +139,7 @@ class SlaveConnection(Protocol):
                 self.master_offset = frame.offset
                 expected = commitlog.max_offset
                 if frame.offset != expected and commitlog.has_data():
+                    self._mismatch = True
                     self._drop(
                         f"master sent offset {frame.offset}, this slave's max "
                         f"offset is {expected}"
@@ -256,6 +258,8 @@ class SlaveConnection(Protocol):
                 )
         else:
             self.factory.fruitless_connections = 0
+        if not self._received or self._mismatch:
+            self.factory.suspect()
         self._closed = True
         self._report_timer.stop()
         self._housekeeping.stop()
@@ -280,6 +284,7 @@ class SlaveFactory(Factory):
         on_appended: Callable[[], None] | None = None,
         max_unflushed: int | None = None,
         request_flush: Callable[[], object] | None = None,
+        on_suspect: Callable[[], None] | None = None,
     ) -> None:
         """
         @param max_unflushed: pause reading from the master while more
@@ -287,6 +292,9 @@ class SlaveFactory(Factory):
             as with C{SYNC_FLUSH}, where every append is flushed).
         @param request_flush: starts a flush now (the store service's
             C{flush_now}).
+        @param on_suspect: called when a connection ends before the master
+            sent anything, or on an offset mismatch: signs the logs may have
+            diverged (the broker checks).
         """
         self.commitlog = commitlog
         self.clock = clock
@@ -303,6 +311,7 @@ class SlaveFactory(Factory):
         self._on_appended = on_appended
         self.max_unflushed = max_unflushed
         self._request_flush = request_flush
+        self._on_suspect = on_suspect
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)
@@ -310,6 +319,10 @@ class SlaveFactory(Factory):
     def notify_appended(self) -> None:
         if self._on_appended is not None:
             self._on_appended()
+
+    def suspect(self) -> None:
+        if self._on_suspect is not None:
+            self._on_suspect()
 
     def request_flush(self) -> None:
         if self._request_flush is not None:

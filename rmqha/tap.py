@@ -154,6 +154,15 @@ def _master_address(text: str) -> str:
     return f"tcp:host={host.replace(':', chr(92) + ':')}:port={port}"
 
 
+def _on_divergence(text: str) -> str | None:
+    value = text.strip().lower()
+    if value == "off":
+        return None
+    if value not in ("halt", "truncate", "rebootstrap"):
+        raise ValueError(f"{text!r} is not halt, truncate, rebootstrap or off")
+    return value
+
+
 def _peers(text: str) -> frozenset[str]:
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
     if not names:
@@ -200,6 +209,7 @@ _SETTINGS = [
     _Setting("sync-flush-timeout", "syncFlushTimeout", _positive_ms),
     _Setting("in-sync-replicas", "inSyncReplicas", _replicas),
     _Setting("min-in-sync-replicas", "minInSyncReplicas", _replicas),
+    _Setting("on-divergence", "haOnDivergence", _on_divergence),
     _Setting("tls-cert", "haTlsCert", str),
     _Setting("tls-key", "haTlsKey", str),
     _Setting("tls-ca", "haTlsCa", str),
@@ -223,6 +233,7 @@ _DEFAULTS: dict[str, Any] = {
     "in-sync-replicas": 2,
     "min-in-sync-replicas": 1,
     "tls-require-client-cert": False,
+    "on-divergence": "halt",
 }
 
 
@@ -320,6 +331,13 @@ class Options(usage.Options):
             None,
             "admin HTTP (/status, /metrics, produce) on this Twisted server "
             "endpoint, e.g. tcp:8080:interface=127.0.0.1",
+        ],
+        [
+            "on-divergence",
+            None,
+            None,
+            "slave: when its log has diverged from the master's: halt (default), "
+            "truncate, rebootstrap, or off [haOnDivergence]",
         ],
         [
             "tls-cert",
@@ -529,6 +547,7 @@ def makeService(options: Options) -> IService:
         ha_listen=ha_listen,
         master_endpoint=master,
         peer_policy=policy,
+        on_divergence=s["on-divergence"],
         http=s.get("http"),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],

@@ -1326,3 +1326,31 @@ class ResourceTests(SynchronousTestCase):
         self.assertGreaterEqual(len(log._segments), 5)
         self.assertEqual([s for s in log._segments if s._mm is not None], [last])
         self.assertEqual(set(self.open_commitlog_files(log)), {os.path.basename(last.path)})
+
+
+class TruncateReplicaTests(SynchronousTestCase):
+    """
+    C{truncate_replica}: a diverged slave cuts back to a common offset.
+    """
+
+    def test_cut_across_segments_then_append(self) -> None:
+        """
+        A cut inside the first of three segments zeroes the rest, removes
+        the later segment files, and the next append lands right there.
+        """
+        source = open_store(self, segment_size=SEGMENT)
+        for _ in range(6):
+            source.put(make_message(body_for_size(300)))  # 305 bytes with topic "TopicA"
+        log = open_store(self, segment_size=SEGMENT)
+        position = 0
+        while position < source.max_offset:
+            chunk = source.read(position, source.max_offset - position)
+            log.append_at(position, chunk)
+            position += len(chunk)
+        self.assertGreaterEqual(len(os.listdir(log.commitlog_dir)), 3)
+        log.truncate_replica(305)
+        self.assertEqual((log.max_offset, log.record_end), (305, 305))
+        self.assertEqual(os.listdir(log.commitlog_dir), [segment_file_name(0)])
+        log.append_at(305, source.read(305, SEGMENT - 305))
+        self.assertEqual(log.max_offset, SEGMENT)
+        self.assertRaises(OffsetOutOfRangeError, log.truncate_replica, SEGMENT + 1)

@@ -143,6 +143,7 @@ class OptionsTests(SynchronousTestCase):
             (("--role", "slave"), "--master"),
             (("--role", "slave", "--master", "nohost"), "--master"),
             (("--batch-size", "5m"), "haTransferBatchSize"),
+            (("--on-divergence", "panic"), "--on-divergence"),
         ]
         for extra, needle in flag_cases:
             argv = extra if extra == () else ("--store-dir", "s", *extra)
@@ -156,6 +157,7 @@ class OptionsTests(SynchronousTestCase):
             ("mappedFileSizeCommitLog=100", "mappedFileSizeCommitLog"),
             ("haSlaveFallbehindMax=lots", "haSlaveFallbehindMax"),
             ("slaveTimeout=0", "slaveTimeout"),
+            ("haOnDivergence=panic", "haOnDivergence"),
         ]:
             path = self.conf(f"storePathRootDir=s\n{line}\n")
             e = self.assertRaises(UsageError, self.parse, "--config", path)

@@ -1,0 +1,253 @@
+# -*- test-case-name: tests.test_divergence -*-
+"""
+Telling whether a slave's log has diverged from its master's, with the
+rmqha control extension (docs/protocol.md).
+
+L{probe} opens a control session on the master's HA port; a genuine
+RocketMQ master does not answer it (L{probe} gives C{None}: classic only).
+L{find_divergence} then compares: the slave is I{behind} when its log ends
+before the master's oldest segment, I{different} when the bytes they both
+hold differ (the tail window is compared by digests, then narrowed to the
+first differing byte), and I{ahead} when it holds more than the master.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.python.failure import Failure
+
+from rmqha._wire import (
+    CONTROL_INFO,
+    ProtocolError,
+    CONTROL_DIGEST_SIZE,
+    CONTROL_INFO_SIZE,
+    CONTROL_MAX_DIGEST_RANGE,
+    decode_control_info,
+    decode_digest_answer,
+    encode_control_hello,
+    encode_digest_request,
+)
+from rmqha.commitlog import CommitLog
+
+__all__ = ["MasterInfo", "Divergence", "ControlClient", "probe", "find_divergence"]
+
+_INFO_CODE = CONTROL_INFO.to_bytes(8, "big", signed=True)
+
+#: How much of the common tail is compared on every check.
+TAIL_WINDOW = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MasterInfo:
+    min_offset: int
+    max_offset: int
+    segment_size: int
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """
+    What a check found.
+
+    @ivar kind: C{"ahead"}, C{"behind"} or C{"different"}.
+    @ivar slave_offset: where the slave's whole records end.
+    @ivar master_offset: the master's max offset (its min offset for
+        C{"behind"}).
+    @ivar first_difference: for C{"different"}, the first byte that differs.
+    @ivar truncate_to: where the slave may be cut back to to resume (the
+        master's max offset when ahead, the start of the record holding the
+        first difference when different); C{None} when behind.
+    """
+
+    kind: str
+    slave_offset: int
+    master_offset: int
+    first_difference: int | None = None
+    truncate_to: int | None = None
+
+    def describe(self) -> str:
+        if self.kind == "behind":
+            return (
+                f"the slave's log ends at {self.slave_offset}, before the master's oldest "
+                f"segment at {self.master_offset}: it can never catch up"
+            )
+        if self.kind == "ahead":
+            return (
+                f"the slave holds bytes up to {self.slave_offset}, past the master's max "
+                f"offset {self.master_offset}: the master lost data"
+            )
+        return (
+            f"the slave's bytes differ from the master's at offset {self.first_difference} "
+            f"(the record at {self.truncate_to})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "slave_offset": self.slave_offset,
+            "master_offset": self.master_offset,
+            "first_difference": self.first_difference,
+            "truncate_to": self.truncate_to,
+        }
+
+
+class ControlClient(Protocol):
+    """
+    The slave's end of a control session.
+    """
+
+    def __init__(self) -> None:
+        self.info: Deferred[MasterInfo] = Deferred()
+        self._buffer = bytearray()
+        self._waiting: deque[Deferred[bytes | None]] = deque()
+        self._closed = False
+
+    def connectionMade(self) -> None:
+        self.transport.write(encode_control_hello())  # type: ignore[union-attr]
+
+    def dataReceived(self, data: bytes) -> None:
+        self._buffer += data
+        if not self.info.called:
+            if len(self._buffer) >= 8 and bytes(self._buffer[:8]) != _INFO_CODE:
+                # A classic master (a heartbeat frame), or garbage.
+                self.info.errback(ProtocolError("the master does not speak rmqha control"))
+                self.close()
+                return
+            if len(self._buffer) < CONTROL_INFO_SIZE:
+                return
+            decoded = decode_control_info(bytes(self._buffer[:CONTROL_INFO_SIZE]))
+            if decoded is None:
+                self.info.errback(ProtocolError("malformed control INFO"))
+                self.close()
+                return
+            del self._buffer[:CONTROL_INFO_SIZE]
+            self.info.callback(MasterInfo(*decoded))
+        while len(self._buffer) >= CONTROL_DIGEST_SIZE and self._waiting:
+            start, _, digest = decode_digest_answer(self._buffer[:CONTROL_DIGEST_SIZE])
+            del self._buffer[:CONTROL_DIGEST_SIZE]
+            self._waiting.popleft().callback(None if start < 0 else digest)
+
+    def digest(self, start: int, end: int) -> Deferred[bytes | None]:
+        """
+        The master's digest of C{[start, end)} (at most 16 MiB), or C{None}
+        when it refuses the range.
+        """
+        d: Deferred[bytes | None] = Deferred()
+        if self._closed:
+            d.errback(ConnectionError("the control session is closed"))
+            return d
+        self._waiting.append(d)
+        self.transport.write(encode_digest_request(start, end))  # type: ignore[union-attr]
+        return d
+
+    def close(self) -> None:
+        if not self._closed and self.transport is not None:
+            self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._closed = True
+        if not self.info.called:
+            self.info.errback(reason)
+        while self._waiting:
+            self._waiting.popleft().errback(reason)
+
+
+async def probe(
+    clock: IReactorTime, endpoint: IStreamClientEndpoint, timeout: float = 3.0
+) -> tuple[ControlClient, MasterInfo] | None:
+    """
+    A control session with the master, or C{None} when it does not speak
+    the extension (no INFO within C{timeout}) or cannot be reached.
+    """
+    try:
+        client = await endpoint.connect(Factory.forProtocol(ControlClient))
+    except Exception:
+        return None
+    assert isinstance(client, ControlClient)
+    client.info.addTimeout(timeout, clock)
+    try:
+        info = await client.info
+    except Exception:
+        client.close()
+        return None
+    return client, info
+
+
+def _local_digest(commitlog: CommitLog, start: int, end: int) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    position = start
+    while position < end:
+        chunk = commitlog.read(position, end - position)
+        if not chunk:
+            break
+        digest.update(chunk)
+        position += len(chunk)
+    return digest.digest()
+
+
+async def _same(client: ControlClient, commitlog: CommitLog, start: int, end: int) -> bool:
+    position = start
+    while position < end:
+        step = min(end, position + CONTROL_MAX_DIGEST_RANGE)
+        theirs = await client.digest(position, step)
+        if theirs != _local_digest(commitlog, position, step):
+            return False
+        position = step
+    return True
+
+
+async def find_divergence(
+    commitlog: CommitLog,
+    client: ControlClient,
+    info: MasterInfo,
+    window: int = TAIL_WINDOW,
+    slave_end: int | None = None,
+) -> Divergence | None:
+    """
+    Compare this slave's log with the master's; C{None} when the tail
+    window agrees and the slave is neither ahead nor behind.
+
+    @param slave_end: where the slave's records ended before C{info} was
+        obtained (default: now).
+    """
+    if not commitlog.has_data():
+        return None
+    slave_min = commitlog.min_offset
+    if slave_end is None:
+        slave_end = commitlog.record_end
+    if slave_end < info.min_offset:
+        return Divergence("behind", slave_end, info.min_offset)
+    low = max(slave_min, info.min_offset)
+    high = min(slave_end, info.max_offset)
+    if high > low:
+        start = max(low, high - window)
+        if not await _same(client, commitlog, start, high):
+            # [lo, hi) differs; step back a window at a time while the one
+            # before differs too, so the first difference is in [lo, hi).
+            lo, hi = start, high
+            while lo > low and not await _same(client, commitlog, max(low, lo - window), lo):
+                lo, hi = max(low, lo - window), lo
+            # Bisect to one byte: [.., lo) agrees, the difference is in [lo, hi).
+            while hi - lo > 1:
+                middle = (lo + hi) // 2
+                if await _same(client, commitlog, lo, middle):
+                    lo = middle
+                else:
+                    hi = middle
+            return Divergence(
+                "different",
+                slave_end,
+                info.max_offset,
+                lo,
+                commitlog.record_start_at_or_before(lo),
+            )
+    if slave_end > info.max_offset:
+        return Divergence("ahead", slave_end, info.max_offset, None, info.max_offset)
+    return None
