@@ -1103,23 +1103,6 @@ class RecordsAndOpeningTests(SynchronousTestCase):
         self.assertEqual(error.offset, results[1].offset)
         self.assertEqual([r.crc_ok for r in log.records()], [True, False, True])
 
-    def test_ipv6_flags_on_a_small_record(self) -> None:
-        """
-        A small record whose SYSFLAG claims IPv6 hosts (so its body length
-        would sit past its end) is refused, whether it arrived whole or in
-        two pieces (found by python -m rmqha.fuzz: it used to raise
-        struct.error).
-        """
-        good = bytearray(replica_records(0, 98))
-        good[39] |= 0x30  # BORNHOST_V6 | STOREHOST_V6
-        for cut in (len(good), 50):
-            log = open_store(self, segment_size=SEGMENT)
-            with self.assertRaises(CorruptReplicaError) as raised:
-                log.append_at(0, bytes(good[:cut]))
-                log.append_at(cut, bytes(good[cut:]))
-            self.assertIn("too small for its hosts", str(raised.exception))
-            self.assertEqual(log.max_offset, 0)
-
     def test_segment_size_mismatch(self) -> None:
         """
         Opening an existing store with a different segment size fails with

@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import IO, Any, Sequence
 
-from rmqha._record import Blank, RecordError, format_host, parse_record
+from rmqha._record import Blank, RecordError, parse_record
 from rmqha.pipeline.scan import PlanError, hop, segments
 
 __all__ = ["stats", "export", "verify", "VerifyResult", "main"]
@@ -347,16 +347,15 @@ def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
                         return None
                     if isinstance(record, Blank):
                         return None
-                    return {
-                        "offset": record.offset,
-                        "size": record.size,
-                        "topic": record.topic,
-                        "queue_id": record.queue_id,
-                        "queue_offset": record.queue_offset,
-                        "store_host": format_host(record.store_host),
-                    }
+                    from rmqha.cli import record_json
+
+                    fields = record_json(record)
+                    return {k: fields[k] for k in _RECORD_FIELDS}
                 position += total
     return None
+
+
+_RECORD_FIELDS = ("offset", "size", "topic", "queue_id", "queue_offset", "store_host")
 
 
 # -- command line ------------------------------------------------------------

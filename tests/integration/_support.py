@@ -36,3 +36,32 @@ async def until(
             raise AssertionError(f"timed out waiting for {what}")
         await deferLater(reactor, 0.02, lambda: None)
         waited += 0.02
+
+
+def make_broker(
+    reactor: Any,
+    store: str,
+    role: Any,
+    segment_size: int,
+    heartbeat_interval: float = 0.5,
+    housekeeping_interval: float = 5.0,
+    **kwargs: Any,
+) -> Any:
+    """
+    A L{Broker} on C{store} for the real-socket tests: fast heartbeats,
+    reconnects every 0.1 s, the reactor's clock for the store.
+    """
+    from rmqha.broker import Broker
+    from rmqha.commitlog import CommitLog
+    from rmqha.master import HAConfig
+
+    return Broker(
+        reactor,
+        lambda: CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds),
+        role,
+        config=HAConfig(
+            heartbeat_interval=heartbeat_interval, housekeeping_interval=housekeeping_interval
+        ),
+        retry_policy=lambda attempt: 0.1,
+        **kwargs,
+    )

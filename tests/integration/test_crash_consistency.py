@@ -26,7 +26,6 @@ from twisted.internet.task import deferLater
 from rmqha.commitlog import CommitLog, Record, verify_store
 from rmqha.testing import twistd_command
 
-from tests.integration._support import until
 
 SEGMENT = 4 * 1024 * 1024
 

@@ -16,9 +16,8 @@ import pytest_twisted
 from rmqha.admin import status
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog, Message
-from rmqha.master import HAConfig
 
-from tests.integration._support import store_digest, until
+from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 256 * 1024
 
@@ -30,14 +29,7 @@ def _fill(store: str, count: int, body: bytes = b"m") -> None:
 
 
 def _broker(reactor: Any, store: str, role: Role, **kwargs: Any) -> Broker:
-    return Broker(
-        reactor,
-        lambda: CommitLog.open(store, segment_size=SEGMENT, clock=reactor.seconds),
-        role,
-        config=HAConfig(heartbeat_interval=0.2, housekeeping_interval=3.0),
-        retry_policy=lambda attempt: 0.1,
-        **kwargs,
-    )
+    return make_broker(reactor, store, role, SEGMENT, heartbeat_interval=0.2, housekeeping_interval=3.0, **kwargs)
 
 
 async def _run(reactor: Any, tmp_path: Any, mode: str) -> tuple[Broker, Broker]:

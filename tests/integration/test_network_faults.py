@@ -17,24 +17,16 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.task import deferLater
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
+from rmqha.commitlog import Message
 from rmqha.faultproxy import FaultProxy
-from rmqha.master import HAConfig
 
-from tests.integration._support import store_digest, until
+from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 4 * 1024 * 1024
 
 
 def _broker(reactor: Any, store: str, role: Role, **kwargs: Any) -> Broker:
-    return Broker(
-        reactor,
-        lambda: CommitLog.open(store, segment_size=SEGMENT, clock=reactor.seconds),
-        role,
-        config=HAConfig(heartbeat_interval=0.2, housekeeping_interval=1.0),
-        retry_policy=lambda attempt: 0.1,
-        **kwargs,
-    )
+    return make_broker(reactor, store, role, SEGMENT, heartbeat_interval=0.2, housekeeping_interval=1.0, **kwargs)
 
 
 @pytest_twisted.ensureDeferred

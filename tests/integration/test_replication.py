@@ -14,10 +14,9 @@ import pytest_twisted
 from twisted.internet.task import deferLater
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
-from rmqha.master import HAConfig
+from rmqha.commitlog import Message
 
-from tests.integration._support import store_digest, until
+from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 8 * 1024 * 1024
 BODY = 1024
@@ -26,14 +25,7 @@ COUNT = 64 * 1024 * 1024 // 1141 + 1000
 
 
 def _broker(reactor: Any, store: str, role: Role, **kwargs: Any) -> Broker:
-    return Broker(
-        reactor,
-        lambda: CommitLog.open(store, segment_size=SEGMENT, clock=reactor.seconds),
-        role,
-        config=HAConfig(heartbeat_interval=0.5, housekeeping_interval=5.0),
-        retry_policy=lambda attempt: 0.1,
-        **kwargs,
-    )
+    return make_broker(reactor, store, role, SEGMENT, **kwargs)
 
 
 @pytest_twisted.ensureDeferred

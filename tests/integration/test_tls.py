@@ -17,24 +17,16 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from rmqha import certs
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
-from rmqha.master import HAConfig
+from rmqha.commitlog import Message
 from rmqha.tls import PeerPolicy, TLSFiles, client_endpoint, server_endpoint
 
-from tests.integration._support import store_digest, until
+from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 1024 * 1024
 
 
 def _broker(reactor: Any, store: str, role: Role, **kwargs: Any) -> Broker:
-    return Broker(
-        reactor,
-        lambda: CommitLog.open(store, segment_size=SEGMENT, clock=reactor.seconds),
-        role,
-        config=HAConfig(heartbeat_interval=0.5, housekeeping_interval=5.0),
-        retry_policy=lambda attempt: 0.1,
-        **kwargs,
-    )
+    return make_broker(reactor, store, role, SEGMENT, **kwargs)
 
 
 def _pki(directory: str) -> dict[str, Any]:
