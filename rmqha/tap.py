@@ -217,6 +217,12 @@ _SETTINGS = [
     _Setting("tls-server-name", "haTlsServerName", _name),
 ]
 
+#: Flags (no value on the command line) and their broker.conf true/false keys.
+_FLAG_KEYS = [
+    ("sync-from-last-file", "syncFromLastFile"),
+    ("tls-require-client-cert", "haTlsRequireClientCert"),
+]
+
 _DEFAULTS: dict[str, Any] = {
     "role": Role.MASTER,
     "flush-disk-type": FlushDiskType.ASYNC_FLUSH,
@@ -405,20 +411,14 @@ class Options(usage.Options):
                         settings[setting.option] = setting.parse(self[setting.option])
                     except ValueError as e:
                         raise ValueError(f"--{setting.option}: {e}") from None
-            if "syncFromLastFile" in conf:
-                try:
-                    settings["sync-from-last-file"] = _bool(conf["syncFromLastFile"])
-                except ValueError as e:
-                    raise ValueError(f"syncFromLastFile in {self['config']}: {e}") from None
-            if self["sync-from-last-file"]:
-                settings["sync-from-last-file"] = True
-            if "haTlsRequireClientCert" in conf:
-                try:
-                    settings["tls-require-client-cert"] = _bool(conf["haTlsRequireClientCert"])
-                except ValueError as e:
-                    raise ValueError(f"haTlsRequireClientCert in {self['config']}: {e}") from None
-            if self["tls-require-client-cert"]:
-                settings["tls-require-client-cert"] = True
+            for option, key in _FLAG_KEYS:
+                if key in conf:
+                    try:
+                        settings[option] = _bool(conf[key])
+                    except ValueError as e:
+                        raise ValueError(f"{key} in {self['config']}: {e}") from None
+                if self[option]:
+                    settings[option] = True
             if settings["min-in-sync-replicas"] > settings["in-sync-replicas"]:
                 raise ValueError(
                     f"--min-in-sync-replicas {settings['min-in-sync-replicas']} is "

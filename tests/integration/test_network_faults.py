@@ -86,9 +86,10 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
         # reconnects (through the still-stalled proxy), then flows again.
         made = factory.connections_made
         proxy.stall()
-        await deferLater(reactor, 2.5, lambda: None)
+        # Housekeeping gives up on the silent peer and the slave reconnects
+        # (through the still-stalled proxy).
+        await until(reactor, lambda: factory.connections_made > made, "a reconnect during the stall")
         proxy.resume()
-        await until(reactor, lambda: factory.connections_made > made, "a reconnect after the stall")
         await caught_up()
 
         # A reset in the middle of the stream (most likely mid-frame).
@@ -101,9 +102,8 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
         # Half-open: bytes vanish, nothing closes; housekeeping notices.
         made = factory.connections_made
         proxy.half_open()
-        await deferLater(reactor, 2.5, lambda: None)
-        proxy.clear()
         await until(reactor, lambda: factory.connections_made > made, "a reconnect after half-open")
+        proxy.clear()
 
         producing = False
         await producer
