@@ -17,12 +17,17 @@ Master to slave, repeated::
 
 C{body} is commit-log bytes starting at C{offset}, never crossing a segment;
 C{size} 0 is a heartbeat (C{offset} is where the master will continue).
-There is no handshake, magic or version.
+There is no handshake, magic or version, and no checksum.
+
+Two rmqha peers may agree on I{checked framing} (docs/protocol.md): the
+same stream with a CRC-32 on every report and every frame, so a byte
+flipped on the way is caught before it is written or counted.
 """
 
 from __future__ import annotations
 
 import struct
+import zlib
 from typing import NamedTuple
 
 __all__ = [
@@ -30,19 +35,29 @@ __all__ = [
     "HEADER_SIZE",
     "MAX_BODY_SIZE",
     "ProtocolError",
+    "ChecksumError",
     "TransferFrame",
     "encode_report",
     "encode_header",
+    "encode_checked_header",
+    "CHECKED_HELLO",
+    "CHECKED_ACK",
+    "CHECKED_REPORT_SIZE",
+    "CHECKED_HEADER_SIZE",
+    "FEATURE_CHECKED_FRAMING",
     "ReportDecoder",
     "TransferDecoder",
     "CONTROL_HELLO",
     "CONTROL_INFO",
     "CONTROL_DIGEST",
+    "CONTROL_REFUSED",
     "CONTROL_MAX_DIGEST_RANGE",
     "CONTROL_INFO_SIZE",
     "CONTROL_REQUEST_SIZE",
     "CONTROL_DIGEST_SIZE",
+    "NotControlError",
     "encode_control_hello",
+    "encode_code",
     "encode_control_info",
     "decode_control_info",
     "encode_digest_request",
@@ -60,10 +75,36 @@ MAX_BODY_SIZE = 4 * 1024 * 1024 - HEADER_SIZE
 _REPORT = struct.Struct(">q")
 _HEADER = struct.Struct(">qi")
 
+# -- checked framing (an rmqha extension, docs/protocol.md) -------------------
+#
+# Negotiated: the slave only asks a master whose control INFO offered it,
+# by sending CHECKED_HELLO as its first 8 bytes; the master confirms with
+# CHECKED_ACK before its first frame.  A RocketMQ peer never sees either.
+
+#: Slave to master, the first 8 bytes of a replication connection.
+CHECKED_HELLO = -0x524D514841_0004
+#: Master to slave, the first 8 bytes of its answer to CHECKED_HELLO.
+CHECKED_ACK = -0x524D514841_0005
+#: The control INFO feature bit of a master that speaks checked framing.
+FEATURE_CHECKED_FRAMING = 1
+#: Report: offset, CRC-32 of the 8 offset bytes.
+_CHECKED_REPORT = struct.Struct(">qI")
+#: Header: offset, size, CRC-32 of the body, CRC-32 of the 16 bytes before.
+_CHECKED_HEADER = struct.Struct(">qiII")
+CHECKED_REPORT_SIZE = _CHECKED_REPORT.size
+CHECKED_HEADER_SIZE = _CHECKED_HEADER.size
+_CHECKED_ACK_BYTES = _REPORT.pack(CHECKED_ACK)
+
 
 class ProtocolError(ValueError):
     """
     A peer sent something the protocol does not allow; the text says what.
+    """
+
+
+class ChecksumError(ProtocolError):
+    """
+    Checked framing: bytes do not match the CRC sent with them.
     """
 
 
@@ -87,12 +128,16 @@ def _check_offset(offset: int) -> None:
         raise ValueError(f"offset {offset} is outside 0..2**63-1")
 
 
-def encode_report(offset: int) -> bytes:
+def encode_report(offset: int, checked: bool = False) -> bytes:
     """
-    The 8-byte report of a slave whose commit log ends at C{offset}.
+    The report of a slave whose commit log ends at C{offset}: 8 bytes, or
+    12 with checked framing.
     """
     _check_offset(offset)
-    return _REPORT.pack(offset)
+    report = _REPORT.pack(offset)
+    if checked:
+        return report + zlib.crc32(report).to_bytes(4, "big")
+    return report
 
 
 def encode_header(offset: int, size: int) -> bytes:
@@ -106,6 +151,22 @@ def encode_header(offset: int, size: int) -> bytes:
     return _HEADER.pack(offset, size)
 
 
+def encode_checked_header(offset: int, body: bytes | memoryview) -> bytes:
+    """
+    The 20-byte checked-framing header of a frame carrying C{body} from
+    C{offset} (an empty body: a heartbeat).
+    """
+    head = encode_header(offset, len(body)) + zlib.crc32(body).to_bytes(4, "big")
+    return head + zlib.crc32(head).to_bytes(4, "big")
+
+
+def _crc_error(what: str, sent: int, computed: int) -> "ChecksumError":
+    return ChecksumError(
+        f"{what} fails its checksum (sent {sent:08x}, computed {computed:08x}): "
+        f"bytes were damaged on the way"
+    )
+
+
 class ReportDecoder:
     """
     The master's side: slave reports, parsed the way RocketMQ's master
@@ -115,8 +176,14 @@ class ReportDecoder:
     intermediate acks in one read are skipped.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, checked: bool = False) -> None:
+        """
+        @param checked: reports are checked-framing reports (12 bytes, each
+            one's CRC verified).
+        """
         self._partial = b""
+        self.checked = checked
+        self._size = CHECKED_REPORT_SIZE if checked else REPORT_SIZE
         #: Reports decoded so far, skipped ones included.
         self.count = 0
 
@@ -126,15 +193,24 @@ class ReportDecoder:
 
         @return: the last report they complete, or C{None}.
         @raise ProtocolError: that report is a negative offset.
+        @raise ChecksumError: with checked framing, a report they complete
+            (skipped ones included) fails its CRC.
         """
         if self._partial:
             data = self._partial + data
-        whole = len(data) - len(data) % REPORT_SIZE
+        size = self._size
+        whole = len(data) - len(data) % size
         self._partial = data[whole:]
         if not whole:
             return None
-        self.count += whole // REPORT_SIZE
-        (offset,) = _REPORT.unpack_from(data, whole - REPORT_SIZE)
+        self.count += whole // size
+        if self.checked:
+            for position in range(0, whole, size):
+                offset, crc = _CHECKED_REPORT.unpack_from(data, position)
+                computed = zlib.crc32(data[position : position + 8])
+                if crc != computed:
+                    raise _crc_error(f"the report of offset {offset}", crc, computed)
+        (offset,) = _REPORT.unpack_from(data, whole - size)
         if offset < 0:
             raise ProtocolError(f"slave reported a negative offset {offset}")
         return offset
@@ -152,12 +228,23 @@ class TransferDecoder:
     are immutable); only a frame cut across reads is assembled in a buffer.
     """
 
-    def __init__(self, max_body_size: int = MAX_BODY_SIZE) -> None:
+    def __init__(self, max_body_size: int = MAX_BODY_SIZE, checked: bool = False) -> None:
+        """
+        @param checked: the stream is checked framing: it starts with
+            C{CHECKED_ACK}, headers are 20 bytes and every header's and
+            body's CRC is verified (a header's as soon as it is here).
+        """
         if not 0 <= max_body_size <= MAX_BODY_SIZE:
             raise ValueError(
                 f"max body size {max_body_size} is outside 0..{MAX_BODY_SIZE}"
             )
         self.max_body_size = max_body_size
+        self.checked = checked
+        self._header_size = CHECKED_HEADER_SIZE if checked else HEADER_SIZE
+        # Checked framing: the master's confirmation, until it is whole.
+        self._ack: bytearray | None = bytearray() if checked else None
+        # The body CRC of the pending header (checked framing).
+        self._body_crc = 0
         # Bytes of earlier reads not yet returned (at most a frame in
         # normal use), then the latest read and how much of it is used.
         self._partial = bytearray()
@@ -171,15 +258,53 @@ class TransferDecoder:
         """
         return len(self._partial) + len(self._data) - self._position
 
+    @property
+    def confirmed(self) -> bool:
+        """
+        Classic framing, or checked framing the master has confirmed.
+        """
+        return self._ack is None
+
     def feed(self, data: bytes) -> None:
         """
         Add received bytes; take frames with L{next_frame}.
+
+        @raise ProtocolError: checked framing, and the stream does not start
+            with the master's C{CHECKED_ACK}.
         """
+        if self._ack is not None:
+            self._ack += data
+            if len(self._ack) < 8:
+                return
+            if self._ack[:8] != _CHECKED_ACK_BYTES:
+                raise ProtocolError(
+                    "the master did not confirm checked framing (its first 8 bytes "
+                    f"are {bytes(self._ack[:8]).hex()})"
+                )
+            data = bytes(self._ack[8:])
+            self._ack = None
         if self._position < len(self._data):
             # The caller stopped between frames: keep the rest.
             self._partial += self._data[self._position :]
         self._data = memoryview(data)
         self._position = 0
+
+    def _header(self) -> bytes | memoryview | bytearray | None:
+        """
+        The next header's bytes once they are all here.
+        """
+        size = self._header_size
+        partial = self._partial
+        if not partial:
+            if len(self._data) - self._position < size:
+                return None
+            return self._data[self._position : self._position + size]
+        if len(partial) >= size:
+            return partial[:size]
+        if self.buffered >= size:
+            needed = size - len(partial)
+            return bytes(partial) + self._data[self._position : self._position + needed]
+        return None
 
     def pending_header(self) -> tuple[int, int] | None:
         """
@@ -187,21 +312,18 @@ class TransferDecoder:
         even if its body is not (RocketMQ's slave checks the offset then).
 
         @raise ProtocolError: the header is invalid.
+        @raise ChecksumError: checked framing, and the header fails its CRC.
         """
-        partial = self._partial
-        if not partial:
-            if len(self._data) - self._position < HEADER_SIZE:
-                return None
-            offset, size = _HEADER.unpack_from(self._data, self._position)
-        elif len(partial) >= HEADER_SIZE:
-            offset, size = _HEADER.unpack_from(partial, 0)
-        elif self.buffered >= HEADER_SIZE:
-            needed = HEADER_SIZE - len(partial)
-            offset, size = _HEADER.unpack(
-                bytes(partial) + self._data[self._position : self._position + needed]
-            )
-        else:
+        header = self._header()
+        if header is None:
             return None
+        if self.checked:
+            offset, size, self._body_crc, crc = _CHECKED_HEADER.unpack(header)
+            computed = zlib.crc32(header[:16])
+            if crc != computed:
+                raise _crc_error("a frame header", crc, computed)
+        else:
+            offset, size = _HEADER.unpack(header)
         if offset < 0:
             raise ProtocolError(f"master sent a frame at negative offset {offset}")
         if not 0 <= size <= self.max_body_size:
@@ -217,29 +339,38 @@ class TransferDecoder:
 
         @raise ProtocolError: a header is invalid (the stream cannot be
             resynchronised: drop the connection).
+        @raise ChecksumError: checked framing, and a header or body fails
+            its CRC (nothing of that frame is returned).
         """
         header = self.pending_header()
         if header is None:
             return None
         offset, size = header
-        total = HEADER_SIZE + size
+        header_size = self._header_size
+        total = header_size + size
         if self.buffered < total:
             return None
         partial = self._partial
         body: bytes | memoryview
         if not partial:
-            start = self._position + HEADER_SIZE
+            start = self._position + header_size
             body = self._data[start : start + size]
             self._position += total
         elif len(partial) >= total:
-            body = bytes(partial[HEADER_SIZE:total])
+            body = bytes(partial[header_size:total])
             del partial[:total]
         else:
             missing = total - len(partial)
             partial += self._data[self._position : self._position + missing]
             self._position += missing
-            body = bytes(partial[HEADER_SIZE:])
+            body = bytes(partial[header_size:])
             partial.clear()
+        if self.checked:
+            computed = zlib.crc32(body)
+            if computed != self._body_crc:
+                raise _crc_error(
+                    f"the frame of {size} bytes at offset {offset}", self._body_crc, computed
+                )
         return TransferFrame(offset, body)
 
 
@@ -253,61 +384,126 @@ class TransferDecoder:
 
 #: Slave to master, 8 bytes: "rmqha control, version 1".
 CONTROL_HELLO = -0x524D514841_0001
-#: Master to slave: code, min offset, max offset, segment size (28 bytes).
+#: Master to slave: code, min offset, max offset, segment size, feature
+#: bits, CRC-32 of the bytes before it (36 bytes).
 CONTROL_INFO = -0x524D514841_0002
-#: Request: code, start, end (24 bytes); answer: code, start, end, a
-#: 16-byte blake2b digest of the master's bytes [start, end) (40 bytes).
-#: An answer with start = end = -1 refuses the range.
+#: Request: code, start, end, CRC (28 bytes); answer: code, start, end, a
+#: 16-byte blake2b digest of the master's bytes [start, end), CRC (44
+#: bytes).  An answer with start = end = -1 refuses the range.
 CONTROL_DIGEST = -0x524D514841_0003
+#: Master to slave, 8 bytes, then the master closes: a negative first value
+#: that is no code it knows (a hello damaged on the way: try again).  Only
+#: ever sent in answer to a negative value, which RocketMQ slaves never send.
+CONTROL_REFUSED = -0x524D514841_0006
 #: The most bytes one digest request may cover.
 CONTROL_MAX_DIGEST_RANGE = 16 * 1024 * 1024
 
-_CONTROL_INFO = struct.Struct(">qqqi")
+_CONTROL_INFO = struct.Struct(">qqqiI")
 _CONTROL_REQUEST = struct.Struct(">qqq")
 _CONTROL_DIGEST = struct.Struct(">qqq16s")
-CONTROL_INFO_SIZE = _CONTROL_INFO.size
-CONTROL_REQUEST_SIZE = _CONTROL_REQUEST.size
-CONTROL_DIGEST_SIZE = _CONTROL_DIGEST.size
+# Every control message but the hello ends with a CRC-32 of what precedes.
+CONTROL_INFO_SIZE = _CONTROL_INFO.size + 4
+CONTROL_REQUEST_SIZE = _CONTROL_REQUEST.size + 4
+CONTROL_DIGEST_SIZE = _CONTROL_DIGEST.size + 4
+_CONTROL_INFO_CODE = _REPORT.pack(CONTROL_INFO)
+
+
+class NotControlError(ProtocolError):
+    """
+    The peer answered a control hello with something other than INFO: it
+    does not speak the extension (a RocketMQ master).
+    """
+
+
+def _sealed(message: bytes) -> bytes:
+    return message + zlib.crc32(message).to_bytes(4, "big")
+
+
+def _unsealed(data: bytes | bytearray, size: int, what: str) -> bytes:
+    """
+    The first C{size} bytes of C{data} without their trailing CRC.
+
+    @raise ChecksumError: the CRC does not match.
+    """
+    message = bytes(data[: size - 4])
+    sent = int.from_bytes(data[size - 4 : size], "big")
+    computed = zlib.crc32(message)
+    if sent != computed:
+        raise _crc_error(what, sent, computed)
+    return message
 
 
 def encode_control_hello() -> bytes:
     return _REPORT.pack(CONTROL_HELLO)
 
 
-def encode_control_info(min_offset: int, max_offset: int, segment_size: int) -> bytes:
-    return _CONTROL_INFO.pack(CONTROL_INFO, min_offset, max_offset, segment_size)
+def encode_code(code: int) -> bytes:
+    """
+    An 8-byte code (C{CHECKED_HELLO}, C{CHECKED_ACK}, C{CONTROL_REFUSED}).
+    """
+    return _REPORT.pack(code)
 
 
-def decode_control_info(data: bytes) -> tuple[int, int, int] | None:
+def encode_control_info(
+    min_offset: int, max_offset: int, segment_size: int, features: int = 0
+) -> bytes:
+    return _sealed(
+        _CONTROL_INFO.pack(CONTROL_INFO, min_offset, max_offset, segment_size, features)
+    )
+
+
+def decode_control_info(data: bytes | bytearray) -> tuple[int, int, int, int]:
     """
-    C{(min offset, max offset, segment size)}, or C{None} if C{data} is
-    not an INFO message.
+    C{(min offset, max offset, segment size, feature bits)} from the first
+    L{CONTROL_INFO_SIZE} bytes of C{data}.
+
+    @raise NotControlError: C{data} does not start with the INFO code.
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the values are impossible.
     """
-    if len(data) < CONTROL_INFO_SIZE:
-        return None
-    code, min_offset, max_offset, segment_size = _CONTROL_INFO.unpack_from(data)
-    if code != CONTROL_INFO or not 0 <= min_offset <= max_offset or segment_size <= 0:
-        return None
-    return min_offset, max_offset, segment_size
+    if bytes(data[:8]) != _CONTROL_INFO_CODE:
+        raise NotControlError(
+            f"the master answered the control hello with {bytes(data[:8]).hex()}, not INFO"
+        )
+    message = _unsealed(data, CONTROL_INFO_SIZE, "control INFO")
+    _, min_offset, max_offset, segment_size, features = _CONTROL_INFO.unpack(message)
+    if not 0 <= min_offset <= max_offset or segment_size <= 0:
+        raise ProtocolError(
+            f"control INFO is impossible: min offset {min_offset}, max offset "
+            f"{max_offset}, segment size {segment_size}"
+        )
+    return min_offset, max_offset, segment_size, features
 
 
 def encode_digest_request(start: int, end: int) -> bytes:
-    return _CONTROL_REQUEST.pack(CONTROL_DIGEST, start, end)
+    return _sealed(_CONTROL_REQUEST.pack(CONTROL_DIGEST, start, end))
 
 
 def decode_digest_request(data: bytes | bytearray) -> tuple[int, int]:
-    code, start, end = _CONTROL_REQUEST.unpack_from(data)
+    """
+    @raise ChecksumError: the request was damaged.
+    @raise ProtocolError: it is not a DIGEST request.
+    """
+    code, start, end = _CONTROL_REQUEST.unpack(
+        _unsealed(data, CONTROL_REQUEST_SIZE, "control request")
+    )
     if code != CONTROL_DIGEST:
         raise ProtocolError(f"control request code {code} is not DIGEST")
     return start, end
 
 
 def encode_digest_answer(start: int, end: int, digest: bytes) -> bytes:
-    return _CONTROL_DIGEST.pack(CONTROL_DIGEST, start, end, digest)
+    return _sealed(_CONTROL_DIGEST.pack(CONTROL_DIGEST, start, end, digest))
 
 
 def decode_digest_answer(data: bytes | bytearray) -> tuple[int, int, bytes]:
-    code, start, end, digest = _CONTROL_DIGEST.unpack_from(data)
+    """
+    @raise ChecksumError: the answer was damaged.
+    @raise ProtocolError: it is not a DIGEST answer.
+    """
+    code, start, end, digest = _CONTROL_DIGEST.unpack(
+        _unsealed(data, CONTROL_DIGEST_SIZE, "control DIGEST answer")
+    )
     if code != CONTROL_DIGEST:
         raise ProtocolError(f"control answer code {code} is not DIGEST")
     return start, end, digest

@@ -54,6 +54,7 @@ def status(broker: Broker) -> dict[str, Any]:
                 "connected_since": s.connected_since,
                 "transport": s.transport,
                 "identity": s.identity,
+                "framing": s.framing,
             }
             for s in sorted(broker.slaves(), key=lambda s: s.peer)
         ]
@@ -63,8 +64,12 @@ def status(broker: Broker) -> dict[str, Any]:
         result["master"] = broker.master_endpoint
         result["connected"] = connection is not None
         result["lag_bytes"] = 0 if connection is not None and connection.caught_up else None
+        # Checked framing: CRC-32 on every frame and report (docs/protocol.md).
+        result["framing"] = "checked" if factory is not None and factory.checked else "classic"
         # Replication is halted on this, when set (docs/reliability.md).
         result["divergence"] = broker.divergence.as_dict() if broker.divergence else None
+        # Checks of the master that could not finish, in a row (retried).
+        result["failed_checks"] = broker.failed_checks
     return result
 
 
@@ -135,6 +140,7 @@ class _BrokerCollector(Collector):
             yield ack
             yield lag
             yield rate
+            yield _checksum_failures(broker.master_factory)
         else:
             factory = broker.slave_factory
             connected = factory is not None and factory.connection is not None
@@ -161,6 +167,20 @@ class _BrokerCollector(Collector):
                 found.add_metric([kind], count)
             yield halted
             yield found
+            yield _checksum_failures(factory)
+            yield GaugeMetricFamily(
+                "rmqha_failed_checks",
+                "checks of the master (control session) that could not finish, in a row",
+                value=broker.failed_checks,
+            )
+
+
+def _checksum_failures(factory: Any) -> CounterMetricFamily:
+    return CounterMetricFamily(
+        "rmqha_checksum_failures",
+        "checked-framing messages that failed their CRC (damaged on the way; dropped)",
+        value=factory.checksum_failures if factory is not None else 0,
+    )
 
 
 class _Metrics(Resource):

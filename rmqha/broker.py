@@ -19,15 +19,20 @@ import os
 import time
 from typing import Any, Callable
 
-from twisted.application.internet import StreamServerEndpointService
+from twisted.application.internet import StreamServerEndpointService, backoffPolicy
 from twisted.application.service import IService, MultiService
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.endpoints import clientFromString, serverFromString
-from twisted.internet.interfaces import IStreamClientEndpoint, IStreamServerEndpoint
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IStreamClientEndpoint,
+    IStreamServerEndpoint,
+)
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
-from rmqha.divergence import Divergence, find_divergence, probe
+from rmqha.divergence import CheckFailed, Divergence, find_divergence, probe
 from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha.slave import SlaveFactory, make_slave_service
@@ -193,6 +198,10 @@ class Broker(MultiService):
         self._on_divergence = on_divergence
         self._probe_timeout = probe_timeout
         self._checking = False
+        self.failed_checks = 0
+        self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
+        self._check_retry: IDelayedCall | None = None
+        self._checked_framing: bool | None = None
         self._classic_logged = False
         self._master_client: Any = None
         #: The divergence replication is halted on, if any.
@@ -283,6 +292,7 @@ class Broker(MultiService):
             request_flush=lambda: self.store.flush_now(thorough=True),
             on_suspect=self._suspect,
         )
+        self.slave_factory.checked = bool(self._checked_framing)
         self.store.flush_observers.append(self.slave_factory.flushed)
         self.ha_service = make_slave_service(
             self._master_client, self.slave_factory, self.reactor, self._retry_policy
@@ -307,13 +317,39 @@ class Broker(MultiService):
         self._checking = True
         d = Deferred.fromCoroutine(self._check_divergence())
         d.addCallback(lambda found: Deferred.fromCoroutine(self._act_on(found)))
-        d.addErrback(lambda f: self._log.failure("checking for divergence", f))
 
-        def done(result: object) -> object:
+        def done(result: object) -> None:
             self._checking = False
-            return result
+            if isinstance(result, Failure):
+                self._check_failed(result)
+            else:
+                self.failed_checks = 0
 
         d.addBoth(done)
+
+    def _check_failed(self, failure: Failure) -> None:
+        """
+        A check could not finish (the master unreachable, a control session
+        lost or damaged): try again after a back-off.  Replication is left
+        as it was: not started before a first check has finished.
+        """
+        self.failed_checks += 1
+        delay = self._check_backoff(self.failed_checks - 1)
+        if failure.check(CheckFailed):
+            self._log.warn(
+                "divergence check failed: {why}; again in {delay:.1f} s",
+                why=failure.getErrorMessage(),
+                delay=delay,
+            )
+        else:
+            self._log.failure("checking for divergence", failure)
+        if self.running:
+            self._check_retry = self.reactor.callLater(delay, self._retry_check)
+
+    def _retry_check(self) -> None:
+        self._check_retry = None
+        if self.running and not self._checking and self.divergence is None:
+            self._check_then_replicate()
 
     async def _check_divergence(self) -> Divergence | None:
         if self._on_divergence is None:
@@ -323,6 +359,15 @@ class Broker(MultiService):
         # meanwhile cannot look like "ahead".
         slave_end = self.commitlog.record_end
         session = await probe(self.reactor, self._master_client, self._probe_timeout)
+        checked = session is not None and session[1].checked_framing
+        if self._checked_framing != checked:
+            self._checked_framing = checked
+            self._log.info(
+                "checked framing (CRC-32 on every frame and report) {state}",
+                state="on" if checked else "off: the master does not offer it",
+            )
+        if self.slave_factory is not None:
+            self.slave_factory.checked = checked
         if session is None:
             if not self._classic_logged:
                 self._classic_logged = True
@@ -388,6 +433,9 @@ class Broker(MultiService):
         Stop replication, then close the store cleanly.
         """
         self.running = False
+        if self._check_retry is not None:
+            self._check_retry.cancel()
+            self._check_retry = None
         d: Deferred[Any] = succeed(None)
         # The admin interface, then replication, then the store.
         for service in (self.http_service, self.ha_service):

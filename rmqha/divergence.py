@@ -5,6 +5,7 @@ rmqha control extension (docs/protocol.md).
 
 L{probe} opens a control session on the master's HA port; a genuine
 RocketMQ master does not answer it (L{probe} gives C{None}: classic only).
+The master's INFO also says whether it offers checked framing.
 L{find_divergence} then compares: the slave is I{behind} when its log ends
 before the master's oldest segment, I{different} when the bytes they both
 hold differ (the tail window is compared by digests, then narrowed to the
@@ -18,30 +19,51 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from twisted.internet import defer
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IHandshakeListener,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from rmqha._wire import (
-    CONTROL_INFO,
-    ProtocolError,
     CONTROL_DIGEST_SIZE,
+    CONTROL_INFO,
     CONTROL_INFO_SIZE,
     CONTROL_MAX_DIGEST_RANGE,
+    CONTROL_REFUSED,
+    FEATURE_CHECKED_FRAMING,
+    NotControlError,
+    ProtocolError,
     decode_control_info,
     decode_digest_answer,
     encode_control_hello,
     encode_digest_request,
 )
 from rmqha.commitlog import CommitLog
+from rmqha.tls import describe_failure
 
-__all__ = ["MasterInfo", "Divergence", "ControlClient", "probe", "find_divergence"]
+__all__ = [
+    "MasterInfo",
+    "Divergence",
+    "ControlClient",
+    "CheckFailed",
+    "probe",
+    "find_divergence",
+]
 
 _INFO_CODE = CONTROL_INFO.to_bytes(8, "big", signed=True)
+_REFUSED_CODE = CONTROL_REFUSED.to_bytes(8, "big", signed=True)
 
 #: How much of the common tail is compared on every check.
 TAIL_WINDOW = 64 * 1024 * 1024
+#: Seconds to wait for one DIGEST answer (16 MiB hashed on the master).
+DIGEST_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +71,12 @@ class MasterInfo:
     min_offset: int
     max_offset: int
     segment_size: int
+    #: Feature bits (C{FEATURE_CHECKED_FRAMING}).
+    features: int = 0
+
+    @property
+    def checked_framing(self) -> bool:
+        return bool(self.features & FEATURE_CHECKED_FRAMING)
 
 
 @dataclass(frozen=True)
@@ -98,54 +126,98 @@ class Divergence:
         }
 
 
+class CheckFailed(Exception):
+    """
+    A control session could not answer (master unreachable, connection
+    lost, a damaged message): neither "rmqha" nor "classic"; try again.
+    """
+
+
+@implementer(IHandshakeListener)
 class ControlClient(Protocol):
     """
     The slave's end of a control session.
+
+    @ivar info: fires with the master's L{MasterInfo}; fails with
+        L{NotControlError} for a classic master.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: IReactorTime | None = None) -> None:
+        """
+        @param clock: times DIGEST answers out after L{DIGEST_TIMEOUT}
+            (C{None}: no timeout).
+        """
         self.info: Deferred[MasterInfo] = Deferred()
+        self.clock = clock
         self._buffer = bytearray()
         self._waiting: deque[Deferred[bytes | None]] = deque()
         self._closed = False
+        self._handshake_done = False
+        #: Nothing received yet.
+        self.silent = True
 
     def connectionMade(self) -> None:
         self.transport.write(encode_control_hello())  # type: ignore[union-attr]
 
+    def handshakeCompleted(self) -> None:
+        self._handshake_done = True
+
     def dataReceived(self, data: bytes) -> None:
+        self.silent = False
         self._buffer += data
+        try:
+            if not self.info.called:
+                if len(self._buffer) < 8:
+                    return
+                head = bytes(self._buffer[:8])
+                if head == _REFUSED_CODE:
+                    # An rmqha master that did not recognise our hello
+                    # (damaged on the way): try again, not classic.
+                    raise ProtocolError("the master did not recognise the control hello")
+                if head != _INFO_CODE:
+                    # A classic master: its heartbeat frame.
+                    raise NotControlError("the master does not speak rmqha control")
+                if len(self._buffer) < CONTROL_INFO_SIZE:
+                    return
+                info = decode_control_info(self._buffer)
+                del self._buffer[:CONTROL_INFO_SIZE]
+                self.info.callback(MasterInfo(*info))
+            while len(self._buffer) >= CONTROL_DIGEST_SIZE and self._waiting:
+                start, _, digest = decode_digest_answer(self._buffer)
+                del self._buffer[:CONTROL_DIGEST_SIZE]
+                self._waiting.popleft().callback(None if start < 0 else digest)
+        except ProtocolError as e:
+            self._fail(e)
+
+    def _fail(self, error: Exception) -> None:
         if not self.info.called:
-            if len(self._buffer) >= 8 and bytes(self._buffer[:8]) != _INFO_CODE:
-                # A classic master (a heartbeat frame), or garbage.
-                self.info.errback(ProtocolError("the master does not speak rmqha control"))
-                self.close()
-                return
-            if len(self._buffer) < CONTROL_INFO_SIZE:
-                return
-            decoded = decode_control_info(bytes(self._buffer[:CONTROL_INFO_SIZE]))
-            if decoded is None:
-                self.info.errback(ProtocolError("malformed control INFO"))
-                self.close()
-                return
-            del self._buffer[:CONTROL_INFO_SIZE]
-            self.info.callback(MasterInfo(*decoded))
-        while len(self._buffer) >= CONTROL_DIGEST_SIZE and self._waiting:
-            start, _, digest = decode_digest_answer(self._buffer[:CONTROL_DIGEST_SIZE])
-            del self._buffer[:CONTROL_DIGEST_SIZE]
-            self._waiting.popleft().callback(None if start < 0 else digest)
+            self.info.errback(Failure(error))
+        failure = Failure(CheckFailed(f"control session: {error}"))
+        while self._waiting:
+            self._waiting.popleft().errback(failure)
+        self.close()
 
     def digest(self, start: int, end: int) -> Deferred[bytes | None]:
         """
         The master's digest of C{[start, end)} (at most 16 MiB), or C{None}
         when it refuses the range.
+
+        @raise CheckFailed: (asynchronously) the session closed, a damaged
+            answer, or none within L{DIGEST_TIMEOUT}.
         """
         d: Deferred[bytes | None] = Deferred()
         if self._closed:
-            d.errback(ConnectionError("the control session is closed"))
+            d.errback(CheckFailed("control session: closed"))
             return d
         self._waiting.append(d)
         self.transport.write(encode_digest_request(start, end))  # type: ignore[union-attr]
+        if self.clock is not None:
+            d.addTimeout(DIGEST_TIMEOUT, self.clock, onTimeoutCancel=self._timed_out)
         return d
+
+    def _timed_out(self, result: object, timeout: float) -> Failure:
+        self.close()
+        return Failure(CheckFailed(f"control session: no DIGEST answer within {timeout} s"))
 
     def close(self) -> None:
         if not self._closed and self.transport is not None:
@@ -153,30 +225,51 @@ class ControlClient(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closed = True
+        if self.silent and isinstance(self.transport, TLSMemoryBIOProtocol):
+            why = "TLS connection to the master failed: " + describe_failure(
+                reason, self.transport, self._handshake_done
+            )
+        else:
+            why = f"control session lost: {reason.getErrorMessage()}"
+        failure = Failure(CheckFailed(why))
         if not self.info.called:
-            self.info.errback(reason)
+            self.info.errback(failure)
         while self._waiting:
-            self._waiting.popleft().errback(reason)
+            self._waiting.popleft().errback(failure)
 
 
 async def probe(
     clock: IReactorTime, endpoint: IStreamClientEndpoint, timeout: float = 3.0
 ) -> tuple[ControlClient, MasterInfo] | None:
     """
-    A control session with the master, or C{None} when it does not speak
-    the extension (no INFO within C{timeout}) or cannot be reached.
+    A control session with the master, or C{None} when the master does not
+    speak the extension: it answered the hello with something other than
+    INFO (a RocketMQ master's heartbeat), or sent nothing for C{timeout}
+    seconds while keeping the connection open.
+
+    @raise CheckFailed: no answer either way (the text says why).
     """
     try:
-        client = await endpoint.connect(Factory.forProtocol(ControlClient))
-    except Exception:
-        return None
+        client = await endpoint.connect(Factory.forProtocol(lambda: ControlClient(clock)))
+    except Exception as e:
+        raise CheckFailed(f"cannot connect to the master: {e}") from e
     assert isinstance(client, ControlClient)
     client.info.addTimeout(timeout, clock)
     try:
         info = await client.info
-    except Exception:
-        client.close()
+    except NotControlError:
         return None
+    except CheckFailed:
+        client.close()
+        raise
+    except defer.TimeoutError:
+        client.close()
+        if client.silent:
+            return None
+        raise CheckFailed(f"no whole control INFO within {timeout} s") from None
+    except Exception as e:
+        client.close()
+        raise CheckFailed(f"control session failed: {e}") from e
     return client, info
 
 

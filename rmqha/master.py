@@ -5,7 +5,10 @@ per slave, built by L{MasterFactory}.
 
 A connection waits for the slave's first 8-byte report, which says where
 its commit log ends, and from there streams the master's commit log as
-12-byte headers plus bytes.  The connection is the push producer
+12-byte headers plus bytes (or, for an rmqha slave that asks, as checked
+framing: a CRC-32 on every frame and report, docs/protocol.md).  A
+connection whose first value is an rmqha control hello is a control
+session instead (L{rmqha.divergence}).  The connection is the push producer
 registered on its transport: it writes while the transport accepts and
 stops when the transport pauses it, so a slow slave costs the master no
 memory beyond the transport's buffer.  With nothing left to send it waits
@@ -37,13 +40,20 @@ from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
 from rmqha._wire import (
+    CHECKED_ACK,
+    CHECKED_HELLO,
+    CONTROL_HELLO,
     CONTROL_MAX_DIGEST_RANGE,
+    CONTROL_REFUSED,
     CONTROL_REQUEST_SIZE,
+    FEATURE_CHECKED_FRAMING,
     MAX_BODY_SIZE,
+    ChecksumError,
     ProtocolError,
     ReportDecoder,
     decode_digest_request,
-    encode_control_hello,
+    encode_checked_header,
+    encode_code,
     encode_control_info,
     encode_digest_answer,
     encode_header,
@@ -105,6 +115,8 @@ class SlaveStatus:
     transport: str = "tcp"
     #: The name from the slave's verified TLS certificate, if it sent one.
     identity: str | None = None
+    #: C{"classic"} or C{"checked"} (CRC-32 on every frame and report).
+    framing: str = "classic"
 
 
 class _State(enum.Enum):
@@ -158,6 +170,8 @@ class MasterConnection(Protocol):
         #: The slave's certificate name, once its TLS handshake is checked.
         self.identity: str | None = None
         self.tls = False
+        #: The slave asked for checked framing.
+        self.checked = False
         self._state = _State.AWAITING_REPORT
         # The first bytes, until we know whether this is a control session.
         self._head: bytearray | None = bytearray()
@@ -232,6 +246,10 @@ class MasterConnection(Protocol):
                 return
         try:
             offset = self._reports.feed(data)
+        except ChecksumError as e:
+            self.factory.checksum_failures += 1
+            self.drop(str(e))
+            return
         except ProtocolError as e:
             self.drop(str(e))
             return
@@ -256,8 +274,23 @@ class MasterConnection(Protocol):
             if len(self._head) < 8:
                 return b""
             head, self._head = bytes(self._head), None
-            if head[:8] != encode_control_hello():
+            code = int.from_bytes(head[:8], "big", signed=True)
+            if code == CHECKED_HELLO:
+                # An rmqha slave that learnt from our INFO that we offer it.
+                self.checked = True
+                self._reports = ReportDecoder(checked=True)
+                self.transport.write(encode_code(CHECKED_ACK))  # type: ignore[union-attr]
+                return head[8:]
+            if code >= 0:
                 return head
+            if code != CONTROL_HELLO:
+                # RocketMQ slaves never send a negative value: this is an
+                # rmqha peer's code, damaged on the way or unknown to us.
+                self.drop(
+                    f"the first value {code} is negative and no code this master knows",
+                    last_words=encode_code(CONTROL_REFUSED),
+                )
+                return b""
             self._state = _State.CONTROL
             self._control_mode = True
             # Not a slave: no producer, not in the status or the quorum.
@@ -266,7 +299,10 @@ class MasterConnection(Protocol):
             commitlog = self.factory.commitlog
             self.transport.write(  # type: ignore[union-attr]
                 encode_control_info(
-                    commitlog.min_offset, commitlog.max_offset, commitlog.segment_size
+                    commitlog.min_offset,
+                    commitlog.max_offset,
+                    commitlog.segment_size,
+                    FEATURE_CHECKED_FRAMING,
                 )
             )
             data = head[8:]
@@ -275,6 +311,8 @@ class MasterConnection(Protocol):
             try:
                 start, end = decode_digest_request(self._control)
             except ProtocolError as e:
+                if isinstance(e, ChecksumError):
+                    self.factory.checksum_failures += 1
                 self.drop(f"control session: {e}")
                 return b""
             del self._control[:CONTROL_REQUEST_SIZE]
@@ -424,7 +462,7 @@ class MasterConnection(Protocol):
                     return
                 if not data:
                     break
-                write([encode_header(offset, len(data)), data])
+                write([self._frame_header(offset, data), data])
                 offset += len(data)
                 self.next_offset = offset
                 wrote = True
@@ -432,6 +470,11 @@ class MasterConnection(Protocol):
                 self._last_write = self.factory.clock.seconds()
         finally:
             self._producing = False
+
+    def _frame_header(self, offset: int, body: bytes | memoryview) -> bytes:
+        if self.checked:
+            return encode_checked_header(offset, body)
+        return encode_header(offset, len(body))
 
     # -- timers ------------------------------------------------------------
 
@@ -443,7 +486,9 @@ class MasterConnection(Protocol):
         paused: the transport is full of data then.
         """
         if not self._paused and self.next_offset is not None:
-            self.transport.write(encode_header(self.next_offset, 0))  # type: ignore[union-attr]
+            self.transport.write(  # type: ignore[union-attr]
+                self._frame_header(self.next_offset, b"")
+            )
             self._last_write = self.factory.clock.seconds()
         return True
 
@@ -468,13 +513,22 @@ class MasterConnection(Protocol):
             connected_since=self.connected_since,
             transport="tls" if self.tls else "tcp",
             identity=self.identity,
+            framing="checked" if self.checked else "classic",
         )
 
-    def drop(self, why: str) -> None:
+    def drop(self, why: str, last_words: bytes | None = None) -> None:
+        """
+        Log C{why} and close the connection: at once, discarding anything
+        not sent yet, or after sending C{last_words}.
+        """
         self._log.warn("dropping slave {peer}: {why}", peer=self.peer, why=why)
         self._state = _State.CLOSED
         self._paused = True
-        self.transport.abortConnection()  # type: ignore[union-attr]
+        if last_words is None:
+            self.transport.abortConnection()  # type: ignore[union-attr]
+        else:
+            self.transport.write(last_words)  # type: ignore[union-attr]
+            self.transport.loseConnection()  # type: ignore[union-attr]
 
 
 class MasterFactory(ServerFactory):
@@ -501,6 +555,9 @@ class MasterFactory(ServerFactory):
         self.config = config
         self.peer_policy = peer_policy
         self.connections: set[MasterConnection] = set()
+        #: Reports and control requests that failed their CRC (checked
+        #: framing): damaged on the way, never counted as acks.
+        self.checksum_failures = 0
         #: Called when a slave's ack changes or an acking slave goes away.
         self.ack_listeners: list[Callable[[], None]] = []
         self._wake: IDelayedCall | None = None

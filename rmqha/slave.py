@@ -9,6 +9,10 @@ exactly the offset the frame names.  A frame for any other offset means
 the two logs disagree about where the slave is: the slave logs both
 offsets and drops the connection, and L{ClientService} reconnects after a
 back-off, so the slave reports again and the master restarts from there.
+
+With a master that offered it (L{SlaveFactory.checked}, learnt from its
+control INFO), the connection uses checked framing: a CRC-32 on every
+frame and report, so a byte damaged on the way is never written or acked.
 """
 
 from __future__ import annotations
@@ -31,7 +35,14 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
-from rmqha._wire import ProtocolError, TransferDecoder, encode_report
+from rmqha._wire import (
+    CHECKED_HELLO,
+    ChecksumError,
+    ProtocolError,
+    TransferDecoder,
+    encode_code,
+    encode_report,
+)
 from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
 from rmqha.tls import describe_failure
@@ -61,7 +72,10 @@ class SlaveConnection(Protocol):
         #: master had nothing more to send (the classic protocol never
         #: says the master's max offset otherwise).
         self.caught_up = False
-        self._decoder = TransferDecoder()
+        #: This connection uses checked framing.
+        self.checked = factory.checked
+        self._decoder = TransferDecoder(checked=self.checked)
+        self._hello_sent = False
         self._closed = False
         # The socket transport whose read size adapts (under TLS, the one
         # beneath the TLS layer), and the plaintext of this turn's read.
@@ -71,7 +85,7 @@ class SlaveConnection(Protocol):
         self._tls = False
         self._handshake_done = False
         self._received = False
-        self._mismatch = False
+        self._suspicious = False
         self._reading_paused = False
         self._last_read = 0.0
         self._last_report = 0.0
@@ -110,7 +124,11 @@ class SlaveConnection(Protocol):
         if self._closed:
             return
         offset = self.factory.commitlog.record_end
-        self.transport.write(encode_report(offset))  # type: ignore[union-attr]
+        report = encode_report(offset, self.checked)
+        if self.checked and not self._hello_sent:
+            self._hello_sent = True
+            report = encode_code(CHECKED_HELLO) + report
+        self.transport.write(report)  # type: ignore[union-attr]
         self._reported = offset
         self._last_report = self.factory.clock.seconds()
 
@@ -132,14 +150,14 @@ class SlaveConnection(Protocol):
             else:
                 self._adapt_read_size(len(data))
         decoder = self._decoder
-        decoder.feed(data)
         commitlog = self.factory.commitlog
         try:
+            decoder.feed(data)
             while (frame := decoder.next_frame()) is not None:
                 self.master_offset = frame.offset
                 expected = commitlog.max_offset
                 if frame.offset != expected and commitlog.has_data():
-                    self._mismatch = True
+                    self._suspicious = True
                     self._drop(
                         f"master sent offset {frame.offset}, this slave's max "
                         f"offset is {expected}"
@@ -151,7 +169,15 @@ class SlaveConnection(Protocol):
                     self.caught_up = False
                 else:
                     self.caught_up = True
+        except ChecksumError as e:
+            self.factory.checksum_failures += 1
+            self._drop(f"{e}; nothing of it was written")
+            return
         except ProtocolError as e:
+            if not decoder.confirmed:
+                # The master did not take up checked framing after all (a
+                # different master now?): check what it speaks again.
+                self._suspicious = True
             self._drop(str(e))
             return
         except CorruptReplicaError as e:
@@ -258,7 +284,8 @@ class SlaveConnection(Protocol):
                 )
         else:
             self.factory.fruitless_connections = 0
-        if not self._received or self._mismatch:
+        if not self._received or self._suspicious:
+            # (Also a master that did not confirm checked framing.)
             self.factory.suspect()
         self._closed = True
         self._report_timer.stop()
@@ -312,6 +339,11 @@ class SlaveFactory(Factory):
         self.max_unflushed = max_unflushed
         self._request_flush = request_flush
         self._on_suspect = on_suspect
+        #: Ask for checked framing (the master offered it in its INFO).
+        self.checked = False
+        #: Frames that failed their CRC (checked framing): damaged on the
+        #: way, never written.
+        self.checksum_failures = 0
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)

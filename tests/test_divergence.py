@@ -15,6 +15,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._wire import (
     CONTROL_DIGEST_SIZE,
+    CONTROL_REQUEST_SIZE,
+    FEATURE_CHECKED_FRAMING,
     decode_digest_answer,
     encode_control_hello,
     encode_digest_request,
@@ -71,10 +73,14 @@ class DivergenceTests(SynchronousTestCase):
 
     def test_info(self) -> None:
         """
-        The master answers the hello with its offsets and segment size.
+        The master answers the hello with its offsets, segment size and the
+        offer of checked framing.
         """
         _, info, _ = self.session()
-        self.assertEqual(info, MasterInfo(0, self.master.max_offset, SEGMENT))
+        self.assertEqual(
+            info, MasterInfo(0, self.master.max_offset, SEGMENT, FEATURE_CHECKED_FRAMING)
+        )
+        self.assertTrue(info.checked_framing)
 
     def test_digest_requests(self) -> None:
         """
@@ -190,6 +196,6 @@ class MasterControlTests(SynchronousTestCase):
         connection.dataReceived(encode_control_hello()[3:] + encode_digest_request(0, 10))
         answer = transport.value()[-CONTROL_DIGEST_SIZE:]
         self.assertEqual(decode_digest_answer(answer)[:2], (0, 10))
-        connection.dataReceived(b"\1" * 24)
+        connection.dataReceived(b"\1" * CONTROL_REQUEST_SIZE)
         self.assertTrue(transport.disconnecting)
         connection.connectionLost()
