@@ -280,12 +280,18 @@ def _serve_master(store: str, tls: str | None = None) -> None:
 
 
 def _run_slave(
-    store: str, port: int, target: int, throttle: float, seconds: float, tls: str | None = None
+    store: str,
+    port: int,
+    target: int,
+    throttle: float,
+    seconds: float,
+    tls: str | None = None,
+    checked: bool = False,
 ) -> None:
     """
     A slave following 127.0.0.1:PORT until it holds TARGET bytes (or, when
     throttled to THROTTLE bytes/s, for SECONDS); prints the time, the bytes
-    and its maximum RSS.
+    and its maximum RSS.  C{checked}: with checked framing.
     """
     from twisted.internet import reactor
     from twisted.internet.endpoints import clientFromString
@@ -320,6 +326,7 @@ def _run_slave(
             return Throttled(self) if throttle else SlaveConnection(self)
 
     factory = Factory(commitlog, reactor, HAConfig())
+    factory.checked = checked
     service = make_slave_service(endpoint, factory, reactor)
 
     def check() -> None:
@@ -477,13 +484,16 @@ def _raw_run(root: str, master_store: str) -> float:
 
 
 def _rmqha_run(
-    root: str, master_store: str, target: int, tls: str | None = None
+    root: str, master_store: str, target: int, tls: str | None = None, checked: bool = False
 ) -> dict[str, Any]:
     slave_store = os.path.join(root, "slave")
     extra = ("--tls", tls) if tls is not None else ()
     master = _spawn("_serve-master", master_store, *extra)
     port = _json_line(master)["port"]
-    slave = _spawn("_run-slave", slave_store, str(port), str(target), "0", "0", *extra)
+    framing = ("--checked",) if checked else ()
+    slave = _spawn(
+        "_run-slave", slave_store, str(port), str(target), "0", "0", *extra, *framing
+    )
     result = _json_line(slave)
     slave.wait()
     master.terminate()
@@ -498,14 +508,19 @@ def _rmqha_run(
     }
 
 
-def _tls(args: argparse.Namespace) -> dict[str, Any]:
+def _paired(
+    args: argparse.Namespace, name: str, variants: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
     """
-    Replication of the same backlog over TCP and over mutual TLS, runs
-    alternating, in one invocation.
+    Replication of the same backlog by two variants of the slave and master
+    (keyword arguments of L{_rmqha_run}), runs alternating in one
+    invocation, so the machine's drift hits both alike.  C{"tls"} in a
+    variant's options is replaced by a fresh certificate directory.
     """
     from rmqha import certs
     from rmqha.cli import fill
 
+    (base, other) = variants
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
     master_store = os.path.join(root, "master")
     tls_dir = os.path.join(root, "certs")
@@ -516,31 +531,34 @@ def _tls(args: argparse.Namespace) -> dict[str, Any]:
             fill(log, args.size // 1141 + 1, 1024, ["BenchTopic"], 8)
             target = log.max_offset
         _raw_read_all(master_store)
-        runs: dict[str, list[float]] = {"tcp": [], "tls": []}
+        runs: dict[str, list[float]] = {base: [], other: []}
         for run in range(args.runs):
-            for variant in ("tcp", "tls") if run % 2 == 0 else ("tls", "tcp"):
+            for variant in (base, other) if run % 2 == 0 else (other, base):
+                options = dict(variants[variant])
+                if options.get("tls"):
+                    options["tls"] = tls_dir
                 _settle()
-                r = _rmqha_run(root, master_store, target, tls_dir if variant == "tls" else None)
+                r = _rmqha_run(root, master_store, target, **options)
                 runs[variant].append(r["mb_per_s"])
                 _progress(
-                    f"run {run + 1}: {variant.upper()} {r['mb_per_s']:,.0f} MB/s; master RSS "
+                    f"run {run + 1}: {variant} {r['mb_per_s']:,.0f} MB/s; master RSS "
                     f"{r['master_idle_rss'] >> 20} -> {r['master_max_rss'] >> 20} MiB, slave "
                     f"RSS {r['slave_max_rss'] >> 20} MiB"
                 )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    tcp, tls = statistics.median(runs["tcp"]), statistics.median(runs["tls"])
+    first, second = statistics.median(runs[base]), statistics.median(runs[other])
     return {
-        "benchmark": "tls",
+        "benchmark": name,
         "machine": machine_info(),
         "backlog_bytes": target,
         "runs": args.runs,
-        "tcp_mb_per_s": tcp,
-        "tls_mb_per_s": tls,
-        "tls_fraction_of_tcp": tls / tcp,
-        "paired_fractions": [round(t / c, 2) for t, c in zip(runs["tls"], runs["tcp"])],
-        "tcp_runs": [round(x) for x in runs["tcp"]],
-        "tls_runs": [round(x) for x in runs["tls"]],
+        f"{base}_mb_per_s": first,
+        f"{other}_mb_per_s": second,
+        f"{other}_fraction_of_{base}": second / first,
+        "paired_fractions": [round(t / c, 2) for t, c in zip(runs[other], runs[base])],
+        f"{base}_runs": [round(x) for x in runs[base]],
+        f"{other}_runs": [round(x) for x in runs[other]],
     }
 
 
@@ -761,6 +779,13 @@ def main(argv: list[str] | None = None) -> None:
     tls.add_argument("--runs", type=int, default=3)
     tls.add_argument("--segment-size", type=int, default=1 << 30)
     tls.add_argument("--dir", default=None, help="where to create the stores")
+    framing = commands.add_parser(
+        "framing", help="replication throughput, checked framing against classic"
+    )
+    framing.add_argument("--size", type=int, default=1 << 30, help="backlog bytes (1 GiB)")
+    framing.add_argument("--runs", type=int, default=3)
+    framing.add_argument("--segment-size", type=int, default=1 << 30)
+    framing.add_argument("--dir", default=None, help="where to create the stores")
     spark_bench = commands.add_parser(
         "spark", help="scan + decode: plain reader vs Spark local[1] and local[2]"
     )
@@ -785,13 +810,15 @@ def main(argv: list[str] | None = None) -> None:
             helper.add_argument("--bodies", default="true")
         if name in ("_serve-master", "_run-slave"):
             helper.add_argument("--tls", default=None, help="an rmqha certs init directory")
+        if name == "_run-slave":
+            helper.add_argument("--checked", action="store_true", help="checked framing")
     args = parser.parse_args(argv)
     if args.benchmark == "_serve-master":
         return _serve_master(args.store, args.tls)
     if args.benchmark == "_run-slave":
         return _run_slave(
             args.store, int(args.port), int(args.target), float(args.throttle),
-            float(args.seconds), args.tls,
+            float(args.seconds), args.tls, args.checked,
         )
     if args.benchmark == "_spark-scan":
         return _spark_scan(args.store, args.master, args.bodies)
@@ -807,11 +834,20 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(result))
         return None
     if args.benchmark == "tls":
-        result = _tls(args)
+        result = _paired(args, "tls", {"tcp": {}, "tls": {"tls": True}})
         print(
             f"tls: {result['tls_mb_per_s']:,.0f} MB/s over mutual TLS, "
             f"{result['tcp_mb_per_s']:,.0f} MB/s over TCP: "
             f"{100 * result['tls_fraction_of_tcp']:.0f}% (median of {args.runs})"
+        )
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "framing":
+        result = _paired(args, "framing", {"classic": {}, "checked": {"checked": True}})
+        print(
+            f"framing: {result['checked_mb_per_s']:,.0f} MB/s checked, "
+            f"{result['classic_mb_per_s']:,.0f} MB/s classic: "
+            f"{100 * result['checked_fraction_of_classic']:.0f}% (median of {args.runs})"
         )
         print(json.dumps(result))
         return None

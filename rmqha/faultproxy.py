@@ -10,14 +10,17 @@ slave in tests and experiments.
     proxy.resume()                      # ... and let it go
     proxy.reset_after(5000)             # abort both sides after 5,000 more bytes
     proxy.half_open()                   # swallow everything, close nothing
+    proxy.flip_bits(100_000, 500)       # flip a random bit about every 100 kB
+                                        # to the slave, every 500 B to the master
 
 Faults apply to every connection through the proxy, present and future.
 """
 
 from __future__ import annotations
 
+import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet.interfaces import IStreamClientEndpoint
@@ -41,6 +44,12 @@ class Faults:
     reset_in: int | None = None
     #: Drop every byte, both ways, and keep the connections open.
     half_open: bool = False
+    #: Flip one random bit about every this many master-to-slave bytes.
+    flip_to_slave: int | None = None
+    #: Flip one random bit about every this many slave-to-master bytes.
+    flip_to_master: int | None = None
+    #: Where the flipped bits are chosen (seed it to repeat a run).
+    rng: random.Random = field(default_factory=random.Random)
 
 
 class _Side(Protocol):
@@ -55,11 +64,16 @@ class _Side(Protocol):
         self.peer: _Side | None = None
         self.held: deque[bytes] = deque()
         self.closed = False
+        # Bytes (in this direction) until the next flipped bit.
+        self._flip_in: int | None = None
 
     def dataReceived(self, data: bytes) -> None:
         faults = self.proxy.faults
         if faults.half_open:
             return
+        every = faults.flip_to_master if self.downstream else faults.flip_to_slave
+        if every is not None:
+            data = self._flip(data, every, faults.rng)
         if not self.downstream and faults.reset_in is not None:
             # Master-to-slave bytes: cut mid-stream, likely mid-frame.
             if len(data) >= faults.reset_in:
@@ -71,6 +85,23 @@ class _Side(Protocol):
                 return
             faults.reset_in -= len(data)
         self._forward(data)
+
+    def _flip(self, data: bytes, every: int, rng: random.Random) -> bytes:
+        damaged: bytearray | None = None
+        position = 0
+        while True:
+            if self._flip_in is None:
+                self._flip_in = rng.randint(1, 2 * every)
+            if position + self._flip_in > len(data):
+                self._flip_in -= len(data) - position
+                break
+            position += self._flip_in
+            self._flip_in = None
+            if damaged is None:
+                damaged = bytearray(data)
+            damaged[position - 1] ^= 1 << rng.randrange(8)
+            self.proxy.flips += 1
+        return data if damaged is None else bytes(damaged)
 
     def _forward(self, data: bytes) -> None:
         faults = self.proxy.faults
@@ -114,9 +145,10 @@ class FaultProxy(Factory):
         self.master = master
         self.faults = Faults()
         self.sides: set[_Side] = set()
-        #: Connections accepted, and resets injected.
+        #: Connections accepted, resets injected, bits flipped.
         self.connections = 0
         self.resets = 0
+        self.flips = 0
 
     def buildProtocol(self, addr: Any) -> _Side:
         self.connections += 1
@@ -157,6 +189,18 @@ class FaultProxy(Factory):
     def half_open(self, on: bool = True) -> None:
         self.faults.half_open = on
 
+    def flip_bits(
+        self, to_slave: int | None, to_master: int | None = None, seed: int | None = None
+    ) -> None:
+        """
+        Flip one random bit about every C{to_slave} bytes the master sends
+        and every C{to_master} bytes the slave sends (C{None}: none).
+        """
+        self.faults.flip_to_slave = to_slave
+        self.faults.flip_to_master = to_master
+        if seed is not None:
+            self.faults.rng.seed(seed)
+
     def clear(self) -> None:
         """
         No more faults (a stall is released).
@@ -164,4 +208,5 @@ class FaultProxy(Factory):
         self.faults.delay = 0.0
         self.faults.reset_in = None
         self.faults.half_open = False
+        self.faults.flip_to_slave = self.faults.flip_to_master = None
         self.resume()

@@ -9,15 +9,17 @@ sizes and offsets), and checks that the target either accepts it or
 refuses it with its documented error:
 
 - C{report}: the master's L{ReportDecoder} on a byte stream in random
-  chunks (L{ProtocolError} only);
-- C{transfer}: the slave's L{TransferDecoder} on frame streams
-  (L{ProtocolError} only; buffered bytes never exceed one frame);
+  chunks, classic or checked framing (L{ProtocolError} only);
+- C{transfer}: the slave's L{TransferDecoder} on frame streams, classic
+  or checked (L{ProtocolError} only; buffered bytes never exceed one
+  frame);
 - C{record}: L{parse_record} on mutated records, strict and not
   (L{RecordError} only);
 - C{slave}: a whole L{SlaveConnection} over a real commit log fed mutated
   frames: it may append good records and must drop the connection with one
   log line for anything else, never acknowledging a record that differs
-  from the original.
+  from the original; with checked framing, never acknowledging a single
+  byte that differs.
 
 Memory is sampled (RSS) before and after; the last line is JSON with the
 counts, and the exit status is 1 if any case misbehaved.
@@ -40,7 +42,16 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 
 from rmqha._record import Message, RecordError, encode_record, parse_record
-from rmqha._wire import ProtocolError, ReportDecoder, TransferDecoder, encode_header
+from rmqha._wire import (
+    CHECKED_ACK,
+    ProtocolError,
+    ReportDecoder,
+    TransferDecoder,
+    encode_checked_header,
+    encode_code,
+    encode_header,
+    encode_report,
+)
 from rmqha.commitlog import CommitLog
 from rmqha.slave import SlaveFactory
 
@@ -115,13 +126,25 @@ class _Corpus:
         self.log = b"".join(self.records)
 
 
+def _frames(checked: bool, frames: list[tuple[int, bytes]]) -> bytes:
+    """
+    A master's stream of C{frames}, classic or checked.
+    """
+    if not checked:
+        return b"".join(encode_header(o, len(b)) + b for o, b in frames)
+    return encode_code(CHECKED_ACK) + b"".join(encode_checked_header(o, b) + b for o, b in frames)
+
+
 def _report_case(rng: random.Random, corpus: _Corpus) -> None:
+    checked = rng.random() < 0.5
     stream = (
         rng.randbytes(rng.randint(0, 64))
         if rng.random() < 0.5
-        else _mutate(rng, b"".join(rng.randrange(1 << 40).to_bytes(8, "big") for _ in range(4)))
+        else _mutate(
+            rng, b"".join(encode_report(rng.randrange(1 << 40), checked) for _ in range(4))
+        )
     )
-    decoder = ReportDecoder()
+    decoder = ReportDecoder(checked)
     for chunk in _chunks(rng, stream):
         try:
             decoder.feed(chunk)
@@ -130,12 +153,12 @@ def _report_case(rng: random.Random, corpus: _Corpus) -> None:
 
 
 def _transfer_case(rng: random.Random, corpus: _Corpus) -> None:
-    frames = b"".join(
-        encode_header(o, len(b)) + b
-        for o, b in [(0, corpus.log[:300]), (300, corpus.log[300:900]), (900, b"")]
+    checked = rng.random() < 0.5
+    frames = _frames(
+        checked, [(0, corpus.log[:300]), (300, corpus.log[300:900]), (900, b"")]
     )
     stream = rng.randbytes(rng.randint(0, 200)) if rng.random() < 0.3 else _mutate(rng, frames)
-    decoder = TransferDecoder()
+    decoder = TransferDecoder(checked=checked)
     for chunk in _chunks(rng, stream):
         try:
             decoder.feed(chunk)
@@ -180,14 +203,14 @@ class _SlaveTarget:
         try:
             clock = Clock()
             factory = SlaveFactory(log, clock)
+            factory.checked = checked = rng.random() < 0.5
             connection = factory.buildProtocol(None)
             transport = StringTransport()
             connection.makeConnection(transport)
             connection.send_report()
             del self.lines[:]
             cut = rng.randrange(len(corpus.log))
-            frames = encode_header(0, cut) + corpus.log[:cut]
-            frames += encode_header(cut, len(corpus.log) - cut) + corpus.log[cut:]
+            frames = _frames(checked, [(0, corpus.log[:cut]), (cut, corpus.log[cut:])])
             stream = _mutate(rng, frames)
             for chunk in _chunks(rng, stream):
                 connection.dataReceived(chunk)
@@ -201,7 +224,13 @@ class _SlaveTarget:
             # check the slave makes (size, magic, offset, fields, body CRC);
             # a mutation those cannot see (a header field the CRC does not
             # cover) is not the slave's to catch.
-            acked = int.from_bytes(transport.value()[-8:], "big") if transport.value() else 0
+            report = 12 if checked else 8
+            sent = transport.value()
+            acked = int.from_bytes(sent[-report:][:8], "big") if sent else 0
+            # (The corpus fits in one segment, so one read returns it all.)
+            if checked and acked and log.read(0, acked) != corpus.log[:acked]:
+                # Checked framing: not one damaged byte is acknowledged.
+                raise AssertionError("acknowledged bytes differ from the master's")
             # (An empty slave may have started at any segment boundary.)
             position = log.min_offset if log.has_data() else acked
             while position < acked:

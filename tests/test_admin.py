@@ -137,6 +137,7 @@ class MasterAdminTests(AdminTestCase):
         self.assertEqual(slave["lag_bytes"], end - 50)
         self.assertEqual(slave["connected_since"], 1700000000)
         self.assertEqual((slave["transport"], slave["identity"]), ("tcp", None))
+        self.assertEqual(slave["framing"], "classic")
 
     def test_metrics(self) -> None:
         """
@@ -153,6 +154,7 @@ class MasterAdminTests(AdminTestCase):
         self.assertIn("rmqha_slaves_connected 0.0", text)
         self.assertIn('rmqha_put_results_total{status="PUT_OK"} 1.0', text)
         self.assertIn('rmqha_replication_wait_seconds_bucket{le="+Inf"} 0.0', text)
+        self.assertIn("rmqha_checksum_failures_total 0.0", text)
 
     def test_not_found(self) -> None:
         """
@@ -181,8 +183,13 @@ class SlaveAdminTests(AdminTestCase):
         self.assertEqual(answer["master"], "tcp:host=127.0.0.1:port=10912")
         self.assertFalse(answer["connected"])
         self.assertIsNone(answer["lag_bytes"])
+        self.assertEqual(answer["framing"], "classic")
+        self.assertEqual(answer["failed_checks"], 0)
+        self.assertIsNone(answer["divergence"])
         code, data, _ = request(root, b"POST", b"/topics/Orders/messages", b"x")
         self.assertEqual(code, 503)
         self.assertEqual(json.loads(data)["status"], "SERVICE_NOT_AVAILABLE")
         code, data, _ = request(root, b"GET", b"/metrics")
         self.assertIn("rmqha_master_connected 0.0", data.decode())
+        self.assertIn("rmqha_checksum_failures_total 0.0", data.decode())
+        self.assertIn("rmqha_failed_checks 0.0", data.decode())

@@ -1,9 +1,9 @@
 """
 Network faults between a master and a slave (both L{Broker}s in this
 process) through L{rmqha.faultproxy.FaultProxy} on loopback: delay, a
-stall longer than housekeeping, a reset in the middle of the stream, and
-a half-open connection.  After each, replication resumes, and the stores
-end byte-identical.
+stall longer than housekeeping, a reset in the middle of the stream,
+flipped bits, and a half-open connection.  After each, replication
+resumes, and the stores end byte-identical.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.task import deferLater
+from twisted.logger import formatEvent, globalLogPublisher
 
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import Message
@@ -43,6 +44,12 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
     slave = None
     listening = None
     producing = True
+    events: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        events.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
     try:
         master_port = (await master.ha_address()).port
         proxy = FaultProxy(reactor, TCP4ClientEndpoint(reactor, "127.0.0.1", master_port))
@@ -53,7 +60,8 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
         )
         slave.startService()
         factory = slave.slave_factory
-        assert factory is not None
+        master_factory = master.master_factory
+        assert factory is not None and master_factory is not None
         body = os.urandom(1024)
 
         async def produce() -> None:
@@ -99,6 +107,18 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
         await until(reactor, lambda: factory.connections_made > made, "a reconnect after the reset")
         await caught_up()
 
+        # Flipped bits, both ways: checked framing catches every one (the
+        # slave's record validation never sees a damaged record).
+        assert factory.checked
+        proxy.flip_bits(64 * 1024, 200, seed=1)
+        await until(
+            reactor,
+            lambda: factory.checksum_failures >= 3 and master_factory.checksum_failures >= 1,
+            "damaged frames and reports caught",
+        )
+        proxy.flip_bits(None)
+        await caught_up()
+
         # Half-open: bytes vanish, nothing closes; housekeeping notices.
         made = factory.connections_made
         proxy.half_open()
@@ -112,6 +132,7 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
         await slave.stopService()
         slave = None
     finally:
+        globalLogPublisher.removeObserver(observe)
         producing = False
         if slave is not None:
             await slave.stopService()
@@ -119,3 +140,5 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
         if listening is not None:
             await listening.stopListening()
     assert store_digest(str(tmp_path / "slave")) == store_digest(str(tmp_path / "master"))
+    assert proxy.flips > 0
+    assert not [e for e in events if "is corrupt" in e], "a damaged record got past the checksums"
