@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -79,6 +80,36 @@ def ensure_venv() -> None:
         f.write(wanted + "\n")
 
 
+def ensure_network_tools() -> None:
+    """
+    The network-namespace test (tests/integration/test_netns.py) shapes
+    traffic with ip, tc and nft.  As root on a machine with apt-get,
+    install the packages that are missing; anywhere else that test skips,
+    saying why.
+    """
+    if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return
+    tools = {"ip": "iproute2", "tc": "iproute2", "nft": "nftables"}
+    packages = sorted({package for tool, package in tools.items() if shutil.which(tool) is None})
+    if not packages:
+        return
+    _say(f"installing {', '.join(packages)} for the network-namespace test")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+
+    def quietly(argv: list[str]) -> int:
+        return subprocess.call(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+
+    if quietly(install) == 0:
+        return
+    # A fresh machine may have no package lists yet.
+    quietly(["apt-get", "update", "-q"])
+    if quietly(install):
+        _say("could not install them: the network-namespace test will be skipped")
+
+
 def run(argv: list[str]) -> int:
     os.chdir(ROOT)
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -93,6 +124,7 @@ def main(args: list[str]) -> int:
     ensure_venv()
     if command == "demo":
         return run([PYTHON, "-m", "rmqha", "demo", *rest])
+    ensure_network_tools()
     # mypy, then trial (the suite must pass under both runners), then
     # pytest last so that its summary line closes the output.
     status = run([PYTHON, "-m", "mypy"])
