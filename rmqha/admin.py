@@ -168,6 +168,11 @@ class _BrokerCollector(Collector):
             yield halted
             yield found
             yield _checksum_failures(factory)
+            yield CounterMetricFamily(
+                "rmqha_rejected_records",
+                "replicated records that failed validation (cut, fetched again)",
+                value=factory.rejected_records if factory else 0,
+            )
             yield GaugeMetricFamily(
                 "rmqha_failed_checks",
                 "checks of the master (control session) that could not finish, in a row",

@@ -49,6 +49,10 @@ from rmqha.tls import describe_failure
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
 
+#: The same record failing validation this many times in a row is taken
+#: for the master's own corrupt copy (the slave then backs off).
+REPEATED_REJECTIONS = 3
+
 # Reads adapt between these sizes (see SlaveConnection._adapt_read_size).
 _MIN_READ_SIZE = 64 * 1024
 _MAX_READ_SIZE = 1024 * 1024
@@ -86,6 +90,8 @@ class SlaveConnection(Protocol):
         self._handshake_done = False
         self._received = False
         self._suspicious = False
+        # This connection ended on a record rejected again and again.
+        self._backing_off = False
         self._reading_paused = False
         self._last_read = 0.0
         self._last_report = 0.0
@@ -181,15 +187,45 @@ class SlaveConnection(Protocol):
             self._drop(str(e))
             return
         except CorruptReplicaError as e:
-            self._drop(f"{e}, and will fetch it again")
+            self._rejected(e)
             return
         except StoreError as e:
             self._drop(f"cannot append to the commit log: {e}")
             return
+        factory = self.factory
+        if factory.rejected_offset is not None and commitlog.record_end > factory.rejected_offset:
+            # The record that failed came good.
+            factory.rejected_offset, factory.rejections_in_a_row = None, 0
         if commitlog.record_end != self._reported:
             self.send_report()
             self.factory.notify_appended()
         self._apply_backpressure()
+
+    def _rejected(self, error: CorruptReplicaError) -> None:
+        """
+        A replicated record failed validation: drop, and fetch it again.
+        The same record failing again and again is the master's own copy
+        (over checked framing nothing else is possible): say so, and back
+        off as for a connection that brought nothing, instead of fetching
+        it every second.
+        """
+        factory = self.factory
+        factory.rejected_records += 1
+        if factory.rejected_offset == error.offset:
+            factory.rejections_in_a_row += 1
+        else:
+            factory.rejected_offset, factory.rejections_in_a_row = error.offset, 1
+        times = factory.rejections_in_a_row
+        if times < REPEATED_REJECTIONS:
+            self._drop(f"{error}, and will fetch it again")
+            return
+        self._backing_off = True
+        how = " over checked framing" if self.checked else ""
+        self._drop(
+            f"{error}: the master sent this record damaged {times} times in a row{how}, "
+            "so its own copy is most likely corrupt (run `rmqha store check` on the "
+            "master's store); fetching it again with a growing back-off"
+        )
 
     def _end_of_turn(self) -> None:
         self._turn_end = None
@@ -282,6 +318,8 @@ class SlaveConnection(Protocol):
                     "TLS connection to the master failed: {why}",
                     why=describe_failure(reason, self.transport, self._handshake_done),
                 )
+        elif self._backing_off:
+            self.factory.fruitless_connections += 1
         else:
             self.factory.fruitless_connections = 0
         if not self._received or self._suspicious:
@@ -344,6 +382,11 @@ class SlaveFactory(Factory):
         #: Frames that failed their CRC (checked framing): damaged on the
         #: way, never written.
         self.checksum_failures = 0
+        #: Replicated records that failed validation, over all connections.
+        self.rejected_records = 0
+        #: The record that failed last, and how many times in a row.
+        self.rejected_offset: int | None = None
+        self.rejections_in_a_row = 0
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)

@@ -193,3 +193,4 @@ class SlaveAdminTests(AdminTestCase):
         self.assertIn("rmqha_master_connected 0.0", data.decode())
         self.assertIn("rmqha_checksum_failures_total 0.0", data.decode())
         self.assertIn("rmqha_failed_checks 0.0", data.decode())
+        self.assertIn("rmqha_rejected_records_total 0.0", data.decode())

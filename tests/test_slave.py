@@ -163,6 +163,45 @@ class FrameTests(SlaveTestCase):
         again.send_report()
         self.assertEqual(reports(transport.value()), [first])
 
+    def test_same_record_rejected_again_backs_off(self) -> None:
+        """
+        The same record failing three times in a row is the master's own
+        copy: the third drop says so and counts towards the back-off (as a
+        connection that brought nothing would); the record coming good
+        resets the count.
+        """
+        self.fill(3)
+        first = list(self.source.records())[0].next_offset
+        end = self.source.max_offset
+        good = self.source_bytes(0, end)
+        bad = bytearray(good)
+        bad[first + 100] ^= 0x01
+        factory = SlaveFactory(self.replica, self.clock)
+        for attempt in (1, 2, 3):
+            connection = factory.buildProtocol(None)
+            transport = StringTransport()
+            connection.makeConnection(transport)
+            connection.send_report()
+            have = self.replica.record_end
+            with capturedLogs() as events:
+                connection.dataReceived(frame(have, bytes(bad[have:])))
+            connection.connectionLost()
+            text = " ".join(formatEvent(e) for e in events)
+            self.assertEqual(factory.rejections_in_a_row, attempt)
+            if attempt < 3:
+                self.assertIn("and will fetch it again", text)
+                self.assertEqual(factory.fruitless_connections, 0)
+        self.assertIn("damaged 3 times in a row", text)
+        self.assertIn("its own copy is most likely corrupt", text)
+        self.assertEqual(factory.fruitless_connections, 1)
+        self.assertEqual(factory.rejected_records, 3)
+        connection = factory.buildProtocol(None)
+        connection.makeConnection(StringTransport())
+        self.addCleanup(connection.connectionLost)
+        connection.dataReceived(frame(first, good[first:]))
+        self.assertEqual(self.replica.record_end, end)
+        self.assertEqual((factory.rejected_offset, factory.rejections_in_a_row), (None, 0))
+
     def test_partial_record_not_reported_and_refetched(self) -> None:
         """
         Bytes of a record still arriving are not acknowledged; a new
