@@ -508,6 +508,13 @@ def _rmqha_run(
     }
 
 
+#: The paired comparisons: the baseline's options, then the other's.
+_PAIRED: dict[str, dict[str, dict[str, Any]]] = {
+    "tls": {"tcp": {}, "tls": {"tls": True}},
+    "framing": {"classic": {}, "checked": {"checked": True}},
+}
+
+
 def _paired(
     args: argparse.Namespace, name: str, variants: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
@@ -833,21 +840,14 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(json.dumps(result))
         return None
-    if args.benchmark == "tls":
-        result = _paired(args, "tls", {"tcp": {}, "tls": {"tls": True}})
+    if args.benchmark in _PAIRED:
+        variants = _PAIRED[args.benchmark]
+        base, other = variants
+        result = _paired(args, args.benchmark, variants)
         print(
-            f"tls: {result['tls_mb_per_s']:,.0f} MB/s over mutual TLS, "
-            f"{result['tcp_mb_per_s']:,.0f} MB/s over TCP: "
-            f"{100 * result['tls_fraction_of_tcp']:.0f}% (median of {args.runs})"
-        )
-        print(json.dumps(result))
-        return None
-    if args.benchmark == "framing":
-        result = _paired(args, "framing", {"classic": {}, "checked": {"checked": True}})
-        print(
-            f"framing: {result['checked_mb_per_s']:,.0f} MB/s checked, "
-            f"{result['classic_mb_per_s']:,.0f} MB/s classic: "
-            f"{100 * result['checked_fraction_of_classic']:.0f}% (median of {args.runs})"
+            f"{args.benchmark}: {other} {result[f'{other}_mb_per_s']:,.0f} MB/s, "
+            f"{base} {result[f'{base}_mb_per_s']:,.0f} MB/s: "
+            f"{100 * result[f'{other}_fraction_of_{base}']:.0f}% (median of {args.runs})"
         )
         print(json.dumps(result))
         return None

@@ -12,9 +12,7 @@ import zlib
 from typing import Any, Callable
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.protocol import Factory
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import capturedLogs, formatEvent
@@ -48,7 +46,13 @@ from rmqha.divergence import CheckFailed, ControlClient, probe
 from rmqha.master import MasterConnection, MasterFactory
 from rmqha.slave import SlaveConnection, SlaveFactory
 
-from tests._helpers import fixed_clock, make_message, open_store, segment_files
+from tests._helpers import (
+    StringEndpoint,
+    fixed_clock,
+    make_message,
+    open_store,
+    segment_files,
+)
 
 SEGMENT = 4096
 
@@ -559,26 +563,6 @@ class ConversationTests(SlaveTestCase):
         self.assertNotIn("is corrupt", text)
 
 
-class _FakeEndpoint:
-    """
-    A client endpoint: refuses, or connects the protocol to a
-    StringTransport.
-    """
-
-    def __init__(self) -> None:
-        self.refuse = True
-        self.connected: list[tuple[Any, StringTransport]] = []
-
-    def connect(self, factory: Factory) -> Deferred[Any]:
-        if self.refuse:
-            return fail(ConnectionRefusedError())
-        protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912))
-        transport = StringTransport()
-        protocol.makeConnection(transport)
-        self.connected.append((protocol, transport))
-        return succeed(protocol)
-
-
 class ProbeTests(SynchronousTestCase):
     """
     L{probe}: rmqha, classic, or a check that could not finish.
@@ -586,8 +570,7 @@ class ProbeTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.clock = Clock()
-        self.endpoint = _FakeEndpoint()
-        self.endpoint.refuse = False
+        self.endpoint = StringEndpoint()
 
     def start(self) -> tuple[Deferred[Any], ControlClient, StringTransport]:
         d = Deferred.fromCoroutine(probe(self.clock, self.endpoint, timeout=3.0))
@@ -692,7 +675,7 @@ class BrokerCheckTests(SynchronousTestCase):
 
     def test_failed_checks_retried_then_replication_starts(self) -> None:
         reactor = MemoryReactorClock()
-        endpoint = _FakeEndpoint()
+        endpoint = StringEndpoint(refuse=True)
         store = self.mktemp()
         broker = Broker(
             reactor,

@@ -9,9 +9,7 @@ from __future__ import annotations
 import struct
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionDone
-from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
@@ -22,7 +20,13 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha.master import HAConfig, MasterFactory
 from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
 
-from tests._helpers import make_message, open_store, replica_records, segment_files
+from tests._helpers import (
+    StringEndpoint,
+    make_message,
+    open_store,
+    replica_records,
+    segment_files,
+)
 
 SEGMENT = 4096
 
@@ -361,22 +365,6 @@ class BackpressureTests(SlaveTestCase):
         self.assertEqual(transport.producerState, "producing")
 
 
-class _Endpoint:
-    """
-    A client endpoint whose connections are StringTransports.
-    """
-
-    def __init__(self) -> None:
-        self.connected: list[tuple[object, StringTransport]] = []
-
-    def connect(self, factory: Factory) -> Deferred:
-        protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912))
-        transport = StringTransport()
-        protocol.makeConnection(transport)
-        self.connected.append((protocol, transport))
-        return succeed(protocol)
-
-
 class ServiceTests(SlaveTestCase):
     """
     L{make_slave_service}: a reconnecting client.
@@ -388,7 +376,7 @@ class ServiceTests(SlaveTestCase):
         5 s timer); after a drop the service reconnects after a back-off
         and reports again.
         """
-        endpoint = _Endpoint()
+        endpoint = StringEndpoint()
         factory = SlaveFactory(self.replica, self.clock, HAConfig())
         service = make_slave_service(
             endpoint, factory, self.clock, retry_policy=lambda attempt: 2.0
@@ -416,7 +404,7 @@ class ServiceTests(SlaveTestCase):
         TLS handshake, a master dropping us at once) counts as a failed
         attempt: the back-off grows.  One that brought data resets it.
         """
-        endpoint = _Endpoint()
+        endpoint = StringEndpoint()
         factory = SlaveFactory(self.replica, self.clock, HAConfig())
         attempts: list[int] = []
 
