@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._wire import (
+    CHECKED_ACK,
     HEADER_SIZE,
     MAX_BODY_SIZE,
     REPORT_SIZE,
@@ -23,6 +24,8 @@ from rmqha._wire import (
     ReportDecoder,
     TransferDecoder,
     TransferFrame,
+    encode_checked_header,
+    encode_code,
     encode_header,
     encode_report,
 )
@@ -732,3 +735,83 @@ class TransferDecoderMemoryTests(SynchronousTestCase):
                 got += 1
         self.assertEqual(got, self.COUNT)
         self.assertEqual(decoder.buffered, 0)
+
+
+class CheckedFramingPropertyTests(SynchronousTestCase):
+    """
+    Checked framing under Hypothesis: random frames round-trip whatever
+    the cuts, and a damaged stream never yields a frame that differs from
+    what was sent.
+    """
+
+    @staticmethod
+    def stream(frames: list[tuple[int, bytes]]) -> bytes:
+        return encode_code(CHECKED_ACK) + b"".join(
+            encode_checked_header(o, b) + b for o, b in frames
+        )
+
+    @settings(deadline=None, derandomize=True, max_examples=200)
+    @given(frames=FRAMES, cuts=st.lists(st.integers(0, 40_000), max_size=8))
+    def test_round_trip(self, frames: list[tuple[int, bytes]], cuts: list[int]) -> None:
+        """
+        Any frames, cut anywhere, come out as sent.
+        """
+        data = self.stream(frames)
+        decoder = TransferDecoder(checked=True)
+        out: list[TransferFrame] = []
+        for chunk in split(data, [c % (len(data) + 1) for c in cuts]):
+            decoder.feed(chunk)
+            drain(decoder, out)
+        self.assertEqual([(f.offset, bytes(f.body)) for f in out], frames)
+        self.assertEqual(decoder.buffered, 0)
+
+    @settings(deadline=None, derandomize=True, max_examples=300)
+    @given(
+        frames=FRAMES.filter(bool),
+        position=st.integers(0, 1 << 20),
+        xor=st.integers(1, 255),
+        cut=st.integers(0, 1 << 20),
+        truncate=st.booleans(),
+    )
+    def test_damage_never_yields_a_wrong_frame(
+        self,
+        frames: list[tuple[int, bytes]],
+        position: int,
+        xor: int,
+        cut: int,
+        truncate: bool,
+    ) -> None:
+        """
+        One damaged byte (and maybe a truncated stream): the frames that
+        come out are the first ones sent, unchanged; then a
+        L{ProtocolError}, or simply no more frames when truncated before
+        the damage.
+        """
+        data = bytearray(self.stream(frames))
+        data[position % len(data)] ^= xor
+        if truncate:
+            del data[cut % len(data) :]
+        decoder = TransferDecoder(checked=True)
+        out: list[TransferFrame] = []
+        try:
+            for chunk in split(bytes(data), [cut % (len(data) + 1)]):
+                decoder.feed(chunk)
+                drain(decoder, out)
+        except ProtocolError:
+            pass
+        got = [(f.offset, bytes(f.body)) for f in out]
+        self.assertEqual(got, frames[: len(got)])
+        # The damaged frame (or, truncated, the cut one) never comes out.
+        self.assertLess(len(got), len(frames))
+
+    @settings(deadline=None, derandomize=True, max_examples=200)
+    @given(offsets=st.lists(OFFSETS, min_size=1, max_size=6), position=st.integers(0, 1000),
+           xor=st.integers(1, 255))
+    def test_damaged_reports(self, offsets: list[int], position: int, xor: int) -> None:
+        """
+        A damaged checked report is never returned as an offset.
+        """
+        data = bytearray(b"".join(encode_report(o, checked=True) for o in offsets))
+        data[position % len(data)] ^= xor
+        with self.assertRaises(ProtocolError):
+            ReportDecoder(checked=True).feed(bytes(data))
