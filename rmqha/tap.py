@@ -210,6 +210,7 @@ _SETTINGS = [
     _Setting("in-sync-replicas", "inSyncReplicas", _replicas),
     _Setting("min-in-sync-replicas", "minInSyncReplicas", _replicas),
     _Setting("on-divergence", "haOnDivergence", _on_divergence),
+    _Setting("probe-timeout", "haProbeTimeout", _positive_ms),
     _Setting("tls-cert", "haTlsCert", str),
     _Setting("tls-key", "haTlsKey", str),
     _Setting("tls-ca", "haTlsCa", str),
@@ -240,6 +241,7 @@ _DEFAULTS: dict[str, Any] = {
     "min-in-sync-replicas": 1,
     "tls-require-client-cert": False,
     "on-divergence": "halt",
+    "probe-timeout": 3.0,
 }
 
 
@@ -344,6 +346,13 @@ class Options(usage.Options):
             None,
             "slave: when its log has diverged from the master's: halt (default), "
             "truncate, rebootstrap, or off [haOnDivergence]",
+        ],
+        [
+            "probe-timeout",
+            None,
+            None,
+            "slave: ms to wait for the master's answer to the rmqha control hello "
+            "before taking it for a RocketMQ master (3000) [haProbeTimeout]",
         ],
         [
             "tls-cert",
@@ -548,6 +557,7 @@ def makeService(options: Options) -> IService:
         master_endpoint=master,
         peer_policy=policy,
         on_divergence=s["on-divergence"],
+        probe_timeout=s["probe-timeout"],
         http=s.get("http"),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],

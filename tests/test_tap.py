@@ -144,6 +144,7 @@ class OptionsTests(SynchronousTestCase):
             (("--role", "slave", "--master", "nohost"), "--master"),
             (("--batch-size", "5m"), "haTransferBatchSize"),
             (("--on-divergence", "panic"), "--on-divergence"),
+            (("--probe-timeout", "0"), "--probe-timeout"),
         ]
         for extra, needle in flag_cases:
             argv = extra if extra == () else ("--store-dir", "s", *extra)
@@ -158,6 +159,7 @@ class OptionsTests(SynchronousTestCase):
             ("haSlaveFallbehindMax=lots", "haSlaveFallbehindMax"),
             ("slaveTimeout=0", "slaveTimeout"),
             ("haOnDivergence=panic", "haOnDivergence"),
+            ("haProbeTimeout=soon", "haProbeTimeout"),
         ]:
             path = self.conf(f"storePathRootDir=s\n{line}\n")
             e = self.assertRaises(UsageError, self.parse, "--config", path)
@@ -175,6 +177,10 @@ class OptionsTests(SynchronousTestCase):
                                          "--master", "127.0.0.1:10912"))
         self.assertIsInstance(service, Broker)
         self.assertEqual(service.role, Role.SLAVE)
+        self.assertEqual(service._probe_timeout, 3.0)
+        service = makeService(self.parse("--store-dir", store, "--role", "slave",
+                                         "--master", "127.0.0.1:10912", "--probe-timeout", "500"))
+        self.assertEqual(service._probe_timeout, 0.5)
         self.assertIsNone(service.store.commitlog)
         self.assertFalse(os.path.exists(store))
 
