@@ -392,6 +392,7 @@ def _raw_send(store: str, port: int) -> None:
 
 
 def _replicate(args: argparse.Namespace) -> dict[str, Any]:
+    checked = args.framing == "checked"
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
     master_store = os.path.join(root, "master")
     try:
@@ -414,7 +415,7 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
                     raw.append(_raw_run(root, master_store))
                     _progress(f"run {run + 1}: raw ceiling {raw[-1]:,.0f} MB/s")
                 else:
-                    rmq.append(_rmqha_run(root, master_store, target))
+                    rmq.append(_rmqha_run(root, master_store, target, checked=checked))
                     r = rmq[-1]
                     _progress(
                         f"run {run + 1}: rmqha {r['mb_per_s']:,.0f} MB/s; master RSS "
@@ -426,7 +427,8 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         master = _spawn("_serve-master", master_store)
         port = _json_line(master)["port"]
         slave = _spawn(
-            "_run-slave", slave_store, str(port), str(target), str(args.throttle), str(args.throttle_seconds)
+            "_run-slave", slave_store, str(port), str(target), str(args.throttle),
+            str(args.throttle_seconds), *(("--checked",) if checked else ()),
         )
         slow = _json_line(slave)
         slave.wait()
@@ -445,6 +447,7 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "benchmark": "replicate",
         "machine": machine_info(),
+        "framing": args.framing,
         "backlog_bytes": target,
         "runs": args.runs,
         "raw_mb_per_s": median_raw,
@@ -779,6 +782,12 @@ def main(argv: list[str] | None = None) -> None:
     replicate.add_argument("--throttle", type=float, default=1e6, help="slow slave's bytes/s")
     replicate.add_argument("--throttle-seconds", type=float, default=15.0)
     replicate.add_argument("--dir", default=None, help="where to create the stores")
+    replicate.add_argument(
+        "--framing",
+        choices=["checked", "classic"],
+        default="checked",
+        help="checked (what two rmqha peers negotiate) or classic (RocketMQ's)",
+    )
     tls = commands.add_parser(
         "tls", help="replication throughput over mutual TLS vs TCP, in one run"
     )

@@ -343,7 +343,7 @@ class Broker(MultiService):
             )
         else:
             self._log.failure("checking for divergence", failure)
-        if self.running:
+        if self.running and self._check_retry is None:
             self._check_retry = self.reactor.callLater(delay, self._retry_check)
 
     def _retry_check(self) -> None:
