@@ -56,7 +56,6 @@ __all__ = [
     "CONTROL_REQUEST_SIZE",
     "CONTROL_DIGEST_SIZE",
     "NotControlError",
-    "encode_control_hello",
     "encode_code",
     "encode_control_info",
     "decode_control_info",
@@ -431,10 +430,6 @@ def _unsealed(data: bytes | bytearray, size: int, what: str) -> bytes:
     if sent != computed:
         raise _crc_error(what, sent, computed)
     return message
-
-
-def encode_control_hello() -> bytes:
-    return _REPORT.pack(CONTROL_HELLO)
 
 
 def encode_code(code: int) -> bytes:

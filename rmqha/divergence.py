@@ -33,6 +33,7 @@ from zope.interface import implementer
 
 from rmqha._wire import (
     CONTROL_DIGEST_SIZE,
+    CONTROL_HELLO,
     CONTROL_INFO,
     CONTROL_INFO_SIZE,
     CONTROL_MAX_DIGEST_RANGE,
@@ -42,7 +43,7 @@ from rmqha._wire import (
     ProtocolError,
     decode_control_info,
     decode_digest_answer,
-    encode_control_hello,
+    encode_code,
     encode_digest_request,
 )
 from rmqha.commitlog import CommitLog
@@ -157,7 +158,7 @@ class ControlClient(Protocol):
         self.silent = True
 
     def connectionMade(self) -> None:
-        self.transport.write(encode_control_hello())  # type: ignore[union-attr]
+        self.transport.write(encode_code(CONTROL_HELLO))  # type: ignore[union-attr]
 
     def handshakeCompleted(self) -> None:
         self._handshake_done = True

@@ -22,6 +22,7 @@ from rmqha._wire import (
     CHECKED_ACK,
     CHECKED_HEADER_SIZE,
     CHECKED_HELLO,
+    CONTROL_HELLO,
     CONTROL_REFUSED,
     FEATURE_CHECKED_FRAMING,
     ChecksumError,
@@ -34,7 +35,6 @@ from rmqha._wire import (
     decode_digest_request,
     encode_checked_header,
     encode_code,
-    encode_control_hello,
     encode_control_info,
     encode_digest_answer,
     encode_digest_request,
@@ -328,7 +328,7 @@ class MasterTests(MasterTestCase):
         for RocketMQ), and the connection closed after it is sent.
         """
         connection, transport = self.connect()
-        connection.dataReceived(flipped(encode_control_hello(), 63))
+        connection.dataReceived(flipped(encode_code(CONTROL_HELLO), 63))
         self.assertEqual(transport.value(), code(CONTROL_REFUSED))
         self.assertTrue(transport.disconnecting)
 
@@ -347,7 +347,7 @@ class MasterTests(MasterTestCase):
         A control request that fails its CRC ends the session.
         """
         connection, transport = self.connect()
-        connection.dataReceived(encode_control_hello())
+        connection.dataReceived(encode_code(CONTROL_HELLO))
         connection.dataReceived(flipped(encode_digest_request(0, 100), 100))
         self.assertTrue(transport.disconnecting)
         self.assertEqual(self.factory.checksum_failures, 1)
@@ -575,7 +575,7 @@ class ProbeTests(SynchronousTestCase):
     def start(self) -> tuple[Deferred[Any], ControlClient, StringTransport]:
         d = Deferred.fromCoroutine(probe(self.clock, self.endpoint, timeout=3.0))
         client, transport = self.endpoint.connected[-1]
-        self.assertEqual(transport.value(), encode_control_hello())
+        self.assertEqual(transport.value(), encode_code(CONTROL_HELLO))
         return d, client, transport
 
     def test_info(self) -> None:
@@ -594,7 +594,7 @@ class ProbeTests(SynchronousTestCase):
         classic.
         """
         d, client, _ = self.start()
-        client.dataReceived(encode_control_hello() + struct.pack(">i", 0))
+        client.dataReceived(encode_code(CONTROL_HELLO) + struct.pack(">i", 0))
         self.assertIsNone(self.successResultOf(d))
 
     def test_classic_silence(self) -> None:

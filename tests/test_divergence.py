@@ -15,10 +15,11 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._wire import (
     CONTROL_DIGEST_SIZE,
+    CONTROL_HELLO,
     CONTROL_REQUEST_SIZE,
     FEATURE_CHECKED_FRAMING,
     decode_digest_answer,
-    encode_control_hello,
+    encode_code,
     encode_digest_request,
 )
 from rmqha.divergence import ControlClient, Divergence, MasterInfo, find_divergence
@@ -169,8 +170,8 @@ class DivergenceTests(SynchronousTestCase):
         client = ControlClient()
         transport = iosim.FakeTransport(client, isServer=False)
         client.makeConnection(transport)
-        self.assertEqual(transport.getOutBuffer(), encode_control_hello())
-        client.dataReceived(encode_control_hello() + b"\0\0\0\0" + bytes(16))
+        self.assertEqual(transport.getOutBuffer(), encode_code(CONTROL_HELLO))
+        client.dataReceived(encode_code(CONTROL_HELLO) + b"\0\0\0\0" + bytes(16))
         self.failureResultOf(client.info)
 
 
@@ -192,8 +193,8 @@ class MasterControlTests(SynchronousTestCase):
         connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
         transport = StringTransport()
         connection.makeConnection(transport)
-        connection.dataReceived(encode_control_hello()[:3])
-        connection.dataReceived(encode_control_hello()[3:] + encode_digest_request(0, 10))
+        connection.dataReceived(encode_code(CONTROL_HELLO)[:3])
+        connection.dataReceived(encode_code(CONTROL_HELLO)[3:] + encode_digest_request(0, 10))
         answer = transport.value()[-CONTROL_DIGEST_SIZE:]
         self.assertEqual(decode_digest_answer(answer)[:2], (0, 10))
         connection.dataReceived(b"\1" * CONTROL_REQUEST_SIZE)
