@@ -134,9 +134,7 @@ def encode_report(offset: int, checked: bool = False) -> bytes:
     """
     _check_offset(offset)
     report = _REPORT.pack(offset)
-    if checked:
-        return report + zlib.crc32(report).to_bytes(4, "big")
-    return report
+    return _sealed(report) if checked else report
 
 
 def encode_header(offset: int, size: int) -> bytes:
@@ -150,13 +148,20 @@ def encode_header(offset: int, size: int) -> bytes:
     return _HEADER.pack(offset, size)
 
 
+def _sealed(message: bytes) -> bytes:
+    """
+    C{message} followed by its CRC-32 (checked reports and headers, control
+    messages after the hello).
+    """
+    return message + zlib.crc32(message).to_bytes(4, "big")
+
+
 def encode_checked_header(offset: int, body: bytes | memoryview) -> bytes:
     """
     The 20-byte checked-framing header of a frame carrying C{body} from
     C{offset} (an empty body: a heartbeat).
     """
-    head = encode_header(offset, len(body)) + zlib.crc32(body).to_bytes(4, "big")
-    return head + zlib.crc32(head).to_bytes(4, "big")
+    return _sealed(encode_header(offset, len(body)) + zlib.crc32(body).to_bytes(4, "big"))
 
 
 def _crc_error(what: str, sent: int, computed: int) -> "ChecksumError":
@@ -412,10 +417,6 @@ class NotControlError(ProtocolError):
     The peer answered a control hello with something other than INFO: it
     does not speak the extension (a RocketMQ master).
     """
-
-
-def _sealed(message: bytes) -> bytes:
-    return message + zlib.crc32(message).to_bytes(4, "big")
 
 
 def _unsealed(data: bytes | bytearray, size: int, what: str) -> bytes:

@@ -58,8 +58,8 @@ __all__ = [
     "find_divergence",
 ]
 
-_INFO_CODE = CONTROL_INFO.to_bytes(8, "big", signed=True)
-_REFUSED_CODE = CONTROL_REFUSED.to_bytes(8, "big", signed=True)
+_INFO_CODE = encode_code(CONTROL_INFO)
+_REFUSED_CODE = encode_code(CONTROL_REFUSED)
 
 #: How much of the common tail is compared on every check.
 TAIL_WINDOW = 64 * 1024 * 1024
