@@ -702,7 +702,10 @@ async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
                 os.path.join(root, "slave.log"),
             )
         )
-        while not master.slaves():
+        # Until the slave's first report (not merely its connection, which
+        # may be the divergence check's control session) every put would be
+        # SLAVE_NOT_AVAILABLE.
+        while not any(s.ack_offset is not None for s in master.slaves()):
             await deferLater(reactor, 0.05, lambda: None)
         body = os.urandom(args.body_size)
         latencies: list[int] = []

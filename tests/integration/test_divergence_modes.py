@@ -100,7 +100,11 @@ async def test_ahead_truncate(tmp_path: Any) -> None:
     _prepare_ahead(tmp_path)
     master, slave = await _run(reactor, tmp_path, "truncate")
     try:
-        await until(reactor, lambda: bool(master.slaves()), "replication to resume")
+        await until(
+            reactor,
+            lambda: any(s.ack_offset is not None for s in master.slaves()),
+            "replication to resume",
+        )
         for i in range(50):
             await master.put(Message("DivTopic", b"n" * 200))
         end = master.commitlog.max_offset

@@ -53,7 +53,14 @@ async def test_paused_slave(tmp_path: Any) -> None:
                 "--heartbeat-interval", "200",
             )
         )
-        await until(reactor, lambda: bool(master.slaves()), "the slave to connect")
+        # Connected is not enough: the slave checks the master over a
+        # control session first, and a put before its first report finds no
+        # slave to wait for (SLAVE_NOT_AVAILABLE).
+        await until(
+            reactor,
+            lambda: any(s.ack_offset is not None for s in master.slaves()),
+            "the slave's first report",
+        )
 
         async def put() -> PutStatus:
             result = await master.put(Message("SyncTopic", b"s" * 512))
