@@ -283,6 +283,12 @@ def _check(args: argparse.Namespace, out: IO[str]) -> int:
     if not os.path.isdir(args.dir):
         raise _CommandError(f"{args.dir}: no such directory")
     report = verify_store(args.dir)
+    if report.unfinished_segment is not None:
+        out.write(
+            f"note: segment file {report.unfinished_segment} was never finished "
+            "(short, only zeros: its creation was interrupted); it holds nothing "
+            "and opening the store removes it\n"
+        )
     if report.ok:
         out.write(
             f"sound: {report.records} records in {report.segments} segments, "

@@ -236,6 +236,9 @@ class RecoveryReport:
     @ivar dropped_segments: segment files past the end, moved to
         C{<store>/rmqha/dropped/} (or, read-only, merely ignored).
     @ivar records: records verified by the walk.
+    @ivar unfinished_segment: the name of a last segment file whose creation
+        was interrupted (shorter than a segment, only zeros), removed (or,
+        read-only, ignored).
     """
 
     clean_shutdown: bool
@@ -245,6 +248,7 @@ class RecoveryReport:
     torn: bool = False
     dropped_segments: list[str] = field(default_factory=list)
     records: int = 0
+    unfinished_segment: str | None = None
 
 
 class _Segment:
@@ -452,12 +456,18 @@ class CommitLog:
         try:
             abort_path = os.path.join(store_dir, "abort")
             clean = not os.path.exists(abort_path)
-            segments, segment_size = _load_segments(
+            segments, segment_size, unfinished = _load_segments(
                 commitlog_dir, segment_size, writable=not read_only
             )
             recovery = _recover(
                 store_dir, segments, segment_size, clean, check_crc, read_only
             )
+            if unfinished is not None:
+                # Nothing in it; the log creates it again when it needs it.
+                recovery.unfinished_segment = os.path.basename(unfinished)
+                if not read_only:
+                    os.unlink(unfinished)
+                    _fsync_dir(commitlog_dir)
             # Recovery read the tail through mappings; let them go (they
             # come back when needed) so that an open store does not hold
             # the pages it read as its own memory.
@@ -493,6 +503,16 @@ class CommitLog:
                 clean=recovery.clean_shutdown,
                 reason=recovery.stop_reason or "end of data",
                 dropped=recovery.dropped_segments or "none",
+            )
+        if recovery.unfinished_segment is not None:
+            self._log.warn(
+                "commit log {dir}: segment file {name} was never finished (shorter "
+                "than {size} bytes, only zeros: its creation was interrupted); "
+                "{what}",
+                dir=commitlog_dir,
+                name=recovery.unfinished_segment,
+                size=segment_size,
+                what="ignored" if read_only else "removed, it held nothing",
             )
         return self
 
@@ -1343,11 +1363,58 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _all_zero(path: str) -> bool:
+    """
+    Whether every byte of the file at C{path} is zero (read, not mapped: it
+    may be empty or shorter than a segment).
+    """
+    with open(path, "rb") as f:
+        while chunk := f.read(len(_ZERO_CHUNK)):
+            if chunk != _ZERO_CHUNK[: len(chunk)]:
+                return False
+    return True
+
+
+def _unfinished_segment(
+    found: list[tuple[int, str, int]], segment_size: int | None
+) -> str | None:
+    """
+    The path of the last segment file if its creation was interrupted: it
+    is shorter than a segment and holds only zeros.  A process killed
+    between creating a segment file and giving it its full size leaves one
+    (so does RocketMQ, whose broker then refuses to start); nothing was
+    ever written to it, since writing starts only once it has its size.
+    """
+    if not found:
+        return None
+    start, path, size = found[-1]
+    if len(found) > 1:
+        expected: int | None = found[0][2] if segment_size is None else segment_size
+        if start != found[-2][0] + found[-2][2]:
+            return None
+    else:
+        expected = segment_size
+    if expected is None:
+        # A lone file, no configured size: short if no segment has its size.
+        try:
+            _check_segment_size(size)
+            return None
+        except ValueError:
+            pass
+    elif size >= expected:
+        return None
+    return path if _all_zero(path) else None
+
+
 def _load_segments(
     commitlog_dir: str, segment_size: int | None, writable: bool
-) -> tuple[list[_Segment], int]:
+) -> tuple[list[_Segment], int, str | None]:
     """
     List the segment files, checking names, sizes and contiguity.
+
+    @return: the segments, the segment size, and the path of an unfinished
+        last segment file (see L{_unfinished_segment}), which is not among
+        the segments.
     """
     names = sorted(os.listdir(commitlog_dir))
     found: list[tuple[int, str, int]] = []
@@ -1359,8 +1426,11 @@ def _load_segments(
                 "their 20-digit start offset)"
             )
         found.append((int(name), path, os.path.getsize(path)))
+    unfinished = _unfinished_segment(found, segment_size)
+    if unfinished is not None:
+        del found[-1]
     if not found:
-        return [], segment_size or DEFAULT_SEGMENT_SIZE
+        return [], segment_size or DEFAULT_SEGMENT_SIZE, unfinished
     sizes = {size for _, _, size in found}
     if segment_size is None:
         # The first file's size decides; every file must have it.
@@ -1391,7 +1461,7 @@ def _load_segments(
     segments = [_Segment(start, path, size, writable) for start, path, size in found]
     for segment in segments:
         segment.wrote = segment.size
-    return segments, segment_size
+    return segments, segment_size, unfinished
 
 
 @dataclass
@@ -1553,6 +1623,8 @@ class VerifyReport:
 
     @ivar error: the first problem, or C{None} when the store is sound.
     @ivar bad_offset: where that problem is.
+    @ivar unfinished_segment: the name of a last segment file whose creation
+        was interrupted (it holds nothing; opening the store removes it).
     """
 
     segments: int
@@ -1561,6 +1633,7 @@ class VerifyReport:
     end_offset: int
     error: str | None = None
     bad_offset: int | None = None
+    unfinished_segment: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -1581,15 +1654,17 @@ def verify_store(
     commitlog_dir = commitlog_dir or os.path.join(store_dir, "commitlog")
     if not os.path.isdir(commitlog_dir):
         raise StoreError(f"{commitlog_dir}: no such commit log directory")
-    segments, _ = _load_segments(commitlog_dir, None, writable=False)
+    segments, _, unfinished = _load_segments(commitlog_dir, None, writable=False)
+    unfinished_name = None if unfinished is None else os.path.basename(unfinished)
     try:
         if not segments:
-            return VerifyReport(0, 0, 0, 0)
+            return VerifyReport(0, 0, 0, 0, unfinished_segment=unfinished_name)
         walk = _walk(segments, 0, check_crc)
         segment = segments[walk.index]
         end = segment.start + walk.position
         report = VerifyReport(
-            len(segments), walk.records, segments[0].start, end
+            len(segments), walk.records, segments[0].start, end,
+            unfinished_segment=unfinished_name,
         )
         if not _is_end_of_data(walk.error):
             assert walk.error is not None

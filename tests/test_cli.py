@@ -112,6 +112,20 @@ class CLITests(SynchronousTestCase):
         self.assertIn(f"bad record at offset {2 * size}", out)
         self.assertIn("CRC", out)
 
+    def test_check_unfinished_segment(self) -> None:
+        """
+        An empty next segment file (its creation was interrupted) is noted,
+        and the store is still sound.
+        """
+        store, _ = self.make_store(count=3)
+        name = f"{SEGMENT:020d}"
+        with open(os.path.join(store, "commitlog", name), "wb"):
+            pass
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 0)
+        self.assertIn(f"note: segment file {name} was never finished", out)
+        self.assertIn("sound: 3 records in 1 segments", out)
+
     def test_check_garbage_after_end(self) -> None:
         """
         Non-zero bytes after the last record (a torn tail) fail the check.

@@ -18,12 +18,14 @@ from typing import Callable, Iterable
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._record import MessageRejected, RecordError
+from rmqha import commitlog as commitlog_module
 from rmqha.commitlog import CommitLog, StoreError
 
 from tests._helpers import (
     copy_store,
     disk,
     field_spans,
+    fixed_clock,
     file_bytes,
     make_message,
     mark_unclean,
@@ -332,6 +334,155 @@ class SegmentsPastTheEndTests(RecoveryCheck, SynchronousTestCase):
             segment_file_name(3 * self.SEGMENT), os.listdir(log.commitlog_dir)
         )
         self.assertRecovered(log, offsets, self.SEGMENT)
+
+
+class UnfinishedSegmentTests(SynchronousTestCase):
+    """
+    A last segment file whose creation was interrupted: a process killed
+    between creating the file and giving it its size leaves it empty or
+    short, and only zeros.  RocketMQ then refuses to start; rmqha opens the
+    store without it, since nothing was ever written to it.
+    """
+
+    SEGMENT = 512
+
+    def _store(self) -> tuple[str, list[int], int]:
+        """
+        Six records filling segments 0..2 exactly (two per segment, BLANK
+        at the end of each), closed cleanly; offsets and the end.
+        """
+        messages = [make_message(body(150, i), topic="T") for i in range(6)]
+        log = open_store(self, segment_size=self.SEGMENT)
+        put_all(log, messages)
+        log.close()
+        offsets, _, end = plan_offsets(map(record_size, messages), self.SEGMENT)
+        return log.store_dir, offsets, end
+
+    def _leave(self, store_dir: str, content: bytes) -> str:
+        """
+        The next segment file, as a killed process left it.
+        """
+        name = segment_file_name(3 * self.SEGMENT)
+        with open(os.path.join(store_dir, "commitlog", name), "wb") as f:
+            f.write(content)
+        mark_unclean(store_dir)
+        return name
+
+    def test_empty_file_removed(self) -> None:
+        """
+        A 0-byte last segment file is removed and named in the recovery
+        report; every record survives, and the next put that needs the
+        segment creates it again at its full size.
+        """
+        store_dir, offsets, _ = self._store()
+        name = self._leave(store_dir, b"")
+        log = open_store(self, store_dir, segment_size=self.SEGMENT)
+        self.assertEqual(log.recovery.unfinished_segment, name)
+        self.assertNotIn(name, os.listdir(log.commitlog_dir))
+        self.assertEqual([r.offset for r in log.records(check_crc=True)], offsets)
+        result = log.put(make_message(body(150, 9), topic="T"))
+        self.assertEqual(result.offset, 3 * self.SEGMENT)
+        log.close()
+        self.assertEqual(len(segment_files(store_dir)[name]), self.SEGMENT)
+
+    def test_short_zero_file_removed(self) -> None:
+        """
+        A last segment file cut short while it was being allocated (only
+        zeros) is removed as well, also when the segment size is not
+        given but read from the other files.
+        """
+        store_dir, offsets, end = self._store()
+        name = self._leave(store_dir, bytes(100))
+        log = open_store(self, store_dir)
+        self.assertEqual(log.recovery.unfinished_segment, name)
+        self.assertEqual(log.max_offset, end)
+        self.assertNotIn(name, os.listdir(log.commitlog_dir))
+
+    def test_short_file_with_data_refused(self) -> None:
+        """
+        A short last segment file holding data is not an interrupted
+        creation (a truncated copy?): opening fails naming the file and
+        both sizes, and the file is left as it was.
+        """
+        store_dir, _, _ = self._store()
+        content = b"\0" * 50 + b"\x01" + b"\0" * 49
+        name = self._leave(store_dir, content)
+        error = self.assertRaises(
+            StoreError, CommitLog.open, store_dir, segment_size=self.SEGMENT
+        )
+        self.assertIn(name, str(error))
+        self.assertIn(f"100 bytes, but segments are {self.SEGMENT} bytes", str(error))
+        self.assertEqual(segment_files(store_dir)[name], content)
+
+    def test_read_only_ignores_it(self) -> None:
+        """
+        Read-only, the unfinished file is reported and left in place.
+        """
+        store_dir, offsets, _ = self._store()
+        name = self._leave(store_dir, b"")
+        before = tree_digest(store_dir)
+        log = open_store(self, store_dir, read_only=True)
+        self.assertEqual(log.recovery.unfinished_segment, name)
+        self.assertEqual([r.offset for r in log.records(check_crc=True)], offsets)
+        log.close()
+        self.assertEqual(tree_digest(store_dir), before)
+
+    def test_lone_unfinished_file(self) -> None:
+        """
+        A store whose only segment file is unfinished opens empty, and
+        replication can then start it at any segment boundary.
+        """
+        store_dir = self.mktemp()
+        os.makedirs(os.path.join(store_dir, "commitlog"))
+        name = segment_file_name(4 * self.SEGMENT)
+        with open(os.path.join(store_dir, "commitlog", name), "wb"):
+            pass
+        log = open_store(self, store_dir, segment_size=self.SEGMENT)
+        self.assertEqual(log.recovery.unfinished_segment, name)
+        self.assertFalse(log.has_data())
+        self.assertEqual(os.listdir(log.commitlog_dir), [])
+
+    def test_killed_while_creating(self) -> None:
+        """
+        The crash itself: a replica append that dies between creating the
+        next segment's file and sizing it leaves a store that opens again,
+        at the end of what was written, and accepts the rest.
+        """
+        store_dir, _, end = self._store()
+        # Segments 0 and 1 whole, segment 2 up to its last record.
+        data = b"".join(segment_files(store_dir).values())[:end]
+        replica_dir = self.mktemp()
+        replica = CommitLog.open(replica_dir, segment_size=self.SEGMENT, clock=fixed_clock)
+        replica.append_at(0, data[: 2 * self.SEGMENT])
+
+        class Killed(BaseException):
+            pass
+
+        def die(fd: int, size: int) -> None:
+            raise Killed()
+
+        allocate = commitlog_module._allocate
+        commitlog_module._allocate = die
+        try:
+            self.assertRaises(
+                Killed, replica.append_at, 2 * self.SEGMENT, data[2 * self.SEGMENT :]
+            )
+        finally:
+            commitlog_module._allocate = allocate
+        # The process is gone, and so is its lock.
+        assert replica._lock_fd is not None
+        os.close(replica._lock_fd)
+        replica._lock_fd = None
+        self.assertEqual(
+            len(segment_files(replica_dir)[segment_file_name(2 * self.SEGMENT)]), 0
+        )
+        replica = open_store(self, replica_dir, segment_size=self.SEGMENT)
+        self.assertEqual(replica.recovery.unfinished_segment, segment_file_name(2 * self.SEGMENT))
+        self.assertEqual(replica.max_offset, 2 * self.SEGMENT)
+        replica.append_at(2 * self.SEGMENT, data[2 * self.SEGMENT :])
+        replica.close()
+        self.assertEqual(b"".join(segment_files(replica_dir).values())[:end], data)
+        self.assertEqual(segment_files(replica_dir), segment_files(store_dir))
 
 
 class WalkStartTests(SynchronousTestCase):
