@@ -1365,14 +1365,15 @@ def _fsync_dir(path: str) -> None:
 
 def _all_zero(path: str) -> bool:
     """
-    Whether every byte of the file at C{path} is zero (read, not mapped: it
-    may be empty or shorter than a segment).
+    Whether every byte of the file at C{path} is zero (an empty file, which
+    cannot be mapped, is).
     """
     with open(path, "rb") as f:
-        while chunk := f.read(len(_ZERO_CHUNK)):
-            if chunk != _ZERO_CHUNK[: len(chunk)]:
-                return False
-    return True
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            return True
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+            return not _nonzero_after(mm, 0, size)
 
 
 def _unfinished_segment(
