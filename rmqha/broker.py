@@ -35,7 +35,8 @@ from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
 from rmqha.divergence import CheckFailed, Divergence, find_divergence, probe
 from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
-from rmqha.slave import SlaveFactory, make_slave_service
+from rmqha._wire import FEATURE_IDENTIFY
+from rmqha.slave import SlaveFactory, load_replica_id, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 from rmqha.tls import PeerPolicy, exposure_warning, plain_master_warning, split_description
 
@@ -202,6 +203,8 @@ class Broker(MultiService):
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
         self._check_retry: IDelayedCall | None = None
         self._checked_framing: bool | None = None
+        #: The replica id the slave declares (the master offered IDENTIFY).
+        self._identity: str | None = None
         self._classic_logged = False
         self._master_client: Any = None
         #: The divergence replication is halted on, if any.
@@ -293,6 +296,7 @@ class Broker(MultiService):
             on_suspect=self._suspect,
         )
         self.slave_factory.checked = bool(self._checked_framing)
+        self.slave_factory.identity = self._identity
         self.store.flush_observers.append(self.slave_factory.flushed)
         self.ha_service = make_slave_service(
             self._master_client, self.slave_factory, self.reactor, self._retry_policy
@@ -366,8 +370,11 @@ class Broker(MultiService):
                 "checked framing (CRC-32 on every frame and report) {state}",
                 state="on" if checked else "off: the master does not offer it",
             )
+        identify = session is not None and bool(session[1].features & FEATURE_IDENTIFY)
+        self._identity = load_replica_id(self.commitlog.store_dir) if identify else None
         if self.slave_factory is not None:
             self.slave_factory.checked = checked
+            self.slave_factory.identity = self._identity
         if session is None:
             if not self._classic_logged:
                 self._classic_logged = True

@@ -51,11 +51,14 @@ from rmqha._wire import (
     CONTROL_REFUSED,
     CONTROL_REQUEST_SIZE,
     FEATURE_CHECKED_FRAMING,
+    FEATURE_IDENTIFY,
+    IDENTIFY,
     MAX_BODY_SIZE,
     ChecksumError,
     ProtocolError,
     ReportDecoder,
     decode_digest_request,
+    decode_identify,
     encode_checked_header,
     encode_code,
     encode_control_info,
@@ -121,6 +124,8 @@ class SlaveStatus:
     identity: str | None = None
     #: C{"classic"} or C{"checked"} (CRC-32 on every frame and report).
     framing: str = "classic"
+    #: The replica id the slave declared (unauthenticated), if any.
+    replica_id: str | None = None
 
 
 class _State(enum.Enum):
@@ -152,6 +157,7 @@ def _peer_name(address: IAddress | None) -> str:
         return str(address)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+_IDENTIFY_CODE = encode_code(IDENTIFY)
 #: A DIGEST answer refusing the range.
 _REFUSED_DIGEST = encode_digest_answer(-1, -1, bytes(16))
 #: Control request bytes a session may hold unanswered: what one read
@@ -266,6 +272,8 @@ class MasterConnection(Protocol):
         self.tls = False
         #: The slave asked for checked framing.
         self.checked = False
+        #: The replica id the slave declared (IDENTIFY; unauthenticated).
+        self.replica_id: str | None = None
         self._state = _State.AWAITING_REPORT
         # The first bytes, until we know whether this is a control session.
         self._head: bytearray | None = bytearray()
@@ -372,6 +380,10 @@ class MasterConnection(Protocol):
             self._head += data
             if len(self._head) < 8:
                 return b""
+            if self._head[:8] == _IDENTIFY_CODE and self.replica_id is None:
+                if not self._identify():
+                    return b""
+                return self._control_or_classic(b"")
             head, self._head = bytes(self._head), None
             code = int.from_bytes(head[:8], "big", signed=True)
             if code == CHECKED_HELLO:
@@ -402,7 +414,7 @@ class MasterConnection(Protocol):
                     commitlog.min_offset,
                     commitlog.max_offset,
                     commitlog.segment_size,
-                    FEATURE_CHECKED_FRAMING,
+                    FEATURE_CHECKED_FRAMING | FEATURE_IDENTIFY,
                 )
             )
             data = head[8:]
@@ -415,6 +427,44 @@ class MasterConnection(Protocol):
             return b""
         self._serve_control()
         return b""
+
+    def _identify(self) -> bool:
+        """
+        The slave's IDENTIFY at the head of the stream: take its replica
+        id once it is whole (C{True}), or wait for more (C{False}; also
+        when it was bad and the connection is dropped).
+        """
+        assert self._head is not None
+        try:
+            found = decode_identify(self._head)
+        except ProtocolError as e:
+            if isinstance(e, ChecksumError):
+                self.factory.checksum_failures += 1
+            self.drop(str(e))
+            return False
+        if found is None:
+            return False
+        self.replica_id, used = found
+        del self._head[:used]
+        self._log.info(
+            "slave {peer} declares replica id {replica_id} (unauthenticated)",
+            peer=self.peer,
+            replica_id=self.replica_id,
+        )
+        return True
+
+    @property
+    def replica(self) -> str:
+        """
+        Which replica this is, for the quorum: the TLS certificate's name,
+        else the id the slave declared, else its address (a classic slave:
+        every connection its own replica).
+        """
+        if self.identity is not None:
+            return f"certificate {self.identity}"
+        if self.replica_id is not None:
+            return f"declared id {self.replica_id}"
+        return f"address {self.peer}"
 
     def _serve_control(self) -> None:
         """
@@ -526,6 +576,13 @@ class MasterConnection(Protocol):
         if self.transport is not None:
             IConsumer(self.transport).unregisterProducer()
 
+    @property
+    def replicating(self) -> bool:
+        """
+        The first report has come and the connection is not closed.
+        """
+        return self._state is _State.TRANSFERRING
+
     # -- reports -----------------------------------------------------------
 
     def _start(self, offset: int) -> None:
@@ -555,6 +612,10 @@ class MasterConnection(Protocol):
                 f"segment (min offset {commitlog.min_offset})"
             )
             return
+        # One connection per replica counts: a newer one replaces the old
+        # (a slave that reconnected before its old connection timed out,
+        # or a second connection claiming to be the same replica).
+        self.factory.replace_older(self)
         # The first report is what the slave holds: 0 for an empty one,
         # which is connected and counts (from 0) for in-sync decisions.
         self._record_ack(offset)
@@ -693,6 +754,7 @@ class MasterConnection(Protocol):
             transport="tls" if self.tls else "tcp",
             identity=self.identity,
             framing="checked" if self.checked else "classic",
+            replica_id=self.replica_id,
         )
 
     def drop(self, why: str, last_words: bytes | None = None) -> None:
@@ -794,11 +856,27 @@ class MasterFactory(ServerFactory):
         for listener in list(self.ack_listeners):
             listener()
 
+    def replace_older(self, connection: MasterConnection) -> None:
+        """
+        C{connection} is replicating: drop any other connection of the
+        same replica (L{MasterConnection.replica}), so each replica counts
+        once in the quorum.
+        """
+        replica = connection.replica
+        for other in list(self.connections):
+            if other is not connection and other.replicating and other.replica == replica:
+                other.drop(f"replaced by a newer connection of {replica} from {connection.peer}")
+
     def ack_offsets(self) -> list[int]:
         """
-        The ack of every connected slave that has acknowledged anything.
+        The ack of every replicating slave that has acknowledged anything:
+        one per replica (L{replace_older}).
         """
-        return [c.ack_offset for c in self.connections if c.ack_offset is not None]
+        return [
+            c.ack_offset
+            for c in self.connections
+            if c.ack_offset is not None and c.replicating
+        ]
 
     def disconnect_all(self, why: str) -> None:
         """
