@@ -30,6 +30,7 @@ from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
     IHandshakeListener,
+    INegotiated,
     IPushProducer,
     IReactorThreads,
     IReactorTime,
@@ -38,7 +39,6 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -305,7 +305,9 @@ class MasterConnection(Protocol):
         clock = self.factory.clock
         self.connected_since = self._last_read = self._last_write = clock.seconds()
         set_tcp_no_delay(self.transport)
-        if isinstance(self.transport, TLSMemoryBIOProtocol):
+        # (INegotiated, not the class: a connection limiter's wrapper
+        # between us and TLS carries the TLS transport's interfaces.)
+        if INegotiated.providedBy(self.transport):
             # Nothing is read or sent until the handshake is done and the
             # slave's certificate has passed the peer policy.
             self.tls = True
