@@ -123,3 +123,53 @@ async def test_digest_flood_does_not_stall_the_reactor(tmp_path: Any) -> None:
         if peer is not None and peer.protocol.transport is not None:
             peer.protocol.transport.abortConnection()
         await master.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_slaves_declaring_one_id_count_once(tmp_path: Any) -> None:
+    """
+    Two real slaves whose stores hold the same replica id (a copied store)
+    declare it over IDENTIFY: the master keeps one replication connection
+    for them, so they count once for the quorum.
+    """
+    import os
+
+    from twisted.internet import reactor
+
+    from rmqha.slave import load_replica_id
+
+    master = make_broker(
+        reactor, str(tmp_path / "master"), Role.SYNC_MASTER, 1 << 20,
+        ha_listen="tcp:0:interface=127.0.0.1",
+    )
+    master.startService()
+    slaves = []
+    try:
+        port = (await master.ha_address()).port
+        replica_id = load_replica_id(str(tmp_path / "a"))
+        os.makedirs(tmp_path / "b" / "rmqha")
+        (tmp_path / "b" / "rmqha" / "replica-id").write_text(replica_id + "\n")
+        for name in ("a", "b"):
+            slave = make_broker(
+                reactor, str(tmp_path / name), Role.SLAVE, 1 << 20,
+                master_endpoint=f"tcp:host=127.0.0.1:port={port}",
+            )
+            slave.startService()
+            slaves.append(slave)
+        await until(
+            reactor,
+            lambda: sum(s.slave_factory.connections_made for s in slaves) >= 2,
+            "both slaves to connect",
+            30,
+        )
+        await until(
+            reactor,
+            lambda: [s.replica_id for s in master.slaves()] == [replica_id]
+            and len(master.master_factory.ack_offsets()) == 1,
+            "one replica",
+            30,
+        )
+    finally:
+        for slave in slaves:
+            await slave.stopService()
+        await master.stopService()
