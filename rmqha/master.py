@@ -503,9 +503,8 @@ class MasterConnection(Protocol):
                 )
             else:
                 self._hash(start, end)
-        self._reading(
-            self._state is _State.CONTROL and not self._paused and not self._digesting
-        )
+        if self._state is _State.CONTROL:
+            self._reading(not self._paused and not self._digesting)
 
     def _reading(self, on: bool) -> None:
         """
