@@ -8,7 +8,9 @@ its commit log ends, and from there streams the master's commit log as
 12-byte headers plus bytes (or, for an rmqha slave that asks, as checked
 framing: a CRC-32 on every frame and report, docs/protocol.md).  A
 connection whose first value is an rmqha control hello is a control
-session instead (L{rmqha.divergence}).  The connection is the push producer
+session instead (L{rmqha.divergence}): one DIGEST at a time, hashed in a
+worker thread and paced per peer host, reading paused while an answer is
+pending or unread (docs/protocol.md).  The connection is the push producer
 registered on its transport: it writes while the transport accepts and
 stops when the transport pauses it, so a slow slave costs the master no
 memory beyond the transport's buffer.  With nothing left to send it waits
