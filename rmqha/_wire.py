@@ -63,6 +63,11 @@ __all__ = [
     "decode_digest_request",
     "encode_digest_answer",
     "decode_digest_answer",
+    "IDENTIFY",
+    "FEATURE_IDENTIFY",
+    "MAX_REPLICA_ID",
+    "encode_identify",
+    "decode_identify",
 ]
 
 REPORT_SIZE = 8
@@ -503,3 +508,63 @@ def decode_digest_answer(data: bytes | bytearray) -> tuple[int, int, bytes]:
     if code != CONTROL_DIGEST:
         raise ProtocolError(f"control answer code {code} is not DIGEST")
     return start, end, digest
+
+
+# -- replica identity (an rmqha extension, docs/protocol.md) -----------------
+#
+# A slave tells the master which replica it is, so that the quorum counts
+# replicas, not connections.  Sent first on a replication connection (before
+# CHECKED_HELLO or the first report), and only to a master whose control
+# INFO offered it: a RocketMQ master never sees it.  Unauthenticated: under
+# TLS the certificate's name is the identity and this id is not used.
+
+#: Slave to master: code, id length (int16), the id in UTF-8, CRC-32.
+IDENTIFY = -0x524D514841_0007
+#: The control INFO feature bit of a master that takes IDENTIFY.
+FEATURE_IDENTIFY = 2
+#: The longest replica id, in UTF-8 bytes.
+MAX_REPLICA_ID = 255
+
+_IDENTIFY_HEAD = struct.Struct(">qH")
+
+
+def encode_identify(replica_id: str) -> bytes:
+    """
+    The IDENTIFY message of replica C{replica_id}.
+
+    @raise ValueError: the id is empty, too long or not printable.
+    """
+    data = replica_id.encode("utf-8")
+    if not 0 < len(data) <= MAX_REPLICA_ID or not replica_id.isprintable():
+        raise ValueError(
+            f"replica id {replica_id!r} must be 1 to {MAX_REPLICA_ID} bytes of printable UTF-8"
+        )
+    return _sealed(_IDENTIFY_HEAD.pack(IDENTIFY, len(data)) + data)
+
+
+def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
+    """
+    The replica id at the start of C{data} (which starts with the IDENTIFY
+    code) and the bytes it took, or C{None} until the message is whole.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the length or the id is impossible.
+    """
+    if len(data) < _IDENTIFY_HEAD.size:
+        return None
+    code, length = _IDENTIFY_HEAD.unpack_from(data)
+    if code != IDENTIFY:
+        raise ProtocolError(f"code {code} is not IDENTIFY")
+    if not 0 < length <= MAX_REPLICA_ID:
+        raise ProtocolError(f"IDENTIFY of {length} bytes; the limit is 1..{MAX_REPLICA_ID}")
+    size = _IDENTIFY_HEAD.size + length + 4
+    if len(data) < size:
+        return None
+    message = _unsealed(data, size, "IDENTIFY")
+    try:
+        replica_id = message[_IDENTIFY_HEAD.size :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("the IDENTIFY id is not UTF-8") from None
+    if not replica_id.isprintable():
+        raise ProtocolError(f"the IDENTIFY id {replica_id!r} is not printable")
+    return replica_id, size

@@ -55,6 +55,7 @@ def status(broker: Broker) -> dict[str, Any]:
                 "transport": s.transport,
                 "identity": s.identity,
                 "framing": s.framing,
+                "replica_id": s.replica_id,
             }
             for s in sorted(broker.slaves(), key=lambda s: s.peer)
         ]

@@ -35,7 +35,16 @@ from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
 from rmqha.divergence import CheckFailed, Divergence, find_divergence, probe
 from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
-from rmqha.slave import SlaveFactory, make_slave_service
+from rmqha._limits import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    FD_RESERVE,
+    ConnectionBudget,
+    LimitedFactory,
+    raise_fd_limit,
+)
+from rmqha._wire import FEATURE_IDENTIFY
+from rmqha.slave import SlaveFactory, load_replica_id, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 from rmqha.tls import PeerPolicy, exposure_warning, plain_master_warning, split_description
 
@@ -136,6 +145,9 @@ class Broker(MultiService):
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
         on_divergence: str | None = "halt",
         probe_timeout: float = 3.0,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
+        fd_limit: Callable[[], int] = raise_fd_limit,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -167,6 +179,13 @@ class Broker(MultiService):
             replicating), C{"truncate"} (cut back to the last common
             offset), C{"rebootstrap"} (move the store aside, start afresh),
             or C{None} (no checks).
+        @param max_connections: connections each listening port (HA,
+            HTTP) accepts at once; more are closed at once.
+        @param max_connections_per_peer: connections one host may hold on
+            each port.
+        @param fd_limit: called at start: raises the open-files limit and
+            returns the soft limit; all ports together keep
+            C{FD_RESERVE} descriptors of it free for the store.
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -202,6 +221,8 @@ class Broker(MultiService):
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
         self._check_retry: IDelayedCall | None = None
         self._checked_framing: bool | None = None
+        #: The replica id the slave declares (the master offered IDENTIFY).
+        self._identity: str | None = None
         self._classic_logged = False
         self._master_client: Any = None
         #: The divergence replication is halted on, if any.
@@ -209,6 +230,17 @@ class Broker(MultiService):
         #: Divergences found, by kind.
         self.divergences: dict[str, int] = {"ahead": 0, "behind": 0, "different": 0}
         self._retry_policy = retry_policy
+        if max_connections < 1 or max_connections_per_peer < 1:
+            raise ValueError(
+                f"max-connections {max_connections} and max-connections-per-peer "
+                f"{max_connections_per_peer} must be at least 1"
+            )
+        self.max_connections = max_connections
+        self.max_connections_per_peer = max_connections_per_peer
+        self._fd_limit = fd_limit
+        #: The connection limiter of each listening port, by name.
+        self.port_limits: dict[str, LimitedFactory] = {}
+        self.connection_budget: ConnectionBudget | None = None
         self._http = http
         self._max_unflushed = max_unflushed
         self.http_service: StreamServerEndpointService | None = None
@@ -228,6 +260,7 @@ class Broker(MultiService):
         self.ha_service: IService | None = None
 
     def startService(self) -> None:
+        self._start_limits()
         # The store first: the HA half needs the open log.
         self.store.startService()
         commitlog = self.store.commitlog
@@ -243,7 +276,9 @@ class Broker(MultiService):
                 if warning is not None:
                     self._log.warn("{text}", text=warning)
                 listen = serverFromString(self.reactor, listen)
-            self.ha_service = StreamServerEndpointService(listen, self.master_factory)
+            self.ha_service = StreamServerEndpointService(
+                listen, self._limited("HA", self.master_factory)
+            )
             self.ha_service.setName("ha")
             self.ha_service.setServiceParent(self)
             # MultiService starts every child; the store is already running.
@@ -269,11 +304,44 @@ class Broker(MultiService):
             from rmqha.admin import AdminRoot
 
             self.http_service = StreamServerEndpointService(
-                serverFromString(self.reactor, self._http), Site(AdminRoot(self))
+                serverFromString(self.reactor, self._http),
+                self._limited("HTTP", Site(AdminRoot(self))),
             )
             self.http_service.setName("http")
             self.http_service.setServiceParent(self)
             self.http_service.startService()
+
+    def _start_limits(self) -> None:
+        """
+        Raise the open-files limit and size the connection budget all
+        ports share: the soft limit less a reserve for the store.
+        """
+        soft = self._fd_limit()
+        budget = self.connection_budget = ConnectionBudget.for_fd_limit(soft)
+        ports = (1 if self.role.is_master else 0) + (1 if self._http is not None else 0)
+        if ports * self.max_connections > budget.total:
+            self._log.warn(
+                "max-connections {max} on {ports} port(s) exceeds what the open-files "
+                "limit {soft} allows with {reserve} kept for the store: at most {total} "
+                "connections in all",
+                max=self.max_connections,
+                ports=ports,
+                soft=soft,
+                reserve=FD_RESERVE,
+                total=budget.total,
+            )
+
+    def _limited(self, name: str, factory: Any) -> LimitedFactory:
+        limited = LimitedFactory(
+            factory,
+            self.reactor,
+            name=name,
+            max_connections=self.max_connections,
+            max_per_peer=self.max_connections_per_peer,
+            budget=self.connection_budget,
+        )
+        self.port_limits[name] = limited
+        return limited
 
     # -- the slave's replication and its divergence checks ------------------
 
@@ -293,6 +361,7 @@ class Broker(MultiService):
             on_suspect=self._suspect,
         )
         self.slave_factory.checked = bool(self._checked_framing)
+        self.slave_factory.identity = self._identity
         self.store.flush_observers.append(self.slave_factory.flushed)
         self.ha_service = make_slave_service(
             self._master_client, self.slave_factory, self.reactor, self._retry_policy
@@ -366,8 +435,11 @@ class Broker(MultiService):
                 "checked framing (CRC-32 on every frame and report) {state}",
                 state="on" if checked else "off: the master does not offer it",
             )
+        identify = session is not None and bool(session[1].features & FEATURE_IDENTIFY)
+        self._identity = load_replica_id(self.commitlog.store_dir) if identify else None
         if self.slave_factory is not None:
             self.slave_factory.checked = checked
+            self.slave_factory.identity = self._identity
         if session is None:
             if not self._classic_logged:
                 self._classic_logged = True

@@ -8,7 +8,9 @@ its commit log ends, and from there streams the master's commit log as
 12-byte headers plus bytes (or, for an rmqha slave that asks, as checked
 framing: a CRC-32 on every frame and report, docs/protocol.md).  A
 connection whose first value is an rmqha control hello is a control
-session instead (L{rmqha.divergence}).  The connection is the push producer
+session instead (L{rmqha.divergence}): one DIGEST at a time, hashed in a
+worker thread and paced per peer host, reading paused while an answer is
+pending or unread (docs/protocol.md).  The connection is the push producer
 registered on its transport: it writes while the transport accepts and
 stops when the transport pauses it, so a slow slave costs the master no
 memory beyond the transport's buffer.  With nothing left to send it waits
@@ -21,20 +23,24 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import os
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
     IDelayedCall,
     IHandshakeListener,
+    INegotiated,
     IPushProducer,
+    IReactorThreads,
     IReactorTime,
 )
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.threads import deferToThreadPool
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -47,18 +53,21 @@ from rmqha._wire import (
     CONTROL_REFUSED,
     CONTROL_REQUEST_SIZE,
     FEATURE_CHECKED_FRAMING,
+    FEATURE_IDENTIFY,
+    IDENTIFY,
     MAX_BODY_SIZE,
     ChecksumError,
     ProtocolError,
     ReportDecoder,
     decode_digest_request,
+    decode_identify,
     encode_checked_header,
     encode_code,
     encode_control_info,
     encode_digest_answer,
     encode_header,
 )
-from rmqha.commitlog import CommitLog, StoreError
+from rmqha.commitlog import CommitLog, StoreError, segment_name
 from rmqha.tls import PeerPolicy
 
 __all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
@@ -117,6 +126,8 @@ class SlaveStatus:
     identity: str | None = None
     #: C{"classic"} or C{"checked"} (CRC-32 on every frame and report).
     framing: str = "classic"
+    #: The replica id the slave declared (unauthenticated), if any.
+    replica_id: str | None = None
 
 
 class _State(enum.Enum):
@@ -148,6 +159,95 @@ def _peer_name(address: IAddress | None) -> str:
         return str(address)
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+_IDENTIFY_CODE = encode_code(IDENTIFY)
+#: A DIGEST answer refusing the range.
+_REFUSED_DIGEST = encode_digest_answer(-1, -1, bytes(16))
+#: Control request bytes a session may hold unanswered: what one read
+#: brings while reading is paused, with room to spare; more means a peer
+#: that ignores back-pressure.
+_CONTROL_BUFFER_LIMIT = 256 * 1024
+#: Bytes hashed per second per peer address for DIGEST answers (and the
+#: burst allowed): a slave's divergence check hashes at most 64 MiB.
+DIGEST_BYTES_PER_SECOND = 64 * 1024 * 1024
+#: The most bytes a worker thread reads at once while hashing.
+_HASH_CHUNK = 1024 * 1024
+
+
+def _digestible(commitlog: CommitLog, start: int, end: int) -> bool:
+    """
+    C{[start, end)} is a range a DIGEST request may ask for.
+    """
+    return (
+        commitlog.min_offset <= start <= end <= commitlog.max_offset
+        and end - start <= CONTROL_MAX_DIGEST_RANGE
+    )
+
+
+def _hash_files(directory: str, segment_size: int, start: int, end: int) -> bytes | None:
+    """
+    The blake2b-128 digest of the commit log's bytes C{[start, end)}, read
+    from the segment files with descriptors of its own (run in a worker
+    thread: the store's descriptors are opened and closed on the reactor
+    thread).  C{None} when a file is gone or short (the log moved on).
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    position = start
+    while position < end:
+        segment = position - position % segment_size
+        stop = min(end, segment + segment_size)
+        try:
+            fd = os.open(os.path.join(directory, segment_name(segment)), os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            while position < stop:
+                chunk = os.pread(fd, min(_HASH_CHUNK, stop - position), position - segment)
+                if not chunk:
+                    return None
+                digest.update(chunk)
+                position += len(chunk)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+    return digest.digest()
+
+
+class PeerBudget:
+    """
+    A token bucket per peer address: how many bytes of work (DIGEST
+    hashing) each host may cause per second.  A request larger than what
+    is left is not refused but scheduled: L{reserve} says how long to wait,
+    and the debt makes the next request wait longer.  Hosts whose bucket
+    is full again are forgotten, so the table holds only busy peers.
+    """
+
+    def __init__(self, clock: IReactorTime, rate: float, burst: float | None = None) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate {rate} must be positive")
+        self._clock = clock
+        self.rate = rate
+        self.burst = rate if burst is None else burst
+        #: host -> (tokens, when): tokens may be negative (a debt).
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def reserve(self, host: str, amount: float) -> float:
+        """
+        Charge C{amount} to C{host}: the seconds to wait before doing it.
+        """
+        now = self._clock.seconds()
+        tokens, then = self._buckets.get(host, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate) - amount
+        self._buckets[host] = (tokens, now)
+        if len(self._buckets) > 1024:
+            self._forget_idle(now)
+        return 0.0 if tokens >= 0 else -tokens / self.rate
+
+    def _forget_idle(self, now: float) -> None:
+        for host, (tokens, then) in list(self._buckets.items()):
+            if tokens + (now - then) * self.rate >= self.burst:
+                del self._buckets[host]
+
 
 @implementer(IPushProducer, IHandshakeListener)
 class MasterConnection(Protocol):
@@ -164,6 +264,8 @@ class MasterConnection(Protocol):
     def __init__(self, factory: "MasterFactory", address: IAddress | None) -> None:
         self.factory = factory
         self.peer = _peer_name(address)
+        #: The peer's host (what per-peer bounds are kept by).
+        self.peer_host = str(getattr(address, "host", address))
         self.ack_offset: int | None = None
         self.next_offset: int | None = None
         self.connected_since = 0.0
@@ -172,11 +274,18 @@ class MasterConnection(Protocol):
         self.tls = False
         #: The slave asked for checked framing.
         self.checked = False
+        #: The replica id the slave declared (IDENTIFY; unauthenticated).
+        self.replica_id: str | None = None
         self._state = _State.AWAITING_REPORT
         # The first bytes, until we know whether this is a control session.
         self._head: bytearray | None = bytearray()
         self._control = bytearray()
         self._control_mode = False
+        # Control: a DIGEST is outstanding (waiting for its budget or
+        # being hashed); the timer of the wait; reading from the peer.
+        self._digesting = False
+        self._digest_wait: IDelayedCall | None = None
+        self._reading_on = True
         self._reports = ReportDecoder()
         self._paused = False
         self._producing = False
@@ -198,7 +307,9 @@ class MasterConnection(Protocol):
         clock = self.factory.clock
         self.connected_since = self._last_read = self._last_write = clock.seconds()
         set_tcp_no_delay(self.transport)
-        if isinstance(self.transport, TLSMemoryBIOProtocol):
+        # (INegotiated, not the class: a connection limiter's wrapper
+        # between us and TLS carries the TLS transport's interfaces.)
+        if INegotiated.providedBy(self.transport):
             # Nothing is read or sent until the handshake is done and the
             # slave's certificate has passed the peer policy.
             self.tls = True
@@ -273,6 +384,10 @@ class MasterConnection(Protocol):
             self._head += data
             if len(self._head) < 8:
                 return b""
+            if self._head[:8] == _IDENTIFY_CODE and self.replica_id is None:
+                if not self._identify():
+                    return b""
+                return self._control_or_classic(b"")
             head, self._head = bytes(self._head), None
             code = int.from_bytes(head[:8], "big", signed=True)
             if code == CHECKED_HELLO:
@@ -293,48 +408,156 @@ class MasterConnection(Protocol):
                 return b""
             self._state = _State.CONTROL
             self._control_mode = True
-            # Not a slave: no producer, not in the status or the quorum.
+            # Not a slave: not in the status or the quorum.  It stays the
+            # transport's producer: a peer that does not read its answers
+            # pauses it, and a paused session stops reading requests.
             self.factory.connections.discard(self)
-            IConsumer(self.transport).unregisterProducer()
             commitlog = self.factory.commitlog
             self.transport.write(  # type: ignore[union-attr]
                 encode_control_info(
                     commitlog.min_offset,
                     commitlog.max_offset,
                     commitlog.segment_size,
-                    FEATURE_CHECKED_FRAMING,
+                    FEATURE_CHECKED_FRAMING | FEATURE_IDENTIFY,
                 )
             )
             data = head[8:]
         self._control += data
-        while len(self._control) >= CONTROL_REQUEST_SIZE:
+        if len(self._control) > _CONTROL_BUFFER_LIMIT:
+            self.drop(
+                f"control session: {len(self._control)} bytes of requests waiting "
+                f"(the limit is {_CONTROL_BUFFER_LIMIT}); the peer does not wait for answers"
+            )
+            return b""
+        self._serve_control()
+        return b""
+
+    def _identify(self) -> bool:
+        """
+        The slave's IDENTIFY at the head of the stream: take its replica
+        id once it is whole (C{True}), or wait for more (C{False}; also
+        when it was bad and the connection is dropped).
+        """
+        assert self._head is not None
+        try:
+            found = decode_identify(self._head)
+        except ProtocolError as e:
+            if isinstance(e, ChecksumError):
+                self.factory.checksum_failures += 1
+            self.drop(str(e))
+            return False
+        if found is None:
+            return False
+        self.replica_id, used = found
+        del self._head[:used]
+        self._log.info(
+            "slave {peer} declares replica id {replica_id} (unauthenticated)",
+            peer=self.peer,
+            replica_id=self.replica_id,
+        )
+        return True
+
+    @property
+    def replica(self) -> str:
+        """
+        Which replica this is, for the quorum: the TLS certificate's name,
+        else the id the slave declared, else its address (a classic slave:
+        every connection its own replica).
+        """
+        if self.identity is not None:
+            return f"certificate {self.identity}"
+        if self.replica_id is not None:
+            return f"declared id {self.replica_id}"
+        return f"address {self.peer}"
+
+    def _serve_control(self) -> None:
+        """
+        Answer the buffered control requests while the peer reads answers
+        (this producer is not paused) and no digest is outstanding: one
+        DIGEST at a time per session, hashed off the reactor thread,
+        paced per peer address by L{MasterFactory.digest_budget}.
+        Reading stops whenever requests cannot be served.
+        """
+        while (
+            self._state is _State.CONTROL
+            and not self._paused
+            and not self._digesting
+            and len(self._control) >= CONTROL_REQUEST_SIZE
+        ):
             try:
                 start, end = decode_digest_request(self._control)
             except ProtocolError as e:
                 if isinstance(e, ChecksumError):
                     self.factory.checksum_failures += 1
                 self.drop(f"control session: {e}")
-                return b""
+                return
             del self._control[:CONTROL_REQUEST_SIZE]
-            self.transport.write(self._digest(start, end))  # type: ignore[union-attr]
-        return b""
+            commitlog = self.factory.commitlog
+            if not _digestible(commitlog, start, end):
+                # Cheap to refuse: answered inline, in order.
+                self.transport.write(_REFUSED_DIGEST)  # type: ignore[union-attr]
+                continue
+            self._digesting = True
+            delay = self.factory.digest_budget.reserve(self.peer_host, end - start)
+            if delay > 0:
+                self._digest_wait = self.factory.clock.callLater(
+                    delay, self._hash, start, end
+                )
+            else:
+                self._hash(start, end)
+        if self._state is _State.CONTROL:
+            self._reading(not self._paused and not self._digesting)
 
-    def _digest(self, start: int, end: int) -> bytes:
+    def _reading(self, on: bool) -> None:
+        """
+        Read from the peer or stop reading (the transport as a producer of
+        received bytes); idempotent.
+        """
+        if on == self._reading_on or self.transport is None:
+            return
+        self._reading_on = on
+        if on:
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+        else:
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _hash(self, start: int, end: int) -> None:
+        """
+        Hash C{[start, end)} in a worker thread; answer when it is done.
+        """
+        self._digest_wait = None
+        if self._state is not _State.CONTROL:
+            return
         commitlog = self.factory.commitlog
-        if not (
-            commitlog.min_offset <= start <= end <= commitlog.max_offset
-            and end - start <= CONTROL_MAX_DIGEST_RANGE
-        ):
-            return encode_digest_answer(-1, -1, bytes(16))
-        digest = hashlib.blake2b(digest_size=16)
-        position = start
-        while position < end:
-            chunk = commitlog.read(position, end - position)
-            if not chunk:
-                return encode_digest_answer(-1, -1, bytes(16))
-            digest.update(chunk)
-            position += len(chunk)
-        return encode_digest_answer(start, end, digest.digest())
+        if not _digestible(commitlog, start, end):
+            self._digested(None, start, end)
+            return
+        directory, size = commitlog.commitlog_dir, commitlog.segment_size
+        d = self.factory.run_in_thread(lambda: _hash_files(directory, size, start, end))
+        d.addErrback(self._hash_failed, start, end)
+        d.addCallback(self._digested, start, end)
+
+    def _hash_failed(self, failure: Failure, start: int, end: int) -> None:
+        self._log.failure(
+            "hashing [{start}, {end}) for {peer}", failure, start=start, end=end, peer=self.peer
+        )
+        return None
+
+    def _digested(self, digest: bytes | None, start: int, end: int) -> None:
+        if self._state is not _State.CONTROL:
+            return
+        self._digesting = False
+        # The peer waited for us: its silence counts from this answer.
+        self._last_read = self.factory.clock.seconds()
+        # Read through the files while the log went on: the range must
+        # still be in the log (not cut off by a deleted segment) for the
+        # bytes hashed to be the log's.
+        if digest is None or not _digestible(self.factory.commitlog, start, end):
+            answer = _REFUSED_DIGEST
+        else:
+            answer = encode_digest_answer(start, end, digest)
+        self.transport.write(answer)  # type: ignore[union-attr]
+        self._serve_control()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._state is not _State.CLOSED:
@@ -348,10 +571,20 @@ class MasterConnection(Protocol):
         self._heartbeat.stop()
         self._housekeeping.stop()
         self.factory.connections.discard(self)
+        if self._digest_wait is not None and self._digest_wait.active():
+            self._digest_wait.cancel()
+        self._digest_wait = None
         if self.ack_offset is not None:
             self.factory.acks_changed()
-        if self.transport is not None and self._control_mode is False:
+        if self.transport is not None:
             IConsumer(self.transport).unregisterProducer()
+
+    @property
+    def replicating(self) -> bool:
+        """
+        The first report has come and the connection is not closed.
+        """
+        return self._state is _State.TRANSFERRING
 
     # -- reports -----------------------------------------------------------
 
@@ -382,6 +615,10 @@ class MasterConnection(Protocol):
                 f"segment (min offset {commitlog.min_offset})"
             )
             return
+        # One connection per replica counts: a newer one replaces the old
+        # (a slave that reconnected before its old connection timed out,
+        # or a second connection claiming to be the same replica).
+        self.factory.replace_older(self)
         # The first report is what the slave holds: 0 for an empty one,
         # which is connected and counts (from 0) for in-sync decisions.
         self._record_ack(offset)
@@ -421,12 +658,18 @@ class MasterConnection(Protocol):
 
     def pauseProducing(self) -> None:
         self._paused = True
+        if self._state is _State.CONTROL:
+            # The peer does not read its answers: stop reading requests.
+            self._reading(False)
 
     def resumeProducing(self) -> None:
         if self._state is _State.CLOSED:
             return
         self._paused = False
-        self._produce()
+        if self._state is _State.CONTROL:
+            self._serve_control()
+        else:
+            self._produce()
 
     def stopProducing(self) -> None:
         self._paused = True
@@ -514,6 +757,7 @@ class MasterConnection(Protocol):
             transport="tls" if self.tls else "tcp",
             identity=self.identity,
             framing="checked" if self.checked else "classic",
+            replica_id=self.replica_id,
         )
 
     def drop(self, why: str, last_words: bytes | None = None) -> None:
@@ -531,6 +775,13 @@ class MasterConnection(Protocol):
             self.transport.loseConnection()  # type: ignore[union-attr]
 
 
+def _default_run_in_thread(clock: object) -> Callable[[Callable[[], Any]], Deferred[Any]]:
+    if IReactorThreads.providedBy(clock):
+        reactor: Any = clock
+        return lambda f: deferToThreadPool(reactor, reactor.getThreadPool(), f)
+    return lambda f: maybeDeferred(f)
+
+
 class MasterFactory(ServerFactory):
     """
     Builds a L{MasterConnection} per accepted slave; shares the commit log,
@@ -545,15 +796,27 @@ class MasterFactory(ServerFactory):
         clock: IReactorTime,
         config: HAConfig = HAConfig(),
         peer_policy: PeerPolicy = PeerPolicy(),
+        run_in_thread: Callable[[Callable[[], Any]], Deferred[Any]] | None = None,
+        digest_rate: float = DIGEST_BYTES_PER_SECOND,
     ) -> None:
         """
         @param peer_policy: what a slave's TLS certificate must satisfy
             (applies to TLS connections).
+        @param run_in_thread: runs a DIGEST's hashing and returns a
+            Deferred of its result; defaults to the reactor's thread pool
+            (inline for a clock without threads, as in tests).
+        @param digest_rate: bytes hashed per second per peer address for
+            DIGEST answers (and the burst).
         """
         self.commitlog = commitlog
         self.clock = clock
         self.config = config
         self.peer_policy = peer_policy
+        if run_in_thread is None:
+            run_in_thread = _default_run_in_thread(clock)
+        self.run_in_thread = run_in_thread
+        #: The bytes of DIGEST hashing each peer host may cause per second.
+        self.digest_budget = PeerBudget(clock, digest_rate)
         self.connections: set[MasterConnection] = set()
         #: Reports and control requests that failed their CRC (checked
         #: framing): damaged on the way, never counted as acks.
@@ -596,11 +859,27 @@ class MasterFactory(ServerFactory):
         for listener in list(self.ack_listeners):
             listener()
 
+    def replace_older(self, connection: MasterConnection) -> None:
+        """
+        C{connection} is replicating: drop any other connection of the
+        same replica (L{MasterConnection.replica}), so each replica counts
+        once in the quorum.
+        """
+        replica = connection.replica
+        for other in list(self.connections):
+            if other is not connection and other.replicating and other.replica == replica:
+                other.drop(f"replaced by a newer connection of {replica} from {connection.peer}")
+
     def ack_offsets(self) -> list[int]:
         """
-        The ack of every connected slave that has acknowledged anything.
+        The ack of every replicating slave that has acknowledged anything:
+        one per replica (L{replace_older}).
         """
-        return [c.ack_offset for c in self.connections if c.ack_offset is not None]
+        return [
+            c.ack_offset
+            for c in self.connections
+            if c.ack_offset is not None and c.replicating
+        ]
 
     def disconnect_all(self, why: str) -> None:
         """

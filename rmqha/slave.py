@@ -17,6 +17,8 @@ frame and report, so a byte damaged on the way is never written or acked.
 
 from __future__ import annotations
 
+import os
+import uuid
 from typing import Any, Callable, cast
 
 from twisted.application.internet import ClientService, backoffPolicy
@@ -41,13 +43,14 @@ from rmqha._wire import (
     ProtocolError,
     TransferDecoder,
     encode_code,
+    encode_identify,
     encode_report,
 )
 from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
 from rmqha.tls import describe_failure
 
-__all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
+__all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service", "load_replica_id"]
 
 #: The same record failing validation this many times in a row is taken
 #: for the master's own corrupt copy (the slave then backs off).
@@ -131,9 +134,13 @@ class SlaveConnection(Protocol):
             return
         offset = self.factory.commitlog.record_end
         report = encode_report(offset, self.checked)
-        if self.checked and not self._hello_sent:
+        if not self._hello_sent:
             self._hello_sent = True
-            report = encode_code(CHECKED_HELLO) + report
+            if self.checked:
+                report = encode_code(CHECKED_HELLO) + report
+            if self.factory.identity is not None:
+                # Only to a master whose INFO offered it (the broker sets it).
+                report = encode_identify(self.factory.identity) + report
         self.transport.write(report)  # type: ignore[union-attr]
         self._reported = offset
         self._last_report = self.factory.clock.seconds()
@@ -379,6 +386,8 @@ class SlaveFactory(Factory):
         self._on_suspect = on_suspect
         #: Ask for checked framing (the master offered it in its INFO).
         self.checked = False
+        #: The replica id to declare with IDENTIFY (the master offered it).
+        self.identity: str | None = None
         #: Frames that failed their CRC (checked framing): damaged on the
         #: way, never written.
         self.checksum_failures = 0
@@ -409,6 +418,36 @@ class SlaveFactory(Factory):
         """
         if self.connection is not None:
             self.connection.flushed()
+
+
+def load_replica_id(store_dir: str) -> str:
+    """
+    This replica's id, from C{<store_dir>/rmqha/replica-id}: created with
+    a random UUID the first time, so it stays the same across restarts.
+
+    @raise ValueError: the file holds no valid id (the text names it).
+    """
+    path = os.path.join(store_dir, "rmqha", "replica-id")
+    try:
+        with open(path, encoding="utf-8") as f:
+            replica_id = f.read().strip()
+    except FileNotFoundError:
+        replica_id = str(uuid.uuid4())
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(replica_id + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return replica_id
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the replica id: {e}") from None
+    try:
+        encode_identify(replica_id)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return replica_id
 
 
 def _send_first_report(protocol: IProtocol) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Callable
 from twisted.application.service import IService
 from twisted.python import usage
 
+from rmqha._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_PEER
 from rmqha._units import parse_size
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import (
@@ -106,6 +107,12 @@ def _role(text: str) -> Role:
 def _replicas(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise ValueError(f"{text!r} is not a number of replicas (1 or more)")
+    return int(text)
+
+
+def _connections(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError(f"{text!r} is not a number of connections (1 or more)")
     return int(text)
 
 
@@ -211,6 +218,8 @@ _SETTINGS = [
     _Setting("min-in-sync-replicas", "minInSyncReplicas", _replicas),
     _Setting("on-divergence", "haOnDivergence", _on_divergence),
     _Setting("probe-timeout", "haProbeTimeout", _positive_ms),
+    _Setting("max-connections", "maxConnections", _connections),
+    _Setting("max-connections-per-peer", "maxConnectionsPerPeer", _connections),
     _Setting("tls-cert", "haTlsCert", str),
     _Setting("tls-key", "haTlsKey", str),
     _Setting("tls-ca", "haTlsCa", str),
@@ -242,6 +251,8 @@ _DEFAULTS: dict[str, Any] = {
     "tls-require-client-cert": False,
     "on-divergence": "halt",
     "probe-timeout": 3.0,
+    "max-connections": DEFAULT_MAX_CONNECTIONS,
+    "max-connections-per-peer": DEFAULT_MAX_CONNECTIONS_PER_PEER,
 }
 
 
@@ -353,6 +364,20 @@ class Options(usage.Options):
             None,
             "slave: ms to wait for the master's answer to the rmqha control hello "
             "before taking it for a RocketMQ master (3000) [haProbeTimeout]",
+        ],
+        [
+            "max-connections",
+            None,
+            None,
+            "connections each listening port (HA, HTTP) accepts at once; more are "
+            f"closed at once ({DEFAULT_MAX_CONNECTIONS}) [maxConnections]",
+        ],
+        [
+            "max-connections-per-peer",
+            None,
+            None,
+            "connections one host may hold on each port "
+            f"({DEFAULT_MAX_CONNECTIONS_PER_PEER}) [maxConnectionsPerPeer]",
         ],
         [
             "tls-cert",
@@ -566,4 +591,6 @@ def makeService(options: Options) -> IService:
         slave_timeout=s["slave-timeout"],
         slave_fallbehind_max=s["slave-fallbehind-max"],
         sync_flush_timeout=s["sync-flush-timeout"],
+        max_connections=s["max-connections"],
+        max_connections_per_peer=s["max-connections-per-peer"],
     )

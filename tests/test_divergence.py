@@ -18,6 +18,7 @@ from rmqha._wire import (
     CONTROL_HELLO,
     CONTROL_REQUEST_SIZE,
     FEATURE_CHECKED_FRAMING,
+    FEATURE_IDENTIFY,
     decode_digest_answer,
     encode_code,
     encode_digest_request,
@@ -75,11 +76,14 @@ class DivergenceTests(SynchronousTestCase):
     def test_info(self) -> None:
         """
         The master answers the hello with its offsets, segment size and the
-        offer of checked framing.
+        offer of checked framing and of IDENTIFY.
         """
         _, info, _ = self.session()
         self.assertEqual(
-            info, MasterInfo(0, self.master.max_offset, SEGMENT, FEATURE_CHECKED_FRAMING)
+            info,
+            MasterInfo(
+                0, self.master.max_offset, SEGMENT, FEATURE_CHECKED_FRAMING | FEATURE_IDENTIFY
+            ),
         )
         self.assertTrue(info.checked_framing)
 

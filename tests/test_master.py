@@ -6,15 +6,25 @@ state) and a C{Clock}.
 
 from __future__ import annotations
 
+import hashlib
 import struct
+from typing import Any, Callable
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.master import HAConfig, MasterConnection, MasterFactory
+from rmqha._wire import (
+    CONTROL_DIGEST_SIZE,
+    CONTROL_HELLO,
+    decode_digest_answer,
+    encode_code,
+    encode_digest_request,
+)
+from rmqha.master import HAConfig, MasterConnection, MasterFactory, _hash_files
 
 from tests._helpers import make_message, open_store
 
@@ -414,3 +424,145 @@ class ManySlavesTests(MasterTestCase):
         transports = [self.connect(factory, 40001 + i)[1] for i in range(3)]
         factory.disconnect_all("stopping")
         self.assertTrue(all(t.disconnecting for t in transports))
+
+
+class FakeThreads:
+    """
+    A C{run_in_thread} that runs nothing until the test says so: the calls
+    waiting, each with its Deferred.
+    """
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Callable[[], Any], Deferred[Any]]] = []
+
+    def __call__(self, f: Callable[[], Any]) -> Deferred[Any]:
+        d: Deferred[Any] = Deferred()
+        self.calls.append((f, d))
+        return d
+
+    def run_one(self) -> None:
+        f, d = self.calls.pop(0)
+        d.callback(f())
+
+
+def digest_answers(data: bytes) -> list[tuple[int, int]]:
+    """
+    The (start, end) of each DIGEST answer in C{data}.
+    """
+    return [
+        decode_digest_answer(data[i : i + CONTROL_DIGEST_SIZE])[:2]
+        for i in range(0, len(data), CONTROL_DIGEST_SIZE)
+    ]
+
+
+class ControlBoundsTests(MasterTestCase):
+    """
+    Control sessions cannot make the master do unbounded work or buffer
+    unbounded answers (issue 12, items 10 and 12).
+    """
+
+    def control(
+        self, threads: FakeThreads, rate: float = 1 << 30
+    ) -> tuple[MasterConnection, StringTransport]:
+        self.fill(40)
+        factory = MasterFactory(
+            self.store, self.clock, HAConfig(), run_in_thread=threads, digest_rate=rate
+        )
+        self.addCleanup(factory.stopFactory)
+        connection, transport = self.connect(factory)
+        self.addCleanup(connection.connectionLost)
+        connection.dataReceived(encode_code(CONTROL_HELLO))
+        transport.clear()
+        return connection, transport
+
+    def test_one_digest_in_flight(self) -> None:
+        """
+        1000 pipelined DIGEST requests: one is hashed at a time, off the
+        reactor thread, and reading stops meanwhile; the answers come in
+        order, each the digest of its range.
+        """
+        threads = FakeThreads()
+        connection, transport = self.control(threads)
+        ranges = [(i, i + 1000 + i) for i in range(1000)]
+        connection.dataReceived(b"".join(encode_digest_request(*r) for r in ranges))
+        self.assertEqual(len(threads.calls), 1)
+        self.assertEqual(transport.producerState, "paused")
+        self.assertEqual(transport.value(), b"")
+        for done in range(1, 1001):
+            threads.run_one()
+            self.assertEqual(len(threads.calls), 1 if done < 1000 else 0)
+        self.assertEqual(transport.producerState, "producing")
+        answers = transport.value()
+        self.assertEqual(digest_answers(answers), ranges)
+        expected = hashlib.blake2b(self.store_bytes(999, 2998), digest_size=16).digest()
+        self.assertEqual(decode_digest_answer(answers[-CONTROL_DIGEST_SIZE:])[2], expected)
+
+    def test_budget_paces_digests(self) -> None:
+        """
+        Bytes hashed per second per peer are bounded: past the burst, the
+        next request waits on the clock before it is hashed.
+        """
+        threads = FakeThreads()
+        connection, transport = self.control(threads, rate=4000)
+        connection.dataReceived(encode_digest_request(0, 4000) + encode_digest_request(0, 4000))
+        threads.run_one()
+        self.assertEqual(threads.calls, [])
+        self.clock.advance(0.9)
+        self.assertEqual(threads.calls, [])
+        self.clock.advance(0.1)
+        threads.run_one()
+        self.assertEqual(digest_answers(transport.value()), [(0, 4000), (0, 4000)])
+
+    def test_refusals_answered_in_order(self) -> None:
+        """
+        Ranges outside the log are refused without a thread, in order with
+        the digests before and after them.
+        """
+        threads = FakeThreads()
+        connection, transport = self.control(threads)
+        end = self.store.max_offset
+        connection.dataReceived(
+            encode_digest_request(0, 10)
+            + encode_digest_request(0, end + 1)
+            + encode_digest_request(5, 4)
+            + encode_digest_request(10, 20)
+        )
+        threads.run_one()
+        threads.run_one()
+        self.assertEqual(digest_answers(transport.value()), [(0, 10), (-1, -1), (-1, -1), (10, 20)])
+
+    def test_stops_reading_when_answers_are_not_read(self) -> None:
+        """
+        A peer that does not read its answers fills the transport, which
+        pauses the session: it answers nothing more and stops reading until
+        resumed; bytes it holds stay bounded, and a peer pushing past the
+        bound is dropped.
+        """
+        threads = FakeThreads()
+        connection, transport = self.control(threads)
+        end = self.store.max_offset
+        refused = encode_digest_request(0, end + 1)
+        self.assertIs(transport.producer, connection)
+        connection.pauseProducing()
+        self.assertEqual(transport.producerState, "paused")
+        connection.dataReceived(refused * 100)
+        self.assertEqual(transport.value(), b"")
+        connection.resumeProducing()
+        self.assertEqual(transport.producerState, "producing")
+        self.assertEqual(len(digest_answers(transport.value())), 100)
+        connection.pauseProducing()
+        with capturedLogs() as events:
+            connection.dataReceived(refused * (256 * 1024 // len(refused) + 1))
+        self.assertTrue(transport.disconnecting)
+        self.assertIn("does not wait for answers", formatEvent(events[-1]))
+
+    def test_hash_files_gone(self) -> None:
+        """
+        Hashing in a thread reads the segment files with its own
+        descriptors; a file gone meanwhile gives no digest (refused), not
+        an exception.
+        """
+        self.fill(5)
+        directory = self.store.commitlog_dir
+        self.assertIsNotNone(_hash_files(directory, SEGMENT, 0, 100))
+        self.assertIsNone(_hash_files(directory + "-gone", SEGMENT, 0, 100))

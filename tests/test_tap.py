@@ -184,6 +184,24 @@ class OptionsTests(SynchronousTestCase):
         self.assertIsNone(service.store.commitlog)
         self.assertFalse(os.path.exists(store))
 
+    def test_connection_limits(self) -> None:
+        """
+        --max-connections and --max-connections-per-peer (broker.conf
+        maxConnections, maxConnectionsPerPeer) reach the broker; a value
+        below 1 is an error naming its source.
+        """
+        store = self.mktemp()
+        service = makeService(self.parse("--store-dir", store))
+        self.assertEqual((service.max_connections, service.max_connections_per_peer), (256, 16))
+        path = self.conf("storePathRootDir=s\nmaxConnectionsPerPeer=4\n")
+        service = makeService(self.parse("--config", path, "--max-connections", "100"))
+        self.assertEqual((service.max_connections, service.max_connections_per_peer), (100, 4))
+        e = self.assertRaises(UsageError, self.parse, "--store-dir", "s", "--max-connections", "0")
+        self.assertIn("--max-connections", str(e))
+        path = self.conf("storePathRootDir=s\nmaxConnectionsPerPeer=many\n")
+        e = self.assertRaises(UsageError, self.parse, "--config", path)
+        self.assertIn("maxConnectionsPerPeer", str(e))
+
     def test_store_error_is_one_line_exit(self) -> None:
         """
         A store that cannot be opened stops twistd with a one-line message

@@ -21,6 +21,7 @@ from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha import certs
+from rmqha._limits import LimitedFactory
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
 from rmqha.master import MasterFactory
@@ -88,14 +89,19 @@ class TLSConversationTests(SynchronousTestCase):
         server_name: str = "master",
         slave_has_cert: bool = True,
         client_transport: Any = None,
+        limited: bool = False,
     ) -> tuple[MasterFactory, SlaveFactory, list[str]]:
         """
         Connect, pump until quiet; return both factories and the log.
+
+        @param limited: a connection limiter sits between TLS and the
+            master, as on a broker's HA port.
         """
         master = MasterFactory(self.source, self.clock, peer_policy=policy)
         slave = SlaveFactory(self.replica, self.clock)
+        inner: Any = LimitedFactory(master, self.clock, name="HA") if limited else master
         server_tls = TLSMemoryBIOFactory(
-            server_context(master_files, policy), False, master, clock=self.clock
+            server_context(master_files, policy), False, inner, clock=self.clock
         )
         options: dict[str, Any] = {}
         if slave_has_cert:
@@ -157,6 +163,19 @@ class TLSConversationTests(SynchronousTestCase):
         self.assertEqual((status.transport, status.identity), ("tls", "slave-1"))
         self.assertEqual(status.ack_offset, self.source.max_offset)
         self.assertIn("verified by TLS as slave-1", " ".join(log))
+
+    def test_mutual_tls_through_connection_limiter(self) -> None:
+        """
+        The connection limiter is transparent: behind it the master still
+        sees TLS, gets the handshake notification and the certificate, and
+        the slave replicates.
+        """
+        master, _, log = self.converse(
+            self.pki.master(), self.pki.slave("slave-1"), limited=True
+        )
+        self.assertEqual(self.replica.max_offset, self.source.max_offset)
+        (status,) = master.slaves()
+        self.assertEqual((status.transport, status.identity), ("tls", "slave-1"))
 
     def test_socket_read_size_adapts_under_tls(self) -> None:
         """
