@@ -6,7 +6,7 @@ The C{rmqha} command: operator tools for a store.
     rmqha store check DIR
     rmqha store dump DIR [--from OFFSET] [--limit N]
     rmqha store fill DIR --count N --body-size BYTES [--topics a,b] [--segment-size BYTES]
-    rmqha demo [--dir DIR] [--count N] [--live N]
+    rmqha demo [--dir DIR] [--count N] [--live N] [--segment-size BYTES]
 
 Every inspection command opens the store read-only: it never modifies a
 store, and works on one a broker has open.  Errors are one line on stderr
@@ -134,7 +134,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "demo", help="the quick-start demo: a live master and slave on loopback"
     )
     demo.add_argument(
-        "--dir", default="demo-store", help="where the two stores go (default ./demo-store)"
+        "--dir", default=None,
+        help="where the two stores go, kept afterwards: a new or empty directory, or "
+        "one an earlier demo made (default: a temporary directory, removed at the end)",
+    )
+    demo.add_argument(
+        "--segment-size", type=_size_arg("--segment-size"), default=64 << 20,
+        help="segment size of both stores (default 64m; each segment file is "
+        "preallocated at full size)",
     )
     demo.add_argument(
         "--count", type=_nonnegative("--count"), default=200_000,
@@ -410,9 +417,19 @@ def _fill(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _demo(args: argparse.Namespace, out: IO[str]) -> int:
-    from rmqha.demo import run_demo
+    from rmqha.commitlog import MAX_SEGMENT_SIZE
+    from rmqha.demo import DemoDirectoryError, run_demo
 
-    return run_demo(args.dir, args.count, args.live, out)
+    if not 64 << 10 <= args.segment_size <= MAX_SEGMENT_SIZE:
+        # Checked here: inside the demo's reactor it would be a traceback.
+        raise _UsageError(
+            f"rmqha demo: error: --segment-size {args.segment_size} is outside "
+            f"{64 << 10}..{MAX_SEGMENT_SIZE} bytes"
+        )
+    try:
+        return run_demo(args.dir, args.count, args.live, out, args.segment_size)
+    except DemoDirectoryError as e:
+        raise _UsageError(f"rmqha demo: error: {e}") from None
 
 
 def _human(n: int) -> str:
@@ -446,6 +463,9 @@ def main(
         return int(e.code or 0)
     try:
         return int(args.run(args, out))
+    except _UsageError as e:  # arguments found wrong once looked at: nothing done
+        err.write(f"{e}\n")
+        return 2
     except (_CommandError, StoreError, MessageRejected, RecordError, ValueError) as e:
         err.write(f"rmqha: error: {e}\n")
         return 1
