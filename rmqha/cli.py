@@ -19,6 +19,7 @@ import argparse
 import base64
 import json
 import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -202,18 +203,20 @@ def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:
     out.write(f"master          {written.master[0]}  {written.master[1]}\n")
     for name, (cert, key) in written.slaves.items():
         out.write(f"slave {name:<9} {cert}  {key}\n")
-    d = args.dir
+    d = shlex.quote(args.dir)
+    # Runnable as printed, side by side in one directory: two stores, two
+    # pidfiles, loopback only (the master's certificate names 127.0.0.1).
     out.write(
-        "\nmaster: twistd -n rmqha --role master --store-dir STORE "
-        f"--ha-listen ssl:10912 --tls-cert {d}/master.pem --tls-key {d}/master.key "
-        f"--tls-ca {d}/ca.pem --tls-require-client-cert "
+        "\nmaster: twistd -n --pidfile master.pid rmqha --role master --store-dir master-store "
+        f"--ha-listen ssl:10912:interface=127.0.0.1 --tls-cert {d}/master.pem "
+        f"--tls-key {d}/master.key --tls-ca {d}/ca.pem --tls-require-client-cert "
         f"--tls-allowed-peers {','.join(written.slaves)}\n"
     )
     first = next(iter(written.slaves))
     out.write(
-        "slave:  twistd -n rmqha --role slave --store-dir STORE --master "
-        f"127.0.0.1:10912 --tls-ca {d}/ca.pem --tls-cert {d}/slave-{first}.pem "
-        f"--tls-key {d}/slave-{first}.key\n"
+        f"slave:  twistd -n --pidfile slave-{first}.pid rmqha --role slave "
+        f"--store-dir slave-{first}-store --master 127.0.0.1:10912 --tls-ca {d}/ca.pem "
+        f"--tls-cert {d}/slave-{first}.pem --tls-key {d}/slave-{first}.key\n"
     )
     return 0
 
