@@ -183,6 +183,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
+    from rmqha.pipeline.jobs import check_inputs
+
+    try:
+        # Before PySpark and the JVM: a wrong path is one line at once.
+        check_inputs(args)
+    except ValueError as e:
+        raise _UsageError(f"rmqha: error: {e}") from None
     try:
         import pyspark  # noqa: F401
     except ImportError:
