@@ -127,7 +127,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--segment-size",
         type=_size_arg("--segment-size"),
         default=None,
-        help="segment size for a new store (default 1g)",
+        help="segment size for a new store (default 1g); each segment file is "
+        "preallocated at full size",
     )
     fill.set_defaults(run=_fill)
 
