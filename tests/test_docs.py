@@ -10,7 +10,7 @@ import os
 import re
 import shlex
 
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha import commitlog
 from rmqha.cli import main
@@ -105,3 +105,36 @@ class ReadmeTests(SynchronousTestCase):
             # One pidfile per store: M.pid is M's, whichever role runs it.
             self.assertEqual(pidfiles.setdefault(pidfile, store), store, text)
         self.assertEqual(len(set(pidfiles.values())), len(pidfiles))
+
+
+class RepositoryTests(SynchronousTestCase):
+    """
+    Test output stays out of the repository (issue 12, item 18: 70 files
+    under C{__main__/D/runTest/}, 15 private keys among them, had been
+    committed from a C{SynchronousTestCase.mktemp()} run as a script).
+    """
+
+    def test_no_test_output_committed(self) -> None:
+        """
+        No tracked file is under C{__main__/} or C{_trial_temp*/}, and no
+        private key is tracked outside C{tests/fixtures/}; C{.gitignore}
+        ignores both directories.
+        """
+        import shutil
+        import subprocess
+
+        if shutil.which("git") is None or not os.path.exists(os.path.join(ROOT, ".git")):
+            raise SkipTest("not a git checkout (an sdist or installed copy)")
+        tracked = subprocess.run(
+            ["git", "-C", ROOT, "ls-files"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        bad = [
+            path for path in tracked
+            if path.startswith(("__main__/", "_trial_temp"))
+            or (path.endswith(".key") and not path.startswith("tests/fixtures/"))
+        ]
+        self.assertEqual(bad, [])
+        with open(os.path.join(ROOT, ".gitignore")) as f:
+            ignored = f.read().split()
+        self.assertIn("/__main__/", ignored)
+        self.assertIn("_trial_temp*", ignored)
