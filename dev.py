@@ -4,11 +4,9 @@ The quick start: works on a fresh machine with Python 3.11+ and nothing
 else installed (standard library only), installing what it needs into
 ./.venv on first use and whenever pyproject.toml changes.
 
-    python3 dev.py demo    the main job (see README)
-    python3 dev.py test    the whole test suite
-
-Anything after the command is passed on (to pytest for C{test}, to
-C{rmqha demo} for C{demo}).
+    python3 dev.py demo [ARGS]   the main job (see README); ARGS go to rmqha demo
+    python3 dev.py test          the whole test suite: mypy, trial, pytest
+    python3 dev.py test ARGS     only pytest, with ARGS (e.g. -k recovery -x)
 """
 
 from __future__ import annotations
@@ -93,9 +91,14 @@ def ensure_network_tools() -> None:
     packages = sorted({package for tool, package in tools.items() if shutil.which(tool) is None})
     if not packages:
         return
-    _say(f"installing {', '.join(packages)} for the network-namespace test")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    # Said before it happens: this changes the machine, not just ./.venv.
+    _say(
+        f"running as root: {' '.join(install)} (and apt-get update if that fails): "
+        "tests/integration/test_netns.py shapes traffic with ip, tc and nft "
+        f"({', '.join(sorted(t for t, p in tools.items() if p in packages))} missing)"
+    )
 
     def quietly(argv: list[str]) -> int:
         return subprocess.call(
@@ -124,6 +127,11 @@ def main(args: list[str]) -> int:
     ensure_venv()
     if command == "demo":
         return run([PYTHON, "-m", "rmqha", "demo", *rest])
+    if rest:
+        # A selection (-k X, a file, -x ...) is pytest's alone: mypy and
+        # trial would run everything regardless.
+        ensure_network_tools()
+        return run(pytest_command(rest))
     ensure_network_tools()
     # mypy, then trial (the suite must pass under both runners), then
     # pytest last so that its summary line closes the output.
@@ -133,8 +141,15 @@ def main(args: list[str]) -> int:
     trial = run([PYTHON, "-m", "twisted.trial", "--reporter=text", "tests"])
     if trial:
         _say("twisted.trial reported failures; pytest runs anyway")
-    pytest_status = run([PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", *rest])
+    pytest_status = run(pytest_command([]))
     return pytest_status or trial or status
+
+
+def pytest_command(args: list[str]) -> list[str]:
+    """
+    pytest, quiet, with the reason of every skipped test listed (C{-rs}).
+    """
+    return [PYTHON, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args]
 
 
 if __name__ == "__main__":

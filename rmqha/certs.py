@@ -131,7 +131,9 @@ def issue(
 
 def write_pair(issued: Issued, directory: str, stem: str) -> tuple[str, str]:
     """
-    C{stem.pem} and C{stem.key} (mode 0600) in C{directory}.
+    C{stem.pem} and C{stem.key} (mode 0600) in C{directory}, both new files:
+    an existing one is never overwritten (C{FileExistsError}), and if the
+    second cannot be written the first is removed again.
     """
     cert_path = os.path.join(directory, stem + ".pem")
     key_path = os.path.join(directory, stem + ".key")
@@ -140,11 +142,19 @@ def write_pair(issued: Issued, directory: str, stem: str) -> tuple[str, str]:
         serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption(),
     )
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key_pem)
-    with open(cert_path, "wb") as f:
-        f.write(issued.certificate.public_bytes(serialization.Encoding.PEM))
+    cert_pem = issued.certificate.public_bytes(serialization.Encoding.PEM)
+    written: list[str] = []
+    try:
+        for path, data, mode in ((key_path, key_pem, 0o600), (cert_path, cert_pem, 0o666)):
+            # O_EXCL: a file that appeared since any check is not replaced.
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            written.append(path)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    except BaseException:
+        for path in written:
+            os.unlink(path)
+        raise
     return cert_path, key_path
 
 
@@ -166,8 +176,9 @@ def init(
     Write a CA and key pairs for a master and its slaves into
     C{directory} (created if needed).
 
-    @raise ValueError: a name is empty or repeated, or a file of the set
-        exists already (nothing is overwritten).
+    @raise ValueError: a name is empty or repeated, or files of the set
+        exist already (all named; nothing is overwritten, and there is no
+        C{--force}: a key someone may be using is not ours to replace).
     """
     for name in [master_name, *slave_names]:
         if not name or any(c in name for c in "/\\,: "):
@@ -175,23 +186,42 @@ def init(
     if len(set(slave_names)) != len(slave_names) or master_name in slave_names:
         raise ValueError("the master and slave names must all differ")
     stems = ["ca", "master", *(f"slave-{n}" for n in slave_names)]
+    paths = [os.path.join(directory, stem + suffix) for stem in stems for suffix in (".pem", ".key")]
+    existing = [path for path in paths if os.path.lexists(path)]
+    if existing:
+        raise ValueError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
+                         "not overwriting (choose another directory)")
+    created_directory = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
-    for stem in stems:
-        for suffix in (".pem", ".key"):
-            path = os.path.join(directory, stem + suffix)
-            if os.path.exists(path):
-                raise ValueError(f"{path} exists; not overwriting it")
-    ca = make_ca()
-    ca_path, _ = write_pair(ca, directory, "ca")
-    master = issue(
-        ca,
-        master_name,
-        [master_name, "localhost"],
-        ["127.0.0.1", "::1"],
-        server=True,
-    )
-    master_paths = write_pair(master, directory, "master")
-    slaves = {}
-    for name in slave_names:
-        slaves[name] = write_pair(issue(ca, name, [name], client=True), directory, f"slave-{name}")
+    written: list[str] = []
+    try:
+        ca = make_ca()
+        ca_path, ca_key = write_pair(ca, directory, "ca")
+        written += [ca_path, ca_key]
+        master = issue(
+            ca,
+            master_name,
+            [master_name, "localhost"],
+            ["127.0.0.1", "::1"],
+            server=True,
+        )
+        master_paths = write_pair(master, directory, "master")
+        written += master_paths
+        slaves = {}
+        for name in slave_names:
+            slaves[name] = write_pair(
+                issue(ca, name, [name], client=True), directory, f"slave-{name}"
+            )
+            written += slaves[name]
+    except BaseException:
+        # Half a set is no use and would block the retry: remove what this
+        # call wrote (only that).
+        for path in written:
+            os.unlink(path)
+        if created_directory:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                pass
+        raise
     return CertificateSet(ca_path, master_paths, slaves)

@@ -6,7 +6,7 @@ The C{rmqha} command: operator tools for a store.
     rmqha store check DIR
     rmqha store dump DIR [--from OFFSET] [--limit N]
     rmqha store fill DIR --count N --body-size BYTES [--topics a,b] [--segment-size BYTES]
-    rmqha demo [--dir DIR] [--count N] [--live N]
+    rmqha demo [--dir DIR] [--count N] [--live N] [--segment-size BYTES]
 
 Every inspection command opens the store read-only: it never modifies a
 store, and works on one a broker has open.  Errors are one line on stderr
@@ -19,6 +19,7 @@ import argparse
 import base64
 import json
 import os
+import shlex
 import sys
 import time
 from collections import Counter
@@ -126,7 +127,8 @@ def _build_parser() -> argparse.ArgumentParser:
         "--segment-size",
         type=_size_arg("--segment-size"),
         default=None,
-        help="segment size for a new store (default 1g)",
+        help="segment size for a new store (default 1g); each segment file is "
+        "preallocated at full size",
     )
     fill.set_defaults(run=_fill)
 
@@ -134,7 +136,14 @@ def _build_parser() -> argparse.ArgumentParser:
         "demo", help="the quick-start demo: a live master and slave on loopback"
     )
     demo.add_argument(
-        "--dir", default="demo-store", help="where the two stores go (default ./demo-store)"
+        "--dir", default=None,
+        help="where the two stores go, kept afterwards: a new or empty directory, or "
+        "one an earlier demo made (default: a temporary directory, removed at the end)",
+    )
+    demo.add_argument(
+        "--segment-size", type=_size_arg("--segment-size"), default=64 << 20,
+        help="segment size of both stores (default 64m; each segment file is "
+        "preallocated at full size)",
     )
     demo.add_argument(
         "--count", type=_nonnegative("--count"), default=200_000,
@@ -175,6 +184,13 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
+    from rmqha.pipeline.jobs import check_inputs
+
+    try:
+        # Before PySpark and the JVM: a wrong path is one line at once.
+        check_inputs(args)
+    except ValueError as e:
+        raise _UsageError(f"rmqha: error: {e}") from None
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -195,18 +211,20 @@ def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:
     out.write(f"master          {written.master[0]}  {written.master[1]}\n")
     for name, (cert, key) in written.slaves.items():
         out.write(f"slave {name:<9} {cert}  {key}\n")
-    d = args.dir
+    d = shlex.quote(args.dir)
+    # Runnable as printed, side by side in one directory: two stores, two
+    # pidfiles, loopback only (the master's certificate names 127.0.0.1).
     out.write(
-        "\nmaster: twistd -n rmqha --role master --store-dir STORE "
-        f"--ha-listen ssl:10912 --tls-cert {d}/master.pem --tls-key {d}/master.key "
-        f"--tls-ca {d}/ca.pem --tls-require-client-cert "
+        "\nmaster: twistd -n --pidfile master.pid rmqha --role master --store-dir master-store "
+        f"--ha-listen ssl:10912:interface=127.0.0.1 --tls-cert {d}/master.pem "
+        f"--tls-key {d}/master.key --tls-ca {d}/ca.pem --tls-require-client-cert "
         f"--tls-allowed-peers {','.join(written.slaves)}\n"
     )
     first = next(iter(written.slaves))
     out.write(
-        "slave:  twistd -n rmqha --role slave --store-dir STORE --master "
-        f"127.0.0.1:10912 --tls-ca {d}/ca.pem --tls-cert {d}/slave-{first}.pem "
-        f"--tls-key {d}/slave-{first}.key\n"
+        f"slave:  twistd -n --pidfile slave-{first}.pid rmqha --role slave "
+        f"--store-dir slave-{first}-store --master 127.0.0.1:10912 --tls-ca {d}/ca.pem "
+        f"--tls-cert {d}/slave-{first}.pem --tls-key {d}/slave-{first}.key\n"
     )
     return 0
 
@@ -410,9 +428,19 @@ def _fill(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _demo(args: argparse.Namespace, out: IO[str]) -> int:
-    from rmqha.demo import run_demo
+    from rmqha.commitlog import MAX_SEGMENT_SIZE
+    from rmqha.demo import DemoDirectoryError, run_demo
 
-    return run_demo(args.dir, args.count, args.live, out)
+    if not 64 << 10 <= args.segment_size <= MAX_SEGMENT_SIZE:
+        # Checked here: inside the demo's reactor it would be a traceback.
+        raise _UsageError(
+            f"rmqha demo: error: --segment-size {args.segment_size} is outside "
+            f"{64 << 10}..{MAX_SEGMENT_SIZE} bytes"
+        )
+    try:
+        return run_demo(args.dir, args.count, args.live, out, args.segment_size)
+    except DemoDirectoryError as e:
+        raise _UsageError(f"rmqha demo: error: {e}") from None
 
 
 def _human(n: int) -> str:
@@ -446,6 +474,9 @@ def main(
         return int(e.code or 0)
     try:
         return int(args.run(args, out))
+    except _UsageError as e:  # arguments found wrong once looked at: nothing done
+        err.write(f"{e}\n")
+        return 2
     except (_CommandError, StoreError, MessageRejected, RecordError, ValueError) as e:
         err.write(f"rmqha: error: {e}\n")
         return 1

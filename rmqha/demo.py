@@ -7,12 +7,20 @@ The master takes a backlog of messages first, then the slave starts empty
 and catches up while the master keeps taking messages; progress is shown
 as the slave's acknowledged bytes, percentage, rate and ETA.  The demo
 ends with a byte-for-byte comparison of the two stores' segment files.
+
+The demo deletes only what it created: without C{--dir} it works in a new
+temporary directory and removes it at the end; C{--dir DIR} must be new,
+empty, or a directory an earlier demo made (it holds the L{MARKER} file),
+and of that only the two stores are replaced, after checking that they
+hold nothing but store files.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import tempfile
 import time
 from typing import IO, Any
 
@@ -23,7 +31,13 @@ from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog, Message
 from rmqha.master import HAConfig
 
-__all__ = ["run_demo", "compare_stores"]
+__all__ = ["DemoDirectoryError", "MARKER", "compare_stores", "prepare_directory", "run_demo"]
+
+#: The file that marks a directory as the demo's own (C{--dir}).
+MARKER = ".rmqha-demo"
+_STORES = ("master", "slave")
+#: What a store holds (relative paths): the files a re-run may delete.
+_STORE_FILE = re.compile(r"(lock|abort|commitlog/[0-9]{20}|rmqha/[^/]+(/[^/]+)*)\Z")
 
 _TOPICS = ("DemoOrders", "DemoPayments", "DemoAudit")
 
@@ -51,12 +65,86 @@ def compare_stores(a: str, b: str) -> tuple[bool, int, int]:
     return True, len(names), compared
 
 
+class DemoDirectoryError(ValueError):
+    """
+    C{--dir} names a directory the demo must not write into (the message
+    says why, in one line).
+    """
+
+
+def _store_files(store: str) -> tuple[list[str], list[str]]:
+    """
+    The files and directories (deepest first) of an earlier demo's store.
+
+    @raise DemoDirectoryError: something in it is not a store file (or is
+        a symbolic link); nothing is deleted then.
+    """
+    files: list[str] = []
+    directories: list[str] = []
+    for parent, subdirs, names in os.walk(store, topdown=False):
+        for name in names + subdirs:
+            path = os.path.join(parent, name)
+            relative = os.path.relpath(path, store).replace(os.sep, "/")
+            if os.path.islink(path):
+                raise DemoDirectoryError(f"{path} is a symbolic link, not the demo's; not deleting it")
+            if name in subdirs:
+                directories.append(path)
+            elif _STORE_FILE.match(relative):
+                files.append(path)
+            else:
+                raise DemoDirectoryError(
+                    f"{path} is not a store file the demo wrote; not deleting it "
+                    "(move it away or choose another --dir)"
+                )
+    directories.append(store)
+    return files, directories
+
+
+def prepare_directory(directory: str) -> None:
+    """
+    Make C{directory} ready for a demo run, deleting only what an earlier
+    demo wrote there: create it (or take it if empty) and mark it with
+    L{MARKER}; in a marked directory, remove the two stores of the last
+    run (C{master/} and C{slave/}, if they hold only store files).  Other
+    files in it are left alone.
+
+    @raise DemoDirectoryError: C{directory} is not a directory, or is not
+        empty and not marked, or a store holds something else.
+    """
+    marker = os.path.join(directory, MARKER)
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        raise DemoDirectoryError(f"--dir {directory} exists and is not a directory")
+    if os.path.isdir(directory) and os.listdir(directory) and not os.path.isfile(marker):
+        raise DemoDirectoryError(
+            f"--dir {directory} is not empty and not an earlier demo's (no {MARKER} "
+            "file); the demo writes only into a new or empty directory"
+        )
+    os.makedirs(directory, exist_ok=True)
+    stores = [os.path.join(directory, n) for n in _STORES]
+    for store in stores:
+        if os.path.islink(store) or (os.path.lexists(store) and not os.path.isdir(store)):
+            raise DemoDirectoryError(f"{store} is not a directory the demo made; not deleting it")
+    # Every check before the first deletion: a refusal deletes nothing.
+    found = [_store_files(s) for s in stores if os.path.lexists(s)]
+    for files, directories in found:
+        for path in files:
+            os.unlink(path)
+        for path in directories:
+            os.rmdir(path)
+    with open(marker, "w") as f:
+        f.write(
+            "Written by `rmqha demo`: a later `rmqha demo --dir` here replaces "
+            "master/ and slave/ (store files only) and nothing else.\n"
+        )
+
+
 def _mib(n: float) -> str:
     return f"{n / (1 << 20):8.1f} MiB"
 
 
-async def _demo(reactor: Any, directory: str, count: int, live: int, out: IO[str]) -> int:
-    segment_size = 64 << 20
+async def _demo(
+    reactor: Any, directory: str, count: int, live: int, out: IO[str], segment_size: int
+) -> int:
     master_dir = os.path.join(directory, "master")
     slave_dir = os.path.join(directory, "slave")
 
@@ -134,20 +222,33 @@ async def _demo(reactor: Any, directory: str, count: int, live: int, out: IO[str
     return 1
 
 
-def run_demo(directory: str, count: int, live: int, out: IO[str]) -> int:
+def run_demo(
+    directory: str | None,
+    count: int,
+    live: int,
+    out: IO[str],
+    segment_size: int = 64 << 20,
+) -> int:
     """
-    Run the demo in C{directory} (replaced if it exists) under the global
-    reactor.
+    Run the demo under the global reactor, in C{directory} (see
+    L{prepare_directory}; kept afterwards) or, when it is C{None}, in a new
+    temporary directory removed at the end.
 
+    @raise DemoDirectoryError: C{directory} is not the demo's to write in.
     @return: the exit status: 0 when the stores end identical.
     """
-    if os.path.exists(directory):
-        shutil.rmtree(directory)
+    if directory is None:
+        scratch = tempfile.mkdtemp(prefix="rmqha-demo-")
+        out.write(f"stores in {scratch} (removed at the end; --dir DIR keeps them)\n")
+        where = scratch
+    else:
+        prepare_directory(directory)
+        scratch, where = None, directory
     status: list[int] = []
 
     def main(reactor: Any) -> Deferred[None]:
         async def go() -> None:
-            status.append(await _demo(reactor, directory, count, live, out))
+            status.append(await _demo(reactor, where, count, live, out, segment_size))
 
         return ensureDeferred(go())
 
@@ -156,4 +257,8 @@ def run_demo(directory: str, count: int, live: int, out: IO[str]) -> int:
     except SystemExit as e:
         if e.code:
             return int(e.code)
+    finally:
+        if scratch is not None:
+            # Made by mkdtemp above, so all of it is the demo's.
+            shutil.rmtree(scratch, ignore_errors=True)
     return status[0] if status else 1

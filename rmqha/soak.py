@@ -10,6 +10,11 @@ A series "grows" when the mean of its last fifth exceeds the mean of its
 second fifth (the first is warm-up) by more than its allowance (RSS: 16 MiB
 and 20 %; open files: 4; lag: 8 MiB).  The exit status is 1 if anything
 grows or a process died.
+
+The stores live in a new temporary directory, removed at the end (nothing
+else is deleted).  C{--out} may exist, but not with a C{soak.json} or
+C{soak.png} in it: the soak checks that before it starts (one line, exit
+status 2) and never overwrites either.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from typing import Any
 
 from rmqha.testing import twistd_command
 
-__all__ = ["main", "run", "grows"]
+__all__ = ["main", "run", "grows", "check_out"]
+
+_OUTPUTS = ("soak.json", "soak.png")
 
 
 def _free_port() -> int:
@@ -72,7 +79,11 @@ def run(
 ) -> dict[str, Any]:
     """
     The soak itself; returns the summary (also written to C{out}).
+
+    @raise ValueError: C{out} is not usable (L{check_out}), before anything
+        starts.
     """
+    check_out(out)
     root = tempfile.mkdtemp(prefix="rmqha-soak-")
     ha, http = _free_port(), _free_port()
     processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -168,15 +179,38 @@ def run(
         "ok": not any(verdicts.values()),
         "samples": samples,
     }
+    files = {
+        "soak.json": (json.dumps(summary) + "\n").encode(),
+        "soak.png": _chart(samples, list(processes)),
+    }
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "soak.json"), "w") as f:
-        json.dump(summary, f)
-        f.write("\n")
-    _chart(samples, list(processes), os.path.join(out, "soak.png"))
+    for name, data in files.items():
+        # "x": a file that appeared during the run is not replaced.
+        with open(os.path.join(out, name), "xb") as f:
+            f.write(data)
     return summary
 
 
-def _chart(samples: list[dict[str, Any]], names: list[str], path: str) -> None:
+def check_out(out: str) -> None:
+    """
+    Whether the soak may write its results into C{out}: a directory (or
+    nothing yet) without a C{soak.json} or C{soak.png}.
+
+    @raise ValueError: the reason, in one line.
+    """
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} exists and is not a directory")
+    existing = [os.path.join(out, n) for n in _OUTPUTS if os.path.lexists(os.path.join(out, n))]
+    if existing:
+        raise ValueError(
+            f"{' and '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
+            "the soak does not overwrite (choose another --out)"
+        )
+
+
+def _chart(samples: list[dict[str, Any]], names: list[str]) -> bytes:
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -197,8 +231,10 @@ def _chart(samples: list[dict[str, Any]], names: list[str], path: str) -> None:
     for ax in (rss, fds, lag):
         ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    return png.getvalue()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +244,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment-size", type=int, default=64 << 20)
     parser.add_argument("--out", default="soak-out", help="where soak.json and soak.png go")
     args = parser.parse_args(argv)
+    try:
+        check_out(args.out)
+    except ValueError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
     summary = run(args.minutes * 60, args.out, args.rate, segment_size=args.segment_size)
     print(json.dumps({k: v for k, v in summary.items() if k != "samples"}))
     return 0 if summary["ok"] else 1

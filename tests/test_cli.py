@@ -265,7 +265,8 @@ class CertsInitTests(SynchronousTestCase):
             before = f.read()
         status, _, err = self.run_cli("certs", "init", d)
         self.assertEqual(status, 1)
-        self.assertIn("exists; not overwriting it", err)
+        self.assertIn("exist; not overwriting", err)
+        self.assertIn(f"{d}/ca.pem", err)
         with open(f"{d}/ca.pem", "rb") as f:
             self.assertEqual(f.read(), before)
         for argv, needle in [
@@ -277,6 +278,98 @@ class CertsInitTests(SynchronousTestCase):
             self.assertEqual(status, 1, argv)
             self.assertIn(needle, err, argv)
             self.assertEqual(err.count("\n"), 1)
+
+    def test_names_every_existing_file(self) -> None:
+        """
+        When some files of the set exist, the one error line names each of
+        them, and nothing is written or changed.
+        """
+        d = self.mktemp()
+        os.makedirs(d)
+        for name in ("master.key", "slave-s2.pem"):
+            with open(os.path.join(d, name), "w") as f:
+                f.write("mine")
+        status, _, err = self.run_cli("certs", "init", d, "--slave-names", "s1,s2")
+        self.assertEqual(status, 1)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(f"{d}/master.key, {d}/slave-s2.pem exist; not overwriting", err)
+        self.assertEqual(sorted(os.listdir(d)), ["master.key", "slave-s2.pem"])
+        with open(os.path.join(d, "master.key")) as f:
+            self.assertEqual(f.read(), "mine")
+
+    def test_failure_leaves_nothing_behind(self) -> None:
+        """
+        A failure half-way through (here, issuing the slave's certificate)
+        removes the files this run wrote and the directory it created, so
+        the retry succeeds.
+        """
+        from rmqha import certs
+
+        d = self.mktemp()
+        real_issue = certs.issue
+
+        def failing_issue(ca, name, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if name == "slave":
+                raise OSError(28, "No space left on device", d)
+            return real_issue(ca, name, *args, **kwargs)
+
+        self.patch(certs, "issue", failing_issue)
+        status, _, err = self.run_cli("certs", "init", d)
+        self.assertEqual(status, 1)
+        self.assertIn("No space left on device", err)
+        self.assertFalse(os.path.exists(d))
+        self.patch(certs, "issue", real_issue)
+        self.assertEqual(self.run_cli("certs", "init", d)[0], 0)
+
+    def test_write_pair_never_overwrites(self) -> None:
+        """
+        L{certs.write_pair} creates new files only: an existing key is
+        left as it was (FileExistsError), and no certificate is written
+        beside it.
+        """
+        from rmqha import certs
+
+        d = self.mktemp()
+        os.makedirs(d)
+        with open(os.path.join(d, "x.key"), "w") as f:
+            f.write("mine")
+        self.assertRaises(FileExistsError, certs.write_pair, certs.make_ca(), d, "x")
+        self.assertEqual(os.listdir(d), ["x.key"])
+        with open(os.path.join(d, "x.key")) as f:
+            self.assertEqual(f.read(), "mine")
+
+    def test_printed_commands_run_side_by_side(self) -> None:
+        """
+        The printed master and slave command lines parse as twistd command
+        lines, and can run from one directory: different stores, different
+        pidfiles (not both twistd.pid), the HA port bound to loopback.
+        """
+        import shlex
+
+        from twisted.scripts.twistd import ServerOptions
+
+        d = self.mktemp()
+        status, out, _ = self.run_cli("certs", "init", d, "--slave-names", "s1")
+        self.assertEqual(status, 0)
+        parsed = {}
+        for line in out.splitlines():
+            if "twistd" in line:
+                role, command = line.split(":", 1)
+                argv = shlex.split(command)
+                self.assertEqual(argv[:2], ["twistd", "-n"])
+                options = ServerOptions()
+                options.parseOptions(argv[2:])
+                self.assertEqual(options.subCommand, "rmqha")
+                parsed[role] = options
+        master, slave = parsed["master"], parsed["slave"]
+        self.assertNotEqual(master["pidfile"], slave["pidfile"])
+        self.assertNotEqual(os.path.basename(master["pidfile"]), "twistd.pid")
+        self.assertNotEqual(
+            master.subOptions.settings["store-dir"], slave.subOptions.settings["store-dir"]
+        )
+        self.assertEqual(
+            master.subOptions.settings["ha-listen"], "ssl:10912:interface=127.0.0.1"
+        )
 
 
 def _umask() -> int:

@@ -1,13 +1,18 @@
 """
-Tests for L{rmqha.demo.compare_stores}.
+Tests for L{rmqha.demo}: C{compare_stores}, and what C{rmqha demo} may
+delete.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from rmqha import demo
+from rmqha.cli import main
 from rmqha.demo import compare_stores
 
 
@@ -47,3 +52,138 @@ class CompareStoresTests(SynchronousTestCase):
         self.assertFalse(
             compare_stores(self.make({"0" * 20: b"a"}), self.make({}))[0]
         )
+
+
+class DemoDirectoryTests(SynchronousTestCase):
+    """
+    C{rmqha demo} deletes only what it created (issue 12, item 3): the
+    demo itself is replaced by a fake, so these run no reactor.
+    """
+
+    def setUp(self) -> None:
+        self.runs: list[str] = []
+
+        async def fake_demo(reactor, directory, count, live, out, segment_size):  # type: ignore[no-untyped-def]
+            self.runs.append(directory)
+            for name in ("master", "slave"):
+                os.makedirs(os.path.join(directory, name, "commitlog"))
+                for path in ("lock", "abort", "commitlog/" + "0" * 20, "rmqha/queue-offsets.json"):
+                    full = os.path.join(directory, name, path)
+                    os.makedirs(os.path.dirname(full), exist_ok=True)
+                    with open(full, "w") as f:
+                        f.write("x")
+            return 0
+
+        def fake_react(main):  # type: ignore[no-untyped-def]
+            main(None)
+
+        self.patch(demo, "_demo", fake_demo)
+        self.patch(demo, "react", fake_react)
+
+    def run_cli(self, *argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = main(["demo", *argv], stdout=out, stderr=err)
+        return status, out.getvalue(), err.getvalue()
+
+    def test_refuses_a_directory_with_other_files(self) -> None:
+        """
+        C{--dir} naming a non-empty directory an earlier demo did not make
+        (no marker file) is refused with one line naming it, exit 2, and
+        the user's file is untouched (it used to be deleted with the
+        directory).
+        """
+        d = self.mktemp()
+        os.makedirs(d)
+        with open(os.path.join(d, "notes.txt"), "w") as f:
+            f.write("mine")
+        status, _, err = self.run_cli("--dir", d)
+        self.assertEqual(status, 2)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(f"--dir {d} is not empty", err)
+        self.assertEqual(os.listdir(d), ["notes.txt"])
+        self.assertEqual(self.runs, [])
+
+    def test_refuses_a_file(self) -> None:
+        """
+        C{--dir} naming a file: one line, exit 2, the file kept.
+        """
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("mine")
+        status, _, err = self.run_cli("--dir", path)
+        self.assertEqual(status, 2)
+        self.assertIn("is not a directory", err)
+        with open(path) as f:
+            self.assertEqual(f.read(), "mine")
+
+    def test_new_directory_is_marked_and_kept(self) -> None:
+        """
+        A new C{--dir} is created, marked as the demo's, and kept with its
+        stores afterwards.
+        """
+        d = self.mktemp()
+        status, _, err = self.run_cli("--dir", d)
+        self.assertEqual((status, err), (0, ""))
+        self.assertEqual(sorted(os.listdir(d)), [demo.MARKER, "master", "slave"])
+
+    def test_rerun_replaces_only_the_stores(self) -> None:
+        """
+        In a directory an earlier demo made, a re-run replaces the two
+        stores and leaves anything else there alone.
+        """
+        d = self.mktemp()
+        self.assertEqual(self.run_cli("--dir", d)[0], 0)
+        with open(os.path.join(d, "notes.txt"), "w") as f:
+            f.write("mine")
+        stale = os.path.join(d, "master", "commitlog", "1".zfill(20))
+        with open(stale, "w") as f:
+            f.write("old segment")
+        status, _, err = self.run_cli("--dir", d)
+        self.assertEqual((status, err), (0, ""))
+        self.assertFalse(os.path.exists(stale))
+        self.assertEqual(sorted(os.listdir(d)), [demo.MARKER, "master", "notes.txt", "slave"])
+        self.assertEqual(self.runs, [d, d])
+
+    def test_rerun_refuses_foreign_files_in_a_store(self) -> None:
+        """
+        A file in an earlier demo's store that no store writes stops the
+        re-run before anything is deleted: one line naming it, exit 2.
+        """
+        d = self.mktemp()
+        self.assertEqual(self.run_cli("--dir", d)[0], 0)
+        foreign = os.path.join(d, "slave", "keep-me.txt")
+        with open(foreign, "w") as f:
+            f.write("mine")
+        before = sorted(os.listdir(os.path.join(d, "master", "commitlog")))
+        status, _, err = self.run_cli("--dir", d)
+        self.assertEqual(status, 2)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn(foreign, err)
+        self.assertTrue(os.path.exists(foreign))
+        self.assertEqual(sorted(os.listdir(os.path.join(d, "master", "commitlog"))), before)
+
+    def test_no_dir_uses_a_temporary_directory_it_removes(self) -> None:
+        """
+        Without C{--dir} the demo works in a new temporary directory (not
+        the working directory) and removes it at the end.
+        """
+        scratch = os.path.abspath(self.mktemp())
+        os.makedirs(scratch)
+        self.patch(tempfile, "tempdir", scratch)
+        status, out, err = self.run_cli()
+        self.assertEqual((status, err), (0, ""))
+        (where,) = self.runs
+        self.assertEqual(os.path.dirname(where), scratch)
+        self.assertIn(where, out)
+        self.assertEqual(os.listdir(scratch), [])
+
+    def test_bad_segment_size(self) -> None:
+        """
+        A segment size the demo cannot use is one line, exit 2, before
+        anything is created.
+        """
+        d = self.mktemp()
+        status, _, err = self.run_cli("--dir", d, "--segment-size", "1k")
+        self.assertEqual(status, 2)
+        self.assertIn("--segment-size 1024", err)
+        self.assertFalse(os.path.exists(d))

@@ -244,3 +244,162 @@ class SyncSearchTests(SynchronousTestCase):
         with self.assertRaises(PlanError) as raised:
             list(scan(log.store_dir, split_bytes=start + 100))
         self.assertIn("runs past the partition boundary", str(raised.exception))
+
+
+class PipelineInputTests(SynchronousTestCase):
+    """
+    C{rmqha pipeline stats/export/verify} check their inputs before Spark
+    starts (issue 12, item 6): one line, exit 2.  PySpark is made
+    unimportable and starting a session fails the test, so these run (and
+    must pass) without Spark.
+    """
+
+    def setUp(self) -> None:
+        import sys
+
+        from rmqha.pipeline import source
+
+        def no_spark(*args: object, **kwargs: object) -> None:
+            self.fail("Spark was started")
+
+        self.patch(source, "spark_session", no_spark)
+        saved = sys.modules.get("pyspark")
+        sys.modules["pyspark"] = None  # type: ignore[assignment]
+
+        def restore() -> None:
+            if saved is None:
+                sys.modules.pop("pyspark", None)
+            else:
+                sys.modules["pyspark"] = saved
+
+        self.addCleanup(restore)
+        self.store = random_store(self, 5, 64 * 1024, seed=41)
+
+    def run_cli(self, *argv: str) -> tuple[int, str]:
+        import io
+
+        from rmqha.cli import main
+
+        out, err = io.StringIO(), io.StringIO()
+        status = main(["pipeline", *argv], stdout=out, stderr=err)
+        self.assertEqual(out.getvalue(), "")
+        self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())
+        self.assertNotIn("Traceback", err.getvalue())
+        return status, err.getvalue()
+
+    def test_bad_inputs(self) -> None:
+        """
+        A missing store, a directory that is not a store, a master store
+        without segments, an existing export OUT or one whose parent is
+        missing, and a stats --out holding stats.json: each is one line
+        naming it, exit 2, and nothing is written.
+        """
+        not_store = self.mktemp()
+        os.makedirs(not_store)
+        empty_master = self.mktemp()
+        os.makedirs(os.path.join(empty_master, "commitlog"))
+        taken = self.mktemp()
+        os.makedirs(taken)
+        with open(os.path.join(taken, "stats.json"), "w") as f:
+            f.write("mine")
+        missing = self.mktemp()
+        cases = [
+            (("stats", missing), f"{missing}: no such directory"),
+            (("export", missing, self.mktemp()), f"{missing}: no such directory"),
+            (("verify", missing, self.store), f"{missing}: no such directory"),
+            (("verify", self.store, missing), f"{missing}: no such directory"),
+            (("stats", not_store), f"{not_store}: no commitlog directory and no segment files"),
+            (("verify", empty_master, self.store), "the master's store has no segment files"),
+            (("export", self.store, taken), f"{taken} exists"),
+            (("export", self.store, os.path.join(missing, "out")), f"no directory {missing}"),
+            (("stats", self.store, "--out", taken), "stats.json exists"),
+        ]
+        for argv, needle in cases:
+            status, err = self.run_cli(*argv)
+            self.assertEqual(status, 2, argv)
+            self.assertTrue(err.startswith("rmqha: error: "), err)
+            self.assertIn(needle, err, argv)
+        self.assertEqual(os.listdir(taken), ["stats.json"])
+        self.assertFalse(os.path.exists(missing))
+
+    def test_good_inputs_reach_spark(self) -> None:
+        """
+        Inputs that pass the checks go on to Spark: here, the message that
+        PySpark is missing (exit 1), so the checks did not refuse them.
+        """
+        status, err = self.run_cli("export", self.store, self.mktemp())
+        self.assertEqual(status, 1)
+        self.assertIn("needs PySpark", err)
+
+
+class _FakeWriter:
+    """
+    Just enough of C{DataFrame.write} for L{export}: writes a part file
+    where Spark would, then fails if told to.
+    """
+
+    def __init__(self, fail: bool) -> None:
+        self.fail = fail
+
+    def partitionBy(self, *columns: str) -> "_FakeWriter":
+        return self
+
+    def format(self, fmt: str) -> "_FakeWriter":
+        return self
+
+    def save(self, path: str) -> None:
+        os.makedirs(os.path.join(path, "topic=orders"))
+        with open(os.path.join(path, "topic=orders", "part-0"), "w") as f:
+            f.write("rows")
+        if self.fail:
+            raise OSError(28, "No space left on device")
+
+
+class _FakeSpark:
+    """
+    Just enough of a SparkSession for L{export}.
+    """
+
+    def __init__(self, fail: bool) -> None:
+        self.writer = _FakeWriter(fail)
+        self.read = self
+
+    def format(self, fmt: str) -> "_FakeSpark":
+        return self
+
+    def option(self, key: str, value: str) -> "_FakeSpark":
+        return self
+
+    def load(self, path: str) -> "_FakeSpark":
+        self.loaded = path
+        return self
+
+    @property
+    def write(self) -> _FakeWriter:
+        return self.writer
+
+    def count(self) -> int:
+        return len(os.listdir(os.path.join(self.loaded, "topic=orders")))
+
+
+class ExportOutputTests(SynchronousTestCase):
+    """
+    C{export} writes OUT whole or not at all (issue 12, item 3).
+    """
+
+    def test_failed_export_leaves_nothing(self) -> None:
+        """
+        When Spark fails half-way, neither OUT nor the temporary sibling it
+        wrote into is left, so the retry runs; a good run renames the
+        sibling to OUT and leaves no other entry in OUT's directory.
+        """
+        from rmqha.pipeline.jobs import export
+
+        parent = os.path.abspath(self.mktemp())
+        os.makedirs(parent)
+        out = os.path.join(parent, "parquet-out")
+        self.assertRaises(OSError, export, _FakeSpark(fail=True), "STORE", out + "/")
+        self.assertEqual(os.listdir(parent), [])
+        self.assertEqual(export(_FakeSpark(fail=False), "STORE", out + "/"), 1)
+        self.assertEqual(os.listdir(parent), ["parquet-out"])
+        self.assertEqual(os.listdir(out), ["topic=orders"])

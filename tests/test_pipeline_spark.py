@@ -204,7 +204,8 @@ class CommandTests(SynchronousTestCase):
     def test_verify_exit_status(self) -> None:
         """
         C{consistent} and 0; the divergent offset and 1; a missing
-        directory is one error line.
+        directory is one error line, exit 2 (a bad input, found before
+        Spark runs).
         """
         master = random_store(self, 100, 32 * 1024, seed=31)
         slave = self.mktemp()
@@ -217,7 +218,7 @@ class CommandTests(SynchronousTestCase):
         self.assertEqual(status, 1)
         self.assertIn("first divergent byte at offset 5000\n", out)
         status, _, err = self.run_cli("pipeline", "verify", master, "nowhere")
-        self.assertEqual((status, err), (1, "rmqha: error: nowhere: no such directory\n"))
+        self.assertEqual((status, err), (2, "rmqha: error: nowhere: no such directory\n"))
 
     def test_stats_command(self) -> None:
         """

@@ -17,7 +17,11 @@ C{python -m rmqha.pipeline.jobs JOB ...} or with C{spark-submit}:
                                  divergent byte offset and its record (exit 1)
 
 Each runs on C{local[*]} unless C{--spark-master} says otherwise (or
-C{spark-submit} set a master).  Errors are one line, exit status 2.
+C{spark-submit} set a master).  Errors are one line, exit status 2; the
+inputs (a store where one is read, C{OUT} free where one is written) are
+checked by L{check_inputs} before Spark is started.  No job overwrites a
+file: C{export} writes into a temporary sibling of C{OUT} and renames it
+on success, C{stats --out} refuses a directory that holds its files.
 """
 
 from __future__ import annotations
@@ -27,14 +31,16 @@ import hashlib
 import json
 import mmap
 import os
+import shutil
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import IO, Any, Sequence
 
 from rmqha._record import Blank, RecordError, parse_record
 from rmqha.pipeline.scan import PlanError, hop, segments
 
-__all__ = ["stats", "export", "verify", "VerifyResult", "main"]
+__all__ = ["stats", "export", "verify", "VerifyResult", "check_inputs", "main"]
 
 #: Bytes per block compared by one verify task, and hashed at once.
 VERIFY_BLOCK = 8 * 1024 * 1024
@@ -105,18 +111,33 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
         "hourly": hourly,
     }
     if out_dir is not None:
+        _check_stats_out(out_dir)
+        files = {
+            "stats.json": (json.dumps(result, indent=1) + "\n").encode(),
+            "stats.png": _chart(result),
+        }
         os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "stats.json"), "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        _chart(result, os.path.join(out_dir, "stats.png"))
+        written: list[str] = []
+        try:
+            for name, data in files.items():
+                path = os.path.join(out_dir, name)
+                # "x": never replace a file that appeared meanwhile.
+                with open(path, "xb") as f:
+                    written.append(path)
+                    f.write(data)
+        except BaseException:
+            for path in written:  # this call's files only: no half result
+                os.unlink(path)
+            raise
     return result
 
 
-def _chart(result: dict[str, Any], path: str) -> None:
+def _chart(result: dict[str, Any]) -> bytes:
     """
-    Messages per hour, one line per topic (the ten largest topics).
+    Messages per hour, one line per topic (the ten largest topics), as PNG.
     """
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,8 +156,10 @@ def _chart(result: dict[str, Any], path: str) -> None:
     if biggest:
         ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
-    fig.savefig(path)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
+    return png.getvalue()
 
 
 # -- export ----------------------------------------------------------------
@@ -147,18 +170,84 @@ _EXPORT_FORMATS = ("parquet", "orc", "json")
 def export(spark: Any, store_dir: str, out: str, fmt: str = "parquet") -> int:
     """
     Write every record to C{out} in C{fmt}, partitioned by topic (one
-    C{topic=NAME} directory each).  C{out} must not exist.
+    C{topic=NAME} directory each).  C{out} must not exist.  Spark writes
+    into a new temporary sibling (C{.NAME.export-XXXXXXXX}) that is renamed
+    to C{out} once written and counted, so C{out} appears complete or not
+    at all, and a failed export leaves nothing that blocks the retry (the
+    sibling is removed; only a killed process leaves one behind).
 
     @return: the number of records written.
     """
     if fmt not in _EXPORT_FORMATS:
         raise ValueError(f"--format {fmt!r} is not one of {', '.join(_EXPORT_FORMATS)}")
-    if os.path.exists(out):
-        raise ValueError(f"{out} exists; export writes a new directory")
-    df = _load(spark, store_dir)
-    df.write.partitionBy("topic").format(fmt).save(out)
-    count: int = spark.read.format(fmt).load(out).count()
+    _check_export_out(out)
+    out = os.path.normpath(out)
+    parent, name = os.path.split(out)
+    partial = os.path.join(parent, f".{name}.export-{uuid.uuid4().hex[:8]}")
+    if os.path.lexists(partial):  # pragma: no cover (a 32-bit collision)
+        raise ValueError(f"{partial} exists; not writing into it")
+    try:
+        df = _load(spark, store_dir)
+        df.write.partitionBy("topic").format(fmt).save(partial)
+        count: int = spark.read.format(fmt).load(partial).count()
+        # (os.rename would replace an empty directory: check just before.)
+        _check_export_out(out)
+        os.rename(partial, out)
+    except BaseException:
+        # The name was new and unique: everything under it is this run's.
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     return count
+
+
+def _check_export_out(out: str) -> None:
+    if os.path.lexists(out):
+        raise ValueError(f"{out} exists; export writes a new directory")
+    parent = os.path.dirname(os.path.normpath(out)) or "."
+    if not os.path.isdir(parent):
+        raise ValueError(f"{out}: no directory {parent} to create it in")
+
+
+def _check_stats_out(out_dir: str) -> None:
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"--out {out_dir} exists and is not a directory")
+    existing = [
+        os.path.join(out_dir, n)
+        for n in ("stats.json", "stats.png")
+        if os.path.lexists(os.path.join(out_dir, n))
+    ]
+    if existing:
+        raise ValueError(f"{' and '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
+                         "stats does not overwrite (choose another --out)")
+
+
+def _check_store(store_dir: str, master: bool = False) -> None:
+    if not os.path.isdir(store_dir):
+        raise ValueError(f"{store_dir}: no such directory")
+    found = segments(store_dir)  # PlanError: not a commit log
+    if master and not found:
+        raise PlanError(f"{store_dir}: the master's store has no segment files")
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """
+    What can be checked without Spark, before starting it: each store read
+    is a directory holding a commit log (the master's, for C{verify}, with
+    segment files), C{export}'s C{OUT} does not exist and can be created,
+    C{stats --out} holds no C{stats.json}/C{stats.png}.  Cheap: directory
+    listings only.
+
+    @raise ValueError: the first problem, as one line.
+    """
+    if args.job == "verify":
+        _check_store(args.master_dir, master=True)
+        _check_store(args.slave_dir)
+    else:
+        _check_store(args.dir)
+    if args.job == "export":
+        _check_export_out(args.out)
+    if args.job == "stats" and args.out is not None:
+        _check_stats_out(args.out)
 
 
 # -- verify ----------------------------------------------------------------
@@ -395,9 +484,7 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     """
     from rmqha.pipeline.source import spark_session
 
-    for directory in ([args.master_dir, args.slave_dir] if args.job == "verify" else [args.dir]):
-        if not os.path.isdir(directory):
-            raise ValueError(f"{directory}: no such directory")
+    check_inputs(args)
     spark = spark_session(args.spark_master, app_name=f"rmqha {args.job}")
     if args.job == "stats":
         result = stats(spark, args.dir, args.out)

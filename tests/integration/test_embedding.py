@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from typing import Any
 
 import pytest_twisted
@@ -14,13 +15,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest_twisted.ensureDeferred
-async def test_embedding_example() -> None:
+async def test_embedding_example(tmp_path: Any, monkeypatch: Any) -> None:
     """
     The documented main(reactor) starts a master and a slave, puts a
-    message, sees it replicated and stops both cleanly.
+    message, sees it replicated and stops both cleanly.  Its
+    C{tempfile.mkdtemp()} lands in this test's temp directory (it used to
+    leave two 64 MiB stores in the system temp directory every run).
     """
     from twisted.internet import reactor
 
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with open(os.path.join(ROOT, "docs", "embedding.md"), encoding="utf-8") as f:
         (block,) = re.findall(r"```python\n(.*?)```", f.read(), re.DOTALL)
     printed: list[tuple[Any, ...]] = []
@@ -33,3 +37,5 @@ async def test_embedding_example() -> None:
     slave_status = printed[2][1]
     assert master_status["role"] == "ASYNC_MASTER"
     assert slave_status["max_offset"] == result.next_offset
+    (root,) = os.listdir(tmp_path)
+    assert sorted(os.listdir(tmp_path / root)) == ["master", "slave"]
