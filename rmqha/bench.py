@@ -756,6 +756,16 @@ async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _existing_dir(text: str) -> str:
+    """
+    C{--dir}: an existing directory, in which each benchmark makes (and
+    removes) a scratch directory of its own; nothing else there is touched.
+    """
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text}: no such directory")
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m rmqha.bench")
     commands = parser.add_subparsers(dest="benchmark", required=True)
@@ -768,14 +778,14 @@ def main(argv: list[str] | None = None) -> None:
     store.add_argument("--runs", type=int, default=5)
     store.add_argument("--segment-size", type=int, default=1 << 30)
     store.add_argument("--chunk", type=int, default=32768, help="read size (haTransferBatchSize)")
-    store.add_argument("--dir", default=None, help="where to create the stores")
+    store.add_argument("--dir", type=_existing_dir, default=None, help="where to create the stores")
     sync = commands.add_parser("sync", help="puts/s and latency, SYNC_MASTER or ASYNC_MASTER")
     sync.add_argument("--producers", type=int, default=1)
     sync.add_argument("--seconds", type=float, default=10.0)
     sync.add_argument("--mode", choices=["sync", "async"], default="sync")
     sync.add_argument("--body-size", type=int, default=1024)
     sync.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
-    sync.add_argument("--dir", default=None)
+    sync.add_argument("--dir", type=_existing_dir, default=None)
     replicate = commands.add_parser(
         "replicate", help="master -> slave over loopback vs. the raw socket ceiling"
     )
@@ -784,7 +794,7 @@ def main(argv: list[str] | None = None) -> None:
     replicate.add_argument("--segment-size", type=int, default=1 << 30)
     replicate.add_argument("--throttle", type=float, default=1e6, help="slow slave's bytes/s")
     replicate.add_argument("--throttle-seconds", type=float, default=15.0)
-    replicate.add_argument("--dir", default=None, help="where to create the stores")
+    replicate.add_argument("--dir", type=_existing_dir, default=None, help="where to create the stores")
     replicate.add_argument(
         "--framing",
         choices=["checked", "classic"],
@@ -797,21 +807,21 @@ def main(argv: list[str] | None = None) -> None:
     tls.add_argument("--size", type=int, default=1 << 30, help="backlog bytes (1 GiB)")
     tls.add_argument("--runs", type=int, default=3)
     tls.add_argument("--segment-size", type=int, default=1 << 30)
-    tls.add_argument("--dir", default=None, help="where to create the stores")
+    tls.add_argument("--dir", type=_existing_dir, default=None, help="where to create the stores")
     framing = commands.add_parser(
         "framing", help="replication throughput, checked framing against classic"
     )
     framing.add_argument("--size", type=int, default=1 << 30, help="backlog bytes (1 GiB)")
     framing.add_argument("--runs", type=int, default=3)
     framing.add_argument("--segment-size", type=int, default=1 << 30)
-    framing.add_argument("--dir", default=None, help="where to create the stores")
+    framing.add_argument("--dir", type=_existing_dir, default=None, help="where to create the stores")
     spark_bench = commands.add_parser(
         "spark", help="scan + decode: plain reader vs Spark local[1] and local[2]"
     )
     spark_bench.add_argument("--size", type=int, default=2 << 30, help="store bytes (2 GiB)")
     spark_bench.add_argument("--runs", type=int, default=3)
     spark_bench.add_argument("--segment-size", type=int, default=1 << 30)
-    spark_bench.add_argument("--dir", default=None, help="where to create the store")
+    spark_bench.add_argument("--dir", type=_existing_dir, default=None, help="where to create the store")
     spark_bench.add_argument(
         "--bodies", choices=["true", "false"], default="true",
         help="decode and move bodies (the data source's bodies option)",
