@@ -58,6 +58,7 @@ __all__ = [
     "describe_failure",
     "split_description",
     "exposure_warning",
+    "admin_exposure_warning",
     "plain_master_warning",
 ]
 
@@ -484,11 +485,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_warning(description: str) -> str | None:
+def _plain_exposure(description: str) -> str | None:
     """
-    For a master's listening endpoint description: a warning when it is
-    plain TCP on an interface other than loopback (the commit log is then
-    open to anyone who reaches the port), else C{None}.
+    Where a listening endpoint description serves plain TCP beyond
+    loopback (an interface, or "all interfaces"), else C{None}.
     """
     kind, positional, keywords = split_description(description)
     if kind not in ("tcp", "tcp6") and not kind.isdigit():
@@ -496,12 +496,39 @@ def exposure_warning(description: str) -> str | None:
     interface = keywords.get("interface", "")
     if interface and _is_loopback(interface):
         return None
-    where = interface or ("all interfaces" if kind != "tcp6" else "all IPv6 interfaces")
+    return interface or ("all interfaces" if kind != "tcp6" else "all IPv6 interfaces")
+
+
+def exposure_warning(description: str) -> str | None:
+    """
+    For a master's listening endpoint description: a warning when it is
+    plain TCP on an interface other than loopback (the commit log is then
+    open to anyone who reaches the port), else C{None}.
+    """
+    where = _plain_exposure(description)
+    if where is None:
+        return None
     return (
         f"the HA port {description} is plain TCP on {where}: anyone who reaches "
         "it can copy the whole commit log and fake acknowledgements; use "
         "--ha-listen ssl:PORT with --tls-cert/--tls-key/--tls-ca and "
         "--tls-require-client-cert (docs/tls.md), or bind it to loopback"
+    )
+
+
+def admin_exposure_warning(description: str) -> str | None:
+    """
+    For the admin HTTP port's endpoint description: a warning when it is
+    plain TCP on an interface other than loopback, else C{None}.
+    """
+    where = _plain_exposure(description)
+    if where is None:
+        return None
+    return (
+        f"the admin HTTP port {description} is plain TCP on {where} without "
+        "authentication: anyone who reaches it can put messages and read the "
+        "broker's status; use --http ssl:PORT with --tls-cert/--tls-key/--tls-ca "
+        "(client certificates required; docs/admin.md), or bind it to loopback"
     )
 
 
