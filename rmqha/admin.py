@@ -44,6 +44,7 @@ from rmqha._record import DEFAULT_MAX_MESSAGE_SIZE
 from rmqha.broker import Broker, NotStoredError
 from rmqha.commitlog import Message, MessageRejected
 from rmqha.group import PutMessageResult, PutStatus
+from rmqha.tls import PeerPolicy
 
 __all__ = [
     "AdminRoot",
@@ -477,6 +478,9 @@ class _AdminChannel(HTTPChannel):
     max_body = MAX_REQUEST_BODY
     header_timeout: float | None = HEADER_TIMEOUT
     refused = False
+    #: What a TLS client's certificate must satisfy (its allowlist).
+    peer_policy: PeerPolicy | None = None
+    _peer_allowed = False
     _header_call: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
@@ -513,6 +517,15 @@ class _AdminChannel(HTTPChannel):
 
     def allHeadersReceived(self) -> None:
         self._stop_header_timer()
+        refusal = self._peer_refusal()
+        if refusal is not None:
+            self._log.warn(
+                "admin HTTP: refused {peer}: {why}",
+                peer=str(self.transport.getPeer()) if self.transport else "?",
+                why=refusal,
+            )
+            self.refuse(403, "FORBIDDEN", f"this client is not allowed here: {refusal}")
+            return
         if self.length is not None and self.length > self.max_body:
             # Before a byte of the body is read (and before "100 Continue").
             self.refuse(
@@ -522,6 +535,21 @@ class _AdminChannel(HTTPChannel):
             )
             return
         super().allHeadersReceived()
+
+    def _peer_refusal(self) -> str | None:
+        """
+        Why the TLS client certificate is refused by C{--http-allowed-peers}
+        (checked once per connection, before any body is read), if it is.
+        """
+        policy = self.peer_policy
+        if policy is None or policy.allowed_peers is None or self._peer_allowed:
+            return None
+        get_certificate = getattr(self.transport, "getPeerCertificate", None)
+        x509 = get_certificate() if get_certificate is not None else None
+        certificate = x509.to_cryptography() if x509 is not None else None
+        _, refusal = policy.check(certificate)
+        self._peer_allowed = refusal is None
+        return refusal
 
     def allContentReceived(self) -> None:
         if not self.refused:
@@ -581,16 +609,19 @@ class _AdminSite(Site):
         max_body: int,
         header_timeout: float | None,
         idle_timeout: float | None,
+        peer_policy: PeerPolicy | None,
     ) -> None:
         super().__init__(resource, timeout=idle_timeout, reactor=reactor)
         self.max_body = max_body
         self.header_timeout = header_timeout
+        self.peer_policy = peer_policy
         self.noisy = False
 
     def buildProtocol(self, addr: Any) -> Any:
         channel = super().buildProtocol(addr)
         channel.max_body = self.max_body
         channel.header_timeout = self.header_timeout
+        channel.peer_policy = self.peer_policy
         return channel
 
 
@@ -601,6 +632,7 @@ def make_site(
     max_body: int = MAX_REQUEST_BODY,
     header_timeout: float | None = HEADER_TIMEOUT,
     idle_timeout: float | None = IDLE_TIMEOUT,
+    peer_policy: PeerPolicy | None = None,
 ) -> Site:
     """
     The admin interface of C{broker} as the factory its HTTP port serves
@@ -611,6 +643,9 @@ def make_site(
     @param header_timeout: seconds for a request line and headers to
         arrive, however slowly; C{None} for no limit.
     @param idle_timeout: seconds of silence that close a connection.
+    @param peer_policy: served over TLS with client certificates, the
+        names a client certificate must carry (C{allowed_peers}); checked
+        before a request's body is read (403).
     """
     return _AdminSite(
         AdminRoot(broker),
@@ -618,4 +653,5 @@ def make_site(
         max_body,
         header_timeout,
         idle_timeout,
+        peer_policy,
     )

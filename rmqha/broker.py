@@ -167,6 +167,7 @@ class Broker(MultiService):
         master_endpoint: str | IStreamClientEndpoint | None = None,
         peer_policy: PeerPolicy = PeerPolicy(),
         http: str | IStreamServerEndpoint | None = None,
+        http_peer_policy: PeerPolicy | None = None,
         config: HAConfig = DEFAULT_HA_CONFIG,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
@@ -193,6 +194,8 @@ class Broker(MultiService):
             server endpoint description (plain TCP beyond loopback is
             warned about), or an endpoint (L{rmqha.tls.server_endpoint}
             for TLS requiring client certificates), or C{None} for none.
+        @param http_peer_policy: the names an admin client's TLS
+            certificate must carry (L{rmqha.admin.make_site}).
         @param max_unflushed: a slave stops reading from its master while
             more received bytes than this are not on disk.
         @param in_sync_replicas: on a SYNC_MASTER, how many copies (the
@@ -255,6 +258,7 @@ class Broker(MultiService):
         self.divergences: dict[str, int] = {"ahead": 0, "behind": 0, "different": 0}
         self._retry_policy = retry_policy
         self._http = http
+        self._http_peer_policy = http_peer_policy
         self._max_unflushed = max_unflushed
         self.http_service: StreamServerEndpointService | None = None
         self.store = CommitLogService(
@@ -319,7 +323,9 @@ class Broker(MultiService):
                 if warning is not None:
                     self._log.warn("{text}", text=warning)
                 http = serverFromString(self.reactor, http)
-            self.http_service = StreamServerEndpointService(http, make_site(self))
+            self.http_service = StreamServerEndpointService(
+                http, make_site(self, peer_policy=self._http_peer_policy)
+            )
             self.http_service.setName("http")
             self.http_service.setServiceParent(self)
             self.http_service.startService()
@@ -634,6 +640,16 @@ class Broker(MultiService):
         On a master, the status of each connected slave.
         """
         return self.master_factory.slaves() if self.master_factory else []
+
+    def http_address(self) -> Deferred[Any]:
+        """
+        Fires with the address the admin HTTP port listens on (for
+        C{tcp:0}).
+        """
+        assert isinstance(self.http_service, StreamServerEndpointService)
+        d = self.http_service._waitingForPort
+        assert d is not None
+        return d.addCallback(lambda port: port.getHost())
 
     def ha_address(self) -> Deferred[Any]:
         """

@@ -173,6 +173,8 @@ class PeerPolicy:
 
     require_client_cert: bool = False
     allowed_peers: frozenset[str] | None = None
+    #: The setting C{allowed_peers} came from, for refusals.
+    allowlist_flag: str = "--tls-allowed-peers"
 
     def __post_init__(self) -> None:
         if self.allowed_peers is not None and not self.require_client_cert:
@@ -194,7 +196,7 @@ class PeerPolicy:
             if not allowed:
                 return (names[0] if names else None), (
                     f"its certificate names {', '.join(names) or 'nothing'}, none of "
-                    f"them in --tls-allowed-peers"
+                    f"them in {self.allowlist_flag}"
                 )
             return allowed[0], None
         return (names[0] if names else None), None
@@ -257,44 +259,50 @@ def server_context(files: TLSFiles, policy: PeerPolicy) -> ssl.CertificateOption
     )
 
 
-def parse_ssl_listen(description: str) -> tuple[int, str, int]:
+def parse_ssl_listen(description: str, flag: str = "--ha-listen") -> tuple[int, str, int]:
     """
     C{ssl:PORT[:interface=…][:backlog=…]} as C{(port, interface, backlog)}.
 
+    @param flag: the option the description came from, for messages.
     @raise TLSError: the description is not of that form (key files in it
         are refused: they come from C{--tls-cert}/C{--tls-key}).
     """
     kind, positional, keywords = split_description(description)
     if kind != "ssl":
         raise TLSError(
-            f"--ha-listen {description!r}: TLS settings need an ssl:PORT endpoint"
+            f"{flag} {description!r}: TLS settings need an ssl:PORT endpoint"
         )
     unknown = sorted(set(keywords) - {"port", "interface", "backlog"})
     if unknown:
         raise TLSError(
-            f"--ha-listen {description!r}: {', '.join(unknown)} cannot be given "
+            f"{flag} {description!r}: {', '.join(unknown)} cannot be given "
             "here; use --tls-cert, --tls-key and --tls-ca"
         )
     port_text = keywords.get("port") or (positional[0] if positional else "")
     if not port_text.isdigit() or int(port_text) > 65535 or len(positional) > 1:
-        raise TLSError(f"--ha-listen {description!r}: not ssl:PORT[:interface=ADDRESS]")
+        raise TLSError(f"{flag} {description!r}: not ssl:PORT[:interface=ADDRESS]")
     backlog = keywords.get("backlog", "50")
     if not backlog.isdigit():
-        raise TLSError(f"--ha-listen {description!r}: backlog {backlog!r} is not a number")
+        raise TLSError(f"{flag} {description!r}: backlog {backlog!r} is not a number")
     return int(port_text), keywords.get("interface", ""), int(backlog)
 
 
 def server_endpoint(
-    reactor: IReactorTCP, description: str, files: TLSFiles, policy: PeerPolicy
+    reactor: IReactorTCP,
+    description: str,
+    files: TLSFiles,
+    policy: PeerPolicy,
+    flag: str = "--ha-listen",
 ) -> SSL4ServerEndpoint:
     """
-    The master's listening endpoint for C{ssl:PORT[:interface=…][:backlog=…]}
-    with the key pair (and client-certificate policy) from settings.
+    A listening endpoint for C{ssl:PORT[:interface=…][:backlog=…]} with the
+    key pair (and client-certificate policy) from settings: the master's
+    HA port, or the admin HTTP port (C{flag="--http"}).
 
     @raise TLSError: the description is not of that form, or a file or
         setting is wrong.
     """
-    port, interface, backlog = parse_ssl_listen(description)
+    port, interface, backlog = parse_ssl_listen(description, flag)
     return SSL4ServerEndpoint(
         reactor, port, server_context(files, policy), backlog=backlog, interface=interface
     )

@@ -16,6 +16,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import getChildForRequest
@@ -516,3 +517,38 @@ class HTTPLayerTests(AdminTestCase):
         )
         self.assertJSONError(transport, 500, "UNKNOWN_ERROR")
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+class ExposureTests(SynchronousTestCase):
+    """
+    The admin port warns when it is plain TCP beyond loopback.
+    """
+
+    def start(self, http: str) -> list[str]:
+        events: list[str] = []
+        observer = lambda event: events.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        store = self.mktemp()
+        broker = Broker(
+            MemoryReactorClock(),
+            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            Role.MASTER,
+            ha_listen="tcp:0:interface=127.0.0.1",
+            http=http,
+        )
+        broker.startService()
+        self.addCleanup(broker.stopService)
+        return [e for e in events if "admin HTTP port" in e]
+
+    def test_plain_beyond_loopback_warns(self) -> None:
+        """
+        C{tcp:PORT} (all interfaces) or a non-loopback interface logs a
+        warning naming the port and what to do; loopback does not.
+        """
+        (warning,) = self.start("tcp:0")
+        self.assertIn("plain TCP on all interfaces", warning)
+        self.assertIn("--http ssl:PORT", warning)
+        (warning,) = self.start("tcp:0:interface=10.1.2.3")
+        self.assertIn("10.1.2.3", warning)
+        self.assertEqual(self.start("tcp:0:interface=127.0.0.1"), [])
