@@ -504,6 +504,11 @@ class _AdminChannel(HTTPChannel):
 
     def _headers_too_slow(self) -> None:
         self._header_call = None
+        if not self.requests and not self._buffer:
+            # Not a byte of a request: a quiet (kept-alive) connection is
+            # closed without an answer nobody asked for.
+            self._close()
+            return
         self._log.info(
             "admin HTTP: no complete request head from {peer} within {timeout} s",
             peer=str(self.transport.getPeer()) if self.transport else "?",
@@ -580,10 +585,13 @@ class _AdminChannel(HTTPChannel):
         """
         if self.refused:
             return
-        self.refused = True
-        self._stop_header_timer()
         assert self.transport is not None
         self.transport.write(_raw_error(code, status, error))
+        self._close()
+
+    def _close(self) -> None:
+        self.refused = True
+        self._stop_header_timer()
         self.loseConnection()
         if self.abortTimeout is not None and self._abortingCall is None:
             self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)

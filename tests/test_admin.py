@@ -459,7 +459,8 @@ class HTTPLayerTests(AdminTestCase):
         """
         The deadline is per request: a connection answering quick
         requests is not cut off, and the deadline starts again after
-        each answer.
+        each answer; a kept-alive connection gone quiet past it is closed
+        without an answer, one in the middle of a request line gets 408.
         """
         channel, transport = self.connect()
         for _ in range(3):
@@ -467,6 +468,11 @@ class HTTPLayerTests(AdminTestCase):
             channel.dataReceived(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
             self.assertEqual(response(transport)[0], 200)
             transport.clear()
+        self.clock.advance(HEADER_TIMEOUT)
+        self.assertEqual(transport.value(), b"")
+        self.assertTrue(transport.disconnecting)
+        channel, transport = self.connect()
+        channel.dataReceived(b"GET /sta")
         self.clock.advance(HEADER_TIMEOUT)
         self.assertJSONError(transport, 408, "REQUEST_TIMEOUT")
 
