@@ -511,7 +511,7 @@ class _AdminChannel(HTTPChannel):
             return
         self._log.info(
             "admin HTTP: no complete request head from {peer} within {timeout} s",
-            peer=str(self.transport.getPeer()) if self.transport else "?",
+            peer=self._peer(),
             timeout=self.header_timeout,
         )
         self.refuse(
@@ -526,7 +526,7 @@ class _AdminChannel(HTTPChannel):
         if refusal is not None:
             self._log.warn(
                 "admin HTTP: refused {peer}: {why}",
-                peer=str(self.transport.getPeer()) if self.transport else "?",
+                peer=self._peer(),
                 why=refusal,
             )
             self.refuse(403, "FORBIDDEN", f"this client is not allowed here: {refusal}")
@@ -540,6 +540,11 @@ class _AdminChannel(HTTPChannel):
             )
             return
         super().allHeadersReceived()
+
+    def _peer(self) -> str:
+        address = self.transport.getPeer() if self.transport is not None else None
+        host, port = getattr(address, "host", None), getattr(address, "port", None)
+        return f"{host}:{port}" if host is not None else str(address)
 
     def _peer_refusal(self) -> str | None:
         """
