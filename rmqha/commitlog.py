@@ -740,9 +740,10 @@ class CommitLog:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             _allocate(fd, self.segment_size)
-        except BaseException:
+        except OSError:
             if not existed:
-                # Ours and holding nothing: give its blocks back.
+                # Ours and holding nothing (the disk is full, say): give
+                # its blocks back.
                 os.unlink(path)
             raise
         finally:
@@ -1295,7 +1296,7 @@ class CommitLog:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except OSError:
             # A full disk, say: leave no half-written snapshot behind.
             try:
                 os.unlink(tmp)
