@@ -520,6 +520,21 @@ class _AdminChannel(HTTPChannel):
             f"the request line and headers did not arrive within {self.header_timeout:g} s",
         )
 
+    def headerReceived(self, line: bytes) -> bool:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and len(value.strip()) > 18:
+            # Twisted would int() thousands of digits (a ValueError past
+            # 4300); no body this long is taken anyway.
+            self.refuse(
+                413,
+                "REQUEST_TOO_LARGE",
+                f"the request body is over {self.max_body} bytes (a "
+                f"{len(value.strip())}-digit Content-Length)",
+            )
+            return False
+        ok: bool = super().headerReceived(line)
+        return ok
+
     def allHeadersReceived(self) -> None:
         self._stop_header_timer()
         refusal = self._peer_refusal()

@@ -393,6 +393,13 @@ class HTTPLayerTests(AdminTestCase):
         self.assertIsNone(req.content)
         self.assertEqual(transport.value(), written)
         self.assertEqual(self.broker_.commitlog.max_offset, 0)
+        # A Content-Length too long for int() (Twisted would raise).
+        channel, transport = self.connect()
+        channel.dataReceived(
+            b"POST /topics/Orders/messages HTTP/1.1\r\nContent-Length: "
+            + b"9" * 5000 + b"\r\nHost: x\r\n\r\n"
+        )
+        self.assertJSONError(transport, 413, "REQUEST_TOO_LARGE")
 
     def test_chunked_body_cut_off(self) -> None:
         """
