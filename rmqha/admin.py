@@ -7,12 +7,22 @@ The admin HTTP interface (twisted.web), served on C{--http ENDPOINT}:
     POST /topics/{topic}/messages     the request body becomes one message
                                       (query: queueId, tags, keys)
 
-Errors are JSON C{{"status": ..., "error": ...}} with a 4xx/5xx code.
+Every answer, errors included, is JSON C{{"status": ..., "error": ...}}
+with a 4xx/5xx code; see docs/admin.md for the statuses and limits.
+
+The HTTP layer is bounded for a peer nobody has authenticated (the port
+may be reachable by anyone): a body over L{MAX_REQUEST_BODY} is refused
+by its C{Content-Length} before a byte of it is read, a chunked body is
+cut off as it passes the limit, bodies are kept in memory (never a temp
+file), and the request line and headers must arrive within
+L{HEADER_TIMEOUT} seconds however slowly they trickle.  L{make_site} builds
+the one C{Site} the broker serves (a connection limiter may wrap it).
 """
 
 from __future__ import annotations
 
 import json
+from io import BytesIO
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -22,15 +32,47 @@ from prometheus_client.core import (
     HistogramMetricFamily,
 )
 from prometheus_client.registry import Collector
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
+from twisted.python.reflect import prefixedMethodNames
+from twisted.web.http import RESPONSES, HTTPChannel
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from rmqha.broker import Broker, NotMasterError
+from rmqha._record import DEFAULT_MAX_MESSAGE_SIZE
+from rmqha.broker import Broker, NotStoredError
 from rmqha.commitlog import Message, MessageRejected
-from rmqha.group import PutMessageResult
+from rmqha.group import PutMessageResult, PutStatus
+from rmqha.tls import PeerPolicy
 
-__all__ = ["AdminRoot", "status"]
+__all__ = [
+    "AdminRoot",
+    "status",
+    "make_site",
+    "MAX_REQUEST_BODY",
+    "HEADER_TIMEOUT",
+    "IDLE_TIMEOUT",
+]
+
+#: The largest request body read: RocketMQ's maxMessageSize (4 MiB) plus
+#: room, so that a body a little too large is still read and refused by
+#: the store with the limit named (400 MESSAGE_ILLEGAL), and anything
+#: larger is refused unread (413).
+MAX_REQUEST_BODY = DEFAULT_MAX_MESSAGE_SIZE + 64 * 1024
+#: Seconds in which a request line and its headers must arrive, counted
+#: from the connection (or the previous answer): trickling them a byte at
+#: a time does not extend it.
+HEADER_TIMEOUT = 10.0
+#: Seconds a connection may stay silent (between requests, or in a body).
+IDLE_TIMEOUT = 60.0
+
+#: Methods HTTP defines (RFC 9110, and PATCH): 405 where not served, 501
+#: for any other.
+_KNOWN_METHODS = frozenset(
+    [b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"CONNECT", b"OPTIONS", b"TRACE", b"PATCH"]
+)
+
 
 
 def status(broker: Broker) -> dict[str, Any]:
@@ -80,11 +122,57 @@ def _json(request: Request, code: int, body: dict[str, Any]) -> bytes:
     return json.dumps(body).encode() + b"\n"
 
 
-def _error(request: Request, code: int, status: str, error: str) -> bytes:
-    return _json(request, code, {"status": status, "error": error})
+def _error(request: Request, code: int, status: str, error: str, **extra: Any) -> bytes:
+    return _json(request, code, {"status": status, "error": error, **extra})
 
 
-class _Status(Resource):
+def _raw_error(code: int, status: str, error: str) -> bytes:
+    """
+    A whole HTTP/1.1 answer closing the connection, for errors found
+    before there is a request to answer through (the channel's own).
+    """
+    body = json.dumps({"status": status, "error": error}).encode() + b"\n"
+    return (
+        b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n"
+        % (code, RESPONSES.get(code, b"Error"), len(body))
+    ) + body
+
+
+class _AdminResource(Resource):
+    """
+    A resource answering a method it does not serve with JSON: 405 (with
+    C{Allow}) for a method HTTP defines, 501 for any other; 404 where
+    nothing is served at all.
+    """
+
+    def render(self, request: Request) -> bytes | int:
+        method = request.method
+        allowed = [
+            name.encode("ascii")
+            for name in prefixedMethodNames(type(self), "render_")
+            if name != "HEAD" or hasattr(self, "render_GET")
+        ]
+        if method not in allowed:
+            if method not in _KNOWN_METHODS:
+                shown = method.decode("ascii", "replace")
+                return _error(request, 501, "NOT_IMPLEMENTED", f"unknown method {shown!r}")
+            path = request.path.decode("utf-8", "replace")
+            if not allowed:
+                return _error(request, 404, "NOT_FOUND", f"no resource at {path}")
+            request.setHeader(b"allow", b", ".join(sorted(allowed)))
+            return _error(
+                request,
+                405,
+                "METHOD_NOT_ALLOWED",
+                f"{method.decode('ascii')} is not allowed on {path} "
+                f"(allowed: {', '.join(a.decode() for a in sorted(allowed))})",
+            )
+        result: bytes | int = super().render(request)
+        return result
+
+
+class _Status(_AdminResource):
     isLeaf = True
 
     def __init__(self, broker: Broker) -> None:
@@ -189,7 +277,7 @@ def _checksum_failures(factory: Any) -> CounterMetricFamily:
     )
 
 
-class _Metrics(Resource):
+class _Metrics(_AdminResource):
     isLeaf = True
 
     def __init__(self, broker: Broker) -> None:
@@ -202,7 +290,7 @@ class _Metrics(Resource):
         return generate_latest(self._registry)
 
 
-class _Messages(Resource):
+class _Messages(_AdminResource):
     isLeaf = True
 
     def __init__(self, broker: Broker, topic: str) -> None:
@@ -214,13 +302,18 @@ class _Messages(Resource):
         try:
             message = self._message(request)
         except ValueError as e:
-            return _error(request, 400, "BAD_REQUEST", str(e))
+            return _error(request, 400, "BAD_REQUEST", str(e), stored=False)
         try:
             d = self._broker.put(message)
-        except NotMasterError as e:
-            return _error(request, 503, "SERVICE_NOT_AVAILABLE", str(e))
+        except NotStoredError as e:
+            # A slave (503), a full disk (507: retrying soon will not
+            # help), another store failure (500): nothing was stored.
+            code = 507 if e.disk_full else 500
+            if e.status is PutStatus.SERVICE_NOT_AVAILABLE:
+                code = 503
+            return _error(request, code, e.status.value, str(e), stored=False)
         except MessageRejected as e:
-            return _error(request, 400, "MESSAGE_ILLEGAL", str(e))
+            return _error(request, 400, "MESSAGE_ILLEGAL", str(e), stored=False)
 
         def answer(result: PutMessageResult) -> None:
             # Every outcome in which the message was stored is a 200.
@@ -231,6 +324,7 @@ class _Messages(Resource):
                     200,
                     {
                         "status": result.status.value,
+                        "stored": True,
                         "offset": append.offset,
                         "next_offset": append.next_offset,
                         "msg_id": append.msg_id,
@@ -241,7 +335,10 @@ class _Messages(Resource):
             request.finish()
 
         def failed(failure: Failure) -> None:
-            request.write(_error(request, 500, "UNKNOWN_ERROR", failure.getErrorMessage()))
+            # After the append: the message is in the log.
+            request.write(
+                _error(request, 500, "UNKNOWN_ERROR", failure.getErrorMessage(), stored=True)
+            )
             request.finish()
 
         d.addCallbacks(answer, failed)
@@ -275,7 +372,7 @@ class _Messages(Resource):
         return Message(self._topic, body, queue_id=queue_id, properties=properties)
 
 
-class _Topic(Resource):
+class _Topic(_AdminResource):
     def __init__(self, broker: Broker, topic: str) -> None:
         super().__init__()
         self._broker = broker
@@ -287,7 +384,7 @@ class _Topic(Resource):
         return _NotFound()
 
 
-class _Topics(Resource):
+class _Topics(_AdminResource):
     def __init__(self, broker: Broker) -> None:
         super().__init__()
         self._broker = broker
@@ -300,14 +397,15 @@ class _Topics(Resource):
         return _Topic(self._broker, topic)
 
 
-class _NotFound(Resource):
+class _NotFound(_AdminResource):
+    """
+    Serves nothing: 404 for any method HTTP defines, 501 for others.
+    """
+
     isLeaf = True
 
-    def render(self, request: Request) -> bytes:
-        return _error(request, 404, "NOT_FOUND", f"no resource at {request.path.decode('utf-8', 'replace')}")
 
-
-class AdminRoot(Resource):
+class AdminRoot(_AdminResource):
     """
     The admin interface's root resource, for a C{twisted.web.server.Site}.
     """
@@ -320,3 +418,269 @@ class AdminRoot(Resource):
 
     def getChild(self, path: bytes, request: Request) -> Resource:
         return _NotFound()
+
+
+# -- the HTTP layer: bounded for unauthenticated peers ------------------------
+
+
+class _AdminRequest(Request):
+    """
+    A request whose body is kept in memory and counted as it arrives (the
+    channel has refused anything declared larger than its limit), and
+    whose unexpected failures answer JSON, not an HTML traceback page.
+    """
+
+    _body_size = 0
+
+    def gotLength(self, length: int | None) -> None:
+        # Twisted spools bodies of 100 kB or more to a temporary file; ours
+        # are bounded by the channel, so memory it is.
+        self.content = BytesIO()  # type: ignore[assignment]
+
+    def handleContentChunk(self, data: bytes) -> None:
+        channel: Any = self.channel
+        if channel is None or getattr(channel, "refused", False):
+            return
+        self._body_size += len(data)
+        limit = getattr(channel, "max_body", None)
+        if limit is not None and self._body_size > limit:
+            channel.refuse(
+                413,
+                "REQUEST_TOO_LARGE",
+                f"the request body exceeds the limit of {limit} bytes",
+            )
+            return
+        assert self.content is not None
+        self.content.write(data)
+
+    def processingFailed(self, reason: Failure) -> None:
+        self._log.failure("admin request {uri} failed", reason, uri=self.uri)
+        body = json.dumps(
+            {"status": "UNKNOWN_ERROR", "error": "internal error (logged)"}
+        ).encode() + b"\n"
+        self.setResponseCode(500)
+        self.setHeader(b"content-type", b"application/json")
+        self.setHeader(b"content-length", b"%d" % len(body))
+        self.write(body)
+        self.finish()
+
+
+class _AdminChannel(HTTPChannel):
+    """
+    HTTP/1.1 with the admin port's limits: bodies by L{max_body}, request
+    heads by L{header_timeout} (total, not idle), and every error it
+    answers itself in JSON.
+
+    @ivar refused: this connection was answered with an error and is
+        closing; what it still sends is ignored.
+    """
+
+    _log = Logger()
+    max_body = MAX_REQUEST_BODY
+    header_timeout: float | None = HEADER_TIMEOUT
+    refused = False
+    #: What a TLS client's certificate must satisfy (its allowlist).
+    peer_policy: PeerPolicy | None = None
+    _peer_allowed = False
+    _header_call: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._await_headers()
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self.refused:
+            super().dataReceived(data)
+
+    def _await_headers(self) -> None:
+        self._stop_header_timer()
+        if self.header_timeout:
+            self._header_call = self.callLater(self.header_timeout, self._headers_too_slow)
+
+    def _stop_header_timer(self) -> None:
+        if self._header_call is not None:
+            if self._header_call.active():
+                self._header_call.cancel()
+            self._header_call = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_call = None
+        if not self.requests and not self._buffer:
+            # Not a byte of a request: a quiet (kept-alive) connection is
+            # closed without an answer nobody asked for.
+            self._close()
+            return
+        self._log.info(
+            "admin HTTP: no complete request head from {peer} within {timeout} s",
+            peer=self._peer(),
+            timeout=self.header_timeout,
+        )
+        self.refuse(
+            408,
+            "REQUEST_TIMEOUT",
+            f"the request line and headers did not arrive within {self.header_timeout:g} s",
+        )
+
+    def headerReceived(self, line: bytes) -> bool:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length" and len(value.strip()) > 18:
+            # Twisted would int() thousands of digits (a ValueError past
+            # 4300); no body this long is taken anyway.
+            self.refuse(
+                413,
+                "REQUEST_TOO_LARGE",
+                f"the request body is over {self.max_body} bytes (a "
+                f"{len(value.strip())}-digit Content-Length)",
+            )
+            return False
+        ok: bool = super().headerReceived(line)
+        return ok
+
+    def allHeadersReceived(self) -> None:
+        self._stop_header_timer()
+        refusal = self._peer_refusal()
+        if refusal is not None:
+            self._log.warn(
+                "admin HTTP: refused {peer}: {why}",
+                peer=self._peer(),
+                why=refusal,
+            )
+            self.refuse(403, "FORBIDDEN", f"this client is not allowed here: {refusal}")
+            return
+        if self.length is not None and self.length > self.max_body:
+            # Before a byte of the body is read (and before "100 Continue").
+            self.refuse(
+                413,
+                "REQUEST_TOO_LARGE",
+                f"the request body is {self.length} bytes; the limit is {self.max_body}",
+            )
+            return
+        super().allHeadersReceived()
+
+    def _peer(self) -> str:
+        address = self.transport.getPeer() if self.transport is not None else None
+        host, port = getattr(address, "host", None), getattr(address, "port", None)
+        return f"{host}:{port}" if host is not None else str(address)
+
+    def _peer_refusal(self) -> str | None:
+        """
+        Why the TLS client certificate is refused by C{--http-allowed-peers}
+        (checked once per connection, before any body is read), if it is.
+        """
+        policy = self.peer_policy
+        if policy is None or policy.allowed_peers is None or self._peer_allowed:
+            return None
+        get_certificate = getattr(self.transport, "getPeerCertificate", None)
+        x509 = get_certificate() if get_certificate is not None else None
+        certificate = x509.to_cryptography() if x509 is not None else None
+        _, refusal = policy.check(certificate)
+        self._peer_allowed = refusal is None
+        return refusal
+
+    def allContentReceived(self) -> None:
+        if not self.refused:
+            super().allContentReceived()
+
+    def requestDone(self, request: Any) -> None:
+        if self.persistent:
+            # Armed before the next request's buffered bytes are parsed.
+            self._await_headers()
+        super().requestDone(request)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self.refuse(
+            400, "BAD_REQUEST", f"a request or header line is longer than {self.MAX_LENGTH} bytes"
+        )
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        if self._receivedHeaderSize > self.totalHeadersSize:
+            why = f"the request line and headers exceed {self.totalHeadersSize} bytes"
+        else:
+            why = "malformed HTTP request"
+        self.refuse(400, "BAD_REQUEST", why)
+
+    def refuse(self, code: int, status: str, error: str) -> None:
+        """
+        Answer C{code} with a JSON error and close the connection, reading
+        nothing more (and aborting it if the peer does not let it close).
+        """
+        if self.refused:
+            return
+        assert self.transport is not None
+        self.transport.write(_raw_error(code, status, error))
+        self._close()
+
+    def _close(self) -> None:
+        self.refused = True
+        self._stop_header_timer()
+        self.loseConnection()
+        if self.abortTimeout is not None and self._abortingCall is None:
+            self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+
+    def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
+        self._stop_header_timer()
+        super().connectionLost(reason)
+
+
+class _AdminSite(Site):
+    """
+    The admin C{Site}: L{_AdminChannel}s (HTTP/1.1 only) making
+    L{_AdminRequest}s.
+    """
+
+    protocol = _AdminChannel  # type: ignore[assignment]
+    requestFactory = _AdminRequest
+
+    def __init__(
+        self,
+        resource: Resource,
+        reactor: IReactorTime | None,
+        max_body: int,
+        header_timeout: float | None,
+        idle_timeout: float | None,
+        peer_policy: PeerPolicy | None,
+    ) -> None:
+        super().__init__(resource, timeout=idle_timeout, reactor=reactor)
+        self.max_body = max_body
+        self.header_timeout = header_timeout
+        self.peer_policy = peer_policy
+        self.noisy = False
+
+    def buildProtocol(self, addr: Any) -> Any:
+        channel = super().buildProtocol(addr)
+        channel.max_body = self.max_body
+        channel.header_timeout = self.header_timeout
+        channel.peer_policy = self.peer_policy
+        return channel
+
+
+def make_site(
+    broker: Broker,
+    *,
+    reactor: IReactorTime | None = None,
+    max_body: int = MAX_REQUEST_BODY,
+    header_timeout: float | None = HEADER_TIMEOUT,
+    idle_timeout: float | None = IDLE_TIMEOUT,
+    peer_policy: PeerPolicy | None = None,
+) -> Site:
+    """
+    The admin interface of C{broker} as the factory its HTTP port serves
+    (the one place it is built; wrap it to limit connections).
+
+    @param reactor: the clock for timeouts (default: the broker's reactor).
+    @param max_body: the largest request body read, in bytes.
+    @param header_timeout: seconds for a request line and headers to
+        arrive, however slowly; C{None} for no limit.
+    @param idle_timeout: seconds of silence that close a connection.
+    @param peer_policy: served over TLS with client certificates, the
+        names a client certificate must carry (C{allowed_peers}); checked
+        before a request's body is read (403).
+    """
+    return _AdminSite(
+        AdminRoot(broker),
+        reactor if reactor is not None else broker.reactor,
+        max_body,
+        header_timeout,
+        idle_timeout,
+        peer_policy,
+    )

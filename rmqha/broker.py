@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import errno
 import os
 import time
 from typing import Any, Callable
@@ -31,7 +32,13 @@ from twisted.internet.interfaces import (
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
+from rmqha.commitlog import (
+    AppendResult,
+    CommitLog,
+    FlushDiskType,
+    Message,
+    SegmentCreateError,
+)
 from rmqha.divergence import CheckFailed, Divergence, find_divergence, probe
 from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
@@ -46,9 +53,15 @@ from rmqha._limits import (
 from rmqha._wire import FEATURE_IDENTIFY
 from rmqha.slave import SlaveFactory, load_replica_id, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
-from rmqha.tls import PeerPolicy, exposure_warning, plain_master_warning, split_description
+from rmqha.tls import (
+    PeerPolicy,
+    admin_exposure_warning,
+    exposure_warning,
+    plain_master_warning,
+    split_description,
+)
 
-__all__ = ["Role", "Broker", "NotMasterError", "DEFAULT_MAX_UNFLUSHED"]
+__all__ = ["Role", "Broker", "NotStoredError", "NotMasterError", "DEFAULT_MAX_UNFLUSHED"]
 
 #: A slave stops reading while this much received data is not on disk.
 DEFAULT_MAX_UNFLUSHED = 256 * 1024 * 1024
@@ -106,10 +119,40 @@ class Role(enum.Enum):
         return self is not Role.SLAVE
 
 
-class NotMasterError(Exception):
+#: OS errors meaning the disk (or the user's quota) is full.
+_DISK_FULL = frozenset([errno.ENOSPC, errno.EDQUOT])
+
+
+class NotStoredError(Exception):
+    """
+    A put that stored nothing, with the RocketMQ status saying why (a
+    L{PutMessageResult} always means "stored").
+
+    @ivar status: the L{PutStatus}.
+    @ivar errno: for a store failure, the OS error number (C{ENOSPC}:
+        the disk is full), else C{None}.
+    """
+
+    def __init__(self, status: PutStatus, text: str, error_number: int | None = None) -> None:
+        super().__init__(text)
+        self.status = status
+        self.errno = error_number
+
+    @property
+    def disk_full(self) -> bool:
+        """
+        Whether the store failed for want of space (C{ENOSPC}, C{EDQUOT}).
+        """
+        return self.errno in _DISK_FULL
+
+
+class NotMasterError(NotStoredError):
     """
     Messages are put on the master only.
     """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(PutStatus.SERVICE_NOT_AVAILABLE, text)
 
 
 class Broker(MultiService):
@@ -132,7 +175,8 @@ class Broker(MultiService):
         ha_listen: str | IStreamServerEndpoint = "tcp:10912",
         master_endpoint: str | IStreamClientEndpoint | None = None,
         peer_policy: PeerPolicy = PeerPolicy(),
-        http: str | None = None,
+        http: str | IStreamServerEndpoint | None = None,
+        http_peer_policy: PeerPolicy | None = None,
         config: HAConfig = DEFAULT_HA_CONFIG,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
@@ -158,8 +202,12 @@ class Broker(MultiService):
             (L{rmqha.tls.client_endpoint} for verified TLS).
         @param peer_policy: what a slave's TLS certificate must satisfy
             (master).
-        @param http: a Twisted server endpoint description for the admin
-            HTTP interface (L{rmqha.admin}), or C{None} for none.
+        @param http: the admin HTTP interface (L{rmqha.admin}): a Twisted
+            server endpoint description (plain TCP beyond loopback is
+            warned about), or an endpoint (L{rmqha.tls.server_endpoint}
+            for TLS requiring client certificates), or C{None} for none.
+        @param http_peer_policy: the names an admin client's TLS
+            certificate must carry (L{rmqha.admin.make_site}).
         @param max_unflushed: a slave stops reading from its master while
             more received bytes than this are not on disk.
         @param in_sync_replicas: on a SYNC_MASTER, how many copies (the
@@ -242,6 +290,7 @@ class Broker(MultiService):
         self.port_limits: dict[str, LimitedFactory] = {}
         self.connection_budget: ConnectionBudget | None = None
         self._http = http
+        self._http_peer_policy = http_peer_policy
         self._max_unflushed = max_unflushed
         self.http_service: StreamServerEndpointService | None = None
         self.store = CommitLogService(
@@ -252,6 +301,8 @@ class Broker(MultiService):
         )
         self.store.setName("store")
         self.store.setServiceParent(self)
+        # Whether the last put failed in the store (logged once).
+        self._store_failing = False
         #: Messages and bytes put on this master.
         self.puts = 0
         self.put_bytes = 0
@@ -299,13 +350,19 @@ class Broker(MultiService):
             self._build_slave_replication(commitlog)
             self._check_then_replicate()
         if self._http is not None:
-            from twisted.web.server import Site
+            from rmqha.admin import make_site
 
-            from rmqha.admin import AdminRoot
-
+            http = self._http
+            if isinstance(http, str):
+                warning = admin_exposure_warning(http)
+                if warning is not None:
+                    self._log.warn("{text}", text=warning)
+                http = serverFromString(self.reactor, http)
             self.http_service = StreamServerEndpointService(
-                serverFromString(self.reactor, self._http),
-                self._limited("HTTP", Site(AdminRoot(self))),
+                http,
+                self._limited(
+                    "HTTP", make_site(self, peer_policy=self._http_peer_policy)
+                ),
             )
             self.http_service.setName("http")
             self.http_service.setServiceParent(self)
@@ -542,6 +599,10 @@ class Broker(MultiService):
         message is stored in every case.
 
         @raise NotMasterError: this broker is a slave (nothing is stored).
+        @raise NotStoredError: the store could not take the message
+            (C{CREATE_MAPEDFILE_FAILED}: no new segment, the disk is full;
+            C{UNKNOWN_ERROR}: another I/O error); nothing is stored and
+            the next put goes where this one would have.
         @raise MessageRejected: the message breaks a limit (nothing stored).
         """
         factory = self.master_factory
@@ -549,7 +610,13 @@ class Broker(MultiService):
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError("messages are put on the master, this is a slave")
         commitlog = self.commitlog
-        append = commitlog.put(message)
+        try:
+            append = commitlog.put(message)
+        except OSError as e:
+            raise self._not_stored(e) from e
+        if self._store_failing:
+            self._store_failing = False
+            self._log.info("the commit log takes puts again")
         self.puts += 1
         self.put_bytes += append.size
         factory.notify_appended()
@@ -575,6 +642,26 @@ class Broker(MultiService):
                 append,
             )
         )
+
+    def _not_stored(self, error: OSError) -> NotStoredError:
+        """
+        What a put that failed in the store answers; logged once until a
+        put succeeds again (a full disk fails every put).
+        """
+        if isinstance(error, SegmentCreateError):
+            status = PutStatus.CREATE_MAPEDFILE_FAILED
+        else:
+            status = PutStatus.UNKNOWN_ERROR
+        self.put_statuses[status] += 1
+        cause = "disk full: " if error.errno in _DISK_FULL else ""
+        what = error.strerror or str(error)
+        if error.filename:
+            what = f"{error.filename}: {what}"
+        text = f"{cause}{what}; the message was not stored"
+        if not self._store_failing:
+            self._store_failing = True
+            self._log.error("puts fail: {why} ({status})", why=text, status=status.value)
+        return NotStoredError(status, text, error.errno)
 
     def _replica_wait(self, end: int) -> Deferred[PutStatus]:
         if self.role is not Role.SYNC_MASTER or self.in_sync_replicas <= 1:
@@ -627,6 +714,16 @@ class Broker(MultiService):
         On a master, the status of each connected slave.
         """
         return self.master_factory.slaves() if self.master_factory else []
+
+    def http_address(self) -> Deferred[Any]:
+        """
+        Fires with the address the admin HTTP port listens on (for
+        C{tcp:0}).
+        """
+        assert isinstance(self.http_service, StreamServerEndpointService)
+        d = self.http_service._waitingForPort
+        assert d is not None
+        return d.addCallback(lambda port: port.getHost())
 
     def ha_address(self) -> Deferred[Any]:
         """

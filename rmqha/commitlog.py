@@ -87,6 +87,7 @@ __all__ = [
     "OffsetMismatchError",
     "OffsetOutOfRangeError",
     "ReadOnlyStoreError",
+    "SegmentCreateError",
     "DEFAULT_SEGMENT_SIZE",
     "MIN_SEGMENT_SIZE",
     "MAX_SEGMENT_SIZE",
@@ -187,6 +188,14 @@ class OffsetOutOfRangeError(StoreError):
         self.offset = offset
         self.min_offset = min_offset
         self.max_offset = max_offset
+
+
+class SegmentCreateError(OSError):
+    """
+    A put needed the next segment and it could not be made (the disk is
+    full, most likely: C{errno} says).  Nothing of the put was written; the
+    log takes the next put at the same offset.
+    """
 
 
 class FlushDiskType(enum.Enum):
@@ -587,7 +596,16 @@ class CommitLog:
                     "bytes (plus an 8-byte BLANK filler) does not fit in a "
                     f"segment of {self.segment_size} bytes"
                 )
-            segment = self._roll()
+            try:
+                segment = self._roll()
+            except OSError as e:
+                # RocketMQ's CREATE_MAPEDFILE_FAILED.  What _roll did before
+                # failing (a BLANK closing the full segment) is a valid log.
+                raise SegmentCreateError(
+                    e.errno,
+                    f"cannot create the commit-log segment "
+                    f"{segment_name(self.max_offset)}: {e.strerror or e}",
+                ) from e
             results = self._encode_batch(segment, messages, store_timestamp)
             assert results is not None
         if not results:
@@ -718,9 +736,16 @@ class CommitLog:
 
     def _create_segment(self, start: int) -> _Segment:
         path = os.path.join(self.commitlog_dir, segment_name(start))
+        existed = os.path.exists(path)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
         try:
             _allocate(fd, self.segment_size)
+        except OSError:
+            if not existed:
+                # Ours and holding nothing (the disk is full, say): give
+                # its blocks back.
+                os.unlink(path)
+            raise
         finally:
             os.close(fd)
         _fsync_dir(self.commitlog_dir)
@@ -1265,11 +1290,19 @@ class CommitLog:
         path = self._queue_table_path()
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(snapshot, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(snapshot, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError:
+            # A full disk, say: leave no half-written snapshot behind.
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
 
     # -- closing -----------------------------------------------------------
 

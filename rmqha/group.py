@@ -49,13 +49,17 @@ class PutStatus(enum.Enum):
     IN_SYNC_REPLICAS_NOT_ENOUGH = "IN_SYNC_REPLICAS_NOT_ENOUGH"
     #: Not stored: this broker does not take puts (a slave).
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    #: Not stored: the next segment could not be created (disk full).
+    CREATE_MAPEDFILE_FAILED = "CREATE_MAPEDFILE_FAILED"
+    #: Not stored: the store failed otherwise (an I/O error, named).
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
 
 
 @dataclass(frozen=True)
 class PutMessageResult:
     """
-    How a put ended.  The message is stored whatever the status, except
-    C{SERVICE_NOT_AVAILABLE}.
+    How a put ended.  The message is stored whatever the status (a put
+    that stores nothing raises L{rmqha.broker.NotStoredError} instead).
     """
 
     status: PutStatus

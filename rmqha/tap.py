@@ -225,6 +225,7 @@ _SETTINGS = [
     _Setting("tls-ca", "haTlsCa", str),
     _Setting("tls-allowed-peers", "haTlsAllowedPeers", _peers),
     _Setting("tls-server-name", "haTlsServerName", _name),
+    _Setting("http-allowed-peers", None, _peers),
 ]
 
 #: Flags (no value on the command line) and their broker.conf true/false keys.
@@ -349,7 +350,16 @@ class Options(usage.Options):
             None,
             None,
             "admin HTTP (/status, /metrics, produce) on this Twisted server "
-            "endpoint, e.g. tcp:8080:interface=127.0.0.1",
+            "endpoint, e.g. tcp:8080:interface=127.0.0.1, or ssl:PORT[:interface=...] "
+            "for TLS with --tls-cert/--tls-key, client certificates from --tls-ca "
+            "required",
+        ],
+        [
+            "http-allowed-peers",
+            None,
+            None,
+            "with --http ssl:...: NAME[,NAME...] an admin client certificate's "
+            "DNS names (or CN) must include one of",
         ],
         [
             "on-divergence",
@@ -469,6 +479,7 @@ class Options(usage.Options):
                         "--master-endpoint)"
                     )
             self._check_tls(settings, conf)
+            self._check_http(settings)
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
         self.settings = settings
@@ -518,6 +529,33 @@ class Options(usage.Options):
                 files.trust_root()
                 if files.cert is not None or files.key is not None:
                     files.key_pair()
+
+    def _check_http(self, settings: dict[str, Any]) -> None:
+        """
+        C{--http ssl:…} serves the admin port over TLS with this broker's
+        key pair, requiring client certificates from C{--tls-ca}.
+        """
+        http = settings.get("http")
+        if http is None or not http.startswith("ssl:"):
+            if settings.get("http-allowed-peers") is not None:
+                raise ValueError("--http-allowed-peers needs --http ssl:PORT")
+            return
+        files = self.tls_files(settings)
+        if files.cert is None or files.key is None or files.ca is None:
+            raise ValueError(
+                f"--http {http}: the admin port serves TLS requiring client "
+                "certificates; give --tls-cert, --tls-key and --tls-ca"
+            )
+        parse_ssl_listen(http, "--http")
+        server_context(files, self.http_peer_policy(settings))
+
+    @staticmethod
+    def http_peer_policy(settings: dict[str, Any]) -> PeerPolicy:
+        return PeerPolicy(
+            require_client_cert=True,
+            allowed_peers=settings.get("http-allowed-peers"),
+            allowlist_flag="--http-allowed-peers",
+        )
 
     @staticmethod
     def tls_files(settings: dict[str, Any]) -> TLSFiles:
@@ -574,6 +612,9 @@ def makeService(options: Options) -> IService:
         master = client_endpoint(
             reactor, keywords["host"], int(keywords["port"]), files, s.get("tls-server-name")
         )
+    http: Any = s.get("http")
+    if http is not None and http.startswith("ssl:"):
+        http = server_endpoint(reactor, http, files, options.http_peer_policy(s), "--http")
     return Broker(
         reactor,
         open_commitlog,
@@ -583,7 +624,8 @@ def makeService(options: Options) -> IService:
         peer_policy=policy,
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],
-        http=s.get("http"),
+        http=http,
+        http_peer_policy=options.http_peer_policy(s),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],
         in_sync_replicas=s["in-sync-replicas"],

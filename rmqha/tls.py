@@ -58,6 +58,7 @@ __all__ = [
     "describe_failure",
     "split_description",
     "exposure_warning",
+    "admin_exposure_warning",
     "plain_master_warning",
 ]
 
@@ -172,6 +173,8 @@ class PeerPolicy:
 
     require_client_cert: bool = False
     allowed_peers: frozenset[str] | None = None
+    #: The setting C{allowed_peers} came from, for refusals.
+    allowlist_flag: str = "--tls-allowed-peers"
 
     def __post_init__(self) -> None:
         if self.allowed_peers is not None and not self.require_client_cert:
@@ -193,7 +196,7 @@ class PeerPolicy:
             if not allowed:
                 return (names[0] if names else None), (
                     f"its certificate names {', '.join(names) or 'nothing'}, none of "
-                    f"them in --tls-allowed-peers"
+                    f"them in {self.allowlist_flag}"
                 )
             return allowed[0], None
         return (names[0] if names else None), None
@@ -256,44 +259,50 @@ def server_context(files: TLSFiles, policy: PeerPolicy) -> ssl.CertificateOption
     )
 
 
-def parse_ssl_listen(description: str) -> tuple[int, str, int]:
+def parse_ssl_listen(description: str, flag: str = "--ha-listen") -> tuple[int, str, int]:
     """
     C{ssl:PORT[:interface=…][:backlog=…]} as C{(port, interface, backlog)}.
 
+    @param flag: the option the description came from, for messages.
     @raise TLSError: the description is not of that form (key files in it
         are refused: they come from C{--tls-cert}/C{--tls-key}).
     """
     kind, positional, keywords = split_description(description)
     if kind != "ssl":
         raise TLSError(
-            f"--ha-listen {description!r}: TLS settings need an ssl:PORT endpoint"
+            f"{flag} {description!r}: TLS settings need an ssl:PORT endpoint"
         )
     unknown = sorted(set(keywords) - {"port", "interface", "backlog"})
     if unknown:
         raise TLSError(
-            f"--ha-listen {description!r}: {', '.join(unknown)} cannot be given "
+            f"{flag} {description!r}: {', '.join(unknown)} cannot be given "
             "here; use --tls-cert, --tls-key and --tls-ca"
         )
     port_text = keywords.get("port") or (positional[0] if positional else "")
     if not port_text.isdigit() or int(port_text) > 65535 or len(positional) > 1:
-        raise TLSError(f"--ha-listen {description!r}: not ssl:PORT[:interface=ADDRESS]")
+        raise TLSError(f"{flag} {description!r}: not ssl:PORT[:interface=ADDRESS]")
     backlog = keywords.get("backlog", "50")
     if not backlog.isdigit():
-        raise TLSError(f"--ha-listen {description!r}: backlog {backlog!r} is not a number")
+        raise TLSError(f"{flag} {description!r}: backlog {backlog!r} is not a number")
     return int(port_text), keywords.get("interface", ""), int(backlog)
 
 
 def server_endpoint(
-    reactor: IReactorTCP, description: str, files: TLSFiles, policy: PeerPolicy
+    reactor: IReactorTCP,
+    description: str,
+    files: TLSFiles,
+    policy: PeerPolicy,
+    flag: str = "--ha-listen",
 ) -> SSL4ServerEndpoint:
     """
-    The master's listening endpoint for C{ssl:PORT[:interface=…][:backlog=…]}
-    with the key pair (and client-certificate policy) from settings.
+    A listening endpoint for C{ssl:PORT[:interface=…][:backlog=…]} with the
+    key pair (and client-certificate policy) from settings: the master's
+    HA port, or the admin HTTP port (C{flag="--http"}).
 
     @raise TLSError: the description is not of that form, or a file or
         setting is wrong.
     """
-    port, interface, backlog = parse_ssl_listen(description)
+    port, interface, backlog = parse_ssl_listen(description, flag)
     return SSL4ServerEndpoint(
         reactor, port, server_context(files, policy), backlog=backlog, interface=interface
     )
@@ -484,11 +493,10 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_warning(description: str) -> str | None:
+def _plain_exposure(description: str) -> str | None:
     """
-    For a master's listening endpoint description: a warning when it is
-    plain TCP on an interface other than loopback (the commit log is then
-    open to anyone who reaches the port), else C{None}.
+    Where a listening endpoint description serves plain TCP beyond
+    loopback (an interface, or "all interfaces"), else C{None}.
     """
     kind, positional, keywords = split_description(description)
     if kind not in ("tcp", "tcp6") and not kind.isdigit():
@@ -496,12 +504,39 @@ def exposure_warning(description: str) -> str | None:
     interface = keywords.get("interface", "")
     if interface and _is_loopback(interface):
         return None
-    where = interface or ("all interfaces" if kind != "tcp6" else "all IPv6 interfaces")
+    return interface or ("all interfaces" if kind != "tcp6" else "all IPv6 interfaces")
+
+
+def exposure_warning(description: str) -> str | None:
+    """
+    For a master's listening endpoint description: a warning when it is
+    plain TCP on an interface other than loopback (the commit log is then
+    open to anyone who reaches the port), else C{None}.
+    """
+    where = _plain_exposure(description)
+    if where is None:
+        return None
     return (
         f"the HA port {description} is plain TCP on {where}: anyone who reaches "
         "it can copy the whole commit log and fake acknowledgements; use "
         "--ha-listen ssl:PORT with --tls-cert/--tls-key/--tls-ca and "
         "--tls-require-client-cert (docs/tls.md), or bind it to loopback"
+    )
+
+
+def admin_exposure_warning(description: str) -> str | None:
+    """
+    For the admin HTTP port's endpoint description: a warning when it is
+    plain TCP on an interface other than loopback, else C{None}.
+    """
+    where = _plain_exposure(description)
+    if where is None:
+        return None
+    return (
+        f"the admin HTTP port {description} is plain TCP on {where} without "
+        "authentication: anyone who reaches it can put messages and read the "
+        "broker's status; use --http ssl:PORT with --tls-cert/--tls-key/--tls-ca "
+        "(client certificates required; docs/admin.md), or bind it to loopback"
     )
 
 

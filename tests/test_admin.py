@@ -5,19 +5,29 @@ over a L{MemoryReactorClock} (no sockets).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import tempfile
 from io import BytesIO
+from typing import Any
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import formatEvent, globalLogPublisher
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.resource import getChildForRequest
 from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
 
-from rmqha.admin import AdminRoot
-from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog
+from rmqha import commitlog as commitlog_module
+from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, make_site
+from rmqha.broker import Broker, NotStoredError, Role
+from rmqha.commitlog import CommitLog, Message
+from rmqha.group import PutStatus
 
 from tests._helpers import fixed_clock
 
@@ -42,13 +52,13 @@ def request(root: AdminRoot, method: bytes, path: bytes, body: bytes = b"",
 
 
 class AdminTestCase(SynchronousTestCase):
-    def broker(self, role: Role) -> Broker:
+    def broker(self, role: Role, segment_size: int = 64 * 1024) -> Broker:
         reactor = MemoryReactorClock()
         reactor.advance(1700000000)
         store = self.mktemp()
         broker = Broker(
             reactor,
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            lambda: CommitLog.open(store, segment_size=segment_size, clock=fixed_clock),
             role,
             ha_listen="tcp:0",
             master_endpoint="tcp:host=127.0.0.1:port=10912" if role is Role.SLAVE else None,
@@ -194,3 +204,364 @@ class SlaveAdminTests(AdminTestCase):
         self.assertIn("rmqha_checksum_failures_total 0.0", data.decode())
         self.assertIn("rmqha_failed_checks 0.0", data.decode())
         self.assertIn("rmqha_rejected_records_total 0.0", data.decode())
+
+
+class DiskFullTests(AdminTestCase):
+    """
+    A put the store cannot take (the disk is full, an I/O error) answers
+    JSON saying it was not stored, leaves no litter, and the next put
+    lands where this one would have.
+    """
+
+    def setUp(self) -> None:
+        self.broker_ = self.broker(Role.MASTER)
+        self.root = AdminRoot(self.broker_)
+
+    def post(self, body: bytes) -> tuple[int, dict]:
+        code, data, _ = request(self.root, b"POST", b"/topics/Orders/messages", body)
+        return code, json.loads(data)
+
+    def disk_full(self) -> Any:
+        def full(fd: int, size: int) -> None:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        return self.patch(commitlog_module, "_allocate", full)
+
+    def store_files(self) -> list[str]:
+        root = self.broker_.commitlog.store_dir
+        return sorted(
+            os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
+        )
+
+    def test_first_segment(self) -> None:
+        """
+        With no room for the first segment: 507, status
+        CREATE_MAPEDFILE_FAILED, C{stored: false}, "disk full" in the
+        error; no segment file is left, and once there is room the next
+        put is stored at offset 0.
+        """
+        full = self.disk_full()
+        before = self.store_files()
+        code, answer = self.post(b"hello")
+        self.assertEqual(code, 507, answer)
+        self.assertEqual(answer["status"], "CREATE_MAPEDFILE_FAILED")
+        self.assertIs(answer["stored"], False)
+        self.assertIn("disk full", answer["error"])
+        self.assertIn("00000000000000000000", answer["error"])
+        self.assertEqual(self.store_files(), before)
+        self.assertEqual(self.broker_.commitlog.max_offset, 0)
+        self.assertEqual(self.broker_.put_statuses[PutStatus.CREATE_MAPEDFILE_FAILED], 1)
+        full.restore()
+        code, answer = self.post(b"hello")
+        self.assertEqual((code, answer["status"], answer["offset"]), (200, "PUT_OK", 0))
+        self.assertIs(answer["stored"], True)
+
+    def test_roll_keeps_the_log_consistent(self) -> None:
+        """
+        A full disk when a put needs the next segment, the queue-table
+        snapshot failing too: 507 and nothing stored, no C{*.tmp} or
+        half-made segment left; the next put lands at the next segment's
+        start and the store reopens with every record.
+        """
+        log = self.broker_.commitlog
+        first = log.put(Message("Orders", b"x" * 1000))
+        while log.max_offset + first.size + 8 <= log.segment_size:
+            log.put(Message("Orders", b"x" * 1000))
+        stored = len(list(log.records()))
+        segment_end = log.segment_size
+
+        class FullJSON:
+            @staticmethod
+            def dump(value: object, f: Any) -> None:
+                f.write('{"offset": ')  # a partial snapshot, then no room
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            loads = staticmethod(json.loads)
+            load = staticmethod(json.load)
+
+        patches = [self.patch(commitlog_module, "json", FullJSON), self.disk_full()]
+        before = self.store_files()
+        for _ in range(2):
+            code, answer = self.post(b"x" * 1000)
+            self.assertEqual(code, 507, answer)
+            self.assertEqual(answer["status"], "CREATE_MAPEDFILE_FAILED")
+            self.assertIs(answer["stored"], False)
+            self.assertEqual(self.store_files(), before)
+            self.assertFalse([f for f in self.store_files() if f.endswith(".tmp")])
+        for patch in patches:
+            patch.restore()
+        code, answer = self.post(b"after")
+        self.assertEqual((code, answer["offset"]), (200, segment_end))
+        store_dir = log.store_dir
+        self.successResultOf(self.broker_.stopService())
+        with CommitLog.open(store_dir, segment_size=64 * 1024, clock=fixed_clock) as reopened:
+            records = list(reopened.records())
+        self.assertEqual(len(records), stored + 1)
+        self.assertEqual((records[-1].offset, records[-1].body), (segment_end, b"after"))
+
+    def test_other_io_error(self) -> None:
+        """
+        Another store failure: 500 UNKNOWN_ERROR naming it, C{stored:
+        false}; the embedding API raises L{NotStoredError} with the status.
+        """
+
+        def broken(message: Message) -> None:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), "/store/commitlog/0")
+
+        self.patch(self.broker_.commitlog, "put", broken)
+        code, answer = self.post(b"x")
+        self.assertEqual((code, answer["status"], answer["stored"]), (500, "UNKNOWN_ERROR", False))
+        self.assertIn("/store/commitlog/0: Input/output error", answer["error"])
+        error = self.assertRaises(NotStoredError, self.broker_.put, Message("Orders", b"x"))
+        self.assertEqual(error.status, PutStatus.UNKNOWN_ERROR)
+        self.assertFalse(error.disk_full)
+
+
+def response(transport: StringTransport) -> tuple[int, dict[str, str], bytes]:
+    """
+    The first HTTP response written to C{transport}: code, headers (lower
+    case), body.
+    """
+    head, _, rest = transport.value().partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    code = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while True:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                return code, headers, body
+            body, rest = body + rest[:size], rest[size + 2 :]
+    length = int(headers.get("content-length", len(rest)))
+    return code, headers, rest[:length]
+
+
+class HTTPLayerTests(AdminTestCase):
+    """
+    The admin C{Site} from L{make_site}: limits that hold before a
+    request reaches a resource, and JSON for every error.
+    """
+
+    def setUp(self) -> None:
+        self.broker_ = self.broker(Role.MASTER, segment_size=1024 * 1024)
+        self.clock = Clock()
+        # Runs last: every connection closed, nothing may stay scheduled.
+        self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
+
+    def connect(self, **kwargs: Any) -> tuple[Any, StringTransport]:
+        site = make_site(self.broker_, reactor=self.clock, **kwargs)
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        channel.makeConnection(transport)
+
+        self.addCleanup(channel.connectionLost, Failure(ConnectionDone()))
+        return channel, transport
+
+    def assertJSONError(self, transport: StringTransport, code: int, status: str) -> dict:
+        got, headers, body = response(transport)
+        self.assertEqual(got, code, body)
+        self.assertEqual(headers["content-type"], "application/json")
+        answer = json.loads(body)
+        self.assertEqual(answer["status"], status)
+        return answer
+
+    def test_huge_content_length_refused_unread(self) -> None:
+        """
+        A 2 GiB Content-Length is answered 413 JSON as soon as the headers
+        are in, with no "100 Continue", no body buffer or temp file made,
+        and the connection closing; bytes that follow are not read.
+        """
+        channel, transport = self.connect()
+        channel.dataReceived(
+            b"POST /topics/Orders/messages HTTP/1.1\r\nHost: x\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 2147483648\r\n\r\n"
+        )
+        self.assertNotIn(b"100 Continue", transport.value())
+        answer = self.assertJSONError(transport, 413, "REQUEST_TOO_LARGE")
+        self.assertIn("2147483648", answer["error"])
+        self.assertIn(str(MAX_REQUEST_BODY), answer["error"])
+        self.assertTrue(transport.disconnecting)
+        (req,) = channel.requests
+        self.assertIsNone(req.content)
+        written = transport.value()
+        channel.dataReceived(b"x" * 65536)
+        self.assertIsNone(req.content)
+        self.assertEqual(transport.value(), written)
+        self.assertEqual(self.broker_.commitlog.max_offset, 0)
+        # A Content-Length too long for int() (Twisted would raise).
+        channel, transport = self.connect()
+        channel.dataReceived(
+            b"POST /topics/Orders/messages HTTP/1.1\r\nContent-Length: "
+            + b"9" * 5000 + b"\r\nHost: x\r\n\r\n"
+        )
+        self.assertJSONError(transport, 413, "REQUEST_TOO_LARGE")
+
+    def test_chunked_body_cut_off(self) -> None:
+        """
+        A chunked body is refused with 413 JSON as it passes the limit:
+        no more than the limit is kept, nothing is stored, and a final
+        chunk in the same read does not get the request processed.
+        """
+        channel, transport = self.connect(max_body=1000)
+        chunk = b"%x\r\n%s\r\n" % (600, b"y" * 600)
+        channel.dataReceived(
+            b"POST /topics/Orders/messages HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n" + chunk
+        )
+        self.assertEqual(transport.value(), b"")
+        channel.dataReceived(chunk + b"0\r\n\r\n")
+        self.assertJSONError(transport, 413, "REQUEST_TOO_LARGE")
+        self.assertEqual(transport.value().count(b"HTTP/1.1"), 1)
+        self.assertTrue(transport.disconnecting)
+        self.assertLessEqual(len(channel.requests[0].content.getvalue()), 1000)
+        self.assertEqual(self.broker_.commitlog.max_offset, 0)
+
+    def test_bodies_in_memory(self) -> None:
+        """
+        Bodies within the limit, chunked or not, are stored; a large one
+        is kept in memory, not spooled to a temporary file.
+        """
+        self.patch(tempfile, "TemporaryFile", lambda *a, **k: self.fail("temp file"))
+        channel, transport = self.connect()
+        body = b"z" * 200_000
+        channel.dataReceived(
+            b"POST /topics/Orders/messages HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        code, _, data = response(transport)
+        self.assertEqual(code, 200, data)
+        transport.clear()
+        channel.dataReceived(
+            b"POST /topics/Orders/messages HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+        )
+        code, _, data = response(transport)
+        self.assertEqual((code, json.loads(data)["stored"]), (200, True))
+        bodies = [r.body for r in self.broker_.commitlog.records()]
+        self.assertEqual(bodies, [body, b"hello"])
+
+    def test_slow_headers_cut_off(self) -> None:
+        """
+        Headers trickled a byte a second (each byte resetting the idle
+        timeout) are cut off HEADER_TIMEOUT seconds after the connection,
+        with 408 JSON.
+        """
+        channel, transport = self.connect()
+        head = b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+        for byte in head[: int(HEADER_TIMEOUT) - 1]:
+            channel.dataReceived(bytes([byte]))
+            self.clock.advance(1)
+        self.assertEqual(transport.value(), b"")
+        channel.dataReceived(b"T")
+        self.clock.advance(1)
+        self.assertJSONError(transport, 408, "REQUEST_TIMEOUT")
+        self.assertTrue(transport.disconnecting)
+
+    def test_header_deadline_per_request(self) -> None:
+        """
+        The deadline is per request: a connection answering quick
+        requests is not cut off, and the deadline starts again after
+        each answer; a kept-alive connection gone quiet past it is closed
+        without an answer, one in the middle of a request line gets 408.
+        """
+        channel, transport = self.connect()
+        for _ in range(3):
+            self.clock.advance(HEADER_TIMEOUT - 1)
+            channel.dataReceived(b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n")
+            self.assertEqual(response(transport)[0], 200)
+            transport.clear()
+        self.clock.advance(HEADER_TIMEOUT)
+        self.assertEqual(transport.value(), b"")
+        self.assertTrue(transport.disconnecting)
+        channel, transport = self.connect()
+        channel.dataReceived(b"GET /sta")
+        self.clock.advance(HEADER_TIMEOUT)
+        self.assertJSONError(transport, 408, "REQUEST_TIMEOUT")
+
+    def test_method_errors_are_json(self) -> None:
+        """
+        A method a resource does not serve is 405 JSON with C{Allow}; an
+        unknown method 501 JSON; a path that is only a prefix 404 JSON; a
+        malformed request 400 JSON.
+        """
+        for line, code, status, allow in [
+            (b"DELETE /status", 405, "METHOD_NOT_ALLOWED", "GET, HEAD"),
+            (b"GET /topics/Orders/messages", 405, "METHOD_NOT_ALLOWED", "POST"),
+            (b"HEAD /topics/Orders/messages", 405, "METHOD_NOT_ALLOWED", "POST"),
+            (b"BREW /status", 501, "NOT_IMPLEMENTED", None),
+            (b"BREW /nowhere", 501, "NOT_IMPLEMENTED", None),
+            (b"GET /topics", 404, "NOT_FOUND", None),
+            (b"PUT /nowhere", 404, "NOT_FOUND", None),
+        ]:
+            channel, transport = self.connect()
+            channel.dataReceived(line + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            got, headers, body = response(transport)
+            self.assertEqual(got, code, line)
+            self.assertEqual(headers["content-type"], "application/json", line)
+            if line.startswith(b"HEAD"):
+                continue
+            self.assertEqual(json.loads(body)["status"], status, line)
+            self.assertEqual(headers.get("allow"), allow, line)
+        channel, transport = self.connect()
+        channel.dataReceived(b"nonsense\r\n\r\n")
+        self.assertJSONError(transport, 400, "BAD_REQUEST")
+        channel, transport = self.connect()
+        channel.dataReceived(b"GET /status HTTP/1.1\r\n" + b"X-Big: " + b"b" * 20000 + b"\r\n")
+        self.assertJSONError(transport, 400, "BAD_REQUEST")
+
+    def test_unexpected_failure_is_json(self) -> None:
+        """
+        An exception escaping a resource answers 500 JSON, not Twisted's
+        HTML page (and is logged).
+        """
+
+        def boom(message: Message) -> None:
+            raise RuntimeError("boom")
+
+        self.patch(self.broker_, "put", boom)
+        channel, transport = self.connect()
+        channel.dataReceived(
+            b"POST /topics/Orders/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx"
+        )
+        self.assertJSONError(transport, 500, "UNKNOWN_ERROR")
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+class ExposureTests(SynchronousTestCase):
+    """
+    The admin port warns when it is plain TCP beyond loopback.
+    """
+
+    def start(self, http: str) -> list[str]:
+        events: list[str] = []
+        observer = lambda event: events.append(formatEvent(event))  # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        store = self.mktemp()
+        broker = Broker(
+            MemoryReactorClock(),
+            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            Role.MASTER,
+            ha_listen="tcp:0:interface=127.0.0.1",
+            http=http,
+        )
+        broker.startService()
+        self.addCleanup(broker.stopService)
+        return [e for e in events if "admin HTTP port" in e]
+
+    def test_plain_beyond_loopback_warns(self) -> None:
+        """
+        C{tcp:PORT} (all interfaces) or a non-loopback interface logs a
+        warning naming the port and what to do; loopback does not.
+        """
+        (warning,) = self.start("tcp:0")
+        self.assertIn("plain TCP on all interfaces", warning)
+        self.assertIn("--http ssl:PORT", warning)
+        (warning,) = self.start("tcp:0:interface=10.1.2.3")
+        self.assertIn("10.1.2.3", warning)
+        self.assertEqual(self.start("tcp:0:interface=127.0.0.1"), [])

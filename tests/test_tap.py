@@ -326,3 +326,51 @@ class TLSOptionsTests(SynchronousTestCase):
         for argv, needle in cases:
             e = self.assertRaises(UsageError, self.parse, *argv)
             self.assertIn(needle, str(e), argv)
+
+
+class AdminHTTPOptionsTests(SynchronousTestCase):
+    """
+    C{--http}: the admin port over TLS with the C{--tls-*} files.
+    """
+
+    setUp = TLSOptionsTests.setUp
+    parse = TLSOptionsTests.parse
+    master_flags = TLSOptionsTests.master_flags
+
+    def test_admin_over_tls(self) -> None:
+        """
+        C{--http ssl:…} serves the admin port with this broker's key pair
+        and requires client certificates from C{--tls-ca}, with
+        C{--http-allowed-peers} as its allowlist.
+        """
+        options = self.parse(
+            "--http", "ssl:0:interface=127.0.0.1", *self.master_flags(),
+            "--tls-require-client-cert", "--http-allowed-peers", "ops, admin",
+        )
+        broker = makeService(options)
+        self.assertNotIsInstance(broker._http, str)  # type: ignore[attr-defined]
+        policy = broker._http_peer_policy  # type: ignore[attr-defined]
+        self.assertTrue(policy.require_client_cert)
+        self.assertEqual(policy.allowed_peers, frozenset({"ops", "admin"}))
+        plain = makeService(self.parse("--http", "tcp:0:interface=127.0.0.1"))
+        self.assertEqual(plain._http, "tcp:0:interface=127.0.0.1")  # type: ignore[attr-defined]
+
+    def test_admin_errors_name_the_setting(self) -> None:
+        """
+        An admin TLS port without the files, with key files in the
+        description, or an allowlist without TLS: usage errors naming
+        C{--http}.
+        """
+        cert, key = self.set.master
+        cases = [
+            (("--http", "ssl:1"), "--http ssl:1: the admin port serves TLS"),
+            (("--http", "ssl:1", "--tls-cert", cert, "--tls-key", key,
+              "--ha-listen", "ssl:2"), "give --tls-cert, --tls-key and --tls-ca"),
+            (("--http", "ssl:1:privateKey=k.pem", *self.master_flags(),
+              "--tls-require-client-cert"), "--http 'ssl:1:privateKey=k.pem'"),
+            (("--http", "tcp:1", "--http-allowed-peers", "ops"),
+             "--http-allowed-peers needs --http ssl:PORT"),
+        ]
+        for argv, needle in cases:
+            e = self.assertRaises(UsageError, self.parse, *argv)
+            self.assertIn(needle, str(e), argv)
