@@ -169,6 +169,20 @@ class CertificateSet:
     slaves: dict[str, tuple[str, str]]
 
 
+def _node(ca: Issued, name: str, *extra_names: str) -> Issued:
+    """
+    A broker's certificate: server and client use alike, since every
+    broker may serve (the HA port on a master, the admin port on any
+    broker over C{--http ssl:}) and dial (a slave to its master), and a
+    broker's role is not fixed for its life.  DNS names C{name} (what
+    allowlists match) and C{extra_names}; loopback addresses, where the
+    examples connect.
+    """
+    return issue(
+        ca, name, [name, *extra_names], ["127.0.0.1", "::1"], server=True, client=True
+    )
+
+
 def init(
     directory: str, master_name: str = "master", slave_names: Sequence[str] = ("slave",)
 ) -> CertificateSet:
@@ -198,20 +212,11 @@ def init(
         ca = make_ca()
         ca_path, ca_key = write_pair(ca, directory, "ca")
         written += [ca_path, ca_key]
-        master = issue(
-            ca,
-            master_name,
-            [master_name, "localhost"],
-            ["127.0.0.1", "::1"],
-            server=True,
-        )
-        master_paths = write_pair(master, directory, "master")
+        master_paths = write_pair(_node(ca, master_name, "localhost"), directory, "master")
         written += master_paths
         slaves = {}
         for name in slave_names:
-            slaves[name] = write_pair(
-                issue(ca, name, [name], client=True), directory, f"slave-{name}"
-            )
+            slaves[name] = write_pair(_node(ca, name), directory, f"slave-{name}")
             written += slaves[name]
     except BaseException:
         # Half a set is no use and would block the retry: remove what this

@@ -250,7 +250,16 @@ class CertsInitTests(SynchronousTestCase):
             master = x509.load_pem_x509_certificate(f.read())
         self.assertEqual(certificate_names(master), ["broker-a", "localhost"])
         with open(f"{d}/slave-s2.pem", "rb") as f:
-            self.assertEqual(certificate_names(x509.load_pem_x509_certificate(f.read())), ["s2"])
+            slave = x509.load_pem_x509_certificate(f.read())
+        self.assertEqual(certificate_names(slave), ["s2"])
+        # Every broker serves (HA or admin port) and dials: both usages.
+        from cryptography.x509.oid import ExtendedKeyUsageOID as EKU
+
+        for certificate in (master, slave):
+            self.assertEqual(
+                set(certificate.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value),
+                {EKU.SERVER_AUTH, EKU.CLIENT_AUTH},
+            )
         self.assertIn("--tls-allowed-peers s1,s2", out)
         self.assertIn(f"--tls-cert {d}/slave-s1.pem", out)
 
