@@ -35,6 +35,7 @@ from rmqha.commitlog import AppendResult, CommitLog, FlushDiskType, Message
 from rmqha.divergence import CheckFailed, Divergence, find_divergence, probe
 from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
+from rmqha.scrub import DEFAULT_SCRUB_RATE, ScrubService
 from rmqha.slave import SlaveFactory, make_slave_service
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 from rmqha.tls import PeerPolicy, exposure_warning, plain_master_warning, split_description
@@ -136,6 +137,7 @@ class Broker(MultiService):
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
         on_divergence: str | None = "halt",
         probe_timeout: float = 3.0,
+        scrub_rate: int = DEFAULT_SCRUB_RATE,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -167,6 +169,8 @@ class Broker(MultiService):
             replicating), C{"truncate"} (cut back to the last common
             offset), C{"rebootstrap"} (move the store aside, start afresh),
             or C{None} (no checks).
+        @param scrub_rate: bytes per second the background scrub re-reads
+            and re-checks (L{rmqha.scrub}); 0 turns it off.
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -220,6 +224,13 @@ class Broker(MultiService):
         )
         self.store.setName("store")
         self.store.setServiceParent(self)
+        #: The background scrub of the store (docs/store.md, "Scrub").
+        self.scrub = ScrubService(
+            lambda: self.store.commitlog, reactor, rate=scrub_rate,
+            slave=role is Role.SLAVE,
+        )
+        self.scrub.setName("scrub")
+        self.scrub.setServiceParent(self)
         #: Messages and bytes put on this master.
         self.puts = 0
         self.put_bytes = 0
@@ -232,6 +243,7 @@ class Broker(MultiService):
         self.store.startService()
         commitlog = self.store.commitlog
         assert commitlog is not None
+        self.scrub.startService()
         if self.role.is_master:
             self.master_factory = MasterFactory(
                 commitlog, self.reactor, self.config, self._peer_policy
@@ -447,6 +459,8 @@ class Broker(MultiService):
             # Stopping the listener leaves accepted connections open.
             master_factory = self.master_factory
             d.addBoth(lambda _: master_factory.disconnect_all("the master is stopping"))
+        # The scrub reads the store's files: it stops before the store.
+        d.addBoth(lambda _: self.scrub.stopService())
         d.addBoth(lambda _: self.store.stopService())
         return d
 

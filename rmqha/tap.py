@@ -29,6 +29,7 @@ from rmqha.commitlog import (
     StoreError,
 )
 from rmqha.master import HAConfig
+from rmqha.scrub import DEFAULT_SCRUB_RATE, parse_scrub_rate
 from rmqha.tls import (
     PeerPolicy,
     TLSFiles,
@@ -216,6 +217,7 @@ _SETTINGS = [
     _Setting("tls-ca", "haTlsCa", str),
     _Setting("tls-allowed-peers", "haTlsAllowedPeers", _peers),
     _Setting("tls-server-name", "haTlsServerName", _name),
+    _Setting("scrub-rate", "scrubRate", parse_scrub_rate),
 ]
 
 #: Flags (no value on the command line) and their broker.conf true/false keys.
@@ -242,6 +244,7 @@ _DEFAULTS: dict[str, Any] = {
     "tls-require-client-cert": False,
     "on-divergence": "halt",
     "probe-timeout": 3.0,
+    "scrub-rate": DEFAULT_SCRUB_RATE,
 }
 
 
@@ -382,6 +385,13 @@ class Options(usage.Options):
             None,
             "slave: the name the master's certificate must carry (default: "
             "the --master host) [haTlsServerName]",
+        ],
+        [
+            "scrub-rate",
+            None,
+            None,
+            "bytes per second the background scrub re-reads and re-checks "
+            "every record at, e.g. 8MiB; 0 or off disables it (32MiB) [scrubRate]",
         ],
         [
             "batch-size",
@@ -566,4 +576,5 @@ def makeService(options: Options) -> IService:
         slave_timeout=s["slave-timeout"],
         slave_fallbehind_max=s["slave-fallbehind-max"],
         sync_flush_timeout=s["sync-flush-timeout"],
+        scrub_rate=s["scrub-rate"],
     )
