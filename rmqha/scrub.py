@@ -82,6 +82,9 @@ MAX_BUSY = 0.25
 MAX_LISTED = 1000
 #: Seconds to wait when the log is closed, or nothing new is stable yet.
 IDLE_DELAY = 1.0
+# Reads of one range beyond the second when each finds damage the one
+# before did not; then the walk moves on (the next pass looks again).
+_MAX_REREADS = 2
 
 _HEADER = struct.Struct(">ii")
 _MAGICS = (struct.pack(">i", MESSAGE_MAGIC_V1), struct.pack(">i", MESSAGE_MAGIC_V2))
@@ -447,6 +450,7 @@ class ScrubService(Service):
         self._want = 0
         # The read being confirmed: the first read's findings.
         self._first_findings: dict[int, Finding] | None = None
+        self._rereads = 0
         # Passes.
         self._pass_target: int | None = None
         self._pass_started: float | None = None
@@ -469,8 +473,15 @@ class ScrubService(Service):
 
     def startService(self) -> None:
         super().startService()
+        commitlog = self._commitlog()
+        where = commitlog.commitlog_dir if commitlog is not None else "the store"
         if self.rate > 0:
+            self._log.info(
+                "scrubbing {dir} at {rate} bytes/s (--scrub-rate)", dir=where, rate=self.rate
+            )
             self._schedule(0)
+        else:
+            self._log.info("scrub of {dir} is off (--scrub-rate 0)", dir=where)
 
     def stopService(self) -> Deferred[None]:
         """
@@ -571,7 +582,7 @@ class ScrubService(Service):
             # go on from its record end, a record boundary.
             self._offset = min(self._offset, commitlog.record_end)
             self._anchor, self._searching, self._want = None, False, 0
-            self._first_findings = None
+            self._first_findings, self._rereads = None, 0
         assert self._pass_target is not None
         # A log cut back below the pass's end: the pass ends where it does.
         self._pass_target = min(self._pass_target, commitlog.record_end)
@@ -606,7 +617,7 @@ class ScrubService(Service):
     def _start_pass(self, commitlog: CommitLog) -> None:
         self._offset = commitlog.min_offset
         self._anchor, self._searching, self._want = None, False, 0
-        self._first_findings = None
+        self._first_findings, self._rereads = None, 0
         self._pass_target = self._stable_end(commitlog)
         self._pass_started = self._clock.seconds()
         self._pass_bytes = 0
@@ -666,7 +677,7 @@ class ScrubService(Service):
         ):
             # The log changed under the read (cut back, moved aside,
             # closed): plan again from what it is now, reporting nothing.
-            self._first_findings = None
+            self._first_findings, self._rereads = None, 0
             self._schedule(delay)
             return
         result = read.result
@@ -683,7 +694,7 @@ class ScrubService(Service):
                     [Finding(plan.start, f"{read.error} (offsets {plan.start}..{after})")],
                 )
             else:
-                self._first_findings = None
+                self._first_findings, self._rereads = None, 0
                 self._schedule(delay)
                 return
         if result.lost_anchor:
@@ -696,7 +707,7 @@ class ScrubService(Service):
             self._offset, self._anchor, self._searching, self._want = (
                 plan.segment_start, None, False, 0,
             )
-            self._first_findings = None
+            self._first_findings, self._rereads = None, 0
             self._schedule(delay)
             return
         found = {f.offset: f for f in result.findings}
@@ -707,6 +718,16 @@ class ScrubService(Service):
             return
         first, self._first_findings = self._first_findings or {}, None
         confirmed = [f for offset, f in sorted(found.items()) if offset in first]
+        for finding in confirmed:
+            self._report(commitlog, plan, finding, now)
+        if set(found) - set(first) and self._rereads < _MAX_REREADS:
+            # This read saw damage the one before did not (it reached
+            # further): read again rather than step over it unconfirmed.
+            self._rereads += 1
+            self._first_findings = found
+            self._schedule(delay)
+            return
+        self._rereads = 0
         uncertain = set(found) | set(first)
         covered_end = result.next_offset
         for offset in [
@@ -720,8 +741,6 @@ class ScrubService(Service):
                 offset=offset,
                 segment=record.segment,
             )
-        for finding in confirmed:
-            self._report(commitlog, plan, finding, now)
         self._offset = result.next_offset
         self._anchor = result.anchor
         self._searching = result.searching
