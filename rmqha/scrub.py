@@ -80,6 +80,9 @@ MIN_SLICE = 64 * 1024
 MAX_BUSY = 0.25
 #: How many corrupt records are listed (the first ones by offset).
 MAX_LISTED = 1000
+#: The largest record read whole (RocketMQ's default maxMessageSize is
+#: 4 MiB): a longer one is skipped with a warning, not read into memory.
+MAX_RECORD_READ = 64 * 1024 * 1024
 #: Seconds to wait when the log is closed, or nothing new is stable yet.
 IDLE_DELAY = 1.0
 # Reads of one range beyond the second when each finds damage the one
@@ -87,6 +90,7 @@ IDLE_DELAY = 1.0
 _MAX_REREADS = 2
 
 _HEADER = struct.Struct(">ii")
+_PHYSICAL = struct.Struct(">q")
 _MAGICS = (struct.pack(">i", MESSAGE_MAGIC_V1), struct.pack(">i", MESSAGE_MAGIC_V2))
 _FADVISE = getattr(os, "posix_fadvise", None)
 _DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 0)
@@ -166,6 +170,16 @@ def _next_candidate(buf: bytes, pos: int, end: int) -> int | None:
     return best
 
 
+def _placed(buf: bytes, pos: int, end: int, here: int) -> bool:
+    """
+    Whether the record header at C{buf[pos:]} may be one at commit-log
+    offset C{here}: its PHYSICALOFFSET says so, or is not in C{buf} yet.
+    Only used to decide whether to read a long record's bytes;
+    L{parse_record} judges the record.
+    """
+    return end - pos < 36 or _PHYSICAL.unpack_from(buf, pos + 28)[0] == here
+
+
 def check_chunk(
     buf: bytes,
     offset: int,
@@ -230,9 +244,12 @@ def check_chunk(
             here = offset + pos
             total, _ = _HEADER.unpack_from(buf, pos)
             if total > end - pos and MIN_RECORD_SIZE <= total <= segment_end - here:
-                # Maybe a record, continuing after this chunk: read all of
-                # it next time (once it is below the stable end).
-                return ChunkResult(here, True, None, findings, records, want=total)
+                if _placed(buf, pos, end, here):
+                    # Maybe a record, continuing after this chunk: read all
+                    # of it next time (once it is below the stable end).
+                    return ChunkResult(here, True, None, findings, records, want=total)
+                pos += 1
+                continue
             try:
                 item = parse_record(buf, pos, end, here, with_body=False, strict=True)
             except RecordError:
@@ -268,9 +285,17 @@ def check_chunk(
                 and MIN_RECORD_SIZE <= total <= segment_end - here
                 and total > end - pos
             ):
-                # The record continues after this chunk: read all of it
-                # next time (once it is below the stable end).
-                return ChunkResult(here, False, anchor, findings, records, want=total)
+                if _placed(buf, pos, end, here):
+                    # The record continues after this chunk: read all of it
+                    # next time (once it is below the stable end).
+                    return ChunkResult(here, False, anchor, findings, records, want=total)
+                physical = _PHYSICAL.unpack_from(buf, pos + 28)[0]
+                findings.append(Finding(
+                    here, f"PHYSICALOFFSET field says {physical}, the record is at {here}"
+                ))
+                searching = True
+                pos += 1
+                continue
         try:
             record = parse_record(buf, pos, end, here, with_body=False, strict=True)
         except RecordError as e:
@@ -593,6 +618,22 @@ class ScrubService(Service):
         segment_start = self._offset - self._offset % size
         segment_end = segment_start + size
         limit = min(stable, segment_end)
+        if self._want > MAX_RECORD_READ:
+            self._log.warn(
+                "scrub: the record at offset {offset} in segment {segment} says it "
+                "is {size} bytes, more than the scrub reads at once ({most}); the "
+                "rest of the segment is not checked in this pass (rmqha store "
+                "check reads it)",
+                offset=self._offset,
+                segment=segment_name(segment_start),
+                size=self._want,
+                most=MAX_RECORD_READ,
+            )
+            self._offset, self._anchor, self._searching, self._want = (
+                segment_end, None, False, 0,
+            )
+            self._schedule(0)
+            return None
         if self._offset + max(self._want, 1) > limit:
             # Nothing (or not all of the next record) is stable yet.
             self._schedule(IDLE_DELAY)

@@ -192,6 +192,43 @@ class FindsCorruptionTests(ScrubTestCase):
         self.assertIn("bad magic code", scrub.corrupt[first].reason)
         self.assertEqual(len(self.errors(events)), 2)
 
+    def test_damaged_total_size(self) -> None:
+        """
+        A TOTALSIZE made larger (the record seems to run into the next
+        ones) is read whole and refused by the decoder: reported, and the
+        walk resumes at the next record.
+        """
+        offsets, _ = _fill(self.store, COUNT)
+        bad = offsets[3]
+        rewrite(segment_path(self.store, 0), bad % SEGMENT, (30000).to_bytes(4, "big"))
+        with capturedLogs() as events:
+            scrub = self.scrub(self.open())
+            self.run_for(3)
+        self.assertEqual(list(scrub.corrupt), [bad])
+        self.assertEqual(scrub.corrupt[bad].resumed_at, bad + SIZE)
+        self.assertEqual(len(self.errors(events)), 1)
+
+    def test_huge_record_skipped_not_read(self) -> None:
+        """
+        A record claiming more than the scrub reads at once is not read
+        into memory: a warning, the rest of its segment unchecked this
+        pass, nothing reported, and the next segments are checked.
+        """
+        from rmqha import scrub as scrub_module
+
+        self.patch(scrub_module, "MAX_RECORD_READ", 4096)
+        offsets, _ = _fill(self.store, COUNT)
+        rewrite(segment_path(self.store, 0), offsets[3] % SEGMENT, (30000).to_bytes(4, "big"))
+        # In the second segment: also outside the recovery walk.
+        later = next(o for o in offsets if o > SEGMENT + 10 * SIZE)
+        xor_byte(segment_path(self.store, later - later % SEGMENT), _body_position(later))
+        with capturedLogs() as events:
+            scrub = self.scrub(self.open(), slice_bytes=4096)
+            self.run_for(10)
+        self.assertEqual(list(scrub.corrupt), [later])
+        (warning,) = [formatEvent(e) for e in events if "more than the scrub reads" in formatEvent(e)]
+        self.assertIn(f"offset {offsets[3]}", warning)
+
     def test_logged_once_across_passes(self) -> None:
         """
         A corrupt record found again by later passes is logged once, stays
@@ -485,6 +522,30 @@ class CheckChunkTests(SynchronousTestCase):
         )
         self.assertEqual((result.next_offset, result.want, result.records), (500, 3000, 1))
         self.assertEqual((result.anchor, result.findings), (0, []))
+
+    def test_long_record_needs_its_place(self) -> None:
+        """
+        A header claiming more bytes than the chunk holds is read whole
+        next time only when its PHYSICALOFFSET says it is where it is;
+        otherwise it is reported at once (no large read for garbage).
+        """
+        data = bytearray(replica_records(0, 500, 500))
+        data[500:504] = (20000).to_bytes(4, "big")
+        result = check_chunk(
+            bytes(data), 0, segment_start=0, segment_size=SEGMENT,
+            limit=SEGMENT, anchored=False, searching=False,
+        )
+        self.assertEqual((result.next_offset, result.want, result.findings), (500, 20000, []))
+        data[528:536] = (7).to_bytes(8, "big")
+        result = check_chunk(
+            bytes(data), 0, segment_start=0, segment_size=SEGMENT,
+            limit=len(data), anchored=False, searching=False,
+        )
+        (finding,) = result.findings
+        self.assertEqual(finding.offset, 500)
+        self.assertIn("PHYSICALOFFSET field says 7", finding.reason)
+        self.assertTrue(result.searching)
+        self.assertLess(result.want, 20000)
 
     def test_lost_anchor(self) -> None:
         """
