@@ -344,8 +344,10 @@ class _Read:
 
     size: int
     result: ChunkResult | None
-    #: The read failed with this (other than the file having gone).
+    #: Why the read failed, when it did.
     error: str | None = None
+    #: The failure is about the rest of the segment, not just this range.
+    whole: bool = False
 
 
 def _read_and_check(plan: _Plan) -> _Read:
@@ -357,9 +359,11 @@ def _read_and_check(plan: _Plan) -> _Read:
     try:
         fd = os.open(plan.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
-        return _Read(0, None)  # the segment went (cut back, moved aside)
+        # Cut back or moved aside meanwhile (the reactor thread tells),
+        # or lost: the rest of the segment is unreadable.
+        return _Read(0, None, f"segment file {plan.segment_name} is missing", whole=True)
     except OSError as e:
-        return _Read(0, None, f"cannot open {plan.segment_name}: {e.strerror}")
+        return _Read(0, None, f"cannot open {plan.segment_name}: {e.strerror}", whole=True)
     try:
         position = plan.start - plan.segment_start
         if plan.cold and _FADVISE is not None:
@@ -379,7 +383,10 @@ def _read_and_check(plan: _Plan) -> _Read:
     finally:
         os.close(fd)
     if got < plan.length:
-        return _Read(got, None)  # the file is shorter than it was
+        return _Read(
+            got, None, f"segment file {plan.segment_name} ends at {position + got}",
+            whole=True,
+        )
     buf = b"".join(chunks) if len(chunks) != 1 else chunks[0]
     result = check_chunk(
         buf,
@@ -723,21 +730,22 @@ class ScrubService(Service):
             return
         result = read.result
         if result is None:
-            if read.error is not None:
-                # Unreadable bytes (EIO): one finding for the range, and
-                # the walk goes on after it.
-                after = plan.start + plan.length
-                segment_end = plan.segment_start + plan.segment_size
-                result = ChunkResult(
-                    segment_end if after >= segment_end else after,
-                    after < segment_end,
-                    None,
-                    [Finding(plan.start, f"{read.error} (offsets {plan.start}..{after})")],
-                )
-            else:
-                self._first_findings, self._rereads = None, 0
-                self._schedule(delay)
-                return
+            # Unreadable bytes (EIO), or a file missing or short while the
+            # log says it is there: one finding for the range (for the
+            # rest of the segment when the file is the problem), and the
+            # walk goes on after it.
+            assert read.error is not None
+            after = plan.start + plan.length
+            segment_end = plan.segment_start + plan.segment_size
+            if read.whole:
+                after = segment_end
+            result = ChunkResult(
+                min(after, segment_end),
+                after < segment_end,
+                None,
+                [Finding(plan.start, f"{read.error} (offsets {plan.start}..{after})")],
+            )
+            delay = max(delay, IDLE_DELAY)
         if result.lost_anchor:
             self._log.debug(
                 "scrub: record at {offset} changed under the walk; segment "

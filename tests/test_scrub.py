@@ -229,6 +229,24 @@ class FindsCorruptionTests(ScrubTestCase):
         (warning,) = [formatEvent(e) for e in events if "more than the scrub reads" in formatEvent(e)]
         self.assertIn(f"offset {offsets[3]}", warning)
 
+    def test_missing_segment_file(self) -> None:
+        """
+        A segment file that vanished while the log still lists it (not a
+        cut the store made) is one corrupt range, reported once, and the
+        walk goes on with the next segment.
+        """
+        offsets, _ = _fill(self.store, COUNT)
+        log = self.open()
+        os.unlink(segment_path(self.store, SEGMENT))
+        later = next(o for o in offsets if o > 2 * SEGMENT)
+        xor_byte(segment_path(self.store, 2 * SEGMENT), _body_position(later))
+        with capturedLogs() as events:
+            scrub = self.scrub(log)
+            self.run_for(10)
+        self.assertEqual(sorted(scrub.corrupt), [SEGMENT, later])
+        self.assertIn(f"{segment_file_name(SEGMENT)} is missing", scrub.corrupt[SEGMENT].reason)
+        self.assertEqual(len(self.errors(events)), 2)
+
     def test_logged_once_across_passes(self) -> None:
         """
         A corrupt record found again by later passes is logged once, stays
