@@ -343,6 +343,20 @@ class RateAndLifecycleTests(ScrubTestCase):
             self.assertGreaterEqual(scrub.bytes_total, rate * seconds * 0.8)
         self.assertEqual(scrub.passes, 0)
 
+    def test_busy_share_bounded(self) -> None:
+        """
+        A step that took long (small records, a slow disk) is followed by
+        a wait of at least nine times its length, whatever the rate
+        allows: the scrub works at most a tenth of the time.
+        """
+        _fill(self.store, COUNT)
+        threads = _HeldThreads()
+        self.scrub(self.open(), threads, rate=1 << 30)
+        self.clock.advance(0)
+        threads.run(before=lambda: self.clock.advance(0.1))
+        (call,) = self.clock.getDelayedCalls()
+        self.assertAlmostEqual(call.getTime() - self.clock.seconds(), 0.9, places=6)
+
     def test_new_pass_after_interval(self) -> None:
         """
         A pass covers the log up to its stable end; the next starts once
