@@ -475,6 +475,9 @@ class ScrubService(Service):
         self._max_listed = max_listed
         self._call: IDelayedCall | None = None
         self._in_flight: Deferred[Any] | None = None
+        # Bumped at each stop: a read that was in flight then is ignored
+        # even if the service was started again meanwhile.
+        self._generation = 0
         # The walk.
         self._log_seen: CommitLog | None = None
         self._offset = 0
@@ -522,6 +525,7 @@ class ScrubService(Service):
         (its result is dropped).
         """
         super().stopService()
+        self._generation += 1
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
@@ -581,7 +585,7 @@ class ScrubService(Service):
             return
         started = self._clock.seconds()
         d = self._in_flight = self._run_in_thread(lambda: _read_and_check(plan))
-        d.addCallback(self._read_done, plan, started)
+        d.addCallback(self._read_done, plan, started, self._generation)
         d.addErrback(self._step_failed)
 
     def _stable_end(self, commitlog: CommitLog) -> int:
@@ -705,10 +709,14 @@ class ScrubService(Service):
 
     def _step_failed(self, failure: Failure) -> None:
         self._in_flight = None
+        if not self.running:
+            return
         self._log.failure("scrub step failed; trying again", failure)
         self._schedule(IDLE_DELAY * 10)
 
-    def _read_done(self, read: _Read, plan: _Plan, started: float) -> None:
+    def _read_done(self, read: _Read, plan: _Plan, started: float, generation: int) -> None:
+        if generation != self._generation:
+            return
         self._in_flight = None
         if not self.running:
             return

@@ -425,6 +425,29 @@ class RateAndLifecycleTests(ScrubTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
         self.assertEqual(scrub.bytes_total, 0)
 
+    def test_restart_ignores_old_read(self) -> None:
+        """
+        Stopped with a read in flight and started again: the old read's
+        result, arriving late, changes nothing; the new walk goes on.
+        """
+        _fill(self.store, COUNT)
+        threads = _HeldThreads()
+        scrub = self.scrub(self.open(), threads)
+        self.clock.advance(0)
+        (old,) = threads.pending
+        threads.pending = []
+        scrub.stopService()
+        scrub.startService()
+        self.clock.advance(0)
+        (new,) = threads.pending
+        threads.pending = [old]
+        threads.run()
+        self.assertEqual((scrub.bytes_total, self.clock.getDelayedCalls()), (0, []))
+        threads.pending = [new]
+        threads.run()
+        self.assertGreater(scrub.bytes_total, 0)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+
     def test_closed_store_waits(self) -> None:
         """
         While there is no open log (a slave moving its store aside) the
