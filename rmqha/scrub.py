@@ -836,13 +836,13 @@ class ScrubService(Service):
             hint = (
                 "this slave's copy is damaged; the master has the record: stop "
                 f"the slave and run `rmqha store repair {store} --from "
-                "MASTER_STORE`, or move the store aside and let the slave copy "
+                "MASTER_DIR`, or move the store aside and let the slave copy "
                 "the log from its master again"
             )
         else:
             hint = (
                 "repair it from a replica's good copy: stop the broker and run "
-                f"`rmqha store repair {store} --from REPLICA_STORE`"
+                f"`rmqha store repair {store} --from REPLICA_DIR`"
             )
         self._log.error(
             "scrub: corrupt record at offset {offset} in segment {segment}: "

@@ -294,7 +294,7 @@ class FindsCorruptionTests(ScrubTestCase):
             self.run_for(2)
         (error,) = self.errors(events)
         self.assertIn("this slave's copy is damaged", error)
-        self.assertIn("--from MASTER_STORE", error)
+        self.assertIn("--from MASTER_DIR", error)
 
     def test_read_twice_before_reporting(self) -> None:
         """
