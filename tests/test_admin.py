@@ -196,10 +196,24 @@ class SlaveAdminTests(AdminTestCase):
         self.assertIn("rmqha_rejected_records_total 0.0", data.decode())
 
 
-class ScrubAdminTests(SynchronousTestCase):
+class ScrubAdminTests(AdminTestCase):
     """
     The scrub's figures in /status and /metrics.
     """
+
+    def test_slave_has_scrub(self) -> None:
+        """
+        A slave scrubs too: its /status has the C{scrub} object and its
+        /metrics the scrub's figures.
+        """
+        root = AdminRoot(self.broker(Role.SLAVE))
+        _, data, _ = request(root, b"GET", b"/status")
+        scrub = json.loads(data)["scrub"]
+        self.assertTrue(scrub["enabled"])
+        self.assertEqual((scrub["corrupt_records"], scrub["corrupt"]), (0, []))
+        _, data, _ = request(root, b"GET", b"/metrics")
+        self.assertIn("rmqha_corrupt_records 0.0", data.decode())
+        self.assertIn("rmqha_scrubbed_bytes_total 0.0", data.decode())
 
     def test_corrupt_record_shown(self) -> None:
         """
