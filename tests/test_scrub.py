@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha.commitlog import CommitLog
 from rmqha.scrub import ScrubService, check_chunk, parse_scrub_rate
@@ -342,6 +342,22 @@ class RateAndLifecycleTests(ScrubTestCase):
             # promise.
             self.assertGreaterEqual(scrub.bytes_total, rate * seconds * 0.8)
         self.assertEqual(scrub.passes, 0)
+
+    def test_no_descriptor_left_open(self) -> None:
+        """
+        Each read opens its own descriptor and closes it: passes leave
+        the process's open files as they were.
+        """
+        fds = "/proc/self/fd"
+        if not os.path.isdir(fds):
+            raise SkipTest("needs /proc/self/fd")
+        _fill(self.store, COUNT)
+        log = self.open()
+        before = len(os.listdir(fds))
+        scrub = self.scrub(log, pass_interval=1.0)
+        self.run_for(5)
+        self.assertGreaterEqual(scrub.passes, 3)
+        self.assertEqual(len(os.listdir(fds)), before)
 
     def test_busy_share_bounded(self) -> None:
         """
