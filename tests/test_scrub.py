@@ -10,7 +10,6 @@ the store.
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, succeed
