@@ -85,6 +85,8 @@ def status(broker: Broker) -> dict[str, Any]:
         "min_offset": commitlog.min_offset,
         "max_offset": commitlog.max_offset,
         "flushed_offset": commitlog.flushed_offset,
+        # The background scrub and what it found (docs/store.md, "Scrub").
+        "scrub": broker.scrub.status(),
     }
     if broker.role.is_master:
         result["slaves"] = [
@@ -200,6 +202,7 @@ class _BrokerCollector(Collector):
             ("rmqha_commitlog_flushed_offset", commitlog.flushed_offset, "offset known to be on disk"),
         ]:
             yield GaugeMetricFamily(name, text, value=value)
+        yield from _scrub_metrics(broker)
         if broker.role.is_master:
             yield CounterMetricFamily("rmqha_puts", "messages put", value=broker.puts)
             statuses = CounterMetricFamily(
@@ -267,6 +270,23 @@ class _BrokerCollector(Collector):
                 "checks of the master (control session) that could not finish, in a row",
                 value=broker.failed_checks,
             )
+
+
+def _scrub_metrics(broker: Broker) -> Any:
+    scrub = broker.scrub
+    yield GaugeMetricFamily(
+        "rmqha_corrupt_records",
+        "records the background scrub found corrupt (on two reads), known now",
+        value=scrub.corrupt_count,
+    )
+    yield CounterMetricFamily(
+        "rmqha_scrubbed_bytes", "commit-log bytes the scrub read and checked",
+        value=scrub.bytes_total,
+    )
+    yield CounterMetricFamily(
+        "rmqha_scrub_passes", "scrub passes finished (every record checked once)",
+        value=scrub.passes,
+    )
 
 
 def _checksum_failures(factory: Any) -> CounterMetricFamily:

@@ -52,6 +52,7 @@ from rmqha._limits import (
 )
 from rmqha._wire import FEATURE_IDENTIFY
 from rmqha.slave import SlaveFactory, load_replica_id, make_slave_service
+from rmqha.scrub import DEFAULT_SCRUB_RATE, ScrubService
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 from rmqha.tls import (
     PeerPolicy,
@@ -192,6 +193,7 @@ class Broker(MultiService):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
         fd_limit: Callable[[], int] = raise_fd_limit,
+        scrub_rate: int = DEFAULT_SCRUB_RATE,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -234,6 +236,8 @@ class Broker(MultiService):
         @param fd_limit: called at start: raises the open-files limit and
             returns the soft limit; all ports together keep
             C{FD_RESERVE} descriptors of it free for the store.
+        @param scrub_rate: bytes per second the background scrub re-reads
+            and re-checks (L{rmqha.scrub}); 0 turns it off.
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -303,6 +307,13 @@ class Broker(MultiService):
         self.store.setServiceParent(self)
         # Whether the last put failed in the store (logged once).
         self._store_failing = False
+        #: The background scrub of the store (docs/store.md, "Scrub").
+        self.scrub = ScrubService(
+            lambda: self.store.commitlog, reactor, rate=scrub_rate,
+            slave=role is Role.SLAVE,
+        )
+        self.scrub.setName("scrub")
+        self.scrub.setServiceParent(self)
         #: Messages and bytes put on this master.
         self.puts = 0
         self.put_bytes = 0
@@ -316,6 +327,7 @@ class Broker(MultiService):
         self.store.startService()
         commitlog = self.store.commitlog
         assert commitlog is not None
+        self.scrub.startService()
         if self.role.is_master:
             self.master_factory = MasterFactory(
                 commitlog, self.reactor, self.config, self._peer_policy
@@ -576,6 +588,8 @@ class Broker(MultiService):
             # Stopping the listener leaves accepted connections open.
             master_factory = self.master_factory
             d.addBoth(lambda _: master_factory.disconnect_all("the master is stopping"))
+        # The scrub reads the store's files: it stops before the store.
+        d.addBoth(lambda _: self.scrub.stopService())
         d.addBoth(lambda _: self.store.stopService())
         return d
 

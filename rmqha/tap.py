@@ -30,6 +30,7 @@ from rmqha.commitlog import (
     StoreError,
 )
 from rmqha.master import HAConfig
+from rmqha.scrub import DEFAULT_SCRUB_RATE, parse_scrub_rate
 from rmqha.tls import (
     PeerPolicy,
     TLSFiles,
@@ -226,6 +227,7 @@ _SETTINGS = [
     _Setting("tls-allowed-peers", "haTlsAllowedPeers", _peers),
     _Setting("tls-server-name", "haTlsServerName", _name),
     _Setting("http-allowed-peers", None, _peers),
+    _Setting("scrub-rate", "scrubRate", parse_scrub_rate),
 ]
 
 #: Flags (no value on the command line) and their broker.conf true/false keys.
@@ -254,6 +256,7 @@ _DEFAULTS: dict[str, Any] = {
     "probe-timeout": 3.0,
     "max-connections": DEFAULT_MAX_CONNECTIONS,
     "max-connections-per-peer": DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    "scrub-rate": DEFAULT_SCRUB_RATE,
 }
 
 
@@ -417,6 +420,13 @@ class Options(usage.Options):
             None,
             "slave: the name the master's certificate must carry (default: "
             "the --master host) [haTlsServerName]",
+        ],
+        [
+            "scrub-rate",
+            None,
+            None,
+            "bytes per second the background scrub re-reads and re-checks "
+            "every record at, e.g. 8MiB; 0 or off disables it (32MiB) [scrubRate]",
         ],
         [
             "batch-size",
@@ -635,4 +645,5 @@ def makeService(options: Options) -> IService:
         sync_flush_timeout=s["sync-flush-timeout"],
         max_connections=s["max-connections"],
         max_connections_per_peer=s["max-connections-per-peer"],
+        scrub_rate=s["scrub-rate"],
     )

@@ -565,3 +565,66 @@ class ExposureTests(SynchronousTestCase):
         (warning,) = self.start("tcp:0:interface=10.1.2.3")
         self.assertIn("10.1.2.3", warning)
         self.assertEqual(self.start("tcp:0:interface=127.0.0.1"), [])
+class ScrubAdminTests(AdminTestCase):
+    """
+    The scrub's figures in /status and /metrics.
+    """
+
+    def test_slave_has_scrub(self) -> None:
+        """
+        A slave scrubs too: its /status has the C{scrub} object and its
+        /metrics the scrub's figures.
+        """
+        root = AdminRoot(self.broker(Role.SLAVE))
+        _, data, _ = request(root, b"GET", b"/status")
+        scrub = json.loads(data)["scrub"]
+        self.assertTrue(scrub["enabled"])
+        self.assertEqual((scrub["corrupt_records"], scrub["corrupt"]), (0, []))
+        _, data, _ = request(root, b"GET", b"/metrics")
+        self.assertIn("rmqha_corrupt_records 0.0", data.decode())
+        self.assertIn("rmqha_scrubbed_bytes_total 0.0", data.decode())
+
+    def test_corrupt_record_shown(self) -> None:
+        """
+        A record the background scrub found corrupt in an old segment is
+        in /status's C{scrub} object (offset, segment, reason; count,
+        passes, rate) and counted by C{rmqha_corrupt_records}; the bytes
+        read are C{rmqha_scrubbed_bytes_total}.
+        """
+        from tests._helpers import segment_path, xor_byte
+        from tests.test_scrub import COUNT, SEGMENT, _body_position, _fill
+
+        store = self.mktemp()
+        offsets, _ = _fill(store, COUNT)
+        xor_byte(segment_path(store, 0), _body_position(offsets[2]))
+        reactor = MemoryReactorClock()
+        reactor.advance(1700000000)
+        broker = Broker(
+            reactor,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.MASTER,
+            ha_listen="tcp:0",
+            scrub_rate=4 * 1024 * 1024,
+        )
+        broker.startService()
+        self.addCleanup(broker.stopService)
+        for _ in range(40):
+            reactor.advance(0.05)
+        root = AdminRoot(broker)
+        code, data, _ = request(root, b"GET", b"/status")
+        scrub = json.loads(data)["scrub"]
+        self.assertEqual(code, 200)
+        self.assertEqual((scrub["enabled"], scrub["rate"]), (True, 4 * 1024 * 1024))
+        self.assertEqual(scrub["passes"], 1)
+        self.assertEqual(scrub["corrupt_records"], 1)
+        (record,) = scrub["corrupt"]
+        self.assertEqual(record["offset"], offsets[2])
+        self.assertEqual(record["segment"], "00000000000000000000")
+        self.assertIn("body CRC mismatch", record["reason"])
+        self.assertEqual(record["resumed_at"], offsets[3])
+        code, data, _ = request(root, b"GET", b"/metrics")
+        text = data.decode()
+        self.assertIn("rmqha_corrupt_records 1.0", text)
+        self.assertIn("rmqha_scrub_passes_total 1.0", text)
+        self.assertIn(f"rmqha_scrubbed_bytes_total {float(broker.scrub.bytes_total)}", text)
+        self.assertGreater(broker.scrub.bytes_total, offsets[-1])

@@ -374,3 +374,55 @@ class AdminHTTPOptionsTests(SynchronousTestCase):
         for argv, needle in cases:
             e = self.assertRaises(UsageError, self.parse, *argv)
             self.assertIn(needle, str(e), argv)
+class ScrubOptionsTests(SynchronousTestCase):
+    """
+    C{--scrub-rate} / C{scrubRate}: the background scrub's rate.
+    """
+
+    def parse(self, *argv: str) -> Options:
+        options = Options()
+        options.parseOptions(list(argv))
+        return options
+
+    def test_values(self) -> None:
+        """
+        On by default at 32 MiB/s; sizes with suffixes, C{0} and C{off}
+        turn it off; broker.conf's C{scrubRate} is read and the flag
+        overrides it; the broker built gets the rate.
+        """
+        self.assertEqual(self.parse("--store-dir", "s").settings["scrub-rate"], 32 << 20)
+        self.assertEqual(
+            self.parse("--store-dir", "s", "--scrub-rate", "8MiB").settings["scrub-rate"],
+            8 << 20,
+        )
+        for off in ("0", "off"):
+            settings = self.parse("--store-dir", "s", "--scrub-rate", off).settings
+            self.assertEqual(settings["scrub-rate"], 0)
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("storePathRootDir=s\nscrubRate=1m\n")
+        self.assertEqual(self.parse("--config", path).settings["scrub-rate"], 1 << 20)
+        self.assertEqual(
+            self.parse("--config", path, "--scrub-rate", "2m").settings["scrub-rate"], 2 << 20
+        )
+        service = makeService(
+            self.parse("--store-dir", self.mktemp(), "--scrub-rate", "4m")
+        )
+        assert isinstance(service, Broker)
+        self.assertEqual(service.scrub.rate, 4 << 20)
+
+    def test_bad_value_one_line(self) -> None:
+        """
+        A bad rate is a one-line usage error naming the flag, or the
+        broker.conf key, and the value.
+        """
+        e = self.assertRaises(UsageError, self.parse, "--store-dir", "s", "--scrub-rate", "fast")
+        self.assertIn("--scrub-rate", str(e))
+        self.assertIn("'fast'", str(e))
+        self.assertNotIn("\n", str(e))
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("storePathRootDir=s\nscrubRate=-1\n")
+        e = self.assertRaises(UsageError, self.parse, "--config", path)
+        self.assertIn("scrubRate", str(e))
+        self.assertNotIn("\n", str(e))
