@@ -241,9 +241,15 @@ def store_summary(commitlog: CommitLog) -> dict[str, Any]:
     What C{rmqha store info --json} prints.
     """
     topics: Counter[str] = Counter()
-    for record in commitlog.records(with_body=False):
-        topics[record.topic] += 1  # type: ignore[union-attr]
     recovery = commitlog.recovery
+    corruption = recovery.corruption
+    try:
+        for record in commitlog.records(with_body=False):
+            topics[record.topic] += 1  # type: ignore[union-attr]
+    except RecordError as e:
+        # Damage in a segment older than recovery walks: count what comes
+        # before it and say so ('store check' lists every damaged stretch).
+        corruption = corruption or f"{e} (messages counted up to there; see 'rmqha store check')"
     return {
         "store_dir": commitlog.store_dir,
         "commitlog_dir": commitlog.commitlog_dir,
@@ -259,7 +265,7 @@ def store_summary(commitlog: CommitLog) -> dict[str, Any]:
         "clean_shutdown": recovery.clean_shutdown,
         "torn_tail": recovery.torn or recovery.stop_reason is not None,
         "stop_reason": recovery.stop_reason,
-        "corruption": recovery.corruption,
+        "corruption": corruption,
     }
 
 

@@ -87,6 +87,23 @@ class CLITests(SynchronousTestCase):
         self.assertIn("messages       4", out)
         self.assertRegex(out, r"TopicA\s+2")
 
+    def test_info_on_damage_in_an_old_segment(self) -> None:
+        """
+        Damage older than the segments recovery walks does not make
+        C{store info} fail: it reports the corruption and the messages
+        before it.
+        """
+        store, size = self.make_store(count=60)
+        path = os.path.join(store, "commitlog", "0" * 20)
+        with open(path, "r+b") as f:
+            f.seek(2 * size + 5)  # the magic code
+            f.write(b"\x00")
+        status, out, err = self.run_cli("store", "info", store, "--json")
+        self.assertEqual((status, err), (0, ""))
+        info = json.loads(out)
+        self.assertIn(f"bad record at offset {2 * size}", info["corruption"])
+        self.assertEqual(info["messages"], 2)
+
     def test_check_sound(self) -> None:
         """
         A sound store: exit 0 and the record count.
