@@ -1693,6 +1693,16 @@ def _first_valid_after(
     return None
 
 
+def _valid_end(segments: list[_Segment], offset: int, check_crc: bool) -> int:
+    """
+    Where the run of valid records starting at C{offset} ends.
+    """
+    index = _segment_index(segments, offset)
+    assert index is not None
+    walk = _walk(segments, index, check_crc, offset - segments[index].start)
+    return segments[walk.index].start + walk.position
+
+
 def _tail_end(segments: list[_Segment], index: int, position: int) -> int | None:
     """
     One past the last non-zero byte from C{position} of C{segments[index]}
@@ -1905,13 +1915,7 @@ def _recover(
     )
     action = "recovery cut a torn tail (no valid record after it)"
     if damage is not None and damage.next_valid is not None:
-        valid = _walk(
-            segments,
-            _segment_index(segments, damage.next_valid),  # type: ignore[arg-type]
-            check_crc,
-            damage.next_valid - segments[_segment_index(segments, damage.next_valid)].start,  # type: ignore[index]
-        )
-        damage.valid_end = segments[valid.index].start + valid.position
+        damage.valid_end = _valid_end(segments, damage.next_valid, check_crc)
         error = CorruptRecordError(store_dir, damage)
         report.corruption = str(error)
         if not read_only and not truncate_corrupt:
@@ -2137,9 +2141,9 @@ class RepairReport:
 
 def _replica_pieces(
     segments: list[_Segment], replica: list[_Segment], damage: Damage
-) -> tuple[list[tuple[int, bytes]], int]:
+) -> tuple[list[tuple[int, int]], int]:
     """
-    The replica's records covering C{damage}, each C{(offset, bytes)}, and
+    The replica's records covering C{damage}, each C{(offset, size)}, and
     their end.  Every one must pass every check (structure, PHYSICALOFFSET,
     body CRC), they must end exactly at the store's next valid record (or,
     for a tail, cover its last non-zero byte), and the records on both
@@ -2154,7 +2158,7 @@ def _replica_pieces(
     # copies of one log.
     if damage.previous is not None:
         _same_item(segments, replica, damage.previous, "before")
-    pieces: list[tuple[int, bytes]] = []
+    pieces: list[tuple[int, int]] = []
     offset = start
     while offset < target:
         index = _segment_index(replica, offset)
@@ -2183,7 +2187,7 @@ def _replica_pieces(
             )
         if _segment_index(segments, offset) != _segment_index(segments, offset + size - 1):
             raise ValueError(f"this store has no segment for offset {offset + size - 1}")
-        pieces.append((offset, segment.mm[position : position + size]))
+        pieces.append((offset, size))
         offset += size
     if damage.next_valid is not None:
         _same_item(segments, replica, damage.next_valid, "after")
@@ -2282,10 +2286,7 @@ def repair_store(
             repair.quarantined = _quarantine_bytes(
                 store_dir,
                 repair.damage.offset,
-                (
-                    _item_range(segments, offset, len(data))
-                    for offset, data in pieces
-                ),
+                (_item_range(segments, offset, size) for offset, size in pieces),
                 {
                     "end": repair.end,
                     "segment": repair.damage.segment,
@@ -2296,8 +2297,11 @@ def repair_store(
                 clock,
             )
             written = set()
-            for offset, data in pieces:
+            for offset, size in pieces:
+                # One record (or BLANK filler) at a time: memory stays
+                # bounded by the largest record, whatever the damage spans.
                 segment = segments[_segment_index(segments, offset)]  # type: ignore[index]
+                data = _item_range(replica, offset, size)
                 segment.pwrite(offset - segment.start, memoryview(data))
                 written.add(segment)
             for segment in written:
