@@ -330,6 +330,40 @@ class RepairTests(SynchronousTestCase):
         with open(os.path.join(quarantine, kept[0]), "rb") as f:
             self.assertEqual(f.read(), damaged["0" * 20][starts[0] : starts[0] + self.size])
 
+    def test_repair_across_a_blank(self) -> None:
+        """
+        A hole of zeros from inside a segment's last record through its
+        BLANK filler (valid records in the next segment) is repaired with
+        the replica's record and BLANK: byte-identical, sound.
+        """
+        path = os.path.join(self.store, "commitlog", "0" * 20)
+        last = 12 * self.size
+        with open(path, "r+b") as f:
+            f.seek(last + 50)
+            f.write(bytes(SEGMENT - last - 50))
+        status, out, _ = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        self.assertEqual(status, 0, out)
+        self.assertIn(f"repaired offsets {last}..{SEGMENT} ", out)
+        self.assertIn("with 2 record(s)", out)
+        self.assertEqual(self.commitlog(self.store), self.commitlog(self.replica))
+        self.assertEqual(self.run_cli("store", "check", self.store)[0], 0)
+
+    def test_repair_torn_tail(self) -> None:
+        """
+        A torn last record (nothing valid after it) is repaired from the
+        replica's whole copy too.
+        """
+        with CommitLog.open(self.store, read_only=True) as log:
+            last = [r.offset for r in log.records()][-1]
+        start = last - last % SEGMENT
+        with open(os.path.join(self.store, "commitlog", f"{start:020d}"), "r+b") as f:
+            f.seek(last - start + 120)
+            f.write(bytes(100))
+        status, out, _ = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        self.assertEqual(status, 0, out)
+        self.assertIn(f"repaired offsets {last}..{last + self.size} ", out)
+        self.assertEqual(self.commitlog(self.store), self.commitlog(self.replica))
+
     def test_dry_run(self) -> None:
         """
         C{--dry-run} says what would be repaired and writes nothing.
