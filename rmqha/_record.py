@@ -37,7 +37,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from mmap import mmap
-from typing import Mapping, NamedTuple, Union, cast
+from typing import Iterator, Mapping, NamedTuple, Union, cast
 
 __all__ = [
     "MESSAGE_MAGIC_V1",
@@ -62,6 +62,8 @@ __all__ = [
     "body_crc",
     "offset_msg_id",
     "record_length",
+    "is_record_start",
+    "record_starts",
 ]
 
 #: v1 magic, C{-626843481} as a Java int.
@@ -615,6 +617,60 @@ def record_topic(buf: bytes | bytearray | memoryview | mmap, pos: int, end: int)
     if length < 0 or p + length > limit:
         return None
     return bytes(buf[p : p + length])
+
+
+_MAGIC_BYTES = (
+    struct.pack(">i", MESSAGE_MAGIC_V1),
+    struct.pack(">i", MESSAGE_MAGIC_V2),
+)
+_PHYSICAL_AT = 28
+
+
+def is_record_start(
+    buf: bytes | bytearray | mmap, p: int, base: int, size: int
+) -> bool:
+    """
+    Whether C{buf[p:]} looks like the start of a record (not yet a proof:
+    L{parse_record} decides): a message magic, a TOTALSIZE no smaller than
+    any record and ending by C{size}, and a PHYSICALOFFSET equal to
+    C{base + p}, the offset it sits at.
+
+    @param base: the commit-log offset of C{buf[0]}.
+    @param size: where the segment ends, in C{buf}'s coordinates.
+    """
+    if p < 0 or p + _PHYSICAL_AT + 8 > len(buf):
+        return False
+    total, magic = _BLANK.unpack_from(buf, p)
+    if magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2) or not (
+        _MIN_FIXED <= total <= size - p
+    ):
+        return False
+    return bool(_LONG.unpack_from(buf, p + _PHYSICAL_AT)[0] == base + p)
+
+
+def record_starts(
+    buf: bytes | bytearray | mmap, start: int, end: int, base: int, size: int
+) -> Iterator[int]:
+    """
+    The positions C{start <= p < end} of C{buf}, in order, passing
+    L{is_record_start}.  The commit log has no sync marker; this is the one
+    way to find where records start again after damage (recovery, C{rmqha
+    store check} and C{repair}, the data pipeline's cuts).  It costs a C
+    speed C{find} for each magic plus a few field reads per match.
+    """
+    found = [buf.find(magic, start + 4) for magic in _MAGIC_BYTES]
+    while True:
+        live = [i for i in found if i != -1]
+        if not live:
+            return
+        i = min(live)
+        p = i - 4
+        if p >= end:
+            return
+        if is_record_start(buf, p, base, size):
+            yield p
+        which = found.index(i)
+        found[which] = buf.find(_MAGIC_BYTES[which], i + 1)
 
 
 def parse_record(

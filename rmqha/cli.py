@@ -4,12 +4,15 @@ The C{rmqha} command: operator tools for a store.
 
     rmqha store info DIR [--json]
     rmqha store check DIR
+    rmqha store repair DIR --from REPLICA_DIR [--dry-run]
     rmqha store dump DIR [--from OFFSET] [--limit N]
     rmqha store fill DIR --count N --body-size BYTES [--topics a,b] [--segment-size BYTES]
     rmqha demo [--dir DIR] [--count N] [--live N] [--segment-size BYTES]
 
 Every inspection command opens the store read-only: it never modifies a
-store, and works on one a broker has open.  Errors are one line on stderr
+store, and works on one a broker has open.  C{repair} is the one that
+writes to an existing store: it takes the store's lock (so never while a
+broker has it open) and keeps every byte it replaces in quarantine.  Errors are one line on stderr
 and a non-zero exit status (2 for bad arguments, 1 otherwise).
 """
 
@@ -28,7 +31,7 @@ from typing import IO, Any, NoReturn, Sequence
 from rmqha import __version__
 from rmqha._record import Message, MessageRejected, Record, RecordError, format_host
 from rmqha._units import parse_size
-from rmqha.commitlog import CommitLog, StoreError, verify_store
+from rmqha.commitlog import CommitLog, Damage, StoreError, repair_store, verify_store
 
 __all__ = ["main"]
 
@@ -99,6 +102,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("dir")
     check.set_defaults(run=_check)
+
+    repair = actions.add_parser(
+        "repair",
+        help="replace damaged records with a replica's verified copy (store not running)",
+    )
+    repair.add_argument("dir", help="the damaged store (no broker may have it open)")
+    repair.add_argument(
+        "--from", dest="replica", required=True, metavar="REPLICA_DIR",
+        help="a replica's store root (a slave's, or a copy of it)",
+    )
+    repair.add_argument(
+        "--dry-run", action="store_true", help="check what would be repaired; write nothing"
+    )
+    repair.set_defaults(run=_repair)
 
     dump = actions.add_parser("dump", help="records as JSON lines (body base64)")
     dump.add_argument("dir")
@@ -242,9 +259,15 @@ def store_summary(commitlog: CommitLog) -> dict[str, Any]:
     What C{rmqha store info --json} prints.
     """
     topics: Counter[str] = Counter()
-    for record in commitlog.records(with_body=False):
-        topics[record.topic] += 1  # type: ignore[union-attr]
     recovery = commitlog.recovery
+    corruption = recovery.corruption
+    try:
+        for record in commitlog.records(with_body=False):
+            topics[record.topic] += 1  # type: ignore[union-attr]
+    except RecordError as e:
+        # Damage in a segment older than recovery walks: count what comes
+        # before it and say so ('store check' lists every damaged stretch).
+        corruption = corruption or f"{e} (messages counted up to there; see 'rmqha store check')"
     return {
         "store_dir": commitlog.store_dir,
         "commitlog_dir": commitlog.commitlog_dir,
@@ -260,6 +283,7 @@ def store_summary(commitlog: CommitLog) -> dict[str, Any]:
         "clean_shutdown": recovery.clean_shutdown,
         "torn_tail": recovery.torn or recovery.stop_reason is not None,
         "stop_reason": recovery.stop_reason,
+        "corruption": corruption,
     }
 
 
@@ -289,7 +313,9 @@ def _info(args: argparse.Namespace, out: IO[str]) -> int:
         out.write(f"  {topic:<40} {count:>12}\n")
     state = "clean" if summary["clean_shutdown"] else "NOT clean (abort marker present)"
     out.write(f"last shutdown  {state}\n")
-    if summary["torn_tail"]:
+    if summary["corruption"]:
+        out.write(f"CORRUPT        {summary['corruption']}\n")
+    elif summary["torn_tail"]:
         out.write(
             f"torn tail      {summary['stop_reason'] or 'non-zero bytes after the end'}"
             " (cut when opened read-write)\n"
@@ -307,14 +333,84 @@ def _check(args: argparse.Namespace, out: IO[str]) -> int:
             "(short, only zeros: its creation was interrupted); it holds nothing "
             "and opening the store removes it\n"
         )
+    if report.incomplete_tail is not None:
+        out.write(
+            f"note: incomplete tail at {report.incomplete_tail} (still being "
+            "written); a read-only check cannot tell a record in progress from a "
+            "torn one: if no broker has this store open, opening it cuts the "
+            "record and keeps its bytes in rmqha/quarantine/\n"
+        )
+    for damage in report.damage:
+        out.write(_damage_line(damage) + "\n")
     if report.ok:
         out.write(
             f"sound: {report.records} records in {report.segments} segments, "
             f"offsets {report.min_offset}..{report.end_offset}\n"
         )
         return 0
-    out.write(f"bad record at offset {report.bad_offset}: {report.error}\n")
+    if any(not d.is_tail for d in report.damage):
+        out.write(
+            f"{len(report.damage)} damaged stretch(es); valid records follow "
+            "damage, so opening the store refuses: repair with 'rmqha store "
+            f"repair {args.dir} --from REPLICA_DIR'\n"
+        )
     return 1
+
+
+def _damage_line(damage: Damage) -> str:
+    line = (
+        f"bad record at offset {damage.offset} in segment {damage.segment}: "
+        f"{damage.reason}; "
+    )
+    if damage.next_valid is not None:
+        valid = (
+            f" ({damage.valid_end - damage.next_valid} bytes, up to offset "
+            f"{damage.valid_end})" if damage.valid_end is not None else ""
+        )
+        return line + f"valid records follow at offset {damage.next_valid}{valid}"
+    return line + (
+        "nothing valid after it (a torn tail: opening the store read-write "
+        "cuts it, keeping the bytes in rmqha/quarantine/)"
+    )
+
+
+def _repair(args: argparse.Namespace, out: IO[str]) -> int:
+    for directory in (args.dir, args.replica):
+        if not os.path.isdir(directory):
+            raise _CommandError(f"{directory}: no such directory")
+    if os.path.samefile(args.dir, args.replica):
+        raise _UsageError(
+            f"rmqha store repair: error: --from {args.replica} is the store itself; "
+            "name a replica's store"
+        )
+    report = repair_store(args.dir, args.replica, dry_run=args.dry_run)
+    if not report.repairs:
+        out.write(f"nothing to repair: every record in {args.dir} verifies\n")
+        return 0
+    for repair in report.repairs:
+        damage = repair.damage
+        if repair.problem is not None:
+            hint = (
+                "; it is a torn tail (nothing valid after it): opening the store "
+                "cuts it, keeping the bytes in rmqha/quarantine/"
+                if damage.is_tail else ""
+            )
+            out.write(
+                f"cannot repair offset {damage.offset} ({damage.reason}): "
+                f"{repair.problem}{hint}\n"
+            )
+        elif report.dry_run:
+            out.write(
+                f"would repair offsets {damage.offset}..{repair.end} "
+                f"({damage.reason}) with {repair.records} record(s) from the replica\n"
+            )
+        else:
+            out.write(
+                f"repaired offsets {damage.offset}..{repair.end} ({damage.reason}) "
+                f"with {repair.records} record(s) from the replica; the damaged "
+                f"bytes are kept in {repair.quarantined}\n"
+            )
+    return 0 if report.ok else 1
 
 
 def record_json(record: Record) -> dict[str, Any]:
@@ -480,14 +576,14 @@ def main(
     except (_CommandError, StoreError, MessageRejected, RecordError, ValueError) as e:
         err.write(f"rmqha: error: {e}\n")
         return 1
+    except BrokenPipeError:  # (an OSError: before it) e.g. `store dump | head`
+        return 0
     except OSError as e:
         err.write(f"rmqha: error: {e.filename or ''}{': ' if e.filename else ''}{e.strerror or e}\n")
         return 1
     except KeyboardInterrupt:
         err.write("rmqha: interrupted\n")
         return 130
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -277,6 +277,14 @@ class Options(usage.Options):
 
     optFlags = [
         [
+            "truncate-corrupt",
+            None,
+            "when the store has a bad record with valid records after it, cut "
+            "the log there (everything cut is kept in STORE/rmqha/quarantine/) "
+            "instead of refusing to start; prefer 'rmqha store repair' (no "
+            "broker.conf key: a one-off decision)",
+        ],
+        [
             "tls-require-client-cert",
             None,
             "master: refuse slaves without a certificate signed by --tls-ca "
@@ -606,6 +614,7 @@ def makeService(options: Options) -> IService:
                 store_host=s["store-host"],
                 flush_disk_type=s["flush-disk-type"],
                 clock=reactor.seconds,
+                truncate_corrupt=bool(options["truncate-corrupt"]),
             )
         except (StoreError, ValueError, OSError) as e:
             # An operator's problem, not a bug: one line, exit status 1.

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -86,6 +87,23 @@ class CLITests(SynchronousTestCase):
         self.assertIn("messages       4", out)
         self.assertRegex(out, r"TopicA\s+2")
 
+    def test_info_on_damage_in_an_old_segment(self) -> None:
+        """
+        Damage older than the segments recovery walks does not make
+        C{store info} fail: it reports the corruption and the messages
+        before it.
+        """
+        store, size = self.make_store(count=60)
+        path = os.path.join(store, "commitlog", "0" * 20)
+        with open(path, "r+b") as f:
+            f.seek(2 * size + 5)  # the magic code
+            f.write(b"\x00")
+        status, out, err = self.run_cli("store", "info", store, "--json")
+        self.assertEqual((status, err), (0, ""))
+        info = json.loads(out)
+        self.assertIn(f"bad record at offset {2 * size}", info["corruption"])
+        self.assertEqual(info["messages"], 2)
+
     def test_check_sound(self) -> None:
         """
         A sound store: exit 0 and the record count.
@@ -111,6 +129,50 @@ class CLITests(SynchronousTestCase):
         self.assertEqual(status, 1)
         self.assertIn(f"bad record at offset {2 * size}", out)
         self.assertIn("CRC", out)
+        self.assertNotIn("sound", out)
+
+    def test_check_names_valid_data_after_damage(self) -> None:
+        """
+        A bad record with valid records after it is damage, not a torn
+        tail: check says where the valid records are, how many bytes, and
+        points at C{rmqha store repair}; it keeps going and lists later
+        damage too.
+        """
+        store, size = self.make_store()
+        path = os.path.join(store, "commitlog", "0" * 20)
+        for record in (2, 6):
+            with open(path, "r+b") as f:
+                f.seek(record * size + 100)
+                f.write(b"\xff")
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 1)
+        self.assertIn(
+            f"bad record at offset {2 * size} in segment {'0' * 20}: body CRC "
+            f"mismatch", out,
+        )
+        self.assertIn(
+            f"valid records follow at offset {3 * size} ({3 * size} bytes, up to "
+            f"offset {6 * size})", out,
+        )
+        self.assertIn(f"bad record at offset {6 * size}", out)
+        self.assertIn(f"rmqha store repair {store} --from REPLICA_DIR", out)
+
+    def test_check_incomplete_tail_of_live_slave(self) -> None:
+        """
+        A live slave's store whose last record is still arriving (its first
+        bytes written, zeros after): check notes "incomplete tail at X
+        (still being written)" and is not an error.
+        """
+        source, size = self.make_store(count=3)
+        with CommitLog.open(source, read_only=True) as log:
+            data = log.read(0, 3 * size)
+        slave = self.mktemp()
+        with CommitLog.open(slave, segment_size=SEGMENT) as log:
+            log.append_at(0, data[: 2 * size + 120])
+            status, out, _ = self.run_cli("store", "check", slave)
+        self.assertEqual(status, 0, out)
+        self.assertIn(f"incomplete tail at {2 * size} (still being written)", out)
+        self.assertIn("sound: 2 records", out)
 
     def test_check_unfinished_segment(self) -> None:
         """
@@ -209,6 +271,193 @@ class CLITests(SynchronousTestCase):
         )
         self.assertEqual(result.returncode, 1)
         self.assertIn("no such directory", result.stderr)
+
+
+class RepairTests(SynchronousTestCase):
+    """
+    C{rmqha store repair DIR --from REPLICA_DIR}.
+    """
+
+    run_cli = CLITests.run_cli
+
+    def setUp(self) -> None:
+        # 30 records of 297 bytes: three segments (13 per 4 KiB segment).
+        self.store, self.size = CLITests.make_store(self, count=30)  # type: ignore[arg-type]
+        self.replica = self.mktemp()
+        shutil.copytree(self.store, self.replica)
+
+    def flip(self, store: str, offset: int) -> None:
+        start = offset - offset % SEGMENT
+        with open(os.path.join(store, "commitlog", f"{start:020d}"), "r+b") as f:
+            f.seek(offset - start)
+            byte = f.read(1)
+            f.seek(offset - start)
+            f.write(bytes([byte[0] ^ 0x5A]))
+
+    def commitlog(self, store: str) -> dict[str, bytes]:
+        directory = os.path.join(store, "commitlog")
+        files = {}
+        for name in sorted(os.listdir(directory)):
+            with open(os.path.join(directory, name), "rb") as f:
+                files[name] = f.read()
+        return files
+
+    def test_repair_from_good_replica(self) -> None:
+        """
+        Damaged records in an old segment and a later one are replaced by
+        the replica's verified copies: exit 0, one line per repair, the
+        store checks sound and is byte-identical to the replica, and the
+        damaged bytes are kept in quarantine.
+        """
+        bad = [2 * self.size + 100, SEGMENT + 3 * self.size + 150]
+        for offset in bad:
+            self.flip(self.store, offset)
+        damaged = self.commitlog(self.store)
+        status, out, err = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        self.assertEqual((status, err), (0, ""), out)
+        starts = [2 * self.size, SEGMENT + 3 * self.size]
+        for start in starts:
+            self.assertIn(
+                f"repaired offsets {start}..{start + self.size} (body CRC mismatch", out
+            )
+        self.assertEqual(out.count("\n"), 2)
+        self.assertEqual(self.commitlog(self.store), self.commitlog(self.replica))
+        status, out, _ = self.run_cli("store", "check", self.store)
+        self.assertEqual(status, 0)
+        quarantine = os.path.join(self.store, "rmqha", "quarantine")
+        kept = sorted(n for n in os.listdir(quarantine) if n.endswith(".bin"))
+        self.assertEqual(len(kept), 2)
+        with open(os.path.join(quarantine, kept[0]), "rb") as f:
+            self.assertEqual(f.read(), damaged["0" * 20][starts[0] : starts[0] + self.size])
+
+    def test_repair_across_a_blank(self) -> None:
+        """
+        A hole of zeros from inside a segment's last record through its
+        BLANK filler (valid records in the next segment) is repaired with
+        the replica's record and BLANK: byte-identical, sound.
+        """
+        path = os.path.join(self.store, "commitlog", "0" * 20)
+        last = 12 * self.size
+        with open(path, "r+b") as f:
+            f.seek(last + 50)
+            f.write(bytes(SEGMENT - last - 50))
+        status, out, _ = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        self.assertEqual(status, 0, out)
+        self.assertIn(f"repaired offsets {last}..{SEGMENT} ", out)
+        self.assertIn("with 2 record(s)", out)
+        self.assertEqual(self.commitlog(self.store), self.commitlog(self.replica))
+        self.assertEqual(self.run_cli("store", "check", self.store)[0], 0)
+
+    def test_repair_torn_tail(self) -> None:
+        """
+        A torn last record (nothing valid after it) is repaired from the
+        replica's whole copy too.
+        """
+        with CommitLog.open(self.store, read_only=True) as log:
+            last = [r.offset for r in log.records()][-1]
+        start = last - last % SEGMENT
+        with open(os.path.join(self.store, "commitlog", f"{start:020d}"), "r+b") as f:
+            f.seek(last - start + 120)
+            f.write(bytes(100))
+        status, out, _ = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        self.assertEqual(status, 0, out)
+        self.assertIn(f"repaired offsets {last}..{last + self.size} ", out)
+        self.assertEqual(self.commitlog(self.store), self.commitlog(self.replica))
+
+    def test_dry_run(self) -> None:
+        """
+        C{--dry-run} says what would be repaired and writes nothing.
+        """
+        self.flip(self.store, 2 * self.size + 100)
+        before = self.commitlog(self.store)
+        status, out, _ = self.run_cli(
+            "store", "repair", self.store, "--from", self.replica, "--dry-run"
+        )
+        self.assertEqual(status, 0, out)
+        self.assertIn(f"would repair offsets {2 * self.size}..{3 * self.size}", out)
+        self.assertEqual(self.commitlog(self.store), before)
+        self.assertFalse(os.path.exists(os.path.join(self.store, "rmqha", "quarantine")))
+
+    def test_replica_damaged_there_too(self) -> None:
+        """
+        When the replica's record at the damaged offset fails its own
+        checks, that record is not repaired (exit 1, saying why) and the
+        store is left as it was.
+        """
+        self.flip(self.store, 2 * self.size + 100)
+        self.flip(self.replica, 2 * self.size + 120)
+        before = self.commitlog(self.store)
+        status, out, _ = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        self.assertEqual(status, 1, out)
+        self.assertIn(
+            f"cannot repair offset {2 * self.size} (body CRC mismatch", out
+        )
+        self.assertIn(f"the replica's record at offset {2 * self.size} is bad too", out)
+        self.assertEqual(self.commitlog(self.store), before)
+
+    def test_replica_of_another_log(self) -> None:
+        """
+        A "replica" whose record is valid at the damaged offset but whose
+        records around it differ is another log: refused.
+        """
+        other, _ = CLITests.make_store(self, count=30, body=b"c" * 200)  # type: ignore[arg-type]
+        self.flip(self.store, 2 * self.size + 100)
+        before = self.commitlog(self.store)
+        status, out, _ = self.run_cli("store", "repair", self.store, "--from", other)
+        self.assertEqual(status, 1, out)
+        self.assertIn("differs in the replica", out)
+        self.assertEqual(self.commitlog(self.store), before)
+
+    def test_nothing_to_repair(self) -> None:
+        """
+        A sound store: exit 0, nothing written.
+        """
+        status, out, _ = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        self.assertEqual(status, 0)
+        self.assertIn("nothing to repair", out)
+
+    def test_refuses_open_store(self) -> None:
+        """
+        A store another process holds open (its lock taken, as a running
+        broker does) is not touched: one-line error, exit 1.
+        """
+        self.flip(self.store, 2 * self.size + 100)
+        holder = subprocess.Popen(
+            [sys.executable, "-c",
+             "import fcntl, os, sys\n"
+             "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+             "fcntl.lockf(fd, fcntl.LOCK_EX)\n"
+             "print('locked', flush=True)\n"
+             "sys.stdin.read()\n",
+             os.path.join(self.store, "lock")],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        try:
+            assert holder.stdout is not None
+            self.assertEqual(holder.stdout.readline(), "locked\n")
+            before = self.commitlog(self.store)
+            status, _, err = self.run_cli("store", "repair", self.store, "--from", self.replica)
+        finally:
+            assert holder.stdin is not None
+            holder.stdin.close()
+            holder.wait(timeout=60)
+            holder.stdout.close()  # type: ignore[union-attr]
+        self.assertEqual(status, 1)
+        CLITests.assertOneLineError(self, err, "in use by another process")  # type: ignore[arg-type]
+        self.assertEqual(self.commitlog(self.store), before)
+
+    def test_usage(self) -> None:
+        """
+        Bad usage exits 2: no C{--from}, or C{--from} naming the store
+        itself.
+        """
+        for argv in (
+            ("store", "repair", self.store),
+            ("store", "repair", self.store, "--from", self.store),
+        ):
+            status, _, err = self.run_cli(*argv)
+            self.assertEqual(status, 2, argv)
+            CLITests.assertOneLineError(self, err, "--from")  # type: ignore[arg-type]
 
 
 class CertsInitTests(SynchronousTestCase):

@@ -1337,3 +1337,32 @@ class TruncateReplicaTests(SynchronousTestCase):
         log.append_at(305, source.read(305, SEGMENT - 305))
         self.assertEqual(log.max_offset, SEGMENT)
         self.assertRaises(OffsetOutOfRangeError, log.truncate_replica, SEGMENT + 1)
+
+    def test_cut_bytes_quarantined(self) -> None:
+        """
+        What truncate_replica cuts (records the slave held, perhaps the
+        only copy of them) is kept byte for byte in
+        <store>/rmqha/quarantine/<offset>-<time>.bin, with a JSON sidecar
+        saying where it was and why, before it is zeroed.
+        """
+        source = open_store(self, segment_size=SEGMENT)
+        for _ in range(4):
+            source.put(make_message(body_for_size(300)))
+        log = open_store(self, segment_size=SEGMENT)
+        log.append_at(0, source.read(0, SEGMENT))
+        log.append_at(SEGMENT, source.read(SEGMENT, SEGMENT))
+        end = log.max_offset
+        expected = source.read(305, SEGMENT - 305) + source.read(SEGMENT, SEGMENT)
+        log.truncate_replica(305)
+        directory = os.path.join(log.store_dir, "rmqha", "quarantine")
+        names = sorted(os.listdir(directory))
+        self.assertEqual(len(names), 2, names)
+        self.assertTrue(names[0].startswith(f"{305:020d}-"), names)
+        with open(os.path.join(directory, names[0]), "rb") as f:
+            self.assertEqual(f.read(), expected)
+        with open(os.path.join(directory, names[1])) as f:
+            info = json.load(f)
+        self.assertEqual(
+            (info["offset"], info["end"], info["length"]), (305, end, len(expected))
+        )
+        self.assertIn("diverged", info["action"])

@@ -11,6 +11,8 @@ files are fixed-size and pre-allocated with zeros.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 import shutil
 from typing import Callable, Iterable
@@ -19,7 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._record import MessageRejected, RecordError
 from rmqha import commitlog as commitlog_module
-from rmqha.commitlog import CommitLog, StoreError
+from rmqha.commitlog import CommitLog, CorruptRecordError, StoreError
 
 from tests._helpers import (
     copy_store,
@@ -90,6 +92,24 @@ class TornStore:
 
     def last_segment(self, store_dir: str) -> str:
         return segment_path(store_dir, self.last_start)
+
+
+def quarantined(store_dir: str, pattern: str = "*") -> dict[str, bytes]:
+    """
+    File name -> contents of the files (not the sidecars) in
+    C{<store>/rmqha/quarantine} matching C{pattern}.
+    """
+    found = {}
+    for path in sorted(glob.glob(os.path.join(store_dir, "rmqha", "quarantine", pattern))):
+        if not path.endswith(".json"):
+            with open(path, "rb") as f:
+                found[os.path.basename(path)] = f.read()
+    return found
+
+
+def sidecar(store_dir: str, name: str) -> dict:
+    with open(os.path.join(store_dir, "rmqha", "quarantine", name + ".json")) as f:
+        return json.load(f)
 
 
 class RecoveryCheck:
@@ -219,6 +239,35 @@ class TornTailTests(RecoveryCheck, SynchronousTestCase):
         self.sweep(range(store.last, store.end), check)
 
 
+    def test_torn_tail_quarantined(self) -> None:
+        """
+        What recovery cuts from a torn tail is first kept, byte for byte,
+        in <store>/rmqha/quarantine/<offset>-<time>.bin, with a JSON
+        sidecar saying where it was and why it was cut.
+        """
+        store = self.store
+        store_dir = copy_store(self, store.store_dir)
+        path = store.last_segment(store_dir)
+        position = store.last - store.last_start
+        zero_from(path, position + 60)
+        with open(path, "rb") as f:
+            cut = f.read()[position:].rstrip(b"\0")
+        mark_unclean(store_dir)
+        log = open_store(self, store_dir)
+        self.assertEqual(log.max_offset, store.last)
+        files = quarantined(store_dir)
+        self.assertEqual(list(files.values()), [cut])
+        (name,) = files
+        self.assertTrue(name.startswith(f"{store.last:020d}-"), name)
+        self.assertEqual(log.recovery.quarantined, [os.path.join(
+            os.path.abspath(store_dir), "rmqha", "quarantine", name)])
+        info = sidecar(store_dir, name)
+        self.assertEqual((info["offset"], info["length"]), (store.last, len(cut)))
+        self.assertEqual(info["segment"], segment_file_name(store.last_start))
+        self.assertIn("torn tail", info["action"])
+        self.assertRecovered(log, store.offsets[:-1], store.SEGMENT, 6)
+
+
 class SegmentsPastTheEndTests(RecoveryCheck, SynchronousTestCase):
     """
     Segment files after the segment where the walk stopped.
@@ -248,38 +297,87 @@ class SegmentsPastTheEndTests(RecoveryCheck, SynchronousTestCase):
         mark_unclean(store_dir)
         return torn
 
-    def test_data_after_torn_segment_moved_aside(self) -> None:
+    def test_data_after_torn_segment_refused(self) -> None:
         """
-        When segment 1 is torn in the middle, segment 2 (which has data) is
-        not part of the log any more: it is moved, bytes intact, to
-        <store>/rmqha/dropped/ and named in RecoveryReport.dropped_segments.
+        When segment 1 is damaged in the middle while segment 2 holds valid
+        records, that is not a torn tail (RocketMQ would destroy segment
+        2): opening refuses with one line naming the bad record, its
+        segment, the valid bytes after it and what to do, and no file
+        changes.
+        """
+        store_dir, offsets, end = self._store()
+        torn = self._tear_segment_one(store_dir, offsets)
+        before = tree_digest(store_dir)
+        error = self.assertRaises(CorruptRecordError, CommitLog.open, store_dir)
+        message = str(error)
+        self.assertNotIn("\n", message)
+        self.assertIn(f"bad record at offset {torn} in segment "
+                      f"{segment_file_name(self.SEGMENT)}", message)
+        self.assertIn(f"{end - 2 * self.SEGMENT} bytes of valid records after it "
+                      f"(offsets {2 * self.SEGMENT}..{end})", message)
+        self.assertIn(f"rmqha store repair {os.path.abspath(store_dir)} --from REPLICA_DIR",
+                      message)
+        self.assertIn("--truncate-corrupt", message)
+        self.assertEqual(tree_digest(store_dir), before)
+
+    def test_truncate_corrupt_quarantines(self) -> None:
+        """
+        With truncate_corrupt, the same store opens cut at the bad record:
+        the bytes cut from segment 1 and the whole of segment 2 are in
+        <store>/rmqha/quarantine/ byte for byte (segment 2 under its own
+        name), then zeroed or removed, and a put lands at the cut.
         """
         store_dir, offsets, _ = self._store()
         name = segment_file_name(2 * self.SEGMENT)
-        original = segment_files(store_dir)[name]
         torn = self._tear_segment_one(store_dir, offsets)
-        log = open_store(self, store_dir)
+        files = segment_files(store_dir)
+        position = torn - self.SEGMENT
+        cut = files[segment_file_name(self.SEGMENT)][position:].rstrip(b"\0")
+        log = open_store(self, store_dir, truncate_corrupt=True)
         self.assertEqual(log.max_offset, torn)
+        self.assertTrue(log.recovery.truncated_corrupt)
+        self.assertIn(f"bad record at offset {torn}", log.recovery.corruption)
         self.assertEqual(log.recovery.dropped_segments, [name])
-        self.assertIsNotNone(log.recovery.stop_reason)
         self.assertEqual(
             sorted(os.listdir(log.commitlog_dir)),
             [segment_file_name(0), segment_file_name(self.SEGMENT)],
         )
-        with open(os.path.join(store_dir, "rmqha", "dropped", name), "rb") as f:
-            self.assertEqual(f.read(), original)
+        self.assertEqual(list(quarantined(store_dir, f"{torn:020d}-*").values()), [cut])
+        (kept,) = quarantined(store_dir, f"{name}-*.segment").items()
+        self.assertEqual(kept[1], files[name])
+        self.assertEqual(sidecar(store_dir, kept[0])["offset"], 2 * self.SEGMENT)
+        self.assertFalse(os.path.exists(os.path.join(store_dir, "rmqha", "dropped")))
         self.assertRecovered(log, offsets[:3], self.SEGMENT)
 
-    def test_dropped_twice(self) -> None:
+    def test_garbage_segment_after_torn_tail_quarantined(self) -> None:
         """
-        A segment dropped a second time under the same name does not
-        replace the first one in rmqha/dropped/.
+        A later segment holding bytes but no valid record (garbage, not
+        data) after a torn tail is part of the torn tail: it is moved into
+        quarantine intact, and the store opens at the torn record.
+        """
+        store_dir, offsets, _ = self._store()
+        name = segment_file_name(2 * self.SEGMENT)
+        garbage = bytes(range(1, 129)) * (self.SEGMENT // 128)
+        with open(segment_path(store_dir, 2 * self.SEGMENT), "wb") as f:
+            f.write(garbage)
+        torn = self._tear_segment_one(store_dir, offsets)
+        log = open_store(self, store_dir)
+        self.assertEqual(log.max_offset, torn)
+        self.assertIsNone(log.recovery.corruption)
+        self.assertEqual(list(quarantined(store_dir, f"{name}-*").values()), [garbage])
+        self.assertRecovered(log, offsets[:3], self.SEGMENT)
+
+    def test_quarantined_twice(self) -> None:
+        """
+        A segment quarantined a second time under the same name (within
+        the same second) does not replace the first one in
+        rmqha/quarantine/.
         """
         store_dir, offsets, _ = self._store()
         self._tear_segment_one(store_dir, offsets)
         name = segment_file_name(2 * self.SEGMENT)
         first = segment_files(store_dir)[name]
-        log = open_store(self, store_dir)
+        log = open_store(self, store_dir, truncate_corrupt=True)
         # The same three offsets as before, other bodies: a new segment 2.
         results = put_all(
             log, [make_message(body(150, 40 + i), topic="T") for i in range(3)]
@@ -289,12 +387,8 @@ class SegmentsPastTheEndTests(RecoveryCheck, SynchronousTestCase):
         second = segment_files(store_dir)[name]
         self.assertNotEqual(first, second)
         self._tear_segment_one(store_dir, offsets)
-        open_store(self, store_dir).close()
-        dropped = os.path.join(store_dir, "rmqha", "dropped")
-        contents = []
-        for entry in sorted(os.listdir(dropped)):
-            with open(os.path.join(dropped, entry), "rb") as f:
-                contents.append(f.read())
+        open_store(self, store_dir, truncate_corrupt=True).close()
+        contents = list(quarantined(store_dir, f"{name}-*.segment").values())
         self.assertEqual(sorted(contents), sorted([first, second]))
 
     def test_preallocated_segment_after_partial_one(self) -> None:
@@ -523,19 +617,59 @@ class WalkStartTests(SynchronousTestCase):
         error = self.assertRaises(RecordError, list, log.records(check_crc=True))
         self.assertEqual(error.offset, self.offsets[0])
 
+    def _garbled_copy(self, offset: int) -> str:
+        store_dir = copy_store(self, self.store_dir)
+        start = offset - offset % self.SEGMENT
+        xor_byte(segment_path(store_dir, start), offset - start + 88 + 10)
+        return store_dir
+
     def test_corruption_in_walked_segment(self) -> None:
         """
-        The same damage in the third-to-last segment cuts the log there
-        and moves the later segments aside.
+        The same damage (one flipped body byte) in the third-to-last
+        segment of a cleanly shut-down store, with valid records after it
+        in that segment and the two later ones, refuses to open: one line
+        naming the offset, the segment and the CRC mismatch, and no byte
+        on disk changes.
         """
         first_walked = self.offsets[4]
         self.assertEqual(first_walked, 2 * self.SEGMENT)
-        log = self._garble_body(first_walked)
-        self.assertEqual(log.max_offset, first_walked)
-        self.assertEqual(
-            log.recovery.dropped_segments,
-            [segment_file_name(3 * self.SEGMENT), segment_file_name(4 * self.SEGMENT)],
-        )
+        store_dir = self._garbled_copy(first_walked)
+        before = tree_digest(store_dir)
+        error = self.assertRaises(CorruptRecordError, CommitLog.open, store_dir)
+        self.assertIn(f"bad record at offset {first_walked} in segment "
+                      f"{segment_file_name(2 * self.SEGMENT)} (body CRC mismatch", str(error))
+        self.assertIn(f"offsets {self.offsets[5]}..{self.end}", str(error))
+        self.assertEqual(tree_digest(store_dir), before)
+
+    def test_corruption_in_last_segment(self) -> None:
+        """
+        A flipped body byte in a middle record of the last segment (a
+        record follows it) of a cleanly shut-down store: refused, nothing
+        changed.  RocketMQ (and rmqha before) zeroed the record after it
+        and reused its offsets.
+        """
+        bad = self.offsets[8]
+        self.assertEqual((bad // self.SEGMENT, self.offsets[9] // self.SEGMENT), (4, 4))
+        store_dir = self._garbled_copy(bad)
+        before = tree_digest(store_dir)
+        error = self.assertRaises(CorruptRecordError, CommitLog.open, store_dir)
+        self.assertIn(f"bad record at offset {bad} in segment {segment_file_name(bad)}",
+                      str(error))
+        self.assertEqual(error.damage.next_valid, self.offsets[9])
+        self.assertEqual(tree_digest(store_dir), before)
+
+    def test_corruption_read_only(self) -> None:
+        """
+        Read-only, a corrupt store opens (inspection must work) with the
+        corruption in the recovery report and nothing changed.
+        """
+        store_dir = self._garbled_copy(self.offsets[8])
+        before = tree_digest(store_dir)
+        log = open_store(self, store_dir, read_only=True)
+        self.assertIn(f"bad record at offset {self.offsets[8]}", log.recovery.corruption)
+        self.assertEqual(log.max_offset, self.offsets[8])
+        log.close()
+        self.assertEqual(tree_digest(store_dir), before)
 
 
 class CleanShutdownTests(SynchronousTestCase):

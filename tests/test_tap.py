@@ -217,6 +217,46 @@ class OptionsTests(SynchronousTestCase):
         self.assertIn("junk", str(e.code))
         self.assertNotIn("\n", str(e.code))
 
+    def _corrupt_store(self) -> tuple[str, int]:
+        """
+        A closed store of three records whose second has a flipped body
+        byte (valid data after it); the bad record's offset.
+        """
+        from rmqha.commitlog import CommitLog
+        from tests._helpers import make_message, segment_path, xor_byte
+
+        store = self.mktemp()
+        with CommitLog.open(store, segment_size=4096) as log:
+            results = [log.put(make_message(b"x" * 100)) for _ in range(3)]
+        xor_byte(segment_path(store, 0), results[1].offset + 150)
+        return store, results[1].offset
+
+    def test_corrupt_store_refused_one_line(self) -> None:
+        """
+        A store with a bad record followed by valid ones stops twistd with
+        one line naming the offset and both ways out (repair, or
+        --truncate-corrupt).
+        """
+        store, bad = self._corrupt_store()
+        service = makeService(self.parse("--store-dir", store))
+        e = self.assertRaises(SystemExit, service.startService)
+        self.assertNotIn("\n", str(e.code))
+        self.assertIn(f"bad record at offset {bad}", str(e.code))
+        self.assertIn("rmqha store repair", str(e.code))
+        self.assertIn("--truncate-corrupt", str(e.code))
+
+    def test_truncate_corrupt_flag(self) -> None:
+        """
+        C{--truncate-corrupt} opens the same store cut at the bad record
+        (no broker.conf key: a one-off decision).
+        """
+        store, bad = self._corrupt_store()
+        service = makeService(self.parse("--store-dir", store, "--truncate-corrupt"))
+        log = service.store._open_commitlog()
+        self.addCleanup(log.close)
+        self.assertEqual(log.max_offset, bad)
+        self.assertTrue(log.recovery.truncated_corrupt)
+
 
 class TLSOptionsTests(SynchronousTestCase):
     """

@@ -36,8 +36,10 @@ from rmqha._record import (
     Blank,
     RecordError,
     format_host,
+    is_record_start,
     parse_record,
     record_body_length,
+    record_starts,
     record_topic,
 )
 
@@ -166,30 +168,11 @@ def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
     return cuts, position
 
 
-_MAGICS = (
-    struct.pack(">i", MESSAGE_MAGIC_V1),
-    struct.pack(">i", MESSAGE_MAGIC_V2),
-)
 _HEADER = struct.Struct(">ii")
-_PHYSICAL = struct.Struct(">q")
 #: A record is at most this long (RocketMQ's maxMessageSize plus headers):
 #: a search for the next record start never needs to look further.
 _MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
 _SEARCH_BLOCK = 1024 * 1024
-
-
-def _is_record_start(data: bytes, p: int, base: int, size: int) -> bool:
-    """
-    Whether C{data[p:]} (at segment position C{p}, the segment starting at
-    commit-log offset C{base}) is a record: a message magic, PHYSICALOFFSET
-    equal to C{base + p}, and a length that lands inside the segment.
-    """
-    if p < 0 or p + 36 > len(data):
-        return False
-    total, magic = _HEADER.unpack_from(data, p)
-    if magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2) or total < 36 or p + total > size:
-        return False
-    return bool(_PHYSICAL.unpack_from(data, p + 28)[0] == base + p)
 
 
 def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: int) -> int | None:
@@ -207,15 +190,11 @@ def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: i
         data = f.read(min(_SEARCH_BLOCK, limit - block_start) + 40)
         if not data:
             return None
-        candidates = []
-        for magic in _MAGICS:
-            i = data.find(magic, max(0, position - block_start + 4))
-            while i != -1:
-                p = i - 4
-                if _is_record_start(data, p, base + block_start, size - block_start):
-                    candidates.append(block_start + p)
-                i = data.find(magic, i + 1)
-        for candidate in sorted(candidates):
+        candidates = record_starts(
+            data, max(0, position - block_start), len(data), base + block_start,
+            size - block_start,
+        )
+        for candidate in (block_start + p for p in candidates):
             if candidate < limit and _followed_by_record(f, base, size, candidate):
                 return candidate
         block_start += _SEARCH_BLOCK
@@ -237,7 +216,7 @@ def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
         return after + follower == size
     if follower == 0 and magic == 0:
         return True  # the log ends there
-    return _is_record_start(data, 0, base + after, size - after)
+    return is_record_start(data, 0, base + after, size - after)
 
 
 def plan(
