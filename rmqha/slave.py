@@ -45,7 +45,7 @@ from rmqha._wire import (
 )
 from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
-from rmqha.tls import describe_failure
+from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
 
@@ -135,6 +135,13 @@ class SlaveConnection(Protocol):
             self._hello_sent = True
             report = encode_code(CHECKED_HELLO) + report
         self.transport.write(report)  # type: ignore[union-attr]
+        if self._reported is None:
+            self._log.info(
+                "following master {master} from offset {offset} ({framing})",
+                master=_address(self.transport.getPeer()),  # type: ignore[union-attr]
+                offset=offset,
+                framing="checked framing" if self.checked else "classic",
+            )
         self._reported = offset
         self._last_report = self.factory.clock.seconds()
 
@@ -143,6 +150,10 @@ class SlaveConnection(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         if self._closed:
+            return
+        if not self._received and not self._tls and looks_like_tls(data):
+            # (Counted as a connection that brought nothing: backs off.)
+            self._drop(PLAIN_SLAVE_TLS_MASTER_HINT)
             return
         self._received = True
         self._last_read = self.factory.clock.seconds()
@@ -409,6 +420,13 @@ class SlaveFactory(Factory):
         """
         if self.connection is not None:
             self.connection.flushed()
+
+
+def _address(address: IAddress) -> str:
+    host, port = getattr(address, "host", None), getattr(address, "port", None)
+    if host is None or port is None:
+        return str(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _send_first_report(protocol: IProtocol) -> None:
