@@ -153,6 +153,10 @@ class _OpenedLater(Factory):
     """
 
     factory: Factory | None = None
+    noisy = False
+
+    def logPrefix(self) -> str:
+        return "MasterFactory"
 
     def buildProtocol(self, addr: Any) -> Any:
         assert self.factory is not None

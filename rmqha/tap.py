@@ -13,14 +13,15 @@ error naming the flag or the C{broker.conf} key it came from.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from twisted.application.service import IService
 from twisted.python import usage
 
 from rmqha._units import parse_size
-from rmqha.broker import Broker, Role
+from rmqha.broker import Broker, ListenFailed, Role
 from rmqha.commitlog import (
     MAX_SEGMENT_SIZE,
     MIN_SEGMENT_SIZE,
@@ -148,6 +149,29 @@ def _port_endpoint(text: str) -> str:
     return f"tcp:{int(text)}"
 
 
+def _listen_endpoint(text: str) -> str:
+    """
+    A port to listen on: a bare port (C{10912}, as RocketMQ's
+    C{haListenPort}) is C{tcp:10912}; anything else must be a Twisted
+    server endpoint description (C{ssl:} ones are checked with the TLS
+    settings).
+    """
+    if text.strip().isdigit():
+        return _port_endpoint(text)
+    if not text.startswith("ssl:"):
+        from twisted.internet.endpoints import serverFromString
+
+        try:
+            # Only parses: the endpoint is not used, so needs no reactor.
+            serverFromString(None, text)
+        except Exception as e:
+            raise ValueError(
+                f"{text!r} is neither a port nor a Twisted server endpoint "
+                f"description like tcp:PORT:interface=ADDRESS ({e})"
+            ) from None
+    return text
+
+
 def _master_address(text: str) -> str:
     host, port = parse_host_port(text.strip(), "address")
     # Colons in an IPv6 address are escaped in endpoint descriptions.
@@ -160,6 +184,13 @@ def _on_divergence(text: str) -> str | None:
         return None
     if value not in ("halt", "truncate", "rebootstrap"):
         raise ValueError(f"{text!r} is not halt, truncate, rebootstrap or off")
+    return value
+
+
+def _master_kind(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("auto", "rmqha", "rocketmq"):
+        raise ValueError(f"{text!r} is not auto, rmqha or rocketmq")
     return value
 
 
@@ -197,10 +228,10 @@ _SETTINGS = [
     _Setting("flush-disk-type", "flushDiskType", _flush_type),
     _Setting("flush-interval", "flushIntervalCommitLog", _positive_ms),
     _Setting("store-host", None, lambda t: parse_host_port(t, "value")),
-    _Setting("ha-listen", "haListenPort", str, _port_endpoint),
+    _Setting("ha-listen", "haListenPort", _listen_endpoint, _port_endpoint),
     _Setting("master", "haMasterAddress", _master_address),
     _Setting("master-endpoint", None, str),
-    _Setting("http", None, str),
+    _Setting("http", None, _listen_endpoint),
     _Setting("batch-size", "haTransferBatchSize", _batch_size),
     _Setting("heartbeat-interval", "haSendHeartbeatInterval", _positive_ms),
     _Setting("housekeeping-interval", "haHousekeepingInterval", _positive_ms),
@@ -211,6 +242,7 @@ _SETTINGS = [
     _Setting("min-in-sync-replicas", "minInSyncReplicas", _replicas),
     _Setting("on-divergence", "haOnDivergence", _on_divergence),
     _Setting("probe-timeout", "haProbeTimeout", _positive_ms),
+    _Setting("master-kind", "haMasterKind", _master_kind),
     _Setting("tls-cert", "haTlsCert", str),
     _Setting("tls-key", "haTlsKey", str),
     _Setting("tls-ca", "haTlsCa", str),
@@ -242,6 +274,7 @@ _DEFAULTS: dict[str, Any] = {
     "tls-require-client-cert": False,
     "on-divergence": "halt",
     "probe-timeout": 3.0,
+    "master-kind": "auto",
 }
 
 
@@ -323,7 +356,7 @@ class Options(usage.Options):
             "ha-listen",
             None,
             None,
-            "master: Twisted server endpoint for slaves (tcp:10912) "
+            "master: a port or Twisted server endpoint for slaves (tcp:10912) "
             "[haListenPort, honoured, unlike 4.9]",
         ],
         ["master", None, None, "slave: the master's HA address HOST:PORT [haMasterAddress]"],
@@ -337,8 +370,8 @@ class Options(usage.Options):
             "http",
             None,
             None,
-            "admin HTTP (/status, /metrics, produce) on this Twisted server "
-            "endpoint, e.g. tcp:8080:interface=127.0.0.1",
+            "admin HTTP (/status, /metrics, produce) on this port or Twisted "
+            "server endpoint, e.g. tcp:8080:interface=127.0.0.1",
         ],
         [
             "on-divergence",
@@ -351,8 +384,16 @@ class Options(usage.Options):
             "probe-timeout",
             None,
             None,
-            "slave: ms to wait for the master's answer to the rmqha control hello "
+            "slave: ms to wait for the master's answer to the rmqha control probe "
             "before taking it for a RocketMQ master (3000) [haProbeTimeout]",
+        ],
+        [
+            "master-kind",
+            None,
+            None,
+            "slave: auto (default: probe; a master once seen speaking the rmqha "
+            "extension is never taken for a RocketMQ one), rmqha (never replicate "
+            "classically) or rocketmq (no probe) [haMasterKind]",
         ],
         [
             "tls-cert",
@@ -402,6 +443,16 @@ class Options(usage.Options):
             "ms of silence before a peer is dropped (20000) [haHousekeepingInterval]",
         ],
     ]
+
+    def parseOptions(self, options: list[str] | None = None) -> None:
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            if self.parent is None:
+                raise
+            # Under twistd, which would print its own and our whole usage
+            # (some 70 lines) around the one that matters.
+            raise SystemExit(f"twistd rmqha: {e}; see twistd rmqha --help") from None
 
     def postOptions(self) -> None:
         settings = dict(_DEFAULTS)
@@ -549,7 +600,8 @@ def makeService(options: Options) -> IService:
         master = client_endpoint(
             reactor, keywords["host"], int(keywords["port"]), files, s.get("tls-server-name")
         )
-    return Broker(
+    return _TwistdBroker(
+        {"ha": f"{s['ha-listen']} (--ha-listen)", "http": f"{s.get('http')} (--http)"},
         reactor,
         open_commitlog,
         s["role"],
@@ -558,6 +610,7 @@ def makeService(options: Options) -> IService:
         peer_policy=policy,
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],
+        master_kind=s["master-kind"],
         http=s.get("http"),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],
@@ -567,3 +620,33 @@ def makeService(options: Options) -> IService:
         slave_fallbehind_max=s["slave-fallbehind-max"],
         sync_flush_timeout=s["sync-flush-timeout"],
     )
+
+
+@contextmanager
+def _one_line(ports: dict[str, str]) -> Iterator[None]:
+    try:
+        yield
+    except ListenFailed as e:
+        # An operator's problem: one line, exit status 1.
+        raise SystemExit(
+            f"twistd rmqha: cannot listen on {ports.get(e.port, e.description)}: {e.reason}"
+        ) from None
+
+
+class _TwistdBroker(Broker):
+    """
+    A L{Broker} under twistd: a port it cannot listen on stops twistd
+    with one line naming the flag, before the store is opened.
+    """
+
+    def __init__(self, ports: dict[str, str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ports = ports
+
+    def privilegedStartService(self) -> None:
+        with _one_line(self._ports):
+            super().privilegedStartService()
+
+    def startService(self) -> None:
+        with _one_line(self._ports):
+            super().startService()

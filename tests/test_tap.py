@@ -193,7 +193,9 @@ class OptionsTests(SynchronousTestCase):
         os.makedirs(os.path.join(store, "commitlog"))
         with open(os.path.join(store, "commitlog", "junk"), "w"):
             pass
-        service = makeService(self.parse("--store-dir", store))
+        # (A slave: it listens on nothing before opening its store.)
+        service = makeService(self.parse("--store-dir", store, "--role", "slave",
+                                         "--master", "127.0.0.1:10912"))
         e = self.assertRaises(SystemExit, service.startService)
         self.assertIn("cannot open the store", str(e.code))
         self.assertIn("junk", str(e.code))
