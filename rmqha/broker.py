@@ -52,8 +52,10 @@ __all__ = ["Role", "Broker", "NotMasterError", "ListenFailed", "DEFAULT_MAX_UNFL
 
 #: A slave stops reading while this much received data is not on disk.
 DEFAULT_MAX_UNFLUSHED = 256 * 1024 * 1024
-#: Seconds a slave waits for the answer to its probe from a master it
-#: remembers as a RocketMQ one (a genuine master never answers).
+#: Seconds a slave waits for the first byte of its master's answer to the
+#: probe (an rmqha master answers at once; a RocketMQ master never does)
+#: before taking the master for RocketMQ's, unless it spoke the extension
+#: before.  The whole answer may take up to the probe timeout.
 PROBE_FIRST_TIMEOUT = 0.5
 
 
@@ -583,13 +585,12 @@ class Broker(MultiService):
         # meanwhile cannot look like "ahead".
         slave_end = self.commitlog.record_end
         known = self._known_master_kind()
-        # A master remembered as RocketMQ's is given a short wait (it never
-        # answers); an unknown one the whole probe timeout, once.
+        sticky = known == "rmqha" or self._master_kind_option == "rmqha"
+        # A master that must answer is given the whole probe timeout;
+        # otherwise silence for the first timeout means RocketMQ.
+        first = None if sticky else min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
         session = await probe(
-            self.reactor,
-            self._master_client,
-            self._probe_timeout,
-            first_timeout=PROBE_FIRST_TIMEOUT if known == "rocketmq" else None,
+            self.reactor, self._master_client, self._probe_timeout, first_timeout=first
         )
         if session is None:
             if self._master_kind_option == "rmqha":
@@ -606,7 +607,6 @@ class Broker(MultiService):
             self._learnt("rocketmq")
             self._classic(
                 f"master {master} does not answer the rmqha control extension "
-                f"within {self._probe_timeout if known is None else PROBE_FIRST_TIMEOUT} s "
                 "(a RocketMQ master?)"
             )
             return None

@@ -384,8 +384,9 @@ class Options(usage.Options):
             "probe-timeout",
             None,
             None,
-            "slave: ms to wait for the master's answer to the rmqha control probe "
-            "before taking it for a RocketMQ master (3000) [haProbeTimeout]",
+            "slave: most ms to wait for the master's whole answer to the rmqha "
+            "control probe (3000); one silent for 500 ms is taken for a RocketMQ "
+            "master unless it spoke the extension before [haProbeTimeout]",
         ],
         [
             "master-kind",
