@@ -267,6 +267,15 @@ class ControlClient(Protocol):
             why = "TLS connection to the master failed: " + describe_failure(
                 reason, self.transport, self._handshake_done
             )
+        elif self.silent:
+            # Neither an rmqha master (it answers) nor a RocketMQ one (it
+            # waits) closes a probe unanswered; a TLS server reading plain
+            # bytes does (OpenSSL sends no alert first).
+            why = (
+                f"the master closed the connection without answering "
+                f"({reason.getErrorMessage().rstrip('.')}): if it serves TLS, "
+                "give this slave --tls-ca with the master's CA (docs/tls.md)"
+            )
         else:
             why = f"control session lost: {reason.getErrorMessage()}"
         failure = Failure(CheckFailed(why))

@@ -146,6 +146,19 @@ class ProbeTimeoutTests(SynchronousTestCase):
         self.assertIn("--tls-ca", failure.getErrorMessage())
 
 
+    def test_closed_unanswered_is_a_hint(self) -> None:
+        """
+        The probe closed without a byte (what a TLS server built on OpenSSL
+        does with plain bytes): the check failed, with the --tls-ca hint.
+        """
+        d, client, _ = self.start(0.5)
+        client.connectionLost(Failure(ConnectionDone()))
+        failure = self.failureResultOf(d, CheckFailed)
+        self.assertIn("closed the connection without answering", failure.getErrorMessage())
+        self.assertIn("--tls-ca", failure.getErrorMessage())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
 class MasterKindFileTests(SynchronousTestCase):
     """
     L{read_master_kind} and L{write_master_kind}.
