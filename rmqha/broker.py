@@ -434,7 +434,11 @@ class Broker(MultiService):
         self.slave_factory.checked = bool(self._checked_framing)
         self.store.flush_observers.append(self.slave_factory.flushed)
         self.ha_service = make_slave_service(
-            self._master_client, self.slave_factory, self.reactor, self._retry_policy
+            self._master_client,
+            self.slave_factory,
+            self.reactor,
+            self._retry_policy,
+            master=self.master_address,
         )
         self.ha_service.setName("ha")
         # A running parent would start it at once; the divergence check

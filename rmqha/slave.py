@@ -53,6 +53,8 @@ __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service"]
 #: for the master's own corrupt copy (the slave then backs off).
 REPEATED_REJECTIONS = 3
 
+_log = Logger()
+
 # Reads adapt between these sizes (see SlaveConnection._adapt_read_size).
 _MIN_READ_SIZE = 64 * 1024
 _MAX_READ_SIZE = 1024 * 1024
@@ -434,11 +436,38 @@ def _send_first_report(protocol: IProtocol) -> None:
     cast(SlaveConnection, protocol).send_report()
 
 
+@implementer(IStreamClientEndpoint)
+class _RememberingEndpoint:
+    """
+    An endpoint that remembers why its last connection attempt failed
+    (C{None} when it succeeded), for the slave's retry log line.
+    """
+
+    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
+        self._endpoint = endpoint
+        self.last_failure: str | None = None
+
+    def connect(self, protocolFactory: Any) -> Any:
+        def connected(protocol: Any) -> Any:
+            self.last_failure = None
+            return protocol
+
+        def failed(failure: Failure) -> Failure:
+            self.last_failure = failure.getErrorMessage().rstrip(".")
+            return failure
+
+        return self._endpoint.connect(protocolFactory).addCallbacks(connected, failed)
+
+    def __str__(self) -> str:
+        return str(self._endpoint)
+
+
 def make_slave_service(
     endpoint: IStreamClientEndpoint,
     factory: SlaveFactory,
     clock: IReactorTime,
     retry_policy: Callable[[int], float] | None = None,
+    master: str | None = None,
 ) -> ClientService:
     """
     A service that keeps a connection to the master, reconnecting with
@@ -446,16 +475,29 @@ def make_slave_service(
     and sends the first report as soon as each connection is made.  A
     connection the master ends before sending anything counts as a failed
     attempt, so a refused TLS handshake backs off like a refused connect.
+    A failed connection attempt is logged with its reason and the delay.
+
+    @param master: how the logs name the master (default: the endpoint).
     """
     policy = retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0)
+    remembering = _RememberingEndpoint(endpoint)
+    name = master or str(endpoint)
 
     def retry(attempt: int) -> float:
         # ClientService counts failed connects; connections the master
         # ended before sending anything count too.
-        return policy(attempt + factory.fruitless_connections)
+        delay = policy(attempt + factory.fruitless_connections)
+        if remembering.last_failure is not None:
+            _log.warn(
+                "cannot reach master {master}: {why}; retrying in {delay:.1f} s",
+                master=name,
+                why=remembering.last_failure,
+                delay=delay,
+            )
+        return delay
 
     return ClientService(
-        endpoint,
+        remembering,
         factory,
         retryPolicy=retry,
         clock=clock,

@@ -38,7 +38,7 @@ from rmqha.divergence import (
     write_master_kind,
 )
 from rmqha.master import MasterFactory
-from rmqha.slave import SlaveFactory
+from rmqha.slave import SlaveFactory, make_slave_service
 
 from tests._helpers import StringEndpoint, fixed_clock, make_message, open_store
 
@@ -410,3 +410,29 @@ class FollowingLogTests(SynchronousTestCase):
         text = "\n".join(formatEvent(e) for e in events)
         self.assertIn("seems to speak TLS", text)
         self.assertIn("--tls-ca", text)
+
+    def test_replication_cannot_reach_master(self) -> None:
+        """
+        A replication connection attempt that fails is logged with the
+        master, the reason and the delay before the next one.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        clock = Clock()
+        service = make_slave_service(
+            StringEndpoint(refuse=True),  # type: ignore[arg-type]
+            SlaveFactory(log, clock),
+            clock,
+            lambda attempt: 2.0,
+            master="10.0.0.7:10912",
+        )
+        with capturedLogs() as events:
+            service.startService()
+        self.addCleanup(service.stopService)
+        lines = [formatEvent(e) for e in events if "cannot reach" in formatEvent(e)]
+        self.assertEqual(
+            lines,
+            [
+                "cannot reach master 10.0.0.7:10912: Connection was refused by other "
+                "side; retrying in 2.0 s"
+            ],
+        )
