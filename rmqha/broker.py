@@ -268,6 +268,10 @@ class Broker(MultiService):
         self._probe_timeout = probe_timeout
         if master_kind not in ("auto", "rmqha", "rocketmq"):
             raise ValueError(f"master kind {master_kind!r} is not auto, rmqha or rocketmq")
+        if master_kind == "rmqha" and on_divergence is None:
+            raise ValueError(
+                "master kind rmqha needs the control probe, which on-divergence off turns off"
+            )
         self._master_kind_option = master_kind
         #: What the slave's master is: C{"rmqha"}, C{"rocketmq"}, or
         #: C{None} while unknown (remembered in the store).
@@ -276,7 +280,6 @@ class Broker(MultiService):
         #: answering, a segment size that differs), or C{None}.
         self.problem: str | None = None
         self._halted = False
-        self._following_logged = False
         self._checking = False
         self.failed_checks = 0
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
@@ -384,7 +387,7 @@ class Broker(MultiService):
     def _listen_on(
         self, name: str, listen: str | IStreamServerEndpoint, factory: Any
     ) -> StreamServerEndpointService:
-        description = listen if isinstance(listen, str) else str(getattr(listen, "description", listen))
+        description = listen if isinstance(listen, str) else str(listen)
         try:
             endpoint = serverFromString(self.reactor, listen) if isinstance(listen, str) else listen
             service = StreamServerEndpointService(endpoint, factory)
@@ -457,8 +460,8 @@ class Broker(MultiService):
             self._check_then_replicate()
 
     def _may_check(self) -> bool:
-        return (
-            bool(self.running) and not self._checking and self.divergence is None and not self._halted
+        return bool(self.running) and not (
+            self._checking or self.divergence is not None or self._halted
         )
 
     def _check_then_replicate(self) -> None:
@@ -505,11 +508,10 @@ class Broker(MultiService):
             why = f"cannot reach master {master}: {failure.getErrorMessage()}"
         elif failure.check(_NotAnswering):
             why = failure.getErrorMessage()
-        elif failure.check(CheckFailed):
-            why = f"checking master {master} failed: {failure.getErrorMessage()}"
         else:
             why = f"checking master {master} failed: {failure.getErrorMessage()}"
-            self._log.failure("checking the master", failure)
+            if not failure.check(CheckFailed):
+                self._log.failure("checking the master", failure)
         self.problem = why
         self._log.warn("{why}; retrying in {delay:.1f} s", why=why, delay=delay)
         if self.running and self._check_retry is None:
@@ -527,10 +529,12 @@ class Broker(MultiService):
         description when it has no host and port).
         """
         master = self.master_endpoint or ""
+        if not isinstance(self._master_endpoint, str):
+            return master  # (a TLS endpoint says "tls:HOST:PORT (verifying NAME)")
         kind, positional, keywords = split_description(master)
         host = keywords.get("host") or (positional[0] if positional else "")
         port = keywords.get("port") or (positional[1] if len(positional) > 1 else "")
-        if kind in ("tcp", "tls") and host and port:
+        if kind == "tcp" and host and port:
             return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         return master
 

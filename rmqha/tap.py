@@ -485,6 +485,11 @@ class Options(usage.Options):
                     f"--min-in-sync-replicas {settings['min-in-sync-replicas']} is "
                     f"more than --in-sync-replicas {settings['in-sync-replicas']}"
                 )
+            if settings["master-kind"] == "rmqha" and settings["on-divergence"] is None:
+                raise ValueError(
+                    "--master-kind rmqha needs the control probe, which "
+                    "--on-divergence off turns off"
+                )
             if not settings.get("store-dir"):
                 raise ValueError("--store-dir (or storePathRootDir) is required")
             if settings["role"] is Role.SLAVE:

@@ -206,7 +206,7 @@ class SlaveBrokerTests(SynchronousTestCase):
         reactor = MemoryReactorClock()
         endpoint = kwargs.pop("endpoint", None) or StringEndpoint()
         # The master's address, as the store remembers it.
-        endpoint.description = "tcp:host=127.0.0.1:port=10912"  # type: ignore[attr-defined]
+        endpoint.description = "127.0.0.1:10912"  # type: ignore[attr-defined]
         segment = kwargs.pop("segment", SEGMENT)
         broker = Broker(
             reactor,

@@ -256,6 +256,10 @@ class ListenOptionsTests(SynchronousTestCase):
         )
         e = self.assertRaises(UsageError, self.parse, *slave, "--master-kind", "java")
         self.assertIn("--master-kind", str(e))
+        e = self.assertRaises(
+            UsageError, self.parse, *slave, "--master-kind", "rmqha", "--on-divergence", "off"
+        )
+        self.assertIn("--on-divergence off", str(e))
 
     def twistd(self, *argv: str) -> tuple[SystemExit, str]:
         """
