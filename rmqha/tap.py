@@ -517,8 +517,10 @@ class Options(usage.Options):
                     raise ValueError(f"--{option} is for slaves")
             if settings.get("tls-cert") is not None:
                 listen = settings["ha-listen"]
-                if self.get("ha-listen") is None and listen.startswith("tcp:"):
-                    # haListenPort (or the default) with a certificate: TLS.
+                bare = self.get("ha-listen") is None or self["ha-listen"].strip().isdigit()
+                if bare and listen.startswith("tcp:"):
+                    # A bare port (haListenPort, --ha-listen 10912, the
+                    # default) with a certificate: TLS.
                     listen = settings["ha-listen"] = "ssl:" + listen[len("tcp:") :]
                 if not listen.startswith("ssl:"):
                     raise ValueError(

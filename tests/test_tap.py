@@ -395,10 +395,15 @@ class TLSOptionsTests(SynchronousTestCase):
 
     def test_certificate_makes_default_port_tls(self) -> None:
         """
-        With a certificate and no --ha-listen, the default port serves TLS.
+        With a certificate and no --ha-listen, or a bare port, the port
+        serves TLS.
         """
         options = self.parse(*self.master_flags(), "--tls-require-client-cert")
         self.assertEqual(options.settings["ha-listen"], "ssl:10912")
+        options = self.parse(
+            "--ha-listen", "20912", *self.master_flags(), "--tls-require-client-cert"
+        )
+        self.assertEqual(options.settings["ha-listen"], "ssl:20912")
 
     def test_conf_keys(self) -> None:
         """
