@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from twisted.application.service import IService
+from twisted.logger import Logger
 from twisted.python import usage
 
 from rmqha._units import parse_size
@@ -649,6 +650,9 @@ class _TwistdBroker(Broker):
 
     def __init__(self, ports: dict[str, str], *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Log as the broker it is (a class attribute's namespace would
+        # name this class).
+        self._log = Logger(namespace="rmqha.broker.Broker", source=self)
         self._ports = ports
 
     def privilegedStartService(self) -> None:
