@@ -150,8 +150,9 @@ class _NotAnswering(CheckFailed):
 class _OpenedLater(Factory):
     """
     What a port listens with before the store is open: builds the
-    protocols of C{factory}, which is set in the same C{startService}
-    call (no connection can be accepted before that returns).
+    protocols of C{factory}, which is set when the store has opened (in
+    the same C{startService} call, or under twistd before the reactor
+    runs); a connection before that is closed at once.
     """
 
     factory: Factory | None = None
@@ -161,7 +162,8 @@ class _OpenedLater(Factory):
         return "MasterFactory"
 
     def buildProtocol(self, addr: Any) -> Any:
-        assert self.factory is not None
+        if self.factory is None:
+            return None  # (Twisted then closes the connection.)
         return self.factory.buildProtocol(addr)
 
 
