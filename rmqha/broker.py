@@ -278,9 +278,7 @@ class Broker(MultiService):
         #: What the slave's master is: C{"rmqha"}, C{"rocketmq"}, or
         #: C{None} while unknown (remembered in the store).
         self.master_kind: str | None = None
-        #: Why a slave is not replicating (its master unreachable, not
-        #: answering, a segment size that differs), or C{None}.
-        self.problem: str | None = None
+        self._check_problem: str | None = None
         self._halted = False
         self._checking = False
         self.failed_checks = 0
@@ -480,7 +478,7 @@ class Broker(MultiService):
                     self._check_failed(result)
             else:
                 self.failed_checks = 0
-                self.problem = None
+                self._check_problem = None
 
         d.addBoth(done)
 
@@ -490,7 +488,7 @@ class Broker(MultiService):
         fix C{why}.
         """
         self._halted = True
-        self.problem = why
+        self._check_problem = why
         self._log.error("{why}; replication halted", why=why)
         service = self.ha_service
         if service is not None and service.running:
@@ -514,7 +512,7 @@ class Broker(MultiService):
             why = f"checking master {master} failed: {failure.getErrorMessage()}"
             if not failure.check(CheckFailed):
                 self._log.failure("checking the master", failure)
-        self.problem = why
+        self._check_problem = why
         self._log.warn("{why}; retrying in {delay:.1f} s", why=why, delay=delay)
         if self.running and self._check_retry is None:
             self._check_retry = self.reactor.callLater(delay, self._retry_check)
@@ -523,6 +521,19 @@ class Broker(MultiService):
         self._check_retry = None
         if self._may_check():
             self._check_then_replicate()
+
+    @property
+    def problem(self) -> str | None:
+        """
+        On a slave, why it is not replicating (its master unreachable, not
+        answering, a segment size that differs), or C{None}.
+        """
+        if self._check_problem is not None:
+            return self._check_problem
+        factory = self.slave_factory
+        if factory is not None and factory.connection is None and factory.connect_failure:
+            return f"cannot reach master {self.master_address}: {factory.connect_failure}"
+        return None
 
     @property
     def master_address(self) -> str:

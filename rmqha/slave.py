@@ -400,6 +400,8 @@ class SlaveFactory(Factory):
         #: The record that failed last, and how many times in a row.
         self.rejected_offset: int | None = None
         self.rejections_in_a_row = 0
+        #: Why the last connection attempt failed (C{None}: it succeeded).
+        self.connect_failure: str | None = None
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)
@@ -439,21 +441,22 @@ def _send_first_report(protocol: IProtocol) -> None:
 @implementer(IStreamClientEndpoint)
 class _RememberingEndpoint:
     """
-    An endpoint that remembers why its last connection attempt failed
-    (C{None} when it succeeded), for the slave's retry log line.
+    An endpoint that keeps why its last connection attempt failed in
+    C{factory.connect_failure} (C{None} when it succeeded), for the
+    slave's retry log line and status.
     """
 
-    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
+    def __init__(self, endpoint: IStreamClientEndpoint, factory: "SlaveFactory") -> None:
         self._endpoint = endpoint
-        self.last_failure: str | None = None
+        self._factory = factory
 
     def connect(self, protocolFactory: Any) -> Any:
         def connected(protocol: Any) -> Any:
-            self.last_failure = None
+            self._factory.connect_failure = None
             return protocol
 
         def failed(failure: Failure) -> Failure:
-            self.last_failure = failure.getErrorMessage().rstrip(".")
+            self._factory.connect_failure = failure.getErrorMessage().rstrip(".")
             return failure
 
         return self._endpoint.connect(protocolFactory).addCallbacks(connected, failed)
@@ -480,18 +483,18 @@ def make_slave_service(
     @param master: how the logs name the master (default: the endpoint).
     """
     policy = retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0)
-    remembering = _RememberingEndpoint(endpoint)
+    remembering = _RememberingEndpoint(endpoint, factory)
     name = master or str(endpoint)
 
     def retry(attempt: int) -> float:
         # ClientService counts failed connects; connections the master
         # ended before sending anything count too.
         delay = policy(attempt + factory.fruitless_connections)
-        if remembering.last_failure is not None:
+        if factory.connect_failure is not None:
             _log.warn(
                 "cannot reach master {master}: {why}; retrying in {delay:.1f} s",
                 master=name,
-                why=remembering.last_failure,
+                why=factory.connect_failure,
                 delay=delay,
             )
         return delay

@@ -414,13 +414,15 @@ class FollowingLogTests(SynchronousTestCase):
     def test_replication_cannot_reach_master(self) -> None:
         """
         A replication connection attempt that fails is logged with the
-        master, the reason and the delay before the next one.
+        master, the reason and the delay before the next one, and kept for
+        the broker's C{problem}.
         """
         log = open_store(self, segment_size=SEGMENT)
         clock = Clock()
+        factory = SlaveFactory(log, clock)
         service = make_slave_service(
             StringEndpoint(refuse=True),  # type: ignore[arg-type]
-            SlaveFactory(log, clock),
+            factory,
             clock,
             lambda attempt: 2.0,
             master="10.0.0.7:10912",
@@ -436,3 +438,4 @@ class FollowingLogTests(SynchronousTestCase):
                 "side; retrying in 2.0 s"
             ],
         )
+        self.assertEqual(factory.connect_failure, "Connection was refused by other side")
