@@ -335,8 +335,11 @@ class SlaveConnection(Protocol):
             self.factory.fruitless_connections += 1
         else:
             self.factory.fruitless_connections = 0
-        if not self._received or self._suspicious:
-            # (Also a master that did not confirm checked framing.)
+        if not self._received or self._suspicious or not self.checked:
+            # (Also a master that did not confirm checked framing; and,
+            # after a classic connection, the master is asked again
+            # whether it speaks the extension: one taken for a RocketMQ
+            # master while it stalled does not stay classic.)
             self.factory.suspect()
         self._closed = True
         self._report_timer.stop()
@@ -371,8 +374,9 @@ class SlaveFactory(Factory):
         @param request_flush: starts a flush now (the store service's
             C{flush_now}).
         @param on_suspect: called when a connection ends before the master
-            sent anything, or on an offset mismatch: signs the logs may have
-            diverged (the broker checks).
+            sent anything, on an offset mismatch (signs the logs may have
+            diverged), or after a classic connection: the broker checks the
+            master again.
         """
         self.commitlog = commitlog
         self.clock = clock

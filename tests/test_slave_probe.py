@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 from typing import Any
 
 from twisted.internet.address import IPv4Address
@@ -20,6 +21,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._wire import (
+    CHECKED_HELLO,
     CONTROL_INFO_SIZE,
     CONTROL_PROBE,
     FEATURE_CHECKED_FRAMING,
@@ -300,6 +302,36 @@ class SlaveBrokerTests(SynchronousTestCase):
         self.assertFalse(broker.slave_factory and broker.slave_factory.checked)
         text = "\n".join(formatEvent(e) for e in events)
         self.assertEqual(text.count("replicating classically"), 1)
+
+    def test_classic_connection_lost_probes_again(self) -> None:
+        """
+        A master taken for RocketMQ's (silent at the first probe, say a
+        stalled rmqha master) is probed again after a classic connection
+        ends; answering, it is remembered as rmqha and the next
+        replication connection asks for checked framing: it does not stay
+        classic across reconnects.
+        """
+        broker, reactor, endpoint = self.broker()
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        reactor.advance(0.5)
+        self.assertEqual(broker.master_kind, "rocketmq")
+        replication, transport = endpoint.connected[-1]
+        self.assertEqual(transport.value(), encode_report(0))
+        replication.dataReceived(struct.pack(">qi", 0, 0))  # a heartbeat
+        transport.loseConnection()
+        self._lost.add(replication)
+        replication.connectionLost(Failure(ConnectionDone()))
+        probe_client, probe_transport = endpoint.connected[-1]
+        self.assertEqual(probe_transport.value(), encode_code(CONTROL_PROBE))
+        probe_client.dataReceived(
+            encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING)
+        )
+        self.assertEqual(broker.master_kind, "rmqha")
+        self.assertEqual(self.remembered(), "rmqha")
+        reactor.advance(1.0)  # the replication connection's retry
+        _, transport = endpoint.connected[-1]
+        self.assertEqual(transport.value()[:8], encode_code(CHECKED_HELLO))
 
     def test_master_kind_rocketmq_skips_the_probe(self) -> None:
         """
