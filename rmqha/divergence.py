@@ -213,7 +213,8 @@ class ControlClient(Protocol):
                     # classic.
                     raise _Refused("the master did not recognise the control hello")
                 if head != _INFO_CODE:
-                    # A classic master: its heartbeat frame.
+                    # Not an rmqha master (a genuine RocketMQ one sends
+                    # nothing at all to the probe).
                     raise NotControlError("the master does not speak rmqha control")
                 if len(self._buffer) < CONTROL_INFO_SIZE:
                     return
