@@ -47,6 +47,7 @@ __all__ = [
     "FEATURE_CHECKED_FRAMING",
     "ReportDecoder",
     "TransferDecoder",
+    "CONTROL_PROBE",
     "CONTROL_HELLO",
     "CONTROL_INFO",
     "CONTROL_DIGEST",
@@ -386,12 +387,18 @@ class TransferDecoder:
 # -- the rmqha control extension (docs/protocol.md) ---------------------------
 #
 # A separate connection to the same HA port.  Every message starts with a
-# negative int64 code: a genuine RocketMQ master takes the hello for a first
-# report, finds no data at a negative offset and stays silent (or sends a
-# heartbeat whose offset is that same hello), so an rmqha slave recognises
-# a classic master by the absence of the INFO answer.
+# negative int64 code.  The slave opens with CONTROL_PROBE, -1: RocketMQ
+# 4.9.8's HAConnection keeps "no request offset yet" as -1, so a genuine
+# master that reads -1 as a first report still waits for one, silently
+# (no warning, nothing sent); an rmqha master answers INFO at once.  A
+# slave recognises a classic master by the absence of that answer.
 
-#: Slave to master, 8 bytes: "rmqha control, version 1".
+#: Slave to master, 8 bytes: the control hello that a RocketMQ master
+#: cannot tell from no report at all.
+CONTROL_PROBE = -1
+#: Slave to master, 8 bytes: "rmqha control, version 1", the hello of
+#: older rmqha slaves (still answered; a RocketMQ master takes it for a
+#: negative request offset and logs "Offset not matched" on every turn).
 CONTROL_HELLO = -0x524D514841_0001
 #: Master to slave: code, min offset, max offset, segment size, feature
 #: bits, CRC-32 of the bytes before it (36 bytes).

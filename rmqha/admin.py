@@ -115,6 +115,10 @@ def status(broker: Broker) -> dict[str, Any]:
         result["divergence"] = broker.divergence.as_dict() if broker.divergence else None
         # Checks of the master that could not finish, in a row (retried).
         result["failed_checks"] = broker.failed_checks
+        # What the master is (rmqha, rocketmq, or null while unknown), and
+        # why replication is not running, if it is not (docs/protocol.md).
+        result["master_kind"] = broker.master_kind
+        result["problem"] = broker.problem
     return result
 
 

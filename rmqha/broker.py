@@ -29,6 +29,7 @@ from twisted.internet.interfaces import (
     IStreamClientEndpoint,
     IStreamServerEndpoint,
 )
+from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -39,7 +40,15 @@ from rmqha.commitlog import (
     Message,
     SegmentCreateError,
 )
-from rmqha.divergence import CheckFailed, Divergence, find_divergence, probe
+from rmqha.divergence import (
+    CheckFailed,
+    Divergence,
+    MasterUnreachable,
+    find_divergence,
+    probe,
+    read_master_kind,
+    write_master_kind,
+)
 from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha._limits import (
@@ -62,10 +71,22 @@ from rmqha.tls import (
     split_description,
 )
 
-__all__ = ["Role", "Broker", "NotStoredError", "NotMasterError", "DEFAULT_MAX_UNFLUSHED"]
+__all__ = [
+    "Role",
+    "Broker",
+    "NotStoredError",
+    "NotMasterError",
+    "ListenFailed",
+    "DEFAULT_MAX_UNFLUSHED",
+]
 
 #: A slave stops reading while this much received data is not on disk.
 DEFAULT_MAX_UNFLUSHED = 256 * 1024 * 1024
+#: Seconds a slave waits for the first byte of its master's answer to the
+#: probe (an rmqha master answers at once; a RocketMQ master never does)
+#: before taking the master for RocketMQ's, unless it spoke the extension
+#: before.  The whole answer may take up to the probe timeout.
+PROBE_FIRST_TIMEOUT = 0.5
 
 
 def _stop_child(_: object, service: IService) -> Deferred[None]:
@@ -156,6 +177,56 @@ class NotMasterError(NotStoredError):
         super().__init__(PutStatus.SERVICE_NOT_AVAILABLE, text)
 
 
+class ListenFailed(Exception):
+    """
+    A port the broker serves could not be listened on (a bad endpoint
+    description, the address in use, no permission).
+
+    @ivar port: C{"ha"} or C{"http"}.
+    @ivar description: the endpoint description.
+    @ivar reason: one line saying why.
+    """
+
+    def __init__(self, port: str, description: str, reason: str) -> None:
+        super().__init__(f"cannot listen on {description}: {reason}")
+        self.port = port
+        self.description = description
+        self.reason = reason
+
+
+class _Halt(Exception):
+    """
+    A check found something only an operator can fix (not a divergence):
+    replication stays stopped; the text says what.
+    """
+
+
+class _NotAnswering(CheckFailed):
+    """
+    A master that must speak the rmqha extension did not answer it.
+    """
+
+
+class _OpenedLater(Factory):
+    """
+    What a port listens with before the store is open: builds the
+    protocols of C{factory}, which is set when the store has opened (in
+    the same C{startService} call, or under twistd before the reactor
+    runs); a connection before that is closed at once.
+    """
+
+    factory: Factory | None = None
+    noisy = False
+
+    def logPrefix(self) -> str:
+        return "MasterFactory"
+
+    def buildProtocol(self, addr: Any) -> Any:
+        if self.factory is None:
+            return None  # (Twisted then closes the connection.)
+        return self.factory.buildProtocol(addr)
+
+
 class Broker(MultiService):
     """
     One broker.
@@ -194,6 +265,7 @@ class Broker(MultiService):
         max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
         fd_limit: Callable[[], int] = raise_fd_limit,
         scrub_rate: int = DEFAULT_SCRUB_RATE,
+        master_kind: str = "auto",
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -238,6 +310,12 @@ class Broker(MultiService):
             C{FD_RESERVE} descriptors of it free for the store.
         @param scrub_rate: bytes per second the background scrub re-reads
             and re-checks (L{rmqha.scrub}); 0 turns it off.
+        @param probe_timeout: a slave's most seconds to wait for its
+            master's answer to the control probe (docs/protocol.md).
+        @param master_kind: a slave's master is C{"rmqha"} (never
+            replicate classically), C{"rocketmq"} (no probe: classic at
+            once) or C{"auto"} (probe; a master once seen speaking the
+            extension is never taken for a RocketMQ one).
         """
         super().__init__()
         if role is Role.SLAVE and not master_endpoint:
@@ -268,6 +346,18 @@ class Broker(MultiService):
             )
         self._on_divergence = on_divergence
         self._probe_timeout = probe_timeout
+        if master_kind not in ("auto", "rmqha", "rocketmq"):
+            raise ValueError(f"master kind {master_kind!r} is not auto, rmqha or rocketmq")
+        if master_kind == "rmqha" and on_divergence is None:
+            raise ValueError(
+                "master kind rmqha needs the control probe, which on-divergence off turns off"
+            )
+        self._master_kind_option = master_kind
+        #: What the slave's master is: C{"rmqha"}, C{"rocketmq"}, or
+        #: C{None} while unknown (remembered in the store).
+        self.master_kind: str | None = None
+        self._check_problem: str | None = None
+        self._halted = False
         self._checking = False
         self.failed_checks = 0
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
@@ -297,6 +387,8 @@ class Broker(MultiService):
         self._http_peer_policy = http_peer_policy
         self._max_unflushed = max_unflushed
         self.http_service: StreamServerEndpointService | None = None
+        self._ha_factory: _OpenedLater | None = None
+        self._listening = False
         self.store = CommitLogService(
             open_commitlog,
             reactor,
@@ -321,10 +413,20 @@ class Broker(MultiService):
         self.slave_factory: SlaveFactory | None = None
         self.ha_service: IService | None = None
 
+    def privilegedStartService(self) -> None:
+        # twistd calls this before it drops privileges: the ports then.
+        super().privilegedStartService()
+        self._listen()
+
     def startService(self) -> None:
-        self._start_limits()
-        # The store first: the HA half needs the open log.
-        self.store.startService()
+        # The ports first: one that cannot be had stops the broker before
+        # the store is opened (no abort marker, no store directory).
+        self._listen()
+        try:
+            self.store.startService()
+        except BaseException:
+            self._stop_listening()
+            raise
         commitlog = self.store.commitlog
         assert commitlog is not None
         self.scrub.startService()
@@ -333,17 +435,8 @@ class Broker(MultiService):
                 commitlog, self.reactor, self.config, self._peer_policy
             )
             self.master_factory.ack_listeners.append(self._acks_changed)
-            listen = self._ha_listen
-            if isinstance(listen, str):
-                warning = exposure_warning(listen)
-                if warning is not None:
-                    self._log.warn("{text}", text=warning)
-                listen = serverFromString(self.reactor, listen)
-            self.ha_service = StreamServerEndpointService(
-                listen, self._limited("HA", self.master_factory)
-            )
-            self.ha_service.setName("ha")
-            self.ha_service.setServiceParent(self)
+            assert self._ha_factory is not None and self.ha_service is not None
+            self._ha_factory.factory = self.master_factory
             # MultiService starts every child; the store is already running.
             self.running = True
             self.ha_service.startService()
@@ -361,24 +454,80 @@ class Broker(MultiService):
             self.running = True
             self._build_slave_replication(commitlog)
             self._check_then_replicate()
-        if self._http is not None:
-            from rmqha.admin import make_site
-
-            http = self._http
-            if isinstance(http, str):
-                warning = admin_exposure_warning(http)
-                if warning is not None:
-                    self._log.warn("{text}", text=warning)
-                http = serverFromString(self.reactor, http)
-            self.http_service = StreamServerEndpointService(
-                http,
-                self._limited(
-                    "HTTP", make_site(self, peer_policy=self._http_peer_policy)
-                ),
-            )
-            self.http_service.setName("http")
-            self.http_service.setServiceParent(self)
+        if self.http_service is not None:
             self.http_service.startService()
+
+    def _listen(self) -> None:
+        """
+        Listen on the HA port (a master) and the admin HTTP port, once,
+        each behind the connection limiter.
+
+        @raise ListenFailed: naming the port and why (nothing is left
+            listening).
+        """
+        if self._listening:
+            return
+        self._listening = True
+        self._start_limits()
+        try:
+            if self.role.is_master:
+                listen = self._ha_listen
+                if isinstance(listen, str):
+                    warning = exposure_warning(listen)
+                    if warning is not None:
+                        self._log.warn("{text}", text=warning)
+                self._ha_factory = _OpenedLater()
+                self.ha_service = self._listen_on(
+                    "ha", listen, self._limited("HA", self._ha_factory)
+                )
+            if self._http is not None:
+                from rmqha.admin import make_site
+
+                if isinstance(self._http, str):
+                    warning = admin_exposure_warning(self._http)
+                    if warning is not None:
+                        self._log.warn("{text}", text=warning)
+                self.http_service = self._listen_on(
+                    "http",
+                    self._http,
+                    self._limited("HTTP", make_site(self, peer_policy=self._http_peer_policy)),
+                )
+        except ListenFailed:
+            self._stop_listening()
+            raise
+
+    def _listen_on(
+        self, name: str, listen: str | IStreamServerEndpoint, factory: Any
+    ) -> StreamServerEndpointService:
+        description = listen if isinstance(listen, str) else str(listen)
+        try:
+            endpoint = serverFromString(self.reactor, listen) if isinstance(listen, str) else listen
+            service = StreamServerEndpointService(endpoint, factory)
+            # Twisted's way to have a failed listen raise here, not be logged.
+            service._raiseSynchronously = True
+            service.privilegedStartService()
+        except Exception as e:
+            socket_error = getattr(e, "socketError", None)
+            why = (
+                socket_error.strerror
+                if isinstance(socket_error, OSError) and socket_error.strerror
+                else str(e) or type(e).__name__
+            )
+            raise ListenFailed(name, description, why) from None
+        service.setName(name)
+        # A running parent would start it; startService does, in order.
+        running, self.running = self.running, False
+        service.setServiceParent(self)
+        self.running = running
+        return service
+
+    def _stop_listening(self) -> None:
+        for service in (self.ha_service, self.http_service):
+            if service is not None:
+                service.stopService()
+                service.disownServiceParent()
+        self.ha_service = self.http_service = None
+        self._listening = False
 
     def _start_limits(self) -> None:
         """
@@ -433,7 +582,11 @@ class Broker(MultiService):
         self.slave_factory.identity = self._identity
         self.store.flush_observers.append(self.slave_factory.flushed)
         self.ha_service = make_slave_service(
-            self._master_client, self.slave_factory, self.reactor, self._retry_policy
+            self._master_client,
+            self.slave_factory,
+            self.reactor,
+            self._retry_policy,
+            master=self.master_address,
         )
         self.ha_service.setName("ha")
         # A running parent would start it at once; the divergence check
@@ -448,8 +601,13 @@ class Broker(MultiService):
         offset mismatch: check for divergence (replication keeps retrying
         meanwhile, with its back-off).
         """
-        if self.running and not self._checking and self.divergence is None:
+        if self._may_check():
             self._check_then_replicate()
+
+    def _may_check(self) -> bool:
+        return bool(self.running) and not (
+            self._checking or self.divergence is not None or self._halted
+        )
 
     def _check_then_replicate(self) -> None:
         self._checking = True
@@ -459,67 +617,184 @@ class Broker(MultiService):
         def done(result: object) -> None:
             self._checking = False
             if isinstance(result, Failure):
-                self._check_failed(result)
+                if result.check(_Halt):
+                    self._halt(result.getErrorMessage())
+                else:
+                    self._check_failed(result)
             else:
                 self.failed_checks = 0
+                self._check_problem = None
 
         d.addBoth(done)
+
+    def _halt(self, why: str) -> None:
+        """
+        Stop replicating for good (until a restart): only an operator can
+        fix C{why}.
+        """
+        self._halted = True
+        self._check_problem = why
+        self._log.error("{why}; replication halted", why=why)
+        service = self.ha_service
+        if service is not None and service.running:
+            service.stopService()
 
     def _check_failed(self, failure: Failure) -> None:
         """
         A check could not finish (the master unreachable, a control session
-        lost or damaged): try again after a back-off.  Replication is left
-        as it was: not started before a first check has finished.
+        lost or damaged, a master that spoke the extension not answering
+        it): try again after a back-off.  Replication is left as it was:
+        not started before a first check has finished.
         """
         self.failed_checks += 1
         delay = self._check_backoff(self.failed_checks - 1)
-        if failure.check(CheckFailed):
-            self._log.warn(
-                "divergence check failed: {why}; again in {delay:.1f} s",
-                why=failure.getErrorMessage(),
-                delay=delay,
-            )
+        master = self.master_address
+        if failure.check(MasterUnreachable):
+            why = f"cannot reach master {master}: {failure.getErrorMessage()}"
+        elif failure.check(_NotAnswering):
+            why = failure.getErrorMessage()
         else:
-            self._log.failure("checking for divergence", failure)
+            why = f"checking master {master} failed: {failure.getErrorMessage()}"
+            if not failure.check(CheckFailed):
+                self._log.failure("checking the master", failure)
+        self._check_problem = why
+        self._log.warn("{why}; retrying in {delay:.1f} s", why=why, delay=delay)
         if self.running and self._check_retry is None:
             self._check_retry = self.reactor.callLater(delay, self._retry_check)
 
     def _retry_check(self) -> None:
         self._check_retry = None
-        if self.running and not self._checking and self.divergence is None:
+        if self._may_check():
             self._check_then_replicate()
 
-    async def _check_divergence(self) -> Divergence | None:
-        if self._on_divergence is None:
-            return None
-        # Where this log ends, taken before the master's offsets are: the
-        # master's max can only have grown since, so replication running
-        # meanwhile cannot look like "ahead".
-        slave_end = self.commitlog.record_end
-        session = await probe(self.reactor, self._master_client, self._probe_timeout)
-        checked = session is not None and session[1].checked_framing
+    @property
+    def problem(self) -> str | None:
+        """
+        On a slave, why it is not replicating (its master unreachable, not
+        answering, a segment size that differs), or C{None}.
+        """
+        if self._check_problem is not None:
+            return self._check_problem
+        factory = self.slave_factory
+        if factory is not None and factory.connection is None and factory.connect_failure:
+            return f"cannot reach master {self.master_address}: {factory.connect_failure}"
+        return None
+
+    @property
+    def master_address(self) -> str:
+        """
+        On a slave, its master as C{HOST:PORT} (or its endpoint
+        description when it has no host and port).
+        """
+        master = self.master_endpoint or ""
+        if not isinstance(self._master_endpoint, str):
+            return master  # (a TLS endpoint says "tls:HOST:PORT (verifying NAME)")
+        kind, positional, keywords = split_description(master)
+        host = keywords.get("host") or (positional[0] if positional else "")
+        port = keywords.get("port") or (positional[1] if len(positional) > 1 else "")
+        if kind == "tcp" and host and port:
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return master
+
+    def _known_master_kind(self) -> str | None:
+        if self.master_kind is None:
+            self.master_kind = read_master_kind(self.commitlog.store_dir, self.master_address)
+        return self.master_kind
+
+    def _learnt(self, kind: str) -> None:
+        """
+        The master is C{kind}: remember it in the store when that is news.
+        """
+        if read_master_kind(self.commitlog.store_dir, self.master_address) != kind:
+            try:
+                write_master_kind(
+                    self.commitlog.store_dir, self.master_address, kind, self.reactor.seconds()
+                )
+            except OSError as e:
+                self._log.warn(
+                    "cannot remember in the store that the master is {kind}: {error}",
+                    kind=kind,
+                    error=e,
+                )
+        self.master_kind = kind
+
+    def _set_framing(self, checked: bool, identify: bool = False) -> None:
+        """
+        How the replication connection talks: checked framing or classic,
+        and whether it declares this replica's id (the master takes
+        IDENTIFY).
+        """
         if self._checked_framing != checked:
             self._checked_framing = checked
             self._log.info(
                 "checked framing (CRC-32 on every frame and report) {state}",
                 state="on" if checked else "off: the master does not offer it",
             )
-        identify = session is not None and bool(session[1].features & FEATURE_IDENTIFY)
         self._identity = load_replica_id(self.commitlog.store_dir) if identify else None
         if self.slave_factory is not None:
             self.slave_factory.checked = checked
             self.slave_factory.identity = self._identity
+
+    def _classic(self, why: str) -> None:
+        self._set_framing(False)
+        if not self._classic_logged:
+            self._classic_logged = True
+            self._log.warn(
+                "{why}: replicating classically, without checked framing or "
+                "divergence checks",
+                why=why,
+            )
+
+    async def _check_divergence(self) -> Divergence | None:
+        master = self.master_address
+        if self._master_kind_option == "rocketmq":
+            self._learnt("rocketmq")
+            self._classic(f"master {master} is a RocketMQ master (--master-kind rocketmq)")
+            return None
+        if self._on_divergence is None:
+            return None
+        # Where this log ends, taken before the master's offsets are: the
+        # master's max can only have grown since, so replication running
+        # meanwhile cannot look like "ahead".
+        slave_end = self.commitlog.record_end
+        known = self._known_master_kind()
+        sticky = known == "rmqha" or self._master_kind_option == "rmqha"
+        # A master that must answer is given the whole probe timeout;
+        # otherwise silence for the first timeout means RocketMQ.
+        first = None if sticky else min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
+        session = await probe(
+            self.reactor, self._master_client, self._probe_timeout, first_timeout=first
+        )
         if session is None:
-            if not self._classic_logged:
-                self._classic_logged = True
-                self._log.info(
-                    "the master does not answer the rmqha control extension "
-                    "(a RocketMQ master?): replicating classically, without "
-                    "divergence checks"
+            if self._master_kind_option == "rmqha":
+                raise _NotAnswering(
+                    f"master {master} does not answer the rmqha extension "
+                    "(--master-kind rmqha): not replicating classically"
                 )
+            if known == "rmqha":
+                raise _NotAnswering(
+                    f"master {master} spoke the rmqha extension before but is not "
+                    "answering; not falling back to classic replication (if it is "
+                    "now a RocketMQ master, restart with --master-kind rocketmq)"
+                )
+            self._learnt("rocketmq")
+            self._classic(
+                f"master {master} does not answer the rmqha control extension "
+                "(a RocketMQ master?)"
+            )
             return None
         client, info = session
         try:
+            self._learnt("rmqha")
+            self._set_framing(info.checked_framing, bool(info.features & FEATURE_IDENTIFY))
+            ours = self.commitlog.segment_size
+            if info.segment_size != ours:
+                raise _Halt(
+                    f"master {master} uses segments of {info.segment_size} bytes "
+                    f"(mappedFileSizeCommitLog) and this slave's store {ours}: a "
+                    "slave's segment size must be its master's (start the slave "
+                    f"on an empty store with --segment-size {info.segment_size})"
+                )
             return await find_divergence(self.commitlog, client, info, slave_end=slave_end)
         finally:
             client.close()
@@ -568,6 +843,9 @@ class Broker(MultiService):
         if self.ha_service is not None:
             self.ha_service.disownServiceParent()
         self._build_slave_replication(self.commitlog)
+        if self.master_kind is not None:
+            # The memory of what the master is went aside with the store.
+            self._learnt(self.master_kind)
 
     def stopService(self) -> Deferred[None]:
         """

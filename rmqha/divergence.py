@@ -3,9 +3,13 @@
 Telling whether a slave's log has diverged from its master's, with the
 rmqha control extension (docs/protocol.md).
 
-L{probe} opens a control session on the master's HA port; a genuine
-RocketMQ master does not answer it (L{probe} gives C{None}: classic only).
-The master's INFO also says whether it offers checked framing.
+L{probe} opens a control session on the master's HA port with a hello a
+genuine RocketMQ master cannot tell from a slave that has not reported
+yet: it waits, silently, and L{probe} gives C{None} (classic only) after
+a short wait.  The master's INFO also says whether it offers checked
+framing, and its segment size.  What the master turned out to be is kept
+in the store (L{read_master_kind}, L{write_master_kind}), so a slave that
+once saw the extension never takes a silent master for a RocketMQ one.
 L{find_divergence} then compares: the slave is I{behind} when its log ends
 before the master's oldest segment, I{different} when the bytes they both
 hold differ (the tail window is compared by digests, then narrowed to the
@@ -15,12 +19,14 @@ first differing byte), and I{ahead} when it holds more than the master.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import (
     IHandshakeListener,
     IReactorTime,
@@ -37,6 +43,7 @@ from rmqha._wire import (
     CONTROL_INFO,
     CONTROL_INFO_SIZE,
     CONTROL_MAX_DIGEST_RANGE,
+    CONTROL_PROBE,
     CONTROL_REFUSED,
     FEATURE_CHECKED_FRAMING,
     NotControlError,
@@ -47,14 +54,17 @@ from rmqha._wire import (
     encode_digest_request,
 )
 from rmqha.commitlog import CommitLog
-from rmqha.tls import describe_failure
+from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
 __all__ = [
     "MasterInfo",
     "Divergence",
     "ControlClient",
     "CheckFailed",
+    "MasterUnreachable",
     "probe",
+    "read_master_kind",
+    "write_master_kind",
     "find_divergence",
 ]
 
@@ -65,6 +75,10 @@ _REFUSED_CODE = encode_code(CONTROL_REFUSED)
 TAIL_WINDOW = 64 * 1024 * 1024
 #: Seconds to wait for one DIGEST answer (16 MiB hashed on the master).
 DIGEST_TIMEOUT = 30.0
+#: Where a slave's store remembers what its master is.
+MASTER_KIND_PATH = os.path.join("rmqha", "master-kind.json")
+#: Master kinds: speaks the rmqha extension, or a RocketMQ master.
+MASTER_KINDS = ("rmqha", "rocketmq")
 
 
 @dataclass(frozen=True)
@@ -134,6 +148,18 @@ class CheckFailed(Exception):
     """
 
 
+class MasterUnreachable(CheckFailed):
+    """
+    No connection to the master at all (refused, timed out, no route).
+    """
+
+
+class _Refused(ProtocolError):
+    """
+    An rmqha master answered the hello with CONTROL_REFUSED.
+    """
+
+
 @implementer(IHandshakeListener)
 class ControlClient(Protocol):
     """
@@ -143,13 +169,17 @@ class ControlClient(Protocol):
         L{NotControlError} for a classic master.
     """
 
-    def __init__(self, clock: IReactorTime | None = None) -> None:
+    def __init__(self, clock: IReactorTime | None = None, hello: int = CONTROL_PROBE) -> None:
         """
         @param clock: times DIGEST answers out after L{DIGEST_TIMEOUT}
             (C{None}: no timeout).
+        @param hello: the first 8 bytes sent: C{CONTROL_PROBE}, or
+            C{CONTROL_HELLO} for an older rmqha master that refuses the
+            probe.
         """
         self.info: Deferred[MasterInfo] = Deferred()
         self.clock = clock
+        self.hello = hello
         self._buffer = bytearray()
         self._waiting: deque[Deferred[bytes | None]] = deque()
         self._closed = False
@@ -158,7 +188,7 @@ class ControlClient(Protocol):
         self.silent = True
 
     def connectionMade(self) -> None:
-        self.transport.write(encode_code(CONTROL_HELLO))  # type: ignore[union-attr]
+        self.transport.write(encode_code(self.hello))  # type: ignore[union-attr]
 
     def handshakeCompleted(self) -> None:
         self._handshake_done = True
@@ -168,15 +198,23 @@ class ControlClient(Protocol):
         self._buffer += data
         try:
             if not self.info.called:
+                if looks_like_tls(self._buffer) and not isinstance(
+                    self.transport, TLSMemoryBIOProtocol
+                ):
+                    # A TLS server's alert about our plain bytes (7 bytes:
+                    # look before 8 have come).
+                    raise ProtocolError(PLAIN_SLAVE_TLS_MASTER_HINT)
                 if len(self._buffer) < 8:
                     return
                 head = bytes(self._buffer[:8])
                 if head == _REFUSED_CODE:
-                    # An rmqha master that did not recognise our hello
-                    # (damaged on the way): try again, not classic.
-                    raise ProtocolError("the master did not recognise the control hello")
+                    # An rmqha master that did not recognise our hello (an
+                    # older one, or damaged on the way): try again, not
+                    # classic.
+                    raise _Refused("the master did not recognise the control hello")
                 if head != _INFO_CODE:
-                    # A classic master: its heartbeat frame.
+                    # Not an rmqha master (a genuine RocketMQ one sends
+                    # nothing at all to the probe).
                     raise NotControlError("the master does not speak rmqha control")
                 if len(self._buffer) < CONTROL_INFO_SIZE:
                     return
@@ -230,6 +268,15 @@ class ControlClient(Protocol):
             why = "TLS connection to the master failed: " + describe_failure(
                 reason, self.transport, self._handshake_done
             )
+        elif self.silent:
+            # Neither an rmqha master (it answers) nor a RocketMQ one (it
+            # waits) closes a probe unanswered; a TLS server reading plain
+            # bytes does (OpenSSL sends no alert first).
+            why = (
+                f"the master closed the connection without answering "
+                f"({reason.getErrorMessage().rstrip('.')}): if it serves TLS, "
+                "give this slave --tls-ca with the master's CA (docs/tls.md)"
+            )
         else:
             why = f"control session lost: {reason.getErrorMessage()}"
         failure = Failure(CheckFailed(why))
@@ -240,38 +287,107 @@ class ControlClient(Protocol):
 
 
 async def probe(
-    clock: IReactorTime, endpoint: IStreamClientEndpoint, timeout: float = 3.0
+    clock: IReactorTime,
+    endpoint: IStreamClientEndpoint,
+    timeout: float = 3.0,
+    first_timeout: float | None = None,
+    hello: int = CONTROL_PROBE,
 ) -> tuple[ControlClient, MasterInfo] | None:
     """
     A control session with the master, or C{None} when the master does not
     speak the extension: it answered the hello with something other than
-    INFO (a RocketMQ master's heartbeat), or sent nothing for C{timeout}
-    seconds while keeping the connection open.
+    INFO, or sent nothing for C{first_timeout} seconds (default
+    C{timeout}) while keeping the connection open (a RocketMQ master,
+    waiting for a first report).
 
+    An rmqha master answers the probe at once; one that refuses it (older
+    than the probe) is asked again with C{CONTROL_HELLO}.
+
+    @param timeout: the most seconds to wait for the whole INFO.
+    @raise MasterUnreachable: no connection (the text says why).
     @raise CheckFailed: no answer either way (the text says why).
     """
     try:
-        client = await endpoint.connect(Factory.forProtocol(lambda: ControlClient(clock)))
+        client = await endpoint.connect(Factory.forProtocol(lambda: ControlClient(clock, hello)))
     except Exception as e:
-        raise CheckFailed(f"cannot connect to the master: {e}") from e
+        raise MasterUnreachable(str(e).rstrip(".") or type(e).__name__) from e
     assert isinstance(client, ControlClient)
     client.info.addTimeout(timeout, clock)
+    quiet: Any = None
+    if first_timeout is not None and first_timeout < timeout:
+
+        def give_up_if_silent() -> None:
+            if client.silent:
+                client.info.cancel()
+
+        quiet = clock.callLater(first_timeout, give_up_if_silent)
     try:
         info = await client.info
     except NotControlError:
         return None
+    except _Refused:
+        if hello == CONTROL_HELLO:
+            raise CheckFailed("control session: the master refused the control hello") from None
+        return await probe(clock, endpoint, timeout, first_timeout, CONTROL_HELLO)
     except CheckFailed:
         client.close()
         raise
-    except defer.TimeoutError:
+    except (defer.TimeoutError, CancelledError):
         client.close()
         if client.silent:
             return None
         raise CheckFailed(f"no whole control INFO within {timeout} s") from None
+    except ProtocolError as e:
+        client.close()
+        raise CheckFailed(str(e)) from e
     except Exception as e:
         client.close()
         raise CheckFailed(f"control session failed: {e}") from e
+    finally:
+        if quiet is not None and quiet.active():
+            quiet.cancel()
     return client, info
+
+
+def read_master_kind(store_dir: str, master: str) -> str | None:
+    """
+    What the store remembers its master at C{master} to be (C{"rmqha"} or
+    C{"rocketmq"}), or C{None}: nothing remembered, another master, or an
+    unreadable file (it is then rewritten at the next answer).
+    """
+    try:
+        with open(os.path.join(store_dir, MASTER_KIND_PATH), encoding="utf-8") as f:
+            saved = json.load(f)
+        kind = saved["kind"]
+        if saved["master"] == master and kind in MASTER_KINDS:
+            return str(kind)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def write_master_kind(store_dir: str, master: str, kind: str, seen: float) -> None:
+    """
+    Remember that the master at C{master} is C{kind} (tmp file, fsync,
+    rename: a crash leaves the old file or the new one).
+
+    @raise OSError: it could not be written (the tmp file is removed).
+    """
+    path = os.path.join(store_dir, MASTER_KIND_PATH)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"kind": kind, "master": master, "seen": seen}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _local_digest(commitlog: CommitLog, start: int, end: int) -> bytes:

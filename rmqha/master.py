@@ -49,6 +49,7 @@ from rmqha._wire import (
     CHECKED_ACK,
     CHECKED_HELLO,
     CONTROL_HELLO,
+    CONTROL_PROBE,
     CONTROL_MAX_DIGEST_RANGE,
     CONTROL_REFUSED,
     CONTROL_REQUEST_SIZE,
@@ -398,7 +399,7 @@ class MasterConnection(Protocol):
                 return head[8:]
             if code >= 0:
                 return head
-            if code != CONTROL_HELLO:
+            if code not in (CONTROL_PROBE, CONTROL_HELLO):
                 # RocketMQ slaves never send a negative value: this is an
                 # rmqha peer's code, damaged on the way or unknown to us.
                 self.drop(

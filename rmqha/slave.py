@@ -48,13 +48,15 @@ from rmqha._wire import (
 )
 from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
 from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
-from rmqha.tls import describe_failure
+from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service", "load_replica_id"]
 
 #: The same record failing validation this many times in a row is taken
 #: for the master's own corrupt copy (the slave then backs off).
 REPEATED_REJECTIONS = 3
+
+_log = Logger()
 
 # Reads adapt between these sizes (see SlaveConnection._adapt_read_size).
 _MIN_READ_SIZE = 64 * 1024
@@ -142,6 +144,13 @@ class SlaveConnection(Protocol):
                 # Only to a master whose INFO offered it (the broker sets it).
                 report = encode_identify(self.factory.identity) + report
         self.transport.write(report)  # type: ignore[union-attr]
+        if self._reported is None:
+            self._log.info(
+                "following master {master} from offset {offset} ({framing})",
+                master=_address(self.transport.getPeer()),  # type: ignore[union-attr]
+                offset=offset,
+                framing="checked framing" if self.checked else "classic",
+            )
         self._reported = offset
         self._last_report = self.factory.clock.seconds()
 
@@ -150,6 +159,10 @@ class SlaveConnection(Protocol):
 
     def dataReceived(self, data: bytes) -> None:
         if self._closed:
+            return
+        if not self._received and not self._tls and looks_like_tls(data):
+            # (Counted as a connection that brought nothing: backs off.)
+            self._drop(PLAIN_SLAVE_TLS_MASTER_HINT)
             return
         self._received = True
         self._last_read = self.factory.clock.seconds()
@@ -329,8 +342,11 @@ class SlaveConnection(Protocol):
             self.factory.fruitless_connections += 1
         else:
             self.factory.fruitless_connections = 0
-        if not self._received or self._suspicious:
-            # (Also a master that did not confirm checked framing.)
+        if not self._received or self._suspicious or not self.checked:
+            # (Also a master that did not confirm checked framing; and,
+            # after a classic connection, the master is asked again
+            # whether it speaks the extension: one taken for a RocketMQ
+            # master while it stalled does not stay classic.)
             self.factory.suspect()
         self._closed = True
         self._report_timer.stop()
@@ -365,8 +381,9 @@ class SlaveFactory(Factory):
         @param request_flush: starts a flush now (the store service's
             C{flush_now}).
         @param on_suspect: called when a connection ends before the master
-            sent anything, or on an offset mismatch: signs the logs may have
-            diverged (the broker checks).
+            sent anything, on an offset mismatch (signs the logs may have
+            diverged), or after a classic connection: the broker checks the
+            master again.
         """
         self.commitlog = commitlog
         self.clock = clock
@@ -396,6 +413,8 @@ class SlaveFactory(Factory):
         #: The record that failed last, and how many times in a row.
         self.rejected_offset: int | None = None
         self.rejections_in_a_row = 0
+        #: Why the last connection attempt failed (C{None}: it succeeded).
+        self.connect_failure: str | None = None
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)
@@ -448,6 +467,11 @@ def load_replica_id(store_dir: str) -> str:
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     return replica_id
+def _address(address: IAddress) -> str:
+    host, port = getattr(address, "host", None), getattr(address, "port", None)
+    if host is None or port is None:
+        return str(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _send_first_report(protocol: IProtocol) -> None:
@@ -455,11 +479,39 @@ def _send_first_report(protocol: IProtocol) -> None:
     cast(SlaveConnection, protocol).send_report()
 
 
+@implementer(IStreamClientEndpoint)
+class _RememberingEndpoint:
+    """
+    An endpoint that keeps why its last connection attempt failed in
+    C{factory.connect_failure} (C{None} when it succeeded), for the
+    slave's retry log line and status.
+    """
+
+    def __init__(self, endpoint: IStreamClientEndpoint, factory: "SlaveFactory") -> None:
+        self._endpoint = endpoint
+        self._factory = factory
+
+    def connect(self, protocolFactory: Any) -> Any:
+        def connected(protocol: Any) -> Any:
+            self._factory.connect_failure = None
+            return protocol
+
+        def failed(failure: Failure) -> Failure:
+            self._factory.connect_failure = failure.getErrorMessage().rstrip(".")
+            return failure
+
+        return self._endpoint.connect(protocolFactory).addCallbacks(connected, failed)
+
+    def __str__(self) -> str:
+        return str(self._endpoint)
+
+
 def make_slave_service(
     endpoint: IStreamClientEndpoint,
     factory: SlaveFactory,
     clock: IReactorTime,
     retry_policy: Callable[[int], float] | None = None,
+    master: str | None = None,
 ) -> ClientService:
     """
     A service that keeps a connection to the master, reconnecting with
@@ -467,16 +519,29 @@ def make_slave_service(
     and sends the first report as soon as each connection is made.  A
     connection the master ends before sending anything counts as a failed
     attempt, so a refused TLS handshake backs off like a refused connect.
+    A failed connection attempt is logged with its reason and the delay.
+
+    @param master: how the logs name the master (default: the endpoint).
     """
     policy = retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0)
+    remembering = _RememberingEndpoint(endpoint, factory)
+    name = master or str(endpoint)
 
     def retry(attempt: int) -> float:
         # ClientService counts failed connects; connections the master
         # ended before sending anything count too.
-        return policy(attempt + factory.fruitless_connections)
+        delay = policy(attempt + factory.fruitless_connections)
+        if factory.connect_failure is not None:
+            _log.warn(
+                "cannot reach master {master}: {why}; retrying in {delay:.1f} s",
+                master=name,
+                why=factory.connect_failure,
+                delay=delay,
+            )
+        return delay
 
     return ClientService(
-        endpoint,
+        remembering,
         factory,
         retryPolicy=retry,
         clock=clock,

@@ -13,15 +13,17 @@ error naming the flag or the C{broker.conf} key it came from.
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from twisted.application.service import IService
+from twisted.logger import Logger
 from twisted.python import usage
 
 from rmqha._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_PEER
 from rmqha._units import parse_size
-from rmqha.broker import Broker, Role
+from rmqha.broker import Broker, ListenFailed, Role
 from rmqha.commitlog import (
     MAX_SEGMENT_SIZE,
     MIN_SEGMENT_SIZE,
@@ -156,6 +158,29 @@ def _port_endpoint(text: str) -> str:
     return f"tcp:{int(text)}"
 
 
+def _listen_endpoint(text: str) -> str:
+    """
+    A port to listen on: a bare port (C{10912}, as RocketMQ's
+    C{haListenPort}) is C{tcp:10912}; anything else must be a Twisted
+    server endpoint description (C{ssl:} ones are checked with the TLS
+    settings).
+    """
+    if text.strip().isdigit():
+        return _port_endpoint(text)
+    if not text.startswith("ssl:"):
+        from twisted.internet.endpoints import serverFromString
+
+        try:
+            # Only parses: the endpoint is not used, so needs no reactor.
+            serverFromString(None, text)
+        except Exception as e:
+            raise ValueError(
+                f"{text!r} is neither a port nor a Twisted server endpoint "
+                f"description like tcp:PORT:interface=ADDRESS ({e})"
+            ) from None
+    return text
+
+
 def _master_address(text: str) -> str:
     host, port = parse_host_port(text.strip(), "address")
     # Colons in an IPv6 address are escaped in endpoint descriptions.
@@ -168,6 +193,13 @@ def _on_divergence(text: str) -> str | None:
         return None
     if value not in ("halt", "truncate", "rebootstrap"):
         raise ValueError(f"{text!r} is not halt, truncate, rebootstrap or off")
+    return value
+
+
+def _master_kind(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ("auto", "rmqha", "rocketmq"):
+        raise ValueError(f"{text!r} is not auto, rmqha or rocketmq")
     return value
 
 
@@ -205,10 +237,10 @@ _SETTINGS = [
     _Setting("flush-disk-type", "flushDiskType", _flush_type),
     _Setting("flush-interval", "flushIntervalCommitLog", _positive_ms),
     _Setting("store-host", None, lambda t: parse_host_port(t, "value")),
-    _Setting("ha-listen", "haListenPort", str, _port_endpoint),
+    _Setting("ha-listen", "haListenPort", _listen_endpoint, _port_endpoint),
     _Setting("master", "haMasterAddress", _master_address),
     _Setting("master-endpoint", None, str),
-    _Setting("http", None, str),
+    _Setting("http", None, _listen_endpoint),
     _Setting("batch-size", "haTransferBatchSize", _batch_size),
     _Setting("heartbeat-interval", "haSendHeartbeatInterval", _positive_ms),
     _Setting("housekeeping-interval", "haHousekeepingInterval", _positive_ms),
@@ -221,6 +253,7 @@ _SETTINGS = [
     _Setting("probe-timeout", "haProbeTimeout", _positive_ms),
     _Setting("max-connections", "maxConnections", _connections),
     _Setting("max-connections-per-peer", "maxConnectionsPerPeer", _connections),
+    _Setting("master-kind", "haMasterKind", _master_kind),
     _Setting("tls-cert", "haTlsCert", str),
     _Setting("tls-key", "haTlsKey", str),
     _Setting("tls-ca", "haTlsCa", str),
@@ -257,6 +290,7 @@ _DEFAULTS: dict[str, Any] = {
     "max-connections": DEFAULT_MAX_CONNECTIONS,
     "max-connections-per-peer": DEFAULT_MAX_CONNECTIONS_PER_PEER,
     "scrub-rate": DEFAULT_SCRUB_RATE,
+    "master-kind": "auto",
 }
 
 
@@ -346,7 +380,7 @@ class Options(usage.Options):
             "ha-listen",
             None,
             None,
-            "master: Twisted server endpoint for slaves (tcp:10912) "
+            "master: a port or Twisted server endpoint for slaves (tcp:10912) "
             "[haListenPort, honoured, unlike 4.9]",
         ],
         ["master", None, None, "slave: the master's HA address HOST:PORT [haMasterAddress]"],
@@ -360,10 +394,10 @@ class Options(usage.Options):
             "http",
             None,
             None,
-            "admin HTTP (/status, /metrics, produce) on this Twisted server "
-            "endpoint, e.g. tcp:8080:interface=127.0.0.1, or ssl:PORT[:interface=...] "
-            "for TLS with --tls-cert/--tls-key, client certificates from --tls-ca "
-            "required",
+            "admin HTTP (/status, /metrics, produce) on this port or Twisted "
+            "server endpoint, e.g. tcp:8080:interface=127.0.0.1, or "
+            "ssl:PORT[:interface=...] for TLS with --tls-cert/--tls-key, client "
+            "certificates from --tls-ca required",
         ],
         [
             "http-allowed-peers",
@@ -383,8 +417,17 @@ class Options(usage.Options):
             "probe-timeout",
             None,
             None,
-            "slave: ms to wait for the master's answer to the rmqha control hello "
-            "before taking it for a RocketMQ master (3000) [haProbeTimeout]",
+            "slave: most ms to wait for the master's whole answer to the rmqha "
+            "control probe (3000); one silent for 500 ms is taken for a RocketMQ "
+            "master unless it spoke the extension before [haProbeTimeout]",
+        ],
+        [
+            "master-kind",
+            None,
+            None,
+            "slave: auto (default: probe; a master once seen speaking the rmqha "
+            "extension is never taken for a RocketMQ one), rmqha (never replicate "
+            "classically) or rocketmq (no probe) [haMasterKind]",
         ],
         [
             "max-connections",
@@ -456,6 +499,16 @@ class Options(usage.Options):
         ],
     ]
 
+    def parseOptions(self, options: list[str] | None = None) -> None:
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            if self.parent is None:
+                raise
+            # Under twistd, which would print its own and our whole usage
+            # (some 70 lines) around the one that matters.
+            raise SystemExit(f"twistd rmqha: {e}; see twistd rmqha --help") from None
+
     def postOptions(self) -> None:
         settings = dict(_DEFAULTS)
         try:
@@ -486,6 +539,11 @@ class Options(usage.Options):
                     f"--min-in-sync-replicas {settings['min-in-sync-replicas']} is "
                     f"more than --in-sync-replicas {settings['in-sync-replicas']}"
                 )
+            if settings["master-kind"] == "rmqha" and settings["on-divergence"] is None:
+                raise ValueError(
+                    "--master-kind rmqha needs the control probe, which "
+                    "--on-divergence off turns off"
+                )
             if not settings.get("store-dir"):
                 raise ValueError("--store-dir (or storePathRootDir) is required")
             if settings["role"] is Role.SLAVE:
@@ -514,8 +572,10 @@ class Options(usage.Options):
                     raise ValueError(f"--{option} is for slaves")
             if settings.get("tls-cert") is not None:
                 listen = settings["ha-listen"]
-                if self.get("ha-listen") is None and listen.startswith("tcp:"):
-                    # haListenPort (or the default) with a certificate: TLS.
+                bare = self.get("ha-listen") is None or self["ha-listen"].strip().isdigit()
+                if bare and listen.startswith("tcp:"):
+                    # A bare port (haListenPort, --ha-listen 10912, the
+                    # default) with a certificate: TLS.
                     listen = settings["ha-listen"] = "ssl:" + listen[len("tcp:") :]
                 if not listen.startswith("ssl:"):
                     raise ValueError(
@@ -634,7 +694,8 @@ def makeService(options: Options) -> IService:
     http: Any = s.get("http")
     if http is not None and http.startswith("ssl:"):
         http = server_endpoint(reactor, http, files, options.http_peer_policy(s), "--http")
-    return Broker(
+    return _TwistdBroker(
+        {"ha": f"{s['ha-listen']} (--ha-listen)", "http": f"{s.get('http')} (--http)"},
         reactor,
         open_commitlog,
         s["role"],
@@ -643,6 +704,7 @@ def makeService(options: Options) -> IService:
         peer_policy=policy,
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],
+        master_kind=s["master-kind"],
         http=http,
         http_peer_policy=options.http_peer_policy(s),
         config=options.ha_config(),
@@ -656,3 +718,36 @@ def makeService(options: Options) -> IService:
         max_connections_per_peer=s["max-connections-per-peer"],
         scrub_rate=s["scrub-rate"],
     )
+
+
+@contextmanager
+def _one_line(ports: dict[str, str]) -> Iterator[None]:
+    try:
+        yield
+    except ListenFailed as e:
+        # An operator's problem: one line, exit status 1.
+        raise SystemExit(
+            f"twistd rmqha: cannot listen on {ports.get(e.port, e.description)}: {e.reason}"
+        ) from None
+
+
+class _TwistdBroker(Broker):
+    """
+    A L{Broker} under twistd: a port it cannot listen on stops twistd
+    with one line naming the flag, before the store is opened.
+    """
+
+    def __init__(self, ports: dict[str, str], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Log as the broker it is (a class attribute's namespace would
+        # name this class).
+        self._log = Logger(namespace="rmqha.broker.Broker", source=self)
+        self._ports = ports
+
+    def privilegedStartService(self) -> None:
+        with _one_line(self._ports):
+            super().privilegedStartService()
+
+    def startService(self) -> None:
+        with _one_line(self._ports):
+            super().startService()

@@ -552,3 +552,19 @@ def plain_master_warning(host: str) -> str | None:
         "network unencrypted and the master is not authenticated; give "
         "--tls-ca (docs/tls.md)"
     )
+
+
+#: What a plain slave says when its master answers with a TLS record.
+PLAIN_SLAVE_TLS_MASTER_HINT = (
+    "the master seems to speak TLS (it answered with a TLS record): give this "
+    "slave --tls-ca with the master's CA to follow it over TLS (docs/tls.md)"
+)
+
+
+def looks_like_tls(data: bytes | bytearray) -> bool:
+    """
+    Whether C{data}, the first bytes a plain connection received, start a
+    TLS record (an alert or a handshake, version 3.x): a TLS server
+    answering bytes that were not a TLS hello.
+    """
+    return len(data) >= 2 and data[0] in (0x15, 0x16) and data[1] == 0x03

@@ -23,6 +23,7 @@ from rmqha._wire import (
     CHECKED_HEADER_SIZE,
     CHECKED_HELLO,
     CONTROL_HELLO,
+    CONTROL_PROBE,
     CONTROL_REFUSED,
     FEATURE_CHECKED_FRAMING,
     ChecksumError,
@@ -575,7 +576,7 @@ class ProbeTests(SynchronousTestCase):
     def start(self) -> tuple[Deferred[Any], ControlClient, StringTransport]:
         d = Deferred.fromCoroutine(probe(self.clock, self.endpoint, timeout=3.0))
         client, transport = self.endpoint.connected[-1]
-        self.assertEqual(transport.value(), encode_code(CONTROL_HELLO))
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
         return d, client, transport
 
     def test_info(self) -> None:
@@ -590,11 +591,10 @@ class ProbeTests(SynchronousTestCase):
 
     def test_classic_heartbeat(self) -> None:
         """
-        A RocketMQ master's heartbeat (the hello's value as its offset):
-        classic.
+        Anything but INFO (say a heartbeat at the probe's value): classic.
         """
         d, client, _ = self.start()
-        client.dataReceived(encode_code(CONTROL_HELLO) + struct.pack(">i", 0))
+        client.dataReceived(encode_code(CONTROL_PROBE) + struct.pack(">i", 0))
         self.assertIsNone(self.successResultOf(d))
 
     def test_classic_silence(self) -> None:
@@ -618,12 +618,32 @@ class ProbeTests(SynchronousTestCase):
 
     def test_refused(self) -> None:
         """
-        CONTROL_REFUSED (our hello arrived damaged): the check failed.
+        CONTROL_REFUSED to the probe (an rmqha master older than the probe,
+        or the probe damaged on the way): asked again at once with
+        CONTROL_HELLO on a new connection, which such a master answers.
         """
         d, client, _ = self.start()
         client.dataReceived(code(CONTROL_REFUSED))
+        self.assertNoResult(d)
+        again, transport = self.endpoint.connected[-1]
+        self.assertEqual(transport.value(), encode_code(CONTROL_HELLO))
+        again.dataReceived(encode_control_info(0, 100, SEGMENT, 0))
+        session = self.successResultOf(d)
+        assert session is not None
+        self.assertEqual(session[1].max_offset, 100)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_refused_twice(self) -> None:
+        """
+        CONTROL_REFUSED to the probe and then to CONTROL_HELLO: the check
+        failed (not classic: only an rmqha master refuses).
+        """
+        d, client, _ = self.start()
+        client.dataReceived(code(CONTROL_REFUSED))
+        again, _ = self.endpoint.connected[-1]
+        again.dataReceived(code(CONTROL_REFUSED))
         failure = self.failureResultOf(d, CheckFailed)
-        self.assertIn("did not recognise the control hello", failure.getErrorMessage())
+        self.assertIn("refused the control hello", failure.getErrorMessage())
 
     def test_damaged_info(self) -> None:
         """
@@ -690,9 +710,9 @@ class BrokerCheckTests(SynchronousTestCase):
             self.assertEqual(broker.failed_checks, 1)
             reactor.advance(2.0)  # 1 s and up to 1 s of jitter
             self.assertEqual(broker.failed_checks, 2)
-        warnings = [formatEvent(e) for e in events if "check failed" in formatEvent(e)]
+        warnings = [formatEvent(e) for e in events if "cannot reach master" in formatEvent(e)]
         self.assertEqual(len(warnings), 2)
-        self.assertIn("divergence check failed: cannot connect to the master", warnings[0])
+        self.assertIn("Connection was refused by other side; retrying in ", warnings[0])
         assert broker.ha_service is not None and broker.slave_factory is not None
         self.assertFalse(broker.ha_service.running)
         self.assertEqual(endpoint.connected, [])

@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha._wire import (
     CONTROL_DIGEST_SIZE,
     CONTROL_HELLO,
+    CONTROL_PROBE,
     CONTROL_REQUEST_SIZE,
     FEATURE_CHECKED_FRAMING,
     FEATURE_IDENTIFY,
@@ -174,7 +175,7 @@ class DivergenceTests(SynchronousTestCase):
         client = ControlClient()
         transport = iosim.FakeTransport(client, isServer=False)
         client.makeConnection(transport)
-        self.assertEqual(transport.getOutBuffer(), encode_code(CONTROL_HELLO))
+        self.assertEqual(transport.getOutBuffer(), encode_code(CONTROL_PROBE))
         client.dataReceived(encode_code(CONTROL_HELLO) + b"\0\0\0\0" + bytes(16))
         self.failureResultOf(client.info)
 

@@ -211,7 +211,9 @@ class OptionsTests(SynchronousTestCase):
         os.makedirs(os.path.join(store, "commitlog"))
         with open(os.path.join(store, "commitlog", "junk"), "w"):
             pass
-        service = makeService(self.parse("--store-dir", store))
+        # (A slave: it listens on nothing before opening its store.)
+        service = makeService(self.parse("--store-dir", store, "--role", "slave",
+                                         "--master", "127.0.0.1:10912"))
         e = self.assertRaises(SystemExit, service.startService)
         self.assertIn("cannot open the store", str(e.code))
         self.assertIn("junk", str(e.code))
@@ -258,6 +260,162 @@ class OptionsTests(SynchronousTestCase):
         self.assertTrue(log.recovery.truncated_corrupt)
 
 
+class ListenOptionsTests(SynchronousTestCase):
+    """
+    Where a broker listens, how a slave treats its master, and how twistd
+    shows a bad command line.
+    """
+
+    def parse(self, *argv: str) -> Options:
+        options = Options()
+        options.parseOptions(["--store-dir", "s", *argv])
+        return options
+
+    def test_bare_ports(self) -> None:
+        """
+        A bare port (RocketMQ's haListenPort style) for --ha-listen and
+        --http is tcp:PORT; a description is kept as given.
+        """
+        s = self.parse("--ha-listen", "10912", "--http", "8080").settings
+        self.assertEqual((s["ha-listen"], s["http"]), ("tcp:10912", "tcp:8080"))
+        s = self.parse("--ha-listen", "tcp:0:interface=127.0.0.1").settings
+        self.assertEqual(s["ha-listen"], "tcp:0:interface=127.0.0.1")
+
+    def test_bad_endpoints_name_the_flag(self) -> None:
+        """
+        A description Twisted cannot parse, or a port out of range, is a
+        one-line usage error naming the flag (not a traceback at start).
+        """
+        for argv, needle in [
+            (("--ha-listen", "foo:1"), "--ha-listen"),
+            (("--ha-listen", "70000"), "--ha-listen"),
+            (("--http", "tcp:eighty"), "--http"),
+            (("--http", "8080x"), "--http"),
+        ]:
+            e = self.assertRaises(UsageError, self.parse, *argv)
+            self.assertIn(needle, str(e), argv)
+            self.assertNotIn("\n", str(e))
+
+    def test_master_kind(self) -> None:
+        """
+        --master-kind (haMasterKind): auto by default, rmqha or rocketmq;
+        anything else names the flag; the broker gets it.
+        """
+        slave = ("--role", "slave", "--master", "127.0.0.1:10912")
+        self.assertEqual(self.parse(*slave).settings["master-kind"], "auto")
+        options = self.parse(*slave, "--master-kind", "RocketMQ")
+        self.assertEqual(options.settings["master-kind"], "rocketmq")
+        self.assertEqual(makeService(options)._master_kind_option, "rocketmq")  # type: ignore[attr-defined]
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("haMasterKind=rmqha\n")
+        self.assertEqual(
+            self.parse(*slave, "--config", path).settings["master-kind"], "rmqha"
+        )
+        e = self.assertRaises(UsageError, self.parse, *slave, "--master-kind", "java")
+        self.assertIn("--master-kind", str(e))
+        e = self.assertRaises(
+            UsageError, self.parse, *slave, "--master-kind", "rmqha", "--on-divergence", "off"
+        )
+        self.assertIn("--on-divergence off", str(e))
+
+    def twistd(self, *argv: str) -> tuple[SystemExit, str]:
+        """
+        Parse C{argv} as twistd does (its ServerOptions, our options as its
+        subcommand), capturing what it prints.
+        """
+        import io
+        import sys
+
+        from twisted.scripts.twistd import ServerOptions
+
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        e = self.assertRaises(SystemExit, ServerOptions().parseOptions, list(argv))
+        return e, out.getvalue()
+
+    def test_twistd_usage_error_is_one_line(self) -> None:
+        """
+        Under twistd, an unknown option or a bad value stops it with one
+        line and a pointer to --help (twistd would print its whole usage
+        and ours first); --help still prints the whole usage.
+        """
+        for argv, needle in [
+            (("rmqha", "--bad"), "--bad"),
+            (("rmqha", "--store-dir", "s", "--role", "boss"), "--role"),
+            (("rmqha", "--store-dir", "s", "--ha-listen", "foo"), "--ha-listen"),
+        ]:
+            e, printed = self.twistd(*argv)
+            self.assertEqual(printed, "")
+            self.assertIsInstance(e.code, str)
+            self.assertIn(needle, str(e.code))
+            self.assertTrue(str(e.code).endswith("; see twistd rmqha --help"), e.code)
+            self.assertNotIn("\n", str(e.code))
+        e, printed = self.twistd("rmqha", "--help")
+        self.assertEqual(e.code, 0)
+        self.assertIn("--master-kind", printed)
+        self.assertGreater(printed.count("\n"), 40)
+
+
+class ListenFirstTests(SynchronousTestCase):
+    """
+    A broker listens before it opens its store.
+    """
+
+    def test_listen_failure_before_the_store(self) -> None:
+        """
+        A port that cannot be listened on raises L{ListenFailed} naming it
+        and why, before the store is opened (no store directory, no abort
+        marker) and with nothing left listening; under twistd it is one
+        line naming the flag.
+        """
+        from twisted.internet.defer import fail
+        from twisted.internet.error import CannotListenError
+        from twisted.internet.testing import MemoryReactorClock
+
+        from rmqha.broker import ListenFailed
+
+        class InUse:
+            def listen(self, factory: object) -> object:
+                return fail(CannotListenError("", 10912, OSError(98, "Address already in use")))
+
+        opened: list[bool] = []
+        store = self.mktemp()
+
+        def open_commitlog() -> object:
+            opened.append(True)
+            raise AssertionError("the store must not be opened")
+
+        reactor = MemoryReactorClock()
+        broker = Broker(reactor, open_commitlog, Role.MASTER, ha_listen=InUse())  # type: ignore[arg-type]
+        e = self.assertRaises(ListenFailed, broker.startService)
+        self.assertEqual((e.port, e.reason), ("ha", "Address already in use"))
+        self.assertEqual(opened, [])
+        self.assertFalse(os.path.exists(store))
+
+        broker = Broker(reactor, open_commitlog, Role.MASTER, ha_listen="tcp:0",
+                        http="nonsense:1")
+        e = self.assertRaises(ListenFailed, broker.startService)
+        self.assertEqual(e.port, "http")
+        self.assertIn("nonsense", str(e))
+        self.assertEqual(opened, [])
+        # The HA port that did listen was stopped again.
+        self.assertEqual(len(reactor.tcpServers), 1)
+        self.assertIsNone(broker.ha_service)
+        self.assertEqual(list(broker), [broker.store, broker.scrub])
+
+        options = Options()
+        options.parseOptions(["--store-dir", store, "--ha-listen", "tcp:0", "--http", "unix:/x"])
+        service = makeService(options)
+        service._ha_listen = InUse()  # type: ignore[attr-defined]
+        exit = self.assertRaises(SystemExit, service.privilegedStartService)
+        self.assertEqual(
+            exit.code,
+            "twistd rmqha: cannot listen on tcp:0 (--ha-listen): Address already in use",
+        )
+        self.assertFalse(os.path.exists(store))
+
+
 class TLSOptionsTests(SynchronousTestCase):
     """
     The C{--tls-*} flags and their broker.conf keys.
@@ -295,10 +453,15 @@ class TLSOptionsTests(SynchronousTestCase):
 
     def test_certificate_makes_default_port_tls(self) -> None:
         """
-        With a certificate and no --ha-listen, the default port serves TLS.
+        With a certificate and no --ha-listen, or a bare port, the port
+        serves TLS.
         """
         options = self.parse(*self.master_flags(), "--tls-require-client-cert")
         self.assertEqual(options.settings["ha-listen"], "ssl:10912")
+        options = self.parse(
+            "--ha-listen", "20912", *self.master_flags(), "--tls-require-client-cert"
+        )
+        self.assertEqual(options.settings["ha-listen"], "ssl:20912")
 
     def test_conf_keys(self) -> None:
         """

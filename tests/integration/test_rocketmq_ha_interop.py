@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 from typing import Any, Callable, Iterator
@@ -708,6 +709,7 @@ async def serve_rmqha_slave(
     summary = java.result
     assert summary["event"] == ("timeout" if idle else "acked")
     (connection,) = classic(summary["connections"])
+    assert_probe_invisible(java)
     assert connections_made == 1
     assert end in connection["reports"]
     assert connection["close_reason"] is None
@@ -768,15 +770,31 @@ def classic(connections: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     The replication connections among those RocketMQ's master saw: an
     rmqha slave first probes for the rmqha control extension on a separate
-    connection, whose hello RocketMQ takes for a negative first report; it
-    gets no data there and the slave replicates classically.
+    connection, whose 8 bytes of -1 leave RocketMQ's request offset at its
+    "none yet" -1; it sends nothing there and the slave replicates
+    classically.
     """
-    from rmqha._wire import CONTROL_HELLO
+    from rmqha._wire import CONTROL_PROBE
 
-    probes = [c for c in connections if c["request_offset"] == CONTROL_HELLO]
+    probes = [c for c in connections if c["request_offset"] == CONTROL_PROBE]
+    assert probes, "the rmqha slave did not probe"
     for probe in probes:
-        assert probe["frames"] == 0 or probe.get("bytes", 0) == 0
-    return [c for c in connections if c["request_offset"] != CONTROL_HELLO]
+        assert probe["reports"] in ([], [CONTROL_PROBE]), probe
+        assert probe["frames"] == 0 and probe["heartbeats"] == 0, probe
+        assert probe["writes"] == [], probe
+    return [c for c in connections if c["request_offset"] != CONTROL_PROBE]
+
+
+def assert_probe_invisible(java: JavaPeer) -> None:
+    """
+    RocketMQ's master logged nothing about the probe beyond the request
+    offset -1 it keeps for "none yet": no "Offset not matched", no other
+    negative request offset.
+    """
+    log = bytes(java.stderr).decode("utf-8", "replace")
+    assert "Offset not matched" not in log, log
+    negative = re.findall(r"request offset (-\d+)", log)
+    assert set(negative) <= {"-1"}, negative
 
 
 @pytest.mark.parametrize("batch, heartbeat_ms", VARIANTS, ids=VARIANT_IDS)
@@ -846,6 +864,7 @@ async def test_rmqha_slave_ahead_of_java_master(tmp_path: Any, peer: list[str]) 
         await java.stop(reactor)
     assert code == 0, java.log_tail()
     connections = classic(java.result["connections"])
+    assert_probe_invisible(java)
     assert len(connections) >= 2
     for connection in connections[:-1]:
         assert connection["request_offset"] == end

@@ -154,3 +154,57 @@ async def test_tls(tmp_path: Any, case: str) -> None:
         if slave is not None:
             await slave.stopService()
         await master.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_plain_slave_tls_master_gets_a_hint(tmp_path: Any) -> None:
+    """
+    A slave without --tls-ca following a TLS master: the master closes the
+    probe unanswered (OpenSSL sends no alert for bytes that are no TLS
+    record), and the slave says to give --tls-ca if the master serves TLS,
+    retrying; it neither takes the master for a RocketMQ one nor
+    replicates anything.
+    """
+    from twisted.internet import reactor
+
+    pki = _pki(str(tmp_path / "pki"))
+    master_files = pki["master"]
+    events: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        events.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    master = _broker(
+        reactor,
+        str(tmp_path / "master"),
+        Role.MASTER,
+        ha_listen=server_endpoint(
+            reactor, "ssl:0:interface=127.0.0.1", TLSFiles(master_files.cert, master_files.key),
+            PeerPolicy(),
+        ),
+    )
+    master.startService()
+    slave = None
+    try:
+        await master.put(Message("TLSTopic", b"x" * 100))
+        port = (await master.ha_address()).port
+        slave = _broker(
+            reactor,
+            str(tmp_path / "slave"),
+            Role.SLAVE,
+            master_endpoint=f"tcp:host=127.0.0.1:port={port}",
+        )
+        slave.startService()
+        await until(reactor, lambda: slave.failed_checks >= 1, "a failed check")
+        assert slave.master_kind != "rocketmq"
+        assert slave.problem is not None and "--tls-ca" in slave.problem, slave.problem
+        assert slave.commitlog.max_offset == 0
+        hints = [e for e in events if "if it serves TLS, give this slave --tls-ca" in e]
+        assert hints, events
+        assert "not falling back" not in "\n".join(events)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+        if slave is not None:
+            await slave.stopService()
+        await master.stopService()

@@ -1,0 +1,66 @@
+"""
+A broker run by twistd that cannot listen on its ports stops at once with
+one line, before it touches its store.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from typing import Any, Iterator
+
+import pytest
+
+from rmqha.testing import twistd_command
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """
+    A loopback port something else is listening on.
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def run_twistd(tmp_path: Any, *options: str) -> tuple[int, str, str]:
+    store = str(tmp_path / "store")
+    log = str(tmp_path / "twistd.log")
+    done = subprocess.run(
+        twistd_command(store, log, *options), capture_output=True, text=True, timeout=60
+    )
+    with open(log) as f:
+        text = f.read() + done.stdout + done.stderr
+    return done.returncode, text, store
+
+
+@pytest.mark.parametrize("role", ["master", "slave"])
+def test_port_in_use_exits_with_one_line(tmp_path: Any, busy_port: int, role: str) -> None:
+    """
+    The HA port (a master) or the admin port (a slave, given as a bare
+    port) in use: twistd exits non-zero with one line naming the endpoint,
+    the flag and the error, no traceback, and the store directory was
+    never created (so no abort marker either).
+    """
+    if role == "master":
+        flags = ("--ha-listen", f"tcp:{busy_port}:interface=127.0.0.1")
+        expected = (
+            f"twistd rmqha: cannot listen on tcp:{busy_port}:interface=127.0.0.1 "
+            "(--ha-listen): Address already in use"
+        )
+    else:
+        flags = ("--role", "slave", "--master", "127.0.0.1:1", "--http", str(busy_port))
+        expected = (
+            f"twistd rmqha: cannot listen on tcp:{busy_port} (--http): Address already in use"
+        )
+    code, text, store = run_twistd(tmp_path, *flags)
+    assert code != 0, text
+    assert [line for line in text.splitlines() if "cannot listen" in line] == [
+        line for line in text.splitlines() if line.endswith(expected)
+    ], text
+    assert expected in text
+    assert "Traceback" not in text, text
+    assert not os.path.exists(store)

@@ -1,0 +1,474 @@
+"""
+Tests for how a slave finds out what its master is (docs/protocol.md):
+the probe a RocketMQ master cannot see, the master's answer to it, what
+the slave remembers in its store, C{--master-kind}, and what it logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import capturedLogs, formatEvent
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha._wire import (
+    CHECKED_HELLO,
+    CONTROL_INFO_SIZE,
+    CONTROL_PROBE,
+    FEATURE_CHECKED_FRAMING,
+    FEATURE_IDENTIFY,
+    decode_control_info,
+    encode_code,
+    encode_control_info,
+    encode_report,
+)
+from rmqha.broker import Broker, Role
+from rmqha.commitlog import CommitLog
+from rmqha.divergence import (
+    MASTER_KIND_PATH,
+    CheckFailed,
+    probe,
+    read_master_kind,
+    write_master_kind,
+)
+from rmqha.master import MasterFactory
+from rmqha.slave import SlaveFactory, make_slave_service
+
+from tests._helpers import StringEndpoint, fixed_clock, make_message, open_store
+
+SEGMENT = 64 * 1024
+#: A TLS alert record (fatal, protocol_version): what a TLS server sends
+#: back for bytes that are no TLS hello.
+TLS_ALERT = b"\x15\x03\x03\x00\x02\x02\x46"
+
+
+class MasterAnswerTests(SynchronousTestCase):
+    """
+    An rmqha master's side of the probe.
+    """
+
+    def test_probe_answered_with_info(self) -> None:
+        """
+        A first value of exactly -1 (the probe; a RocketMQ slave's first
+        report is its max offset, never negative) is answered at once with
+        INFO, and the connection is not a slave's.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.put(make_message(b"a"))
+        factory = MasterFactory(log, Clock())
+        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        connection.dataReceived(encode_code(CONTROL_PROBE)[:5])
+        self.assertEqual(transport.value(), b"")
+        connection.dataReceived(encode_code(CONTROL_PROBE)[5:])
+        self.assertFalse(transport.disconnecting)
+        info = decode_control_info(transport.value()[:CONTROL_INFO_SIZE])
+        self.assertEqual(info, (0, log.max_offset, SEGMENT, FEATURE_CHECKED_FRAMING | FEATURE_IDENTIFY))
+        self.assertEqual(factory.slaves(), [])
+        connection.connectionLost()
+
+    def test_classic_first_report_still_classic(self) -> None:
+        """
+        A classic slave's first report (0 or more) is still a report.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        factory = MasterFactory(log, Clock())
+        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        connection.dataReceived(encode_report(0))
+        self.assertEqual(len(factory.slaves()), 1)
+        connection.connectionLost()
+
+
+class ProbeTimeoutTests(SynchronousTestCase):
+    """
+    L{probe}'s first timeout and its TLS hint.
+    """
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.endpoint = StringEndpoint()
+
+    def start(self, first_timeout: float | None) -> tuple[Deferred[Any], Any, StringTransport]:
+        d = Deferred.fromCoroutine(
+            probe(self.clock, self.endpoint, timeout=3.0, first_timeout=first_timeout)
+        )
+        client, transport = self.endpoint.connected[-1]
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
+        return d, client, transport
+
+    def test_silence_within_first_timeout_is_classic(self) -> None:
+        """
+        Nothing within the first timeout: classic, the probe connection
+        closed, no timer left.
+        """
+        d, _, transport = self.start(0.5)
+        self.clock.advance(0.4)
+        self.assertNoResult(d)
+        self.clock.advance(0.1)
+        self.assertIsNone(self.successResultOf(d))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_first_bytes_extend_to_timeout(self) -> None:
+        """
+        Part of an INFO within the first timeout: the master speaks the
+        extension; the rest may take up to the whole timeout.
+        """
+        d, client, _ = self.start(0.5)
+        info = encode_control_info(0, 100, SEGMENT, 1)
+        client.dataReceived(info[:10])
+        self.clock.advance(2.0)
+        self.assertNoResult(d)
+        client.dataReceived(info[10:])
+        session = self.successResultOf(d)
+        assert session is not None
+        self.assertEqual(session[1].max_offset, 100)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_tls_answer_is_a_hint(self) -> None:
+        """
+        A TLS alert (a TLS master reading our plain bytes) fails the check
+        with a hint to give --tls-ca; it is not taken for RocketMQ.
+        """
+        d, client, _ = self.start(0.5)
+        client.dataReceived(TLS_ALERT)
+        failure = self.failureResultOf(d, CheckFailed)
+        self.assertIn("seems to speak TLS", failure.getErrorMessage())
+        self.assertIn("--tls-ca", failure.getErrorMessage())
+
+
+    def test_closed_unanswered_is_a_hint(self) -> None:
+        """
+        The probe closed without a byte (what a TLS server built on OpenSSL
+        does with plain bytes): the check failed, with the --tls-ca hint.
+        """
+        d, client, _ = self.start(0.5)
+        client.connectionLost(Failure(ConnectionDone()))
+        failure = self.failureResultOf(d, CheckFailed)
+        self.assertIn("closed the connection without answering", failure.getErrorMessage())
+        self.assertIn("--tls-ca", failure.getErrorMessage())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class MasterKindFileTests(SynchronousTestCase):
+    """
+    L{read_master_kind} and L{write_master_kind}.
+    """
+
+    def test_round_trip_and_other_master(self) -> None:
+        """
+        What is written is read back for that master only; a damaged file
+        reads as unknown.
+        """
+        store = self.mktemp()
+        os.makedirs(store)
+        self.assertIsNone(read_master_kind(store, "m:1"))
+        write_master_kind(store, "m:1", "rmqha", 12.0)
+        self.assertEqual(read_master_kind(store, "m:1"), "rmqha")
+        self.assertIsNone(read_master_kind(store, "other:1"))
+        self.assertEqual(os.listdir(os.path.join(store, "rmqha")), ["master-kind.json"])
+        with open(os.path.join(store, MASTER_KIND_PATH), "w") as f:
+            f.write("{not json")
+        self.assertIsNone(read_master_kind(store, "m:1"))
+
+    def test_failed_write_leaves_no_tmp(self) -> None:
+        """
+        A write that fails leaves the old file and no tmp file behind.
+        """
+        store = self.mktemp()
+        os.makedirs(store)
+        write_master_kind(store, "m:1", "rmqha", 12.0)
+        self.assertRaises(TypeError, write_master_kind, store, "m:1", object(), 13.0)  # type: ignore[arg-type]
+        self.assertEqual(os.listdir(os.path.join(store, "rmqha")), ["master-kind.json"])
+        self.assertEqual(read_master_kind(store, "m:1"), "rmqha")
+
+
+class SlaveBrokerTests(SynchronousTestCase):
+    """
+    A slave broker's probe of its master, what it remembers, and what it
+    does when the master does not answer.
+    """
+
+    def setUp(self) -> None:
+        self.store = self.mktemp()
+        self._lost: set[Any] = set()
+
+    def broker(self, **kwargs: Any) -> tuple[Broker, MemoryReactorClock, StringEndpoint]:
+        reactor = MemoryReactorClock()
+        endpoint = kwargs.pop("endpoint", None) or StringEndpoint()
+        # The master's address, as the store remembers it.
+        endpoint.description = "127.0.0.1:10912"  # type: ignore[attr-defined]
+        segment = kwargs.pop("segment", SEGMENT)
+        broker = Broker(
+            reactor,
+            lambda: CommitLog.open(self.store, segment_size=segment, clock=fixed_clock),
+            Role.SLAVE,
+            master_endpoint=endpoint,  # type: ignore[arg-type]
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 1.0,
+            **kwargs,
+        )
+        return broker, reactor, endpoint
+
+    def stop(self, broker: Broker) -> None:
+        d = broker.stopService()
+        # StringTransports never report their connections lost: do it.
+        endpoint = broker._master_client
+        for protocol, transport in endpoint.connected:
+            if transport.disconnecting and protocol not in self._lost:
+                self._lost.add(protocol)
+                protocol.connectionLost(Failure(ConnectionDone()))
+        self.successResultOf(d)
+
+    def remembered(self) -> str | None:
+        try:
+            with open(os.path.join(self.store, MASTER_KIND_PATH)) as f:
+                return str(json.load(f)["kind"])
+        except FileNotFoundError:
+            return None
+
+    def test_seen_rmqha_never_downgrades(self) -> None:
+        """
+        A slave that once saw its master answer the probe remembers it in
+        its store; after a restart, the same master silent past the probe
+        timeout is not taken for RocketMQ: the check fails and is retried
+        with a back-off, replication does not start classically, and the
+        logs and C{problem} say why.
+        """
+        broker, reactor, endpoint = self.broker()
+        broker.startService()
+        client, _ = endpoint.connected[0]
+        client.dataReceived(encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING))
+        assert broker.ha_service is not None
+        self.assertTrue(broker.ha_service.running)
+        self.assertEqual(broker.master_kind, "rmqha")
+        self.assertEqual(self.remembered(), "rmqha")
+        self.stop(broker)
+
+        broker, reactor, endpoint = self.broker()
+        with capturedLogs() as events:
+            broker.startService()
+            self.addCleanup(self.stop, broker)
+            reactor.advance(3.0)
+        assert broker.ha_service is not None
+        self.assertFalse(broker.ha_service.running)
+        self.assertEqual(broker.failed_checks, 1)
+        self.assertEqual(len(endpoint.connected), 1)  # the probe only
+        text = "\n".join(formatEvent(e) for e in events)
+        self.assertIn(
+            "master 127.0.0.1:10912 spoke the rmqha extension before but is not "
+            "answering; not falling back to classic replication",
+            text,
+        )
+        self.assertIn("; retrying in 1.", text)
+        self.assertNotIn("replicating classically", text)
+        assert broker.problem is not None
+        self.assertIn("not falling back", broker.problem)
+        # The retry (1 s and up to 1 s of jitter), answered: replication
+        # starts, the problem is gone.
+        reactor.advance(2.0)
+        client, _ = endpoint.connected[-1]
+        client.dataReceived(encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING))
+        self.assertTrue(broker.ha_service.running)
+        self.assertIsNone(broker.problem)
+
+    def test_silent_master_is_rocketmq_after_half_a_second(self) -> None:
+        """
+        A master never seen speaking the extension and silent for 0.5 s
+        (not the whole 3 s probe timeout) is taken for RocketMQ, said once
+        as a warning, and remembered; replication starts classically.
+        """
+        broker, reactor, endpoint = self.broker()
+        with capturedLogs() as events:
+            broker.startService()
+            self.addCleanup(self.stop, broker)
+            reactor.advance(0.4)
+            assert broker.ha_service is not None
+            self.assertFalse(broker.ha_service.running)
+            reactor.advance(0.1)
+        self.assertTrue(broker.ha_service.running)
+        self.assertEqual(self.remembered(), "rocketmq")
+        self.assertFalse(broker.slave_factory and broker.slave_factory.checked)
+        text = "\n".join(formatEvent(e) for e in events)
+        self.assertEqual(text.count("replicating classically"), 1)
+
+    def test_classic_connection_lost_probes_again(self) -> None:
+        """
+        A master taken for RocketMQ's (silent at the first probe, say a
+        stalled rmqha master) is probed again after a classic connection
+        ends; answering, it is remembered as rmqha and the next
+        replication connection asks for checked framing: it does not stay
+        classic across reconnects.
+        """
+        broker, reactor, endpoint = self.broker()
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        reactor.advance(0.5)
+        self.assertEqual(broker.master_kind, "rocketmq")
+        replication, transport = endpoint.connected[-1]
+        self.assertEqual(transport.value(), encode_report(0))
+        replication.dataReceived(struct.pack(">qi", 0, 0))  # a heartbeat
+        transport.loseConnection()
+        self._lost.add(replication)
+        replication.connectionLost(Failure(ConnectionDone()))
+        probe_client, probe_transport = endpoint.connected[-1]
+        self.assertEqual(probe_transport.value(), encode_code(CONTROL_PROBE))
+        probe_client.dataReceived(
+            encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING)
+        )
+        self.assertEqual(broker.master_kind, "rmqha")
+        self.assertEqual(self.remembered(), "rmqha")
+        reactor.advance(1.0)  # the replication connection's retry
+        _, transport = endpoint.connected[-1]
+        self.assertEqual(transport.value()[:8], encode_code(CHECKED_HELLO))
+
+    def test_master_kind_rocketmq_skips_the_probe(self) -> None:
+        """
+        C{--master-kind rocketmq}: no probe connection at all; the first
+        connection is the replication one, reporting at once.
+        """
+        broker, reactor, endpoint = self.broker(master_kind="rocketmq")
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        assert broker.ha_service is not None
+        self.assertTrue(broker.ha_service.running)
+        self.assertEqual(len(endpoint.connected), 1)
+        _, transport = endpoint.connected[0]
+        self.assertEqual(transport.value(), encode_report(0))
+        self.assertEqual(broker.master_kind, "rocketmq")
+
+    def test_master_kind_rmqha_never_classic(self) -> None:
+        """
+        C{--master-kind rmqha}: a silent master is a failed check, even one
+        never seen before.
+        """
+        broker, reactor, endpoint = self.broker(master_kind="rmqha")
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        reactor.advance(3.0)
+        assert broker.ha_service is not None
+        self.assertFalse(broker.ha_service.running)
+        self.assertEqual(broker.failed_checks, 1)
+        assert broker.problem is not None
+        self.assertIn("--master-kind rmqha", broker.problem)
+
+    def test_segment_size_mismatch_halts(self) -> None:
+        """
+        A master whose INFO names another segment size: one line with both
+        sizes, replication halted (not started, no retry), C{problem} set;
+        not a blame on the master's data.
+        """
+        broker, reactor, endpoint = self.broker()
+        with capturedLogs() as events:
+            broker.startService()
+            self.addCleanup(self.stop, broker)
+            client, _ = endpoint.connected[0]
+            client.dataReceived(encode_control_info(0, 0, 4 * SEGMENT, FEATURE_CHECKED_FRAMING))
+            reactor.advance(60)
+        assert broker.ha_service is not None
+        self.assertFalse(broker.ha_service.running)
+        self.assertEqual(len(endpoint.connected), 1)
+        lines = [formatEvent(e) for e in events if "segments of" in formatEvent(e)]
+        self.assertEqual(len(lines), 1)
+        self.assertIn(f"segments of {4 * SEGMENT} bytes", lines[0])
+        self.assertIn(f"this slave's store {SEGMENT}", lines[0])
+        self.assertNotIn("corrupt", lines[0])
+        assert broker.problem is not None
+        self.assertIn("mappedFileSizeCommitLog", broker.problem)
+
+    def test_unreachable_master_says_so(self) -> None:
+        """
+        A refused connection: "cannot reach master HOST:PORT: why;
+        retrying in N s", not "divergence check failed".
+        """
+        broker, _, _ = self.broker(endpoint=StringEndpoint(refuse=True))
+        with capturedLogs() as events:
+            broker.startService()
+            self.addCleanup(self.stop, broker)
+        text = "\n".join(formatEvent(e) for e in events)
+        self.assertIn("cannot reach master", text)
+        self.assertIn("; retrying in", text)
+        self.assertNotIn("divergence check failed", text)
+
+
+class FollowingLogTests(SynchronousTestCase):
+    """
+    What a slave connection logs.
+    """
+
+    def connect(self, checked: bool = False) -> tuple[Any, StringTransport]:
+        log = open_store(self, segment_size=SEGMENT)
+        factory = SlaveFactory(log, Clock())
+        factory.checked = checked
+        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912))
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "10.0.0.7", 10912))
+        connection.makeConnection(transport)
+        self.addCleanup(connection.connectionLost)
+        return connection, transport
+
+    def test_following_once_per_connection(self) -> None:
+        """
+        The first report says which master is followed, from which offset
+        and how; later reports say nothing.
+        """
+        with capturedLogs() as events:
+            connection, _ = self.connect()
+            connection.send_report()
+            connection.send_report()
+        lines = [formatEvent(e) for e in events if "following" in formatEvent(e)]
+        self.assertEqual(lines, ["following master 10.0.0.7:10912 from offset 0 (classic)"])
+
+    def test_tls_answer_dropped_with_hint(self) -> None:
+        """
+        A plain connection whose first bytes are a TLS record is dropped
+        with a hint to give --tls-ca, not taken for frames.
+        """
+        with capturedLogs() as events:
+            connection, transport = self.connect()
+            connection.send_report()
+            connection.dataReceived(TLS_ALERT)
+        self.assertTrue(transport.disconnecting or transport.disconnected)
+        text = "\n".join(formatEvent(e) for e in events)
+        self.assertIn("seems to speak TLS", text)
+        self.assertIn("--tls-ca", text)
+
+    def test_replication_cannot_reach_master(self) -> None:
+        """
+        A replication connection attempt that fails is logged with the
+        master, the reason and the delay before the next one, and kept for
+        the broker's C{problem}.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        clock = Clock()
+        factory = SlaveFactory(log, clock)
+        service = make_slave_service(
+            StringEndpoint(refuse=True),  # type: ignore[arg-type]
+            factory,
+            clock,
+            lambda attempt: 2.0,
+            master="10.0.0.7:10912",
+        )
+        with capturedLogs() as events:
+            service.startService()
+        self.addCleanup(service.stopService)
+        lines = [formatEvent(e) for e in events if "cannot reach" in formatEvent(e)]
+        self.assertEqual(
+            lines,
+            [
+                "cannot reach master 10.0.0.7:10912: Connection was refused by other "
+                "side; retrying in 2.0 s"
+            ],
+        )
+        self.assertEqual(factory.connect_failure, "Connection was refused by other side")
