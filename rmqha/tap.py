@@ -294,6 +294,18 @@ _DEFAULTS: dict[str, Any] = {
 }
 
 
+class Fatal(SystemExit, Exception):
+    """
+    Stops twistd with one line (the text) and exit status 1.  A
+    C{SystemExit}, so that C{twistd -n} prints just the line; also an
+    C{Exception}, so that a daemonizing twistd hands the line to the parent
+    through its status pipe (which passes only exceptions, in 100 bytes:
+    hence no module path in the name) instead of "An error has occurred: ''".
+    """
+
+    __module__ = "builtins"
+
+
 class Options(usage.Options):
     """
     C{twistd rmqha} command line.
@@ -507,7 +519,7 @@ class Options(usage.Options):
                 raise
             # Under twistd, which would print its own and our whole usage
             # (some 70 lines) around the one that matters.
-            raise SystemExit(f"twistd rmqha: {e}; see twistd rmqha --help") from None
+            raise Fatal(f"twistd rmqha: {e}; see twistd rmqha --help") from None
 
     def postOptions(self) -> None:
         settings = dict(_DEFAULTS)
@@ -678,7 +690,7 @@ def makeService(options: Options) -> IService:
             )
         except (StoreError, ValueError, OSError) as e:
             # An operator's problem, not a bug: one line, exit status 1.
-            raise SystemExit(f"twistd rmqha: cannot open the store: {e}") from None
+            raise Fatal(f"twistd rmqha: cannot open the store: {e}") from None
 
     files = options.tls_files(s)
     policy = options.peer_policy(s)
@@ -726,7 +738,7 @@ def _one_line(ports: dict[str, str]) -> Iterator[None]:
         yield
     except ListenFailed as e:
         # An operator's problem: one line, exit status 1.
-        raise SystemExit(
+        raise Fatal(
             f"twistd rmqha: cannot listen on {ports.get(e.port, e.description)}: {e.reason}"
         ) from None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 from typing import Any, Iterator
 
 import pytest
@@ -63,4 +64,30 @@ def test_port_in_use_exits_with_one_line(tmp_path: Any, busy_port: int, role: st
     ], text
     assert expected in text
     assert "Traceback" not in text, text
+    assert not os.path.exists(store)
+
+
+def test_daemon_reports_the_line(tmp_path: Any, busy_port: int) -> None:
+    """
+    Daemonizing (no C{-n}), the parent twistd prints the same line from
+    the child's status pipe — not "An error has occurred: ''" — exits
+    non-zero, and no daemon is left running (its pid file is gone).
+    """
+    store = str(tmp_path / "store")
+    pidfile = str(tmp_path / "twistd.pid")
+    done = subprocess.run(
+        [
+            sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+            "--pidfile", pidfile, "--logfile", str(tmp_path / "twistd.log"),
+            "rmqha", "--store-dir", store,
+            "--ha-listen", f"tcp:{busy_port}:interface=127.0.0.1",
+        ],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode != 0
+    assert (
+        f"twistd rmqha: cannot listen on tcp:{busy_port}:interface=127.0.0.1 (--ha-listen)"
+        in done.stderr
+    ), done.stderr
+    assert not os.path.exists(pidfile)
     assert not os.path.exists(store)
