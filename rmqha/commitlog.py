@@ -47,6 +47,7 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
+from rmqha._files import write_atomically
 from rmqha._record import (
     BLANK_MAGIC,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -1366,22 +1367,8 @@ class CommitLog:
             "check": check,
             "queues": [[t, q, n] for (t, q), n in sorted(self._queue_table.items())],
         }
-        path = self._queue_table_path()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(snapshot, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError:
-            # A full disk, say: leave no half-written snapshot behind.
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        # (A full disk, say, leaves the old snapshot and no temporary file.)
+        write_atomically(self._queue_table_path(), lambda f: json.dump(snapshot, f))
 
     # -- closing -----------------------------------------------------------
 

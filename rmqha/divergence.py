@@ -37,6 +37,7 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from rmqha._files import write_atomically
 from rmqha._wire import (
     CONTROL_DIGEST_SIZE,
     CONTROL_HELLO,
@@ -373,21 +374,10 @@ def write_master_kind(store_dir: str, master: str, kind: str, seen: float) -> No
 
     @raise OSError: it could not be written (the tmp file is removed).
     """
-    path = os.path.join(store_dir, MASTER_KIND_PATH)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = path + ".tmp"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"kind": kind, "master": master, "seen": seen}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomically(
+        os.path.join(store_dir, MASTER_KIND_PATH),
+        lambda f: json.dump({"kind": kind, "master": master, "seen": seen}, f),
+    )
 
 
 def _local_digest(commitlog: CommitLog, start: int, end: int) -> bytes:

@@ -37,6 +37,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
+from rmqha._files import write_atomically
 from rmqha._wire import (
     CHECKED_HELLO,
     ChecksumError,
@@ -452,13 +453,7 @@ def load_replica_id(store_dir: str) -> str:
             replica_id = f.read().strip()
     except FileNotFoundError:
         replica_id = str(uuid.uuid4())
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(replica_id + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomically(path, lambda f: f.write(replica_id + "\n"))
         return replica_id
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: cannot read the replica id: {e}") from None

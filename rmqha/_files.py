@@ -1,0 +1,38 @@
+"""
+Small files a store keeps beside its segments (the queue-table snapshot,
+what the master is, this replica's id), written so that a crash or a full
+disk leaves the old file or the new one, never half of one, and no
+temporary file behind.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Callable
+
+__all__ = ["write_atomically"]
+
+
+def write_atomically(path: str, write: Callable[[IO[str]], object]) -> None:
+    """
+    Replace C{path} with what C{write} writes to the open (text) file it is
+    given: a temporary file beside it, flushed to disk, then renamed over
+    C{path}; C{path}'s directory is created if missing.
+
+    @raise OSError: it could not be written (or whatever C{write} raised):
+        C{path} is unchanged and the temporary file is removed.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
