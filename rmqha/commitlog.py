@@ -804,6 +804,8 @@ class CommitLog:
 
         @return: the new max offset.
         @raise OffsetMismatchError: C{offset} is not the max offset.
+        @raise OSError: a segment could not be made (the disk is full, say):
+            the bytes before it were appended (and validated), the rest not.
         """
         self._check_writable()
         if not self.has_data():
@@ -824,18 +826,26 @@ class CommitLog:
         view = memoryview(data).cast("B")
         written = 0
         total = len(view)
-        while written < total:
-            segment = self._segments[-1] if self._segments else None
-            if segment is None:
-                segment = self._create_segment(offset)
-            elif segment.wrote == segment.size:
-                segment = self._create_segment(segment.start + segment.size)
-            n = min(total - written, segment.size - segment.wrote)
-            # pwrite, not the mapping: a slave copying a whole log would
-            # otherwise map all of it into its memory.
-            segment.pwrite(segment.wrote, view[written : written + n])
-            segment.wrote += n
-            written += n
+        try:
+            while written < total:
+                segment = self._segments[-1] if self._segments else None
+                if segment is None:
+                    segment = self._create_segment(offset)
+                elif segment.wrote == segment.size:
+                    segment = self._create_segment(segment.start + segment.size)
+                n = min(total - written, segment.size - segment.wrote)
+                # pwrite, not the mapping: a slave copying a whole log would
+                # otherwise map all of it into its memory.
+                segment.pwrite(segment.wrote, view[written : written + n])
+                segment.wrote += n
+                written += n
+        except OSError:
+            # The next segment could not be made (a full disk): what was
+            # written is validated like any append, so the log ends, and
+            # takes the rest, exactly where the failure left it.
+            if written:
+                self._advance_record_end(offset, view[:written])
+            raise
         self._advance_record_end(offset, view)
         if self._sync_flush and self.sync_flush_inline:
             self.flush()

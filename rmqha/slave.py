@@ -213,6 +213,16 @@ class SlaveConnection(Protocol):
         except StoreError as e:
             self._drop(f"cannot append to the commit log: {e}")
             return
+        except OSError as e:
+            # The slave's disk is full, say: nothing the master can fix, so
+            # back off (1 s -> 30 s) instead of re-fetching every second.
+            self._backing_off = True
+            what = e.filename or commitlog.commitlog_dir
+            self._drop(
+                f"cannot append to the commit log at offset {commitlog.max_offset}: "
+                f"{what}: {e.strerror or e}; replication resumes from there when it can"
+            )
+            return
         factory = self.factory
         if factory.rejected_offset is not None and commitlog.record_end > factory.rejected_offset:
             # The record that failed came good.

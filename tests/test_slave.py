@@ -206,6 +206,59 @@ class FrameTests(SlaveTestCase):
         self.assertEqual(self.replica.record_end, end)
         self.assertEqual((factory.rejected_offset, factory.rejections_in_a_row), (None, 0))
 
+    def test_disk_full_backs_off_and_resumes(self) -> None:
+        """
+        The slave's disk full when a frame needs the next segment: the
+        bytes before it are kept (and validated), the connection drops with
+        one line naming the offset and the error, no traceback, counting
+        towards the back-off; once there is room the rest lands after them
+        and the replica is byte-identical.
+        """
+        import errno
+
+        from rmqha import commitlog as commitlog_module
+
+        self.fill(600)  # past one segment
+        end = self.source.max_offset
+        self.assertGreater(end, SEGMENT)
+        good = self.source_bytes(0, end)
+        factory = SlaveFactory(self.replica, self.clock)
+
+        allocate = commitlog_module._allocate
+        made: list[int] = []
+
+        def full_after_one(fd: int, size: int) -> None:
+            # Room for the first segment only.
+            if made:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            made.append(fd)
+            allocate(fd, size)
+
+        patch = self.patch(commitlog_module, "_allocate", full_after_one)
+        connection = factory.buildProtocol(None)
+        connection.makeConnection(StringTransport())
+        with capturedLogs() as events:
+            connection.dataReceived(frame(0, good))
+        connection.connectionLost()
+        text = " ".join(formatEvent(e) for e in events)
+        self.assertIn(f"cannot append to the commit log at offset {SEGMENT}", text)
+        self.assertIn("No space left on device", text)
+        self.assertNotIn("Traceback", text)
+        self.assertEqual(factory.fruitless_connections, 1)
+        self.assertEqual(self.replica.max_offset, SEGMENT)
+        self.assertEqual(self.replica.read(0, SEGMENT), good[:SEGMENT])
+        patch.restore()
+        connection = factory.buildProtocol(None)
+        connection.makeConnection(StringTransport())
+        self.addCleanup(connection.connectionLost)
+        connection.dataReceived(frame(SEGMENT, good[SEGMENT:]))
+        self.assertEqual(self.replica.record_end, end)
+        copied, position = b"", 0
+        while position < end:
+            chunk = self.replica.read(position, end - position)
+            copied, position = copied + chunk, position + len(chunk)
+        self.assertEqual(copied, good)
+
     def test_partial_record_not_reported_and_refetched(self) -> None:
         """
         Bytes of a record still arriving are not acknowledged; a new
