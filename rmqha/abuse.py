@@ -19,7 +19,8 @@ messages.  Then, from this process, over loopback only:
   RSS growth (C{VmRSS}) while it holds them and after the session closes.
 - C{conns}: 2,000 idle connections to the HA port, then the slowest
   C{/status} over 5 s and the time of one C{POST} put; the master's view
-  (open descriptors, connections it closed).
+  (the descriptors it added) and how many connections were closed or reset
+  (by the master, or by its kernel when it stopped accepting).
 - C{post}: a C{POST} declaring a 2 GiB body, streaming up to 512 MiB: the
   bytes sent before the master refused or closed, its RSS growth, and the
   bytes it wrote under its C{TMPDIR}.
@@ -392,8 +393,8 @@ def _conns(master: _Master, sizes: Sizes) -> dict[str, Any]:
         result: dict[str, Any] = {
             "attempted": count,
             "opened": len(sockets),
-            "closed_by_master": closed,
-            "master_open_files": master.open_files() - files_before,
+            "closed_or_reset": closed,
+            "master_fds_added": master.open_files() - files_before,
         }
         result.update(_probe(master.http, sizes.conns_seconds, sizes.request_timeout))
         seconds, answer = _put_seconds(master.http, sizes.request_timeout)
