@@ -23,7 +23,7 @@ from twisted.web.resource import getChildForRequest
 from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
 
-from rmqha import commitlog as commitlog_module
+from rmqha.store import commitlog as commitlog_module
 from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, make_site
 from rmqha.broker import Broker, NotStoredError, Role
 from rmqha.commitlog import CommitLog, Message

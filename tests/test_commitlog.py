@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.commitlog}: the on-disk layout, the put path and its
+Tests for L{rmqha.store.commitlog}: the on-disk layout, the put path and its
 BLANK rule, queue offsets, the replica path, the transfer read path,
 flushing, record iteration and opening checks.
 
@@ -18,8 +18,8 @@ from hypothesis import given, settings, strategies as st
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
-from rmqha._record import Blank, MessageRejected, Record, RecordError, encode_blank
-from rmqha.commitlog import (
+from rmqha.store._record import Blank, MessageRejected, Record, RecordError, encode_blank
+from rmqha.store.commitlog import (
     CommitLog,
     CorruptStoreError,
     FlushDiskType,
@@ -1149,7 +1149,7 @@ class RecordsAndOpeningTests(SynchronousTestCase):
         log.put(make_message())
         script = (
             "import sys\n"
-            "from rmqha.commitlog import CommitLog, StoreLockedError\n"
+            "from rmqha.store.commitlog import CommitLog, StoreLockedError\n"
             "try:\n"
             "    CommitLog.open(sys.argv[1]).close()\n"
             "except StoreLockedError as e:\n"

@@ -12,7 +12,7 @@ import shlex
 
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from rmqha import commitlog
+from rmqha.store import commitlog
 from rmqha.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

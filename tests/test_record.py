@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha._record}: the RocketMQ 4.9 commit-log record codec.
+Tests for L{rmqha.store._record}: the RocketMQ 4.9 commit-log record codec.
 
 Expected bytes are built by hand with C{struct} from the field table in the
 reference notes (section C.2), never with the code under test.
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import (
+from rmqha.store._record import (
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,

@@ -1,5 +1,5 @@
 """
-Tests for what L{rmqha.commitlog.CommitLog.open} does to a store's tail:
+Tests for what L{rmqha.store.commitlog.CommitLog.open} does to a store's tail:
 RocketMQ's C{recoverNormally} walk, cutting torn records, moving segments
 past the end aside, read-only inspection and a replica's incomplete tail.
 
@@ -19,9 +19,9 @@ from typing import Callable, Iterable
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import MessageRejected, RecordError
-from rmqha import commitlog as commitlog_module
-from rmqha.commitlog import CommitLog, CorruptRecordError, StoreError
+from rmqha.store._record import MessageRejected, RecordError
+from rmqha.store import commitlog as commitlog_module
+from rmqha.store.commitlog import CommitLog, CorruptRecordError, StoreError
 
 from tests._helpers import (
     copy_store,

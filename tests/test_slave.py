@@ -216,7 +216,7 @@ class FrameTests(SlaveTestCase):
         """
         import errno
 
-        from rmqha import commitlog as commitlog_module
+        from rmqha.store import commitlog as commitlog_module
 
         self.fill(600)  # past one segment
         end = self.source.max_offset

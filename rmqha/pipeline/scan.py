@@ -15,7 +15,7 @@ a torn record), and a reader that finds a record running past a cut fails
 loudly instead of returning wrong rows.
 
 L{read_span} decodes one span with the project's decoder
-(L{rmqha._record.parse_record}) into Arrow record batches of the
+(L{rmqha.store._record.parse_record}) into Arrow record batches of the
 C{rocketmq-commitlog} schema; L{scan} does every span in this process (the
 plain single-process reader the Spark benchmark compares against).
 """
@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from rmqha._record import (
+from rmqha.store._record import (
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,

@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_scrub -*-
 """
 The background scrub: every record of the commit log re-read and re-checked
-(structure, PHYSICALOFFSET, body CRC: L{rmqha._record.parse_record}, the
+(structure, PHYSICALOFFSET, body CRC: L{rmqha.store._record.parse_record}, the
 project's one record decoder) over and over, at a bounded rate, so that
 corruption in old segments — which recovery never walks — is found while a
 good copy still exists somewhere.
@@ -40,7 +40,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from rmqha._record import (
+from rmqha.store._record import (
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
@@ -50,7 +50,7 @@ from rmqha._record import (
     parse_record,
 )
 from rmqha._units import parse_size
-from rmqha.commitlog import CommitLog, segment_name
+from rmqha.store.commitlog import CommitLog, segment_name
 
 __all__ = [
     "DEFAULT_SCRUB_RATE",

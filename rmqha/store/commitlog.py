@@ -27,7 +27,7 @@ Three ways in:
 
 Everything runs on the caller's thread; the only thing meant to run on
 another thread is L{FlushPlan.execute} (an C{fdatasync}), see
-L{rmqha.storeservice}.
+L{rmqha.store.service}.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 from twisted.logger import Logger
 
 from rmqha._files import write_atomically
-from rmqha._record import (
+from rmqha.store._record import (
     BLANK_MAGIC,
     DEFAULT_MAX_MESSAGE_SIZE,
     MESSAGE_MAGIC_V1,
@@ -209,7 +209,7 @@ class FlushDiskType(enum.Enum):
     RocketMQ's C{flushDiskType}.
     """
 
-    #: A periodic flush (see L{rmqha.storeservice.CommitLogService}).
+    #: A periodic flush (see L{rmqha.store.service.CommitLogService}).
     ASYNC_FLUSH = "ASYNC_FLUSH"
     #: Every put and append is on disk before it returns.
     SYNC_FLUSH = "SYNC_FLUSH"

@@ -18,7 +18,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from rmqha.commitlog import CommitLog, FlushDiskType
+from rmqha.store.commitlog import CommitLog, FlushDiskType
 
 __all__ = ["CommitLogService", "DEFAULT_FLUSH_INTERVAL"]
 
