@@ -23,6 +23,7 @@ from twisted.web.resource import getChildForRequest
 from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
 
+from rmqha.store import _segments
 from rmqha.store import commitlog as commitlog_module
 from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, make_site
 from rmqha.broker import Broker, NotStoredError, Role
@@ -225,7 +226,7 @@ class DiskFullTests(AdminTestCase):
         def full(fd: int, size: int) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        return self.patch(commitlog_module, "_allocate", full)
+        return self.patch(_segments, "_allocate", full)
 
     def store_files(self) -> list[str]:
         root = self.broker_.commitlog.store_dir
