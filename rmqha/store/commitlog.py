@@ -32,7 +32,6 @@ L{rmqha.store.service}.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import struct
@@ -42,9 +41,7 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
-from rmqha._files import (
-    write_atomically,
-)
+from rmqha.store._queues import _UNCOUNTED, QueueTable
 from rmqha.store._record import (
     BLANK_MAGIC,
     Blank,
@@ -156,9 +153,6 @@ _V6_HOSTS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 _BODY_LENGTH_AT = 48 + 8 + 8 + 8 + 4 + 8
 
 
-_UNCOUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
-
-
 class AppendResult(NamedTuple):
     """
     Where a put landed.
@@ -223,12 +217,7 @@ class CommitLog:
         self._record_end = self.max_offset
         self._flushes_in_flight = 0
         self._closed = False
-        # (topic, queue id) -> next queue offset, accurate for the records
-        # before _queue_table_end; built when the first put needs it.
-        self._queue_table: dict[tuple[str, int], int] | None = None
-        self._queue_table_end = -1
-        # Offset of the last record the table has seen, for its snapshot.
-        self._last_put: int | None = None
+        self._queues = QueueTable(store_dir)
 
     # -- opening -----------------------------------------------------------
 
@@ -453,8 +442,10 @@ class CommitLog:
             return results
         end = results[-1].offset + results[-1].size
         segment.wrote = end - segment.start  # type: ignore[union-attr]
-        self._put_ready_at = self._record_end = self._queue_table_end = end
-        self._last_put = results[-1].offset
+        self._put_ready_at = self._record_end = end
+        queues = self._queues
+        queues.end = end
+        queues.last_put = results[-1].offset
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
         return results
@@ -470,7 +461,7 @@ class CommitLog:
         offsets; C{None} (with nothing written and the queue table as it
         was) if they do not all fit.
         """
-        table = self._queue_table
+        table = self._queues.table
         assert table is not None
         encode = self._encoder.encode
         store_host = self._encoder.store_host
@@ -527,8 +518,8 @@ class CommitLog:
     ) -> None:
         if mm is not None and position > first:
             mm[first:position] = bytes(position - first)
-        assert self._queue_table is not None
-        self._queue_table.update(previous)
+        assert self._queues.table is not None
+        self._queues.table.update(previous)
 
     def _batch_size(self, messages: Sequence[Message], store_timestamp: int) -> int:
         """
@@ -551,7 +542,7 @@ class CommitLog:
         self._check_writable()
         if self._record_end != self.max_offset:
             self._cut_incomplete_tail("before a put")
-        if self._queue_table is None or self._queue_table_end != self.max_offset:
+        if not self._queues.current(self.max_offset):
             self._catch_up_queue_table()
         self._put_ready_at = self.max_offset
         return self._segments[-1] if self._segments else None
@@ -563,15 +554,15 @@ class CommitLog:
         last = self._segments[-1] if self._segments else None
         if last is None:
             return self._create_segment(0)
-        table_current = self._queue_table_end == last.end
+        table_current = self._queues.current(last.end)
         remaining = last.size - last.wrote
         if remaining >= END_FILE_MIN_BLANK_LENGTH:
             last.mm[last.wrote : last.wrote + 8] = encode_blank(remaining)
         last.wrote = last.size
         self._record_end = last.end
-        if table_current and self._queue_table is not None:
-            self._queue_table_end = last.end
-            self._save_queue_table()
+        if table_current:
+            self._queues.end = last.end
+            self._queues.save(self._item_at)
         last.release_mapping()
         return self._create_segment(last.end)
 
@@ -817,7 +808,7 @@ class CommitLog:
         self._truncate_replica(offset)
         self._record_end = offset
         self._flushed = min(self._flushed, offset)
-        self._queue_table = None
+        self._queues.forget()
         self._log.warn(
             "cut the log back to offset {offset}; the cut bytes are kept in {path}",
             offset=offset,
@@ -1060,82 +1051,6 @@ class CommitLog:
 
     # -- queue offsets -----------------------------------------------------
 
-    def _queue_table_path(self) -> str:
-        return os.path.join(self.store_dir, "rmqha", "queue-offsets.json")
-
-    def _catch_up_queue_table(self) -> dict[tuple[str, int], int]:
-        """
-        Bring the (topic, queue) -> next queue offset table up to the max
-        offset: from the in-memory table, else the snapshot, else the whole
-        log, by reading QUEUEOFFSET fields of the records not yet seen.
-        """
-        table = self._queue_table
-        start = self._queue_table_end
-        if table is None:
-            table, start = self._load_queue_table()
-        try:
-            self._scan_queue_offsets(table, start)
-        except RecordError:
-            if start == self.min_offset:
-                raise
-            # The snapshot pointed somewhere wrong: read everything.
-            table, start = {}, self.min_offset
-            self._scan_queue_offsets(table, start)
-        self._queue_table = table
-        self._queue_table_end = self.max_offset
-        return table
-
-    def _scan_queue_offsets(self, table: dict[tuple[str, int], int], start: int) -> None:
-        for record in self.records(start, with_body=False):
-            assert isinstance(record, Record)
-            transaction = record.sysflag & SysFlag.TRANSACTION_MASK
-            if transaction in (
-                SysFlag.TRANSACTION_PREPARED_TYPE,
-                SysFlag.TRANSACTION_ROLLBACK_TYPE,
-            ):
-                continue
-            key = (record.topic, record.queue_id)
-            if record.queue_offset + 1 > table.get(key, 0):
-                table[key] = record.queue_offset + 1
-            self._last_put = record.offset
-
-    def _load_queue_table(self) -> tuple[dict[tuple[str, int], int], int]:
-        """
-        The snapshot's table and the offset it is valid up to, if it still
-        describes this log: its C{check} record must be in the log and
-        directly precede C{offset} (or a BLANK between them must).
-        Otherwise an empty table from the min offset (a full scan).
-        """
-        try:
-            with open(self._queue_table_path()) as f:
-                snapshot = json.load(f)
-            offset = snapshot["offset"]
-            check = snapshot["check"]
-            table = {(str(t), int(q)): int(n) for t, q, n in snapshot["queues"]}
-            if not (
-                isinstance(offset, int) and self.min_offset <= offset <= self.max_offset
-            ):
-                raise ValueError("snapshot offset outside the log")
-            if check is None:
-                if offset != self.min_offset:
-                    raise ValueError("snapshot names no record")
-            else:
-                first, size, crc = check
-                record = self._item_at(first)
-                if type(record) is not Record or [record.size, record.body_crc] != [
-                    size,
-                    crc,
-                ]:
-                    raise ValueError("snapshot does not match the log")
-                if record.next_offset != offset:
-                    blank = self._item_at(record.next_offset)
-                    if type(blank) is not Blank or blank.next_offset != offset:
-                        raise ValueError("snapshot offset does not follow its record")
-                self._last_put = first
-            return table, offset
-        except (OSError, ValueError, KeyError, TypeError, StoreError):
-            return {}, self.min_offset
-
     def _item_at(self, offset: int) -> Record | Blank:
         """
         The record or BLANK at C{offset} (headers only, no CRC check).
@@ -1145,27 +1060,13 @@ class CommitLog:
             segment.mm, position, segment.wrote, offset, check_crc=False, with_body=False
         )
 
-    def _save_queue_table(self) -> None:
-        """
-        Snapshot the queue table so that opening a large store does not
-        have to read every record to continue queue offsets.  The snapshot
-        names the last record it has seen, so a log that was cut back or
-        replaced since is noticed and the snapshot ignored.
-        """
-        if self._queue_table is None:
-            return
-        check = None
-        if self._last_put is not None:
-            record = self._item_at(self._last_put)
-            assert type(record) is Record
-            check = [record.offset, record.size, record.body_crc]
-        snapshot = {
-            "offset": self._queue_table_end,
-            "check": check,
-            "queues": [[t, q, n] for (t, q), n in sorted(self._queue_table.items())],
-        }
-        # (A full disk, say, leaves the old snapshot and no temporary file.)
-        write_atomically(self._queue_table_path(), lambda f: json.dump(snapshot, f))
+    def _catch_up_queue_table(self) -> dict[tuple[str, int], int]:
+        return self._queues.catch_up(
+            self.min_offset,
+            self.max_offset,
+            lambda start: self.records(start, with_body=False),
+            self._item_at,
+        )
 
     # -- closing -----------------------------------------------------------
 
@@ -1181,8 +1082,8 @@ class CommitLog:
                 if self._record_end != self.max_offset:
                     self._cut_incomplete_tail("at close")
                 self.flush()
-                if self._queue_table is not None and self._queue_table_end == self.max_offset:
-                    self._save_queue_table()
+                if self._queues.current(self.max_offset):
+                    self._queues.save(self._item_at)
         finally:
             self._closed = True
             self._put_ready_at = -1
