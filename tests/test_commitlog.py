@@ -1366,3 +1366,72 @@ class TruncateReplicaTests(SynchronousTestCase):
             (info["offset"], info["end"], info["length"]), (305, end, len(expected))
         )
         self.assertIn("diverged", info["action"])
+
+
+class AppendObserverTests(SynchronousTestCase):
+    """
+    L{CommitLog.observe_appends}: the log tells its observers "appended up
+    to N" itself after a put, a batch or an append_at, so writers need not
+    remember to notify anyone.
+    """
+
+    def test_put_and_batch_notify_the_new_end(self) -> None:
+        """
+        A put and a batch each call every observer once, with the new max
+        offset, before they return; a refused put calls nobody.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+        log.observe_appends(seen.append)
+        log.put(make_message(b"one"))
+        self.assertEqual(seen, [log.max_offset])
+        log.put_batch([make_message(b"two"), make_message(b"three")])
+        self.assertEqual(seen[1:], [log.max_offset])
+        self.assertRaises(MessageRejected, log.put, make_message(b"x" * 10000))
+        log.put_batch([])
+        self.assertEqual(len(seen), 2)
+
+    def test_append_at_notifies_the_new_end(self) -> None:
+        """
+        append_at calls the observers with the new max offset, even when the
+        bytes end inside a record; an empty append calls nobody.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+        log.observe_appends(seen.append)
+        data = replica_records(0, 300)
+        log.append_at(0, data[:100])
+        log.append_at(100, data[100:])
+        log.append_at(300, b"")
+        self.assertEqual(seen, [100, 300])
+
+    def test_stop_observing(self) -> None:
+        """
+        The function observe_appends returns stops the observing, and may
+        be called twice.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+        stop = log.observe_appends(seen.append)
+        log.put(make_message(b"one"))
+        stop()
+        stop()
+        log.put(make_message(b"two"))
+        self.assertEqual(len(seen), 1)
+
+    def test_failing_observer_is_logged(self) -> None:
+        """
+        An observer that raises does not fail the put (it is stored) nor
+        keep the other observers from being called; the failure is logged.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+
+        def broken(end: int) -> None:
+            raise ZeroDivisionError(end)
+
+        log.observe_appends(broken)
+        log.observe_appends(seen.append)
+        result = log.put(make_message(b"one"))
+        self.assertEqual(seen, [result.next_offset])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)

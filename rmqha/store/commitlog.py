@@ -218,6 +218,7 @@ class CommitLog:
         self._flushes_in_flight = 0
         self._closed = False
         self._queues = QueueTable(store_dir)
+        self._append_observers: list[Callable[[int], object]] = []
 
     # -- opening -----------------------------------------------------------
 
@@ -448,7 +449,38 @@ class CommitLog:
         queues.last_put = results[-1].offset
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
+        if self._append_observers:
+            self._appended(end)
         return results
+
+    # -- observers ---------------------------------------------------------
+
+    def observe_appends(self, observer: Callable[[int], object]) -> Callable[[], None]:
+        """
+        Call C{observer} with the new max offset each time a put, a batch or
+        an L{append_at} wrote bytes, after they are written (and, with
+        C{SYNC_FLUSH} inline, flushed), before the call that wrote them
+        returns.  The writer no longer has to remember to tell anyone.
+
+        An observer that raises is logged and the others are still called;
+        the write has happened either way.
+
+        @return: a function that stops the observing (idempotent).
+        """
+        self._append_observers.append(observer)
+
+        def stop() -> None:
+            if observer in self._append_observers:
+                self._append_observers.remove(observer)
+
+        return stop
+
+    def _appended(self, end: int) -> None:
+        for observer in list(self._append_observers):
+            try:
+                observer(end)
+            except Exception:
+                self._log.failure("an append observer failed at offset {offset}", offset=end)
 
     def _encode_batch(
         self,
@@ -623,10 +655,14 @@ class CommitLog:
             # takes the rest, exactly where the failure left it.
             if written:
                 self._advance_record_end(offset, view[:written])
+                if self._append_observers:
+                    self._appended(self.max_offset)
             raise
         self._advance_record_end(offset, view)
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
+        if total and self._append_observers:
+            self._appended(self.max_offset)
         return self.max_offset
 
     def _advance_record_end(self, chunk_offset: int, chunk: memoryview) -> None:
