@@ -92,7 +92,6 @@ _HEADER_SIZE = _PREFIX.size  # 48
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
 _INT = struct.Struct(">i")
-_BLANK = struct.Struct(">ii")
 _IPV4_HOST = struct.Struct(">4si")
 _IPV6_HOST = struct.Struct(">16si")
 _MIDDLE = struct.Struct(">iqi")  # RECONSUMETIMES, PREPAREDTXOFFSET, BODYLENGTH
@@ -370,7 +369,7 @@ def encode_blank(size: int) -> bytes:
     """
     The 8 bytes that mark the remaining C{size} bytes of a segment unused.
     """
-    return _BLANK.pack(size, BLANK_MAGIC)
+    return RECORD_HEADER.pack(size, BLANK_MAGIC)
 
 
 def _check_int(name: str, value: int, bits: int) -> None:
@@ -573,15 +572,114 @@ def encode_record(
     return bytes(buf)
 
 
+# -- the header hop ----------------------------------------------------------
+#
+# The one description of where a record's fields sit, used by everything
+# that walks raw commit-log bytes without decoding them (the replica path,
+# recovery's tail checks, the scrub, the data pipeline's planner).
+
+#: TOTALSIZE and MAGICCODE: the first 8 bytes of every record and of a
+#: BLANK filler.  C{RECORD_HEADER.unpack_from(buf, pos)} is the hop.
+RECORD_HEADER = struct.Struct(">ii")
+#: Where PHYSICALOFFSET (int64) sits from a record's start.
+PHYSICALOFFSET_AT = 28
+#: Where SYSFLAG (int32) sits from a record's start.
+SYSFLAG_AT = 36
+# BODYCRC, PHYSICALOFFSET and SYSFLAG, from a record's start.
+_CHECKED = struct.Struct(">8xi16xqi")
+_V6_HOSTS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
+# Where BODYLENGTH sits with IPv4 hosts (each IPv6 host adds 12 bytes).
+_BODY_LENGTH_AT = _HEADER_SIZE + 8 + 8 + 8 + 4 + 8
+
+
+def body_length_at(sysflag: int) -> int:
+    """
+    Where BODYLENGTH (int32) sits from a record's start, given its SYSFLAG
+    (an IPv6 born or store host adds 12 bytes before it).
+    """
+    if sysflag & _V6_HOSTS:
+        return (
+            _BODY_LENGTH_AT
+            + (12 if sysflag & SysFlag.BORNHOST_V6 else 0)
+            + (12 if sysflag & SysFlag.STOREHOST_V6 else 0)
+        )
+    return _BODY_LENGTH_AT
+
+
+def is_message_magic(magic: int) -> bool:
+    """
+    Whether C{magic} is a message record's MAGICCODE (v1 or v2).
+    """
+    return magic == MESSAGE_MAGIC_V1 or magic == MESSAGE_MAGIC_V2
+
+
+def check_header(total: int, magic: int, position: int, size: int) -> str | None:
+    """
+    Why the header C{(total, magic)} at C{position} of a segment of C{size}
+    bytes cannot start a record or a BLANK filler, or C{None} if it can.
+    A BLANK must reach exactly the segment's end; a record must fit in it.
+    """
+    if magic == BLANK_MAGIC:
+        if position + total != size:
+            return (
+                f"a BLANK filler of {total} bytes at segment position {position} "
+                f"does not reach this store's segment end ({size}): the master's "
+                "segment size differs (mappedFileSizeCommitLog must match)"
+            )
+        return None
+    if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2:
+        return f"bad magic code 0x{magic & 0xFFFFFFFF:08X}"
+    if total < _MIN_FIXED or position + total > size:
+        return f"total size {total} is impossible at segment position {position} of {size}"
+    return None
+
+
+def check_record(
+    record: bytes | bytearray | memoryview | mmap, at: int, offset: int, total: int, magic: int
+) -> str | None:
+    """
+    Why the whole message record at C{record[at:at + total]}, whose header
+    passed L{check_header}, is not a valid record at commit-log C{offset},
+    or C{None} if it is: PHYSICALOFFSET, that the fields add up to TOTALSIZE
+    (RocketMQ's C{calMsgLength}) and the body CRC.  Nothing is decoded: the
+    replica path runs this once per replicated record; L{parse_record} is
+    the decoder.
+    """
+    (crc, physical, sysflag) = _CHECKED.unpack_from(record, at)
+    if physical != offset:
+        return f"PHYSICALOFFSET field says {physical}"
+    body_at = at + body_length_at(sysflag)
+    record_end = at + total
+    if body_at + 4 > record_end:
+        return f"total size {total} is too small for its hosts"
+    (body_length,) = _INT.unpack_from(record, body_at)
+    body_at += 4
+    # The topic length byte(s) and the properties length must fit.
+    topic_at = body_at + body_length
+    if body_length < 0 or topic_at + 2 > record_end:
+        return f"body length {body_length} does not fit"
+    if magic == MESSAGE_MAGIC_V1:
+        properties_at = topic_at + 1 + record[topic_at]
+    else:
+        properties_at = topic_at + 2 + _SHORT.unpack_from(record, topic_at)[0]
+    if properties_at + 2 > record_end or (
+        properties_at + 2 + _SHORT.unpack_from(record, properties_at)[0] != record_end
+    ):
+        return f"its fields do not add up to its total size {total}"
+    if body_length and (
+        zlib.crc32(record[body_at : body_at + body_length]) & 0x7FFFFFFF
+    ) != crc:
+        return "body CRC mismatch"
+    return None
+
+
 def record_body_length(buf: bytes | bytearray | memoryview | mmap, pos: int) -> int:
     """
     BODYLENGTH of the message record at C{buf[pos:]}, whose header has been
     checked (by L{parse_record}).
     """
-    (sysflag,) = _INT.unpack_from(buf, pos + 36)
-    p = pos + _HEADER_SIZE + (20 if sysflag & SysFlag.BORNHOST_V6 else 8) + 8
-    p += (20 if sysflag & SysFlag.STOREHOST_V6 else 8) + 12
-    length: int = _INT.unpack_from(buf, p)[0]
+    (sysflag,) = _INT.unpack_from(buf, pos + SYSFLAG_AT)
+    length: int = _INT.unpack_from(buf, pos + body_length_at(sysflag))[0]
     return length
 
 
@@ -594,15 +692,13 @@ def record_topic(buf: bytes | bytearray | memoryview | mmap, pos: int, end: int)
     """
     if end - pos < _HEADER_SIZE:
         return None
-    total, magic = _BLANK.unpack_from(buf, pos)
+    total, magic = RECORD_HEADER.unpack_from(buf, pos)
     if (magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2) or not (
         _MIN_FIXED <= total <= end - pos
     ):
         return None
-    (sysflag,) = _INT.unpack_from(buf, pos + 36)
-    p = pos + _HEADER_SIZE
-    p += (20 if sysflag & SysFlag.BORNHOST_V6 else 8) + 8
-    p += (20 if sysflag & SysFlag.STOREHOST_V6 else 8) + 12
+    (sysflag,) = _INT.unpack_from(buf, pos + SYSFLAG_AT)
+    p = pos + body_length_at(sysflag)
     (body_length,) = _INT.unpack_from(buf, p)
     p += 4 + body_length
     limit = pos + total
@@ -619,11 +715,11 @@ def record_topic(buf: bytes | bytearray | memoryview | mmap, pos: int, end: int)
     return bytes(buf[p : p + length])
 
 
-_MAGIC_BYTES = (
+#: The MAGICCODE bytes of a message record (v1, v2), to search for.
+MAGIC_BYTES = (
     struct.pack(">i", MESSAGE_MAGIC_V1),
     struct.pack(">i", MESSAGE_MAGIC_V2),
 )
-_PHYSICAL_AT = 28
 
 
 def is_record_start(
@@ -638,14 +734,14 @@ def is_record_start(
     @param base: the commit-log offset of C{buf[0]}.
     @param size: where the segment ends, in C{buf}'s coordinates.
     """
-    if p < 0 or p + _PHYSICAL_AT + 8 > len(buf):
+    if p < 0 or p + PHYSICALOFFSET_AT + 8 > len(buf):
         return False
-    total, magic = _BLANK.unpack_from(buf, p)
+    total, magic = RECORD_HEADER.unpack_from(buf, p)
     if magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2) or not (
         _MIN_FIXED <= total <= size - p
     ):
         return False
-    return bool(_LONG.unpack_from(buf, p + _PHYSICAL_AT)[0] == base + p)
+    return bool(_LONG.unpack_from(buf, p + PHYSICALOFFSET_AT)[0] == base + p)
 
 
 def record_starts(
@@ -658,7 +754,7 @@ def record_starts(
     store check} and C{repair}, the data pipeline's cuts).  It costs a C
     speed C{find} for each magic plus a few field reads per match.
     """
-    found = [buf.find(magic, start + 4) for magic in _MAGIC_BYTES]
+    found = [buf.find(magic, start + 4) for magic in MAGIC_BYTES]
     while True:
         live = [i for i in found if i != -1]
         if not live:
@@ -670,7 +766,7 @@ def record_starts(
         if is_record_start(buf, p, base, size):
             yield p
         which = found.index(i)
-        found[which] = buf.find(_MAGIC_BYTES[which], i + 1)
+        found[which] = buf.find(MAGIC_BYTES[which], i + 1)
 
 
 def parse_record(
@@ -713,7 +809,7 @@ def parse_record(
         raise RecordError(
             offset, f"truncated: {available} bytes left, a record header needs 8"
         )
-    total, magic = _BLANK.unpack_from(buf, pos)
+    total, magic = RECORD_HEADER.unpack_from(buf, pos)
     if magic == BLANK_MAGIC:
         if total != available:
             raise RecordError(

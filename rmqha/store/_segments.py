@@ -14,12 +14,12 @@ import json
 import mmap
 import os
 import re
-import struct
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from rmqha.store._record import (
+    RECORD_HEADER,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
 )
@@ -480,7 +480,7 @@ def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:
     """
     if written - position < 8:
         return True
-    total, magic = struct.unpack_from(">ii", mm, position)
+    total, magic = RECORD_HEADER.unpack_from(mm, position)
     return (
         magic in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
         and written - position < total <= size - position

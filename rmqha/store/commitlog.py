@@ -34,23 +34,21 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 import time
-import zlib
 from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
 from rmqha.store._queues import _UNCOUNTED, QueueTable
 from rmqha.store._record import (
+    RECORD_HEADER,
+    check_header,
+    check_record,
     BLANK_MAGIC,
     Blank,
     DEFAULT_MAX_MESSAGE_SIZE,
     END_FILE_MIN_BLANK_LENGTH,
     Host,
-    MESSAGE_MAGIC_V1,
-    MESSAGE_MAGIC_V2,
-    MIN_RECORD_SIZE as _MIN_RECORD,
     Message,
     MessageRejected,
     Record,
@@ -131,26 +129,6 @@ __all__ = [
     "MAX_SEGMENT_SIZE",
     "segment_name",
 ]
-
-
-_BLANK_HEADER = struct.Struct(">ii")
-
-
-# BODYCRC, PHYSICALOFFSET and SYSFLAG of a record, from its start.
-_CHECKED = struct.Struct(">8xi16xqi")
-
-
-_INT = struct.Struct(">i")
-
-
-_SHORT = struct.Struct(">h")
-
-
-_V6_HOSTS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
-
-
-# Where BODYLENGTH sits with IPv4 hosts (each IPv6 host adds 12 bytes).
-_BODY_LENGTH_AT = 48 + 8 + 8 + 8 + 4 + 8
 
 
 class AppendResult(NamedTuple):
@@ -681,11 +659,7 @@ class CommitLog:
         chunk_end = chunk_offset + len(chunk)
         end = self._record_end
         max_offset = self.max_offset
-        unpack_from = _BLANK_HEADER.unpack_from
-        checked = _CHECKED.unpack_from
-        int_at = _INT.unpack_from
-        short_at = _SHORT.unpack_from
-        crc32 = zlib.crc32
+        header_at = RECORD_HEADER.unpack_from
         while end < max_offset:
             segment, position, _ = self._locate(end, 0)
             size, wrote = segment.size, segment.wrote
@@ -697,73 +671,27 @@ class CommitLog:
                     return
                 in_chunk = chunk_offset <= end and end + 8 <= chunk_end
                 if in_chunk:
-                    total, magic = unpack_from(chunk, end - chunk_offset)
+                    total, magic = header_at(chunk, end - chunk_offset)
                 else:
-                    total, magic = _BLANK_HEADER.unpack(segment.pread(position, 8))
+                    total, magic = RECORD_HEADER.unpack(segment.pread(position, 8))
+                why = check_header(total, magic, position, size)
+                if why is not None:
+                    self._reject(end, why)
                 if magic == BLANK_MAGIC:
-                    if position + total != size:
-                        self._reject(
-                            end,
-                            f"a BLANK filler of {total} bytes at segment position "
-                            f"{position} does not reach this store's segment end "
-                            f"({size}): the master's segment size differs "
-                            "(mappedFileSizeCommitLog must match)",
-                        )
                     if wrote < size:
                         self._record_end = end
                         return
                     position = size
                     break
-                if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2:
-                    self._reject(end, f"bad magic code 0x{magic & 0xFFFFFFFF:08X}")
-                if total < _MIN_RECORD or position + total > size:
-                    self._reject(
-                        end,
-                        f"total size {total} is impossible at segment position "
-                        f"{position} of {size}",
-                    )
                 if position + total > wrote:
                     self._record_end = end
                     return
                 if in_chunk and end + total <= chunk_end:
-                    record: memoryview | bytes = chunk
-                    at = end - chunk_offset
+                    why = check_record(chunk, end - chunk_offset, end, total, magic)
                 else:
-                    record = segment.pread(position, total)
-                    at = 0
-                (crc, physical, sysflag) = checked(record, at)
-                if physical != end:
-                    self._reject(end, f"PHYSICALOFFSET field says {physical}")
-                if sysflag & _V6_HOSTS:
-                    body_at = at + _BODY_LENGTH_AT + (
-                        12 if sysflag & SysFlag.BORNHOST_V6 else 0
-                    ) + (12 if sysflag & SysFlag.STOREHOST_V6 else 0)
-                else:
-                    body_at = at + _BODY_LENGTH_AT
-                record_end = at + total
-                if body_at + 4 > record_end:
-                    self._reject(end, f"total size {total} is too small for its hosts")
-                (body_length,) = int_at(record, body_at)
-                body_at += 4
-                # The fields must add up to TOTALSIZE (RocketMQ's calMsgLength):
-                # the topic length byte(s) and the properties length must fit.
-                topic_at = body_at + body_length
-                if body_length < 0 or topic_at + 2 > record_end:
-                    self._reject(end, f"body length {body_length} does not fit")
-                if magic == MESSAGE_MAGIC_V1:
-                    topic_length = record[topic_at]
-                    properties_at = topic_at + 1 + topic_length
-                else:
-                    (topic_length,) = short_at(record, topic_at)
-                    properties_at = topic_at + 2 + topic_length
-                if properties_at + 2 > record_end or (
-                    properties_at + 2 + short_at(record, properties_at)[0] != record_end
-                ):
-                    self._reject(end, f"its fields do not add up to its total size {total}")
-                if body_length and (
-                    crc32(record[body_at : body_at + body_length]) & 0x7FFFFFFF
-                ) != crc:
-                    self._reject(end, "body CRC mismatch")
+                    why = check_record(segment.pread(position, total), 0, end, total, magic)
+                if why is not None:
+                    self._reject(end, why)
                 end += total
                 position += total
             if position >= size:
@@ -820,7 +748,7 @@ class CommitLog:
         while True:
             if hop + 8 > segment.wrote:
                 return segment.start + hop
-            total, magic = _BLANK_HEADER.unpack(segment.pread(hop, 8))
+            total, magic = RECORD_HEADER.unpack(segment.pread(hop, 8))
             if total <= 0 or hop + total > position:
                 return segment.start + hop
             hop += total

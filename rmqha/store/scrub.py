@@ -41,6 +41,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from rmqha.store._record import (
+    PHYSICALOFFSET_AT,
+    RECORD_HEADER,
+    MAGIC_BYTES,
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
@@ -90,9 +93,7 @@ IDLE_DELAY = 1.0
 # before did not; then the walk moves on (the next pass looks again).
 _MAX_REREADS = 2
 
-_HEADER = struct.Struct(">ii")
 _PHYSICAL = struct.Struct(">q")
-_MAGICS = (struct.pack(">i", MESSAGE_MAGIC_V1), struct.pack(">i", MESSAGE_MAGIC_V2))
 _FADVISE = getattr(os, "posix_fadvise", None)
 _DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 0)
 
@@ -164,7 +165,7 @@ def _next_candidate(buf: bytes, pos: int, end: int) -> int | None:
     message magic (a place a record may start), if any.
     """
     best: int | None = None
-    for magic in _MAGICS:
+    for magic in MAGIC_BYTES:
         i = buf.find(magic, pos + 4, end)
         if i >= 0 and (best is None or i - 4 < best):
             best = i - 4
@@ -178,7 +179,9 @@ def _placed(buf: bytes, pos: int, end: int, here: int) -> bool:
     Only used to decide whether to read a long record's bytes;
     L{parse_record} judges the record.
     """
-    return end - pos < 36 or _PHYSICAL.unpack_from(buf, pos + 28)[0] == here
+    return end - pos < PHYSICALOFFSET_AT + 8 or (
+        _PHYSICAL.unpack_from(buf, pos + PHYSICALOFFSET_AT)[0] == here
+    )
 
 
 def check_chunk(
@@ -243,7 +246,7 @@ def check_chunk(
                 return ChunkResult(resume, True, None, findings, records, want=8)
             pos = candidate
             here = offset + pos
-            total, _ = _HEADER.unpack_from(buf, pos)
+            total, _ = RECORD_HEADER.unpack_from(buf, pos)
             if total > end - pos and MIN_RECORD_SIZE <= total <= segment_end - here:
                 if _placed(buf, pos, end, here):
                     # Maybe a record, continuing after this chunk: read all
@@ -269,7 +272,7 @@ def check_chunk(
             if not at_limit or limit < segment_end:
                 return ChunkResult(here, False, anchor, findings, records, want=8)
         else:
-            total, magic = _HEADER.unpack_from(buf, pos)
+            total, magic = RECORD_HEADER.unpack_from(buf, pos)
             if magic == BLANK_MAGIC:
                 # Nothing after a BLANK is read: its size must reach the
                 # segment's end, which parse_record checks against "end".
@@ -290,7 +293,7 @@ def check_chunk(
                     # The record continues after this chunk: read all of it
                     # next time (once it is below the stable end).
                     return ChunkResult(here, False, anchor, findings, records, want=total)
-                physical = _PHYSICAL.unpack_from(buf, pos + 28)[0]
+                physical = _PHYSICAL.unpack_from(buf, pos + PHYSICALOFFSET_AT)[0]
                 findings.append(Finding(
                     here, f"PHYSICALOFFSET field says {physical}, the record is at {here}"
                 ))
