@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from twisted.logger import Logger
+
 from rmqha.store._record import (
     Blank,
     RecordError,
@@ -362,6 +364,100 @@ def _recover(
     if report.dropped_segments and not read_only:
         _fsync_dir(os.path.dirname(segments[0].path))
     return report
+
+
+def recover_store(
+    store_dir: str,
+    commitlog_dir: str,
+    segment_size: int | None,
+    *,
+    read_only: bool,
+    check_crc: bool,
+    truncate_corrupt: bool,
+    clock: Callable[[], float],
+) -> tuple[list[_Segment], int, RecoveryReport]:
+    """
+    What L{CommitLog.open} does between taking the lock and building the
+    log: list the segment files, recover the tail (L{_recover}), remove an
+    unfinished last segment file, let the mappings recovery read through
+    go, and (read-write) write the C{abort} marker.
+
+    @return: the segments, the segment size, the report.
+    """
+    abort_path = os.path.join(store_dir, "abort")
+    clean = not os.path.exists(abort_path)
+    segments, size, unfinished = _load_segments(
+        commitlog_dir, segment_size, writable=not read_only
+    )
+    try:
+        recovery = _recover(
+            store_dir, segments, clean, check_crc, read_only,
+            truncate_corrupt, clock,
+        )
+    except BaseException:
+        for segment in segments:
+            segment.close()
+        raise
+    if unfinished is not None:
+        # Nothing in it; the log creates it again when it needs it.
+        recovery.unfinished_segment = os.path.basename(unfinished)
+        if not read_only:
+            os.unlink(unfinished)
+            _fsync_dir(commitlog_dir)
+    # Recovery read the tail through mappings; let them go (they
+    # come back when needed) so that an open store does not hold
+    # the pages it read as its own memory.
+    for segment in segments:
+        segment.close()
+    if not read_only:
+        with open(abort_path, "wb"):
+            pass
+        _fsync_dir(store_dir)
+    return segments, size, recovery
+
+
+def log_recovery(
+    log: Logger,
+    commitlog_dir: str,
+    segment_size: int,
+    read_only: bool,
+    recovery: RecoveryReport,
+) -> None:
+    """
+    Tell the operator what opening the store found and did (through the
+    opening L{CommitLog}'s logger).
+    """
+    if not recovery.clean_shutdown or recovery.stop_reason:
+        log.warn(
+            "commit log {dir} recovered to offset {end} "
+            "(clean shutdown: {clean}; stopped because: {reason}; "
+            "dropped segments: {dropped})",
+            dir=commitlog_dir,
+            end=recovery.end_offset,
+            clean=recovery.clean_shutdown,
+            reason=recovery.stop_reason or "end of data",
+            dropped=recovery.dropped_segments or "none",
+        )
+    if recovery.corruption is not None:
+        log.error(
+            "commit log {dir}: {corruption}{what}",
+            dir=commitlog_dir,
+            corruption=recovery.corruption,
+            what=" (cut by --truncate-corrupt)" if recovery.truncated_corrupt else "",
+        )
+    for path in recovery.quarantined:
+        log.warn("commit log {dir}: kept what recovery cut in {path}",
+                       dir=commitlog_dir, path=path)
+    if recovery.unfinished_segment is not None:
+        log.warn(
+            "commit log {dir}: segment file {name} was never finished (shorter "
+            "than {size} bytes, only zeros: its creation was interrupted); "
+            "{what}",
+            dir=commitlog_dir,
+            name=recovery.unfinished_segment,
+            size=segment_size,
+            what="ignored" if read_only else "removed, it held nothing",
+        )
 
 
 @dataclass

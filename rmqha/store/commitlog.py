@@ -63,12 +63,12 @@ from rmqha.store._recovery import (
     RecoveryReport,
     RepairReport,
     VerifyReport,
-    _recover,
+    log_recovery,
+    recover_store,
     repair_store,
     verify_store,
 )
 from rmqha.store._segments import (
-    create_segment,
     DEFAULT_SEGMENT_SIZE,
     FlushDiskType,
     FlushPlan,
@@ -79,10 +79,10 @@ from rmqha.store._segments import (
     _check_segment_size,
     _fsync_dir,
     _incomplete,
-    _load_segments,
     _lock,
     _quarantine_bytes,
     _zero_after,
+    create_segment,
     segment_name,
 )
 from rmqha.store.errors import (
@@ -256,35 +256,15 @@ class CommitLog:
             os.makedirs(commitlog_dir, exist_ok=True)
             lock_fd = _lock(os.path.join(store_dir, "lock"))
         try:
-            abort_path = os.path.join(store_dir, "abort")
-            clean = not os.path.exists(abort_path)
-            segments, segment_size, unfinished = _load_segments(
-                commitlog_dir, segment_size, writable=not read_only
+            segments, segment_size, recovery = recover_store(
+                store_dir,
+                commitlog_dir,
+                segment_size,
+                read_only=read_only,
+                check_crc=check_crc,
+                truncate_corrupt=truncate_corrupt,
+                clock=clock,
             )
-            try:
-                recovery = _recover(
-                    store_dir, segments, clean, check_crc, read_only,
-                    truncate_corrupt, clock,
-                )
-            except BaseException:
-                for segment in segments:
-                    segment.close()
-                raise
-            if unfinished is not None:
-                # Nothing in it; the log creates it again when it needs it.
-                recovery.unfinished_segment = os.path.basename(unfinished)
-                if not read_only:
-                    os.unlink(unfinished)
-                    _fsync_dir(commitlog_dir)
-            # Recovery read the tail through mappings; let them go (they
-            # come back when needed) so that an open store does not hold
-            # the pages it read as its own memory.
-            for segment in segments:
-                segment.close()
-            if not read_only:
-                with open(abort_path, "wb"):
-                    pass
-                _fsync_dir(store_dir)
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -301,37 +281,7 @@ class CommitLog:
             lock_fd,
             recovery,
         )
-        if not recovery.clean_shutdown or recovery.stop_reason:
-            self._log.warn(
-                "commit log {dir} recovered to offset {end} "
-                "(clean shutdown: {clean}; stopped because: {reason}; "
-                "dropped segments: {dropped})",
-                dir=commitlog_dir,
-                end=recovery.end_offset,
-                clean=recovery.clean_shutdown,
-                reason=recovery.stop_reason or "end of data",
-                dropped=recovery.dropped_segments or "none",
-            )
-        if recovery.corruption is not None:
-            self._log.error(
-                "commit log {dir}: {corruption}{what}",
-                dir=commitlog_dir,
-                corruption=recovery.corruption,
-                what=" (cut by --truncate-corrupt)" if recovery.truncated_corrupt else "",
-            )
-        for path in recovery.quarantined:
-            self._log.warn("commit log {dir}: kept what recovery cut in {path}",
-                           dir=commitlog_dir, path=path)
-        if recovery.unfinished_segment is not None:
-            self._log.warn(
-                "commit log {dir}: segment file {name} was never finished (shorter "
-                "than {size} bytes, only zeros: its creation was interrupted); "
-                "{what}",
-                dir=commitlog_dir,
-                name=recovery.unfinished_segment,
-                size=segment_size,
-                what="ignored" if read_only else "removed, it held nothing",
-            )
+        log_recovery(self._log, commitlog_dir, segment_size, read_only, recovery)
         return self
 
     # -- offsets -----------------------------------------------------------
