@@ -18,7 +18,15 @@ from hypothesis import given, settings, strategies as st
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
-from rmqha.store._record import Blank, MessageRejected, Record, RecordError, encode_blank
+from rmqha.store._queues import QueueTable
+from rmqha.store._record import (
+    Blank,
+    MessageRejected,
+    Record,
+    RecordError,
+    SysFlag,
+    encode_blank,
+)
 from rmqha.store.commitlog import (
     CommitLog,
     CorruptStoreError,
@@ -1435,3 +1443,49 @@ class AppendObserverTests(SynchronousTestCase):
         result = log.put(make_message(b"one"))
         self.assertEqual(seen, [result.next_offset])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+
+class QueueTableTests(SynchronousTestCase):
+    """
+    L{QueueTable} on its own: fed records and an item reader, no commit
+    log.
+    """
+
+    def test_fed_records(self) -> None:
+        """
+        catch_up reads the records it is given from where the table ends,
+        counting each (topic, queue)'s next queue offset and skipping
+        prepared and rolled-back transaction messages; save writes a
+        snapshot a new table loads instead of reading the records again.
+        """
+        log = open_store(self, segment_size=4096)
+        put_all(log, [
+            make_message(b"a", queue_id=0),
+            make_message(b"b", queue_id=1),
+            make_message(b"c", queue_id=0),
+            make_message(b"d", queue_id=0, sysflag=SysFlag.TRANSACTION_PREPARED_TYPE),
+        ])
+        items = list(log.records(with_body=False))
+        starts: list[int] = []
+
+        def records_from(start: int) -> list:
+            starts.append(start)
+            return [r for r in items if r.offset >= start]
+
+        def item_at(offset: int) -> Record:
+            return next(r for r in items if r.offset == offset)
+
+        directory = self.mktemp()
+        table = QueueTable(directory)
+        self.assertFalse(table.current(log.max_offset))
+        got = table.catch_up(log.min_offset, log.max_offset, records_from, item_at)
+        self.assertEqual(got, {("TopicA", 0): 2, ("TopicA", 1): 1})
+        self.assertTrue(table.current(log.max_offset))
+        self.assertEqual(starts, [0])
+        os.makedirs(os.path.dirname(table.path))
+        table.save(item_at)
+        again = QueueTable(directory)
+        self.assertEqual(
+            again.catch_up(log.min_offset, log.max_offset, records_from, item_at), got
+        )
+        self.assertEqual(starts, [0, log.max_offset])

@@ -473,6 +473,25 @@ def _zero_after(mm: mmap.mmap, start: int, end: int) -> None:
         position += n
 
 
+def cut_segments(segments: list[_Segment], offset: int) -> None:
+    """
+    Zero every byte of C{segments} from commit-log C{offset} on, in
+    whichever segments they reached; segments that then begin past the cut
+    go, their files too (the next append must land in the segment holding
+    the cut).  The first segment always stays.
+    """
+    for segment in reversed(segments):
+        if segment.start + segment.wrote <= offset:
+            break
+        keep = max(0, offset - segment.start)
+        _zero_after(segment.mm, keep, segment.wrote)
+        segment.wrote = keep
+    while len(segments) > 1 and segments[-1].start > offset:
+        segment = segments.pop()
+        segment.close()
+        os.unlink(segment.path)
+
+
 def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:
     """
     Whether the bytes at C{position} are the valid start of a record that

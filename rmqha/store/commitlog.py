@@ -83,6 +83,7 @@ from rmqha.store._segments import (
     _quarantine_bytes,
     _zero_after,
     create_segment,
+    cut_segments,
     segment_name,
 )
 from rmqha.store.errors import (
@@ -663,18 +664,7 @@ class CommitLog:
         they reached.
         """
         self._put_ready_at = -1
-        for segment in reversed(self._segments):
-            if segment.start + segment.wrote <= offset:
-                break
-            keep = max(0, offset - segment.start)
-            _zero_after(segment.mm, keep, segment.wrote)
-            segment.wrote = keep
-        # Segments that now begin past the cut go (their files too): the
-        # next append must land in the segment holding the cut.
-        while len(self._segments) > 1 and self._segments[-1].start > offset:
-            segment = self._segments.pop()
-            segment.close()
-            os.unlink(segment.path)
+        cut_segments(self._segments, offset)
 
     def discard_incomplete_record(self) -> None:
         """
