@@ -1462,8 +1462,8 @@ class QueueTableTests(SynchronousTestCase):
         put_all(log, [
             make_message(b"a", queue_id=0),
             make_message(b"b", queue_id=1),
-            make_message(b"c", queue_id=0),
             make_message(b"d", queue_id=0, sysflag=SysFlag.TRANSACTION_PREPARED_TYPE),
+            make_message(b"c", queue_id=0),
         ])
         items = list(log.records(with_body=False))
         starts: list[int] = []
