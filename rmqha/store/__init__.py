@@ -14,4 +14,8 @@ and the services around it.
     truncate, records;
   - L{rmqha.store.service}: the commit log as a Twisted service (flush);
   - L{rmqha.store.scrub}: the background scrub.
+
+Import from the modules (C{from rmqha.store.commitlog import CommitLog,
+Message}): this package imports nothing itself, so the data pipeline's
+executors, which need only the codec, do not load the rest.
 """
