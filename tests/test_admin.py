@@ -23,7 +23,7 @@ from twisted.web.resource import getChildForRequest
 from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
 
-from rmqha import commitlog as commitlog_module
+from rmqha.store import _queues, _segments
 from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, make_site
 from rmqha.broker import Broker, NotStoredError, Role
 from rmqha.commitlog import CommitLog, Message
@@ -225,7 +225,7 @@ class DiskFullTests(AdminTestCase):
         def full(fd: int, size: int) -> None:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-        return self.patch(commitlog_module, "_allocate", full)
+        return self.patch(_segments, "_allocate", full)
 
     def store_files(self) -> list[str]:
         root = self.broker_.commitlog.store_dir
@@ -279,7 +279,7 @@ class DiskFullTests(AdminTestCase):
             loads = staticmethod(json.loads)
             load = staticmethod(json.load)
 
-        patches = [self.patch(commitlog_module, "json", FullJSON), self.disk_full()]
+        patches = [self.patch(_queues, "json", FullJSON), self.disk_full()]
         before = self.store_files()
         for _ in range(2):
             code, answer = self.post(b"x" * 1000)

@@ -14,9 +14,9 @@ import sys
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import Message
+from rmqha.store._record import Message
 from rmqha.cli import main
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 
 SEGMENT = 4096
 

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.commitlog}: the on-disk layout, the put path and its
+Tests for L{rmqha.store.commitlog}: the on-disk layout, the put path and its
 BLANK rule, queue offsets, the replica path, the transfer read path,
 flushing, record iteration and opening checks.
 
@@ -18,8 +18,16 @@ from hypothesis import given, settings, strategies as st
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
-from rmqha._record import Blank, MessageRejected, Record, RecordError, encode_blank
-from rmqha.commitlog import (
+from rmqha.store._queues import QueueTable
+from rmqha.store._record import (
+    Blank,
+    MessageRejected,
+    Record,
+    RecordError,
+    SysFlag,
+    encode_blank,
+)
+from rmqha.store.commitlog import (
     CommitLog,
     CorruptStoreError,
     FlushDiskType,
@@ -1149,7 +1157,7 @@ class RecordsAndOpeningTests(SynchronousTestCase):
         log.put(make_message())
         script = (
             "import sys\n"
-            "from rmqha.commitlog import CommitLog, StoreLockedError\n"
+            "from rmqha.store.commitlog import CommitLog, StoreLockedError\n"
             "try:\n"
             "    CommitLog.open(sys.argv[1]).close()\n"
             "except StoreLockedError as e:\n"
@@ -1366,3 +1374,118 @@ class TruncateReplicaTests(SynchronousTestCase):
             (info["offset"], info["end"], info["length"]), (305, end, len(expected))
         )
         self.assertIn("diverged", info["action"])
+
+
+class AppendObserverTests(SynchronousTestCase):
+    """
+    L{CommitLog.observe_appends}: the log tells its observers "appended up
+    to N" itself after a put, a batch or an append_at, so writers need not
+    remember to notify anyone.
+    """
+
+    def test_put_and_batch_notify_the_new_end(self) -> None:
+        """
+        A put and a batch each call every observer once, with the new max
+        offset, before they return; a refused put calls nobody.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+        log.observe_appends(seen.append)
+        log.put(make_message(b"one"))
+        self.assertEqual(seen, [log.max_offset])
+        log.put_batch([make_message(b"two"), make_message(b"three")])
+        self.assertEqual(seen[1:], [log.max_offset])
+        self.assertRaises(MessageRejected, log.put, make_message(b"x" * 10000))
+        log.put_batch([])
+        self.assertEqual(len(seen), 2)
+
+    def test_append_at_notifies_the_new_end(self) -> None:
+        """
+        append_at calls the observers with the new max offset, even when the
+        bytes end inside a record; an empty append calls nobody.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+        log.observe_appends(seen.append)
+        data = replica_records(0, 300)
+        log.append_at(0, data[:100])
+        log.append_at(100, data[100:])
+        log.append_at(300, b"")
+        self.assertEqual(seen, [100, 300])
+
+    def test_stop_observing(self) -> None:
+        """
+        The function observe_appends returns stops the observing, and may
+        be called twice.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+        stop = log.observe_appends(seen.append)
+        log.put(make_message(b"one"))
+        stop()
+        stop()
+        log.put(make_message(b"two"))
+        self.assertEqual(len(seen), 1)
+
+    def test_failing_observer_is_logged(self) -> None:
+        """
+        An observer that raises does not fail the put (it is stored) nor
+        keep the other observers from being called; the failure is logged.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        seen: list[int] = []
+
+        def broken(end: int) -> None:
+            raise ZeroDivisionError(end)
+
+        log.observe_appends(broken)
+        log.observe_appends(seen.append)
+        result = log.put(make_message(b"one"))
+        self.assertEqual(seen, [result.next_offset])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+
+class QueueTableTests(SynchronousTestCase):
+    """
+    L{QueueTable} on its own: fed records and an item reader, no commit
+    log.
+    """
+
+    def test_fed_records(self) -> None:
+        """
+        catch_up reads the records it is given from where the table ends,
+        counting each (topic, queue)'s next queue offset and skipping
+        prepared and rolled-back transaction messages; save writes a
+        snapshot a new table loads instead of reading the records again.
+        """
+        log = open_store(self, segment_size=4096)
+        put_all(log, [
+            make_message(b"a", queue_id=0),
+            make_message(b"b", queue_id=1),
+            make_message(b"d", queue_id=0, sysflag=SysFlag.TRANSACTION_PREPARED_TYPE),
+            make_message(b"c", queue_id=0),
+        ])
+        items = list(log.records(with_body=False))
+        starts: list[int] = []
+
+        def records_from(start: int) -> list:
+            starts.append(start)
+            return [r for r in items if r.offset >= start]
+
+        def item_at(offset: int) -> Record:
+            return next(r for r in items if r.offset == offset)
+
+        directory = self.mktemp()
+        table = QueueTable(directory)
+        self.assertFalse(table.current(log.max_offset))
+        got = table.catch_up(log.min_offset, log.max_offset, records_from, item_at)
+        self.assertEqual(got, {("TopicA", 0): 2, ("TopicA", 1): 1})
+        self.assertTrue(table.current(log.max_offset))
+        self.assertEqual(starts, [0])
+        os.makedirs(os.path.dirname(table.path))
+        table.save(item_at)
+        again = QueueTable(directory)
+        self.assertEqual(
+            again.catch_up(log.min_offset, log.max_offset, records_from, item_at), got
+        )
+        self.assertEqual(starts, [0, log.max_offset])

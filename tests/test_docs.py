@@ -12,7 +12,7 @@ import shlex
 
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from rmqha import commitlog
+from rmqha.store import _segments
 from rmqha.cli import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +53,7 @@ class ReadmeTests(SynchronousTestCase):
         self.assertTrue(blocks, "README.md has no Python example")
         # The example uses the default segment size, which preallocates
         # 1 GiB; tests use small segments.
-        self.patch(commitlog, "DEFAULT_SEGMENT_SIZE", 64 * 1024)
+        self.patch(_segments, "DEFAULT_SEGMENT_SIZE", 64 * 1024)
         previous = os.getcwd()
         workdir = os.path.abspath(self.mktemp())
         os.makedirs(workdir)

@@ -11,9 +11,9 @@ import random
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.commitlog import CommitLog, Record
+from rmqha.store.commitlog import CommitLog, Record
 from rmqha.pipeline.scan import hop, plan, read_span, scan
-from rmqha._record import format_host
+from rmqha.store._record import format_host
 
 from tests._helpers import make_message, open_store, segment_path, xor_byte, zero_from
 
@@ -201,7 +201,7 @@ class SyncSearchTests(SynchronousTestCase):
         Bodies full of message magic codes (without the matching offset)
         do not fool the search: rows equal the store at every split.
         """
-        from rmqha._record import MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2
+        from rmqha.store._record import MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2
 
         magic = MESSAGE_MAGIC_V1.to_bytes(4, "big", signed=True)
         magic2 = MESSAGE_MAGIC_V2.to_bytes(4, "big", signed=True)
@@ -222,7 +222,7 @@ class SyncSearchTests(SynchronousTestCase):
         """
         import struct
 
-        from rmqha._record import MESSAGE_MAGIC_V1
+        from rmqha.store._record import MESSAGE_MAGIC_V1
         from rmqha.pipeline.scan import PlanError
         from tests._helpers import record_size
 

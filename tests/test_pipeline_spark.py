@@ -13,7 +13,7 @@ import shutil
 import pytest
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 
 from tests._helpers import make_message, segment_path, xor_byte
 from tests._spark import spark, why_no_spark

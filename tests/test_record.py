@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha._record}: the RocketMQ 4.9 commit-log record codec.
+Tests for L{rmqha.store._record}: the RocketMQ 4.9 commit-log record codec.
 
 Expected bytes are built by hand with C{struct} from the field table in the
 reference notes (section C.2), never with the code under test.
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import (
+from rmqha.store._record import (
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
@@ -30,6 +30,8 @@ from rmqha._record import (
     RecordError,
     SysFlag,
     body_crc,
+    check_header,
+    check_record,
     decode_properties,
     encode_blank,
     encode_properties,
@@ -1210,3 +1212,58 @@ class DecoderRobustnessTests(SynchronousTestCase):
         flipped = buf[:end] + bytes(b ^ 0xFF for b in buf[end:]) + b"\x5a" * 8
         for other in (flipped, buf[:end], memoryview(buf)):
             self.assertEqual(decode_outcome(other, pos, end, offset, **kwargs), outcome)
+
+
+class ReplicaCheckTests(SynchronousTestCase):
+    """
+    L{check_header} and L{check_record}: the header hop and the no-decode
+    record check the replica path runs once per replicated record, kept
+    next to L{parse_record} so the two cannot drift apart.
+    """
+
+    def test_valid_record(self) -> None:
+        """
+        A record encoded by the put path passes both checks at its offset.
+        """
+        record = encode(sample_message())
+        total, magic = struct.unpack_from(">ii", record)
+        self.assertIsNone(check_header(total, magic, 0, 4096))
+        self.assertIsNone(check_record(record, 0, PHYSICAL_OFFSET, total, magic))
+
+    def test_reasons(self) -> None:
+        """
+        Each failure is named: a BLANK not reaching the segment end, a bad
+        magic, an impossible size, a wrong PHYSICALOFFSET, a body CRC
+        mismatch.
+        """
+        self.assertIn("does not reach", check_header(16, BLANK, 0, 4096) or "")
+        self.assertIsNone(check_header(4096, BLANK, 0, 4096))
+        self.assertIn("bad magic", check_header(100, 1234, 0, 4096) or "")
+        self.assertIn("impossible", check_header(5000, V1, 0, 4096) or "")
+        record = encode(sample_message())
+        total, magic = struct.unpack_from(">ii", record)
+        self.assertIn(
+            "PHYSICALOFFSET", check_record(record, 0, PHYSICAL_OFFSET + 1, total, magic) or ""
+        )
+        damaged = bytearray(record)
+        damaged[record.index(b"Hello RocketMQ")] ^= 1
+        self.assertEqual(
+            check_record(bytes(damaged), 0, PHYSICAL_OFFSET, total, magic), "body CRC mismatch"
+        )
+
+    @settings(deadline=None, derandomize=True, max_examples=500)
+    @given(inputs=decoder_inputs())
+    def test_never_refuses_what_the_decoder_accepts(
+        self, inputs: tuple[bytes, int, int, int]
+    ) -> None:
+        """
+        A message record L{parse_record} accepts (with its CRC) passes the
+        replica checks, at any place in a segment it fits in.
+        """
+        buf, pos, end, offset = inputs
+        outcome = decode_outcome(buf, pos, end, offset, check_crc=True)
+        if not isinstance(outcome, Record):
+            return
+        total, magic = struct.unpack_from(">ii", buf, pos)
+        self.assertIsNone(check_header(total, magic, 0, total))
+        self.assertIsNone(check_record(buf, pos, offset, total, magic))

@@ -1,5 +1,5 @@
 """
-Tests for what L{rmqha.commitlog.CommitLog.open} does to a store's tail:
+Tests for what L{rmqha.store.commitlog.CommitLog.open} does to a store's tail:
 RocketMQ's C{recoverNormally} walk, cutting torn records, moving segments
 past the end aside, read-only inspection and a replica's incomplete tail.
 
@@ -19,9 +19,9 @@ from typing import Callable, Iterable
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import MessageRejected, RecordError
-from rmqha import commitlog as commitlog_module
-from rmqha.commitlog import CommitLog, CorruptRecordError, StoreError
+from rmqha.store._record import MessageRejected, RecordError
+from rmqha.store import _segments
+from rmqha.store.commitlog import CommitLog, CorruptRecordError, StoreError
 
 from tests._helpers import (
     copy_store,
@@ -555,14 +555,14 @@ class UnfinishedSegmentTests(SynchronousTestCase):
         def die(fd: int, size: int) -> None:
             raise Killed()
 
-        allocate = commitlog_module._allocate
-        commitlog_module._allocate = die
+        allocate = _segments._allocate
+        _segments._allocate = die
         try:
             self.assertRaises(
                 Killed, replica.append_at, 2 * self.SEGMENT, data[2 * self.SEGMENT :]
             )
         finally:
-            commitlog_module._allocate = allocate
+            _segments._allocate = allocate
         # The process is gone, and so is its lock.
         assert replica._lock_fd is not None
         os.close(replica._lock_fd)

@@ -49,8 +49,8 @@ from unittest import SkipTest
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import MESSAGE_MAGIC_V1, Blank, Message, Record, encode_properties
-from rmqha.commitlog import CommitLog
+from rmqha.store._record import MESSAGE_MAGIC_V1, Blank, Message, Record, encode_properties
+from rmqha.store.commitlog import CommitLog
 
 try:
     import pytest

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.scrub}: the background scrub of the commit log, driven
+Tests for L{rmqha.store.scrub}: the background scrub of the commit log, driven
 by a fake clock, with reads run in-line or held until the test runs them.
 
 Expected offsets come from this suite's own knowledge of the layout
@@ -18,8 +18,8 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
-from rmqha.commitlog import CommitLog
-from rmqha.scrub import ScrubService, check_chunk, parse_scrub_rate
+from rmqha.store.commitlog import CommitLog
+from rmqha.store.scrub import ScrubService, check_chunk, parse_scrub_rate
 
 from tests._helpers import (
     field_spans,
@@ -213,7 +213,7 @@ class FindsCorruptionTests(ScrubTestCase):
         into memory: a warning, the rest of its segment unchecked this
         pass, nothing reported, and the next segments are checked.
         """
-        from rmqha import scrub as scrub_module
+        from rmqha.store import scrub as scrub_module
 
         self.patch(scrub_module, "MAX_RECORD_READ", 4096)
         offsets, _ = _fill(self.store, COUNT)

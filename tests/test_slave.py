@@ -216,7 +216,7 @@ class FrameTests(SlaveTestCase):
         """
         import errno
 
-        from rmqha import commitlog as commitlog_module
+        from rmqha.store import _segments
 
         self.fill(600)  # past one segment
         end = self.source.max_offset
@@ -224,7 +224,7 @@ class FrameTests(SlaveTestCase):
         good = self.source_bytes(0, end)
         factory = SlaveFactory(self.replica, self.clock)
 
-        allocate = commitlog_module._allocate
+        allocate = _segments._allocate
         made: list[int] = []
 
         def full_after_one(fd: int, size: int) -> None:
@@ -234,7 +234,7 @@ class FrameTests(SlaveTestCase):
             made.append(fd)
             allocate(fd, size)
 
-        patch = self.patch(commitlog_module, "_allocate", full_after_one)
+        patch = self.patch(_segments, "_allocate", full_after_one)
         connection = factory.buildProtocol(None)
         connection.makeConnection(StringTransport())
         with capturedLogs() as events:

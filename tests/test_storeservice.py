@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.storeservice}: the commit log's lifecycle and flush
+Tests for L{rmqha.store.service}: the commit log's lifecycle and flush
 policy as a Twisted service, driven by a fake clock.
 """
 
@@ -13,9 +13,9 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import Message
-from rmqha.commitlog import CommitLog, FlushDiskType
-from rmqha.storeservice import CommitLogService
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog, FlushDiskType
+from rmqha.store.service import CommitLogService
 
 
 class _Threads:

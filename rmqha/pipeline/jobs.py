@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from typing import IO, Any, Sequence
 
-from rmqha._record import Blank, RecordError, parse_record
+from rmqha.store._record import Blank, RecordError, parse_record
 from rmqha.pipeline.scan import PlanError, hop, segments
 
 __all__ = ["stats", "export", "verify", "VerifyResult", "check_inputs", "main"]

@@ -15,7 +15,7 @@ a torn record), and a reader that finds a record running past a cut fails
 loudly instead of returning wrong rows.
 
 L{read_span} decodes one span with the project's decoder
-(L{rmqha._record.parse_record}) into Arrow record batches of the
+(L{rmqha.store._record.parse_record}) into Arrow record batches of the
 C{rocketmq-commitlog} schema; L{scan} does every span in this process (the
 plain single-process reader the Spark benchmark compares against).
 """
@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from rmqha._record import (
+from rmqha.store._record import (
+    RECORD_HEADER,
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
@@ -144,9 +144,7 @@ def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
     position = 0
     buf = bytearray(_HOP_BLOCK)
     view = memoryview(buf)
-    from struct import Struct
-
-    unpack_from = Struct(">ii").unpack_from
+    unpack_from = RECORD_HEADER.unpack_from
     magics = (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
     with open(path, "rb", buffering=0) as f:
         block_start = 0
@@ -168,7 +166,6 @@ def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
     return cuts, position
 
 
-_HEADER = struct.Struct(">ii")
 #: A record is at most this long (RocketMQ's maxMessageSize plus headers):
 #: a search for the next record start never needs to look further.
 _MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
@@ -203,7 +200,7 @@ def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: i
 
 def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
     f.seek(start)
-    (total,) = struct.unpack(">i", f.read(4))
+    total, _ = RECORD_HEADER.unpack(f.read(8))
     after = start + total
     if after >= size:
         return after == size
@@ -211,7 +208,7 @@ def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
     data = f.read(40)
     if len(data) < 8:
         return True
-    follower, magic = _HEADER.unpack_from(data, 0)
+    follower, magic = RECORD_HEADER.unpack_from(data, 0)
     if magic == BLANK_MAGIC:
         return after + follower == size
     if follower == 0 and magic == 0:

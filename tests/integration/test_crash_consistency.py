@@ -23,7 +23,7 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
-from rmqha.commitlog import CommitLog, Record, verify_store
+from rmqha.store.commitlog import CommitLog, Record, verify_store
 from rmqha.testing import twistd_command
 
 

@@ -17,7 +17,7 @@ import pytest_twisted
 from rmqha.admin import status
 from rmqha.broker import Broker, Role
 from rmqha.cli import main
-from rmqha.commitlog import CommitLog, Message
+from rmqha.store.commitlog import CommitLog, Message
 
 from tests._helpers import field_spans, xor_byte
 from tests.integration._support import make_broker, until

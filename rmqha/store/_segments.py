@@ -1,0 +1,506 @@
+# -*- test-case-name: tests.test_commitlog,tests.test_recovery -*-
+"""
+RocketMQ's C{MappedFileQueue}: the segment files of a commit log, their
+names, allocation, the store lock, flush plans, zeroing, and the quarantine
+recovery and truncation move bytes into.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import fcntl
+import json
+import mmap
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from rmqha.store._record import (
+    RECORD_HEADER,
+    MESSAGE_MAGIC_V1,
+    MESSAGE_MAGIC_V2,
+)
+from rmqha.store.errors import (
+    _QUARANTINE,
+    CorruptStoreError,
+    StoreLockedError,
+)
+
+
+#: RocketMQ's C{mappedFileSizeCommitLog} default.
+DEFAULT_SEGMENT_SIZE = 1024 * 1024 * 1024
+
+
+#: Small enough for tests, large enough for one minimal record and a BLANK.
+MIN_SEGMENT_SIZE = 256
+
+
+#: A BLANK filler's size is an int32, so a segment cannot be larger.
+MAX_SEGMENT_SIZE = 0x7FFFFFFF
+
+
+_SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
+
+
+_PAGE = mmap.PAGESIZE
+
+
+_ZERO_CHUNK = bytes(1 << 20)
+
+
+def segment_name(start: int) -> str:
+    """
+    The file name of the segment starting at C{start}: 20 zero-padded digits.
+    """
+    return f"{start:020d}"
+
+
+class FlushDiskType(enum.Enum):
+    """
+    RocketMQ's C{flushDiskType}.
+    """
+
+    #: A periodic flush (see L{rmqha.store.service.CommitLogService}).
+    ASYNC_FLUSH = "ASYNC_FLUSH"
+    #: Every put and append is on disk before it returns.
+    SYNC_FLUSH = "SYNC_FLUSH"
+
+
+class _Segment:
+    """
+    One segment file, mapped lazily.
+
+    @ivar wrote: bytes of the segment holding data (RocketMQ's wrote
+        position); the segment is full when it equals C{size}.
+    """
+
+    __slots__ = ("start", "path", "size", "wrote", "writable", "fd", "_mm")
+
+    def __init__(self, start: int, path: str, size: int, writable: bool) -> None:
+        self.start = start
+        self.path = path
+        self.size = size
+        self.wrote = 0
+        self.writable = writable
+        self.fd: int | None = None
+        self._mm: mmap.mmap | None = None
+
+    @property
+    def mm(self) -> mmap.mmap:
+        if self._mm is None:
+            # The segment's descriptor, opened here if need be: a second one
+            # would leak (one descriptor per segment for ever).
+            fd = self.ensure_fd()
+            self._mm = mmap.mmap(
+                fd,
+                self.size,
+                access=mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ,
+            )
+            if not self.writable:
+                self.close_fd()
+        return self._mm
+
+    @property
+    def end(self) -> int:
+        return self.start + self.wrote
+
+    def ensure_fd(self) -> int:
+        if self.fd is None:
+            flags = os.O_RDWR if self.writable else os.O_RDONLY
+            self.fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0))
+        return self.fd
+
+    def pread(self, position: int, size: int) -> bytes:
+        fd = self.ensure_fd()
+        data = os.pread(fd, size, position)
+        while len(data) < size:  # short reads are allowed; finish the job
+            more = os.pread(fd, size - len(data), position + len(data))
+            if not more:
+                raise OSError(f"{self.path}: unexpected end of file at {position + len(data)}")
+            data += more
+        return data
+
+    def pwrite(self, position: int, data: memoryview) -> None:
+        fd = self.ensure_fd()
+        while data:
+            written = os.pwrite(fd, data, position)
+            position += written
+            data = data[written:]
+
+    def close_fd(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def release_mapping(self) -> None:
+        """
+        Unmap (the descriptor stays open for flushes and preads).  A full
+        segment is only read with C{pread} after this; keeping its pages
+        mapped would count every byte ever put towards the process's RSS.
+        """
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                return  # a read_view of it is still alive; unmapped later
+            self._mm = None
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        self.close_fd()
+
+
+@dataclass
+class FlushPlan:
+    """
+    One flush: C{fdatasync} these descriptors and everything up to C{target}
+    is on disk.  L{execute} may run on a worker thread; the rest of the
+    store must only be touched from the thread that owns it.
+    """
+
+    target: int
+    fds: list[int]
+
+    def execute(self) -> None:
+        for fd in self.fds:
+            os.fdatasync(fd)
+
+
+def _check_segment_size(size: int) -> None:
+    if not isinstance(size, int) or not MIN_SEGMENT_SIZE <= size <= MAX_SEGMENT_SIZE:
+        raise ValueError(
+            f"segment size {size!r} must be between {MIN_SEGMENT_SIZE} and "
+            f"{MAX_SEGMENT_SIZE} bytes"
+        )
+
+
+def _lock(path: str) -> int:
+    """
+    Take the POSIX record lock RocketMQ takes on C{<store>/lock} (Java's
+    C{FileChannel.tryLock} is an C{fcntl} lock, so this excludes a running
+    broker too).
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            raise StoreLockedError(
+                f"{os.path.dirname(path)} is in use by another process "
+                f"(lock held on {path})"
+            ) from None
+        raise
+    return fd
+
+
+def _allocate(fd: int, size: int) -> None:
+    """
+    Give a new segment its full size with blocks allocated, like RocketMQ's
+    pre-allocated files.  Writing into holes of a sparse file costs a
+    block allocation per page fault: about ten times the copy itself.
+    """
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, size)
+
+
+def create_segment(commitlog_dir: str, start: int, size: int) -> _Segment:
+    """
+    Make the segment file starting at C{start}, allocated to its full
+    C{size}; on failure (a full disk, say) nothing of a new file is left.
+    """
+    path = os.path.join(commitlog_dir, segment_name(start))
+    existed = os.path.exists(path)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        _allocate(fd, size)
+    except OSError:
+        if not existed:
+            # Ours and holding nothing (the disk is full, say): give
+            # its blocks back.
+            os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    _fsync_dir(commitlog_dir)
+    return _Segment(start, path, size, writable=True)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _all_zero(path: str) -> bool:
+    """
+    Whether every byte of the file at C{path} is zero (an empty file, which
+    cannot be mapped, is).
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not size:
+            return True
+        with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+            return not _nonzero_after(mm, 0, size)
+
+
+def _unfinished_segment(
+    found: list[tuple[int, str, int]], segment_size: int | None
+) -> str | None:
+    """
+    The path of the last segment file if its creation was interrupted: it
+    is shorter than a segment and holds only zeros.  A process killed
+    between creating a segment file and giving it its full size leaves one
+    (so does RocketMQ, whose broker then refuses to start); nothing was
+    ever written to it, since writing starts only once it has its size.
+    """
+    if not found:
+        return None
+    start, path, size = found[-1]
+    if len(found) > 1:
+        expected: int | None = found[0][2] if segment_size is None else segment_size
+        if start != found[-2][0] + found[-2][2]:
+            return None
+    else:
+        expected = segment_size
+    if expected is None:
+        # A lone file, no configured size: short if no segment has its size.
+        try:
+            _check_segment_size(size)
+            return None
+        except ValueError:
+            pass
+    elif size >= expected:
+        return None
+    return path if _all_zero(path) else None
+
+
+def _load_segments(
+    commitlog_dir: str, segment_size: int | None, writable: bool
+) -> tuple[list[_Segment], int, str | None]:
+    """
+    List the segment files, checking names, sizes and contiguity.
+
+    @return: the segments, the segment size, and the path of an unfinished
+        last segment file (see L{_unfinished_segment}), which is not among
+        the segments.
+    """
+    names = sorted(os.listdir(commitlog_dir))
+    found: list[tuple[int, str, int]] = []
+    for name in names:
+        path = os.path.join(commitlog_dir, name)
+        if not _SEGMENT_NAME.match(name) or not os.path.isfile(path):
+            raise CorruptStoreError(
+                f"{path}: not a commit-log segment (segment files are named by "
+                "their 20-digit start offset)"
+            )
+        found.append((int(name), path, os.path.getsize(path)))
+    unfinished = _unfinished_segment(found, segment_size)
+    if unfinished is not None:
+        del found[-1]
+    if not found:
+        return [], segment_size or DEFAULT_SEGMENT_SIZE, unfinished
+    sizes = {size for _, _, size in found}
+    if segment_size is None:
+        # The first file's size decides; every file must have it.
+        segment_size = found[0][2]
+        try:
+            _check_segment_size(segment_size)
+        except ValueError:
+            raise CorruptStoreError(
+                f"{found[0][1]}: {segment_size} bytes is not a valid segment size"
+            ) from None
+    for start, path, size in found:
+        if size != segment_size:
+            raise CorruptStoreError(
+                f"{path}: {size} bytes, but segments are {segment_size} bytes"
+                + (" (configured)" if len(sizes) == 1 else "")
+            )
+        if start % segment_size:
+            raise CorruptStoreError(
+                f"{path}: start offset {start} is not a multiple of the segment "
+                f"size {segment_size}"
+            )
+    for (a, path_a, _), (b, path_b, _) in zip(found, found[1:]):
+        if b != a + segment_size:
+            raise CorruptStoreError(
+                f"segments are not contiguous: {os.path.basename(path_a)} is "
+                f"followed by {os.path.basename(path_b)}"
+            )
+    segments = [_Segment(start, path, size, writable) for start, path, size in found]
+    for segment in segments:
+        segment.wrote = segment.size
+    return segments, segment_size, unfinished
+
+
+def _segment_index(segments: list[_Segment], offset: int) -> int | None:
+    """
+    The index of the segment holding C{offset}, if any.
+    """
+    if not segments or offset < segments[0].start:
+        return None
+    index = (offset - segments[0].start) // segments[0].size
+    return index if index < len(segments) else None
+
+
+def _quarantine_target(store_dir: str, stem: str, suffix: str, clock: Callable[[], float]) -> str:
+    """
+    A new path in C{<store>/rmqha/quarantine/} named C{stem}, the UTC time
+    and C{suffix}; never one that exists (so nothing quarantined is ever
+    replaced).
+    """
+    directory = os.path.join(store_dir, *_QUARANTINE)
+    os.makedirs(directory, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(clock()))
+    base = os.path.join(directory, f"{stem}-{stamp}")
+    target, n = base + suffix, 1
+    while os.path.exists(target) or os.path.exists(target + ".json"):
+        target, n = f"{base}.{n}{suffix}", n + 1
+    return target
+
+
+def _write_sidecar(path: str, info: dict[str, object], clock: Callable[[], float]) -> None:
+    info = {
+        **info,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(clock())),
+    }
+    with open(path + ".json", "w") as f:
+        json.dump(info, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _quarantine_bytes(
+    store_dir: str,
+    offset: int,
+    chunks: Iterator[bytes],
+    info: dict[str, object],
+    clock: Callable[[], float],
+) -> str:
+    """
+    Keep C{chunks}, the bytes at commit-log C{offset} about to be zeroed or
+    overwritten, byte for byte in C{<store>/rmqha/quarantine/<offset>-<utc
+    time>.bin}, with a JSON sidecar (C{info}: why, from where), both on
+    disk before this returns.
+
+    @return: the path of the C{.bin} file.
+    """
+    target = _quarantine_target(store_dir, f"{offset:020d}", ".bin", clock)
+    length = 0
+    with open(target, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+            length += len(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    _write_sidecar(target, {"offset": offset, "length": length, **info}, clock)
+    _fsync_dir(os.path.dirname(target))
+    return target
+
+
+def _quarantine_segment(
+    store_dir: str, segment: _Segment, info: dict[str, object], clock: Callable[[], float]
+) -> str:
+    """
+    Move a whole segment file into quarantine (renamed, bytes untouched),
+    with a JSON sidecar.
+    """
+    name = os.path.basename(segment.path)
+    target = _quarantine_target(store_dir, name, ".segment", clock)
+    _write_sidecar(
+        target, {"offset": segment.start, "length": segment.size, "segment": name, **info},
+        clock,
+    )
+    os.rename(segment.path, target)
+    _fsync_dir(os.path.dirname(target))
+    return target
+
+
+def _mapped_chunks(mm: mmap.mmap, start: int, end: int) -> Iterator[bytes]:
+    step = len(_ZERO_CHUNK)
+    for position in range(start, end, step):
+        yield mm[position : min(end, position + step)]
+
+
+def _first_nonzero(mm: mmap.mmap, start: int, end: int) -> int | None:
+    step = len(_ZERO_CHUNK)
+    position = start
+    while position < end:
+        n = min(step, end - position)
+        chunk = mm[position : position + n]
+        if chunk != _ZERO_CHUNK[:n]:
+            return position + len(chunk) - len(chunk.lstrip(b"\0"))
+        position += n
+    return None
+
+
+def _last_nonzero(mm: mmap.mmap, start: int, end: int) -> int | None:
+    step = len(_ZERO_CHUNK)
+    position = end
+    while position > start:
+        n = min(step, position - start)
+        chunk = mm[position - n : position]
+        if chunk != _ZERO_CHUNK[:n]:
+            return position - n + len(chunk.rstrip(b"\0")) - 1
+        position -= n
+    return None
+
+
+def _nonzero_after(mm: mmap.mmap, start: int, end: int) -> bool:
+    return _first_nonzero(mm, start, end) is not None
+
+
+def _zero_after(mm: mmap.mmap, start: int, end: int) -> None:
+    step = len(_ZERO_CHUNK)
+    position = start
+    while position < end:
+        n = min(step, end - position)
+        if mm[position : position + n] != _ZERO_CHUNK[:n]:
+            mm[position : position + n] = _ZERO_CHUNK[:n]
+        position += n
+
+
+def cut_segments(segments: list[_Segment], offset: int) -> None:
+    """
+    Zero every byte of C{segments} from commit-log C{offset} on, in
+    whichever segments they reached; segments that then begin past the cut
+    go, their files too (the next append must land in the segment holding
+    the cut).  The first segment always stays.
+    """
+    for segment in reversed(segments):
+        if segment.start + segment.wrote <= offset:
+            break
+        keep = max(0, offset - segment.start)
+        _zero_after(segment.mm, keep, segment.wrote)
+        segment.wrote = keep
+    while len(segments) > 1 and segments[-1].start > offset:
+        segment = segments.pop()
+        segment.close()
+        os.unlink(segment.path)
+
+
+def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:
+    """
+    Whether the bytes at C{position} are the valid start of a record that
+    continues past C{written} (but within the segment).
+    """
+    if written - position < 8:
+        return True
+    total, magic = RECORD_HEADER.unpack_from(mm, position)
+    return (
+        magic in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
+        and written - position < total <= size - position
+    )

@@ -1,0 +1,1014 @@
+# -*- test-case-name: tests.test_commitlog,tests.test_recovery -*-
+"""
+A commit log laid out on disk exactly like Apache RocketMQ 4.9's.
+
+::
+
+    <store>/commitlog/00000000000000000000     segment files, each exactly
+    <store>/commitlog/00000000001073741824     segment_size bytes, named by
+    ...                                         their 20-digit start offset
+    <store>/abort                               present while open: its
+                                                presence at open means the
+                                                last shutdown was not clean
+    <store>/lock                                POSIX lock held while open
+    <store>/rmqha/                              rmqha's own files (queue
+                                                offset snapshot, segments
+                                                moved aside by recovery)
+
+Three ways in:
+
+  - the put path (L{CommitLog.put}) encodes a message as a v1 record at the
+    end of the log, writing a BLANK filler and rolling to a new segment
+    when the record (plus room for a filler) does not fit;
+  - the replica path (L{CommitLog.append_at}) copies raw bytes a master sent
+    at exactly the offset they belong at;
+  - the transfer read path (L{CommitLog.read}) hands out bytes from an
+    offset, never crossing a segment.
+
+Everything runs on the caller's thread; the only thing meant to run on
+another thread is L{FlushPlan.execute} (an C{fdatasync}), see
+L{rmqha.store.service}.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
+
+from twisted.logger import Logger
+
+from rmqha.store._queues import _UNCOUNTED, QueueTable
+from rmqha.store._record import (
+    RECORD_HEADER,
+    check_header,
+    check_record,
+    BLANK_MAGIC,
+    Blank,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    END_FILE_MIN_BLANK_LENGTH,
+    Host,
+    Message,
+    MessageRejected,
+    Record,
+    RecordEncoder,
+    RecordError,
+    SysFlag,
+    encode_blank,
+    offset_msg_id,
+    parse_record,
+)
+from rmqha.store._recovery import (
+    RecoveryReport,
+    RepairReport,
+    VerifyReport,
+    log_recovery,
+    recover_store,
+    repair_store,
+    verify_store,
+)
+from rmqha.store._segments import (
+    DEFAULT_SEGMENT_SIZE,
+    FlushDiskType,
+    FlushPlan,
+    MAX_SEGMENT_SIZE,
+    MIN_SEGMENT_SIZE,
+    _Segment,
+    _ZERO_CHUNK,
+    _check_segment_size,
+    _fsync_dir,
+    _incomplete,
+    _lock,
+    _quarantine_bytes,
+    _zero_after,
+    create_segment,
+    cut_segments,
+    segment_name,
+)
+from rmqha.store.errors import (
+    CorruptRecordError,
+    CorruptReplicaError,
+    CorruptStoreError,
+    Damage,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+    ReadOnlyStoreError,
+    SegmentCreateError,
+    StoreError,
+    StoreLockedError,
+)
+
+
+__all__ = [
+    "CommitLog",
+    "Message",
+    "Record",
+    "Blank",
+    "MessageRejected",
+    "RecordError",
+    "CorruptReplicaError",
+    "FlushDiskType",
+    "FlushPlan",
+    "AppendResult",
+    "RecoveryReport",
+    "VerifyReport",
+    "verify_store",
+    "StoreError",
+    "StoreLockedError",
+    "CorruptStoreError",
+    "CorruptRecordError",
+    "Damage",
+    "RepairReport",
+    "repair_store",
+    "OffsetMismatchError",
+    "OffsetOutOfRangeError",
+    "ReadOnlyStoreError",
+    "SegmentCreateError",
+    "DEFAULT_SEGMENT_SIZE",
+    "MIN_SEGMENT_SIZE",
+    "MAX_SEGMENT_SIZE",
+    "segment_name",
+]
+
+
+class AppendResult(NamedTuple):
+    """
+    Where a put landed.
+    """
+
+    offset: int
+    size: int
+    queue_offset: int
+    store_timestamp: int
+    store_host: Host
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + self.size
+
+    @property
+    def msg_id(self) -> str:
+        return offset_msg_id(self.store_host, self.offset)
+
+
+class CommitLog:
+    """
+    A RocketMQ-compatible commit log.  Use L{CommitLog.open}.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        store_dir: str,
+        commitlog_dir: str,
+        segment_size: int,
+        segments: list[_Segment],
+        read_only: bool,
+        encoder: RecordEncoder,
+        flush_disk_type: FlushDiskType,
+        clock: Callable[[], float],
+        lock_fd: int | None,
+        recovery: RecoveryReport,
+    ) -> None:
+        self.store_dir = store_dir
+        self.commitlog_dir = commitlog_dir
+        self.segment_size = segment_size
+        self.read_only = read_only
+        self.flush_disk_type = flush_disk_type
+        self.recovery = recovery
+        self._segments = segments
+        self._encoder = encoder
+        self._clock = clock
+        self._lock_fd = lock_fd
+        self._flushed = self.max_offset
+        self._sync_flush = flush_disk_type is FlushDiskType.SYNC_FLUSH
+        #: With SYNC_FLUSH, whether put and append_at flush before they
+        #: return.  A service doing group commit (one flush for many puts,
+        #: off the caller's thread) turns this off and owns the guarantee.
+        self.sync_flush_inline = True
+        # Where the next put may go without L{_prepare_put}'s checks; -1
+        # after anything else changed the log.
+        self._put_ready_at = -1
+        # Every byte before this is whole records (and BLANKs); a replica's
+        # bytes after it are a record still arriving.
+        self._record_end = self.max_offset
+        self._flushes_in_flight = 0
+        self._closed = False
+        self._queues = QueueTable(store_dir)
+        self._append_observers: list[Callable[[int], object]] = []
+
+    # -- opening -----------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        store_dir: str,
+        *,
+        segment_size: int | None = None,
+        read_only: bool = False,
+        commitlog_dir: str | None = None,
+        check_crc: bool = True,
+        max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE,
+        store_host: Host = ("127.0.0.1", 10911),
+        flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH,
+        clock: Callable[[], float] = time.time,
+        truncate_corrupt: bool = False,
+    ) -> "CommitLog":
+        """
+        Open (creating, unless C{read_only}) the store at C{store_dir} and
+        recover its tail.
+
+        @param segment_size: the size of a segment; an existing store's files
+            decide it, and a different value here is an error.  C{None}
+            means "whatever the files say", or L{DEFAULT_SEGMENT_SIZE} for a
+            new store.
+        @param read_only: inspect without modifying anything: no lock, no
+            C{abort} marker, no truncation, no zeroing, no file moved.
+        @param commitlog_dir: RocketMQ's C{storePathCommitLog}; defaults to
+            C{<store_dir>/commitlog}.
+        @param check_crc: verify body CRCs while recovering
+            (RocketMQ's C{checkCRCOnRecover}).
+        @param clock: seconds since the epoch, for store timestamps (pass
+            C{reactor.seconds}).
+        @param truncate_corrupt: when recovery finds a bad record with
+            valid records after it, cut the log there anyway (everything
+            cut is quarantined first) instead of raising
+            L{CorruptRecordError}.  The operator's escape hatch.
+
+        @raise CorruptRecordError: a bad record with valid records after
+            it; nothing on disk was changed.
+        """
+        if segment_size is not None:
+            _check_segment_size(segment_size)
+        if not isinstance(max_message_size, int) or max_message_size < 0:
+            raise ValueError(f"max_message_size {max_message_size!r} is not a size")
+        store_dir = os.path.abspath(store_dir)
+        commitlog_dir = os.path.abspath(
+            commitlog_dir or os.path.join(store_dir, "commitlog")
+        )
+        encoder = RecordEncoder(store_host, max_message_size)
+        if read_only:
+            if not os.path.isdir(commitlog_dir):
+                raise StoreError(f"{commitlog_dir}: no such commit log directory")
+            lock_fd = None
+        else:
+            os.makedirs(commitlog_dir, exist_ok=True)
+            lock_fd = _lock(os.path.join(store_dir, "lock"))
+        try:
+            segments, segment_size, recovery = recover_store(
+                store_dir,
+                commitlog_dir,
+                segment_size,
+                read_only=read_only,
+                check_crc=check_crc,
+                truncate_corrupt=truncate_corrupt,
+                clock=clock,
+            )
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
+        self = cls(
+            store_dir,
+            commitlog_dir,
+            segment_size,
+            segments,
+            read_only,
+            encoder,
+            flush_disk_type,
+            clock,
+            lock_fd,
+            recovery,
+        )
+        log_recovery(self._log, commitlog_dir, segment_size, read_only, recovery)
+        return self
+
+    # -- offsets -----------------------------------------------------------
+
+    @property
+    def min_offset(self) -> int:
+        """
+        The start of the oldest segment (0 for an empty store).
+        """
+        return self._segments[0].start if self._segments else 0
+
+    @property
+    def max_offset(self) -> int:
+        """
+        The offset one past the last byte written.
+        """
+        return self._segments[-1].end if self._segments else 0
+
+    @property
+    def flushed_offset(self) -> int:
+        """
+        Everything before this offset is on disk.
+        """
+        return self._flushed
+
+    @property
+    def segments(self) -> list[tuple[str, int, int]]:
+        """
+        C{(file name, start offset, bytes written)} for every segment.
+        """
+        return [(os.path.basename(s.path), s.start, s.wrote) for s in self._segments]
+
+    # -- the put path ------------------------------------------------------
+
+    def put(self, message: Message) -> AppendResult:
+        """
+        Append C{message} as a v1 record at the end of the log.
+
+        @raise MessageRejected: the message breaks a limit (named in the
+            text); nothing is written.
+        """
+        return self.put_batch((message,))[0]
+
+    def put_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
+        """
+        Append C{messages} as consecutive records (RocketMQ's batch put,
+        C{asyncPutMessages}): like RocketMQ, a batch never straddles two
+        segments: if it does not fit in what is left of the current one,
+        the BLANK filler goes first and the whole batch starts the next.
+        All or nothing; under C{SYNC_FLUSH} one flush serves the batch.
+
+        @raise MessageRejected: a message breaks a limit (named in the
+            text), or the batch cannot fit even an empty segment; nothing
+            is written.
+        """
+        segments = self._segments
+        segment = segments[-1] if segments else None
+        if segment is None or segment.start + segment.wrote != self._put_ready_at:
+            segment = self._prepare_put()
+        store_timestamp = int(self._clock() * 1000)
+        results = self._encode_batch(segment, messages, store_timestamp)
+        if results is None:
+            # Does not fit: check every message before writing the BLANK
+            # and a new segment, so a refused batch leaves no trace.
+            size = self._batch_size(messages, store_timestamp)
+            if segment is not None and segment.wrote == 0 or size > (
+                self.segment_size - END_FILE_MIN_BLANK_LENGTH
+            ):
+                raise MessageRejected(
+                    f"{'batch' if len(messages) > 1 else 'record'} of {size} "
+                    "bytes (plus an 8-byte BLANK filler) does not fit in a "
+                    f"segment of {self.segment_size} bytes"
+                )
+            try:
+                segment = self._roll()
+            except OSError as e:
+                # RocketMQ's CREATE_MAPEDFILE_FAILED.  What _roll did before
+                # failing (a BLANK closing the full segment) is a valid log.
+                raise SegmentCreateError(
+                    e.errno,
+                    f"cannot create the commit-log segment "
+                    f"{segment_name(self.max_offset)}: {e.strerror or e}",
+                ) from e
+            results = self._encode_batch(segment, messages, store_timestamp)
+            assert results is not None
+        if not results:
+            return results
+        end = results[-1].offset + results[-1].size
+        segment.wrote = end - segment.start  # type: ignore[union-attr]
+        self._put_ready_at = self._record_end = end
+        queues = self._queues
+        queues.end = end
+        queues.last_put = results[-1].offset
+        if self._sync_flush and self.sync_flush_inline:
+            self.flush()
+        if self._append_observers:
+            self._appended(end)
+        return results
+
+    # -- observers ---------------------------------------------------------
+
+    def observe_appends(self, observer: Callable[[int], object]) -> Callable[[], None]:
+        """
+        Call C{observer} with the new max offset each time a put, a batch or
+        an L{append_at} wrote bytes, after they are written (and, with
+        C{SYNC_FLUSH} inline, flushed), before the call that wrote them
+        returns.  The writer no longer has to remember to tell anyone.
+
+        An observer that raises is logged and the others are still called;
+        the write has happened either way.
+
+        @return: a function that stops the observing (idempotent).
+        """
+        self._append_observers.append(observer)
+
+        def stop() -> None:
+            if observer in self._append_observers:
+                self._append_observers.remove(observer)
+
+        return stop
+
+    def _appended(self, end: int) -> None:
+        for observer in list(self._append_observers):
+            try:
+                observer(end)
+            except Exception:
+                self._log.failure("an append observer failed at offset {offset}", offset=end)
+
+    def _encode_batch(
+        self,
+        segment: _Segment | None,
+        messages: Sequence[Message],
+        store_timestamp: int,
+    ) -> list[AppendResult] | None:
+        """
+        Encode C{messages} from the end of C{segment}, assigning queue
+        offsets; C{None} (with nothing written and the queue table as it
+        was) if they do not all fit.
+        """
+        table = self._queues.table
+        assert table is not None
+        encode = self._encoder.encode
+        store_host = self._encoder.store_host
+        if segment is None:
+            mm, start, first, limit = None, 0, 0, -1
+        else:
+            mm, start, first = segment.mm, segment.start, segment.wrote
+            # Records go in only if they leave room for a BLANK filler.
+            limit = segment.size - END_FILE_MIN_BLANK_LENGTH
+        position = first
+        results: list[AppendResult] = []
+        previous: dict[tuple[str, int], int] = {}
+        try:
+            for message in messages:
+                # Prepared and rolled-back transaction messages take no
+                # queue slot.
+                if message.sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
+                    queue_offset = 0
+                else:
+                    key = (message.topic, message.queue_id)
+                    queue_offset = table.get(key, 0)
+                    if key not in previous:
+                        previous[key] = queue_offset
+                    table[key] = queue_offset + 1
+                total = encode(
+                    mm,
+                    position,
+                    limit - position,
+                    message,
+                    queue_offset,
+                    start + position,
+                    store_timestamp,
+                )
+                if total < 0:
+                    self._undo_batch(mm, first, position, previous)
+                    return None
+                results.append(
+                    AppendResult(
+                        start + position, total, queue_offset, store_timestamp, store_host
+                    )
+                )
+                position += total
+        except BaseException:
+            self._undo_batch(mm, first, position, previous)
+            raise
+        return results
+
+    def _undo_batch(
+        self,
+        mm: mmap.mmap | None,
+        first: int,
+        position: int,
+        previous: dict[tuple[str, int], int],
+    ) -> None:
+        if mm is not None and position > first:
+            mm[first:position] = bytes(position - first)
+        assert self._queues.table is not None
+        self._queues.table.update(previous)
+
+    def _batch_size(self, messages: Sequence[Message], store_timestamp: int) -> int:
+        """
+        Validate every message (raising L{MessageRejected}) and add up
+        their record sizes.
+        """
+        return sum(
+            -self._encoder.encode(None, 0, -1, m, 0, 0, store_timestamp)
+            for m in messages
+        )
+
+    def _prepare_put(self) -> _Segment | None:
+        """
+        The checks a put needs after anything but a put changed the log;
+        then puts go straight in at L{_put_ready_at} until the next such
+        change.
+
+        @return: the segment to write to, if any.
+        """
+        self._check_writable()
+        if self._record_end != self.max_offset:
+            self._cut_incomplete_tail("before a put")
+        if not self._queues.current(self.max_offset):
+            self._catch_up_queue_table()
+        self._put_ready_at = self.max_offset
+        return self._segments[-1] if self._segments else None
+
+    def _roll(self) -> _Segment:
+        """
+        Close the current segment with a BLANK filler and start the next.
+        """
+        last = self._segments[-1] if self._segments else None
+        if last is None:
+            return self._create_segment(0)
+        table_current = self._queues.current(last.end)
+        remaining = last.size - last.wrote
+        if remaining >= END_FILE_MIN_BLANK_LENGTH:
+            last.mm[last.wrote : last.wrote + 8] = encode_blank(remaining)
+        last.wrote = last.size
+        self._record_end = last.end
+        if table_current:
+            self._queues.end = last.end
+            self._queues.save(self._item_at)
+        last.release_mapping()
+        return self._create_segment(last.end)
+
+    def _create_segment(self, start: int) -> _Segment:
+        segment = create_segment(self.commitlog_dir, start, self.segment_size)
+        self._segments.append(segment)
+        return segment
+
+    # -- the replica path --------------------------------------------------
+
+    def append_at(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+        """
+        Write raw commit-log bytes that belong at C{offset}, which must be
+        the current max offset.  The bytes may cut through records and
+        cross segment boundaries.  An empty store starts its first segment
+        at C{offset}, which must then be a segment boundary.
+
+        @return: the new max offset.
+        @raise OffsetMismatchError: C{offset} is not the max offset.
+        @raise OSError: a segment could not be made (the disk is full, say):
+            the bytes before it were appended (and validated), the rest not.
+        """
+        self._check_writable()
+        if not self.has_data():
+            if offset < 0 or offset % self.segment_size:
+                raise OffsetMismatchError(
+                    max(0, offset - offset % self.segment_size),
+                    offset,
+                    "the commit log is empty and its first segment must start "
+                    f"at a multiple of the segment size {self.segment_size}",
+                )
+            if self._segments and self._segments[0].start != offset:
+                self._discard_empty_segments()
+            # The log now starts here: nothing before it is owed to disk.
+            self._record_end = self._flushed = offset
+        elif offset != self.max_offset:
+            raise OffsetMismatchError(self.max_offset, offset)
+        self._put_ready_at = -1
+        view = memoryview(data).cast("B")
+        written = 0
+        total = len(view)
+        try:
+            while written < total:
+                segment = self._segments[-1] if self._segments else None
+                if segment is None:
+                    segment = self._create_segment(offset)
+                elif segment.wrote == segment.size:
+                    segment = self._create_segment(segment.start + segment.size)
+                n = min(total - written, segment.size - segment.wrote)
+                # pwrite, not the mapping: a slave copying a whole log would
+                # otherwise map all of it into its memory.
+                segment.pwrite(segment.wrote, view[written : written + n])
+                segment.wrote += n
+                written += n
+        except OSError:
+            # The next segment could not be made (a full disk): what was
+            # written is validated like any append, so the log ends, and
+            # takes the rest, exactly where the failure left it.
+            if written:
+                self._advance_record_end(offset, view[:written])
+                if self._append_observers:
+                    self._appended(self.max_offset)
+            raise
+        self._advance_record_end(offset, view)
+        if self._sync_flush and self.sync_flush_inline:
+            self.flush()
+        if total and self._append_observers:
+            self._appended(self.max_offset)
+        return self.max_offset
+
+    def _advance_record_end(self, chunk_offset: int, chunk: memoryview) -> None:
+        """
+        Validate the records replica appends have completed and move the
+        record end past them: each record's size, magic, PHYSICALOFFSET and
+        body CRC, and that a BLANK filler reaches exactly the segment's end.
+        Headers and bodies come from C{chunk}, the bytes just appended at
+        C{chunk_offset}, or from the file for a record that began in an
+        earlier append — never through the mapping, which would map the
+        whole replicated log into this process.
+
+        @raise CorruptReplicaError: a completed record is invalid; the log
+            is cut back to its start first (it was never acknowledged).
+        """
+        chunk_end = chunk_offset + len(chunk)
+        end = self._record_end
+        max_offset = self.max_offset
+        header_at = RECORD_HEADER.unpack_from
+        while end < max_offset:
+            segment, position, _ = self._locate(end, 0)
+            size, wrote = segment.size, segment.wrote
+            # Hop record to record inside this segment (the hot loop: one
+            # pass per replicated record).
+            while position < size:
+                if wrote - position < 8:
+                    self._record_end = end
+                    return
+                in_chunk = chunk_offset <= end and end + 8 <= chunk_end
+                if in_chunk:
+                    total, magic = header_at(chunk, end - chunk_offset)
+                else:
+                    total, magic = RECORD_HEADER.unpack(segment.pread(position, 8))
+                why = check_header(total, magic, position, size)
+                if why is not None:
+                    self._reject(end, why)
+                if magic == BLANK_MAGIC:
+                    if wrote < size:
+                        self._record_end = end
+                        return
+                    position = size
+                    break
+                if position + total > wrote:
+                    self._record_end = end
+                    return
+                if in_chunk and end + total <= chunk_end:
+                    why = check_record(chunk, end - chunk_offset, end, total, magic)
+                else:
+                    why = check_record(segment.pread(position, total), 0, end, total, magic)
+                if why is not None:
+                    self._reject(end, why)
+                end += total
+                position += total
+            if position >= size:
+                end = segment.start + size
+        self._record_end = end
+
+    def _reject(self, offset: int, reason: str) -> NoReturn:
+        """
+        A replicated record failed validation: cut the log back to its
+        start (nothing from it on was acknowledged) and raise.
+        """
+        self._record_end = offset
+        self._truncate_replica(offset)
+        raise CorruptReplicaError(offset, reason)
+
+    def _truncate_replica(self, offset: int) -> None:
+        """
+        Zero every replicated byte from C{offset} on, in whichever segments
+        they reached.
+        """
+        self._put_ready_at = -1
+        cut_segments(self._segments, offset)
+
+    def discard_incomplete_record(self) -> None:
+        """
+        Cut replicated bytes after the last whole record (a slave does
+        this before asking its master for more: the master resends the
+        record whole, and the slave never reports a partial one).
+        """
+        self._check_writable()
+        if self._record_end != self.max_offset:
+            self._cut_incomplete_tail("before asking the master for it again")
+
+    def record_start_at_or_before(self, offset: int) -> int:
+        """
+        The start of the record (or BLANK filler) holding C{offset}, found
+        by hopping record headers from its segment's start.
+        """
+        segment, position, _ = self._locate(min(offset, self.max_offset), 0)
+        if position == segment.size:
+            return segment.start + position
+        hop = 0
+        while True:
+            if hop + 8 > segment.wrote:
+                return segment.start + hop
+            total, magic = RECORD_HEADER.unpack(segment.pread(hop, 8))
+            if total <= 0 or hop + total > position:
+                return segment.start + hop
+            hop += total
+
+    def truncate_replica(self, offset: int) -> None:
+        """
+        Cut the log back to C{offset}, a record boundary at or after its
+        min offset: what a diverged slave does to resume from the last
+        offset it shares with its master.  The bytes are zeroed.
+        """
+        self._check_writable()
+        if not self.min_offset <= offset <= self.max_offset:
+            raise OffsetOutOfRangeError(offset, self.min_offset, self.max_offset)
+        if offset == self.max_offset:
+            return
+        path = self._quarantine_range(
+            offset,
+            "a diverged slave cut back to the last offset it shares with its "
+            "master (truncate_replica)",
+        )
+        self._truncate_replica(offset)
+        self._record_end = offset
+        self._flushed = min(self._flushed, offset)
+        self._queues.forget()
+        self._log.warn(
+            "cut the log back to offset {offset}; the cut bytes are kept in {path}",
+            offset=offset,
+            path=path,
+        )
+
+    def _quarantine_range(self, offset: int, action: str) -> str:
+        """
+        Copy the log's bytes from C{offset} to the max offset into
+        quarantine (see L{_quarantine_bytes}) before they are cut.
+        """
+        end = self.max_offset
+
+        def chunks() -> Iterator[bytes]:
+            position = offset
+            while position < end:
+                chunk = self.read(position, len(_ZERO_CHUNK))
+                if not chunk:  # a segment's unused end: skip to the next
+                    position = position - position % self.segment_size + self.segment_size
+                    continue
+                yield chunk
+                position += len(chunk)
+
+        first = self._locate(offset, 0)[0]
+        return _quarantine_bytes(
+            self.store_dir,
+            offset,
+            chunks(),
+            {
+                "end": end,
+                "segment": os.path.basename(first.path),
+                "position": offset - first.start,
+                "action": action,
+            },
+            self._clock,
+        )
+
+    @property
+    def record_end(self) -> int:
+        """
+        The end of the last whole, validated record: what a slave may
+        acknowledge (bytes after it are a record still arriving).
+        """
+        return self._record_end
+
+    def _cut_incomplete_tail(self, why: str) -> None:
+        """
+        Drop replicated bytes after the last whole record: a record that
+        will not be completed (the log is about to be written by a put, or
+        closed).  Nothing whole is lost; a master resends from here.
+        """
+        end = self._record_end
+        segment, position, _ = self._locate(end, 0)
+        if position == segment.size:
+            return
+        cut = self.max_offset - end
+        self._put_ready_at = -1
+        _zero_after(segment.mm, position, segment.wrote)
+        segment.wrote = position
+        self._log.warn(
+            "cut {cut} bytes of an incomplete replicated record at offset "
+            "{offset} {why}",
+            cut=cut,
+            offset=end,
+            why=why,
+        )
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise StoreError(f"{self.commitlog_dir} is closed")
+        if self.read_only:
+            raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
+
+    def has_data(self) -> bool:
+        """
+        Whether the log holds any byte (a slave with none accepts the
+        master's first frame at any segment boundary).
+        """
+        return bool(self._segments) and (
+            len(self._segments) > 1 or self._segments[0].wrote > 0
+        )
+
+    def _discard_empty_segments(self) -> None:
+        for segment in self._segments:
+            segment.close()
+            os.unlink(segment.path)
+        self._segments = []
+        self._flushed = self._record_end = 0
+
+    # -- the transfer read path --------------------------------------------
+
+    def read(self, offset: int, limit: int) -> bytes:
+        """
+        Up to C{limit} bytes from C{offset}, stopping at the end of the
+        segment holding C{offset} and at the max offset.  The only copy
+        made is the one C{transport.write} needs: a C{pread}, not an mmap
+        slice, so that streaming a whole log to a slave does not map it
+        into this process (file pages mapped in count as its memory).
+
+        @return: C{b""} at the max offset.
+        @raise OffsetOutOfRangeError: C{offset} is not in the log.
+        """
+        if self._empty_at(offset, limit):
+            return b""
+        segment, position, end = self._locate(offset, limit)
+        return segment.pread(position, end - position)
+
+    def read_view(self, offset: int, limit: int) -> memoryview:
+        """
+        Like L{read} but without copying: a view into the mapped segment,
+        valid until the store is closed (release it before L{close}).
+        """
+        if self._empty_at(offset, limit):
+            return memoryview(b"")
+        segment, position, end = self._locate(offset, limit)
+        return memoryview(segment.mm)[position:end]
+
+    def _empty_at(self, offset: int, limit: int) -> bool:
+        # A log with no segment yet has one offset, 0, and nothing there.
+        return not self._segments and offset == 0 and limit >= 0 and not self._closed
+
+    def _locate(self, offset: int, limit: int) -> tuple[_Segment, int, int]:
+        if limit < 0:
+            raise ValueError(f"read limit {limit} is negative")
+        if self._closed:
+            raise StoreError(f"{self.commitlog_dir} is closed")
+        if not self._segments or not self.min_offset <= offset <= self.max_offset:
+            raise OffsetOutOfRangeError(offset, self.min_offset, self.max_offset)
+        index = (offset - self._segments[0].start) // self.segment_size
+        if index == len(self._segments):
+            index -= 1
+        segment = self._segments[index]
+        position = offset - segment.start
+        return segment, position, min(segment.wrote, position + limit)
+
+    # -- reading records ---------------------------------------------------
+
+    def records(
+        self,
+        start: int | None = None,
+        end: int | None = None,
+        *,
+        check_crc: bool = False,
+        with_body: bool = True,
+        blanks: bool = False,
+    ) -> Iterator[Union[Record, Blank]]:
+        """
+        Decode records from C{start} (a record boundary, default the min
+        offset) up to C{end} (default the max offset).
+
+        @param blanks: also yield the BLANK fillers.
+        @raise RecordError: at the first record that does not decode.
+        """
+        start = self.min_offset if start is None else start
+        end = self.max_offset if end is None else min(end, self.max_offset)
+        offset = start
+        while offset < end:
+            segment, position, _ = self._locate(offset, 0)
+            limit = segment.wrote
+            if position >= limit:
+                offset = segment.start + segment.size
+                continue
+            try:
+                item = parse_record(
+                    segment.mm,
+                    position,
+                    limit,
+                    offset,
+                    check_crc=check_crc,
+                    with_body=with_body,
+                )
+            except RecordError:
+                if segment is self._segments[-1] and _incomplete(
+                    segment.mm, position, limit, segment.size
+                ):
+                    # The tail of a replica mid-transfer: not corrupt, just
+                    # not all here yet.
+                    return
+                raise
+            if type(item) is Blank:
+                if blanks:
+                    yield item
+                offset = segment.start + segment.size
+                continue
+            yield item
+            offset += item.size
+
+    # -- flushing ----------------------------------------------------------
+
+    def flush_plan(self, least_bytes: int = 0) -> FlushPlan | None:
+        """
+        What a flush would sync now, or C{None} when fewer than
+        C{least_bytes} are unflushed.
+        """
+        target = self.max_offset
+        dirty = target - self._flushed
+        if dirty <= 0 or dirty < least_bytes:
+            return None
+        fds = []
+        for segment in self._segments:
+            if segment.end > self._flushed and segment.wrote > 0:
+                fds.append(segment.ensure_fd())
+        self._flushes_in_flight += 1
+        return FlushPlan(target, fds)
+
+    def flush_done(self, plan: FlushPlan) -> None:
+        """
+        Record that C{plan} was executed.
+        """
+        self._flushes_in_flight -= 1
+        if plan.target > self._flushed:
+            self._flushed = plan.target
+        if self._flushes_in_flight == 0:
+            # Descriptors of full, flushed segments are not needed again.
+            for segment in self._segments[:-1]:
+                if segment.end <= self._flushed:
+                    segment.close_fd()
+
+    def flush_abandoned(self, plan: FlushPlan) -> None:
+        """
+        Record that C{plan} failed and was not executed.
+        """
+        self._flushes_in_flight -= 1
+
+    def flush(self) -> int:
+        """
+        Flush synchronously.
+
+        @return: the flushed offset.
+        """
+        plan = self.flush_plan()
+        if plan is not None:
+            try:
+                plan.execute()
+            except BaseException:
+                self.flush_abandoned(plan)
+                raise
+            self.flush_done(plan)
+        return self._flushed
+
+    # -- queue offsets -----------------------------------------------------
+
+    def _item_at(self, offset: int) -> Record | Blank:
+        """
+        The record or BLANK at C{offset} (headers only, no CRC check).
+        """
+        segment, position, _ = self._locate(offset, 0)
+        return parse_record(
+            segment.mm, position, segment.wrote, offset, check_crc=False, with_body=False
+        )
+
+    def _catch_up_queue_table(self) -> dict[tuple[str, int], int]:
+        return self._queues.catch_up(
+            self.min_offset,
+            self.max_offset,
+            lambda start: self.records(start, with_body=False),
+            self._item_at,
+        )
+
+    # -- closing -----------------------------------------------------------
+
+    def close(self) -> None:
+        """
+        Flush, snapshot the queue table, remove the C{abort} marker and
+        release the lock.  Idempotent.
+        """
+        if self._closed:
+            return
+        try:
+            if not self.read_only:
+                if self._record_end != self.max_offset:
+                    self._cut_incomplete_tail("at close")
+                self.flush()
+                if self._queues.current(self.max_offset):
+                    self._queues.save(self._item_at)
+        finally:
+            self._closed = True
+            self._put_ready_at = -1
+            for segment in self._segments:
+                segment.close()
+            if not self.read_only:
+                try:
+                    os.unlink(os.path.join(self.store_dir, "abort"))
+                except FileNotFoundError:
+                    pass
+                _fsync_dir(self.store_dir)
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "CommitLog":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,218 @@
+# -*- test-case-name: tests.test_storeservice -*-
+"""
+The commit log as a Twisted service: opened when the service starts,
+flushed periodically off the reactor thread (RocketMQ's
+C{FlushRealTimeService}), flushed and closed cleanly when it stops.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any, Callable
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorThreads, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from rmqha.store.commitlog import CommitLog, FlushDiskType
+
+__all__ = ["CommitLogService", "DEFAULT_FLUSH_INTERVAL"]
+
+#: RocketMQ's C{flushIntervalCommitLog}: 500 ms.
+DEFAULT_FLUSH_INTERVAL = 0.5
+#: RocketMQ's C{flushCommitLogLeastPages}: 4 pages of 4 KiB.
+DEFAULT_FLUSH_LEAST_BYTES = 4 * 4096
+#: RocketMQ's C{flushCommitLogThoroughInterval}: 10 s.
+DEFAULT_FLUSH_THOROUGH_INTERVAL = 10.0
+
+class CommitLogService(Service):
+    """
+    Owns one L{CommitLog}.
+
+    With C{ASYNC_FLUSH} a L{LoopingCall} on the injected reactor asks the
+    log every C{flush_interval} seconds for a flush plan (at least
+    C{flush_least_bytes} dirty, or anything dirty once
+    C{flush_thorough_interval} has passed since the last flush) and runs
+    its C{fdatasync}s on a thread, so puts continue meanwhile; one flush at
+    a time.  With C{SYNC_FLUSH} the service does group commit: callers wait
+    on L{when_flushed}, and one flush serves every put made before it
+    started (puts arriving during a flush ride the next one).
+
+    @ivar commitlog: the open log while the service runs, else C{None}.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        open_commitlog: Callable[[], CommitLog],
+        reactor: IReactorTime,
+        *,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        flush_least_bytes: int = DEFAULT_FLUSH_LEAST_BYTES,
+        flush_thorough_interval: float = DEFAULT_FLUSH_THOROUGH_INTERVAL,
+        run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
+    ) -> None:
+        """
+        @param open_commitlog: opens the log; called by C{startService}.
+        @param run_in_thread: runs a flush and returns a Deferred; defaults
+            to the reactor's thread pool (tests pass a synchronous one).
+        """
+        if flush_interval <= 0:
+            raise ValueError(f"flush interval {flush_interval!r} must be positive")
+        self._open_commitlog = open_commitlog
+        self._reactor = reactor
+        self._flush_interval = flush_interval
+        self._flush_least_bytes = flush_least_bytes
+        self._flush_thorough_interval = flush_thorough_interval
+        if run_in_thread is None:
+            run_in_thread = self._default_run_in_thread
+        self._run_in_thread = run_in_thread
+        self._loop: LoopingCall | None = None
+        self._flushing = False
+        self._waiters: list[Deferred[None]] = []
+        #: Called after every flush that advanced the flushed offset.
+        self.flush_observers: list[Callable[[], None]] = []
+        # (offset, sequence, Deferred) waiting for the flushed offset.
+        self._flush_waiters: list[tuple[int, int, Deferred[None]]] = []
+        self._flush_sequence = 0
+        self._last_flush = 0.0
+        self.commitlog: CommitLog | None = None
+
+    def _default_run_in_thread(self, f: Callable[[], None]) -> Deferred[None]:
+        reactor: Any = self._reactor
+        assert IReactorThreads.providedBy(reactor), "needs a reactor with threads"
+        return deferToThreadPool(reactor, reactor.getThreadPool(), f)
+
+    def startService(self) -> None:
+        self.commitlog = commitlog = self._open_commitlog()
+        if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            commitlog.sync_flush_inline = False
+        self._log.info(
+            "commit log {dir}: {segments} segments, offsets {min}..{max}, "
+            "last shutdown {shutdown}, {flush}",
+            dir=commitlog.commitlog_dir,
+            segments=len(commitlog.segments),
+            min=commitlog.min_offset,
+            max=commitlog.max_offset,
+            shutdown="clean" if commitlog.recovery.clean_shutdown else "NOT clean",
+            flush=commitlog.flush_disk_type.value,
+        )
+        self._last_flush = self._reactor.seconds()
+        if self.commitlog.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
+            self._loop = LoopingCall(self.flush_now)
+            self._loop.clock = self._reactor
+            self._loop.start(self._flush_interval, now=False).addErrback(
+                lambda f: self._log.failure("flush loop stopped", f)
+            )
+        super().startService()
+
+    def flush_now(self, thorough: bool = False) -> Deferred[None]:
+        """
+        Start a flush unless one is running.
+
+        @param thorough: flush however little is dirty.
+        @return: fires when this (or the running) flush is over; a failed
+            flush is logged, not raised, and the next tick tries again.
+        """
+        commitlog = self.commitlog
+        if commitlog is None or commitlog.closed:
+            return succeed(None)
+        if self._flushing:
+            waiter: Deferred[None] = Deferred()
+            self._waiters.append(waiter)
+            return waiter
+        now = self._reactor.seconds()
+        if now - self._last_flush >= self._flush_thorough_interval:
+            thorough = True
+        plan = commitlog.flush_plan(0 if thorough else self._flush_least_bytes)
+        if plan is None:
+            return succeed(None)
+        self._last_flush = now
+        self._flushing = True
+
+        def failed(failure: Failure) -> None:
+            commitlog.flush_abandoned(plan)
+            self._log.failure(
+                "flushing the commit log up to offset {target} failed",
+                failure,
+                target=plan.target,
+            )
+
+        def finished(_: None) -> None:
+            self._flushing = False
+            waiters, self._waiters = self._waiters, []
+            for waiter in waiters:
+                waiter.callback(None)
+            if self._flush_waiters:
+                # Puts that came during this flush: the next one is theirs.
+                self.flush_now(thorough=True)
+
+        def done(_: None) -> None:
+            commitlog.flush_done(plan)
+            self._release_flush_waiters()
+            for observer in list(self.flush_observers):
+                observer()
+
+        d = self._run_in_thread(plan.execute)
+        d.addCallbacks(done, failed)
+        d.addCallback(finished)
+        return d
+
+    def when_flushed(self, offset: int) -> Deferred[None]:
+        """
+        Fires once everything before C{offset} is on disk, starting a flush
+        if none is running (group commit).  Cancelling withdraws the wait.
+        """
+        commitlog = self.commitlog
+        if commitlog is None or commitlog.flushed_offset >= offset:
+            return succeed(None)
+
+        def cancel(d: Deferred[None]) -> None:
+            self._flush_waiters = [w for w in self._flush_waiters if w[2] is not d]
+            heapq.heapify(self._flush_waiters)
+
+        d: Deferred[None] = Deferred(cancel)
+        self._flush_sequence += 1
+        heapq.heappush(self._flush_waiters, (offset, self._flush_sequence, d))
+        if not self._flushing:
+            self.flush_now(thorough=True)
+        return d
+
+    def _release_flush_waiters(self) -> None:
+        commitlog = self.commitlog
+        if commitlog is None:
+            return
+        flushed = commitlog.flushed_offset
+        waiters = self._flush_waiters
+        while waiters and waiters[0][0] <= flushed:
+            heapq.heappop(waiters)[2].callback(None)
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Stop the flush loop, wait for a running flush, then flush
+        what is left and close the log (which removes the C{abort} marker).
+        """
+        super().stopService()
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        if self._flushing:
+            waiting: Deferred[None] = Deferred()
+            self._waiters.append(waiting)
+        else:
+            waiting = succeed(None)
+
+        def close(_: object) -> None:
+            commitlog, self.commitlog = self.commitlog, None
+            if commitlog is not None:
+                commitlog.close()  # flushes what is left
+            waiters, self._flush_waiters = self._flush_waiters, []
+            for _offset, _sequence, waiter in sorted(waiters, key=lambda w: w[:2]):
+                waiter.callback(None)
+
+        return waiting.addCallback(close)
