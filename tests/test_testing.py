@@ -6,6 +6,7 @@ connection (plain, TLS, through a fault) and L{StringEndpoint}.
 from __future__ import annotations
 
 import os
+import re
 
 from twisted.internet import ssl
 from twisted.internet.error import ConnectionRefusedError
@@ -13,6 +14,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.protocols.tls import TLSMemoryBIOProtocol
+from twisted.trial.reporter import TestResult
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
@@ -30,6 +32,7 @@ from rmqha.tls import PeerPolicy, TLSFiles, server_context
 from tests._helpers import make_message, open_store, segment_files
 
 SEGMENT = 64 * 1024
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _Echo(Protocol):
@@ -219,3 +222,32 @@ class StringEndpointTests(SynchronousTestCase):
             endpoint.connect(Factory.forProtocol(_Echo)), ConnectionRefusedError
         )
         self.assertEqual(endpoint.connected, [])
+
+
+class DocumentedExampleTests(SynchronousTestCase):
+    """
+    The example in docs/embedding.md ("Testing code that embeds rmqha")
+    passes as written.
+    """
+
+    def test_example_passes(self) -> None:
+        """
+        The documented C{ReplicationTests} runs green, so the public
+        fakes' documentation cannot drift from them.
+        """
+        with open(os.path.join(ROOT, "docs", "embedding.md"), encoding="utf-8") as f:
+            blocks = re.findall(r"```python\n(.*?)```", f.read(), re.DOTALL)
+        (block,) = [b for b in blocks if "rmqha.testing" in b]
+        namespace: dict[str, object] = {"__name__": "docs_embedding_testing"}
+        exec(compile(block, "docs/embedding.md", "exec"), namespace)
+        case = namespace["ReplicationTests"]("test_slave_catches_up")  # type: ignore[operator]
+        previous = os.getcwd()
+        workdir = os.path.abspath(self.mktemp())
+        os.makedirs(workdir)
+        os.chdir(workdir)
+        self.addCleanup(os.chdir, previous)
+        result = TestResult()
+        case.run(result)
+        self.assertEqual((result.errors, result.failures), ([], []))
+        self.assertTrue(result.wasSuccessful())
+        self.assertEqual(result.testsRun, 1)
