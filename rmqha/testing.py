@@ -56,6 +56,7 @@ from zope.interface import implementer
 from rmqha.faultproxy import FaultProxy, Faults
 
 __all__ = [
+    "Fault",
     "FaultProxy",
     "Faults",
     "MASTER_ADDRESS",
@@ -151,6 +152,9 @@ class MemoryConnection:
         self.clock.advance(0)
         to_master = self.client_transport.getOutBuffer()
         to_slave = self.server_transport.getOutBuffer()
+        # As iosim's pump: a pull producer gets its turn.
+        self.client_transport._checkProducer()
+        self.server_transport._checkProducer()
         fault = self._fault or (lambda data, to_slave: data)
         for data, to_slave_side in ((to_master, False), (to_slave, True)):
             if not data:
