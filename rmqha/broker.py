@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_broker -*-
+# -*- test-case-name: tests.test_group,tests.test_admin,tests.integration.test_sync_master -*-
 """
 A broker: the commit log plus its HA role, as one service tree.
 

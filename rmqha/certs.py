@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_certs -*-
+# -*- test-case-name: tests.test_tls,tests.integration.test_tls -*-
 """
 C{rmqha certs init}: a CA and key pairs for a test or lab set-up.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.integration.test_network_faults -*-
+# -*- test-case-name: tests.test_faultproxy,tests.integration.test_network_faults -*-
 """
 A fault-injecting TCP proxy (Twisted), for putting between a master and a
 slave in tests and experiments.
@@ -14,6 +14,7 @@ slave in tests and experiments.
                                         # to the slave, every 500 B to the master
 
 Faults apply to every connection through the proxy, present and future.
+Tests and embedders import it from L{rmqha.testing}, with the other fakes.
 """
 
 from __future__ import annotations

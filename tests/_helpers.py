@@ -13,17 +13,13 @@ import hashlib
 import os
 import shutil
 import struct
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
 
-from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.error import ConnectionRefusedError
-from twisted.internet.protocol import Factory
-from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._record import Message, encode_record
 from rmqha.commitlog import CommitLog
+from rmqha.testing import StringEndpoint  # noqa: F401 (its home is rmqha.testing; tests import it from here too)
 
 #: What the injected clock says: store timestamps are this many seconds...
 STORE_SECONDS = 1700000000.0
@@ -341,23 +337,3 @@ def tree_digest(root: str) -> dict[str, str]:
                 digest = hashlib.sha256(f.read()).hexdigest()
             result[os.path.relpath(path, root)] = digest
     return result
-
-
-class StringEndpoint:
-    """
-    A client endpoint whose connections are C{StringTransport}s (kept in
-    C{connected}), or that refuses them while C{refuse} is set.
-    """
-
-    def __init__(self, refuse: bool = False) -> None:
-        self.refuse = refuse
-        self.connected: list[tuple[Any, StringTransport]] = []
-
-    def connect(self, factory: Factory) -> Deferred[Any]:
-        if self.refuse:
-            return fail(ConnectionRefusedError())
-        protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912))
-        transport = StringTransport()
-        protocol.makeConnection(transport)
-        self.connected.append((protocol, transport))
-        return succeed(protocol)

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.abuse} that start no process (the scenarios themselves
+Tests for L{tools.abuse} that start no process (the scenarios themselves
 run in C{tests.integration.test_abuse_tool}).
 """
 
@@ -11,7 +11,7 @@ import sys
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha import abuse
+from tools import abuse
 
 
 class ArgumentTests(SynchronousTestCase):
@@ -32,7 +32,7 @@ class ArgumentTests(SynchronousTestCase):
         self.assertEqual(abuse.main(argv), 2)
         text = self.err.getvalue()
         self.assertEqual(text.count("\n"), 1, text)
-        self.assertTrue(text.startswith("python -m rmqha.abuse: error: "), text)
+        self.assertTrue(text.startswith("python -m tools.abuse: error: "), text)
         return text
 
     def test_unknown_scenario(self) -> None:

@@ -11,7 +11,7 @@ import os
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha import bench
+from tools import bench
 
 
 class DirArgumentTests(SynchronousTestCase):

@@ -46,6 +46,7 @@ from rmqha.commitlog import CommitLog
 from rmqha.divergence import CheckFailed, ControlClient, probe
 from rmqha.master import MasterConnection, MasterFactory
 from rmqha.slave import SlaveConnection, SlaveFactory
+from rmqha.testing import connect_in_memory
 
 from tests._helpers import (
     StringEndpoint,
@@ -429,47 +430,6 @@ class SlaveTests(SlaveTestCase):
         self.assertEqual(self.suspects, 1)
 
 
-class _Wire:
-    """
-    Moves bytes between a master and a slave connection in memory, through
-    a fault: C{damage(data, to_slave)} returns what arrives.
-    """
-
-    def __init__(self, master: MasterConnection, slave: SlaveConnection) -> None:
-        self.master, self.slave = master, slave
-        self.master_transport = StringTransport()
-        self.slave_transport = StringTransport()
-        master.makeConnection(self.master_transport)
-        slave.makeConnection(self.slave_transport)
-
-    def pump(self, damage: Callable[[bytes, bool], bytes], piece: int = 1024) -> bool:
-        """
-        Deliver everything written so far, both ways, in reads of up to
-        C{piece} bytes; C{False} once either side has dropped the
-        connection.
-        """
-        for _ in range(100_000):
-            to_master = self.slave_transport.value()
-            to_slave = self.master_transport.value()
-            if not to_master and not to_slave:
-                break
-            self.slave_transport.clear()
-            self.master_transport.clear()
-            for data, to_slave_side in ((to_master, False), (to_slave, True)):
-                receiver = self.slave if to_slave_side else self.master
-                for i in range(0, len(data), piece):
-                    if self.master_transport.disconnecting or self.slave_transport.disconnecting:
-                        return False
-                    receiver.dataReceived(damage(data[i : i + piece], to_slave_side))
-            if self.master_transport.disconnecting or self.slave_transport.disconnecting:
-                return False
-        return True
-
-    def hang_up(self) -> None:
-        self.master.connectionLost()
-        self.slave.connectionLost()
-
-
 class ConversationTests(SlaveTestCase):
     """
     A master and a slave in memory with bytes damaged between them.
@@ -487,13 +447,11 @@ class ConversationTests(SlaveTestCase):
         slave = SlaveFactory(self.replica, self.clock)
         slave.checked = checked
         for _ in range(rounds):
-            wire = _Wire(
-                master.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000)),
-                slave.buildProtocol(None),
-            )
+            wire = connect_in_memory(master, slave, self.clock, fault=damage, read_size=1024)
             wire.slave.send_report()
-            whole = wire.pump(damage)
+            wire.flush()
             done = self.replica.record_end == self.source.max_offset
+            whole = not wire.dropped
             wire.hang_up()
             if whole and done:
                 break

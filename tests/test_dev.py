@@ -85,3 +85,68 @@ class DevTests(SynchronousTestCase):
         self.assertIn("apt-get install", before)
         self.assertIn("iproute2 nftables", before)
         self.assertIn("test_netns.py", before)
+
+
+def _python_files(*directories: str) -> list[str]:
+    found = []
+    for directory in directories:
+        for parent, _, names in os.walk(os.path.join(ROOT, directory)):
+            found.extend(os.path.join(parent, n) for n in sorted(names) if n.endswith(".py"))
+    return found
+
+
+class LayoutTests(SynchronousTestCase):
+    """
+    What is shipped (C{rmqha/}) and what is a developer harness
+    (C{tools/}), and the C{test-case-name} headers (issue 13).
+    """
+
+    def test_harnesses_live_in_tools(self) -> None:
+        """
+        bench, soak, fuzz and abuse are C{tools.X} modules, not C{rmqha.X};
+        the wheel's package list leaves C{tools} out; nothing in C{rmqha}
+        imports C{tools}.
+        """
+        import ast
+        import importlib.util
+        import tomllib
+
+        from setuptools import find_namespace_packages
+
+        for name in ("bench", "soak", "fuzz", "abuse"):
+            self.assertIsNotNone(importlib.util.find_spec(f"tools.{name}"), name)
+            self.assertIsNone(importlib.util.find_spec(f"rmqha.{name}"), name)
+        with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+            include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+        shipped = find_namespace_packages(ROOT, include=include)
+        self.assertIn("rmqha", shipped)
+        self.assertEqual([p for p in shipped if p.split(".")[0] in ("tools", "tests")], [])
+        for path in _python_files("rmqha"):
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read(), path)
+            for node in ast.walk(tree):
+                names = (
+                    [a.name for a in node.names] if isinstance(node, ast.Import)
+                    else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                    else []
+                )
+                for name in names:
+                    self.assertNotEqual(name.split(".")[0], "tools", f"{path} imports {name}")
+
+    def test_test_case_names_exist(self) -> None:
+        """
+        Every C{test-case-name} header in C{rmqha/} and C{tools/} names
+        test modules that exist (trial and editors run them).
+        """
+        headers = 0
+        for path in _python_files("rmqha", "tools"):
+            with open(path, encoding="utf-8") as f:
+                first = f.readline()
+            if "test-case-name:" not in first:
+                continue
+            headers += 1
+            names = first.split("test-case-name:")[1].split("-*-")[0].strip()
+            for name in names.split(","):
+                module = os.path.join(ROOT, *name.strip().split(".")) + ".py"
+                self.assertTrue(os.path.isfile(module), f"{path}: {name} does not exist")
+        self.assertGreater(headers, 10)

@@ -1,6 +1,7 @@
 """
 Tests for L{rmqha.divergence} and the master's side of the control
-extension, in memory (iosim) over real commit logs.
+extension, in memory (L{rmqha.testing.connect_in_memory}) over real
+commit logs.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
+from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
@@ -26,6 +28,7 @@ from rmqha._wire import (
 )
 from rmqha.divergence import ControlClient, Divergence, MasterInfo, find_divergence
 from rmqha.master import MasterFactory
+from rmqha.testing import MemoryConnection, connect_in_memory
 
 from tests._helpers import make_message, open_store
 
@@ -51,27 +54,26 @@ class DivergenceTests(SynchronousTestCase):
             self.slave.append_at(position, chunk)
             position += len(chunk)
 
-    def session(self) -> tuple[ControlClient, MasterInfo, iosim.IOPump]:
+    def session(self) -> tuple[ControlClient, MasterInfo, MemoryConnection]:
         factory = MasterFactory(self.master, self.clock)
-        client, server, pump = iosim.connectedServerAndClient(
-            lambda: factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1)),
-            ControlClient,
-            clock=self.clock,
+        connection = connect_in_memory(
+            factory, Factory.forProtocol(ControlClient), self.clock
         )
-        pump.flush()
+        connection.flush()
+        client: ControlClient = connection.slave
         info = self.successResultOf(client.info)
         self.assertEqual(factory.slaves(), [])  # not a slave
-        return client, info, pump
+        return client, info, connection
 
     def check(self, window: int = 4096) -> Divergence | None:
-        client, info, pump = self.session()
+        client, info, connection = self.session()
         d: Deferred[Divergence | None] = Deferred.fromCoroutine(
             find_divergence(self.slave, client, info, window)
         )
         for _ in range(10_000):
             if d.called:
                 break
-            pump.flush()
+            connection.flush()
         return self.successResultOf(d)
 
     def test_info(self) -> None:
@@ -92,10 +94,10 @@ class DivergenceTests(SynchronousTestCase):
         """
         Digests of ranges inside the log; a range outside it is refused.
         """
-        client, _, pump = self.session()
+        client, _, connection = self.session()
         d1 = client.digest(0, 1000)
         d2 = client.digest(0, self.master.max_offset + 1)
-        pump.flush()
+        connection.flush()
         self.assertEqual(len(self.successResultOf(d1) or b""), 16)
         self.assertIsNone(self.successResultOf(d2))
 

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.fuzz}: a short run of the hostile-input command passes,
+Tests for L{tools.fuzz}: a short run of the hostile-input command passes,
 and its slave target does catch what it claims to.
 """
 
@@ -9,7 +9,7 @@ import random
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha import fuzz
+from tools import fuzz
 
 
 class FuzzTests(SynchronousTestCase):

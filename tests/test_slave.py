@@ -8,17 +8,16 @@ from __future__ import annotations
 
 import struct
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
-from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.master import HAConfig, MasterFactory
 from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
+from rmqha.testing import MemoryConnection, connect_in_memory
 
 from tests._helpers import (
     StringEndpoint,
@@ -486,20 +485,12 @@ class ConversationTests(SlaveTestCase):
     A master and a slave talking in memory end with identical logs.
     """
 
-    def converse(self, master: MasterFactory, slave: SlaveFactory) -> iosim.IOPump:
-        client, server, pump = iosim.connectedServerAndClient(
-            lambda: master.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000)),
-            lambda: slave.buildProtocol(None),
-            clock=self.clock,
-        )
-        client.send_report()
-        self.addCleanup(self._hang_up, pump, client, server)
-        return pump
-
-    def _hang_up(self, pump, client, server) -> None:  # type: ignore[no-untyped-def]
-        client.transport.loseConnection()
-        pump.flush()
-        self.clock.advance(0)
+    def converse(self, master: MasterFactory, slave: SlaveFactory) -> MemoryConnection:
+        connection = connect_in_memory(master, slave, self.clock)
+        connection.flush()
+        connection.slave.send_report()
+        self.addCleanup(connection.hang_up)
+        return connection
 
     def test_replicates_and_follows(self) -> None:
         """
@@ -510,13 +501,13 @@ class ConversationTests(SlaveTestCase):
         self.fill(40)
         master = MasterFactory(self.source, self.clock)
         slave = SlaveFactory(self.replica, self.clock)
-        pump = self.converse(master, slave)
-        pump.flush()
+        connection = self.converse(master, slave)
+        connection.flush()
         self.assertEqual(self.replica.max_offset, self.source.max_offset)
         self.fill(25)
         master.notify_appended()
         self.clock.advance(0)
-        pump.flush()
+        connection.flush()
         self.assertEqual(self.replica.max_offset, self.source.max_offset)
         self.assertEqual(
             segment_files(self.replica.store_dir), segment_files(self.source.store_dir)

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.soak} that start no process (the soak itself runs in
+Tests for L{tools.soak} that start no process (the soak itself runs in
 C{tests.integration.test_soak}).
 """
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha import soak
+from tools import soak
 
 
 class OutTests(SynchronousTestCase):

@@ -1,6 +1,6 @@
 """
 Tests for L{rmqha.tls}: TLS and mutual TLS between a master and a slave,
-in memory (L{TLSMemoryBIOFactory} over C{iosim} with a C{Clock}), with
+in memory (L{rmqha.testing.connect_in_memory}: TLS over C{iosim} with a C{Clock}), with
 certificates generated per test by L{rmqha.certs}.
 """
 
@@ -11,12 +11,10 @@ import os
 from typing import Any
 
 from cryptography import x509
-from twisted.internet.address import IPv4Address
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
-from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -26,6 +24,7 @@ from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
 from rmqha.master import MasterFactory
 from rmqha.slave import SlaveFactory
+from rmqha.testing import MemoryConnection, connect_in_memory
 from rmqha.tls import (
     PeerPolicy,
     TLSError,
@@ -100,9 +99,6 @@ class TLSConversationTests(SynchronousTestCase):
         master = MasterFactory(self.source, self.clock, peer_policy=policy)
         slave = SlaveFactory(self.replica, self.clock)
         inner: Any = LimitedFactory(master, self.clock, name="HA") if limited else master
-        server_tls = TLSMemoryBIOFactory(
-            server_context(master_files, policy), False, inner, clock=self.clock
-        )
         options: dict[str, Any] = {}
         if slave_has_cert:
             key, cert, _ = slave_files.key_pair()
@@ -113,29 +109,22 @@ class TLSConversationTests(SynchronousTestCase):
             ),
             server_name,
         )
-        client_tls = TLSMemoryBIOFactory(creator, True, slave, clock=self.clock)
         with capturedLogs() as events:
-            client, server, pump = iosim.connectedServerAndClient(
-                lambda: server_tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000)),
-                lambda: client_tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912)),
-                clock=self.clock,
-                greet=False,
-                **({"clientTransportFactory": client_transport} if client_transport else {}),
+            connection = connect_in_memory(
+                inner,
+                slave,
+                self.clock,
+                master_tls=server_context(master_files, policy),
+                slave_tls=creator,
+                slave_transport=client_transport,
             )
-            client.wrappedProtocol.send_report()
-            # Small TLS writes go out on the next turn: pump until quiet.
-            for _ in range(50):
-                self.clock.advance(0)
-                if not pump.pump() and not self.clock.getDelayedCalls():
-                    break
-            pump.flush()
-            self.addCleanup(self._hang_up, pump, client)
+            connection.slave.send_report()
+            connection.flush()
+            self.addCleanup(self._hang_up, connection)
         return master, slave, [formatEvent(e) for e in events]
 
-    def _hang_up(self, pump: iosim.IOPump, client: Any) -> None:
-        client.transport.loseConnection()
-        pump.flush()
-        self.clock.advance(0)
+    def _hang_up(self, connection: MemoryConnection) -> None:
+        connection.hang_up()
         for call in self.clock.getDelayedCalls():
             call.cancel()
 
@@ -207,17 +196,9 @@ class TLSConversationTests(SynchronousTestCase):
         creator = _VerifyingCreator(
             ssl.optionsForClientTLS("master", trustRoot=files.trust_root()), "master"
         )
-        client_tls = TLSMemoryBIOFactory(creator, True, slave, clock=self.clock)
         with capturedLogs() as events:
-            client, _, pump = iosim.connectedServerAndClient(
-                lambda: master.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000)),
-                lambda: client_tls.buildProtocol(IPv4Address("TCP", "127.0.0.1", 10912)),
-                clock=self.clock,
-                greet=False,
-            )
-            for _ in range(20):
-                self.clock.advance(0)
-                pump.pump()
+            connection = connect_in_memory(master, slave, self.clock, slave_tls=creator)
+            connection.flush()
         text = " ".join(formatEvent(e) for e in events)
         self.assertEqual(self.replica.max_offset, 0)
         self.assertIn("TLS connection to the master failed: the TLS handshake did not complete", text)

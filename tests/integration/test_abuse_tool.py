@@ -1,5 +1,5 @@
 """
-A quick run of C{python -m rmqha.abuse} against this code: every scenario
+A quick run of C{python -m tools.abuse} against this code: every scenario
 stays within the bounds of issue 12 (section C), and the run leaves no
 process and no file behind.
 """
@@ -10,7 +10,7 @@ import os
 import tempfile
 from typing import Any
 
-from rmqha import abuse
+from tools import abuse
 
 
 def test_quick_run_within_bounds(tmp_path: Any, monkeypatch: Any) -> None:

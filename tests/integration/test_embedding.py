@@ -26,7 +26,8 @@ async def test_embedding_example(tmp_path: Any, monkeypatch: Any) -> None:
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with open(os.path.join(ROOT, "docs", "embedding.md"), encoding="utf-8") as f:
-        (block,) = re.findall(r"```python\n(.*?)```", f.read(), re.DOTALL)
+        # The first block; the second is a unit test (tests/test_testing.py).
+        block = re.findall(r"```python\n(.*?)```", f.read(), re.DOTALL)[0]
     printed: list[tuple[Any, ...]] = []
     namespace: dict[str, Any] = {"__name__": "docs_embedding", "print": lambda *a: printed.append(a)}
     exec(compile(block, "docs/embedding.md", "exec"), namespace)

@@ -1,5 +1,5 @@
 """
-A short run of C{python -m rmqha.soak}: three processes come up, load
+A short run of C{python -m tools.soak}: three processes come up, load
 flows, samples are taken, and nothing is judged to grow.
 """
 
@@ -9,7 +9,7 @@ import json
 import os
 from typing import Any
 
-from rmqha import soak
+from tools import soak
 
 
 def test_short_soak(tmp_path: Any) -> None:

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.integration.test_soak -*-
 """
-C{python -m rmqha.soak --minutes N [--out DIR]}: a master and two slaves
+C{python -m tools.soak --minutes N [--out DIR]}: a master and two slaves
 (C{twistd rmqha} processes on loopback) under steady load for N minutes,
 sampling every second each process's RSS and open files, and each slave's
 lag; then C{soak.json} (every sample, and a verdict per series) and
@@ -238,7 +238,7 @@ def _chart(samples: list[dict[str, Any]], names: list[str]) -> bytes:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rmqha.soak", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__)
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=500, help="messages per second")
     parser.add_argument("--segment-size", type=int, default=64 << 20)

@@ -1,6 +1,7 @@
+# -*- test-case-name: tests.test_bench -*-
 """
-Benchmarks (commands, not tests): C{python -m rmqha.bench store} and
-C{python -m rmqha.bench replicate}.
+Benchmarks (commands, not tests): C{python -m tools.bench store} and
+C{python -m tools.bench replicate}.
 
 C{store} measures the put path (1 KiB bodies by default, ASYNC_FLUSH: the
 real L{CommitLogService} flushes on a thread while the reactor thread puts)
@@ -216,10 +217,15 @@ def _rss() -> int:
 def _spawn(*args: str) -> "subprocess.Popen[str]":
     import subprocess
 
+    # The helper runs this module again: put its checkout first on the
+    # path, wherever the benchmark was started from.
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
     return subprocess.Popen(
-        [sys.executable, "-m", "rmqha.bench", *args],
+        [sys.executable, "-m", "tools.bench", *args],
         stdout=subprocess.PIPE,
         text=True,
+        env=dict(os.environ, PYTHONPATH=path),
     )
 
 
@@ -767,7 +773,7 @@ def _existing_dir(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m rmqha.bench")
+    parser = argparse.ArgumentParser(prog="python -m tools.bench")
     commands = parser.add_subparsers(dest="benchmark", required=True)
     store = commands.add_parser("store", help="put and transfer-read throughput")
     store.add_argument("--count", type=int, default=400_000, help="puts per run")

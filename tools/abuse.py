@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_abuse,tests.integration.test_abuse_tool -*-
 """
-C{python -m rmqha.abuse [--scenarios digest,flood,conns,post] [--checkout DIR]
+C{python -m tools.abuse [--scenarios digest,flood,conns,post] [--checkout DIR]
 [--quick] [--json]}: what one unauthenticated peer can cost an rmqha master
 (issue 12, section C; docs/reliability.md, "Bounded under abuse").
 
@@ -580,7 +580,7 @@ def _checkout(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m rmqha.abuse", description=__doc__,
+    parser = _Parser(prog="python -m tools.abuse", description=__doc__,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", type=_scenarios, default=list(SCENARIOS),
                         help=f"comma-separated, from {','.join(SCENARIOS)} (default: all)")

@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_fuzz -*-
 """
-C{python -m rmqha.fuzz [--cases N] [--seed S]}: hostile input against
+C{python -m tools.fuzz [--cases N] [--seed S]}: hostile input against
 every parser a peer or a disk can reach.
 
 Each case draws a target and an input, random or a mutation of a valid
@@ -290,7 +290,7 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rmqha.fuzz", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tools.fuzz", description=__doc__)
     parser.add_argument("--cases", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
