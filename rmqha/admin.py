@@ -43,7 +43,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from rmqha._record import DEFAULT_MAX_MESSAGE_SIZE
 from rmqha.broker import Broker, NotStoredError
 from rmqha.commitlog import Message, MessageRejected
-from rmqha.group import PutMessageResult, PutStatus
+from rmqha.ha.group import PutMessageResult, PutStatus
 from rmqha.tls import PeerPolicy
 
 __all__ = [

@@ -40,7 +40,7 @@ from rmqha.commitlog import (
     Message,
     SegmentCreateError,
 )
-from rmqha.divergence import (
+from rmqha.ha.divergence import (
     CheckFailed,
     Divergence,
     MasterUnreachable,
@@ -49,8 +49,8 @@ from rmqha.divergence import (
     read_master_kind,
     write_master_kind,
 )
-from rmqha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
-from rmqha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
+from rmqha.ha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
+from rmqha.ha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
 from rmqha._limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
@@ -59,8 +59,8 @@ from rmqha._limits import (
     LimitedFactory,
     raise_fd_limit,
 )
-from rmqha._wire import FEATURE_IDENTIFY
-from rmqha.slave import SlaveFactory, load_replica_id, make_slave_service
+from rmqha.ha._wire import FEATURE_IDENTIFY
+from rmqha.ha.slave import SlaveFactory, load_replica_id, make_slave_service
 from rmqha.scrub import DEFAULT_SCRUB_RATE, ScrubService
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
 from rmqha.tls import (

@@ -31,7 +31,7 @@ from rmqha.commitlog import (
     FlushDiskType,
     StoreError,
 )
-from rmqha.master import HAConfig
+from rmqha.ha.master import HAConfig
 from rmqha.scrub import DEFAULT_SCRUB_RATE, parse_scrub_rate
 from rmqha.tls import (
     PeerPolicy,

@@ -27,7 +27,7 @@ from rmqha import commitlog as commitlog_module
 from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, make_site
 from rmqha.broker import Broker, NotStoredError, Role
 from rmqha.commitlog import CommitLog, Message
-from rmqha.group import PutStatus
+from rmqha.ha.group import PutStatus
 
 from tests._helpers import fixed_clock
 

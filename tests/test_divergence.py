@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CONTROL_DIGEST_SIZE,
     CONTROL_HELLO,
     CONTROL_PROBE,
@@ -24,8 +24,8 @@ from rmqha._wire import (
     encode_code,
     encode_digest_request,
 )
-from rmqha.divergence import ControlClient, Divergence, MasterInfo, find_divergence
-from rmqha.master import MasterFactory
+from rmqha.ha.divergence import ControlClient, Divergence, MasterInfo, find_divergence
+from rmqha.ha.master import MasterFactory
 
 from tests._helpers import make_message, open_store
 

@@ -17,14 +17,14 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CONTROL_DIGEST_SIZE,
     CONTROL_HELLO,
     decode_digest_answer,
     encode_code,
     encode_digest_request,
 )
-from rmqha.master import HAConfig, MasterConnection, MasterFactory, _hash_files
+from rmqha.ha.master import HAConfig, MasterConnection, MasterFactory, _hash_files
 
 from tests._helpers import make_message, open_store
 

@@ -17,8 +17,8 @@ from twisted.python.failure import Failure
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.master import HAConfig, MasterFactory
-from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
+from rmqha.ha.master import HAConfig, MasterFactory
+from rmqha.ha.slave import SlaveConnection, SlaveFactory, make_slave_service
 
 from tests._helpers import (
     StringEndpoint,

@@ -20,7 +20,7 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CHECKED_HELLO,
     CONTROL_INFO_SIZE,
     CONTROL_PROBE,
@@ -33,15 +33,15 @@ from rmqha._wire import (
 )
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
-from rmqha.divergence import (
+from rmqha.ha.divergence import (
     MASTER_KIND_PATH,
     CheckFailed,
     probe,
     read_master_kind,
     write_master_kind,
 )
-from rmqha.master import MasterFactory
-from rmqha.slave import SlaveFactory, make_slave_service
+from rmqha.ha.master import MasterFactory
+from rmqha.ha.slave import SlaveFactory, make_slave_service
 
 from tests._helpers import StringEndpoint, fixed_clock, make_message, open_store
 

@@ -1,0 +1,903 @@
+# -*- test-case-name: tests.test_master -*-
+"""
+The master's accept side of RocketMQ's classic HA: one L{MasterConnection}
+per slave, built by L{MasterFactory}.
+
+A connection waits for the slave's first 8-byte report, which says where
+its commit log ends, and from there streams the master's commit log as
+12-byte headers plus bytes (or, for an rmqha slave that asks, as checked
+framing: a CRC-32 on every frame and report, docs/protocol.md).  A
+connection whose first value is an rmqha control hello is a control
+session instead (L{rmqha.divergence}): one DIGEST at a time, hashed in a
+worker thread and paced per peer host, reading paused while an answer is
+pending or unread (docs/protocol.md).  The connection is the push producer
+registered on its transport: it writes while the transport accepts and
+stops when the transport pauses it, so a slow slave costs the master no
+memory beyond the transport's buffer.  With nothing left to send it waits
+for L{MasterFactory.notify_appended} (no polling) and sends a heartbeat
+after C{heartbeat_interval} of silence.  Every later report is the
+slave's acknowledgement (its max offset).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+from twisted.internet.interfaces import (
+    IAddress,
+    IConsumer,
+    IDelayedCall,
+    IHandshakeListener,
+    INegotiated,
+    IPushProducer,
+    IReactorThreads,
+    IReactorTime,
+)
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.threads import deferToThreadPool
+from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from rmqha._timers import IdleTimer
+from rmqha.ha._wire import (
+    CHECKED_ACK,
+    CHECKED_HELLO,
+    CONTROL_HELLO,
+    CONTROL_PROBE,
+    CONTROL_MAX_DIGEST_RANGE,
+    CONTROL_REFUSED,
+    CONTROL_REQUEST_SIZE,
+    FEATURE_CHECKED_FRAMING,
+    FEATURE_IDENTIFY,
+    IDENTIFY,
+    MAX_BODY_SIZE,
+    ChecksumError,
+    ProtocolError,
+    ReportDecoder,
+    decode_digest_request,
+    decode_identify,
+    encode_checked_header,
+    encode_code,
+    encode_control_info,
+    encode_digest_answer,
+    encode_header,
+)
+from rmqha.commitlog import CommitLog, StoreError, segment_name
+from rmqha.tls import PeerPolicy
+
+__all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
+
+
+@dataclass(frozen=True)
+class HAConfig:
+    """
+    RocketMQ's HA settings (C{MessageStoreConfig}), in seconds and bytes.
+    """
+
+    #: C{haTransferBatchSize}: the most body bytes in one frame.
+    transfer_batch_size: int = 32 * 1024
+    #: C{haSendHeartbeatInterval}: heartbeat after this much silence.
+    heartbeat_interval: float = 5.0
+    #: C{haHousekeepingInterval}: drop a peer silent for this long.
+    housekeeping_interval: float = 20.0
+    #: C{syncFromLastFile}: an empty slave gets only the last segment
+    #: (4.9's rule) instead of the whole log.
+    sync_from_last_file: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 < self.transfer_batch_size <= MAX_BODY_SIZE:
+            raise ValueError(
+                f"haTransferBatchSize {self.transfer_batch_size} must be between 1 "
+                f"and {MAX_BODY_SIZE} (what a RocketMQ slave accepts)"
+            )
+        if self.heartbeat_interval <= 0:
+            raise ValueError(
+                f"haSendHeartbeatInterval {self.heartbeat_interval} must be positive"
+            )
+        if self.housekeeping_interval <= 0:
+            raise ValueError(
+                f"haHousekeepingInterval {self.housekeeping_interval} must be positive"
+            )
+
+
+#: RocketMQ's defaults (frozen, so one instance can be shared).
+DEFAULT_HA_CONFIG = HAConfig()
+
+
+@dataclass(frozen=True)
+class SlaveStatus:
+    """
+    One slave connection, as C{/status} shows it.
+    """
+
+    peer: str
+    ack_offset: int | None
+    lag_bytes: int | None
+    bytes_per_s: float
+    connected_since: float
+    #: C{"tcp"} or C{"tls"}.
+    transport: str = "tcp"
+    #: The name from the slave's verified TLS certificate, if it sent one.
+    identity: str | None = None
+    #: C{"classic"} or C{"checked"} (CRC-32 on every frame and report).
+    framing: str = "classic"
+    #: The replica id the slave declared (unauthenticated), if any.
+    replica_id: str | None = None
+
+
+class _State(enum.Enum):
+    HANDSHAKING = "TLS handshake"
+    CONTROL = "rmqha control session"
+    AWAITING_REPORT = "awaiting first report"
+    TRANSFERRING = "transferring"
+    CLOSED = "closed"
+
+
+#: How far back acknowledgements are kept to compute a transfer rate.
+_RATE_WINDOW = 10.0
+
+
+def set_tcp_no_delay(transport: object) -> None:
+    """
+    TCP_NODELAY, as RocketMQ sets on HA sockets: reports and small frames
+    must not wait for Nagle's algorithm (a SYNC_MASTER put waits on them).
+    """
+    set_no_delay = getattr(transport, "setTcpNoDelay", None)
+    if set_no_delay is not None:
+        set_no_delay(True)
+
+
+def _peer_name(address: IAddress | None) -> str:
+    host = getattr(address, "host", None)
+    port = getattr(address, "port", None)
+    if host is None:
+        return str(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+_IDENTIFY_CODE = encode_code(IDENTIFY)
+#: A DIGEST answer refusing the range.
+_REFUSED_DIGEST = encode_digest_answer(-1, -1, bytes(16))
+#: Control request bytes a session may hold unanswered: what one read
+#: brings while reading is paused, with room to spare; more means a peer
+#: that ignores back-pressure.
+_CONTROL_BUFFER_LIMIT = 256 * 1024
+#: Bytes hashed per second per peer address for DIGEST answers (and the
+#: burst allowed): a slave's divergence check hashes at most 64 MiB.
+DIGEST_BYTES_PER_SECOND = 64 * 1024 * 1024
+#: The most bytes a worker thread reads at once while hashing.
+_HASH_CHUNK = 1024 * 1024
+
+
+def _digestible(commitlog: CommitLog, start: int, end: int) -> bool:
+    """
+    C{[start, end)} is a range a DIGEST request may ask for.
+    """
+    return (
+        commitlog.min_offset <= start <= end <= commitlog.max_offset
+        and end - start <= CONTROL_MAX_DIGEST_RANGE
+    )
+
+
+def _hash_files(directory: str, segment_size: int, start: int, end: int) -> bytes | None:
+    """
+    The blake2b-128 digest of the commit log's bytes C{[start, end)}, read
+    from the segment files with descriptors of its own (run in a worker
+    thread: the store's descriptors are opened and closed on the reactor
+    thread).  C{None} when a file is gone or short (the log moved on).
+    """
+    digest = hashlib.blake2b(digest_size=16)
+    position = start
+    while position < end:
+        segment = position - position % segment_size
+        stop = min(end, segment + segment_size)
+        try:
+            fd = os.open(os.path.join(directory, segment_name(segment)), os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            while position < stop:
+                chunk = os.pread(fd, min(_HASH_CHUNK, stop - position), position - segment)
+                if not chunk:
+                    return None
+                digest.update(chunk)
+                position += len(chunk)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+    return digest.digest()
+
+
+class PeerBudget:
+    """
+    A token bucket per peer address: how many bytes of work (DIGEST
+    hashing) each host may cause per second.  A request larger than what
+    is left is not refused but scheduled: L{reserve} says how long to wait,
+    and the debt makes the next request wait longer.  Hosts whose bucket
+    is full again are forgotten, so the table holds only busy peers.
+    """
+
+    def __init__(self, clock: IReactorTime, rate: float, burst: float | None = None) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate {rate} must be positive")
+        self._clock = clock
+        self.rate = rate
+        self.burst = rate if burst is None else burst
+        #: host -> (tokens, when): tokens may be negative (a debt).
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def reserve(self, host: str, amount: float) -> float:
+        """
+        Charge C{amount} to C{host}: the seconds to wait before doing it.
+        """
+        now = self._clock.seconds()
+        tokens, then = self._buckets.get(host, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate) - amount
+        self._buckets[host] = (tokens, now)
+        if len(self._buckets) > 1024:
+            self._forget_idle(now)
+        return 0.0 if tokens >= 0 else -tokens / self.rate
+
+    def _forget_idle(self, now: float) -> None:
+        for host, (tokens, then) in list(self._buckets.items()):
+            if tokens + (now - then) * self.rate >= self.burst:
+                del self._buckets[host]
+
+
+@implementer(IPushProducer, IHandshakeListener)
+class MasterConnection(Protocol):
+    """
+    One slave, from the master's side.
+
+    @ivar ack_offset: the slave's last report after the first (its max
+        offset), or C{None} before it has acknowledged anything.
+    @ivar next_offset: where the next frame starts.
+    """
+
+    _log = Logger()
+
+    def __init__(self, factory: "MasterFactory", address: IAddress | None) -> None:
+        self.factory = factory
+        self.peer = _peer_name(address)
+        #: The peer's host (what per-peer bounds are kept by).
+        self.peer_host = str(getattr(address, "host", address))
+        self.ack_offset: int | None = None
+        self.next_offset: int | None = None
+        self.connected_since = 0.0
+        #: The slave's certificate name, once its TLS handshake is checked.
+        self.identity: str | None = None
+        self.tls = False
+        #: The slave asked for checked framing.
+        self.checked = False
+        #: The replica id the slave declared (IDENTIFY; unauthenticated).
+        self.replica_id: str | None = None
+        self._state = _State.AWAITING_REPORT
+        # The first bytes, until we know whether this is a control session.
+        self._head: bytearray | None = bytearray()
+        self._control = bytearray()
+        self._control_mode = False
+        # Control: a DIGEST is outstanding (waiting for its budget or
+        # being hashed); the timer of the wait; reading from the peer.
+        self._digesting = False
+        self._digest_wait: IDelayedCall | None = None
+        self._reading_on = True
+        self._reports = ReportDecoder()
+        self._paused = False
+        self._producing = False
+        self._last_read = 0.0
+        self._last_write = 0.0
+        config = factory.config
+        clock = factory.clock
+        self._heartbeat = IdleTimer(
+            clock, config.heartbeat_interval, lambda: self._last_write, self._send_heartbeat
+        )
+        self._housekeeping = IdleTimer(
+            clock, config.housekeeping_interval, lambda: self._last_read, self._silent
+        )
+        self._acks: deque[tuple[float, int]] = deque()
+
+    # -- Protocol ----------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        clock = self.factory.clock
+        self.connected_since = self._last_read = self._last_write = clock.seconds()
+        set_tcp_no_delay(self.transport)
+        # (INegotiated, not the class: a connection limiter's wrapper
+        # between us and TLS carries the TLS transport's interfaces.)
+        if INegotiated.providedBy(self.transport):
+            # Nothing is read or sent until the handshake is done and the
+            # slave's certificate has passed the peer policy.
+            self.tls = True
+            self._state = _State.HANDSHAKING
+        IConsumer(self.transport).registerProducer(self, True)
+        self.factory.connections.add(self)
+        self._housekeeping.start()
+        self._log.info("slave {peer} connected", peer=self.peer)
+
+    def handshakeCompleted(self) -> None:
+        """
+        TLS is up (OpenSSL has checked any client certificate against the
+        CA): apply the peer policy before the first report is read.
+        """
+        if self._state is not _State.HANDSHAKING:
+            return
+        x509 = self.transport.getPeerCertificate()  # type: ignore[union-attr]
+        certificate = x509.to_cryptography() if x509 is not None else None
+        identity, refusal = self.factory.peer_policy.check(certificate)
+        self.identity = identity
+        if refusal is not None:
+            self.drop(f"refused after the TLS handshake: {refusal}")
+            return
+        self._state = _State.AWAITING_REPORT
+        self._log.info(
+            "slave {peer} verified by TLS as {identity}",
+            peer=self.peer,
+            identity=identity or "(no client certificate)",
+        )
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state is _State.CLOSED:
+            return
+        if self._state is _State.HANDSHAKING:
+            # TLSMemoryBIOProtocol delivers nothing before the handshake;
+            # should it ever, nothing is served to an unchecked peer.
+            self.drop("data arrived before the TLS handshake completed")
+            return
+        self._last_read = self.factory.clock.seconds()
+        if self._state is _State.CONTROL or (
+            self._state is _State.AWAITING_REPORT and self._head is not None
+        ):
+            data = self._control_or_classic(data)
+            if not data:
+                return
+        try:
+            offset = self._reports.feed(data)
+        except ChecksumError as e:
+            self.factory.checksum_failures += 1
+            self.drop(str(e))
+            return
+        except ProtocolError as e:
+            self.drop(str(e))
+            return
+        if offset is None:
+            return
+        if self._state is _State.AWAITING_REPORT:
+            self._start(offset)
+        else:
+            self._acknowledged(offset)
+
+    # -- the rmqha control extension (docs/protocol.md) ----------------------
+
+    def _control_or_classic(self, data: bytes) -> bytes:
+        """
+        Until 8 bytes have come: is this an rmqha control session (its
+        hello) or a classic slave (its first report)?  Control requests are
+        answered here; classic bytes are returned for the report decoder.
+        """
+        if self._state is _State.AWAITING_REPORT:
+            assert self._head is not None
+            self._head += data
+            if len(self._head) < 8:
+                return b""
+            if self._head[:8] == _IDENTIFY_CODE and self.replica_id is None:
+                if not self._identify():
+                    return b""
+                return self._control_or_classic(b"")
+            head, self._head = bytes(self._head), None
+            code = int.from_bytes(head[:8], "big", signed=True)
+            if code == CHECKED_HELLO:
+                # An rmqha slave that learnt from our INFO that we offer it.
+                self.checked = True
+                self._reports = ReportDecoder(checked=True)
+                self.transport.write(encode_code(CHECKED_ACK))  # type: ignore[union-attr]
+                return head[8:]
+            if code >= 0:
+                return head
+            if code not in (CONTROL_PROBE, CONTROL_HELLO):
+                # RocketMQ slaves never send a negative value: this is an
+                # rmqha peer's code, damaged on the way or unknown to us.
+                self.drop(
+                    f"the first value {code} is negative and no code this master knows",
+                    last_words=encode_code(CONTROL_REFUSED),
+                )
+                return b""
+            self._state = _State.CONTROL
+            self._control_mode = True
+            # Not a slave: not in the status or the quorum.  It stays the
+            # transport's producer: a peer that does not read its answers
+            # pauses it, and a paused session stops reading requests.
+            self.factory.connections.discard(self)
+            commitlog = self.factory.commitlog
+            self.transport.write(  # type: ignore[union-attr]
+                encode_control_info(
+                    commitlog.min_offset,
+                    commitlog.max_offset,
+                    commitlog.segment_size,
+                    FEATURE_CHECKED_FRAMING | FEATURE_IDENTIFY,
+                )
+            )
+            data = head[8:]
+        self._control += data
+        if len(self._control) > _CONTROL_BUFFER_LIMIT:
+            self.drop(
+                f"control session: {len(self._control)} bytes of requests waiting "
+                f"(the limit is {_CONTROL_BUFFER_LIMIT}); the peer does not wait for answers"
+            )
+            return b""
+        self._serve_control()
+        return b""
+
+    def _identify(self) -> bool:
+        """
+        The slave's IDENTIFY at the head of the stream: take its replica
+        id once it is whole (C{True}), or wait for more (C{False}; also
+        when it was bad and the connection is dropped).
+        """
+        assert self._head is not None
+        try:
+            found = decode_identify(self._head)
+        except ProtocolError as e:
+            if isinstance(e, ChecksumError):
+                self.factory.checksum_failures += 1
+            self.drop(str(e))
+            return False
+        if found is None:
+            return False
+        self.replica_id, used = found
+        del self._head[:used]
+        self._log.info(
+            "slave {peer} declares replica id {replica_id} (unauthenticated)",
+            peer=self.peer,
+            replica_id=self.replica_id,
+        )
+        return True
+
+    @property
+    def replica(self) -> str:
+        """
+        Which replica this is, for the quorum: the TLS certificate's name,
+        else the id the slave declared, else its address (a classic slave:
+        every connection its own replica).
+        """
+        if self.identity is not None:
+            return f"certificate {self.identity}"
+        if self.replica_id is not None:
+            return f"declared id {self.replica_id}"
+        return f"address {self.peer}"
+
+    def _serve_control(self) -> None:
+        """
+        Answer the buffered control requests while the peer reads answers
+        (this producer is not paused) and no digest is outstanding: one
+        DIGEST at a time per session, hashed off the reactor thread,
+        paced per peer address by L{MasterFactory.digest_budget}.
+        Reading stops whenever requests cannot be served.
+        """
+        while (
+            self._state is _State.CONTROL
+            and not self._paused
+            and not self._digesting
+            and len(self._control) >= CONTROL_REQUEST_SIZE
+        ):
+            try:
+                start, end = decode_digest_request(self._control)
+            except ProtocolError as e:
+                if isinstance(e, ChecksumError):
+                    self.factory.checksum_failures += 1
+                self.drop(f"control session: {e}")
+                return
+            del self._control[:CONTROL_REQUEST_SIZE]
+            commitlog = self.factory.commitlog
+            if not _digestible(commitlog, start, end):
+                # Cheap to refuse: answered inline, in order.
+                self.transport.write(_REFUSED_DIGEST)  # type: ignore[union-attr]
+                continue
+            self._digesting = True
+            delay = self.factory.digest_budget.reserve(self.peer_host, end - start)
+            if delay > 0:
+                self._digest_wait = self.factory.clock.callLater(
+                    delay, self._hash, start, end
+                )
+            else:
+                self._hash(start, end)
+        if self._state is _State.CONTROL:
+            self._reading(not self._paused and not self._digesting)
+
+    def _reading(self, on: bool) -> None:
+        """
+        Read from the peer or stop reading (the transport as a producer of
+        received bytes); idempotent.
+        """
+        if on == self._reading_on or self.transport is None:
+            return
+        self._reading_on = on
+        if on:
+            self.transport.resumeProducing()  # type: ignore[attr-defined]
+        else:
+            self.transport.pauseProducing()  # type: ignore[attr-defined]
+
+    def _hash(self, start: int, end: int) -> None:
+        """
+        Hash C{[start, end)} in a worker thread; answer when it is done.
+        """
+        self._digest_wait = None
+        if self._state is not _State.CONTROL:
+            return
+        commitlog = self.factory.commitlog
+        if not _digestible(commitlog, start, end):
+            self._digested(None, start, end)
+            return
+        directory, size = commitlog.commitlog_dir, commitlog.segment_size
+        d = self.factory.run_in_thread(lambda: _hash_files(directory, size, start, end))
+        d.addErrback(self._hash_failed, start, end)
+        d.addCallback(self._digested, start, end)
+
+    def _hash_failed(self, failure: Failure, start: int, end: int) -> None:
+        self._log.failure(
+            "hashing [{start}, {end}) for {peer}", failure, start=start, end=end, peer=self.peer
+        )
+        return None
+
+    def _digested(self, digest: bytes | None, start: int, end: int) -> None:
+        if self._state is not _State.CONTROL:
+            return
+        self._digesting = False
+        # The peer waited for us: its silence counts from this answer.
+        self._last_read = self.factory.clock.seconds()
+        # Read through the files while the log went on: the range must
+        # still be in the log (not cut off by a deleted segment) for the
+        # bytes hashed to be the log's.
+        if digest is None or not _digestible(self.factory.commitlog, start, end):
+            answer = _REFUSED_DIGEST
+        else:
+            answer = encode_digest_answer(start, end, digest)
+        self.transport.write(answer)  # type: ignore[union-attr]
+        self._serve_control()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._state is not _State.CLOSED:
+            self._log.info(
+                "slave {peer} disconnected: {reason}",
+                peer=self.peer,
+                reason=reason.getErrorMessage(),
+            )
+        self._state = _State.CLOSED
+        self._paused = True
+        self._heartbeat.stop()
+        self._housekeeping.stop()
+        self.factory.connections.discard(self)
+        if self._digest_wait is not None and self._digest_wait.active():
+            self._digest_wait.cancel()
+        self._digest_wait = None
+        if self.ack_offset is not None:
+            self.factory.acks_changed()
+        if self.transport is not None:
+            IConsumer(self.transport).unregisterProducer()
+
+    @property
+    def replicating(self) -> bool:
+        """
+        The first report has come and the connection is not closed.
+        """
+        return self._state is _State.TRANSFERRING
+
+    # -- reports -----------------------------------------------------------
+
+    def _start(self, offset: int) -> None:
+        """
+        The first report: where the slave's log ends, so where to start.
+        """
+        commitlog = self.factory.commitlog
+        if offset == 0:
+            if self.factory.config.sync_from_last_file:
+                # 4.9's rule: only the master's last segment.
+                end = commitlog.max_offset
+                start = end - end % commitlog.segment_size
+            else:
+                # The whole log (what users asked for, RocketMQ #3661).
+                start = commitlog.min_offset
+        else:
+            start = offset
+        if start > commitlog.max_offset:
+            self.drop(
+                f"slave is at offset {start}, ahead of the master's max offset "
+                f"{commitlog.max_offset}"
+            )
+            return
+        if start < commitlog.min_offset:
+            self.drop(
+                f"slave is at offset {start}, behind the master's oldest "
+                f"segment (min offset {commitlog.min_offset})"
+            )
+            return
+        # One connection per replica counts: a newer one replaces the old
+        # (a slave that reconnected before its old connection timed out,
+        # or a second connection claiming to be the same replica).
+        self.factory.replace_older(self)
+        # The first report is what the slave holds: 0 for an empty one,
+        # which is connected and counts (from 0) for in-sync decisions.
+        self._record_ack(offset)
+        self.next_offset = start
+        self._state = _State.TRANSFERRING
+        self._log.info(
+            "slave {peer} reported offset {offset}; transfer starts at {start}",
+            peer=self.peer,
+            offset=offset,
+            start=start,
+        )
+        self._heartbeat.start()
+        self._produce()
+
+    def _acknowledged(self, offset: int) -> None:
+        max_offset = self.factory.commitlog.max_offset
+        if offset > max_offset:
+            # RocketMQ #3015: a fake or diverged slave must not count as
+            # having replicated what the master does not even have.
+            self.drop(
+                f"slave acknowledged offset {offset}, beyond the master's max "
+                f"offset {max_offset}"
+            )
+            return
+        self._record_ack(offset)
+
+    def _record_ack(self, offset: int) -> None:
+        now = self.factory.clock.seconds()
+        self.ack_offset = offset
+        self.factory.acks_changed()
+        acks = self._acks
+        acks.append((now, offset))
+        while len(acks) > 2 and now - acks[1][0] >= _RATE_WINDOW:
+            acks.popleft()
+
+    # -- IPushProducer -----------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+        if self._state is _State.CONTROL:
+            # The peer does not read its answers: stop reading requests.
+            self._reading(False)
+
+    def resumeProducing(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._paused = False
+        if self._state is _State.CONTROL:
+            self._serve_control()
+        else:
+            self._produce()
+
+    def stopProducing(self) -> None:
+        self._paused = True
+
+    def data_available(self) -> None:
+        """
+        The commit log grew: send it unless paused or already sending.
+        """
+        if not self._paused:
+            self._produce()
+
+    def _produce(self) -> None:
+        """
+        Write frames while the transport accepts them and there is data.
+        A write can pause us from inside C{transport.write}; the loop checks
+        after each frame.
+        """
+        if self._producing or self._state is not _State.TRANSFERRING:
+            return
+        self._producing = True
+        try:
+            commitlog = self.factory.commitlog
+            batch = self.factory.config.transfer_batch_size
+            write = self.transport.writeSequence  # type: ignore[union-attr]
+            offset = self.next_offset
+            assert offset is not None
+            wrote = False
+            while not self._paused and self._state is _State.TRANSFERRING:
+                try:
+                    data = commitlog.read(offset, batch)
+                except StoreError as e:
+                    self.drop(f"cannot read the commit log at offset {offset}: {e}")
+                    return
+                if not data:
+                    break
+                write([self._frame_header(offset, data), data])
+                offset += len(data)
+                self.next_offset = offset
+                wrote = True
+            if wrote:
+                self._last_write = self.factory.clock.seconds()
+        finally:
+            self._producing = False
+
+    def _frame_header(self, offset: int, body: bytes | memoryview) -> bytes:
+        if self.checked:
+            return encode_checked_header(offset, body)
+        return encode_header(offset, len(body))
+
+    # -- timers ------------------------------------------------------------
+
+    def _send_heartbeat(self) -> bool:
+        """
+        After C{heartbeat_interval} without a write, send a heartbeat (an
+        empty frame at the next offset): it keeps the slave's read-idle
+        timer from firing and makes it re-check its offset.  Not while
+        paused: the transport is full of data then.
+        """
+        if not self._paused and self.next_offset is not None:
+            self.transport.write(  # type: ignore[union-attr]
+                self._frame_header(self.next_offset, b"")
+            )
+            self._last_write = self.factory.clock.seconds()
+        return True
+
+    def _silent(self) -> bool:
+        silent = self.factory.clock.seconds() - self._last_read
+        self.drop(f"nothing received for {silent:.1f} s")
+        return False
+
+    # -- status ------------------------------------------------------------
+
+    def status(self) -> SlaveStatus:
+        max_offset = self.factory.commitlog.max_offset
+        acks = self._acks
+        rate = 0.0
+        if len(acks) >= 2 and acks[-1][0] > acks[0][0]:
+            rate = (acks[-1][1] - acks[0][1]) / (acks[-1][0] - acks[0][0])
+        return SlaveStatus(
+            peer=self.peer,
+            ack_offset=self.ack_offset,
+            lag_bytes=None if self.ack_offset is None else max_offset - self.ack_offset,
+            bytes_per_s=rate,
+            connected_since=self.connected_since,
+            transport="tls" if self.tls else "tcp",
+            identity=self.identity,
+            framing="checked" if self.checked else "classic",
+            replica_id=self.replica_id,
+        )
+
+    def drop(self, why: str, last_words: bytes | None = None) -> None:
+        """
+        Log C{why} and close the connection: at once, discarding anything
+        not sent yet, or after sending C{last_words}.
+        """
+        self._log.warn("dropping slave {peer}: {why}", peer=self.peer, why=why)
+        self._state = _State.CLOSED
+        self._paused = True
+        if last_words is None:
+            self.transport.abortConnection()  # type: ignore[union-attr]
+        else:
+            self.transport.write(last_words)  # type: ignore[union-attr]
+            self.transport.loseConnection()  # type: ignore[union-attr]
+
+
+def _default_run_in_thread(clock: object) -> Callable[[Callable[[], Any]], Deferred[Any]]:
+    if IReactorThreads.providedBy(clock):
+        reactor: Any = clock
+        return lambda f: deferToThreadPool(reactor, reactor.getThreadPool(), f)
+    return lambda f: maybeDeferred(f)
+
+
+class MasterFactory(ServerFactory):
+    """
+    Builds a L{MasterConnection} per accepted slave; shares the commit log,
+    the clock and the settings among them.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        clock: IReactorTime,
+        config: HAConfig = HAConfig(),
+        peer_policy: PeerPolicy = PeerPolicy(),
+        run_in_thread: Callable[[Callable[[], Any]], Deferred[Any]] | None = None,
+        digest_rate: float = DIGEST_BYTES_PER_SECOND,
+    ) -> None:
+        """
+        @param peer_policy: what a slave's TLS certificate must satisfy
+            (applies to TLS connections).
+        @param run_in_thread: runs a DIGEST's hashing and returns a
+            Deferred of its result; defaults to the reactor's thread pool
+            (inline for a clock without threads, as in tests).
+        @param digest_rate: bytes hashed per second per peer address for
+            DIGEST answers (and the burst).
+        """
+        self.commitlog = commitlog
+        self.clock = clock
+        self.config = config
+        self.peer_policy = peer_policy
+        if run_in_thread is None:
+            run_in_thread = _default_run_in_thread(clock)
+        self.run_in_thread = run_in_thread
+        #: The bytes of DIGEST hashing each peer host may cause per second.
+        self.digest_budget = PeerBudget(clock, digest_rate)
+        self.connections: set[MasterConnection] = set()
+        #: Reports and control requests that failed their CRC (checked
+        #: framing): damaged on the way, never counted as acks.
+        self.checksum_failures = 0
+        #: Called when a slave's ack changes or an acking slave goes away.
+        self.ack_listeners: list[Callable[[], None]] = []
+        self._wake: IDelayedCall | None = None
+        self._more = False
+
+    def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
+        return MasterConnection(self, addr)
+
+    def notify_appended(self) -> None:
+        """
+        Call after appending to the commit log.  The first append of a
+        reactor turn is sent at once (a lone put does not wait a turn); the
+        appends that follow in the same turn are sent together on the next
+        turn, so a burst travels in frames of up to a batch, not one frame
+        per message.
+        """
+        if not self.connections:
+            return
+        if self._wake is None:
+            self._wake = self.clock.callLater(0, self._end_of_turn)
+            self._wake_connections()
+        else:
+            self._more = True
+
+    def _end_of_turn(self) -> None:
+        self._wake = None
+        if self._more:
+            self._more = False
+            self._wake_connections()
+
+    def _wake_connections(self) -> None:
+        for connection in list(self.connections):
+            connection.data_available()
+
+    def acks_changed(self) -> None:
+        for listener in list(self.ack_listeners):
+            listener()
+
+    def replace_older(self, connection: MasterConnection) -> None:
+        """
+        C{connection} is replicating: drop any other connection of the
+        same replica (L{MasterConnection.replica}), so each replica counts
+        once in the quorum.
+        """
+        replica = connection.replica
+        for other in list(self.connections):
+            if other is not connection and other.replicating and other.replica == replica:
+                other.drop(f"replaced by a newer connection of {replica} from {connection.peer}")
+
+    def ack_offsets(self) -> list[int]:
+        """
+        The ack of every replicating slave that has acknowledged anything:
+        one per replica (L{replace_older}).
+        """
+        return [
+            c.ack_offset
+            for c in self.connections
+            if c.ack_offset is not None and c.replicating
+        ]
+
+    def disconnect_all(self, why: str) -> None:
+        """
+        Drop every slave connection (the master is stopping).
+        """
+        for connection in list(self.connections):
+            connection.drop(why)
+
+    def slaves(self) -> list[SlaveStatus]:
+        """
+        The status of every connected slave.
+        """
+        return [c.status() for c in self.connections]
+
+    def stopFactory(self) -> None:
+        if self._wake is not None and self._wake.active():
+            self._wake.cancel()
+        self._wake = None
+        self._more = False
+
