@@ -40,17 +40,33 @@ from rmqha.commitlog import (
     Message,
     SegmentCreateError,
 )
+from rmqha.ha.control import CheckFailed, MasterUnreachable, probe
 from rmqha.ha.divergence import (
-    CheckFailed,
     Divergence,
-    MasterUnreachable,
     find_divergence,
-    probe,
     read_master_kind,
     write_master_kind,
 )
 from rmqha.ha.group import GroupTransferService, PutMessageResult, PutStatus, timed_out_as
-from rmqha.ha.master import DEFAULT_HA_CONFIG, HAConfig, MasterFactory, SlaveStatus
+from rmqha.ha.config import (
+    DEFAULT_HA_CONFIG,
+    DEFAULT_HA_LISTEN,
+    DEFAULT_IN_SYNC_REPLICAS,
+    DEFAULT_MASTER_KIND,
+    DEFAULT_MAX_UNFLUSHED,
+    DEFAULT_MIN_IN_SYNC_REPLICAS,
+    DEFAULT_ON_DIVERGENCE,
+    DEFAULT_PROBE_TIMEOUT,
+    DEFAULT_SLAVE_FALLBEHIND_MAX,
+    DEFAULT_SLAVE_TIMEOUT,
+    DEFAULT_SYNC_FLUSH_TIMEOUT,
+    PROBE_FIRST_TIMEOUT,
+    HAConfig,
+    MasterKind,
+    OnDivergence,
+    Role,
+)
+from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha._limits import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_CONNECTIONS_PER_PEER,
@@ -80,13 +96,6 @@ __all__ = [
     "DEFAULT_MAX_UNFLUSHED",
 ]
 
-#: A slave stops reading while this much received data is not on disk.
-DEFAULT_MAX_UNFLUSHED = 256 * 1024 * 1024
-#: Seconds a slave waits for the first byte of its master's answer to the
-#: probe (an rmqha master answers at once; a RocketMQ master never does)
-#: before taking the master for RocketMQ's, unless it spoke the extension
-#: before.  The whole answer may take up to the probe timeout.
-PROBE_FIRST_TIMEOUT = 0.5
 
 
 def _stop_child(_: object, service: IService) -> Deferred[None]:
@@ -125,24 +134,23 @@ class Histogram:
         return out
 
 
-class Role(enum.Enum):
-    """
-    RocketMQ's C{brokerRole}.
-    """
-
-    ASYNC_MASTER = "ASYNC_MASTER"
-    SYNC_MASTER = "SYNC_MASTER"
-    SLAVE = "SLAVE"
-    #: "master" means ASYNC_MASTER, as in RocketMQ's default.
-    MASTER = "ASYNC_MASTER"
-
-    @property
-    def is_master(self) -> bool:
-        return self is not Role.SLAVE
-
-
 #: OS errors meaning the disk (or the user's quota) is full.
 _DISK_FULL = frozenset([errno.ENOSPC, errno.EDQUOT])
+
+
+def _enum(kind: Any, value: Any, what: str) -> Any:
+    """
+    C{value} as a member of the string enum C{kind} (C{None} stays).
+
+    @raise ValueError: naming C{what} and the values allowed.
+    """
+    if value is None and kind is OnDivergence:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise ValueError(f"{what} {value!r} is not one of {allowed}") from None
 
 
 class NotStoredError(Exception):
@@ -244,7 +252,7 @@ class Broker(MultiService):
         open_commitlog: Callable[[], CommitLog],
         role: Role,
         *,
-        ha_listen: str | IStreamServerEndpoint = "tcp:10912",
+        ha_listen: str | IStreamServerEndpoint = DEFAULT_HA_LISTEN,
         master_endpoint: str | IStreamClientEndpoint | None = None,
         peer_policy: PeerPolicy = PeerPolicy(),
         http: str | IStreamServerEndpoint | None = None,
@@ -253,19 +261,19 @@ class Broker(MultiService):
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
         max_unflushed: int = DEFAULT_MAX_UNFLUSHED,
-        in_sync_replicas: int = 2,
-        min_in_sync_replicas: int = 1,
-        slave_timeout: float = 3.0,
-        slave_fallbehind_max: int = 256 * 1024 * 1024,
-        sync_flush_timeout: float = 5.0,
+        in_sync_replicas: int = DEFAULT_IN_SYNC_REPLICAS,
+        min_in_sync_replicas: int = DEFAULT_MIN_IN_SYNC_REPLICAS,
+        slave_timeout: float = DEFAULT_SLAVE_TIMEOUT,
+        slave_fallbehind_max: int = DEFAULT_SLAVE_FALLBEHIND_MAX,
+        sync_flush_timeout: float = DEFAULT_SYNC_FLUSH_TIMEOUT,
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
-        on_divergence: str | None = "halt",
-        probe_timeout: float = 3.0,
+        on_divergence: OnDivergence | str | None = DEFAULT_ON_DIVERGENCE,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
         fd_limit: Callable[[], int] = raise_fd_limit,
         scrub_rate: int = DEFAULT_SCRUB_RATE,
-        master_kind: str = "auto",
+        master_kind: MasterKind | str = DEFAULT_MASTER_KIND,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -340,19 +348,13 @@ class Broker(MultiService):
         self._ha_listen = ha_listen
         self._master_endpoint = master_endpoint
         self._peer_policy = peer_policy
-        if on_divergence not in (None, "halt", "truncate", "rebootstrap"):
-            raise ValueError(
-                f"on-divergence {on_divergence!r} is not halt, truncate or rebootstrap"
-            )
-        self._on_divergence = on_divergence
+        self._on_divergence = _enum(OnDivergence, on_divergence, "on-divergence")
         self._probe_timeout = probe_timeout
-        if master_kind not in ("auto", "rmqha", "rocketmq"):
-            raise ValueError(f"master kind {master_kind!r} is not auto, rmqha or rocketmq")
-        if master_kind == "rmqha" and on_divergence is None:
+        self._master_kind_option = _enum(MasterKind, master_kind, "master kind")
+        if self._master_kind_option is MasterKind.RMQHA and self._on_divergence is None:
             raise ValueError(
                 "master kind rmqha needs the control probe, which on-divergence off turns off"
             )
-        self._master_kind_option = master_kind
         #: What the slave's master is: C{"rmqha"}, C{"rocketmq"}, or
         #: C{None} while unknown (remembered in the store).
         self.master_kind: str | None = None

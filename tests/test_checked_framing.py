@@ -43,7 +43,7 @@ from rmqha.ha._wire import (
 )
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
-from rmqha.ha.divergence import CheckFailed, ControlClient, probe
+from rmqha.ha.control import CheckFailed, ControlClient, probe
 from rmqha.ha.master import MasterConnection, MasterFactory
 from rmqha.ha.slave import SlaveConnection, SlaveFactory
 
@@ -668,7 +668,7 @@ class ProbeTests(SynchronousTestCase):
         A DIGEST answer that never comes fails after the digest timeout; a
         damaged one fails at once; either way as L{CheckFailed}.
         """
-        from rmqha.ha.divergence import DIGEST_TIMEOUT
+        from rmqha.ha.control import DIGEST_TIMEOUT
 
         d, client, transport = self.start()
         client.dataReceived(encode_control_info(0, 100, SEGMENT, 1))

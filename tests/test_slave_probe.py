@@ -33,13 +33,8 @@ from rmqha.ha._wire import (
 )
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
-from rmqha.ha.divergence import (
-    MASTER_KIND_PATH,
-    CheckFailed,
-    probe,
-    read_master_kind,
-    write_master_kind,
-)
+from rmqha.ha.control import CheckFailed, probe
+from rmqha.ha.divergence import MASTER_KIND_PATH, read_master_kind, write_master_kind
 from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveFactory, make_slave_service
 

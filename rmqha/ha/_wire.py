@@ -26,6 +26,7 @@ flipped on the way is caught before it is written or counted.
 
 from __future__ import annotations
 
+import enum
 import struct
 import zlib
 from typing import NamedTuple
@@ -69,6 +70,8 @@ __all__ = [
     "MAX_REPLICA_ID",
     "encode_identify",
     "decode_identify",
+    "Greeting",
+    "sniff_greeting",
 ]
 
 REPORT_SIZE = 8
@@ -575,3 +578,41 @@ def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
     if not replica_id.isprintable():
         raise ProtocolError(f"the IDENTIFY id {replica_id!r} is not printable")
     return replica_id, size
+
+
+class Greeting(enum.Enum):
+    """
+    What the first 8 bytes a master receives on its HA port say the peer
+    is (L{sniff_greeting}).
+    """
+
+    #: A slave's first report (RocketMQ's or rmqha's): classic framing.
+    CLASSIC = "classic report"
+    #: An rmqha slave asking for checked framing (CHECKED_HELLO).
+    CHECKED = "checked hello"
+    #: An rmqha control session (CONTROL_PROBE or CONTROL_HELLO).
+    CONTROL = "control hello"
+    #: An rmqha slave declaring its replica id (IDENTIFY, then a greeting).
+    IDENTIFY = "identify"
+    #: A negative value no code of ours: damaged, or an unknown peer.
+    REFUSED = "refused"
+
+
+def sniff_greeting(head: bytes | bytearray) -> tuple[Greeting, int] | None:
+    """
+    The kind of peer C{head} (the first bytes received) comes from and its
+    first 8-byte value, or C{None} until 8 bytes have come.  RocketMQ
+    slaves never send a negative value, so every rmqha greeting is one.
+    """
+    if len(head) < 8:
+        return None
+    code = int.from_bytes(head[:8], "big", signed=True)
+    if code >= 0:
+        return Greeting.CLASSIC, code
+    if code == CHECKED_HELLO:
+        return Greeting.CHECKED, code
+    if code in (CONTROL_PROBE, CONTROL_HELLO):
+        return Greeting.CONTROL, code
+    if code == IDENTIFY:
+        return Greeting.IDENTIFY, code
+    return Greeting.REFUSED, code

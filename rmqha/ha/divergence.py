@@ -18,81 +18,45 @@ first differing byte), and I{ahead} when it holds more than the master.
 
 from __future__ import annotations
 
-import hashlib
+import enum
 import json
 import os
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from twisted.internet import defer
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import (
-    IHandshakeListener,
-    IReactorTime,
-    IStreamClientEndpoint,
-)
-from twisted.internet.protocol import Factory, Protocol, connectionDone
-from twisted.protocols.tls import TLSMemoryBIOProtocol
-from twisted.python.failure import Failure
-from zope.interface import implementer
-
 from rmqha._files import write_atomically
-from rmqha.ha._wire import (
-    CONTROL_DIGEST_SIZE,
-    CONTROL_HELLO,
-    CONTROL_INFO,
-    CONTROL_INFO_SIZE,
-    CONTROL_MAX_DIGEST_RANGE,
-    CONTROL_PROBE,
-    CONTROL_REFUSED,
-    FEATURE_CHECKED_FRAMING,
-    NotControlError,
-    ProtocolError,
-    decode_control_info,
-    decode_digest_answer,
-    encode_code,
-    encode_digest_request,
-)
 from rmqha.commitlog import CommitLog
-from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
+from rmqha.ha._wire import CONTROL_MAX_DIGEST_RANGE
+from rmqha.ha.control import ControlClient, MasterInfo, log_digest
 
 __all__ = [
-    "MasterInfo",
+    "DivergenceKind",
     "Divergence",
-    "ControlClient",
-    "CheckFailed",
-    "MasterUnreachable",
-    "probe",
     "read_master_kind",
     "write_master_kind",
     "find_divergence",
 ]
 
-_INFO_CODE = encode_code(CONTROL_INFO)
-_REFUSED_CODE = encode_code(CONTROL_REFUSED)
 
 #: How much of the common tail is compared on every check.
 TAIL_WINDOW = 64 * 1024 * 1024
-#: Seconds to wait for one DIGEST answer (16 MiB hashed on the master).
-DIGEST_TIMEOUT = 30.0
 #: Where a slave's store remembers what its master is.
 MASTER_KIND_PATH = os.path.join("rmqha", "master-kind.json")
 #: Master kinds: speaks the rmqha extension, or a RocketMQ master.
 MASTER_KINDS = ("rmqha", "rocketmq")
 
 
-@dataclass(frozen=True)
-class MasterInfo:
-    min_offset: int
-    max_offset: int
-    segment_size: int
-    #: Feature bits (C{FEATURE_CHECKED_FRAMING}).
-    features: int = 0
+class DivergenceKind(enum.StrEnum):
+    """
+    How a slave's log differs from its master's.
+    """
 
-    @property
-    def checked_framing(self) -> bool:
-        return bool(self.features & FEATURE_CHECKED_FRAMING)
+    #: It ends before the master's oldest segment: it can never catch up.
+    BEHIND = "behind"
+    #: It holds bytes past the master's max offset: the master lost data.
+    AHEAD = "ahead"
+    #: The bytes both hold differ.
+    DIFFERENT = "different"
 
 
 @dataclass(frozen=True)
@@ -100,7 +64,7 @@ class Divergence:
     """
     What a check found.
 
-    @ivar kind: C{"ahead"}, C{"behind"} or C{"different"}.
+    @ivar kind: the L{DivergenceKind}.
     @ivar slave_offset: where the slave's whole records end.
     @ivar master_offset: the master's max offset (its min offset for
         C{"behind"}).
@@ -110,19 +74,19 @@ class Divergence:
         first difference when different); C{None} when behind.
     """
 
-    kind: str
+    kind: DivergenceKind
     slave_offset: int
     master_offset: int
     first_difference: int | None = None
     truncate_to: int | None = None
 
     def describe(self) -> str:
-        if self.kind == "behind":
+        if self.kind is DivergenceKind.BEHIND:
             return (
                 f"the slave's log ends at {self.slave_offset}, before the master's oldest "
                 f"segment at {self.master_offset}: it can never catch up"
             )
-        if self.kind == "ahead":
+        if self.kind is DivergenceKind.AHEAD:
             return (
                 f"the slave holds bytes up to {self.slave_offset}, past the master's max "
                 f"offset {self.master_offset}: the master lost data"
@@ -134,220 +98,12 @@ class Divergence:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
+            "kind": self.kind.value,
             "slave_offset": self.slave_offset,
             "master_offset": self.master_offset,
             "first_difference": self.first_difference,
             "truncate_to": self.truncate_to,
         }
-
-
-class CheckFailed(Exception):
-    """
-    A control session could not answer (master unreachable, connection
-    lost, a damaged message): neither "rmqha" nor "classic"; try again.
-    """
-
-
-class MasterUnreachable(CheckFailed):
-    """
-    No connection to the master at all (refused, timed out, no route).
-    """
-
-
-class _Refused(ProtocolError):
-    """
-    An rmqha master answered the hello with CONTROL_REFUSED.
-    """
-
-
-@implementer(IHandshakeListener)
-class ControlClient(Protocol):
-    """
-    The slave's end of a control session.
-
-    @ivar info: fires with the master's L{MasterInfo}; fails with
-        L{NotControlError} for a classic master.
-    """
-
-    def __init__(self, clock: IReactorTime | None = None, hello: int = CONTROL_PROBE) -> None:
-        """
-        @param clock: times DIGEST answers out after L{DIGEST_TIMEOUT}
-            (C{None}: no timeout).
-        @param hello: the first 8 bytes sent: C{CONTROL_PROBE}, or
-            C{CONTROL_HELLO} for an older rmqha master that refuses the
-            probe.
-        """
-        self.info: Deferred[MasterInfo] = Deferred()
-        self.clock = clock
-        self.hello = hello
-        self._buffer = bytearray()
-        self._waiting: deque[Deferred[bytes | None]] = deque()
-        self._closed = False
-        self._handshake_done = False
-        #: Nothing received yet.
-        self.silent = True
-
-    def connectionMade(self) -> None:
-        self.transport.write(encode_code(self.hello))  # type: ignore[union-attr]
-
-    def handshakeCompleted(self) -> None:
-        self._handshake_done = True
-
-    def dataReceived(self, data: bytes) -> None:
-        self.silent = False
-        self._buffer += data
-        try:
-            if not self.info.called:
-                if looks_like_tls(self._buffer) and not isinstance(
-                    self.transport, TLSMemoryBIOProtocol
-                ):
-                    # A TLS server's alert about our plain bytes (7 bytes:
-                    # look before 8 have come).
-                    raise ProtocolError(PLAIN_SLAVE_TLS_MASTER_HINT)
-                if len(self._buffer) < 8:
-                    return
-                head = bytes(self._buffer[:8])
-                if head == _REFUSED_CODE:
-                    # An rmqha master that did not recognise our hello (an
-                    # older one, or damaged on the way): try again, not
-                    # classic.
-                    raise _Refused("the master did not recognise the control hello")
-                if head != _INFO_CODE:
-                    # Not an rmqha master (a genuine RocketMQ one sends
-                    # nothing at all to the probe).
-                    raise NotControlError("the master does not speak rmqha control")
-                if len(self._buffer) < CONTROL_INFO_SIZE:
-                    return
-                info = decode_control_info(self._buffer)
-                del self._buffer[:CONTROL_INFO_SIZE]
-                self.info.callback(MasterInfo(*info))
-            while len(self._buffer) >= CONTROL_DIGEST_SIZE and self._waiting:
-                start, _, digest = decode_digest_answer(self._buffer)
-                del self._buffer[:CONTROL_DIGEST_SIZE]
-                self._waiting.popleft().callback(None if start < 0 else digest)
-        except ProtocolError as e:
-            self._fail(e)
-
-    def _fail(self, error: Exception) -> None:
-        if not self.info.called:
-            self.info.errback(Failure(error))
-        failure = Failure(CheckFailed(f"control session: {error}"))
-        while self._waiting:
-            self._waiting.popleft().errback(failure)
-        self.close()
-
-    def digest(self, start: int, end: int) -> Deferred[bytes | None]:
-        """
-        The master's digest of C{[start, end)} (at most 16 MiB), or C{None}
-        when it refuses the range.
-
-        @raise CheckFailed: (asynchronously) the session closed, a damaged
-            answer, or none within L{DIGEST_TIMEOUT}.
-        """
-        d: Deferred[bytes | None] = Deferred()
-        if self._closed:
-            d.errback(CheckFailed("control session: closed"))
-            return d
-        self._waiting.append(d)
-        self.transport.write(encode_digest_request(start, end))  # type: ignore[union-attr]
-        if self.clock is not None:
-            d.addTimeout(DIGEST_TIMEOUT, self.clock, onTimeoutCancel=self._timed_out)
-        return d
-
-    def _timed_out(self, result: object, timeout: float) -> Failure:
-        self.close()
-        return Failure(CheckFailed(f"control session: no DIGEST answer within {timeout} s"))
-
-    def close(self) -> None:
-        if not self._closed and self.transport is not None:
-            self.transport.loseConnection()
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self._closed = True
-        if self.silent and isinstance(self.transport, TLSMemoryBIOProtocol):
-            why = "TLS connection to the master failed: " + describe_failure(
-                reason, self.transport, self._handshake_done
-            )
-        elif self.silent:
-            # Neither an rmqha master (it answers) nor a RocketMQ one (it
-            # waits) closes a probe unanswered; a TLS server reading plain
-            # bytes does (OpenSSL sends no alert first).
-            why = (
-                f"the master closed the connection without answering "
-                f"({reason.getErrorMessage().rstrip('.')}): if it serves TLS, "
-                "give this slave --tls-ca with the master's CA (docs/tls.md)"
-            )
-        else:
-            why = f"control session lost: {reason.getErrorMessage()}"
-        failure = Failure(CheckFailed(why))
-        if not self.info.called:
-            self.info.errback(failure)
-        while self._waiting:
-            self._waiting.popleft().errback(failure)
-
-
-async def probe(
-    clock: IReactorTime,
-    endpoint: IStreamClientEndpoint,
-    timeout: float = 3.0,
-    first_timeout: float | None = None,
-    hello: int = CONTROL_PROBE,
-) -> tuple[ControlClient, MasterInfo] | None:
-    """
-    A control session with the master, or C{None} when the master does not
-    speak the extension: it answered the hello with something other than
-    INFO, or sent nothing for C{first_timeout} seconds (default
-    C{timeout}) while keeping the connection open (a RocketMQ master,
-    waiting for a first report).
-
-    An rmqha master answers the probe at once; one that refuses it (older
-    than the probe) is asked again with C{CONTROL_HELLO}.
-
-    @param timeout: the most seconds to wait for the whole INFO.
-    @raise MasterUnreachable: no connection (the text says why).
-    @raise CheckFailed: no answer either way (the text says why).
-    """
-    try:
-        client = await endpoint.connect(Factory.forProtocol(lambda: ControlClient(clock, hello)))
-    except Exception as e:
-        raise MasterUnreachable(str(e).rstrip(".") or type(e).__name__) from e
-    assert isinstance(client, ControlClient)
-    client.info.addTimeout(timeout, clock)
-    quiet: Any = None
-    if first_timeout is not None and first_timeout < timeout:
-
-        def give_up_if_silent() -> None:
-            if client.silent:
-                client.info.cancel()
-
-        quiet = clock.callLater(first_timeout, give_up_if_silent)
-    try:
-        info = await client.info
-    except NotControlError:
-        return None
-    except _Refused:
-        if hello == CONTROL_HELLO:
-            raise CheckFailed("control session: the master refused the control hello") from None
-        return await probe(clock, endpoint, timeout, first_timeout, CONTROL_HELLO)
-    except CheckFailed:
-        client.close()
-        raise
-    except (defer.TimeoutError, CancelledError):
-        client.close()
-        if client.silent:
-            return None
-        raise CheckFailed(f"no whole control INFO within {timeout} s") from None
-    except ProtocolError as e:
-        client.close()
-        raise CheckFailed(str(e)) from e
-    except Exception as e:
-        client.close()
-        raise CheckFailed(f"control session failed: {e}") from e
-    finally:
-        if quiet is not None and quiet.active():
-            quiet.cancel()
-    return client, info
 
 
 def read_master_kind(store_dir: str, master: str) -> str | None:
@@ -380,24 +136,13 @@ def write_master_kind(store_dir: str, master: str, kind: str, seen: float) -> No
     )
 
 
-def _local_digest(commitlog: CommitLog, start: int, end: int) -> bytes:
-    digest = hashlib.blake2b(digest_size=16)
-    position = start
-    while position < end:
-        chunk = commitlog.read(position, end - position)
-        if not chunk:
-            break
-        digest.update(chunk)
-        position += len(chunk)
-    return digest.digest()
-
-
 async def _same(client: ControlClient, commitlog: CommitLog, start: int, end: int) -> bool:
     position = start
     while position < end:
         step = min(end, position + CONTROL_MAX_DIGEST_RANGE)
         theirs = await client.digest(position, step)
-        if theirs != _local_digest(commitlog, position, step):
+        ours = log_digest(commitlog, position, step)
+        if ours is None or theirs != ours:
             return False
         position = step
     return True
@@ -423,7 +168,7 @@ async def find_divergence(
     if slave_end is None:
         slave_end = commitlog.record_end
     if slave_end < info.min_offset:
-        return Divergence("behind", slave_end, info.min_offset)
+        return Divergence(DivergenceKind.BEHIND, slave_end, info.min_offset)
     low = max(slave_min, info.min_offset)
     high = min(slave_end, info.max_offset)
     if high > low:
@@ -442,12 +187,12 @@ async def find_divergence(
                 else:
                     hi = middle
             return Divergence(
-                "different",
+                DivergenceKind.DIFFERENT,
                 slave_end,
                 info.max_offset,
                 lo,
                 commitlog.record_start_at_or_before(lo),
             )
     if slave_end > info.max_offset:
-        return Divergence("ahead", slave_end, info.max_offset, None, info.max_offset)
+        return Divergence(DivergenceKind.AHEAD, slave_end, info.max_offset, None, info.max_offset)
     return None

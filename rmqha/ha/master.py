@@ -22,11 +22,11 @@ slave's acknowledgement (its max offset).
 from __future__ import annotations
 
 import enum
-import hashlib
-import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
@@ -37,77 +37,33 @@ from twisted.internet.interfaces import (
     IReactorThreads,
     IReactorTime,
 )
-from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.threads import deferToThreadPool
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
+from rmqha.commitlog import CommitLog, StoreError
 from rmqha.ha._wire import (
     CHECKED_ACK,
-    CHECKED_HELLO,
-    CONTROL_HELLO,
-    CONTROL_PROBE,
-    CONTROL_MAX_DIGEST_RANGE,
     CONTROL_REFUSED,
-    CONTROL_REQUEST_SIZE,
-    FEATURE_CHECKED_FRAMING,
-    FEATURE_IDENTIFY,
     IDENTIFY,
-    MAX_BODY_SIZE,
     ChecksumError,
+    Greeting,
     ProtocolError,
     ReportDecoder,
-    decode_digest_request,
     decode_identify,
     encode_checked_header,
     encode_code,
-    encode_control_info,
-    encode_digest_answer,
     encode_header,
+    sniff_greeting,
 )
-from rmqha.commitlog import CommitLog, StoreError, segment_name
+from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
 from rmqha.tls import PeerPolicy
 
 __all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
-
-
-@dataclass(frozen=True)
-class HAConfig:
-    """
-    RocketMQ's HA settings (C{MessageStoreConfig}), in seconds and bytes.
-    """
-
-    #: C{haTransferBatchSize}: the most body bytes in one frame.
-    transfer_batch_size: int = 32 * 1024
-    #: C{haSendHeartbeatInterval}: heartbeat after this much silence.
-    heartbeat_interval: float = 5.0
-    #: C{haHousekeepingInterval}: drop a peer silent for this long.
-    housekeeping_interval: float = 20.0
-    #: C{syncFromLastFile}: an empty slave gets only the last segment
-    #: (4.9's rule) instead of the whole log.
-    sync_from_last_file: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 < self.transfer_batch_size <= MAX_BODY_SIZE:
-            raise ValueError(
-                f"haTransferBatchSize {self.transfer_batch_size} must be between 1 "
-                f"and {MAX_BODY_SIZE} (what a RocketMQ slave accepts)"
-            )
-        if self.heartbeat_interval <= 0:
-            raise ValueError(
-                f"haSendHeartbeatInterval {self.heartbeat_interval} must be positive"
-            )
-        if self.housekeeping_interval <= 0:
-            raise ValueError(
-                f"haHousekeepingInterval {self.housekeeping_interval} must be positive"
-            )
-
-
-#: RocketMQ's defaults (frozen, so one instance can be shared).
-DEFAULT_HA_CONFIG = HAConfig()
 
 
 @dataclass(frozen=True)
@@ -161,93 +117,6 @@ def _peer_name(address: IAddress | None) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 _IDENTIFY_CODE = encode_code(IDENTIFY)
-#: A DIGEST answer refusing the range.
-_REFUSED_DIGEST = encode_digest_answer(-1, -1, bytes(16))
-#: Control request bytes a session may hold unanswered: what one read
-#: brings while reading is paused, with room to spare; more means a peer
-#: that ignores back-pressure.
-_CONTROL_BUFFER_LIMIT = 256 * 1024
-#: Bytes hashed per second per peer address for DIGEST answers (and the
-#: burst allowed): a slave's divergence check hashes at most 64 MiB.
-DIGEST_BYTES_PER_SECOND = 64 * 1024 * 1024
-#: The most bytes a worker thread reads at once while hashing.
-_HASH_CHUNK = 1024 * 1024
-
-
-def _digestible(commitlog: CommitLog, start: int, end: int) -> bool:
-    """
-    C{[start, end)} is a range a DIGEST request may ask for.
-    """
-    return (
-        commitlog.min_offset <= start <= end <= commitlog.max_offset
-        and end - start <= CONTROL_MAX_DIGEST_RANGE
-    )
-
-
-def _hash_files(directory: str, segment_size: int, start: int, end: int) -> bytes | None:
-    """
-    The blake2b-128 digest of the commit log's bytes C{[start, end)}, read
-    from the segment files with descriptors of its own (run in a worker
-    thread: the store's descriptors are opened and closed on the reactor
-    thread).  C{None} when a file is gone or short (the log moved on).
-    """
-    digest = hashlib.blake2b(digest_size=16)
-    position = start
-    while position < end:
-        segment = position - position % segment_size
-        stop = min(end, segment + segment_size)
-        try:
-            fd = os.open(os.path.join(directory, segment_name(segment)), os.O_RDONLY)
-        except OSError:
-            return None
-        try:
-            while position < stop:
-                chunk = os.pread(fd, min(_HASH_CHUNK, stop - position), position - segment)
-                if not chunk:
-                    return None
-                digest.update(chunk)
-                position += len(chunk)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-    return digest.digest()
-
-
-class PeerBudget:
-    """
-    A token bucket per peer address: how many bytes of work (DIGEST
-    hashing) each host may cause per second.  A request larger than what
-    is left is not refused but scheduled: L{reserve} says how long to wait,
-    and the debt makes the next request wait longer.  Hosts whose bucket
-    is full again are forgotten, so the table holds only busy peers.
-    """
-
-    def __init__(self, clock: IReactorTime, rate: float, burst: float | None = None) -> None:
-        if rate <= 0:
-            raise ValueError(f"rate {rate} must be positive")
-        self._clock = clock
-        self.rate = rate
-        self.burst = rate if burst is None else burst
-        #: host -> (tokens, when): tokens may be negative (a debt).
-        self._buckets: dict[str, tuple[float, float]] = {}
-
-    def reserve(self, host: str, amount: float) -> float:
-        """
-        Charge C{amount} to C{host}: the seconds to wait before doing it.
-        """
-        now = self._clock.seconds()
-        tokens, then = self._buckets.get(host, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - then) * self.rate) - amount
-        self._buckets[host] = (tokens, now)
-        if len(self._buckets) > 1024:
-            self._forget_idle(now)
-        return 0.0 if tokens >= 0 else -tokens / self.rate
-
-    def _forget_idle(self, now: float) -> None:
-        for host, (tokens, then) in list(self._buckets.items()):
-            if tokens + (now - then) * self.rate >= self.burst:
-                del self._buckets[host]
 
 
 @implementer(IPushProducer, IHandshakeListener)
@@ -278,15 +147,10 @@ class MasterConnection(Protocol):
         #: The replica id the slave declared (IDENTIFY; unauthenticated).
         self.replica_id: str | None = None
         self._state = _State.AWAITING_REPORT
-        # The first bytes, until we know whether this is a control session.
+        # The first bytes, until the greeting says what the peer is.
         self._head: bytearray | None = bytearray()
-        self._control = bytearray()
-        self._control_mode = False
-        # Control: a DIGEST is outstanding (waiting for its budget or
-        # being hashed); the timer of the wait; reading from the peer.
-        self._digesting = False
-        self._digest_wait: IDelayedCall | None = None
-        self._reading_on = True
+        #: What serves a control session's requests, if this is one.
+        self._session: ControlSession | None = None
         self._reports = ReportDecoder()
         self._paused = False
         self._producing = False
@@ -332,7 +196,7 @@ class MasterConnection(Protocol):
         identity, refusal = self.factory.peer_policy.check(certificate)
         self.identity = identity
         if refusal is not None:
-            self.drop(f"refused after the TLS handshake: {refusal}")
+            self.drop("refused after the TLS handshake: {refusal}", refusal=refusal)
             return
         self._state = _State.AWAITING_REPORT
         self._log.info(
@@ -350,20 +214,21 @@ class MasterConnection(Protocol):
             self.drop("data arrived before the TLS handshake completed")
             return
         self._last_read = self.factory.clock.seconds()
-        if self._state is _State.CONTROL or (
-            self._state is _State.AWAITING_REPORT and self._head is not None
-        ):
-            data = self._control_or_classic(data)
+        if self._session is not None:
+            self._session.feed(data)
+            return
+        if self._head is not None:
+            data = self._greeting(data)
             if not data:
                 return
         try:
             offset = self._reports.feed(data)
         except ChecksumError as e:
             self.factory.checksum_failures += 1
-            self.drop(str(e))
+            self.drop("{error}", error=str(e))
             return
         except ProtocolError as e:
-            self.drop(str(e))
+            self.drop("{error}", error=str(e))
             return
         if offset is None:
             return
@@ -374,63 +239,47 @@ class MasterConnection(Protocol):
 
     # -- the rmqha control extension (docs/protocol.md) ----------------------
 
-    def _control_or_classic(self, data: bytes) -> bytes:
+    def _greeting(self, data: bytes) -> bytes:
         """
-        Until 8 bytes have come: is this an rmqha control session (its
-        hello) or a classic slave (its first report)?  Control requests are
-        answered here; classic bytes are returned for the report decoder.
+        Until the peer's greeting is known (L{sniff_greeting}): a classic
+        or checked slave (its report bytes are returned for the report
+        decoder), an IDENTIFY first, or a control session (served by a
+        L{ControlSession} from now on).
         """
-        if self._state is _State.AWAITING_REPORT:
-            assert self._head is not None
-            self._head += data
-            if len(self._head) < 8:
-                return b""
-            if self._head[:8] == _IDENTIFY_CODE and self.replica_id is None:
-                if not self._identify():
-                    return b""
-                return self._control_or_classic(b"")
-            head, self._head = bytes(self._head), None
-            code = int.from_bytes(head[:8], "big", signed=True)
-            if code == CHECKED_HELLO:
-                # An rmqha slave that learnt from our INFO that we offer it.
-                self.checked = True
-                self._reports = ReportDecoder(checked=True)
-                self.transport.write(encode_code(CHECKED_ACK))  # type: ignore[union-attr]
-                return head[8:]
-            if code >= 0:
-                return head
-            if code not in (CONTROL_PROBE, CONTROL_HELLO):
-                # RocketMQ slaves never send a negative value: this is an
-                # rmqha peer's code, damaged on the way or unknown to us.
-                self.drop(
-                    f"the first value {code} is negative and no code this master knows",
-                    last_words=encode_code(CONTROL_REFUSED),
-                )
-                return b""
-            self._state = _State.CONTROL
-            self._control_mode = True
-            # Not a slave: not in the status or the quorum.  It stays the
-            # transport's producer: a peer that does not read its answers
-            # pauses it, and a paused session stops reading requests.
-            self.factory.connections.discard(self)
-            commitlog = self.factory.commitlog
-            self.transport.write(  # type: ignore[union-attr]
-                encode_control_info(
-                    commitlog.min_offset,
-                    commitlog.max_offset,
-                    commitlog.segment_size,
-                    FEATURE_CHECKED_FRAMING | FEATURE_IDENTIFY,
-                )
-            )
-            data = head[8:]
-        self._control += data
-        if len(self._control) > _CONTROL_BUFFER_LIMIT:
-            self.drop(
-                f"control session: {len(self._control)} bytes of requests waiting "
-                f"(the limit is {_CONTROL_BUFFER_LIMIT}); the peer does not wait for answers"
-            )
+        assert self._head is not None
+        self._head += data
+        sniffed = sniff_greeting(self._head)
+        if sniffed is None:
             return b""
-        self._serve_control()
+        greeting, code = sniffed
+        if greeting is Greeting.IDENTIFY and self.replica_id is None:
+            if not self._identify():
+                return b""
+            return self._greeting(b"")
+        head, self._head = bytes(self._head), None
+        if greeting is Greeting.CLASSIC:
+            return head
+        if greeting is Greeting.CHECKED:
+            # An rmqha slave that learnt from our INFO that we offer it.
+            self.checked = True
+            self._reports = ReportDecoder(checked=True)
+            self.transport.write(encode_code(CHECKED_ACK))  # type: ignore[union-attr]
+            return head[8:]
+        if greeting is Greeting.CONTROL:
+            self._state = _State.CONTROL
+            # Not a slave: not in the status or the quorum.
+            self.factory.connections.discard(self)
+            self._session = ControlSession(self, paused=self._paused)
+            self._session.start(head[8:])
+            return b""
+        # RocketMQ slaves never send a negative value: this is an rmqha
+        # peer's code, damaged on the way or unknown to us (or a second
+        # IDENTIFY).
+        self.drop(
+            "the first value {code} is negative and no code this master knows",
+            last_words=encode_code(CONTROL_REFUSED),
+            code=code,
+        )
         return b""
 
     def _identify(self) -> bool:
@@ -445,7 +294,7 @@ class MasterConnection(Protocol):
         except ProtocolError as e:
             if isinstance(e, ChecksumError):
                 self.factory.checksum_failures += 1
-            self.drop(str(e))
+            self.drop("{error}", error=str(e))
             return False
         if found is None:
             return False
@@ -471,95 +320,6 @@ class MasterConnection(Protocol):
             return f"declared id {self.replica_id}"
         return f"address {self.peer}"
 
-    def _serve_control(self) -> None:
-        """
-        Answer the buffered control requests while the peer reads answers
-        (this producer is not paused) and no digest is outstanding: one
-        DIGEST at a time per session, hashed off the reactor thread,
-        paced per peer address by L{MasterFactory.digest_budget}.
-        Reading stops whenever requests cannot be served.
-        """
-        while (
-            self._state is _State.CONTROL
-            and not self._paused
-            and not self._digesting
-            and len(self._control) >= CONTROL_REQUEST_SIZE
-        ):
-            try:
-                start, end = decode_digest_request(self._control)
-            except ProtocolError as e:
-                if isinstance(e, ChecksumError):
-                    self.factory.checksum_failures += 1
-                self.drop(f"control session: {e}")
-                return
-            del self._control[:CONTROL_REQUEST_SIZE]
-            commitlog = self.factory.commitlog
-            if not _digestible(commitlog, start, end):
-                # Cheap to refuse: answered inline, in order.
-                self.transport.write(_REFUSED_DIGEST)  # type: ignore[union-attr]
-                continue
-            self._digesting = True
-            delay = self.factory.digest_budget.reserve(self.peer_host, end - start)
-            if delay > 0:
-                self._digest_wait = self.factory.clock.callLater(
-                    delay, self._hash, start, end
-                )
-            else:
-                self._hash(start, end)
-        if self._state is _State.CONTROL:
-            self._reading(not self._paused and not self._digesting)
-
-    def _reading(self, on: bool) -> None:
-        """
-        Read from the peer or stop reading (the transport as a producer of
-        received bytes); idempotent.
-        """
-        if on == self._reading_on or self.transport is None:
-            return
-        self._reading_on = on
-        if on:
-            self.transport.resumeProducing()  # type: ignore[attr-defined]
-        else:
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
-
-    def _hash(self, start: int, end: int) -> None:
-        """
-        Hash C{[start, end)} in a worker thread; answer when it is done.
-        """
-        self._digest_wait = None
-        if self._state is not _State.CONTROL:
-            return
-        commitlog = self.factory.commitlog
-        if not _digestible(commitlog, start, end):
-            self._digested(None, start, end)
-            return
-        directory, size = commitlog.commitlog_dir, commitlog.segment_size
-        d = self.factory.run_in_thread(lambda: _hash_files(directory, size, start, end))
-        d.addErrback(self._hash_failed, start, end)
-        d.addCallback(self._digested, start, end)
-
-    def _hash_failed(self, failure: Failure, start: int, end: int) -> None:
-        self._log.failure(
-            "hashing [{start}, {end}) for {peer}", failure, start=start, end=end, peer=self.peer
-        )
-        return None
-
-    def _digested(self, digest: bytes | None, start: int, end: int) -> None:
-        if self._state is not _State.CONTROL:
-            return
-        self._digesting = False
-        # The peer waited for us: its silence counts from this answer.
-        self._last_read = self.factory.clock.seconds()
-        # Read through the files while the log went on: the range must
-        # still be in the log (not cut off by a deleted segment) for the
-        # bytes hashed to be the log's.
-        if digest is None or not _digestible(self.factory.commitlog, start, end):
-            answer = _REFUSED_DIGEST
-        else:
-            answer = encode_digest_answer(start, end, digest)
-        self.transport.write(answer)  # type: ignore[union-attr]
-        self._serve_control()
-
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._state is not _State.CLOSED:
             self._log.info(
@@ -572,13 +332,18 @@ class MasterConnection(Protocol):
         self._heartbeat.stop()
         self._housekeeping.stop()
         self.factory.connections.discard(self)
-        if self._digest_wait is not None and self._digest_wait.active():
-            self._digest_wait.cancel()
-        self._digest_wait = None
+        if self._session is not None:
+            self._session.stop()
         if self.ack_offset is not None:
             self.factory.acks_changed()
         if self.transport is not None:
             IConsumer(self.transport).unregisterProducer()
+
+    def heard_from(self) -> None:
+        """
+        The peer's silence counts from now (a control session answered it).
+        """
+        self._last_read = self.factory.clock.seconds()
 
     @property
     def replicating(self) -> bool:
@@ -606,14 +371,17 @@ class MasterConnection(Protocol):
             start = offset
         if start > commitlog.max_offset:
             self.drop(
-                f"slave is at offset {start}, ahead of the master's max offset "
-                f"{commitlog.max_offset}"
+                "slave is at offset {start}, ahead of the master's max offset {max_offset}",
+                start=start,
+                max_offset=commitlog.max_offset,
             )
             return
         if start < commitlog.min_offset:
             self.drop(
-                f"slave is at offset {start}, behind the master's oldest "
-                f"segment (min offset {commitlog.min_offset})"
+                "slave is at offset {start}, behind the master's oldest "
+                "segment (min offset {min_offset})",
+                start=start,
+                min_offset=commitlog.min_offset,
             )
             return
         # One connection per replica counts: a newer one replaces the old
@@ -640,8 +408,10 @@ class MasterConnection(Protocol):
             # RocketMQ #3015: a fake or diverged slave must not count as
             # having replicated what the master does not even have.
             self.drop(
-                f"slave acknowledged offset {offset}, beyond the master's max "
-                f"offset {max_offset}"
+                "slave acknowledged offset {offset}, beyond the master's max "
+                "offset {max_offset}",
+                offset=offset,
+                max_offset=max_offset,
             )
             return
         self._record_ack(offset)
@@ -659,16 +429,16 @@ class MasterConnection(Protocol):
 
     def pauseProducing(self) -> None:
         self._paused = True
-        if self._state is _State.CONTROL:
+        if self._session is not None:
             # The peer does not read its answers: stop reading requests.
-            self._reading(False)
+            self._session.pause()
 
     def resumeProducing(self) -> None:
         if self._state is _State.CLOSED:
             return
         self._paused = False
-        if self._state is _State.CONTROL:
-            self._serve_control()
+        if self._session is not None:
+            self._session.resume()
         else:
             self._produce()
 
@@ -702,7 +472,11 @@ class MasterConnection(Protocol):
                 try:
                     data = commitlog.read(offset, batch)
                 except StoreError as e:
-                    self.drop(f"cannot read the commit log at offset {offset}: {e}")
+                    self.drop(
+                        "cannot read the commit log at offset {offset}: {error}",
+                        offset=offset,
+                        error=str(e),
+                    )
                     return
                 if not data:
                     break
@@ -738,7 +512,7 @@ class MasterConnection(Protocol):
 
     def _silent(self) -> bool:
         silent = self.factory.clock.seconds() - self._last_read
-        self.drop(f"nothing received for {silent:.1f} s")
+        self.drop("nothing received for {silent:.1f} s", silent=silent)
         return False
 
     # -- status ------------------------------------------------------------
@@ -761,12 +535,16 @@ class MasterConnection(Protocol):
             replica_id=self.replica_id,
         )
 
-    def drop(self, why: str, last_words: bytes | None = None) -> None:
+    def drop(self, why: str, last_words: bytes | None = None, **fields: Any) -> None:
         """
         Log C{why} and close the connection: at once, discarding anything
         not sent yet, or after sending C{last_words}.
+
+        @param why: a log format string over C{fields} (the event keeps
+            them: C{drop("... {offset} ...", offset=offset)}); text from
+            elsewhere goes in as a field, never into C{why}.
         """
-        self._log.warn("dropping slave {peer}: {why}", peer=self.peer, why=why)
+        self._log.warn("dropping slave {peer}: " + why, peer=self.peer, **fields)
         self._state = _State.CLOSED
         self._paused = True
         if last_words is None:
@@ -795,7 +573,7 @@ class MasterFactory(ServerFactory):
         self,
         commitlog: CommitLog,
         clock: IReactorTime,
-        config: HAConfig = HAConfig(),
+        config: HAConfig = DEFAULT_HA_CONFIG,
         peer_policy: PeerPolicy = PeerPolicy(),
         run_in_thread: Callable[[Callable[[], Any]], Deferred[Any]] | None = None,
         digest_rate: float = DIGEST_BYTES_PER_SECOND,
@@ -869,7 +647,11 @@ class MasterFactory(ServerFactory):
         replica = connection.replica
         for other in list(self.connections):
             if other is not connection and other.replicating and other.replica == replica:
-                other.drop(f"replaced by a newer connection of {replica} from {connection.peer}")
+                other.drop(
+                    "replaced by a newer connection of {replica} from {newer}",
+                    replica=replica,
+                    newer=connection.peer,
+                )
 
     def ack_offsets(self) -> list[int]:
         """
@@ -887,7 +669,7 @@ class MasterFactory(ServerFactory):
         Drop every slave connection (the master is stopping).
         """
         for connection in list(self.connections):
-            connection.drop(why)
+            connection.drop("{reason}", reason=why)
 
     def slaves(self) -> list[SlaveStatus]:
         """

@@ -26,13 +26,13 @@ from twisted.internet.interfaces import (
     IAddress,
     IDelayedCall,
     IHandshakeListener,
+    INegotiated,
     IProtocol,
     IReactorTime,
     IStreamClientEndpoint,
 )
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -48,7 +48,8 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
-from rmqha.ha.master import DEFAULT_HA_CONFIG, HAConfig, set_tcp_no_delay
+from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.ha.master import set_tcp_no_delay
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service", "load_replica_id"]
@@ -112,7 +113,7 @@ class SlaveConnection(Protocol):
         )
 
     def connectionMade(self) -> None:
-        self._tls = isinstance(self.transport, TLSMemoryBIOProtocol)
+        self._tls = INegotiated.providedBy(self.transport)
         # (A TLS wrapper's bufferSize is not the socket's.)
         socket = getattr(self.transport, "transport", None) if self._tls else self.transport
         if hasattr(socket, "bufferSize"):
