@@ -305,7 +305,7 @@ class ListenOptionsTests(SynchronousTestCase):
         self.assertEqual(self.parse(*slave).settings["master-kind"], "auto")
         options = self.parse(*slave, "--master-kind", "RocketMQ")
         self.assertEqual(options.settings["master-kind"], "rocketmq")
-        self.assertEqual(makeService(options)._master_kind_option, "rocketmq")  # type: ignore[attr-defined]
+        self.assertEqual(makeService(options)._master_kind, "rocketmq")  # type: ignore[attr-defined]
         path = self.mktemp()
         with open(path, "w") as f:
             f.write("haMasterKind=rmqha\n")

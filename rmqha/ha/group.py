@@ -1,6 +1,12 @@
 # -*- test-case-name: tests.test_group -*-
 """
-Synchronous double write: RocketMQ's C{GroupTransferService}, as Deferreds.
+Synchronous double write: RocketMQ's C{HAService} quorum and
+C{GroupTransferService}, as Deferreds.
+
+L{HAService} is fed the slaves' acks by the master factory
+(L{rmqha.ha.master.MasterFactory}) and decides each SYNC_MASTER put:
+C{IN_SYNC_REPLICAS_NOT_ENOUGH} or C{SLAVE_NOT_AVAILABLE} at once when too
+few replicas are in sync, else a wait in the L{GroupTransferService}.
 
 A SYNC_MASTER put waits until enough slaves hold it.  "Enough" is counted
 over distinct slave connections, each by its own acknowledgement: the
@@ -17,6 +23,7 @@ delivered the ack).  Each waiter has a deadline on the injected clock.
 
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import itertools
@@ -29,7 +36,14 @@ from twisted.python.failure import Failure
 
 from rmqha.commitlog import AppendResult
 
-__all__ = ["PutStatus", "PutMessageResult", "GroupTransferService"]
+__all__ = [
+    "PutStatus",
+    "PutMessageResult",
+    "GroupTransferService",
+    "HAService",
+    "Histogram",
+    "REPLICATION_WAIT_BUCKETS",
+]
 
 
 class PutStatus(enum.Enum):
@@ -112,10 +126,6 @@ class GroupTransferService:
         Puts still waiting.
         """
         return len(self._heap) - self._dead
-
-    @property
-    def quorum_offset(self) -> int:
-        return self._quorum_offset
 
     def wait_for(self, end_offset: int) -> Deferred[PutStatus]:
         """
@@ -200,3 +210,106 @@ def timed_out_as(status: PutStatus) -> Callable[[Any, float], Any]:
 
 
 _timed_out = timed_out_as(PutStatus.FLUSH_SLAVE_TIMEOUT)
+
+
+#: Upper bounds (seconds) of the replication-wait histogram's buckets.
+REPLICATION_WAIT_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0,
+)
+
+
+class Histogram:
+    """
+    Counts of observations per cumulative bucket, plus their sum (what a
+    Prometheus histogram exposes).
+    """
+
+    def __init__(self, bounds: tuple[float, ...] = REPLICATION_WAIT_BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last is +Inf
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.total += value
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        out, running = [], 0
+        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+class HAService:
+    """
+    A master's replicas as the put path sees them: the slaves' acks (one
+    per replica, issue 12) give the quorum offset, the k-th highest ack
+    (k = inSyncReplicas - 1), which releases the waiting puts.
+
+    @ivar group: the waiting puts.
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        sync: bool,
+        in_sync_replicas: int,
+        min_in_sync_replicas: int,
+        slave_fallbehind_max: int,
+        slave_timeout: float,
+        replication_wait: Histogram | None = None,
+    ) -> None:
+        """
+        @param sync: a SYNC_MASTER (puts wait for replicas); an
+            ASYNC_MASTER's puts never wait.
+        @param replication_wait: where the seconds puts waited are counted.
+        """
+        self._clock = clock
+        self._sync = sync
+        self._in_sync_replicas = in_sync_replicas
+        self._min_in_sync_replicas = min_in_sync_replicas
+        self._fallbehind_max = slave_fallbehind_max
+        self.group = GroupTransferService(clock, slave_timeout)
+        self.replication_wait = replication_wait or Histogram()
+        #: The ack of every replicating slave, one per replica: set by
+        #: the master factory that feeds this service.
+        self.ack_offsets: Callable[[], list[int]] = list
+
+    def acks_changed(self) -> None:
+        """
+        A slave acknowledged or went away: move the quorum offset.
+        """
+        needed = self._in_sync_replicas - 1
+        if needed <= 0:
+            return
+        ordered = sorted(self.ack_offsets(), reverse=True)
+        self.group.quorum_changed(ordered[needed - 1] if len(ordered) >= needed else -1)
+
+    def wait_for(self, end: int) -> Deferred[PutStatus]:
+        """
+        The replicas' verdict on a put ending at C{end}.
+        """
+        if not self._sync or self._in_sync_replicas <= 1:
+            return succeed(PutStatus.PUT_OK)
+        in_sync = 1 + sum(1 for ack in self.ack_offsets() if end - ack < self._fallbehind_max)
+        if in_sync < self._min_in_sync_replicas:
+            return succeed(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
+        if in_sync < self._in_sync_replicas:
+            return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
+        started = self._clock.seconds()
+
+        def observe(status: PutStatus) -> PutStatus:
+            self.replication_wait.observe(self._clock.seconds() - started)
+            return status
+
+        return self.group.wait_for(end).addCallback(observe)
+
+    def stop(self) -> None:
+        """
+        The master side is stopping: every waiting put ends with
+        C{SLAVE_NOT_AVAILABLE}, and later ones too.
+        """
+        self.group.stop()

@@ -61,6 +61,7 @@ from rmqha.ha._wire import (
 )
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
 from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
+from rmqha.ha.group import HAService
 from rmqha.tls import PeerPolicy
 
 __all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
@@ -577,6 +578,7 @@ class MasterFactory(ServerFactory):
         peer_policy: PeerPolicy = PeerPolicy(),
         run_in_thread: Callable[[Callable[[], Any]], Deferred[Any]] | None = None,
         digest_rate: float = DIGEST_BYTES_PER_SECOND,
+        ha: HAService | None = None,
     ) -> None:
         """
         @param peer_policy: what a slave's TLS certificate must satisfy
@@ -586,6 +588,8 @@ class MasterFactory(ServerFactory):
             (inline for a clock without threads, as in tests).
         @param digest_rate: bytes hashed per second per peer address for
             DIGEST answers (and the burst).
+        @param ha: the quorum the slaves' acks feed (none: acks are only
+            shown).
         """
         self.commitlog = commitlog
         self.clock = clock
@@ -600,8 +604,10 @@ class MasterFactory(ServerFactory):
         #: Reports and control requests that failed their CRC (checked
         #: framing): damaged on the way, never counted as acks.
         self.checksum_failures = 0
-        #: Called when a slave's ack changes or an acking slave goes away.
-        self.ack_listeners: list[Callable[[], None]] = []
+        #: What a slave's ack moving (or an acking slave going) tells.
+        self.ha = ha
+        if ha is not None:
+            ha.ack_offsets = self.ack_offsets
         self._wake: IDelayedCall | None = None
         self._more = False
 
@@ -635,8 +641,8 @@ class MasterFactory(ServerFactory):
             connection.data_available()
 
     def acks_changed(self) -> None:
-        for listener in list(self.ack_listeners):
-            listener()
+        if self.ha is not None:
+            self.ha.acks_changed()
 
     def replace_older(self, connection: MasterConnection) -> None:
         """

@@ -230,7 +230,6 @@ class SlaveConnection(Protocol):
             factory.rejected_offset, factory.rejections_in_a_row = None, 0
         if commitlog.record_end != self._reported:
             self.send_report()
-            self.factory.notify_appended()
         self._apply_backpressure()
 
     def _rejected(self, error: CorruptReplicaError) -> None:
@@ -372,8 +371,6 @@ class SlaveFactory(Factory):
     Builds L{SlaveConnection}s over one commit log.
 
     @ivar connection: the current connection, if any.
-    @ivar on_appended: called after frames grew the log (the store's
-        flush policy or other observers hook in here).
     """
 
     def __init__(
@@ -381,7 +378,6 @@ class SlaveFactory(Factory):
         commitlog: CommitLog,
         clock: IReactorTime,
         config: HAConfig = DEFAULT_HA_CONFIG,
-        on_appended: Callable[[], None] | None = None,
         max_unflushed: int | None = None,
         request_flush: Callable[[], object] | None = None,
         on_suspect: Callable[[], None] | None = None,
@@ -409,7 +405,6 @@ class SlaveFactory(Factory):
         #: (refused TLS, a master that drops us at once): they lengthen the
         #: reconnection back-off.
         self.fruitless_connections = 0
-        self._on_appended = on_appended
         self.max_unflushed = max_unflushed
         self._request_flush = request_flush
         self._on_suspect = on_suspect
@@ -430,10 +425,6 @@ class SlaveFactory(Factory):
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)
-
-    def notify_appended(self) -> None:
-        if self._on_appended is not None:
-            self._on_appended()
 
     def suspect(self) -> None:
         if self._on_suspect is not None:
