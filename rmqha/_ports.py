@@ -10,11 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.internet.protocol import Factory
 
-__all__ = ["ListenFailed", "listen", "OpenedLater"]
+__all__ = ["ListenFailed", "listen", "OpenedLater", "Port"]
 
 
 class ListenFailed(Exception):
@@ -85,3 +87,50 @@ class OpenedLater(Factory):
         if self.factory is None:
             return None  # (Twisted then closes the connection.)
         return self.factory.buildProtocol(addr)
+
+
+class Port(Service):
+    """
+    A listening port composed into a broker (the admin interface, say):
+    set it as a child of the L{rmqha.broker.Broker}, which listens on it
+    (L{listen}) with its own ports, before the store is opened and behind
+    the connection limiter's shared budget, then starts it after its
+    role, and stops it first.
+
+    @ivar port: the listening service, once listening.
+    """
+
+    port: StreamServerEndpointService | None = None
+
+    def listen(self, limited: Any) -> None:
+        """
+        Listen now (once), wrapping the factory with C{limited(name,
+        factory)}.
+
+        @raise ListenFailed: naming the port and why.
+        """
+        raise NotImplementedError()
+
+    def startService(self) -> None:
+        super().startService()
+        if self.port is None:
+            # Added to a running broker: listen now.
+            self.listen(getattr(self.parent, "limited"))
+        assert self.port is not None
+        self.port.startService()
+
+    def stopService(self) -> Deferred[None] | None:
+        super().stopService()
+        port, self.port = self.port, None
+        if port is None:
+            return None
+        return port.stopService()
+
+    def address(self) -> Deferred[Any]:
+        """
+        Fires with the address listened on (for C{tcp:0}).
+        """
+        assert self.port is not None
+        d = self.port._waitingForPort
+        assert d is not None
+        return d.addCallback(lambda port: port.getHost())

@@ -32,7 +32,7 @@ from rmqha._limits import (
     LimitedFactory,
     raise_fd_limit,
 )
-from rmqha._ports import ListenFailed, listen
+from rmqha._ports import ListenFailed, Port
 from rmqha.commitlog import (
     AppendResult,
     CommitLog,
@@ -65,7 +65,7 @@ from rmqha.ha.replica import Replica
 from rmqha.ha.slave import SlaveFactory
 from rmqha.scrub import DEFAULT_SCRUB_RATE, ScrubService
 from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
-from rmqha.tls import PeerPolicy, admin_exposure_warning
+from rmqha.tls import PeerPolicy
 
 __all__ = [
     "Role",
@@ -157,8 +157,6 @@ class Broker(MultiService):
         ha_listen: str | IStreamServerEndpoint = DEFAULT_HA_LISTEN,
         master_endpoint: str | IStreamClientEndpoint | None = None,
         peer_policy: PeerPolicy = PeerPolicy(),
-        http: str | IStreamServerEndpoint | None = None,
-        http_peer_policy: PeerPolicy | None = None,
         config: HAConfig = DEFAULT_HA_CONFIG,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
         retry_policy: Callable[[int], float] | None = None,
@@ -186,12 +184,6 @@ class Broker(MultiService):
             (L{rmqha.tls.client_endpoint} for verified TLS).
         @param peer_policy: what a slave's TLS certificate must satisfy
             (master).
-        @param http: the admin HTTP interface (L{rmqha.admin}): a Twisted
-            server endpoint description (plain TCP beyond loopback is
-            warned about), or an endpoint (L{rmqha.tls.server_endpoint}
-            for TLS requiring client certificates), or C{None} for none.
-        @param http_peer_policy: the names an admin client's TLS
-            certificate must carry (L{rmqha.admin.make_site}).
         @param max_unflushed: a slave stops reading from its master while
             more received bytes than this are not on disk.
         @param in_sync_replicas: on a SYNC_MASTER, how many copies (the
@@ -265,8 +257,6 @@ class Broker(MultiService):
         self._retry_policy = retry_policy
         self._max_unflushed = max_unflushed
         self._fd_limit = fd_limit
-        self._http = http
-        self._http_peer_policy = http_peer_policy
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
         #: Seconds SYNC_MASTER puts waited for their slaves.
@@ -274,7 +264,6 @@ class Broker(MultiService):
         #: The connection limiter of each listening port, by name.
         self.port_limits: dict[str, LimitedFactory] = {}
         self.connection_budget: ConnectionBudget | None = None
-        self.http_service: StreamServerEndpointService | None = None
         self._listening = False
         #: Messages and bytes put on this master.
         self.puts = 0
@@ -309,7 +298,7 @@ class Broker(MultiService):
             slave_fallbehind_max=self.slave_fallbehind_max,
             slave_timeout=self.slave_timeout,
             replication_wait=self.replication_wait,
-            limited=self._limited,
+            limited=self.limited,
         )
 
     def _replica(self, master_endpoint: str | IStreamClientEndpoint) -> Replica:
@@ -402,8 +391,8 @@ class Broker(MultiService):
             assert self._master_endpoint is not None
             side = self.role_service = self._replica(self._master_endpoint)
         side.startService()
-        if self.http_service is not None:
-            self.http_service.startService()
+        for port in self._ports():
+            port.startService()
 
     def _listen(self) -> None:
         """
@@ -421,17 +410,8 @@ class Broker(MultiService):
             if self.role.is_master:
                 side = self.role_service = self._master_side(self.role)
                 side.listen()
-            if self._http is not None:
-                from rmqha.admin import make_site
-
-                if isinstance(self._http, str):
-                    warning = admin_exposure_warning(self._http)
-                    if warning is not None:
-                        self._log.warn("{text}", text=warning)
-                site = make_site(self, peer_policy=self._http_peer_policy)
-                self.http_service = listen(
-                    self.reactor, "http", self._http, self._limited("HTTP", site)
-                )
+            for port in self._ports():
+                port.listen(self.limited)
         except ListenFailed:
             self._stop_listening()
             raise
@@ -440,9 +420,8 @@ class Broker(MultiService):
         if self.role_service is not None:
             self.role_service.stopService()
             self.role_service = None
-        if self.http_service is not None:
-            self.http_service.stopService()
-            self.http_service = None
+        for port in self._ports():
+            port.stopService()
         self._listening = False
 
     def _start_limits(self) -> None:
@@ -452,7 +431,7 @@ class Broker(MultiService):
         """
         soft = self._fd_limit()
         budget = self.connection_budget = ConnectionBudget.for_fd_limit(soft)
-        ports = (1 if self.role.is_master else 0) + (1 if self._http is not None else 0)
+        ports = (1 if self.role.is_master else 0) + len(self._ports())
         if ports * self.max_connections > budget.total:
             self._log.warn(
                 "max-connections {max} on {ports} port(s) exceeds what the open-files "
@@ -465,7 +444,18 @@ class Broker(MultiService):
                 total=budget.total,
             )
 
-    def _limited(self, name: str, factory: Any) -> LimitedFactory:
+    def _ports(self) -> list[Port]:
+        """
+        The ports composed into this broker (L{rmqha._ports.Port} children:
+        the admin interface).
+        """
+        return [s for s in self if isinstance(s, Port)]
+
+    def limited(self, name: str, factory: Any) -> LimitedFactory:
+        """
+        C{factory} behind the connection limiter of the port C{name},
+        sharing this broker's descriptor budget with its other ports.
+        """
         limited = LimitedFactory(
             factory,
             self.reactor,
@@ -483,11 +473,10 @@ class Broker(MultiService):
         the store's files), then close the store cleanly.
         """
         Service.stopService(self)
-        http, self.http_service = self.http_service, None
         side, self.role_service = self.role_service, None
         self._listening = False
         d: Deferred[Any] = succeed(None)
-        for service in (http, side):
+        for service in [*self._ports(), side]:
             if service is not None:
                 d.addBoth(_stop_after, service)
         d.addBoth(lambda _: self.scrub.stopService())
@@ -669,16 +658,6 @@ class Broker(MultiService):
     def _result(self, status: PutStatus, append: AppendResult) -> PutMessageResult:
         self.put_statuses[status] += 1
         return PutMessageResult(status, append)
-
-    def http_address(self) -> Deferred[Any]:
-        """
-        Fires with the address the admin HTTP port listens on (for
-        C{tcp:0}).
-        """
-        assert isinstance(self.http_service, StreamServerEndpointService)
-        d = self.http_service._waitingForPort
-        assert d is not None
-        return d.addCallback(lambda port: port.getHost())
 
     def ha_address(self) -> Deferred[Any]:
         """

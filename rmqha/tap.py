@@ -23,6 +23,7 @@ from twisted.python import usage
 
 from rmqha._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_PEER
 from rmqha._units import parse_size
+from rmqha.admin import AdminService
 from rmqha.broker import Broker, ListenFailed
 from rmqha.commitlog import (
     MAX_SEGMENT_SIZE,
@@ -723,7 +724,7 @@ def makeService(options: Options) -> IService:
     http: Any = s.get("http")
     if http is not None and http.startswith("ssl:"):
         http = server_endpoint(reactor, http, files, options.http_peer_policy(s), "--http")
-    return _TwistdBroker(
+    broker = _TwistdBroker(
         {"ha": f"{s['ha-listen']} (--ha-listen)", "http": f"{s.get('http')} (--http)"},
         reactor,
         open_commitlog,
@@ -734,8 +735,6 @@ def makeService(options: Options) -> IService:
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],
         master_kind=s["master-kind"],
-        http=http,
-        http_peer_policy=options.http_peer_policy(s),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],
         in_sync_replicas=s["in-sync-replicas"],
@@ -747,6 +746,9 @@ def makeService(options: Options) -> IService:
         max_connections_per_peer=s["max-connections-per-peer"],
         scrub_rate=s["scrub-rate"],
     )
+    if http is not None:
+        AdminService(broker, http, options.http_peer_policy(s)).setServiceParent(broker)
+    return broker
 
 
 @contextmanager
@@ -771,12 +773,12 @@ class _TwistdBroker(Broker):
         # Log as the broker it is (a class attribute's namespace would
         # name this class).
         self._log = Logger(namespace="rmqha.broker.Broker", source=self)
-        self._ports = ports
+        self._port_flags = ports
 
     def privilegedStartService(self) -> None:
-        with _one_line(self._ports):
+        with _one_line(self._port_flags):
             super().privilegedStartService()
 
     def startService(self) -> None:
-        with _one_line(self._ports):
+        with _one_line(self._port_flags):
             super().startService()

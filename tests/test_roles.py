@@ -55,19 +55,25 @@ class _BrokerEndpoint:
         return succeed(client)
 
 
-class RoleSwitchTests(SynchronousTestCase):
+class _InMemory(SynchronousTestCase):
+    """
+    Brokers on one MemoryReactorClock, connected over iosim.
+    """
+
     def setUp(self) -> None:
         self.clock = MemoryReactorClock()
         self.endpoints: list[_BrokerEndpoint] = []
 
-    def broker(self, role: Role, master: Broker | None = None) -> Broker:
+    def broker(
+        self, role: Role, master: Broker | None = None, segment: int = SEGMENT
+    ) -> Broker:
         store = self.mktemp()
         endpoint = None
         if master is not None:
             endpoint = self.endpoint(master)
         broker = Broker(
             self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            lambda: CommitLog.open(store, segment_size=segment, clock=fixed_clock),
             role,
             ha_listen="tcp:0",
             master_endpoint=endpoint,  # type: ignore[arg-type]
@@ -115,6 +121,9 @@ class RoleSwitchTests(SynchronousTestCase):
         # The in-memory connections, closed by the stops, report it.
         self.settle()
 
+
+
+class RoleSwitchTests(_InMemory):
     def test_promote_and_demote_on_one_store(self) -> None:
         """
         A slave promoted to master takes puts on the same open CommitLog;
@@ -195,4 +204,30 @@ class RoleSwitchTests(SynchronousTestCase):
         self.assertEqual(b.commitlog.max_offset, whole.next_offset)
         self.assertEqual(self.put(b).offset, whole.next_offset)
         self.stop(a, b)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class ReplicaLifecycleTests(_InMemory):
+    """
+    L{Replica}'s states, as the broker's role service.
+    """
+
+    def test_halted_then_stopped(self) -> None:
+        """
+        A segment size that differs from the master's halts the replica
+        (HALTED: no connection service running, the problem says why);
+        stopping it ends in STOPPED; HALTED leads nowhere else.
+        """
+        a = self.broker(Role.MASTER)
+        b = self.broker(Role.SLAVE, master=a, segment=2 * SEGMENT)
+        self.settle()
+        replica = b.role_service
+        assert isinstance(replica, Replica)
+        self.assertIs(replica.state, ReplicaState.HALTED)
+        assert replica.client_service is not None and b.problem is not None
+        self.assertFalse(replica.client_service.running)
+        self.assertIn("segment size must be its master's", b.problem)
+        self.assertRaises(RuntimeError, replica._to, ReplicaState.REPLICATING)
+        self.stop(a, b)
+        self.assertIs(replica.state, ReplicaState.STOPPED)
         self.assertEqual(self.clock.getDelayedCalls(), [])
