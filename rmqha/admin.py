@@ -298,7 +298,7 @@ def _scrub_metrics(broker: Broker) -> Any:
 def _checksum_failures(factory: Any) -> CounterMetricFamily:
     return CounterMetricFamily(
         "rmqha_checksum_failures",
-        "checked-framing messages that failed their CRC (damaged on the way; dropped)",
+        "checked framing messages that failed their CRC (damaged on the way; dropped)",
         value=factory.checksum_failures if factory is not None else 0,
     )
 

@@ -167,7 +167,7 @@ def _sealed(message: bytes) -> bytes:
 
 def encode_checked_header(offset: int, body: bytes | memoryview) -> bytes:
     """
-    The 20-byte checked-framing header of a frame carrying C{body} from
+    The 20-byte checked framing header of a frame carrying C{body} from
     C{offset} (an empty body: a heartbeat).
     """
     return _sealed(encode_header(offset, len(body)) + zlib.crc32(body).to_bytes(4, "big"))
@@ -191,7 +191,7 @@ class ReportDecoder:
 
     def __init__(self, checked: bool = False) -> None:
         """
-        @param checked: reports are checked-framing reports (12 bytes, each
+        @param checked: reports are checked framing reports (12 bytes, each
             one's CRC verified).
         """
         self._partial = b""

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_config -*-
+# -*- test-case-name: tests.test_tap,tests.test_roles -*-
 """
 The HA settings and their defaults, each written once: L{rmqha.tap} (the
 command line and C{broker.conf}) and L{rmqha.broker.Broker} (embedders)

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_slave_probe,tests.test_replica -*-
+# -*- test-case-name: tests.test_slave_probe,tests.test_roles -*-
 """
 A slave's side of replication, as one service with an explicit lifecycle.
 
