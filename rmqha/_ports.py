@@ -124,13 +124,14 @@ class Port(Service):
         port, self.port = self.port, None
         if port is None:
             return None
-        return port.stopService()
+        stopping: Deferred[None] = port.stopService()
+        return stopping
 
     def address(self) -> Deferred[Any]:
         """
         Fires with the address listened on (for C{tcp:0}).
         """
         assert self.port is not None
-        d = self.port._waitingForPort
+        d: Deferred[Any] | None = self.port._waitingForPort
         assert d is not None
         return d.addCallback(lambda port: port.getHost())

@@ -226,7 +226,7 @@ class ReportDecoder:
         (offset,) = _REPORT.unpack_from(data, whole - size)
         if offset < 0:
             raise ProtocolError(f"slave reported a negative offset {offset}")
-        return offset
+        return int(offset)
 
 
 class TransferDecoder:
