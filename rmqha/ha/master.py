@@ -120,6 +120,111 @@ def _peer_name(address: IAddress | None) -> str:
 _IDENTIFY_CODE = encode_code(IDENTIFY)
 
 
+class Transfer:
+    """
+    The commit log streamed to one slave from an offset, as frames (the
+    magic-wormhole C{outbound.py} split: the connection parses and
+    decides, this object writes).  It writes while the transport accepts
+    and there is data; a write can pause it from inside
+    C{transport.write} (the loop checks after each frame); with nothing
+    left it waits for L{data_available} (no polling), and after
+    C{heartbeat_interval} without a write it sends a heartbeat.  Its
+    connection is the push producer registered on the transport and
+    forwards C{pause} and C{resume} here.
+
+    @ivar next_offset: where the next frame starts.
+    @ivar paused: the transport paused its producer.
+    """
+
+    def __init__(self, connection: "MasterConnection", start: int, paused: bool) -> None:
+        self.connection = connection
+        self.factory = connection.factory
+        self.next_offset = start
+        self.paused = paused
+        self._open = True
+        self._producing = False
+        self._last_write = connection.connected_since
+        self._heartbeat = IdleTimer(
+            self.factory.clock,
+            self.factory.config.heartbeat_interval,
+            lambda: self._last_write,
+            self._send_heartbeat,
+        )
+
+    def start(self) -> None:
+        self._heartbeat.start()
+        self.produce()
+
+    def stop(self) -> None:
+        self._open = False
+        self.paused = True
+        self._heartbeat.stop()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.produce()
+
+    def data_available(self) -> None:
+        """
+        The commit log grew: send it unless paused or already sending.
+        """
+        if not self.paused:
+            self.produce()
+
+    def produce(self) -> None:
+        """
+        Write frames while the transport accepts them and there is data.
+        """
+        if self._producing or not self._open:
+            return
+        self._producing = True
+        try:
+            commitlog = self.factory.commitlog
+            batch = self.factory.config.transfer_batch_size
+            write = self.connection.transport.writeSequence  # type: ignore[union-attr]
+            offset = self.next_offset
+            wrote = False
+            while not self.paused and self._open:
+                try:
+                    data = commitlog.read(offset, batch)
+                except StoreError as e:
+                    self.connection.drop(
+                        "cannot read the commit log at offset {offset}: {error}",
+                        offset=offset,
+                        error=str(e),
+                    )
+                    return
+                if not data:
+                    break
+                write([self._frame_header(offset, data), data])
+                offset += len(data)
+                self.next_offset = offset
+                wrote = True
+            if wrote:
+                self._last_write = self.factory.clock.seconds()
+        finally:
+            self._producing = False
+
+    def _frame_header(self, offset: int, body: bytes | memoryview) -> bytes:
+        if self.connection.checked:
+            return encode_checked_header(offset, body)
+        return encode_header(offset, len(body))
+
+    def _send_heartbeat(self) -> bool:
+        """
+        After C{heartbeat_interval} without a write, send a heartbeat (an
+        empty frame at the next offset): it keeps the slave's read-idle
+        timer from firing and makes it re-check its offset.  Not while
+        paused: the transport is full of data then.
+        """
+        if not self.paused and self._open:
+            self.connection.transport.write(  # type: ignore[union-attr]
+                self._frame_header(self.next_offset, b"")
+            )
+            self._last_write = self.factory.clock.seconds()
+        return True
+
+
 @implementer(IPushProducer, IHandshakeListener)
 class MasterConnection(Protocol):
     """
@@ -127,7 +232,6 @@ class MasterConnection(Protocol):
 
     @ivar ack_offset: the slave's last report after the first (its max
         offset), or C{None} before it has acknowledged anything.
-    @ivar next_offset: where the next frame starts.
     """
 
     _log = Logger()
@@ -138,7 +242,6 @@ class MasterConnection(Protocol):
         #: The peer's host (what per-peer bounds are kept by).
         self.peer_host = str(getattr(address, "host", address))
         self.ack_offset: int | None = None
-        self.next_offset: int | None = None
         self.connected_since = 0.0
         #: The slave's certificate name, once its TLS handshake is checked.
         self.identity: str | None = None
@@ -152,16 +255,13 @@ class MasterConnection(Protocol):
         self._head: bytearray | None = bytearray()
         #: What serves a control session's requests, if this is one.
         self._session: ControlSession | None = None
+        #: The frames to the slave, once its first report has come.
+        self._transfer: Transfer | None = None
         self._reports = ReportDecoder()
         self._paused = False
-        self._producing = False
         self._last_read = 0.0
-        self._last_write = 0.0
         config = factory.config
         clock = factory.clock
-        self._heartbeat = IdleTimer(
-            clock, config.heartbeat_interval, lambda: self._last_write, self._send_heartbeat
-        )
         self._housekeeping = IdleTimer(
             clock, config.housekeeping_interval, lambda: self._last_read, self._silent
         )
@@ -171,7 +271,7 @@ class MasterConnection(Protocol):
 
     def connectionMade(self) -> None:
         clock = self.factory.clock
-        self.connected_since = self._last_read = self._last_write = clock.seconds()
+        self.connected_since = self._last_read = clock.seconds()
         set_tcp_no_delay(self.transport)
         # (INegotiated, not the class: a connection limiter's wrapper
         # between us and TLS carries the TLS transport's interfaces.)
@@ -330,7 +430,8 @@ class MasterConnection(Protocol):
             )
         self._state = _State.CLOSED
         self._paused = True
-        self._heartbeat.stop()
+        if self._transfer is not None:
+            self._transfer.stop()
         self._housekeeping.stop()
         self.factory.connections.discard(self)
         if self._session is not None:
@@ -392,7 +493,6 @@ class MasterConnection(Protocol):
         # The first report is what the slave holds: 0 for an empty one,
         # which is connected and counts (from 0) for in-sync decisions.
         self._record_ack(offset)
-        self.next_offset = start
         self._state = _State.TRANSFERRING
         self._log.info(
             "slave {peer} reported offset {offset}; transfer starts at {start}",
@@ -400,8 +500,8 @@ class MasterConnection(Protocol):
             offset=offset,
             start=start,
         )
-        self._heartbeat.start()
-        self._produce()
+        self._transfer = Transfer(self, start, self._paused)
+        self._transfer.start()
 
     def _acknowledged(self, offset: int) -> None:
         max_offset = self.factory.commitlog.max_offset
@@ -430,6 +530,8 @@ class MasterConnection(Protocol):
 
     def pauseProducing(self) -> None:
         self._paused = True
+        if self._transfer is not None:
+            self._transfer.paused = True
         if self._session is not None:
             # The peer does not read its answers: stop reading requests.
             self._session.pause()
@@ -440,76 +542,29 @@ class MasterConnection(Protocol):
         self._paused = False
         if self._session is not None:
             self._session.resume()
-        else:
-            self._produce()
+        elif self._transfer is not None:
+            self._transfer.resume()
 
     def stopProducing(self) -> None:
         self._paused = True
+        if self._transfer is not None:
+            self._transfer.paused = True
 
     def data_available(self) -> None:
         """
         The commit log grew: send it unless paused or already sending.
         """
-        if not self._paused:
-            self._produce()
+        if self._transfer is not None:
+            self._transfer.data_available()
 
-    def _produce(self) -> None:
+    @property
+    def next_offset(self) -> int | None:
         """
-        Write frames while the transport accepts them and there is data.
-        A write can pause us from inside C{transport.write}; the loop checks
-        after each frame.
+        Where the next frame starts (once transferring).
         """
-        if self._producing or self._state is not _State.TRANSFERRING:
-            return
-        self._producing = True
-        try:
-            commitlog = self.factory.commitlog
-            batch = self.factory.config.transfer_batch_size
-            write = self.transport.writeSequence  # type: ignore[union-attr]
-            offset = self.next_offset
-            assert offset is not None
-            wrote = False
-            while not self._paused and self._state is _State.TRANSFERRING:
-                try:
-                    data = commitlog.read(offset, batch)
-                except StoreError as e:
-                    self.drop(
-                        "cannot read the commit log at offset {offset}: {error}",
-                        offset=offset,
-                        error=str(e),
-                    )
-                    return
-                if not data:
-                    break
-                write([self._frame_header(offset, data), data])
-                offset += len(data)
-                self.next_offset = offset
-                wrote = True
-            if wrote:
-                self._last_write = self.factory.clock.seconds()
-        finally:
-            self._producing = False
-
-    def _frame_header(self, offset: int, body: bytes | memoryview) -> bytes:
-        if self.checked:
-            return encode_checked_header(offset, body)
-        return encode_header(offset, len(body))
+        return self._transfer.next_offset if self._transfer is not None else None
 
     # -- timers ------------------------------------------------------------
-
-    def _send_heartbeat(self) -> bool:
-        """
-        After C{heartbeat_interval} without a write, send a heartbeat (an
-        empty frame at the next offset): it keeps the slave's read-idle
-        timer from firing and makes it re-check its offset.  Not while
-        paused: the transport is full of data then.
-        """
-        if not self._paused and self.next_offset is not None:
-            self.transport.write(  # type: ignore[union-attr]
-                self._frame_header(self.next_offset, b"")
-            )
-            self._last_write = self.factory.clock.seconds()
-        return True
 
     def _silent(self) -> bool:
         silent = self.factory.clock.seconds() - self._last_read
@@ -548,6 +603,8 @@ class MasterConnection(Protocol):
         self._log.warn("dropping slave {peer}: " + why, peer=self.peer, **fields)
         self._state = _State.CLOSED
         self._paused = True
+        if self._transfer is not None:
+            self._transfer.stop()
         if last_words is None:
             self.transport.abortConnection()  # type: ignore[union-attr]
         else:
