@@ -23,7 +23,7 @@ import hashlib
 import os
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol as TypingProtocol
 
 from twisted.internet import defer
 from twisted.internet.defer import CancelledError, Deferred
@@ -33,6 +33,7 @@ from twisted.internet.interfaces import (
     INegotiated,
     IReactorTime,
     IStreamClientEndpoint,
+    ITransport,
 )
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
@@ -64,8 +65,22 @@ from rmqha.ha._wire import (
 )
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
-if TYPE_CHECKING:
-    from rmqha.ha.master import MasterConnection
+
+class _Connection(TypingProtocol):
+    """
+    What a L{ControlSession} needs of the master's connection it serves
+    (L{rmqha.ha.master.MasterConnection}; named structurally, so this
+    module does not import the master's).
+    """
+
+    factory: Any
+    transport: ITransport | None
+    peer: str
+    peer_host: str
+
+    def drop(self, why: str, last_words: bytes | None = None, **fields: Any) -> None: ...
+
+    def heard_from(self) -> None: ...
 
 __all__ = [
     "MasterInfo",
@@ -433,7 +448,7 @@ class ControlSession:
 
     _log = Logger()
 
-    def __init__(self, connection: "MasterConnection", paused: bool = False) -> None:
+    def __init__(self, connection: _Connection, paused: bool = False) -> None:
         self.connection = connection
         self.factory = connection.factory
         self._requests = bytearray()
