@@ -326,10 +326,12 @@ class Broker(MultiService):
         """
         if not role.is_master:
             raise ValueError(f"{role.value} is not a master role")
+        if not self.running:
+            raise RuntimeError("the broker is not running: give the role to its constructor")
         if self.role.is_master:
             self.role = role
             if isinstance(self.role_service, MasterSide):
-                self.role_service.ha._sync = role is Role.SYNC_MASTER
+                self.role_service.ha.sync = role is Role.SYNC_MASTER
             return succeed(None)
         old = self.role_service
         self.role_service = None
@@ -352,6 +354,8 @@ class Broker(MultiService):
         puts still waiting for replicas end with C{SLAVE_NOT_AVAILABLE}
         (they are stored), and replication starts with the usual checks.
         """
+        if not self.running:
+            raise RuntimeError("the broker is not running: give the role to its constructor")
         old = self.role_service
         self.role_service = None
         self.role = Role.SLAVE

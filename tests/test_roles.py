@@ -162,6 +162,37 @@ class RoleSwitchTests(_InMemory):
         self.stop(a, b)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_switch_needs_a_running_broker(self) -> None:
+        """
+        A broker that is not running has no role to switch (its role is
+        its constructor's): both switches say so at once.
+        """
+        store = self.mktemp()
+        broker = Broker(
+            self.clock,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.MASTER,
+        )
+        self.assertRaises(RuntimeError, broker.become_master)
+        self.assertRaises(RuntimeError, broker.become_slave, "tcp:host=127.0.0.1:port=1")
+
+    def test_async_to_sync_master(self) -> None:
+        """
+        A running master switched to SYNC_MASTER keeps its side (and its
+        slaves); its next put waits for its slave.
+        """
+        a = self.broker(Role.MASTER)
+        b = self.broker(Role.SLAVE, master=a)
+        self.settle()
+        side = a.role_service
+        self.switch(a.become_master(Role.SYNC_MASTER))
+        self.assertIs(a.role_service, side)
+        waiting = a.put(Message("RoleTopic", b"z" * 100))
+        self.assertNoResult(waiting)
+        self.settle()
+        self.assertEqual(self.successResultOf(waiting).status, PutStatus.PUT_OK)
+        self.stop(a, b)
+
     def test_demotion_ends_waiting_puts(self) -> None:
         """
         A SYNC_MASTER demoted while a put waits for its slave: the put

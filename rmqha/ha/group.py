@@ -268,7 +268,7 @@ class HAService:
         @param replication_wait: where the seconds puts waited are counted.
         """
         self._clock = clock
-        self._sync = sync
+        self.sync = sync
         self._in_sync_replicas = in_sync_replicas
         self._min_in_sync_replicas = min_in_sync_replicas
         self._fallbehind_max = slave_fallbehind_max
@@ -292,7 +292,7 @@ class HAService:
         """
         The replicas' verdict on a put ending at C{end}.
         """
-        if not self._sync or self._in_sync_replicas <= 1:
+        if not self.sync or self._in_sync_replicas <= 1:
             return succeed(PutStatus.PUT_OK)
         in_sync = 1 + sum(1 for ack in self.ack_offsets() if end - ack < self._fallbehind_max)
         if in_sync < self._min_in_sync_replicas:
