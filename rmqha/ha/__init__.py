@@ -1,6 +1,9 @@
 """
-The HA side: the replication wire format (L{rmqha.ha._wire}), the master's
-connections (L{rmqha.ha.master}), the slave's (L{rmqha.ha.slave}), the
-control extension and divergence checks (L{rmqha.ha.divergence}), and the
-SYNC_MASTER quorum (L{rmqha.ha.group}).  docs/architecture.md has the map.
+The HA side: the wire format and greeting sniffer (L{rmqha.ha._wire}),
+settings and defaults (L{rmqha.ha.config}), the master's connections
+(L{rmqha.ha.master}) and its role service (L{rmqha.ha.masterside}), the
+SYNC_MASTER quorum (L{rmqha.ha.group}), the control extension
+(L{rmqha.ha.control}), the divergence algorithm (L{rmqha.ha.divergence}),
+the slave's connection (L{rmqha.ha.slave}) and its lifecycle
+(L{rmqha.ha.replica}).  docs/architecture.md has the map.
 """
