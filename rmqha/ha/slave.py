@@ -164,7 +164,7 @@ class SlaveConnection(Protocol):
             return
         if not self._received and not self._tls and looks_like_tls(data):
             # (Counted as a connection that brought nothing: backs off.)
-            self._drop(PLAIN_SLAVE_TLS_MASTER_HINT)
+            self._drop("{hint}", hint=PLAIN_SLAVE_TLS_MASTER_HINT)
             return
         self._received = True
         self._last_read = self.factory.clock.seconds()
@@ -187,8 +187,9 @@ class SlaveConnection(Protocol):
                 if frame.offset != expected and commitlog.has_data():
                     self._suspicious = True
                     self._drop(
-                        f"master sent offset {frame.offset}, this slave's max "
-                        f"offset is {expected}"
+                        "master sent offset {offset}, this slave's max offset is {expected}",
+                        offset=frame.offset,
+                        expected=expected,
                     )
                     return
                 if frame.body:
@@ -199,20 +200,20 @@ class SlaveConnection(Protocol):
                     self.caught_up = True
         except ChecksumError as e:
             self.factory.checksum_failures += 1
-            self._drop(f"{e}; nothing of it was written")
+            self._drop("{error}; nothing of it was written", error=str(e))
             return
         except ProtocolError as e:
             if not decoder.confirmed:
                 # The master did not take up checked framing after all (a
                 # different master now?): check what it speaks again.
                 self._suspicious = True
-            self._drop(str(e))
+            self._drop("{error}", error=str(e))
             return
         except CorruptReplicaError as e:
             self._rejected(e)
             return
         except StoreError as e:
-            self._drop(f"cannot append to the commit log: {e}")
+            self._drop("cannot append to the commit log: {error}", error=str(e))
             return
         except OSError as e:
             # The slave's disk is full, say: nothing the master can fix, so
@@ -220,8 +221,11 @@ class SlaveConnection(Protocol):
             self._backing_off = True
             what = e.filename or commitlog.commitlog_dir
             self._drop(
-                f"cannot append to the commit log at offset {commitlog.max_offset}: "
-                f"{what}: {e.strerror or e}; replication resumes from there when it can"
+                "cannot append to the commit log at offset {offset}: {what}: {error}; "
+                "replication resumes from there when it can",
+                offset=commitlog.max_offset,
+                what=what,
+                error=e.strerror or str(e),
             )
             return
         factory = self.factory
@@ -248,14 +252,17 @@ class SlaveConnection(Protocol):
             factory.rejected_offset, factory.rejections_in_a_row = error.offset, 1
         times = factory.rejections_in_a_row
         if times < REPEATED_REJECTIONS:
-            self._drop(f"{error}, and will fetch it again")
+            self._drop("{error}, and will fetch it again", error=str(error))
             return
         self._backing_off = True
         how = " over checked framing" if self.checked else ""
         self._drop(
-            f"{error}: the master sent this record damaged {times} times in a row{how}, "
+            "{error}: the master sent this record damaged {times} times in a row{how}, "
             "so its own copy is most likely corrupt (run `rmqha store check` on the "
-            "master's store); fetching it again with a growing back-off"
+            "master's store); fetching it again with a growing back-off",
+            error=str(error),
+            times=times,
+            how=how,
         )
 
     def _end_of_turn(self) -> None:
@@ -328,11 +335,15 @@ class SlaveConnection(Protocol):
         misses this).
         """
         silent = self.factory.clock.seconds() - self._last_read
-        self._drop(f"nothing received from the master for {silent:.1f} s")
+        self._drop("nothing received from the master for {silent:.1f} s", silent=silent)
         return False
 
-    def _drop(self, why: str) -> None:
-        self._log.warn("dropping the connection to the master: {why}", why=why)
+    def _drop(self, why: str, **fields: Any) -> None:
+        """
+        Log C{why}, a format string over C{fields} (the event keeps them;
+        text from elsewhere goes in as a field), and abort the connection.
+        """
+        self._log.warn("dropping the connection to the master: " + why, **fields)
         self._closed = True
         self.transport.abortConnection()  # type: ignore[union-attr]
 
