@@ -547,7 +547,7 @@ class Broker(MultiService):
         return side.failed_checks if isinstance(side, Replica) else 0
 
     @property
-    def master_kind(self) -> str | None:
+    def master_kind(self) -> MasterKind | None:
         """
         On a slave: what its master is (C{"rmqha"}, C{"rocketmq"}), or
         C{None} while unknown.

@@ -27,6 +27,7 @@ from typing import Any
 from rmqha._files import write_atomically
 from rmqha.commitlog import CommitLog
 from rmqha.ha._wire import CONTROL_MAX_DIGEST_RANGE
+from rmqha.ha.config import MasterKind
 from rmqha.ha.control import ControlClient, MasterInfo, log_digest
 
 __all__ = [
@@ -42,8 +43,9 @@ __all__ = [
 TAIL_WINDOW = 64 * 1024 * 1024
 #: Where a slave's store remembers what its master is.
 MASTER_KIND_PATH = os.path.join("rmqha", "master-kind.json")
-#: Master kinds: speaks the rmqha extension, or a RocketMQ master.
-MASTER_KINDS = ("rmqha", "rocketmq")
+#: Master kinds a store remembers: speaks the rmqha extension, or a
+#: RocketMQ master.
+MASTER_KINDS = (MasterKind.RMQHA, MasterKind.ROCKETMQ)
 
 
 class DivergenceKind(enum.StrEnum):
@@ -106,7 +108,7 @@ class Divergence:
         }
 
 
-def read_master_kind(store_dir: str, master: str) -> str | None:
+def read_master_kind(store_dir: str, master: str) -> MasterKind | None:
     """
     What the store remembers its master at C{master} to be (C{"rmqha"} or
     C{"rocketmq"}), or C{None}: nothing remembered, another master, or an
@@ -117,13 +119,13 @@ def read_master_kind(store_dir: str, master: str) -> str | None:
             saved = json.load(f)
         kind = saved["kind"]
         if saved["master"] == master and kind in MASTER_KINDS:
-            return str(kind)
+            return MasterKind(kind)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None
 
 
-def write_master_kind(store_dir: str, master: str, kind: str, seen: float) -> None:
+def write_master_kind(store_dir: str, master: str, kind: MasterKind, seen: float) -> None:
     """
     Remember that the master at C{master} is C{kind} (tmp file, fsync,
     rename: a crash leaves the old file or the new one).

@@ -105,7 +105,8 @@ class Replica(Service):
     Replication from one master into an open store.
 
     @ivar state: the L{ReplicaState}.
-    @ivar master_kind: what the master is (C{"rmqha"}, C{"rocketmq"}), or
+    @ivar master_kind: what the master is (L{MasterKind.RMQHA},
+        L{MasterKind.ROCKETMQ}), or
         C{None} while unknown (remembered in the store).
     @ivar divergence: the divergence replication is halted on, if any.
     @ivar divergences: divergences found, by kind.
@@ -137,7 +138,7 @@ class Replica(Service):
         self._probe_timeout = probe_timeout
         self._master_kind_option = master_kind
         self.state = ReplicaState.STOPPED
-        self.master_kind: str | None = None
+        self.master_kind: MasterKind | None = None
         self.divergence: Divergence | None = None
         self.divergences: dict[str, int] = {k.value: 0 for k in DivergenceKind}
         self.failed_checks = 0
@@ -365,12 +366,12 @@ class Replica(Service):
             return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         return master
 
-    def _known_master_kind(self) -> str | None:
+    def _known_master_kind(self) -> MasterKind | None:
         if self.master_kind is None:
             self.master_kind = read_master_kind(self.commitlog.store_dir, self.master_address)
         return self.master_kind
 
-    def _learnt(self, kind: str) -> None:
+    def _learnt(self, kind: MasterKind) -> None:
         """
         The master is C{kind}: remember it in the store when that is news.
         """
@@ -417,7 +418,7 @@ class Replica(Service):
     async def _check_divergence(self) -> Divergence | None:
         master = self.master_address
         if self._master_kind_option is MasterKind.ROCKETMQ:
-            self._learnt("rocketmq")
+            self._learnt(MasterKind.ROCKETMQ)
             self._classic(f"master {master} is a RocketMQ master (--master-kind rocketmq)")
             return None
         if self._on_divergence is None:
@@ -427,7 +428,7 @@ class Replica(Service):
         # meanwhile cannot look like "ahead".
         slave_end = self.commitlog.record_end
         known = self._known_master_kind()
-        sticky = known == "rmqha" or self._master_kind_option is MasterKind.RMQHA
+        sticky = known is MasterKind.RMQHA or self._master_kind_option is MasterKind.RMQHA
         # A master that must answer is given the whole probe timeout;
         # otherwise silence for the first timeout means RocketMQ.
         first = None if sticky else min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
@@ -439,13 +440,13 @@ class Replica(Service):
                     f"master {master} does not answer the rmqha extension "
                     "(--master-kind rmqha): not replicating classically"
                 )
-            if known == "rmqha":
+            if known is MasterKind.RMQHA:
                 raise _NotAnswering(
                     f"master {master} spoke the rmqha extension before but is not "
                     "answering; not falling back to classic replication (if it is "
                     "now a RocketMQ master, restart with --master-kind rocketmq)"
                 )
-            self._learnt("rocketmq")
+            self._learnt(MasterKind.ROCKETMQ)
             self._classic(
                 f"master {master} does not answer the rmqha control extension "
                 "(a RocketMQ master?)"
@@ -453,7 +454,7 @@ class Replica(Service):
             return None
         client, info = session
         try:
-            self._learnt("rmqha")
+            self._learnt(MasterKind.RMQHA)
             self._set_framing(info.checked_framing, bool(info.features & FEATURE_IDENTIFY))
             ours = self.commitlog.segment_size
             if info.segment_size != ours:
