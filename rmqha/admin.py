@@ -41,12 +41,14 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from rmqha._record import DEFAULT_MAX_MESSAGE_SIZE
+from rmqha._ports import Port, listen
 from rmqha.broker import Broker, NotStoredError
 from rmqha.commitlog import Message, MessageRejected
-from rmqha.group import PutMessageResult, PutStatus
-from rmqha.tls import PeerPolicy
+from rmqha.ha.group import PutMessageResult, PutStatus
+from rmqha.tls import PeerPolicy, admin_exposure_warning
 
 __all__ = [
+    "AdminService",
     "AdminRoot",
     "status",
     "make_site",
@@ -296,7 +298,7 @@ def _scrub_metrics(broker: Broker) -> Any:
 def _checksum_failures(factory: Any) -> CounterMetricFamily:
     return CounterMetricFamily(
         "rmqha_checksum_failures",
-        "checked-framing messages that failed their CRC (damaged on the way; dropped)",
+        "checked framing messages that failed their CRC (damaged on the way; dropped)",
         value=factory.checksum_failures if factory is not None else 0,
     )
 
@@ -340,6 +342,8 @@ class _Messages(_AdminResource):
             return _error(request, 400, "MESSAGE_ILLEGAL", str(e), stored=False)
 
         def answer(result: PutMessageResult) -> None:
+            if gone:
+                return
             # Every outcome in which the message was stored is a 200.
             append = result.append
             request.write(
@@ -359,13 +363,26 @@ class _Messages(_AdminResource):
             request.finish()
 
         def failed(failure: Failure) -> None:
+            if gone:
+                return
             # After the append: the message is in the log.
             request.write(
                 _error(request, 500, "UNKNOWN_ERROR", failure.getErrorMessage(), stored=True)
             )
             request.finish()
 
+        gone = False
+
+        def client_gone(_: Failure) -> None:
+            # The client went away before the answer: stop waiting (the
+            # message is stored whatever happens).
+            nonlocal gone
+            gone = True
+            d.cancel()
+
+        request.notifyFinish().addErrback(client_gone)
         d.addCallbacks(answer, failed)
+        d.addErrback(lambda _: None if gone else _)
         return NOT_DONE_YET
 
     def _message(self, request: Request) -> Message:
@@ -708,3 +725,42 @@ def make_site(
         idle_timeout,
         peer_policy,
     )
+
+
+class AdminService(Port):
+    """
+    The admin interface of a broker on its own port: set it as a child of
+    the broker (C{AdminService(broker, "tcp:8080").setServiceParent(broker)}),
+    which listens on it with the HA port, before opening the store.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        broker: Broker,
+        where: Any,
+        peer_policy: PeerPolicy | None = None,
+    ) -> None:
+        """
+        @param where: a Twisted server endpoint description (plain TCP
+            beyond loopback is warned about), or an endpoint
+            (L{rmqha.tls.server_endpoint} for TLS requiring client
+            certificates).
+        @param peer_policy: the names an admin client's TLS certificate
+            must carry (L{make_site}).
+        """
+        self.broker = broker
+        self.where = where
+        self.peer_policy = peer_policy
+        self.setName("http")
+
+    def listen(self, limited: Any) -> None:
+        if self.port is not None:
+            return
+        if isinstance(self.where, str):
+            warning = admin_exposure_warning(self.where)
+            if warning is not None:
+                self._log.warn("{text}", text=warning)
+        site = make_site(self.broker, peer_policy=self.peer_policy)
+        self.port = listen(self.broker.reactor, "http", self.where, limited("HTTP", site))

@@ -23,7 +23,8 @@ from twisted.python import usage
 
 from rmqha._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_PEER
 from rmqha._units import parse_size
-from rmqha.broker import Broker, ListenFailed, Role
+from rmqha.admin import AdminService
+from rmqha.broker import Broker, ListenFailed
 from rmqha.commitlog import (
     MAX_SEGMENT_SIZE,
     MIN_SEGMENT_SIZE,
@@ -31,8 +32,24 @@ from rmqha.commitlog import (
     FlushDiskType,
     StoreError,
 )
-from rmqha.master import HAConfig
+from rmqha.ha.config import (
+    DEFAULT_HA_CONFIG,
+    DEFAULT_HA_LISTEN,
+    DEFAULT_IN_SYNC_REPLICAS,
+    DEFAULT_MASTER_KIND,
+    DEFAULT_MIN_IN_SYNC_REPLICAS,
+    DEFAULT_ON_DIVERGENCE,
+    DEFAULT_PROBE_TIMEOUT,
+    DEFAULT_SLAVE_FALLBEHIND_MAX,
+    DEFAULT_SLAVE_TIMEOUT,
+    DEFAULT_SYNC_FLUSH_TIMEOUT,
+    HAConfig,
+    MasterKind,
+    OnDivergence,
+    Role,
+)
 from rmqha.scrub import DEFAULT_SCRUB_RATE, parse_scrub_rate
+from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL
 from rmqha.tls import (
     PeerPolicy,
     TLSFiles,
@@ -187,20 +204,21 @@ def _master_address(text: str) -> str:
     return f"tcp:host={host.replace(':', chr(92) + ':')}:port={port}"
 
 
-def _on_divergence(text: str) -> str | None:
+def _on_divergence(text: str) -> OnDivergence | None:
     value = text.strip().lower()
     if value == "off":
         return None
-    if value not in ("halt", "truncate", "rebootstrap"):
-        raise ValueError(f"{text!r} is not halt, truncate, rebootstrap or off")
-    return value
+    try:
+        return OnDivergence(value)
+    except ValueError:
+        raise ValueError(f"{text!r} is not halt, truncate, rebootstrap or off") from None
 
 
-def _master_kind(text: str) -> str:
-    value = text.strip().lower()
-    if value not in ("auto", "rmqha", "rocketmq"):
-        raise ValueError(f"{text!r} is not auto, rmqha or rocketmq")
-    return value
+def _master_kind(text: str) -> MasterKind:
+    try:
+        return MasterKind(text.strip().lower())
+    except ValueError:
+        raise ValueError(f"{text!r} is not auto, rmqha or rocketmq") from None
 
 
 def _peers(text: str) -> frozenset[str]:
@@ -272,25 +290,25 @@ _FLAG_KEYS = [
 _DEFAULTS: dict[str, Any] = {
     "role": Role.MASTER,
     "flush-disk-type": FlushDiskType.ASYNC_FLUSH,
-    "flush-interval": 0.5,
+    "flush-interval": DEFAULT_FLUSH_INTERVAL,
     "store-host": ("127.0.0.1", 10911),
-    "ha-listen": "tcp:10912",
-    "batch-size": HAConfig.transfer_batch_size,
-    "heartbeat-interval": HAConfig.heartbeat_interval,
-    "housekeeping-interval": HAConfig.housekeeping_interval,
-    "sync-from-last-file": False,
-    "slave-fallbehind-max": 256 * 1024 * 1024,
-    "slave-timeout": 3.0,
-    "sync-flush-timeout": 5.0,
-    "in-sync-replicas": 2,
-    "min-in-sync-replicas": 1,
+    "ha-listen": DEFAULT_HA_LISTEN,
+    "batch-size": DEFAULT_HA_CONFIG.transfer_batch_size,
+    "heartbeat-interval": DEFAULT_HA_CONFIG.heartbeat_interval,
+    "housekeeping-interval": DEFAULT_HA_CONFIG.housekeeping_interval,
+    "sync-from-last-file": DEFAULT_HA_CONFIG.sync_from_last_file,
+    "slave-fallbehind-max": DEFAULT_SLAVE_FALLBEHIND_MAX,
+    "slave-timeout": DEFAULT_SLAVE_TIMEOUT,
+    "sync-flush-timeout": DEFAULT_SYNC_FLUSH_TIMEOUT,
+    "in-sync-replicas": DEFAULT_IN_SYNC_REPLICAS,
+    "min-in-sync-replicas": DEFAULT_MIN_IN_SYNC_REPLICAS,
     "tls-require-client-cert": False,
-    "on-divergence": "halt",
-    "probe-timeout": 3.0,
+    "on-divergence": DEFAULT_ON_DIVERGENCE,
+    "probe-timeout": DEFAULT_PROBE_TIMEOUT,
     "max-connections": DEFAULT_MAX_CONNECTIONS,
     "max-connections-per-peer": DEFAULT_MAX_CONNECTIONS_PER_PEER,
     "scrub-rate": DEFAULT_SCRUB_RATE,
-    "master-kind": "auto",
+    "master-kind": DEFAULT_MASTER_KIND,
 }
 
 
@@ -551,7 +569,7 @@ class Options(usage.Options):
                     f"--min-in-sync-replicas {settings['min-in-sync-replicas']} is "
                     f"more than --in-sync-replicas {settings['in-sync-replicas']}"
                 )
-            if settings["master-kind"] == "rmqha" and settings["on-divergence"] is None:
+            if settings["master-kind"] is MasterKind.RMQHA and settings["on-divergence"] is None:
                 raise ValueError(
                     "--master-kind rmqha needs the control probe, which "
                     "--on-divergence off turns off"
@@ -706,7 +724,7 @@ def makeService(options: Options) -> IService:
     http: Any = s.get("http")
     if http is not None and http.startswith("ssl:"):
         http = server_endpoint(reactor, http, files, options.http_peer_policy(s), "--http")
-    return _TwistdBroker(
+    broker = _TwistdBroker(
         {"ha": f"{s['ha-listen']} (--ha-listen)", "http": f"{s.get('http')} (--http)"},
         reactor,
         open_commitlog,
@@ -717,8 +735,6 @@ def makeService(options: Options) -> IService:
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],
         master_kind=s["master-kind"],
-        http=http,
-        http_peer_policy=options.http_peer_policy(s),
         config=options.ha_config(),
         flush_interval=s["flush-interval"],
         in_sync_replicas=s["in-sync-replicas"],
@@ -730,6 +746,9 @@ def makeService(options: Options) -> IService:
         max_connections_per_peer=s["max-connections-per-peer"],
         scrub_rate=s["scrub-rate"],
     )
+    if http is not None:
+        AdminService(broker, http, options.http_peer_policy(s)).setServiceParent(broker)
+    return broker
 
 
 @contextmanager
@@ -754,12 +773,12 @@ class _TwistdBroker(Broker):
         # Log as the broker it is (a class attribute's namespace would
         # name this class).
         self._log = Logger(namespace="rmqha.broker.Broker", source=self)
-        self._ports = ports
+        self._port_flags = ports
 
     def privilegedStartService(self) -> None:
-        with _one_line(self._ports):
+        with _one_line(self._port_flags):
             super().privilegedStartService()
 
     def startService(self) -> None:
-        with _one_line(self._ports):
+        with _one_line(self._port_flags):
             super().startService()

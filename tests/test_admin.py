@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import struct
 import tempfile
 from io import BytesIO
 from typing import Any
@@ -24,10 +25,10 @@ from twisted.web.server import NOT_DONE_YET
 from twisted.web.test.requesthelper import DummyRequest
 
 from rmqha.store import _queues, _segments
-from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, make_site
+from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, AdminService, make_site
 from rmqha.broker import Broker, NotStoredError, Role
 from rmqha.commitlog import CommitLog, Message
-from rmqha.group import PutStatus
+from rmqha.ha.group import PutStatus
 
 from tests._helpers import fixed_clock
 
@@ -174,6 +175,34 @@ class MasterAdminTests(AdminTestCase):
             code, data, _ = request(self.root, b"GET", path)
             self.assertEqual(code, 404)
             self.assertEqual(json.loads(data)["status"], "NOT_FOUND")
+
+
+class ClientGoneTests(AdminTestCase):
+    def test_post_cancels_its_wait(self) -> None:
+        """
+        A SYNC_MASTER POST waiting for its slave's ack, whose client goes
+        away (C{request.notifyFinish()} errbacks), withdraws its wait:
+        no put is left waiting and nothing is written to the gone request.
+        """
+        broker = self.broker(Role.SYNC_MASTER)
+        factory = broker.master_factory
+        assert factory is not None
+        slave = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40001))
+        slave.makeConnection(StringTransport())
+        slave.dataReceived(struct.pack(">q", 0))
+        req = DummyRequest([b"topics", b"Orders", b"messages"])
+        req.method = b"POST"
+        req.uri = req.path = b"/topics/Orders/messages"
+        req.args = {}
+        req.content = BytesIO(b"waiting")
+        resource = getChildForRequest(AdminRoot(broker), req)
+        self.assertIs(resource.render(req), NOT_DONE_YET)
+        side = broker.role_service
+        self.assertEqual(side.ha.group.waiting, 1)  # type: ignore[union-attr]
+        req.processingFailed(Failure(ConnectionDone("the client went away")))
+        self.assertEqual(side.ha.group.waiting, 0)  # type: ignore[union-attr]
+        self.assertEqual(req.written, [])
+        self.assertEqual(len(list(broker.commitlog.records())), 1)  # stored
 
 
 class SlaveAdminTests(AdminTestCase):
@@ -548,8 +577,8 @@ class ExposureTests(SynchronousTestCase):
             lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
             Role.MASTER,
             ha_listen="tcp:0:interface=127.0.0.1",
-            http=http,
         )
+        AdminService(broker, http).setServiceParent(broker)
         broker.startService()
         self.addCleanup(broker.stopService)
         return [e for e in events if "admin HTTP port" in e]

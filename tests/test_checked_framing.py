@@ -18,7 +18,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CHECKED_ACK,
     CHECKED_HEADER_SIZE,
     CHECKED_HELLO,
@@ -43,9 +43,9 @@ from rmqha._wire import (
 )
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
-from rmqha.divergence import CheckFailed, ControlClient, probe
-from rmqha.master import MasterConnection, MasterFactory
-from rmqha.slave import SlaveConnection, SlaveFactory
+from rmqha.ha.control import CheckFailed, ControlClient, probe
+from rmqha.ha.master import MasterConnection, MasterFactory
+from rmqha.ha.slave import SlaveConnection, SlaveFactory
 from rmqha.testing import connect_in_memory
 
 from tests._helpers import (
@@ -626,7 +626,7 @@ class ProbeTests(SynchronousTestCase):
         A DIGEST answer that never comes fails after the digest timeout; a
         damaged one fails at once; either way as L{CheckFailed}.
         """
-        from rmqha.divergence import DIGEST_TIMEOUT
+        from rmqha.ha.control import DIGEST_TIMEOUT
 
         d, client, transport = self.start()
         client.dataReceived(encode_control_info(0, 100, SEGMENT, 1))

@@ -9,13 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
 from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CONTROL_DIGEST_SIZE,
     CONTROL_HELLO,
     CONTROL_PROBE,
@@ -26,8 +26,9 @@ from rmqha._wire import (
     encode_code,
     encode_digest_request,
 )
-from rmqha.divergence import ControlClient, Divergence, MasterInfo, find_divergence
-from rmqha.master import MasterFactory
+from rmqha.ha.control import ControlClient, MasterInfo, range_digest
+from rmqha.ha.divergence import Divergence, DivergenceKind, find_divergence
+from rmqha.ha.master import MasterFactory
 from rmqha.testing import MemoryConnection, connect_in_memory
 
 from tests._helpers import make_message, open_store
@@ -100,6 +101,32 @@ class DivergenceTests(SynchronousTestCase):
         connection.flush()
         self.assertEqual(len(self.successResultOf(d1) or b""), 16)
         self.assertIsNone(self.successResultOf(d2))
+
+    def test_cancelled_digest_withdraws(self) -> None:
+        """
+        A cancelled DIGEST wait removes itself: the session keeps no
+        reference to it, its answer is skipped, and the next request still
+        gets its own answer (answers come in request order).
+        """
+        client, _, pump = self.session()
+        d1 = client.digest(0, 1000)
+        d2 = client.digest(0, 2000)
+        d1.cancel()
+        self.failureResultOf(d1, CancelledError)
+        self.assertNotIn(d1, client._waiting)
+        pump.flush()
+        self.assertEqual(
+            self.successResultOf(d2), range_digest(self.master.commitlog_dir, SEGMENT, 0, 2000)
+        )
+
+    def test_kinds_are_enums(self) -> None:
+        """
+        Divergence kinds are a string enum: C{as_dict} keeps the text
+        RocketMQ operators saw in /status.
+        """
+        found = Divergence(DivergenceKind.AHEAD, 10, 5, None, 5)
+        self.assertIs(found.kind, DivergenceKind.AHEAD)
+        self.assertEqual(found.as_dict()["kind"], "ahead")
 
     def test_consistent_prefix(self) -> None:
         """

@@ -16,8 +16,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog, FlushDiskType, Message
-from rmqha.group import GroupTransferService, PutStatus
-from rmqha.master import MasterConnection
+from rmqha.ha.group import GroupTransferService, PutStatus
+from rmqha.ha.master import MasterConnection
 
 from tests._helpers import fixed_clock
 

@@ -14,7 +14,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CHECKED_ACK,
     CHECKED_HELLO,
     FEATURE_CHECKED_FRAMING,
@@ -29,8 +29,8 @@ from rmqha._wire import (
 )
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
-from rmqha.master import MasterConnection, MasterFactory
-from rmqha.slave import SlaveFactory, load_replica_id
+from rmqha.ha.master import MasterConnection, MasterFactory
+from rmqha.ha.slave import SlaveFactory, load_replica_id
 
 from tests._helpers import StringEndpoint, fixed_clock
 from tests.test_master import MasterTestCase, report

@@ -20,6 +20,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha._limits import FD_RESERVE, ConnectionBudget, LimitedFactory, raise_fd_limit
+from rmqha.admin import AdminService
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
 
@@ -201,12 +202,12 @@ class BrokerLimitTests(SynchronousTestCase):
             lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
             Role.SYNC_MASTER,
             ha_listen="tcp:0:interface=127.0.0.1",
-            http="tcp:0:interface=127.0.0.1",
             run_in_thread=lambda f: succeed(f()),
             max_connections=300,
             max_connections_per_peer=3,
             fd_limit=lambda: 512,
         )
+        AdminService(broker, "tcp:0:interface=127.0.0.1").setServiceParent(broker)
         with capturedLogs() as events:
             broker.startService()
         self.addCleanup(broker.stopService)

@@ -17,14 +17,15 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CONTROL_DIGEST_SIZE,
     CONTROL_HELLO,
     decode_digest_answer,
     encode_code,
     encode_digest_request,
 )
-from rmqha.master import HAConfig, MasterConnection, MasterFactory, _hash_files
+from rmqha.ha.control import range_digest
+from rmqha.ha.master import HAConfig, MasterConnection, MasterFactory
 
 from tests._helpers import make_message, open_store
 
@@ -564,5 +565,5 @@ class ControlBoundsTests(MasterTestCase):
         """
         self.fill(5)
         directory = self.store.commitlog_dir
-        self.assertIsNotNone(_hash_files(directory, SEGMENT, 0, 100))
-        self.assertIsNone(_hash_files(directory + "-gone", SEGMENT, 0, 100))
+        self.assertIsNotNone(range_digest(directory, SEGMENT, 0, 100))
+        self.assertIsNone(range_digest(directory + "-gone", SEGMENT, 0, 100))

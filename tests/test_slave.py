@@ -15,8 +15,8 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.master import HAConfig, MasterFactory
-from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
+from rmqha.ha.master import HAConfig, MasterFactory
+from rmqha.ha.slave import SlaveConnection, SlaveFactory, make_slave_service
 from rmqha.testing import MemoryConnection, connect_in_memory
 
 from tests._helpers import (

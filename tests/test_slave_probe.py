@@ -20,7 +20,7 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CHECKED_HELLO,
     CONTROL_INFO_SIZE,
     CONTROL_PROBE,
@@ -33,15 +33,10 @@ from rmqha._wire import (
 )
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
-from rmqha.divergence import (
-    MASTER_KIND_PATH,
-    CheckFailed,
-    probe,
-    read_master_kind,
-    write_master_kind,
-)
-from rmqha.master import MasterFactory
-from rmqha.slave import SlaveFactory, make_slave_service
+from rmqha.ha.control import CheckFailed, probe
+from rmqha.ha.divergence import MASTER_KIND_PATH, read_master_kind, write_master_kind
+from rmqha.ha.master import MasterFactory
+from rmqha.ha.slave import SlaveFactory, make_slave_service
 
 from tests._helpers import StringEndpoint, fixed_clock, make_message, open_store
 
@@ -225,7 +220,7 @@ class SlaveBrokerTests(SynchronousTestCase):
     def stop(self, broker: Broker) -> None:
         d = broker.stopService()
         # StringTransports never report their connections lost: do it.
-        endpoint = broker._master_client
+        endpoint = broker._master_endpoint
         for protocol, transport in endpoint.connected:
             if transport.disconnecting and protocol not in self._lost:
                 self._lost.add(protocol)

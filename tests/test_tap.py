@@ -12,6 +12,7 @@ from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.commitlog import FlushDiskType
+from rmqha.admin import AdminService
 from rmqha.broker import Broker, Role
 from rmqha.tap import Options, makeService
 
@@ -305,7 +306,7 @@ class ListenOptionsTests(SynchronousTestCase):
         self.assertEqual(self.parse(*slave).settings["master-kind"], "auto")
         options = self.parse(*slave, "--master-kind", "RocketMQ")
         self.assertEqual(options.settings["master-kind"], "rocketmq")
-        self.assertEqual(makeService(options)._master_kind_option, "rocketmq")  # type: ignore[attr-defined]
+        self.assertEqual(makeService(options)._master_kind, "rocketmq")  # type: ignore[attr-defined]
         path = self.mktemp()
         with open(path, "w") as f:
             f.write("haMasterKind=rmqha\n")
@@ -393,8 +394,9 @@ class ListenFirstTests(SynchronousTestCase):
         self.assertEqual(opened, [])
         self.assertFalse(os.path.exists(store))
 
-        broker = Broker(reactor, open_commitlog, Role.MASTER, ha_listen="tcp:0",
-                        http="nonsense:1")
+        broker = Broker(reactor, open_commitlog, Role.MASTER, ha_listen="tcp:0")
+        admin = AdminService(broker, "nonsense:1")
+        admin.setServiceParent(broker)
         e = self.assertRaises(ListenFailed, broker.startService)
         self.assertEqual(e.port, "http")
         self.assertIn("nonsense", str(e))
@@ -402,7 +404,8 @@ class ListenFirstTests(SynchronousTestCase):
         # The HA port that did listen was stopped again.
         self.assertEqual(len(reactor.tcpServers), 1)
         self.assertIsNone(broker.ha_service)
-        self.assertEqual(list(broker), [broker.store, broker.scrub])
+        self.assertEqual(list(broker), [broker.store, broker.scrub, admin])
+        self.assertIsNone(admin.port)
 
         options = Options()
         options.parseOptions(["--store-dir", store, "--ha-listen", "tcp:0", "--http", "unix:/x"])
@@ -551,12 +554,16 @@ class AdminHTTPOptionsTests(SynchronousTestCase):
             "--tls-require-client-cert", "--http-allowed-peers", "ops, admin",
         )
         broker = makeService(options)
-        self.assertNotIsInstance(broker._http, str)  # type: ignore[attr-defined]
-        policy = broker._http_peer_policy  # type: ignore[attr-defined]
+        admin = broker.getServiceNamed("http")  # type: ignore[attr-defined]
+        self.assertNotIsInstance(admin.where, str)
+        policy = admin.peer_policy
         self.assertTrue(policy.require_client_cert)
         self.assertEqual(policy.allowed_peers, frozenset({"ops", "admin"}))
         plain = makeService(self.parse("--http", "tcp:0:interface=127.0.0.1"))
-        self.assertEqual(plain._http, "tcp:0:interface=127.0.0.1")  # type: ignore[attr-defined]
+        self.assertEqual(
+            plain.getServiceNamed("http").where,  # type: ignore[attr-defined]
+            "tcp:0:interface=127.0.0.1",
+        )
 
     def test_admin_errors_name_the_setting(self) -> None:
         """

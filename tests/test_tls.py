@@ -22,8 +22,8 @@ from rmqha import certs
 from rmqha._limits import LimitedFactory
 from rmqha.broker import Broker, Role
 from rmqha.commitlog import CommitLog
-from rmqha.master import MasterFactory
-from rmqha.slave import SlaveFactory
+from rmqha.ha.master import MasterFactory
+from rmqha.ha.slave import SlaveFactory
 from rmqha.testing import MemoryConnection, connect_in_memory
 from rmqha.tls import (
     PeerPolicy,

@@ -15,8 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._wire import (
+from rmqha.ha._wire import (
     CHECKED_ACK,
+    CHECKED_HELLO,
+    CONTROL_HELLO,
+    CONTROL_PROBE,
+    Greeting,
+    encode_identify,
+    sniff_greeting,
     HEADER_SIZE,
     MAX_BODY_SIZE,
     REPORT_SIZE,
@@ -96,6 +102,34 @@ def reference_parse(
 OFFSETS = st.integers(0, INT64_MAX)
 BODIES = st.one_of(st.just(b""), st.binary(max_size=3000))
 FRAMES = st.lists(st.tuples(OFFSETS, BODIES), max_size=12)
+
+
+class GreetingTests(SynchronousTestCase):
+    """
+    L{sniff_greeting}: what the first 8 bytes on a master's HA port say.
+    """
+
+    def test_kinds(self) -> None:
+        """
+        A report is classic; CHECKED_HELLO, the two control hellos and
+        IDENTIFY are rmqha's; any other negative value is refused; fewer
+        than 8 bytes say nothing yet.
+        """
+        cases = [
+            (encode_report(0), Greeting.CLASSIC),
+            (encode_report(12345) + b"more", Greeting.CLASSIC),
+            (encode_code(CHECKED_HELLO), Greeting.CHECKED),
+            (encode_code(CONTROL_PROBE), Greeting.CONTROL),
+            (encode_code(CONTROL_HELLO), Greeting.CONTROL),
+            (encode_identify("r1"), Greeting.IDENTIFY),
+            (encode_code(-42), Greeting.REFUSED),
+        ]
+        for head, kind in cases:
+            sniffed = sniff_greeting(head)
+            assert sniffed is not None
+            self.assertEqual(sniffed[0], kind, head)
+        self.assertIsNone(sniff_greeting(encode_report(0)[:7]))
+        self.assertEqual(sniff_greeting(encode_code(-42)), (Greeting.REFUSED, -42))
 
 
 class ConstantsTests(SynchronousTestCase):

@@ -49,13 +49,17 @@ def make_broker(
 ) -> Any:
     """
     A L{Broker} on C{store} for the real-socket tests: fast heartbeats,
-    reconnects every 0.1 s, the reactor's clock for the store.
+    reconnects every 0.1 s, the reactor's clock for the store; C{http=}
+    (and C{http_peer_policy=}) compose an L{AdminService} into it.
     """
     from rmqha.broker import Broker
     from rmqha.commitlog import CommitLog
-    from rmqha.master import HAConfig
+    from rmqha.admin import AdminService
+    from rmqha.ha.config import HAConfig
 
-    return Broker(
+    http = kwargs.pop("http", None)
+    http_peer_policy = kwargs.pop("http_peer_policy", None)
+    broker = Broker(
         reactor,
         lambda: CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds),
         role,
@@ -65,3 +69,6 @@ def make_broker(
         retry_policy=lambda attempt: 0.1,
         **kwargs,
     )
+    if http is not None:
+        AdminService(broker, http, http_peer_policy).setServiceParent(broker)
+    return broker

@@ -70,8 +70,7 @@ async def test_per_peer_cap_on_both_ports(tmp_path: Any) -> None:
     peers: list[_Peer] = []
     try:
         ha = (await master.ha_address()).port
-        assert master.http_service is not None
-        http = (await master.http_service._waitingForPort).getHost().port
+        http = (await master.getServiceNamed("http").address()).port
         for port in (ha, http):
             kept = [await _connect(reactor, port) for _ in range(2)]
             extra = await _connect(reactor, port)

@@ -126,7 +126,7 @@ async def test_admin_over_tls(tmp_path: Any) -> None:
     )
     broker.startService()
     try:
-        port = (await broker.http_address()).port
+        port = (await broker.getServiceNamed("http").address()).port
         code, answer = _answer(await _exchange(_client(reactor, port, pki["ops"]), STATUS))
         assert (code, answer["role"]) == (200, "ASYNC_MASTER")
         code, answer = _answer(await _exchange(_client(reactor, port, pki["slave-1"]), STATUS))
@@ -158,7 +158,7 @@ async def test_huge_body_refused_over_tcp(tmp_path: Any) -> None:
     )
     broker.startService()
     try:
-        port = (await broker.http_address()).port
+        port = (await broker.getServiceNamed("http").address()).port
         request = (
             b"POST /topics/Orders/messages HTTP/1.1\r\nHost: x\r\n"
             b"Content-Length: 2147483648\r\n\r\n" + b"x" * 4096

@@ -1,0 +1,618 @@
+# -*- test-case-name: tests.test_wire -*-
+"""
+The classic RocketMQ HA wire protocol (4.9.x and 5.x DefaultHA), bytes in
+and frames out, with no I/O and no Twisted.
+
+Slave to master, repeated::
+
+    +--------------------------------+
+    | slave max offset   int64 BE    |     8 bytes ("report")
+    +--------------------------------+
+
+Master to slave, repeated::
+
+    +--------------------------------+----------------+---------------------+
+    | offset   int64 BE              | size  int32 BE | body (size bytes)   |
+    +--------------------------------+----------------+---------------------+
+
+C{body} is commit-log bytes starting at C{offset}, never crossing a segment;
+C{size} 0 is a heartbeat (C{offset} is where the master will continue).
+There is no handshake, magic or version, and no checksum.
+
+Two rmqha peers may agree on I{checked framing} (docs/protocol.md): the
+same stream with a CRC-32 on every report and every frame, so a byte
+flipped on the way is caught before it is written or counted.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import zlib
+from typing import NamedTuple
+
+__all__ = [
+    "REPORT_SIZE",
+    "HEADER_SIZE",
+    "MAX_BODY_SIZE",
+    "ProtocolError",
+    "ChecksumError",
+    "TransferFrame",
+    "encode_report",
+    "encode_header",
+    "encode_checked_header",
+    "CHECKED_HELLO",
+    "CHECKED_ACK",
+    "CHECKED_REPORT_SIZE",
+    "CHECKED_HEADER_SIZE",
+    "FEATURE_CHECKED_FRAMING",
+    "ReportDecoder",
+    "TransferDecoder",
+    "CONTROL_PROBE",
+    "CONTROL_HELLO",
+    "CONTROL_INFO",
+    "CONTROL_DIGEST",
+    "CONTROL_REFUSED",
+    "CONTROL_MAX_DIGEST_RANGE",
+    "CONTROL_INFO_SIZE",
+    "CONTROL_REQUEST_SIZE",
+    "CONTROL_DIGEST_SIZE",
+    "NotControlError",
+    "encode_code",
+    "encode_control_info",
+    "decode_control_info",
+    "encode_digest_request",
+    "decode_digest_request",
+    "encode_digest_answer",
+    "decode_digest_answer",
+    "IDENTIFY",
+    "FEATURE_IDENTIFY",
+    "MAX_REPLICA_ID",
+    "encode_identify",
+    "decode_identify",
+    "Greeting",
+    "sniff_greeting",
+]
+
+REPORT_SIZE = 8
+HEADER_SIZE = 12
+#: A RocketMQ slave reads into a 4 MiB buffer that must hold the header
+#: too (C{HAClient.READ_MAX_BUFFER_SIZE}); no frame body may be larger.
+MAX_BODY_SIZE = 4 * 1024 * 1024 - HEADER_SIZE
+
+_REPORT = struct.Struct(">q")
+_HEADER = struct.Struct(">qi")
+
+# -- checked framing (an rmqha extension, docs/protocol.md) -------------------
+#
+# Negotiated: the slave only asks a master whose control INFO offered it,
+# by sending CHECKED_HELLO as its first 8 bytes; the master confirms with
+# CHECKED_ACK before its first frame.  A RocketMQ peer never sees either.
+
+#: Slave to master, the first 8 bytes of a replication connection.
+CHECKED_HELLO = -0x524D514841_0004
+#: Master to slave, the first 8 bytes of its answer to CHECKED_HELLO.
+CHECKED_ACK = -0x524D514841_0005
+#: The control INFO feature bit of a master that speaks checked framing.
+FEATURE_CHECKED_FRAMING = 1
+#: Report: offset, CRC-32 of the 8 offset bytes.
+_CHECKED_REPORT = struct.Struct(">qI")
+#: Header: offset, size, CRC-32 of the body, CRC-32 of the 16 bytes before.
+_CHECKED_HEADER = struct.Struct(">qiII")
+CHECKED_REPORT_SIZE = _CHECKED_REPORT.size
+CHECKED_HEADER_SIZE = _CHECKED_HEADER.size
+_CHECKED_ACK_BYTES = _REPORT.pack(CHECKED_ACK)
+
+
+class ProtocolError(ValueError):
+    """
+    A peer sent something the protocol does not allow; the text says what.
+    """
+
+
+class ChecksumError(ProtocolError):
+    """
+    Checked framing: bytes do not match the CRC sent with them.
+    """
+
+
+class TransferFrame(NamedTuple):
+    """
+    One master-to-slave frame: C{body} belongs at commit-log C{offset}.
+    An empty body is a heartbeat.  C{body} may be a read-only
+    C{memoryview} of the received bytes.
+    """
+
+    offset: int
+    body: bytes | memoryview
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return not self.body
+
+
+def _check_offset(offset: int) -> None:
+    if not 0 <= offset < 1 << 63:
+        raise ValueError(f"offset {offset} is outside 0..2**63-1")
+
+
+def encode_report(offset: int, checked: bool = False) -> bytes:
+    """
+    The report of a slave whose commit log ends at C{offset}: 8 bytes, or
+    12 with checked framing.
+    """
+    _check_offset(offset)
+    report = _REPORT.pack(offset)
+    return _sealed(report) if checked else report
+
+
+def encode_header(offset: int, size: int) -> bytes:
+    """
+    The 12-byte header of a frame of C{size} body bytes from C{offset}
+    (C{size} 0: a heartbeat).
+    """
+    _check_offset(offset)
+    if not 0 <= size <= MAX_BODY_SIZE:
+        raise ValueError(f"frame body size {size} is outside 0..{MAX_BODY_SIZE}")
+    return _HEADER.pack(offset, size)
+
+
+def _sealed(message: bytes) -> bytes:
+    """
+    C{message} followed by its CRC-32 (checked reports and headers, control
+    messages after the hello).
+    """
+    return message + zlib.crc32(message).to_bytes(4, "big")
+
+
+def encode_checked_header(offset: int, body: bytes | memoryview) -> bytes:
+    """
+    The 20-byte checked framing header of a frame carrying C{body} from
+    C{offset} (an empty body: a heartbeat).
+    """
+    return _sealed(encode_header(offset, len(body)) + zlib.crc32(body).to_bytes(4, "big"))
+
+
+def _crc_error(what: str, sent: int, computed: int) -> "ChecksumError":
+    return ChecksumError(
+        f"{what} fails its checksum (sent {sent:08x}, computed {computed:08x}): "
+        f"bytes were damaged on the way"
+    )
+
+
+class ReportDecoder:
+    """
+    The master's side: slave reports, parsed the way RocketMQ's master
+    parses them.  The stream is cut into 8-byte values from its first byte;
+    of the values completed by one read only the last counts (the Java
+    master reads into a buffer and takes the last 8-byte-aligned long), so
+    intermediate acks in one read are skipped.
+    """
+
+    def __init__(self, checked: bool = False) -> None:
+        """
+        @param checked: reports are checked framing reports (12 bytes, each
+            one's CRC verified).
+        """
+        self._partial = b""
+        self.checked = checked
+        self._size = CHECKED_REPORT_SIZE if checked else REPORT_SIZE
+        #: Reports decoded so far, skipped ones included.
+        self.count = 0
+
+    def feed(self, data: bytes) -> int | None:
+        """
+        Take the bytes of one read.
+
+        @return: the last report they complete, or C{None}.
+        @raise ProtocolError: that report is a negative offset.
+        @raise ChecksumError: with checked framing, a report they complete
+            (skipped ones included) fails its CRC.
+        """
+        if self._partial:
+            data = self._partial + data
+        size = self._size
+        whole = len(data) - len(data) % size
+        self._partial = data[whole:]
+        if not whole:
+            return None
+        self.count += whole // size
+        if self.checked:
+            for position in range(0, whole, size):
+                offset, crc = _CHECKED_REPORT.unpack_from(data, position)
+                computed = zlib.crc32(data[position : position + 8])
+                if crc != computed:
+                    raise _crc_error(f"the report of offset {offset}", crc, computed)
+        (offset,) = _REPORT.unpack_from(data, whole - size)
+        if offset < 0:
+            raise ProtocolError(f"slave reported a negative offset {offset}")
+        return int(offset)
+
+
+class TransferDecoder:
+    """
+    The slave's side: master frames out of a byte stream, one at a time so
+    the caller can stop between frames (for backpressure) — Twisted's
+    C{IntNStringReceiver} loop, without the protocol.
+
+    Sizes are checked as soon as a header is complete, before any body is
+    buffered for it.  A frame wholly inside one read is returned without
+    copying (its body is a C{memoryview} of the bytes that were fed, which
+    are immutable); only a frame cut across reads is assembled in a buffer.
+    """
+
+    def __init__(self, max_body_size: int = MAX_BODY_SIZE, checked: bool = False) -> None:
+        """
+        @param checked: the stream is checked framing: it starts with
+            C{CHECKED_ACK}, headers are 20 bytes and every header's and
+            body's CRC is verified (a header's as soon as it is here).
+        """
+        if not 0 <= max_body_size <= MAX_BODY_SIZE:
+            raise ValueError(
+                f"max body size {max_body_size} is outside 0..{MAX_BODY_SIZE}"
+            )
+        self.max_body_size = max_body_size
+        self.checked = checked
+        self._header_size = CHECKED_HEADER_SIZE if checked else HEADER_SIZE
+        # Checked framing: the master's confirmation, until it is whole.
+        self._ack: bytearray | None = bytearray() if checked else None
+        # The body CRC of the pending header (checked framing).
+        self._body_crc = 0
+        # Bytes of earlier reads not yet returned (at most a frame in
+        # normal use), then the latest read and how much of it is used.
+        self._partial = bytearray()
+        self._data = memoryview(b"")
+        self._position = 0
+
+    @property
+    def buffered(self) -> int:
+        """
+        Bytes received but not yet returned as frames.
+        """
+        return len(self._partial) + len(self._data) - self._position
+
+    @property
+    def confirmed(self) -> bool:
+        """
+        Classic framing, or checked framing the master has confirmed.
+        """
+        return self._ack is None
+
+    def feed(self, data: bytes) -> None:
+        """
+        Add received bytes; take frames with L{next_frame}.
+
+        @raise ProtocolError: checked framing, and the stream does not start
+            with the master's C{CHECKED_ACK}.
+        """
+        if self._ack is not None:
+            self._ack += data
+            if len(self._ack) < 8:
+                return
+            if self._ack[:8] != _CHECKED_ACK_BYTES:
+                raise ProtocolError(
+                    "the master did not confirm checked framing (its first 8 bytes "
+                    f"are {bytes(self._ack[:8]).hex()})"
+                )
+            data = bytes(self._ack[8:])
+            self._ack = None
+        if self._position < len(self._data):
+            # The caller stopped between frames: keep the rest.
+            self._partial += self._data[self._position :]
+        self._data = memoryview(data)
+        self._position = 0
+
+    def _header(self) -> bytes | memoryview | bytearray | None:
+        """
+        The next header's bytes once they are all here.
+        """
+        size = self._header_size
+        partial = self._partial
+        if not partial:
+            if len(self._data) - self._position < size:
+                return None
+            return self._data[self._position : self._position + size]
+        if len(partial) >= size:
+            return partial[:size]
+        if self.buffered >= size:
+            needed = size - len(partial)
+            return bytes(partial) + self._data[self._position : self._position + needed]
+        return None
+
+    def pending_header(self) -> tuple[int, int] | None:
+        """
+        The C{(offset, size)} of the next frame once its header is here,
+        even if its body is not (RocketMQ's slave checks the offset then).
+
+        @raise ProtocolError: the header is invalid.
+        @raise ChecksumError: checked framing, and the header fails its CRC.
+        """
+        header = self._header()
+        if header is None:
+            return None
+        if self.checked:
+            offset, size, self._body_crc, crc = _CHECKED_HEADER.unpack(header)
+            computed = zlib.crc32(header[:16])
+            if crc != computed:
+                raise _crc_error("a frame header", crc, computed)
+        else:
+            offset, size = _HEADER.unpack(header)
+        if offset < 0:
+            raise ProtocolError(f"master sent a frame at negative offset {offset}")
+        if not 0 <= size <= self.max_body_size:
+            raise ProtocolError(
+                f"master sent a frame of {size} bytes at offset {offset}; the "
+                f"limit is 0..{self.max_body_size}"
+            )
+        return offset, size
+
+    def next_frame(self) -> TransferFrame | None:
+        """
+        The next complete frame, or C{None} until more bytes are fed.
+
+        @raise ProtocolError: a header is invalid (the stream cannot be
+            resynchronised: drop the connection).
+        @raise ChecksumError: checked framing, and a header or body fails
+            its CRC (nothing of that frame is returned).
+        """
+        header = self.pending_header()
+        if header is None:
+            return None
+        offset, size = header
+        header_size = self._header_size
+        total = header_size + size
+        if self.buffered < total:
+            return None
+        partial = self._partial
+        body: bytes | memoryview
+        if not partial:
+            start = self._position + header_size
+            body = self._data[start : start + size]
+            self._position += total
+        elif len(partial) >= total:
+            body = bytes(partial[header_size:total])
+            del partial[:total]
+        else:
+            missing = total - len(partial)
+            partial += self._data[self._position : self._position + missing]
+            self._position += missing
+            body = bytes(partial[header_size:])
+            partial.clear()
+        if self.checked:
+            computed = zlib.crc32(body)
+            if computed != self._body_crc:
+                raise _crc_error(
+                    f"the frame of {size} bytes at offset {offset}", self._body_crc, computed
+                )
+        return TransferFrame(offset, body)
+
+
+# -- the rmqha control extension (docs/protocol.md) ---------------------------
+#
+# A separate connection to the same HA port.  Every message starts with a
+# negative int64 code.  The slave opens with CONTROL_PROBE, -1: RocketMQ
+# 4.9.8's HAConnection keeps "no request offset yet" as -1, so a genuine
+# master that reads -1 as a first report still waits for one, silently
+# (no warning, nothing sent); an rmqha master answers INFO at once.  A
+# slave recognises a classic master by the absence of that answer.
+
+#: Slave to master, 8 bytes: the control hello that a RocketMQ master
+#: cannot tell from no report at all.
+CONTROL_PROBE = -1
+#: Slave to master, 8 bytes: "rmqha control, version 1", the hello of
+#: older rmqha slaves (still answered; a RocketMQ master takes it for a
+#: negative request offset and logs "Offset not matched" on every turn).
+CONTROL_HELLO = -0x524D514841_0001
+#: Master to slave: code, min offset, max offset, segment size, feature
+#: bits, CRC-32 of the bytes before it (36 bytes).
+CONTROL_INFO = -0x524D514841_0002
+#: Request: code, start, end, CRC (28 bytes); answer: code, start, end, a
+#: 16-byte blake2b digest of the master's bytes [start, end), CRC (44
+#: bytes).  An answer with start = end = -1 refuses the range.
+CONTROL_DIGEST = -0x524D514841_0003
+#: Master to slave, 8 bytes, then the master closes: a negative first value
+#: that is no code it knows (a hello damaged on the way: try again).  Only
+#: ever sent in answer to a negative value, which RocketMQ slaves never send.
+CONTROL_REFUSED = -0x524D514841_0006
+#: The most bytes one digest request may cover.
+CONTROL_MAX_DIGEST_RANGE = 16 * 1024 * 1024
+
+_CONTROL_INFO = struct.Struct(">qqqiI")
+_CONTROL_REQUEST = struct.Struct(">qqq")
+_CONTROL_DIGEST = struct.Struct(">qqq16s")
+# Every control message but the hello ends with a CRC-32 of what precedes.
+CONTROL_INFO_SIZE = _CONTROL_INFO.size + 4
+CONTROL_REQUEST_SIZE = _CONTROL_REQUEST.size + 4
+CONTROL_DIGEST_SIZE = _CONTROL_DIGEST.size + 4
+_CONTROL_INFO_CODE = _REPORT.pack(CONTROL_INFO)
+
+
+class NotControlError(ProtocolError):
+    """
+    The peer answered a control hello with something other than INFO: it
+    does not speak the extension (a RocketMQ master).
+    """
+
+
+def _unsealed(data: bytes | bytearray, size: int, what: str) -> bytes:
+    """
+    The first C{size} bytes of C{data} without their trailing CRC.
+
+    @raise ChecksumError: the CRC does not match.
+    """
+    message = bytes(data[: size - 4])
+    sent = int.from_bytes(data[size - 4 : size], "big")
+    computed = zlib.crc32(message)
+    if sent != computed:
+        raise _crc_error(what, sent, computed)
+    return message
+
+
+def encode_code(code: int) -> bytes:
+    """
+    An 8-byte code (C{CHECKED_HELLO}, C{CHECKED_ACK}, C{CONTROL_REFUSED}).
+    """
+    return _REPORT.pack(code)
+
+
+def encode_control_info(
+    min_offset: int, max_offset: int, segment_size: int, features: int = 0
+) -> bytes:
+    return _sealed(
+        _CONTROL_INFO.pack(CONTROL_INFO, min_offset, max_offset, segment_size, features)
+    )
+
+
+def decode_control_info(data: bytes | bytearray) -> tuple[int, int, int, int]:
+    """
+    C{(min offset, max offset, segment size, feature bits)} from the first
+    L{CONTROL_INFO_SIZE} bytes of C{data}.
+
+    @raise NotControlError: C{data} does not start with the INFO code.
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the values are impossible.
+    """
+    if bytes(data[:8]) != _CONTROL_INFO_CODE:
+        raise NotControlError(
+            f"the master answered the control hello with {bytes(data[:8]).hex()}, not INFO"
+        )
+    message = _unsealed(data, CONTROL_INFO_SIZE, "control INFO")
+    _, min_offset, max_offset, segment_size, features = _CONTROL_INFO.unpack(message)
+    if not 0 <= min_offset <= max_offset or segment_size <= 0:
+        raise ProtocolError(
+            f"control INFO is impossible: min offset {min_offset}, max offset "
+            f"{max_offset}, segment size {segment_size}"
+        )
+    return min_offset, max_offset, segment_size, features
+
+
+def encode_digest_request(start: int, end: int) -> bytes:
+    return _sealed(_CONTROL_REQUEST.pack(CONTROL_DIGEST, start, end))
+
+
+def decode_digest_request(data: bytes | bytearray) -> tuple[int, int]:
+    """
+    @raise ChecksumError: the request was damaged.
+    @raise ProtocolError: it is not a DIGEST request.
+    """
+    code, start, end = _CONTROL_REQUEST.unpack(
+        _unsealed(data, CONTROL_REQUEST_SIZE, "control request")
+    )
+    if code != CONTROL_DIGEST:
+        raise ProtocolError(f"control request code {code} is not DIGEST")
+    return start, end
+
+
+def encode_digest_answer(start: int, end: int, digest: bytes) -> bytes:
+    return _sealed(_CONTROL_DIGEST.pack(CONTROL_DIGEST, start, end, digest))
+
+
+def decode_digest_answer(data: bytes | bytearray) -> tuple[int, int, bytes]:
+    """
+    @raise ChecksumError: the answer was damaged.
+    @raise ProtocolError: it is not a DIGEST answer.
+    """
+    code, start, end, digest = _CONTROL_DIGEST.unpack(
+        _unsealed(data, CONTROL_DIGEST_SIZE, "control DIGEST answer")
+    )
+    if code != CONTROL_DIGEST:
+        raise ProtocolError(f"control answer code {code} is not DIGEST")
+    return start, end, digest
+
+
+# -- replica identity (an rmqha extension, docs/protocol.md) -----------------
+#
+# A slave tells the master which replica it is, so that the quorum counts
+# replicas, not connections.  Sent first on a replication connection (before
+# CHECKED_HELLO or the first report), and only to a master whose control
+# INFO offered it: a RocketMQ master never sees it.  Unauthenticated: under
+# TLS the certificate's name is the identity and this id is not used.
+
+#: Slave to master: code, id length (int16), the id in UTF-8, CRC-32.
+IDENTIFY = -0x524D514841_0007
+#: The control INFO feature bit of a master that takes IDENTIFY.
+FEATURE_IDENTIFY = 2
+#: The longest replica id, in UTF-8 bytes.
+MAX_REPLICA_ID = 255
+
+_IDENTIFY_HEAD = struct.Struct(">qH")
+
+
+def encode_identify(replica_id: str) -> bytes:
+    """
+    The IDENTIFY message of replica C{replica_id}.
+
+    @raise ValueError: the id is empty, too long or not printable.
+    """
+    data = replica_id.encode("utf-8")
+    if not 0 < len(data) <= MAX_REPLICA_ID or not replica_id.isprintable():
+        raise ValueError(
+            f"replica id {replica_id!r} must be 1 to {MAX_REPLICA_ID} bytes of printable UTF-8"
+        )
+    return _sealed(_IDENTIFY_HEAD.pack(IDENTIFY, len(data)) + data)
+
+
+def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
+    """
+    The replica id at the start of C{data} (which starts with the IDENTIFY
+    code) and the bytes it took, or C{None} until the message is whole.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the length or the id is impossible.
+    """
+    if len(data) < _IDENTIFY_HEAD.size:
+        return None
+    code, length = _IDENTIFY_HEAD.unpack_from(data)
+    if code != IDENTIFY:
+        raise ProtocolError(f"code {code} is not IDENTIFY")
+    if not 0 < length <= MAX_REPLICA_ID:
+        raise ProtocolError(f"IDENTIFY of {length} bytes; the limit is 1..{MAX_REPLICA_ID}")
+    size = _IDENTIFY_HEAD.size + length + 4
+    if len(data) < size:
+        return None
+    message = _unsealed(data, size, "IDENTIFY")
+    try:
+        replica_id = message[_IDENTIFY_HEAD.size :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("the IDENTIFY id is not UTF-8") from None
+    if not replica_id.isprintable():
+        raise ProtocolError(f"the IDENTIFY id {replica_id!r} is not printable")
+    return replica_id, size
+
+
+class Greeting(enum.Enum):
+    """
+    What the first 8 bytes a master receives on its HA port say the peer
+    is (L{sniff_greeting}).
+    """
+
+    #: A slave's first report (RocketMQ's or rmqha's): classic framing.
+    CLASSIC = "classic report"
+    #: An rmqha slave asking for checked framing (CHECKED_HELLO).
+    CHECKED = "checked hello"
+    #: An rmqha control session (CONTROL_PROBE or CONTROL_HELLO).
+    CONTROL = "control hello"
+    #: An rmqha slave declaring its replica id (IDENTIFY, then a greeting).
+    IDENTIFY = "identify"
+    #: A negative value no code of ours: damaged, or an unknown peer.
+    REFUSED = "refused"
+
+
+def sniff_greeting(head: bytes | bytearray) -> tuple[Greeting, int] | None:
+    """
+    The kind of peer C{head} (the first bytes received) comes from and its
+    first 8-byte value, or C{None} until 8 bytes have come.  RocketMQ
+    slaves never send a negative value, so every rmqha greeting is one.
+    """
+    if len(head) < 8:
+        return None
+    code = int.from_bytes(head[:8], "big", signed=True)
+    if code >= 0:
+        return Greeting.CLASSIC, code
+    if code == CHECKED_HELLO:
+        return Greeting.CHECKED, code
+    if code in (CONTROL_PROBE, CONTROL_HELLO):
+        return Greeting.CONTROL, code
+    if code == IDENTIFY:
+        return Greeting.IDENTIFY, code
+    return Greeting.REFUSED, code

@@ -1,0 +1,748 @@
+# -*- test-case-name: tests.test_master -*-
+"""
+The master's accept side of RocketMQ's classic HA: one L{MasterConnection}
+per slave, built by L{MasterFactory}.
+
+A connection waits for the slave's first 8-byte report, which says where
+its commit log ends, and from there streams the master's commit log as
+12-byte headers plus bytes (or, for an rmqha slave that asks, as checked
+framing: a CRC-32 on every frame and report, docs/protocol.md).  A
+connection whose first value is an rmqha control hello is a control
+session instead (L{rmqha.divergence}): one DIGEST at a time, hashed in a
+worker thread and paced per peer host, reading paused while an answer is
+pending or unread (docs/protocol.md).  The connection is the push producer
+registered on its transport: it writes while the transport accepts and
+stops when the transport pauses it, so a slow slave costs the master no
+memory beyond the transport's buffer.  With nothing left to send it waits
+for L{MasterFactory.notify_appended} (no polling) and sends a heartbeat
+after C{heartbeat_interval} of silence.  Every later report is the
+slave's acknowledgement (its max offset).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.interfaces import (
+    IAddress,
+    IConsumer,
+    IDelayedCall,
+    IHandshakeListener,
+    INegotiated,
+    IPushProducer,
+    IReactorThreads,
+    IReactorTime,
+)
+from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
+from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from rmqha._timers import IdleTimer
+from rmqha.commitlog import CommitLog, StoreError
+from rmqha.ha._wire import (
+    CHECKED_ACK,
+    CONTROL_REFUSED,
+    IDENTIFY,
+    ChecksumError,
+    Greeting,
+    ProtocolError,
+    ReportDecoder,
+    decode_identify,
+    encode_checked_header,
+    encode_code,
+    encode_header,
+    sniff_greeting,
+)
+from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
+from rmqha.ha.group import HAService
+from rmqha.tls import PeerPolicy
+
+__all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
+
+
+@dataclass(frozen=True)
+class SlaveStatus:
+    """
+    One slave connection, as C{/status} shows it.
+    """
+
+    peer: str
+    ack_offset: int | None
+    lag_bytes: int | None
+    bytes_per_s: float
+    connected_since: float
+    #: C{"tcp"} or C{"tls"}.
+    transport: str = "tcp"
+    #: The name from the slave's verified TLS certificate, if it sent one.
+    identity: str | None = None
+    #: C{"classic"} or C{"checked"} (CRC-32 on every frame and report).
+    framing: str = "classic"
+    #: The replica id the slave declared (unauthenticated), if any.
+    replica_id: str | None = None
+
+
+class _State(enum.Enum):
+    HANDSHAKING = "TLS handshake"
+    CONTROL = "rmqha control session"
+    AWAITING_REPORT = "awaiting first report"
+    TRANSFERRING = "transferring"
+    CLOSED = "closed"
+
+
+#: How far back acknowledgements are kept to compute a transfer rate.
+_RATE_WINDOW = 10.0
+
+
+def set_tcp_no_delay(transport: object) -> None:
+    """
+    TCP_NODELAY, as RocketMQ sets on HA sockets: reports and small frames
+    must not wait for Nagle's algorithm (a SYNC_MASTER put waits on them).
+    """
+    set_no_delay = getattr(transport, "setTcpNoDelay", None)
+    if set_no_delay is not None:
+        set_no_delay(True)
+
+
+def _peer_name(address: IAddress | None) -> str:
+    host = getattr(address, "host", None)
+    port = getattr(address, "port", None)
+    if host is None:
+        return str(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+_IDENTIFY_CODE = encode_code(IDENTIFY)
+
+
+class Transfer:
+    """
+    The commit log streamed to one slave from an offset, as frames (the
+    magic-wormhole C{outbound.py} split: the connection parses and
+    decides, this object writes).  It writes while the transport accepts
+    and there is data; a write can pause it from inside
+    C{transport.write} (the loop checks after each frame); with nothing
+    left it waits for L{data_available} (no polling), and after
+    C{heartbeat_interval} without a write it sends a heartbeat.  Its
+    connection is the push producer registered on the transport and
+    forwards C{pause} and C{resume} here.
+
+    @ivar next_offset: where the next frame starts.
+    @ivar paused: the transport paused its producer.
+    """
+
+    def __init__(self, connection: "MasterConnection", start: int, paused: bool) -> None:
+        self.connection = connection
+        self.factory = connection.factory
+        self.next_offset = start
+        self.paused = paused
+        self._open = True
+        self._producing = False
+        self._last_write = connection.connected_since
+        self._heartbeat = IdleTimer(
+            self.factory.clock,
+            self.factory.config.heartbeat_interval,
+            lambda: self._last_write,
+            self._send_heartbeat,
+        )
+
+    def start(self) -> None:
+        self._heartbeat.start()
+        self.produce()
+
+    def stop(self) -> None:
+        self._open = False
+        self.paused = True
+        self._heartbeat.stop()
+
+    def resume(self) -> None:
+        self.paused = False
+        self.produce()
+
+    def data_available(self) -> None:
+        """
+        The commit log grew: send it unless paused or already sending.
+        """
+        if not self.paused:
+            self.produce()
+
+    def produce(self) -> None:
+        """
+        Write frames while the transport accepts them and there is data.
+        """
+        if self._producing or not self._open:
+            return
+        self._producing = True
+        try:
+            commitlog = self.factory.commitlog
+            batch = self.factory.config.transfer_batch_size
+            write = self.connection.transport.writeSequence  # type: ignore[union-attr]
+            offset = self.next_offset
+            wrote = False
+            while not self.paused and self._open:
+                try:
+                    data = commitlog.read(offset, batch)
+                except StoreError as e:
+                    self.connection.drop(
+                        "cannot read the commit log at offset {offset}: {error}",
+                        offset=offset,
+                        error=str(e),
+                    )
+                    return
+                if not data:
+                    break
+                write([self._frame_header(offset, data), data])
+                offset += len(data)
+                self.next_offset = offset
+                wrote = True
+            if wrote:
+                self._last_write = self.factory.clock.seconds()
+        finally:
+            self._producing = False
+
+    def _frame_header(self, offset: int, body: bytes | memoryview) -> bytes:
+        if self.connection.checked:
+            return encode_checked_header(offset, body)
+        return encode_header(offset, len(body))
+
+    def _send_heartbeat(self) -> bool:
+        """
+        After C{heartbeat_interval} without a write, send a heartbeat (an
+        empty frame at the next offset): it keeps the slave's read-idle
+        timer from firing and makes it re-check its offset.  Not while
+        paused: the transport is full of data then.
+        """
+        if not self.paused and self._open:
+            self.connection.transport.write(  # type: ignore[union-attr]
+                self._frame_header(self.next_offset, b"")
+            )
+            self._last_write = self.factory.clock.seconds()
+        return True
+
+
+@implementer(IPushProducer, IHandshakeListener)
+class MasterConnection(Protocol):
+    """
+    One slave, from the master's side.
+
+    @ivar ack_offset: the slave's last report after the first (its max
+        offset), or C{None} before it has acknowledged anything.
+    """
+
+    _log = Logger()
+
+    def __init__(self, factory: "MasterFactory", address: IAddress | None) -> None:
+        self.factory = factory
+        self.peer = _peer_name(address)
+        #: The peer's host (what per-peer bounds are kept by).
+        self.peer_host = str(getattr(address, "host", address))
+        self.ack_offset: int | None = None
+        self.connected_since = 0.0
+        #: The slave's certificate name, once its TLS handshake is checked.
+        self.identity: str | None = None
+        self.tls = False
+        #: The slave asked for checked framing.
+        self.checked = False
+        #: The replica id the slave declared (IDENTIFY; unauthenticated).
+        self.replica_id: str | None = None
+        self._state = _State.AWAITING_REPORT
+        # The first bytes, until the greeting says what the peer is.
+        self._head: bytearray | None = bytearray()
+        #: What serves a control session's requests, if this is one.
+        self._session: ControlSession | None = None
+        #: The frames to the slave, once its first report has come.
+        self._transfer: Transfer | None = None
+        self._reports = ReportDecoder()
+        self._paused = False
+        self._last_read = 0.0
+        config = factory.config
+        clock = factory.clock
+        self._housekeeping = IdleTimer(
+            clock, config.housekeeping_interval, lambda: self._last_read, self._silent
+        )
+        self._acks: deque[tuple[float, int]] = deque()
+
+    # -- Protocol ----------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        clock = self.factory.clock
+        self.connected_since = self._last_read = clock.seconds()
+        set_tcp_no_delay(self.transport)
+        # (INegotiated, not the class: a connection limiter's wrapper
+        # between us and TLS carries the TLS transport's interfaces.)
+        if INegotiated.providedBy(self.transport):
+            # Nothing is read or sent until the handshake is done and the
+            # slave's certificate has passed the peer policy.
+            self.tls = True
+            self._state = _State.HANDSHAKING
+        IConsumer(self.transport).registerProducer(self, True)
+        self.factory.connections.add(self)
+        self._housekeeping.start()
+        self._log.info("slave {peer} connected", peer=self.peer)
+
+    def handshakeCompleted(self) -> None:
+        """
+        TLS is up (OpenSSL has checked any client certificate against the
+        CA): apply the peer policy before the first report is read.
+        """
+        if self._state is not _State.HANDSHAKING:
+            return
+        x509 = self.transport.getPeerCertificate()  # type: ignore[union-attr]
+        certificate = x509.to_cryptography() if x509 is not None else None
+        identity, refusal = self.factory.peer_policy.check(certificate)
+        self.identity = identity
+        if refusal is not None:
+            self.drop("refused after the TLS handshake: {refusal}", refusal=refusal)
+            return
+        self._state = _State.AWAITING_REPORT
+        self._log.info(
+            "slave {peer} verified by TLS as {identity}",
+            peer=self.peer,
+            identity=identity or "(no client certificate)",
+        )
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state is _State.CLOSED:
+            return
+        if self._state is _State.HANDSHAKING:
+            # TLSMemoryBIOProtocol delivers nothing before the handshake;
+            # should it ever, nothing is served to an unchecked peer.
+            self.drop("data arrived before the TLS handshake completed")
+            return
+        self._last_read = self.factory.clock.seconds()
+        if self._session is not None:
+            self._session.feed(data)
+            return
+        if self._head is not None:
+            data = self._greeting(data)
+            if not data:
+                return
+        try:
+            offset = self._reports.feed(data)
+        except ChecksumError as e:
+            self.factory.checksum_failures += 1
+            self.drop("{error}", error=str(e))
+            return
+        except ProtocolError as e:
+            self.drop("{error}", error=str(e))
+            return
+        if offset is None:
+            return
+        if self._state is _State.AWAITING_REPORT:
+            self._start(offset)
+        else:
+            self._acknowledged(offset)
+
+    # -- the rmqha control extension (docs/protocol.md) ----------------------
+
+    def _greeting(self, data: bytes) -> bytes:
+        """
+        Until the peer's greeting is known (L{sniff_greeting}): a classic
+        or checked slave (its report bytes are returned for the report
+        decoder), an IDENTIFY first, or a control session (served by a
+        L{ControlSession} from now on).
+        """
+        assert self._head is not None
+        self._head += data
+        sniffed = sniff_greeting(self._head)
+        if sniffed is None:
+            return b""
+        greeting, code = sniffed
+        if greeting is Greeting.IDENTIFY and self.replica_id is None:
+            if not self._identify():
+                return b""
+            return self._greeting(b"")
+        head, self._head = bytes(self._head), None
+        if greeting is Greeting.CLASSIC:
+            return head
+        if greeting is Greeting.CHECKED:
+            # An rmqha slave that learnt from our INFO that we offer it.
+            self.checked = True
+            self._reports = ReportDecoder(checked=True)
+            self.transport.write(encode_code(CHECKED_ACK))  # type: ignore[union-attr]
+            return head[8:]
+        if greeting is Greeting.CONTROL:
+            self._state = _State.CONTROL
+            # Not a slave: not in the status or the quorum.
+            self.factory.connections.discard(self)
+            self._session = ControlSession(self, paused=self._paused)
+            self._session.start(head[8:])
+            return b""
+        # RocketMQ slaves never send a negative value: this is an rmqha
+        # peer's code, damaged on the way or unknown to us (or a second
+        # IDENTIFY).
+        self.drop(
+            "the first value {code} is negative and no code this master knows",
+            last_words=encode_code(CONTROL_REFUSED),
+            code=code,
+        )
+        return b""
+
+    def _identify(self) -> bool:
+        """
+        The slave's IDENTIFY at the head of the stream: take its replica
+        id once it is whole (C{True}), or wait for more (C{False}; also
+        when it was bad and the connection is dropped).
+        """
+        assert self._head is not None
+        try:
+            found = decode_identify(self._head)
+        except ProtocolError as e:
+            if isinstance(e, ChecksumError):
+                self.factory.checksum_failures += 1
+            self.drop("{error}", error=str(e))
+            return False
+        if found is None:
+            return False
+        self.replica_id, used = found
+        del self._head[:used]
+        self._log.info(
+            "slave {peer} declares replica id {replica_id} (unauthenticated)",
+            peer=self.peer,
+            replica_id=self.replica_id,
+        )
+        return True
+
+    @property
+    def replica(self) -> str:
+        """
+        Which replica this is, for the quorum: the TLS certificate's name,
+        else the id the slave declared, else its address (a classic slave:
+        every connection its own replica).
+        """
+        if self.identity is not None:
+            return f"certificate {self.identity}"
+        if self.replica_id is not None:
+            return f"declared id {self.replica_id}"
+        return f"address {self.peer}"
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._state is not _State.CLOSED:
+            self._log.info(
+                "slave {peer} disconnected: {reason}",
+                peer=self.peer,
+                reason=reason.getErrorMessage(),
+            )
+        self._state = _State.CLOSED
+        self._paused = True
+        if self._transfer is not None:
+            self._transfer.stop()
+        self._housekeeping.stop()
+        self.factory.connections.discard(self)
+        if self._session is not None:
+            self._session.stop()
+        if self.ack_offset is not None:
+            self.factory.acks_changed()
+        if self.transport is not None:
+            IConsumer(self.transport).unregisterProducer()
+
+    def heard_from(self) -> None:
+        """
+        The peer's silence counts from now (a control session answered it).
+        """
+        self._last_read = self.factory.clock.seconds()
+
+    @property
+    def replicating(self) -> bool:
+        """
+        The first report has come and the connection is not closed.
+        """
+        return self._state is _State.TRANSFERRING
+
+    # -- reports -----------------------------------------------------------
+
+    def _start(self, offset: int) -> None:
+        """
+        The first report: where the slave's log ends, so where to start.
+        """
+        commitlog = self.factory.commitlog
+        if offset == 0:
+            if self.factory.config.sync_from_last_file:
+                # 4.9's rule: only the master's last segment.
+                end = commitlog.max_offset
+                start = end - end % commitlog.segment_size
+            else:
+                # The whole log (what users asked for, RocketMQ #3661).
+                start = commitlog.min_offset
+        else:
+            start = offset
+        if start > commitlog.max_offset:
+            self.drop(
+                "slave is at offset {start}, ahead of the master's max offset {max_offset}",
+                start=start,
+                max_offset=commitlog.max_offset,
+            )
+            return
+        if start < commitlog.min_offset:
+            self.drop(
+                "slave is at offset {start}, behind the master's oldest "
+                "segment (min offset {min_offset})",
+                start=start,
+                min_offset=commitlog.min_offset,
+            )
+            return
+        # One connection per replica counts: a newer one replaces the old
+        # (a slave that reconnected before its old connection timed out,
+        # or a second connection claiming to be the same replica).
+        self.factory.replace_older(self)
+        # The first report is what the slave holds: 0 for an empty one,
+        # which is connected and counts (from 0) for in-sync decisions.
+        self._record_ack(offset)
+        self._state = _State.TRANSFERRING
+        self._log.info(
+            "slave {peer} reported offset {offset}; transfer starts at {start}",
+            peer=self.peer,
+            offset=offset,
+            start=start,
+        )
+        self._transfer = Transfer(self, start, self._paused)
+        self._transfer.start()
+
+    def _acknowledged(self, offset: int) -> None:
+        max_offset = self.factory.commitlog.max_offset
+        if offset > max_offset:
+            # RocketMQ #3015: a fake or diverged slave must not count as
+            # having replicated what the master does not even have.
+            self.drop(
+                "slave acknowledged offset {offset}, beyond the master's max "
+                "offset {max_offset}",
+                offset=offset,
+                max_offset=max_offset,
+            )
+            return
+        self._record_ack(offset)
+
+    def _record_ack(self, offset: int) -> None:
+        now = self.factory.clock.seconds()
+        self.ack_offset = offset
+        self.factory.acks_changed()
+        acks = self._acks
+        acks.append((now, offset))
+        while len(acks) > 2 and now - acks[1][0] >= _RATE_WINDOW:
+            acks.popleft()
+
+    # -- IPushProducer -----------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+        if self._transfer is not None:
+            self._transfer.paused = True
+        if self._session is not None:
+            # The peer does not read its answers: stop reading requests.
+            self._session.pause()
+
+    def resumeProducing(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._paused = False
+        if self._session is not None:
+            self._session.resume()
+        elif self._transfer is not None:
+            self._transfer.resume()
+
+    def stopProducing(self) -> None:
+        self._paused = True
+        if self._transfer is not None:
+            self._transfer.paused = True
+
+    def data_available(self) -> None:
+        """
+        The commit log grew: send it unless paused or already sending.
+        """
+        if self._transfer is not None:
+            self._transfer.data_available()
+
+    @property
+    def next_offset(self) -> int | None:
+        """
+        Where the next frame starts (once transferring).
+        """
+        return self._transfer.next_offset if self._transfer is not None else None
+
+    # -- timers ------------------------------------------------------------
+
+    def _silent(self) -> bool:
+        silent = self.factory.clock.seconds() - self._last_read
+        self.drop("nothing received for {silent:.1f} s", silent=silent)
+        return False
+
+    # -- status ------------------------------------------------------------
+
+    def status(self) -> SlaveStatus:
+        max_offset = self.factory.commitlog.max_offset
+        acks = self._acks
+        rate = 0.0
+        if len(acks) >= 2 and acks[-1][0] > acks[0][0]:
+            rate = (acks[-1][1] - acks[0][1]) / (acks[-1][0] - acks[0][0])
+        return SlaveStatus(
+            peer=self.peer,
+            ack_offset=self.ack_offset,
+            lag_bytes=None if self.ack_offset is None else max_offset - self.ack_offset,
+            bytes_per_s=rate,
+            connected_since=self.connected_since,
+            transport="tls" if self.tls else "tcp",
+            identity=self.identity,
+            framing="checked" if self.checked else "classic",
+            replica_id=self.replica_id,
+        )
+
+    def drop(self, why: str, last_words: bytes | None = None, **fields: Any) -> None:
+        """
+        Log C{why} and close the connection: at once, discarding anything
+        not sent yet, or after sending C{last_words}.
+
+        @param why: a log format string over C{fields} (the event keeps
+            them: C{drop("... {offset} ...", offset=offset)}); text from
+            elsewhere goes in as a field, never into C{why}.
+        """
+        self._log.warn("dropping slave {peer}: " + why, peer=self.peer, **fields)
+        self._state = _State.CLOSED
+        self._paused = True
+        if self._transfer is not None:
+            self._transfer.stop()
+        if last_words is None:
+            self.transport.abortConnection()  # type: ignore[union-attr]
+        else:
+            self.transport.write(last_words)  # type: ignore[union-attr]
+            self.transport.loseConnection()  # type: ignore[union-attr]
+
+
+def _default_run_in_thread(clock: object) -> Callable[[Callable[[], Any]], Deferred[Any]]:
+    if IReactorThreads.providedBy(clock):
+        reactor: Any = clock
+        return lambda f: deferToThreadPool(reactor, reactor.getThreadPool(), f)
+    return lambda f: maybeDeferred(f)
+
+
+class MasterFactory(ServerFactory):
+    """
+    Builds a L{MasterConnection} per accepted slave; shares the commit log,
+    the clock and the settings among them.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        clock: IReactorTime,
+        config: HAConfig = DEFAULT_HA_CONFIG,
+        peer_policy: PeerPolicy = PeerPolicy(),
+        run_in_thread: Callable[[Callable[[], Any]], Deferred[Any]] | None = None,
+        digest_rate: float = DIGEST_BYTES_PER_SECOND,
+        ha: HAService | None = None,
+    ) -> None:
+        """
+        @param peer_policy: what a slave's TLS certificate must satisfy
+            (applies to TLS connections).
+        @param run_in_thread: runs a DIGEST's hashing and returns a
+            Deferred of its result; defaults to the reactor's thread pool
+            (inline for a clock without threads, as in tests).
+        @param digest_rate: bytes hashed per second per peer address for
+            DIGEST answers (and the burst).
+        @param ha: the quorum the slaves' acks feed (none: acks are only
+            shown).
+        """
+        self.commitlog = commitlog
+        self.clock = clock
+        self.config = config
+        self.peer_policy = peer_policy
+        if run_in_thread is None:
+            run_in_thread = _default_run_in_thread(clock)
+        self.run_in_thread = run_in_thread
+        #: The bytes of DIGEST hashing each peer host may cause per second.
+        self.digest_budget = PeerBudget(clock, digest_rate)
+        self.connections: set[MasterConnection] = set()
+        #: Reports and control requests that failed their CRC (checked
+        #: framing): damaged on the way, never counted as acks.
+        self.checksum_failures = 0
+        #: What a slave's ack moving (or an acking slave going) tells.
+        self.ha = ha
+        if ha is not None:
+            ha.ack_offsets = self.ack_offsets
+        self._wake: IDelayedCall | None = None
+        self._more = False
+
+    def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
+        return MasterConnection(self, addr)
+
+    def notify_appended(self) -> None:
+        """
+        Call after appending to the commit log.  The first append of a
+        reactor turn is sent at once (a lone put does not wait a turn); the
+        appends that follow in the same turn are sent together on the next
+        turn, so a burst travels in frames of up to a batch, not one frame
+        per message.
+        """
+        if not self.connections:
+            return
+        if self._wake is None:
+            self._wake = self.clock.callLater(0, self._end_of_turn)
+            self._wake_connections()
+        else:
+            self._more = True
+
+    def _end_of_turn(self) -> None:
+        self._wake = None
+        if self._more:
+            self._more = False
+            self._wake_connections()
+
+    def _wake_connections(self) -> None:
+        for connection in list(self.connections):
+            connection.data_available()
+
+    def acks_changed(self) -> None:
+        if self.ha is not None:
+            self.ha.acks_changed()
+
+    def replace_older(self, connection: MasterConnection) -> None:
+        """
+        C{connection} is replicating: drop any other connection of the
+        same replica (L{MasterConnection.replica}), so each replica counts
+        once in the quorum.
+        """
+        replica = connection.replica
+        for other in list(self.connections):
+            if other is not connection and other.replicating and other.replica == replica:
+                other.drop(
+                    "replaced by a newer connection of {replica} from {newer}",
+                    replica=replica,
+                    newer=connection.peer,
+                )
+
+    def ack_offsets(self) -> list[int]:
+        """
+        The ack of every replicating slave that has acknowledged anything:
+        one per replica (L{replace_older}).
+        """
+        return [
+            c.ack_offset
+            for c in self.connections
+            if c.ack_offset is not None and c.replicating
+        ]
+
+    def disconnect_all(self, why: str) -> None:
+        """
+        Drop every slave connection (the master is stopping).
+        """
+        for connection in list(self.connections):
+            connection.drop("{reason}", reason=why)
+
+    def slaves(self) -> list[SlaveStatus]:
+        """
+        The status of every connected slave.
+        """
+        return [c.status() for c in self.connections]
+
+    def stopFactory(self) -> None:
+        if self._wake is not None and self._wake.active():
+            self._wake.cancel()
+        self._wake = None
+        self._more = False
+

@@ -1,0 +1,141 @@
+# -*- test-case-name: tests.test_roles,tests.test_limits,tests.test_group -*-
+"""
+A master's side of replication, as one service: the HA port (behind the
+connection limiter), the L{MasterFactory} serving slaves from the open
+commit log, and the L{HAService} their acks feed.
+
+The port is listened on first (L{MasterSide.listen}, from the broker's
+C{privilegedStartService}, before the store is opened); the factory is
+built when the store is open (L{MasterSide.open}).  Stopping closes the
+port, disconnects every slave, and ends the puts still waiting for
+replicas with C{SLAVE_NOT_AVAILABLE}.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IStreamServerEndpoint
+from twisted.logger import Logger
+
+from rmqha._ports import OpenedLater, listen
+from rmqha.commitlog import CommitLog
+from rmqha.ha.config import HAConfig
+from rmqha.ha.group import HAService, Histogram, PutStatus
+from rmqha.ha.master import MasterFactory
+from rmqha.tls import PeerPolicy, exposure_warning
+
+__all__ = ["MasterSide"]
+
+
+class MasterSide(Service):
+    """
+    @ivar factory: the L{MasterFactory}, once the store is open.
+    @ivar ha: the L{HAService} (quorum and waiting puts).
+    @ivar port: the HA port's service, once listening.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        reactor: Any,
+        where: str | IStreamServerEndpoint,
+        *,
+        sync: bool,
+        config: HAConfig,
+        peer_policy: PeerPolicy,
+        in_sync_replicas: int,
+        min_in_sync_replicas: int,
+        slave_fallbehind_max: int,
+        slave_timeout: float,
+        replication_wait: Histogram,
+        limited: Callable[[str, Any], Any],
+    ) -> None:
+        """
+        @param limited: wraps the port's factory in the connection limiter.
+        """
+        self.reactor = reactor
+        self._where = where
+        self._config = config
+        self._peer_policy = peer_policy
+        self._limited = limited
+        self.ha = HAService(
+            reactor,
+            sync=sync,
+            in_sync_replicas=in_sync_replicas,
+            min_in_sync_replicas=min_in_sync_replicas,
+            slave_fallbehind_max=slave_fallbehind_max,
+            slave_timeout=slave_timeout,
+            replication_wait=replication_wait,
+        )
+        self.factory: MasterFactory | None = None
+        self.port: StreamServerEndpointService | None = None
+        self._opened_later = OpenedLater()
+
+    def listen(self) -> None:
+        """
+        Listen on the HA port (once).
+
+        @raise rmqha._ports.ListenFailed: naming the port and why.
+        """
+        if self.port is not None:
+            return
+        if isinstance(self._where, str):
+            warning = exposure_warning(self._where)
+            if warning is not None:
+                self._log.warn("{text}", text=warning)
+        self.port = listen(
+            self.reactor, "ha", self._where, self._limited("HA", self._opened_later)
+        )
+
+    def open(self, commitlog: CommitLog) -> None:
+        """
+        The store is open: serve slaves from C{commitlog}.
+        """
+        self.factory = MasterFactory(
+            commitlog, self.reactor, self._config, self._peer_policy, ha=self.ha
+        )
+        self._opened_later.factory = self.factory
+
+    def startService(self) -> None:
+        super().startService()
+        self.listen()
+        assert self.port is not None
+        self.port.startService()
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Close the port, then drop every slave (closing a port leaves
+        accepted connections open) and end the waiting puts.
+        """
+        super().stopService()
+        self.ha.stop()
+        self._opened_later.factory = None
+        port, self.port = self.port, None
+        d: Deferred[Any] = succeed(None)
+        if port is not None:
+            stopping = port.stopService()
+            if isinstance(stopping, Deferred):
+                d = stopping
+        factory = self.factory
+        if factory is not None:
+            d.addBoth(lambda _: factory.disconnect_all("the master is stopping"))
+            d.addBoth(lambda _: factory.stopFactory())
+        return d.addBoth(lambda _: None)
+
+    def appended(self) -> None:
+        """
+        A put appended to the log: wake the slaves' connections.
+        """
+        if self.factory is not None:
+            self.factory.notify_appended()
+
+    def wait_for(self, end: int) -> Deferred[PutStatus]:
+        """
+        The replicas' verdict on a put ending at C{end}.
+        """
+        return self.ha.wait_for(end)

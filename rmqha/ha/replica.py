@@ -1,0 +1,517 @@
+# -*- test-case-name: tests.test_slave_probe,tests.test_roles -*-
+"""
+A slave's side of replication, as one service with an explicit lifecycle.
+
+    STOPPED -> PROBING -> REPLICATING           (the check passed, or classic)
+                       -> BACKING_OFF -> PROBING (the check could not finish)
+                       -> HALTED                 (a divergence with halt, or a
+                                                  fact only an operator can fix)
+                       -> REPAIRING -> REPLICATING (truncate or rebootstrap)
+    any -> STOPPED
+
+PROBING covers the control probe and the divergence check that follows
+(L{rmqha.ha.control.probe}, L{rmqha.ha.divergence.find_divergence}).
+While REPLICATING, a connection that ends suspiciously (before the master
+sent anything, or on an offset mismatch) checks again without stopping
+replication; a failed re-check retries after the back-off, replication
+left running.  L{Replica._to} is the only place the state changes.
+
+The L{ClientService} that keeps the connection to the master (built by
+L{rmqha.ha.slave.make_slave_service}) is a child this service starts and
+stops itself: it runs only in REPLICATING.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+from typing import Any, Callable
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from rmqha.commitlog import CommitLog, FlushDiskType
+from rmqha.ha._wire import FEATURE_IDENTIFY
+from rmqha.ha.config import (
+    DEFAULT_HA_CONFIG,
+    DEFAULT_MAX_UNFLUSHED,
+    DEFAULT_PROBE_TIMEOUT,
+    PROBE_FIRST_TIMEOUT,
+    HAConfig,
+    MasterKind,
+    OnDivergence,
+)
+from rmqha.ha.control import CheckFailed, MasterUnreachable, probe
+from rmqha.ha.divergence import (
+    Divergence,
+    DivergenceKind,
+    find_divergence,
+    read_master_kind,
+    write_master_kind,
+)
+from rmqha.ha.slave import SlaveFactory, load_replica_id, make_slave_service
+from rmqha.storeservice import CommitLogService
+from rmqha.tls import plain_master_warning, split_description
+
+__all__ = ["Replica", "ReplicaState"]
+
+
+class ReplicaState(enum.Enum):
+    STOPPED = "stopped"
+    #: Probing the master and checking for divergence (not replicating).
+    PROBING = "probing"
+    #: The first check could not finish: waiting to try again.
+    BACKING_OFF = "backing off"
+    REPLICATING = "replicating"
+    #: Stopped until an operator acts (the problem says why).
+    HALTED = "halted"
+    #: Truncating or moving the store aside after a divergence.
+    REPAIRING = "repairing"
+
+
+_S = ReplicaState
+#: The transitions L{Replica._to} allows.
+_ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
+    _S.STOPPED: frozenset([_S.PROBING, _S.REPLICATING]),
+    _S.PROBING: frozenset([_S.REPLICATING, _S.BACKING_OFF, _S.HALTED, _S.REPAIRING]),
+    _S.BACKING_OFF: frozenset([_S.PROBING]),
+    _S.REPLICATING: frozenset([_S.HALTED, _S.REPAIRING]),
+    _S.REPAIRING: frozenset([_S.REPLICATING]),
+    _S.HALTED: frozenset(),
+}
+
+
+class _Halt(Exception):
+    """
+    A check found something only an operator can fix (not a divergence):
+    replication stays stopped; the text says what.
+    """
+
+
+class _NotAnswering(CheckFailed):
+    """
+    A master that must speak the rmqha extension did not answer it.
+    """
+
+
+class Replica(Service):
+    """
+    Replication from one master into an open store.
+
+    @ivar state: the L{ReplicaState}.
+    @ivar master_kind: what the master is (L{MasterKind.RMQHA},
+        L{MasterKind.ROCKETMQ}), or
+        C{None} while unknown (remembered in the store).
+    @ivar divergence: the divergence replication is halted on, if any.
+    @ivar divergences: divergences found, by kind.
+    @ivar failed_checks: checks in a row that could not finish.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        reactor: Any,
+        store: CommitLogService,
+        master_endpoint: str | IStreamClientEndpoint,
+        *,
+        config: HAConfig = DEFAULT_HA_CONFIG,
+        retry_policy: Callable[[int], float] | None = None,
+        max_unflushed: int = DEFAULT_MAX_UNFLUSHED,
+        on_divergence: OnDivergence | None = OnDivergence.HALT,
+        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
+        master_kind: MasterKind = MasterKind.AUTO,
+    ) -> None:
+        self.reactor = reactor
+        self.store = store
+        self._master_endpoint = master_endpoint
+        self._config = config
+        self._retry_policy = retry_policy
+        self._max_unflushed = max_unflushed
+        self._on_divergence = on_divergence
+        self._probe_timeout = probe_timeout
+        self._master_kind_option = master_kind
+        self.state = ReplicaState.STOPPED
+        self.master_kind: MasterKind | None = None
+        self.divergence: Divergence | None = None
+        self.divergences: dict[str, int] = {k.value: 0 for k in DivergenceKind}
+        self.failed_checks = 0
+        self._problem: str | None = None
+        self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
+        self._check: Deferred[Any] | None = None
+        self._retry: IDelayedCall | None = None
+        #: Checked framing: C{None} until the master has been asked.
+        self._checked: bool | None = None
+        self._identity: str | None = None
+        self._classic_logged = False
+        self._client: IStreamClientEndpoint | None = None
+        self.slave_factory: SlaveFactory | None = None
+        self.client_service: ClientService | None = None
+
+    # -- the lifecycle --------------------------------------------------------
+
+    def _to(self, state: ReplicaState) -> None:
+        """
+        The only place the state changes; starts or stops the connection
+        service to match (it runs only in REPLICATING).
+        """
+        if state is self.state:
+            return
+        if state is not ReplicaState.STOPPED and state not in _ALLOWED[self.state]:
+            raise RuntimeError(f"replica: {self.state.value} -> {state.value} is not a transition")
+        self._log.debug(
+            "replica: {old} -> {new}", old=self.state.value, new=state.value
+        )
+        self.state = state
+        service = self.client_service
+        if service is None:
+            return
+        if state is ReplicaState.REPLICATING and not service.running:
+            service.startService()
+
+    def _stop_replicating(self) -> Deferred[None]:
+        service = self.client_service
+        if service is not None and service.running:
+            stopping = service.stopService()
+            return stopping if isinstance(stopping, Deferred) else succeed(None)
+        return succeed(None)
+
+    def startService(self) -> None:
+        super().startService()
+        master = self._master_endpoint
+        if isinstance(master, str):
+            kind, positional, keywords = split_description(master)
+            host = keywords.get("host") or (positional[0] if positional else "")
+            warning = plain_master_warning(host) if kind == "tcp" else None
+            if warning is not None:
+                self._log.warn("{text}", text=warning)
+            master = clientFromString(self.reactor, master)
+        self._client = master
+        self._build(self.commitlog)
+        self._check_then_replicate()
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+        self._retry = None
+        stopped = self._stop_replicating()
+        self.state = ReplicaState.STOPPED
+        if self.slave_factory is not None:
+            self._forget_factory()
+        return stopped
+
+    @property
+    def commitlog(self) -> CommitLog:
+        commitlog = self.store.commitlog
+        if commitlog is None:
+            raise RuntimeError("the store is not open")
+        return commitlog
+
+    def _build(self, commitlog: CommitLog) -> None:
+        """
+        The slave factory and the connection service over C{commitlog}.
+        """
+        if self.slave_factory is not None:
+            self._forget_factory()
+        assert self._client is not None
+        factory = self.slave_factory = SlaveFactory(
+            commitlog,
+            self.reactor,
+            self._config,
+            max_unflushed=(
+                None
+                if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH
+                else self._max_unflushed
+            ),
+            request_flush=lambda: self.store.flush_now(thorough=True),
+            on_suspect=self._suspect,
+        )
+        factory.checked = bool(self._checked)
+        factory.identity = self._identity
+        self.store.flush_observers.append(factory.flushed)
+        self.client_service = make_slave_service(
+            self._client, factory, self.reactor, self._retry_policy, master=self.master_address
+        )
+        self.client_service.setName("ha")
+
+    def _forget_factory(self) -> None:
+        assert self.slave_factory is not None
+        if self.slave_factory.flushed in self.store.flush_observers:
+            self.store.flush_observers.remove(self.slave_factory.flushed)
+
+    # -- checks -------------------------------------------------------------
+
+    def _suspect(self) -> None:
+        """
+        A connection ended before the master sent anything, or on an
+        offset mismatch: check for divergence (replication keeps retrying
+        meanwhile, with its back-off).
+        """
+        if self._may_check():
+            self._check_then_replicate()
+
+    def _may_check(self) -> bool:
+        return (
+            bool(self.running)
+            and self._check is None
+            and self.state in (ReplicaState.REPLICATING, ReplicaState.BACKING_OFF)
+        )
+
+    def _check_then_replicate(self) -> None:
+        if self.state is not ReplicaState.REPLICATING:
+            self._to(ReplicaState.PROBING)
+        d = Deferred.fromCoroutine(self._check_divergence())
+        d.addCallback(lambda found: Deferred.fromCoroutine(self._act_on(found)))
+        self._check = d
+
+        def done(result: object) -> None:
+            self._check = None
+            if isinstance(result, Failure):
+                if result.check(_Halt):
+                    self._halt(result.getErrorMessage())
+                else:
+                    self._check_failed(result)
+            else:
+                self.failed_checks = 0
+                self._problem = None
+
+        d.addBoth(done)
+
+    def _halt(self, why: str) -> None:
+        """
+        Stop replicating for good (until a restart): only an operator can
+        fix C{why}.
+        """
+        self._problem = why
+        self._log.error("{why}; replication halted", why=why)
+        if self.running:
+            self._stop_replicating()
+            self._to(ReplicaState.HALTED)
+
+    def _check_failed(self, failure: Failure) -> None:
+        """
+        A check could not finish (the master unreachable, a control session
+        lost or damaged, a master that spoke the extension not answering
+        it): try again after a back-off.  Replication is left as it was:
+        not started before a first check has finished.
+        """
+        self.failed_checks += 1
+        delay = self._check_backoff(self.failed_checks - 1)
+        master = self.master_address
+        if failure.check(MasterUnreachable):
+            why = f"cannot reach master {master}: {failure.getErrorMessage()}"
+        elif failure.check(_NotAnswering):
+            why = failure.getErrorMessage()
+        else:
+            why = f"checking master {master} failed: {failure.getErrorMessage()}"
+            if not failure.check(CheckFailed):
+                self._log.failure("checking the master", failure)
+        self._problem = why
+        self._log.warn("{why}; retrying in {delay:.1f} s", why=why, delay=delay)
+        if not self.running:
+            return
+        if self.state is ReplicaState.PROBING:
+            self._to(ReplicaState.BACKING_OFF)
+        if self._retry is None:
+            self._retry = self.reactor.callLater(delay, self._retry_check)
+
+    def _retry_check(self) -> None:
+        self._retry = None
+        if self._may_check():
+            self._check_then_replicate()
+
+    @property
+    def problem(self) -> str | None:
+        """
+        Why this slave is not replicating (its master unreachable, not
+        answering, a segment size that differs), or C{None}.
+        """
+        if self._problem is not None:
+            return self._problem
+        factory = self.slave_factory
+        if factory is not None and factory.connection is None and factory.connect_failure:
+            return f"cannot reach master {self.master_address}: {factory.connect_failure}"
+        return None
+
+    @property
+    def master_endpoint(self) -> str:
+        """
+        The master's endpoint description.
+        """
+        master = self._master_endpoint
+        if isinstance(master, str):
+            return master
+        return str(getattr(master, "description", master))
+
+    @property
+    def master_address(self) -> str:
+        """
+        The master as C{HOST:PORT} (or its endpoint description when it
+        has no host and port).
+        """
+        master = self.master_endpoint
+        if not isinstance(self._master_endpoint, str):
+            return master  # (a TLS endpoint says "tls:HOST:PORT (verifying NAME)")
+        kind, positional, keywords = split_description(master)
+        host = keywords.get("host") or (positional[0] if positional else "")
+        port = keywords.get("port") or (positional[1] if len(positional) > 1 else "")
+        if kind == "tcp" and host and port:
+            return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return master
+
+    def _known_master_kind(self) -> MasterKind | None:
+        if self.master_kind is None:
+            self.master_kind = read_master_kind(self.commitlog.store_dir, self.master_address)
+        return self.master_kind
+
+    def _learnt(self, kind: MasterKind) -> None:
+        """
+        The master is C{kind}: remember it in the store when that is news.
+        """
+        if read_master_kind(self.commitlog.store_dir, self.master_address) != kind:
+            try:
+                write_master_kind(
+                    self.commitlog.store_dir, self.master_address, kind, self.reactor.seconds()
+                )
+            except OSError as e:
+                self._log.warn(
+                    "cannot remember in the store that the master is {kind}: {error}",
+                    kind=kind,
+                    error=e,
+                )
+        self.master_kind = kind
+
+    def _set_framing(self, checked: bool, identify: bool = False) -> None:
+        """
+        How the replication connection talks: checked framing or classic,
+        and whether it declares this replica's id (the master takes
+        IDENTIFY).
+        """
+        if self._checked != checked:
+            self._checked = checked
+            self._log.info(
+                "checked framing (CRC-32 on every frame and report) {state}",
+                state="on" if checked else "off: the master does not offer it",
+            )
+        self._identity = load_replica_id(self.commitlog.store_dir) if identify else None
+        if self.slave_factory is not None:
+            self.slave_factory.checked = checked
+            self.slave_factory.identity = self._identity
+
+    def _classic(self, why: str) -> None:
+        self._set_framing(False)
+        if not self._classic_logged:
+            self._classic_logged = True
+            self._log.warn(
+                "{why}: replicating classically, without checked framing or "
+                "divergence checks",
+                why=why,
+            )
+
+    async def _check_divergence(self) -> Divergence | None:
+        master = self.master_address
+        if self._master_kind_option is MasterKind.ROCKETMQ:
+            self._learnt(MasterKind.ROCKETMQ)
+            self._classic(f"master {master} is a RocketMQ master (--master-kind rocketmq)")
+            return None
+        if self._on_divergence is None:
+            return None
+        # Where this log ends, taken before the master's offsets are: the
+        # master's max can only have grown since, so replication running
+        # meanwhile cannot look like "ahead".
+        slave_end = self.commitlog.record_end
+        known = self._known_master_kind()
+        sticky = known is MasterKind.RMQHA or self._master_kind_option is MasterKind.RMQHA
+        # A master that must answer is given the whole probe timeout;
+        # otherwise silence for the first timeout means RocketMQ.
+        first = None if sticky else min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
+        assert self._client is not None
+        session = await probe(self.reactor, self._client, self._probe_timeout, first_timeout=first)
+        if session is None:
+            if self._master_kind_option is MasterKind.RMQHA:
+                raise _NotAnswering(
+                    f"master {master} does not answer the rmqha extension "
+                    "(--master-kind rmqha): not replicating classically"
+                )
+            if known is MasterKind.RMQHA:
+                raise _NotAnswering(
+                    f"master {master} spoke the rmqha extension before but is not "
+                    "answering; not falling back to classic replication (if it is "
+                    "now a RocketMQ master, restart with --master-kind rocketmq)"
+                )
+            self._learnt(MasterKind.ROCKETMQ)
+            self._classic(
+                f"master {master} does not answer the rmqha control extension "
+                "(a RocketMQ master?)"
+            )
+            return None
+        client, info = session
+        try:
+            self._learnt(MasterKind.RMQHA)
+            self._set_framing(info.checked_framing, bool(info.features & FEATURE_IDENTIFY))
+            ours = self.commitlog.segment_size
+            if info.segment_size != ours:
+                raise _Halt(
+                    f"master {master} uses segments of {info.segment_size} bytes "
+                    f"(mappedFileSizeCommitLog) and this slave's store {ours}: a "
+                    "slave's segment size must be its master's (start the slave "
+                    f"on an empty store with --segment-size {info.segment_size})"
+                )
+            return await find_divergence(self.commitlog, client, info, slave_end=slave_end)
+        finally:
+            client.close()
+
+    async def _act_on(self, divergence: Divergence | None) -> None:
+        if not self.running:
+            return
+        if divergence is None:
+            self._to(ReplicaState.REPLICATING)
+            return
+        self.divergence = divergence
+        self.divergences[divergence.kind.value] += 1
+        mode = self._on_divergence
+        if mode is OnDivergence.TRUNCATE and divergence.truncate_to is None:
+            mode = OnDivergence.HALT
+        self._log.warn(
+            "divergence: {what}; on-divergence={mode}",
+            what=divergence.describe(),
+            mode=str(mode),
+        )
+        await self._stop_replicating()
+        if not self.running:
+            return  # (stopped meanwhile: the store may be a master's now)
+        if mode is OnDivergence.HALT:
+            self._to(ReplicaState.HALTED)
+            return
+        self._to(ReplicaState.REPAIRING)
+        if mode is OnDivergence.TRUNCATE:
+            assert divergence.truncate_to is not None
+            self.commitlog.truncate_replica(divergence.truncate_to)
+        else:
+            await self._rebootstrap()
+        self.divergence = None
+        if self.running:
+            self._to(ReplicaState.REPLICATING)
+
+    async def _rebootstrap(self) -> None:
+        """
+        Move the store aside (never deleted) and start an empty one.
+        """
+        old = self.commitlog.store_dir
+        await self.store.stopService()
+        when = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.reactor.seconds()))
+        aside = f"{old}.diverged-{when}"
+        os.rename(old, aside)
+        self._log.warn("moved the diverged store aside to {aside}", aside=aside)
+        self.store.startService()
+        self._build(self.commitlog)
+        if self.master_kind is not None:
+            # The memory of what the master is went aside with the store.
+            self._learnt(self.master_kind)

@@ -1,0 +1,557 @@
+# -*- test-case-name: tests.test_slave -*-
+"""
+The slave's side of RocketMQ's classic HA: a reconnecting client that
+copies the master's commit log byte for byte.
+
+On every connection the slave reports where its log ends (at once: a
+RocketMQ 4.9.8 slave waits for its 5 s timer), then appends each frame at
+exactly the offset the frame names.  A frame for any other offset means
+the two logs disagree about where the slave is: the slave logs both
+offsets and drops the connection, and L{ClientService} reconnects after a
+back-off, so the slave reports again and the master restarts from there.
+
+With a master that offered it (L{SlaveFactory.checked}, learnt from its
+control INFO), the connection uses checked framing: a CRC-32 on every
+frame and report, so a byte damaged on the way is never written or acked.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any, Callable, cast
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.interfaces import (
+    IAddress,
+    IDelayedCall,
+    IHandshakeListener,
+    INegotiated,
+    IProtocol,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from rmqha._timers import IdleTimer
+from rmqha._files import write_atomically
+from rmqha.ha._wire import (
+    CHECKED_HELLO,
+    ChecksumError,
+    ProtocolError,
+    TransferDecoder,
+    encode_code,
+    encode_identify,
+    encode_report,
+)
+from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
+from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.ha.master import set_tcp_no_delay
+from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
+
+__all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service", "load_replica_id"]
+
+#: The same record failing validation this many times in a row is taken
+#: for the master's own corrupt copy (the slave then backs off).
+REPEATED_REJECTIONS = 3
+
+_log = Logger()
+
+# Reads adapt between these sizes (see SlaveConnection._adapt_read_size).
+_MIN_READ_SIZE = 64 * 1024
+_MAX_READ_SIZE = 1024 * 1024
+
+
+@implementer(IHandshakeListener)
+class SlaveConnection(Protocol):
+    """
+    One connection to the master.
+
+    @ivar master_offset: the offset of the last frame header received (the
+        master's position in its stream to us), for lag estimates.
+    """
+
+    _log = Logger()
+
+    def __init__(self, factory: "SlaveFactory") -> None:
+        self.factory = factory
+        self.master_offset: int | None = None
+        #: The last frame was a heartbeat at this slave's max offset: the
+        #: master had nothing more to send (the classic protocol never
+        #: says the master's max offset otherwise).
+        self.caught_up = False
+        #: This connection uses checked framing.
+        self.checked = factory.checked
+        self._decoder = TransferDecoder(checked=self.checked)
+        self._hello_sent = False
+        self._closed = False
+        # The socket transport whose read size adapts (under TLS, the one
+        # beneath the TLS layer), and the plaintext of this turn's read.
+        self._socket: Any = None
+        self._turn_bytes = 0
+        self._turn_end: IDelayedCall | None = None
+        self._tls = False
+        self._handshake_done = False
+        self._received = False
+        self._suspicious = False
+        # This connection ended on a record rejected again and again.
+        self._backing_off = False
+        self._reading_paused = False
+        self._last_read = 0.0
+        self._last_report = 0.0
+        self._reported: int | None = None
+        config = factory.config
+        clock = factory.clock
+        self._report_timer = IdleTimer(
+            clock, config.heartbeat_interval, lambda: self._last_report, self._report_idle
+        )
+        self._housekeeping = IdleTimer(
+            clock, config.housekeeping_interval, lambda: self._last_read, self._silent
+        )
+
+    def connectionMade(self) -> None:
+        self._tls = INegotiated.providedBy(self.transport)
+        # (A TLS wrapper's bufferSize is not the socket's.)
+        socket = getattr(self.transport, "transport", None) if self._tls else self.transport
+        if hasattr(socket, "bufferSize"):
+            self._socket = socket
+        set_tcp_no_delay(self.transport)
+        self._last_read = self._last_report = self.factory.clock.seconds()
+        # Ask for a record cut short by the last connection whole again.
+        self.factory.commitlog.discard_incomplete_record()
+        self._report_timer.start()
+        self._housekeeping.start()
+        self.factory.connection = self
+        self.factory.connections_made += 1
+
+    def send_report(self) -> None:
+        """
+        Tell the master where this log's whole, validated records end: the
+        first report asks for the bytes after it, every later one
+        acknowledges everything before it.  Bytes of a record still
+        arriving, or of one that failed validation, are never acknowledged.
+        """
+        if self._closed:
+            return
+        offset = self.factory.commitlog.record_end
+        report = encode_report(offset, self.checked)
+        if not self._hello_sent:
+            self._hello_sent = True
+            if self.checked:
+                report = encode_code(CHECKED_HELLO) + report
+            if self.factory.identity is not None:
+                # Only to a master whose INFO offered it (the broker sets it).
+                report = encode_identify(self.factory.identity) + report
+        self.transport.write(report)  # type: ignore[union-attr]
+        if self._reported is None:
+            self._log.info(
+                "following master {master} from offset {offset} ({framing})",
+                master=_address(self.transport.getPeer()),  # type: ignore[union-attr]
+                offset=offset,
+                framing="checked framing" if self.checked else "classic",
+            )
+        self._reported = offset
+        self._last_report = self.factory.clock.seconds()
+
+    def handshakeCompleted(self) -> None:
+        self._handshake_done = True
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closed:
+            return
+        if not self._received and not self._tls and looks_like_tls(data):
+            # (Counted as a connection that brought nothing: backs off.)
+            self._drop("{hint}", hint=PLAIN_SLAVE_TLS_MASTER_HINT)
+            return
+        self._received = True
+        self._last_read = self.factory.clock.seconds()
+        if self._socket is not None:
+            if self._tls:
+                # TLS hands over a socket read in 32 KiB pieces: size the
+                # next read by the whole of this one, at the end of the turn.
+                self._turn_bytes += len(data)
+                if self._turn_end is None:
+                    self._turn_end = self.factory.clock.callLater(0, self._end_of_turn)
+            else:
+                self._adapt_read_size(len(data))
+        decoder = self._decoder
+        commitlog = self.factory.commitlog
+        try:
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                self.master_offset = frame.offset
+                expected = commitlog.max_offset
+                if frame.offset != expected and commitlog.has_data():
+                    self._suspicious = True
+                    self._drop(
+                        "master sent offset {offset}, this slave's max offset is {expected}",
+                        offset=frame.offset,
+                        expected=expected,
+                    )
+                    return
+                if frame.body:
+                    commitlog.append_at(frame.offset, frame.body)
+                    self.factory.bytes_received += len(frame.body)
+                    self.caught_up = False
+                else:
+                    self.caught_up = True
+        except ChecksumError as e:
+            self.factory.checksum_failures += 1
+            self._drop("{error}; nothing of it was written", error=str(e))
+            return
+        except ProtocolError as e:
+            if not decoder.confirmed:
+                # The master did not take up checked framing after all (a
+                # different master now?): check what it speaks again.
+                self._suspicious = True
+            self._drop("{error}", error=str(e))
+            return
+        except CorruptReplicaError as e:
+            self._rejected(e)
+            return
+        except StoreError as e:
+            self._drop("cannot append to the commit log: {error}", error=str(e))
+            return
+        except OSError as e:
+            # The slave's disk is full, say: nothing the master can fix, so
+            # back off (1 s -> 30 s) instead of re-fetching every second.
+            self._backing_off = True
+            what = e.filename or commitlog.commitlog_dir
+            self._drop(
+                "cannot append to the commit log at offset {offset}: {what}: {error}; "
+                "replication resumes from there when it can",
+                offset=commitlog.max_offset,
+                what=what,
+                error=e.strerror or str(e),
+            )
+            return
+        factory = self.factory
+        if factory.rejected_offset is not None and commitlog.record_end > factory.rejected_offset:
+            # The record that failed came good.
+            factory.rejected_offset, factory.rejections_in_a_row = None, 0
+        if commitlog.record_end != self._reported:
+            self.send_report()
+        self._apply_backpressure()
+
+    def _rejected(self, error: CorruptReplicaError) -> None:
+        """
+        A replicated record failed validation: drop, and fetch it again.
+        The same record failing again and again is the master's own copy
+        (over checked framing nothing else is possible): say so, and back
+        off as for a connection that brought nothing, instead of fetching
+        it every second.
+        """
+        factory = self.factory
+        factory.rejected_records += 1
+        if factory.rejected_offset == error.offset:
+            factory.rejections_in_a_row += 1
+        else:
+            factory.rejected_offset, factory.rejections_in_a_row = error.offset, 1
+        times = factory.rejections_in_a_row
+        if times < REPEATED_REJECTIONS:
+            self._drop("{error}, and will fetch it again", error=str(error))
+            return
+        self._backing_off = True
+        how = " over checked framing" if self.checked else ""
+        self._drop(
+            "{error}: the master sent this record damaged {times} times in a row{how}, "
+            "so its own copy is most likely corrupt (run `rmqha store check` on the "
+            "master's store); fetching it again with a growing back-off",
+            error=str(error),
+            times=times,
+            how=how,
+        )
+
+    def _end_of_turn(self) -> None:
+        self._turn_end = None
+        received, self._turn_bytes = self._turn_bytes, 0
+        if not self._closed:
+            self._adapt_read_size(received)
+
+    def _adapt_read_size(self, received: int) -> None:
+        """
+        Size the next C{recv} by this one: a read that filled the buffer
+        doubles it (up to 1 MiB: fewer reads and appends per byte while
+        catching up), one that used under an eighth halves it (down to
+        Twisted's 64 KiB).  A large buffer is not free: CPython allocates
+        it for every read, which costs a caught-up slave tens of
+        microseconds per small frame, on the path of every SYNC_MASTER ack.
+        """
+        socket = self._socket
+        size: int = socket.bufferSize
+        # "Filled": TLS framing takes a little of a full read's bytes.
+        if received >= size - size // 16:
+            if size < _MAX_READ_SIZE:
+                socket.bufferSize = min(size * 2, _MAX_READ_SIZE)
+        elif received < size // 8 and size > _MIN_READ_SIZE:
+            socket.bufferSize = max(size // 2, _MIN_READ_SIZE)
+
+    def _apply_backpressure(self) -> None:
+        """
+        Stop reading from the master while more than C{max_unflushed}
+        received bytes are not on disk yet (TCP then holds the master's
+        producer back); L{flushed} resumes.
+        """
+        factory = self.factory
+        limit = factory.max_unflushed
+        if limit is None or self._reading_paused or self._closed:
+            return
+        commitlog = factory.commitlog
+        if commitlog.max_offset - commitlog.flushed_offset > limit:
+            self._reading_paused = True
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+            factory.request_flush()
+
+    def flushed(self) -> None:
+        """
+        A flush finished: read again once below half the limit.
+        """
+        factory = self.factory
+        limit = factory.max_unflushed
+        if not self._reading_paused or self._closed or limit is None:
+            return
+        commitlog = factory.commitlog
+        if commitlog.max_offset - commitlog.flushed_offset <= limit // 2:
+            self._reading_paused = False
+            self.transport.resumeProducing()  # type: ignore[union-attr]
+        else:
+            factory.request_flush()
+
+    def _report_idle(self) -> bool:
+        """
+        Report at least every C{heartbeat_interval}, so the master knows
+        this slave is alive when nothing flows.
+        """
+        self.send_report()
+        return True
+
+    def _silent(self) -> bool:
+        """
+        Drop a master that has sent nothing, not even a heartbeat, for
+        C{housekeeping_interval} (4.9.8's slave watches its own writes and
+        misses this).
+        """
+        silent = self.factory.clock.seconds() - self._last_read
+        self._drop("nothing received from the master for {silent:.1f} s", silent=silent)
+        return False
+
+    def _drop(self, why: str, **fields: Any) -> None:
+        """
+        Log C{why}, a format string over C{fields} (the event keeps them;
+        text from elsewhere goes in as a field), and abort the connection.
+        """
+        self._log.warn("dropping the connection to the master: " + why, **fields)
+        self._closed = True
+        self.transport.abortConnection()  # type: ignore[union-attr]
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._turn_end is not None:
+            self._turn_end.cancel()
+            self._turn_end = None
+        if not self._received:
+            # Nothing came from the master: count it towards the back-off
+            # (the TCP connect "succeeded", so ClientService would not).
+            self.factory.fruitless_connections += 1
+            if self._tls and not self._closed:
+                self._log.warn(
+                    "TLS connection to the master failed: {why}",
+                    why=describe_failure(reason, self.transport, self._handshake_done),
+                )
+        elif self._backing_off:
+            self.factory.fruitless_connections += 1
+        else:
+            self.factory.fruitless_connections = 0
+        if not self._received or self._suspicious or not self.checked:
+            # (Also a master that did not confirm checked framing; and,
+            # after a classic connection, the master is asked again
+            # whether it speaks the extension: one taken for a RocketMQ
+            # master while it stalled does not stay classic.)
+            self.factory.suspect()
+        self._closed = True
+        self._report_timer.stop()
+        self._housekeeping.stop()
+        if self.factory.connection is self:
+            self.factory.connection = None
+
+
+class SlaveFactory(Factory):
+    """
+    Builds L{SlaveConnection}s over one commit log.
+
+    @ivar connection: the current connection, if any.
+    """
+
+    def __init__(
+        self,
+        commitlog: CommitLog,
+        clock: IReactorTime,
+        config: HAConfig = DEFAULT_HA_CONFIG,
+        max_unflushed: int | None = None,
+        request_flush: Callable[[], object] | None = None,
+        on_suspect: Callable[[], None] | None = None,
+    ) -> None:
+        """
+        @param max_unflushed: pause reading from the master while more
+            received bytes than this are not flushed (C{None}: no limit,
+            as with C{SYNC_FLUSH}, where every append is flushed).
+        @param request_flush: starts a flush now (the store service's
+            C{flush_now}).
+        @param on_suspect: called when a connection ends before the master
+            sent anything, on an offset mismatch (signs the logs may have
+            diverged), or after a classic connection: the broker checks the
+            master again.
+        """
+        self.commitlog = commitlog
+        self.clock = clock
+        self.config = config
+        self.connection: SlaveConnection | None = None
+        #: Commit-log bytes received and appended, over all connections.
+        self.bytes_received = 0
+        #: Connections made to the master.
+        self.connections_made = 0
+        #: Connections in a row that ended before the master sent anything
+        #: (refused TLS, a master that drops us at once): they lengthen the
+        #: reconnection back-off.
+        self.fruitless_connections = 0
+        self.max_unflushed = max_unflushed
+        self._request_flush = request_flush
+        self._on_suspect = on_suspect
+        #: Ask for checked framing (the master offered it in its INFO).
+        self.checked = False
+        #: The replica id to declare with IDENTIFY (the master offered it).
+        self.identity: str | None = None
+        #: Frames that failed their CRC (checked framing): damaged on the
+        #: way, never written.
+        self.checksum_failures = 0
+        #: Replicated records that failed validation, over all connections.
+        self.rejected_records = 0
+        #: The record that failed last, and how many times in a row.
+        self.rejected_offset: int | None = None
+        self.rejections_in_a_row = 0
+        #: Why the last connection attempt failed (C{None}: it succeeded).
+        self.connect_failure: str | None = None
+
+    def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
+        return SlaveConnection(self)
+
+    def suspect(self) -> None:
+        if self._on_suspect is not None:
+            self._on_suspect()
+
+    def request_flush(self) -> None:
+        if self._request_flush is not None:
+            self._request_flush()
+
+    def flushed(self) -> None:
+        """
+        Tell the connection a flush finished (a store flush observer).
+        """
+        if self.connection is not None:
+            self.connection.flushed()
+
+
+def load_replica_id(store_dir: str) -> str:
+    """
+    This replica's id, from C{<store_dir>/rmqha/replica-id}: created with
+    a random UUID the first time, so it stays the same across restarts.
+
+    @raise ValueError: the file holds no valid id (the text names it).
+    """
+    path = os.path.join(store_dir, "rmqha", "replica-id")
+    try:
+        with open(path, encoding="utf-8") as f:
+            replica_id = f.read().strip()
+    except FileNotFoundError:
+        replica_id = str(uuid.uuid4())
+        write_atomically(path, lambda f: f.write(replica_id + "\n"))
+        return replica_id
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the replica id: {e}") from None
+    try:
+        encode_identify(replica_id)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return replica_id
+def _address(address: IAddress) -> str:
+    host, port = getattr(address, "host", None), getattr(address, "port", None)
+    if host is None or port is None:
+        return str(address)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _send_first_report(protocol: IProtocol) -> None:
+    # ClientService passes a proxy that forwards to the SlaveConnection.
+    cast(SlaveConnection, protocol).send_report()
+
+
+@implementer(IStreamClientEndpoint)
+class _RememberingEndpoint:
+    """
+    An endpoint that keeps why its last connection attempt failed in
+    C{factory.connect_failure} (C{None} when it succeeded), for the
+    slave's retry log line and status.
+    """
+
+    def __init__(self, endpoint: IStreamClientEndpoint, factory: "SlaveFactory") -> None:
+        self._endpoint = endpoint
+        self._factory = factory
+
+    def connect(self, protocolFactory: Any) -> Any:
+        def connected(protocol: Any) -> Any:
+            self._factory.connect_failure = None
+            return protocol
+
+        def failed(failure: Failure) -> Failure:
+            self._factory.connect_failure = failure.getErrorMessage().rstrip(".")
+            return failure
+
+        return self._endpoint.connect(protocolFactory).addCallbacks(connected, failed)
+
+    def __str__(self) -> str:
+        return str(self._endpoint)
+
+
+def make_slave_service(
+    endpoint: IStreamClientEndpoint,
+    factory: SlaveFactory,
+    clock: IReactorTime,
+    retry_policy: Callable[[int], float] | None = None,
+    master: str | None = None,
+) -> ClientService:
+    """
+    A service that keeps a connection to the master, reconnecting with
+    exponential back-off (1 s, growing 1.5 times up to 30 s, with jitter),
+    and sends the first report as soon as each connection is made.  A
+    connection the master ends before sending anything counts as a failed
+    attempt, so a refused TLS handshake backs off like a refused connect.
+    A failed connection attempt is logged with its reason and the delay.
+
+    @param master: how the logs name the master (default: the endpoint).
+    """
+    policy = retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0)
+    remembering = _RememberingEndpoint(endpoint, factory)
+    name = master or str(endpoint)
+
+    def retry(attempt: int) -> float:
+        # ClientService counts failed connects; connections the master
+        # ended before sending anything count too.
+        delay = policy(attempt + factory.fruitless_connections)
+        if factory.connect_failure is not None:
+            _log.warn(
+                "cannot reach master {master}: {why}; retrying in {delay:.1f} s",
+                master=name,
+                why=factory.connect_failure,
+                delay=delay,
+            )
+        return delay
+
+    return ClientService(
+        remembering,
+        factory,
+        retryPolicy=retry,
+        clock=clock,
+        prepareConnection=_send_first_report,
+    )
