@@ -40,10 +40,10 @@ from twisted.web.http import RESPONSES, HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from rmqha._record import DEFAULT_MAX_MESSAGE_SIZE
+from rmqha.store._record import DEFAULT_MAX_MESSAGE_SIZE
 from rmqha._ports import Port, listen
 from rmqha.broker import Broker, NotStoredError
-from rmqha.commitlog import Message, MessageRejected
+from rmqha.store._record import Message, MessageRejected
 from rmqha.ha.group import PutMessageResult, PutStatus
 from rmqha.tls import PeerPolicy, admin_exposure_warning
 

@@ -33,13 +33,10 @@ from rmqha._limits import (
     raise_fd_limit,
 )
 from rmqha._ports import ListenFailed, Port
-from rmqha.commitlog import (
-    AppendResult,
-    CommitLog,
-    FlushDiskType,
-    Message,
-    SegmentCreateError,
-)
+from rmqha.store._record import Message
+from rmqha.store._segments import FlushDiskType
+from rmqha.store.commitlog import AppendResult, CommitLog
+from rmqha.store.errors import SegmentCreateError
 from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
     DEFAULT_HA_LISTEN,
@@ -63,8 +60,8 @@ from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica
 from rmqha.ha.slave import SlaveFactory
-from rmqha.scrub import DEFAULT_SCRUB_RATE, ScrubService
-from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL, CommitLogService
+from rmqha.store.scrub import DEFAULT_SCRUB_RATE, ScrubService
+from rmqha.store.service import DEFAULT_FLUSH_INTERVAL, CommitLogService
 from rmqha.tls import PeerPolicy
 
 __all__ = [
@@ -211,7 +208,7 @@ class Broker(MultiService):
             returns the soft limit; all ports together keep
             C{FD_RESERVE} descriptors of it free for the store.
         @param scrub_rate: bytes per second the background scrub re-reads
-            and re-checks (L{rmqha.scrub}); 0 turns it off.
+            and re-checks (L{rmqha.store.scrub}); 0 turns it off.
         @param probe_timeout: a slave's most seconds to wait for its
             master's answer to the control probe (docs/protocol.md).
         @param master_kind: a slave's master is C{"rmqha"} (never

@@ -19,7 +19,6 @@ and a non-zero exit status (2 for bad arguments, 1 otherwise).
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import shlex
@@ -29,9 +28,11 @@ from collections import Counter
 from typing import IO, Any, NoReturn, Sequence
 
 from rmqha import __version__
-from rmqha._record import Message, MessageRejected, Record, RecordError, format_host
+from rmqha.store._record import Message, MessageRejected, RecordError, record_json
 from rmqha._units import parse_size
-from rmqha.commitlog import CommitLog, Damage, StoreError, repair_store, verify_store
+from rmqha.store._recovery import repair_store, verify_store
+from rmqha.store.commitlog import CommitLog
+from rmqha.store.errors import Damage, StoreError
 
 __all__ = ["main"]
 
@@ -413,34 +414,6 @@ def _repair(args: argparse.Namespace, out: IO[str]) -> int:
     return 0 if report.ok else 1
 
 
-def record_json(record: Record) -> dict[str, Any]:
-    """
-    One line of C{rmqha store dump}.
-    """
-    return {
-        "offset": record.offset,
-        "size": record.size,
-        "topic": record.topic,
-        "queue_id": record.queue_id,
-        "queue_offset": record.queue_offset,
-        "flag": record.flag,
-        "sysflag": record.sysflag,
-        "born_timestamp": record.born_timestamp,
-        "born_host": format_host(record.born_host),
-        "store_timestamp": record.store_timestamp,
-        "store_host": format_host(record.store_host),
-        "reconsume_times": record.reconsume_times,
-        "prepared_tx_offset": record.prepared_tx_offset,
-        "msg_id": record.msg_id,
-        "properties": record.properties,
-        "tags": record.tags,
-        "keys": record.keys,
-        "body_crc": record.body_crc,
-        "crc_ok": record.crc_ok,
-        "body": base64.b64encode(record.body).decode("ascii"),
-    }
-
-
 def _dump(args: argparse.Namespace, out: IO[str]) -> int:
     with _open_read_only(args.dir) as commitlog:
         start = commitlog.min_offset if args.start is None else args.start
@@ -524,7 +497,7 @@ def _fill(args: argparse.Namespace, out: IO[str]) -> int:
 
 
 def _demo(args: argparse.Namespace, out: IO[str]) -> int:
-    from rmqha.commitlog import MAX_SEGMENT_SIZE
+    from rmqha.store._segments import MAX_SEGMENT_SIZE
     from rmqha.demo import DemoDirectoryError, run_demo
 
     if not 64 << 10 <= args.segment_size <= MAX_SEGMENT_SIZE:

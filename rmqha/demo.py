@@ -27,9 +27,11 @@ from typing import IO, Any
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import deferLater, react
 
-from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
-from rmqha.master import HAConfig
+from rmqha.broker import Broker
+from rmqha.ha.config import Role
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
+from rmqha.ha.config import HAConfig
 
 __all__ = ["DemoDirectoryError", "MARKER", "compare_stores", "prepare_directory", "run_demo"]
 

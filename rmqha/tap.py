@@ -24,14 +24,11 @@ from twisted.python import usage
 from rmqha._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_PEER
 from rmqha._units import parse_size
 from rmqha.admin import AdminService
-from rmqha.broker import Broker, ListenFailed
-from rmqha.commitlog import (
-    MAX_SEGMENT_SIZE,
-    MIN_SEGMENT_SIZE,
-    CommitLog,
-    FlushDiskType,
-    StoreError,
-)
+from rmqha._ports import ListenFailed
+from rmqha.broker import Broker
+from rmqha.store._segments import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, FlushDiskType
+from rmqha.store.commitlog import CommitLog
+from rmqha.store.errors import StoreError
 from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
     DEFAULT_HA_LISTEN,
@@ -48,8 +45,8 @@ from rmqha.ha.config import (
     OnDivergence,
     Role,
 )
-from rmqha.scrub import DEFAULT_SCRUB_RATE, parse_scrub_rate
-from rmqha.storeservice import DEFAULT_FLUSH_INTERVAL
+from rmqha.store.scrub import DEFAULT_SCRUB_RATE, parse_scrub_rate
+from rmqha.store.service import DEFAULT_FLUSH_INTERVAL
 from rmqha.tls import (
     PeerPolicy,
     TLSFiles,

@@ -4,7 +4,7 @@ Shared helpers for the commit-log tests.
 Expected values in these tests come from this module's own knowledge of the
 RocketMQ 4.9 on-disk format (struct offsets, the 91-byte fixed overhead, the
 BLANK rule), never from L{rmqha}: a test comparing the store with itself
-could not fail.  L{rmqha.commitlog} is only used to build and open stores.
+could not fail.  L{rmqha.store.commitlog} is only used to build and open stores.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Iterable, Mapping
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._record import Message, encode_record
-from rmqha.commitlog import CommitLog
-from rmqha.testing import StringEndpoint  # noqa: F401 (its home is rmqha.testing; tests import it from here too)
+from rmqha.store._record import Message, encode_record
+from rmqha.store.commitlog import CommitLog
 
 #: What the injected clock says: store timestamps are this many seconds...
 STORE_SECONDS = 1700000000.0

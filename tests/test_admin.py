@@ -27,7 +27,8 @@ from twisted.web.test.requesthelper import DummyRequest
 from rmqha.store import _queues, _segments
 from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, AdminService, make_site
 from rmqha.broker import Broker, NotStoredError, Role
-from rmqha.commitlog import CommitLog, Message
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import PutStatus
 
 from tests._helpers import fixed_clock

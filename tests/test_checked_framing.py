@@ -42,14 +42,13 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.control import CheckFailed, ControlClient, probe
 from rmqha.ha.master import MasterConnection, MasterFactory
 from rmqha.ha.slave import SlaveConnection, SlaveFactory
-from rmqha.testing import connect_in_memory
+from rmqha.testing import StringEndpoint, connect_in_memory
 
 from tests._helpers import (
-    StringEndpoint,
     fixed_clock,
     make_message,
     open_store,

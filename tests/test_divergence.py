@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.divergence} and the master's side of the control
+Tests for L{rmqha.ha.divergence} and the master's side of the control
 extension, in memory (L{rmqha.testing.connect_in_memory}) over real
 commit logs.
 """

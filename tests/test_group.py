@@ -1,5 +1,5 @@
 """
-Tests for synchronous double write: L{rmqha.group.GroupTransferService}
+Tests for synchronous double write: L{rmqha.ha.group.GroupTransferService}
 on a C{Clock}, and SYNC_MASTER puts through L{rmqha.broker.Broker} with
 slaves on C{StringTransport}s.
 """
@@ -15,7 +15,9 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, FlushDiskType, Message
+from rmqha.store._record import Message
+from rmqha.store._segments import FlushDiskType
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import GroupTransferService, PutStatus
 from rmqha.ha.master import MasterConnection
 

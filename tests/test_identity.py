@@ -28,11 +28,12 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.master import MasterConnection, MasterFactory
 from rmqha.ha.slave import SlaveFactory, load_replica_id
 
-from tests._helpers import StringEndpoint, fixed_clock
+from rmqha.testing import StringEndpoint
+from tests._helpers import fixed_clock
 from tests.test_master import MasterTestCase, report
 
 

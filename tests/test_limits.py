@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha._limits import FD_RESERVE, ConnectionBudget, LimitedFactory, raise_fd_limit
 from rmqha.admin import AdminService
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 
 from tests._helpers import fixed_clock
 

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.master}: the master's side of a slave connection,
+Tests for L{rmqha.ha.master}: the master's side of a slave connection,
 against C{StringTransport} (which records producer registration and pause
 state) and a C{Clock}.
 """
@@ -25,7 +25,8 @@ from rmqha.ha._wire import (
     encode_digest_request,
 )
 from rmqha.ha.control import range_digest
-from rmqha.ha.master import HAConfig, MasterConnection, MasterFactory
+from rmqha.ha.config import HAConfig
+from rmqha.ha.master import MasterConnection, MasterFactory
 
 from tests._helpers import make_message, open_store
 

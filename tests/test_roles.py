@@ -19,7 +19,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
 from rmqha.broker import Broker, NotMasterError, Role
-from rmqha.commitlog import CommitLog, Message
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import PutStatus
 from rmqha.ha.replica import Replica, ReplicaState
 

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.slave}: the slave's side against C{StringTransport} and
+Tests for L{rmqha.ha.slave}: the slave's side against C{StringTransport} and
 a C{Clock}, the reconnecting service against a fake endpoint, and a whole
 master-to-slave conversation in memory.
 """
@@ -15,12 +15,12 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.ha.master import HAConfig, MasterFactory
+from rmqha.ha.config import HAConfig
+from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveConnection, SlaveFactory, make_slave_service
-from rmqha.testing import MemoryConnection, connect_in_memory
+from rmqha.testing import MemoryConnection, StringEndpoint, connect_in_memory
 
 from tests._helpers import (
-    StringEndpoint,
     make_message,
     open_store,
     replica_records,

@@ -32,13 +32,14 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.control import CheckFailed, probe
 from rmqha.ha.divergence import MASTER_KIND_PATH, read_master_kind, write_master_kind
 from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveFactory, make_slave_service
 
-from tests._helpers import StringEndpoint, fixed_clock, make_message, open_store
+from rmqha.testing import StringEndpoint
+from tests._helpers import fixed_clock, make_message, open_store
 
 SEGMENT = 64 * 1024
 #: A TLS alert record (fatal, protocol_version): what a TLS server sends

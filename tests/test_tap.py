@@ -11,7 +11,7 @@ from twisted.plugin import getPlugins
 from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.commitlog import FlushDiskType
+from rmqha.store._segments import FlushDiskType
 from rmqha.admin import AdminService
 from rmqha.broker import Broker, Role
 from rmqha.tap import Options, makeService
@@ -225,7 +225,7 @@ class OptionsTests(SynchronousTestCase):
         A closed store of three records whose second has a flipped body
         byte (valid data after it); the bad record's offset.
         """
-        from rmqha.commitlog import CommitLog
+        from rmqha.store.commitlog import CommitLog
         from tests._helpers import make_message, segment_path, xor_byte
 
         store = self.mktemp()

@@ -19,8 +19,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
 from rmqha import certs
-from rmqha.master import MasterConnection, MasterFactory
-from rmqha.slave import SlaveConnection, SlaveFactory
+from rmqha.ha.master import MasterConnection, MasterFactory
+from rmqha.ha.slave import SlaveConnection, SlaveFactory
 from rmqha.testing import (
     MASTER_ADDRESS,
     SLAVE_ADDRESS,

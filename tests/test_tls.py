@@ -21,7 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha import certs
 from rmqha._limits import LimitedFactory
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveFactory
 from rmqha.testing import MemoryConnection, connect_in_memory

@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha._wire}: the classic RocketMQ HA wire protocol.
+Tests for L{rmqha.ha._wire}: the classic RocketMQ HA wire protocol.
 
 Expected bytes are written out by hand or built with C{struct} from the
 layouts in the reference notes (sections A.2 and A.6), never with the code

@@ -56,9 +56,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rmqha._wire import CONTROL_HELLO, encode_code, encode_digest_request
+from rmqha.ha._wire import CONTROL_HELLO, encode_code, encode_digest_request
 from rmqha.cli import _Parser, _UsageError, fill
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.testing import twistd_command
 
 __all__ = ["main", "run", "SCENARIOS", "Sizes", "FULL", "QUICK"]

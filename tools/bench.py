@@ -46,9 +46,9 @@ from typing import Any
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.task import deferLater, react
 
-from rmqha._record import Message
-from rmqha.commitlog import CommitLog
-from rmqha.storeservice import CommitLogService
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
+from rmqha.store.service import CommitLogService
 from rmqha.testing import twistd_slave_command
 
 __all__ = ["main", "machine_info"]
@@ -303,8 +303,8 @@ def _run_slave(
     from twisted.internet.endpoints import clientFromString
     from twisted.internet.task import LoopingCall
 
-    from rmqha.master import HAConfig
-    from rmqha.slave import SlaveConnection, SlaveFactory, make_slave_service
+    from rmqha.ha.config import HAConfig
+    from rmqha.ha.slave import SlaveConnection, SlaveFactory, make_slave_service
 
     if tls is None:
         endpoint = clientFromString(reactor, f"tcp:host=127.0.0.1:port={port}")
@@ -685,8 +685,8 @@ def _raw_read_all(store: str) -> None:
 
 async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
     from rmqha.broker import Broker, Role
-    from rmqha.group import PutStatus
-    from rmqha.master import HAConfig
+    from rmqha.ha.group import PutStatus
+    from rmqha.ha.config import HAConfig
 
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
     role = Role.SYNC_MASTER if args.mode == "sync" else Role.ASYNC_MASTER

@@ -41,8 +41,8 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 
-from rmqha._record import Message, RecordError, encode_record, parse_record
-from rmqha._wire import (
+from rmqha.store._record import Message, RecordError, encode_record, parse_record
+from rmqha.ha._wire import (
     CHECKED_ACK,
     ProtocolError,
     ReportDecoder,
@@ -52,8 +52,8 @@ from rmqha._wire import (
     encode_header,
     encode_report,
 )
-from rmqha.commitlog import CommitLog
-from rmqha.slave import SlaveFactory
+from rmqha.store.commitlog import CommitLog
+from rmqha.ha.slave import SlaveFactory
 
 __all__ = ["main", "run"]
 

@@ -40,7 +40,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from rmqha.commitlog import CommitLog, segment_name
+from rmqha.store._segments import segment_name
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha._wire import (
     CONTROL_DIGEST_SIZE,
     CONTROL_HELLO,

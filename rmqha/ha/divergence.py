@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rmqha._files import write_atomically
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha._wire import CONTROL_MAX_DIGEST_RANGE
 from rmqha.ha.config import MasterKind
 from rmqha.ha.control import ControlClient, MasterInfo, log_digest

@@ -34,7 +34,7 @@ from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
-from rmqha.commitlog import AppendResult
+from rmqha.store.commitlog import AppendResult
 
 __all__ = [
     "PutStatus",

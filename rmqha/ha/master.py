@@ -8,7 +8,7 @@ its commit log ends, and from there streams the master's commit log as
 12-byte headers plus bytes (or, for an rmqha slave that asks, as checked
 framing: a CRC-32 on every frame and report, docs/protocol.md).  A
 connection whose first value is an rmqha control hello is a control
-session instead (L{rmqha.divergence}): one DIGEST at a time, hashed in a
+session instead (L{rmqha.ha.divergence}): one DIGEST at a time, hashed in a
 worker thread and paced per peer host, reading paused while an answer is
 pending or unread (docs/protocol.md).  The connection is the push producer
 registered on its transport: it writes while the transport accepts and
@@ -44,7 +44,8 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha._timers import IdleTimer
-from rmqha.commitlog import CommitLog, StoreError
+from rmqha.store.commitlog import CommitLog
+from rmqha.store.errors import StoreError
 from rmqha.ha._wire import (
     CHECKED_ACK,
     CONTROL_REFUSED,

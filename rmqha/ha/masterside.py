@@ -22,7 +22,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 
 from rmqha._ports import OpenedLater, listen
-from rmqha.commitlog import CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import HAConfig
 from rmqha.ha.group import HAService, Histogram, PutStatus
 from rmqha.ha.master import MasterFactory

@@ -36,7 +36,8 @@ from twisted.internet.interfaces import IDelayedCall, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from rmqha.commitlog import CommitLog, FlushDiskType
+from rmqha.store._segments import FlushDiskType
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha._wire import FEATURE_IDENTIFY
 from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
@@ -56,7 +57,7 @@ from rmqha.ha.divergence import (
     write_master_kind,
 )
 from rmqha.ha.slave import SlaveFactory, load_replica_id, make_slave_service
-from rmqha.storeservice import CommitLogService
+from rmqha.store.service import CommitLogService
 from rmqha.tls import plain_master_warning, split_description
 
 __all__ = ["Replica", "ReplicaState"]

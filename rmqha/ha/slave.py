@@ -47,7 +47,8 @@ from rmqha.ha._wire import (
     encode_identify,
     encode_report,
 )
-from rmqha.commitlog import CommitLog, CorruptReplicaError, StoreError
+from rmqha.store.commitlog import CommitLog
+from rmqha.store.errors import CorruptReplicaError, StoreError
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
 from rmqha.ha.master import set_tcp_no_delay
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls

@@ -436,7 +436,7 @@ def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
                         return None
                     if isinstance(record, Blank):
                         return None
-                    from rmqha.cli import record_json
+                    from rmqha.store._record import record_json
 
                     fields = record_json(record)
                     return {k: fields[k] for k in _RECORD_FIELDS}

@@ -30,6 +30,7 @@ recovery, the CLI and the Spark pipeline all go through L{parse_record}.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import re
 import struct
@@ -37,9 +38,10 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from mmap import mmap
-from typing import Iterator, Mapping, NamedTuple, Union, cast
+from typing import Any, Iterator, Mapping, NamedTuple, Union, cast
 
 __all__ = [
+    "record_json",
     "MESSAGE_MAGIC_V1",
     "MESSAGE_MAGIC_V2",
     "BLANK_MAGIC",
@@ -945,3 +947,32 @@ def parse_record(
         properties=decode_properties(properties_raw),
         crc_ok=crc_ok,
     )
+
+
+def record_json(record: Record) -> dict[str, Any]:
+    """
+    C{record} as JSON-ready values: one line of C{rmqha store dump}, and
+    the pipeline's verify report of a record (base64 body).
+    """
+    return {
+        "offset": record.offset,
+        "size": record.size,
+        "topic": record.topic,
+        "queue_id": record.queue_id,
+        "queue_offset": record.queue_offset,
+        "flag": record.flag,
+        "sysflag": record.sysflag,
+        "born_timestamp": record.born_timestamp,
+        "born_host": format_host(record.born_host),
+        "store_timestamp": record.store_timestamp,
+        "store_host": format_host(record.store_host),
+        "reconsume_times": record.reconsume_times,
+        "prepared_tx_offset": record.prepared_tx_offset,
+        "msg_id": record.msg_id,
+        "properties": record.properties,
+        "tags": record.tags,
+        "keys": record.keys,
+        "body_crc": record.body_crc,
+        "crc_ok": record.crc_ok,
+        "body": base64.b64encode(record.body).decode("ascii"),
+    }

@@ -53,7 +53,8 @@ from rmqha.store._record import (
     parse_record,
 )
 from rmqha._units import parse_size
-from rmqha.store.commitlog import CommitLog, segment_name
+from rmqha.store._segments import segment_name
+from rmqha.store.commitlog import CommitLog
 
 __all__ = [
     "DEFAULT_SCRUB_RATE",

@@ -18,7 +18,8 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from rmqha.store.commitlog import CommitLog, FlushDiskType
+from rmqha.store._segments import FlushDiskType
+from rmqha.store.commitlog import CommitLog
 
 __all__ = ["CommitLogService", "DEFAULT_FLUSH_INTERVAL"]
 

@@ -28,8 +28,8 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import deferLater, react
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import Message
-from rmqha.group import PutStatus
+from rmqha.store._record import Message
+from rmqha.ha.group import PutStatus
 
 from tests.integration._support import make_broker, store_digest, until
 

@@ -53,7 +53,7 @@ def make_broker(
     (and C{http_peer_policy=}) compose an L{AdminService} into it.
     """
     from rmqha.broker import Broker
-    from rmqha.commitlog import CommitLog
+    from rmqha.store.commitlog import CommitLog
     from rmqha.admin import AdminService
     from rmqha.ha.config import HAConfig
 

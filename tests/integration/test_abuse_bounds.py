@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest_twisted
 
-from rmqha._wire import CONTROL_HELLO, encode_code, encode_digest_request
+from rmqha.ha._wire import CONTROL_HELLO, encode_code, encode_digest_request
 from rmqha.broker import Role
-from rmqha.commitlog import Message
+from rmqha.store._record import Message
 
 from tests.integration._support import make_broker, until
 
@@ -135,7 +135,7 @@ async def test_slaves_declaring_one_id_count_once(tmp_path: Any) -> None:
 
     from twisted.internet import reactor
 
-    from rmqha.slave import load_replica_id
+    from rmqha.ha.slave import load_replica_id
 
     master = make_broker(
         reactor, str(tmp_path / "master"), Role.SYNC_MASTER, 1 << 20,

@@ -15,7 +15,8 @@ import pytest_twisted
 
 from rmqha.admin import status
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
 
 from tests.integration._support import make_broker, store_digest, until
 

@@ -18,7 +18,7 @@ from twisted.internet.task import deferLater
 from twisted.logger import formatEvent, globalLogPublisher
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import Message
+from rmqha.store._record import Message
 from rmqha.testing import FaultProxy
 
 from tests.integration._support import make_broker, store_digest, until

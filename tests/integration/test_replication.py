@@ -14,7 +14,7 @@ import pytest_twisted
 from twisted.internet.task import deferLater
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import Message
+from rmqha.store._record import Message
 
 from tests.integration._support import make_broker, store_digest, until
 

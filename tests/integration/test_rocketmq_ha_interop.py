@@ -46,10 +46,11 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import LoopingCall, deferLater
 from twisted.python.failure import Failure
 
-from rmqha._wire import MAX_BODY_SIZE
+from rmqha.ha._wire import MAX_BODY_SIZE
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
-from rmqha.master import HAConfig
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
+from rmqha.ha.config import HAConfig
 
 pytestmark = pytest.mark.java
 
@@ -774,7 +775,7 @@ def classic(connections: list[dict[str, Any]]) -> list[dict[str, Any]]:
     "none yet" -1; it sends nothing there and the slave replicates
     classically.
     """
-    from rmqha._wire import CONTROL_PROBE
+    from rmqha.ha._wire import CONTROL_PROBE
 
     probes = [c for c in connections if c["request_offset"] == CONTROL_PROBE]
     assert probes, "the rmqha slave did not probe"

@@ -16,8 +16,9 @@ import pytest_twisted
 from twisted.internet.task import deferLater
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
-from rmqha.master import HAConfig
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
+from rmqha.ha.config import HAConfig
 from rmqha.testing import twistd_slave_command
 
 from tests.integration._support import store_digest, until

@@ -13,9 +13,10 @@ from typing import Any
 import pytest_twisted
 
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import CommitLog, Message
-from rmqha.group import PutStatus
-from rmqha.master import HAConfig
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
+from rmqha.ha.group import PutStatus
+from rmqha.ha.config import HAConfig
 from rmqha.testing import twistd_slave_command
 
 from tests.integration._support import store_digest, until

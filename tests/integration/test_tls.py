@@ -17,7 +17,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from rmqha import certs
 from rmqha.broker import Broker, Role
-from rmqha.commitlog import Message
+from rmqha.store._record import Message
 from rmqha.tls import PeerPolicy, TLSFiles, client_endpoint, server_endpoint
 
 from tests.integration._support import make_broker, store_digest, until
