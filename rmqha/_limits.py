@@ -109,7 +109,7 @@ class _Counted(ProtocolWrapper):
         # Wrapped by another wrapper (TLS) we must always give it a
         # protocol; outermost we may refuse by returning none.
         factory.outermost = not isinstance(transport, ProtocolWrapper)
-        super().makeConnection(transport)
+        ProtocolWrapper.makeConnection(self, transport)
 
     def handshakeCompleted(self) -> None:
         listener = IHandshakeListener(self.wrappedProtocol, None)
@@ -156,7 +156,7 @@ class LimitedFactory(WrappingFactory[_Counted]):
                 f"connection limits must be at least 1 (got {max_connections} per port, "
                 f"{max_per_peer} per peer)"
             )
-        super().__init__(wrapped)
+        super().__init__(wrapped)  # type: ignore[no-untyped-call]
         self.clock = clock
         self.name = name
         self.max_connections = max_connections
@@ -221,7 +221,7 @@ class LimitedFactory(WrappingFactory[_Counted]):
         self._unlogged = 0
 
     def unregisterProtocol(self, p: Any) -> None:
-        super().unregisterProtocol(p)
+        super().unregisterProtocol(p)  # type: ignore[no-untyped-call]
         self._count -= 1
         left = self._per_peer.get(p.host, 0) - 1
         if left > 0:

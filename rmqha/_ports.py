@@ -112,7 +112,7 @@ class Port(Service):
         raise NotImplementedError()
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         if self.port is None:
             # Added to a running broker: listen now.
             self.listen(getattr(self.parent, "limited"))
@@ -120,7 +120,7 @@ class Port(Service):
         self.port.startService()
 
     def stopService(self) -> Deferred[None] | None:
-        super().stopService()
+        Service.stopService(self)
         port, self.port = self.port, None
         if port is None:
             return None

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from io import BytesIO
-from typing import Any
+from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -31,6 +31,7 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
 )
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -154,6 +155,9 @@ class _AdminResource(Resource):
     nothing is served at all.
     """
 
+    def __init__(self) -> None:
+        Resource.__init__(self)
+
     def render(self, request: Request) -> bytes | int:
         method = request.method
         allowed = [
@@ -176,7 +180,7 @@ class _AdminResource(Resource):
                 f"{method.decode('ascii')} is not allowed on {path} "
                 f"(allowed: {', '.join(a.decode() for a in sorted(allowed))})",
             )
-        result: bytes | int = super().render(request)
+        result: bytes | int = Resource.render(self, request)
         return result
 
 
@@ -199,7 +203,7 @@ class _BrokerCollector(Collector):
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         broker = self._broker
         commitlog = broker.commitlog
         for name, value, text in [
@@ -278,7 +282,7 @@ class _BrokerCollector(Collector):
             )
 
 
-def _scrub_metrics(broker: Broker) -> Any:
+def _scrub_metrics(broker: Broker) -> Iterator[Metric]:
     scrub = broker.scrub
     yield GaugeMetricFamily(
         "rmqha_corrupt_records",
@@ -476,7 +480,7 @@ class _AdminRequest(Request):
     def gotLength(self, length: int | None) -> None:
         # Twisted spools bodies of 100 kB or more to a temporary file; ours
         # are bounded by the channel, so memory it is.
-        self.content = BytesIO()  # type: ignore[assignment]
+        self.content = BytesIO()
 
     def handleContentChunk(self, data: bytes) -> None:
         channel: Any = self.channel
@@ -500,10 +504,10 @@ class _AdminRequest(Request):
             {"status": "UNKNOWN_ERROR", "error": "internal error (logged)"}
         ).encode() + b"\n"
         self.setResponseCode(500)
-        self.setHeader(b"content-type", b"application/json")
-        self.setHeader(b"content-length", b"%d" % len(body))
-        self.write(body)
-        self.finish()
+        self.setHeader(b"content-type", b"application/json")  # type: ignore[no-untyped-call]
+        self.setHeader(b"content-length", b"%d" % len(body))  # type: ignore[no-untyped-call]
+        self.write(body)  # type: ignore[no-untyped-call]
+        self.finish()  # type: ignore[no-untyped-call]
 
 
 class _AdminChannel(HTTPChannel):
@@ -526,17 +530,19 @@ class _AdminChannel(HTTPChannel):
     _header_call: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
-        super().connectionMade()
+        HTTPChannel.connectionMade(self)
         self._await_headers()
 
     def dataReceived(self, data: bytes) -> None:
         if not self.refused:
-            super().dataReceived(data)
+            HTTPChannel.dataReceived(self, data)
 
     def _await_headers(self) -> None:
         self._stop_header_timer()
         if self.header_timeout:
-            self._header_call = self.callLater(self.header_timeout, self._headers_too_slow)
+            self._header_call = self.callLater(  # type: ignore[no-untyped-call]
+                self.header_timeout, self._headers_too_slow
+            )
 
     def _stop_header_timer(self) -> None:
         if self._header_call is not None:
@@ -574,7 +580,7 @@ class _AdminChannel(HTTPChannel):
                 f"{len(value.strip())}-digit Content-Length)",
             )
             return False
-        ok: bool = super().headerReceived(line)
+        ok: bool = HTTPChannel.headerReceived(self, line)
         return ok
 
     def allHeadersReceived(self) -> None:
@@ -596,7 +602,7 @@ class _AdminChannel(HTTPChannel):
                 f"the request body is {self.length} bytes; the limit is {self.max_body}",
             )
             return
-        super().allHeadersReceived()
+        HTTPChannel.allHeadersReceived(self)
 
     def _peer(self) -> str:
         address = self.transport.getPeer() if self.transport is not None else None
@@ -620,13 +626,13 @@ class _AdminChannel(HTTPChannel):
 
     def allContentReceived(self) -> None:
         if not self.refused:
-            super().allContentReceived()
+            HTTPChannel.allContentReceived(self)
 
     def requestDone(self, request: Any) -> None:
         if self.persistent:
             # Armed before the next request's buffered bytes are parsed.
             self._await_headers()
-        super().requestDone(request)
+        HTTPChannel.requestDone(self, request)
 
     def lineLengthExceeded(self, line: bytes) -> None:
         self.refuse(
@@ -654,13 +660,15 @@ class _AdminChannel(HTTPChannel):
     def _close(self) -> None:
         self.refused = True
         self._stop_header_timer()
-        self.loseConnection()
+        self.loseConnection()  # type: ignore[no-untyped-call]
         if self.abortTimeout is not None and self._abortingCall is None:
-            self._abortingCall = self.callLater(self.abortTimeout, self.forceAbortClient)
+            self._abortingCall = self.callLater(  # type: ignore[no-untyped-call]
+                self.abortTimeout, self.forceAbortClient
+            )
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         self._stop_header_timer()
-        super().connectionLost(reason)
+        HTTPChannel.connectionLost(self, reason)
 
 
 class _AdminSite(Site):
@@ -681,14 +689,14 @@ class _AdminSite(Site):
         idle_timeout: float | None,
         peer_policy: PeerPolicy | None,
     ) -> None:
-        super().__init__(resource, timeout=idle_timeout, reactor=reactor)
+        Site.__init__(self, resource, timeout=idle_timeout, reactor=reactor)
         self.max_body = max_body
         self.header_timeout = header_timeout
         self.peer_policy = peer_policy
         self.noisy = False
 
     def buildProtocol(self, addr: Any) -> Any:
-        channel = super().buildProtocol(addr)
+        channel = Site.buildProtocol(self, addr)
         channel.max_body = self.max_body
         channel.header_timeout = self.header_timeout
         channel.peer_policy = self.peer_policy
@@ -753,7 +761,7 @@ class AdminService(Port):
         self.broker = broker
         self.where = where
         self.peer_policy = peer_policy
-        self.setName("http")
+        self.setName("http")  # type: ignore[no-untyped-call]
 
     def listen(self, limited: Any) -> None:
         if self.port is not None:

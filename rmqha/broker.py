@@ -216,7 +216,7 @@ class Broker(MultiService):
             once) or C{"auto"} (probe; a master once seen speaking the
             extension is never taken for a RocketMQ one).
         """
-        super().__init__()
+        MultiService.__init__(self)
         if role is Role.SLAVE and not master_endpoint:
             raise ValueError("a slave needs the master's address")
         if not 1 <= min_in_sync_replicas <= in_sync_replicas:
@@ -270,14 +270,14 @@ class Broker(MultiService):
         self.store = CommitLogService(
             open_commitlog, reactor, flush_interval=flush_interval, run_in_thread=run_in_thread
         )
-        self.store.setName("store")
-        self.store.setServiceParent(self)
+        self.store.setName("store")  # type: ignore[no-untyped-call]
+        self.store.setServiceParent(self)  # type: ignore[no-untyped-call]
         #: The background scrub of the store (docs/store.md, "Scrub").
         self.scrub = ScrubService(
             lambda: self.store.commitlog, reactor, rate=scrub_rate, slave=role is Role.SLAVE
         )
-        self.scrub.setName("scrub")
-        self.scrub.setServiceParent(self)
+        self.scrub.setName("scrub")  # type: ignore[no-untyped-call]
+        self.scrub.setServiceParent(self)  # type: ignore[no-untyped-call]
         #: The role's service (not a child: this broker starts and stops it).
         self.role_service: MasterSide | Replica | None = None
 
@@ -370,7 +370,7 @@ class Broker(MultiService):
 
     def privilegedStartService(self) -> None:
         # twistd calls this before it drops privileges: the ports then.
-        super().privilegedStartService()
+        MultiService.privilegedStartService(self)
         self._listen()
 
     def startService(self) -> None:

@@ -25,7 +25,7 @@ import shlex
 import sys
 import time
 from collections import Counter
-from typing import IO, Any, NoReturn, Sequence
+from typing import IO, Any, Callable, NoReturn, Sequence
 
 from rmqha import __version__
 from rmqha.store._record import Message, MessageRejected, RecordError, record_json
@@ -55,7 +55,7 @@ class _Parser(argparse.ArgumentParser):
         raise _UsageError(f"{self.prog}: error: {message}")
 
 
-def _size_arg(name: str):  # noqa: ANN201 (returns an argparse type)
+def _size_arg(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             return parse_size(text, name)
@@ -65,7 +65,7 @@ def _size_arg(name: str):  # noqa: ANN201 (returns an argparse type)
     return parse
 
 
-def _nonnegative(name: str):  # noqa: ANN201
+def _nonnegative(name: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(text)

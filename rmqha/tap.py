@@ -528,7 +528,7 @@ class Options(usage.Options):
 
     def parseOptions(self, options: list[str] | None = None) -> None:
         try:
-            super().parseOptions(options)
+            usage.Options.parseOptions(self, options)
         except usage.UsageError as e:
             if self.parent is None:
                 raise
@@ -744,7 +744,7 @@ def makeService(options: Options) -> IService:
         scrub_rate=s["scrub-rate"],
     )
     if http is not None:
-        AdminService(broker, http, options.http_peer_policy(s)).setServiceParent(broker)
+        AdminService(broker, http, options.http_peer_policy(s)).setServiceParent(broker)  # type: ignore[no-untyped-call]
     return broker
 
 

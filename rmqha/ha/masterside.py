@@ -102,7 +102,7 @@ class MasterSide(Service):
         self._opened_later.factory = self.factory
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         self.listen()
         assert self.port is not None
         self.port.startService()
@@ -112,7 +112,7 @@ class MasterSide(Service):
         Close the port, then drop every slave (closing a port leaves
         accepted connections open) and end the waiting puts.
         """
-        super().stopService()
+        Service.stopService(self)
         self.ha.stop()
         self._opened_later.factory = None
         port, self.port = self.port, None

@@ -184,7 +184,7 @@ class Replica(Service):
         return succeed(None)
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         master = self._master_endpoint
         if isinstance(master, str):
             kind, positional, keywords = split_description(master)
@@ -198,7 +198,7 @@ class Replica(Service):
         self._check_then_replicate()
 
     def stopService(self) -> Deferred[None]:
-        super().stopService()
+        Service.stopService(self)
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None

@@ -74,7 +74,7 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
     latency = F.col("store_timestamp") - F.col("born_timestamp")
 
     def summary(*keys: Any) -> list[Any]:
-        return (
+        rows: list[Any] = (
             df.groupBy(*keys)
             .agg(
                 F.count("*").alias("messages"),
@@ -87,9 +87,10 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
             .orderBy(*keys)
             .collect()
         )
+        return rows
 
     def row(r: Any) -> dict[str, Any]:
-        d = r.asDict()
+        d: dict[str, Any] = r.asDict()
         for name in ("body_size", "latency_ms"):
             values = d.pop(name) or [None] * len(_PERCENTILES)
             for p, v in zip(_PERCENTILES, values):

@@ -200,6 +200,7 @@ def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: i
 
 def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
     f.seek(start)
+    total: int
     total, _ = RECORD_HEADER.unpack(f.read(8))
     after = start + total
     if after >= size:
@@ -208,6 +209,7 @@ def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
     data = f.read(40)
     if len(data) < 8:
         return True
+    follower: int
     follower, magic = RECORD_HEADER.unpack_from(data, 0)
     if magic == BLANK_MAGIC:
         return after + follower == size

@@ -512,7 +512,7 @@ class ScrubService(Service):
     # -- lifecycle ---------------------------------------------------------
 
     def startService(self) -> None:
-        super().startService()
+        Service.startService(self)
         commitlog = self._commitlog()
         where = commitlog.commitlog_dir if commitlog is not None else "the store"
         if self.rate > 0:
@@ -528,7 +528,7 @@ class ScrubService(Service):
         Cancel the next step; fires when a read in progress has finished
         (its result is dropped).
         """
-        super().stopService()
+        Service.stopService(self)
         self._generation += 1
         if self._call is not None and self._call.active():
             self._call.cancel()

@@ -110,7 +110,7 @@ class CommitLogService(Service):
             self._loop.start(self._flush_interval, now=False).addErrback(
                 lambda f: self._log.failure("flush loop stopped", f)
             )
-        super().startService()
+        Service.startService(self)
 
     def flush_now(self, thorough: bool = False) -> Deferred[None]:
         """
@@ -198,7 +198,7 @@ class CommitLogService(Service):
         Stop the flush loop, wait for a running flush, then flush
         what is left and close the log (which removes the C{abort} marker).
         """
-        super().stopService()
+        Service.stopService(self)
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
