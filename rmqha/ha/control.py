@@ -400,7 +400,7 @@ async def probe(
         raise MasterUnreachable(str(e).rstrip(".") or type(e).__name__) from e
     assert isinstance(client, ControlClient)
     client.info.addTimeout(timeout, clock)
-    quiet: Any = None
+    quiet: IDelayedCall | None = None
     if first_timeout is not None and first_timeout < timeout:
 
         def give_up_if_silent() -> None:
