@@ -769,6 +769,6 @@ class AdminService(Port):
         if isinstance(self.where, str):
             warning = admin_exposure_warning(self.where)
             if warning is not None:
-                self._log.warn("{text}", text=warning)
+                self._log.warn(warning.format, **warning.fields)
         site = make_site(self.broker, peer_policy=self.peer_policy)
         self.port = listen(self.broker.reactor, "http", self.where, limited("HTTP", site))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ipaddress
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import (
@@ -57,6 +57,7 @@ __all__ = [
     "certificate_names",
     "describe_failure",
     "split_description",
+    "ExposureWarning",
     "exposure_warning",
     "admin_exposure_warning",
     "plain_master_warning",
@@ -507,7 +508,21 @@ def _plain_exposure(description: str) -> str | None:
     return interface or ("all interfaces" if kind != "tcp6" else "all IPv6 interfaces")
 
 
-def exposure_warning(description: str) -> str | None:
+class ExposureWarning(NamedTuple):
+    """
+    A warning about traffic in the clear, as a log event: a
+    C{twisted.logger} format string and its fields, so the event keeps
+    them (C{log.warn(w.format, **w.fields)}); C{str()} is the text.
+    """
+
+    format: str
+    fields: dict[str, str]
+
+    def __str__(self) -> str:
+        return self.format.format(**self.fields)
+
+
+def exposure_warning(description: str) -> ExposureWarning | None:
     """
     For a master's listening endpoint description: a warning when it is
     plain TCP on an interface other than loopback (the commit log is then
@@ -516,15 +531,16 @@ def exposure_warning(description: str) -> str | None:
     where = _plain_exposure(description)
     if where is None:
         return None
-    return (
-        f"the HA port {description} is plain TCP on {where}: anyone who reaches "
+    return ExposureWarning(
+        "the HA port {description} is plain TCP on {where}: anyone who reaches "
         "it can copy the whole commit log and fake acknowledgements; use "
         "--ha-listen ssl:PORT with --tls-cert/--tls-key/--tls-ca and "
-        "--tls-require-client-cert (docs/tls.md), or bind it to loopback"
+        "--tls-require-client-cert (docs/tls.md), or bind it to loopback",
+        {"description": description, "where": where},
     )
 
 
-def admin_exposure_warning(description: str) -> str | None:
+def admin_exposure_warning(description: str) -> ExposureWarning | None:
     """
     For the admin HTTP port's endpoint description: a warning when it is
     plain TCP on an interface other than loopback, else C{None}.
@@ -532,25 +548,27 @@ def admin_exposure_warning(description: str) -> str | None:
     where = _plain_exposure(description)
     if where is None:
         return None
-    return (
-        f"the admin HTTP port {description} is plain TCP on {where} without "
+    return ExposureWarning(
+        "the admin HTTP port {description} is plain TCP on {where} without "
         "authentication: anyone who reaches it can put messages and read the "
         "broker's status; use --http ssl:PORT with --tls-cert/--tls-key/--tls-ca "
-        "(client certificates required; docs/admin.md), or bind it to loopback"
+        "(client certificates required; docs/admin.md), or bind it to loopback",
+        {"description": description, "where": where},
     )
 
 
-def plain_master_warning(host: str) -> str | None:
+def plain_master_warning(host: str) -> ExposureWarning | None:
     """
     For a slave following C{host} over plain TCP: a warning unless it is
     loopback.
     """
     if _is_loopback(host):
         return None
-    return (
-        f"replicating from {host} over plain TCP: the commit log crosses the "
+    return ExposureWarning(
+        "replicating from {host} over plain TCP: the commit log crosses the "
         "network unencrypted and the master is not authenticated; give "
-        "--tls-ca (docs/tls.md)"
+        "--tls-ca (docs/tls.md)",
+        {"host": host},
     )
 
 

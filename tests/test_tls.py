@@ -411,8 +411,8 @@ class DescriptionTests(SynchronousTestCase):
         Plain TCP on every interface or a routable one warns; loopback and
         TLS do not.
         """
-        self.assertIn("all interfaces", exposure_warning("tcp:10912") or "")
-        self.assertIn("10.0.0.5", exposure_warning("tcp:10912:interface=10.0.0.5") or "")
+        self.assertIn("all interfaces", str(exposure_warning("tcp:10912")))
+        self.assertIn("10.0.0.5", str(exposure_warning("tcp:10912:interface=10.0.0.5")))
         for quiet in (
             "tcp:10912:interface=127.0.0.1",
             "tcp:0:interface=\\:\\:1",
@@ -428,7 +428,7 @@ class DescriptionTests(SynchronousTestCase):
         """
         self.assertIsNone(plain_master_warning("127.0.0.1"))
         self.assertIsNone(plain_master_warning("::1"))
-        self.assertIn("192.0.2.7", plain_master_warning("192.0.2.7") or "")
+        self.assertIn("192.0.2.7", str(plain_master_warning("192.0.2.7")))
 
 
 class BrokerWarningTests(SynchronousTestCase):
@@ -437,6 +437,9 @@ class BrokerWarningTests(SynchronousTestCase):
     """
 
     def start(self, role: Role, **options: Any) -> list[str]:
+        return [formatEvent(e) for e in self.warnings(role, **options)]
+
+    def warnings(self, role: Role, **options: Any) -> list[dict[str, Any]]:
         reactor = MemoryReactorClock()
         store = self.mktemp()
         broker = Broker(
@@ -449,7 +452,20 @@ class BrokerWarningTests(SynchronousTestCase):
         with capturedLogs() as events:
             broker.startService()
         self.addCleanup(broker.stopService)
-        return [formatEvent(e) for e in events if e.get("log_level") == LogLevel.warn]
+        return [e for e in events if e.get("log_level") == LogLevel.warn]
+
+    def test_warnings_keep_their_fields(self) -> None:
+        """
+        The exposure warnings are log events with named fields (the port's
+        description and where it listens; the master's host), not text
+        formatted before logging.
+        """
+        (event,) = self.warnings(Role.MASTER, ha_listen="tcp:10912")
+        self.assertEqual(
+            (event["description"], event["where"]), ("tcp:10912", "all interfaces")
+        )
+        (event,) = self.warnings(Role.SLAVE, master_endpoint="tcp:host=192.0.2.7:port=10912")
+        self.assertEqual(event["host"], "192.0.2.7")
 
     def test_master_on_all_interfaces(self) -> None:
         """

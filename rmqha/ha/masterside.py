@@ -87,7 +87,7 @@ class MasterSide(Service):
         if isinstance(self._where, str):
             warning = exposure_warning(self._where)
             if warning is not None:
-                self._log.warn("{text}", text=warning)
+                self._log.warn(warning.format, **warning.fields)
         self.port = listen(
             self.reactor, "ha", self._where, self._limited("HA", self._opened_later)
         )

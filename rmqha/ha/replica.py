@@ -191,7 +191,7 @@ class Replica(Service):
             host = keywords.get("host") or (positional[0] if positional else "")
             warning = plain_master_warning(host) if kind == "tcp" else None
             if warning is not None:
-                self._log.warn("{text}", text=warning)
+                self._log.warn(warning.format, **warning.fields)
             master = clientFromString(self.reactor, master)
         self._client = master
         self._build(self.commitlog)
