@@ -193,12 +193,12 @@ class SlaveConnection(Protocol):
                         expected=expected,
                     )
                     return
-                if frame.body:
+                if frame.is_heartbeat:
+                    self.caught_up = True
+                else:
                     commitlog.append_at(frame.offset, frame.body)
                     self.factory.bytes_received += len(frame.body)
                     self.caught_up = False
-                else:
-                    self.caught_up = True
         except ChecksumError as e:
             self.factory.checksum_failures += 1
             self._drop("{error}; nothing of it was written", error=str(e))

@@ -466,7 +466,6 @@ class VerifyReport:
     What L{verify_store} found.
 
     @ivar error: the first problem, or C{None} when the store is sound.
-    @ivar bad_offset: where that problem is.
     @ivar damage: every stretch of bytes that is not records (the first is
         C{error}), each saying whether valid records follow it.
     @ivar incomplete_tail: the offset of a last record still being written
@@ -480,7 +479,6 @@ class VerifyReport:
     min_offset: int
     end_offset: int
     error: str | None = None
-    bad_offset: int | None = None
     unfinished_segment: str | None = None
     damage: list[Damage] = field(default_factory=list)
     incomplete_tail: int | None = None
@@ -534,7 +532,6 @@ def verify_store(
                 damage.pop()
         if damage:
             report.error = damage[0].reason
-            report.bad_offset = damage[0].offset
         return report
     finally:
         for segment in segments:

@@ -20,8 +20,7 @@ from typing import Callable, Iterator
 
 from rmqha.store._record import (
     RECORD_HEADER,
-    MESSAGE_MAGIC_V1,
-    MESSAGE_MAGIC_V2,
+    is_message_magic,
 )
 from rmqha.store.errors import (
     _QUARANTINE,
@@ -501,6 +500,6 @@ def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:
         return True
     total, magic = RECORD_HEADER.unpack_from(mm, position)
     return (
-        magic in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
+        is_message_magic(magic)
         and written - position < total <= size - position
     )

@@ -45,11 +45,10 @@ from rmqha.store._record import (
     RECORD_HEADER,
     MAGIC_BYTES,
     BLANK_MAGIC,
-    MESSAGE_MAGIC_V1,
-    MESSAGE_MAGIC_V2,
     MIN_RECORD_SIZE,
     Blank,
     RecordError,
+    is_message_magic,
     parse_record,
 )
 from rmqha._units import parse_size
@@ -286,7 +285,7 @@ def check_chunk(
                     continue
                 return ChunkResult(segment_end, False, None, findings, records)
             if (
-                (magic == MESSAGE_MAGIC_V1 or magic == MESSAGE_MAGIC_V2)
+                is_message_magic(magic)
                 and MIN_RECORD_SIZE <= total <= segment_end - here
                 and total > end - pos
             ):
