@@ -337,6 +337,7 @@ class Broker(MultiService):
         def promote(_: object) -> None:
             self.commitlog.discard_incomplete_record()
             self.role = role
+            self.scrub.slave = False
             self._log.info("this broker is now a master ({role})", role=role.value)
             side = self.role_service = self._master_side(role)
             side.open(self.commitlog)
@@ -356,6 +357,7 @@ class Broker(MultiService):
         old = self.role_service
         self.role_service = None
         self.role = Role.SLAVE
+        self.scrub.slave = True
         self._master_endpoint = master_endpoint
         d = _stopped(old) if old is not None else succeed(None)
 
@@ -612,7 +614,6 @@ class Broker(MultiService):
             self._log.info("the commit log takes puts again")
         self.puts += 1
         self.put_bytes += append.size
-        side.appended()
         end = append.next_offset
         # Disk and replicas are waited for at the same time; the disk's
         # verdict comes first, as in RocketMQ's asyncPutMessage.

@@ -75,6 +75,7 @@ class MasterSide(Service):
         self.factory: MasterFactory | None = None
         self.port: StreamServerEndpointService | None = None
         self._opened_later = OpenedLater()
+        self._unobserve: Callable[[], None] = lambda: None
 
     def listen(self) -> None:
         """
@@ -96,10 +97,13 @@ class MasterSide(Service):
         """
         The store is open: serve slaves from C{commitlog}.
         """
-        self.factory = MasterFactory(
+        factory = self.factory = MasterFactory(
             commitlog, self.reactor, self._config, self._peer_policy, ha=self.ha
         )
-        self._opened_later.factory = self.factory
+        self._opened_later.factory = factory
+        # Every append wakes the slaves' connections, whoever wrote it: the
+        # log tells its observers, no writer has to remember to.
+        self._unobserve = commitlog.observe_appends(lambda end: factory.notify_appended())
 
     def startService(self) -> None:
         Service.startService(self)
@@ -113,6 +117,7 @@ class MasterSide(Service):
         accepted connections open) and end the waiting puts.
         """
         Service.stopService(self)
+        self._unobserve()
         self.ha.stop()
         self._opened_later.factory = None
         port, self.port = self.port, None
@@ -126,13 +131,6 @@ class MasterSide(Service):
             d.addBoth(lambda _: factory.disconnect_all("the master is stopping"))
             d.addBoth(lambda _: factory.stopFactory())
         return d.addBoth(lambda _: None)
-
-    def appended(self) -> None:
-        """
-        A put appended to the log: wake the slaves' connections.
-        """
-        if self.factory is not None:
-            self.factory.notify_appended()
 
     def wait_for(self, end: int) -> Deferred[PutStatus]:
         """
