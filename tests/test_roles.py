@@ -163,6 +163,23 @@ class RoleSwitchTests(_InMemory):
         self.stop(a, b)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_scrub_follows_the_role(self) -> None:
+        """
+        The background scrub learns the broker's role at each switch, so
+        its repair advice for a corrupt record is about the right copy: a
+        promoted slave's scrub no longer says "the master has the record",
+        a demoted master's does.
+        """
+        a = self.broker(Role.MASTER)
+        b = self.broker(Role.SLAVE, master=a)
+        self.settle()
+        self.assertEqual((a.scrub.slave, b.scrub.slave), (False, True))
+        self.switch(b.become_master())
+        self.assertFalse(b.scrub.slave)
+        self.switch(a.become_slave(self.endpoint(b)))  # type: ignore[arg-type]
+        self.assertTrue(a.scrub.slave)
+        self.stop(a, b)
+
     def test_switch_needs_a_running_broker(self) -> None:
         """
         A broker that is not running has no role to switch (its role is

@@ -439,6 +439,9 @@ class ScrubService(Service):
         L{MAX_LISTED}; L{corrupt_count} counts those beyond).
     @ivar bytes_total: bytes read since the service was made.
     @ivar passes: passes finished.
+    @ivar slave: whether the log is a slave's copy: the repair advice
+        logged with a corrupt record depends on it.  A broker that changes
+        role sets it (L{rmqha.broker.Broker.become_slave}).
     """
 
     _log = Logger()
@@ -460,8 +463,8 @@ class ScrubService(Service):
             (asked at every step: a slave moving its store aside gets a
             new one).
         @param rate: bytes per second; 0 disables the scrub.
-        @param slave: whether this is a slave's copy (changes the advice
-            logged with a corrupt record).
+        @param slave: whether this is a slave's copy, to begin with (see
+            L{slave}).
         @param run_in_thread: runs a step's read and check; defaults to
             the reactor's thread pool (in-line on a reactor without
             threads, such as the in-memory ones tests use).
@@ -471,7 +474,7 @@ class ScrubService(Service):
         self.rate = rate
         self._commitlog = commitlog
         self._clock = clock
-        self._slave = slave
+        self.slave = slave
         self._run_in_thread = run_in_thread or self._default_run_in_thread
         self._pass_interval = pass_interval
         self._slice = slice_bytes or min(MAX_SLICE, max(MIN_SLICE, rate // 8))
@@ -835,7 +838,7 @@ class ScrubService(Service):
             finding.offset, plan.segment_name, finding.reason, now, finding.resumed_at
         )
         store = commitlog.store_dir
-        if self._slave:
+        if self.slave:
             hint = (
                 "this slave's copy is damaged; the master has the record: stop "
                 f"the slave and run `rmqha store repair {store} --from "
