@@ -43,10 +43,9 @@ from rmqha.store._record import (
     PHYSICALOFFSET_AT,
     MAGIC_BYTES,
     BLANK_MAGIC,
-    MIN_RECORD_SIZE,
     Blank,
     RecordError,
-    is_message_magic,
+    check_header,
     parse_record,
     read_header,
     read_physical_offset,
@@ -245,8 +244,11 @@ def check_chunk(
                 return ChunkResult(resume, True, None, findings, records, want=8)
             pos = candidate
             here = offset + pos
-            total, _ = read_header(buf, pos)
-            if total > end - pos and MIN_RECORD_SIZE <= total <= segment_end - here:
+            total, magic = read_header(buf, pos)
+            if (
+                total > end - pos
+                and check_header(total, magic, here - segment_start, segment_size) is None
+            ):
                 if _placed(buf, pos, end, here):
                     # Maybe a record, continuing after this chunk: read all
                     # of it next time (once it is below the stable end).
@@ -283,10 +285,11 @@ def check_chunk(
                     pos += 1
                     continue
                 return ChunkResult(segment_end, False, None, findings, records)
+            # (A BLANK was handled above: this is a message header that
+            # fits in its segment, of a record continuing after the chunk.)
             if (
-                is_message_magic(magic)
-                and MIN_RECORD_SIZE <= total <= segment_end - here
-                and total > end - pos
+                total > end - pos
+                and check_header(total, magic, here - segment_start, segment_size) is None
             ):
                 if _placed(buf, pos, end, here):
                     # The record continues after this chunk: read all of it
