@@ -182,6 +182,20 @@ def _placed(buf: bytes, pos: int, end: int, here: int) -> bool:
     )
 
 
+def _continues(total: int, magic: int, room: int, position: int, size: int) -> bool:
+    """
+    Whether the header C{(total, magic)} at C{position} of a segment of
+    C{size} bytes may start a message record running past the C{room}
+    bytes left in the chunk (L{check_header}; L{parse_record} judges it
+    once it is read whole).
+    """
+    return (
+        total > room
+        and magic != BLANK_MAGIC
+        and check_header(total, magic, position, size) is None
+    )
+
+
 def check_chunk(
     buf: bytes,
     offset: int,
@@ -245,10 +259,7 @@ def check_chunk(
             pos = candidate
             here = offset + pos
             total, magic = read_header(buf, pos)
-            if (
-                total > end - pos
-                and check_header(total, magic, here - segment_start, segment_size) is None
-            ):
+            if _continues(total, magic, end - pos, here - segment_start, segment_size):
                 if _placed(buf, pos, end, here):
                     # Maybe a record, continuing after this chunk: read all
                     # of it next time (once it is below the stable end).
@@ -285,12 +296,7 @@ def check_chunk(
                     pos += 1
                     continue
                 return ChunkResult(segment_end, False, None, findings, records)
-            # (A BLANK was handled above: this is a message header that
-            # fits in its segment, of a record continuing after the chunk.)
-            if (
-                total > end - pos
-                and check_header(total, magic, here - segment_start, segment_size) is None
-            ):
+            if _continues(total, magic, end - pos, here - segment_start, segment_size):
                 if _placed(buf, pos, end, here):
                     # The record continues after this chunk: read all of it
                     # next time (once it is below the stable end).
