@@ -28,6 +28,7 @@ from rmqha.store._record import (
     Record,
     RecordEncoder,
     RecordError,
+    ReplicaValidator,
     SysFlag,
     body_crc,
     check_header,
@@ -37,6 +38,8 @@ from rmqha.store._record import (
     encode_properties,
     encode_record,
     parse_record,
+    read_header,
+    read_physical_offset,
     record_length,
 )
 
@@ -1267,3 +1270,126 @@ class ReplicaCheckTests(SynchronousTestCase):
         total, magic = struct.unpack_from(">ii", buf, pos)
         self.assertIsNone(check_header(total, magic, 0, total))
         self.assertIsNone(check_record(buf, pos, offset, total, magic))
+
+
+def replicated_log(segment_size: int, segments: int) -> tuple[bytes, list[int]]:
+    """
+    C{segments} full segments of small records, each closed by a BLANK
+    filler, as a master would send them; and every record boundary.
+    """
+    log = bytearray()
+    boundaries = [0]
+    for start in range(0, segments * segment_size, segment_size):
+        body = 0
+        while True:
+            record = encode(
+                sample_message(body=bytes([body % 251]) * (20 + body)),
+                physical_offset=len(log),
+            )
+            body += 1
+            if len(log) - start + len(record) + 8 > segment_size:
+                break
+            log += record
+            boundaries.append(len(log))
+        log += encode_blank(start + segment_size - len(log))
+        log += bytes(start + segment_size - len(log))
+        boundaries.append(len(log))
+    return bytes(log), boundaries
+
+
+class ReplicaValidatorTests(SynchronousTestCase):
+    """
+    L{ReplicaValidator}: the replica path's incremental check, fed the
+    bytes a master sends in chunks that cut through records.
+    """
+
+    SEGMENT = 1024
+
+    def feed(self, log: bytes, cut: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """
+        Append C{log} C{cut} bytes at a time; the record end after each
+        chunk, and the reads of earlier bytes the validator asked for.
+        """
+        reads: list[tuple[int, int]] = []
+        received = bytearray()
+
+        def read(offset: int, length: int) -> bytes:
+            reads.append((offset, length))
+            self.assertLessEqual(offset + length, len(received))
+            return bytes(received[offset : offset + length])
+
+        validator = ReplicaValidator(self.SEGMENT, read)
+        end = 0
+        ends = []
+        for at in range(0, len(log), cut):
+            chunk = log[at : at + cut]
+            received += chunk
+            end = validator.advance(end, len(received), at, memoryview(chunk))
+            ends.append(end)
+        return ends, reads
+
+    def test_record_end_follows_whole_records(self) -> None:
+        """
+        After each chunk the record end is the last record boundary the
+        bytes received reach, for any chunk size; a BLANK filler moves it
+        to the next segment only once the whole segment has arrived.  Only
+        records that began in an earlier chunk are read back.
+        """
+        log, boundaries = replicated_log(self.SEGMENT, 3)
+        for cut in (1, 7, 8, 100, 333, self.SEGMENT, len(log)):
+            ends, reads = self.feed(log, cut)
+            expected = [
+                max(b for b in boundaries if b <= min(at + cut, len(log)))
+                for at in range(0, len(log), cut)
+            ]
+            self.assertEqual(ends, expected, f"chunks of {cut}")
+            if cut == len(log):
+                self.assertEqual(reads, [])
+
+    def test_corrupt_record(self) -> None:
+        """
+        A completed record that does not check raises L{RecordError} at its
+        offset with L{check_record}'s reason, whether it arrived whole in
+        one chunk or across several.
+        """
+        log, boundaries = replicated_log(self.SEGMENT, 1)
+        bad = boundaries[2]
+        damaged = bytearray(log)
+        damaged[bad + 100] ^= 1  # in the body
+        for cut in (5, len(log)):
+            with self.assertRaises(RecordError) as caught:
+                self.feed(bytes(damaged), cut)
+            self.assertEqual((caught.exception.offset, caught.exception.reason),
+                             (bad, "body CRC mismatch"))
+
+    def test_short_blank(self) -> None:
+        """
+        A BLANK filler that stops short of the segment's end is refused
+        with L{check_header}'s reason.
+        """
+        log, boundaries = replicated_log(self.SEGMENT, 1)
+        blank = boundaries[-2]
+        damaged = bytearray(log)
+        damaged[blank : blank + 8] = encode_blank(self.SEGMENT - blank - 8)
+        with self.assertRaises(RecordError) as caught:
+            self.feed(bytes(damaged), 64)
+        self.assertEqual(caught.exception.offset, blank)
+        self.assertIn("does not reach", caught.exception.reason)
+
+
+class HeaderHopTests(SynchronousTestCase):
+    """
+    L{read_header} and L{read_physical_offset}: the one place a record's
+    header and offset field are read without decoding it.
+    """
+
+    def test_fields(self) -> None:
+        """
+        TOTALSIZE and MAGICCODE come from the record's first 8 bytes and
+        PHYSICALOFFSET from byte 28, at any position of any buffer type.
+        """
+        record = encode(sample_message())
+        for buf in (b"xy" + record, bytearray(b"xy" + record), memoryview(b"xy" + record)):
+            self.assertEqual(read_header(buf, 2), (len(record), V1))
+            self.assertEqual(read_physical_offset(buf, 2), PHYSICAL_OFFSET)
+        self.assertEqual(read_header(encode_blank(64)), (64, BLANK))

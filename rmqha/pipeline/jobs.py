@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from typing import IO, Any, Sequence
 
-from rmqha.store._record import Blank, RecordError, parse_record
+from rmqha.store._record import Blank, RecordError, parse_record, read_header, record_json
 from rmqha.pipeline.scan import PlanError, hop, segments
 
 __all__ = ["stats", "export", "verify", "VerifyResult", "check_inputs", "main"]
@@ -425,7 +425,7 @@ def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
                 data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             position = 0
             while position + 8 <= len(data):
-                total = int.from_bytes(data[position : position + 4], "big", signed=True)
+                total, _ = read_header(data, position)
                 if total <= 0:
                     return None
                 if base + position + total > offset:
@@ -437,8 +437,6 @@ def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
                         return None
                     if isinstance(record, Blank):
                         return None
-                    from rmqha.store._record import record_json
-
                     fields = record_json(record)
                     return {k: fields[k] for k in _RECORD_FIELDS}
                 position += total

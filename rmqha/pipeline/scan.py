@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from rmqha.store._record import (
-    RECORD_HEADER,
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
     MESSAGE_MAGIC_V2,
@@ -38,6 +37,7 @@ from rmqha.store._record import (
     format_host,
     is_record_start,
     parse_record,
+    read_header,
     record_body_length,
     record_starts,
     record_topic,
@@ -144,7 +144,6 @@ def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
     position = 0
     buf = bytearray(_HOP_BLOCK)
     view = memoryview(buf)
-    unpack_from = RECORD_HEADER.unpack_from
     magics = (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
     with open(path, "rb", buffering=0) as f:
         block_start = 0
@@ -156,7 +155,7 @@ def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
                 block_len = f.readinto(view)
                 if block_len < 8:
                     break
-            total, magic = unpack_from(buf, position - block_start)
+            total, magic = read_header(buf, position - block_start)
             if magic not in magics or total <= 0 or position + total > size:
                 break
             if position >= next_cut:
@@ -200,8 +199,7 @@ def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: i
 
 def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
     f.seek(start)
-    total: int
-    total, _ = RECORD_HEADER.unpack(f.read(8))
+    total, _ = read_header(f.read(8))
     after = start + total
     if after >= size:
         return after == size
@@ -209,8 +207,7 @@ def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
     data = f.read(40)
     if len(data) < 8:
         return True
-    follower: int
-    follower, magic = RECORD_HEADER.unpack_from(data, 0)
+    follower, magic = read_header(data)
     if magic == BLANK_MAGIC:
         return after + follower == size
     if follower == 0 and magic == 0:
@@ -342,7 +339,7 @@ def read_span(
         if wanted is not None:
             topic = record_topic(view, position, length)
             if topic is not None and topic not in wanted:
-                position += int.from_bytes(view[position : position + 4], "big")
+                position += read_header(view, position)[0]
                 continue
         try:
             record = parse_record(

@@ -38,7 +38,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from mmap import mmap
-from typing import Any, Iterator, Mapping, NamedTuple, Union, cast
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Union, cast
 
 __all__ = [
     "record_json",
@@ -66,6 +66,9 @@ __all__ = [
     "record_length",
     "is_record_start",
     "record_starts",
+    "read_header",
+    "read_physical_offset",
+    "ReplicaValidator",
 ]
 
 #: v1 magic, C{-626843481} as a Java int.
@@ -581,8 +584,9 @@ def encode_record(
 # recovery's tail checks, the scrub, the data pipeline's planner).
 
 #: TOTALSIZE and MAGICCODE: the first 8 bytes of every record and of a
-#: BLANK filler.  C{RECORD_HEADER.unpack_from(buf, pos)} is the hop.
+#: BLANK filler (L{read_header} reads them; L{encode_blank} writes them).
 RECORD_HEADER = struct.Struct(">ii")
+_read_header = RECORD_HEADER.unpack_from
 #: Where PHYSICALOFFSET (int64) sits from a record's start.
 PHYSICALOFFSET_AT = 28
 #: Where SYSFLAG (int32) sits from a record's start.
@@ -592,6 +596,28 @@ _CHECKED = struct.Struct(">8xi16xqi")
 _V6_HOSTS = SysFlag.BORNHOST_V6 | SysFlag.STOREHOST_V6
 # Where BODYLENGTH sits with IPv4 hosts (each IPv6 host adds 12 bytes).
 _BODY_LENGTH_AT = _HEADER_SIZE + 8 + 8 + 8 + 4 + 8
+
+
+Buffer = Union[bytes, bytearray, memoryview, mmap]
+
+
+def read_header(buf: Buffer, pos: int = 0) -> tuple[int, int]:
+    """
+    The header hop: C{(TOTALSIZE, MAGICCODE)} of the record or BLANK filler
+    at C{buf[pos:]} (8 bytes must be there), unchecked; L{check_header} or
+    L{parse_record} judge it.  The next record starts C{TOTALSIZE} bytes on.
+    """
+    header: tuple[int, int] = _read_header(buf, pos)
+    return header
+
+
+def read_physical_offset(buf: Buffer, pos: int) -> int:
+    """
+    The PHYSICALOFFSET field of the message record at C{buf[pos:]} (36
+    bytes must be there), unchecked: where the record says it starts.
+    """
+    physical: int = _LONG.unpack_from(buf, pos + PHYSICALOFFSET_AT)[0]
+    return physical
 
 
 def body_length_at(sysflag: int) -> int:
@@ -675,6 +701,89 @@ def check_record(
     return None
 
 
+class ReplicaValidator:
+    """
+    The replica path's incremental check: bytes a master sent arrive in
+    chunks that cut through records; after each chunk, L{advance} checks
+    the records it completed (L{check_header}, L{check_record}: size,
+    magic, PHYSICALOFFSET, that the fields add up, body CRC, and that a
+    BLANK filler reaches exactly its segment's end) and tells how far the
+    whole, valid records now reach.
+
+    It holds no position: the caller owns the record end (puts, cuts and
+    truncation move it too) and passes it in.  Bytes of a record that began
+    in an earlier chunk come from C{read}, never from a mapping (which would
+    map a whole replicated log into the process).
+
+    @ivar segment_size: the log's segment size; segments start at its
+        multiples and every segment but the last is full.
+    """
+
+    __slots__ = ("segment_size", "_read")
+
+    def __init__(self, segment_size: int, read: Callable[[int, int], bytes]) -> None:
+        """
+        @param read: C{read(offset, length)}: C{length} bytes of the log
+            from C{offset}, all of them already written.
+        """
+        self.segment_size = segment_size
+        self._read = read
+
+    def advance(
+        self, record_end: int, max_offset: int, chunk_offset: int, chunk: Buffer
+    ) -> int:
+        """
+        Check the records between C{record_end} (a record boundary) and
+        C{max_offset} that are now complete; C{chunk} holds the log's bytes
+        from C{chunk_offset} (the ones just appended).
+
+        @return: the new record end: the end of the last whole record, or
+            the next segment's start after a BLANK filler.
+        @raise RecordError: a completed record (at C{e.offset}) is invalid;
+            C{e.reason} says why.
+        """
+        chunk_end = chunk_offset + len(chunk)
+        end = record_end
+        size = self.segment_size
+        read = self._read
+        header_at = _read_header
+        while end < max_offset:
+            position = end % size
+            segment_start = end - position
+            wrote = min(size, max_offset - segment_start)
+            # Hop record to record inside this segment (the hot loop: one
+            # pass per replicated record).
+            while position < size:
+                if wrote - position < 8:
+                    return end
+                in_chunk = chunk_offset <= end and end + 8 <= chunk_end
+                if in_chunk:
+                    total, magic = header_at(chunk, end - chunk_offset)
+                else:
+                    total, magic = header_at(read(end, 8))
+                why = check_header(total, magic, position, size)
+                if why is not None:
+                    raise RecordError(end, why)
+                if magic == BLANK_MAGIC:
+                    if wrote < size:
+                        return end
+                    position = size
+                    break
+                if position + total > wrote:
+                    return end
+                if in_chunk and end + total <= chunk_end:
+                    why = check_record(chunk, end - chunk_offset, end, total, magic)
+                else:
+                    why = check_record(read(end, total), 0, end, total, magic)
+                if why is not None:
+                    raise RecordError(end, why)
+                end += total
+                position += total
+            if position >= size:
+                end = segment_start + size
+        return end
+
+
 def record_body_length(buf: bytes | bytearray | memoryview | mmap, pos: int) -> int:
     """
     BODYLENGTH of the message record at C{buf[pos:]}, whose header has been
@@ -694,7 +803,7 @@ def record_topic(buf: bytes | bytearray | memoryview | mmap, pos: int, end: int)
     """
     if end - pos < _HEADER_SIZE:
         return None
-    total, magic = RECORD_HEADER.unpack_from(buf, pos)
+    total, magic = _read_header(buf, pos)
     if (magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2) or not (
         _MIN_FIXED <= total <= end - pos
     ):
@@ -738,12 +847,12 @@ def is_record_start(
     """
     if p < 0 or p + PHYSICALOFFSET_AT + 8 > len(buf):
         return False
-    total, magic = RECORD_HEADER.unpack_from(buf, p)
+    total, magic = _read_header(buf, p)
     if magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2) or not (
         _MIN_FIXED <= total <= size - p
     ):
         return False
-    return bool(_LONG.unpack_from(buf, p + PHYSICALOFFSET_AT)[0] == base + p)
+    return read_physical_offset(buf, p) == base + p
 
 
 def record_starts(
@@ -811,7 +920,7 @@ def parse_record(
         raise RecordError(
             offset, f"truncated: {available} bytes left, a record header needs 8"
         )
-    total, magic = RECORD_HEADER.unpack_from(buf, pos)
+    total, magic = _read_header(buf, pos)
     if magic == BLANK_MAGIC:
         if total != available:
             raise RecordError(

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from rmqha.store._record import (
-    RECORD_HEADER,
     is_message_magic,
+    read_header,
 )
 from rmqha.store.errors import (
     _QUARANTINE,
@@ -498,7 +498,7 @@ def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:
     """
     if written - position < 8:
         return True
-    total, magic = RECORD_HEADER.unpack_from(mm, position)
+    total, magic = read_header(mm, position)
     return (
         is_message_magic(magic)
         and written - position < total <= size - position

@@ -41,10 +41,6 @@ from twisted.logger import Logger
 
 from rmqha.store._queues import _UNCOUNTED, QueueTable
 from rmqha.store._record import (
-    RECORD_HEADER,
-    check_header,
-    check_record,
-    BLANK_MAGIC,
     Blank,
     DEFAULT_MAX_MESSAGE_SIZE,
     END_FILE_MIN_BLANK_LENGTH,
@@ -54,10 +50,12 @@ from rmqha.store._record import (
     Record,
     RecordEncoder,
     RecordError,
+    ReplicaValidator,
     SysFlag,
     encode_blank,
     offset_msg_id,
     parse_record,
+    read_header,
 )
 from rmqha.store._recovery import (
     RecoveryReport,
@@ -194,6 +192,7 @@ class CommitLog:
         # Every byte before this is whole records (and BLANKs); a replica's
         # bytes after it are a record still arriving.
         self._record_end = self.max_offset
+        self._validator = ReplicaValidator(segment_size, self.read)
         self._flushes_in_flight = 0
         self._closed = False
         self._queues = QueueTable(store_dir)
@@ -596,58 +595,19 @@ class CommitLog:
 
     def _advance_record_end(self, chunk_offset: int, chunk: memoryview) -> None:
         """
-        Validate the records replica appends have completed and move the
-        record end past them: each record's size, magic, PHYSICALOFFSET and
-        body CRC, and that a BLANK filler reaches exactly the segment's end.
-        Headers and bodies come from C{chunk}, the bytes just appended at
-        C{chunk_offset}, or from the file for a record that began in an
-        earlier append — never through the mapping, which would map the
-        whole replicated log into this process.
+        Move the record end past the records replica appends completed,
+        validated by L{ReplicaValidator} (the chunk just appended at
+        C{chunk_offset}, or the file for a record that began earlier).
 
         @raise CorruptReplicaError: a completed record is invalid; the log
             is cut back to its start first (it was never acknowledged).
         """
-        chunk_end = chunk_offset + len(chunk)
-        end = self._record_end
-        max_offset = self.max_offset
-        header_at = RECORD_HEADER.unpack_from
-        while end < max_offset:
-            segment, position, _ = self._locate(end, 0)
-            size, wrote = segment.size, segment.wrote
-            # Hop record to record inside this segment (the hot loop: one
-            # pass per replicated record).
-            while position < size:
-                if wrote - position < 8:
-                    self._record_end = end
-                    return
-                in_chunk = chunk_offset <= end and end + 8 <= chunk_end
-                if in_chunk:
-                    total, magic = header_at(chunk, end - chunk_offset)
-                else:
-                    total, magic = RECORD_HEADER.unpack(segment.pread(position, 8))
-                why = check_header(total, magic, position, size)
-                if why is not None:
-                    self._reject(end, why)
-                if magic == BLANK_MAGIC:
-                    if wrote < size:
-                        self._record_end = end
-                        return
-                    position = size
-                    break
-                if position + total > wrote:
-                    self._record_end = end
-                    return
-                if in_chunk and end + total <= chunk_end:
-                    why = check_record(chunk, end - chunk_offset, end, total, magic)
-                else:
-                    why = check_record(segment.pread(position, total), 0, end, total, magic)
-                if why is not None:
-                    self._reject(end, why)
-                end += total
-                position += total
-            if position >= size:
-                end = segment.start + size
-        self._record_end = end
+        try:
+            self._record_end = self._validator.advance(
+                self._record_end, self.max_offset, chunk_offset, chunk
+            )
+        except RecordError as e:
+            self._reject(e.offset, e.reason)
 
     def _reject(self, offset: int, reason: str) -> NoReturn:
         """
@@ -688,7 +648,7 @@ class CommitLog:
         while True:
             if hop + 8 > segment.wrote:
                 return segment.start + hop
-            total, magic = RECORD_HEADER.unpack(segment.pread(hop, 8))
+            total, _ = read_header(segment.pread(hop, 8))
             if total <= 0 or hop + total > position:
                 return segment.start + hop
             hop += total

@@ -29,7 +29,6 @@ instead of reporting the bytes there.  See docs/store.md, "Scrub".
 from __future__ import annotations
 
 import os
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,14 +41,14 @@ from twisted.python.failure import Failure
 
 from rmqha.store._record import (
     PHYSICALOFFSET_AT,
-    RECORD_HEADER,
     MAGIC_BYTES,
     BLANK_MAGIC,
-    MIN_RECORD_SIZE,
     Blank,
     RecordError,
-    is_message_magic,
+    check_header,
     parse_record,
+    read_header,
+    read_physical_offset,
 )
 from rmqha._units import parse_size
 from rmqha.store._segments import segment_name
@@ -93,7 +92,6 @@ IDLE_DELAY = 1.0
 # before did not; then the walk moves on (the next pass looks again).
 _MAX_REREADS = 2
 
-_PHYSICAL = struct.Struct(">q")
 _FADVISE = getattr(os, "posix_fadvise", None)
 _DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 0)
 
@@ -180,7 +178,21 @@ def _placed(buf: bytes, pos: int, end: int, here: int) -> bool:
     L{parse_record} judges the record.
     """
     return end - pos < PHYSICALOFFSET_AT + 8 or (
-        _PHYSICAL.unpack_from(buf, pos + PHYSICALOFFSET_AT)[0] == here
+        read_physical_offset(buf, pos) == here
+    )
+
+
+def _continues(total: int, magic: int, room: int, position: int, size: int) -> bool:
+    """
+    Whether the header C{(total, magic)} at C{position} of a segment of
+    C{size} bytes may start a message record running past the C{room}
+    bytes left in the chunk (L{check_header}; L{parse_record} judges it
+    once it is read whole).
+    """
+    return (
+        total > room
+        and magic != BLANK_MAGIC
+        and check_header(total, magic, position, size) is None
     )
 
 
@@ -246,8 +258,8 @@ def check_chunk(
                 return ChunkResult(resume, True, None, findings, records, want=8)
             pos = candidate
             here = offset + pos
-            total, _ = RECORD_HEADER.unpack_from(buf, pos)
-            if total > end - pos and MIN_RECORD_SIZE <= total <= segment_end - here:
+            total, magic = read_header(buf, pos)
+            if _continues(total, magic, end - pos, here - segment_start, segment_size):
                 if _placed(buf, pos, end, here):
                     # Maybe a record, continuing after this chunk: read all
                     # of it next time (once it is below the stable end).
@@ -272,7 +284,7 @@ def check_chunk(
             if not at_limit or limit < segment_end:
                 return ChunkResult(here, False, anchor, findings, records, want=8)
         else:
-            total, magic = RECORD_HEADER.unpack_from(buf, pos)
+            total, magic = read_header(buf, pos)
             if magic == BLANK_MAGIC:
                 # Nothing after a BLANK is read: its size must reach the
                 # segment's end, which parse_record checks against "end".
@@ -284,16 +296,12 @@ def check_chunk(
                     pos += 1
                     continue
                 return ChunkResult(segment_end, False, None, findings, records)
-            if (
-                is_message_magic(magic)
-                and MIN_RECORD_SIZE <= total <= segment_end - here
-                and total > end - pos
-            ):
+            if _continues(total, magic, end - pos, here - segment_start, segment_size):
                 if _placed(buf, pos, end, here):
                     # The record continues after this chunk: read all of it
                     # next time (once it is below the stable end).
                     return ChunkResult(here, False, anchor, findings, records, want=total)
-                physical = _PHYSICAL.unpack_from(buf, pos + PHYSICALOFFSET_AT)[0]
+                physical = read_physical_offset(buf, pos)
                 findings.append(Finding(
                     here, f"PHYSICALOFFSET field says {physical}, the record is at {here}"
                 ))
