@@ -293,6 +293,7 @@ def _run_slave(
     seconds: float,
     tls: str | None = None,
     checked: bool = False,
+    segment_size: int | None = None,
 ) -> None:
     """
     A slave following 127.0.0.1:PORT until it holds TARGET bytes (or, when
@@ -314,7 +315,8 @@ def _run_slave(
 
         files = TLSFiles(f"{tls}/slave-slave.pem", f"{tls}/slave-slave.key", f"{tls}/ca.pem")
         endpoint = client_endpoint(reactor, "127.0.0.1", port, files)
-    commitlog = CommitLog.open(store, clock=reactor.seconds)
+    # The master's segment size: a slave's must be its master's.
+    commitlog = CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds)
     started = time.perf_counter()
     state = {"max_rss": 0, "done": False}
 
@@ -435,6 +437,7 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         slave = _spawn(
             "_run-slave", slave_store, str(port), str(target), str(args.throttle),
             str(args.throttle_seconds), *(("--checked",) if checked else ()),
+            "--segment-size", str(_segment_size(master_store)),
         )
         slow = _json_line(slave)
         slave.wait()
@@ -472,6 +475,15 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _segment_size(store: str) -> int:
+    """
+    The segment size of the master's C{store}, which its slave must use
+    (a slave with another one halts: docs/replication.md).
+    """
+    with CommitLog.open(store, read_only=True) as log:
+        return log.segment_size
+
+
 def _settle() -> None:
     """
     Write back what earlier phases left dirty, so it does not slow the
@@ -501,7 +513,8 @@ def _rmqha_run(
     port = _json_line(master)["port"]
     framing = ("--checked",) if checked else ()
     slave = _spawn(
-        "_run-slave", slave_store, str(port), str(target), "0", "0", *extra, *framing
+        "_run-slave", slave_store, str(port), str(target), "0", "0", *extra, *framing,
+        "--segment-size", str(_segment_size(master_store)),
     )
     result = _json_line(slave)
     slave.wait()
@@ -847,13 +860,14 @@ def main(argv: list[str] | None = None) -> None:
             helper.add_argument("--tls", default=None, help="an rmqha certs init directory")
         if name == "_run-slave":
             helper.add_argument("--checked", action="store_true", help="checked framing")
+            helper.add_argument("--segment-size", type=int, default=None)
     args = parser.parse_args(argv)
     if args.benchmark == "_serve-master":
         return _serve_master(args.store, args.tls)
     if args.benchmark == "_run-slave":
         return _run_slave(
             args.store, int(args.port), int(args.target), float(args.throttle),
-            float(args.seconds), args.tls, args.checked,
+            float(args.seconds), args.tls, args.checked, args.segment_size,
         )
     if args.benchmark == "_spark-scan":
         return _spark_scan(args.store, args.master, args.bodies)
