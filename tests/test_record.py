@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
+from rmqha.store import _record
 from rmqha.store._record import (
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
@@ -1252,6 +1253,31 @@ class ReplicaCheckTests(SynchronousTestCase):
         damaged[record.index(b"Hello RocketMQ")] ^= 1
         self.assertEqual(
             check_record(bytes(damaged), 0, PHYSICAL_OFFSET, total, magic), "body CRC mismatch"
+        )
+
+    def test_topic_length_is_signed(self) -> None:
+        """
+        A v1 topic length byte of 128 or more is negative, to the replica
+        check as to L{parse_record} (and RocketMQ's Java): a record whose
+        fields add up only when that byte is read unsigned is refused by
+        both, so a slave never acknowledges what its recovery would call
+        damage.
+        """
+        record = encode(sample_message())
+        total, magic = struct.unpack_from(">ii", record)
+        sysflag = struct.unpack_from(">i", record, 36)[0]
+        body_at = _record.body_length_at(sysflag)
+        (body_length,) = struct.unpack_from(">i", record, body_at)
+        topic_at = body_at + 4 + body_length
+        old_length = record[topic_at]
+        forged = bytearray(record[:topic_at])
+        forged += bytes([200]) + b"T" * 200 + record[topic_at + 1 + old_length :]
+        struct.pack_into(">i", forged, 0, len(forged))
+        self.assertIn(
+            "negative", check_record(bytes(forged), 0, PHYSICAL_OFFSET, len(forged), magic) or ""
+        )
+        self.assertRaises(
+            RecordError, parse_record, bytes(forged), 0, len(forged), PHYSICAL_OFFSET
         )
 
     @settings(deadline=None, derandomize=True, max_examples=500)

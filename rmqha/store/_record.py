@@ -686,10 +686,17 @@ def check_record(
     topic_at = body_at + body_length
     if body_length < 0 or topic_at + 2 > record_end:
         return f"body length {body_length} does not fit"
+    # Signed, as L{parse_record} and RocketMQ's Java read it: a length the
+    # decoder refuses is refused here too, so a slave never acknowledges a
+    # record its own recovery would call damage.
     if magic == MESSAGE_MAGIC_V1:
-        properties_at = topic_at + 1 + record[topic_at]
+        topic_length = record[topic_at] if record[topic_at] < 128 else record[topic_at] - 256
+        properties_at = topic_at + 1 + topic_length
     else:
-        properties_at = topic_at + 2 + _SHORT.unpack_from(record, topic_at)[0]
+        (topic_length,) = _SHORT.unpack_from(record, topic_at)
+        properties_at = topic_at + 2 + topic_length
+    if topic_length < 0:
+        return f"topic length {topic_length} is negative"
     if properties_at + 2 > record_end or (
         properties_at + 2 + _SHORT.unpack_from(record, properties_at)[0] != record_end
     ):
