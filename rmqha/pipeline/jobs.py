@@ -13,11 +13,14 @@ C{python -m rmqha.pipeline.jobs JOB ...} or with C{spark-submit}:
     export DIR OUT [--format F]  the records to Parquet (or ORC / JSON),
                                  partitioned by topic
     verify MASTER SLAVE          is the slave's store a prefix of the master's?
-                                 prints "consistent" (exit 0) or the first
-                                 divergent byte offset and its record (exit 1)
+                                 prints "consistent" (exit 0), or the first
+                                 divergent byte shown (master's and slave's
+                                 bytes), its offset and record (exit 1), or
+                                 "could not compare: ..." (exit 2)
 
 Each runs on C{local[*]} unless C{--spark-master} says otherwise (or
-C{spark-submit} set a master).  Errors are one line, exit status 2; the
+C{spark-submit} set a master).  Errors are one line, exit status 2 from
+every entry point (a Spark failure caused by our error too); the
 inputs (a store where one is read, C{OUT} free where one is written) are
 checked by L{check_inputs} before Spark is started.  No job overwrites a
 file: C{export} writes into a temporary sibling of C{OUT} and renames it
@@ -31,16 +34,21 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
+import socket
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, Sequence
 
 from rmqha.store._record import Blank, RecordError, parse_record, read_header, record_json
 from rmqha.pipeline.scan import PlanError, hop, segments
 
-__all__ = ["stats", "export", "verify", "VerifyResult", "check_inputs", "main"]
+__all__ = [
+    "stats", "export", "verify", "VerifyResult", "CompareError", "check_inputs",
+    "error_line", "main",
+]
 
 #: Bytes per block compared by one verify task, and hashed at once.
 VERIFY_BLOCK = 8 * 1024 * 1024
@@ -268,6 +276,8 @@ class VerifyResult:
     problems: list[str]
     divergent_offset: int | None = None
     record: dict[str, Any] | None = None
+    #: The differing bytes, shown (L{prove_difference}).
+    shown: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         if self.consistent:
@@ -277,6 +287,7 @@ class VerifyResult:
             ]
         out = list(self.problems)
         if self.divergent_offset is not None:
+            out.extend(self.shown)
             out.append(f"first divergent byte at offset {self.divergent_offset}")
             if self.record is not None:
                 r = self.record
@@ -306,28 +317,114 @@ def _store_layout(store_dir: str) -> tuple[list[tuple[int, str, int]], int, int]
     return found, size, max_offset
 
 
-def _compare_block(task: tuple[int, str, str | None, int, int]) -> tuple[int, bool]:
+class CompareError(Exception):
     """
-    Hash one block of both files (a missing or short master file counts
-    as different); return C{(task index, equal)}.
+    C{verify} could not compare (a block unreadable, or a difference the
+    executors reported that the driver cannot show): neither consistent nor
+    divergent.  Exit status 2.
+    """
+
+    def __str__(self) -> str:
+        return f"could not compare: {self.args[0]}"
+
+
+def _read_block(path: str, position: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(position)
+        return f.read(length)
+
+
+def _unreadable(path: str, e: OSError) -> str:
+    """
+    Why C{path} could not be read, naming this host (an executor's, when
+    called in a task).
+    """
+    return f"cannot read {path} on host {socket.gethostname()}: {e.strerror or e}"
+
+
+def _compare_block(task: tuple[int, str, str | None, int, int]) -> tuple[int, str | None]:
+    """
+    Compare one block of both files by blake2b checksums; return C{(task
+    index, verdict)}: C{"equal"}, C{"different"} (a missing or short master
+    file is different: the slave holds bytes the master lacks) or the one
+    line why a file could not be read (never counted as different).
     """
     index, slave_path, master_path, position, length = task
+    try:
+        theirs = _read_block(slave_path, position, length)
+    except OSError as e:
+        return index, _unreadable(slave_path, e)
+    if len(theirs) != length:
+        return index, f"{slave_path} on host {socket.gethostname()}: short read at {position}"
+    if master_path is None:
+        return index, "different"
+    try:
+        ours = _read_block(master_path, position, length)
+    except OSError as e:
+        return index, _unreadable(master_path, e)
+    if len(ours) != length:
+        return index, "different"
+    same = hashlib.blake2b(theirs, digest_size=16).digest() == hashlib.blake2b(
+        ours, digest_size=16
+    ).digest()
+    return index, "equal" if same else "different"
 
-    def digest(path: str | None) -> bytes | None:
-        if path is None:
-            return None
-        try:
-            with open(path, "rb") as f:
-                f.seek(position)
-                data = f.read(length)
-        except OSError:
-            return None
-        if len(data) != length:
-            return None
-        return hashlib.blake2b(data, digest_size=16).digest()
 
-    a = digest(slave_path)
-    return index, a is not None and a == digest(master_path)
+def first_difference(slave: bytes, master: bytes) -> int | None:
+    """
+    The index of the first byte where C{slave} differs from C{master} (a
+    master shorter than the slave differs where it ends), or C{None} when
+    the slave's bytes equal the master's.
+    """
+    for i, (a, b) in enumerate(zip(slave, master)):
+        if a != b:
+            return i
+    if len(master) < len(slave):
+        return len(master)
+    return None
+
+
+def hex_window(data: bytes, index: int, radius: int = 8) -> str:
+    """
+    The bytes around C{data[index]} in hex, that byte in brackets (C{--}
+    where C{data} has none).
+    """
+    lo = max(0, index - radius)
+    cells = [f"{b:02x}" for b in data[lo : index + radius + 1]]
+    at = index - lo
+    if at < len(cells):
+        cells[at] = f"[{cells[at]}]"
+    else:
+        cells.append("[--]")
+    return " ".join(cells)
+
+
+def prove_difference(
+    slave: bytes, master: bytes, start: int
+) -> tuple[int, list[str]]:
+    """
+    Find and show the first differing byte of a block the executors
+    flagged (C{start}: the block's first offset): its offset and the lines
+    showing the master's and the slave's bytes there.  Raises
+    L{CompareError} when the bytes are equal: a difference not shown is
+    not a divergence.
+    """
+    i = first_difference(slave, master)
+    if i is None:
+        raise CompareError(
+            f"block at offset {start} ({len(slave)} bytes) was reported different by an "
+            "executor but its bytes read on the driver are equal (did a file change, or "
+            "do the executors see other files than the driver?)"
+        )
+
+    def value(data: bytes) -> str:
+        return f"0x{data[i]:02x}" if i < len(data) else "none (the master ends)"
+
+    return start + i, [
+        f"master byte {value(master)}, slave byte {value(slave)}",
+        f"master: {hex_window(master, i)}",
+        f"slave:  {hex_window(slave, i)}",
+    ]
 
 
 def verify(spark: Any, master_dir: str, slave_dir: str) -> VerifyResult:
@@ -378,40 +475,43 @@ def verify(spark: Any, master_dir: str, slave_dir: str) -> VerifyResult:
             position += n
     compared = sum(t[4] for t in tasks)
     divergent = None
+    shown: list[str] = []
     if tasks:
         failed = (
             spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 256)))
             .map(_compare_block)
-            .filter(lambda r: not r[1])
-            .keys()
+            .filter(lambda r: r[1] != "equal")
             .collect()
         )
+        errors = sorted((i, v) for i, v in failed if v != "different")
+        if errors:
+            raise CompareError(errors[0][1])
         if failed:
-            first = min(failed)
-            divergent = _first_difference(tasks[first], bases[first])
+            first = min(i for i, _ in failed)
+            divergent, shown = _first_difference(tasks[first], bases[first])
     record = None
     if divergent is not None:
         record = _record_at(master_dir, divergent)
     consistent = not problems and divergent is None
     return VerifyResult(
-        consistent, compared, slave_max, master_max, problems, divergent, record
+        consistent, compared, slave_max, master_max, problems, divergent, record, shown
     )
 
 
-def _first_difference(task: tuple[int, str, str | None, int, int], base: int) -> int:
+def _first_difference(
+    task: tuple[int, str, str | None, int, int], base: int
+) -> tuple[int, list[str]]:
+    """
+    Read a flagged block on the driver and prove its first difference
+    (L{prove_difference}); an unreadable file is a L{CompareError}.
+    """
     _, slave_path, master_path, position, length = task
-    with open(slave_path, "rb") as f:
-        f.seek(position)
-        theirs = f.read(length)
-    ours = b""
-    if master_path is not None:
-        with open(master_path, "rb") as f:
-            f.seek(position)
-            ours = f.read(length)
-    for i, (a, b) in enumerate(zip(theirs, ours)):
-        if a != b:
-            return base + position + i
-    return base + position + min(len(theirs), len(ours))
+    try:
+        theirs = _read_block(slave_path, position, length)
+        ours = b"" if master_path is None else _read_block(master_path, position, length)
+    except OSError as e:
+        raise CompareError(_unreadable(e.filename or slave_path, e)) from None
+    return prove_difference(theirs, ours, base + position)
 
 
 def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
@@ -510,9 +610,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args, sys.stdout)
-    except (ValueError, PlanError, OSError) as e:
-        print(f"rmqha pipeline: error: {e}", file=sys.stderr)
+    except Exception as e:
+        line = error_line(e)
+        if line is None:
+            raise
+        print(f"rmqha pipeline: error: {line}", file=sys.stderr)
         return 2
+
+
+def error_line(e: BaseException) -> str | None:
+    """
+    The one line to print for a job's failure C{e} (exit status 2), or
+    C{None} when it is not one of ours (a bug: let its trace show).  A
+    Spark failure whose cause is our error (raised in a task, wrapped in
+    a Py4J / PySpark trace) becomes that error's line.
+    """
+    if isinstance(e, OSError):
+        name = f"{e.filename}: " if e.filename else ""
+        return f"{name}{e.strerror or e}"
+    if isinstance(e, (ValueError, PlanError, CompareError)):
+        return str(e)
+    text = str(e)
+    for ours in (CompareError, PlanError):
+        found = re.findall(rf"\b{ours.__name__}: (.*)", text)
+        if found:
+            message: str = found[-1].strip()
+            return message
+    return None
 
 
 if __name__ == "__main__":  # spark-submit .../rmqha/pipeline/jobs.py JOB ...
