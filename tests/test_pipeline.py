@@ -485,3 +485,23 @@ class VerdictTests(SynchronousTestCase):
         )
         self.assertEqual(str(CompareError("x")), "could not compare: x")
         self.assertIsNone(error_line(RuntimeError("NullPointerException")))
+
+
+class StatsBucketTests(SynchronousTestCase):
+    """
+    C{stats}' time bucket, chosen from the store's span.
+    """
+
+    def test_bucket_from_span(self) -> None:
+        """
+        Minutes under 2 hours, hours up to 4 days, days beyond.
+        """
+        from rmqha.pipeline.jobs import time_bucket
+
+        hour = 3600 * 1000
+        t0 = 1_700_000_000_000
+        self.assertEqual(time_bucket(t0, t0), "minute")
+        self.assertEqual(time_bucket(t0, t0 + 2 * hour - 1), "minute")
+        self.assertEqual(time_bucket(t0, t0 + 2 * hour), "hour")
+        self.assertEqual(time_bucket(t0, t0 + 96 * hour), "hour")
+        self.assertEqual(time_bucket(t0, t0 + 96 * hour + 1), "day")

@@ -199,9 +199,13 @@ class JobTests(SynchronousTestCase):
             self.assertEqual(topic["messages"], len(mine))
             self.assertEqual(topic["bytes"], sum(int(r["size"]) for r in mine))  # type: ignore[call-overload]
             self.assertLessEqual(topic["body_size_p50"], topic["body_size_p99"])
-        self.assertEqual(sum(h["messages"] for h in result["hourly"]), len(rows))
+        self.assertEqual(sum(h["messages"] for h in result["series"]), len(rows))
         with open(os.path.join(out, "stats.json")) as f:
-            self.assertEqual(json.load(f)["messages"], len(rows))
+            written = json.load(f)
+        self.assertEqual(written["messages"], len(rows))
+        # A fresh store spans seconds: per minute, not one dot per hour.
+        self.assertEqual(written["bucket"], "minute")
+        self.assertRegex(written["series"][0]["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
         with open(os.path.join(out, "stats.png"), "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 

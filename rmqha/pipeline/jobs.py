@@ -7,7 +7,8 @@ C{python -m rmqha.pipeline.jobs JOB ...} or with C{spark-submit}:
         "$(python -c 'import rmqha.pipeline.jobs as j; print(j.__file__)')" \\
         stats /shared/store --out /shared/stats
 
-    stats DIR [--out DIR]        per topic and hour: messages, bytes, body-size
+    stats DIR [--out DIR]        per topic and minute, hour or day (from the
+                                 store's span): messages, bytes, body-size
                                  and store-born latency percentiles; stats.json
                                  and stats.png
     export DIR OUT [--format F]  the records to Parquet (or ORC / JSON),
@@ -69,15 +70,18 @@ def _load(spark: Any, store_dir: str, **options: str) -> Any:
 
 def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, Any]:
     """
-    Per topic and per hour (of the store timestamp, UTC): messages, bytes,
-    and percentiles of body size and of store − born latency (ms).  Written
-    as C{stats.json} and C{stats.png} into C{out_dir} when given.
+    Per topic and per time bucket (of the store timestamp, UTC; the bucket
+    from the store's span, L{time_bucket}): messages, bytes, and
+    percentiles of body size and of store − born latency (ms).  Written as
+    C{stats.json} and C{stats.png} into C{out_dir} when given.
     """
     from pyspark.sql import functions as F
 
     df = _load(spark, store_dir, bodies="false")
-    hour = F.date_format(
-        F.date_trunc("hour", F.timestamp_millis("store_timestamp")), "yyyy-MM-dd'T'HH:00'Z'"
+    span = df.agg(F.min("store_timestamp"), F.max("store_timestamp")).first()
+    bucket = time_bucket(span[0] or 0, span[1] or 0)
+    time = F.date_format(
+        F.date_trunc(bucket, F.timestamp_millis("store_timestamp")), _BUCKET_FORMATS[bucket]
     )
     latency = F.col("store_timestamp") - F.col("born_timestamp")
 
@@ -108,7 +112,7 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
     previous = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     try:
-        hourly = [row(r) for r in summary("topic", hour.alias("hour"))]
+        series = [row(r) for r in summary("topic", time.alias("time"))]
         topics = [row(r) for r in summary("topic")]
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous)
@@ -117,7 +121,8 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
         "messages": sum(t["messages"] for t in topics),
         "bytes": sum(t["bytes"] for t in topics),
         "topics": topics,
-        "hourly": hourly,
+        "bucket": bucket,
+        "series": series,
     }
     if out_dir is not None:
         _check_stats_out(out_dir)
@@ -141,9 +146,36 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
     return result
 
 
+#: How each time bucket is written in C{stats.json} (Spark date patterns).
+_BUCKET_FORMATS = {
+    "minute": "yyyy-MM-dd'T'HH:mm'Z'",
+    "hour": "yyyy-MM-dd'T'HH:00'Z'",
+    "day": "yyyy-MM-dd",
+}
+#: At most this many topics get their own panel in C{stats.png}; the rest
+#: are summed into one last panel.
+_CHART_TOPICS = 12
+
+
+def time_bucket(first_ms: int, last_ms: int) -> str:
+    """
+    The time bucket for a store whose store timestamps span C{first_ms} to
+    C{last_ms}: C{"minute"} under 2 hours (a fresh store is more than one
+    dot), C{"hour"} up to 4 days, C{"day"} beyond.
+    """
+    span = last_ms - first_ms
+    if span < 2 * 3600 * 1000:
+        return "minute"
+    if span <= 4 * 24 * 3600 * 1000:
+        return "hour"
+    return "day"
+
+
 def _chart(result: dict[str, Any]) -> bytes:
     """
-    Messages per hour, one line per topic (the ten largest topics), as PNG.
+    Messages per time bucket as PNG: one panel per topic (largest first,
+    all on the same time axis, none hidden behind another); past
+    L{_CHART_TOPICS}, the remaining topics are summed into a last panel.
     """
     import io
 
@@ -152,18 +184,33 @@ def _chart(result: dict[str, Any]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hours = sorted({h["hour"] for h in result["hourly"]})
-    biggest = sorted(result["topics"], key=lambda t: -t["messages"])[:10]
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
-    for topic in (t["topic"] for t in biggest):
-        counts = {h["hour"]: h["messages"] for h in result["hourly"] if h["topic"] == topic}
-        ax.plot(range(len(hours)), [counts.get(h, 0) for h in hours], marker="o", label=topic)
-    ax.set_xticks(range(len(hours)))
-    ax.set_xticklabels([h[5:13].replace("T", " ") for h in hours], rotation=45, ha="right")
-    ax.set_ylabel("messages per hour")
-    ax.set_title(f"{result['store']}: {result['messages']:,} messages")
-    if biggest:
-        ax.legend(loc="upper left", fontsize="small")
+    bucket = result["bucket"]
+    times = sorted({h["time"] for h in result["series"]})
+    ordered = [t["topic"] for t in sorted(result["topics"], key=lambda t: -t["messages"])]
+    panels: list[tuple[str, set[str]]] = [(t, {t}) for t in ordered[:_CHART_TOPICS]]
+    if len(ordered) > _CHART_TOPICS:
+        rest = ordered[_CHART_TOPICS:]
+        panels.append((f"{len(rest)} other topics", set(rest)))
+    rows = max(1, len(panels))
+    fig, axes = plt.subplots(
+        rows, 1, figsize=(10, 1.2 + 1.6 * rows), dpi=100, sharex=True, squeeze=False
+    )
+    for ax, (label, topics) in zip(axes[:, 0], panels):
+        counts: dict[str, int] = {}
+        for h in result["series"]:
+            if h["topic"] in topics:
+                counts[h["time"]] = counts.get(h["time"], 0) + h["messages"]
+        ax.plot(range(len(times)), [counts.get(t, 0) for t in times], marker=".")
+        ax.set_ylabel("messages", fontsize="small")
+        ax.set_title(label, fontsize="small", loc="left")
+    bottom = axes[-1, 0]
+    step = max(1, len(times) // 24)  # at most ~24 labels
+    bottom.set_xticks(range(0, len(times), step))
+    bottom.set_xticklabels(
+        [t.replace("T", " ").rstrip("Z") for t in times[::step]], rotation=45, ha="right"
+    )
+    bottom.set_xlabel(f"store time (UTC), per {bucket}")
+    fig.suptitle(f"{result['store']}: {result['messages']:,} messages per {bucket}")
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png")
@@ -556,7 +603,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     jobs = parser.add_subparsers(dest="job", metavar="JOB", parser_class=type(parser))
     jobs.required = True
     for name, help_text in [
-        ("stats", "per topic and hour: counts, bytes, percentiles; JSON and PNG"),
+        ("stats", "per topic and time bucket: counts, bytes, percentiles; JSON, PNG"),
         ("export", "records to Parquet (ORC, JSON) partitioned by topic"),
         ("verify", "is a slave's store a byte-for-byte prefix of the master's?"),
     ]:
