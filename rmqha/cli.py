@@ -215,9 +215,15 @@ def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
         raise _CommandError(
             "the pipeline needs PySpark: pip install 'rmqha[spark]' (and Java 17)"
         ) from None
-    from rmqha.pipeline.jobs import run
+    from rmqha.pipeline.jobs import error_line, run
 
-    return run(args, out)
+    try:
+        return run(args, out)
+    except Exception as e:  # could not compare / read: exit 2, as every entry point
+        line = error_line(e)
+        if line is None:
+            raise
+        raise _UsageError(f"rmqha: error: {line}") from None
 
 
 def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:

@@ -403,3 +403,105 @@ class ExportOutputTests(SynchronousTestCase):
         self.assertEqual(export(_FakeSpark(fail=False), "STORE", out + "/"), 1)
         self.assertEqual(os.listdir(parent), ["parquet-out"])
         self.assertEqual(os.listdir(out), ["topic=orders"])
+
+
+class VerdictTests(SynchronousTestCase):
+    """
+    C{verify}'s block comparison and the driver's proof of a difference,
+    as pure functions (no Spark): an unreadable block is an error, never a
+    difference, and a difference is shown byte by byte or not claimed.
+    """
+
+    def test_unreadable_block_is_an_error_naming_path_and_host(self) -> None:
+        """
+        A slave (or master) file that cannot be read is reported as the
+        path and this host, not as C{"different"}.
+        """
+        import socket
+
+        from rmqha.pipeline.jobs import _compare_block
+
+        missing = os.path.join(self.mktemp(), "00000000000000000000")
+        present = self.mktemp()
+        with open(present, "wb") as f:
+            f.write(b"x" * 100)
+        for task in [(3, missing, present, 0, 100), (4, present, missing, 0, 100)]:
+            index, verdict = _compare_block(task)
+            self.assertEqual(index, task[0])
+            assert verdict is not None
+            self.assertNotEqual(verdict, "different")
+            self.assertIn(f"cannot read {missing} on host {socket.gethostname()}", verdict)
+        self.assertEqual(_compare_block((5, present, present, 0, 100)), (5, "equal"))
+
+    def test_equal_bytes_are_not_a_divergence(self) -> None:
+        """
+        The driver's search over a flagged block whose bytes are equal is
+        a "could not compare" error, not a divergence at the block's end.
+        """
+        from rmqha.pipeline.jobs import CompareError, _first_difference, prove_difference
+
+        self.assertRaises(CompareError, prove_difference, b"abc", b"abcdef", 8)
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(bytes(range(64)))
+        e = self.assertRaises(CompareError, _first_difference, (0, path, path, 16, 32), 1000)
+        self.assertTrue(str(e).startswith("could not compare: block at offset 1016"), str(e))
+
+    def test_difference_is_shown(self) -> None:
+        """
+        A difference comes with its offset and the master's and slave's
+        bytes there; a master that ends early differs where it ends.
+        """
+        from rmqha.pipeline.jobs import first_difference, prove_difference
+
+        master = bytes(range(32))
+        slave = bytearray(master)
+        slave[20] = 0xEE
+        offset, shown = prove_difference(bytes(slave), master, 4096)
+        self.assertEqual(offset, 4096 + 20)
+        self.assertEqual(shown[0], "master byte 0x14, slave byte 0xee")
+        self.assertIn("[14]", shown[1])
+        self.assertIn("[ee]", shown[2])
+        self.assertEqual(first_difference(b"abcd", b"ab"), 2)
+        self.assertIsNone(first_difference(b"ab", b"abcd"))
+        offset, shown = prove_difference(b"abcd", b"ab", 0)
+        self.assertEqual((offset, shown[0]), (2, "master byte none (the master ends), slave byte 0x63"))
+
+    def test_spark_failure_is_one_line(self) -> None:
+        """
+        A Spark failure whose cause is our error (its trace text) becomes
+        that error's one line; anything else is not ours (C{None}).
+        """
+        from rmqha.pipeline.jobs import CompareError, error_line
+
+        trace = (
+            "An error occurred while calling o1.collect.\n  File \"x\", line 1\n"
+            "rmqha.pipeline.jobs.CompareError: could not compare: cannot read /s on host h: "
+            "Permission denied\n\tat org.apache.spark.Foo(Foo.java:1)\n"
+        )
+        self.assertEqual(
+            error_line(RuntimeError(trace)),
+            "could not compare: cannot read /s on host h: Permission denied",
+        )
+        self.assertEqual(str(CompareError("x")), "could not compare: x")
+        self.assertIsNone(error_line(RuntimeError("NullPointerException")))
+
+
+class StatsBucketTests(SynchronousTestCase):
+    """
+    C{stats}' time bucket, chosen from the store's span.
+    """
+
+    def test_bucket_from_span(self) -> None:
+        """
+        Minutes under 2 hours, hours up to 4 days, days beyond.
+        """
+        from rmqha.pipeline.jobs import time_bucket
+
+        hour = 3600 * 1000
+        t0 = 1_700_000_000_000
+        self.assertEqual(time_bucket(t0, t0), "minute")
+        self.assertEqual(time_bucket(t0, t0 + 2 * hour - 1), "minute")
+        self.assertEqual(time_bucket(t0, t0 + 2 * hour), "hour")
+        self.assertEqual(time_bucket(t0, t0 + 96 * hour), "hour")
+        self.assertEqual(time_bucket(t0, t0 + 96 * hour + 1), "day")

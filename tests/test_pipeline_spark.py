@@ -122,6 +122,33 @@ class JobTests(SynchronousTestCase):
         self.assertEqual(result.record["offset"], target["offset"])
         self.assertIn(f"first divergent byte at offset {flipped}", result.lines())
 
+    def test_verify_unreadable_store_is_an_error(self) -> None:
+        """
+        A slave store the executors cannot read (here: moved away after
+        the driver planned the blocks) is a L{CompareError} naming the
+        path and the executor's host, never a divergence.
+        """
+        import socket
+
+        from rmqha.pipeline import jobs
+
+        master = random_store(self, 100, 32 * 1024, seed=24)
+        slave = self.mktemp()
+        shutil.copytree(master, slave)
+        planned = jobs._store_layout
+
+        def vanish(store_dir: str) -> tuple[list[tuple[int, str, int]], int, int]:
+            layout = planned(store_dir)
+            if store_dir == slave:
+                os.rename(slave, slave + ".gone")
+            return layout
+
+        self.patch(jobs, "_store_layout", vanish)
+        e = self.assertRaises(jobs.CompareError, jobs.verify, spark(), master, slave)
+        text = str(e)
+        self.assertTrue(text.startswith(f"could not compare: cannot read {slave}{os.sep}"), text)
+        self.assertIn(f"on host {socket.gethostname()}: No such file", text)
+
     def test_verify_truncated_slave_and_extra_segment(self) -> None:
         """
         A slave segment file cut short, and a segment the master does not
@@ -172,9 +199,13 @@ class JobTests(SynchronousTestCase):
             self.assertEqual(topic["messages"], len(mine))
             self.assertEqual(topic["bytes"], sum(int(r["size"]) for r in mine))  # type: ignore[call-overload]
             self.assertLessEqual(topic["body_size_p50"], topic["body_size_p99"])
-        self.assertEqual(sum(h["messages"] for h in result["hourly"]), len(rows))
+        self.assertEqual(sum(h["messages"] for h in result["series"]), len(rows))
         with open(os.path.join(out, "stats.json")) as f:
-            self.assertEqual(json.load(f)["messages"], len(rows))
+            written = json.load(f)
+        self.assertEqual(written["messages"], len(rows))
+        # A fresh store spans seconds: per minute, not one dot per hour.
+        self.assertEqual(written["bucket"], "minute")
+        self.assertRegex(written["series"][0]["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
         with open(os.path.join(out, "stats.png"), "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
@@ -217,8 +248,36 @@ class CommandTests(SynchronousTestCase):
         status, out, _ = self.run_cli("pipeline", "verify", master, slave)
         self.assertEqual(status, 1)
         self.assertIn("first divergent byte at offset 5000\n", out)
+        with open(segment_path(master, 0), "rb") as f:
+            f.seek(5000)
+            ours = f.read(1)[0]
+        self.assertIn(f"master byte 0x{ours:02x}, slave byte 0x{ours ^ 0xFF:02x}\n", out)
         status, _, err = self.run_cli("pipeline", "verify", master, "nowhere")
         self.assertEqual((status, err), (2, "rmqha: error: nowhere: no such directory\n"))
+
+    def test_verify_unreadable_exit_status(self) -> None:
+        """
+        A store the executors cannot read: one line "could not compare"
+        naming the path, exit 2 (never 1, a divergence).
+        """
+        from rmqha.pipeline import jobs
+
+        master = random_store(self, 50, 32 * 1024, seed=33)
+        slave = self.mktemp()
+        shutil.copytree(master, slave)
+        planned = jobs._store_layout
+
+        def vanish(store_dir: str) -> tuple[list[tuple[int, str, int]], int, int]:
+            layout = planned(store_dir)
+            if store_dir == slave:
+                shutil.rmtree(slave)
+            return layout
+
+        self.patch(jobs, "_store_layout", vanish)
+        status, out, err = self.run_cli("pipeline", "verify", master, slave)
+        self.assertEqual((status, out), (2, ""))
+        self.assertTrue(err.startswith(f"rmqha: error: could not compare: cannot read {slave}"), err)
+        self.assertEqual(err.count("\n"), 1, err)
 
     def test_stats_command(self) -> None:
         """

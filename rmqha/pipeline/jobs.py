@@ -7,17 +7,21 @@ C{python -m rmqha.pipeline.jobs JOB ...} or with C{spark-submit}:
         "$(python -c 'import rmqha.pipeline.jobs as j; print(j.__file__)')" \\
         stats /shared/store --out /shared/stats
 
-    stats DIR [--out DIR]        per topic and hour: messages, bytes, body-size
+    stats DIR [--out DIR]        per topic and minute, hour or day (from the
+                                 store's span): messages, bytes, body-size
                                  and store-born latency percentiles; stats.json
                                  and stats.png
     export DIR OUT [--format F]  the records to Parquet (or ORC / JSON),
                                  partitioned by topic
     verify MASTER SLAVE          is the slave's store a prefix of the master's?
-                                 prints "consistent" (exit 0) or the first
-                                 divergent byte offset and its record (exit 1)
+                                 prints "consistent" (exit 0), or the first
+                                 divergent byte shown (master's and slave's
+                                 bytes), its offset and record (exit 1), or
+                                 "could not compare: ..." (exit 2)
 
 Each runs on C{local[*]} unless C{--spark-master} says otherwise (or
-C{spark-submit} set a master).  Errors are one line, exit status 2; the
+C{spark-submit} set a master).  Errors are one line, exit status 2 from
+every entry point (a Spark failure caused by our error too); the
 inputs (a store where one is read, C{OUT} free where one is written) are
 checked by L{check_inputs} before Spark is started.  No job overwrites a
 file: C{export} writes into a temporary sibling of C{OUT} and renames it
@@ -31,16 +35,21 @@ import hashlib
 import json
 import mmap
 import os
+import re
 import shutil
+import socket
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, Sequence
 
 from rmqha.store._record import Blank, RecordError, parse_record, read_header, record_json
 from rmqha.pipeline.scan import PlanError, hop, segments
 
-__all__ = ["stats", "export", "verify", "VerifyResult", "check_inputs", "main"]
+__all__ = [
+    "stats", "export", "verify", "VerifyResult", "CompareError", "check_inputs",
+    "error_line", "main",
+]
 
 #: Bytes per block compared by one verify task, and hashed at once.
 VERIFY_BLOCK = 8 * 1024 * 1024
@@ -61,15 +70,18 @@ def _load(spark: Any, store_dir: str, **options: str) -> Any:
 
 def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, Any]:
     """
-    Per topic and per hour (of the store timestamp, UTC): messages, bytes,
-    and percentiles of body size and of store − born latency (ms).  Written
-    as C{stats.json} and C{stats.png} into C{out_dir} when given.
+    Per topic and per time bucket (of the store timestamp, UTC; the bucket
+    from the store's span, L{time_bucket}): messages, bytes, and
+    percentiles of body size and of store − born latency (ms).  Written as
+    C{stats.json} and C{stats.png} into C{out_dir} when given.
     """
     from pyspark.sql import functions as F
 
     df = _load(spark, store_dir, bodies="false")
-    hour = F.date_format(
-        F.date_trunc("hour", F.timestamp_millis("store_timestamp")), "yyyy-MM-dd'T'HH:00'Z'"
+    span = df.agg(F.min("store_timestamp"), F.max("store_timestamp")).first()
+    bucket = time_bucket(span[0] or 0, span[1] or 0)
+    time = F.date_format(
+        F.date_trunc(bucket, F.timestamp_millis("store_timestamp")), _BUCKET_FORMATS[bucket]
     )
     latency = F.col("store_timestamp") - F.col("born_timestamp")
 
@@ -100,7 +112,7 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
     previous = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     try:
-        hourly = [row(r) for r in summary("topic", hour.alias("hour"))]
+        series = [row(r) for r in summary("topic", time.alias("time"))]
         topics = [row(r) for r in summary("topic")]
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous)
@@ -109,7 +121,8 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
         "messages": sum(t["messages"] for t in topics),
         "bytes": sum(t["bytes"] for t in topics),
         "topics": topics,
-        "hourly": hourly,
+        "bucket": bucket,
+        "series": series,
     }
     if out_dir is not None:
         _check_stats_out(out_dir)
@@ -133,9 +146,36 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
     return result
 
 
+#: How each time bucket is written in C{stats.json} (Spark date patterns).
+_BUCKET_FORMATS = {
+    "minute": "yyyy-MM-dd'T'HH:mm'Z'",
+    "hour": "yyyy-MM-dd'T'HH:00'Z'",
+    "day": "yyyy-MM-dd",
+}
+#: At most this many topics get their own panel in C{stats.png}; the rest
+#: are summed into one last panel.
+_CHART_TOPICS = 12
+
+
+def time_bucket(first_ms: int, last_ms: int) -> str:
+    """
+    The time bucket for a store whose store timestamps span C{first_ms} to
+    C{last_ms}: C{"minute"} under 2 hours (a fresh store is more than one
+    dot), C{"hour"} up to 4 days, C{"day"} beyond.
+    """
+    span = last_ms - first_ms
+    if span < 2 * 3600 * 1000:
+        return "minute"
+    if span <= 4 * 24 * 3600 * 1000:
+        return "hour"
+    return "day"
+
+
 def _chart(result: dict[str, Any]) -> bytes:
     """
-    Messages per hour, one line per topic (the ten largest topics), as PNG.
+    Messages per time bucket as PNG: one panel per topic (largest first,
+    all on the same time axis, none hidden behind another); past
+    L{_CHART_TOPICS}, the remaining topics are summed into a last panel.
     """
     import io
 
@@ -144,18 +184,33 @@ def _chart(result: dict[str, Any]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    hours = sorted({h["hour"] for h in result["hourly"]})
-    biggest = sorted(result["topics"], key=lambda t: -t["messages"])[:10]
-    fig, ax = plt.subplots(figsize=(10, 5), dpi=100)
-    for topic in (t["topic"] for t in biggest):
-        counts = {h["hour"]: h["messages"] for h in result["hourly"] if h["topic"] == topic}
-        ax.plot(range(len(hours)), [counts.get(h, 0) for h in hours], marker="o", label=topic)
-    ax.set_xticks(range(len(hours)))
-    ax.set_xticklabels([h[5:13].replace("T", " ") for h in hours], rotation=45, ha="right")
-    ax.set_ylabel("messages per hour")
-    ax.set_title(f"{result['store']}: {result['messages']:,} messages")
-    if biggest:
-        ax.legend(loc="upper left", fontsize="small")
+    bucket = result["bucket"]
+    times = sorted({h["time"] for h in result["series"]})
+    ordered = [t["topic"] for t in sorted(result["topics"], key=lambda t: -t["messages"])]
+    panels: list[tuple[str, set[str]]] = [(t, {t}) for t in ordered[:_CHART_TOPICS]]
+    if len(ordered) > _CHART_TOPICS:
+        rest = ordered[_CHART_TOPICS:]
+        panels.append((f"{len(rest)} other topics", set(rest)))
+    rows = max(1, len(panels))
+    fig, axes = plt.subplots(
+        rows, 1, figsize=(10, 1.2 + 1.6 * rows), dpi=100, sharex=True, squeeze=False
+    )
+    for ax, (label, topics) in zip(axes[:, 0], panels):
+        counts: dict[str, int] = {}
+        for h in result["series"]:
+            if h["topic"] in topics:
+                counts[h["time"]] = counts.get(h["time"], 0) + h["messages"]
+        ax.plot(range(len(times)), [counts.get(t, 0) for t in times], marker=".")
+        ax.set_ylabel("messages", fontsize="small")
+        ax.set_title(label, fontsize="small", loc="left")
+    bottom = axes[-1, 0]
+    step = max(1, len(times) // 24)  # at most ~24 labels
+    bottom.set_xticks(range(0, len(times), step))
+    bottom.set_xticklabels(
+        [t.replace("T", " ").rstrip("Z") for t in times[::step]], rotation=45, ha="right"
+    )
+    bottom.set_xlabel(f"store time (UTC), per {bucket}")
+    fig.suptitle(f"{result['store']}: {result['messages']:,} messages per {bucket}")
     fig.tight_layout()
     png = io.BytesIO()
     fig.savefig(png, format="png")
@@ -268,6 +323,8 @@ class VerifyResult:
     problems: list[str]
     divergent_offset: int | None = None
     record: dict[str, Any] | None = None
+    #: The differing bytes, shown (L{prove_difference}).
+    shown: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         if self.consistent:
@@ -277,6 +334,7 @@ class VerifyResult:
             ]
         out = list(self.problems)
         if self.divergent_offset is not None:
+            out.extend(self.shown)
             out.append(f"first divergent byte at offset {self.divergent_offset}")
             if self.record is not None:
                 r = self.record
@@ -306,28 +364,114 @@ def _store_layout(store_dir: str) -> tuple[list[tuple[int, str, int]], int, int]
     return found, size, max_offset
 
 
-def _compare_block(task: tuple[int, str, str | None, int, int]) -> tuple[int, bool]:
+class CompareError(Exception):
     """
-    Hash one block of both files (a missing or short master file counts
-    as different); return C{(task index, equal)}.
+    C{verify} could not compare (a block unreadable, or a difference the
+    executors reported that the driver cannot show): neither consistent nor
+    divergent.  Exit status 2.
+    """
+
+    def __str__(self) -> str:
+        return f"could not compare: {self.args[0]}"
+
+
+def _read_block(path: str, position: int, length: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(position)
+        return f.read(length)
+
+
+def _unreadable(path: str, e: OSError) -> str:
+    """
+    Why C{path} could not be read, naming this host (an executor's, when
+    called in a task).
+    """
+    return f"cannot read {path} on host {socket.gethostname()}: {e.strerror or e}"
+
+
+def _compare_block(task: tuple[int, str, str | None, int, int]) -> tuple[int, str | None]:
+    """
+    Compare one block of both files by blake2b checksums; return C{(task
+    index, verdict)}: C{"equal"}, C{"different"} (a missing or short master
+    file is different: the slave holds bytes the master lacks) or the one
+    line why a file could not be read (never counted as different).
     """
     index, slave_path, master_path, position, length = task
+    try:
+        theirs = _read_block(slave_path, position, length)
+    except OSError as e:
+        return index, _unreadable(slave_path, e)
+    if len(theirs) != length:
+        return index, f"{slave_path} on host {socket.gethostname()}: short read at {position}"
+    if master_path is None:
+        return index, "different"
+    try:
+        ours = _read_block(master_path, position, length)
+    except OSError as e:
+        return index, _unreadable(master_path, e)
+    if len(ours) != length:
+        return index, "different"
+    same = hashlib.blake2b(theirs, digest_size=16).digest() == hashlib.blake2b(
+        ours, digest_size=16
+    ).digest()
+    return index, "equal" if same else "different"
 
-    def digest(path: str | None) -> bytes | None:
-        if path is None:
-            return None
-        try:
-            with open(path, "rb") as f:
-                f.seek(position)
-                data = f.read(length)
-        except OSError:
-            return None
-        if len(data) != length:
-            return None
-        return hashlib.blake2b(data, digest_size=16).digest()
 
-    a = digest(slave_path)
-    return index, a is not None and a == digest(master_path)
+def first_difference(slave: bytes, master: bytes) -> int | None:
+    """
+    The index of the first byte where C{slave} differs from C{master} (a
+    master shorter than the slave differs where it ends), or C{None} when
+    the slave's bytes equal the master's.
+    """
+    for i, (a, b) in enumerate(zip(slave, master)):
+        if a != b:
+            return i
+    if len(master) < len(slave):
+        return len(master)
+    return None
+
+
+def hex_window(data: bytes, index: int, radius: int = 8) -> str:
+    """
+    The bytes around C{data[index]} in hex, that byte in brackets (C{--}
+    where C{data} has none).
+    """
+    lo = max(0, index - radius)
+    cells = [f"{b:02x}" for b in data[lo : index + radius + 1]]
+    at = index - lo
+    if at < len(cells):
+        cells[at] = f"[{cells[at]}]"
+    else:
+        cells.append("[--]")
+    return " ".join(cells)
+
+
+def prove_difference(
+    slave: bytes, master: bytes, start: int
+) -> tuple[int, list[str]]:
+    """
+    Find and show the first differing byte of a block the executors
+    flagged (C{start}: the block's first offset): its offset and the lines
+    showing the master's and the slave's bytes there.  Raises
+    L{CompareError} when the bytes are equal: a difference not shown is
+    not a divergence.
+    """
+    i = first_difference(slave, master)
+    if i is None:
+        raise CompareError(
+            f"block at offset {start} ({len(slave)} bytes) was reported different by an "
+            "executor but its bytes read on the driver are equal (did a file change, or "
+            "do the executors see other files than the driver?)"
+        )
+
+    def value(data: bytes) -> str:
+        return f"0x{data[i]:02x}" if i < len(data) else "none (the master ends)"
+
+    return start + i, [
+        f"master byte {value(master)}, slave byte {value(slave)}",
+        f"master: {hex_window(master, i)}",
+        f"slave:  {hex_window(slave, i)}",
+    ]
 
 
 def verify(spark: Any, master_dir: str, slave_dir: str) -> VerifyResult:
@@ -378,40 +522,43 @@ def verify(spark: Any, master_dir: str, slave_dir: str) -> VerifyResult:
             position += n
     compared = sum(t[4] for t in tasks)
     divergent = None
+    shown: list[str] = []
     if tasks:
         failed = (
             spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 256)))
             .map(_compare_block)
-            .filter(lambda r: not r[1])
-            .keys()
+            .filter(lambda r: r[1] != "equal")
             .collect()
         )
+        errors = sorted((i, v) for i, v in failed if v != "different")
+        if errors:
+            raise CompareError(errors[0][1])
         if failed:
-            first = min(failed)
-            divergent = _first_difference(tasks[first], bases[first])
+            first = min(i for i, _ in failed)
+            divergent, shown = _first_difference(tasks[first], bases[first])
     record = None
     if divergent is not None:
         record = _record_at(master_dir, divergent)
     consistent = not problems and divergent is None
     return VerifyResult(
-        consistent, compared, slave_max, master_max, problems, divergent, record
+        consistent, compared, slave_max, master_max, problems, divergent, record, shown
     )
 
 
-def _first_difference(task: tuple[int, str, str | None, int, int], base: int) -> int:
+def _first_difference(
+    task: tuple[int, str, str | None, int, int], base: int
+) -> tuple[int, list[str]]:
+    """
+    Read a flagged block on the driver and prove its first difference
+    (L{prove_difference}); an unreadable file is a L{CompareError}.
+    """
     _, slave_path, master_path, position, length = task
-    with open(slave_path, "rb") as f:
-        f.seek(position)
-        theirs = f.read(length)
-    ours = b""
-    if master_path is not None:
-        with open(master_path, "rb") as f:
-            f.seek(position)
-            ours = f.read(length)
-    for i, (a, b) in enumerate(zip(theirs, ours)):
-        if a != b:
-            return base + position + i
-    return base + position + min(len(theirs), len(ours))
+    try:
+        theirs = _read_block(slave_path, position, length)
+        ours = b"" if master_path is None else _read_block(master_path, position, length)
+    except OSError as e:
+        raise CompareError(_unreadable(e.filename or slave_path, e)) from None
+    return prove_difference(theirs, ours, base + position)
 
 
 def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
@@ -456,7 +603,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     jobs = parser.add_subparsers(dest="job", metavar="JOB", parser_class=type(parser))
     jobs.required = True
     for name, help_text in [
-        ("stats", "per topic and hour: counts, bytes, percentiles; JSON and PNG"),
+        ("stats", "per topic and time bucket: counts, bytes, percentiles; JSON, PNG"),
         ("export", "records to Parquet (ORC, JSON) partitioned by topic"),
         ("verify", "is a slave's store a byte-for-byte prefix of the master's?"),
     ]:
@@ -510,9 +657,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return run(args, sys.stdout)
-    except (ValueError, PlanError, OSError) as e:
-        print(f"rmqha pipeline: error: {e}", file=sys.stderr)
+    except Exception as e:
+        line = error_line(e)
+        if line is None:
+            raise
+        print(f"rmqha pipeline: error: {line}", file=sys.stderr)
         return 2
+
+
+def error_line(e: BaseException) -> str | None:
+    """
+    The one line to print for a job's failure C{e} (exit status 2), or
+    C{None} when it is not one of ours (a bug: let its trace show).  A
+    Spark failure whose cause is our error (raised in a task, wrapped in
+    a Py4J / PySpark trace) becomes that error's line.
+    """
+    if isinstance(e, OSError):
+        name = f"{e.filename}: " if e.filename else ""
+        return f"{name}{e.strerror or e}"
+    if isinstance(e, (ValueError, PlanError, CompareError)):
+        return str(e)
+    text = str(e)
+    for ours in (CompareError, PlanError):
+        found = re.findall(rf"\b{ours.__name__}: (.*)", text)
+        if found:
+            message: str = found[-1].strip()
+            return message
+    return None
 
 
 if __name__ == "__main__":  # spark-submit .../rmqha/pipeline/jobs.py JOB ...
