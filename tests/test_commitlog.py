@@ -1256,7 +1256,7 @@ class ReplicaValidationTests(SynchronousTestCase):
         """
         A small record whose SYSFLAG claims IPv6 hosts (so its body length
         would sit past its end) is refused, whether it arrived whole or in
-        two pieces (found by python -m rmqha.fuzz: it used to raise
+        two pieces (found by python -m tools.fuzz: it used to raise
         struct.error).
         """
         good = bytearray(replica_records(0, 98))
@@ -1285,7 +1285,7 @@ class ReplicaValidationTests(SynchronousTestCase):
 class ResourceTests(SynchronousTestCase):
     """
     A long-running master keeps neither mappings nor descriptors of full
-    segments (found by python -m rmqha.soak: RSS and open files grew with
+    segments (found by python -m tools.soak: RSS and open files grew with
     every segment written).
     """
 
