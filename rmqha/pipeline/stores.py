@@ -1,0 +1,353 @@
+# -*- test-case-name: tests.test_pipeline_stores -*-
+"""
+Where the pipeline reads a commit log from.
+
+A store's location is resolved once, on the driver (L{resolve}), into a
+small picklable L{Store} that every executor opens segment by segment:
+
+    /data/store, ./store          a local path, made absolute on the driver
+                                  (executors run in their worker's
+                                  directory); every executor needs it at the
+                                  same path (a shared filesystem)
+    file:///data/store            the same, as a URI
+    s3://bucket/prefix/store      anything C{pyarrow.fs} opens by URI (S3 and
+    gs://..., hdfs://...          S3-compatible servers, GCS, HDFS), with the
+                                  usual credentials from the environment and
+                                  config files (AWS_ACCESS_KEY_ID, ~/.aws, ...)
+    rmqha+http://HOST:PORT        a live broker's admin HTTP (read-only byte
+    rmqha+https://HOST:PORT       ranges of its segment files; docs/admin.md)
+
+A store root holds a C{commitlog} directory, or is one (segment files named
+by their 20-digit start offset).  Readers only read: nothing here writes.
+A read that fails is an C{OSError} whose C{filename} names the segment's
+location; callers add the host (L{unreadable}).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+__all__ = [
+    "Segment",
+    "SegmentReader",
+    "Store",
+    "LocalStore",
+    "ArrowStore",
+    "StoreLocationError",
+    "resolve",
+    "unreadable",
+    "SEGMENT_NAME",
+]
+
+#: A segment file's name: its start offset, 20 digits.
+SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
+
+
+class StoreLocationError(ValueError):
+    """
+    A store location cannot be used (the message names it and says why):
+    not a commit log, an unknown scheme, a bad option.
+    """
+
+
+@dataclass(frozen=True)
+class Segment:
+    """
+    One segment file: commit-log offset C{base} of its first byte, its
+    20-digit C{name}, and its length in bytes.
+    """
+
+    base: int
+    name: str
+    size: int
+
+
+class SegmentReader(ABC):
+    """
+    Random access to one open segment file.  Use as a context manager.
+    """
+
+    #: The file's length.
+    size: int
+
+    @abstractmethod
+    def read_at(self, position: int, length: int) -> bytes:
+        """
+        C{length} bytes from C{position}; fewer only where the file ends.
+
+        @raise OSError: the bytes could not be read (C{filename} says which).
+        """
+
+    def close(self) -> None:
+        """
+        Release the file (or connection).
+        """
+
+    def __enter__(self) -> "SegmentReader":
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class Store(ABC):
+    """
+    A commit log somewhere, as the driver resolved it: small and picklable
+    (a task carries it to an executor, which opens segments there).
+    """
+
+    #: The resolved location, as shown in messages (absolute).
+    uri: str
+
+    @abstractmethod
+    def segments(self) -> list[Segment]:
+        """
+        The segment files, in offset order.
+
+        @raise StoreLocationError: this is not a commit log.
+        @raise OSError: it could not be listed.
+        """
+
+    @abstractmethod
+    def open(self, segment: Segment) -> SegmentReader:
+        """
+        Open C{segment} for reading.
+
+        @raise OSError: it could not be opened.
+        """
+
+    def location(self, segment: Segment) -> str:
+        """
+        Where C{segment} is, for messages.
+        """
+        return f"{self.uri.rstrip('/')}/{segment.name}"
+
+    def __str__(self) -> str:
+        return self.uri
+
+
+def unreadable(location: str, e: OSError) -> str:
+    """
+    One line: C{location} could not be read on this host (an executor's,
+    when called in a task), and why.
+    """
+    return f"cannot read {location} on host {socket.gethostname()}: {e.strerror or e}"
+
+
+# -- local files -------------------------------------------------------------
+
+
+class _FileReader(SegmentReader):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY)
+        try:
+            self.size = os.fstat(self._fd).st_size
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def read_at(self, position: int, length: int) -> bytes:
+        try:
+            chunks = []
+            while length > 0:
+                data = os.pread(self._fd, length, position)
+                if not data:
+                    break
+                chunks.append(data)
+                position += len(data)
+                length -= len(data)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except OSError as e:
+            e.filename = self.path
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class LocalStore(Store):
+    """
+    A store on a local (or shared) filesystem, by absolute path.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.uri = self.root
+
+    def directory(self) -> str:
+        """
+        The directory holding the segment files.
+        """
+        nested = os.path.join(self.root, "commitlog")
+        if os.path.isdir(nested):
+            return nested
+        if not os.path.isdir(self.root):
+            raise StoreLocationError(f"{self.root}: no such directory")
+        if any(SEGMENT_NAME.match(n) for n in os.listdir(self.root)):
+            return self.root
+        raise StoreLocationError(f"{self.root}: no commitlog directory and no segment files")
+
+    def segments(self) -> list[Segment]:
+        directory = self.directory()
+        out = []
+        for name in sorted(os.listdir(directory)):
+            path = os.path.join(directory, name)
+            if SEGMENT_NAME.match(name) and os.path.isfile(path):
+                out.append(Segment(int(name), name, os.path.getsize(path)))
+        return out
+
+    def path(self, segment: Segment) -> str:
+        """
+        The segment's file path on this host.
+        """
+        nested = os.path.join(self.root, "commitlog")
+        directory = nested if os.path.isdir(nested) else self.root
+        return os.path.join(directory, segment.name)
+
+    def location(self, segment: Segment) -> str:
+        return self.path(segment)
+
+    def open(self, segment: Segment) -> SegmentReader:
+        return _FileReader(self.path(segment))
+
+
+# -- pyarrow.fs: S3, GCS, HDFS, ... ------------------------------------------
+
+
+class _ArrowReader(SegmentReader):
+    def __init__(self, handle: Any, location: str) -> None:
+        self._handle = handle
+        self.location = location
+        self.size = int(handle.size())
+
+    def read_at(self, position: int, length: int) -> bytes:
+        length = max(0, min(length, self.size - position))
+        if length == 0:
+            return b""
+        try:
+            data: bytes = self._handle.read_at(length, position).to_pybytes()
+        except OSError as e:
+            raise OSError(e.errno, str(e), self.location) from None
+        return data
+
+    def close(self) -> None:
+        self._handle.close()
+
+
+class ArrowStore(Store):
+    """
+    A store that C{pyarrow.fs} reaches by URI (C{s3://bucket/prefix/store},
+    C{gs://...}, C{hdfs://...}).  Credentials and endpoints come from the
+    environment and config files, as for any Arrow or AWS client
+    (C{AWS_ACCESS_KEY_ID}, C{AWS_SECRET_ACCESS_KEY}, C{AWS_ENDPOINT_URL},
+    C{~/.aws/config}, ...), or from the URI's query (C{?endpoint_override=
+    HOST:PORT&scheme=http}).  The filesystem is opened again on each
+    executor from the URI: nothing secret is pickled.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self._fs: Any = None
+        self._root = ""
+        self._directory: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"uri": self.uri}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["uri"])  # type: ignore[misc]
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            from pyarrow import fs
+
+            try:
+                self._fs, root = fs.FileSystem.from_uri(self.uri)
+            except (ValueError, TypeError) as e:  # pyarrow.ArrowInvalid is a ValueError
+                raise StoreLocationError(f"{self.uri}: {e}") from None
+            self._root = root.rstrip("/")
+        return self._fs, self._root
+
+    def _listing(self) -> tuple[str, list[Any]]:
+        from pyarrow import fs as pafs
+
+        fs, root = self._filesystem()
+        for directory in (f"{root}/commitlog", root):
+            info = fs.get_file_info(directory)
+            if info.type != pafs.FileType.Directory:
+                continue
+            entries = fs.get_file_info(pafs.FileSelector(directory))
+            files = [
+                e for e in entries
+                if e.type == pafs.FileType.File and SEGMENT_NAME.match(e.base_name)
+            ]
+            if files or directory == root:
+                return directory, files
+        raise StoreLocationError(f"{self.uri}: no commitlog directory and no segment files")
+
+    def segments(self) -> list[Segment]:
+        directory, files = self._listing()
+        if not files:
+            raise StoreLocationError(f"{self.uri}: no commitlog directory and no segment files")
+        self._directory = directory
+        return sorted(Segment(int(e.base_name), e.base_name, int(e.size)) for e in files)
+
+    def open(self, segment: Segment) -> SegmentReader:
+        fs, _ = self._filesystem()
+        if self._directory is None:
+            self._directory, _ = self._listing()
+        path = f"{self._directory}/{segment.name}"
+        location = self.location(segment)
+        try:
+            handle = fs.open_input_file(path)
+        except OSError as e:
+            raise OSError(e.errno, str(e), location) from None
+        return _ArrowReader(handle, location)
+
+
+# -- resolving a location ------------------------------------------------------
+
+_HTTP_SCHEMES = ("rmqha+http", "rmqha+https")
+
+
+def resolve(location: "str | Store", options: Mapping[str, str] | None = None) -> Store:
+    """
+    The L{Store} at C{location} (a path or a URI, module docstring), as
+    the driver sees it; C{options} are the data source's (TLS files for a
+    live broker).  Lists nothing: a wrong location fails at first use.
+
+    @raise StoreLocationError: an unknown scheme, or a bad option.
+    """
+    if isinstance(location, Store):
+        return location
+    options = options or {}
+    if not location:
+        raise StoreLocationError("no store location given")
+    scheme = urlsplit(location).scheme.lower()
+    if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+        return LocalStore(location)
+    if scheme == "file":
+        parts = urlsplit(location)
+        if parts.netloc not in ("", "localhost"):
+            raise StoreLocationError(f"{location}: a file: URI names no host")
+        return LocalStore(parts.path)
+    if scheme in _HTTP_SCHEMES:
+        from rmqha.pipeline.httpstore import HttpStore
+
+        return HttpStore.from_location(location, options)
+    return ArrowStore(location)
