@@ -13,6 +13,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.store.commitlog import CommitLog, Record
 from rmqha.pipeline.scan import hop, plan, read_span, scan
+from rmqha.pipeline.stores import LocalStore, Segment
 from rmqha.store._record import format_host
 
 from tests._helpers import make_message, open_store, segment_path, xor_byte, zero_from
@@ -124,7 +125,9 @@ class PlanTests(SynchronousTestCase):
         """
         path = random_store(self, 50, 64 * 1024, seed=2)
         starts = [r["offset"] for r in store_rows(path)]
-        cuts, end = hop(segment_path(path, 0), 64 * 1024, 3000)
+        store = LocalStore(path)
+        with store.open(store.segments()[0]) as reader:
+            cuts, end = hop(reader, 3000)
         for cut in cuts:
             self.assertIn(cut, starts)
             multiple = cut // 3000 * 3000
@@ -421,17 +424,23 @@ class VerdictTests(SynchronousTestCase):
 
         from rmqha.pipeline.jobs import _compare_block
 
-        missing = os.path.join(self.mktemp(), "00000000000000000000")
-        present = self.mktemp()
-        with open(present, "wb") as f:
+        segment = Segment(0, "00000000000000000000", 100)
+        gone = LocalStore(self.mktemp())
+        missing = gone.location(segment)
+        here = LocalStore(self.mktemp())
+        os.makedirs(here.root)
+        with open(here.location(segment), "wb") as f:
             f.write(b"x" * 100)
-        for task in [(3, missing, present, 0, 100), (4, present, missing, 0, 100)]:
+        for task in [
+            (3, gone, segment, here, segment, 0, 100),
+            (4, here, segment, gone, segment, 0, 100),
+        ]:
             index, verdict = _compare_block(task)
             self.assertEqual(index, task[0])
             assert verdict is not None
             self.assertNotEqual(verdict, "different")
             self.assertIn(f"cannot read {missing} on host {socket.gethostname()}", verdict)
-        self.assertEqual(_compare_block((5, present, present, 0, 100)), (5, "equal"))
+        self.assertEqual(_compare_block((5, here, segment, here, segment, 0, 100)), (5, "equal"))
 
     def test_equal_bytes_are_not_a_divergence(self) -> None:
         """
@@ -441,10 +450,14 @@ class VerdictTests(SynchronousTestCase):
         from rmqha.pipeline.jobs import CompareError, _first_difference, prove_difference
 
         self.assertRaises(CompareError, prove_difference, b"abc", b"abcdef", 8)
-        path = self.mktemp()
-        with open(path, "wb") as f:
+        store = LocalStore(self.mktemp())
+        os.makedirs(store.root)
+        segment = Segment(1000, "00000000000000001000", 64)
+        with open(store.location(segment), "wb") as f:
             f.write(bytes(range(64)))
-        e = self.assertRaises(CompareError, _first_difference, (0, path, path, 16, 32), 1000)
+        e = self.assertRaises(
+            CompareError, _first_difference, (0, store, segment, store, segment, 16, 32)
+        )
         self.assertTrue(str(e).startswith("could not compare: block at offset 1016"), str(e))
 
     def test_difference_is_shown(self) -> None:

@@ -7,6 +7,7 @@ C{pytest -m spark} runs them alone.
 from __future__ import annotations
 
 import json
+from typing import Any
 import os
 import shutil
 
@@ -137,16 +138,16 @@ class JobTests(SynchronousTestCase):
         shutil.copytree(master, slave)
         planned = jobs._store_layout
 
-        def vanish(store_dir: str) -> tuple[list[tuple[int, str, int]], int, int]:
-            layout = planned(store_dir)
-            if store_dir == slave:
+        def vanish(store: Any) -> Any:
+            layout = planned(store)
+            if store.uri == os.path.abspath(slave):
                 os.rename(slave, slave + ".gone")
             return layout
 
         self.patch(jobs, "_store_layout", vanish)
         e = self.assertRaises(jobs.CompareError, jobs.verify, spark(), master, slave)
         text = str(e)
-        self.assertTrue(text.startswith(f"could not compare: cannot read {slave}{os.sep}"), text)
+        self.assertTrue(text.startswith(f"could not compare: cannot read {os.path.abspath(slave)}{os.sep}"), text)
         self.assertIn(f"on host {socket.gethostname()}: No such file", text)
 
     def test_verify_truncated_slave_and_extra_segment(self) -> None:
@@ -253,7 +254,7 @@ class CommandTests(SynchronousTestCase):
             ours = f.read(1)[0]
         self.assertIn(f"master byte 0x{ours:02x}, slave byte 0x{ours ^ 0xFF:02x}\n", out)
         status, _, err = self.run_cli("pipeline", "verify", master, "nowhere")
-        self.assertEqual((status, err), (2, "rmqha: error: nowhere: no such directory\n"))
+        self.assertEqual((status, err), (2, f"rmqha: error: {os.path.abspath('nowhere')}: no such directory\n"))
 
     def test_verify_unreadable_exit_status(self) -> None:
         """
@@ -267,16 +268,16 @@ class CommandTests(SynchronousTestCase):
         shutil.copytree(master, slave)
         planned = jobs._store_layout
 
-        def vanish(store_dir: str) -> tuple[list[tuple[int, str, int]], int, int]:
-            layout = planned(store_dir)
-            if store_dir == slave:
+        def vanish(store: Any) -> Any:
+            layout = planned(store)
+            if store.uri == os.path.abspath(slave):
                 shutil.rmtree(slave)
             return layout
 
         self.patch(jobs, "_store_layout", vanish)
         status, out, err = self.run_cli("pipeline", "verify", master, slave)
         self.assertEqual((status, out), (2, ""))
-        self.assertTrue(err.startswith(f"rmqha: error: could not compare: cannot read {slave}"), err)
+        self.assertTrue(err.startswith(f"rmqha: error: could not compare: cannot read {os.path.abspath(slave)}"), err)
         self.assertEqual(err.count("\n"), 1, err)
 
     def test_stats_command(self) -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import mmap
 import os
 import re
 import shutil
@@ -43,8 +42,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import IO, Any, Sequence
 
-from rmqha.store._record import Blank, RecordError, parse_record, read_header, record_json
-from rmqha.pipeline.scan import PlanError, hop, segments
+from rmqha.store._record import Blank, RecordError, parse_record, record_json
+from rmqha.pipeline.scan import hop, walk
+from rmqha.pipeline.stores import PlanError, Segment, Store, resolve, unreadable
 
 __all__ = [
     "stats", "export", "verify", "VerifyResult", "CompareError", "check_inputs",
@@ -56,13 +56,17 @@ VERIFY_BLOCK = 8 * 1024 * 1024
 _PERCENTILES = [0.5, 0.9, 0.99]
 
 
-def _load(spark: Any, store_dir: str, **options: str) -> Any:
+def _load(spark: Any, store: "Store | str", **options: str) -> Any:
+    """
+    The store as a DataFrame; a location is resolved here, on the driver
+    (a relative path made absolute: executors run elsewhere).
+    """
     from rmqha.pipeline.source import FORMAT
 
     reader = spark.read.format(FORMAT)
     for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load(store_dir)
+    return reader.load(resolve(store, options).uri)
 
 
 # -- stats -----------------------------------------------------------------
@@ -117,7 +121,7 @@ def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, A
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous)
     result = {
-        "store": os.path.abspath(store_dir),
+        "store": resolve(store_dir).uri,
         "messages": sum(t["messages"] for t in topics),
         "bytes": sum(t["bytes"] for t in topics),
         "topics": topics,
@@ -277,21 +281,20 @@ def _check_stats_out(out_dir: str) -> None:
                          "stats does not overwrite (choose another --out)")
 
 
-def _check_store(store_dir: str, master: bool = False) -> None:
-    if not os.path.isdir(store_dir):
-        raise ValueError(f"{store_dir}: no such directory")
-    found = segments(store_dir)  # PlanError: not a commit log
+def _check_store(location: str, master: bool = False) -> None:
+    store = resolve(location)
+    found = store.segments()  # PlanError: not a commit log
     if master and not found:
-        raise PlanError(f"{store_dir}: the master's store has no segment files")
+        raise PlanError(f"{store.uri}: the master's store has no segment files")
 
 
 def check_inputs(args: argparse.Namespace) -> None:
     """
     What can be checked without Spark, before starting it: each store read
-    is a directory holding a commit log (the master's, for C{verify}, with
-    segment files), C{export}'s C{OUT} does not exist and can be created,
-    C{stats --out} holds no C{stats.json}/C{stats.png}.  Cheap: directory
-    listings only.
+    holds a commit log (the master's, for C{verify}, with segment files),
+    C{export}'s C{OUT} does not exist and can be created, C{stats --out}
+    holds no C{stats.json}/C{stats.png}.  Cheap: directory listings only
+    (one request for a remote store).
 
     @raise ValueError: the first problem, as one line.
     """
@@ -346,20 +349,24 @@ class VerifyResult:
         return out
 
 
-def _store_layout(store_dir: str) -> tuple[list[tuple[int, str, int]], int, int]:
+def _store_layout(store: Store) -> tuple[list[Segment], int, int]:
     """
     Segments, segment size, and the max offset (where whole records end in
-    the last segment holding any).
+    the last segment holding any; a live broker says where).
     """
-    found = segments(store_dir)
+    found = store.segments()
     if not found:
         return [], 0, 0
-    size = max(s for _, _, s in found)
-    max_offset = found[0][0]
-    for base, path, length in reversed(found):
-        _, end = hop(path, length, max(length, 1))
+    size = max(s.size for s in found)
+    known = store.max_offset()
+    if known is not None:
+        return found, size, known
+    max_offset = found[0].base
+    for segment in reversed(found):
+        with store.open(segment) as reader:
+            _, end = hop(reader, max(segment.size, 1))
         if end > 0:
-            max_offset = base + end
+            max_offset = segment.base + end
             break
     return found, size, max_offset
 
@@ -375,40 +382,40 @@ class CompareError(Exception):
         return f"could not compare: {self.args[0]}"
 
 
-def _read_block(path: str, position: int, length: int) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(position)
-        return f.read(length)
+#: One verify task: (index, slave store, slave segment, master store,
+#: master segment or None, position in the segment, length).
+_Task = tuple[int, Store, Segment, Store, "Segment | None", int, int]
 
 
-def _unreadable(path: str, e: OSError) -> str:
+def _read_block(store: Store, segment: Segment, position: int, length: int) -> bytes:
+    with store.open(segment) as reader:
+        return reader.read_at(position, length)
+
+
+def _compare_block(task: _Task) -> tuple[int, str | None]:
     """
-    Why C{path} could not be read, naming this host (an executor's, when
-    called in a task).
-    """
-    return f"cannot read {path} on host {socket.gethostname()}: {e.strerror or e}"
-
-
-def _compare_block(task: tuple[int, str, str | None, int, int]) -> tuple[int, str | None]:
-    """
-    Compare one block of both files by blake2b checksums; return C{(task
+    Compare one block of both stores by blake2b checksums; return C{(task
     index, verdict)}: C{"equal"}, C{"different"} (a missing or short master
-    file is different: the slave holds bytes the master lacks) or the one
-    line why a file could not be read (never counted as different).
+    segment is different: the slave holds bytes the master lacks) or the
+    one line why a segment could not be read, naming it and this host
+    (never counted as different).
     """
-    index, slave_path, master_path, position, length = task
+    index, slave, slave_segment, master, master_segment, position, length = task
     try:
-        theirs = _read_block(slave_path, position, length)
+        theirs = _read_block(slave, slave_segment, position, length)
     except OSError as e:
-        return index, _unreadable(slave_path, e)
+        return index, unreadable(e.filename or slave.location(slave_segment), e)
     if len(theirs) != length:
-        return index, f"{slave_path} on host {socket.gethostname()}: short read at {position}"
-    if master_path is None:
+        return index, (
+            f"{slave.location(slave_segment)} on host {socket.gethostname()}: "
+            f"short read at {position}"
+        )
+    if master_segment is None:
         return index, "different"
     try:
-        ours = _read_block(master_path, position, length)
+        ours = _read_block(master, master_segment, position, length)
     except OSError as e:
-        return index, _unreadable(master_path, e)
+        return index, unreadable(e.filename or master.location(master_segment), e)
     if len(ours) != length:
         return index, "different"
     same = hashlib.blake2b(theirs, digest_size=16).digest() == hashlib.blake2b(
@@ -474,29 +481,31 @@ def prove_difference(
     ]
 
 
-def verify(spark: Any, master_dir: str, slave_dir: str) -> VerifyResult:
+def verify(spark: Any, master_dir: "Store | str", slave_dir: "Store | str") -> VerifyResult:
     """
     Is the slave's store a byte-for-byte prefix of the master's?  Both
-    directories must be readable by the executors.  Compares, in parallel
+    stores (paths or URIs, L{resolve}) must be readable by the executors.  Compares, in parallel
     tasks, blake2b checksums of 8 MiB blocks from the slave's first offset
     up to its max offset; the first differing block is then compared byte
     by byte.  Also reported: slave segment files the master does not have,
     slave files shorter than the segment size (truncated), and a slave
     ahead of the master.
     """
-    master_segments, master_size, master_max = _store_layout(master_dir)
-    slave_segments, slave_size, slave_max = _store_layout(slave_dir)
+    master = resolve(master_dir)
+    slave = resolve(slave_dir)
+    master_segments, master_size, master_max = _store_layout(master)
+    slave_segments, slave_size, slave_max = _store_layout(slave)
     problems: list[str] = []
     if not master_segments:
-        raise PlanError(f"{master_dir}: the master's store has no segment files")
-    master_paths = {base: path for base, path, _ in master_segments}
+        raise PlanError(f"{master.uri}: the master's store has no segment files")
+    master_by_base = {m.base: m for m in master_segments}
     if slave_segments and slave_size != master_size:
         problems.append(
             f"segment size differs: master {master_size}, slave {slave_size} bytes"
         )
-    for base, path, length in slave_segments:
-        name = os.path.basename(path)
-        if base not in master_paths:
+    for segment in slave_segments:
+        base, name, length = segment.base, segment.name, segment.size
+        if base not in master_by_base:
             problems.append(f"extra segment {name}: the master has no segment at offset {base}")
         if length < slave_size or (master_size and length < master_size):
             problems.append(
@@ -510,17 +519,17 @@ def verify(spark: Any, master_dir: str, slave_dir: str) -> VerifyResult:
             f"the slave is ahead: its max offset {slave_max} is past the master's {master_max}"
         )
     # Blocks in offset order: the lowest failing index is the first.
-    tasks: list[tuple[int, str, str | None, int, int]] = []
-    bases: list[int] = []
-    for base, path, length in slave_segments:
-        limit = min(length, slave_max - base)
+    tasks: list[_Task] = []
+    for segment in slave_segments:
+        limit = min(segment.size, slave_max - segment.base)
         position = 0
         while position < limit:
             n = min(VERIFY_BLOCK, limit - position)
-            tasks.append((len(tasks), path, master_paths.get(base), position, n))
-            bases.append(base)
+            tasks.append(
+                (len(tasks), slave, segment, master, master_by_base.get(segment.base), position, n)
+            )
             position += n
-    compared = sum(t[4] for t in tasks)
+    compared = sum(t[6] for t in tasks)
     divergent = None
     shown: list[str] = []
     if tasks:
@@ -535,50 +544,48 @@ def verify(spark: Any, master_dir: str, slave_dir: str) -> VerifyResult:
             raise CompareError(errors[0][1])
         if failed:
             first = min(i for i, _ in failed)
-            divergent, shown = _first_difference(tasks[first], bases[first])
+            divergent, shown = _first_difference(tasks[first])
     record = None
     if divergent is not None:
-        record = _record_at(master_dir, divergent)
+        record = _record_at(master, divergent)
     consistent = not problems and divergent is None
     return VerifyResult(
         consistent, compared, slave_max, master_max, problems, divergent, record, shown
     )
 
 
-def _first_difference(
-    task: tuple[int, str, str | None, int, int], base: int
-) -> tuple[int, list[str]]:
+def _first_difference(task: _Task) -> tuple[int, list[str]]:
     """
     Read a flagged block on the driver and prove its first difference
-    (L{prove_difference}); an unreadable file is a L{CompareError}.
+    (L{prove_difference}); an unreadable segment is a L{CompareError}.
     """
-    _, slave_path, master_path, position, length = task
+    _, slave, slave_segment, master, master_segment, position, length = task
     try:
-        theirs = _read_block(slave_path, position, length)
-        ours = b"" if master_path is None else _read_block(master_path, position, length)
+        theirs = _read_block(slave, slave_segment, position, length)
+        ours = (
+            b"" if master_segment is None
+            else _read_block(master, master_segment, position, length)
+        )
     except OSError as e:
-        raise CompareError(_unreadable(e.filename or slave_path, e)) from None
-    return prove_difference(theirs, ours, base + position)
+        raise CompareError(unreadable(e.filename or slave.location(slave_segment), e)) from None
+    return prove_difference(theirs, ours, slave_segment.base + position)
 
 
-def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
+def _record_at(store: Store, offset: int) -> dict[str, Any] | None:
     """
-    The master's record containing C{offset}, found by hopping headers
-    from its segment's start.
+    The record of C{store} containing C{offset}, found by hopping headers
+    from its segment's start (L{walk}).
     """
-    for base, path, length in segments(store_dir):
-        if base <= offset < base + length:
-            with open(path, "rb") as f:
-                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            position = 0
-            while position + 8 <= len(data):
-                total, _ = read_header(data, position)
-                if total <= 0:
-                    return None
-                if base + position + total > offset:
+    for segment in store.segments():
+        if segment.base <= offset < segment.base + segment.size:
+            with store.open(segment) as reader:
+                for position, total in walk(reader):
+                    if segment.base + position + total <= offset:
+                        continue
+                    data = reader.read_at(position, total)
                     try:
                         record = parse_record(
-                            data, position, len(data), base + position, check_crc=False
+                            data, 0, len(data), segment.base + position, check_crc=False
                         )
                     except RecordError:
                         return None
@@ -586,7 +593,6 @@ def _record_at(store_dir: str, offset: int) -> dict[str, Any] | None:
                         return None
                     fields = record_json(record)
                     return {k: fields[k] for k in _RECORD_FIELDS}
-                position += total
     return None
 
 

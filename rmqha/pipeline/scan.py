@@ -22,11 +22,9 @@ plain single-process reader the Spark benchmark compares against).
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any
 
 from rmqha.store._record import (
     BLANK_MAGIC,
@@ -42,6 +40,7 @@ from rmqha.store._record import (
     record_starts,
     record_topic,
 )
+from rmqha.pipeline.stores import PlanError, Segment, SegmentReader, Store, resolve
 
 __all__ = [
     "DEFAULT_SPLIT_BYTES",
@@ -49,8 +48,8 @@ __all__ = [
     "SCHEMA_DDL",
     "Span",
     "arrow_schema",
-    "commitlog_dir",
     "hop",
+    "walk",
     "plan",
     "read_span",
     "scan",
@@ -66,32 +65,36 @@ SCHEMA_DDL = (
     "keys string, body binary, body_size int, crc_ok boolean"
 )
 
-_SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
 _HOP_BLOCK = 16 * 1024 * 1024
 #: Sub-ranges of large segments aim at this many bytes.
 DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
 
 
-class PlanError(ValueError):
-    """
-    The directory is not a readable commit log (the message says why).
-    """
-
-
 @dataclass(frozen=True)
 class Span:
     """
-    Record-aligned bytes C{[start, end)} of one segment file, where the
-    segment begins at commit-log offset C{base}.  When C{exact} is true,
-    C{end} is a record start (the next span's), and the last record must end
-    exactly there; otherwise records end before C{end} (or at it).
+    Record-aligned bytes C{[start, end)} of one segment of C{store}.  When
+    C{exact} is true, C{end} is a record start (the next span's), and the
+    last record must end exactly there; otherwise records end before
+    C{end} (or at it).
     """
 
-    path: str
-    base: int
+    store: Store
+    segment: Segment
     start: int
     end: int
     exact: bool = False
+
+    @property
+    def base(self) -> int:
+        return self.segment.base
+
+    @property
+    def path(self) -> str:
+        """
+        The segment's location, for messages.
+        """
+        return self.store.location(self.segment)
 
     @property
     def offset(self) -> int:
@@ -102,67 +105,56 @@ class Span:
         return self.base + self.end
 
 
-def commitlog_dir(store_dir: str) -> str:
+def segments(store: "Store | str") -> list[Segment]:
     """
-    The commit-log directory of a store root (or the directory itself when
-    it already holds segment files).
+    The segment files of a store (a L{Store}, or a location for
+    L{rmqha.pipeline.stores.resolve}), in order.
     """
-    nested = os.path.join(store_dir, "commitlog")
-    if os.path.isdir(nested):
-        return nested
-    if os.path.isdir(store_dir) and any(_SEGMENT_NAME.match(n) for n in os.listdir(store_dir)):
-        return store_dir
-    raise PlanError(f"{store_dir}: no commitlog directory and no segment files")
+    return resolve(store).segments()
 
 
-def segments(store_dir: str) -> list[tuple[int, str, int]]:
+def walk(reader: SegmentReader) -> Iterator[tuple[int, int]]:
     """
-    C{(start offset, path, file size)} of each segment file, in order.
+    C{(position, size)} of each message record of one open segment, from
+    its start to where the records end (a BLANK filler, zero bytes, a
+    header that is not a record, or a record running past the file),
+    reading big blocks (one request each for a remote store).
     """
-    directory = commitlog_dir(store_dir)
-    out = []
-    for name in sorted(os.listdir(directory)):
-        path = os.path.join(directory, name)
-        if _SEGMENT_NAME.match(name) and os.path.isfile(path):
-            out.append((int(name), path, os.path.getsize(path)))
-    return out
+    size = reader.size
+    position = 0
+    buf = b""
+    magics = (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
+    block_start = 0
+    while position + 8 <= size:
+        if position + 8 > block_start + len(buf):
+            block_start = position
+            buf = reader.read_at(position, _HOP_BLOCK)
+            if len(buf) < 8:
+                return
+        total, magic = read_header(buf, position - block_start)
+        if magic not in magics or total <= 0 or position + total > size:
+            return
+        yield position, total
+        position += total
 
 
-def hop(path: str, size: int, every: int) -> tuple[list[int], int]:
+def hop(reader: SegmentReader, every: int) -> tuple[list[int], int]:
     """
-    Walk the record headers of one segment file.
+    Walk the record headers of one open segment (L{walk}).
 
-    @param size: the file's length.
     @param every: the distance between the cut points wanted.
     @return: C{(cuts, end)}: record starts, the first at or after each
-        multiple of C{every}; and the position where the records end (a
-        BLANK filler, zero bytes, a header that is not a record, or a record
-        running past the file).
+        multiple of C{every}; and the position where the records end.
     """
     cuts: list[int] = []
     next_cut = every
-    position = 0
-    buf = bytearray(_HOP_BLOCK)
-    view = memoryview(buf)
-    magics = (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
-    with open(path, "rb", buffering=0) as f:
-        block_start = 0
-        block_len = 0
-        while position + 8 <= size:
-            if position + 8 > block_start + block_len:
-                f.seek(position)
-                block_start = position
-                block_len = f.readinto(view)
-                if block_len < 8:
-                    break
-            total, magic = read_header(buf, position - block_start)
-            if magic not in magics or total <= 0 or position + total > size:
-                break
-            if position >= next_cut:
-                cuts.append(position)
-                next_cut = (position // every + 1) * every
-            position += total
-    return cuts, position
+    end = 0
+    for position, total in walk(reader):
+        if position >= next_cut:
+            cuts.append(position)
+            next_cut = (position // every + 1) * every
+        end = position + total
+    return cuts, end
 
 
 #: A record is at most this long (RocketMQ's maxMessageSize plus headers):
@@ -171,19 +163,22 @@ _MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
 _SEARCH_BLOCK = 1024 * 1024
 
 
-def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: int) -> int | None:
+def find_record_start(
+    reader: SegmentReader, base: int, position: int, limit: int
+) -> int | None:
     """
     The first record start at or after segment position C{position} and
-    before C{limit}, in the open segment file C{f}; C{None} when there is
-    none (only zeros, a BLANK, or the tail of one record lie there).  A
-    candidate counts only if the record after it also checks out (or it
-    ends at the segment's end, or a BLANK/zeros follow).
+    before C{limit}, in the open segment C{reader} (which begins at
+    commit-log offset C{base}); C{None} when there is none (only zeros, a
+    BLANK, or the tail of one record lie there).  A candidate counts only
+    if the record after it also checks out (or it ends at the segment's
+    end, or a BLANK/zeros follow).
     """
+    size = reader.size
     block_start = position
     while block_start < limit:
-        f.seek(block_start)
         # Overlap blocks by a header so a match across the seam is seen.
-        data = f.read(min(_SEARCH_BLOCK, limit - block_start) + 40)
+        data = reader.read_at(block_start, min(_SEARCH_BLOCK, limit - block_start) + 40)
         if not data:
             return None
         candidates = record_starts(
@@ -191,56 +186,77 @@ def find_record_start(f: BinaryIO, base: int, size: int, position: int, limit: i
             size - block_start,
         )
         for candidate in (block_start + p for p in candidates):
-            if candidate < limit and _followed_by_record(f, base, size, candidate):
+            if candidate < limit and _followed_by_record(reader, base, candidate, data, block_start):
                 return candidate
         block_start += _SEARCH_BLOCK
     return None
 
 
-def _followed_by_record(f: BinaryIO, base: int, size: int, start: int) -> bool:
-    f.seek(start)
-    total, _ = read_header(f.read(8))
+def _followed_by_record(
+    reader: SegmentReader, base: int, start: int, data: bytes, data_start: int
+) -> bool:
+    """
+    Does a record (or the segment's end, a BLANK, zeros) follow the
+    candidate record at C{start}?  Reads from C{data} (the block read at
+    C{data_start}) when it holds the bytes, so a search over a remote
+    store costs one request per block, not one per candidate.
+    """
+    size = reader.size
+
+    def at(position: int, length: int) -> bytes:
+        i = position - data_start
+        if 0 <= i and i + length <= len(data):
+            return data[i : i + length]
+        return reader.read_at(position, length)
+
+    total, _ = read_header(at(start, 8))
     after = start + total
     if after >= size:
         return after == size
-    f.seek(after)
-    data = f.read(40)
-    if len(data) < 8:
+    follow = at(after, min(40, size - after))
+    if len(follow) < 8:
         return True
-    follower, magic = read_header(data)
+    follower, magic = read_header(follow)
     if magic == BLANK_MAGIC:
         return after + follower == size
     if follower == 0 and magic == 0:
         return True  # the log ends there
-    return is_record_start(data, 0, base + after, size - after)
+    return is_record_start(follow, 0, base + after, size - after)
 
 
 def plan(
-    store_dir: str,
+    store: "Store | str",
     split_bytes: int = DEFAULT_SPLIT_BYTES,
     start_offset: int | None = None,
     end_offset: int | None = None,
 ) -> list[Span]:
     """
-    The spans covering the records of C{store_dir} whose offsets lie in
-    C{[start_offset, end_offset)}: one per segment, segments larger than
-    C{split_bytes} cut at record boundaries about every C{split_bytes}.
-    A span never starts in the middle of a record; an offset range edge
-    inside a record moves to the next record.
+    The spans covering the records of C{store} (a L{Store} or a location)
+    whose offsets lie in C{[start_offset, end_offset)}: one per segment,
+    segments larger than C{split_bytes} cut at record boundaries about
+    every C{split_bytes}.  A span never starts in the middle of a record;
+    an offset range edge inside a record moves to the next record.  A
+    whole segment no larger than C{split_bytes} is planned without reading
+    a byte of it.
     """
     if split_bytes <= 0:
         raise PlanError(f"split size {split_bytes} must be positive")
+    store = resolve(store)
     spans: list[Span] = []
-    for base, path, size in segments(store_dir):
+    for segment in store.segments():
+        base, size = segment.base, segment.size
         if end_offset is not None and base >= end_offset:
             break
         if start_offset is not None and base + size <= start_offset:
             continue
         first = 0 if start_offset is None or start_offset <= base else start_offset - base
         last = size if end_offset is None or end_offset >= base + size else end_offset - base
-        with open(path, "rb") as f:
+        if first == 0 and last >= size and size <= split_bytes:
+            spans.append(Span(store, segment, 0, size))
+            continue
+        with store.open(segment) as f:
             if first > 0:
-                found = find_record_start(f, base, size, first, size)
+                found = find_record_start(f, base, first, size)
                 if found is None:
                     continue
                 first = found
@@ -248,7 +264,7 @@ def plan(
             exact_last = False
             nominal = (first // split_bytes + 1) * split_bytes
             while nominal < last:
-                found = find_record_start(f, base, size, nominal, size)
+                found = find_record_start(f, base, nominal, size)
                 if found is None:
                     break  # no record starts after here: the data ends
                 if found >= last:
@@ -257,7 +273,7 @@ def plan(
                 nominal = (found // split_bytes + 1) * split_bytes
             end = last
             if last < size:
-                found = find_record_start(f, base, size, last, size)
+                found = find_record_start(f, base, last, size)
                 if found is not None:
                     end, exact_last = found, True
                 else:
@@ -266,7 +282,7 @@ def plan(
             for i, (a, b) in enumerate(zip(cuts, ends)):
                 exact = i < len(cuts) - 1 or exact_last
                 if b > a:
-                    spans.append(Span(path, base, a, b, exact))
+                    spans.append(Span(store, segment, a, b, exact))
     return spans
 
 
@@ -321,9 +337,8 @@ def read_span(
 
     schema = arrow_schema()
     wanted = None if topics is None else {t.encode() for t in topics}
-    with open(span.path, "rb") as f:
-        f.seek(span.start)
-        data = f.read(span.end - span.start)
+    with span.store.open(span.segment) as f:
+        data = f.read_at(span.start, span.end - span.start)
     view = memoryview(data)
     length = len(data)
     columns: dict[str, list[Any]] = {name: [] for name in schema.names}
@@ -423,7 +438,7 @@ def _batch(
 
 
 def scan(
-    store_dir: str,
+    store_dir: "Store | str",
     bodies: bool = True,
     topics: Sequence[str] | None = None,
     split_bytes: int = DEFAULT_SPLIT_BYTES,

@@ -4,6 +4,8 @@ The C{rocketmq-commitlog} PySpark data source, and a SparkSession helper.
 
     spark = spark_session()                 # local[*], or what spark-submit set
     df = spark.read.format("rocketmq-commitlog").load("/data/store")
+    df = spark.read.format("rocketmq-commitlog").load("s3://bucket/backups/store")
+    df = spark.read.format("rocketmq-commitlog").load("rmqha+https://broker-a:8080")
 
 One row per message record (L{rmqha.pipeline.scan.SCHEMA_DDL}); BLANK
 fillers and bytes after the last whole record are not rows.  Options:
@@ -16,8 +18,11 @@ fillers and bytes after the last whole record are not rows.  Options:
     splitBytes   partition size for large segments (default 64m)
 
 Offsets and topics are applied while planning and reading, not filtered
-after decoding.  Every executor needs rmqha installed (C{pip install
-'rmqha[spark]'}) and read access to the store's path.
+after decoding.  Where a store can be (a path, any C{pyarrow.fs} URI, a
+live broker) and the options a live broker over TLS takes:
+L{rmqha.pipeline.stores}.  A relative path is made absolute where the
+reader is planned (on the driver).  Every executor needs read access to
+the store, and pyarrow.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from rmqha._units import parse_size
 from rmqha.pipeline.scan import DEFAULT_SPLIT_BYTES, SCHEMA_DDL, Span, plan, read_span
+from rmqha.pipeline.stores import PlanError, resolve
 
 __all__ = ["CommitLogDataSource", "spark_session", "FORMAT", "OptionError"]
 
@@ -67,7 +73,7 @@ def _read_options(options: dict[str, str]) -> dict[str, Any]:
     lowered = {k.lower(): v for k, v in options.items()}
     path = lowered.get("path")
     if not path:
-        raise OptionError("give the store directory: .load(STORE_DIR)")
+        raise OptionError("give the store: .load(STORE_DIR or URI)")
     bodies_text = lowered.get("bodies", "true").strip().lower()
     if bodies_text not in ("true", "false"):
         raise OptionError(f"option bodies={lowered['bodies']!r} is not true or false")
@@ -89,8 +95,13 @@ def _read_options(options: dict[str, str]) -> dict[str, Any]:
     end = _offset(lowered, "endoffset")
     if start is not None and end is not None and end < start:
         raise OptionError(f"option endOffset {end} is before startOffset {start}")
+    try:
+        store = resolve(path, options)
+    except PlanError as e:
+        raise OptionError(str(e)) from None
     return {
         "path": path,
+        "store": store,
         "bodies": bodies_text == "true",
         "topics": topic_list,
         "split": split,
@@ -121,7 +132,7 @@ class CommitLogReader(DataSourceReader):
 
     def partitions(self) -> list[SpanPartition]:
         o = self.options
-        spans = plan(o["path"], o["split"], o["start"], o["end"])
+        spans = plan(o["store"], o["split"], o["start"], o["end"])
         return [SpanPartition(span) for span in spans]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

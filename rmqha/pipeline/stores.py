@@ -40,6 +40,7 @@ __all__ = [
     "Store",
     "LocalStore",
     "ArrowStore",
+    "PlanError",
     "StoreLocationError",
     "resolve",
     "unreadable",
@@ -50,14 +51,18 @@ __all__ = [
 SEGMENT_NAME = re.compile(r"[0-9]{20}\Z")
 
 
-class StoreLocationError(ValueError):
+class PlanError(ValueError):
     """
     A store location cannot be used (the message names it and says why):
     not a commit log, an unknown scheme, a bad option.
     """
 
 
-@dataclass(frozen=True)
+#: The same error, by the name the first HTTP store code used.
+StoreLocationError = PlanError
+
+
+@dataclass(frozen=True, order=True)
 class Segment:
     """
     One segment file: commit-log offset C{base} of its first byte, its
@@ -116,7 +121,7 @@ class Store(ABC):
         """
         The segment files, in offset order.
 
-        @raise StoreLocationError: this is not a commit log.
+        @raise PlanError: this is not a commit log.
         @raise OSError: it could not be listed.
         """
 
@@ -133,6 +138,13 @@ class Store(ABC):
         Where C{segment} is, for messages.
         """
         return f"{self.uri.rstrip('/')}/{segment.name}"
+
+    def max_offset(self) -> int | None:
+        """
+        Where whole records end, when the store knows it without reading
+        (a live broker says so); C{None}: find it by reading.
+        """
+        return None
 
     def __str__(self) -> str:
         return self.uri
@@ -188,6 +200,9 @@ class LocalStore(Store):
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         self.uri = self.root
+        #: Where the segment files were listed (the executors open them
+        #: there, whatever they see).
+        self._directory: str | None = None
 
     def directory(self) -> str:
         """
@@ -197,13 +212,13 @@ class LocalStore(Store):
         if os.path.isdir(nested):
             return nested
         if not os.path.isdir(self.root):
-            raise StoreLocationError(f"{self.root}: no such directory")
+            raise PlanError(f"{self.root}: no such directory")
         if any(SEGMENT_NAME.match(n) for n in os.listdir(self.root)):
             return self.root
-        raise StoreLocationError(f"{self.root}: no commitlog directory and no segment files")
+        raise PlanError(f"{self.root}: no commitlog directory and no segment files")
 
     def segments(self) -> list[Segment]:
-        directory = self.directory()
+        directory = self._directory = self.directory()
         out = []
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
@@ -215,8 +230,10 @@ class LocalStore(Store):
         """
         The segment's file path on this host.
         """
-        nested = os.path.join(self.root, "commitlog")
-        directory = nested if os.path.isdir(nested) else self.root
+        directory = self._directory
+        if directory is None:
+            nested = os.path.join(self.root, "commitlog")
+            directory = nested if os.path.isdir(nested) else self.root
         return os.path.join(directory, segment.name)
 
     def location(self, segment: Segment) -> str:
@@ -279,7 +296,7 @@ class ArrowStore(Store):
             try:
                 self._fs, root = fs.FileSystem.from_uri(self.uri)
             except (ValueError, TypeError) as e:  # pyarrow.ArrowInvalid is a ValueError
-                raise StoreLocationError(f"{self.uri}: {e}") from None
+                raise PlanError(f"{self.uri}: {e}") from None
             self._root = root.rstrip("/")
         return self._fs, self._root
 
@@ -298,12 +315,12 @@ class ArrowStore(Store):
             ]
             if files or directory == root:
                 return directory, files
-        raise StoreLocationError(f"{self.uri}: no commitlog directory and no segment files")
+        raise PlanError(f"{self.uri}: no commitlog directory and no segment files")
 
     def segments(self) -> list[Segment]:
         directory, files = self._listing()
         if not files:
-            raise StoreLocationError(f"{self.uri}: no commitlog directory and no segment files")
+            raise PlanError(f"{self.uri}: no commitlog directory and no segment files")
         self._directory = directory
         return sorted(Segment(int(e.base_name), e.base_name, int(e.size)) for e in files)
 
@@ -331,20 +348,20 @@ def resolve(location: "str | Store", options: Mapping[str, str] | None = None) -
     the driver sees it; C{options} are the data source's (TLS files for a
     live broker).  Lists nothing: a wrong location fails at first use.
 
-    @raise StoreLocationError: an unknown scheme, or a bad option.
+    @raise PlanError: an unknown scheme, or a bad option.
     """
     if isinstance(location, Store):
         return location
     options = options or {}
     if not location:
-        raise StoreLocationError("no store location given")
+        raise PlanError("no store location given")
     scheme = urlsplit(location).scheme.lower()
     if scheme == "" or (len(scheme) == 1 and os.name == "nt"):
         return LocalStore(location)
     if scheme == "file":
         parts = urlsplit(location)
         if parts.netloc not in ("", "localhost"):
-            raise StoreLocationError(f"{location}: a file: URI names no host")
+            raise PlanError(f"{location}: a file: URI names no host")
         return LocalStore(parts.path)
     if scheme in _HTTP_SCHEMES:
         from rmqha.pipeline.httpstore import HttpStore
