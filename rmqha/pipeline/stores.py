@@ -257,10 +257,10 @@ class _ArrowReader(SegmentReader):
         if length == 0:
             return b""
         try:
-            data: bytes = self._handle.read_at(length, position).to_pybytes()
+            data = self._handle.read_at(length, position)
         except OSError as e:
             raise OSError(e.errno, str(e), self.location) from None
-        return data
+        return data if isinstance(data, bytes) else bytes(data)
 
     def close(self) -> None:
         self._handle.close()
@@ -284,10 +284,11 @@ class ArrowStore(Store):
         self._directory: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri}
+        return {"uri": self.uri, "directory": self._directory}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["uri"])  # type: ignore[misc]
+        self._directory = state["directory"]
 
     def _filesystem(self) -> tuple[Any, str]:
         if self._fs is None:
@@ -298,9 +299,22 @@ class ArrowStore(Store):
             except (ValueError, TypeError) as e:  # pyarrow.ArrowInvalid is a ValueError
                 raise PlanError(f"{self.uri}: {e}") from None
             self._root = root.rstrip("/")
+            if not self._root:
+                raise PlanError(f"{self.uri}: names no bucket or directory")
         return self._fs, self._root
 
     def _listing(self) -> tuple[str, list[Any]]:
+        try:
+            return self._list()
+        except (ValueError, TypeError) as e:
+            if isinstance(e, PlanError):
+                raise
+            raise PlanError(f"{self.uri}: {' '.join(str(e).split())}") from None
+        except OSError as e:
+            # pyarrow's messages run over lines: one line, naming the store.
+            raise OSError(e.errno, " ".join(str(e).split()), self.uri) from None
+
+    def _list(self) -> tuple[str, list[Any]]:
         from pyarrow import fs as pafs
 
         fs, root = self._filesystem()
