@@ -57,7 +57,7 @@ class StoreLocationError(ValueError):
     """
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, order=True)
 class Segment:
     """
     One segment file: commit-log offset C{base} of its first byte, its
