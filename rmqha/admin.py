@@ -508,7 +508,7 @@ class _CommitLog(_AdminResource):
             return self
         if request.postpath:
             return _NotFound()
-        return _Segment(self._broker, self._server, path)
+        return _SegmentFile(self._broker, self._server, path)
 
     def render_GET(self, request: Request) -> bytes:
         commitlog = self._broker.commitlog
@@ -530,7 +530,7 @@ class _CommitLog(_AdminResource):
         )
 
 
-class _Segment(_AdminResource):
+class _SegmentFile(_AdminResource):
     """
     C{GET}/C{HEAD /commitlog/{name}}: one segment file's bytes, the whole
     file (200) or one C{Range} (206), zeros at and past the max offset

@@ -116,7 +116,8 @@ class LocationTests(SynchronousTestCase):
         """
         C{tlsCert}/C{tlsKey}/C{tlsCa}, in any case, else C{RMQHA_TLS_*};
         a missing file, a certificate without its key, or TLS files for
-        plain HTTP are one-line errors naming the option.
+        plain HTTP are one-line errors naming the option (the environment
+        applies to TLS locations only).
         """
         cert, key, ca = (self.mktemp() for _ in range(3))
         for path in (cert, key, ca):
@@ -128,8 +129,9 @@ class LocationTests(SynchronousTestCase):
         store = resolve("rmqha+https://h:1")
         assert isinstance(store, HttpStore)
         self.assertEqual(store.tls, {"cert": None, "key": None, "ca": ca})
-        e = self.assertRaises(StoreLocationError, resolve, "rmqha+http://h:1")
-        self.assertIn("tlsCa (RMQHA_TLS_CA) is for rmqha+https://", str(e))
+        self.assertEqual(resolve("rmqha+http://h:1").tls, {})  # type: ignore[attr-defined]
+        e = self.assertRaises(StoreLocationError, resolve, "rmqha+http://h:1", {"tlsCa": ca})
+        self.assertIn("the tlsCa option is for rmqha+https://", str(e))
         self.patch(os, "environ", {})
         missing = self.mktemp()
         e = self.assertRaises(StoreLocationError, resolve, "rmqha+https://h:1", {"tlsCa": missing})

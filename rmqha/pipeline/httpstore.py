@@ -141,12 +141,15 @@ class HttpStore(Store):
             raise StoreLocationError(f"{location}: no user or password: TLS client certificates")
         tls: dict[str, str | None] = {}
         for what, (option, variable) in _TLS_OPTIONS.items():
-            path = _option(options, option) or os.environ.get(variable) or None
+            path = _option(options, option)
+            if path is not None and scheme == "rmqha+http":
+                raise StoreLocationError(
+                    f"{location}: the {option} option is for rmqha+https://, not plain HTTP"
+                )
+            if scheme == "rmqha+https":
+                # The environment applies to TLS locations only.
+                path = path or os.environ.get(variable) or None
             if path is not None:
-                if scheme == "rmqha+http":
-                    raise StoreLocationError(
-                        f"{location}: {option} ({variable}) is for rmqha+https://, not plain HTTP"
-                    )
                 if not os.path.isfile(path):
                     raise StoreLocationError(f"{option} {path}: no such file")
             tls[what] = path
@@ -224,7 +227,13 @@ class HttpStore(Store):
             try:
                 connection.request("GET", path, headers=dict(headers))
                 response = connection.getresponse()
-            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
+            except (
+                http.client.RemoteDisconnected,
+                ConnectionResetError,
+                BrokenPipeError,
+                ssl.SSLEOFError,
+                ssl.SSLZeroReturnError,
+            ) as e:
                 connection.close()
                 if reused:
                     # The broker closed an idle kept-alive connection.
