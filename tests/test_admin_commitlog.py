@@ -32,7 +32,7 @@ from rmqha.admin import AdminService, make_site
 from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
-from rmqha.tap import Options
+from rmqha.tap import Options, makeService
 from rmqha.tls import commitlog_exposure_warning
 
 from tests._helpers import fixed_clock
@@ -420,7 +420,8 @@ class OptionTests(SynchronousTestCase):
     def test_values(self) -> None:
         """
         Off by default; sizes with suffixes; C{0} and C{off} are off; the
-        config-file key is read and the flag overrides it.
+        config-file key is read and the flag overrides it; the admin
+        service twistd builds gets the rate.
         """
         base = ("--store-dir", "s", "--http", "tcp:8080:interface=127.0.0.1")
         self.assertEqual(self.parse(*base).settings["serve-commitlog"], 0)
@@ -437,6 +438,10 @@ class OptionTests(SynchronousTestCase):
         self.assertEqual(
             self.parse("--config", path, "--http", "8080").settings["serve-commitlog"], 1 << 20
         )
+        service = makeService(
+            self.parse("--store-dir", self.mktemp(), *base[2:], "--serve-commitlog", "2m")
+        )
+        self.assertEqual(service.getServiceNamed("http").serve_commitlog, 2 << 20)
 
     def test_bad(self) -> None:
         """
