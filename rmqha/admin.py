@@ -6,6 +6,10 @@ The admin HTTP interface (twisted.web), served on C{--http ENDPOINT}:
     GET  /metrics                     the same figures as Prometheus text
     POST /topics/{topic}/messages     the request body becomes one message
                                       (query: queueId, tags, keys)
+    GET  /commitlog                   with --serve-commitlog RATE: the
+                                      segment files and the max offset
+    GET  /commitlog/{segment}         a segment's bytes (one Range), read-only,
+                                      paced at RATE for all readers together
 
 Every answer, errors included, is JSON C{{"status": ..., "error": ...}}
 with a 4xx/5xx code; see docs/admin.md for the statuses and limits.
@@ -41,12 +45,19 @@ from twisted.web.http import RESPONSES, HTTPChannel
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
+from rmqha._commitlog_http import (
+    RETRY_AFTER,
+    CommitLogServer,
+    RangeNotSatisfiable,
+    SegmentStream,
+    parse_range,
+)
 from rmqha.store._record import DEFAULT_MAX_MESSAGE_SIZE
 from rmqha._ports import Port, listen
 from rmqha.broker import Broker, NotStoredError
 from rmqha.store._record import Message, MessageRejected
 from rmqha.ha.group import PutMessageResult, PutStatus
-from rmqha.tls import PeerPolicy, admin_exposure_warning
+from rmqha.tls import PeerPolicy, admin_exposure_warning, commitlog_exposure_warning
 
 __all__ = [
     "AdminService",
@@ -187,12 +198,16 @@ class _AdminResource(Resource):
 class _Status(_AdminResource):
     isLeaf = True
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, commitlog: CommitLogServer | None = None) -> None:
         super().__init__()
         self._broker = broker
+        self._commitlog = commitlog
 
     def render_GET(self, request: Request) -> bytes:
-        return _json(request, 200, status(self._broker))
+        result = status(self._broker)
+        # Bytes/s GET /commitlog/{segment} is paced at (0: not served).
+        result["serve_commitlog"] = self._commitlog.rate if self._commitlog else 0
+        return _json(request, 200, result)
 
 
 class _BrokerCollector(Collector):
@@ -200,8 +215,9 @@ class _BrokerCollector(Collector):
     Reads the broker's figures at scrape time.
     """
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, served: CommitLogServer | None = None) -> None:
         self._broker = broker
+        self._served = served
 
     def collect(self) -> Iterator[Metric]:
         broker = self._broker
@@ -212,6 +228,11 @@ class _BrokerCollector(Collector):
             ("rmqha_commitlog_flushed_offset", commitlog.flushed_offset, "offset known to be on disk"),
         ]:
             yield GaugeMetricFamily(name, text, value=value)
+        yield CounterMetricFamily(
+            "rmqha_http_commitlog_bytes",
+            "commit-log bytes sent by GET /commitlog/{segment} (--serve-commitlog)",
+            value=self._served.bytes_served if self._served else 0,
+        )
         yield from _scrub_metrics(broker)
         if broker.role.is_master:
             yield CounterMetricFamily("rmqha_puts", "messages put", value=broker.puts)
@@ -310,10 +331,10 @@ def _checksum_failures(factory: Any) -> CounterMetricFamily:
 class _Metrics(_AdminResource):
     isLeaf = True
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, commitlog: CommitLogServer | None = None) -> None:
         super().__init__()
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(_BrokerCollector(broker))
+        self._registry.register(_BrokerCollector(broker, commitlog))
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
@@ -450,16 +471,151 @@ class _NotFound(_AdminResource):
     isLeaf = True
 
 
+# -- the commit log, read-only (--serve-commitlog) -----------------------------
+
+#: What /commitlog answers when the commit log is not served.
+COMMITLOG_NOT_SERVED = (
+    "the commit log is not served here: start the broker with "
+    "--serve-commitlog RATE (serveCommitLog=RATE in its config file), e.g. 64m "
+    "bytes/s (docs/admin.md)"
+)
+
+
+class _CommitLogOff(_AdminResource):
+    """
+    /commitlog and below when not served: 404 saying how to serve it.
+    """
+
+    isLeaf = True
+
+    def render(self, request: Request) -> bytes | int:
+        return _error(request, 404, "NOT_FOUND", COMMITLOG_NOT_SERVED)
+
+
+class _CommitLog(_AdminResource):
+    """
+    C{GET /commitlog}: the segment files, and the max offset (where whole
+    records end now; a reader takes nothing past it).
+    """
+
+    def __init__(self, broker: Broker, server: CommitLogServer) -> None:
+        super().__init__()
+        self._broker = broker
+        self._server = server
+
+    def getChild(self, path: bytes, request: Request) -> Resource:
+        if path == b"":
+            return self
+        if request.postpath:
+            return _NotFound()
+        return _SegmentFile(self._broker, self._server, path)
+
+    def render_GET(self, request: Request) -> bytes:
+        commitlog = self._broker.commitlog
+        size = commitlog.segment_size
+        return _json(
+            request,
+            200,
+            {
+                "status": "OK",
+                "role": self._broker.role.value,
+                "segment_size": size,
+                "min_offset": commitlog.min_offset,
+                "max_offset": commitlog.record_end,
+                "segments": [
+                    {"name": name, "offset": start, "size": size}
+                    for name, start, _ in commitlog.segments
+                ],
+            },
+        )
+
+
+class _SegmentFile(_AdminResource):
+    """
+    C{GET}/C{HEAD /commitlog/{name}}: one segment file's bytes, the whole
+    file (200) or one C{Range} (206), zeros at and past the max offset
+    the request saw.  Only a name the store lists is served.
+    """
+
+    isLeaf = True
+
+    def __init__(self, broker: Broker, server: CommitLogServer, name: bytes) -> None:
+        super().__init__()
+        self._broker = broker
+        self._server = server
+        self._name = name.decode("ascii", "replace")
+
+    def _prepare(self, request: Request) -> tuple[bytes | None, tuple[int, int, int, int]]:
+        """
+        The error to answer, or (segment start offset, first byte, end, max
+        offset) with the headers set.
+        """
+        commitlog = self._broker.commitlog
+        found = [start for name, start, _ in commitlog.segments if name == self._name]
+        if not found:
+            shown = self._name[:40]
+            return _error(
+                request, 404, "NOT_FOUND", f"no commit-log segment {shown!r} here"
+            ), (0, 0, 0, 0)
+        size = commitlog.segment_size
+        try:
+            wanted = parse_range(request.getHeader(b"range"), size)
+        except RangeNotSatisfiable as e:
+            request.setHeader(b"content-range", b"bytes */%d" % size)
+            return _error(request, 416, "RANGE_NOT_SATISFIABLE", str(e)), (0, 0, 0, 0)
+        start, end = (0, size) if wanted is None else wanted
+        max_offset = commitlog.record_end
+        request.setHeader(b"accept-ranges", b"bytes")
+        request.setHeader(b"content-type", b"application/octet-stream")
+        request.setHeader(b"x-rmqha-max-offset", b"%d" % max_offset)
+        request.setHeader(b"content-length", b"%d" % (end - start))
+        if wanted is not None:
+            request.setResponseCode(206)
+            request.setHeader(b"content-range", b"bytes %d-%d/%d" % (start, end - 1, size))
+        return None, (found[0], start, end, max_offset)
+
+    def render_HEAD(self, request: Request) -> bytes:
+        error, _ = self._prepare(request)
+        return error if error is not None else b""
+
+    def render_GET(self, request: Request) -> bytes | int:
+        server = self._server
+        if server.streams >= server.max_streams:
+            request.setHeader(b"retry-after", b"%d" % RETRY_AFTER)
+            return _error(
+                request,
+                503,
+                "BUSY",
+                f"{server.max_streams} commit-log streams are being served; "
+                f"retry in {RETRY_AFTER} s",
+            )
+        error, (base, start, end, max_offset) = self._prepare(request)
+        if error is not None:
+            return error
+        SegmentStream(
+            server, self._broker.commitlog, request, base, start, end, max_offset
+        ).start()
+        return NOT_DONE_YET
+
+
 class AdminRoot(_AdminResource):
     """
     The admin interface's root resource, for a C{twisted.web.server.Site}.
     """
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, commitlog: CommitLogServer | None = None) -> None:
+        """
+        @param commitlog: serve the commit log's segment files (read-only,
+            paced) under C{/commitlog}; C{None}: not served (404).
+        """
         super().__init__()
-        self.putChild(b"status", _Status(broker))
-        self.putChild(b"metrics", _Metrics(broker))
+        self.putChild(b"status", _Status(broker, commitlog))
+        self.putChild(b"metrics", _Metrics(broker, commitlog))
         self.putChild(b"topics", _Topics(broker))
+        self.putChild(
+            b"commitlog",
+            _CommitLog(broker, commitlog) if commitlog is not None else _CommitLogOff(),
+        )
 
     def getChild(self, path: bytes, request: Request) -> Resource:
         return _NotFound()
@@ -711,6 +867,7 @@ def make_site(
     header_timeout: float | None = HEADER_TIMEOUT,
     idle_timeout: float | None = IDLE_TIMEOUT,
     peer_policy: PeerPolicy | None = None,
+    serve_commitlog: int = 0,
 ) -> Site:
     """
     The admin interface of C{broker} as the factory its HTTP port serves
@@ -724,10 +881,14 @@ def make_site(
     @param peer_policy: served over TLS with client certificates, the
         names a client certificate must carry (C{allowed_peers}); checked
         before a request's body is read (403).
+    @param serve_commitlog: bytes per second at which C{/commitlog}
+        serves segment files to all readers together; 0: not served.
     """
+    clock = reactor if reactor is not None else broker.reactor
+    served = CommitLogServer(serve_commitlog, clock) if serve_commitlog > 0 else None
     return _AdminSite(
-        AdminRoot(broker),
-        reactor if reactor is not None else broker.reactor,
+        AdminRoot(broker, served),
+        clock,
         max_body,
         header_timeout,
         idle_timeout,
@@ -749,6 +910,7 @@ class AdminService(Port):
         broker: Broker,
         where: Any,
         peer_policy: PeerPolicy | None = None,
+        serve_commitlog: int = 0,
     ) -> None:
         """
         @param where: a Twisted server endpoint description (plain TCP
@@ -757,10 +919,12 @@ class AdminService(Port):
             certificates).
         @param peer_policy: the names an admin client's TLS certificate
             must carry (L{make_site}).
+        @param serve_commitlog: bytes/s for C{/commitlog} (L{make_site}).
         """
         self.broker = broker
         self.where = where
         self.peer_policy = peer_policy
+        self.serve_commitlog = serve_commitlog
         self.setName("http")  # type: ignore[no-untyped-call]
 
     def listen(self, limited: Any) -> None:
@@ -770,5 +934,11 @@ class AdminService(Port):
             warning = admin_exposure_warning(self.where)
             if warning is not None:
                 self._log.warn(warning.format, **warning.fields)
-        site = make_site(self.broker, peer_policy=self.peer_policy)
+            if self.serve_commitlog:
+                warning = commitlog_exposure_warning(self.where)
+                if warning is not None:
+                    self._log.warn(warning.format, **warning.fields)
+        site = make_site(
+            self.broker, peer_policy=self.peer_policy, serve_commitlog=self.serve_commitlog
+        )
         self.port = listen(self.broker.reactor, "http", self.where, limited("HTTP", site))

@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from rmqha._limits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_PEER
-from rmqha._units import parse_size
+from rmqha._units import parse_rate, parse_size
 from rmqha.admin import AdminService
 from rmqha._ports import ListenFailed
 from rmqha.broker import Broker
@@ -276,6 +276,7 @@ _SETTINGS = [
     _Setting("tls-server-name", "haTlsServerName", _name),
     _Setting("http-allowed-peers", None, _peers),
     _Setting("scrub-rate", "scrubRate", parse_scrub_rate),
+    _Setting("serve-commitlog", "serveCommitLog", lambda t: parse_rate(t, "commit-log rate")),
 ]
 
 #: Flags (no value on the command line) and their broker.conf true/false keys.
@@ -305,6 +306,7 @@ _DEFAULTS: dict[str, Any] = {
     "max-connections": DEFAULT_MAX_CONNECTIONS,
     "max-connections-per-peer": DEFAULT_MAX_CONNECTIONS_PER_PEER,
     "scrub-rate": DEFAULT_SCRUB_RATE,
+    "serve-commitlog": 0,
     "master-kind": DEFAULT_MASTER_KIND,
 }
 
@@ -507,6 +509,15 @@ class Options(usage.Options):
             "every record at, e.g. 8MiB; 0 or off disables it (32MiB) [scrubRate]",
         ],
         [
+            "serve-commitlog",
+            None,
+            None,
+            "with --http: serve the commit log's segment files read-only under "
+            "/commitlog at this many bytes per second for all readers together, "
+            "e.g. 64m (a live-broker pipeline source); 0 or off: not served (off) "
+            "[serveCommitLog]",
+        ],
+        [
             "batch-size",
             None,
             None,
@@ -641,6 +652,8 @@ class Options(usage.Options):
         key pair, requiring client certificates from C{--tls-ca}.
         """
         http = settings.get("http")
+        if http is None and settings.get("serve-commitlog"):
+            raise ValueError("--serve-commitlog (serveCommitLog) needs --http")
         if http is None or not http.startswith("ssl:"):
             if settings.get("http-allowed-peers") is not None:
                 raise ValueError("--http-allowed-peers needs --http ssl:PORT")
@@ -744,7 +757,9 @@ def makeService(options: Options) -> IService:
         scrub_rate=s["scrub-rate"],
     )
     if http is not None:
-        AdminService(broker, http, options.http_peer_policy(s)).setServiceParent(broker)  # type: ignore[no-untyped-call]
+        AdminService(
+            broker, http, options.http_peer_policy(s), serve_commitlog=s["serve-commitlog"]
+        ).setServiceParent(broker)  # type: ignore[no-untyped-call]
     return broker
 
 

@@ -60,6 +60,7 @@ __all__ = [
     "ExposureWarning",
     "exposure_warning",
     "admin_exposure_warning",
+    "commitlog_exposure_warning",
     "plain_master_warning",
 ]
 
@@ -553,6 +554,23 @@ def admin_exposure_warning(description: str) -> ExposureWarning | None:
         "authentication: anyone who reaches it can put messages and read the "
         "broker's status; use --http ssl:PORT with --tls-cert/--tls-key/--tls-ca "
         "(client certificates required; docs/admin.md), or bind it to loopback",
+        {"description": description, "where": where},
+    )
+
+
+def commitlog_exposure_warning(description: str) -> ExposureWarning | None:
+    """
+    For the admin HTTP port serving the commit log (C{--serve-commitlog}):
+    a warning when it is plain TCP on an interface other than loopback.
+    """
+    where = _plain_exposure(description)
+    if where is None:
+        return None
+    return ExposureWarning(
+        "--serve-commitlog on the admin HTTP port {description}, plain TCP on "
+        "{where}: every message body in the commit log is readable by anyone "
+        "who reaches it; use --http ssl:PORT (client certificates required; "
+        "docs/admin.md), or bind it to loopback",
         {"description": description, "where": where},
     )
 

@@ -50,7 +50,7 @@ from rmqha.store._record import (
     read_header,
     read_physical_offset,
 )
-from rmqha._units import parse_size
+from rmqha._units import parse_rate
 from rmqha.store._segments import segment_name
 from rmqha.store.commitlog import CommitLog
 
@@ -103,20 +103,7 @@ def parse_scrub_rate(text: str | int) -> int:
 
     @raise ValueError: naming the value.
     """
-    if isinstance(text, str):
-        value = text.strip()
-        if value.lower() == "off":
-            return 0
-        if value.lower().endswith("/s"):
-            value = value[:-2]
-        try:
-            return parse_size(value, "scrub rate")
-        except ValueError:
-            raise ValueError(
-                f"{text!r} is not a rate in bytes per second (examples: 32MiB, "
-                "64m, 0 or off to disable)"
-            ) from None
-    return parse_size(text, "scrub rate")
+    return parse_rate(text, "scrub rate")
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,8 @@ def make_broker(
     """
     A L{Broker} on C{store} for the real-socket tests: fast heartbeats,
     reconnects every 0.1 s, the reactor's clock for the store; C{http=}
-    (and C{http_peer_policy=}) compose an L{AdminService} into it.
+    (and C{http_peer_policy=}, C{serve_commitlog=}) compose an
+    L{AdminService} into it.
     """
     from rmqha.broker import Broker
     from rmqha.store.commitlog import CommitLog
@@ -59,6 +60,7 @@ def make_broker(
 
     http = kwargs.pop("http", None)
     http_peer_policy = kwargs.pop("http_peer_policy", None)
+    serve_commitlog = kwargs.pop("serve_commitlog", 0)
     broker = Broker(
         reactor,
         lambda: CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds),
@@ -70,5 +72,5 @@ def make_broker(
         **kwargs,
     )
     if http is not None:
-        AdminService(broker, http, http_peer_policy).setServiceParent(broker)
+        AdminService(broker, http, http_peer_policy, serve_commitlog).setServiceParent(broker)
     return broker
