@@ -18,7 +18,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.pipeline.httpstore import BUSY_RETRIES, HttpStore
-from rmqha.pipeline.stores import Segment, StoreLocationError, resolve
+from rmqha.pipeline.stores import Segment, PlanError, resolve
 
 NAME = "%020d" % 0
 
@@ -98,7 +98,7 @@ class LocationTests(SynchronousTestCase):
     def test_refused(self) -> None:
         """
         A path, a query, no port, a bad port, a user: each a one-line
-        L{StoreLocationError} naming the location.
+        L{PlanError} naming the location.
         """
         for location, needle in [
             ("rmqha+http://h:1/store", "no path or query: /store"),
@@ -107,7 +107,7 @@ class LocationTests(SynchronousTestCase):
             ("rmqha+http://h:99999", "port"),
             ("rmqha+http://u:p@h:1", "no user or password"),
         ]:
-            e = self.assertRaises(StoreLocationError, resolve, location)
+            e = self.assertRaises(PlanError, resolve, location)
             self.assertIn(location, str(e))
             self.assertIn(needle, str(e))
             self.assertNotIn("\n", str(e))
@@ -130,13 +130,13 @@ class LocationTests(SynchronousTestCase):
         assert isinstance(store, HttpStore)
         self.assertEqual(store.tls, {"cert": None, "key": None, "ca": ca})
         self.assertEqual(resolve("rmqha+http://h:1").tls, {})  # type: ignore[attr-defined]
-        e = self.assertRaises(StoreLocationError, resolve, "rmqha+http://h:1", {"tlsCa": ca})
+        e = self.assertRaises(PlanError, resolve, "rmqha+http://h:1", {"tlsCa": ca})
         self.assertIn("the tlsCa option is for rmqha+https://", str(e))
         self.patch(os, "environ", {})
         missing = self.mktemp()
-        e = self.assertRaises(StoreLocationError, resolve, "rmqha+https://h:1", {"tlsCa": missing})
+        e = self.assertRaises(PlanError, resolve, "rmqha+https://h:1", {"tlsCa": missing})
         self.assertEqual(str(e), f"tlsCa {missing}: no such file")
-        e = self.assertRaises(StoreLocationError, resolve, "rmqha+https://h:1", {"tlsCert": cert})
+        e = self.assertRaises(PlanError, resolve, "rmqha+https://h:1", {"tlsCert": cert})
         self.assertIn("tlsCert and tlsKey together", str(e))
 
     def test_pickle(self) -> None:
@@ -192,14 +192,14 @@ class ReaderTests(SynchronousTestCase):
 
     def test_segments_errors(self) -> None:
         """
-        404 and 403 are L{StoreLocationError}s with the broker's error;
+        404 and 403 are L{PlanError}s with the broker's error;
         another status, or an answer that is not a listing, an C{OSError};
         each one line naming the URL.
         """
         store, _, _ = self.store(
             answer(404, b'{"status": "NOT_FOUND", "error": "not served: use --serve-commitlog"}\n')
         )
-        e = self.assertRaises(StoreLocationError, store.segments)
+        e = self.assertRaises(PlanError, store.segments)
         self.assertEqual(
             str(e), "rmqha+http://h:1/commitlog: HTTP 404: not served: use --serve-commitlog"
         )

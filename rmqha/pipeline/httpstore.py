@@ -40,7 +40,7 @@ from rmqha.pipeline.stores import (
     Segment,
     SegmentReader,
     Store,
-    StoreLocationError,
+    PlanError,
 )
 
 __all__ = ["HttpStore", "TIMEOUT", "BUSY_RETRIES", "MAX_LISTING"]
@@ -113,6 +113,7 @@ class HttpStore(Store):
         shown = f"[{host}]" if ":" in host else host
         self.uri = f"{scheme}://{shown}:{port}"
         self._context: ssl.SSLContext | None = None
+        self._max_offset: int | None = None
 
     @classmethod
     def from_location(cls, location: str, options: Mapping[str, str]) -> "HttpStore":
@@ -120,30 +121,30 @@ class HttpStore(Store):
         The store at C{location} (C{rmqha+http(s)://HOST:PORT}, no path but
         C{/}), with TLS files from C{options} or the environment.
 
-        @raise StoreLocationError: naming the location or the option.
+        @raise PlanError: naming the location or the option.
         """
         parts = urlsplit(location)
         scheme = parts.scheme.lower()
         if scheme not in ("rmqha+http", "rmqha+https"):
-            raise StoreLocationError(f"{location}: not an rmqha+http(s):// location")
+            raise PlanError(f"{location}: not an rmqha+http(s):// location")
         try:
             port = parts.port
         except ValueError:
-            raise StoreLocationError(f"{location}: the port is not a number from 1 to 65535") from None
+            raise PlanError(f"{location}: the port is not a number from 1 to 65535") from None
         if not parts.hostname or port is None or port == 0:
-            raise StoreLocationError(f"{location}: give HOST:PORT of the broker's admin HTTP")
+            raise PlanError(f"{location}: give HOST:PORT of the broker's admin HTTP")
         if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise StoreLocationError(
+            raise PlanError(
                 f"{location}: a live broker's location is {scheme}://HOST:PORT "
                 f"(no path or query: {parts.path}{'?' if parts.query else ''}{parts.query})"
             )
         if parts.username or parts.password:
-            raise StoreLocationError(f"{location}: no user or password: TLS client certificates")
+            raise PlanError(f"{location}: no user or password: TLS client certificates")
         tls: dict[str, str | None] = {}
         for what, (option, variable) in _TLS_OPTIONS.items():
             path = _option(options, option)
             if path is not None and scheme == "rmqha+http":
-                raise StoreLocationError(
+                raise PlanError(
                     f"{location}: the {option} option is for rmqha+https://, not plain HTTP"
                 )
             if scheme == "rmqha+https":
@@ -151,10 +152,10 @@ class HttpStore(Store):
                 path = path or os.environ.get(variable) or None
             if path is not None:
                 if not os.path.isfile(path):
-                    raise StoreLocationError(f"{option} {path}: no such file")
+                    raise PlanError(f"{option} {path}: no such file")
             tls[what] = path
         if bool(tls.get("cert")) != bool(tls.get("key")):
-            raise StoreLocationError(
+            raise PlanError(
                 f"{location}: give tlsCert and tlsKey together (the client certificate and its key)"
             )
         return cls(scheme, parts.hostname, port, tls if scheme == "rmqha+https" else None)
@@ -274,7 +275,7 @@ class HttpStore(Store):
         if response.status != 200:
             why = f"{url}: HTTP {response.status}: {_server_error(body)}"
             if response.status in (403, 404):
-                raise StoreLocationError(why)
+                raise PlanError(why)
             raise OSError(errno.EIO, why, self.uri)
         try:
             return json.loads(body)
@@ -303,8 +304,19 @@ class HttpStore(Store):
                     self.uri,
                 )
         if not out:
-            raise StoreLocationError(f"{self.uri}: the broker's commit log has no segment yet")
+            raise PlanError(f"{self.uri}: the broker's commit log has no segment yet")
+        max_offset = answer.get("max_offset")
+        self._max_offset = max_offset if isinstance(max_offset, int) else None
         return sorted(out, key=lambda s: s.base)
+
+    def max_offset(self) -> int | None:
+        """
+        Where whole records ended when the segments were listed, as the
+        broker said (no segment read to find it).
+        """
+        if self._max_offset is None:
+            self.segments()
+        return self._max_offset
 
     def location(self, segment: Segment) -> str:
         return f"{self.uri}/commitlog/{segment.name}"

@@ -493,8 +493,10 @@ def verify(spark: Any, master_dir: "Store | str", slave_dir: "Store | str") -> V
     """
     master = resolve(master_dir)
     slave = resolve(slave_dir)
-    master_segments, master_size, master_max = _store_layout(master)
+    # The slave first: a live master's log only grows meanwhile, so what
+    # the slave holds is also the master's by the time it is listed.
     slave_segments, slave_size, slave_max = _store_layout(slave)
+    master_segments, master_size, master_max = _store_layout(master)
     problems: list[str] = []
     if not master_segments:
         raise PlanError(f"{master.uri}: the master's store has no segment files")

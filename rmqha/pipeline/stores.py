@@ -41,7 +41,6 @@ __all__ = [
     "LocalStore",
     "ArrowStore",
     "PlanError",
-    "StoreLocationError",
     "resolve",
     "unreadable",
     "SEGMENT_NAME",
@@ -56,10 +55,6 @@ class PlanError(ValueError):
     A store location cannot be used (the message names it and says why):
     not a commit log, an unknown scheme, a bad option.
     """
-
-
-#: The same error, by the name the first HTTP store code used.
-StoreLocationError = PlanError
 
 
 @dataclass(frozen=True, order=True)

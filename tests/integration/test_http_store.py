@@ -17,7 +17,7 @@ from twisted.internet.threads import deferToThread
 
 from rmqha.broker import Broker, Role
 from rmqha.pipeline.httpstore import HttpStore
-from rmqha.pipeline.stores import Store, StoreLocationError, resolve
+from rmqha.pipeline.stores import Store, PlanError, resolve
 from rmqha.store._record import Message
 from rmqha.tls import PeerPolicy, server_endpoint
 
@@ -112,7 +112,7 @@ async def test_master_and_slave_over_http(tmp_path: Any) -> None:
     plain.startService()
     try:
         port = (await plain.getServiceNamed("http").address()).port
-        with pytest.raises(StoreLocationError) as e:
+        with pytest.raises(PlanError) as e:
             await deferToThread(resolve(f"rmqha+http://127.0.0.1:{port}").segments)
         assert "/commitlog: HTTP 404: " in str(e.value)
         assert "--serve-commitlog RATE" in str(e.value)
@@ -157,7 +157,7 @@ async def test_over_tls_with_client_certificates(tmp_path: Any) -> None:
 
         other = pki["slave-1"]
         store = resolve(location, {"tlsCert": other.cert, "tlsKey": other.key, "tlsCa": other.ca})
-        with pytest.raises(StoreLocationError) as e:
+        with pytest.raises(PlanError) as e:
             await deferToThread(store.segments)
         assert "/commitlog: HTTP 403: this client is not allowed here" in str(e.value)
         assert "\n" not in str(e.value)
