@@ -170,3 +170,78 @@ async def test_over_tls_with_client_certificates(tmp_path: Any) -> None:
         assert "\n" not in str(failure.value)
     finally:
         await master.stopService()
+
+
+@pytest.mark.spark
+@pytest_twisted.ensureDeferred
+async def test_spark_reads_and_verifies_live_brokers(tmp_path: Any) -> None:
+    """
+    While the master takes puts and replicates them, Spark reads the
+    master's commit log from C{rmqha+http://} (every row a whole record
+    with a good CRC, offsets contiguous from 0: no record caught half
+    written) and C{verify} finds the live slave consistent with the live
+    master.  Spark runs in a thread: the brokers serve on this reactor.
+    """
+    from tests._spark import spark, why_no_spark
+
+    if why_no_spark() is not None:
+        pytest.skip(str(why_no_spark()))
+    from twisted.internet import reactor
+    from twisted.internet.task import LoopingCall
+
+    from rmqha.pipeline.jobs import verify
+    from tests.test_pipeline_spark import df_rows
+
+    await deferToThread(spark)  # started before the brokers load the CPU
+    master: Broker = make_broker(
+        reactor, str(tmp_path / "master"), Role.MASTER, SEGMENT,
+        ha_listen="tcp:0:interface=127.0.0.1",
+        http="tcp:0:interface=127.0.0.1", serve_commitlog=RATE,
+    )
+    master.startService()
+    slave: Broker | None = None
+    puts = None
+    try:
+        address = await master.ha_address()
+        slave = make_broker(
+            reactor, str(tmp_path / "slave"), Role.SLAVE, SEGMENT,
+            master_endpoint=f"tcp:host=127.0.0.1:port={address.port}",
+            http="tcp:0:interface=127.0.0.1", serve_commitlog=RATE,
+        )
+        slave.startService()
+        body = os.urandom(2000)
+        for i in range(200):
+            await master.put(Message("Orders", body, queue_id=i % 4))
+        master_port = (await master.getServiceNamed("http").address()).port
+        slave_port = (await slave.getServiceNamed("http").address()).port
+        counter = iter(range(10**9))
+        puts = LoopingCall(lambda: master.put(Message("Live", body, queue_id=next(counter) % 4)))
+        puts.start(0.02)
+
+        def read() -> list[dict[str, object]]:
+            df = (
+                spark().read.format("rocketmq-commitlog")
+                .option("splitBytes", "100k").load(f"rmqha+http://127.0.0.1:{master_port}")
+            )
+            return df_rows(df)
+
+        rows = await deferToThread(read)
+        assert len(rows) >= 200
+        assert all(r["crc_ok"] for r in rows)
+        position = 0
+        for r in rows:
+            if r["offset"] != position:  # the next segment
+                assert int(r["offset"]) % SEGMENT == 0  # type: ignore[call-overload]
+            position = int(r["offset"]) + int(r["size"])  # type: ignore[call-overload]
+        result = await deferToThread(
+            verify, spark(), f"rmqha+http://127.0.0.1:{master_port}",
+            f"rmqha+http://127.0.0.1:{slave_port}",
+        )
+        assert result.consistent, result.lines()
+        assert result.compared_bytes >= 200 * 2000
+    finally:
+        if puts is not None and puts.running:
+            puts.stop()
+        if slave is not None:
+            await slave.stopService()
+        await master.stopService()
