@@ -16,6 +16,10 @@ C{spark} scans and decodes a 2 GiB store with the plain single-process
 reader (L{rmqha.pipeline.scan.scan}) and with Spark on C{local[1]} and
 C{local[2]} (the C{rocketmq-commitlog} data source).
 
+C{sources} reads one store from the local files, an S3-compatible server
+(moto's, a process on 127.0.0.1) and a live broker's admin HTTP
+(C{rmqha+http://}), by the plain reader and by Spark C{local[2]}.
+
 C{tls} replicates the same backlog over TCP and over mutual TLS, runs
 alternating, and reports both and their ratio.
 
@@ -685,6 +689,148 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_http(url: str, process: "subprocess.Popen[Any]", what: str, timeout: float = 60) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {process.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not answer {url} in {timeout:.0f} s") from None
+            time.sleep(0.2)
+
+
+#: Fake credentials for the benchmark's own S3 server (moto accepts any).
+_S3_ENV = {
+    "AWS_ACCESS_KEY_ID": "bench",
+    "AWS_SECRET_ACCESS_KEY": "bench",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+
+
+def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    One store read from three sources, in the same run: the local files,
+    an S3-compatible server (moto's, a separate process on 127.0.0.1) and
+    a live broker's admin HTTP (a C{twistd rmqha} master serving the store
+    with C{--serve-commitlog}); each by the plain reader (this process)
+    and by Spark C{local[2]}; runs alternate the order.
+    """
+    from pyarrow import fs as pafs
+
+    from rmqha.cli import fill
+    from rmqha.testing import twistd_command
+
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    store = os.path.join(root, "store")
+    processes: list[subprocess.Popen[Any]] = []
+    try:
+        _progress(f"filling a {args.size / (1 << 20):,.0f} MiB store ...")
+        with CommitLog.open(store, segment_size=args.segment_size) as log:
+            fill(log, args.size // 1141 + 1, 1024, ["orders", "payments", "audit"], 8)
+        s3_port, http_port = _free_port(), _free_port()
+        moto = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        processes.append(moto)
+        broker = subprocess.Popen(
+            twistd_command(
+                store, os.path.join(root, "broker.log"), "--role", "master",
+                "--segment-size", str(args.segment_size),
+                "--ha-listen", "tcp:0:interface=127.0.0.1",
+                "--http", f"tcp:{http_port}:interface=127.0.0.1",
+                "--serve-commitlog", args.http_rate, "--scrub-rate", "off",
+            ),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        processes.append(broker)
+        _wait_http(f"http://127.0.0.1:{s3_port}/", moto, "the S3 server")
+        _wait_http(f"http://127.0.0.1:{http_port}/status", broker, "the broker")
+        s3 = pafs.S3FileSystem(
+            access_key="bench", secret_key="bench", endpoint_override=f"127.0.0.1:{s3_port}",
+            scheme="http", region="us-east-1", allow_bucket_creation=True,
+        )
+        s3.create_dir("bench")
+        _progress("uploading the store to the S3 server ...")
+        pafs.copy_files(
+            os.path.join(store, "commitlog"), "bench/store/commitlog", destination_filesystem=s3
+        )
+        os.environ.update(_S3_ENV)  # the plain reader, and Spark's workers through it
+        sources = {
+            "local": store,
+            "s3": f"s3://bench/store?endpoint_override=127.0.0.1:{s3_port}&scheme=http"
+                  "&region=us-east-1",
+            "http": f"rmqha+http://127.0.0.1:{http_port}",
+        }
+        _raw_read_all(store)
+        variants = [(reader, source) for reader in ("plain", "local[2]") for source in sources]
+        runs: dict[str, list[dict[str, float]]] = {f"{r} {s}": [] for r, s in variants}
+        for run in range(args.runs):
+            for reader, source in variants if run % 2 == 0 else variants[::-1]:
+                if reader == "plain":
+                    result = _plain_scan(sources[source], args.bodies == "true")
+                else:
+                    process = _spawn(
+                        "_spark-scan", sources[source], reader, "--bodies", args.bodies
+                    )
+                    result = _json_line(process)
+                    process.wait()
+                runs[f"{reader} {source}"].append(result)
+                _progress(
+                    f"run {run + 1}: {reader} from {source}: "
+                    f"{result['bytes'] / result['seconds'] / 1e6:,.0f} MB/s "
+                    f"({result['seconds']:.1f} s, {result['records']:,} records)"
+                )
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait()
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict[str, Any] = {
+        "benchmark": "sources",
+        "machine": machine_info(),
+        "runs": args.runs,
+        "bodies": args.bodies == "true",
+        "http_rate": args.http_rate,
+    }
+    records = {len(set(r["records"] for r in results)) for results in runs.values()}
+    out["same_records_everywhere"] = records == {1} and len(
+        {results[0]["records"] for results in runs.values()}
+    ) == 1
+    for name, results in runs.items():
+        seconds = statistics.median(r["seconds"] for r in results)
+        key = name.replace("[", "").replace("]", "").replace(" ", "_")
+        out[f"{key}_mb_per_s"] = results[0]["bytes"] / seconds / 1e6
+        out[f"{key}_runs_s"] = [round(r["seconds"], 2) for r in results]
+    for reader in ("plain", "local2"):
+        for source in ("s3", "http"):
+            out[f"{reader}_{source}_fraction_of_local"] = (
+                out[f"{reader}_{source}_mb_per_s"] / out[f"{reader}_local_mb_per_s"]
+            )
+    out["store_bytes"] = runs["plain local"][0]["bytes"]
+    out["records"] = runs["plain local"][0]["records"]
+    return out
+
+
 def _raw_read_all(store: str) -> None:
     directory = os.path.join(store, "commitlog")
     for name in sorted(os.listdir(directory)):
@@ -845,6 +991,19 @@ def main(argv: list[str] | None = None) -> None:
         "--bodies", choices=["true", "false"], default="true",
         help="decode and move bodies (the data source's bodies option)",
     )
+    sources = commands.add_parser(
+        "sources",
+        help="plain reader and Spark local[2] over a local store, an S3 server and a live "
+        "broker's HTTP",
+    )
+    sources.add_argument("--size", type=int, default=512 << 20, help="store bytes (512 MiB)")
+    sources.add_argument("--runs", type=int, default=3)
+    sources.add_argument("--segment-size", type=int, default=128 << 20)
+    sources.add_argument("--dir", type=_existing_dir, default=None, help="where to create the store")
+    sources.add_argument(
+        "--http-rate", default="4g", help="the broker's --serve-commitlog rate (default 4g)"
+    )
+    sources.add_argument("--bodies", choices=["true", "false"], default="true")
     for name, params in [
         ("_spark-scan", ["store", "master"]),
         ("_serve-master", ["store"]),
@@ -871,6 +1030,20 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.benchmark == "_spark-scan":
         return _spark_scan(args.store, args.master, args.bodies)
+    if args.benchmark == "sources":
+        result = _sources_bench(args)
+        print(
+            "sources: plain reader: S3 "
+            f"{100 * result['plain_s3_fraction_of_local']:.0f}%, HTTP "
+            f"{100 * result['plain_http_fraction_of_local']:.0f}% of local "
+            f"({result['plain_local_mb_per_s']:,.0f} MB/s); Spark local[2]: S3 "
+            f"{100 * result['local2_s3_fraction_of_local']:.0f}%, HTTP "
+            f"{100 * result['local2_http_fraction_of_local']:.0f}% of local "
+            f"({result['local2_local_mb_per_s']:,.0f} MB/s); median of {args.runs}",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "spark":
         result = _spark_bench(args)
         print(
