@@ -1,0 +1,95 @@
+"""
+Tests for L{rmqha.pipeline.stores}: where the pipeline reads a store from,
+resolved on the driver into a small picklable description.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha.pipeline.stores import ArrowStore, LocalStore, PlanError, Segment, resolve
+from rmqha.store.commitlog import CommitLog
+
+from tests._helpers import make_message
+
+
+class ResolveTests(SynchronousTestCase):
+    """
+    A location becomes the right kind of store, made absolute on the
+    driver.
+    """
+
+    def test_relative_path_is_absolute(self) -> None:
+        """
+        A relative path is made absolute where it is resolved (executors
+        run in another directory); so is a C{file:} URI's path.
+        """
+        store = resolve("some/store")
+        assert isinstance(store, LocalStore)
+        self.assertEqual(store.uri, os.path.join(os.getcwd(), "some", "store"))
+        self.assertEqual(resolve("file:///data/store").uri, "/data/store")
+        self.assertEqual(resolve("file://localhost/data/store").uri, "/data/store")
+        self.assertRaises(PlanError, resolve, "file://elsewhere/data/store")
+        self.assertRaises(PlanError, resolve, "")
+
+    def test_other_schemes_go_to_pyarrow(self) -> None:
+        """
+        C{s3://}, C{gs://}, C{hdfs://} are C{pyarrow.fs} stores, opened
+        lazily (resolving contacts nothing); a store is passed through.
+        """
+        for uri in ("s3://bucket/prefix/store", "gs://b/s", "hdfs://nn:8020/s"):
+            store = resolve(uri)
+            assert isinstance(store, ArrowStore)
+            self.assertEqual(store.uri, uri)
+            self.assertIs(resolve(store), store)
+
+    def test_local_store_reads_and_pickles(self) -> None:
+        """
+        A local store lists its segments and reads byte ranges (short
+        only where the file ends), and pickled (as a task carries it)
+        opens the same files.
+        """
+        path = self.mktemp()
+        with CommitLog.open(path, segment_size=64 * 1024) as log:
+            for i in range(100):
+                log.put(make_message(os.urandom(1000)))
+        store = resolve(path)
+        found = store.segments()
+        self.assertEqual([s.base for s in found], [0, 65536])
+        self.assertEqual(found[0], Segment(0, "00000000000000000000", 65536))
+        again = pickle.loads(pickle.dumps(store))
+        with open(os.path.join(path, "commitlog", found[1].name), "rb") as f:
+            expected = f.read()
+        with again.open(found[1]) as reader:
+            self.assertEqual(reader.size, 65536)
+            self.assertEqual(reader.read_at(1000, 5000), expected[1000:6000])
+            self.assertEqual(reader.read_at(65530, 100), expected[65530:])
+            self.assertEqual(reader.read_at(70000, 10), b"")
+        self.assertEqual(
+            store.location(found[1]), os.path.join(os.path.abspath(path), "commitlog", found[1].name)
+        )
+
+    def test_not_a_store(self) -> None:
+        """
+        A missing directory, and one holding no commit log, are one line
+        naming the absolute path.
+        """
+        missing = self.mktemp()
+        e = self.assertRaises(PlanError, resolve(missing).segments)
+        self.assertEqual(str(e), f"{os.path.abspath(missing)}: no such directory")
+        empty = self.mktemp()
+        os.makedirs(empty)
+        e = self.assertRaises(PlanError, resolve(empty).segments)
+        self.assertIn("no commitlog directory and no segment files", str(e))
+
+    def test_unreadable_segment_names_it(self) -> None:
+        """
+        A segment that cannot be opened is an C{OSError} naming its path.
+        """
+        store = LocalStore(self.mktemp())
+        segment = Segment(0, "00000000000000000000", 10)
+        e = self.assertRaises(OSError, store.open, segment)
+        self.assertEqual(e.filename, store.location(segment))
