@@ -377,13 +377,45 @@ def _write_counted(df: Any, fmt: str, uri: str) -> int:
 
 def _count_back(spark: Any, fs: _HadoopFS, fmt: str, uri: str) -> int:
     """
-    The rows the driver reads back from C{uri} (none when it sees no data
-    file: Spark cannot even infer a schema then).
+    The rows the driver sees in C{uri}.  On a C{file:} URI the driver
+    counts them itself (L{_count_local}): executors reading them back
+    could see other files at that path.  Elsewhere (HDFS, object stores:
+    one filesystem for all) Spark counts them; none when there is no
+    data file (Spark cannot even infer a schema then).
     """
+    if urlsplit(uri).scheme == "file":
+        return _count_local(fmt, urlsplit(uri).path)
     if fs.data_files(uri) == 0:
         return 0
     count: int = spark.read.format(fmt).load(uri).count()
     return count
+
+
+def _count_local(fmt: str, path: str) -> int:
+    """
+    The rows in the data files under C{path} on this host, from Parquet
+    and ORC footers or JSON lines (files named C{_*} or C{.*} are Spark's
+    markers and checksums).
+    """
+    total = 0
+    for here, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for name in files:
+            if name.startswith(("_", ".")):
+                continue
+            full = os.path.join(here, name)
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                total += pq.ParquetFile(full).metadata.num_rows
+            elif fmt == "orc":
+                import pyarrow.orc as orc
+
+                total += orc.ORCFile(full).nrows
+            else:
+                with open(full, "rb") as f:
+                    total += sum(1 for line in f if line.strip())
+    return total
 
 
 def _check_export_out(out: str) -> None:
@@ -843,9 +875,9 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
         conf=dict(args.conf),
         py_files=args.py_files or (),
     )
-    # Spark's own warnings, and the traces its executors log, only with
-    # --debug: otherwise the job's failure is its last line.
-    spark.sparkContext.setLogLevel("WARN" if args.debug else "ERROR")
+    # Spark's own warnings and errors (each failed task's trace, and the
+    # job's) only with --debug: otherwise a failure is one line.
+    spark.sparkContext.setLogLevel("WARN" if args.debug else "FATAL")
     if args.job == "stats":
         result = stats(spark, _driver_location(args.dir), args.out, options)
         out.write(json.dumps({k: result[k] for k in ("store", "messages", "bytes", "topics")}))
