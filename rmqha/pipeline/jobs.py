@@ -289,8 +289,9 @@ def output_location(out: str) -> str:
     """
     C{export}'s C{OUT} as the executors must see it: a URI unchanged, a
     path made absolute on the driver (executors run in their worker's
-    directory) as a C{file:} URI (a local or shared filesystem, whatever
-    Hadoop's default filesystem is).
+    directory) as a C{file:} URI: the local filesystem, which on a
+    cluster must be one shared by all at that path (not Hadoop's default
+    filesystem, as for a store path).
     """
     if not out:
         raise ValueError("export needs an OUT")
@@ -658,7 +659,8 @@ def verify(
     up to its max offset; the first differing block is then compared byte
     by byte.  Also reported: slave segment files the master does not have,
     slave files shorter than the segment size (truncated), and a slave
-    ahead of the master.
+    ahead of the master.  C{options} are the data source's (C{--option}),
+    for opening the stores (TLS files for a live broker).
     """
     master_segments, master_size, master_max = _store_layout(master_dir)
     slave_segments, slave_size, slave_max = _store_layout(slave_dir)

@@ -26,7 +26,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-__all__ = ["SparkCluster", "why_no_cluster", "why_no_namespaces", "worker_env"]
+__all__ = ["SparkCluster", "hidden_argv", "python_job", "why_no_cluster", "why_no_namespaces", "worker_env"]
 
 #: How long the JVMs get to start and the workers to register.
 START_TIMEOUT = 90.0
@@ -79,6 +79,17 @@ def why_no_namespaces(scratch: str) -> str | None:
         text = probe.stderr.decode(errors="replace").strip().splitlines()
         return f"cannot unshare a mount namespace and mount tmpfs as this user: {text[-1:]}"
     return None
+
+
+def hidden_argv(hidden: list[str], argv: list[str]) -> list[str]:
+    """
+    C{argv} run in its own mount namespace with an empty tmpfs over each
+    of C{hidden} (C{argv} itself when there is none).
+    """
+    if not hidden:
+        return argv
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", _MOUNT_THEN_RUN,
+            "sh", *hidden, "--", *argv]
 
 
 def worker_env(scratch: str) -> dict[str, str]:
@@ -158,10 +169,7 @@ class SparkCluster:
                 "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
                 "--webui-port", "0", "--work-dir", work, self.url,
             ]
-            if hidden:
-                argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                        _MOUNT_THEN_RUN, "sh", *hidden, "--", *argv]
-            self._start(f"worker-{i}", argv, env)
+            self._start(f"worker-{i}", hidden_argv(hidden, argv), env)
         self._wait(len(workers))
 
     def _wait(self, workers: int) -> None:
