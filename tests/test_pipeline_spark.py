@@ -365,3 +365,130 @@ class ShippingTests(SynchronousTestCase):
         self.assertIn("rmqha/store/_record.py", names)
         self.assertEqual([n for n in names if "__pycache__" in n or n.endswith(".pyc")], [])
         self.assertEqual([n for n in names if not n.startswith("rmqha/")], [])
+
+
+class _FakeContext:
+    def __init__(self, master: str) -> None:
+        self.master = master
+        self.py_files: list[str] = []
+
+    def setLogLevel(self, level: str) -> None:
+        pass
+
+    def addPyFile(self, path: str) -> None:
+        self.py_files.append(path)
+
+
+class _FakeSession:
+    """
+    Just enough of C{SparkSession} and its builder for L{spark_session}:
+    records the settings and the files added, starts no JVM.
+    """
+
+    def __init__(self) -> None:
+        self.settings: dict[str, str] = {}
+        self.dataSource = self
+        self.builder = self
+        self.registered: list[object] = []
+
+    def appName(self, name: str) -> "_FakeSession":
+        return self
+
+    def master(self, url: str) -> "_FakeSession":
+        self.sparkContext = _FakeContext(url)
+        return self
+
+    def config(self, key: str, value: str) -> "_FakeSession":
+        self.settings[key] = value
+        return self
+
+    def getOrCreate(self) -> "_FakeSession":
+        return self
+
+    def register(self, source: object) -> None:
+        self.registered.append(source)
+
+
+class SessionSettingsTests(SynchronousTestCase):
+    """
+    L{spark_session}'s settings for every master (no JVM started).
+    """
+
+    skip = why_no_spark()
+
+    def session(self, master: str, **kwargs: object) -> _FakeSession:
+        import pyspark.sql
+
+        from rmqha.pipeline.source import spark_session
+
+        fake = _FakeSession()
+        self.patch(pyspark.sql, "SparkSession", fake)
+        result = spark_session(master, **kwargs)  # type: ignore[arg-type]
+        self.assertIs(result, fake)
+        return fake
+
+    def environ(self, **values: str) -> None:
+        """
+        Start from an environment without the PySpark variables (restored
+        after the test).
+        """
+        import sys
+
+        saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+
+        def restore() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        self.addCleanup(restore)
+        for k in saved:
+            os.environ.pop(k, None)
+        os.environ.update(values)
+        self.executable = sys.executable
+
+    def test_cluster_gets_this_python_and_rmqha(self) -> None:
+        """
+        A C{spark://} master gets this interpreter as the executors'
+        Python (not C{python3} from PATH), the rmqha zip, the
+        C{--py-files} (absolute) and the C{--conf} settings.
+        """
+        from rmqha.pipeline.source import package_zip
+
+        self.environ()
+        extra = os.path.abspath(self.mktemp() + ".py")
+        with open(extra, "w") as f:
+            f.write("")
+        fake = self.session(
+            "spark://127.0.0.1:7077", conf={"spark.executor.memory": "2g"},
+            py_files=[os.path.relpath(extra)],
+        )
+        self.assertEqual(os.environ["PYSPARK_PYTHON"], self.executable)
+        self.assertEqual(fake.settings["spark.pyspark.python"], self.executable)
+        self.assertEqual(fake.settings["spark.executor.memory"], "2g")
+        self.assertEqual(fake.sparkContext.py_files, [package_zip(), extra])
+
+    def test_the_users_python_wins(self) -> None:
+        """
+        C{--conf spark.pyspark.python} wins over C{PYSPARK_PYTHON}, which
+        wins over this interpreter; a local master gets no zip (its
+        workers are this Python).
+        """
+        self.environ(PYSPARK_PYTHON="/opt/py/bin/python3")
+        fake = self.session("local[1]")
+        self.assertEqual(os.environ["PYSPARK_PYTHON"], "/opt/py/bin/python3")
+        self.assertEqual(fake.sparkContext.py_files, [])
+        fake = self.session("local[1]", conf={"spark.pyspark.python": "/usr/bin/python3"})
+        self.assertEqual(os.environ["PYSPARK_PYTHON"], "/usr/bin/python3")
+
+    def test_missing_py_file(self) -> None:
+        """
+        A C{--py-files} path that does not exist is one line naming it,
+        before Spark starts.
+        """
+        self.environ()
+        with self.assertRaises(ValueError) as raised:
+            self.session("local[1]", py_files=["nowhere.zip"])
+        self.assertEqual(str(raised.exception), "--py-files nowhere.zip: no such file")
