@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 import time
+import traceback
 from collections import Counter
 from typing import IO, Any, Callable, NoReturn, Sequence
 
@@ -202,6 +203,9 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
+    # Exit status 0, 1 only for verify's proven divergence, 2 for any
+    # error (one line; with --debug the trace first), as
+    # `python -m rmqha.pipeline.jobs` and spark-submit.
     from rmqha.pipeline.jobs import check_inputs
 
     try:
@@ -212,18 +216,17 @@ def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
     try:
         import pyspark  # noqa: F401
     except ImportError:
-        raise _CommandError(
-            "the pipeline needs PySpark: pip install 'rmqha[spark]' (and Java 17)"
+        raise _UsageError(
+            "rmqha: error: the pipeline needs PySpark: pip install 'rmqha[spark]' (and Java 17)"
         ) from None
     from rmqha.pipeline.jobs import error_line, run
 
     try:
         return run(args, out)
-    except Exception as e:  # could not compare / read: exit 2, as every entry point
-        line = error_line(e)
-        if line is None:
-            raise
-        raise _UsageError(f"rmqha: error: {line}") from None
+    except Exception as e:
+        if args.debug:
+            traceback.print_exc()
+        raise _UsageError(f"rmqha: error: {error_line(e)}") from None
 
 
 def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:

@@ -328,84 +328,43 @@ class PipelineInputTests(SynchronousTestCase):
     def test_good_inputs_reach_spark(self) -> None:
         """
         Inputs that pass the checks go on to Spark: here, the message that
-        PySpark is missing (exit 1), so the checks did not refuse them.
+        PySpark is missing (exit 2, as every error of a job), so the checks
+        did not refuse them.
         """
         status, err = self.run_cli("export", self.store, self.mktemp())
-        self.assertEqual(status, 1)
+        self.assertEqual(status, 2)
         self.assertIn("needs PySpark", err)
 
-
-class _FakeWriter:
-    """
-    Just enough of C{DataFrame.write} for L{export}: writes a part file
-    where Spark would, then fails if told to.
-    """
-
-    def __init__(self, fail: bool) -> None:
-        self.fail = fail
-
-    def partitionBy(self, *columns: str) -> "_FakeWriter":
-        return self
-
-    def format(self, fmt: str) -> "_FakeWriter":
-        return self
-
-    def save(self, path: str) -> None:
-        os.makedirs(os.path.join(path, "topic=orders"))
-        with open(os.path.join(path, "topic=orders", "part-0"), "w") as f:
-            f.write("rows")
-        if self.fail:
-            raise OSError(28, "No space left on device")
-
-
-class _FakeSpark:
-    """
-    Just enough of a SparkSession for L{export}.
-    """
-
-    def __init__(self, fail: bool) -> None:
-        self.writer = _FakeWriter(fail)
-        self.read = self
-
-    def format(self, fmt: str) -> "_FakeSpark":
-        return self
-
-    def option(self, key: str, value: str) -> "_FakeSpark":
-        return self
-
-    def load(self, path: str) -> "_FakeSpark":
-        self.loaded = path
-        return self
-
-    @property
-    def write(self) -> _FakeWriter:
-        return self.writer
-
-    def count(self) -> int:
-        return len(os.listdir(os.path.join(self.loaded, "topic=orders")))
-
-
-class ExportOutputTests(SynchronousTestCase):
-    """
-    C{export} writes OUT whole or not at all (issue 12, item 3).
-    """
-
-    def test_failed_export_leaves_nothing(self) -> None:
+    def test_bad_settings(self) -> None:
         """
-        When Spark fails half-way, neither OUT nor the temporary sibling it
-        wrote into is left, so the retry runs; a good run renames the
-        sibling to OUT and leaves no other entry in OUT's directory.
+        A C{--conf} that is not KEY=VALUE or not a Spark setting, an
+        C{--option} that is not KEY=VALUE or names the path, and an empty
+        C{--py-files}: one line naming it, exit 2, from C{rmqha pipeline}
+        and from C{python -m rmqha.pipeline.jobs}'s C{main} alike, before
+        Spark.
         """
-        from rmqha.pipeline.jobs import export
+        import contextlib
+        import io
 
-        parent = os.path.abspath(self.mktemp())
-        os.makedirs(parent)
-        out = os.path.join(parent, "parquet-out")
-        self.assertRaises(OSError, export, _FakeSpark(fail=True), "STORE", out + "/")
-        self.assertEqual(os.listdir(parent), [])
-        self.assertEqual(export(_FakeSpark(fail=False), "STORE", out + "/"), 1)
-        self.assertEqual(os.listdir(parent), ["parquet-out"])
-        self.assertEqual(os.listdir(out), ["topic=orders"])
+        from rmqha.pipeline.jobs import main
+
+        cases = [
+            (("--conf", "spark.executor.memory"), "--conf 'spark.executor.memory' is not KEY=VALUE"),
+            (("--conf", "executor.memory=2g"), "KEY starts with 'spark.'"),
+            (("--option", "=1"), "--option '=1' is not KEY=VALUE"),
+            (("--option", "path=/x"), "the store is the DIR argument"),
+            (("--py-files", ","), "--py-files ',' names no file"),
+        ]
+        for flags, needle in cases:
+            status, err = self.run_cli("stats", self.store, *flags)
+            self.assertEqual(status, 2, flags)
+            self.assertIn(needle, err, flags)
+            err_io = io.StringIO()
+            with contextlib.redirect_stderr(err_io), self.assertRaises(SystemExit) as raised:
+                main(["stats", self.store, *flags])
+            self.assertEqual(raised.exception.code, 2)
+            self.assertEqual(err_io.getvalue().count("\n"), 1, err_io.getvalue())
+            self.assertIn(needle, err_io.getvalue())
 
 
 class VerdictTests(SynchronousTestCase):
@@ -497,7 +456,46 @@ class VerdictTests(SynchronousTestCase):
             "could not compare: cannot read /s on host h: Permission denied",
         )
         self.assertEqual(str(CompareError("x")), "could not compare: x")
-        self.assertIsNone(error_line(RuntimeError("NullPointerException")))
+        self.assertEqual(
+            error_line(RuntimeError("NullPointerException\n  at x")),
+            "RuntimeError: NullPointerException (a bug? --debug shows the trace)",
+        )
+
+    def test_pyspark_and_py4j_failures_are_their_cause(self) -> None:
+        """
+        A PySpark error carrying a Python worker's trace is that trace's
+        exception line (ours without its class, Spark's SQLSTATE tail
+        dropped); a Py4J error is its Java cause's line.
+        """
+        from rmqha.pipeline.jobs import error_line
+
+        planning = (
+            "[PYTHON_DATA_SOURCE_ERROR] Failed to initialize Python data source reader: "
+            "Traceback (most recent call last):\n  File \"s.py\", line 74, in _read_options\n"
+            "    raise OptionError(...)\n"
+            "rmqha.pipeline.source.OptionError: option bodies='maybe' is not true or false\n"
+            " SQLSTATE: 38000"
+        )
+        self.assertEqual(
+            error_line(RuntimeError(planning)), "option bodies='maybe' is not true or false"
+        )
+        task = (
+            "An exception was thrown from the Python worker:\nTraceback (most recent call "
+            "last):\n  File \"w.py\", line 1, in f\n    open(p)\n"
+            "FileNotFoundError: [Errno 2] No such file or directory: '/s/x'"
+        )
+        self.assertEqual(
+            error_line(RuntimeError(task)),
+            "FileNotFoundError: [Errno 2] No such file or directory: '/s/x'",
+        )
+        java = (
+            "An error occurred while calling o79.parquet.\n: org.apache.hadoop.fs."
+            "UnsupportedFileSystemException: No FileSystem for scheme \"x\"\n\tat a.b(C.java:1)"
+        )
+        self.assertEqual(
+            error_line(RuntimeError(java)),
+            'org.apache.hadoop.fs.UnsupportedFileSystemException: No FileSystem for scheme "x"',
+        )
 
 
 class StatsBucketTests(SynchronousTestCase):

@@ -134,7 +134,7 @@ class JobTests(SynchronousTestCase):
         from rmqha.pipeline import jobs
 
         master = random_store(self, 100, 32 * 1024, seed=24)
-        slave = self.mktemp()
+        slave = os.path.abspath(self.mktemp())
         shutil.copytree(master, slave)
         planned = jobs._store_layout
 
@@ -170,19 +170,47 @@ class JobTests(SynchronousTestCase):
 
     def test_export_round_trip(self) -> None:
         """
-        Parquet partitioned by topic reads back as the same records.
+        Parquet partitioned by topic reads back as the same records, to a
+        relative OUT (made absolute on the driver) and to a C{file:} URI;
+        nothing but OUT is left in its directory.
         """
         from rmqha.pipeline.jobs import export
 
         path = random_store(self, 150, 64 * 1024, seed=24)
-        out = os.path.abspath(self.mktemp())
-        self.assertEqual(export(spark(), path, out), 150)
+        parent = os.path.abspath(self.mktemp())
+        os.makedirs(parent)
+        out = os.path.join(parent, "relative")
+        self.assertEqual(export(spark(), path, os.path.relpath(out)), 150)
         self.assertEqual(
             sorted(n for n in os.listdir(out) if n.startswith("topic=")),
             ["topic=audit-log", "topic=orders", "topic=payments"],
         )
         back = spark().read.parquet(out).select(*store_rows_columns())
         self.assertEqual(df_rows(back), store_rows(path))
+        self.assertEqual(export(spark(), path, "file://" + parent + "/uri", "json"), 150)
+        self.assertEqual(spark().read.json(os.path.join(parent, "uri")).count(), 150)
+        self.assertEqual(sorted(os.listdir(parent)), ["relative", "uri"])
+
+    def test_export_seen_partly_by_the_driver_leaves_nothing(self) -> None:
+        """
+        When the driver reads back fewer rows than the executors wrote (OUT
+        not shared by them all), export fails with the counts and the
+        advice, and removes what it wrote: no OUT, no temporary sibling.
+        """
+        from rmqha.pipeline import jobs
+
+        path = random_store(self, 40, 64 * 1024, seed=26)
+        parent = os.path.abspath(self.mktemp())
+        os.makedirs(parent)
+        self.patch(jobs, "_count_back", lambda *args: 25)
+        with self.assertRaises(ValueError) as raised:
+            jobs.export(spark(), path, os.path.join(parent, "out"))
+        self.assertEqual(
+            str(raised.exception),
+            f"file://{parent}/out is not shared by the driver and every executor: 40 records "
+            "written, 25 visible to the driver; use a shared filesystem or an object store URI",
+        )
+        self.assertEqual(os.listdir(parent), [])
 
     def test_stats(self) -> None:
         """
@@ -264,7 +292,7 @@ class CommandTests(SynchronousTestCase):
         from rmqha.pipeline import jobs
 
         master = random_store(self, 50, 32 * 1024, seed=33)
-        slave = self.mktemp()
+        slave = os.path.abspath(self.mktemp())
         shutil.copytree(master, slave)
         planned = jobs._store_layout
 
@@ -280,6 +308,27 @@ class CommandTests(SynchronousTestCase):
         self.assertTrue(err.startswith(f"rmqha: error: could not compare: cannot read {os.path.abspath(slave)}"), err)
         self.assertEqual(err.count("\n"), 1, err)
 
+    def test_options_reach_the_data_source(self) -> None:
+        """
+        C{--option} goes to every store read: C{topics=orders} leaves one
+        topic in stats; a bad option is one line naming it, exit 2, and
+        export leaves no OUT.
+        """
+        path = random_store(self, 60, 64 * 1024, seed=34)
+        status, out, _ = self.run_cli("pipeline", "stats", path, "--option", "topics=orders")
+        self.assertEqual(status, 0)
+        self.assertEqual([t["topic"] for t in json.loads(out.splitlines()[0])["topics"]], ["orders"])
+        parent = self.mktemp()
+        os.makedirs(parent)
+        status, out, err = self.run_cli(
+            "pipeline", "export", path, os.path.join(parent, "out"), "--option", "bodies=maybe"
+        )
+        self.assertEqual(
+            (status, out, err),
+            (2, "", "rmqha: error: option bodies='maybe' is not true or false\n"),
+        )
+        self.assertEqual(os.listdir(parent), [])
+
     def test_stats_command(self) -> None:
         """
         C{stats --out} prints the totals as JSON and writes the files.
@@ -290,3 +339,157 @@ class CommandTests(SynchronousTestCase):
         self.assertEqual(status, 0)
         self.assertEqual(json.loads(out.splitlines()[0])["messages"], 30)
         self.assertTrue(os.path.exists(os.path.join(out_dir, "stats.png")))
+
+
+class ShippingTests(SynchronousTestCase):
+    """
+    The rmqha package zipped for executors that lack it.
+    """
+
+    skip = why_no_spark()
+
+    def test_package_zip(self) -> None:
+        """
+        The zip holds the package's modules under C{rmqha/} (so it imports
+        from the zip), no compiled files, and is made once per process.
+        """
+        import zipfile
+
+        from rmqha.pipeline.source import package_zip
+
+        path = package_zip()
+        self.assertEqual(package_zip(), path)
+        with zipfile.ZipFile(path) as z:
+            names = z.namelist()
+        self.assertIn("rmqha/__init__.py", names)
+        self.assertIn("rmqha/pipeline/source.py", names)
+        self.assertIn("rmqha/store/_record.py", names)
+        self.assertEqual([n for n in names if "__pycache__" in n or n.endswith(".pyc")], [])
+        self.assertEqual([n for n in names if not n.startswith("rmqha/")], [])
+
+
+class _FakeContext:
+    def __init__(self, master: str) -> None:
+        self.master = master
+        self.py_files: list[str] = []
+
+    def setLogLevel(self, level: str) -> None:
+        pass
+
+    def addPyFile(self, path: str) -> None:
+        self.py_files.append(path)
+
+
+class _FakeSession:
+    """
+    Just enough of C{SparkSession} and its builder for L{spark_session}:
+    records the settings and the files added, starts no JVM.
+    """
+
+    def __init__(self) -> None:
+        self.settings: dict[str, str] = {}
+        self.dataSource = self
+        self.builder = self
+        self.registered: list[object] = []
+
+    def appName(self, name: str) -> "_FakeSession":
+        return self
+
+    def master(self, url: str) -> "_FakeSession":
+        self.sparkContext = _FakeContext(url)
+        return self
+
+    def config(self, key: str, value: str) -> "_FakeSession":
+        self.settings[key] = value
+        return self
+
+    def getOrCreate(self) -> "_FakeSession":
+        return self
+
+    def register(self, source: object) -> None:
+        self.registered.append(source)
+
+
+class SessionSettingsTests(SynchronousTestCase):
+    """
+    L{spark_session}'s settings for every master (no JVM started).
+    """
+
+    skip = why_no_spark()
+
+    def session(self, master: str, **kwargs: object) -> _FakeSession:
+        import pyspark.sql
+
+        from rmqha.pipeline.source import spark_session
+
+        fake = _FakeSession()
+        self.patch(pyspark.sql, "SparkSession", fake)
+        result = spark_session(master, **kwargs)  # type: ignore[arg-type]
+        self.assertIs(result, fake)
+        return fake
+
+    def environ(self, **values: str) -> None:
+        """
+        Start from an environment without the PySpark variables (restored
+        after the test).
+        """
+        import sys
+
+        saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+
+        def restore() -> None:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+        self.addCleanup(restore)
+        for k in saved:
+            os.environ.pop(k, None)
+        os.environ.update(values)
+        self.executable = sys.executable
+
+    def test_cluster_gets_this_python_and_rmqha(self) -> None:
+        """
+        A C{spark://} master gets this interpreter as the executors'
+        Python (not C{python3} from PATH), the rmqha zip, the
+        C{--py-files} (absolute) and the C{--conf} settings.
+        """
+        from rmqha.pipeline.source import package_zip
+
+        self.environ()
+        extra = os.path.abspath(self.mktemp() + ".py")
+        with open(extra, "w") as f:
+            f.write("")
+        fake = self.session(
+            "spark://127.0.0.1:7077", conf={"spark.executor.memory": "2g"},
+            py_files=[os.path.relpath(extra)],
+        )
+        self.assertEqual(os.environ["PYSPARK_PYTHON"], self.executable)
+        self.assertEqual(fake.settings["spark.pyspark.python"], self.executable)
+        self.assertEqual(fake.settings["spark.executor.memory"], "2g")
+        self.assertEqual(fake.sparkContext.py_files, [package_zip(), extra])
+
+    def test_the_users_python_wins(self) -> None:
+        """
+        C{--conf spark.pyspark.python} wins over C{PYSPARK_PYTHON}, which
+        wins over this interpreter; a local master gets no zip (its
+        workers are this Python).
+        """
+        self.environ(PYSPARK_PYTHON="/opt/py/bin/python3")
+        fake = self.session("local[1]")
+        self.assertEqual(os.environ["PYSPARK_PYTHON"], "/opt/py/bin/python3")
+        self.assertEqual(fake.sparkContext.py_files, [])
+        fake = self.session("local[1]", conf={"spark.pyspark.python": "/usr/bin/python3"})
+        self.assertEqual(os.environ["PYSPARK_PYTHON"], "/usr/bin/python3")
+
+    def test_missing_py_file(self) -> None:
+        """
+        A C{--py-files} path that does not exist is one line naming it,
+        before Spark starts.
+        """
+        self.environ()
+        with self.assertRaises(ValueError) as raised:
+            self.session("local[1]", py_files=["nowhere.zip"])
+        self.assertEqual(str(raised.exception), "--py-files nowhere.zip: no such file")

@@ -35,12 +35,13 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import socket
 import sys
+import traceback
 import uuid
 from dataclasses import dataclass, field
-from typing import IO, Any, Sequence
+from typing import IO, Any, Mapping, NoReturn, Sequence
+from urllib.parse import urlsplit
 
 from rmqha.store._record import Blank, RecordError, parse_record, record_json
 from rmqha.pipeline.scan import hop, walk
@@ -72,16 +73,22 @@ def _load(spark: Any, store: "Store | str", **options: str) -> Any:
 # -- stats -----------------------------------------------------------------
 
 
-def stats(spark: Any, store_dir: str, out_dir: str | None = None) -> dict[str, Any]:
+def stats(
+    spark: Any,
+    store_dir: str,
+    out_dir: str | None = None,
+    options: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """
     Per topic and per time bucket (of the store timestamp, UTC; the bucket
     from the store's span, L{time_bucket}): messages, bytes, and
     percentiles of body size and of store − born latency (ms).  Written as
     C{stats.json} and C{stats.png} into C{out_dir} when given.
+    C{options} go to the data source (C{--option}).
     """
     from pyspark.sql import functions as F
 
-    df = _load(spark, store_dir, bodies="false")
+    df = _load(spark, store_dir, **{**(options or {}), "bodies": "false"})
     span = df.agg(F.min("store_timestamp"), F.max("store_timestamp")).first()
     bucket = time_bucket(span[0] or 0, span[1] or 0)
     time = F.date_format(
@@ -227,40 +234,205 @@ def _chart(result: dict[str, Any]) -> bytes:
 _EXPORT_FORMATS = ("parquet", "orc", "json")
 
 
-def export(spark: Any, store_dir: str, out: str, fmt: str = "parquet") -> int:
+def export(
+    spark: Any,
+    store_dir: str,
+    out: str,
+    fmt: str = "parquet",
+    options: Mapping[str, str] | None = None,
+) -> int:
     """
     Write every record to C{out} in C{fmt}, partitioned by topic (one
-    C{topic=NAME} directory each).  C{out} must not exist.  Spark writes
+    C{topic=NAME} directory each).  C{out} is a path (a relative one is
+    made absolute here, on the driver) or any URI Spark writes
+    (C{file:}, C{hdfs:}, C{s3a:}, ...); it must not exist.  Spark writes
     into a new temporary sibling (C{.NAME.export-XXXXXXXX}) that is renamed
     to C{out} once written and counted, so C{out} appears complete or not
     at all, and a failed export leaves nothing that blocks the retry (the
-    sibling is removed; only a killed process leaves one behind).
+    sibling is removed; only a killed process leaves one behind).  The
+    existence checks, the rename and the removal go through Hadoop's
+    C{FileSystem} (L{_output_fs}), so they work for every scheme.
+
+    The rows are counted as the executors write them and again as the
+    driver reads them back: a difference means C{out} is not one
+    filesystem shared by the driver and every executor (a local path on a
+    cluster), and is an error (nothing is renamed).  C{options} go to the
+    data source (C{--option}).
 
     @return: the number of records written.
     """
     if fmt not in _EXPORT_FORMATS:
         raise ValueError(f"--format {fmt!r} is not one of {', '.join(_EXPORT_FORMATS)}")
-    _check_export_out(out)
-    out = os.path.normpath(out)
-    parent, name = os.path.split(out)
-    partial = os.path.join(parent, f".{name}.export-{uuid.uuid4().hex[:8]}")
-    if os.path.lexists(partial):  # pragma: no cover (a 32-bit collision)
+    out = output_location(out)
+    fs = _output_fs(spark, out)
+    fs.check_new(out)
+    name = out.rstrip("/").rsplit("/", 1)[-1]
+    partial = f"{out.rstrip('/')[: -len(name)]}.{name}.export-{uuid.uuid4().hex[:8]}"
+    if fs.exists(partial):  # pragma: no cover (a 32-bit collision)
         raise ValueError(f"{partial} exists; not writing into it")
     try:
-        df = _load(spark, store_dir)
-        df.write.partitionBy("topic").format(fmt).save(partial)
-        count: int = spark.read.format(fmt).load(partial).count()
-        # (os.rename would replace an empty directory: check just before.)
-        _check_export_out(out)
-        os.rename(partial, out)
+        written = _write_counted(_load(spark, store_dir, **(options or {})), fmt, partial)
+        visible = _count_back(spark, fs, fmt, partial)
+        if visible != written:
+            raise ValueError(
+                f"{out} is not shared by the driver and every executor: {written:,} records "
+                f"written, {visible:,} visible to the driver; use a shared filesystem or an "
+                "object store URI"
+            )
+        # (A rename onto a directory would move into it: check just before.)
+        fs.check_new(out)
+        fs.rename(partial, out)
     except BaseException:
         # The name was new and unique: everything under it is this run's.
-        shutil.rmtree(partial, ignore_errors=True)
+        fs.delete(partial)
         raise
+    return visible
+
+
+def output_location(out: str) -> str:
+    """
+    C{export}'s C{OUT} as the executors must see it: a URI unchanged, a
+    path made absolute on the driver (executors run in their worker's
+    directory) as a C{file:} URI: the local filesystem, which on a
+    cluster must be one shared by all at that path (not Hadoop's default
+    filesystem, as for a store path).
+    """
+    if not out:
+        raise ValueError("export needs an OUT")
+    if urlsplit(out).scheme:
+        return out
+    return "file://" + os.path.abspath(out)
+
+
+class _HadoopFS:
+    """
+    The few file operations C{export} needs, through Hadoop's
+    C{FileSystem} in the driver's JVM: any scheme Spark writes.
+    """
+
+    def __init__(self, spark: Any, uri: str) -> None:
+        self._jvm = spark._jvm
+        self._fs = self._path(uri).getFileSystem(spark._jsc.hadoopConfiguration())
+
+    def _path(self, uri: str) -> Any:
+        return self._jvm.org.apache.hadoop.fs.Path(uri)
+
+    def exists(self, uri: str) -> bool:
+        return bool(self._fs.exists(self._path(uri)))
+
+    def check_new(self, uri: str) -> None:
+        """
+        C{uri} does not exist and its parent directory does.
+
+        @raise ValueError: either is not so.
+        """
+        if self.exists(uri):
+            raise ValueError(f"{uri} exists; export writes a new directory")
+        parent = self._path(uri).getParent()
+        if parent is not None and not self._fs.isDirectory(parent):
+            raise ValueError(f"{uri}: no directory {parent.toString()} to create it in")
+
+    def data_files(self, uri: str) -> int:
+        """
+        How many files not named C{_*} or C{.*} (Spark's markers and
+        checksums) lie under C{uri}.
+        """
+        if not self.exists(uri):
+            return 0
+        found = 0
+        files = self._fs.listFiles(self._path(uri), True)
+        while files.hasNext():
+            name = files.next().getPath().getName()
+            if not name.startswith(("_", ".")):
+                found += 1
+        return found
+
+    def rename(self, source: str, target: str) -> None:
+        if not self._fs.rename(self._path(source), self._path(target)):
+            raise ValueError(f"could not rename {source} to {target}")
+
+    def delete(self, uri: str) -> None:
+        """
+        Remove C{uri} and what is under it, if it exists (best effort: the
+        failure being reported matters more).
+        """
+        try:
+            self._fs.delete(self._path(uri), True)
+        except Exception:  # pragma: no cover (the JVM is gone)
+            pass
+
+
+def _output_fs(spark: Any, uri: str) -> _HadoopFS:
+    return _HadoopFS(spark, uri)
+
+
+def _write_counted(df: Any, fmt: str, uri: str) -> int:
+    """
+    Write C{df} to C{uri} by topic; return the rows the executors wrote
+    (an observation of the written DataFrame: counted in the tasks).
+    """
+    from pyspark.sql import Observation
+    from pyspark.sql import functions as F
+
+    observation = Observation("rmqha export")
+    observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+    observed.write.partitionBy("topic").format(fmt).save(uri)
+    return int(observation.get["rows"])
+
+
+def _count_back(spark: Any, fs: _HadoopFS, fmt: str, uri: str) -> int:
+    """
+    The rows the driver sees in C{uri}.  On a C{file:} URI the driver
+    counts them itself (L{_count_local}): executors reading them back
+    could see other files at that path.  Elsewhere (HDFS, object stores:
+    one filesystem for all) Spark counts them; none when there is no
+    data file (Spark cannot even infer a schema then).
+    """
+    if urlsplit(uri).scheme == "file":
+        return _count_local(fmt, urlsplit(uri).path)
+    if fs.data_files(uri) == 0:
+        return 0
+    count: int = spark.read.format(fmt).load(uri).count()
     return count
 
 
+def _count_local(fmt: str, path: str) -> int:
+    """
+    The rows in the data files under C{path} on this host, from Parquet
+    and ORC footers or JSON lines (files named C{_*} or C{.*} are Spark's
+    markers and checksums).
+    """
+    total = 0
+    for here, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for name in files:
+            if name.startswith(("_", ".")):
+                continue
+            full = os.path.join(here, name)
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
+
+                total += pq.ParquetFile(full).metadata.num_rows
+            elif fmt == "orc":
+                import pyarrow.orc as orc
+
+                total += orc.ORCFile(full).nrows
+            else:
+                with open(full, "rb") as f:
+                    total += sum(1 for line in f if line.strip())
+    return total
+
+
 def _check_export_out(out: str) -> None:
+    """
+    The checks before Spark starts, for a local C{OUT} (a path or a
+    C{file:} URI); any other URI is checked by L{export}, through Hadoop.
+    """
+    parts = urlsplit(out)
+    if parts.scheme == "file":
+        out = parts.path
+    elif parts.scheme:
+        return
     if os.path.lexists(out):
         raise ValueError(f"{out} exists; export writes a new directory")
     parent = os.path.dirname(os.path.normpath(out)) or "."
@@ -281,8 +453,10 @@ def _check_stats_out(out_dir: str) -> None:
                          "stats does not overwrite (choose another --out)")
 
 
-def _check_store(location: str, master: bool = False) -> None:
-    store = resolve(location)
+def _check_store(
+    location: str, options: Mapping[str, str], master: bool = False
+) -> None:
+    store = resolve(location, options)
     found = store.segments()  # PlanError: not a commit log
     if master and not found:
         raise PlanError(f"{store.uri}: the master's store has no segment files")
@@ -298,11 +472,12 @@ def check_inputs(args: argparse.Namespace) -> None:
 
     @raise ValueError: the first problem, as one line.
     """
+    options = dict(getattr(args, "option", None) or [])
     if args.job == "verify":
-        _check_store(args.master_dir, master=True)
-        _check_store(args.slave_dir)
+        _check_store(args.master_dir, options, master=True)
+        _check_store(args.slave_dir, options)
     else:
-        _check_store(args.dir)
+        _check_store(args.dir, options)
     if args.job == "export":
         _check_export_out(args.out)
     if args.job == "stats" and args.out is not None:
@@ -481,7 +656,12 @@ def prove_difference(
     ]
 
 
-def verify(spark: Any, master_dir: "Store | str", slave_dir: "Store | str") -> VerifyResult:
+def verify(
+    spark: Any,
+    master_dir: "Store | str",
+    slave_dir: "Store | str",
+    options: Mapping[str, str] | None = None,
+) -> VerifyResult:
     """
     Is the slave's store a byte-for-byte prefix of the master's?  Both
     stores (paths or URIs, L{resolve}) must be readable by the executors.  Compares, in parallel
@@ -489,10 +669,11 @@ def verify(spark: Any, master_dir: "Store | str", slave_dir: "Store | str") -> V
     up to its max offset; the first differing block is then compared byte
     by byte.  Also reported: slave segment files the master does not have,
     slave files shorter than the segment size (truncated), and a slave
-    ahead of the master.
+    ahead of the master.  C{options} are the data source's (C{--option}),
+    for opening the stores (TLS files for a live broker).
     """
-    master = resolve(master_dir)
-    slave = resolve(slave_dir)
+    master = resolve(master_dir, options)
+    slave = resolve(slave_dir, options)
     # The slave first: a live master's log only grows meanwhile, so what
     # the slave holds is also the master's by the time it is listed.
     slave_segments, slave_size, slave_max = _store_layout(slave)
@@ -620,6 +801,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "--spark-master", default=None,
             help="Spark master URL (default local[*], or what spark-submit set)",
         )
+        job.add_argument(
+            "--conf", action="append", default=[], type=_spark_setting, metavar="KEY=VALUE",
+            help="a Spark setting, as spark-submit's (repeatable): spark.executor.memory=2g",
+        )
+        job.add_argument(
+            "--py-files", default=None, type=_comma_list, metavar="FILES",
+            help="comma-separated .py/.zip/.egg files for every task, as spark-submit's",
+        )
+        job.add_argument(
+            "--option", action="append", default=[], type=_source_option, metavar="KEY=VALUE",
+            help="a data source option for every store read (repeatable): splitBytes=16m",
+        )
+        job.add_argument(
+            "--debug", action="store_true",
+            help="on failure, print the full trace (and Spark's warnings), not one line",
+        )
         if name == "verify":
             job.add_argument("master_dir", help="the master's store root")
             job.add_argument("slave_dir", help="the slave's store root")
@@ -628,8 +825,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if name == "stats":
             job.add_argument("--out", default=None, help="write stats.json and stats.png here")
         if name == "export":
-            job.add_argument("out", help="output directory (must not exist)")
+            job.add_argument(
+                "out", help="output directory or URI (file:, hdfs:, s3a:, ...; must not exist)"
+            )
             job.add_argument("--format", default="parquet", choices=_EXPORT_FORMATS)
+
+
+def _pair(flag: str, text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    key = key.strip()
+    if not equals or not key or any(c.isspace() for c in key):
+        raise argparse.ArgumentTypeError(f"{flag} {text!r} is not KEY=VALUE")
+    return key, value
+
+
+def _spark_setting(text: str) -> tuple[str, str]:
+    key, value = _pair("--conf", text)
+    if not key.startswith("spark."):
+        # Spark would only warn and ignore it: a typo must not pass silently.
+        raise argparse.ArgumentTypeError(f"--conf {text!r}: a Spark setting's KEY starts with 'spark.'")
+    return key, value
+
+
+def _source_option(text: str) -> tuple[str, str]:
+    key, value = _pair("--option", text)
+    if key.lower() == "path":
+        raise argparse.ArgumentTypeError(f"--option {text!r}: the store is the DIR argument")
+    return key, value
+
+
+def _comma_list(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"--py-files {text!r} names no file")
+    return items
 
 
 def run(args: argparse.Namespace, out: IO[str]) -> int:
@@ -639,26 +868,49 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     from rmqha.pipeline.source import spark_session
 
     check_inputs(args)
-    spark = spark_session(args.spark_master, app_name=f"rmqha {args.job}")
+    options = dict(args.option)
+    spark = spark_session(
+        args.spark_master,
+        app_name=f"rmqha {args.job}",
+        conf=dict(args.conf),
+        py_files=args.py_files or (),
+    )
+    # Spark's own warnings and errors (each failed task's trace, and the
+    # job's) only with --debug: otherwise a failure is one line.
+    spark.sparkContext.setLogLevel("WARN" if args.debug else "FATAL")
     if args.job == "stats":
-        result = stats(spark, args.dir, args.out)
+        result = stats(spark, args.dir, args.out, options)
         out.write(json.dumps({k: result[k] for k in ("store", "messages", "bytes", "topics")}))
         out.write("\n")
         if args.out:
             out.write(f"wrote {os.path.join(args.out, 'stats.json')} and stats.png\n")
         return 0
     if args.job == "export":
-        count = export(spark, args.dir, args.out, args.format)
-        out.write(f"exported {count:,} records to {args.out} ({args.format}, by topic)\n")
+        target = output_location(args.out)
+        count = export(spark, args.dir, target, args.format, options)
+        out.write(f"exported {count:,} records to {target} ({args.format}, by topic)\n")
         return 0
-    result_v = verify(spark, args.master_dir, args.slave_dir)
+    result_v = verify(
+        spark, args.master_dir, args.slave_dir, options
+    )
     for line in result_v.lines():
         out.write(line + "\n")
     return 0 if result_v.consistent else 1
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, as every failure of a job: this is read in scripts.
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    """
+    C{python -m rmqha.pipeline.jobs} and C{spark-submit .../jobs.py}: exit
+    status 0, 1 only for C{verify}'s proven divergence, 2 for any error
+    (one line, L{error_line}; the trace too with C{--debug}).
+    """
+    parser = _Parser(
         prog="rmqha pipeline", description="Spark jobs over RocketMQ commit logs."
     )
     add_arguments(parser)
@@ -666,19 +918,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(args, sys.stdout)
     except Exception as e:
-        line = error_line(e)
-        if line is None:
-            raise
-        print(f"rmqha pipeline: error: {line}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        print(f"rmqha pipeline: error: {error_line(e)}", file=sys.stderr)
         return 2
 
 
-def error_line(e: BaseException) -> str | None:
+#: Our errors, as a Python trace names them: their message is the line.
+_OURS = re.compile(r"^(?:rmqha\.[\w.]*\.)?(?:CompareError|PlanError|OptionError|StoreLocationError): ")
+
+
+def error_line(e: BaseException) -> str:
     """
-    The one line to print for a job's failure C{e} (exit status 2), or
-    C{None} when it is not one of ours (a bug: let its trace show).  A
-    Spark failure whose cause is our error (raised in a task, wrapped in
-    a Py4J / PySpark trace) becomes that error's line.
+    The one line to print for a job's failure C{e} (exit status 2).  Our
+    errors are their message; a Spark failure (a Py4J / PySpark trace)
+    is its cause: the last Python exception in it (raised in a task, or
+    while planning the data source), else the Java cause; anything else
+    (a bug) is its type and first line, pointing at C{--debug}.
     """
     if isinstance(e, OSError):
         name = f"{e.filename}: " if e.filename else ""
@@ -686,12 +942,34 @@ def error_line(e: BaseException) -> str | None:
     if isinstance(e, (ValueError, PlanError, CompareError)):
         return str(e)
     text = str(e)
+    lines = text.splitlines()
+    tracebacks = [i for i, line in enumerate(lines) if "Traceback (most recent call last)" in line]
+    if tracebacks:
+        for line in lines[tracebacks[-1] + 1 :]:
+            if line and not line[0].isspace():
+                return _OURS.sub("", _spark_suffix(line))
+    caused = [line for line in lines if line.startswith("Caused by: ")]
+    if caused:
+        return _spark_suffix(caused[-1][len("Caused by: ") :])
+    for line in lines:
+        if line.startswith(": "):  # Py4J: "An error occurred while calling o1.x.\n: java..."
+            return _spark_suffix(line[2:])
     for ours in (CompareError, PlanError):
         found = re.findall(rf"\b{ours.__name__}: (.*)", text)
         if found:
             message: str = found[-1].strip()
             return message
-    return None
+    first = lines[0].strip() if lines else ""
+    if type(e).__module__.startswith(("pyspark", "py4j")):
+        return _spark_suffix(first)
+    return f"{type(e).__name__}: {first} (a bug? --debug shows the trace)"
+
+
+def _spark_suffix(line: str) -> str:
+    """
+    C{line} without Spark's C{SQLSTATE: ...} tail.
+    """
+    return re.sub(r"\s*SQLSTATE: \w+\s*$", "", line).strip()
 
 
 if __name__ == "__main__":  # spark-submit .../rmqha/pipeline/jobs.py JOB ...

@@ -21,8 +21,9 @@ Offsets and topics are applied while planning and reading, not filtered
 after decoding.  Where a store can be (a path, any C{pyarrow.fs} URI, a
 live broker) and the options a live broker over TLS takes:
 L{rmqha.pipeline.stores}.  A relative path is made absolute where the
-reader is planned (on the driver).  Every executor needs read access to
-the store, and pyarrow.
+reader is planned (on the driver).  Every executor needs PySpark and
+pyarrow, and read access to the store; L{spark_session} ships rmqha
+itself to a cluster.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -38,7 +40,7 @@ from rmqha._units import parse_size
 from rmqha.pipeline.scan import DEFAULT_SPLIT_BYTES, SCHEMA_DDL, Span, plan, read_span
 from rmqha.pipeline.stores import PlanError, resolve
 
-__all__ = ["CommitLogDataSource", "spark_session", "FORMAT", "OptionError"]
+__all__ = ["CommitLogDataSource", "spark_session", "package_zip", "FORMAT", "OptionError"]
 
 #: The format name to give C{spark.read.format}.
 FORMAT = "rocketmq-commitlog"
@@ -149,29 +151,54 @@ def _java_home() -> str | None:
     return os.path.dirname(os.path.dirname(os.path.realpath(java)))
 
 
-def spark_session(master: str | None = None, app_name: str = "rmqha") -> Any:
+def spark_session(
+    master: str | None = None,
+    app_name: str = "rmqha",
+    conf: Mapping[str, str] | None = None,
+    py_files: Sequence[str] = (),
+) -> Any:
     """
     A SparkSession with the C{rocketmq-commitlog} source registered.
 
     @param master: a Spark master URL; default C{local[*]}, unless this
         process was started by C{spark-submit} (its C{--master} applies).
+    @param conf: Spark settings (C{--conf KEY=VALUE}), applied last.
+    @param py_files: C{.py}/C{.zip}/C{.egg} files every task needs
+        (C{--py-files}): local paths or URIs.
+
+    Every master gets this Python for its executors and for planning the
+    data source (C{PYSPARK_PYTHON}, unless the environment or
+    C{spark.pyspark.python} chose one): PySpark would start C{python3}
+    from C{PATH}, which may lack rmqha.  A master that is not local also
+    gets the rmqha package itself (L{package_zip}), so an executor whose
+    Python has PySpark and pyarrow but not rmqha runs the data source.
     """
     from pyspark.sql import SparkSession
 
+    settings = dict(conf or {})
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     if master is None and not submitted:
         master = "local[*]"
-    if master is not None and master.startswith("local"):
-        # Keep a local driver on loopback, and its workers on this Python
-        # (PySpark would start "python3" from PATH).
+    local = master is not None and master.startswith("local")
+    if local:
+        # Keep a local driver on loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # PySpark reads the executors' Python from the environment when the
+    # context starts; the conf, as in spark-submit, wins over it.
+    chosen = settings.get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = chosen or sys.executable
+    settings.setdefault("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+    os.environ.setdefault(
+        "PYSPARK_DRIVER_PYTHON", settings.get("spark.pyspark.driver.python", sys.executable)
+    )
     if "JAVA_HOME" not in os.environ:
         home = _java_home()
         if home is None:
             raise RuntimeError("Spark needs Java 17: no java on PATH and no JAVA_HOME")
         os.environ["JAVA_HOME"] = home
+    for path in py_files:
+        if not urlsplit(path).scheme and not os.path.isfile(path):
+            raise ValueError(f"--py-files {path}: no such file")
     builder = (
         SparkSession.builder.appName(app_name)
         .config("spark.ui.showConsoleProgress", "false")
@@ -179,9 +206,50 @@ def spark_session(master: str | None = None, app_name: str = "rmqha") -> Any:
     )
     if master is not None:
         builder = builder.master(master)
-        if master.startswith("local"):
+        if local:
             builder = builder.config("spark.sql.shuffle.partitions", "8")
+    for key, value in settings.items():
+        builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    if not (spark.sparkContext.master or "").startswith("local"):
+        spark.sparkContext.addPyFile(package_zip())
+    for path in py_files:
+        spark.sparkContext.addPyFile(path if urlsplit(path).scheme else os.path.abspath(path))
     spark.dataSource.register(CommitLogDataSource)
     return spark
+
+
+_package_zip: str | None = None
+
+
+def package_zip() -> str:
+    """
+    The running rmqha package (its files only: no C{__pycache__}, no
+    compiled modules; rmqha is pure Python) as a zip for
+    C{addPyFile}, made once per process in a temporary directory removed
+    at exit.
+    """
+    global _package_zip
+    if _package_zip is None:
+        import atexit
+        import tempfile
+        import zipfile
+
+        import rmqha
+
+        package = os.path.dirname(os.path.abspath(rmqha.__file__))
+        top = os.path.dirname(package)
+        directory = tempfile.mkdtemp(prefix="rmqha-ship-")
+        atexit.register(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "rmqha-package.zip")
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+            for here, dirs, files in os.walk(package):
+                dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+                for name in sorted(files):
+                    if name.endswith((".pyc", ".pyo", ".so")):
+                        continue
+                    full = os.path.join(here, name)
+                    z.write(full, os.path.relpath(full, top))
+        _package_zip = path
+    return _package_zip

@@ -1,0 +1,244 @@
+"""
+The pipeline jobs on a real Spark standalone cluster on loopback (a
+master and two workers of one core, L{tests.integration._spark_cluster}),
+run as C{python -m rmqha.pipeline.jobs ... --spark-master spark://...}
+subprocesses from a directory of their own, with RELATIVE store and OUT
+paths (executors run in their worker's directory: the driver must make
+them absolute).
+
+Both workers run with a Python that lacks rmqha (an empty tmpfs over the
+installed package, no C{PYTHONPATH}): the driver ships it.  Worker 1 also
+has an empty tmpfs over C{hidden/}: stores there exist for the driver and
+worker 0, not for worker 1's executor (C{ENOENT}), and what that executor
+writes there stays in its private tmpfs (an OUT not shared).
+
+Marked C{cluster}: C{pytest -m cluster} runs them alone.  One cluster for
+the module: JVM start-ups are expensive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Iterator
+
+import pytest
+
+from rmqha.store.commitlog import CommitLog
+
+from tests._helpers import make_message
+from tests.integration._spark_cluster import (
+    SparkCluster,
+    hidden_argv,
+    python_job,
+    why_no_cluster,
+    why_no_namespaces,
+    worker_env,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.spark]
+
+_why = why_no_cluster()
+if _why is not None:
+    pytestmark.append(pytest.mark.skip(reason=_why))
+
+#: Every job: both executors registered before the first task (so both
+#: get tasks), no retry of a failed task on the other worker (that would
+#: hide the unreadable store), a partition per segment, few shuffle
+#: partitions (Spark's 200 cost minutes on two cores).
+SETTINGS = [
+    "--conf", "spark.cores.max=2",
+    "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
+    "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=60s",
+    "--conf", "spark.task.maxFailures=1",
+    "--conf", "spark.executor.memory=512m",
+    # Short-lived JVMs on two shared cores: the C1 compiler only.
+    "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "--conf", "spark.default.parallelism=4",
+    "--conf", "spark.sql.shuffle.partitions=4",
+    "--option", "splitBytes=64k",
+]
+
+
+def _make_store(path: str, count: int, seed: int) -> None:
+    """
+    C{count} messages in 64 KiB segments (verify compares one block per
+    segment at least: many tasks), three topics.
+    """
+    import random
+
+    rng = random.Random(seed)
+    log = CommitLog.open(path, segment_size=64 * 1024)
+    for i in range(count):
+        log.put(make_message(
+            rng.randbytes(rng.randrange(0, 900)),
+            topic=rng.choice(["orders", "payments", "audit-log"]),
+            queue_id=rng.randrange(4),
+            properties={"KEYS": f"k{i}"},
+        ))
+    log.close()
+
+
+def _installed_rmqha(scratch: str) -> str | None:
+    """
+    Where the workers' Python finds rmqha without this checkout on its
+    path (to hide it from them), or C{None}.
+    """
+    found = subprocess.run(
+        [sys.executable, "-c", "import os, rmqha; print(os.path.dirname(rmqha.__file__))"],
+        cwd=scratch, env=worker_env(scratch), capture_output=True, text=True,
+    )
+    return found.stdout.strip() or None if found.returncode == 0 else None
+
+
+class Cluster:
+    def __init__(
+        self, root: str, cluster: SparkCluster, namespaces: str | None, hidden: list[str]
+    ) -> None:
+        self.root = root  # the jobs' working directory
+        self.cluster = cluster
+        #: Why the workers hide nothing (no namespaces), or None.
+        self.namespaces = namespaces
+        #: What every worker hides (the installed rmqha).
+        self.hidden = hidden
+
+    def job(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        job, *rest = argv
+        return python_job(job, "--spark-master", self.cluster.url, *SETTINGS, *rest, cwd=self.root)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    root = str(tmp_path_factory.mktemp("cluster-jobs"))
+    scratch = str(tmp_path_factory.mktemp("cluster-jvms"))
+    os.makedirs(os.path.join(root, "hidden"))
+    _make_store(os.path.join(root, "store"), 1000, seed=1)
+    _make_store(os.path.join(root, "hidden", "store"), 1000, seed=1)
+    why = why_no_namespaces(scratch)
+    hide: list[str] = []
+    if why is None:
+        installed = _installed_rmqha(scratch)
+        if installed is not None:
+            hide.append(installed)
+    spark = SparkCluster(scratch)
+    try:
+        spark.start([hide, hide + [os.path.join(root, "hidden")] if why is None else []])
+        yield Cluster(root, spark, why, hide)
+    finally:
+        spark.stop()
+
+
+def _local_stats(path: str) -> dict[str, object]:
+    from rmqha.pipeline.jobs import stats
+    from tests._spark import spark
+
+    return stats(spark(), path)
+
+
+def _one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """
+    The job failed with exit status 2 and its last line of stderr is the
+    one-line error (Spark's start-up chatter may come before it).
+    """
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr[-3000:])
+    assert done.stdout == "", done.stdout
+    last = done.stderr.rstrip("\n").splitlines()[-1]
+    assert last.startswith("rmqha pipeline: error: "), done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return last
+
+
+def test_stats_export_verify_equal_local(cluster: Cluster) -> None:
+    """
+    stats, export and verify on the cluster, given relative paths, equal
+    local[2]'s results on the same store, with executors whose Python
+    lacks rmqha (shipped by the driver).
+    """
+    if cluster.hidden:  # the premise: without the shipped zip, no rmqha there
+        bare = subprocess.run(
+            hidden_argv(cluster.hidden, [sys.executable, "-c", "import rmqha.pipeline"]),
+            cwd=cluster.cluster.scratch, env=worker_env(cluster.cluster.scratch),
+            capture_output=True, text=True,
+        )
+        assert "No module named 'rmqha" in bare.stderr, bare.stderr
+    done = cluster.job("stats", "store", "--out", "stats-out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.splitlines()[0])
+    with open(os.path.join(cluster.root, "stats-out", "stats.json")) as f:
+        written = json.load(f)
+    local = _local_stats(os.path.join(cluster.root, "store"))
+    assert printed["topics"] == local["topics"]
+    assert written["series"] == local["series"]
+    assert written["messages"] == 1000
+
+    done = cluster.job("export", "store", "exported")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == f"exported 1,000 records to file://{cluster.root}/exported (parquet, by topic)\n"
+    from tests._spark import spark
+
+    here = spark().read.parquet(os.path.join(cluster.root, "exported"))
+    assert sorted(r.offset for r in here.select("offset").collect()) == sorted(
+        r.offset for r in spark().read.format("rocketmq-commitlog")
+        .load(os.path.join(cluster.root, "store")).select("offset").collect()
+    )
+    assert sorted(os.listdir(cluster.root)) == ["exported", "hidden", "stats-out", "store"]
+
+    shutil.copytree(os.path.join(cluster.root, "store"), os.path.join(cluster.root, "copy"))
+    try:
+        done = cluster.job("verify", "store", "copy")
+    finally:
+        shutil.rmtree(os.path.join(cluster.root, "copy"))
+    assert (done.returncode, done.stdout.split(":")[0]) == (0, "consistent"), done.stderr[-3000:]
+
+
+def _needs_hidden(cluster: Cluster) -> None:
+    if cluster.namespaces is not None:
+        pytest.skip(f"no worker with a private mount: {cluster.namespaces}")
+
+
+def test_verify_store_one_executor_cannot_see(cluster: Cluster) -> None:
+    """
+    A slave store worker 1's executor cannot see: "could not compare:
+    cannot read PATH on host H", exit 2, never 1 (a divergence).
+    """
+    _needs_hidden(cluster)
+    done = cluster.job("verify", "store", "hidden/store")
+    line = _one_error_line(done)
+    assert line.startswith(
+        f"rmqha pipeline: error: could not compare: cannot read {cluster.root}/hidden/store/"
+    ), line
+    assert " on host " in line and "No such file or directory" in line, line
+
+
+def test_stats_and_export_of_a_store_one_executor_cannot_see(cluster: Cluster) -> None:
+    """
+    stats and export of a store worker 1's executor cannot see: one line
+    naming the file, exit 2, and no OUT (nor its temporary sibling) left.
+    """
+    _needs_hidden(cluster)
+    for argv in (("stats", "hidden/store", "--out", "no-stats"), ("export", "hidden/store", "no-export")):
+        line = _one_error_line(cluster.job(*argv))
+        assert f"{cluster.root}/hidden/store/" in line, line
+        assert "No such file or directory" in line, line
+    left = [n for n in os.listdir(cluster.root) if "no-" in n]
+    assert left == [], left
+
+
+def test_export_out_one_executor_cannot_see(cluster: Cluster) -> None:
+    """
+    An export whose OUT lies where worker 1's executor writes into its
+    own private tmpfs: the not-shared error with both counts, exit 2, no
+    OUT and no temporary sibling.
+    """
+    _needs_hidden(cluster)
+    line = _one_error_line(cluster.job("export", "store", "hidden/out"))
+    assert line.startswith(
+        f"rmqha pipeline: error: file://{cluster.root}/hidden/out is not shared by the driver and "
+        "every executor: 1,000 records written, "
+    ), line
+    assert line.endswith(" visible to the driver; use a shared filesystem or an object store URI")
+    assert sorted(os.listdir(os.path.join(cluster.root, "hidden"))) == ["store"]
