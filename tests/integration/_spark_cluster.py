@@ -26,7 +26,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-__all__ = ["SparkCluster", "hidden_argv", "python_job", "why_no_cluster", "why_no_namespaces", "worker_env"]
+__all__ = ["SparkCluster", "hidden_argv", "python_jobs", "why_no_cluster", "why_no_namespaces", "worker_env"]
 
 #: How long the JVMs get to start and the workers to register.
 START_TIMEOUT = 90.0
@@ -226,17 +226,46 @@ class SparkCluster:
         self.processes.clear()
 
 
-def python_job(*argv: str, cwd: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+_JOBS_SCRIPT = """
+import contextlib, io, json, sys
+from rmqha.pipeline.jobs import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as e:
+            status = e.code
+    results.append({"returncode": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print("RESULTS " + json.dumps(results), flush=True)
+"""
+
+
+def python_jobs(
+    argvs: list[list[str]], cwd: str, timeout: float = 600
+) -> list[subprocess.CompletedProcess[str]]:
     """
-    C{python -m rmqha.pipeline.jobs ARGV} in C{cwd}, the driver on
-    loopback with this checkout on its path.
+    Each C{argv} through C{rmqha.pipeline.jobs.main} (the entry point of
+    C{python -m rmqha.pipeline.jobs}), in turn, in ONE driver process in
+    C{cwd}: the jobs share a SparkSession and its executors, so the JVMs
+    start once, not once per job.  Each result is that job's exit status
+    and what it printed (Python's stdout and stderr; Spark's own log goes
+    to the process's stderr, not into a job's).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = here
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     env["SPARK_LOCAL_HOSTNAME"] = "localhost"
-    return subprocess.run(
-        [sys.executable, "-m", "rmqha.pipeline.jobs", *argv],
+    done = subprocess.run(
+        [sys.executable, "-c", _JOBS_SCRIPT, json.dumps(argvs)],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
+    if done.returncode != 0 or not lines:
+        raise AssertionError(f"the driver failed ({done.returncode}): {done.stderr[-3000:]}")
+    return [
+        subprocess.CompletedProcess(argv, r["returncode"], r["stdout"], r["stderr"])
+        for argv, r in zip(argvs, json.loads(lines[-1][len("RESULTS "):]))
+    ]

@@ -1,10 +1,12 @@
 """
 The pipeline jobs on a real Spark standalone cluster on loopback (a
 master and two workers of one core, L{tests.integration._spark_cluster}),
-run as C{python -m rmqha.pipeline.jobs ... --spark-master spark://...}
-subprocesses from a directory of their own, with RELATIVE store and OUT
-paths (executors run in their worker's directory: the driver must make
-them absolute).
+run through C{python -m rmqha.pipeline.jobs}'s entry point with
+C{--spark-master spark://...}, from a directory of their own, with
+RELATIVE store and OUT paths (executors run in their worker's directory:
+the driver must make them absolute).  Every job of the module runs in one
+driver process, at the module's start (L{python_jobs}: the JVMs start
+once); the tests then check each job's exit status and output.
 
 Both workers run with a Python that lacks rmqha (an empty tmpfs over the
 installed package, no C{PYTHONPATH}): the driver ships it.  Worker 1 also
@@ -33,7 +35,7 @@ from tests._helpers import make_message
 from tests.integration._spark_cluster import (
     SparkCluster,
     hidden_argv,
-    python_job,
+    python_jobs,
     why_no_cluster,
     why_no_namespaces,
     worker_env,
@@ -106,9 +108,44 @@ class Cluster:
         #: What every worker hides (the installed rmqha).
         self.hidden = hidden
 
-    def job(self, *argv: str) -> subprocess.CompletedProcess[str]:
+        #: Each job's result, by name (L{_run_jobs}).
+        self.done: dict[str, subprocess.CompletedProcess[str]] = {}
+
+    def argv(self, *argv: str) -> list[str]:
         job, *rest = argv
-        return python_job(job, "--spark-master", self.cluster.url, *SETTINGS, *rest, cwd=self.root)
+        return [job, "--spark-master", self.cluster.url, *SETTINGS, *rest]
+
+
+#: The jobs, by name: every store and OUT relative to the jobs' directory.
+_JOBS = {
+    "stats": ("stats", "store", "--out", "stats-out"),
+    "export": ("export", "store", "exported"),
+    "verify": ("verify", "store", "copy"),
+}
+#: The jobs that need worker 1's private mount of hidden/.
+_HIDDEN_JOBS = {
+    "verify hidden": ("verify", "store", "hidden/store"),
+    "stats hidden": ("stats", "hidden/store", "--out", "no-stats"),
+    "export hidden": ("export", "hidden/store", "no-export"),
+    "export to hidden": ("export", "store", "hidden/out"),
+}
+
+
+def _run_jobs(cluster: Cluster) -> None:
+    """
+    Every job in one driver process (a copy of the store for verify,
+    removed afterwards).
+    """
+    jobs = dict(_JOBS)
+    if cluster.namespaces is None:
+        jobs.update(_HIDDEN_JOBS)
+    copy = os.path.join(cluster.root, "copy")
+    shutil.copytree(os.path.join(cluster.root, "store"), copy)
+    try:
+        results = python_jobs([cluster.argv(*argv) for argv in jobs.values()], cwd=cluster.root)
+    finally:
+        shutil.rmtree(copy)
+    cluster.done = dict(zip(jobs, results))
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +164,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     spark = SparkCluster(scratch)
     try:
         spark.start([hide, hide + [os.path.join(root, "hidden")] if why is None else []])
-        yield Cluster(root, spark, why, hide)
+        cluster = Cluster(root, spark, why, hide)
+        _run_jobs(cluster)
+        yield cluster
     finally:
         spark.stop()
 
@@ -165,7 +204,7 @@ def test_stats_export_verify_equal_local(cluster: Cluster) -> None:
             capture_output=True, text=True,
         )
         assert "No module named 'rmqha" in bare.stderr, bare.stderr
-    done = cluster.job("stats", "store", "--out", "stats-out")
+    done = cluster.done["stats"]
     assert done.returncode == 0, done.stderr[-3000:]
     printed = json.loads(done.stdout.splitlines()[0])
     with open(os.path.join(cluster.root, "stats-out", "stats.json")) as f:
@@ -175,7 +214,7 @@ def test_stats_export_verify_equal_local(cluster: Cluster) -> None:
     assert written["series"] == local["series"]
     assert written["messages"] == 1000
 
-    done = cluster.job("export", "store", "exported")
+    done = cluster.done["export"]
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == f"exported 1,000 records to file://{cluster.root}/exported (parquet, by topic)\n"
     from tests._spark import spark
@@ -185,13 +224,12 @@ def test_stats_export_verify_equal_local(cluster: Cluster) -> None:
         r.offset for r in spark().read.format("rocketmq-commitlog")
         .load(os.path.join(cluster.root, "store")).select("offset").collect()
     )
-    assert sorted(os.listdir(cluster.root)) == ["exported", "hidden", "stats-out", "store"]
+    assert "copy" not in os.listdir(cluster.root)
+    assert sorted(n for n in os.listdir(cluster.root) if not n.startswith("no-")) == [
+        "exported", "hidden", "stats-out", "store"
+    ]
 
-    shutil.copytree(os.path.join(cluster.root, "store"), os.path.join(cluster.root, "copy"))
-    try:
-        done = cluster.job("verify", "store", "copy")
-    finally:
-        shutil.rmtree(os.path.join(cluster.root, "copy"))
+    done = cluster.done["verify"]
     assert (done.returncode, done.stdout.split(":")[0]) == (0, "consistent"), done.stderr[-3000:]
 
 
@@ -206,7 +244,7 @@ def test_verify_store_one_executor_cannot_see(cluster: Cluster) -> None:
     cannot read PATH on host H", exit 2, never 1 (a divergence).
     """
     _needs_hidden(cluster)
-    done = cluster.job("verify", "store", "hidden/store")
+    done = cluster.done["verify hidden"]
     line = _one_error_line(done)
     assert line.startswith(
         f"rmqha pipeline: error: could not compare: cannot read {cluster.root}/hidden/store/"
@@ -220,8 +258,8 @@ def test_stats_and_export_of_a_store_one_executor_cannot_see(cluster: Cluster) -
     naming the file, exit 2, and no OUT (nor its temporary sibling) left.
     """
     _needs_hidden(cluster)
-    for argv in (("stats", "hidden/store", "--out", "no-stats"), ("export", "hidden/store", "no-export")):
-        line = _one_error_line(cluster.job(*argv))
+    for name in ("stats hidden", "export hidden"):
+        line = _one_error_line(cluster.done[name])
         assert f"{cluster.root}/hidden/store/" in line, line
         assert "No such file or directory" in line, line
     left = [n for n in os.listdir(cluster.root) if "no-" in n]
@@ -235,7 +273,7 @@ def test_export_out_one_executor_cannot_see(cluster: Cluster) -> None:
     OUT and no temporary sibling.
     """
     _needs_hidden(cluster)
-    line = _one_error_line(cluster.job("export", "store", "hidden/out"))
+    line = _one_error_line(cluster.done["export to hidden"])
     assert line.startswith(
         f"rmqha pipeline: error: file://{cluster.root}/hidden/out is not shared by the driver and "
         "every executor: 1,000 records written, "
