@@ -110,6 +110,8 @@ class Cluster:
 
         #: Each job's result, by name (L{_run_jobs}).
         self.done: dict[str, subprocess.CompletedProcess[str]] = {}
+        #: Puts into the live master before and after the jobs ran.
+        self.puts = (0, 0)
 
     def argv(self, *argv: str) -> list[str]:
         job, *rest = argv
@@ -131,19 +133,150 @@ _HIDDEN_JOBS = {
 }
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
+    import time
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + 60
+    while True:
+        assert process.poll() is None, f"{url}: the server exited ({process.returncode})"
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{url} did not answer"
+            time.sleep(0.1)
+
+
+class Sources:
+    """
+    The other places a store can be, for the cluster's executors: a copy
+    of C{store} in an S3-compatible server (moto's, on 127.0.0.1), and a
+    live master and slave (C{twistd rmqha} processes serving their commit
+    logs over HTTP) with a thread putting messages into the master
+    throughout.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self.moto: object = None
+        self.putting = False
+        self.puts = 0
+        self.s3 = ""
+        self.master = self.slave = ""
+
+    def start(self) -> None:
+        import threading
+
+        from moto.server import ThreadedMotoServer
+        from pyarrow import fs
+
+        from rmqha.testing import twistd_command, twistd_slave_command
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        self.moto = server
+        host, port = server.get_host_and_port()
+        s3 = fs.S3FileSystem(
+            access_key="testing", secret_key="testing", endpoint_override=f"{host}:{port}",
+            scheme="http", region="us-east-1", allow_bucket_creation=True,
+        )
+        s3.create_dir("backups")
+        fs.copy_files(
+            os.path.join(self.root, "store", "commitlog"), "backups/store/commitlog",
+            destination_filesystem=s3,
+        )
+        # Credentials in the URI: the executors' environment is the workers'.
+        self.s3 = (
+            f"s3://testing:testing@backups/store?endpoint_override={host}:{port}"
+            "&scheme=http&region=us-east-1"
+        )
+        ha, http_master, http_slave = _free_port(), _free_port(), _free_port()
+        live = os.path.join(os.path.dirname(self.root), "live")
+        os.makedirs(live, exist_ok=True)
+        common = ["--segment-size", "65536", "--serve-commitlog", "64m"]
+        self.processes.append(subprocess.Popen(twistd_command(
+            os.path.join(live, "master"), os.path.join(live, "master.log"), "--role", "master",
+            "--ha-listen", f"tcp:{ha}:interface=127.0.0.1",
+            "--http", f"tcp:{http_master}:interface=127.0.0.1", *common,
+        )))
+        self.processes.append(subprocess.Popen(twistd_slave_command(
+            os.path.join(live, "slave"), f"tcp:host=127.0.0.1:port={ha}",
+            os.path.join(live, "slave.log"), "--ha-listen", "tcp:0:interface=127.0.0.1",
+            "--http", f"tcp:{http_slave}:interface=127.0.0.1", *common,
+        )))
+        _wait_http(f"http://127.0.0.1:{http_master}/status", self.processes[0])
+        _wait_http(f"http://127.0.0.1:{http_slave}/status", self.processes[1])
+        self.master = f"rmqha+http://127.0.0.1:{http_master}"
+        self.slave = f"rmqha+http://127.0.0.1:{http_slave}"
+        for _ in range(300):
+            self._put(http_master)
+        self.putting = True
+        threading.Thread(target=self._keep_putting, args=(http_master,), daemon=True).start()
+
+    def _put(self, port: int) -> None:
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/topics/Live/messages?queueId={self.puts % 4}",
+            data=os.urandom(700), method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.status == 200, answer.status
+        self.puts += 1
+
+    def _keep_putting(self, port: int) -> None:
+        import time
+
+        while self.putting:
+            self._put(port)
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.putting = False
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait(timeout=30)
+        if self.moto is not None:
+            self.moto.stop()  # type: ignore[attr-defined]
+
+
 def _run_jobs(cluster: Cluster) -> None:
     """
     Every job in one driver process (a copy of the store for verify,
-    removed afterwards).
+    removed afterwards), the S3 copy and the live brokers among the
+    stores.
     """
     jobs = dict(_JOBS)
     if cluster.namespaces is None:
         jobs.update(_HIDDEN_JOBS)
+    sources = Sources(cluster.root)
     copy = os.path.join(cluster.root, "copy")
     shutil.copytree(os.path.join(cluster.root, "store"), copy)
     try:
+        sources.start()
+        jobs["verify s3"] = ("verify", "store", sources.s3)
+        jobs["stats live"] = ("stats", sources.master)
+        jobs["verify live"] = ("verify", sources.master, sources.slave)
+        puts_before = sources.puts
         results = python_jobs([cluster.argv(*argv) for argv in jobs.values()], cwd=cluster.root)
+        cluster.puts = (puts_before, sources.puts)
     finally:
+        sources.stop()
         shutil.rmtree(copy)
     cluster.done = dict(zip(jobs, results))
 
@@ -280,3 +413,26 @@ def test_export_out_one_executor_cannot_see(cluster: Cluster) -> None:
     ), line
     assert line.endswith(" visible to the driver; use a shared filesystem or an object store URI")
     assert sorted(os.listdir(os.path.join(cluster.root, "hidden"))) == ["store"]
+
+
+def test_s3_and_live_broker_sources(cluster: Cluster) -> None:
+    """
+    On the cluster's executors: verify of the local store against its
+    copy in the S3 server is consistent; stats of a live master over
+    C{rmqha+http://} while it takes puts counts at least what it held
+    when the jobs started; verify of the live master
+    against its live slave (replicating meanwhile) is consistent.
+    """
+    before, after = cluster.puts
+    assert after > before  # the master took puts while the jobs ran
+    done = cluster.done["verify s3"]
+    assert (done.returncode, done.stdout.split(":")[0]) == (0, "consistent"), done.stderr[-3000:]
+    done = cluster.done["stats live"]
+    assert done.returncode == 0, done.stderr[-3000:]
+    printed = json.loads(done.stdout.splitlines()[0])
+    assert printed["messages"] >= before
+    assert [t["topic"] for t in printed["topics"]] == ["Live"]
+    done = cluster.done["verify live"]
+    assert (done.returncode, done.stdout.split(":")[0]) == (0, "consistent"), (
+        done.stdout, done.stderr[-3000:]
+    )
