@@ -35,15 +35,16 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
         self.addCleanup(self.group.stop)
 
-    def test_fires_on_next_turn(self) -> None:
+    def test_fires_on_release(self) -> None:
         """
-        A quorum reaching the end offset fires PUT_OK on the reactor's next
-        turn, not inside the call that reported the ack.
+        The firing rule: a quorum reaching the end offset fires nothing by
+        itself (the caller is still parsing); C{release} fires PUT_OK at
+        once, without waiting for a reactor turn or scheduling anything.
         """
         d = self.group.wait_for(100)
         self.group.quorum_changed(100)
         self.assertNoResult(d)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
 
     def test_already_covered(self) -> None:
@@ -64,7 +65,7 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.clock.advance(0.001)
         self.assertEqual(self.successResultOf(d), PutStatus.FLUSH_SLAVE_TIMEOUT)
         self.group.quorum_changed(100)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(self.group.waiting, 0)
 
     def test_ack_just_before_deadline(self) -> None:
@@ -74,7 +75,7 @@ class GroupTransferServiceTests(SynchronousTestCase):
         d = self.group.wait_for(100)
         self.clock.advance(2.999)
         self.group.quorum_changed(120)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
 
     def test_offset_order_and_partial(self) -> None:
@@ -85,11 +86,11 @@ class GroupTransferServiceTests(SynchronousTestCase):
         for end in (300, 100, 200, 400):
             self.group.wait_for(end).addCallback(lambda _, e=end: order.append(e))
         self.group.quorum_changed(300)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(order, [100, 200, 300])
         self.assertEqual(self.group.waiting, 1)
         self.group.quorum_changed(400)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(order, [100, 200, 300, 400])
 
     def test_cancel(self) -> None:
