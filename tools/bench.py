@@ -870,15 +870,15 @@ def _pingpong_echo() -> None:
                 self.transport.write(b"\0" * _PONG_BYTES)  # type: ignore[union-attr]
 
         def connectionLost(self, reason: object = None) -> None:
-            if reactor.running:  # type: ignore[attr-defined]
-                reactor.stop()  # type: ignore[attr-defined]
+            if reactor.running:
+                reactor.stop()
 
     def listening(port: Any) -> None:
         print(json.dumps({"port": port.getHost().port}), flush=True)
 
     endpoint = TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")
     endpoint.listen(Factory.forProtocol(Echo)).addCallback(listening)
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
 
 
 async def _pingpong(reactor: Any, seconds: float) -> dict[str, Any]:
