@@ -841,6 +841,41 @@ def _raw_read_all(store: str) -> None:
 
 # -- sync -----------------------------------------------------------------------
 
+#: What C{sync --reactor} installs, as code run before anything imports
+#: the reactor (in this process and in the slave and echo processes).
+_REACTORS = {
+    "epoll": "",
+    "asyncio": "from twisted.internet import asyncioreactor; asyncioreactor.install()",
+    "uvloop": (
+        "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+        "from twisted.internet import asyncioreactor; "
+        "asyncioreactor.install(asyncio.new_event_loop())"
+    ),
+}
+
+
+def _install_reactor() -> str:
+    """
+    Install the reactor C{RMQHA_BENCH_REACTOR} names (default epoll);
+    return its name.
+    """
+    name = os.environ.get("RMQHA_BENCH_REACTOR", "epoll")
+    exec(_REACTORS[name])
+    return name
+
+
+def _slave_command(*args: str) -> list[str]:
+    """
+    L{twistd_slave_command}, on the reactor C{RMQHA_BENCH_REACTOR} names.
+    """
+    command = twistd_slave_command(*args)
+    install = _REACTORS[os.environ.get("RMQHA_BENCH_REACTOR", "epoll")]
+    if install:
+        assert command[1] == "-c"
+        command[2] = install + "; " + command[2]
+    return command
+
+
 #: The ping-pong floor's message sizes: about one 1 KiB-body record out (a
 #: frame header and the record), one report back.
 _PING_BYTES = 1200
@@ -853,6 +888,7 @@ def _pingpong_echo() -> None:
     127.0.0.1:0 (port printed), answer every C{_PING_BYTES} received with
     C{_PONG_BYTES}, with TCP_NODELAY, on the default reactor; nothing else.
     """
+    _install_reactor()
     from twisted.internet import reactor
     from twisted.internet.endpoints import TCP4ServerEndpoint
     from twisted.internet.protocol import Factory, Protocol
@@ -979,7 +1015,7 @@ async def _sync(
     try:
         port = (await master.ha_address()).port
         slave = subprocess.Popen(
-            twistd_slave_command(
+            _slave_command(
                 os.path.join(root, "slave"),
                 f"tcp:host=127.0.0.1:port={port}",
                 os.path.join(root, "slave.log"),
@@ -1067,6 +1103,7 @@ async def _sync_targets(reactor: Any, args: argparse.Namespace) -> dict[str, Any
     return {
         "benchmark": "sync-targets",
         "machine": machine_info(),
+        "reactor": args.reactor,
         "runs": args.runs,
         "seconds": args.seconds,
         "producers": many,
@@ -1116,6 +1153,12 @@ def main(argv: list[str] | None = None) -> None:
         "--producers (32 if 1), alternating --runs times, with issue 15's ratios",
     )
     sync.add_argument("--runs", type=int, default=3, help="(targets) runs of each variant")
+    sync.add_argument(
+        "--reactor",
+        choices=sorted(_REACTORS),
+        default="epoll",
+        help="the reactor of every process (uvloop: Twisted's asyncio reactor on uvloop)",
+    )
     sync.add_argument("--body-size", type=int, default=1024)
     sync.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     sync.add_argument("--dir", type=_existing_dir, default=None)
@@ -1239,6 +1282,10 @@ def main(argv: list[str] | None = None) -> None:
         return _raw_receive(args.path)
     if args.benchmark == "_pingpong-echo":
         return _pingpong_echo()
+    if args.benchmark == "sync":
+        # (Before anything imports the default reactor.)
+        os.environ["RMQHA_BENCH_REACTOR"] = args.reactor
+        _install_reactor()
     if args.benchmark == "sync" and args.mode == "targets":
 
         def run_targets(reactor: Any) -> Deferred[None]:
