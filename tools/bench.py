@@ -1283,6 +1283,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.benchmark == "_pingpong-echo":
         return _pingpong_echo()
     if args.benchmark == "sync":
+        if args.reactor == "uvloop":
+            try:
+                import uvloop  # noqa: F401
+            except ImportError:
+                parser.error("--reactor uvloop needs uvloop: pip install uvloop")
         # (Before anything imports the default reactor.)
         os.environ["RMQHA_BENCH_REACTOR"] = args.reactor
         _install_reactor()
