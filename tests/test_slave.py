@@ -109,56 +109,6 @@ class FrameTests(SlaveTestCase):
         self.assertEqual(self.replica.read(0, end), self.source.read(0, end))
         self.assertEqual(reports(transport.value()), [end])
 
-    def test_frames_of_one_read_appended_as_one(self) -> None:
-        """
-        Consecutive frames completed by one read reach the store as one
-        C{append_at} (one write, one validation pass; a record cut by a
-        frame boundary is not read back from the file); a heartbeat among
-        them does not split them.
-        """
-        self.fill(10)
-        end = self.source.max_offset
-        data = (
-            frame(0, self.source_bytes(0, 1000))
-            + frame(1000, self.source_bytes(1000, 2000))
-            + frame(2000)
-            + frame(2000, self.source_bytes(2000, end))
-        )
-        connection, transport = self.connect()
-        calls: list[tuple[int, int]] = []
-        append_at = self.replica.append_at
-
-        def counting(offset, body):  # type: ignore[no-untyped-def]
-            calls.append((offset, len(body)))
-            return append_at(offset, body)
-
-        self.replica.append_at = counting  # type: ignore[method-assign]
-        connection.dataReceived(data)
-        self.assertEqual(calls, [(0, end)])
-        self.assertEqual(self.replica.read(0, end), self.source.read(0, end))
-        self.assertEqual(self.replica.record_end, end)
-        self.assertEqual(connection.factory.bytes_received, end)
-        self.assertEqual(reports(transport.value()), [end])
-
-    def test_frames_before_a_bad_one_are_kept(self) -> None:
-        """
-        A read whose third frame names the wrong offset: the two good
-        frames before it are appended (as they were frame by frame), and
-        the connection is dropped without acknowledging anything.
-        """
-        self.fill(10)
-        data = (
-            frame(0, self.source_bytes(0, 1000))
-            + frame(1000, self.source_bytes(1000, 2000))
-            + frame(5000, b"x")
-        )
-        connection, transport = self.connect()
-        connection.dataReceived(data)
-        self.assertEqual(self.replica.max_offset, 2000)
-        self.assertEqual(self.replica.read(0, 2000), self.source.read(0, 2000))
-        self.assertTrue(transport.disconnecting or transport.disconnected)
-        self.assertEqual(transport.value(), b"")
-
     def test_empty_slave_accepts_last_segment_start(self) -> None:
         """
         A genuine RocketMQ master answers report 0 from the start of its

@@ -180,40 +180,25 @@ class SlaveConnection(Protocol):
                 self._adapt_read_size(len(data))
         decoder = self._decoder
         commitlog = self.factory.commitlog
-        # The frames of this read that follow one another are appended as
-        # one: one write and one validation pass per read, not per frame,
-        # and no record cut by a frame boundary read back from the file.
-        bodies: list[bytes | memoryview] = []
-        start = end = 0
         try:
             decoder.feed(data)
-            try:
-                while (frame := decoder.next_frame()) is not None:
-                    self.master_offset = frame.offset
-                    expected = end if bodies else commitlog.max_offset
-                    if frame.offset != expected and (bodies or commitlog.has_data()):
-                        self._append(start, bodies)
-                        self._suspicious = True
-                        self._drop(
-                            "master sent offset {offset}, this slave's max offset is {expected}",
-                            offset=frame.offset,
-                            expected=expected,
-                        )
-                        return
-                    if frame.is_heartbeat:
-                        self.caught_up = True
-                    else:
-                        if not bodies:
-                            start = end = frame.offset
-                        bodies.append(frame.body)
-                        end += len(frame.body)
-                        self.caught_up = False
-            except ProtocolError:
-                # What came whole before the bad frame is kept, as it would
-                # have been frame by frame.
-                self._append(start, bodies)
-                raise
-            self._append(start, bodies)
+            while (frame := decoder.next_frame()) is not None:
+                self.master_offset = frame.offset
+                expected = commitlog.max_offset
+                if frame.offset != expected and commitlog.has_data():
+                    self._suspicious = True
+                    self._drop(
+                        "master sent offset {offset}, this slave's max offset is {expected}",
+                        offset=frame.offset,
+                        expected=expected,
+                    )
+                    return
+                if frame.is_heartbeat:
+                    self.caught_up = True
+                else:
+                    commitlog.append_at(frame.offset, frame.body)
+                    self.factory.bytes_received += len(frame.body)
+                    self.caught_up = False
         except ChecksumError as e:
             self.factory.checksum_failures += 1
             self._drop("{error}; nothing of it was written", error=str(e))
@@ -251,17 +236,6 @@ class SlaveConnection(Protocol):
         if commitlog.record_end != self._reported:
             self.send_report()
         self._apply_backpressure()
-
-    def _append(self, offset: int, bodies: list[bytes | memoryview]) -> None:
-        """
-        Append consecutive frame bodies that start at C{offset}, as one
-        (a single body without a copy).
-        """
-        if not bodies:
-            return
-        body = bodies[0] if len(bodies) == 1 else b"".join(bodies)
-        self.factory.commitlog.append_at(offset, body)
-        self.factory.bytes_received += len(body)
 
     def _rejected(self, error: CorruptReplicaError) -> None:
         """
