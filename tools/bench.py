@@ -1078,6 +1078,7 @@ async def _sync_targets(reactor: Any, args: argparse.Namespace) -> dict[str, Any
     C{--runs} times in alternation; medians and the ratios.
     """
     many = args.producers if args.producers > 1 else 32
+    load_before = os.getloadavg()
     variants: dict[str, list[dict[str, Any]]] = {
         "floor": [], "sync_1": [], f"sync_{many}": [], f"async_{many}": []
     }
@@ -1104,6 +1105,9 @@ async def _sync_targets(reactor: Any, args: argparse.Namespace) -> dict[str, Any
         "benchmark": "sync-targets",
         "machine": machine_info(),
         "reactor": args.reactor,
+        # The machine's load average (1, 5, 15 min) before and after: the
+        # figures of a loaded, shared machine are noisy.
+        "load_average": [list(load_before), list(os.getloadavg())],
         "runs": args.runs,
         "seconds": args.seconds,
         "producers": many,
