@@ -287,9 +287,6 @@ def timed_out_as(status: PutStatus) -> Callable[[Any, float], Any]:
     return translate
 
 
-_timed_out = timed_out_as(PutStatus.FLUSH_SLAVE_TIMEOUT)
-
-
 #: Upper bounds (seconds) of the replication-wait histogram's buckets.
 REPLICATION_WAIT_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
