@@ -35,15 +35,16 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
         self.addCleanup(self.group.stop)
 
-    def test_fires_on_next_turn(self) -> None:
+    def test_fires_on_release(self) -> None:
         """
-        A quorum reaching the end offset fires PUT_OK on the reactor's next
-        turn, not inside the call that reported the ack.
+        The firing rule: a quorum reaching the end offset fires nothing by
+        itself (the caller is still parsing); C{release} fires PUT_OK at
+        once, without waiting for a reactor turn or scheduling anything.
         """
         d = self.group.wait_for(100)
         self.group.quorum_changed(100)
         self.assertNoResult(d)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
 
     def test_already_covered(self) -> None:
@@ -64,7 +65,7 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.clock.advance(0.001)
         self.assertEqual(self.successResultOf(d), PutStatus.FLUSH_SLAVE_TIMEOUT)
         self.group.quorum_changed(100)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(self.group.waiting, 0)
 
     def test_ack_just_before_deadline(self) -> None:
@@ -74,7 +75,7 @@ class GroupTransferServiceTests(SynchronousTestCase):
         d = self.group.wait_for(100)
         self.clock.advance(2.999)
         self.group.quorum_changed(120)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
 
     def test_offset_order_and_partial(self) -> None:
@@ -85,11 +86,11 @@ class GroupTransferServiceTests(SynchronousTestCase):
         for end in (300, 100, 200, 400):
             self.group.wait_for(end).addCallback(lambda _, e=end: order.append(e))
         self.group.quorum_changed(300)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(order, [100, 200, 300])
         self.assertEqual(self.group.waiting, 1)
         self.group.quorum_changed(400)
-        self.clock.advance(0)
+        self.group.release()
         self.assertEqual(order, [100, 200, 300, 400])
 
     def test_cancel(self) -> None:
@@ -118,6 +119,103 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.assertEqual(
             self.successResultOf(self.group.wait_for(30)), PutStatus.SLAVE_NOT_AVAILABLE
         )
+
+    def test_one_timer_for_all_waiters(self) -> None:
+        """
+        The deadline structure: however many puts wait, the clock holds
+        one call (not one per put, as C{addTimeout} did), and waiters
+        that were acknowledged leave nothing behind once their deadline
+        has passed.
+        """
+        ds = [self.group.wait_for(100 + i) for i in range(100)]
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.group.quorum_changed(10_000)
+        self.group.release()
+        self.assertEqual([self.successResultOf(d) for d in ds], [PutStatus.PUT_OK] * 100)
+        self.clock.advance(3.0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_staggered_deadlines_exact(self) -> None:
+        """
+        Waiters that started at different times each time out at their own
+        deadline (to the microsecond), not at the first one's or a tick
+        before; an earlier waiter acked in between does not move the
+        timer's aim.
+        """
+        a = self.group.wait_for(100)
+        self.clock.advance(1.0)
+        b = self.group.wait_for(200)
+        self.clock.advance(0.5)
+        c = self.group.wait_for(300)
+        self.group.quorum_changed(100)
+        self.group.release()
+        self.assertEqual(self.successResultOf(a), PutStatus.PUT_OK)
+        self.clock.advance(2.499)  # t = 3.999
+        self.assertNoResult(b)
+        self.clock.advance(0.001)  # t = 4.0
+        self.assertEqual(self.successResultOf(b), PutStatus.FLUSH_SLAVE_TIMEOUT)
+        self.clock.advance(0.499)  # t = 4.499
+        self.assertNoResult(c)
+        self.clock.advance(0.001)  # t = 4.5
+        self.assertEqual(self.successResultOf(c), PutStatus.FLUSH_SLAVE_TIMEOUT)
+        self.assertEqual(self.group.waiting, 0)
+
+    def test_resolved_waiters_do_not_accumulate(self) -> None:
+        """
+        With no slave acking, puts keep timing out; with one, acked and
+        cancelled waits are dropped: the structures track the live
+        waiters, not every put ever made.
+        """
+        for round in range(50):
+            for i in range(40):
+                self.group.wait_for(1_000_000 + round * 100 + i)
+            self.clock.advance(3.0)
+        self.assertEqual(self.group.waiting, 0)
+        for i in range(1000):
+            d = self.group.wait_for(2_000_000 + i)
+            if i % 2:
+                d.cancel()
+                self.failureResultOf(d)
+        self.group.quorum_changed(3_000_000)
+        self.group.release()
+        self.assertLess(len(self.group._heap) + len(self.group._deadlines), 200)
+
+    def test_callback_stops_the_service(self) -> None:
+        """
+        A waiter's callback that stops the service (the broker stopping
+        inside a put's callback) ends the other waiters with
+        SLAVE_NOT_AVAILABLE, cleanly, in the middle of a release.
+        """
+        first = self.group.wait_for(100)
+        second = self.group.wait_for(200)
+        third = self.group.wait_for(300)
+        first.addCallback(lambda status: (self.group.stop(), status)[1])
+        self.group.quorum_changed(200)
+        self.group.release()
+        self.assertEqual(self.successResultOf(first), PutStatus.PUT_OK)
+        self.assertEqual(self.successResultOf(second), PutStatus.SLAVE_NOT_AVAILABLE)
+        self.assertEqual(self.successResultOf(third), PutStatus.SLAVE_NOT_AVAILABLE)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_timeout_callback_waits_again(self) -> None:
+        """
+        A put that times out and whose callback waits again (a producer's
+        next put) gets a deadline of its own, and waiters behind the timed
+        out one still time out on time.
+        """
+        again: list = []
+        a = self.group.wait_for(100)
+        a.addCallback(lambda _: again.append(self.group.wait_for(400)))
+        self.clock.advance(1.0)
+        b = self.group.wait_for(200)
+        self.clock.advance(2.0)  # t = 3: a times out, waits again
+        self.assertEqual(self.successResultOf(a), None)
+        self.assertNoResult(b)
+        self.clock.advance(1.0)  # t = 4: b
+        self.assertEqual(self.successResultOf(b), PutStatus.FLUSH_SLAVE_TIMEOUT)
+        self.assertNoResult(again[0])
+        self.clock.advance(2.0)  # t = 6: the new wait
+        self.assertEqual(self.successResultOf(again[0]), PutStatus.FLUSH_SLAVE_TIMEOUT)
 
     def test_timeout_must_be_positive(self) -> None:
         """
@@ -285,6 +383,41 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertEqual(
             self.successResultOf(self.put(broker)).status, PutStatus.SLAVE_NOT_AVAILABLE
         )
+
+    def test_ack_fires_within_data_received(self) -> None:
+        """
+        The firing rule: the put a slave's ack covers has its result when
+        the master's C{dataReceived} returns, with no reactor turn and no
+        call scheduled for it; the puts its callback makes go to the slave
+        before that C{dataReceived} returns, together in one frame.
+        """
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        transport = slave.transport
+        assert isinstance(transport, StringTransport)
+        d = self.put(broker)
+        transport.clear()
+        before = broker.commitlog.max_offset
+        statuses: list = []
+        more: list = []
+
+        def done(result):  # type: ignore[no-untyped-def]
+            statuses.append(result.status)
+            more.extend(self.put(broker) for _ in range(3))
+
+        d.addCallback(done)
+        calls = len(self.reactor.getDelayedCalls())
+        self.ack(slave, before)
+        self.assertEqual(statuses, [PutStatus.PUT_OK])
+        self.assertEqual(len(more), 3)
+        self.assertEqual(len(self.reactor.getDelayedCalls()), calls)
+        # One frame header (12 bytes, classic framing) and the three records.
+        sent = transport.value()
+        offset, size = struct.unpack(">qi", sent[:12])
+        self.assertEqual((offset, size), (before, broker.commitlog.max_offset - before))
+        self.assertEqual(len(sent), 12 + size)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.assertEqual([self.successResultOf(m).status for m in more], [PutStatus.PUT_OK] * 3)
 
     def test_stop_while_waiting(self) -> None:
         """

@@ -841,14 +841,168 @@ def _raw_read_all(store: str) -> None:
 
 # -- sync -----------------------------------------------------------------------
 
+#: What C{sync --reactor} installs, as code run before anything imports
+#: the reactor (in this process and in the slave and echo processes).
+_REACTORS = {
+    "epoll": "",
+    "asyncio": "from twisted.internet import asyncioreactor; asyncioreactor.install()",
+    "uvloop": (
+        "import asyncio, uvloop; asyncio.set_event_loop_policy(uvloop.EventLoopPolicy()); "
+        "from twisted.internet import asyncioreactor; "
+        "asyncioreactor.install(asyncio.new_event_loop())"
+    ),
+}
 
-async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
+
+def _install_reactor() -> str:
+    """
+    Install the reactor C{RMQHA_BENCH_REACTOR} names (default epoll);
+    return its name.
+    """
+    name = os.environ.get("RMQHA_BENCH_REACTOR", "epoll")
+    exec(_REACTORS[name])
+    return name
+
+
+def _slave_command(*args: str) -> list[str]:
+    """
+    L{twistd_slave_command}, on the reactor C{RMQHA_BENCH_REACTOR} names.
+    """
+    command = twistd_slave_command(*args)
+    install = _REACTORS[os.environ.get("RMQHA_BENCH_REACTOR", "epoll")]
+    if install:
+        assert command[1] == "-c"
+        command[2] = install + "; " + command[2]
+    return command
+
+
+#: The ping-pong floor's message sizes: about one 1 KiB-body record out (a
+#: frame header and the record), one report back.
+_PING_BYTES = 1200
+_PONG_BYTES = 8
+
+
+def _pingpong_echo() -> None:
+    """
+    The ping-pong floor's far end (another process, like the slave): on
+    127.0.0.1:0 (port printed), answer every C{_PING_BYTES} received with
+    C{_PONG_BYTES}, with TCP_NODELAY, on the default reactor; nothing else.
+    """
+    _install_reactor()
+    from twisted.internet import reactor
+    from twisted.internet.endpoints import TCP4ServerEndpoint
+    from twisted.internet.protocol import Factory, Protocol
+
+    class Echo(Protocol):
+        received = 0
+
+        def connectionMade(self) -> None:
+            self.transport.setTcpNoDelay(True)  # type: ignore[union-attr]
+
+        def dataReceived(self, data: bytes) -> None:
+            self.received += len(data)
+            if self.received >= _PING_BYTES:
+                self.received -= _PING_BYTES
+                self.transport.write(b"\0" * _PONG_BYTES)  # type: ignore[union-attr]
+
+        def connectionLost(self, reason: object = None) -> None:
+            if reactor.running:
+                reactor.stop()
+
+    def listening(port: Any) -> None:
+        print(json.dumps({"port": port.getHost().port}), flush=True)
+
+    endpoint = TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")
+    endpoint.listen(Factory.forProtocol(Echo)).addCallback(listening)
+    reactor.run()
+
+
+async def _pingpong(reactor: Any, seconds: float) -> dict[str, Any]:
+    """
+    The floor a SYNC_MASTER put cannot beat on this machine: two Twisted
+    processes over loopback, C{_PING_BYTES} one way and C{_PONG_BYTES}
+    back, one at a time, for C{seconds}; round trips per second and
+    latency percentiles.
+    """
+    from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+    from twisted.internet.protocol import Protocol
+
+    echo = _spawn("_pingpong-echo")
+    try:
+        port = _json_line(echo)["port"]
+        latencies: list[int] = []
+        done: Deferred[None] = Deferred()
+        deadline = time.perf_counter() + seconds
+        clock_ns = time.perf_counter_ns
+        ping = b"\1" * _PING_BYTES
+
+        class Ping(Protocol):
+            received = 0
+            started = 0
+
+            def connectionMade(self) -> None:
+                self.transport.setTcpNoDelay(True)  # type: ignore[union-attr]
+                self.send()
+
+            def send(self) -> None:
+                self.started = clock_ns()
+                self.transport.write(ping)  # type: ignore[union-attr]
+
+            def dataReceived(self, data: bytes) -> None:
+                self.received += len(data)
+                if self.received < _PONG_BYTES:
+                    return
+                self.received -= _PONG_BYTES
+                latencies.append(clock_ns() - self.started)
+                if time.perf_counter() < deadline:
+                    self.send()
+                else:
+                    self.transport.loseConnection()  # type: ignore[union-attr]
+                    done.callback(None)
+
+        await connectProtocol(TCP4ClientEndpoint(reactor, "127.0.0.1", port), Ping())
+        started = time.perf_counter()
+        await done
+        elapsed = time.perf_counter() - started
+    finally:
+        echo.terminate()
+        echo.wait()
+    return _latency_figures(latencies, elapsed)
+
+
+def _latency_figures(latencies_ns: list[int], elapsed: float) -> dict[str, Any]:
+    """
+    Count, rate and p50/p99/p99.9 (microseconds) of C{latencies_ns}.
+    """
+    latencies_ns.sort()
+
+    def percentile(p: float) -> float:
+        return latencies_ns[min(len(latencies_ns) - 1, int(p * len(latencies_ns)))] / 1000
+
+    return {
+        "seconds": elapsed,
+        "count": len(latencies_ns),
+        "per_s": len(latencies_ns) / elapsed,
+        "p50_us": percentile(0.50),
+        "p99_us": percentile(0.99),
+        "p999_us": percentile(0.999),
+    }
+
+
+async def _sync(
+    reactor: Any,
+    mode: str,
+    producers: int,
+    seconds: float,
+    body_size: int = 1024,
+    directory: str | None = None,
+) -> dict[str, Any]:
     from rmqha.broker import Broker, Role
     from rmqha.ha.group import PutStatus
     from rmqha.ha.config import HAConfig
 
-    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
-    role = Role.SYNC_MASTER if args.mode == "sync" else Role.ASYNC_MASTER
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=directory)
+    role = Role.SYNC_MASTER if mode == "sync" else Role.ASYNC_MASTER
     master = Broker(
         reactor,
         lambda: CommitLog.open(os.path.join(root, "master"), clock=reactor.seconds),
@@ -861,7 +1015,7 @@ async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
     try:
         port = (await master.ha_address()).port
         slave = subprocess.Popen(
-            twistd_slave_command(
+            _slave_command(
                 os.path.join(root, "slave"),
                 f"tcp:host=127.0.0.1:port={port}",
                 os.path.join(root, "slave.log"),
@@ -872,10 +1026,10 @@ async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
         # SLAVE_NOT_AVAILABLE.
         while not any(s.ack_offset is not None for s in master.slaves()):
             await deferLater(reactor, 0.05, lambda: None)
-        body = os.urandom(args.body_size)
+        body = os.urandom(body_size)
         latencies: list[int] = []
         statuses: dict[str, int] = {}
-        deadline = time.perf_counter() + args.seconds
+        deadline = time.perf_counter() + seconds
         clock_ns = time.perf_counter_ns
 
         async def producer(n: int) -> None:
@@ -887,13 +1041,13 @@ async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
                 latencies.append(clock_ns() - started)
                 statuses[result.status.value] = statuses.get(result.status.value, 0) + 1
                 count += 1
-                if result.status is PutStatus.PUT_OK and args.mode == "async" and count % 64 == 0:
+                if result.status is PutStatus.PUT_OK and mode == "async" and count % 64 == 0:
                     # An ASYNC put completes at once; let the reactor (and
                     # the other producers, and replication) run.
                     await deferLater(reactor, 0, lambda: None)
 
         started = time.perf_counter()
-        await gatherResults([ensureDeferred(producer(n)) for n in range(args.producers)])
+        await gatherResults([ensureDeferred(producer(n)) for n in range(producers)])
         elapsed = time.perf_counter() - started
     finally:
         await master.stopService()
@@ -901,23 +1055,71 @@ async def _sync(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
             slave.terminate()
             slave.wait()
         shutil.rmtree(root, ignore_errors=True)
-    latencies.sort()
-
-    def percentile(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000
-
+    figures = _latency_figures(latencies, elapsed)
     return {
         "benchmark": "sync",
         "machine": machine_info(),
-        "mode": args.mode,
-        "producers": args.producers,
+        "mode": mode,
+        "producers": producers,
         "seconds": elapsed,
-        "puts": len(latencies),
-        "puts_per_s": len(latencies) / elapsed,
-        "p50_us": percentile(0.50),
-        "p99_us": percentile(0.99),
-        "p999_us": percentile(0.999),
+        "puts": figures["count"],
+        "puts_per_s": figures["per_s"],
+        "p50_us": figures["p50_us"],
+        "p99_us": figures["p99_us"],
+        "p999_us": figures["p999_us"],
         "statuses": statuses,
+    }
+
+
+async def _sync_targets(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """
+    Issue 15's SYNC targets in one run: the ping-pong floor, SYNC_MASTER at
+    1 producer, SYNC_MASTER and ASYNC_MASTER at C{--producers} (32), each
+    C{--runs} times in alternation; medians and the ratios.
+    """
+    many = args.producers if args.producers > 1 else 32
+    load_before = os.getloadavg()
+    variants: dict[str, list[dict[str, Any]]] = {
+        "floor": [], "sync_1": [], f"sync_{many}": [], f"async_{many}": []
+    }
+    for run in range(args.runs):
+        for name in variants:
+            _progress(f"run {run + 1}/{args.runs}: {name}")
+            if name == "floor":
+                figures = await _pingpong(reactor, args.seconds)
+                figures = {"puts_per_s": figures["per_s"], **figures}
+            else:
+                mode, producers = name.split("_")
+                figures = await _sync(
+                    reactor, mode, int(producers), args.seconds, args.body_size, args.dir
+                )
+                figures.pop("machine")
+            variants[name].append(figures)
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in variants[name])
+
+    floor_p50 = median("floor", "p50_us")
+    sync1_p50 = median("sync_1", "p50_us")
+    return {
+        "benchmark": "sync-targets",
+        "machine": machine_info(),
+        "reactor": args.reactor,
+        # The machine's load average (1, 5, 15 min) before and after: the
+        # figures of a loaded, shared machine are noisy.
+        "load_average": [list(load_before), list(os.getloadavg())],
+        "runs": args.runs,
+        "seconds": args.seconds,
+        "producers": many,
+        "medians": {
+            name: {k: median(name, k) for k in ("puts_per_s", "p50_us", "p99_us", "p999_us")}
+            for name in variants
+        },
+        "sync_many_fraction_of_async": median(f"sync_{many}", "puts_per_s")
+        / median(f"async_{many}", "puts_per_s"),
+        "sync_1_p50_over_floor_p50": sync1_p50 / floor_p50,
+        "sync_1_p99_over_p50": median("sync_1", "p99_us") / sync1_p50,
+        "all": variants,
     }
 
 
@@ -947,7 +1149,20 @@ def main(argv: list[str] | None = None) -> None:
     sync = commands.add_parser("sync", help="puts/s and latency, SYNC_MASTER or ASYNC_MASTER")
     sync.add_argument("--producers", type=int, default=1)
     sync.add_argument("--seconds", type=float, default=10.0)
-    sync.add_argument("--mode", choices=["sync", "async"], default="sync")
+    sync.add_argument(
+        "--mode",
+        choices=["sync", "async", "targets"],
+        default="sync",
+        help="targets: the ping-pong floor, SYNC at 1 producer, SYNC and ASYNC at "
+        "--producers (32 if 1), alternating --runs times, with issue 15's ratios",
+    )
+    sync.add_argument("--runs", type=int, default=3, help="(targets) runs of each variant")
+    sync.add_argument(
+        "--reactor",
+        choices=sorted(_REACTORS),
+        default="epoll",
+        help="the reactor of every process (uvloop: Twisted's asyncio reactor on uvloop)",
+    )
     sync.add_argument("--body-size", type=int, default=1024)
     sync.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     sync.add_argument("--dir", type=_existing_dir, default=None)
@@ -1009,6 +1224,7 @@ def main(argv: list[str] | None = None) -> None:
         ("_serve-master", ["store"]),
         ("_run-slave", ["store", "port", "target", "throttle", "seconds"]),
         ("_raw-receive", ["path"]),
+        ("_pingpong-echo", []),
     ]:
         helper = commands.add_parser(name)
         for param in params:
@@ -1068,11 +1284,47 @@ def main(argv: list[str] | None = None) -> None:
         return None
     if args.benchmark == "_raw-receive":
         return _raw_receive(args.path)
+    if args.benchmark == "_pingpong-echo":
+        return _pingpong_echo()
+    if args.benchmark == "sync":
+        if args.reactor == "uvloop":
+            try:
+                import uvloop  # noqa: F401
+            except ImportError:
+                parser.error("--reactor uvloop needs uvloop: pip install uvloop")
+        # (Before anything imports the default reactor.)
+        os.environ["RMQHA_BENCH_REACTOR"] = args.reactor
+        _install_reactor()
+    if args.benchmark == "sync" and args.mode == "targets":
+
+        def run_targets(reactor: Any) -> Deferred[None]:
+            async def go() -> None:
+                result = await _sync_targets(reactor, args)
+                for name, figures in result["medians"].items():
+                    print(
+                        f"{name}: {figures['puts_per_s']:,.0f}/s, p50 {figures['p50_us']:.0f} us, "
+                        f"p99 {figures['p99_us']:.0f} us, p99.9 {figures['p999_us']:.0f} us"
+                    )
+                print(
+                    f"SYNC at {result['producers']} producers = "
+                    f"{100 * result['sync_many_fraction_of_async']:.0f}% of ASYNC; SYNC at 1 "
+                    f"producer p50 = {result['sync_1_p50_over_floor_p50']:.2f}x the ping-pong "
+                    f"floor, p99 = {result['sync_1_p99_over_p50']:.1f}x its p50 "
+                    f"(median of {args.runs})"
+                )
+                print(json.dumps(result))
+
+            return ensureDeferred(go())
+
+        react(run_targets)
+        return None
     if args.benchmark == "sync":
 
         def run_sync(reactor: Any) -> Deferred[None]:
             async def go() -> None:
-                result = await _sync(reactor, args)
+                result = await _sync(
+                    reactor, args.mode, args.producers, args.seconds, args.body_size, args.dir
+                )
                 print(
                     f"{args.mode.upper()}_MASTER, {args.producers} producers: "
                     f"{result['puts_per_s']:,.0f} puts/s, p50 {result['p50_us']:.0f} us, "

@@ -16,9 +16,12 @@ compared against one maximum shared by all connections, so one fast (or
 fake) slave's ack counted for every other (#1155, #3015, #5128).
 
 Waiters sit in a heap keyed by end offset, so a put costs O(log n) and a
-quorum advance pops exactly the waiters it satisfies, in offset order, on
-the reactor's next turn (so a callback cannot re-enter the protocol that
-delivered the ack).  Each waiter has a deadline on the injected clock.
+quorum advance pops exactly the waiters it satisfies, in offset order.
+They fire when the code that delivered the acks calls C{release}: the
+master connection does at the end of its C{dataReceived}, after parsing,
+so a callback never runs inside the parser (docs/sync.md, the firing
+rule).  Deadlines are one queue watched by one timer on the injected
+clock, not a timer per put.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import bisect
 import enum
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
@@ -92,32 +96,60 @@ class PutMessageResult:
         return self.append.msg_id
 
 
-@dataclass(order=True)
+#: A put times out this close to its deadline (at most this early): the
+#: one timer is set from float deadlines, whose differences can round.
+_SLACK = 1e-6
+
+
 class _Waiter:
-    end_offset: int
-    sequence: int
-    deferred: Deferred[PutStatus] = field(compare=False)
-    done: bool = field(default=False, compare=False)
+    __slots__ = ("end_offset", "started", "deadline", "deferred", "done")
+
+    def __init__(
+        self, end_offset: int, started: float, deadline: float, deferred: Deferred[PutStatus]
+    ) -> None:
+        self.end_offset = end_offset
+        self.started = started
+        self.deadline = deadline
+        self.deferred = deferred
+        self.done = False
 
 
 class GroupTransferService:
     """
     Puts waiting for the quorum offset to reach them.
+
+    Two orders over the same waiters: a heap by end offset (what an ack
+    releases) and a queue by deadline (what times out; puts wait
+    C{slaveTimeout} each, so arrival order is deadline order), watched by
+    B{one} timer set for the earliest deadline.  A put costs a heap push and
+    a queue append, no timer of its own.  Waiters that resolved stay where
+    they are until they reach the front (or most of a structure is such
+    waiters, when it is rebuilt), so memory tracks the live waiters.
     """
 
-    def __init__(self, clock: IReactorTime, timeout: float) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        timeout: float,
+        observe: Callable[[float], object] | None = None,
+    ) -> None:
         """
         @param timeout: RocketMQ's C{slaveTimeout}, in seconds.
+        @param observe: called with the seconds each wait lasted when it
+            ends (not when it is cancelled).
         """
         if timeout <= 0:
             raise ValueError(f"slaveTimeout {timeout} must be positive")
         self._clock = clock
         self._timeout = timeout
-        self._heap: list[_Waiter] = []
+        self._observe = observe
+        self._heap: list[tuple[int, int, _Waiter]] = []
+        self._deadlines: deque[_Waiter] = deque()
         self._sequence = itertools.count()
         self._quorum_offset = -1
-        self._fire_call: IDelayedCall | None = None
-        self._dead = 0
+        self._timer: IDelayedCall | None = None
+        self._expiring = False
+        self._live = 0
         self._stopped = False
 
     @property
@@ -125,59 +157,105 @@ class GroupTransferService:
         """
         Puts still waiting.
         """
-        return len(self._heap) - self._dead
+        return self._live
 
     def wait_for(self, end_offset: int) -> Deferred[PutStatus]:
         """
-        Fires with C{PUT_OK} once the quorum offset reaches C{end_offset},
-        or C{FLUSH_SLAVE_TIMEOUT} after the timeout.  Cancelling it
-        withdraws the wait.
+        Fires with C{PUT_OK} once the quorum offset reaches C{end_offset}
+        (see L{release}), or C{FLUSH_SLAVE_TIMEOUT} after the timeout.
+        Cancelling it withdraws the wait.
         """
         if self._stopped:
-            return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
+            return self._at_once(PutStatus.SLAVE_NOT_AVAILABLE)
         if end_offset <= self._quorum_offset:
-            return succeed(PutStatus.PUT_OK)
+            return self._at_once(PutStatus.PUT_OK)
 
         def cancel(_: Deferred[PutStatus]) -> None:
             if not waiter.done:
                 waiter.done = True
-                self._dead += 1
+                self._live -= 1
                 self._compact()
 
         d: Deferred[PutStatus] = Deferred(cancel)
-        waiter = _Waiter(end_offset, next(self._sequence), d)
-        heapq.heappush(self._heap, waiter)
-        d.addTimeout(self._timeout, self._clock, onTimeoutCancel=_timed_out)
+        now = self._clock.seconds()
+        waiter = _Waiter(end_offset, now, now + self._timeout, d)
+        heapq.heappush(self._heap, (end_offset, next(self._sequence), waiter))
+        self._deadlines.append(waiter)
+        self._live += 1
+        if self._timer is None and not self._expiring:
+            self._timer = self._clock.callLater(self._timeout - _SLACK, self._expire)
         return d
+
+    def _at_once(self, status: PutStatus) -> Deferred[PutStatus]:
+        if self._observe is not None:
+            self._observe(0.0)
+        return succeed(status)
 
     def quorum_changed(self, offset: int) -> None:
         """
-        The k-th highest slave ack is now C{offset}: waiters at or below it
-        are fired on the reactor's next turn.
+        The k-th highest slave ack is now C{offset}.  Nothing fires yet:
+        the caller calls L{release} when it is done with its own state.
         """
         self._quorum_offset = offset
-        heap = self._heap
-        if heap and heap[0].end_offset <= offset and self._fire_call is None:
-            self._fire_call = self._clock.callLater(0, self._fire)
 
-    def _fire(self) -> None:
-        self._fire_call = None
-        heap = self._heap
-        while heap and heap[0].end_offset <= self._quorum_offset:
-            waiter = heapq.heappop(heap)
-            if waiter.done:
-                self._dead -= 1
-                continue
-            waiter.done = True
-            waiter.deferred.callback(PutStatus.PUT_OK)
+    def release(self) -> None:
+        """
+        Fire C{PUT_OK} for every waiter the quorum offset covers, in offset
+        order, now.  Call it where a callback may run: the master calls it
+        at the end of the C{dataReceived} that delivered the acks, never
+        from inside its parsing (docs/sync.md, "the firing rule").
+        """
+        # (Re-read on every step: a callback may put, stop, or release.)
+        while self._heap and self._heap[0][0] <= self._quorum_offset:
+            waiter = heapq.heappop(self._heap)[2]
+            if not waiter.done:
+                waiter.done = True
+                self._live -= 1
+                self._resolve(waiter, PutStatus.PUT_OK)
+        deadlines = self._deadlines
+        while deadlines and deadlines[0].done:
+            deadlines.popleft()
+
+    def _resolve(self, waiter: _Waiter, status: PutStatus) -> None:
+        if self._observe is not None:
+            self._observe(self._clock.seconds() - waiter.started)
+        waiter.deferred.callback(status)
+
+    def _expire(self) -> None:
+        """
+        The timer: time out every waiter whose deadline has come, then
+        set the timer for the earliest deadline left.
+        """
+        self._timer = None
+        self._expiring = True
+        try:
+            deadlines = self._deadlines
+            while deadlines:
+                waiter = deadlines[0]
+                if not waiter.done:
+                    if waiter.deadline > self._clock.seconds() + 2 * _SLACK:
+                        break
+                    waiter.done = True
+                    self._live -= 1
+                    self._resolve(waiter, PutStatus.FLUSH_SLAVE_TIMEOUT)
+                # (A callback may have stopped us, emptying the queue.)
+                if deadlines and deadlines[0] is waiter:
+                    deadlines.popleft()
+        finally:
+            self._expiring = False
+        self._compact()
+        if self._deadlines and self._timer is None and not self._stopped:
+            delay = self._deadlines[0].deadline - self._clock.seconds() - _SLACK
+            self._timer = self._clock.callLater(max(0.0, delay), self._expire)
 
     def _compact(self) -> None:
-        # Cancelled waiters stay in the heap until popped; rebuild when
-        # they are most of it, so memory tracks the live waiters.
-        if self._dead > 64 and self._dead * 2 > len(self._heap):
-            self._heap = [w for w in self._heap if not w.done]
+        # Resolved waiters stay in the heap and the queue until they reach
+        # the front; rebuild both when they are most of either.
+        heap, deadlines, live = self._heap, self._deadlines, self._live
+        if max(len(heap), len(deadlines)) > 64 + 2 * live:
+            self._heap = [entry for entry in heap if not entry[2].done]
             heapq.heapify(self._heap)
-            self._dead = 0
+            self._deadlines = deque(w for w in deadlines if not w.done)
 
     def stop(self) -> None:
         """
@@ -185,14 +263,14 @@ class GroupTransferService:
         stopping before they were acknowledged.
         """
         self._stopped = True
-        if self._fire_call is not None and self._fire_call.active():
-            self._fire_call.cancel()
-        self._fire_call = None
-        waiters, self._heap, self._dead = self._heap, [], 0
-        for waiter in sorted(waiters):
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        heap, self._heap, self._deadlines, self._live = self._heap, [], deque(), 0
+        for _, _, waiter in sorted(heap, key=lambda entry: entry[:2]):
             if not waiter.done:
                 waiter.done = True
-                waiter.deferred.callback(PutStatus.SLAVE_NOT_AVAILABLE)
+                self._resolve(waiter, PutStatus.SLAVE_NOT_AVAILABLE)
 
 
 def timed_out_as(status: PutStatus) -> Callable[[Any, float], Any]:
@@ -207,9 +285,6 @@ def timed_out_as(status: PutStatus) -> Callable[[Any, float], Any]:
         return result
 
     return translate
-
-
-_timed_out = timed_out_as(PutStatus.FLUSH_SLAVE_TIMEOUT)
 
 
 #: Upper bounds (seconds) of the replication-wait histogram's buckets.
@@ -272,21 +347,35 @@ class HAService:
         self._in_sync_replicas = in_sync_replicas
         self._min_in_sync_replicas = min_in_sync_replicas
         self._fallbehind_max = slave_fallbehind_max
-        self.group = GroupTransferService(clock, slave_timeout)
         self.replication_wait = replication_wait or Histogram()
+        self.group = GroupTransferService(
+            clock, slave_timeout, observe=self.replication_wait.observe
+        )
         #: The ack of every replicating slave, one per replica: set by
         #: the master factory that feeds this service.
         self.ack_offsets: Callable[[], list[int]] = list
 
     def acks_changed(self) -> None:
         """
-        A slave acknowledged or went away: move the quorum offset.
+        A slave acknowledged or went away: move the quorum offset.  The
+        puts it covers fire at the next L{release}.
         """
         needed = self._in_sync_replicas - 1
         if needed <= 0:
             return
-        ordered = sorted(self.ack_offsets(), reverse=True)
+        acks = self.ack_offsets()
+        if needed == 1:
+            self.group.quorum_changed(max(acks, default=-1))
+            return
+        ordered = sorted(acks, reverse=True)
         self.group.quorum_changed(ordered[needed - 1] if len(ordered) >= needed else -1)
+
+    def release(self) -> None:
+        """
+        Fire the waiting puts the quorum offset covers (the firing rule:
+        docs/sync.md).
+        """
+        self.group.release()
 
     def wait_for(self, end: int) -> Deferred[PutStatus]:
         """
@@ -299,13 +388,7 @@ class HAService:
             return succeed(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
         if in_sync < self._in_sync_replicas:
             return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
-        started = self._clock.seconds()
-
-        def observe(status: PutStatus) -> PutStatus:
-            self.replication_wait.observe(self._clock.seconds() - started)
-            return status
-
-        return self.group.wait_for(end).addCallback(observe)
+        return self.group.wait_for(end)
 
     def stop(self) -> None:
         """

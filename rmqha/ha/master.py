@@ -185,7 +185,7 @@ class Transfer:
             write = self.connection.transport.writeSequence  # type: ignore[union-attr]
             offset = self.next_offset
             wrote = False
-            while not self.paused and self._open:
+            while not self.paused and self._open and offset < commitlog.max_offset:
                 try:
                     data = commitlog.read(offset, batch)
                 except StoreError as e:
@@ -338,6 +338,9 @@ class MasterConnection(Protocol):
             self._start(offset)
         else:
             self._acknowledged(offset)
+        # The firing rule (docs/sync.md): the puts this ack completes fire
+        # now, at the end of this dataReceived, with its parsing done.
+        self.factory.release_waiters()
 
     # -- the rmqha control extension (docs/protocol.md) ----------------------
 
@@ -668,6 +671,7 @@ class MasterFactory(ServerFactory):
             ha.ack_offsets = self.ack_offsets
         self._wake: IDelayedCall | None = None
         self._more = False
+        self._releasing = False
 
     def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
         return MasterConnection(self, addr)
@@ -678,9 +682,13 @@ class MasterFactory(ServerFactory):
         reactor turn is sent at once (a lone put does not wait a turn); the
         appends that follow in the same turn are sent together on the next
         turn, so a burst travels in frames of up to a batch, not one frame
-        per message.
+        per message.  Appends made by the puts L{release_waiters} fires
+        are sent together when it returns (no timer).
         """
         if not self.connections:
+            return
+        if self._releasing:
+            self._more = True
             return
         if self._wake is None:
             self._wake = self.clock.callLater(0, self._end_of_turn)
@@ -701,6 +709,24 @@ class MasterFactory(ServerFactory):
     def acks_changed(self) -> None:
         if self.ha is not None:
             self.ha.acks_changed()
+
+    def release_waiters(self) -> None:
+        """
+        Fire the puts the slaves' acks now cover (a connection calls this
+        at the end of its C{dataReceived}).  What their callbacks append
+        (a producer's next put) is sent to the slaves in one go when they
+        are done, still in this reactor turn.
+        """
+        if self.ha is None or self._releasing:
+            return
+        self._releasing = True
+        try:
+            self.ha.release()
+        finally:
+            self._releasing = False
+        if self._more:
+            self._more = False
+            self._wake_connections()
 
     def replace_older(self, connection: MasterConnection) -> None:
         """
