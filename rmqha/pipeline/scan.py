@@ -28,8 +28,6 @@ from typing import Any
 
 from rmqha.store._record import (
     BLANK_MAGIC,
-    MESSAGE_MAGIC_V1,
-    MESSAGE_MAGIC_V2,
     Blank,
     RecordError,
     format_host,
@@ -39,6 +37,7 @@ from rmqha.store._record import (
     record_body_length,
     record_starts,
     record_topic,
+    walk_headers,
 )
 from rmqha.pipeline.stores import PlanError, Segment, SegmentReader, Store, resolve
 
@@ -123,7 +122,6 @@ def walk(reader: SegmentReader) -> Iterator[tuple[int, int]]:
     size = reader.size
     position = 0
     buf = b""
-    magics = (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
     block_start = 0
     while position + 8 <= size:
         if position + 8 > block_start + len(buf):
@@ -131,11 +129,12 @@ def walk(reader: SegmentReader) -> Iterator[tuple[int, int]]:
             buf = reader.read_at(position, _HOP_BLOCK)
             if len(buf) < 8:
                 return
-        total, magic = read_header(buf, position - block_start)
-        if magic not in magics or total <= 0 or position + total > size:
-            return
-        yield position, total
-        position += total
+        starts, stop = walk_headers(buf, position - block_start, size - block_start)
+        for start, end in zip(starts, starts[1:] + [stop]):
+            yield block_start + start, end - start
+        position = block_start + stop
+        if stop + 8 <= len(buf):
+            return  # not a record header
 
 
 def hop(reader: SegmentReader, every: int) -> tuple[list[int], int]:
