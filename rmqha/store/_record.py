@@ -1178,6 +1178,7 @@ def walk_valid(
     the first thing that is not one: a BLANK, a record it refuses, the end.
     Nothing is decoded; the caller parses the record where the hop stopped
     to learn what is there.  Recovery's walk and C{rmqha store check}.
+    Nothing past the buffer is read, whatever C{end} says.
 
     @return: C{(stop, records, last)}: where it stopped, how many records
         it went over, the position of the last one (-1: none).
@@ -1189,6 +1190,7 @@ def walk_valid(
         return walked
     base = offset - pos
     records, last = 0, -1
+    end = min(end, len(buf))
     while pos < end:
         try:
             item = parse_record(
