@@ -87,6 +87,68 @@ class DevTests(SynchronousTestCase):
         self.assertIn("test_netns.py", before)
 
 
+class AcceleratorBuildTests(SynchronousTestCase):
+    """
+    C{dev.py} rebuilds the C accelerator (C{rmqha/store/_speedups.c}) in
+    the checkout whenever it could be stale (issue 15).
+    """
+
+    def setUp(self) -> None:
+        self.dev = load_dev()
+        root = self.mktemp()
+        os.makedirs(os.path.join(root, "rmqha", "store"))
+        os.makedirs(os.path.join(root, ".venv", "bin"))
+        for name in self.dev.BUILD_INPUTS:
+            with open(os.path.join(root, name), "w") as f:
+                f.write(f"contents of {name}\n")
+        self.root = root
+        self.patch(self.dev, "ROOT", root)
+        self.patch(self.dev, "ACCELERATOR", os.path.join(root, "rmqha", "store", "_speedups"))
+        self.patch(self.dev, "STAMP", os.path.join(root, ".venv", "stamp"))
+        self.patch(self.dev, "PYTHON", sys.executable)
+        self.installs: list[list[str]] = []
+        self.patch(self.dev.subprocess, "run", lambda argv, **kw: self.installs.append(argv))
+        self.patch(sys, "stdout", io.StringIO())
+
+    def install(self) -> bool:
+        """
+        Run C{ensure_venv}; whether it (re)installed.
+        """
+        before = len(self.installs)
+        self.dev.ensure_venv()
+        return len(self.installs) > before
+
+    def test_source_change_reinstalls(self) -> None:
+        """
+        Editing C{_speedups.c} (or setup.py) changes the install stamp, so
+        the next run reinstalls, which compiles the module again in place.
+        """
+        self.patch(self.dev, "_accelerator_built", lambda: True)
+        self.assertTrue(self.install())
+        self.assertFalse(self.install())
+        with open(os.path.join(self.root, "rmqha", "store", "_speedups.c"), "a") as f:
+            f.write("/* changed */\n")
+        self.assertTrue(self.install())
+        self.assertFalse(self.install())
+
+    def test_missing_build_reinstalls(self) -> None:
+        """
+        A checkout whose compiled module is gone (git clean) is built again
+        where there is a compiler; without one, the pure-Python codec is
+        used, dev.py says so in one line, and does not retry every run.
+        """
+        self.patch(self.dev, "_have_compiler", lambda: True)
+        self.assertTrue(self.install())
+        self.assertTrue(self.install())
+        self.assertIn("was not built", sys.stdout.getvalue())
+        open(self.dev.ACCELERATOR + ".cpython-311-x86_64-linux-gnu.so", "w").close()
+        self.assertTrue(self.install())
+        self.assertFalse(self.install())
+        os.remove(self.dev.ACCELERATOR + ".cpython-311-x86_64-linux-gnu.so")
+        self.patch(self.dev, "_have_compiler", lambda: False)
+        self.assertFalse(self.install())
+
+
 def _python_files(*directories: str) -> list[str]:
     found = []
     for directory in directories:
