@@ -9,6 +9,7 @@ suite exercises both.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import struct
@@ -105,6 +106,18 @@ class BuildTests(SynchronousTestCase):
         self.assertIsNotNone(_speedups, "rmqha.store._speedups is not built")
         if os.environ.get("RMQHA_PURE", "0") in ("", "0"):
             self.assertTrue(_record.ACCELERATED)
+
+    def test_version_names_the_codec(self) -> None:
+        """
+        C{rmqha --version} says which codec is in use.
+        """
+        from rmqha import cli
+
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        self.assertEqual(cli.main(["--version"]), 0)
+        expected = "compiled" if _record.ACCELERATED else "pure Python"
+        self.assertIn(f"(codec: {expected})", out.getvalue())
 
     def test_pure_switch(self) -> None:
         """
