@@ -399,14 +399,22 @@ class SpanDecodeTests(_Compiled, SynchronousTestCase):
         exact=st.booleans(),
         batch_rows=st.sampled_from([1, 2, 8192]),
         topics=st.none() | st.just(["TopicTest"]),
+        block=st.sampled_from([16, 150, 400, 4 << 20]),
     )
     def test_same_rows(
-        self, log: bytes, bodies: bool, exact: bool, batch_rows: int, topics: list[str] | None
+        self,
+        log: bytes,
+        bodies: bool,
+        exact: bool,
+        batch_rows: int,
+        topics: list[str] | None,
+        block: int,
     ) -> None:
         """
         Same rows (every column, nulls included) or the same error, for
         valid, plain, unusual and damaged records, bodies on and off, any
-        batch size.
+        batch size, whatever size of blocks the compiled path reads in
+        (records cut by a block's end, records larger than a block).
         """
         import pyarrow as pa
 
@@ -428,7 +436,12 @@ class SpanDecodeTests(_Compiled, SynchronousTestCase):
             self.assertTrue(all(b.num_rows <= batch_rows for b in batches))
             return pa.Table.from_batches(batches, scan.arrow_schema()).to_pylist()
 
-        self.assertEqual(*both(rows))
+        saved = scan._READ_BLOCK
+        scan._READ_BLOCK = block
+        try:
+            self.assertEqual(*both(rows))
+        finally:
+            scan._READ_BLOCK = saved
 
     def test_property_chunks(self) -> None:
         """
