@@ -16,6 +16,9 @@ C{spark} scans and decodes a 2 GiB store with the plain single-process
 reader (L{rmqha.pipeline.scan.scan}) and with Spark on C{local[1]} and
 C{local[2]} (the C{rocketmq-commitlog} data source).
 
+C{codec} times the codec's hot loops per record, pure Python against the
+compiled accelerator (C{rmqha.store._speedups}), in one process.
+
 C{sources} reads one store from the local files, an S3-compatible server
 (moto's, a process on 127.0.0.1) and a live broker's admin HTTP
 (C{rmqha+http://}), by the plain reader and by Spark C{local[2]}.
@@ -743,6 +746,88 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    Microseconds per record of the codec's hot loops, on the pure-Python
+    path and the compiled one, runs alternating, in one process (issue 15):
+    encode into a buffer, C{check_record}, the replica validator fed 32 KiB
+    chunks, recovery's walk (C{walk_valid}, CRC on), the pipeline's reader
+    over an in-memory span; and C{zlib.crc32} over the same bytes.
+    """
+    from rmqha.store import _record
+    from rmqha.store._record import ReplicaValidator, RecordEncoder, walk_valid
+
+    compiled = _record._accel
+    if compiled is None:
+        raise SystemExit("bench codec: the compiled codec is not built (or RMQHA_PURE is set)")
+    messages = _messages(args.body_size, args.count)
+    buf = bytearray(args.count * (args.body_size + 300))
+    figures: dict[str, dict[str, list[float]]] = {"pure": {}, "compiled": {}}
+
+    def timed(path: str, name: str, work: Any) -> Any:
+        started = time.perf_counter()
+        result = work()
+        figures[path].setdefault(name, []).append(
+            (time.perf_counter() - started) / args.count * 1e6
+        )
+        return result
+
+    for run in range(args.runs):
+        for path in ("pure", "compiled") if run % 2 == 0 else ("compiled", "pure"):
+            _record._accel = None if path == "pure" else compiled
+            try:
+                encoder = RecordEncoder(("127.0.0.1", 10911))
+
+                def encode() -> int:
+                    pos = 0
+                    for i, message in enumerate(messages):
+                        pos += encoder.encode(buf, pos, len(buf) - pos, message, i, pos, 1)
+                    return pos
+
+                end = timed(path, "encode", encode)
+                data = bytes(buf[:end])
+                view = memoryview(data)
+
+                def check() -> None:
+                    pos = 0
+                    while pos < end:
+                        total, magic = _record.read_header(data, pos)
+                        _record.check_record(data, pos, pos, total, magic)
+                        pos += total
+
+                timed(path, "check_record", check)
+
+                def replicate() -> None:
+                    validator = ReplicaValidator(1 << 30, lambda o, n: data[o : o + n])
+                    reached = 0
+                    for at in range(0, end, 32768):
+                        chunk = view[at : at + 32768]
+                        reached = validator.advance(reached, at + len(chunk), at, chunk)
+
+                timed(path, "replica_validator", replicate)
+                timed(path, "walk_valid", lambda: walk_valid(
+                    data, 0, end, 0, check_crc=True, strict=True))
+                timed(path, "crc32", lambda: zlib.crc32(data))
+            finally:
+                _record._accel = compiled
+    out: dict[str, Any] = {
+        "benchmark": "codec",
+        "machine": machine_info(),
+        "count": args.count,
+        "body_size": args.body_size,
+        "runs": args.runs,
+    }
+    for path, named in figures.items():
+        for name, values in named.items():
+            out[f"{path}_{name}_us"] = round(statistics.median(values), 3)
+    for name in figures["pure"]:
+        if name != "crc32":
+            out[f"{name}_speedup"] = round(
+                out[f"pure_{name}_us"] / out[f"compiled_{name}_us"], 2
+            )
+    return out
+
+
 def _free_port() -> int:
     import socket
 
@@ -1045,6 +1130,12 @@ def main(argv: list[str] | None = None) -> None:
         "--bodies", choices=["true", "false"], default="true",
         help="decode and move bodies (the data source's bodies option)",
     )
+    codec = commands.add_parser(
+        "codec", help="µs per record of the codec's hot loops, pure Python vs compiled"
+    )
+    codec.add_argument("--count", type=int, default=20000, help="records per run")
+    codec.add_argument("--body-size", type=int, default=1024)
+    codec.add_argument("--runs", type=int, default=5)
     sources = commands.add_parser(
         "sources",
         help="plain reader and Spark local[2] over a local store, an S3 server and a live "
@@ -1084,6 +1175,20 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.benchmark == "_spark-scan":
         return _spark_scan(args.store, args.master, args.bodies)
+    if args.benchmark == "codec":
+        result = _codec_bench(args)
+        print(
+            "codec: "
+            + ", ".join(
+                f"{name} {result[f'pure_{name}_us']:.2f} -> {result[f'compiled_{name}_us']:.2f} "
+                f"µs ({result[f'{name}_speedup']:.1f}x)"
+                for name in ("encode", "check_record", "replica_validator", "walk_valid")
+            )
+            + f"; zlib.crc32 {result['compiled_crc32_us']:.2f} µs per record; "
+            f"median of {args.runs}"
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "sources":
         result = _sources_bench(args)
         print(
