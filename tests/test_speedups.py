@@ -531,6 +531,47 @@ class BoundsTests(_Compiled, SynchronousTestCase):
             self.assertEqual(buf, bytearray(64))
 
 
+class MutatingMessageTests(_Compiled, SynchronousTestCase):
+    """
+    A message whose attribute reads run code that empties the encoder's
+    caches and the message's own properties (a property on a subclass)
+    cannot make the compiled encoder use freed memory.
+    """
+
+    def test_caches_and_properties_emptied_while_encoding(self) -> None:
+        """
+        Reading C{sysflag} clears the topic and host caches and the
+        properties dict; the compiled encoder, which reads every attribute
+        before looking anything up, writes a record the decoder accepts.
+        """
+        encoder = RecordEncoder(("10.0.0.1", 10911))
+
+        class Mutating(Message):
+            @property  # type: ignore[override]
+            def sysflag(self) -> int:
+                encoder._topics.clear()
+                encoder._hosts.clear()
+                self.properties.clear()
+                return 0
+
+            @sysflag.setter
+            def sysflag(self, value: int) -> None:
+                pass
+
+        for _ in range(3):  # the second and third time, the caches are warm
+            buf = bytearray(4096)
+            message = Mutating(
+                "TopicTest", b"body" * 100,
+                # Built at run time: the dict holds the only references.
+                properties={"".join(["TA", "GS"]): "".join(["a"] * 50), "KEYS": "b" * (len(buf) // 64)},
+                born_host=(".".join(["192", "168", "1", "2"]), 40000),
+            )
+            total = encoder.encode(buf, 0, len(buf), message, 0, 0, 1)
+            record = _record.parse_record(bytes(buf), 0, total, 0)
+            self.assertEqual(record.topic, "TopicTest")
+            self.assertEqual(record.born_host, ("192.168.1.2", 40000))
+
+
 # The codec tests of tests/test_record.py again, on the pure-Python path
 # (the default run takes the compiled one where it is built).
 

@@ -366,6 +366,16 @@ static PyObject *s_body, *s_topic, *s_properties, *s_born_host, *s_sysflag,
     *s_queue_id, *s_flag, *s_born_timestamp, *s_reconsume_times,
     *s_prepared_tx_offset, *s_max_message_size, *s_c_state;
 
+/* The Message attributes the encoder reads, all fetched before any check. */
+enum {
+    A_BODY, A_TOPIC, A_PROPERTIES, A_BORN_HOST, A_SYSFLAG, A_QUEUE_ID, A_FLAG,
+    A_RECONSUME_TIMES, A_PREPARED_TX_OFFSET, A_BORN_TIMESTAMP, N_ATTRS
+};
+static PyObject **attr_names[N_ATTRS] = {
+    &s_body, &s_topic, &s_properties, &s_born_host, &s_sysflag, &s_queue_id, &s_flag,
+    &s_reconsume_times, &s_prepared_tx_offset, &s_born_timestamp,
+};
+
 /* An exact int within [lo, hi] into *out: 1; anything else 0 (no error set). */
 static int
 exact_int(PyObject *o, long long lo, long long hi, long long *out)
@@ -408,8 +418,9 @@ static PyObject *
 sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *encoder, *bufobj, *message;
-    PyObject *state = NULL, *body = NULL, *topic = NULL, *properties = NULL,
-             *born_host = NULL, *tmp = NULL, *result = NULL;
+    PyObject *state = NULL, *body, *topic, *properties, *born_host, *tmp = NULL,
+             *result = NULL;
+    PyObject *attrs[N_ATTRS] = {NULL};
     PyObject *topic_enc, *store_ip, *store_port_o, *store_v6_o, *topics, *hosts;
     long long pos, room, queue_offset, physical_offset, store_timestamp;
     long long max_message_size, queue_id, flag, sysflag, born_timestamp,
@@ -437,10 +448,30 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         !exact_int(args[7], I64, &store_timestamp))
         Py_RETURN_NONE;
 
-    /* encoder._c_state: (store ip packed, store port, store v6, topics, hosts) */
+    /* Every attribute first: reading one may run Python code (a property
+     * of a Message subclass), which could change the encoder's caches or
+     * the properties dict; after this point no Python code runs, so the
+     * borrowed cache entries and UTF-8 pointers below stay valid. */
     state = PyObject_GetAttr(encoder, s_c_state);
     if (state == NULL)
-        return NULL;
+        goto error;
+    tmp = PyObject_GetAttr(encoder, s_max_message_size);
+    if (tmp == NULL)
+        goto error;
+    if (!exact_int(tmp, I64, &max_message_size))
+        goto fallback;
+    Py_CLEAR(tmp);
+    for (i = 0; i < N_ATTRS; i++) {
+        attrs[i] = PyObject_GetAttr(message, *attr_names[i]);
+        if (attrs[i] == NULL)
+            goto error;
+    }
+    body = attrs[A_BODY];
+    topic = attrs[A_TOPIC];
+    properties = attrs[A_PROPERTIES];
+    born_host = attrs[A_BORN_HOST];
+
+    /* encoder._c_state: (store ip packed, store port, store v6, topics, hosts) */
     if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != 5)
         goto fallback;
     store_ip = PyTuple_GET_ITEM(state, 0);
@@ -456,27 +487,15 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (store_ip_len != (store_v6 ? 16 : 4))
         goto fallback;
 
-    tmp = PyObject_GetAttr(encoder, s_max_message_size);
-    if (tmp == NULL)
-        goto error;
-    if (!exact_int(tmp, I64, &max_message_size))
-        goto fallback;
-    Py_CLEAR(tmp);
-
-    body = PyObject_GetAttr(message, s_body);
-    if (body == NULL)
-        goto error;
     if (!PyBytes_CheckExact(body))
         goto fallback;
     body_length = PyBytes_GET_SIZE(body);
     if (body_length > max_message_size)
         goto fallback;
 
-    topic = PyObject_GetAttr(message, s_topic);
-    if (topic == NULL)
-        goto error;
     if (!PyUnicode_CheckExact(topic))
         goto fallback;
+    /* Exact str keys only: hashing and comparing them runs no Python code. */
     topic_enc = PyDict_GetItemWithError(topics, topic); /* borrowed */
     if (topic_enc == NULL) {
         if (PyErr_Occurred())
@@ -487,9 +506,6 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto fallback;
     topic_length = PyBytes_GET_SIZE(topic_enc);
 
-    properties = PyObject_GetAttr(message, s_properties);
-    if (properties == NULL)
-        goto error;
     if (!PyDict_CheckExact(properties))
         goto fallback;
     count = PyDict_GET_SIZE(properties);
@@ -530,9 +546,6 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto fallback;
     }
 
-    born_host = PyObject_GetAttr(message, s_born_host);
-    if (born_host == NULL)
-        goto error;
     if (born_host == Py_None) {
         born_ip = PyBytes_AS_STRING(store_ip);
         born_ip_len = store_ip_len;
@@ -567,28 +580,16 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto fallback;
     }
 
-#define INT_ATTR(name, range, out)                      \
-    tmp = PyObject_GetAttr(message, name);              \
-    if (tmp == NULL)                                    \
-        goto error;                                     \
-    if (!exact_int(tmp, range, out))                    \
-        goto fallback;                                  \
-    Py_CLEAR(tmp);
-
-    INT_ATTR(s_sysflag, I32, &sysflag);
-    INT_ATTR(s_queue_id, I32, &queue_id);
-    INT_ATTR(s_flag, I32, &flag);
-    INT_ATTR(s_reconsume_times, I32, &reconsume_times);
-    INT_ATTR(s_prepared_tx_offset, I64, &prepared_tx_offset);
-    tmp = PyObject_GetAttr(message, s_born_timestamp);
-    if (tmp == NULL)
-        goto error;
-    if (tmp == Py_None)
-        born_timestamp = store_timestamp;
-    else if (!exact_int(tmp, I64, &born_timestamp))
+    if (!exact_int(attrs[A_SYSFLAG], I32, &sysflag) ||
+        !exact_int(attrs[A_QUEUE_ID], I32, &queue_id) ||
+        !exact_int(attrs[A_FLAG], I32, &flag) ||
+        !exact_int(attrs[A_RECONSUME_TIMES], I32, &reconsume_times) ||
+        !exact_int(attrs[A_PREPARED_TX_OFFSET], I64, &prepared_tx_offset))
         goto fallback;
-    Py_CLEAR(tmp);
-#undef INT_ATTR
+    if (attrs[A_BORN_TIMESTAMP] == Py_None)
+        born_timestamp = store_timestamp;
+    else if (!exact_int(attrs[A_BORN_TIMESTAMP], I64, &born_timestamp))
+        goto fallback;
 
     fixed = 48 + (born_v6 ? 20 : 8) + 8 + (store_v6 ? 20 : 8) + 16;
     total = fixed + body_length + topic_length + 2 + properties_length;
@@ -659,10 +660,8 @@ finish:
     if (pieces != inline_pieces)
         PyMem_Free(pieces);
     Py_XDECREF(tmp);
-    Py_XDECREF(born_host);
-    Py_XDECREF(properties);
-    Py_XDECREF(topic);
-    Py_XDECREF(body);
+    for (i = 0; i < N_ATTRS; i++)
+        Py_XDECREF(attrs[i]);
     Py_XDECREF(state);
     return result;
 }
@@ -851,8 +850,9 @@ sp_decode_span(PyObject *module, PyObject *args)
         props = r + p + 2;
         if (!all_ascii(topic, topic_length) || !all_ascii(props, props_length))
             break;
-        if (bodies && g[C_BODY].length + body_length > MAX_BATCH_BODY_BYTES && rows)
-            break;
+        if (rows && ((bodies && g[C_BODY].length + body_length > MAX_BATCH_BODY_BYTES) ||
+                     g[C_PKEY].length + g[C_PVAL].length + props_length > MAX_BATCH_BODY_BYTES))
+            break;  /* the batch's int32 offsets stay far from overflowing */
         /* decode_properties: chunks split at \x02; a chunk of 3 or more
          * characters with a \x01 strictly inside is name\x01value. */
         start = 0;
