@@ -211,3 +211,42 @@ class LayoutTests(SynchronousTestCase):
                 module = os.path.join(ROOT, *name.strip().split(".")) + ".py"
                 self.assertTrue(os.path.isfile(module), f"{path}: {name} does not exist")
         self.assertGreater(headers, 10)
+
+
+class OptionalBuildTests(SynchronousTestCase):
+    """
+    setup.py's build of the C accelerator is optional (issue 15).
+    """
+
+    def test_failed_compile_is_one_line(self) -> None:
+        """
+        A compiler that fails (or is missing) costs one line on stderr
+        naming the module and what failed, and the build goes on: rmqha
+        installs with its pure-Python codec.
+        """
+        import runpy
+
+        from setuptools import Distribution
+        from setuptools.command.build_ext import build_ext
+
+        import setuptools
+
+        captured: dict[str, object] = {}
+        self.patch(setuptools, "setup", lambda **kw: captured.update(kw))
+        runpy.run_path(os.path.join(ROOT, "setup.py"), run_name="not_main")
+        command_class = captured["cmdclass"]["build_ext"]  # type: ignore[index]
+        (extension,) = captured["ext_modules"]  # type: ignore[misc]
+        self.assertEqual(extension.name, "rmqha.store._speedups")
+
+        def fail(self: object, ext: object) -> None:
+            raise OSError("command 'cc' failed: No such file or directory")
+
+        self.patch(build_ext, "build_extension", fail)
+        command = command_class(Distribution())
+        stderr = io.StringIO()
+        self.patch(sys, "stderr", stderr)
+        command.build_extension(extension)
+        (line,) = stderr.getvalue().splitlines()
+        self.assertIn("rmqha.store._speedups was not built", line)
+        self.assertIn("No such file or directory", line)
+        self.assertIn("pure-Python codec", line)
