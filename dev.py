@@ -2,7 +2,8 @@
 """
 The quick start: works on a fresh machine with Python 3.11+ and nothing
 else installed (standard library only), installing what it needs into
-./.venv on first use and whenever pyproject.toml changes.
+./.venv on first use and whenever pyproject.toml, setup.py or the C
+accelerator's source changes (the install compiles it in place).
 
     python3 dev.py demo [ARGS]   the main job (see README); ARGS go to rmqha demo
     python3 dev.py test          the whole test suite: mypy, trial, pytest
@@ -29,9 +30,35 @@ def _say(message: str) -> None:
     print(f"[dev.py] {message}", flush=True)
 
 
+#: What the install is built from: a change to any of them reinstalls (and
+#: so recompiles the C accelerator in place, next to its source).
+BUILD_INPUTS = ("pyproject.toml", "setup.py", os.path.join("rmqha", "store", "_speedups.c"))
+ACCELERATOR = os.path.join(ROOT, "rmqha", "store", "_speedups")
+
+
 def _requirements_hash() -> str:
-    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    digest = hashlib.sha256()
+    for name in BUILD_INPUTS:
+        with open(os.path.join(ROOT, name), "rb") as f:
+            digest.update(name.encode() + b"\0" + f.read())
+    return digest.hexdigest()
+
+
+def _accelerator_built() -> bool:
+    """
+    Whether the compiled codec (rmqha/store/_speedups.c) is built in the
+    checkout, where the tests import it from (PYTHONPATH=the checkout).
+    """
+    directory = os.path.dirname(ACCELERATOR)
+    prefix = os.path.basename(ACCELERATOR) + "."
+    return any(
+        name.startswith(prefix) and name.endswith((".so", ".pyd"))
+        for name in os.listdir(directory)
+    )
+
+
+def _have_compiler() -> bool:
+    return any(shutil.which(cc) for cc in (os.environ.get("CC", "cc"), "cc", "gcc"))
 
 
 def ensure_venv() -> None:
@@ -48,7 +75,8 @@ def ensure_venv() -> None:
     wanted = _requirements_hash()
     if os.path.exists(STAMP):
         with open(STAMP) as f:
-            if f.read().strip() == wanted:
+            # A checkout cleaned of its build (git clean) is built again.
+            if f.read().strip() == wanted and (_accelerator_built() or not _have_compiler()):
                 return
     if not os.path.exists(PYTHON):
         _say(f"creating {VENV}")
@@ -74,6 +102,11 @@ def ensure_venv() -> None:
         # twistd needs today (see docs/development.md), so keep it quiet.
         env=dict(os.environ, PYTHONWARNINGS="ignore"),
     )
+    if not _accelerator_built():
+        _say(
+            "the C accelerator (rmqha/store/_speedups.c) was not built: no C compiler, "
+            "Python headers or zlib headers; the pure-Python codec is used"
+        )
     with open(STAMP, "w") as f:
         f.write(wanted + "\n")
 

@@ -29,7 +29,13 @@ from collections import Counter
 from typing import IO, Any, Callable, NoReturn, Sequence
 
 from rmqha import __version__
-from rmqha.store._record import Message, MessageRejected, RecordError, record_json
+from rmqha.store._record import (
+    ACCELERATED,
+    Message,
+    MessageRejected,
+    RecordError,
+    record_json,
+)
 from rmqha._units import parse_size
 from rmqha.store._recovery import repair_store, verify_store
 from rmqha.store.commitlog import CommitLog
@@ -86,7 +92,11 @@ def _build_parser() -> argparse.ArgumentParser:
         prog="rmqha",
         description="RocketMQ-compatible commit log with master/slave replication.",
     )
-    parser.add_argument("--version", action="version", version=f"rmqha {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"rmqha {__version__} (codec: {'compiled' if ACCELERATED else 'pure Python'})",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
 

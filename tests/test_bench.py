@@ -27,3 +27,27 @@ class DirArgumentTests(SynchronousTestCase):
         self.assertEqual(raised.exception.code, 2)
         self.assertIn(f"{missing}: no such directory", stderr.getvalue())
         self.assertFalse(os.path.exists(missing))
+
+
+class CodecBenchTests(SynchronousTestCase):
+    def test_codec_figures(self) -> None:
+        """
+        C{bench codec} times both codec paths in one run and prints one
+        JSON line with each loop's µs per record and speed-up (skipped where
+        the compiled codec is not built).
+        """
+        import json
+
+        from rmqha.store import _record
+
+        if _record._accel is None:
+            self.skipTest("the compiled codec is not built or RMQHA_PURE is set")
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            bench.main(["codec", "--count", "40", "--runs", "1"])
+        result = json.loads(stdout.getvalue().splitlines()[-1])
+        for name in ("encode", "check_record", "replica_validator", "walk_valid"):
+            self.assertGreater(result[f"pure_{name}_us"], 0)
+            self.assertGreater(result[f"compiled_{name}_us"], 0)
+            self.assertIn(f"{name}_speedup", result)
+        self.assertIs(_record._accel, _record._load_accelerator())

@@ -87,6 +87,67 @@ class DevTests(SynchronousTestCase):
         self.assertIn("test_netns.py", before)
 
 
+class AcceleratorBuildTests(SynchronousTestCase):
+    """
+    C{dev.py} rebuilds the C accelerator (C{rmqha/store/_speedups.c}) in
+    the checkout whenever it could be stale (issue 15).
+    """
+
+    def setUp(self) -> None:
+        self.dev = load_dev()
+        root = self.mktemp()
+        os.makedirs(os.path.join(root, "rmqha", "store"))
+        os.makedirs(os.path.join(root, ".venv", "bin"))
+        for name in self.dev.BUILD_INPUTS:
+            with open(os.path.join(root, name), "w") as f:
+                f.write(f"contents of {name}\n")
+        self.root = root
+        self.patch(self.dev, "ROOT", root)
+        self.patch(self.dev, "ACCELERATOR", os.path.join(root, "rmqha", "store", "_speedups"))
+        self.patch(self.dev, "STAMP", os.path.join(root, ".venv", "stamp"))
+        self.patch(self.dev, "PYTHON", sys.executable)
+        self.installs: list[list[str]] = []
+        self.patch(self.dev.subprocess, "run", lambda argv, **kw: self.installs.append(argv))
+        self.patch(sys, "stdout", io.StringIO())
+
+    def install(self) -> bool:
+        """
+        Run C{ensure_venv}; whether it (re)installed.
+        """
+        before = len(self.installs)
+        self.dev.ensure_venv()
+        return len(self.installs) > before
+
+    def test_source_change_reinstalls(self) -> None:
+        """
+        Editing C{_speedups.c} (or setup.py) changes the install stamp, so
+        the next run reinstalls, which compiles the module again in place.
+        """
+        self.patch(self.dev, "_accelerator_built", lambda: True)
+        self.assertTrue(self.install())
+        self.assertFalse(self.install())
+        with open(os.path.join(self.root, "rmqha", "store", "_speedups.c"), "a") as f:
+            f.write("/* changed */\n")
+        self.assertTrue(self.install())
+        self.assertFalse(self.install())
+
+    def test_missing_build_reinstalls(self) -> None:
+        """
+        A checkout whose compiled module is gone (git clean) is built again
+        where there is a compiler; without one, the pure-Python codec is
+        used, dev.py says so in one line, and does not retry every run.
+        """
+        self.patch(self.dev, "_have_compiler", lambda: True)
+        self.assertTrue(self.install())
+        self.assertTrue(self.install())
+        self.assertIn("was not built", sys.stdout.getvalue())
+        open(self.dev.ACCELERATOR + ".cpython-311-x86_64-linux-gnu.so", "w").close()
+        self.assertFalse(self.install())
+        os.remove(self.dev.ACCELERATOR + ".cpython-311-x86_64-linux-gnu.so")
+        self.patch(self.dev, "_have_compiler", lambda: False)
+        self.assertFalse(self.install())
+
+
 def _python_files(*directories: str) -> list[str]:
     found = []
     for directory in directories:
@@ -150,3 +211,42 @@ class LayoutTests(SynchronousTestCase):
                 module = os.path.join(ROOT, *name.strip().split(".")) + ".py"
                 self.assertTrue(os.path.isfile(module), f"{path}: {name} does not exist")
         self.assertGreater(headers, 10)
+
+
+class OptionalBuildTests(SynchronousTestCase):
+    """
+    setup.py's build of the C accelerator is optional (issue 15).
+    """
+
+    def test_failed_compile_is_one_line(self) -> None:
+        """
+        A compiler that fails (or is missing) costs one line on stderr
+        naming the module and what failed, and the build goes on: rmqha
+        installs with its pure-Python codec.
+        """
+        import runpy
+
+        from setuptools import Distribution
+        from setuptools.command.build_ext import build_ext
+
+        import setuptools
+
+        captured: dict[str, object] = {}
+        self.patch(setuptools, "setup", lambda **kw: captured.update(kw))
+        runpy.run_path(os.path.join(ROOT, "setup.py"), run_name="not_main")
+        command_class = captured["cmdclass"]["build_ext"]  # type: ignore[index]
+        (extension,) = captured["ext_modules"]  # type: ignore[misc]
+        self.assertEqual(extension.name, "rmqha.store._speedups")
+
+        def fail(self: object, ext: object) -> None:
+            raise OSError("command 'cc' failed: No such file or directory")
+
+        self.patch(build_ext, "build_extension", fail)
+        command = command_class(Distribution())
+        stderr = io.StringIO()
+        self.patch(sys, "stderr", stderr)
+        command.build_extension(extension)
+        (line,) = stderr.getvalue().splitlines()
+        self.assertIn("rmqha.store._speedups was not built", line)
+        self.assertIn("No such file or directory", line)
+        self.assertIn("pure-Python codec", line)

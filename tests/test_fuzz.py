@@ -31,3 +31,34 @@ class FuzzTests(SynchronousTestCase):
         data = bytes(range(200))
         changed = sum(fuzz._mutate(rng, data) != data for _ in range(200))
         self.assertGreater(changed, 190)
+
+    def test_codec_target_catches_a_divergent_accelerator(self) -> None:
+        """
+        The C{codec} target fails when the compiled codec answers anything
+        but what the pure one does (here: a hop that stops one record
+        early), and passes with the real one.
+        """
+        from rmqha.store import _record
+
+        real = _record._accel
+        if real is None:
+            self.skipTest("rmqha.store._speedups is not built or RMQHA_PURE is set")
+
+        class Divergent:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            @staticmethod
+            def walk_valid(*args: object) -> tuple[int, int, int]:
+                stop, records, last = real.walk_valid(*args)
+                return (stop, records - 1, last) if records else (stop, records, last)
+
+        corpus = fuzz._Corpus(random.Random(3))
+        rng = random.Random(5)
+        for _ in range(50):
+            fuzz._codec_case(rng, corpus)
+        self.patch(_record, "_accel", Divergent())
+        self.assertRaises(
+            AssertionError,
+            lambda: [fuzz._codec_case(rng, corpus) for _ in range(50)],
+        )

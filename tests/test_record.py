@@ -14,7 +14,7 @@ import struct
 import tracemalloc
 import zlib
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -998,7 +998,10 @@ PROPERTY_TEXT = st.text(
     max_size=24,
 )
 HOSTS = st.tuples(
-    st.one_of(st.ip_addresses(v=4), st.ip_addresses(v=6)).map(str),
+    # Not ::ffff:a.b.c.d: it is stored as the IPv4 address (as Java does).
+    st.one_of(
+        st.ip_addresses(v=4), st.ip_addresses(v=6).filter(lambda a: a.ipv4_mapped is None)
+    ).map(str),
     st.integers(0, 0xFFFF),
 )
 
@@ -1032,7 +1035,8 @@ class RoundTripTests(SynchronousTestCase):
     Whatever the encoder accepts, the decoder gives back unchanged.
     """
 
-    @settings(deadline=None, derandomize=True, max_examples=300)
+    @settings(deadline=None, derandomize=True, max_examples=300,
+              suppress_health_check=[HealthCheck.differing_executors])
     @given(
         message=messages(),
         store_host=HOSTS,
@@ -1280,7 +1284,8 @@ class ReplicaCheckTests(SynchronousTestCase):
             RecordError, parse_record, bytes(forged), 0, len(forged), PHYSICAL_OFFSET
         )
 
-    @settings(deadline=None, derandomize=True, max_examples=500)
+    @settings(deadline=None, derandomize=True, max_examples=500,
+              suppress_health_check=[HealthCheck.differing_executors])
     @given(inputs=decoder_inputs())
     def test_never_refuses_what_the_decoder_accepts(
         self, inputs: tuple[bytes, int, int, int]

@@ -16,6 +16,9 @@ C{spark} scans and decodes a 2 GiB store with the plain single-process
 reader (L{rmqha.pipeline.scan.scan}) and with Spark on C{local[1]} and
 C{local[2]} (the C{rocketmq-commitlog} data source).
 
+C{codec} times the codec's hot loops per record, pure Python against the
+compiled accelerator (C{rmqha.store._speedups}), in one process.
+
 C{sources} reads one store from the local files, an S3-compatible server
 (moto's, a process on 127.0.0.1) and a live broker's admin HTTP
 (C{rmqha+http://}), by the plain reader and by Spark C{local[2]}.
@@ -45,12 +48,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from typing import Any
 
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.task import deferLater, react
 
-from rmqha.store._record import Message
+from rmqha.store._record import ACCELERATED, Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.service import CommitLogService
 from rmqha.testing import twistd_slave_command
@@ -629,12 +633,54 @@ def _spark_scan(store: str, master: str, bodies: str = "true") -> None:
 def _plain_scan(store: str, bodies: bool = True) -> dict[str, float]:
     from rmqha.pipeline.scan import scan
 
+    import pyarrow.compute as pc
+
     started = time.perf_counter()
     records = size = 0
     for batch in scan(store, bodies=bodies):
         records += batch.num_rows
-        size += sum(batch.column("size").to_pylist())
+        # (Not to_pylist: a Python int per record would be the bench's cost.)
+        size += pc.sum(batch.column("size")).as_py() or 0
     return {"seconds": time.perf_counter() - started, "records": records, "bytes": size}
+
+
+def _crc_ceiling(store: str) -> dict[str, float]:
+    """
+    C{zlib.crc32} over every segment file of C{store}, read whole from the
+    page cache: the work a reader that checks every body cannot skip
+    (issue 15: the readers must reach a quarter of it).
+    """
+    directory = os.path.join(store, "commitlog")
+    seconds = 0.0
+    size = 0
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+        started = time.perf_counter()
+        zlib.crc32(data)
+        seconds += time.perf_counter() - started
+        size += len(data)
+        del data
+    return {"seconds": seconds, "bytes": size}
+
+
+def _check_scan(store: str) -> dict[str, float]:
+    """
+    C{rmqha store check}'s work (L{verify_store}: every record, body CRC
+    included) in this process.
+    """
+    from rmqha.store._recovery import verify_store
+
+    started = time.perf_counter()
+    report = verify_store(store)
+    elapsed = time.perf_counter() - started
+    if not report.ok:
+        raise RuntimeError(f"store check: {report.error}")
+    return {
+        "seconds": elapsed,
+        "records": report.records,
+        "bytes": report.end_offset - report.min_offset,
+    }
 
 
 def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -651,12 +697,18 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
         with CommitLog.open(store, segment_size=args.segment_size) as log:
             fill(log, args.size // 1141 + 1, 1024, ["orders", "payments", "audit"], 8)
         _raw_read_all(store)
-        runs: dict[str, list[dict[str, float]]] = {"plain": [], "local[1]": [], "local[2]": []}
+        runs: dict[str, list[dict[str, float]]] = {
+            "plain": [], "local[1]": [], "local[2]": [], "check": [], "crc32": []
+        }
         for run in range(args.runs):
-            order = ["plain", "local[1]", "local[2]"]
+            order = ["plain", "local[1]", "local[2]", "check", "crc32"]
             for variant in order if run % 2 == 0 else order[::-1]:
                 if variant == "plain":
                     result = _plain_scan(store, args.bodies == "true")
+                elif variant == "check":
+                    result = _check_scan(store)
+                elif variant == "crc32":
+                    result = _crc_ceiling(store)
                 else:
                     process = _spawn("_spark-scan", store, variant, "--bodies", args.bodies)
                     result = _json_line(process)
@@ -664,7 +716,7 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
                 runs[variant].append(result)
                 _progress(
                     f"run {run + 1}: {variant}: {result['bytes'] / result['seconds'] / 1e6:,.0f} "
-                    f"MB/s, {result['records'] / result['seconds']:,.0f} records/s "
+                    f"MB/s, {result.get('records', 0) / result['seconds']:,.0f} records/s "
                     f"({result['seconds']:.1f} s)"
                 )
     finally:
@@ -680,12 +732,99 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
         key = variant.replace("[", "").replace("]", "")
         out[f"{key}_seconds"] = seconds
         out[f"{key}_mb_per_s"] = results[0]["bytes"] / seconds / 1e6
-        out[f"{key}_records_per_s"] = results[0]["records"] / seconds
+        if "records" in results[0]:
+            out[f"{key}_records_per_s"] = results[0]["records"] / seconds
         out[f"{key}_runs_s"] = [round(r["seconds"], 2) for r in results]
     out["store_bytes"] = runs["plain"][0]["bytes"]
     out["records"] = runs["plain"][0]["records"]
     out["local2_speedup_over_local1"] = out["local1_seconds"] / out["local2_seconds"]
     out["local1_fraction_of_plain"] = out["plain_seconds"] / out["local1_seconds"]
+    # The readers against zlib.crc32 over the same bytes (issue 15, item 3).
+    out["plain_fraction_of_crc32"] = out["plain_mb_per_s"] / out["crc32_mb_per_s"]
+    out["check_fraction_of_crc32"] = out["check_mb_per_s"] / out["crc32_mb_per_s"]
+    out["codec"] = "compiled" if ACCELERATED else "pure Python"
+    return out
+
+
+def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    Microseconds per record of the codec's hot loops, on the pure-Python
+    path and the compiled one, runs alternating, in one process (issue 15):
+    encode into a buffer, C{check_record}, the replica validator fed 32 KiB
+    chunks, recovery's walk (C{walk_valid}, CRC on), the pipeline's reader
+    over an in-memory span; and C{zlib.crc32} over the same bytes.
+    """
+    from rmqha.store import _record
+    from rmqha.store._record import ReplicaValidator, RecordEncoder, walk_valid
+
+    compiled = _record._accel
+    if compiled is None:
+        raise SystemExit("bench codec: the compiled codec is not built (or RMQHA_PURE is set)")
+    messages = _messages(args.body_size, args.count)
+    buf = bytearray(args.count * (args.body_size + 300))
+    figures: dict[str, dict[str, list[float]]] = {"pure": {}, "compiled": {}}
+
+    def timed(path: str, name: str, work: Any) -> Any:
+        started = time.perf_counter()
+        result = work()
+        figures[path].setdefault(name, []).append(
+            (time.perf_counter() - started) / args.count * 1e6
+        )
+        return result
+
+    for run in range(args.runs):
+        for path in ("pure", "compiled") if run % 2 == 0 else ("compiled", "pure"):
+            _record._accel = None if path == "pure" else compiled
+            try:
+                encoder = RecordEncoder(("127.0.0.1", 10911))
+
+                def encode() -> int:
+                    pos = 0
+                    for i, message in enumerate(messages):
+                        pos += encoder.encode(buf, pos, len(buf) - pos, message, i, pos, 1)
+                    return pos
+
+                end = timed(path, "encode", encode)
+                data = bytes(buf[:end])
+                view = memoryview(data)
+
+                def check() -> None:
+                    pos = 0
+                    while pos < end:
+                        total, magic = _record.read_header(data, pos)
+                        _record.check_record(data, pos, pos, total, magic)
+                        pos += total
+
+                timed(path, "check_record", check)
+
+                def replicate() -> None:
+                    validator = ReplicaValidator(1 << 30, lambda o, n: data[o : o + n])
+                    reached = 0
+                    for at in range(0, end, 32768):
+                        chunk = view[at : at + 32768]
+                        reached = validator.advance(reached, at + len(chunk), at, chunk)
+
+                timed(path, "replica_validator", replicate)
+                timed(path, "walk_valid", lambda: walk_valid(
+                    data, 0, end, 0, check_crc=True, strict=True))
+                timed(path, "crc32", lambda: zlib.crc32(data))
+            finally:
+                _record._accel = compiled
+    out: dict[str, Any] = {
+        "benchmark": "codec",
+        "machine": machine_info(),
+        "count": args.count,
+        "body_size": args.body_size,
+        "runs": args.runs,
+    }
+    for path, named in figures.items():
+        for name, values in named.items():
+            out[f"{path}_{name}_us"] = round(statistics.median(values), 3)
+    for name in figures["pure"]:
+        if name != "crc32":
+            out[f"{name}_speedup"] = round(
+                out[f"pure_{name}_us"] / out[f"compiled_{name}_us"], 2
+            )
     return out
 
 
@@ -1206,6 +1345,12 @@ def main(argv: list[str] | None = None) -> None:
         "--bodies", choices=["true", "false"], default="true",
         help="decode and move bodies (the data source's bodies option)",
     )
+    codec = commands.add_parser(
+        "codec", help="µs per record of the codec's hot loops, pure Python vs compiled"
+    )
+    codec.add_argument("--count", type=int, default=20000, help="records per run")
+    codec.add_argument("--body-size", type=int, default=1024)
+    codec.add_argument("--runs", type=int, default=5)
     sources = commands.add_parser(
         "sources",
         help="plain reader and Spark local[2] over a local store, an S3 server and a live "
@@ -1246,6 +1391,20 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.benchmark == "_spark-scan":
         return _spark_scan(args.store, args.master, args.bodies)
+    if args.benchmark == "codec":
+        result = _codec_bench(args)
+        print(
+            "codec: "
+            + ", ".join(
+                f"{name} {result[f'pure_{name}_us']:.2f} -> {result[f'compiled_{name}_us']:.2f} "
+                f"µs ({result[f'{name}_speedup']:.1f}x)"
+                for name in ("encode", "check_record", "replica_validator", "walk_valid")
+            )
+            + f"; zlib.crc32 {result['compiled_crc32_us']:.2f} µs per record; "
+            f"median of {args.runs}"
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "sources":
         result = _sources_bench(args)
         print(
@@ -1267,7 +1426,11 @@ def main(argv: list[str] | None = None) -> None:
             f"{result['local2_speedup_over_local1']:.2f}x local[1] "
             f"({result['local1_mb_per_s']:,.0f} MB/s); local[1] = "
             f"{100 * result['local1_fraction_of_plain']:.0f}% of the plain reader "
-            f"({result['plain_mb_per_s']:,.0f} MB/s); median of {args.runs}"
+            f"({result['plain_mb_per_s']:,.0f} MB/s); plain reader "
+            f"{100 * result['plain_fraction_of_crc32']:.0f}% and store check "
+            f"{100 * result['check_fraction_of_crc32']:.0f}% of zlib.crc32 "
+            f"({result['crc32_mb_per_s']:,.0f} MB/s); {result['codec']} codec; "
+            f"median of {args.runs}"
         )
         print(json.dumps(result))
         return None

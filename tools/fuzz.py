@@ -15,6 +15,11 @@ refuses it with its documented error:
   frame);
 - C{record}: L{parse_record} on mutated records, strict and not
   (L{RecordError} only);
+- C{codec}: the compiled codec (C{rmqha.store._speedups}) against the
+  pure-Python one on mutated logs: L{walk_valid}, L{walk_headers},
+  L{check_record} and L{ReplicaValidator.advance} (random chunks) give the
+  same answers and the same errors (skipped when it is not built or
+  C{RMQHA_PURE} is set);
 - C{slave}: a whole L{SlaveConnection} over a real commit log fed mutated
   frames: it may append good records and must drop the connection with one
   log line for anything else, never acknowledging a record that differs
@@ -41,7 +46,18 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 
-from rmqha.store._record import Message, RecordError, encode_record, parse_record
+from rmqha.store import _record
+from rmqha.store._record import (
+    Message,
+    RecordError,
+    ReplicaValidator,
+    check_record,
+    encode_record,
+    parse_record,
+    read_header,
+    walk_headers,
+    walk_valid,
+)
 from rmqha.ha._wire import (
     CHECKED_ACK,
     ProtocolError,
@@ -246,6 +262,60 @@ class _SlaveTarget:
             log.close()
 
 
+def _codec_answers(
+    data: bytes, pos: int, checks: tuple[bool, bool], cuts: list[int]
+) -> list[Any]:
+    """
+    What the codec's accelerated functions answer (or raise) on C{data}.
+    """
+
+    def outcome(call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Exception as e:
+            return (type(e).__name__, str(e))
+
+    check_crc, strict = checks
+    answers = [
+        outcome(lambda: walk_valid(data, pos, len(data), pos, check_crc=check_crc, strict=strict)),
+        outcome(lambda: walk_headers(data, pos, len(data))),
+    ]
+    if pos + 8 <= len(data):
+        total, magic = read_header(data, pos)
+        if total >= 0:
+            answers.append(outcome(lambda: check_record(data, pos, pos, total, magic)))
+    validator = ReplicaValidator(_SEGMENT, lambda o, n: data[o : o + n])
+
+    def feed() -> list[int]:
+        end, ends, at = 0, [], 0
+        for cut in cuts:
+            chunk = memoryview(data)[at : at + cut]
+            end = validator.advance(end, at + len(chunk), at, chunk)
+            ends.append(end)
+            at += len(chunk)
+        return ends
+
+    answers.append(outcome(feed))
+    return answers
+
+
+def _codec_case(rng: random.Random, corpus: _Corpus) -> None:
+    compiled = _record._accel
+    if compiled is None:
+        return
+    data = _mutate(rng, corpus.log)
+    pos = rng.choice([0, 0, rng.randrange(len(data) + 1)])
+    checks = (rng.random() < 0.5, rng.random() < 0.5)
+    cuts = [len(c) for c in _chunks(rng, data)]
+    try:
+        _record._accel = None
+        pure = _codec_answers(data, pos, checks, cuts)
+    finally:
+        _record._accel = compiled
+    if _codec_answers(data, pos, checks, cuts) != pure:
+        raise AssertionError("the compiled codec answers differently from the pure one")
+
+
 def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """
     Run C{cases} cases; the counts per target and any failures.
@@ -257,7 +327,8 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
     targets: list[tuple[str, Callable[[random.Random, _Corpus], None], float]] = [
         ("report", _report_case, 0.3),
         ("transfer", _transfer_case, 0.3),
-        ("record", _record_case, 0.38),
+        ("record", _record_case, 0.33),
+        ("codec", _codec_case, 0.05),
         ("slave", slave.case, 0.02),
     ]
     counts = {name: 0 for name, _, _ in targets}
@@ -281,6 +352,7 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
     return {
         "cases": cases,
         "seed": seed,
+        "codec": "compiled" if _record.ACCELERATED else "pure Python",
         "seconds": round(time.perf_counter() - started, 1),
         "per_target": counts,
         "failures": failures,

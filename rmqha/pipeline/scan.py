@@ -26,10 +26,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rmqha.store import _record
 from rmqha.store._record import (
     BLANK_MAGIC,
-    MESSAGE_MAGIC_V1,
-    MESSAGE_MAGIC_V2,
     Blank,
     RecordError,
     format_host,
@@ -39,6 +38,7 @@ from rmqha.store._record import (
     record_body_length,
     record_starts,
     record_topic,
+    walk_headers,
 )
 from rmqha.pipeline.stores import PlanError, Segment, SegmentReader, Store, resolve
 
@@ -123,7 +123,6 @@ def walk(reader: SegmentReader) -> Iterator[tuple[int, int]]:
     size = reader.size
     position = 0
     buf = b""
-    magics = (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2)
     block_start = 0
     while position + 8 <= size:
         if position + 8 > block_start + len(buf):
@@ -131,11 +130,12 @@ def walk(reader: SegmentReader) -> Iterator[tuple[int, int]]:
             buf = reader.read_at(position, _HOP_BLOCK)
             if len(buf) < 8:
                 return
-        total, magic = read_header(buf, position - block_start)
-        if magic not in magics or total <= 0 or position + total > size:
-            return
-        yield position, total
-        position += total
+        starts, stop = walk_headers(buf, position - block_start, size - block_start)
+        for start, end in zip(starts, starts[1:] + [stop]):
+            yield block_start + start, end - start
+        position = block_start + stop
+        if stop + 8 <= len(buf):
+            return  # not a record header
 
 
 def hop(reader: SegmentReader, every: int) -> tuple[list[int], int]:
@@ -337,8 +337,22 @@ def read_span(
 
     schema = arrow_schema()
     wanted = None if topics is None else {t.encode() for t in topics}
+    # The compiled decoder takes the plain records (IPv4 hosts, ASCII topic
+    # and properties) straight into column buffers; the loop below takes
+    # each record it stops at, and every record when topics are filtered.
+    fast = _record._accel if wanted is None else None
+    done = 0  # where the plain records end, from span.start
+    span_length = span.end - span.start
     with span.store.open(span.segment) as f:
-        data = f.read_at(span.start, span.end - span.start)
+        if fast is not None:
+            # Block by block while the records are plain: a block of a few
+            # MiB is read several times faster than one span-sized read
+            # into fresh memory (page faults), and stays in the CPU caches.
+            for batch, done in _plain_blocks(f, span, bodies, batch_rows, fast, pa, schema):
+                yield batch
+        # The rest (from the first record that is not plain, if any) in one
+        # read, as the record loop needs to judge it against the span's end.
+        data = f.read_at(span.start + done, span_length - done) if done < span_length else b""
     view = memoryview(data)
     length = len(data)
     columns: dict[str, list[Any]] = {name: [] for name in schema.names}
@@ -349,8 +363,23 @@ def read_span(
      bhost_c, shost_c, recons_c, prep_c, _, tags_c, keys_c, body_c, bsize_c,
      crc_c) = (columns[n] for n in schema.names)
     position = 0
-    base = span.base + span.start
+    base = span.base + span.start + done
     while position < length:
+        if fast is not None:
+            stop, rows, buffers = fast.decode_span(
+                view, position, length, base, bodies, batch_rows
+            )
+            if rows:
+                if offset_c:  # rows decoded below go first, in order
+                    yield _batch(pa, schema, columns, keys, values, map_offsets)
+                    for column in columns.values():
+                        column.clear()
+                    keys.clear()
+                    values.clear()
+                    map_offsets[:] = [0]
+                yield _column_batch(pa, schema, rows, buffers, bodies)
+                position = stop
+                continue
         if wanted is not None:
             topic = record_topic(view, position, length)
             if topic is not None and topic not in wanted:
@@ -412,6 +441,101 @@ def read_span(
             map_offsets[:] = [0]
     if offset_c:
         yield _batch(pa, schema, columns, keys, values, map_offsets)
+
+
+#: How much of a span L{read_span} reads at a time while records are plain.
+_READ_BLOCK = 4 * 1024 * 1024
+
+
+def _plain_blocks(
+    f: SegmentReader, span: Span, bodies: bool, batch_rows: int, fast: Any, pa: Any, schema: Any
+) -> Iterator[tuple[Any, int]]:
+    """
+    The plain records from the start of C{span}, read a block at a time
+    and decoded by the compiled decoder: C{(batch, end)} pairs, C{end}
+    being where the records of C{batch} end, from C{span.start}.  Stops
+    at the span's end or at the first record the decoder does not take
+    (which the caller's record loop then judges).
+    """
+    length = span.end - span.start
+    position = 0
+    need = _READ_BLOCK
+    while position < length:
+        want = min(need, length - position)
+        block = f.read_at(span.start + position, want)
+        base = span.base + span.start + position
+        view = memoryview(block)
+        at = 0
+        while True:
+            stop, rows, buffers = fast.decode_span(view, at, len(block), base, bodies, batch_rows)
+            if not rows:
+                break
+            yield _column_batch(pa, schema, rows, buffers, bodies), position + stop
+            at = stop
+        if position + at >= length or len(block) < want:
+            return
+        if position + len(block) >= length:
+            return  # the record at `at` is not plain: the caller's
+        left = len(block) - at
+        if left >= 8:
+            total = read_header(view, at)[0]
+            if not left < total <= length - position - at:
+                return  # not a record cut by the block's end
+            need = max(_READ_BLOCK, total)  # a record larger than a block
+        else:
+            need = _READ_BLOCK
+        position += at
+
+
+def _column_batch(pa: Any, schema: Any, rows: int, buffers: tuple[bytes, ...], bodies: bool) -> Any:
+    """
+    An Arrow record batch from the compiled decoder's column buffers
+    (C{_speedups.decode_span}: little-endian values, int32 offsets, LSB-first
+    bitmaps), without a Python object per record.
+    """
+    (offset, queue_offset, born, store, prepared, size, queue_id, flag, sysflag,
+     reconsume, body_size, crc_ok, topic_offsets, topic, born_offsets, born_host,
+     store_offsets, store_host, map_offsets, key_offsets, key_data, value_offsets,
+     value_data, tags_valid, tags_offsets, tags, keys_valid, keys_offsets, keys,
+     body_offsets, body) = map(pa.py_buffer, buffers)
+
+    def fixed(kind: Any, data: Any) -> Any:
+        return pa.Array.from_buffers(kind, rows, [None, data])
+
+    def text(offsets: Any, data: Any, valid: Any = None, count: int = rows) -> Any:
+        return pa.Array.from_buffers(pa.string(), count, [valid, offsets, data])
+
+    pairs = len(buffers[19]) // 4 - 1  # key offsets: one more than the keys
+    columns = {
+        "offset": fixed(pa.int64(), offset),
+        "size": fixed(pa.int32(), size),
+        "topic": text(topic_offsets, topic),
+        "queue_id": fixed(pa.int32(), queue_id),
+        "queue_offset": fixed(pa.int64(), queue_offset),
+        "flag": fixed(pa.int32(), flag),
+        "sysflag": fixed(pa.int32(), sysflag),
+        "born_timestamp": fixed(pa.int64(), born),
+        "store_timestamp": fixed(pa.int64(), store),
+        "born_host": text(born_offsets, born_host),
+        "store_host": text(store_offsets, store_host),
+        "reconsume_times": fixed(pa.int32(), reconsume),
+        "prepared_tx_offset": fixed(pa.int64(), prepared),
+        "properties": pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), rows + 1, [None, map_offsets]),
+            text(key_offsets, key_data, count=pairs),
+            text(value_offsets, value_data, count=pairs),
+        ),
+        "tags": text(tags_offsets, tags, tags_valid),
+        "keys": text(keys_offsets, keys, keys_valid),
+        "body": (
+            pa.Array.from_buffers(pa.binary(), rows, [None, body_offsets, body])
+            if bodies
+            else pa.nulls(rows, pa.binary())
+        ),
+        "body_size": fixed(pa.int32(), body_size),
+        "crc_ok": fixed(pa.bool_(), crc_ok),
+    }
+    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
 
 
 def _batch(

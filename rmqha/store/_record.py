@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import os
 import re
 import struct
 import zlib
@@ -69,6 +70,9 @@ __all__ = [
     "read_header",
     "read_physical_offset",
     "ReplicaValidator",
+    "walk_valid",
+    "walk_headers",
+    "ACCELERATED",
 ]
 
 #: v1 magic, C{-626843481} as a Java int.
@@ -438,6 +442,14 @@ class RecordEncoder:
         # Born host defaults to the store host: same address family.
         self._fixed_default = _FIXED[self._store_v6, self._store_v6]
         self.max_message_size = max_message_size
+        # What the compiled encoder reads: the store host, and the topics
+        # and born hosts this encoder has already validated (filled by the
+        # Python path, which the compiled one falls back to on a miss).
+        self._topics: dict[str, bytes] = {}
+        self._hosts: dict[Host, tuple[bytes, int, bool]] = {}
+        self._c_state = (
+            self._store_ip, self._store_port, self._store_v6, self._topics, self._hosts
+        )
 
     def encode(
         self,
@@ -463,6 +475,51 @@ class RecordEncoder:
         @raise MessageRejected: the message breaks a limit (named in the
             text); nothing is written.
         """
+        if _accel is not None:
+            # The compiled encoder does the common message and answers
+            # None for anything else (refusals included): this code then.
+            total: int | None = _accel.encode(
+                self, buf, pos, room, message, queue_offset, physical_offset,
+                store_timestamp,
+            )
+            if total is not None:
+                return total
+        return self._encode(
+            buf, pos, room, message, queue_offset, physical_offset, store_timestamp
+        )
+
+    def _remember(self, message: Message, topic: bytes, born: tuple[bytes, int, bool] | None) -> None:
+        """
+        Keep a validated topic and born host for the compiled encoder (exact
+        C{str} and C{(str, int)} keys only: a C{1.0} or C{True} port would
+        compare equal to C{1} and skip the checks).
+        """
+        if type(message.topic) is str and len(self._topics) < 4096:
+            self._topics[message.topic] = topic
+        host = message.born_host
+        if (
+            born is not None
+            and type(host) is tuple
+            and len(host) == 2
+            and type(host[0]) is str
+            and type(host[1]) is int
+            and len(self._hosts) < 4096
+        ):
+            self._hosts[host] = born
+
+    def _encode(
+        self,
+        buf: bytearray | memoryview | mmap | None,
+        pos: int,
+        room: int,
+        message: Message,
+        queue_offset: int,
+        physical_offset: int,
+        store_timestamp: int,
+    ) -> int:
+        """
+        L{encode} in Python: the reference the compiled encoder must equal.
+        """
         body = message.body
         if type(body) is not bytes and not isinstance(body, (bytes, bytearray)):
             raise MessageRejected("body must be bytes")
@@ -487,16 +544,19 @@ class RecordEncoder:
             fixed = self._fixed_default
             if self._store_v6:
                 sysflag |= SysFlag.BORNHOST_V6
+            self._remember(message, topic, None)
         else:
             try:
-                born_ip, born_port, born_v6 = _parse_host(cast(Host, tuple(born_host)))
+                born = _parse_host(cast(Host, tuple(born_host)))
             except TypeError:
                 raise MessageRejected(
                     f"born host {born_host!r} is not an (address, port) pair"
                 ) from None
+            born_ip, born_port, born_v6 = born
             fixed = _FIXED[born_v6, self._store_v6]
             if born_v6:
                 sysflag |= SysFlag.BORNHOST_V6
+            self._remember(message, topic, born)
         tail = topic + _SHORT.pack(len(properties)) + properties
         total = fixed.size + body_length + len(tail)
         if total > room:
@@ -673,6 +733,17 @@ def check_record(
     replica path runs this once per replicated record; L{parse_record} is
     the decoder.
     """
+    if _accel is not None and _accel.check_record(record, at, offset, total, magic):
+        return None
+    return _check_record(record, at, offset, total, magic)
+
+
+def _check_record(
+    record: bytes | bytearray | memoryview | mmap, at: int, offset: int, total: int, magic: int
+) -> str | None:
+    """
+    L{check_record} in Python: the reference, and the one that says why.
+    """
     (crc, physical, sysflag) = _CHECKED.unpack_from(record, at)
     if physical != offset:
         return f"PHYSICALOFFSET field says {physical}"
@@ -749,8 +820,34 @@ class ReplicaValidator:
         @raise RecordError: a completed record (at C{e.offset}) is invalid;
             C{e.reason} says why.
         """
+        if _accel is None:
+            return self._advance(record_end, max_offset, chunk_offset, chunk, -1)
+        # The compiled hop goes over the valid records lying whole in the
+        # chunk; the Python loop takes one step wherever it stops (a record
+        # begun in an earlier chunk, a BLANK, an invalid record, which it
+        # raises for), then the compiled hop goes on.
+        hop: Callable[[Buffer, int, int, int, int], int] = _accel.replica_hop
+        size = self.segment_size
+        end = record_end
+        while True:
+            end = hop(chunk, chunk_offset, end, max_offset, size)
+            after = self._advance(end, max_offset, chunk_offset, chunk, 1)
+            if after == end:
+                return end
+            end = after
+
+    def _advance(
+        self, record_end: int, max_offset: int, chunk_offset: int, chunk: Buffer,
+        steps: int,
+    ) -> int:
+        """
+        L{advance} in Python, returning after C{steps} records or BLANK
+        fillers (-1: no limit).
+        """
         chunk_end = chunk_offset + len(chunk)
         end = record_end
+        total: int
+        magic: int
         size = self.segment_size
         read = self._read
         header_at = _read_header
@@ -775,6 +872,7 @@ class ReplicaValidator:
                     if wrote < size:
                         return end
                     position = size
+                    steps -= 1
                     break
                 if position + total > wrote:
                     return end
@@ -786,8 +884,13 @@ class ReplicaValidator:
                     raise RecordError(end, why)
                 end += total
                 position += total
+                steps -= 1
+                if not steps:
+                    return end
             if position >= size:
                 end = segment_start + size
+            if not steps:
+                return end
         return end
 
 
@@ -1065,6 +1168,70 @@ def parse_record(
     )
 
 
+def walk_valid(
+    buf: Buffer, pos: int, end: int, offset: int, *, check_crc: bool, strict: bool
+) -> tuple[int, int, int]:
+    """
+    Hop over the message records from C{buf[pos:end]} (C{buf[pos]} at
+    commit-log C{offset}) that L{parse_record} accepts (with
+    C{with_body=False} and these C{check_crc} and C{strict}), stopping at
+    the first thing that is not one: a BLANK, a record it refuses, the end.
+    Nothing is decoded; the caller parses the record where the hop stopped
+    to learn what is there.  Recovery's walk and C{rmqha store check}.
+    Nothing past the buffer is read, whatever C{end} says.
+
+    @return: C{(stop, records, last)}: where it stopped, how many records
+        it went over, the position of the last one (-1: none).
+    """
+    if _accel is not None:
+        walked: tuple[int, int, int] = _accel.walk_valid(
+            buf, pos, end, offset, check_crc, strict
+        )
+        return walked
+    base = offset - pos
+    records, last = 0, -1
+    end = min(end, len(buf))
+    while pos < end:
+        try:
+            item = parse_record(
+                buf, pos, end, base + pos,
+                check_crc=check_crc, with_body=False, strict=strict,
+            )
+        except RecordError:
+            break
+        if type(item) is Blank:
+            break
+        records += 1
+        last = pos
+        pos += item.size
+    return pos, records, last
+
+
+def walk_headers(buf: Buffer, pos: int, size: int) -> tuple[list[int], int]:
+    """
+    The header hop over one buffer, checking nothing but the header: the
+    positions of the records from C{buf[pos:]} whose MAGICCODE is a
+    message's and whose TOTALSIZE is positive and ends by C{size}, and
+    where the hop stopped: at a header that is not such a record's, at
+    C{size}, or where fewer than 8 bytes of C{buf} are left (then the
+    caller reads on from there).  The data pipeline's planner.
+    """
+    if _accel is not None:
+        hopped: tuple[list[int], int] = _accel.walk_headers(buf, pos, size)
+        return hopped
+    positions = []
+    length = len(buf)
+    while pos >= 0 and pos + 8 <= length and pos + 8 <= size:
+        total, magic = _read_header(buf, pos)
+        if (magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2) or (
+            total <= 0 or pos + total > size
+        ):
+            break
+        positions.append(pos)
+        pos += total
+    return positions, pos
+
+
 def record_json(record: Record) -> dict[str, Any]:
     """
     C{record} as JSON-ready values: one line of C{rmqha store dump}, and
@@ -1092,3 +1259,30 @@ def record_json(record: Record) -> dict[str, Any]:
         "crc_ok": record.crc_ok,
         "body": base64.b64encode(record.body).decode("ascii"),
     }
+
+
+# -- the compiled accelerator ------------------------------------------------
+
+
+def _load_accelerator() -> Any:
+    """
+    C{rmqha.store._speedups} (built by pip from C{_speedups.c}), unless
+    C{RMQHA_PURE} is set to anything but C{0} or it was not built.
+    """
+    if os.environ.get("RMQHA_PURE", "0") not in ("", "0"):
+        return None
+    try:
+        from rmqha.store import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
+#: The compiled hot loops (L{RecordEncoder.encode}, L{check_record},
+#: L{ReplicaValidator.advance}, L{walk_valid}, L{walk_headers}), or C{None}:
+#: the pure-Python code here.  Each compiled function answers only what
+#: this module's code would answer and hands everything else (refusals and
+#: their reasons included) back to it.
+_accel: Any = _load_accelerator()
+#: Whether the compiled accelerator is in use (see C{RMQHA_PURE}).
+ACCELERATED = _accel is not None

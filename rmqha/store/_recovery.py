@@ -20,6 +20,7 @@ from rmqha.store._record import (
     RecordError,
     parse_record,
     record_starts,
+    walk_valid,
 )
 from rmqha.store._segments import (
     _Segment,
@@ -114,6 +115,17 @@ def _walk(
         segment = segments[index]
         mm = segment.mm
         while position < segment.size:
+            # Hop over the valid records (compiled when it can be), then
+            # parse the one it stopped at: a BLANK, an error, the end.
+            position, hopped, hop_last = walk_valid(
+                mm, position, segment.size, segment.start + position,
+                check_crc=check_crc, strict=True,
+            )
+            if hopped:
+                records += hopped
+                last = segment.start + hop_last
+            if position >= segment.size:
+                break
             try:
                 item = parse_record(
                     mm,

@@ -1,0 +1,997 @@
+/*
+ * rmqha.store._speedups: the commit-log codec's hot loops, compiled.
+ *
+ * rmqha/store/_record.py is the reference codec and stays the judge: every
+ * function here either answers exactly what the pure-Python code would
+ * answer in the common case (a valid record, a message that encodes), or
+ * says "not sure" (0 / None), and _record.py then runs its own code for that
+ * record, which produces the result or the error with its reason.  So the
+ * errors and their texts can only ever come from the Python code, and this
+ * file has no error text to keep in step.
+ *
+ * Every read is bounds-checked against the buffer's length, whatever the
+ * lengths inside the bytes say.  No threads, the GIL is held throughout.
+ * Every integer on disk is big-endian and signed (Java's ByteBuffer).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <zlib.h>
+
+#define MAGIC_V1 ((int32_t)-626843481)
+#define MAGIC_V2 ((int32_t)-626843477)
+#define BLANK_MAGIC ((int32_t)-875286124)
+#define MIN_FIXED 91          /* _record._MIN_FIXED */
+#define BODY_LENGTH_AT 84     /* _record._BODY_LENGTH_AT (IPv4 hosts) */
+#define BORNHOST_V6 0x10
+#define STOREHOST_V6 0x20
+#define MAX_PROPERTIES_LENGTH 32767
+
+static inline int32_t
+rd32(const unsigned char *p)
+{
+    return (int32_t)(((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+                     ((uint32_t)p[2] << 8) | (uint32_t)p[3]);
+}
+
+static inline int16_t
+rd16(const unsigned char *p)
+{
+    return (int16_t)(((uint16_t)p[0] << 8) | (uint16_t)p[1]);
+}
+
+static inline int64_t
+rd64(const unsigned char *p)
+{
+    return (int64_t)(((uint64_t)(uint32_t)rd32(p) << 32) | (uint64_t)(uint32_t)rd32(p + 4));
+}
+
+static inline void
+wr32(unsigned char *p, int64_t v)
+{
+    uint32_t u = (uint32_t)v;
+    p[0] = (unsigned char)(u >> 24);
+    p[1] = (unsigned char)(u >> 16);
+    p[2] = (unsigned char)(u >> 8);
+    p[3] = (unsigned char)u;
+}
+
+static inline void
+wr64(unsigned char *p, int64_t v)
+{
+    uint64_t u = (uint64_t)v;
+    wr32(p, (int64_t)(uint32_t)(u >> 32));
+    wr32(p + 4, (int64_t)(uint32_t)u);
+}
+
+static inline int64_t
+body_crc(const unsigned char *p, int64_t length)
+{
+    /* zlib's crc32 takes a uInt length: feed it in pieces. */
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (length > 0) {
+        uInt piece = length > 0x40000000 ? 0x40000000 : (uInt)length;
+        crc = crc32(crc, p, piece);
+        p += piece;
+        length -= piece;
+    }
+    return (int64_t)(crc & 0x7FFFFFFFUL);
+}
+
+/* _record.check_header(...) is None */
+static inline int
+header_ok(int64_t total, int32_t magic, int64_t position, int64_t size)
+{
+    if (magic == BLANK_MAGIC)
+        return position + total == size;
+    if (magic != MAGIC_V1 && magic != MAGIC_V2)
+        return 0;
+    return total >= MIN_FIXED && position + total <= size;
+}
+
+/*
+ * _record.check_record(record, at, offset, total, magic) is None, for a
+ * record lying whole inside the n bytes at b (1); 0 when it is not valid or
+ * not whole in the buffer (the caller asks the Python code then).
+ */
+static int
+record_ok(const unsigned char *b, Py_ssize_t n, int64_t at, int64_t offset,
+          int64_t total, int32_t magic)
+{
+    const unsigned char *r;
+    int32_t sysflag, stored_crc, body_length;
+    int64_t body_at, topic_at, topic_length, properties_at;
+
+    if (at < 0 || total < MIN_FIXED || at > (int64_t)n || total > (int64_t)n - at)
+        return 0;
+    r = b + at;
+    stored_crc = rd32(r + 8);
+    if (rd64(r + 28) != offset)
+        return 0;
+    sysflag = rd32(r + 36);
+    body_at = BODY_LENGTH_AT + ((sysflag & BORNHOST_V6) ? 12 : 0) +
+              ((sysflag & STOREHOST_V6) ? 12 : 0);
+    if (body_at + 4 > total)
+        return 0;
+    body_length = rd32(r + body_at);
+    body_at += 4;
+    topic_at = body_at + body_length;
+    if (body_length < 0 || topic_at + 2 > total)
+        return 0;
+    if (magic == MAGIC_V1) {
+        topic_length = (int8_t)r[topic_at];
+        properties_at = topic_at + 1 + topic_length;
+    }
+    else {
+        topic_length = rd16(r + topic_at);
+        properties_at = topic_at + 2 + topic_length;
+    }
+    if (topic_length < 0)
+        return 0;
+    if (properties_at + 2 > total || properties_at + 2 + rd16(r + properties_at) != total)
+        return 0;
+    if (body_length && body_crc(r + body_at, body_length) != (int64_t)stored_crc)
+        return 0;
+    return 1;
+}
+
+/*
+ * parse_record(b, pos, ..., offset, with_body=False, check_crc=..., strict=...)
+ * would return a message Record (not a Blank, not an error), reading only
+ * the `available` bytes from pos (all inside the buffer).
+ */
+static int
+message_ok(const unsigned char *r, int64_t available, int64_t offset,
+           int check_crc, int strict)
+{
+    int32_t magic, sysflag, body_length;
+    int64_t total, p, body_start, topic_length, properties_length;
+    int born_v6, store_v6;
+
+    if (available < 8)
+        return 0;
+    total = rd32(r);
+    magic = rd32(r + 4);
+    if (magic != MAGIC_V1 && magic != MAGIC_V2)
+        return 0;
+    if (total < MIN_FIXED || total > available)
+        return 0;
+    sysflag = rd32(r + 36);
+    born_v6 = (sysflag & BORNHOST_V6) != 0;
+    store_v6 = (sysflag & STOREHOST_V6) != 0;
+    p = 48 + (born_v6 ? 20 : 8) + 8 + (store_v6 ? 20 : 8);
+    if (p + 16 > total)
+        return 0;
+    body_length = rd32(r + p + 12);
+    p += 16;
+    if (body_length < 0 || p + body_length > total)
+        return 0;
+    body_start = p;
+    p += body_length;
+    if (magic == MAGIC_V1) {
+        if (p + 1 > total)
+            return 0;
+        topic_length = (int8_t)r[p];
+        p += 1;
+    }
+    else {
+        if (p + 2 > total)
+            return 0;
+        topic_length = rd16(r + p);
+        p += 2;
+    }
+    if (topic_length < 0 || p + topic_length + 2 > total)
+        return 0;
+    if (strict && topic_length && r[p + topic_length - 1] == 0)
+        return 0;
+    p += topic_length;
+    properties_length = rd16(r + p);
+    p += 2;
+    if (properties_length < 0 || p + properties_length > total)
+        return 0;
+    if (strict && properties_length && r[p + properties_length - 1] == 0)
+        return 0;
+    p += properties_length;
+    if (p != total)
+        return 0;
+    if (rd64(r + 28) != offset)
+        return 0;
+    if (check_crc && body_length > 0 &&
+        body_crc(r + body_start, body_length) != (int64_t)rd32(r + 8))
+        return 0;
+    return 1;
+}
+
+/* --------------------------------------------------------------------- */
+
+PyDoc_STRVAR(check_record_doc,
+"check_record(buf, at, offset, total, magic) -> bool\n\n"
+"True when _record.check_record would return None for a record lying\n"
+"whole in buf; False otherwise (ask the Python code why).");
+
+static PyObject *
+sp_check_record(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long at, offset, total;
+    int magic;
+    int ok;
+
+    if (!PyArg_ParseTuple(args, "y*LLLi", &view, &at, &offset, &total, &magic))
+        return NULL;
+    ok = record_ok(view.buf, view.len, at, offset, total, (int32_t)magic);
+    PyBuffer_Release(&view);
+    return PyBool_FromLong(ok);
+}
+
+PyDoc_STRVAR(replica_hop_doc,
+"replica_hop(chunk, chunk_offset, end, max_offset, segment_size) -> int\n\n"
+"ReplicaValidator.advance over the records that lie whole in chunk and are\n"
+"valid: the record end it reaches.  It stops (for the Python code to go on)\n"
+"at anything else: a record needing bytes from before the chunk, one that\n"
+"is not whole yet, one that is not valid.");
+
+static PyObject *
+sp_replica_hop(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long chunk_offset, end, max_offset, size;
+    const unsigned char *b;
+    int64_t chunk_end, position, segment_start, wrote, total;
+    int32_t magic;
+
+    if (!PyArg_ParseTuple(args, "y*LLLL", &view, &chunk_offset, &end, &max_offset, &size))
+        return NULL;
+    b = view.buf;
+    chunk_end = chunk_offset + (int64_t)view.len;
+    if (size <= 0 || end < 0)
+        goto done;
+    while (end < max_offset) {
+        position = end % size;
+        segment_start = end - position;
+        wrote = max_offset - segment_start < size ? max_offset - segment_start : size;
+        while (position < size) {
+            if (wrote - position < 8)
+                goto done;
+            if (!(chunk_offset <= end && end + 8 <= chunk_end))
+                goto done;
+            total = rd32(b + (end - chunk_offset));
+            magic = rd32(b + (end - chunk_offset) + 4);
+            if (!header_ok(total, magic, position, size))
+                goto done;
+            if (magic == BLANK_MAGIC) {
+                if (wrote < size)
+                    goto done;
+                position = size;
+                break;
+            }
+            if (position + total > wrote || end + total > chunk_end)
+                goto done;
+            if (!record_ok(b, view.len, end - chunk_offset, end, total, magic))
+                goto done;
+            end += total;
+            position += total;
+        }
+        if (position >= size)
+            end = segment_start + size;
+    }
+done:
+    PyBuffer_Release(&view);
+    return PyLong_FromLongLong(end);
+}
+
+PyDoc_STRVAR(walk_valid_doc,
+"walk_valid(buf, pos, end, offset, check_crc, strict) -> (pos, records, last)\n\n"
+"Hop over the message records from buf[pos:] (at commit-log offset) that\n"
+"parse_record(buf, pos, end, offset, with_body=False, check_crc=check_crc,\n"
+"strict=strict) accepts; stop at the first thing it would not accept as a\n"
+"message record (a BLANK, an error, the end).  last is the position of the\n"
+"last record accepted, -1 if none.");
+
+static PyObject *
+sp_walk_valid(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long pos, end, offset;
+    int check_crc, strict;
+    int64_t limit, records = 0, last = -1;
+    const unsigned char *b;
+
+    if (!PyArg_ParseTuple(args, "y*LLLpp", &view, &pos, &end, &offset, &check_crc, &strict))
+        return NULL;
+    b = view.buf;
+    limit = end < (int64_t)view.len ? end : (int64_t)view.len;
+    if (pos >= 0) {
+        while (pos < limit && message_ok(b + pos, limit - pos, offset, check_crc, strict)) {
+            int64_t total = rd32(b + pos);
+            last = pos;
+            records++;
+            pos += total;
+            offset += total;
+        }
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("LLL", pos, (long long)records, (long long)last);
+}
+
+PyDoc_STRVAR(walk_headers_doc,
+"walk_headers(buf, pos, size) -> (positions, pos)\n\n"
+"scan.walk over one buffer: the positions of the message records whose\n"
+"header (positive TOTALSIZE, message magic, ending by size) is in\n"
+"buf[pos:], in order, and where the hop stopped: at a header that is not\n"
+"a record's, or where fewer than 8 bytes are left in buf.");
+
+static PyObject *
+sp_walk_headers(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long pos, size;
+    const unsigned char *b;
+    PyObject *positions, *item;
+    int64_t total;
+    int32_t magic;
+
+    if (!PyArg_ParseTuple(args, "y*LL", &view, &pos, &size))
+        return NULL;
+    positions = PyList_New(0);
+    if (positions == NULL)
+        goto fail;
+    b = view.buf;
+    while (pos >= 0 && pos + 8 <= (int64_t)view.len && pos + 8 <= size) {
+        total = rd32(b + pos);
+        magic = rd32(b + pos + 4);
+        if ((magic != MAGIC_V1 && magic != MAGIC_V2) || total <= 0 || pos + total > size)
+            break;
+        item = PyLong_FromLongLong(pos);
+        if (item == NULL || PyList_Append(positions, item) < 0) {
+            Py_XDECREF(item);
+            Py_DECREF(positions);
+            goto fail;
+        }
+        Py_DECREF(item);
+        pos += total;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("NL", positions, pos);
+fail:
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* -- the put path ------------------------------------------------------- */
+
+static PyObject *s_body, *s_topic, *s_properties, *s_born_host, *s_sysflag,
+    *s_queue_id, *s_flag, *s_born_timestamp, *s_reconsume_times,
+    *s_prepared_tx_offset, *s_max_message_size, *s_c_state;
+
+/* The Message attributes the encoder reads, all fetched before any check. */
+enum {
+    A_BODY, A_TOPIC, A_PROPERTIES, A_BORN_HOST, A_SYSFLAG, A_QUEUE_ID, A_FLAG,
+    A_RECONSUME_TIMES, A_PREPARED_TX_OFFSET, A_BORN_TIMESTAMP, N_ATTRS
+};
+static PyObject **attr_names[N_ATTRS] = {
+    &s_body, &s_topic, &s_properties, &s_born_host, &s_sysflag, &s_queue_id, &s_flag,
+    &s_reconsume_times, &s_prepared_tx_offset, &s_born_timestamp,
+};
+
+/* An exact int within [lo, hi] into *out: 1; anything else 0 (no error set). */
+static int
+exact_int(PyObject *o, long long lo, long long hi, long long *out)
+{
+    int overflow;
+    long long v;
+
+    if (o == NULL || !PyLong_CheckExact(o))
+        return 0;
+    v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (v < lo || v > hi)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+#define I32 -2147483648LL, 2147483647LL
+#define I64 LLONG_MIN, LLONG_MAX
+
+typedef struct {
+    const char *text;
+    Py_ssize_t length;
+} piece;
+
+#define MAX_INLINE_PROPERTIES 16
+
+PyDoc_STRVAR(encode_doc,
+"encode(encoder, buf, pos, room, message, queue_offset, physical_offset,\n"
+"       store_timestamp) -> int | None\n\n"
+"RecordEncoder.encode for the common message (bytes body, a topic and born\n"
+"host the encoder has seen, a dict of str properties, exact ints in range):\n"
+"the record's size, or its size negated when it does not fit in room.\n"
+"None: not the common case; the Python code decides (and raises).");
+
+static PyObject *
+sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *encoder, *bufobj, *message;
+    PyObject *state = NULL, *body, *topic, *properties, *born_host, *tmp = NULL,
+             *result = NULL;
+    PyObject *attrs[N_ATTRS] = {NULL};
+    PyObject *topic_enc, *store_ip, *store_port_o, *store_v6_o, *topics, *hosts;
+    long long pos, room, queue_offset, physical_offset, store_timestamp;
+    long long max_message_size, queue_id, flag, sysflag, born_timestamp,
+        reconsume_times, prepared_tx_offset, store_port, born_port;
+    const char *born_ip;
+    Py_ssize_t born_ip_len, store_ip_len, body_length, topic_length;
+    Py_ssize_t properties_length = 0, count = 0, i;
+    piece inline_pieces[2 * MAX_INLINE_PROPERTIES];
+    piece *pieces = inline_pieces;
+    int store_v6, born_v6;
+    int64_t fixed, total;
+    Py_buffer view;
+    unsigned char *w;
+
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "encode takes 8 arguments");
+        return NULL;
+    }
+    encoder = args[0];
+    bufobj = args[1];
+    message = args[4];
+    if (!exact_int(args[2], I64, &pos) || !exact_int(args[3], I64, &room) ||
+        !exact_int(args[5], I64, &queue_offset) ||
+        !exact_int(args[6], I64, &physical_offset) ||
+        !exact_int(args[7], I64, &store_timestamp))
+        Py_RETURN_NONE;
+
+    /* Every attribute first: reading one may run Python code (a property
+     * of a Message subclass), which could change the encoder's caches or
+     * the properties dict; after this point no Python code runs, so the
+     * borrowed cache entries and UTF-8 pointers below stay valid. */
+    state = PyObject_GetAttr(encoder, s_c_state);
+    if (state == NULL)
+        goto error;
+    tmp = PyObject_GetAttr(encoder, s_max_message_size);
+    if (tmp == NULL)
+        goto error;
+    if (!exact_int(tmp, I64, &max_message_size))
+        goto fallback;
+    Py_CLEAR(tmp);
+    for (i = 0; i < N_ATTRS; i++) {
+        attrs[i] = PyObject_GetAttr(message, *attr_names[i]);
+        if (attrs[i] == NULL)
+            goto error;
+    }
+    body = attrs[A_BODY];
+    topic = attrs[A_TOPIC];
+    properties = attrs[A_PROPERTIES];
+    born_host = attrs[A_BORN_HOST];
+
+    /* encoder._c_state: (store ip packed, store port, store v6, topics, hosts) */
+    if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != 5)
+        goto fallback;
+    store_ip = PyTuple_GET_ITEM(state, 0);
+    store_port_o = PyTuple_GET_ITEM(state, 1);
+    store_v6_o = PyTuple_GET_ITEM(state, 2);
+    topics = PyTuple_GET_ITEM(state, 3);
+    hosts = PyTuple_GET_ITEM(state, 4);
+    if (!PyBytes_CheckExact(store_ip) || !PyDict_CheckExact(topics) ||
+        !PyDict_CheckExact(hosts) || !exact_int(store_port_o, 0, 0xFFFF, &store_port))
+        goto fallback;
+    store_v6 = store_v6_o == Py_True;
+    store_ip_len = PyBytes_GET_SIZE(store_ip);
+    if (store_ip_len != (store_v6 ? 16 : 4))
+        goto fallback;
+
+    if (!PyBytes_CheckExact(body))
+        goto fallback;
+    body_length = PyBytes_GET_SIZE(body);
+    if (body_length > max_message_size)
+        goto fallback;
+
+    if (!PyUnicode_CheckExact(topic))
+        goto fallback;
+    /* Exact str keys only: hashing and comparing them runs no Python code. */
+    topic_enc = PyDict_GetItemWithError(topics, topic); /* borrowed */
+    if (topic_enc == NULL) {
+        if (PyErr_Occurred())
+            goto error;
+        goto fallback;
+    }
+    if (!PyBytes_CheckExact(topic_enc) || PyBytes_GET_SIZE(topic_enc) < 2)
+        goto fallback;
+    topic_length = PyBytes_GET_SIZE(topic_enc);
+
+    if (!PyDict_CheckExact(properties))
+        goto fallback;
+    count = PyDict_GET_SIZE(properties);
+    if (count) {
+        PyObject *key, *value;
+        Py_ssize_t at = 0, n = 0;
+
+        if (count > MAX_INLINE_PROPERTIES) {
+            pieces = PyMem_Malloc(sizeof(piece) * 2 * (size_t)count);
+            if (pieces == NULL) {
+                PyErr_NoMemory();
+                goto error;
+            }
+        }
+        while (PyDict_Next(properties, &at, &key, &value)) {
+            if (n >= 2 * count || !PyUnicode_CheckExact(key) || !PyUnicode_CheckExact(value))
+                goto fallback;
+            pieces[n].text = PyUnicode_AsUTF8AndSize(key, &pieces[n].length);
+            pieces[n + 1].text = PyUnicode_AsUTF8AndSize(value, &pieces[n + 1].length);
+            if (pieces[n].text == NULL || pieces[n + 1].text == NULL) {
+                PyErr_Clear();  /* e.g. a lone surrogate: Python explains */
+                goto fallback;
+            }
+            if (pieces[n].length == 0)
+                goto fallback;
+            for (i = n; i < n + 2; i++) {
+                if (memchr(pieces[i].text, 1, (size_t)pieces[i].length) ||
+                    memchr(pieces[i].text, 2, (size_t)pieces[i].length))
+                    goto fallback;
+                properties_length += pieces[i].length;
+            }
+            n += 2;
+        }
+        if (n != 2 * count)
+            goto fallback;
+        properties_length += 2 * count - 1;  /* the \x01s and \x02s */
+        if (properties_length > MAX_PROPERTIES_LENGTH)
+            goto fallback;
+    }
+
+    if (born_host == Py_None) {
+        born_ip = PyBytes_AS_STRING(store_ip);
+        born_ip_len = store_ip_len;
+        born_port = store_port;
+        born_v6 = store_v6;
+    }
+    else {
+        PyObject *parsed, *packed;
+
+        /* Only exact (str, int) keys: a float or bool port would compare
+         * equal to a cached int one and slip past the Python checks. */
+        if (!PyTuple_CheckExact(born_host) || PyTuple_GET_SIZE(born_host) != 2 ||
+            !PyUnicode_CheckExact(PyTuple_GET_ITEM(born_host, 0)) ||
+            !PyLong_CheckExact(PyTuple_GET_ITEM(born_host, 1)))
+            goto fallback;
+        parsed = PyDict_GetItemWithError(hosts, born_host); /* borrowed */
+        if (parsed == NULL) {
+            if (PyErr_Occurred())
+                goto error;
+            goto fallback;
+        }
+        if (!PyTuple_CheckExact(parsed) || PyTuple_GET_SIZE(parsed) != 3)
+            goto fallback;
+        packed = PyTuple_GET_ITEM(parsed, 0);
+        if (!PyBytes_CheckExact(packed) ||
+            !exact_int(PyTuple_GET_ITEM(parsed, 1), 0, 0xFFFF, &born_port))
+            goto fallback;
+        born_v6 = PyTuple_GET_ITEM(parsed, 2) == Py_True;
+        born_ip = PyBytes_AS_STRING(packed);
+        born_ip_len = PyBytes_GET_SIZE(packed);
+        if (born_ip_len != (born_v6 ? 16 : 4))
+            goto fallback;
+    }
+
+    if (!exact_int(attrs[A_SYSFLAG], I32, &sysflag) ||
+        !exact_int(attrs[A_QUEUE_ID], I32, &queue_id) ||
+        !exact_int(attrs[A_FLAG], I32, &flag) ||
+        !exact_int(attrs[A_RECONSUME_TIMES], I32, &reconsume_times) ||
+        !exact_int(attrs[A_PREPARED_TX_OFFSET], I64, &prepared_tx_offset))
+        goto fallback;
+    if (attrs[A_BORN_TIMESTAMP] == Py_None)
+        born_timestamp = store_timestamp;
+    else if (!exact_int(attrs[A_BORN_TIMESTAMP], I64, &born_timestamp))
+        goto fallback;
+
+    fixed = 48 + (born_v6 ? 20 : 8) + 8 + (store_v6 ? 20 : 8) + 16;
+    total = fixed + body_length + topic_length + 2 + properties_length;
+    if (total > room) {
+        result = PyLong_FromLongLong(-total);
+        goto finish;
+    }
+    if (bufobj == Py_None)
+        goto fallback;
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        goto fallback;
+    }
+    if (pos < 0 || pos > (long long)view.len || total > (long long)view.len - pos) {
+        PyBuffer_Release(&view);
+        goto fallback;
+    }
+    w = (unsigned char *)view.buf + pos;
+    sysflag = (sysflag & ~(long long)(BORNHOST_V6 | STOREHOST_V6)) |
+              (store_v6 ? STOREHOST_V6 : 0) | (born_v6 ? BORNHOST_V6 : 0);
+    wr32(w, total);
+    wr32(w + 4, MAGIC_V1);
+    wr32(w + 8, body_crc((const unsigned char *)PyBytes_AS_STRING(body), body_length));
+    wr32(w + 12, queue_id);
+    wr32(w + 16, flag);
+    wr64(w + 20, queue_offset);
+    wr64(w + 28, physical_offset);
+    wr32(w + 36, sysflag);
+    wr64(w + 40, born_timestamp);
+    w += 48;
+    memcpy(w, born_ip, (size_t)born_ip_len);
+    wr32(w + born_ip_len, born_port);
+    w += born_ip_len + 4;
+    wr64(w, store_timestamp);
+    w += 8;
+    memcpy(w, PyBytes_AS_STRING(store_ip), (size_t)store_ip_len);
+    wr32(w + store_ip_len, store_port);
+    w += store_ip_len + 4;
+    wr32(w, reconsume_times);
+    wr64(w + 4, prepared_tx_offset);
+    wr32(w + 12, body_length);
+    w += 16;
+    memcpy(w, PyBytes_AS_STRING(body), (size_t)body_length);
+    w += body_length;
+    memcpy(w, PyBytes_AS_STRING(topic_enc), (size_t)topic_length);
+    w += topic_length;
+    w[0] = (unsigned char)(properties_length >> 8);
+    w[1] = (unsigned char)properties_length;
+    w += 2;
+    for (i = 0; i < 2 * count; i++) {
+        if (i) {
+            *w++ = (i & 1) ? 1 : 2;
+        }
+        memcpy(w, pieces[i].text, (size_t)pieces[i].length);
+        w += pieces[i].length;
+    }
+    PyBuffer_Release(&view);
+    result = PyLong_FromLongLong(total);
+    goto finish;
+
+fallback:
+    result = Py_None;
+    Py_INCREF(result);
+    goto finish;
+error:
+    result = NULL;
+finish:
+    if (pieces != inline_pieces)
+        PyMem_Free(pieces);
+    Py_XDECREF(tmp);
+    for (i = 0; i < N_ATTRS; i++)
+        Py_XDECREF(attrs[i]);
+    Py_XDECREF(state);
+    return result;
+}
+
+
+/* -- decoding a span into Arrow column buffers (the data pipeline) ------- */
+
+typedef struct {
+    char *data;
+    Py_ssize_t length, capacity;
+} gbuf;
+
+static int
+gbuf_reserve(gbuf *g, Py_ssize_t more)
+{
+    Py_ssize_t want;
+    char *grown;
+
+    if (more > PY_SSIZE_T_MAX - g->length) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    want = g->length + more;
+    if (want <= g->capacity)
+        return 0;
+    if (g->capacity < 256)
+        g->capacity = 256;
+    while (g->capacity < want)
+        g->capacity = g->capacity > PY_SSIZE_T_MAX / 2 ? want : g->capacity * 2;
+    grown = PyMem_Realloc(g->data, (size_t)g->capacity);
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->data = grown;
+    return 0;
+}
+
+static int
+gbuf_put(gbuf *g, const void *p, Py_ssize_t n)
+{
+    if (gbuf_reserve(g, n) < 0)
+        return -1;
+    if (n)
+        memcpy(g->data + g->length, p, (size_t)n);
+    g->length += n;
+    return 0;
+}
+
+static int
+gbuf_i32(gbuf *g, int32_t v)
+{
+    return gbuf_put(g, &v, 4);
+}
+
+static int
+gbuf_i64(gbuf *g, int64_t v)
+{
+    return gbuf_put(g, &v, 8);
+}
+
+static int
+all_ascii(const unsigned char *p, int64_t n)
+{
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (p[i] & 0x80)
+            return 0;
+    return 1;
+}
+
+/* Arrow's validity / boolean bitmaps: LSB first. */
+static int
+bitmap_set(gbuf *g, Py_ssize_t index, int bit)
+{
+    Py_ssize_t byte = index >> 3;
+    if (byte >= g->length) {
+        if (gbuf_reserve(g, byte + 1 - g->length) < 0)
+            return -1;
+        memset(g->data + g->length, 0, (size_t)(byte + 1 - g->length));
+        g->length = byte + 1;
+    }
+    if (bit)
+        g->data[byte] |= (char)(1 << (index & 7));
+    return 0;
+}
+
+enum {
+    /* int64 columns */
+    C_OFFSET, C_QUEUE_OFFSET, C_BORN_TS, C_STORE_TS, C_PREPARED,
+    /* int32 columns */
+    C_SIZE, C_QUEUE_ID, C_FLAG, C_SYSFLAG, C_RECONSUME, C_BODY_SIZE,
+    C_CRC_OK,  /* bitmap */
+    C_TOPIC_OFF, C_TOPIC, C_BHOST_OFF, C_BHOST, C_SHOST_OFF, C_SHOST,
+    C_MAP_OFF, C_PKEY_OFF, C_PKEY, C_PVAL_OFF, C_PVAL,
+    C_TAGS_VALID, C_TAGS_OFF, C_TAGS, C_KEYS_VALID, C_KEYS_OFF, C_KEYS,
+    C_BODY_OFF, C_BODY,
+    C_COUNT
+};
+
+/* Bodies of one batch stay well inside Arrow's int32 offsets. */
+#define MAX_BATCH_BODY_BYTES (1LL << 30)
+#define MAX_PROPERTY_PAIRS 64
+
+typedef struct {
+    unsigned char raw[8];  /* IPv4 address and int32 port, as stored */
+    char text[32];
+    int length;            /* -1: nothing formatted yet */
+} host_text;
+
+/* format_host: "a.b.c.d:port"; a log's hosts repeat, so the last one is kept. */
+static int
+put_host(gbuf *g, gbuf *offsets, const unsigned char *p, host_text *last)
+{
+    if (last->length < 0 || memcmp(last->raw, p, 8)) {
+        memcpy(last->raw, p, 8);
+        last->length = snprintf(last->text, sizeof last->text, "%u.%u.%u.%u:%d",
+                                p[0], p[1], p[2], p[3], (int)rd32(p + 4));
+    }
+    if (gbuf_put(g, last->text, last->length) < 0)
+        return -1;
+    return gbuf_i32(offsets, (int32_t)g->length);
+}
+
+PyDoc_STRVAR(decode_span_doc,
+"decode_span(buf, pos, end, base, bodies, max_rows) -> (stop, rows, buffers)\n\n"
+"The message records from buf[pos:end] (buf[0] at commit-log offset base)\n"
+"as Arrow column buffers (scan.arrow_schema's columns, little-endian), for\n"
+"the records that parse_record(strict=True, check_crc=False,\n"
+"report_crc=True) accepts and that are plain: IPv4 hosts, ASCII topic and\n"
+"properties, no property name twice.  It stops at the first other thing\n"
+"(the Python decoder takes that record), after max_rows rows, or before\n"
+"1 GiB of bodies.");
+
+static PyObject *
+sp_decode_span(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long pos, end, base, max_rows;
+    int bodies;
+    gbuf g[C_COUNT];
+    Py_ssize_t rows = 0, i;
+    const unsigned char *b;
+    int64_t limit;
+    PyObject *buffers = NULL, *result = NULL;
+    host_text born_text = {{0}, {0}, -1}, store_text = {{0}, {0}, -1};
+
+    if (!PyArg_ParseTuple(args, "y*LLLpL", &view, &pos, &end, &base, &bodies, &max_rows))
+        return NULL;
+    memset(g, 0, sizeof g);
+    b = view.buf;
+    limit = end < (int64_t)view.len ? end : (int64_t)view.len;
+    if (gbuf_i32(&g[C_TOPIC_OFF], 0) < 0 || gbuf_i32(&g[C_BHOST_OFF], 0) < 0 ||
+        gbuf_i32(&g[C_SHOST_OFF], 0) < 0 || gbuf_i32(&g[C_MAP_OFF], 0) < 0 ||
+        gbuf_i32(&g[C_PKEY_OFF], 0) < 0 || gbuf_i32(&g[C_PVAL_OFF], 0) < 0 ||
+        gbuf_i32(&g[C_TAGS_OFF], 0) < 0 || gbuf_i32(&g[C_KEYS_OFF], 0) < 0 ||
+        gbuf_i32(&g[C_BODY_OFF], 0) < 0)
+        goto error;
+
+    while (pos >= 0 && pos < limit && rows < max_rows) {
+        const unsigned char *r = b + pos, *topic, *props, *body;
+        int64_t offset = base + pos, total, p, body_length, topic_length, props_length;
+        int32_t sysflag, magic;
+        const unsigned char *tags = NULL, *keys = NULL;
+        int64_t tags_length = 0, keys_length = 0;
+        const unsigned char *names[MAX_PROPERTY_PAIRS];
+        int64_t name_lengths[MAX_PROPERTY_PAIRS];
+        int pairs = 0, plain = 1, k;
+        int64_t start, q;
+
+        if (!message_ok(r, limit - pos, offset, 0, 1))
+            break;
+        total = rd32(r);
+        magic = rd32(r + 4);
+        sysflag = rd32(r + 36);
+        if (magic != MAGIC_V1 || (sysflag & (BORNHOST_V6 | STOREHOST_V6)))
+            break;  /* v2 topic lengths and IPv6 hosts: the Python decoder */
+        p = BODY_LENGTH_AT;
+        body_length = rd32(r + p);
+        body = r + p + 4;
+        p += 4 + body_length;
+        topic_length = (int8_t)r[p];
+        topic = r + p + 1;
+        p += 1 + topic_length;
+        props_length = rd16(r + p);
+        props = r + p + 2;
+        if (!all_ascii(topic, topic_length) || !all_ascii(props, props_length))
+            break;
+        if (rows && ((bodies && g[C_BODY].length + body_length > MAX_BATCH_BODY_BYTES) ||
+                     g[C_PKEY].length + g[C_PVAL].length + props_length > MAX_BATCH_BODY_BYTES))
+            break;  /* the batch's int32 offsets stay far from overflowing */
+        /* decode_properties: chunks split at \x02; a chunk of 3 or more
+         * characters with a \x01 strictly inside is name\x01value. */
+        start = 0;
+        while (start <= props_length) {
+            int64_t stop = start, index = -1;
+            while (stop < props_length && props[stop] != 2)
+                stop++;
+            if (stop - start >= 3) {
+                for (q = start; q < stop; q++)
+                    if (props[q] == 1) {
+                        index = q - start;
+                        break;
+                    }
+                if (index > 0 && index < stop - start - 1) {
+                    const unsigned char *name = props + start;
+                    for (k = 0; k < pairs; k++)
+                        if (name_lengths[k] == index && !memcmp(names[k], name, (size_t)index))
+                            plain = 0;  /* a name twice: the last value wins, in Python */
+                    if (pairs == MAX_PROPERTY_PAIRS)
+                        plain = 0;
+                    if (!plain)
+                        break;
+                    names[pairs] = name;
+                    name_lengths[pairs] = index;
+                    pairs++;
+                    if (gbuf_put(&g[C_PKEY], name, index) < 0 ||
+                        gbuf_i32(&g[C_PKEY_OFF], (int32_t)g[C_PKEY].length) < 0 ||
+                        gbuf_put(&g[C_PVAL], name + index + 1, stop - start - index - 1) < 0 ||
+                        gbuf_i32(&g[C_PVAL_OFF], (int32_t)g[C_PVAL].length) < 0)
+                        goto error;
+                    if (index == 4 && !memcmp(name, "TAGS", 4)) {
+                        tags = name + 5;
+                        tags_length = stop - start - 5;
+                    }
+                    else if (index == 4 && !memcmp(name, "KEYS", 4)) {
+                        keys = name + 5;
+                        keys_length = stop - start - 5;
+                    }
+                }
+            }
+            start = stop + 1;
+        }
+        if (!plain) {
+            /* Take back this record's properties: Python decodes it. */
+            int32_t key_end = ((int32_t *)g[C_PKEY_OFF].data)[g[C_PKEY_OFF].length / 4 - 1 - pairs];
+            int32_t value_end = ((int32_t *)g[C_PVAL_OFF].data)[g[C_PVAL_OFF].length / 4 - 1 - pairs];
+            g[C_PKEY_OFF].length -= 4 * pairs;
+            g[C_PVAL_OFF].length -= 4 * pairs;
+            g[C_PKEY].length = key_end;
+            g[C_PVAL].length = value_end;
+            break;
+        }
+        if (gbuf_i64(&g[C_OFFSET], offset) < 0 ||
+            gbuf_i64(&g[C_QUEUE_OFFSET], rd64(r + 20)) < 0 ||
+            gbuf_i64(&g[C_BORN_TS], rd64(r + 40)) < 0 ||
+            gbuf_i64(&g[C_STORE_TS], rd64(r + 56)) < 0 ||
+            gbuf_i64(&g[C_PREPARED], rd64(r + 76)) < 0 ||
+            gbuf_i32(&g[C_SIZE], (int32_t)total) < 0 ||
+            gbuf_i32(&g[C_QUEUE_ID], rd32(r + 12)) < 0 ||
+            gbuf_i32(&g[C_FLAG], rd32(r + 16)) < 0 ||
+            gbuf_i32(&g[C_SYSFLAG], sysflag) < 0 ||
+            gbuf_i32(&g[C_RECONSUME], rd32(r + 72)) < 0 ||
+            gbuf_i32(&g[C_BODY_SIZE], (int32_t)body_length) < 0 ||
+            bitmap_set(&g[C_CRC_OK], rows,
+                       body_length == 0 ||
+                           body_crc(body, body_length) == (int64_t)rd32(r + 8)) < 0 ||
+            gbuf_put(&g[C_TOPIC], topic, topic_length) < 0 ||
+            gbuf_i32(&g[C_TOPIC_OFF], (int32_t)g[C_TOPIC].length) < 0 ||
+            put_host(&g[C_BHOST], &g[C_BHOST_OFF], r + 48, &born_text) < 0 ||
+            put_host(&g[C_SHOST], &g[C_SHOST_OFF], r + 64, &store_text) < 0 ||
+            gbuf_i32(&g[C_MAP_OFF], (int32_t)(g[C_PKEY_OFF].length / 4 - 1)) < 0 ||
+            bitmap_set(&g[C_TAGS_VALID], rows, tags != NULL) < 0 ||
+            gbuf_put(&g[C_TAGS], tags, tags_length) < 0 ||
+            gbuf_i32(&g[C_TAGS_OFF], (int32_t)g[C_TAGS].length) < 0 ||
+            bitmap_set(&g[C_KEYS_VALID], rows, keys != NULL) < 0 ||
+            gbuf_put(&g[C_KEYS], keys, keys_length) < 0 ||
+            gbuf_i32(&g[C_KEYS_OFF], (int32_t)g[C_KEYS].length) < 0)
+            goto error;
+        if (bodies && (gbuf_put(&g[C_BODY], body, body_length) < 0 ||
+                       gbuf_i32(&g[C_BODY_OFF], (int32_t)g[C_BODY].length) < 0))
+            goto error;
+        rows++;
+        pos += total;
+    }
+    buffers = PyTuple_New(C_COUNT);
+    if (buffers == NULL)
+        goto error;
+    for (i = 0; i < C_COUNT; i++) {
+        PyObject *item = PyBytes_FromStringAndSize(g[i].data ? g[i].data : "", g[i].length);
+        if (item == NULL)
+            goto error;
+        PyTuple_SET_ITEM(buffers, i, item);
+    }
+    result = Py_BuildValue("LnN", pos, rows, buffers);
+    buffers = NULL;
+error:
+    Py_XDECREF(buffers);
+    for (i = 0; i < C_COUNT; i++)
+        PyMem_Free(g[i].data);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"check_record", sp_check_record, METH_VARARGS, check_record_doc},
+    {"replica_hop", sp_replica_hop, METH_VARARGS, replica_hop_doc},
+    {"walk_valid", sp_walk_valid, METH_VARARGS, walk_valid_doc},
+    {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
+    {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
+    {"decode_span", sp_decode_span, METH_VARARGS, decode_span_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "rmqha.store._speedups",
+    "The commit-log codec's hot loops in C; rmqha.store._record is the reference.",
+    -1,
+    methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+#define INTERN(var, text)                          \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) \
+        return NULL;
+    INTERN(s_body, "body");
+    INTERN(s_topic, "topic");
+    INTERN(s_properties, "properties");
+    INTERN(s_born_host, "born_host");
+    INTERN(s_sysflag, "sysflag");
+    INTERN(s_queue_id, "queue_id");
+    INTERN(s_flag, "flag");
+    INTERN(s_born_timestamp, "born_timestamp");
+    INTERN(s_reconsume_times, "reconsume_times");
+    INTERN(s_prepared_tx_offset, "prepared_tx_offset");
+    INTERN(s_max_message_size, "max_message_size");
+    INTERN(s_c_state, "_c_state");
+#undef INTERN
+    return PyModule_Create(&module_def);
+}
