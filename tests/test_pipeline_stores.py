@@ -46,6 +46,23 @@ class ResolveTests(SynchronousTestCase):
             self.assertEqual(store.uri, uri)
             self.assertIs(resolve(store), store)
 
+    def test_secrets_are_not_shown(self) -> None:
+        """
+        Credentials in an object store's URI are hidden wherever the store
+        is shown (messages, stats.json), and kept for opening it: in the
+        pickled state a task carries, and in what is handed to Spark.
+        """
+        uri = "s3://AKIA:s3cr3t@bucket/store?endpoint_override=h:9000&secret_key=x2&scheme=http"
+        store = resolve(uri)
+        assert isinstance(store, ArrowStore)
+        self.assertEqual(
+            store.uri, "s3://AKIA:***@bucket/store?endpoint_override=h:9000&secret_key=***&scheme=http"
+        )
+        self.assertNotIn("s3cr3t", str(store) + store.location(Segment(0, "0" * 20, 1)))
+        self.assertEqual(store.load_location, uri)
+        self.assertEqual(pickle.loads(pickle.dumps(store)).load_location, uri)
+        self.assertEqual(resolve("plain/store").load_location, os.path.abspath("plain/store"))
+
     def test_local_store_reads_and_pickles(self) -> None:
         """
         A local store lists its segments and reads byte ranges (short

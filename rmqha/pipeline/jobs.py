@@ -67,7 +67,7 @@ def _load(spark: Any, store: "Store | str", **options: str) -> Any:
     reader = spark.read.format(FORMAT)
     for key, value in options.items():
         reader = reader.option(key, value)
-    return reader.load(resolve(store, options).uri)
+    return reader.load(resolve(store, options).load_location)
 
 
 # -- stats -----------------------------------------------------------------

@@ -108,8 +108,16 @@ class Store(ABC):
     (a task carries it to an executor, which opens segments there).
     """
 
-    #: The resolved location, as shown in messages (absolute).
+    #: The resolved location, as shown in messages (absolute; no secret).
     uri: str
+
+    @property
+    def load_location(self) -> str:
+        """
+        The location to hand to C{spark.read...load()}: resolved again
+        there to this same store (with any credentials it holds).
+        """
+        return self.uri
 
     @abstractmethod
     def segments(self) -> list[Segment]:
@@ -273,13 +281,15 @@ class ArrowStore(Store):
     """
 
     def __init__(self, uri: str) -> None:
-        self.uri = uri
+        #: The URI as given: what the filesystem is opened from.
+        self.full_uri = uri
+        self.uri = _redacted(uri)
         self._fs: Any = None
         self._root = ""
         self._directory: str | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "directory": self._directory}
+        return {"uri": self.full_uri, "directory": self._directory}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["uri"])  # type: ignore[misc]
@@ -290,7 +300,7 @@ class ArrowStore(Store):
             from pyarrow import fs
 
             try:
-                self._fs, root = fs.FileSystem.from_uri(self.uri)
+                self._fs, root = fs.FileSystem.from_uri(self.full_uri)
             except (ValueError, TypeError) as e:  # pyarrow.ArrowInvalid is a ValueError
                 raise PlanError(f"{self.uri}: {e}") from None
             self._root = root.rstrip("/")
@@ -326,6 +336,10 @@ class ArrowStore(Store):
                 return directory, files
         raise PlanError(f"{self.uri}: no commitlog directory and no segment files")
 
+    @property
+    def load_location(self) -> str:
+        return self.full_uri
+
     def segments(self) -> list[Segment]:
         directory, files = self._listing()
         if not files:
@@ -344,6 +358,24 @@ class ArrowStore(Store):
         except OSError as e:
             raise OSError(e.errno, str(e), location) from None
         return _ArrowReader(handle, location)
+
+
+def _redacted(uri: str) -> str:
+    """
+    C{uri} with any password (C{s3://KEY:SECRET@bucket/...}) and any
+    secret-looking query value hidden, for messages.
+    """
+    parts = urlsplit(uri)
+    netloc = parts.netloc
+    if "@" in netloc:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.split(':', 1)[0]}:***@{host}" if ":" in user else f"{user}@{host}"
+    query = "&".join(
+        f"{k}=***" if any(w in k.lower() for w in ("secret", "token", "password", "key")) else
+        f"{k}={v}" if sep else k
+        for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return parts._replace(netloc=netloc, query=query).geturl()
 
 
 # -- resolving a location ------------------------------------------------------
