@@ -375,6 +375,8 @@ def _redacted(uri: str) -> str:
         f"{k}={v}" if sep else k
         for k, sep, v in (item.partition("=") for item in parts.query.split("&") if item)
     )
+    if netloc == parts.netloc and query == parts.query:
+        return uri  # (geturl() would not give back "s3://" itself)
     return parts._replace(netloc=netloc, query=query).geturl()
 
 
