@@ -415,14 +415,14 @@ PyDoc_STRVAR(encode_doc,
 "None: not the common case; the Python code decides (and raises).");
 
 static PyObject *
-sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+encode_one(PyObject *encoder, PyObject *bufobj, long long pos, long long room,
+           PyObject *message, long long queue_offset, long long physical_offset,
+           long long store_timestamp)
 {
-    PyObject *encoder, *bufobj, *message;
     PyObject *state = NULL, *body, *topic, *properties, *born_host, *tmp = NULL,
              *result = NULL;
     PyObject *attrs[N_ATTRS] = {NULL};
     PyObject *topic_enc, *store_ip, *store_port_o, *store_v6_o, *topics, *hosts;
-    long long pos, room, queue_offset, physical_offset, store_timestamp;
     long long max_message_size, queue_id, flag, sysflag, born_timestamp,
         reconsume_times, prepared_tx_offset, store_port, born_port;
     const char *born_ip;
@@ -434,19 +434,6 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int64_t fixed, total;
     Py_buffer view;
     unsigned char *w;
-
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "encode takes 8 arguments");
-        return NULL;
-    }
-    encoder = args[0];
-    bufobj = args[1];
-    message = args[4];
-    if (!exact_int(args[2], I64, &pos) || !exact_int(args[3], I64, &room) ||
-        !exact_int(args[5], I64, &queue_offset) ||
-        !exact_int(args[6], I64, &physical_offset) ||
-        !exact_int(args[7], I64, &store_timestamp))
-        Py_RETURN_NONE;
 
     /* Every attribute first: reading one may run Python code (a property
      * of a Message subclass), which could change the encoder's caches or
@@ -664,6 +651,185 @@ finish:
         Py_XDECREF(attrs[i]);
     Py_XDECREF(state);
     return result;
+}
+
+static PyObject *
+sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long pos, room, queue_offset, physical_offset, store_timestamp;
+
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "encode takes 8 arguments");
+        return NULL;
+    }
+    if (!exact_int(args[2], I64, &pos) || !exact_int(args[3], I64, &room) ||
+        !exact_int(args[5], I64, &queue_offset) ||
+        !exact_int(args[6], I64, &physical_offset) ||
+        !exact_int(args[7], I64, &store_timestamp))
+        Py_RETURN_NONE;
+    return encode_one(args[0], args[1], pos, room, args[4], queue_offset,
+                      physical_offset, store_timestamp);
+}
+
+#define TRANSACTION_MASK 0xC
+#define TRANSACTION_PREPARED 0x4
+#define TRANSACTION_ROLLBACK 0xC
+
+PyDoc_STRVAR(put_batch_doc,
+"put_batch(encoder, buf, position, limit, messages, index, table, previous,\n"
+"          start, store_timestamp, result_type, store_host, results)\n"
+"    -> (index, position, total)\n\n"
+"CommitLog._encode_batch's loop for the common message, from messages[index]\n"
+"on: the queue offset from table (the first one of each queue kept in\n"
+"previous, for the undo), the record encoded at buf[position:] (room up to\n"
+"limit), an AppendResult (result_type) appended to results.  Stops at the\n"
+"end (total 0), at a message that does not fit (total its size, negated;\n"
+"the table as it was for that message), or at a message this code does not\n"
+"do (total None, nothing done for it): the Python loop does that one.");
+
+static PyObject *
+sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *encoder, *bufobj, *messages, *table, *previous, *result_type,
+        *store_host, *results, *seq;
+    long long position, limit, index, start, store_timestamp;
+    Py_ssize_t n;
+    PyObject *stop = NULL;
+
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "put_batch takes 13 arguments");
+        return NULL;
+    }
+    encoder = args[0];
+    bufobj = args[1];
+    messages = args[4];
+    table = args[6];
+    previous = args[7];
+    result_type = args[10];
+    store_host = args[11];
+    results = args[12];
+    if (!exact_int(args[2], I64, &position) || !exact_int(args[3], I64, &limit) ||
+        !exact_int(args[5], 0, PY_SSIZE_T_MAX, &index) ||
+        !exact_int(args[8], I64, &start) || !exact_int(args[9], I64, &store_timestamp) ||
+        !PyDict_CheckExact(table) || !PyDict_CheckExact(previous) ||
+        !PyList_CheckExact(results) || !PyType_Check(result_type) ||
+        !PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "put_batch: bad arguments");
+        return NULL;
+    }
+    seq = PySequence_Fast(messages, "messages must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(seq);
+    for (; index < n; index++) {
+        PyObject *message = PySequence_Fast_GET_ITEM(seq, index);
+        PyObject *topic = NULL, *queue_id = NULL, *sysflag_o = NULL, *key = NULL,
+                 *encoded = NULL, *fields = NULL, *result = NULL, *next = NULL;
+        long long sysflag, queue_offset = 0, total;
+        int counted, ok = 0;
+
+        sysflag_o = PyObject_GetAttr(message, s_sysflag);
+        if (sysflag_o == NULL)
+            goto fail_one;
+        if (!exact_int(sysflag_o, I32, &sysflag))
+            goto python_one;
+        counted = (sysflag & TRANSACTION_MASK) != TRANSACTION_PREPARED &&
+                  (sysflag & TRANSACTION_MASK) != TRANSACTION_ROLLBACK;
+        if (counted) {
+            PyObject *current;
+
+            topic = PyObject_GetAttr(message, s_topic);
+            if (topic == NULL)
+                goto fail_one;
+            queue_id = PyObject_GetAttr(message, s_queue_id);
+            if (queue_id == NULL)
+                goto fail_one;
+            /* Exact str and int: hashing and comparing run no Python code. */
+            if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id))
+                goto python_one;
+            key = PyTuple_Pack(2, topic, queue_id);
+            if (key == NULL)
+                goto fail_one;
+            current = PyDict_GetItemWithError(table, key); /* borrowed */
+            if (current == NULL && PyErr_Occurred())
+                goto fail_one;
+            if (current != NULL && !exact_int(current, 0, LLONG_MAX - 1, &queue_offset))
+                goto python_one;
+        }
+        encoded = encode_one(encoder, bufobj, position, limit - position, message,
+                             queue_offset, start + position, store_timestamp);
+        if (encoded == NULL)
+            goto fail_one;
+        if (encoded == Py_None)
+            goto python_one;
+        total = PyLong_AsLongLong(encoded);
+        if (total == -1 && PyErr_Occurred())
+            goto fail_one;
+        if (total < 0) {
+            stop = Py_BuildValue("nLL", (Py_ssize_t)index, position, total);
+            goto done_one;
+        }
+        if (counted) {
+            if (PyDict_Contains(previous, key) == 0) {
+                PyObject *was = PyLong_FromLongLong(queue_offset);
+                if (was == NULL || PyDict_SetItem(previous, key, was) < 0) {
+                    Py_XDECREF(was);
+                    goto fail_one;
+                }
+                Py_DECREF(was);
+            }
+            next = PyLong_FromLongLong(queue_offset + 1);
+            if (next == NULL || PyDict_SetItem(table, key, next) < 0)
+                goto fail_one;
+        }
+        /* What a NamedTuple's own __new__ does (tuple.__new__(cls, fields),
+         * which allocates through the subtype and fills the items). */
+        result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 5);
+        if (result == NULL)
+            goto fail_one;
+        {
+            PyObject *items[4] = {
+                PyLong_FromLongLong(start + position), PyLong_FromLongLong(total),
+                PyLong_FromLongLong(queue_offset), PyLong_FromLongLong(store_timestamp),
+            };
+            int k, broken = 0;
+            for (k = 0; k < 4; k++) {
+                if (items[k] == NULL)
+                    broken = 1;
+                PyTuple_SET_ITEM(result, k, items[k]);
+            }
+            Py_INCREF(store_host);
+            PyTuple_SET_ITEM(result, 4, store_host);
+            if (broken)
+                goto fail_one;
+        }
+        if (PyList_Append(results, result) < 0)
+            goto fail_one;
+        position += total;
+        ok = 1;
+        goto done_one;
+    python_one:
+        stop = Py_BuildValue("nLO", (Py_ssize_t)index, position, Py_None);
+        goto done_one;
+    fail_one:
+        stop = NULL;
+        ok = -1;
+    done_one:
+        Py_XDECREF(topic);
+        Py_XDECREF(queue_id);
+        Py_XDECREF(sysflag_o);
+        Py_XDECREF(key);
+        Py_XDECREF(encoded);
+        Py_XDECREF(fields);
+        Py_XDECREF(result);
+        Py_XDECREF(next);
+        if (ok != 1) {
+            Py_DECREF(seq);
+            return stop;
+        }
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("nLi", (Py_ssize_t)index, position, 0);
 }
 
 
@@ -962,6 +1128,7 @@ static PyMethodDef methods[] = {
     {"walk_valid", sp_walk_valid, METH_VARARGS, walk_valid_doc},
     {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
     {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
+    {"put_batch", (PyCFunction)(void (*)(void))sp_put_batch, METH_FASTCALL, put_batch_doc},
     {"decode_span", sp_decode_span, METH_VARARGS, decode_span_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -52,6 +52,7 @@ from rmqha.store._record import (
     RecordError,
     ReplicaValidator,
     SysFlag,
+    _accel,
     encode_blank,
     offset_msg_id,
     parse_record,
@@ -128,6 +129,12 @@ __all__ = [
     "MAX_SEGMENT_SIZE",
     "segment_name",
 ]
+
+
+#: The compiled put loop (L{_encode_batch}'s common case), if there is one.
+_accel_put_batch: Callable[..., tuple[int, int, int | None]] | None = (
+    None if _accel is None else _accel.put_batch
+)
 
 
 class AppendResult(NamedTuple):
@@ -323,6 +330,28 @@ class CommitLog:
         @raise MessageRejected: the message breaks a limit (named in the
             text); nothing is written.
         """
+        # The common put in one compiled call; anything else (a roll, a
+        # refusal, a message the compiled code leaves to Python, the log
+        # changed by something other than a put) goes through put_batch,
+        # which this path did nothing for.
+        segments = self._segments
+        table = self._queues.table
+        fast = _accel_put_batch
+        if fast is not None and segments and table is not None:
+            segment = segments[-1]
+            start = segment.start
+            if start + segment.wrote == self._put_ready_at:
+                store_timestamp = int(self._clock() * 1000)
+                results: list[AppendResult] = []
+                done, position, _ = fast(
+                    self._encoder, segment.mm, segment.wrote,
+                    segment.size - END_FILE_MIN_BLANK_LENGTH, (message,), 0, table,
+                    {}, start, store_timestamp, AppendResult, self._encoder.store_host,
+                    results,
+                )
+                if done:
+                    self._put_done(segment, start + position, results[0].offset)
+                    return results[0]
         return self.put_batch((message,))[0]
 
     def put_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
@@ -369,17 +398,24 @@ class CommitLog:
             assert results is not None
         if not results:
             return results
-        end = results[-1].offset + results[-1].size
-        segment.wrote = end - segment.start  # type: ignore[union-attr]
+        last = results[-1]
+        self._put_done(segment, last.offset + last.size, last.offset)  # type: ignore[arg-type]
+        return results
+
+    def _put_done(self, segment: _Segment, end: int, last_put: int) -> None:
+        """
+        The bookkeeping after a put or a batch wrote records up to C{end}
+        (the last one at C{last_put}) in C{segment}: once per batch.
+        """
+        segment.wrote = end - segment.start
         self._put_ready_at = self._record_end = end
         queues = self._queues
         queues.end = end
-        queues.last_put = results[-1].offset
+        queues.last_put = last_put
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
         if self._append_observers:
             self._appended(end)
-        return results
 
     # -- observers ---------------------------------------------------------
 
@@ -434,8 +470,26 @@ class CommitLog:
         position = first
         results: list[AppendResult] = []
         previous: dict[tuple[str, int], int] = {}
+        fast = _accel_put_batch
+        index, count = 0, len(messages)
         try:
-            for message in messages:
+            while index < count:
+                if fast is not None:
+                    # The compiled loop does every common message; it stops
+                    # at the end, at one that does not fit, or at one it
+                    # leaves to the Python code below (the judge).
+                    index, position, over = fast(
+                        self._encoder, mm, position, limit, messages, index, table,
+                        previous, start, store_timestamp, AppendResult, store_host,
+                        results,
+                    )
+                    if index == count:
+                        break
+                    if over is not None:
+                        self._undo_batch(mm, first, position, previous)
+                        return None
+                message = messages[index]
+                index += 1
                 # Prepared and rolled-back transaction messages take no
                 # queue slot.
                 if message.sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
