@@ -678,21 +678,22 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 PyDoc_STRVAR(put_batch_doc,
 "put_batch(encoder, buf, position, limit, messages, index, table, previous,\n"
 "          start, store_timestamp, result_type, store_host, results)\n"
-"    -> (index, position, total)\n\n"
+"    -> (index, position, over)\n\n"
 "CommitLog._encode_batch's loop for the common message, from messages[index]\n"
 "on: the queue offset from table (the first one of each queue kept in\n"
 "previous, for the undo), the record encoded at buf[position:] (room up to\n"
 "limit), an AppendResult (result_type) appended to results.  Stops at the\n"
-"end (total 0), at a message that does not fit (total its size, negated;\n"
-"the table as it was for that message), or at a message this code does not\n"
-"do (total None, nothing done for it): the Python loop does that one.");
+"end (index the length, over None), at a message that does not fit (over\n"
+"its size, negated; the table as it was for that message), or at a message\n"
+"this code does not do (over None, nothing done for it): the Python loop\n"
+"does that one.");
 
 static PyObject *
 sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *encoder, *bufobj, *messages, *table, *previous, *result_type,
         *store_host, *results, *seq;
-    long long position, limit, index, start, store_timestamp;
+    long long position, limit, index, start, store_timestamp, call_start;
     Py_ssize_t n;
     PyObject *stop = NULL;
 
@@ -717,17 +718,21 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "put_batch: bad arguments");
         return NULL;
     }
+    call_start = position;
     seq = PySequence_Fast(messages, "messages must be a sequence");
     if (seq == NULL)
         return NULL;
-    n = PySequence_Fast_GET_SIZE(seq);
-    for (; index < n; index++) {
+    /* The size is read again every time round: a message's attribute read
+     * may run Python code that shrinks a list of messages. */
+    for (; index < (n = PySequence_Fast_GET_SIZE(seq)); index++) {
         PyObject *message = PySequence_Fast_GET_ITEM(seq, index);
         PyObject *topic = NULL, *queue_id = NULL, *sysflag_o = NULL, *key = NULL,
                  *encoded = NULL, *fields = NULL, *result = NULL, *next = NULL;
-        long long sysflag, queue_offset = 0, total;
+        long long sysflag, queue_offset = 0, total = 0;
+        long long written = 0;
         int counted, ok = 0;
 
+        Py_INCREF(message);  /* the list may drop it meanwhile */
         sysflag_o = PyObject_GetAttr(message, s_sysflag);
         if (sysflag_o == NULL)
             goto fail_one;
@@ -769,6 +774,7 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             stop = Py_BuildValue("nLL", (Py_ssize_t)index, position, total);
             goto done_one;
         }
+        written = total;
         if (counted) {
             if (PyDict_Contains(previous, key) == 0) {
                 PyObject *was = PyLong_FromLongLong(queue_offset);
@@ -812,9 +818,28 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         stop = Py_BuildValue("nLO", (Py_ssize_t)index, position, Py_None);
         goto done_one;
     fail_one:
+        /* An error (no memory, say) after records were written: zero what
+         * this call wrote, so that the caller's undo (which knows only the
+         * positions it was told) leaves nothing behind. */
+        if (position + written > call_start) {
+            PyObject *type, *value, *traceback;
+            Py_buffer view;
+
+            PyErr_Fetch(&type, &value, &traceback);
+            if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) == 0) {
+                if (call_start >= 0 && position + written <= (long long)view.len)
+                    memset((char *)view.buf + call_start, 0,
+                           (size_t)(position + written - call_start));
+                PyBuffer_Release(&view);
+            }
+            else
+                PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
+        }
         stop = NULL;
         ok = -1;
     done_one:
+        Py_DECREF(message);
         Py_XDECREF(topic);
         Py_XDECREF(queue_id);
         Py_XDECREF(sysflag_o);
@@ -829,7 +854,7 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     Py_DECREF(seq);
-    return Py_BuildValue("nLi", (Py_ssize_t)index, position, 0);
+    return Py_BuildValue("nLO", (Py_ssize_t)index, position, Py_None);
 }
 
 

@@ -39,6 +39,7 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
+from rmqha.store import _record as _codec
 from rmqha.store._queues import _UNCOUNTED, QueueTable
 from rmqha.store._record import (
     Blank,
@@ -52,7 +53,6 @@ from rmqha.store._record import (
     RecordError,
     ReplicaValidator,
     SysFlag,
-    _accel,
     encode_blank,
     offset_msg_id,
     parse_record,
@@ -129,12 +129,6 @@ __all__ = [
     "MAX_SEGMENT_SIZE",
     "segment_name",
 ]
-
-
-#: The compiled put loop (L{_encode_batch}'s common case), if there is one.
-_accel_put_batch: Callable[..., tuple[int, int, int | None]] | None = (
-    None if _accel is None else _accel.put_batch
-)
 
 
 class AppendResult(NamedTuple):
@@ -336,19 +330,25 @@ class CommitLog:
         # which this path did nothing for.
         segments = self._segments
         table = self._queues.table
-        fast = _accel_put_batch
-        if fast is not None and segments and table is not None:
+        accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
+        if accel is not None and segments and table is not None:
             segment = segments[-1]
             start = segment.start
             if start + segment.wrote == self._put_ready_at:
                 store_timestamp = int(self._clock() * 1000)
                 results: list[AppendResult] = []
-                done, position, _ = fast(
-                    self._encoder, segment.mm, segment.wrote,
-                    segment.size - END_FILE_MIN_BLANK_LENGTH, (message,), 0, table,
-                    {}, start, store_timestamp, AppendResult, self._encoder.store_host,
-                    results,
-                )
+                previous: dict[tuple[str, int], int] = {}
+                try:
+                    done, position, _ = accel.put_batch(
+                        self._encoder, segment.mm, segment.wrote,
+                        segment.size - END_FILE_MIN_BLANK_LENGTH, (message,), 0, table,
+                        previous, start, store_timestamp, AppendResult,
+                        self._encoder.store_host, results,
+                    )
+                except BaseException:
+                    # (The compiled loop zeroed any bytes it wrote.)
+                    table.update(previous)
+                    raise
                 if done:
                     self._put_done(segment, start + position, results[0].offset)
                     return results[0]
@@ -470,10 +470,13 @@ class CommitLog:
         position = first
         results: list[AppendResult] = []
         previous: dict[tuple[str, int], int] = {}
-        fast = _accel_put_batch
-        index, count = 0, len(messages)
+        accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
+        fast = None if accel is None else accel.put_batch
+        index = 0
         try:
-            while index < count:
+            # len() every time round, like iterating: a message's attribute
+            # read may change the list.
+            while index < len(messages):
                 if fast is not None:
                     # The compiled loop does every common message; it stops
                     # at the end, at one that does not fit, or at one it
@@ -483,11 +486,11 @@ class CommitLog:
                         previous, start, store_timestamp, AppendResult, store_host,
                         results,
                     )
-                    if index == count:
-                        break
                     if over is not None:
                         self._undo_batch(mm, first, position, previous)
                         return None
+                    if index >= len(messages):
+                        break
                 message = messages[index]
                 index += 1
                 # Prepared and rolled-back transaction messages take no
