@@ -857,6 +857,140 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("nLO", (Py_ssize_t)index, position, Py_None);
 }
 
+PyDoc_STRVAR(put_one_doc,
+"put_one(encoder, buf, position, limit, message, table, start,\n"
+"        store_timestamp, result_type, store_host) -> AppendResult | None\n\n"
+"put_batch for one message (CommitLog.put): its AppendResult, with the\n"
+"record written and its queue's offset moved on; None when it does not fit\n"
+"or is not the common case, with nothing done (put_batch then decides).");
+
+static PyObject *
+sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *encoder, *bufobj, *message, *table, *result_type, *store_host;
+    PyObject *sysflag_o = NULL, *topic = NULL, *queue_id = NULL, *key = NULL,
+             *encoded = NULL, *next = NULL, *result = NULL;
+    long long position, limit, start, store_timestamp, sysflag, queue_offset = 0,
+        total = 0;
+    int counted;
+
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "put_one takes 10 arguments");
+        return NULL;
+    }
+    encoder = args[0];
+    bufobj = args[1];
+    message = args[4];
+    table = args[5];
+    result_type = args[8];
+    store_host = args[9];
+    if (!exact_int(args[2], I64, &position) || !exact_int(args[3], I64, &limit) ||
+        !exact_int(args[6], I64, &start) || !exact_int(args[7], I64, &store_timestamp) ||
+        !PyDict_CheckExact(table) || !PyType_Check(result_type) ||
+        !PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "put_one: bad arguments");
+        return NULL;
+    }
+    sysflag_o = PyObject_GetAttr(message, s_sysflag);
+    if (sysflag_o == NULL)
+        goto error;
+    if (!exact_int(sysflag_o, I32, &sysflag))
+        goto decline;
+    counted = (sysflag & TRANSACTION_MASK) != TRANSACTION_PREPARED &&
+              (sysflag & TRANSACTION_MASK) != TRANSACTION_ROLLBACK;
+    if (counted) {
+        PyObject *current;
+
+        topic = PyObject_GetAttr(message, s_topic);
+        if (topic == NULL)
+            goto error;
+        queue_id = PyObject_GetAttr(message, s_queue_id);
+        if (queue_id == NULL)
+            goto error;
+        if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id))
+            goto decline;
+        key = PyTuple_Pack(2, topic, queue_id);
+        if (key == NULL)
+            goto error;
+        current = PyDict_GetItemWithError(table, key); /* borrowed */
+        if (current == NULL && PyErr_Occurred())
+            goto error;
+        if (current != NULL && !exact_int(current, 0, LLONG_MAX - 1, &queue_offset))
+            goto decline;
+        next = PyLong_FromLongLong(queue_offset + 1);
+        if (next == NULL)
+            goto error;
+    }
+    encoded = encode_one(encoder, bufobj, position, limit - position, message,
+                         queue_offset, start + position, store_timestamp);
+    if (encoded == NULL)
+        goto error;
+    if (encoded == Py_None)
+        goto decline;
+    total = PyLong_AsLongLong(encoded);
+    if (total == -1 && PyErr_Occurred()) {
+        total = 0;
+        goto error;
+    }
+    if (total < 0)
+        goto decline;
+    result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 5);
+    if (result == NULL)
+        goto unwrite;
+    {
+        PyObject *items[4] = {
+            PyLong_FromLongLong(start + position), PyLong_FromLongLong(total),
+            PyLong_FromLongLong(queue_offset), PyLong_FromLongLong(store_timestamp),
+        };
+        int k, broken = 0;
+        for (k = 0; k < 4; k++) {
+            if (items[k] == NULL)
+                broken = 1;
+            PyTuple_SET_ITEM(result, k, items[k]);
+        }
+        Py_INCREF(store_host);
+        PyTuple_SET_ITEM(result, 4, store_host);
+        if (broken)
+            goto unwrite;
+    }
+    /* The last step: nothing can fail after the queue's offset moves. */
+    if (counted && PyDict_SetItem(table, key, next) < 0)
+        goto unwrite;
+    goto finish;
+
+unwrite:
+    /* An error after the record was written: zero it again. */
+    {
+        PyObject *type, *value, *traceback;
+        Py_buffer view;
+
+        PyErr_Fetch(&type, &value, &traceback);
+        if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) == 0) {
+            if (position >= 0 && position + total <= (long long)view.len)
+                memset((char *)view.buf + position, 0, (size_t)total);
+            PyBuffer_Release(&view);
+        }
+        else
+            PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    }
+error:
+    Py_CLEAR(result);
+    goto finish;
+decline:
+    Py_CLEAR(result);
+    result = Py_None;
+    Py_INCREF(result);
+finish:
+    Py_XDECREF(sysflag_o);
+    Py_XDECREF(topic);
+    Py_XDECREF(queue_id);
+    Py_XDECREF(key);
+    Py_XDECREF(encoded);
+    Py_XDECREF(next);
+    return result;
+}
+
 
 /* -- decoding a span into Arrow column buffers (the data pipeline) ------- */
 
@@ -1154,6 +1288,7 @@ static PyMethodDef methods[] = {
     {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
     {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
     {"put_batch", (PyCFunction)(void (*)(void))sp_put_batch, METH_FASTCALL, put_batch_doc},
+    {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL, put_one_doc},
     {"decode_span", sp_decode_span, METH_VARARGS, decode_span_doc},
     {NULL, NULL, 0, NULL},
 };

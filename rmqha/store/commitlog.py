@@ -328,30 +328,23 @@ class CommitLog:
         # refusal, a message the compiled code leaves to Python, the log
         # changed by something other than a put) goes through put_batch,
         # which this path did nothing for.
+        accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
         segments = self._segments
         table = self._queues.table
-        accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
         if accel is not None and segments and table is not None:
             segment = segments[-1]
             start = segment.start
-            if start + segment.wrote == self._put_ready_at:
-                store_timestamp = int(self._clock() * 1000)
-                results: list[AppendResult] = []
-                previous: dict[tuple[str, int], int] = {}
-                try:
-                    done, position, _ = accel.put_batch(
-                        self._encoder, segment.mm, segment.wrote,
-                        segment.size - END_FILE_MIN_BLANK_LENGTH, (message,), 0, table,
-                        previous, start, store_timestamp, AppendResult,
-                        self._encoder.store_host, results,
-                    )
-                except BaseException:
-                    # (The compiled loop zeroed any bytes it wrote.)
-                    table.update(previous)
-                    raise
-                if done:
-                    self._put_done(segment, start + position, results[0].offset)
-                    return results[0]
+            wrote = segment.wrote
+            if start + wrote == self._put_ready_at:
+                encoder = self._encoder
+                result: AppendResult | None = accel.put_one(
+                    encoder, segment.mm, wrote, segment.size - END_FILE_MIN_BLANK_LENGTH,
+                    message, table, start, int(self._clock() * 1000), AppendResult,
+                    encoder.store_host,
+                )
+                if result is not None:
+                    self._put_done(segment, result[0] + result[1], result[0])
+                    return result
         return self.put_batch((message,))[0]
 
     def put_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
