@@ -572,6 +572,145 @@ class MutatingMessageTests(_Compiled, SynchronousTestCase):
             self.assertEqual(record.born_host, ("192.168.1.2", 40000))
 
 
+class PutLoopTests(_Compiled, SynchronousTestCase):
+    """
+    The compiled put loop (C{_speedups.put_batch}, behind L{CommitLog.put}
+    and L{CommitLog.put_batch}): the same log, results, refusals and queue
+    offsets as the Python loop, and it is the path the common put takes.
+    """
+
+    def _store(self) -> str:
+        path = self.mktemp()
+        os.makedirs(path)
+        self.addCleanup(shutil.rmtree, path, True)
+        return path
+
+    @settings(EQUAL, max_examples=120)
+    @given(
+        batches=st.lists(st.lists(hostile_messages(), min_size=1, max_size=5), min_size=1, max_size=6),
+        singles=st.lists(st.booleans(), min_size=6, max_size=6),
+    )
+    def test_same_log(self, batches: list[list[Message]], singles: list[bool]) -> None:
+        """
+        Batches (some put one message at a time with L{CommitLog.put}) of
+        valid and hostile messages into 4 KiB segments (so batches roll and
+        get refused for not fitting) give the same answers, the same bytes
+        on disk and the same queue table on the pure and the compiled path;
+        every result is an L{AppendResult}.
+        """
+        from rmqha.store.commitlog import AppendResult, CommitLog
+
+        def run() -> Any:
+            answers = []
+            with CommitLog.open(
+                self._store(), segment_size=4096, max_message_size=4096, clock=lambda: 1.5
+            ) as log:
+                for batch, single in zip(batches, singles):
+                    if single:
+                        for message in batch:
+                            answers.append(outcome(lambda: log.put(message)))
+                    else:
+                        answers.append(outcome(lambda: log.put_batch(batch)))
+                for answer in answers:
+                    if answer[0] == "returned":
+                        for result in (answer[1] if isinstance(answer[1], list) else [answer[1]]):
+                            self.assertIs(type(result), AppendResult)
+                data = b"".join(
+                    log.read(offset, 4096) for offset in range(0, log.max_offset, 4096)
+                )
+                return answers, data, dict(log._queues.table or {})
+
+        with codec(None):
+            pure = run()
+        with codec(_speedups):
+            compiled = run()
+        self.assertEqual(pure, compiled)
+
+    def test_one_call_per_put(self) -> None:
+        """
+        Once the encoder has seen a message's topic, neither a single put
+        nor a batch of 32 calls the Python C{RecordEncoder.encode}: the
+        compiled loop does the queue offsets, the encoding and the results
+        in one call.
+        """
+        from rmqha.store.commitlog import CommitLog
+
+        with codec(_speedups), CommitLog.open(self._store(), segment_size=1 << 20) as log:
+            messages = [
+                Message("LoopTopic", b"b" * 100, queue_id=i % 4, properties={"TAGS": "a"})
+                for i in range(33)
+            ]
+            log.put(messages[0])  # the topic is remembered here
+            calls = []
+            encode = log._encoder.encode
+
+            def counting(*args: Any) -> int:
+                calls.append(args)
+                return encode(*args)
+
+            log._encoder.encode = counting  # type: ignore[method-assign]
+            results = log.put_batch(messages[1:])
+            single = log.put(messages[0])
+            self.assertEqual(calls, [])
+            self.assertEqual([r.queue_offset for r in results[:8]], [0, 0, 0, 1, 1, 1, 1, 2])
+            self.assertEqual(single.queue_offset, 9)
+            self.assertEqual(single.offset, results[-1].offset + results[-1].size)
+
+    def test_error_mid_batch_leaves_nothing(self) -> None:
+        """
+        A message whose attribute read raises, third in a batch, fails the
+        whole batch on both paths: the exception comes out, the two records
+        written before it are zeroed, the queue offsets are as they were.
+        """
+        from rmqha.store.commitlog import CommitLog
+
+        class Raising(Message):
+            @property  # type: ignore[override]
+            def sysflag(self) -> int:
+                raise ZeroDivisionError("no sysflag")
+
+            @sysflag.setter
+            def sysflag(self, value: int) -> None:
+                pass
+
+        for accelerator in (None, _speedups):
+            with codec(accelerator), CommitLog.open(self._store(), segment_size=1 << 16) as log:
+                first = log.put(Message("LoopTopic", b"x"))
+                batch = [Message("LoopTopic", b"y" * 100)] * 2 + [Raising("LoopTopic", b"z")]
+                self.assertRaises(ZeroDivisionError, log.put_batch, batch)
+                self.assertRaises(ZeroDivisionError, log.put, batch[2])
+                self.assertEqual(log.max_offset, first.size)
+                self.assertEqual(bytes(log._segments[-1].mm[first.size:]), bytes((1 << 16) - first.size))
+                self.assertEqual(log.put(batch[0]).queue_offset, 1)
+
+    def test_messages_shrinking_while_put(self) -> None:
+        """
+        A message whose C{sysflag} read empties the list being put cannot
+        make the compiled loop read past the list: like the Python loop,
+        the batch ends with the list (one record here).
+        """
+        from rmqha.store.commitlog import CommitLog
+
+        batch: list[Message] = []
+
+        class Emptying(Message):
+            @property  # type: ignore[override]
+            def sysflag(self) -> int:
+                batch.clear()
+                return 0
+
+            @sysflag.setter
+            def sysflag(self, value: int) -> None:
+                pass
+
+        with codec(_speedups), CommitLog.open(self._store(), segment_size=1 << 20) as log:
+            log.put(Message("LoopTopic", b"x"))
+            batch.extend([Emptying("LoopTopic", b"y" * 50)] + [Message("LoopTopic", b"z")] * 5)
+            results = log.put_batch(batch)
+            self.assertEqual([r.size for r in results], [results[0].size])
+            self.assertEqual(log.max_offset, results[0].offset + results[0].size)
+
+
 # The codec tests of tests/test_record.py again, on the pure-Python path
 # (the default run takes the compiled one where it is built).
 

@@ -16,6 +16,9 @@ C{spark} scans and decodes a 2 GiB store with the plain single-process
 reader (L{rmqha.pipeline.scan.scan}) and with Spark on C{local[1]} and
 C{local[2]} (the C{rocketmq-commitlog} data source).
 
+C{puts} runs single puts, batches of 32 and C{store check} in this checkout
+and in another (C{--against}: the code before a change), alternating.
+
 C{codec} times the codec's hot loops per record, pure Python against the
 compiled accelerator (C{rmqha.store._speedups}), in one process.
 
@@ -746,6 +749,111 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+# One process of C{bench puts}: only the store's public API, so that it runs
+# in any checkout (this one, or the one given with --against).
+_PUTS_CHILD = r"""
+import json, os, shutil, sys, tempfile, time, zlib
+from rmqha.store.commitlog import CommitLog, Message
+from rmqha.store._recovery import verify_store
+from rmqha.store import _record
+root, count, check_store = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+body = os.urandom(1024)
+messages = [
+    Message("BenchTopic", body, queue_id=i % 8, properties={
+        "UNIQ_KEY": f"7F000001000100000000{i:012X}", "TAGS": "TagA", "WAIT": "true"})
+    for i in range(4096)
+]
+out = {"compiled": _record._accel is not None}
+for batch in (1, 32):
+    directory = tempfile.mkdtemp(dir=root)
+    with CommitLog.open(directory, segment_size=64 << 20) as log:
+        put, put_batch = log.put, log.put_batch
+        started = time.process_time()
+        if batch == 1:
+            for i in range(count):
+                put(messages[i & 4095])
+        else:
+            for i in range(0, count, batch):
+                put_batch(messages[i & 4095 : (i & 4095) + batch])
+        out[f"batch{batch}_msgs_per_s"] = count / (time.process_time() - started)
+    shutil.rmtree(directory)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # the peak RSS from here on
+def kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith(field + ":"))
+rss = kib("VmRSS")
+started = time.perf_counter()
+report = verify_store(check_store)
+out["check_seconds"] = time.perf_counter() - started
+out["check_rss_growth_mib"] = (kib("VmHWM") - rss) / 1024
+assert report.ok, report.error
+started = time.perf_counter()
+commitlog = os.path.join(check_store, "commitlog")
+for name in sorted(os.listdir(commitlog)):
+    with open(os.path.join(commitlog, name), "rb") as f:
+        while block := f.read(4 << 20):
+            zlib.crc32(block)
+out["crc32_seconds"] = time.perf_counter() - started
+print(json.dumps(out))
+"""
+
+
+def _puts_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    This checkout's put path and store check against another checkout's
+    (C{--against}, a checkout of main: the code before a change), runs
+    alternating, each a fresh process: single C{CommitLog.put}s and
+    C{put_batch}es of 32 (1 KiB bodies, 64 MiB segments, CPU time of the
+    process, so that the other processes on a shared machine count less),
+    then C{store check}'s walk (L{verify_store}, CRC on) over one store of
+    C{--check-size} bytes in 64 MiB segments, with its peak RSS growth, and
+    C{zlib.crc32} over the same files.
+    """
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkouts = {"after": here, "before": os.path.abspath(args.against)}
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    figures: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    try:
+        store = os.path.join(root, "check")
+        body = os.urandom(1000)
+        with CommitLog.open(store, segment_size=64 << 20) as log:
+            while log.max_offset < args.check_size:
+                log.put_batch([Message("CheckTopic", body, queue_id=i % 8) for i in range(256)])
+        for run in range(args.runs):
+            for name in ("before", "after") if run % 2 == 0 else ("after", "before"):
+                env = dict(os.environ, PYTHONPATH=checkouts[name])
+                done = subprocess.run(
+                    [sys.executable, "-c", _PUTS_CHILD, root, str(args.count), store],
+                    env=env, capture_output=True, text=True, check=True, cwd=checkouts[name],
+                )
+                figures[name].append(json.loads(done.stdout.splitlines()[-1]))
+                _progress(f"run {run + 1}/{args.runs} {name}: {figures[name][-1]}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict[str, Any] = {
+        "benchmark": "puts",
+        "machine": machine_info(),
+        "count": args.count,
+        "runs": args.runs,
+        "check_bytes": args.check_size,
+        "against": checkouts["before"],
+    }
+    for name, runs in figures.items():
+        for key in runs[0]:
+            if key != "compiled":
+                out[f"{name}_{key}"] = statistics.median(r[key] for r in runs)
+        out[f"{name}_compiled"] = all(r["compiled"] for r in runs)
+        for key in ("batch1_msgs_per_s", "batch32_msgs_per_s"):
+            out[f"{name}_{key}_runs"] = [round(r[key]) for r in runs]
+        out[f"{name}_check_fraction_of_crc32"] = (
+            out[f"{name}_crc32_seconds"] / out[f"{name}_check_seconds"]
+        )
+    out["put_speedup"] = out["after_batch1_msgs_per_s"] / out["before_batch1_msgs_per_s"]
+    out["batch32_speedup"] = out["after_batch32_msgs_per_s"] / out["before_batch32_msgs_per_s"]
+    return out
+
+
 def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
     """
     Microseconds per record of the codec's hot loops, on the pure-Python
@@ -1345,6 +1453,16 @@ def main(argv: list[str] | None = None) -> None:
         "--bodies", choices=["true", "false"], default="true",
         help="decode and move bodies (the data source's bodies option)",
     )
+    puts = commands.add_parser(
+        "puts",
+        help="put, put_batch of 32 and store check: this checkout against another "
+        "(--against: a checkout of the code before), alternating",
+    )
+    puts.add_argument("--against", type=_existing_dir, required=True, help="the other checkout")
+    puts.add_argument("--count", type=int, default=100_000, help="puts per run")
+    puts.add_argument("--check-size", type=int, default=256 << 20, help="store check's bytes")
+    puts.add_argument("--runs", type=int, default=3)
+    puts.add_argument("--dir", type=_existing_dir, default=None, help="where to create the stores")
     codec = commands.add_parser(
         "codec", help="µs per record of the codec's hot loops, pure Python vs compiled"
     )
@@ -1391,6 +1509,22 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.benchmark == "_spark-scan":
         return _spark_scan(args.store, args.master, args.bodies)
+    if args.benchmark == "puts":
+        result = _puts_bench(args)
+        print(
+            f"puts: put {result['before_batch1_msgs_per_s']:,.0f} -> "
+            f"{result['after_batch1_msgs_per_s']:,.0f} msgs/s ({result['put_speedup']:.2f}x); "
+            f"put_batch 32 {result['before_batch32_msgs_per_s']:,.0f} -> "
+            f"{result['after_batch32_msgs_per_s']:,.0f} msgs/s "
+            f"({result['batch32_speedup']:.2f}x); store check "
+            f"{100 * result['before_check_fraction_of_crc32']:.0f}% -> "
+            f"{100 * result['after_check_fraction_of_crc32']:.0f}% of zlib.crc32, RSS +"
+            f"{result['before_check_rss_growth_mib']:.0f} -> "
+            f"+{result['after_check_rss_growth_mib']:.0f} MiB; median of {args.runs}",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "codec":
         result = _codec_bench(args)
         print(

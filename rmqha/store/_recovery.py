@@ -23,7 +23,9 @@ from rmqha.store._record import (
     walk_valid,
 )
 from rmqha.store._segments import (
+    _WALK_BLOCK,
     _Segment,
+    _drop_pages,
     _first_nonzero,
     _fsync_dir,
     _incomplete,
@@ -114,11 +116,19 @@ def _walk(
     while True:
         segment = segments[index]
         mm = segment.mm
+        dropped = position
         while position < segment.size:
-            # Hop over the valid records (compiled when it can be), then
-            # parse the one it stopped at: a BLANK, an error, the end.
+            # Hop over the valid records (compiled when it can be) up to the
+            # end of this block, then parse the one it stopped at: a BLANK,
+            # an error, the end, or a record across the block's end.  The
+            # pages behind go back (the RSS stays flat however big the
+            # segment: _WALK_BLOCK).
+            if position - dropped >= _WALK_BLOCK:
+                _drop_pages(mm, dropped, position)
+                dropped = position
+            limit = min(segment.size, position - position % _WALK_BLOCK + _WALK_BLOCK)
             position, hopped, hop_last = walk_valid(
-                mm, position, segment.size, segment.start + position,
+                mm, position, limit, segment.start + position,
                 check_crc=check_crc, strict=True,
             )
             if hopped:
@@ -137,6 +147,7 @@ def _walk(
                     strict=True,
                 )
             except RecordError as e:
+                _drop_pages(mm, dropped, position)
                 return _Walk(index, position, records, e, last)
             last = segment.start + position
             if type(item) is Blank:
@@ -144,6 +155,7 @@ def _walk(
                 break
             records += 1
             position += item.size
+        _drop_pages(mm, dropped, position)
         if index + 1 == len(segments):
             return _Walk(index, position, records, None, last)
         index += 1

@@ -49,6 +49,12 @@ _PAGE = mmap.PAGESIZE
 
 _ZERO_CHUNK = bytes(1 << 20)
 
+#: How much of a mapping a long read-through (the record walk, the scans for
+#: non-zero bytes) keeps mapped into the process behind it: every this many
+#: bytes it gives the pages it went over back (L{_drop_pages}), so that
+#: checking a store keeps an RSS that does not grow with the segment size.
+_WALK_BLOCK = 8 << 20
+
 
 def segment_name(start: int) -> str:
     """
@@ -428,6 +434,21 @@ def _quarantine_segment(
     return target
 
 
+def _drop_pages(mm: mmap.mmap, start: int, end: int) -> None:
+    """
+    Take the whole pages of C{mm[start:end]} out of the process
+    (C{MADV_DONTNEED}): a read-through of a segment would otherwise count
+    every byte it touched towards the RSS until the mapping is closed.  The
+    mappings are all shared (C{MAP_SHARED}, never copy-on-write), so the
+    bytes stay in the page cache, dirty ones included, and the next touch
+    maps them again: nothing is lost, whatever was written.
+    """
+    start = -(-max(start, 0) // _PAGE) * _PAGE
+    end = min(end, len(mm)) // _PAGE * _PAGE
+    if end > start:
+        mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+
+
 def _mapped_chunks(mm: mmap.mmap, start: int, end: int) -> Iterator[bytes]:
     step = len(_ZERO_CHUNK)
     for position in range(start, end, step):
@@ -443,6 +464,8 @@ def _first_nonzero(mm: mmap.mmap, start: int, end: int) -> int | None:
         if chunk != _ZERO_CHUNK[:n]:
             return position + len(chunk) - len(chunk.lstrip(b"\0"))
         position += n
+        if (position - start) % _WALK_BLOCK < step:
+            _drop_pages(mm, position - _WALK_BLOCK, position)
     return None
 
 
@@ -455,6 +478,8 @@ def _last_nonzero(mm: mmap.mmap, start: int, end: int) -> int | None:
         if chunk != _ZERO_CHUNK[:n]:
             return position - n + len(chunk.rstrip(b"\0")) - 1
         position -= n
+        if (end - position) % _WALK_BLOCK < step:
+            _drop_pages(mm, position, position + _WALK_BLOCK)
     return None
 
 

@@ -415,14 +415,14 @@ PyDoc_STRVAR(encode_doc,
 "None: not the common case; the Python code decides (and raises).");
 
 static PyObject *
-sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+encode_one(PyObject *encoder, PyObject *bufobj, long long pos, long long room,
+           PyObject *message, long long queue_offset, long long physical_offset,
+           long long store_timestamp)
 {
-    PyObject *encoder, *bufobj, *message;
     PyObject *state = NULL, *body, *topic, *properties, *born_host, *tmp = NULL,
              *result = NULL;
     PyObject *attrs[N_ATTRS] = {NULL};
     PyObject *topic_enc, *store_ip, *store_port_o, *store_v6_o, *topics, *hosts;
-    long long pos, room, queue_offset, physical_offset, store_timestamp;
     long long max_message_size, queue_id, flag, sysflag, born_timestamp,
         reconsume_times, prepared_tx_offset, store_port, born_port;
     const char *born_ip;
@@ -434,19 +434,6 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     int64_t fixed, total;
     Py_buffer view;
     unsigned char *w;
-
-    if (nargs != 8) {
-        PyErr_SetString(PyExc_TypeError, "encode takes 8 arguments");
-        return NULL;
-    }
-    encoder = args[0];
-    bufobj = args[1];
-    message = args[4];
-    if (!exact_int(args[2], I64, &pos) || !exact_int(args[3], I64, &room) ||
-        !exact_int(args[5], I64, &queue_offset) ||
-        !exact_int(args[6], I64, &physical_offset) ||
-        !exact_int(args[7], I64, &store_timestamp))
-        Py_RETURN_NONE;
 
     /* Every attribute first: reading one may run Python code (a property
      * of a Message subclass), which could change the encoder's caches or
@@ -663,6 +650,344 @@ finish:
     for (i = 0; i < N_ATTRS; i++)
         Py_XDECREF(attrs[i]);
     Py_XDECREF(state);
+    return result;
+}
+
+static PyObject *
+sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long pos, room, queue_offset, physical_offset, store_timestamp;
+
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "encode takes 8 arguments");
+        return NULL;
+    }
+    if (!exact_int(args[2], I64, &pos) || !exact_int(args[3], I64, &room) ||
+        !exact_int(args[5], I64, &queue_offset) ||
+        !exact_int(args[6], I64, &physical_offset) ||
+        !exact_int(args[7], I64, &store_timestamp))
+        Py_RETURN_NONE;
+    return encode_one(args[0], args[1], pos, room, args[4], queue_offset,
+                      physical_offset, store_timestamp);
+}
+
+#define TRANSACTION_MASK 0xC
+#define TRANSACTION_PREPARED 0x4
+#define TRANSACTION_ROLLBACK 0xC
+
+PyDoc_STRVAR(put_batch_doc,
+"put_batch(encoder, buf, position, limit, messages, index, table, previous,\n"
+"          start, store_timestamp, result_type, store_host, results)\n"
+"    -> (index, position, over)\n\n"
+"CommitLog._encode_batch's loop for the common message, from messages[index]\n"
+"on: the queue offset from table (the first one of each queue kept in\n"
+"previous, for the undo), the record encoded at buf[position:] (room up to\n"
+"limit), an AppendResult (result_type) appended to results.  Stops at the\n"
+"end (index the length, over None), at a message that does not fit (over\n"
+"its size, negated; the table as it was for that message), or at a message\n"
+"this code does not do (over None, nothing done for it): the Python loop\n"
+"does that one.");
+
+static PyObject *
+sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *encoder, *bufobj, *messages, *table, *previous, *result_type,
+        *store_host, *results, *seq;
+    long long position, limit, index, start, store_timestamp, call_start;
+    Py_ssize_t n;
+    PyObject *stop = NULL;
+
+    if (nargs != 13) {
+        PyErr_SetString(PyExc_TypeError, "put_batch takes 13 arguments");
+        return NULL;
+    }
+    encoder = args[0];
+    bufobj = args[1];
+    messages = args[4];
+    table = args[6];
+    previous = args[7];
+    result_type = args[10];
+    store_host = args[11];
+    results = args[12];
+    if (!exact_int(args[2], I64, &position) || !exact_int(args[3], I64, &limit) ||
+        !exact_int(args[5], 0, PY_SSIZE_T_MAX, &index) ||
+        !exact_int(args[8], I64, &start) || !exact_int(args[9], I64, &store_timestamp) ||
+        !PyDict_CheckExact(table) || !PyDict_CheckExact(previous) ||
+        !PyList_CheckExact(results) || !PyType_Check(result_type) ||
+        !PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "put_batch: bad arguments");
+        return NULL;
+    }
+    call_start = position;
+    seq = PySequence_Fast(messages, "messages must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    /* The size is read again every time round: a message's attribute read
+     * may run Python code that shrinks a list of messages. */
+    for (; index < (n = PySequence_Fast_GET_SIZE(seq)); index++) {
+        PyObject *message = PySequence_Fast_GET_ITEM(seq, index);
+        PyObject *topic = NULL, *queue_id = NULL, *sysflag_o = NULL, *key = NULL,
+                 *encoded = NULL, *fields = NULL, *result = NULL, *next = NULL;
+        long long sysflag, queue_offset = 0, total = 0;
+        long long written = 0;
+        int counted, ok = 0;
+
+        Py_INCREF(message);  /* the list may drop it meanwhile */
+        sysflag_o = PyObject_GetAttr(message, s_sysflag);
+        if (sysflag_o == NULL)
+            goto fail_one;
+        if (!exact_int(sysflag_o, I32, &sysflag))
+            goto python_one;
+        counted = (sysflag & TRANSACTION_MASK) != TRANSACTION_PREPARED &&
+                  (sysflag & TRANSACTION_MASK) != TRANSACTION_ROLLBACK;
+        if (counted) {
+            PyObject *current;
+
+            topic = PyObject_GetAttr(message, s_topic);
+            if (topic == NULL)
+                goto fail_one;
+            queue_id = PyObject_GetAttr(message, s_queue_id);
+            if (queue_id == NULL)
+                goto fail_one;
+            /* Exact str and int: hashing and comparing run no Python code. */
+            if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id))
+                goto python_one;
+            key = PyTuple_Pack(2, topic, queue_id);
+            if (key == NULL)
+                goto fail_one;
+            current = PyDict_GetItemWithError(table, key); /* borrowed */
+            if (current == NULL && PyErr_Occurred())
+                goto fail_one;
+            if (current != NULL && !exact_int(current, 0, LLONG_MAX - 1, &queue_offset))
+                goto python_one;
+        }
+        encoded = encode_one(encoder, bufobj, position, limit - position, message,
+                             queue_offset, start + position, store_timestamp);
+        if (encoded == NULL)
+            goto fail_one;
+        if (encoded == Py_None)
+            goto python_one;
+        total = PyLong_AsLongLong(encoded);
+        if (total == -1 && PyErr_Occurred())
+            goto fail_one;
+        if (total < 0) {
+            stop = Py_BuildValue("nLL", (Py_ssize_t)index, position, total);
+            goto done_one;
+        }
+        written = total;
+        if (counted) {
+            if (PyDict_Contains(previous, key) == 0) {
+                PyObject *was = PyLong_FromLongLong(queue_offset);
+                if (was == NULL || PyDict_SetItem(previous, key, was) < 0) {
+                    Py_XDECREF(was);
+                    goto fail_one;
+                }
+                Py_DECREF(was);
+            }
+            next = PyLong_FromLongLong(queue_offset + 1);
+            if (next == NULL || PyDict_SetItem(table, key, next) < 0)
+                goto fail_one;
+        }
+        /* What a NamedTuple's own __new__ does (tuple.__new__(cls, fields),
+         * which allocates through the subtype and fills the items). */
+        result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 5);
+        if (result == NULL)
+            goto fail_one;
+        {
+            PyObject *items[4] = {
+                PyLong_FromLongLong(start + position), PyLong_FromLongLong(total),
+                PyLong_FromLongLong(queue_offset), PyLong_FromLongLong(store_timestamp),
+            };
+            int k, broken = 0;
+            for (k = 0; k < 4; k++) {
+                if (items[k] == NULL)
+                    broken = 1;
+                PyTuple_SET_ITEM(result, k, items[k]);
+            }
+            Py_INCREF(store_host);
+            PyTuple_SET_ITEM(result, 4, store_host);
+            if (broken)
+                goto fail_one;
+        }
+        if (PyList_Append(results, result) < 0)
+            goto fail_one;
+        position += total;
+        ok = 1;
+        goto done_one;
+    python_one:
+        stop = Py_BuildValue("nLO", (Py_ssize_t)index, position, Py_None);
+        goto done_one;
+    fail_one:
+        /* An error (no memory, say) after records were written: zero what
+         * this call wrote, so that the caller's undo (which knows only the
+         * positions it was told) leaves nothing behind. */
+        if (position + written > call_start) {
+            PyObject *type, *value, *traceback;
+            Py_buffer view;
+
+            PyErr_Fetch(&type, &value, &traceback);
+            if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) == 0) {
+                if (call_start >= 0 && position + written <= (long long)view.len)
+                    memset((char *)view.buf + call_start, 0,
+                           (size_t)(position + written - call_start));
+                PyBuffer_Release(&view);
+            }
+            else
+                PyErr_Clear();
+            PyErr_Restore(type, value, traceback);
+        }
+        stop = NULL;
+        ok = -1;
+    done_one:
+        Py_DECREF(message);
+        Py_XDECREF(topic);
+        Py_XDECREF(queue_id);
+        Py_XDECREF(sysflag_o);
+        Py_XDECREF(key);
+        Py_XDECREF(encoded);
+        Py_XDECREF(fields);
+        Py_XDECREF(result);
+        Py_XDECREF(next);
+        if (ok != 1) {
+            Py_DECREF(seq);
+            return stop;
+        }
+    }
+    Py_DECREF(seq);
+    return Py_BuildValue("nLO", (Py_ssize_t)index, position, Py_None);
+}
+
+PyDoc_STRVAR(put_one_doc,
+"put_one(encoder, buf, position, limit, message, table, start,\n"
+"        store_timestamp, result_type, store_host) -> AppendResult | None\n\n"
+"put_batch for one message (CommitLog.put): its AppendResult, with the\n"
+"record written and its queue's offset moved on; None when it does not fit\n"
+"or is not the common case, with nothing done (put_batch then decides).");
+
+static PyObject *
+sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *encoder, *bufobj, *message, *table, *result_type, *store_host;
+    PyObject *sysflag_o = NULL, *topic = NULL, *queue_id = NULL, *key = NULL,
+             *encoded = NULL, *next = NULL, *result = NULL;
+    long long position, limit, start, store_timestamp, sysflag, queue_offset = 0,
+        total = 0;
+    int counted;
+
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "put_one takes 10 arguments");
+        return NULL;
+    }
+    encoder = args[0];
+    bufobj = args[1];
+    message = args[4];
+    table = args[5];
+    result_type = args[8];
+    store_host = args[9];
+    if (!exact_int(args[2], I64, &position) || !exact_int(args[3], I64, &limit) ||
+        !exact_int(args[6], I64, &start) || !exact_int(args[7], I64, &store_timestamp) ||
+        !PyDict_CheckExact(table) || !PyType_Check(result_type) ||
+        !PyType_IsSubtype((PyTypeObject *)result_type, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "put_one: bad arguments");
+        return NULL;
+    }
+    sysflag_o = PyObject_GetAttr(message, s_sysflag);
+    if (sysflag_o == NULL)
+        goto error;
+    if (!exact_int(sysflag_o, I32, &sysflag))
+        goto decline;
+    counted = (sysflag & TRANSACTION_MASK) != TRANSACTION_PREPARED &&
+              (sysflag & TRANSACTION_MASK) != TRANSACTION_ROLLBACK;
+    if (counted) {
+        PyObject *current;
+
+        topic = PyObject_GetAttr(message, s_topic);
+        if (topic == NULL)
+            goto error;
+        queue_id = PyObject_GetAttr(message, s_queue_id);
+        if (queue_id == NULL)
+            goto error;
+        if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id))
+            goto decline;
+        key = PyTuple_Pack(2, topic, queue_id);
+        if (key == NULL)
+            goto error;
+        current = PyDict_GetItemWithError(table, key); /* borrowed */
+        if (current == NULL && PyErr_Occurred())
+            goto error;
+        if (current != NULL && !exact_int(current, 0, LLONG_MAX - 1, &queue_offset))
+            goto decline;
+        next = PyLong_FromLongLong(queue_offset + 1);
+        if (next == NULL)
+            goto error;
+    }
+    encoded = encode_one(encoder, bufobj, position, limit - position, message,
+                         queue_offset, start + position, store_timestamp);
+    if (encoded == NULL)
+        goto error;
+    if (encoded == Py_None)
+        goto decline;
+    total = PyLong_AsLongLong(encoded);
+    if (total == -1 && PyErr_Occurred()) {
+        total = 0;
+        goto error;
+    }
+    if (total < 0)
+        goto decline;
+    result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 5);
+    if (result == NULL)
+        goto unwrite;
+    {
+        PyObject *items[4] = {
+            PyLong_FromLongLong(start + position), PyLong_FromLongLong(total),
+            PyLong_FromLongLong(queue_offset), PyLong_FromLongLong(store_timestamp),
+        };
+        int k, broken = 0;
+        for (k = 0; k < 4; k++) {
+            if (items[k] == NULL)
+                broken = 1;
+            PyTuple_SET_ITEM(result, k, items[k]);
+        }
+        Py_INCREF(store_host);
+        PyTuple_SET_ITEM(result, 4, store_host);
+        if (broken)
+            goto unwrite;
+    }
+    /* The last step: nothing can fail after the queue's offset moves. */
+    if (counted && PyDict_SetItem(table, key, next) < 0)
+        goto unwrite;
+    goto finish;
+
+unwrite:
+    /* An error after the record was written: zero it again. */
+    {
+        PyObject *type, *value, *traceback;
+        Py_buffer view;
+
+        PyErr_Fetch(&type, &value, &traceback);
+        if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) == 0) {
+            if (position >= 0 && position + total <= (long long)view.len)
+                memset((char *)view.buf + position, 0, (size_t)total);
+            PyBuffer_Release(&view);
+        }
+        else
+            PyErr_Clear();
+        PyErr_Restore(type, value, traceback);
+    }
+error:
+    Py_CLEAR(result);
+    goto finish;
+decline:
+    Py_CLEAR(result);
+    result = Py_None;
+    Py_INCREF(result);
+finish:
+    Py_XDECREF(sysflag_o);
+    Py_XDECREF(topic);
+    Py_XDECREF(queue_id);
+    Py_XDECREF(key);
+    Py_XDECREF(encoded);
+    Py_XDECREF(next);
     return result;
 }
 
@@ -962,6 +1287,8 @@ static PyMethodDef methods[] = {
     {"walk_valid", sp_walk_valid, METH_VARARGS, walk_valid_doc},
     {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
     {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
+    {"put_batch", (PyCFunction)(void (*)(void))sp_put_batch, METH_FASTCALL, put_batch_doc},
+    {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL, put_one_doc},
     {"decode_span", sp_decode_span, METH_VARARGS, decode_span_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -39,6 +39,7 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
+from rmqha.store import _record as _codec
 from rmqha.store._queues import _UNCOUNTED, QueueTable
 from rmqha.store._record import (
     Blank,
@@ -323,6 +324,27 @@ class CommitLog:
         @raise MessageRejected: the message breaks a limit (named in the
             text); nothing is written.
         """
+        # The common put in one compiled call; anything else (a roll, a
+        # refusal, a message the compiled code leaves to Python, the log
+        # changed by something other than a put) goes through put_batch,
+        # which this path did nothing for.
+        accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
+        segments = self._segments
+        table = self._queues.table
+        if accel is not None and segments and table is not None:
+            segment = segments[-1]
+            start = segment.start
+            wrote = segment.wrote
+            if start + wrote == self._put_ready_at:
+                encoder = self._encoder
+                result: AppendResult | None = accel.put_one(
+                    encoder, segment.mm, wrote, segment.size - END_FILE_MIN_BLANK_LENGTH,
+                    message, table, start, int(self._clock() * 1000), AppendResult,
+                    encoder.store_host,
+                )
+                if result is not None:
+                    self._put_done(segment, result[0] + result[1], result[0])
+                    return result
         return self.put_batch((message,))[0]
 
     def put_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
@@ -369,17 +391,24 @@ class CommitLog:
             assert results is not None
         if not results:
             return results
-        end = results[-1].offset + results[-1].size
-        segment.wrote = end - segment.start  # type: ignore[union-attr]
+        last = results[-1]
+        self._put_done(segment, last.offset + last.size, last.offset)  # type: ignore[arg-type]
+        return results
+
+    def _put_done(self, segment: _Segment, end: int, last_put: int) -> None:
+        """
+        The bookkeeping after a put or a batch wrote records up to C{end}
+        (the last one at C{last_put}) in C{segment}: once per batch.
+        """
+        segment.wrote = end - segment.start
         self._put_ready_at = self._record_end = end
         queues = self._queues
         queues.end = end
-        queues.last_put = results[-1].offset
+        queues.last_put = last_put
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
         if self._append_observers:
             self._appended(end)
-        return results
 
     # -- observers ---------------------------------------------------------
 
@@ -434,8 +463,29 @@ class CommitLog:
         position = first
         results: list[AppendResult] = []
         previous: dict[tuple[str, int], int] = {}
+        accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
+        fast = None if accel is None else accel.put_batch
+        index = 0
         try:
-            for message in messages:
+            # len() every time round, like iterating: a message's attribute
+            # read may change the list.
+            while index < len(messages):
+                if fast is not None:
+                    # The compiled loop does every common message; it stops
+                    # at the end, at one that does not fit, or at one it
+                    # leaves to the Python code below (the judge).
+                    index, position, over = fast(
+                        self._encoder, mm, position, limit, messages, index, table,
+                        previous, start, store_timestamp, AppendResult, store_host,
+                        results,
+                    )
+                    if over is not None:
+                        self._undo_batch(mm, first, position, previous)
+                        return None
+                    if index >= len(messages):
+                        break
+                message = messages[index]
+                index += 1
                 # Prepared and rolled-back transaction messages take no
                 # queue slot.
                 if message.sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
