@@ -24,8 +24,9 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import (
     IAddress,
@@ -111,6 +112,36 @@ def set_tcp_no_delay(transport: object) -> None:
         set_no_delay(True)
 
 
+def send_now(transport: Any, chunks: Sequence[bytes]) -> None:
+    """
+    Write C{chunks}, in order.  On a plain TCP connection with nothing
+    queued, they are sent at once, in one C{sendmsg} (a C{writev}), instead
+    of on the reactor's next turn: a SYNC_MASTER put waits for the frame to
+    reach the slave and for the slave's report to come back, and a queued
+    write costs each of them a reactor turn and two C{epoll_ctl}s.  What
+    the socket does not take (it is full, or failing: C{doWrite} meets the
+    error then) is queued as by C{transport.writeSequence}.  Anything else
+    (TLS, C{StringTransport}) gets C{writeSequence}.
+    """
+    if (
+        isinstance(transport, tcp.Connection)
+        and transport.connected
+        and not transport.disconnecting
+        and not getattr(transport, "_writeDisconnected", True)
+        and getattr(transport, "_tempDataLen", None) == 0
+        and transport.offset == len(transport.dataBuffer)
+    ):
+        try:
+            sent = transport.socket.sendmsg(chunks)
+        except OSError:
+            sent = 0
+        total = sum(map(len, chunks))
+        if sent < total:
+            transport.write(b"".join(chunks)[sent:])
+        return
+    transport.writeSequence(chunks)
+
+
 def _peer_name(address: IAddress | None) -> str:
     host = getattr(address, "host", None)
     port = getattr(address, "port", None)
@@ -182,7 +213,7 @@ class Transfer:
         try:
             commitlog = self.factory.commitlog
             batch = self.factory.config.transfer_batch_size
-            write = self.connection.transport.writeSequence  # type: ignore[union-attr]
+            transport = self.connection.transport
             offset = self.next_offset
             wrote = False
             while not self.paused and self._open and offset < commitlog.max_offset:
@@ -197,7 +228,7 @@ class Transfer:
                     return
                 if not data:
                     break
-                write([self._frame_header(offset, data), data])
+                send_now(transport, [self._frame_header(offset, data), data])
                 offset += len(data)
                 self.next_offset = offset
                 wrote = True
@@ -219,9 +250,7 @@ class Transfer:
         paused: the transport is full of data then.
         """
         if not self.paused and self._open:
-            self.connection.transport.write(  # type: ignore[union-attr]
-                self._frame_header(self.next_offset, b"")
-            )
+            send_now(self.connection.transport, [self._frame_header(self.next_offset, b"")])
             self._last_write = self.factory.clock.seconds()
         return True
 

@@ -50,7 +50,7 @@ from rmqha.ha._wire import (
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import CorruptReplicaError, StoreError
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
-from rmqha.ha.master import set_tcp_no_delay
+from rmqha.ha.master import send_now, set_tcp_no_delay
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service", "load_replica_id"]
@@ -146,7 +146,7 @@ class SlaveConnection(Protocol):
             if self.factory.identity is not None:
                 # Only to a master whose INFO offered it (the broker sets it).
                 report = encode_identify(self.factory.identity) + report
-        self.transport.write(report)  # type: ignore[union-attr]
+        send_now(self.transport, [report])
         if self._reported is None:
             self._log.info(
                 "following master {master} from offset {offset} ({framing})",
