@@ -9,13 +9,11 @@ from __future__ import annotations
 import struct
 
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import INegotiated
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
 
 from rmqha.ha.config import HAConfig
 from rmqha.ha.master import MasterFactory
@@ -170,43 +168,6 @@ class FrameTests(SlaveTestCase):
         self.assertEqual(self.replica.read(0, 900), self.source_bytes(0, 900))
         text = " ".join(formatEvent(e) for e in events)
         self.assertIn("master sent offset 1000, this slave's max offset is 900", text)
-
-    def test_tls_pieces_of_one_read_appended_as_one(self) -> None:
-        """
-        Under TLS, Twisted hands one socket read over in pieces from its own
-        C{dataReceived}: the frames of all the pieces are appended by one
-        C{append_at} and answered by one report when it returns (not on a
-        later turn), and a read that ends inside a frame keeps it.
-        """
-        self.fill(30)
-        end = self.source.max_offset
-        cuts = [0, 700, 1000, 3000, SEGMENT + 10, end]
-        data = b"".join(frame(a, self.source_bytes(a, b)) for a, b in zip(cuts, cuts[1:]))
-        factory = SlaveFactory(self.replica, self.clock, HAConfig())
-        connection = factory.buildProtocol(None)
-        transport = _PiecesTransport(connection, 1000)
-        connection.makeConnection(transport)
-        self.addCleanup(self._lose, connection)
-        calls = []
-        append_at = self.replica.append_at
-
-        def counting(offset: int, chunk: bytes) -> int:
-            calls.append((offset, len(chunk)))
-            return append_at(offset, chunk)
-
-        self.replica.append_at = counting  # type: ignore[method-assign]
-        connection.send_report()
-        transport.clear()
-        split = len(data) - 100
-        transport.dataReceived(data[:split])
-        first = SEGMENT + 10
-        self.assertEqual(calls, [(0, first)])
-        self.assertEqual(reports(transport.value()), [self.replica.record_end])
-        transport.clear()
-        transport.dataReceived(data[split:])
-        self.assertEqual(calls, [(0, first), (first, end - first)])
-        self.assertEqual(reports(transport.value()), [self.replica.record_end])
-        self.assertEqual(self.replica.max_offset, end)
 
     def test_empty_slave_accepts_last_segment_start(self) -> None:
         """
@@ -395,25 +356,6 @@ class FrameTests(SlaveTestCase):
         connection, transport = self.connect()
         connection.dataReceived(struct.pack(">qi", 0, 4 * 1024 * 1024))
         self.assertTrue(transport.disconnecting)
-
-
-@implementer(INegotiated)
-class _PiecesTransport(StringTransport):
-    """
-    A transport like Twisted's TLS layer: its C{dataReceived} (a socket
-    read) hands the bytes to the protocol in pieces of C{piece} bytes.
-    """
-
-    negotiatedProtocol = None
-
-    def __init__(self, protocol: SlaveConnection, piece: int) -> None:
-        super().__init__()
-        self._protocol = protocol
-        self._piece = piece
-
-    def dataReceived(self, data: bytes) -> None:
-        for at in range(0, len(data), self._piece):
-            self._protocol.dataReceived(data[at : at + self._piece])
 
 
 class _SizedTransport(StringTransport):

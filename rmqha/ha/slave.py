@@ -96,12 +96,6 @@ class SlaveConnection(Protocol):
         self._turn_end: IDelayedCall | None = None
         self._tls = False
         self._handshake_done = False
-        # Frames decoded but not yet appended, and where they end: under
-        # TLS, the pieces of one socket read are gathered and appended (and
-        # answered) once, when the TLS layer has handed over all of them.
-        self._bodies: list[bytes | memoryview] = []
-        self._bodies_end = 0
-        self._gathering = False
         self._received = False
         self._suspicious = False
         # This connection ended on a record rejected again and again.
@@ -125,8 +119,6 @@ class SlaveConnection(Protocol):
         socket = getattr(self.transport, "transport", None) if self._tls else self.transport
         if hasattr(socket, "bufferSize"):
             self._socket = socket
-        if self._tls:
-            self._gather_tls_reads()
         set_tcp_no_delay(self.transport)
         self._last_read = self._last_report = self.factory.clock.seconds()
         # Ask for a record cut short by the last connection whole again.
@@ -186,26 +178,14 @@ class SlaveConnection(Protocol):
                     self._turn_end = self.factory.clock.callLater(0, self._end_of_turn)
             else:
                 self._adapt_read_size(len(data))
+        commitlog = self.factory.commitlog
         # The frames of this read are decoded (each checked) first and
         # appended as one: one pwrite, one validation pass, one report per
         # read, and no read-back of a record cut by a frame boundary.
+        bodies: list[bytes | memoryview] = []
         # (A bad frame stops decoding; the whole, checked frames before it
         # are appended first, as if they had come in a read of their own.)
-        end, mismatch, failure = self._decode(data, self._bodies)
-        if self._gathering and mismatch is None and failure is None:
-            # More pieces of this socket read follow (TLS): _end_of_read.
-            self._bodies_end = end
-            return
-        self._finish(end, mismatch, failure)
-
-    def _finish(self, end: int, mismatch: int | None, failure: ProtocolError | None) -> None:
-        """
-        Append the decoded frames (which end at C{end}), then drop the
-        connection for a frame at offset C{mismatch} or for C{failure}, or
-        report.
-        """
-        commitlog = self.factory.commitlog
-        bodies, self._bodies = self._bodies, []
+        end, mismatch, failure = self._decode(data, bodies)
         if bodies and not self._append(bodies, end):
             return
         if mismatch is not None:
@@ -235,30 +215,6 @@ class SlaveConnection(Protocol):
             self.send_report()
         self._apply_backpressure()
 
-    def _gather_tls_reads(self) -> None:
-        """
-        Twisted's TLS layer hands one socket read to L{dataReceived} in
-        32 KiB pieces, from its own C{dataReceived}: wrap that, so the
-        frames of all the pieces are appended and answered once, when it
-        returns — still within the read, so no ack waits for a later turn.
-        """
-        tls: Any = self.transport
-        read = tls.dataReceived
-
-        def received(data: bytes) -> None:
-            self._gathering = True
-            try:
-                read(data)
-            finally:
-                self._gathering = False
-                self._end_of_read()
-
-        tls.dataReceived = received
-
-    def _end_of_read(self) -> None:
-        if self._bodies and not self._closed:
-            self._finish(self._bodies_end, None, None)
-
     def _decode(
         self, data: bytes, bodies: list[bytes | memoryview]
     ) -> tuple[int, int | None, ProtocolError | None]:
@@ -277,10 +233,8 @@ class SlaveConnection(Protocol):
         """
         decoder = self._decoder
         commitlog = self.factory.commitlog
-        if bodies:
-            end, anywhere = self._bodies_end, False
-        else:
-            end, anywhere = commitlog.max_offset, not commitlog.has_data()
+        end = commitlog.max_offset
+        anywhere = not commitlog.has_data()
         try:
             decoder.feed(data)
             while (frame := decoder.next_frame()) is not None:
