@@ -596,7 +596,7 @@ class SendNowTests(SynchronousTestCase):
         returns, in order, and nothing waits for a write turn.
         """
         transport, peer = self.connection()
-        send_now(transport, [b"header", b"body"])
+        self.assertTrue(send_now(transport, [b"header", b"body"]))
         self.assertEqual(peer.recv(100), b"headerbody")
         self.assertEqual((transport.dataBuffer, transport._tempDataLen), (b"", 0))
         self.assertNotIn(transport, transport.reactor.getWriters())
@@ -608,7 +608,7 @@ class SendNowTests(SynchronousTestCase):
         """
         transport, peer = self.connection()
         transport.write(b"first")
-        send_now(transport, [b"second", b"third"])
+        self.assertFalse(send_now(transport, [b"second", b"third"]))
         with self.assertRaises(BlockingIOError):
             peer.recv(100)
         transport.doWrite()
@@ -625,7 +625,7 @@ class SendNowTests(SynchronousTestCase):
         with self.assertRaises(BlockingIOError):
             while True:
                 sent += transport.socket.send(chunk)
-        send_now(transport, [b"A" * 1000, b"B" * 1000])
+        self.assertFalse(send_now(transport, [b"A" * 1000, b"B" * 1000]))
         self.assertEqual(transport._tempDataLen, 2000)
         self.assertIn(transport, transport.reactor.getWriters())
         received = bytearray()
@@ -641,5 +641,5 @@ class SendNowTests(SynchronousTestCase):
         Any other transport (TLS, C{StringTransport}) gets C{writeSequence}.
         """
         transport = StringTransport()
-        send_now(transport, [b"a", b"b"])
+        self.assertFalse(send_now(transport, [b"a", b"b"]))
         self.assertEqual(transport.value(), b"ab")

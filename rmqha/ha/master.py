@@ -112,7 +112,7 @@ def set_tcp_no_delay(transport: object) -> None:
         set_no_delay(True)
 
 
-def send_now(transport: Any, chunks: Sequence[bytes]) -> None:
+def send_now(transport: Any, chunks: Sequence[bytes]) -> bool:
     """
     Write C{chunks}, in order.  On a plain TCP connection with nothing
     queued, they are sent at once, in one C{sendmsg} (a C{writev}), instead
@@ -122,6 +122,8 @@ def send_now(transport: Any, chunks: Sequence[bytes]) -> None:
     the socket does not take (it is full, or failing: C{doWrite} meets the
     error then) is queued as by C{transport.writeSequence}.  Anything else
     (TLS, C{StringTransport}) gets C{writeSequence}.
+
+    @return: whether all of it is on the socket (C{False}: some is queued).
     """
     if (
         isinstance(transport, tcp.Connection)
@@ -135,11 +137,15 @@ def send_now(transport: Any, chunks: Sequence[bytes]) -> None:
             sent = transport.socket.sendmsg(chunks)
         except OSError:
             sent = 0
-        total = sum(map(len, chunks))
-        if sent < total:
-            transport.write(b"".join(chunks)[sent:])
-        return
+        for i, chunk in enumerate(chunks):
+            if sent < len(chunk):
+                # (Only the chunk cut by the socket is copied.)
+                transport.writeSequence([chunk[sent:], *chunks[i + 1 :]])
+                return False
+            sent -= len(chunk)
+        return True
     transport.writeSequence(chunks)
+    return False
 
 
 def _peer_name(address: IAddress | None) -> str:
@@ -175,6 +181,8 @@ class Transfer:
         self.paused = paused
         self._open = True
         self._producing = False
+        # Frames go out with send_now while the slave keeps up.
+        self._direct = True
         self._last_write = connection.connected_since
         self._heartbeat = IdleTimer(
             self.factory.clock,
@@ -213,7 +221,7 @@ class Transfer:
         try:
             commitlog = self.factory.commitlog
             batch = self.factory.config.transfer_batch_size
-            transport = self.connection.transport
+            transport: Any = self.connection.transport
             offset = self.next_offset
             wrote = False
             while not self.paused and self._open and offset < commitlog.max_offset:
@@ -228,12 +236,21 @@ class Transfer:
                     return
                 if not data:
                     break
-                send_now(transport, [self._frame_header(offset, data), data])
+                chunks = [self._frame_header(offset, data), data]
+                if self._direct:
+                    # A frame the socket did not take whole: the slave is
+                    # behind, so queue (Twisted's buffer, pausing this
+                    # producer) until the transfer has caught up again.
+                    self._direct = send_now(transport, chunks)
+                else:
+                    transport.writeSequence(chunks)
                 offset += len(data)
                 self.next_offset = offset
                 wrote = True
             if wrote:
                 self._last_write = self.factory.clock.seconds()
+            if offset >= commitlog.max_offset:
+                self._direct = True
         finally:
             self._producing = False
 
