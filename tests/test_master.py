@@ -15,9 +15,10 @@ from twisted.internet import tcp
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.logger import capturedLogs, formatEvent
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.ha._wire import (
@@ -643,3 +644,27 @@ class SendNowTests(SynchronousTestCase):
         transport = StringTransport()
         self.assertFalse(send_now(transport, [b"a", b"b"]))
         self.assertEqual(transport.value(), b"ab")
+
+    def test_forwarding_wrapper_looked_through(self) -> None:
+        """
+        Under a wrapper that only forwards writes (the connection limit's
+        L{ProtocolWrapper}, around every accepted HA connection), the
+        chunks still leave at once; a wrapper that transforms writes (as
+        TLS does) is given them instead.
+        """
+        transport, peer = self.connection()
+        wrapper = ProtocolWrapper(WrappingFactory(Factory()), Protocol())
+        wrapper.makeConnection(transport)
+        self.assertTrue(send_now(wrapper, [b"to", b"day"]))
+        self.assertEqual(peer.recv(100), b"today")
+
+        class Transforming(ProtocolWrapper):
+            def writeSequence(self, data: Any) -> None:
+                self.seen = list(data)
+
+        transforming = Transforming(WrappingFactory(Factory()), Protocol())
+        transforming.makeConnection(transport)
+        self.assertFalse(send_now(transforming, [b"secret"]))
+        self.assertEqual(transforming.seen, [b"secret"])
+        with self.assertRaises(BlockingIOError):
+            peer.recv(100)

@@ -41,6 +41,7 @@ from twisted.internet.interfaces import (
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -123,8 +124,19 @@ def send_now(transport: Any, chunks: Sequence[bytes]) -> bool:
     error then) is queued as by C{transport.writeSequence}.  Anything else
     (TLS, C{StringTransport}) gets C{writeSequence}.
 
+    A wrapper that only forwards writes (the connection limit's
+    L{ProtocolWrapper}) is looked through; one that transforms them (TLS)
+    is not.
+
     @return: whether all of it is on the socket (C{False}: some is queued).
     """
+    outer = transport
+    while (
+        isinstance(transport, ProtocolWrapper)
+        and type(transport).write is ProtocolWrapper.write
+        and type(transport).writeSequence is ProtocolWrapper.writeSequence
+    ):
+        transport = transport.transport
     if (
         isinstance(transport, tcp.Connection)
         and transport.connected
@@ -144,7 +156,7 @@ def send_now(transport: Any, chunks: Sequence[bytes]) -> bool:
                 return False
             sent -= len(chunk)
         return True
-    transport.writeSequence(chunks)
+    outer.writeSequence(chunks)
     return False
 
 
