@@ -234,6 +234,10 @@ class Transfer:
             commitlog = self.factory.commitlog
             batch = self.factory.config.transfer_batch_size
             transport: Any = self.connection.transport
+            # Only a SYNC_MASTER's puts wait for the frame: an ASYNC one
+            # keeps queueing, so that a turn's puts leave in one send.
+            ha = self.factory.ha
+            direct = self._direct and ha is not None and ha.sync
             offset = self.next_offset
             wrote = False
             while not self.paused and self._open and offset < commitlog.max_offset:
@@ -249,11 +253,11 @@ class Transfer:
                 if not data:
                     break
                 chunks = [self._frame_header(offset, data), data]
-                if self._direct:
+                if direct:
                     # A frame the socket did not take whole: the slave is
                     # behind, so queue (Twisted's buffer, pausing this
                     # producer) until the transfer has caught up again.
-                    self._direct = send_now(transport, chunks)
+                    direct = self._direct = send_now(transport, chunks)
                 else:
                     transport.writeSequence(chunks)
                 offset += len(data)
