@@ -415,6 +415,26 @@ class SlaveTests(SlaveTestCase):
         self.assertIn("nothing of it was written", text)
         self.assertEqual(self.suspects, 0)
 
+    def test_frames_before_a_damaged_frame_written(self) -> None:
+        """
+        One read with two good frames and a damaged third: the good ones
+        are appended (as if they had come alone), nothing of the damaged
+        one, nothing is acknowledged, and the connection is dropped.
+        """
+        connection, transport = self.connect()
+        transport.clear()
+        end = self.source.max_offset
+        good = checked_frame(0, self.source.read(0, 300)) + checked_frame(
+            300, self.source.read(300, 400)
+        )
+        damaged = flipped(checked_frame(700, self.source.read(700, end - 700)), (20 + 25) * 8)
+        connection.dataReceived(code(CHECKED_ACK) + good + damaged)
+        self.assertEqual(self.replica.max_offset, 700)
+        self.assertEqual(self.replica.read(0, 700), self.source.read(0, 700))
+        self.assertEqual(transport.value(), b"")
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(connection.factory.checksum_failures, 1)
+
     def test_master_not_confirming_is_suspect(self) -> None:
         """
         A master that answers CHECKED_HELLO with a classic frame is not the

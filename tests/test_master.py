@@ -7,14 +7,18 @@ state) and a C{Clock}.
 from __future__ import annotations
 
 import hashlib
+import socket
 import struct
 from typing import Any, Callable
 
+from twisted.internet import tcp
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.logger import capturedLogs, formatEvent
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.ha._wire import (
@@ -26,7 +30,7 @@ from rmqha.ha._wire import (
 )
 from rmqha.ha.control import range_digest
 from rmqha.ha.config import HAConfig
-from rmqha.ha.master import MasterConnection, MasterFactory
+from rmqha.ha.master import MasterConnection, MasterFactory, send_now
 
 from tests._helpers import make_message, open_store
 
@@ -568,3 +572,99 @@ class ControlBoundsTests(MasterTestCase):
         directory = self.store.commitlog_dir
         self.assertIsNotNone(range_digest(directory, SEGMENT, 0, 100))
         self.assertIsNone(range_digest(directory + "-gone", SEGMENT, 0, 100))
+
+
+class SendNowTests(SynchronousTestCase):
+    """
+    L{send_now}: frames and reports leave at once on a plain TCP connection
+    with nothing queued, and otherwise queue behind what is, in order.
+    (A connected socket pair, no reactor: nothing runs a turn.)
+    """
+
+    def connection(self) -> tuple[tcp.Connection, socket.socket]:
+        mine, peer = socket.socketpair()
+        mine.setblocking(False)
+        peer.setblocking(False)
+        self.addCleanup(mine.close)
+        self.addCleanup(peer.close)
+        transport = tcp.Connection(mine, Protocol(), MemoryReactor())
+        transport.connected = True
+        return transport, peer
+
+    def test_sent_at_once(self) -> None:
+        """
+        With nothing queued, the chunks are on the socket when C{send_now}
+        returns, in order, and nothing waits for a write turn.
+        """
+        transport, peer = self.connection()
+        self.assertTrue(send_now(transport, [b"header", b"body"]))
+        self.assertEqual(peer.recv(100), b"headerbody")
+        self.assertEqual((transport.dataBuffer, transport._tempDataLen), (b"", 0))
+        self.assertNotIn(transport, transport.reactor.getWriters())
+
+    def test_queued_behind_queued_bytes(self) -> None:
+        """
+        With bytes already queued, the chunks queue behind them (nothing
+        overtakes), and the reactor's write turn sends both in order.
+        """
+        transport, peer = self.connection()
+        transport.write(b"first")
+        self.assertFalse(send_now(transport, [b"second", b"third"]))
+        with self.assertRaises(BlockingIOError):
+            peer.recv(100)
+        transport.doWrite()
+        self.assertEqual(peer.recv(100), b"firstsecondthird")
+
+    def test_rest_queued_when_the_socket_is_full(self) -> None:
+        """
+        What a full socket does not take is queued (and the writer
+        registered), then sent by the write turns, with nothing lost.
+        """
+        transport, peer = self.connection()
+        chunk = b"x" * 65536
+        sent = 0
+        with self.assertRaises(BlockingIOError):
+            while True:
+                sent += transport.socket.send(chunk)
+        self.assertFalse(send_now(transport, [b"A" * 1000, b"B" * 1000]))
+        self.assertEqual(transport._tempDataLen, 2000)
+        self.assertIn(transport, transport.reactor.getWriters())
+        received = bytearray()
+        while len(received) < sent + 2000:
+            try:
+                received += peer.recv(1 << 20)
+            except BlockingIOError:
+                transport.doWrite()
+        self.assertEqual(bytes(received[sent:]), b"A" * 1000 + b"B" * 1000)
+
+    def test_other_transports_write_sequence(self) -> None:
+        """
+        Any other transport (TLS, C{StringTransport}) gets C{writeSequence}.
+        """
+        transport = StringTransport()
+        self.assertFalse(send_now(transport, [b"a", b"b"]))
+        self.assertEqual(transport.value(), b"ab")
+
+    def test_forwarding_wrapper_looked_through(self) -> None:
+        """
+        Under a wrapper that only forwards writes (the connection limit's
+        L{ProtocolWrapper}, around every accepted HA connection), the
+        chunks still leave at once; a wrapper that transforms writes (as
+        TLS does) is given them instead.
+        """
+        transport, peer = self.connection()
+        wrapper = ProtocolWrapper(WrappingFactory(Factory()), Protocol())
+        wrapper.makeConnection(transport)
+        self.assertTrue(send_now(wrapper, [b"to", b"day"]))
+        self.assertEqual(peer.recv(100), b"today")
+
+        class Transforming(ProtocolWrapper):
+            def writeSequence(self, data: Any) -> None:
+                self.seen = list(data)
+
+        transforming = Transforming(WrappingFactory(Factory()), Protocol())
+        transforming.makeConnection(transport)
+        self.assertFalse(send_now(transforming, [b"secret"]))
+        self.assertEqual(transforming.seen, [b"secret"])
+        with self.assertRaises(BlockingIOError):
+            peer.recv(100)

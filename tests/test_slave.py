@@ -109,6 +109,66 @@ class FrameTests(SlaveTestCase):
         self.assertEqual(self.replica.read(0, end), self.source.read(0, end))
         self.assertEqual(reports(transport.value()), [end])
 
+    def test_frames_of_one_read_appended_as_one(self) -> None:
+        """
+        The frames one read completes are appended by one C{append_at} (one
+        write, one validation pass; a record cut by a frame boundary is not
+        read back), across a segment boundary too, and the log holds
+        exactly the master's bytes.
+        """
+        self.fill(30)
+        end = self.source.max_offset
+        self.assertGreater(end, SEGMENT)
+        cuts = [0, 700, 1000, 3000, SEGMENT + 10, end]
+        data = b"".join(
+            frame(a, self.source_bytes(a, b)) + frame(b) for a, b in zip(cuts, cuts[1:])
+        )
+        connection, transport = self.connect()
+        calls = []
+        append_at = self.replica.append_at
+
+        def counting(offset: int, chunk: bytes) -> int:
+            calls.append((offset, len(chunk)))
+            return append_at(offset, chunk)
+
+        self.replica.append_at = counting  # type: ignore[method-assign]
+        connection.send_report()
+        transport.clear()
+        connection.dataReceived(data)
+        self.assertEqual(calls, [(0, end)])
+        copied = b""
+        while len(copied) < end:
+            copied += self.replica.read(len(copied), end - len(copied))
+        self.assertEqual(copied, self.source_bytes(0, end))
+        self.assertEqual(reports(transport.value()), [self.replica.record_end])
+        self.assertTrue(connection.caught_up)
+        self.assertEqual(connection.factory.bytes_received, end)
+
+    def test_frames_before_a_mismatch_appended(self) -> None:
+        """
+        A read whose third frame names a wrong offset: the two frames before
+        it are appended, nothing after, and the connection is dropped
+        without acknowledging anything.
+        """
+        self.fill(5)
+        end = self.source.max_offset
+        data = (
+            frame(0, self.source_bytes(0, 500))
+            + frame(500, self.source_bytes(500, 900))
+            + frame(1000, self.source_bytes(1000, end))
+        )
+        connection, transport = self.connect()
+        connection.send_report()
+        transport.clear()
+        with capturedLogs() as events:
+            connection.dataReceived(data)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.value(), b"")
+        self.assertEqual(self.replica.max_offset, 900)
+        self.assertEqual(self.replica.read(0, 900), self.source_bytes(0, 900))
+        text = " ".join(formatEvent(e) for e in events)
+        self.assertIn("master sent offset 1000, this slave's max offset is 900", text)
+
     def test_empty_slave_accepts_last_segment_start(self) -> None:
         """
         A genuine RocketMQ master answers report 0 from the start of its

@@ -274,16 +274,22 @@ def _serve_master(store: str, tls: str | None = None) -> None:
         ha_listen=listen,
         peer_policy=policy,
     )
-    samples = {"idle": _rss(), "max": 0}
+    samples = {"idle": _rss(), "max": 0, "cpu": 0.0}
 
     def sample() -> None:
         samples["max"] = max(samples["max"], _rss())
 
     def report() -> None:
-        print(json.dumps({"idle_rss": samples["idle"], "max_rss": samples["max"]}), flush=True)
+        # (CPU seconds since listening: what serving the slave cost.)
+        cpu = time.process_time() - samples["cpu"]
+        print(
+            json.dumps({"idle_rss": samples["idle"], "max_rss": samples["max"], "cpu": cpu}),
+            flush=True,
+        )
 
     def started(address: Any) -> None:
         samples["idle"] = _rss()
+        samples["cpu"] = time.process_time()
         print(json.dumps({"port": address.port}), flush=True)
 
     broker.startService()
@@ -329,6 +335,7 @@ def _run_slave(
     # The master's segment size: a slave's must be its master's.
     commitlog = CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds)
     started = time.perf_counter()
+    cpu_started = time.process_time()
     state = {"max_rss": 0, "done": False}
 
     class Throttled(SlaveConnection):
@@ -357,7 +364,12 @@ def _run_slave(
             state["done"] = True
             print(
                 json.dumps(
-                    {"seconds": elapsed, "bytes": commitlog.max_offset, "max_rss": state["max_rss"]}
+                    {
+                        "seconds": elapsed,
+                        "bytes": commitlog.max_offset,
+                        "max_rss": state["max_rss"],
+                        "cpu": time.process_time() - cpu_started,
+                    }
                 ),
                 flush=True,
             )
@@ -439,7 +451,9 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
                     _progress(
                         f"run {run + 1}: rmqha {r['mb_per_s']:,.0f} MB/s; master RSS "
                         f"{r['master_idle_rss'] >> 20} -> {r['master_max_rss'] >> 20} MiB, "
-                        f"slave RSS {r['slave_max_rss'] >> 20} MiB"
+                        f"slave RSS {r['slave_max_rss'] >> 20} MiB; MB per CPU second: "
+                        f"slave {r['slave_mb_per_cpu_s']:,.0f}, master "
+                        f"{r['master_mb_per_cpu_s']:,.0f}"
                     )
         # A slave throttled to 1 MB/s: the master must not buffer for it.
         slave_store = os.path.join(root, "slow-slave")
@@ -476,6 +490,8 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         "paired_fractions": [round(r["mb_per_s"] / x, 2) for r, x in zip(rmq, raw)],
         "raw_runs": [round(x) for x in raw],
         "rmqha_runs": [round(r["mb_per_s"]) for r in rmq],
+        "slave_mb_per_cpu_s": statistics.median(r["slave_mb_per_cpu_s"] for r in rmq),
+        "master_mb_per_cpu_s": statistics.median(r["master_mb_per_cpu_s"] for r in rmq),
         "master_rss_growth_mib": max(
             (r["master_max_rss"] - r["master_idle_rss"]) >> 20 for r in rmq
         ),
@@ -535,6 +551,10 @@ def _rmqha_run(
     shutil.rmtree(slave_store)
     return {
         "mb_per_s": result["bytes"] / result["seconds"] / 1e6,
+        # MB per CPU second of each process: what a shared machine's load
+        # changes least (the wall-clock figure is the scheduler's too).
+        "slave_mb_per_cpu_s": result["bytes"] / max(result["cpu"], 1e-9) / 1e6,
+        "master_mb_per_cpu_s": result["bytes"] / max(memory["cpu"], 1e-9) / 1e6,
         "master_idle_rss": memory["idle_rss"],
         "master_max_rss": memory["max_rss"],
         "slave_max_rss": result["max_rss"],
@@ -572,6 +592,7 @@ def _paired(
             target = log.max_offset
         _raw_read_all(master_store)
         runs: dict[str, list[float]] = {base: [], other: []}
+        cpu: dict[str, list[tuple[float, float]]] = {base: [], other: []}
         for run in range(args.runs):
             for variant in (base, other) if run % 2 == 0 else (other, base):
                 options = dict(variants[variant])
@@ -580,10 +601,12 @@ def _paired(
                 _settle()
                 r = _rmqha_run(root, master_store, target, **options)
                 runs[variant].append(r["mb_per_s"])
+                cpu[variant].append((r["slave_mb_per_cpu_s"], r["master_mb_per_cpu_s"]))
                 _progress(
                     f"run {run + 1}: {variant} {r['mb_per_s']:,.0f} MB/s; master RSS "
                     f"{r['master_idle_rss'] >> 20} -> {r['master_max_rss'] >> 20} MiB, slave "
-                    f"RSS {r['slave_max_rss'] >> 20} MiB"
+                    f"RSS {r['slave_max_rss'] >> 20} MiB; MB per CPU second: slave "
+                    f"{r['slave_mb_per_cpu_s']:,.0f}, master {r['master_mb_per_cpu_s']:,.0f}"
                 )
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -599,6 +622,11 @@ def _paired(
         "paired_fractions": [round(t / c, 2) for t, c in zip(runs[other], runs[base])],
         f"{base}_runs": [round(x) for x in runs[base]],
         f"{other}_runs": [round(x) for x in runs[other]],
+        **{
+            f"{variant}_{side}_mb_per_cpu_s": statistics.median(c[i] for c in cpu[variant])
+            for variant in (base, other)
+            for i, side in enumerate(("slave", "master"))
+        },
     }
 
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import (
     IAddress,
@@ -40,6 +41,7 @@ from twisted.internet.interfaces import (
 from twisted.internet.protocol import Protocol, ServerFactory, connectionDone
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -111,6 +113,53 @@ def set_tcp_no_delay(transport: object) -> None:
         set_no_delay(True)
 
 
+def send_now(transport: Any, chunks: Sequence[bytes]) -> bool:
+    """
+    Write C{chunks}, in order.  On a plain TCP connection with nothing
+    queued, they are sent at once, in one C{sendmsg} (a C{writev}), instead
+    of on the reactor's next turn: a SYNC_MASTER put waits for the frame to
+    reach the slave and for the slave's report to come back, and a queued
+    write costs each of them a reactor turn and two C{epoll_ctl}s.  What
+    the socket does not take (it is full, or failing: C{doWrite} meets the
+    error then) is queued as by C{transport.writeSequence}.  Anything else
+    (TLS, C{StringTransport}) gets C{writeSequence}.
+
+    A wrapper that only forwards writes (the connection limit's
+    L{ProtocolWrapper}) is looked through; one that transforms them (TLS)
+    is not.
+
+    @return: whether all of it is on the socket (C{False}: some is queued).
+    """
+    outer = transport
+    while (
+        isinstance(transport, ProtocolWrapper)
+        and type(transport).write is ProtocolWrapper.write
+        and type(transport).writeSequence is ProtocolWrapper.writeSequence
+    ):
+        transport = transport.transport
+    if (
+        isinstance(transport, tcp.Connection)
+        and transport.connected
+        and not transport.disconnecting
+        and not getattr(transport, "_writeDisconnected", True)
+        and getattr(transport, "_tempDataLen", None) == 0
+        and transport.offset == len(transport.dataBuffer)
+    ):
+        try:
+            sent = transport.socket.sendmsg(chunks)
+        except OSError:
+            sent = 0
+        for i, chunk in enumerate(chunks):
+            if sent < len(chunk):
+                # (Only the chunk cut by the socket is copied.)
+                transport.writeSequence([chunk[sent:], *chunks[i + 1 :]])
+                return False
+            sent -= len(chunk)
+        return True
+    outer.writeSequence(chunks)
+    return False
+
+
 def _peer_name(address: IAddress | None) -> str:
     host = getattr(address, "host", None)
     port = getattr(address, "port", None)
@@ -144,6 +193,8 @@ class Transfer:
         self.paused = paused
         self._open = True
         self._producing = False
+        # Frames go out with send_now while the slave keeps up.
+        self._direct = True
         self._last_write = connection.connected_since
         self._heartbeat = IdleTimer(
             self.factory.clock,
@@ -182,7 +233,11 @@ class Transfer:
         try:
             commitlog = self.factory.commitlog
             batch = self.factory.config.transfer_batch_size
-            write = self.connection.transport.writeSequence  # type: ignore[union-attr]
+            transport: Any = self.connection.transport
+            # Only a SYNC_MASTER's puts wait for the frame: an ASYNC one
+            # keeps queueing, so that a turn's puts leave in one send.
+            ha = self.factory.ha
+            direct = self._direct and ha is not None and ha.sync
             offset = self.next_offset
             wrote = False
             while not self.paused and self._open and offset < commitlog.max_offset:
@@ -197,12 +252,21 @@ class Transfer:
                     return
                 if not data:
                     break
-                write([self._frame_header(offset, data), data])
+                chunks = [self._frame_header(offset, data), data]
+                if direct:
+                    # A frame the socket did not take whole: the slave is
+                    # behind, so queue (Twisted's buffer, pausing this
+                    # producer) until the transfer has caught up again.
+                    direct = self._direct = send_now(transport, chunks)
+                else:
+                    transport.writeSequence(chunks)
                 offset += len(data)
                 self.next_offset = offset
                 wrote = True
             if wrote:
                 self._last_write = self.factory.clock.seconds()
+            if offset >= commitlog.max_offset:
+                self._direct = True
         finally:
             self._producing = False
 
@@ -219,9 +283,7 @@ class Transfer:
         paused: the transport is full of data then.
         """
         if not self.paused and self._open:
-            self.connection.transport.write(  # type: ignore[union-attr]
-                self._frame_header(self.next_offset, b"")
-            )
+            send_now(self.connection.transport, [self._frame_header(self.next_offset, b"")])
             self._last_write = self.factory.clock.seconds()
         return True
 

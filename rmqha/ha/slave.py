@@ -50,7 +50,7 @@ from rmqha.ha._wire import (
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import CorruptReplicaError, StoreError
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
-from rmqha.ha.master import set_tcp_no_delay
+from rmqha.ha.master import send_now, set_tcp_no_delay
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service", "load_replica_id"]
@@ -146,7 +146,7 @@ class SlaveConnection(Protocol):
             if self.factory.identity is not None:
                 # Only to a master whose INFO offered it (the broker sets it).
                 report = encode_identify(self.factory.identity) + report
-        self.transport.write(report)  # type: ignore[union-attr]
+        send_now(self.transport, [report])
         if self._reported is None:
             self._log.info(
                 "following master {master} from offset {offset} ({framing})",
@@ -178,44 +178,106 @@ class SlaveConnection(Protocol):
                     self._turn_end = self.factory.clock.callLater(0, self._end_of_turn)
             else:
                 self._adapt_read_size(len(data))
-        decoder = self._decoder
         commitlog = self.factory.commitlog
-        try:
-            decoder.feed(data)
-            while (frame := decoder.next_frame()) is not None:
-                self.master_offset = frame.offset
-                expected = commitlog.max_offset
-                if frame.offset != expected and commitlog.has_data():
-                    self._suspicious = True
-                    self._drop(
-                        "master sent offset {offset}, this slave's max offset is {expected}",
-                        offset=frame.offset,
-                        expected=expected,
-                    )
-                    return
-                if frame.is_heartbeat:
-                    self.caught_up = True
-                else:
-                    commitlog.append_at(frame.offset, frame.body)
-                    self.factory.bytes_received += len(frame.body)
-                    self.caught_up = False
-        except ChecksumError as e:
-            self.factory.checksum_failures += 1
-            self._drop("{error}; nothing of it was written", error=str(e))
+        # The frames of this read are decoded (each checked) first and
+        # appended as one: one pwrite, one validation pass, one report per
+        # read, and no read-back of a record cut by a frame boundary.
+        bodies: list[bytes | memoryview] = []
+        # (A bad frame stops decoding; the whole, checked frames before it
+        # are appended first, as if they had come in a read of their own.)
+        end, mismatch, failure = self._decode(data, bodies)
+        if bodies and not self._append(bodies, end):
             return
-        except ProtocolError as e:
-            if not decoder.confirmed:
+        if mismatch is not None:
+            self._suspicious = True
+            self._drop(
+                "master sent offset {offset}, this slave's max offset is {expected}",
+                offset=mismatch,
+                expected=commitlog.max_offset,
+            )
+            return
+        if isinstance(failure, ChecksumError):
+            self.factory.checksum_failures += 1
+            self._drop("{error}; nothing of it was written", error=str(failure))
+            return
+        if failure is not None:
+            if not self._decoder.confirmed:
                 # The master did not take up checked framing after all (a
                 # different master now?): check what it speaks again.
                 self._suspicious = True
-            self._drop("{error}", error=str(e))
+            self._drop("{error}", error=str(failure))
             return
+        factory = self.factory
+        if factory.rejected_offset is not None and commitlog.record_end > factory.rejected_offset:
+            # The record that failed came good.
+            factory.rejected_offset, factory.rejections_in_a_row = None, 0
+        if commitlog.record_end != self._reported:
+            self.send_report()
+        self._apply_backpressure()
+
+    def _decode(
+        self, data: bytes, bodies: list[bytes | memoryview]
+    ) -> tuple[int, int | None, ProtocolError | None]:
+        """
+        Feed C{data} to the decoder and collect the bodies of the frames it
+        completes, in order, into C{bodies} (heartbeats only set
+        L{caught_up}).  Each frame must start where the one before it ended
+        (the first: at this log's max offset, or anywhere in an empty log,
+        which L{CommitLog.append_at} checks).
+
+        @return: where the collected bodies end; the offset of a frame that
+            started elsewhere (C{None}: none did); the L{ChecksumError} or
+            L{ProtocolError} of a bad frame or header (C{None}: none).
+            Decoding stops at a mismatch or a bad frame; C{bodies} holds
+            the frames before it.
+        """
+        decoder = self._decoder
+        commitlog = self.factory.commitlog
+        end = commitlog.max_offset
+        anywhere = not commitlog.has_data()
+        try:
+            decoder.feed(data)
+            while (frame := decoder.next_frame()) is not None:
+                offset, body = frame
+                self.master_offset = offset
+                if offset != end:
+                    if not anywhere:
+                        return end, offset, None
+                    end = offset
+                if body:
+                    anywhere = False
+                    bodies.append(body)
+                    end += len(body)
+                    self.caught_up = False
+                else:
+                    self.caught_up = True
+        except ProtocolError as e:  # (ChecksumError too)
+            return end, None, e
+        return end, None, None
+
+    def _append(self, bodies: list[bytes | memoryview], end: int) -> bool:
+        """
+        Append the bodies of consecutive frames, which end at C{end}: as
+        one write (joined, when there are several).
+
+        @return: whether they were appended (if not, the connection is
+            dropped).
+        """
+        commitlog = self.factory.commitlog
+        if len(bodies) == 1:
+            chunk = bodies[0]
+        else:
+            chunk = b"".join(bodies)
+        # In an empty log, the first frame names where the log starts.
+        start = end - len(chunk)
+        try:
+            commitlog.append_at(start, chunk)
         except CorruptReplicaError as e:
             self._rejected(e)
-            return
+            return False
         except StoreError as e:
             self._drop("cannot append to the commit log: {error}", error=str(e))
-            return
+            return False
         except OSError as e:
             # The slave's disk is full, say: nothing the master can fix, so
             # back off (1 s -> 30 s) instead of re-fetching every second.
@@ -228,14 +290,9 @@ class SlaveConnection(Protocol):
                 what=what,
                 error=e.strerror or str(e),
             )
-            return
-        factory = self.factory
-        if factory.rejected_offset is not None and commitlog.record_end > factory.rejected_offset:
-            # The record that failed came good.
-            factory.rejected_offset, factory.rejections_in_a_row = None, 0
-        if commitlog.record_end != self._reported:
-            self.send_report()
-        self._apply_backpressure()
+            return False
+        self.factory.bytes_received += len(chunk)
+        return True
 
     def _rejected(self, error: CorruptReplicaError) -> None:
         """
