@@ -66,8 +66,10 @@ SCHEMA_DDL = (
 )
 
 _HOP_BLOCK = 16 * 1024 * 1024
-#: Sub-ranges of large segments aim at this many bytes.
-DEFAULT_SPLIT_BYTES = 64 * 1024 * 1024
+#: Sub-ranges of large segments aim at this many bytes (and the Spark
+#: source packs small segments into partitions of about as many): a Spark
+#: task costs tens of milliseconds besides its reading (docs/benchmarks.md).
+DEFAULT_SPLIT_BYTES = 128 * 1024 * 1024
 
 
 @dataclass(frozen=True)
