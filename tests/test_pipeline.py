@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -118,6 +119,39 @@ class PlanTests(SynchronousTestCase):
                 self.assertLessEqual(a.end_offset, b.offset)
             got = arrow_rows(b for s in spans for b in read_span(s))
             self.assertEqual(got, expected, f"split {split}")
+
+    def test_zero_tail_is_not_read(self) -> None:
+        """
+        A segment that is mostly zeros after its records (a broker's newest
+        segment, preallocated) is read up to one read block (4 MiB) past its
+        records, not to its end, however large the tail: a reader's time
+        and memory do not grow with it.
+        """
+        path = self.mktemp()
+        with CommitLog.open(path, segment_size=16 << 20) as log:
+            for i in range(50):
+                log.put(make_message(b"x" * 500, topic="orders"))
+            end = log.max_offset
+        read: list[int] = []
+
+        class Counting(LocalStore):
+            def open(self, segment: Segment) -> Any:
+                reader = super().open(segment)
+                inner = reader.read_at
+
+                def read_at(position: int, length: int) -> bytes:
+                    data = inner(position, length)
+                    read.append(len(data))
+                    return data
+
+                reader.read_at = read_at  # type: ignore[method-assign]
+                return reader
+
+        store = Counting(path)
+        spans = plan(store, 1 << 30)
+        self.assertEqual(sum(b.num_rows for s in spans for b in read_span(s)), 50)
+        self.assertLessEqual(sum(read), (4 << 20) + 8)
+        self.assertLess(end, 4 << 20)
 
     def test_cuts_are_record_starts(self) -> None:
         """

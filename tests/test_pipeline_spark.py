@@ -56,6 +56,24 @@ class DataSourceTests(SynchronousTestCase):
         self.assertGreater(df.rdd.getNumPartitions(), 8)  # type: ignore[attr-defined]
         self.assertEqual(df_rows(df), store_rows(path))
 
+    def test_small_segments_share_a_partition(self) -> None:
+        """
+        Consecutive segments smaller than C{splitBytes} are packed, in
+        order, into partitions of at most C{splitBytes} (a Spark task costs
+        tens of milliseconds besides its reading), and every record still
+        comes once.
+        """
+        from rmqha.pipeline.scan import plan
+
+        path = random_store(self, 400, 16 * 1024, seed=14)
+        spans = plan(path, 1 << 30)
+        self.assertGreater(len(spans), 8)
+        df = self.read(path, splitBytes="32k")  # two 16 KiB segments each
+        self.assertEqual(
+            df.rdd.getNumPartitions(), (len(spans) + 1) // 2  # type: ignore[attr-defined]
+        )
+        self.assertEqual(df_rows(df), store_rows(path))
+
     def test_options_are_pushed_down(self) -> None:
         """
         Offsets, topics and bodies off: the matching records only.

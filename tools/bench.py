@@ -630,7 +630,9 @@ def _paired(
     }
 
 
-def _spark_scan(store: str, master: str, bodies: str = "true") -> None:
+def _spark_scan(
+    store: str, master: str, bodies: str = "true", split_bytes: str | None = None
+) -> None:
     """
     One Spark scan of C{store} on C{master}, after a warm-up query on a
     small slice in many partitions (so every Python worker is started):
@@ -648,31 +650,81 @@ def _spark_scan(store: str, master: str, bodies: str = "true") -> None:
         .load(store)
         .count()
     )
+    reader = spark.read.format("rocketmq-commitlog").option("bodies", bodies)
+    if split_bytes is not None:
+        reader = reader.option("splitBytes", split_bytes)
+    cpu_before = _descendants_cpu()
     started = time.perf_counter()
     row = (
-        spark.read.format("rocketmq-commitlog")
-        .option("bodies", bodies)
-        .load(store)
+        reader.load(store)
         .agg(F.count("*"), F.sum("size"), F.sum(F.length("body")), F.sum(F.col("crc_ok").cast("int")))
         .collect()[0]
     )
     elapsed = time.perf_counter() - started
-    print(json.dumps({"seconds": elapsed, "records": row[0], "bytes": row[1]}), flush=True)
+    cpu_after = _descendants_cpu()
+    cpu = {k: round(cpu_after.get(k, 0.0) - cpu_before.get(k, 0.0), 2) for k in cpu_after}
+    print(
+        json.dumps({"seconds": elapsed, "records": row[0], "bytes": row[1], "cpu_s": cpu}),
+        flush=True,
+    )
     spark.stop()
 
 
-def _plain_scan(store: str, bodies: bool = True) -> dict[str, float]:
+def _descendants_cpu() -> dict[str, float]:
+    """
+    CPU seconds (user + system) so far of this process's descendants, by
+    kind: C{jvm} (Spark's driver and executor), C{python_workers} (the
+    Python workers that run the data source's reads), C{other} (Spark's
+    planning workers): where a Spark query's time goes besides waiting.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, float, str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        table[int(name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick, command)
+    totals = {"jvm": 0.0, "python_workers": 0.0, "other": 0.0}
+    parents = [os.getpid()]
+    while parents:
+        parent = parents.pop()
+        for pid, (ppid, seconds, command) in table.items():
+            if ppid != parent:
+                continue
+            parents.append(pid)
+            if "java" in command.split(" ", 1)[0]:
+                totals["jvm"] += seconds
+            elif "pyspark.worker" in command:
+                totals["python_workers"] += seconds
+            else:
+                totals["other"] += seconds
+    return totals
+
+
+def _plain_scan(store: str, bodies: bool = True) -> dict[str, Any]:
     from rmqha.pipeline.scan import scan
 
     import pyarrow.compute as pc
 
     started = time.perf_counter()
+    cpu = time.process_time()
     records = size = 0
     for batch in scan(store, bodies=bodies):
         records += batch.num_rows
         # (Not to_pylist: a Python int per record would be the bench's cost.)
         size += pc.sum(batch.column("size")).as_py() or 0
-    return {"seconds": time.perf_counter() - started, "records": records, "bytes": size}
+    return {
+        "seconds": time.perf_counter() - started,
+        "records": records,
+        "bytes": size,
+        "cpu_s": {"python": round(time.process_time() - cpu, 2)},
+    }
 
 
 def _crc_ceiling(store: str) -> dict[str, float]:
@@ -728,7 +780,7 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
         with CommitLog.open(store, segment_size=args.segment_size) as log:
             fill(log, args.size // 1141 + 1, 1024, ["orders", "payments", "audit"], 8)
         _raw_read_all(store)
-        runs: dict[str, list[dict[str, float]]] = {
+        runs: dict[str, list[dict[str, Any]]] = {
             "plain": [], "local[1]": [], "local[2]": [], "check": [], "crc32": []
         }
         for run in range(args.runs):
@@ -741,7 +793,10 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
                 elif variant == "crc32":
                     result = _crc_ceiling(store)
                 else:
-                    process = _spawn("_spark-scan", store, variant, "--bodies", args.bodies)
+                    split = ["--split-bytes", args.split_bytes] if args.split_bytes else []
+                    process = _spawn(
+                        "_spark-scan", store, variant, "--bodies", args.bodies, *split
+                    )
                     result = _json_line(process)
                     process.wait()
                 runs[variant].append(result)
@@ -757,6 +812,7 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_info(),
         "runs": args.runs,
         "bodies": args.bodies == "true",
+        "split_bytes": args.split_bytes or "default",
     }
     for variant, results in runs.items():
         seconds = statistics.median(r["seconds"] for r in results)
@@ -766,6 +822,12 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
         if "records" in results[0]:
             out[f"{key}_records_per_s"] = results[0]["records"] / seconds
         out[f"{key}_runs_s"] = [round(r["seconds"], 2) for r in results]
+        if "cpu_s" in results[0]:
+            # Spark's CPU seconds per query by process kind (medians).
+            out[f"{key}_cpu_s"] = {
+                kind: round(statistics.median(r["cpu_s"][kind] for r in results), 2)
+                for kind in results[0]["cpu_s"]
+            }
     out["store_bytes"] = runs["plain"][0]["bytes"]
     out["records"] = runs["plain"][0]["records"]
     out["local2_speedup_over_local1"] = out["local1_seconds"] / out["local2_seconds"]
@@ -1057,7 +1119,7 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
         }
         _raw_read_all(store)
         variants = [(reader, source) for reader in ("plain", "local[2]") for source in sources]
-        runs: dict[str, list[dict[str, float]]] = {f"{r} {s}": [] for r, s in variants}
+        runs: dict[str, list[dict[str, Any]]] = {f"{r} {s}": [] for r, s in variants}
         for run in range(args.runs):
             for reader, source in variants if run % 2 == 0 else variants[::-1]:
                 if reader == "plain":
@@ -1096,6 +1158,12 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
         key = name.replace("[", "").replace("]", "").replace(" ", "_")
         out[f"{key}_mb_per_s"] = results[0]["bytes"] / seconds / 1e6
         out[f"{key}_runs_s"] = [round(r["seconds"], 2) for r in results]
+        if "cpu_s" in results[0]:
+            # Spark's CPU seconds per query by process kind (medians).
+            out[f"{key}_cpu_s"] = {
+                kind: round(statistics.median(r["cpu_s"][kind] for r in results), 2)
+                for kind in results[0]["cpu_s"]
+            }
     for reader in ("plain", "local2"):
         for source in ("s3", "http"):
             out[f"{reader}_{source}_fraction_of_local"] = (
@@ -1481,6 +1549,9 @@ def main(argv: list[str] | None = None) -> None:
         "--bodies", choices=["true", "false"], default="true",
         help="decode and move bodies (the data source's bodies option)",
     )
+    spark_bench.add_argument(
+        "--split-bytes", default=None, help="the data source's splitBytes (default: its own)"
+    )
     puts = commands.add_parser(
         "puts",
         help="put, put_batch of 32 and store check: this checkout against another "
@@ -1522,6 +1593,7 @@ def main(argv: list[str] | None = None) -> None:
             helper.add_argument(param)
         if name == "_spark-scan":
             helper.add_argument("--bodies", default="true")
+            helper.add_argument("--split-bytes", default=None)
         if name in ("_serve-master", "_run-slave"):
             helper.add_argument("--tls", default=None, help="an rmqha certs init directory")
         if name == "_run-slave":
@@ -1536,7 +1608,7 @@ def main(argv: list[str] | None = None) -> None:
             float(args.seconds), args.tls, args.checked, args.segment_size,
         )
     if args.benchmark == "_spark-scan":
-        return _spark_scan(args.store, args.master, args.bodies)
+        return _spark_scan(args.store, args.master, args.bodies, args.split_bytes)
     if args.benchmark == "puts":
         result = _puts_bench(args)
         print(

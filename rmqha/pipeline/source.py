@@ -15,7 +15,9 @@ fillers and bytes after the last whole record are not rows.  Options:
     topics       a,b,c: only these topics (skipped before decoding)
     startOffset  only records at or after this commit-log offset
     endOffset    only records before this offset
-    splitBytes   partition size for large segments (default 64m)
+    splitBytes   partition size (default 128m): large segments are cut
+                 into pieces of about this size, consecutive small ones
+                 packed into one partition up to it
 
 Offsets and topics are applied while planning and reading, not filtered
 after decoding.  Where a store can be (a path, any C{pyarrow.fs} URI, a
@@ -54,12 +56,35 @@ class OptionError(ValueError):
 
 class SpanPartition(InputPartition):
     """
-    One L{Span} as a Spark input partition.
+    Consecutive L{Span}s (one, or several small segments) as one Spark
+    input partition: each task costs Spark tens of milliseconds besides
+    the reading, so a partition holds about C{splitBytes} even when the
+    segments are smaller (docs/benchmarks.md, "Where Spark's time goes").
     """
 
-    def __init__(self, span: Span) -> None:
-        super().__init__(span)
-        self.span = span
+    def __init__(self, spans: Sequence[Span]) -> None:
+        super().__init__(tuple(spans))
+        self.spans = tuple(spans)
+
+
+def pack(spans: Sequence[Span], limit: int) -> list[SpanPartition]:
+    """
+    C{spans} in order, grouped into partitions of at most C{limit} bytes
+    (a span larger than C{limit} alone).
+    """
+    partitions: list[SpanPartition] = []
+    group: list[Span] = []
+    size = 0
+    for span in spans:
+        length = span.end - span.start
+        if group and size + length > limit:
+            partitions.append(SpanPartition(group))
+            group, size = [], 0
+        group.append(span)
+        size += length
+    if group:
+        partitions.append(SpanPartition(group))
+    return partitions
 
 
 def _offset(options: dict[str, str], name: str) -> int | None:
@@ -134,13 +159,13 @@ class CommitLogReader(DataSourceReader):
 
     def partitions(self) -> list[SpanPartition]:
         o = self.options
-        spans = plan(o["store"], o["split"], o["start"], o["end"])
-        return [SpanPartition(span) for span in spans]
+        return pack(plan(o["store"], o["split"], o["start"], o["end"]), o["split"])
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         o = self.options
         assert isinstance(partition, SpanPartition)
-        yield from read_span(partition.span, o["bodies"], o["topics"])
+        for span in partition.spans:
+            yield from read_span(span, o["bodies"], o["topics"])
 
 
 def _java_home() -> str | None:
