@@ -143,7 +143,9 @@ def send_now(transport: Any, chunks: Sequence[bytes]) -> bool:
         and not transport.disconnecting
         and not getattr(transport, "_writeDisconnected", True)
         and getattr(transport, "_tempDataLen", None) == 0
-        and transport.offset == len(transport.dataBuffer)
+        # (Twisted's private buffer state: if a release renames it, every
+        # write takes the ordinary path below.)
+        and getattr(transport, "offset", None) == len(getattr(transport, "dataBuffer", b"x"))
     ):
         try:
             sent = transport.socket.sendmsg(chunks)
