@@ -368,6 +368,8 @@ class _HttpReader(SegmentReader):
     persistent connection.
     """
 
+    block_size = 32 * 1024 * 1024
+
     def __init__(self, store: HttpStore, segment: Segment) -> None:
         self._store = store
         self.size = segment.size

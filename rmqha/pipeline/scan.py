@@ -460,7 +460,8 @@ def read_span(
         yield _batch(pa, schema, columns, keys, values, map_offsets)
 
 
-#: How much of a span L{read_span} reads at a time while records are plain.
+#: How much of a span L{read_span} reads at a time while records are
+#: plain, at least (the reader's C{block_size} when larger: a remote store).
 _READ_BLOCK = 4 * 1024 * 1024
 
 
@@ -476,7 +477,8 @@ def _plain_blocks(
     """
     length = span.end - span.start
     position = 0
-    need = _READ_BLOCK
+    block_size = max(_READ_BLOCK, f.block_size)
+    need = block_size
     while position < length:
         want = min(need, length - position)
         block = f.read_at(span.start + position, want)
@@ -498,9 +500,9 @@ def _plain_blocks(
             total = read_header(view, at)[0]
             if not left < total <= length - position - at:
                 return  # not a record cut by the block's end
-            need = max(_READ_BLOCK, total)  # a record larger than a block
+            need = max(block_size, total)  # a record larger than a block
         else:
-            need = _READ_BLOCK
+            need = block_size
         position += at
 
 

@@ -76,6 +76,11 @@ class SegmentReader(ABC):
 
     #: The file's length.
     size: int
+    #: How many bytes a sequential reader should ask for at once: small
+    #: for a local file (page cache), large for a remote one, where every
+    #: read is a request (and an object store may cost the whole object's
+    #: size per ranged request).
+    block_size: int = 4 * 1024 * 1024
 
     @abstractmethod
     def read_at(self, position: int, length: int) -> bytes:
@@ -250,6 +255,8 @@ class LocalStore(Store):
 
 
 class _ArrowReader(SegmentReader):
+    block_size = 64 * 1024 * 1024
+
     def __init__(self, handle: Any, location: str) -> None:
         self._handle = handle
         self.location = location
