@@ -110,3 +110,58 @@ class ResolveTests(SynchronousTestCase):
         segment = Segment(0, "00000000000000000000", 10)
         e = self.assertRaises(OSError, store.open, segment)
         self.assertEqual(e.filename, store.location(segment))
+
+
+class BlockSizeTests(SynchronousTestCase):
+    """
+    A reader's C{block_size} sets how much L{read_span} asks for at once:
+    a remote store gets few large requests, a local file small reads.
+    """
+
+    def test_remote_blocks_are_large(self) -> None:
+        """
+        Over a 16 MiB segment holding 11 MB of plain records, a reader
+        with 64 MiB blocks is asked for the whole span at once; a local
+        file's reader (4 MiB) several times.
+        """
+        from rmqha.pipeline.scan import plan, read_span
+        from rmqha.store import _record
+
+        if not getattr(_record, "ACCELERATED", False):
+            raise self.skipTest("the block reads are the compiled decoder's path")
+        path = self.mktemp()
+        with CommitLog.open(path, segment_size=16 * 1024 * 1024) as log:
+            body = os.urandom(1000)
+            for i in range(11_000):
+                log.put(make_message(body))
+        asked: list[int] = []
+
+        class Counting(LocalStore):
+            big = False
+
+            def open(self, segment: Segment):  # type: ignore[no-untyped-def]
+                reader = super().open(segment)
+                inner = reader.read_at
+
+                def read_at(position: int, length: int) -> bytes:
+                    asked.append(length)
+                    return inner(position, length)
+
+                reader.read_at = read_at  # type: ignore[method-assign]
+                if self.big:
+                    reader.block_size = 64 * 1024 * 1024
+                return reader
+
+        for big, most in ((False, 4 * 1024 * 1024), (True, 64 * 1024 * 1024)):
+            store = Counting(path)
+            store.big = big
+            asked.clear()
+            (span,) = plan(store, split_bytes=64 * 1024 * 1024)
+            rows = sum(b.num_rows for b in read_span(span))
+            self.assertEqual(rows, 11_000)
+            self.assertLessEqual(max(asked), most)
+            if big:  # the whole span at once (then 8 bytes where the records stop)
+                self.assertEqual(asked[0], span.end - span.start)
+                self.assertLessEqual(len(asked), 2, asked)
+            else:
+                self.assertGreater(len(asked), 2, asked)
