@@ -64,6 +64,7 @@ __all__ = [
     "SLAVE_ADDRESS",
     "StringEndpoint",
     "connect_in_memory",
+    "free_ports",
     "twistd_command",
     "twistd_slave_command",
 ]
@@ -271,6 +272,27 @@ class StringEndpoint:
         protocol.makeConnection(transport)
         self.connected.append((protocol, transport))
         return succeed(protocol)
+
+
+def free_ports(count: int) -> list[int]:
+    """
+    C{count} different TCP ports on 127.0.0.1, free a moment ago, for
+    processes that must be told their ports in advance (C{twistd}
+    children, JVMs, a server that comes back on the same port); an
+    in-process listener binds port 0 instead.  The ports are held
+    together while they are picked, so no two are the same (one at a
+    time, the kernel may hand out a port it just gave).
+    """
+    import socket
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
 
 
 def twistd_command(store_dir: str, log_file: str, *options: str) -> list[str]:

@@ -1026,16 +1026,12 @@ def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_http(url: str, process: "subprocess.Popen[Any]", what: str, timeout: float = 60) -> None:
+def wait_http(url: str, process: "subprocess.Popen[Any]", what: str, timeout: float = 60) -> None:
+    """
+    Poll C{url} until it answers (any HTTP status), failing at once if
+    C{process} (the server) exits, or after C{timeout} seconds; C{what}
+    names the server in the error.
+    """
     import urllib.error
     import urllib.request
 
@@ -1073,7 +1069,7 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
     from pyarrow import fs as pafs
 
     from rmqha.cli import fill
-    from rmqha.testing import twistd_command
+    from rmqha.testing import free_ports, twistd_command
 
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
     store = os.path.join(root, "store")
@@ -1082,7 +1078,7 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
         _progress(f"filling a {args.size / (1 << 20):,.0f} MiB store ...")
         with CommitLog.open(store, segment_size=args.segment_size) as log:
             fill(log, args.size // 1141 + 1, 1024, ["orders", "payments", "audit"], 8)
-        s3_port, http_port = _free_port(), _free_port()
+        s3_port, http_port = free_ports(2)
         moto = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -1099,8 +1095,8 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         processes.append(broker)
-        _wait_http(f"http://127.0.0.1:{s3_port}/", moto, "the S3 server")
-        _wait_http(f"http://127.0.0.1:{http_port}/status", broker, "the broker")
+        wait_http(f"http://127.0.0.1:{s3_port}/", moto, "the S3 server")
+        wait_http(f"http://127.0.0.1:{http_port}/status", broker, "the broker")
         s3 = pafs.S3FileSystem(
             access_key="bench", secret_key="bench", endpoint_override=f"127.0.0.1:{s3_port}",
             scheme="http", region="us-east-1", allow_bucket_creation=True,

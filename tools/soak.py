@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,17 +32,12 @@ import time
 import urllib.request
 from typing import Any
 
-from rmqha.testing import twistd_command
+from rmqha.testing import free_ports, twistd_command
 
 __all__ = ["main", "run", "grows", "check_out"]
 
 _OUTPUTS = ("soak.json", "soak.png")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rss(pid: int) -> int:
@@ -85,7 +79,7 @@ def run(
     """
     check_out(out)
     root = tempfile.mkdtemp(prefix="rmqha-soak-")
-    ha, http = _free_port(), _free_port()
+    ha, http = free_ports(2)
     processes: dict[str, subprocess.Popen[bytes]] = {}
     stop = threading.Event()
     sent = {"ok": 0, "errors": 0}

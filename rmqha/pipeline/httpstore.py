@@ -260,10 +260,9 @@ class HttpStore(Store):
             reused = True
             if response.status != 503 or busy >= self.busy_retries:
                 return connection, response
-            body = _read(response, 64 * 1024, url, location)
+            _read(response, 64 * 1024, url, location)  # drained: the connection is reused
             busy += 1
             self._sleep(_busy_delay(response.getheader("retry-after"), busy))
-            del body
 
     def _get_json(self, path: str) -> Any:
         url = f"{self.uri}{path}"

@@ -53,7 +53,6 @@ __all__ = [
     "plan",
     "read_span",
     "scan",
-    "segments",
 ]
 
 #: The DataFrame schema, as Spark DDL (timestamps are RocketMQ's epoch ms).
@@ -105,14 +104,6 @@ class Span:
     @property
     def end_offset(self) -> int:
         return self.base + self.end
-
-
-def segments(store: "Store | str") -> list[Segment]:
-    """
-    The segment files of a store (a L{Store}, or a location for
-    L{rmqha.pipeline.stores.resolve}), in order.
-    """
-    return resolve(store).segments()
 
 
 def walk(reader: SegmentReader) -> Iterator[tuple[int, int]]:

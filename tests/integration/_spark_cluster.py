@@ -19,12 +19,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+
+from rmqha.testing import free_ports
 
 __all__ = ["SparkCluster", "hidden_argv", "python_jobs", "why_no_cluster", "why_no_namespaces", "worker_env"]
 
@@ -118,12 +119,6 @@ def worker_env(scratch: str) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 @dataclass
 class SparkCluster:
@@ -155,7 +150,7 @@ class SparkCluster:
         """
         env = worker_env(self.scratch)
         spark_class = os.path.join(env["SPARK_HOME"], "bin", "spark-class")
-        port, self.webui = _free_port(), _free_port()
+        port, self.webui = free_ports(2)
         self.url = f"spark://127.0.0.1:{port}"
         self._start("master", [
             spark_class, "org.apache.spark.deploy.master.Master",

@@ -14,7 +14,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import urllib.request
 from typing import Any
@@ -24,24 +23,17 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
 from rmqha.store.commitlog import CommitLog, Record, verify_store
-from rmqha.testing import twistd_command
+from rmqha.testing import free_ports, twistd_command
 
 
 SEGMENT = 4 * 1024 * 1024
 
 
-def _free_port() -> int:
-    # The master must come back on the same port after each kill.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class _Cluster:
     def __init__(self, root: str) -> None:
         self.root = root
-        self.ha_port = _free_port()
-        self.http_port = _free_port()
+        self.ha_port, self.http_port = free_ports(2)
         self.master: subprocess.Popen[bytes] | None = None
         self.slave: subprocess.Popen[bytes] | None = None
         self.starts = {"master": 0, "slave": 0}

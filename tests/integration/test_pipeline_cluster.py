@@ -133,33 +133,6 @@ _HIDDEN_JOBS = {
 }
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
-    import time
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + 60
-    while True:
-        assert process.poll() is None, f"{url}: the server exited ({process.returncode})"
-        try:
-            with urllib.request.urlopen(url, timeout=2):
-                return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"{url} did not answer"
-            time.sleep(0.1)
-
-
 class Sources:
     """
     The other places a store can be, for the cluster's executors: a copy
@@ -184,7 +157,8 @@ class Sources:
         from moto.server import ThreadedMotoServer
         from pyarrow import fs
 
-        from rmqha.testing import twistd_command, twistd_slave_command
+        from rmqha.testing import free_ports, twistd_command, twistd_slave_command
+        from tools.bench import wait_http
 
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         server.start()
@@ -204,7 +178,7 @@ class Sources:
             f"s3://testing:testing@backups/store?endpoint_override={host}:{port}"
             "&scheme=http&region=us-east-1"
         )
-        ha, http_master, http_slave = _free_port(), _free_port(), _free_port()
+        ha, http_master, http_slave = free_ports(3)
         live = os.path.join(os.path.dirname(self.root), "live")
         os.makedirs(live, exist_ok=True)
         common = ["--segment-size", "65536", "--serve-commitlog", "64m"]
@@ -218,8 +192,8 @@ class Sources:
             os.path.join(live, "slave.log"), "--ha-listen", "tcp:0:interface=127.0.0.1",
             "--http", f"tcp:{http_slave}:interface=127.0.0.1", *common,
         )))
-        _wait_http(f"http://127.0.0.1:{http_master}/status", self.processes[0])
-        _wait_http(f"http://127.0.0.1:{http_slave}/status", self.processes[1])
+        wait_http(f"http://127.0.0.1:{http_master}/status", self.processes[0], "the master")
+        wait_http(f"http://127.0.0.1:{http_slave}/status", self.processes[1], "the slave")
         self.master = f"rmqha+http://127.0.0.1:{http_master}"
         self.slave = f"rmqha+http://127.0.0.1:{http_slave}"
         for _ in range(300):
