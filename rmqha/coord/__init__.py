@@ -1,0 +1,4 @@
+"""
+Automatic failover: a coordinator (a DCS, "distributed configuration
+store": etcd v3 today) elects one master per group (docs/failover.md).
+"""
