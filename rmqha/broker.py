@@ -171,6 +171,8 @@ class Broker(MultiService):
         fd_limit: Callable[[], int] = raise_fd_limit,
         scrub_rate: int = DEFAULT_SCRUB_RATE,
         master_kind: MasterKind | str = DEFAULT_MASTER_KIND,
+        coordinated: bool = False,
+        replica_id: str | None = None,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -215,9 +217,15 @@ class Broker(MultiService):
             replicate classically), C{"rocketmq"} (no probe: classic at
             once) or C{"auto"} (probe; a master once seen speaking the
             extension is never taken for a RocketMQ one).
+        @param coordinated: a failover coordinator gives this broker its
+            role (L{rmqha.coord.node}): it may start as a slave with no
+            master yet (standing by).
+        @param replica_id: the id this broker declares as a slave
+            (IDENTIFY): failover mode gives its node id; by default the
+            one kept in the store.
         """
         MultiService.__init__(self)
-        if role is Role.SLAVE and not master_endpoint:
+        if role is Role.SLAVE and not master_endpoint and not coordinated:
             raise ValueError("a slave needs the master's address")
         if not 1 <= min_in_sync_replicas <= in_sync_replicas:
             raise ValueError(
@@ -254,6 +262,7 @@ class Broker(MultiService):
         self._retry_policy = retry_policy
         self._max_unflushed = max_unflushed
         self._fd_limit = fd_limit
+        self._replica_id = replica_id
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
         #: Seconds SYNC_MASTER puts waited for their slaves.
@@ -280,6 +289,9 @@ class Broker(MultiService):
         self.scrub.setServiceParent(self)  # type: ignore[no-untyped-call]
         #: The role's service (not a child: this broker starts and stops it).
         self.role_service: MasterSide | Replica | None = None
+        #: Failover mode: why this master may not take puts now (its lease
+        #: is not renewed, it is handing over), or C{None}.
+        self.refusing: Callable[[], str | None] = lambda: None
 
     # -- the role services --------------------------------------------------
 
@@ -309,6 +321,7 @@ class Broker(MultiService):
             on_divergence=self._on_divergence,
             probe_timeout=self._probe_timeout,
             master_kind=self._master_kind,
+            replica_id=self._replica_id,
         )
 
     def become_master(self, role: Role = Role.ASYNC_MASTER) -> Deferred[None]:
@@ -368,6 +381,23 @@ class Broker(MultiService):
 
         return d.addCallback(demote)
 
+    def stand_by(self) -> Deferred[None]:
+        """
+        Be neither a master nor a replicating slave (failover mode: no
+        master is known, or this master has lost its lease): the HA port
+        closes, its slaves are disconnected, waiting puts end with
+        C{SLAVE_NOT_AVAILABLE}, and puts are refused until a role is given.
+        """
+        old = self.role_service
+        self.role_service = None
+        self.role = Role.SLAVE
+        self.scrub.slave = True
+        self._master_endpoint = None
+        if old is None:
+            return succeed(None)
+        self._log.info("this broker stands by: no master to follow")
+        return _stopped(old)
+
     # -- start and stop -------------------------------------------------------
 
     def privilegedStartService(self) -> None:
@@ -390,10 +420,12 @@ class Broker(MultiService):
         side = self.role_service
         if isinstance(side, MasterSide):
             side.open(self.commitlog)
-        else:
-            assert self._master_endpoint is not None
+        elif self._master_endpoint is not None:
             side = self.role_service = self._replica(self._master_endpoint)
-        side.startService()
+        else:
+            side = None  # (standing by: a coordinator gives the role)
+        if side is not None:
+            side.startService()
         for port in self._ports():
             port.startService()
 
@@ -604,6 +636,10 @@ class Broker(MultiService):
         if not isinstance(side, MasterSide) or side.factory is None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError("messages are put on the master, this is a slave")
+        refusal = self.refusing()
+        if refusal is not None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError(refusal)
         commitlog = self.commitlog
         try:
             append = commitlog.put(message)

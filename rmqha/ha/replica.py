@@ -128,8 +128,14 @@ class Replica(Service):
         on_divergence: OnDivergence | None = OnDivergence.HALT,
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         master_kind: MasterKind = MasterKind.AUTO,
+        replica_id: str | None = None,
     ) -> None:
+        """
+        @param replica_id: the id this replica declares (IDENTIFY); by
+            default the one kept in the store (failover mode: the node id).
+        """
         self.reactor = reactor
+        self._replica_id = replica_id
         self.store = store
         self._master_endpoint = master_endpoint
         self._config = config
@@ -401,7 +407,9 @@ class Replica(Service):
                 "checked framing (CRC-32 on every frame and report) {state}",
                 state="on" if checked else "off: the master does not offer it",
             )
-        self._identity = load_replica_id(self.commitlog.store_dir) if identify else None
+        self._identity = (
+            (self._replica_id or load_replica_id(self.commitlog.store_dir)) if identify else None
+        )
         if self.slave_factory is not None:
             self.slave_factory.checked = checked
             self.slave_factory.identity = self._identity
