@@ -133,7 +133,25 @@ def status(broker: Broker) -> dict[str, Any]:
         # why replication is not running, if it is not (docs/protocol.md).
         result["master_kind"] = broker.master_kind
         result["problem"] = broker.problem
+    if broker.coordinator is not None:
+        # Failover mode (docs/failover.md): the group, its master, epochs,
+        # the in-sync set and the last election.
+        result["failover"] = broker.coordinator.status()
     return result
+
+
+def master_hint(broker: Broker) -> dict[str, Any] | None:
+    """
+    Failover mode: where the elected master is, for a client that asked
+    a slave.
+    """
+    coordinator = broker.coordinator
+    if coordinator is None:
+        return None
+    master = coordinator.status().get("master")
+    if not master or master.get("node_id") == coordinator.settings.node_id:
+        return None
+    return {"node_id": master["node_id"], "http": master["http"], "epoch": master["epoch"]}
 
 
 def _json(request: Request, code: int, body: dict[str, Any]) -> bytes:
@@ -234,6 +252,8 @@ class _BrokerCollector(Collector):
             value=self._served.bytes_served if self._served else 0,
         )
         yield from _scrub_metrics(broker)
+        if broker.coordinator is not None:
+            yield from _failover_metrics(broker.coordinator.status())
         if broker.role.is_master:
             yield CounterMetricFamily("rmqha_puts", "messages put", value=broker.puts)
             statuses = CounterMetricFamily(
@@ -303,6 +323,38 @@ class _BrokerCollector(Collector):
             )
 
 
+def _failover_metrics(status: dict[str, Any]) -> Iterator[Metric]:
+    """
+    Failover mode's figures (docs/failover.md).
+    """
+    yield GaugeMetricFamily(
+        "rmqha_failover_is_master", "1 while this node is the elected master",
+        value=int(status["is_master"]),
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_epoch", "the group's epoch as last read", value=status["epoch"] or 0
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_in_sync_members", "members of the in-sync set (the master included)",
+        value=len(status["in_sync"] or ()),
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_lease_valid_seconds",
+        "seconds this node's lease is known good for (0: none)",
+        value=status["lease_valid_for"],
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_coordinator_up", "1 while the coordinator answers",
+        value=int(status["coordinator_error"] is None),
+    )
+    events = CounterMetricFamily(
+        "rmqha_failover_events", "elections won, step-downs, leases lost", labels=["event"]
+    )
+    for event, count in sorted(status["counts"].items()):
+        events.add_metric([event], count)
+    yield events
+
+
 def _scrub_metrics(broker: Broker) -> Iterator[Metric]:
     scrub = broker.scrub
     yield GaugeMetricFamily(
@@ -360,9 +412,14 @@ class _Messages(_AdminResource):
             # A slave (503), a full disk (507: retrying soon will not
             # help), another store failure (500): nothing was stored.
             code = 507 if e.disk_full else 500
+            extra: dict[str, Any] = {}
             if e.status is PutStatus.SERVICE_NOT_AVAILABLE:
                 code = 503
-            return _error(request, code, e.status.value, str(e), stored=False)
+                hint = master_hint(self._broker)
+                if hint is not None:
+                    # Failover mode: where to put instead.
+                    extra["master"] = hint
+            return _error(request, code, e.status.value, str(e), stored=False, **extra)
         except MessageRejected as e:
             return _error(request, 400, "MESSAGE_ILLEGAL", str(e), stored=False)
 

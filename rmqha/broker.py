@@ -292,6 +292,9 @@ class Broker(MultiService):
         #: Failover mode: why this master may not take puts now (its lease
         #: is not renewed, it is handing over), or C{None}.
         self.refusing: Callable[[], str | None] = lambda: None
+        #: Failover mode: the L{rmqha.coord.node.Coordinator} giving this
+        #: broker its role (for /status and the master hint).
+        self.coordinator: Any = None
 
     # -- the role services --------------------------------------------------
 

@@ -358,3 +358,31 @@ class RankTests(_Group):
             None, 3, 9, InSync(3, ("a", "c")), members, Switchover("a", "z"), 10
         )
         self.assertEqual([m.node_id for m in rank(switch, False)[0]], ["a", "c"])
+
+
+class StatusTests(_Group):
+    def test_status_and_hint(self) -> None:
+        """
+        /status on every node names the master, the epoch and the in-sync
+        set; a slave's put refusal carries the master's address; the
+        failover metrics are exported.
+        """
+        from rmqha.admin import _BrokerCollector, master_hint, status
+
+        for name in "ab":
+            self.node(name, advertise_http=f"{name}:8080")
+        self.elapse(2)
+        a, b = self.nodes["a"], self.nodes["b"]
+        a.broker.coordinator = a.coordinator
+        b.broker.coordinator = b.coordinator
+        for node in (a, b):
+            failover = status(node.broker)["failover"]
+            self.assertEqual(failover["master"]["node_id"], "a")
+            self.assertEqual(failover["epoch"], 1)
+            self.assertEqual(failover["in_sync"], ["a", "b"])
+        self.assertTrue(status(a.broker)["failover"]["is_master"])
+        self.assertEqual(master_hint(b.broker), {"node_id": "a", "http": "a:8080", "epoch": 1})
+        self.assertIsNone(master_hint(a.broker))
+        metrics = {m.name: m for m in _BrokerCollector(b.broker).collect()}
+        self.assertEqual(metrics["rmqha_failover_epoch"].samples[0].value, 1)
+        self.assertEqual(metrics["rmqha_failover_is_master"].samples[0].value, 0)
