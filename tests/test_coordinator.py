@@ -386,3 +386,57 @@ class StatusTests(_Group):
         metrics = {m.name: m for m in _BrokerCollector(b.broker).collect()}
         self.assertEqual(metrics["rmqha_failover_epoch"].samples[0].value, 1)
         self.assertEqual(metrics["rmqha_failover_is_master"].samples[0].value, 0)
+
+
+class ClusterCommandTests(_Group):
+    def test_switchover_command(self) -> None:
+        """
+        C{rmqha cluster switchover}'s work: the target is elected, and
+        the status shows it as master with the others following.
+        """
+        from twisted.internet.defer import ensureDeferred
+
+        from rmqha.coord.cluster import describe, render, switchover
+
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        dcs = MemoryDCS(self.store, "g")
+        d = ensureDeferred(switchover(self.clock, dcs, "b", 10, now=self.clock.seconds))
+        self.elapse(3)
+        result = self.successResultOf(d)
+        self.assertEqual((result["master"], result["epoch"]), ("b", 2))
+        state = describe(self.successResultOf(dcs.load()))
+        self.assertEqual(state["master"]["node_id"], "b")
+        self.assertEqual(
+            {m["node_id"]: m["role"] for m in state["members"]},
+            {"a": "slave", "b": "master", "c": "slave"},
+        )
+        self.assertIn("master b (b:10912)", render("g", state))
+
+    def test_switchover_refused(self) -> None:
+        """
+        A switchover to the master itself, to an unknown node, or to a node
+        outside the in-sync set is refused with one line; nothing changes.
+        """
+        from twisted.internet.defer import ensureDeferred
+
+        from rmqha.coord.cluster import ClusterError, switchover
+
+        for name in "ab":
+            self.node(name)
+        self.elapse(2)
+        dcs = MemoryDCS(self.store, "g")
+        for target, text in [("a", "is the master already"), ("z", "not a live member")]:
+            failure = self.failureResultOf(
+                ensureDeferred(switchover(self.clock, dcs, target, 10)), ClusterError
+            )
+            self.assertIn(text, str(failure.value))
+        leader = self.successResultOf(dcs.load()).leader
+        assert leader is not None
+        self.successResultOf(dcs.publish_in_sync(InSync(1, ("a",)), leader))
+        failure = self.failureResultOf(
+            ensureDeferred(switchover(self.clock, dcs, "b", 10)), ClusterError
+        )
+        self.assertIn("not in the in-sync set (a)", str(failure.value))
+        self.assertIsNone(self.successResultOf(dcs.load()).switchover)
