@@ -13,7 +13,7 @@ import zlib
 from typing import Any
 
 from hypothesis import given, settings, strategies as st
-from twisted.internet.address import IPv4Address
+from twisted.internet.defer import succeed
 from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -32,6 +32,7 @@ from rmqha.ha._wire import (
     decode_control_request,
     decode_epochs_answer,
     encode_code,
+    encode_control_info,
     encode_epochs_answer,
     encode_epochs_request,
 )
@@ -39,7 +40,6 @@ from rmqha.ha.control import CheckFailed, ControlClient
 from rmqha.ha.epochs import EPOCHS_PATH, EpochFile, EpochFileError, common_end, end_of
 from rmqha.ha.master import MasterFactory
 from rmqha.ha.replica import Replica, ReplicaState
-from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.testing import connect_in_memory
 
@@ -423,8 +423,6 @@ class EpochsControlTests(SynchronousTestCase):
         client = ControlClient(self.clock)
         transport = StringTransport()
         client.makeConnection(transport)
-        from rmqha.ha._wire import encode_control_info
-
         client.dataReceived(encode_control_info(0, 100, SEGMENT, FEATURE_EPOCHS))
         answer = client.epochs()
         client.dataReceived(encode_epochs_answer(1, 100, [(2, 0)]))
@@ -452,7 +450,7 @@ class FailoverRejoinTests(_InMemory):
             role,
             ha_listen="tcp:0",
             master_endpoint=self.endpoint(master) if master else None,  # type: ignore[arg-type]
-            run_in_thread=lambda f: succeed_now(f),
+            run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 1.0,
             fd_limit=lambda: 4096,
             scrub_rate=0,
@@ -663,9 +661,3 @@ class FailoverRejoinTests(_InMemory):
             self.assertEqual(b.epoch_truncations, 0)
             self.stop(b)
         self.stop(a)
-
-
-def succeed_now(f: Any) -> Any:
-    from twisted.internet.defer import succeed
-
-    return succeed(f())
