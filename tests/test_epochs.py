@@ -323,7 +323,7 @@ class EpochsWireTests(SynchronousTestCase):
         """
         entries = [(1, 0), (3, 5000), (4, 7000)]
         data = encode_epochs_answer(4, 12000, entries)
-        self.assertEqual(len(data), 32 + 16 * 3)
+        self.assertEqual(len(data), 36 + 16 * 3)
         for n in range(len(data)):
             self.assertIsNone(decode_epochs_answer(data[:n]))
         self.assertEqual(decode_epochs_answer(data + b"x"), (EpochsAnswer(4, 12000, entries), len(data)))
@@ -335,19 +335,23 @@ class EpochsWireTests(SynchronousTestCase):
     def test_hostile_answers(self) -> None:
         """
         A count past the limit is refused as soon as the head is here
-        (before the entries are waited for); a damaged answer fails its
-        CRC; lists whose epochs or starts do not grow, or that end after
+        (before the entries are waited for); a damaged head or entry fails
+        its CRC, every single bit (never a wait for more, never another
+        valid answer); lists whose epochs or starts do not grow, or that end after
         the current epoch or max offset, are impossible: each one line.
         """
-        head = encode_epochs_answer(1, 0, [])[:28]
-        too_many = head[:24] + (MAX_EPOCH_ENTRIES + 1).to_bytes(4, "big")
-        e = self.assertRaises(ProtocolError, decode_epochs_answer, too_many)
+        def head(count: int) -> bytes:
+            message = encode_code(CONTROL_EPOCHS) + bytes(16) + count.to_bytes(4, "big", signed=True)
+            return message + zlib.crc32(message).to_bytes(4, "big")
+
+        e = self.assertRaises(ProtocolError, decode_epochs_answer, head(MAX_EPOCH_ENTRIES + 1))
         self.assertIn("limit", str(e))
-        negative = head[:24] + (-1).to_bytes(4, "big", signed=True)
-        self.assertRaises(ProtocolError, decode_epochs_answer, negative)
-        data = bytearray(encode_epochs_answer(4, 12000, [(1, 0), (4, 7000)]))
-        data[40] ^= 1
-        self.assertRaises(ChecksumError, decode_epochs_answer, data)
+        self.assertRaises(ProtocolError, decode_epochs_answer, head(-1))
+        data = encode_epochs_answer(4, 12000, [(1, 0), (4, 7000)])
+        for bit in range(64, len(data) * 8):
+            flipped = bytearray(data)
+            flipped[bit // 8] ^= 0x80 >> (bit % 8)
+            self.assertRaises(ChecksumError, decode_epochs_answer, flipped)
         for epoch, end, entries in [
             (4, 9000, [(2, 0), (2, 10)]),
             (4, 9000, [(1, 10), (2, 10)]),

@@ -595,9 +595,11 @@ def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
 # share before replicating (docs/failover.md).  Asked only of a master
 # whose INFO offered FEATURE_EPOCHS: a RocketMQ master never sees it.
 
-#: Request: code, 0, 0, CRC (28 bytes, DIGEST's layout); answer: code,
-#: current epoch, max offset, count (int32), count x (epoch, start offset),
-#: CRC-32 of all before it (32 + 16 x count bytes).
+#: Request: code, 0, 0, CRC (28 bytes, DIGEST's layout); answer: a head
+#: (code, current epoch, max offset, count (int32), CRC-32 of the head),
+#: then count x (epoch, start offset) and a CRC-32 of the entries (36 + 16
+#: x count bytes).  The head has its own CRC so that a damaged count is
+#: caught before any entry is waited for.
 CONTROL_EPOCHS = -0x524D514841_0008
 #: The control INFO feature bit of a master that keeps an epoch file.
 FEATURE_EPOCHS = 4
@@ -647,38 +649,38 @@ def encode_epochs_answer(epoch: int, max_offset: int, entries: list[tuple[int, i
     """
     if len(entries) > MAX_EPOCH_ENTRIES:
         raise ValueError(f"{len(entries)} epoch entries; the limit is {MAX_EPOCH_ENTRIES}")
-    return _sealed(
-        _EPOCHS_HEAD.pack(CONTROL_EPOCHS, epoch, max_offset, len(entries))
-        + b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in entries)
+    return _sealed(_EPOCHS_HEAD.pack(CONTROL_EPOCHS, epoch, max_offset, len(entries))) + _sealed(
+        b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in entries)
     )
 
 
 def decode_epochs_answer(data: bytes | bytearray) -> tuple[EpochsAnswer, int] | None:
     """
     The EPOCHS answer at the start of C{data} and the bytes it took, or
-    C{None} until it is whole (its count is checked as soon as the head
-    is here, before waiting for the entries).
+    C{None} until it is whole (its head, CRC and count, is checked as
+    soon as it is here, before waiting for the entries).
 
     @raise ChecksumError: the answer was damaged.
     @raise ProtocolError: not an EPOCHS answer, too many entries, or an
         impossible list (epochs and starts must grow, the current epoch
         be the newest, the max offset past the last start).
     """
-    if len(data) < _EPOCHS_HEAD.size:
+    head_size = _EPOCHS_HEAD.size + 4
+    if len(data) < head_size:
         return None
-    code, epoch, max_offset, count = _EPOCHS_HEAD.unpack_from(data)
+    code = _REPORT.unpack_from(data)[0]
     if code != CONTROL_EPOCHS:
         raise ProtocolError(f"control answer code {code} is not EPOCHS")
+    _, epoch, max_offset, count = _EPOCHS_HEAD.unpack(
+        _unsealed(data, head_size, "control EPOCHS answer head")
+    )
     if not 0 <= count <= MAX_EPOCH_ENTRIES:
         raise ProtocolError(f"EPOCHS answer of {count} entries; the limit is {MAX_EPOCH_ENTRIES}")
-    size = _EPOCHS_HEAD.size + count * _EPOCH_ENTRY.size + 4
+    size = head_size + count * _EPOCH_ENTRY.size + 4
     if len(data) < size:
         return None
-    message = _unsealed(data, size, "control EPOCHS answer")
-    entries = [
-        _EPOCH_ENTRY.unpack_from(message, _EPOCHS_HEAD.size + i * _EPOCH_ENTRY.size)
-        for i in range(count)
-    ]
+    body = _unsealed(data[head_size:], size - head_size, "control EPOCHS answer entries")
+    entries = [_EPOCH_ENTRY.unpack_from(body, i * _EPOCH_ENTRY.size) for i in range(count)]
     if epoch < 0 or max_offset < 0:
         raise ProtocolError(f"EPOCHS answer is impossible: epoch {epoch}, max offset {max_offset}")
     previous = (0, -1)
