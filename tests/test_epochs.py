@@ -665,3 +665,26 @@ class FailoverRejoinTests(_InMemory):
             self.assertEqual(b.epoch_truncations, 0)
             self.stop(b)
         self.stop(a)
+
+    def test_rebootstrap_starts_a_new_epoch_file(self) -> None:
+        """
+        A store whose bytes differ from its master's within a shared
+        epoch (the epoch cut finds nothing; the digest check does),
+        rebootstrapped (on-divergence rebootstrap), goes aside with its
+        epoch file; the new store adopts the master's list and writes it,
+        though the list in memory was already the same.
+        """
+        a = self.failover_broker(Role.MASTER)
+        self.switch(a.become_master(epoch=3))
+        end = self.puts(a, 2)
+        store = self.mktemp()
+        log = CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock)
+        log.put(make_message(b"x" * 300))
+        log.close()
+        EpochFile(store).append(3, 0)
+        b = self.failover_broker(Role.SLAVE, master=a, store=store, on_divergence="rebootstrap")
+        self.settle()
+        self.assertIs(self.replica(b).state, ReplicaState.REPLICATING, b.problem)
+        self.assertEqual(b.commitlog.max_offset, end)
+        self.assertEqual(EpochFile(store).entries, [(3, 0)])
+        self.stop(a, b)

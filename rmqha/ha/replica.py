@@ -453,6 +453,7 @@ class Replica(Service):
 
     async def _check_divergence(self) -> Divergence | None:
         master = self.master_address
+        self._master_epochs = None  # (only this check's answer is adopted)
         if self._master_kind_option is MasterKind.ROCKETMQ:
             self._learnt(MasterKind.ROCKETMQ)
             self._classic(f"master {master} is a RocketMQ master (--master-kind rocketmq)")
