@@ -16,7 +16,9 @@ from hypothesis import given, settings, strategies as st
 from twisted.internet.defer import succeed
 from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
@@ -41,7 +43,7 @@ from rmqha.ha.epochs import EPOCHS_PATH, EpochFile, EpochFileError, common_end, 
 from rmqha.ha.master import MasterFactory
 from rmqha.ha.replica import Replica, ReplicaState
 from rmqha.store.commitlog import CommitLog
-from rmqha.testing import connect_in_memory
+from rmqha.testing import StringEndpoint, connect_in_memory
 
 from tests._helpers import fixed_clock, make_message, open_store
 from tests.test_roles import _InMemory
@@ -688,3 +690,48 @@ class FailoverRejoinTests(_InMemory):
         self.assertEqual(b.commitlog.max_offset, end)
         self.assertEqual(EpochFile(store).entries, [(3, 0)])
         self.stop(a, b)
+
+
+class SilentMasterTests(SynchronousTestCase):
+    def test_rocketmq_master_is_not_followed(self) -> None:
+        """
+        A failover slave never replicates classically: a master silent to
+        the probe (a genuine RocketMQ master) is refused with a one-line
+        problem, and replication never starts; a broker asked for both
+        epochs and --master-kind rocketmq refuses at once.
+        """
+        reactor = MemoryReactorClock()
+        endpoint = StringEndpoint()
+        store = self.mktemp()
+        broker = Broker(
+            reactor,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.SLAVE,
+            master_endpoint=endpoint,  # type: ignore[arg-type]
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 1.0,
+            epochs=EpochFile(store),
+        )
+        broker.startService()
+        reactor.advance(0.5)
+        assert broker.ha_service is not None
+        self.assertFalse(broker.ha_service.running)
+        self.assertIn("follows only a master that keeps epochs", broker.problem or "")
+        self.assertIs(broker.role_service.state, ReplicaState.BACKING_OFF)  # type: ignore[union-attr]
+        reactor.advance(5)
+        self.assertFalse(broker.ha_service.running)
+        d = broker.stopService()
+        for protocol, transport in endpoint.connected:
+            if transport.disconnecting:
+                protocol.connectionLost(Failure(ConnectionDone()))
+        self.successResultOf(d)
+        self.assertRaises(
+            ValueError,
+            Broker,
+            reactor,
+            lambda: CommitLog.open(store, segment_size=SEGMENT),
+            Role.SLAVE,
+            master_endpoint="tcp:host=127.0.0.1:port=1",
+            master_kind="rocketmq",
+            epochs=EpochFile(store),
+        )
