@@ -129,6 +129,10 @@ def status(broker: Broker) -> dict[str, Any]:
         result["divergence"] = broker.divergence.as_dict() if broker.divergence else None
         # Checks of the master that could not finish, in a row (retried).
         result["failed_checks"] = broker.failed_checks
+        # Failover: cuts back to the newest epoch shared with the master
+        # (docs/failover.md), and the bytes they moved to quarantine.
+        result["epoch_truncations"] = broker.epoch_truncations
+        result["epoch_truncated_bytes"] = broker.epoch_truncated_bytes
         # What the master is (rmqha, rocketmq, or null while unknown), and
         # why replication is not running, if it is not (docs/protocol.md).
         result["master_kind"] = broker.master_kind
@@ -315,6 +319,16 @@ class _BrokerCollector(Collector):
                 "rmqha_rejected_records",
                 "replicated records that failed validation (cut, fetched again)",
                 value=factory.rejected_records if factory else 0,
+            )
+            yield CounterMetricFamily(
+                "rmqha_epoch_truncations",
+                "times the log was cut back to the newest epoch shared with the master",
+                value=broker.epoch_truncations,
+            )
+            yield CounterMetricFamily(
+                "rmqha_epoch_truncated_bytes",
+                "bytes those cuts moved to quarantine",
+                value=broker.epoch_truncated_bytes,
             )
             yield GaugeMetricFamily(
                 "rmqha_failed_checks",

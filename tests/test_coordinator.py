@@ -14,6 +14,7 @@ from rmqha.broker import Broker, NotMasterError, Role
 from rmqha.coord.dcs import InSync, Switchover
 from rmqha.coord.memory import MemoryDCS, MemoryStore
 from rmqha.coord.node import Coordinator, FailoverSettings, rank
+from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import PutStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.store._record import Message
@@ -58,6 +59,7 @@ class _Group(_InMemory):
             scrub_rate=0,
             coordinated=True,
             replica_id=node_id,
+            epochs=EpochFile(store),
             min_in_sync_replicas=settings.pop("min_in_sync_replicas", 2),
         )
         broker.startService()

@@ -188,6 +188,7 @@ class Coordinator(Service):
         self.valid_until = float("-inf")
         #: The HA address of the master this node follows.
         self.following: str | None = None
+        self._following_epoch = 0
         #: The highest epoch this node has seen.
         self.highest_epoch = 0
         #: Why this node is not electable / not acting, for /status.
@@ -348,9 +349,8 @@ class Coordinator(Service):
         )
 
     def _local_epoch(self) -> int:
-        epochs = getattr(self.broker, "epochs", None)
-        last = getattr(epochs, "last_epoch", None)
-        return int(last) if last is not None else self.highest_epoch
+        epochs = self.broker.epochs
+        return epochs.last_epoch if epochs is not None else self.highest_epoch
 
     def _healthy(self) -> bool:
         """
@@ -452,9 +452,16 @@ class Coordinator(Service):
 
     def _follow(self, leader: Leader) -> None:
         self.note = None
-        if self.following == leader.ha and self.broker.role_service is not None:
+        if (
+            self.following == leader.ha
+            and self._following_epoch == leader.epoch
+            and self.broker.role_service is not None
+        ):
             return
+        # (A new epoch of the same master is followed afresh too: the
+        # slave checks epochs again and adopts the new list.)
         self.following = leader.ha
+        self._following_epoch = leader.epoch
         self._log.info(
             "following master {master} (epoch {epoch}) at {address}",
             master=leader.node_id,
@@ -539,7 +546,7 @@ class Coordinator(Service):
         self.following = None
         broker = self.broker
         try:
-            await _become_master(broker, self.settings.role, won.epoch)
+            await broker.become_master(self.settings.role, epoch=won.epoch)
         except Exception as e:
             self._log.error("could not become master: {error}", error=e)
             self._step_down(f"could not become master: {e}")
@@ -646,13 +653,6 @@ class Coordinator(Service):
             "note": self.note,
             "counts": dict(self.counts),
         }
-
-
-async def _become_master(broker: Broker, role: Role, epoch: int) -> None:
-    try:
-        await broker.become_master(role, epoch=epoch)  # type: ignore[call-arg]
-    except TypeError:
-        await broker.become_master(role)
 
 
 async def _quietly(d: Deferred[Any]) -> None:

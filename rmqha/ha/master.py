@@ -63,6 +63,7 @@ from rmqha.ha._wire import (
     sniff_greeting,
 )
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.ha.epochs import EpochFile
 from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
 from rmqha.ha.group import HAService
 from rmqha.tls import PeerPolicy
@@ -751,6 +752,9 @@ class MasterFactory(ServerFactory):
             ha.ack_offsets = self.ack_offsets
             ha.node_acks = self.node_acks
             ha.max_offset = lambda: commitlog.max_offset
+        #: The master's epoch file (failover), which control sessions
+        #: offer and answer EPOCHS from; C{None}: no epochs.
+        self.epochs: EpochFile | None = None
         self._wake: IDelayedCall | None = None
         self._more = False
         self._releasing = False
