@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from twisted.internet import error as ierror
 from twisted.internet import ssl
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError, fail, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
@@ -794,29 +794,41 @@ class EtcdDCS:
         """
         payload = json.dumps(body, separators=(",", ":")).encode()
         deadline = self._reactor.seconds() + self._timeout
-        tries = 0
-        while True:
+        # Each endpoint at most once per call: asking the same member again
+        # at once would only repeat its failure.
+        for tries in range(1, len(self._endpoints) + 1):
             index = self._current
             url = self._endpoints[index]
-            left = deadline - self._reactor.seconds()
-            tries += 1
+            attempt = Deferred.fromCoroutine(self._try(url, path, payload, stream))
+            expired: list[bool] = []
+
+            def expire(attempt: Deferred[Any] = attempt, expired: list[bool] = expired) -> None:
+                expired.append(True)
+                attempt.cancel()
+
+            timer = self._reactor.callLater(deadline - self._reactor.seconds(), expire)
             try:
-                attempt = Deferred.fromCoroutine(self._try(url, path, payload, stream))
-                answer = await attempt.addTimeout(
-                    left, self._reactor, onTimeoutCancel=_timed_out(self._timeout)
-                )
-                return url, answer
-            except _Failed as e:
-                if e.lease_lost:
-                    raise LeaseLost(f"etcd {url}: {path}: {e.why}") from None
-                if self._current == index:
-                    self._current = (index + 1) % len(self._endpoints)
-                tried_enough = tries >= 2 * len(self._endpoints)
-                out_of_time = self._reactor.seconds() >= deadline
-                if e.final or tried_enough or out_of_time or not (e.unsent or retry):
-                    raise DCSError(f"etcd {url}: {path}: {e.why}") from None
-                self.log.debug("etcd {url}: {path}: {why}; trying the next endpoint",
-                               url=url, path=path, why=e.why)
+                return url, await attempt
+            except Exception as e:
+                if expired:
+                    e = _Failed(f"no answer within {self._timeout:g} s", final=True)
+                elif not isinstance(e, _Failed):
+                    raise
+                failed = e
+            finally:
+                if timer.active():
+                    timer.cancel()
+            if failed.lease_lost:
+                raise LeaseLost(f"etcd {url}: {path}: {failed.why}")
+            if self._current == index:
+                self._current = (index + 1) % len(self._endpoints)
+            out_of_time = self._reactor.seconds() >= deadline
+            last = tries == len(self._endpoints)
+            if failed.final or last or out_of_time or not (failed.unsent or retry):
+                raise DCSError(f"etcd {url}: {path}: {failed.why}")
+            self.log.debug("etcd {url}: {path}: {why}; trying the next endpoint",
+                           url=url, path=path, why=failed.why)
+        raise AssertionError("unreachable")
 
     async def _try(self, url: str, path: str, payload: bytes, stream: bool) -> dict[str, Any]:
         headers = Headers({b"content-type": [b"application/json"]})
@@ -824,8 +836,6 @@ class EtcdDCS:
             response: IResponse = await self._agent.request(
                 b"POST", (url + path).encode("ascii"), headers, _Bytes(payload)
             )
-        except CancelledError:
-            raise
         except _UNSENT as e:
             raise _Failed(_why(Failure(e)), unsent=True) from None
         except Exception as e:
@@ -835,13 +845,11 @@ class EtcdDCS:
             _FirstLine(limit) if stream and response.code == 200 else _Collect(limit)
         )
         if response.length is not UNKNOWN_LENGTH and response.length > self._max_body:
-            response.deliverBody(_Discard())
+            _discard(response)
             raise _Failed(f"answer of {response.length} bytes is larger than {self._max_body}")
         response.deliverBody(reader)
         try:
             body = await reader.done
-        except CancelledError:
-            raise
         except _Bad as e:
             raise _Failed(str(e)) from None
         except Exception as e:
@@ -894,25 +902,24 @@ def _int_or_dcs(url: str, path: str, value: object, what: str) -> int:
         raise DCSError(f"etcd {url}: {path}: {e}") from None
 
 
-def _timed_out(timeout: float) -> Callable[[Any, float], Any]:
-    def on_timeout(result: Any, after: float) -> Any:
-        if isinstance(result, Failure) and result.check(CancelledError):
-            return Failure(_Failed(f"no answer within {timeout:g} s", final=True))
-        return result
-
-    return on_timeout
-
-
 # -- Watches -------------------------------------------------------------
 
 
 class _Discard(Protocol):
     """
-    An answer not wanted: closes its connection at once.
+    An answer not wanted: L{_discard} closes its connection at once.
     """
 
-    def connectionMade(self) -> None:
-        self.transport.stopProducing()  # type: ignore[union-attr]
+    def dataReceived(self, data: bytes) -> None:
+        pass
+
+
+def _discard(response: IResponse) -> None:
+    protocol = _Discard()
+    # deliverBody resumes the transport after connectionMade: stop it after.
+    response.deliverBody(protocol)
+    if protocol.transport is not None:
+        protocol.transport.stopProducing()  # type: ignore[attr-defined]
 
 
 class _WatchStream(Protocol):
@@ -990,13 +997,26 @@ class _Watch:
             b"POST", (self._url + "/v3/watch").encode("ascii"), headers,
             _Bytes(json.dumps(body).encode()),
         )
-        request.addTimeout(dcs._timeout, dcs._reactor)
         self._request = request
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            request.cancel()
+
+        timer = dcs._reactor.callLater(dcs._timeout, expire)
+
+        def answered_in_time(result: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        request.addBoth(answered_in_time)
 
         def answered(response: IResponse) -> None:
             self._request = None
             if generation != self._generation or self._stopped:
-                response.deliverBody(_Discard())
+                _discard(response)
                 return
             if response.code != 200:
                 collect = _Collect(dcs._max_body)
@@ -1023,13 +1043,10 @@ class _Watch:
         def broken(failure: Failure) -> None:
             if generation == self._generation:
                 self._request = None
-            if failure.check(CancelledError):
-                return  # stopped, or abandoned by failed()
-            if failure.check(TimeoutError):
-                why = f"no answer within {dcs._timeout:g} s"
-            else:
-                why = _why(failure)
-            self.failed(why, generation)
+            if expired:
+                self.failed(f"no answer within {dcs._timeout:g} s", generation)
+            elif generation == self._generation and not self._stopped:
+                self.failed(_why(failure), generation)
 
         request.addCallbacks(answered, broken)
 
