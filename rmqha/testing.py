@@ -352,12 +352,18 @@ class EtcdCluster:
     fixtures or between reactor turns, not from reactor callbacks that
     must stay fast.
 
+    With C{tls} (a L{rmqha.tls.TLSFiles}: certificate, key, CA) the
+    client URLs are C{https://} with that certificate (it must name
+    127.0.0.1); with C{tls.ca}, etcd demands client certificates from that
+    CA, and this helper's own checks present C{tls}'s pair, which must
+    then allow client authentication too.  Peers talk plain HTTP.
+
     @ivar endpoints: each member's client URL, C{http://127.0.0.1:PORT}.
     """
 
     def __init__(
         self, directory: str, members: int = 1, timeout: float = 10.0,
-        binary: str | None = None,
+        binary: str | None = None, tls: Any = None,
     ) -> None:
         import os
 
@@ -369,12 +375,14 @@ class EtcdCluster:
         self._binary = found
         self._directory = directory
         self._timeout = timeout
+        self._tls = tls
         os.makedirs(directory, exist_ok=True)
         ports = free_ports(3 * members)
         self._client = ports[0:members]
         self._peer = ports[members:2 * members]
         self._metrics = ports[2 * members:]
-        self.endpoints = [f"http://127.0.0.1:{p}" for p in self._client]
+        scheme = "http" if tls is None else "https"
+        self.endpoints = [f"{scheme}://127.0.0.1:{p}" for p in self._client]
         self._initial = ",".join(
             f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(self._peer)
         )
@@ -424,6 +432,10 @@ class EtcdCluster:
             "--initial-cluster-state", "new",
             "--initial-cluster-token", f"rmqha-test-{self._peer[0]}",
         ]
+        if self._tls is not None:
+            argv += ["--cert-file", self._tls.cert, "--key-file", self._tls.key]
+            if self._tls.ca is not None:
+                argv += ["--client-cert-auth", "--trusted-ca-file", self._tls.ca]
         if self._logs[i] is None:
             self._logs[i] = open(os.path.join(self._directory, f"{name}.log"), "ab")
         self._processes[i] = subprocess.Popen(
@@ -441,14 +453,28 @@ class EtcdCluster:
         Whether member C{i} answers C{GET /health} with true (it has a
         leader).
         """
-        import json
-        import urllib.request
-
         try:
-            with urllib.request.urlopen(self.endpoints[i] + "/health", timeout=0.5) as answer:
-                return bool(json.load(answer).get("health") == "true")
+            return bool(self._ask(i, "/health").get("health") == "true")
         except (OSError, ValueError):
             return False
+
+    def _ask(self, i: int, path: str, data: bytes | None = None) -> Any:
+        """
+        Member C{i}'s JSON answer to a GET (or a POST of C{data}).
+        """
+        import json
+        import ssl
+        import urllib.request
+
+        context = None
+        if self._tls is not None:
+            context = ssl.create_default_context(cafile=self._tls.ca)
+            context.load_cert_chain(self._tls.cert, self._tls.key)
+        request = urllib.request.Request(
+            self.endpoints[i] + path, data=data, method="GET" if data is None else "POST"
+        )
+        with urllib.request.urlopen(request, timeout=0.5, context=context) as answer:
+            return json.load(answer)
 
     def wait_healthy(self, members: list[int] | None = None) -> None:
         """
@@ -517,20 +543,13 @@ class EtcdCluster:
         The index of the member that is the Raft leader, as the running
         members say (C{/v3/maintenance/status}); C{None} without one.
         """
-        import json
-        import urllib.request
-
         ids: dict[str, int] = {}
         leader = None
-        for i, endpoint in enumerate(self.endpoints):
+        for i in range(len(self.endpoints)):
             if not self.running(i):
                 continue
-            request = urllib.request.Request(
-                endpoint + "/v3/maintenance/status", data=b"{}", method="POST"
-            )
             try:
-                with urllib.request.urlopen(request, timeout=0.5) as answer:
-                    status = json.load(answer)
+                status = self._ask(i, "/v3/maintenance/status", b"{}")
             except (OSError, ValueError):
                 continue
             ids[str(status.get("header", {}).get("member_id"))] = i

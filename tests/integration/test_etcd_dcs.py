@@ -15,9 +15,11 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
+from rmqha import certs
 from rmqha.coord.dcs import DCSError, Leader, Lease, Member
 from rmqha.coord.etcd import EtcdDCS, parse_coordinator
 from rmqha.testing import EtcdCluster, etcd_binary, free_ports
+from rmqha.tls import TLSFiles
 
 from tests._dcs_contract import DCSContractMixin, Scenario, elect
 from tests.integration._support import until
@@ -201,3 +203,37 @@ async def test_quorum_lost(etcd3: EtcdCluster, clients: list[EtcdDCS]) -> None:
     assert reactor.seconds() - lost < 6.5
     assert "/v3/watch" in str(errors[0])
     watch.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_mutual_tls(tmp_path: Any, clients: list[EtcdDCS]) -> None:
+    """
+    Over https with a client certificate (etcd --client-cert-auth): the
+    client verifies etcd's certificate against tlsCa and presents its
+    own; without a client certificate etcd refuses, as a DCSError.
+    """
+    directory = str(tmp_path / "pki")
+    import os
+
+    os.makedirs(directory)
+    ca = certs.make_ca()
+    ca_path, _ = certs.write_pair(ca, directory, "ca")
+    server = certs.issue(ca, "etcd", ["localhost"], ["127.0.0.1"], server=True, client=True)
+    server_cert, server_key = certs.write_pair(server, directory, "etcd")
+    node_cert, node_key = certs.write_pair(
+        certs.issue(ca, "node", ["node"], client=True), directory, "node"
+    )
+    with EtcdCluster(str(tmp_path / "etcd"), 1, tls=TLSFiles(server_cert, server_key, ca_path)) as cluster:
+        assert cluster.endpoints[0].startswith("https://127.0.0.1:")
+        spec = f"{cluster.spec},tlsCa={ca_path},tlsCert={node_cert},tlsKey={node_key}"
+        dcs = _dcs(spec, clients)
+        lease = await dcs.grant(5)
+        assert await dcs.keepalive(lease) > 0
+        assert (await dcs.load()).leader is None
+        anonymous = _dcs(f"{cluster.spec},tlsCa={ca_path}", clients)
+        with pytest.raises(DCSError) as refused:
+            await anonymous.load()
+        assert "\n" not in str(refused.value)
+        for dcs in clients:
+            await dcs.close()
+        clients.clear()
