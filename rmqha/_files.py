@@ -17,7 +17,8 @@ def write_atomically(path: str, write: Callable[[IO[str]], object]) -> None:
     """
     Replace C{path} with what C{write} writes to the open (text) file it is
     given: a temporary file beside it, flushed to disk, then renamed over
-    C{path}; C{path}'s directory is created if missing.
+    C{path}, and the directory synced so the rename itself survives a
+    crash; C{path}'s directory is created if missing.
 
     @raise OSError: it could not be written (or whatever C{write} raised):
         C{path} is unchanged and the temporary file is removed.
@@ -30,9 +31,22 @@ def write_atomically(path: str, write: Callable[[IO[str]], object]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _sync_directory(os.path.dirname(path))
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def _sync_directory(path: str) -> None:
+    """
+    Flush C{path}'s directory entries to disk (a rename is durable only
+    once its directory is).
+    """
+    fd = os.open(path or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

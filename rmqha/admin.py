@@ -129,11 +129,33 @@ def status(broker: Broker) -> dict[str, Any]:
         result["divergence"] = broker.divergence.as_dict() if broker.divergence else None
         # Checks of the master that could not finish, in a row (retried).
         result["failed_checks"] = broker.failed_checks
+        # Failover: cuts back to the newest epoch shared with the master
+        # (docs/failover.md), and the bytes they moved to quarantine.
+        result["epoch_truncations"] = broker.epoch_truncations
+        result["epoch_truncated_bytes"] = broker.epoch_truncated_bytes
         # What the master is (rmqha, rocketmq, or null while unknown), and
         # why replication is not running, if it is not (docs/protocol.md).
         result["master_kind"] = broker.master_kind
         result["problem"] = broker.problem
+    if broker.coordinator is not None:
+        # Failover mode (docs/failover.md): the group, its master, epochs,
+        # the in-sync set and the last election.
+        result["failover"] = broker.coordinator.status()
     return result
+
+
+def master_hint(broker: Broker) -> dict[str, Any] | None:
+    """
+    Failover mode: where the elected master is, for a client that asked
+    a slave.
+    """
+    coordinator = broker.coordinator
+    if coordinator is None:
+        return None
+    master = coordinator.status().get("master")
+    if not master or master.get("node_id") == coordinator.settings.node_id:
+        return None
+    return {"node_id": master["node_id"], "http": master["http"], "epoch": master["epoch"]}
 
 
 def _json(request: Request, code: int, body: dict[str, Any]) -> bytes:
@@ -234,6 +256,8 @@ class _BrokerCollector(Collector):
             value=self._served.bytes_served if self._served else 0,
         )
         yield from _scrub_metrics(broker)
+        if broker.coordinator is not None:
+            yield from _failover_metrics(broker.coordinator.status())
         if broker.role.is_master:
             yield CounterMetricFamily("rmqha_puts", "messages put", value=broker.puts)
             statuses = CounterMetricFamily(
@@ -296,11 +320,53 @@ class _BrokerCollector(Collector):
                 "replicated records that failed validation (cut, fetched again)",
                 value=factory.rejected_records if factory else 0,
             )
+            yield CounterMetricFamily(
+                "rmqha_epoch_truncations",
+                "times the log was cut back to the newest epoch shared with the master",
+                value=broker.epoch_truncations,
+            )
+            yield CounterMetricFamily(
+                "rmqha_epoch_truncated_bytes",
+                "bytes those cuts moved to quarantine",
+                value=broker.epoch_truncated_bytes,
+            )
             yield GaugeMetricFamily(
                 "rmqha_failed_checks",
                 "checks of the master (control session) that could not finish, in a row",
                 value=broker.failed_checks,
             )
+
+
+def _failover_metrics(status: dict[str, Any]) -> Iterator[Metric]:
+    """
+    Failover mode's figures (docs/failover.md).
+    """
+    yield GaugeMetricFamily(
+        "rmqha_failover_is_master", "1 while this node is the elected master",
+        value=int(status["is_master"]),
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_epoch", "the group's epoch as last read", value=status["epoch"] or 0
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_in_sync_members", "members of the in-sync set (the master included)",
+        value=len(status["in_sync"] or ()),
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_lease_valid_seconds",
+        "seconds this node's lease is known good for (0: none)",
+        value=status["lease_valid_for"],
+    )
+    yield GaugeMetricFamily(
+        "rmqha_failover_coordinator_up", "1 while the coordinator answers",
+        value=int(status["coordinator_error"] is None),
+    )
+    events = CounterMetricFamily(
+        "rmqha_failover_events", "elections won, step-downs, leases lost", labels=["event"]
+    )
+    for event, count in sorted(status["counts"].items()):
+        events.add_metric([event], count)
+    yield events
 
 
 def _scrub_metrics(broker: Broker) -> Iterator[Metric]:
@@ -360,9 +426,14 @@ class _Messages(_AdminResource):
             # A slave (503), a full disk (507: retrying soon will not
             # help), another store failure (500): nothing was stored.
             code = 507 if e.disk_full else 500
+            extra: dict[str, Any] = {}
             if e.status is PutStatus.SERVICE_NOT_AVAILABLE:
                 code = 503
-            return _error(request, code, e.status.value, str(e), stored=False)
+                hint = master_hint(self._broker)
+                if hint is not None:
+                    # Failover mode: where to put instead.
+                    extra["master"] = hint
+            return _error(request, code, e.status.value, str(e), stored=False, **extra)
         except MessageRejected as e:
             return _error(request, 400, "MESSAGE_ILLEGAL", str(e), stored=False)
 

@@ -55,6 +55,7 @@ from rmqha.ha.config import (
     Role,
 )
 from rmqha.ha.divergence import Divergence
+from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
@@ -171,6 +172,9 @@ class Broker(MultiService):
         fd_limit: Callable[[], int] = raise_fd_limit,
         scrub_rate: int = DEFAULT_SCRUB_RATE,
         master_kind: MasterKind | str = DEFAULT_MASTER_KIND,
+        coordinated: bool = False,
+        replica_id: str | None = None,
+        epochs: EpochFile | None = None,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -215,9 +219,21 @@ class Broker(MultiService):
             replicate classically), C{"rocketmq"} (no probe: classic at
             once) or C{"auto"} (probe; a master once seen speaking the
             extension is never taken for a RocketMQ one).
+        @param coordinated: a failover coordinator gives this broker its
+            role (L{rmqha.coord.node}): it may start as a slave with no
+            master yet (standing by).
+        @param replica_id: the id this broker declares as a slave
+            (IDENTIFY): failover mode gives its node id; by default the
+            one kept in the store.
+        @param epochs: the store's epoch file (failover, docs/failover.md):
+            a master records each epoch it is elected in
+            (L{become_master}) and answers slaves' EPOCHS; a slave follows
+            only masters that answer EPOCHS, never one at an older epoch
+            than it has seen, and cuts its log back to the newest epoch it
+            shares with its master.  C{None}: no epochs (fixed roles).
         """
         MultiService.__init__(self)
-        if role is Role.SLAVE and not master_endpoint:
+        if role is Role.SLAVE and not master_endpoint and not coordinated:
             raise ValueError("a slave needs the master's address")
         if not 1 <= min_in_sync_replicas <= in_sync_replicas:
             raise ValueError(
@@ -246,6 +262,13 @@ class Broker(MultiService):
             OnDivergence, on_divergence, "on-divergence"
         )
         self._master_kind: MasterKind = _enum(MasterKind, master_kind, "master kind")
+        if epochs is not None and self._master_kind is MasterKind.ROCKETMQ:
+            raise ValueError(
+                "master kind rocketmq and epochs (failover) do not go together: a "
+                "RocketMQ master keeps no epochs"
+            )
+        #: The store's epoch file (failover), or C{None}.
+        self.epochs = epochs
         if self._master_kind is MasterKind.RMQHA and self._on_divergence is None:
             raise ValueError(
                 "master kind rmqha needs the control probe, which on-divergence off turns off"
@@ -254,6 +277,7 @@ class Broker(MultiService):
         self._retry_policy = retry_policy
         self._max_unflushed = max_unflushed
         self._fd_limit = fd_limit
+        self._replica_id = replica_id
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
         #: Seconds SYNC_MASTER puts waited for their slaves.
@@ -280,6 +304,12 @@ class Broker(MultiService):
         self.scrub.setServiceParent(self)  # type: ignore[no-untyped-call]
         #: The role's service (not a child: this broker starts and stops it).
         self.role_service: MasterSide | Replica | None = None
+        #: Failover mode: why this master may not take puts now (its lease
+        #: is not renewed, it is handing over), or C{None}.
+        self.refusing: Callable[[], str | None] = lambda: None
+        #: Failover mode: the L{rmqha.coord.node.Coordinator} giving this
+        #: broker its role (for /status and the master hint).
+        self.coordinator: Any = None
 
     # -- the role services --------------------------------------------------
 
@@ -309,41 +339,87 @@ class Broker(MultiService):
             on_divergence=self._on_divergence,
             probe_timeout=self._probe_timeout,
             master_kind=self._master_kind,
+            replica_id=self._replica_id,
+            epochs=self.epochs,
         )
 
-    def become_master(self, role: Role = Role.ASYNC_MASTER) -> Deferred[None]:
+    def become_master(
+        self, role: Role = Role.ASYNC_MASTER, *, epoch: int | None = None
+    ) -> Deferred[None]:
         """
         Switch this running broker to master (C{role}) on the same open
         store: replication stops, an incomplete record at the log's tail
         (one still arriving from the old master) is dropped, and the HA
         port is listened on.
 
+        @param epoch: the epoch this broker was elected in (failover): the
+            log is flushed up to its max offset, then C{(epoch, max
+            offset)} is added to the epoch file, before the HA port
+            listens (also when it is a master already: a re-election).
+        @raise ValueError: an epoch without an epoch file.
         @raise ListenFailed: (asynchronously) the HA port could not be had;
             the broker is then a master without slaves (puts work).
+        @raise OSError: (asynchronously) the log could not be flushed or
+            the epoch file written: the broker is then not a master.
         """
         if not role.is_master:
             raise ValueError(f"{role.value} is not a master role")
         if not self.running:
             raise RuntimeError("the broker is not running: give the role to its constructor")
+        if epoch is not None and self.epochs is None:
+            raise ValueError(f"epoch {epoch} given to a broker without an epoch file")
         if self.role.is_master:
             self.role = role
             if isinstance(self.role_service, MasterSide):
                 self.role_service.ha.sync = role is Role.SYNC_MASTER
-            return succeed(None)
+            return self._record_epoch(epoch)
         old = self.role_service
         self.role_service = None
         d = _stopped(old) if old is not None else succeed(None)
 
-        def promote(_: object) -> None:
+        def stopped(_: object) -> Deferred[None]:
             self.commitlog.discard_incomplete_record()
+            return self._record_epoch(epoch)
+
+        def promote(_: object) -> None:
             self.role = role
             self.scrub.slave = False
             self._log.info("this broker is now a master ({role})", role=role.value)
             side = self.role_service = self._master_side(role)
-            side.open(self.commitlog)
+            side.open(self.commitlog, self.epochs)
             side.startService()
 
-        return d.addCallback(promote)
+        return d.addCallback(stopped).addCallback(promote)
+
+    def _record_epoch(self, epoch: int | None) -> Deferred[None]:
+        """
+        Flush the log up to its max offset, then add C{(epoch, max offset)}
+        to the epoch file (nothing for C{None}).  The entry must never
+        name bytes a crash could lose (docs/failover.md).
+        """
+        if epoch is None:
+            return succeed(None)
+        epochs = self.epochs
+        assert epochs is not None
+        commitlog = self.commitlog
+        start = commitlog.max_offset
+
+        def flushed(_: object, tries: int) -> Deferred[None] | None:
+            if commitlog.flushed_offset < start:
+                if tries == 0:
+                    raise OSError(
+                        f"cannot take epoch {epoch}: the commit log is flushed up to "
+                        f"{commitlog.flushed_offset}, not to its max offset {start}"
+                    )
+                # (The flush that was running may have ended short of it.)
+                return self.store.flush_now(thorough=True).addCallback(flushed, tries - 1)
+            epochs.append(epoch, start)
+            self._log.info(
+                "epoch {epoch} starts at offset {start}", epoch=epoch, start=start
+            )
+            return None
+
+        return self.store.flush_now(thorough=True).addCallback(flushed, 1)
 
     def become_slave(self, master_endpoint: str | IStreamClientEndpoint) -> Deferred[None]:
         """
@@ -368,6 +444,23 @@ class Broker(MultiService):
 
         return d.addCallback(demote)
 
+    def stand_by(self) -> Deferred[None]:
+        """
+        Be neither a master nor a replicating slave (failover mode: no
+        master is known, or this master has lost its lease): the HA port
+        closes, its slaves are disconnected, waiting puts end with
+        C{SLAVE_NOT_AVAILABLE}, and puts are refused until a role is given.
+        """
+        old = self.role_service
+        self.role_service = None
+        self.role = Role.SLAVE
+        self.scrub.slave = True
+        self._master_endpoint = None
+        if old is None:
+            return succeed(None)
+        self._log.info("this broker stands by: no master to follow")
+        return _stopped(old)
+
     # -- start and stop -------------------------------------------------------
 
     def privilegedStartService(self) -> None:
@@ -389,11 +482,13 @@ class Broker(MultiService):
         Service.startService(self)
         side = self.role_service
         if isinstance(side, MasterSide):
-            side.open(self.commitlog)
-        else:
-            assert self._master_endpoint is not None
+            side.open(self.commitlog, self.epochs)
+        elif self._master_endpoint is not None:
             side = self.role_service = self._replica(self._master_endpoint)
-        side.startService()
+        else:
+            side = None  # (standing by: a coordinator gives the role)
+        if side is not None:
+            side.startService()
         for port in self._ports():
             port.startService()
 
@@ -541,6 +636,23 @@ class Broker(MultiService):
         return {"ahead": 0, "behind": 0, "different": 0}
 
     @property
+    def epoch_truncations(self) -> int:
+        """
+        On a failover slave, times its log was cut back to the newest epoch
+        it shares with its master.
+        """
+        side = self.role_service
+        return side.epoch_truncations if isinstance(side, Replica) else 0
+
+    @property
+    def epoch_truncated_bytes(self) -> int:
+        """
+        On a failover slave, the bytes those cuts moved to quarantine.
+        """
+        side = self.role_service
+        return side.epoch_truncated_bytes if isinstance(side, Replica) else 0
+
+    @property
     def failed_checks(self) -> int:
         side = self.role_service
         return side.failed_checks if isinstance(side, Replica) else 0
@@ -604,6 +716,10 @@ class Broker(MultiService):
         if not isinstance(side, MasterSide) or side.factory is None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError("messages are put on the master, this is a slave")
+        refusal = self.refusing()
+        if refusal is not None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError(refusal)
         commitlog = self.commitlog
         try:
             append = commitlog.put(message)

@@ -41,3 +41,22 @@ class WriteAtomicallyTests(SynchronousTestCase):
         with open(path) as f:
             self.assertEqual(f.read(), "old")
         self.assertEqual(os.listdir(os.path.dirname(path)), ["x.json"])
+
+    def test_directory_is_synced(self) -> None:
+        """
+        After the rename the directory itself is fsynced: a rename is
+        durable only once its directory entry is (failover's epoch file
+        relies on it, docs/failover.md).
+        """
+        import stat
+
+        synced: list[bool] = []
+        real = os.fsync
+
+        def fsync(fd: int) -> None:
+            synced.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+            real(fd)
+
+        self.patch(os, "fsync", fsync)
+        write_atomically(os.path.join(self.mktemp(), "x.json"), lambda f: f.write("one"))
+        self.assertEqual(synced, [False, True])

@@ -65,6 +65,14 @@ __all__ = [
     "decode_digest_request",
     "encode_digest_answer",
     "decode_digest_answer",
+    "decode_control_request",
+    "CONTROL_EPOCHS",
+    "FEATURE_EPOCHS",
+    "MAX_EPOCH_ENTRIES",
+    "EpochsAnswer",
+    "encode_epochs_request",
+    "encode_epochs_answer",
+    "decode_epochs_answer",
     "IDENTIFY",
     "FEATURE_IDENTIFY",
     "MAX_REPLICA_ID",
@@ -578,6 +586,117 @@ def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
     if not replica_id.isprintable():
         raise ProtocolError(f"the IDENTIFY id {replica_id!r} is not printable")
     return replica_id, size
+
+
+# -- epochs (an rmqha extension for failover, docs/protocol.md) ---------------
+#
+# A failover slave asks its master, in the control session, for the
+# master's epoch list, to cut its own log back to the newest epoch both
+# share before replicating (docs/failover.md).  Asked only of a master
+# whose INFO offered FEATURE_EPOCHS: a RocketMQ master never sees it.
+
+#: Request: code, 0, 0, CRC (28 bytes, DIGEST's layout); answer: a head
+#: (code, current epoch, max offset, count (int32), CRC-32 of the head),
+#: then count x (epoch, start offset) and a CRC-32 of the entries (36 + 16
+#: x count bytes).  The head has its own CRC so that a damaged count is
+#: caught before any entry is waited for.
+CONTROL_EPOCHS = -0x524D514841_0008
+#: The control INFO feature bit of a master that keeps an epoch file.
+FEATURE_EPOCHS = 4
+#: The most entries an epoch list may hold (on the wire and on disk).
+MAX_EPOCH_ENTRIES = 4096
+
+_EPOCHS_HEAD = struct.Struct(">qqqi")
+_EPOCH_ENTRY = struct.Struct(">qq")
+
+
+class EpochsAnswer(NamedTuple):
+    """
+    A master's answer to EPOCHS.
+    """
+
+    #: Its current epoch (0: none).
+    epoch: int
+    #: Its max offset.
+    max_offset: int
+    #: Its epoch list, C{(epoch, start offset)}, oldest first.
+    entries: list[tuple[int, int]]
+
+
+def encode_epochs_request() -> bytes:
+    return _sealed(_CONTROL_REQUEST.pack(CONTROL_EPOCHS, 0, 0))
+
+
+def decode_control_request(data: bytes | bytearray) -> tuple[int, int, int]:
+    """
+    C{(code, start, end)} of the control request at the start of C{data}
+    (L{CONTROL_REQUEST_SIZE} bytes): DIGEST or EPOCHS.
+
+    @raise ChecksumError: the request was damaged.
+    @raise ProtocolError: it is neither.
+    """
+    code, start, end = _CONTROL_REQUEST.unpack(
+        _unsealed(data, CONTROL_REQUEST_SIZE, "control request")
+    )
+    if code not in (CONTROL_DIGEST, CONTROL_EPOCHS):
+        raise ProtocolError(f"control request code {code} is neither DIGEST nor EPOCHS")
+    return code, start, end
+
+
+def encode_epochs_answer(epoch: int, max_offset: int, entries: list[tuple[int, int]]) -> bytes:
+    """
+    @raise ValueError: more than L{MAX_EPOCH_ENTRIES} entries.
+    """
+    if len(entries) > MAX_EPOCH_ENTRIES:
+        raise ValueError(f"{len(entries)} epoch entries; the limit is {MAX_EPOCH_ENTRIES}")
+    return _sealed(_EPOCHS_HEAD.pack(CONTROL_EPOCHS, epoch, max_offset, len(entries))) + _sealed(
+        b"".join(_EPOCH_ENTRY.pack(e, s) for e, s in entries)
+    )
+
+
+def decode_epochs_answer(data: bytes | bytearray) -> tuple[EpochsAnswer, int] | None:
+    """
+    The EPOCHS answer at the start of C{data} and the bytes it took, or
+    C{None} until it is whole (its head, CRC and count, is checked as
+    soon as it is here, before waiting for the entries).
+
+    @raise ChecksumError: the answer was damaged.
+    @raise ProtocolError: not an EPOCHS answer, too many entries, or an
+        impossible list (epochs and starts must grow, the current epoch
+        be the newest, the max offset past the last start).
+    """
+    head_size = _EPOCHS_HEAD.size + 4
+    if len(data) < head_size:
+        return None
+    code = _REPORT.unpack_from(data)[0]
+    if code != CONTROL_EPOCHS:
+        raise ProtocolError(f"control answer code {code} is not EPOCHS")
+    _, epoch, max_offset, count = _EPOCHS_HEAD.unpack(
+        _unsealed(data, head_size, "control EPOCHS answer head")
+    )
+    if not 0 <= count <= MAX_EPOCH_ENTRIES:
+        raise ProtocolError(f"EPOCHS answer of {count} entries; the limit is {MAX_EPOCH_ENTRIES}")
+    size = head_size + count * _EPOCH_ENTRY.size + 4
+    if len(data) < size:
+        return None
+    body = _unsealed(data[head_size:], size - head_size, "control EPOCHS answer entries")
+    entries = [_EPOCH_ENTRY.unpack_from(body, i * _EPOCH_ENTRY.size) for i in range(count)]
+    if epoch < 0 or max_offset < 0:
+        raise ProtocolError(f"EPOCHS answer is impossible: epoch {epoch}, max offset {max_offset}")
+    previous = (0, -1)
+    for e, start in entries:
+        if not (e > previous[0] and start > previous[1]):
+            raise ProtocolError(
+                f"EPOCHS answer is impossible: entry epoch {e} start {start} after "
+                f"epoch {previous[0]} start {previous[1]} (both must grow)"
+            )
+        previous = (e, start)
+    if entries and (epoch < previous[0] or max_offset < previous[1]):
+        raise ProtocolError(
+            f"EPOCHS answer is impossible: current epoch {epoch} and max offset "
+            f"{max_offset} are before the last entry (epoch {previous[0]} start {previous[1]})"
+        )
+    return EpochsAnswer(epoch, max_offset, [(int(e), int(s)) for e, s in entries]), size
 
 
 class Greeting(enum.Enum):

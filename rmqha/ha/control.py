@@ -6,7 +6,8 @@ The slave's end: L{probe} opens a control session on the master's HA port
 with a hello a genuine RocketMQ master cannot tell from a slave that has
 not reported yet (it waits, silently, and L{probe} gives C{None}: classic
 only); an rmqha master answers with its INFO (offsets, segment size,
-features).  L{ControlClient.digest} then asks for the digest of a range.
+features).  L{ControlClient.digest} then asks for the digest of a range,
+L{ControlClient.epochs} for the master's epoch list (failover).
 
 The master's end: L{ControlSession}, which a L{rmqha.ha.master.MasterConnection}
 becomes when the peer's greeting is a control hello.  Issue 12's bounds
@@ -43,7 +44,9 @@ from zope.interface import implementer
 from rmqha.store._segments import segment_name
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha._wire import (
+    CONTROL_DIGEST,
     CONTROL_DIGEST_SIZE,
+    CONTROL_EPOCHS,
     CONTROL_HELLO,
     CONTROL_INFO,
     CONTROL_INFO_SIZE,
@@ -52,17 +55,22 @@ from rmqha.ha._wire import (
     CONTROL_REFUSED,
     CONTROL_REQUEST_SIZE,
     FEATURE_CHECKED_FRAMING,
+    FEATURE_EPOCHS,
     FEATURE_IDENTIFY,
     ChecksumError,
+    EpochsAnswer,
     NotControlError,
     ProtocolError,
     decode_control_info,
+    decode_control_request,
     decode_digest_answer,
-    decode_digest_request,
+    decode_epochs_answer,
     encode_code,
     encode_control_info,
     encode_digest_answer,
     encode_digest_request,
+    encode_epochs_answer,
+    encode_epochs_request,
 )
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
@@ -101,7 +109,8 @@ _INFO_CODE = encode_code(CONTROL_INFO)
 _REFUSED_CODE = encode_code(CONTROL_REFUSED)
 #: Seconds to wait for one DIGEST answer (16 MiB hashed on the master).
 DIGEST_TIMEOUT = 30.0
-#: The features a master offers in its INFO.
+#: The features a master offers in its INFO (and FEATURE_EPOCHS when it
+#: keeps an epoch file).
 FEATURES = FEATURE_CHECKED_FRAMING | FEATURE_IDENTIFY
 
 #: A DIGEST answer refusing the range.
@@ -213,6 +222,13 @@ class MasterInfo:
     def checked_framing(self) -> bool:
         return bool(self.features & FEATURE_CHECKED_FRAMING)
 
+    @property
+    def epochs(self) -> bool:
+        """
+        The master keeps an epoch file and answers EPOCHS.
+        """
+        return bool(self.features & FEATURE_EPOCHS)
+
 
 
 class CheckFailed(Exception):
@@ -255,8 +271,9 @@ class ControlClient(Protocol):
         self.clock = clock
         self.hello = hello
         self._buffer = bytearray()
-        #: DIGEST answers awaited, in request order (C{None}: withdrawn).
-        self._waiting: deque[Deferred[bytes | None] | None] = deque()
+        #: Answers awaited, in request order: the request's code and who
+        #: waits (C{None}: withdrawn).
+        self._waiting: deque[tuple[int, Deferred[Any] | None]] = deque()
         self._closed = False
         self._handshake_done = False
         #: Nothing received yet.
@@ -294,12 +311,27 @@ class ControlClient(Protocol):
                 info = decode_control_info(self._buffer)
                 del self._buffer[:CONTROL_INFO_SIZE]
                 self.info.callback(MasterInfo(*info))
-            while len(self._buffer) >= CONTROL_DIGEST_SIZE and self._waiting:
-                start, _, digest = decode_digest_answer(self._buffer)
-                del self._buffer[:CONTROL_DIGEST_SIZE]
-                waiter = self._waiting.popleft()
+            while self._waiting:
+                code, waiter = self._waiting[0]
+                answer: object
+                if code == CONTROL_EPOCHS:
+                    decoded = decode_epochs_answer(self._buffer)
+                    if decoded is None:
+                        break
+                    answer, size = decoded
+                else:
+                    if len(self._buffer) < CONTROL_DIGEST_SIZE:
+                        break
+                    start, _, digest = decode_digest_answer(self._buffer)
+                    answer, size = (None if start < 0 else digest), CONTROL_DIGEST_SIZE
+                del self._buffer[:size]
+                self._waiting.popleft()
                 if waiter is not None:
-                    waiter.callback(None if start < 0 else digest)
+                    waiter.callback(answer)
+            if not self._waiting and self._buffer:
+                raise ProtocolError(
+                    f"the master sent {len(self._buffer)} bytes nobody asked for"
+                )
         except ProtocolError as e:
             self._fail(e)
 
@@ -312,9 +344,39 @@ class ControlClient(Protocol):
 
     def _fail_waiters(self, failure: Failure) -> None:
         while self._waiting:
-            waiter = self._waiting.popleft()
+            _, waiter = self._waiting.popleft()
             if waiter is not None:
                 waiter.errback(failure)
+
+    def _ask(self, code: int, request: bytes, what: str) -> Deferred[Any]:
+        """
+        Send C{request}; the answer (to the request with C{code}) fires
+        the result, after L{DIGEST_TIMEOUT} at most.
+        """
+
+        def withdraw(d: Deferred[Any]) -> None:
+            # Answers come in order: the slot stays, its answer is skipped.
+            for i, (kind, waiting) in enumerate(self._waiting):
+                if waiting is d:
+                    self._waiting[i] = (kind, None)
+                    break
+
+        d: Deferred[Any] = Deferred(withdraw)
+        if self._closed:
+            d.errback(CheckFailed("control session: closed"))
+            return d
+        self._waiting.append((code, d))
+        self.transport.write(request)  # type: ignore[union-attr]
+        if self.clock is not None:
+
+            def timed_out(result: object, timeout: float) -> Failure:
+                self.close()
+                return Failure(
+                    CheckFailed(f"control session: no {what} answer within {timeout} s")
+                )
+
+            d.addTimeout(DIGEST_TIMEOUT, self.clock, onTimeoutCancel=timed_out)
+        return d
 
     def digest(self, start: int, end: int) -> Deferred[bytes | None]:
         """
@@ -325,26 +387,17 @@ class ControlClient(Protocol):
             answer, or none within L{DIGEST_TIMEOUT}.
         """
 
-        def withdraw(d: Deferred[bytes | None]) -> None:
-            # Answers come in order: the slot stays, its answer is skipped.
-            for i, waiting in enumerate(self._waiting):
-                if waiting is d:
-                    self._waiting[i] = None
-                    break
+        return self._ask(CONTROL_DIGEST, encode_digest_request(start, end), "DIGEST")
 
-        d: Deferred[bytes | None] = Deferred(withdraw)
-        if self._closed:
-            d.errback(CheckFailed("control session: closed"))
-            return d
-        self._waiting.append(d)
-        self.transport.write(encode_digest_request(start, end))  # type: ignore[union-attr]
-        if self.clock is not None:
-            d.addTimeout(DIGEST_TIMEOUT, self.clock, onTimeoutCancel=self._timed_out)
-        return d
+    def epochs(self) -> Deferred[EpochsAnswer]:
+        """
+        The master's current epoch, max offset and epoch list (ask only a
+        master whose INFO offered C{FEATURE_EPOCHS}).
 
-    def _timed_out(self, result: object, timeout: float) -> Failure:
-        self.close()
-        return Failure(CheckFailed(f"control session: no DIGEST answer within {timeout} s"))
+        @raise CheckFailed: (asynchronously) the session closed, a damaged
+            or impossible answer, or none within L{DIGEST_TIMEOUT}.
+        """
+        return self._ask(CONTROL_EPOCHS, encode_epochs_request(), "EPOCHS")
 
     def close(self) -> None:
         if not self._closed and self.transport is not None:
@@ -466,9 +519,10 @@ class ControlSession:
         Answer the hello with INFO, then serve C{rest} (what came after it).
         """
         commitlog = self.factory.commitlog
+        features = FEATURES | (FEATURE_EPOCHS if self.factory.epochs is not None else 0)
         self.connection.transport.write(  # type: ignore[union-attr]
             encode_control_info(
-                commitlog.min_offset, commitlog.max_offset, commitlog.segment_size, FEATURES
+                commitlog.min_offset, commitlog.max_offset, commitlog.segment_size, features
             )
         )
         self.feed(rest)
@@ -519,13 +573,25 @@ class ControlSession:
             and len(self._requests) >= CONTROL_REQUEST_SIZE
         ):
             try:
-                start, end = decode_digest_request(self._requests)
+                code, start, end = decode_control_request(self._requests)
             except ProtocolError as e:
                 if isinstance(e, ChecksumError):
                     self.factory.checksum_failures += 1
                 connection.drop("control session: {error}", error=str(e))
                 return
             del self._requests[:CONTROL_REQUEST_SIZE]
+            if code == CONTROL_EPOCHS:
+                epochs = self.factory.epochs
+                if epochs is None:
+                    connection.drop("control session: EPOCHS asked of a master without epochs")
+                    return
+                # Cheap (at most MAX_EPOCH_ENTRIES, in memory): inline, in order.
+                connection.transport.write(  # type: ignore[union-attr]
+                    encode_epochs_answer(
+                        epochs.last_epoch, self.factory.commitlog.max_offset, epochs.entries
+                    )
+                )
+                continue
             if not _digestible(self.factory.commitlog, start, end):
                 # Cheap to refuse: answered inline, in order.
                 connection.transport.write(_REFUSED_DIGEST)  # type: ignore[union-attr]

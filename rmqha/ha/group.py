@@ -38,6 +38,7 @@ from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
+from rmqha.ha.insync import InSyncSet
 from rmqha.store.commitlog import AppendResult
 
 __all__ = [
@@ -190,6 +191,10 @@ class GroupTransferService:
         if self._observe is not None:
             self._observe(0.0)
         return succeed(status)
+
+    @property
+    def quorum_offset(self) -> int:
+        return self._quorum_offset
 
     def quorum_changed(self, offset: int) -> None:
         """
@@ -354,12 +359,69 @@ class HAService:
         #: The ack of every replicating slave, one per replica: set by
         #: the master factory that feeds this service.
         self.ack_offsets: Callable[[], list[int]] = list
+        #: Failover mode (docs/failover.md): the in-sync set whose every
+        #: member a SYNC put waits for, instead of inSyncReplicas - 1 acks.
+        self.in_sync: InSyncSet | None = None
+        #: Failover mode: the ack of every replicating failover node, by
+        #: node id (set by the master factory).
+        self.node_acks: Callable[[], dict[str, int]] = dict
+        #: Failover mode: whether this master may still answer PUT_OK
+        #: (its lease is good); checked as each put is released.
+        self.may_acknowledge: Callable[[], bool] = lambda: True
+        #: The master's max offset (failover mode: what a put ends at).
+        self.max_offset: Callable[[], int] = lambda: 0
+        #: The highest quorum offset so far: every put answered PUT_OK
+        #: ends at or before it.
+        self.acked_end = 0
+
+    def use_in_sync(self, in_sync: InSyncSet) -> None:
+        """
+        Failover mode: wait for every member of C{in_sync} (and at least
+        C{minInSyncReplicas} copies) instead of C{inSyncReplicas - 1}
+        acks.
+        """
+        self.in_sync = in_sync
+        in_sync.changed = self._in_sync_changed
+
+    def _in_sync_changed(self) -> None:
+        self.acks_changed()
+        self.release()
+
+    def replica_acked(self, node: str, ack: int) -> None:
+        """
+        Failover mode: the replica of node C{node} acknowledged C{ack}.
+        """
+        if self.in_sync is not None:
+            self.in_sync.acked(node, ack, self.max_offset(), self.acked_end)
+
+    def replica_gone(self, node: str) -> None:
+        """
+        Failover mode: node C{node} has no replicating connection left.
+        """
+        if self.in_sync is not None:
+            self.in_sync.gone(node)
+
+    def _failover_quorum(self, in_sync: InSyncSet) -> int:
+        members = in_sync.effective
+        if len(members) < self._min_in_sync_replicas:
+            return -1
+        acks = self.node_acks()
+        others = [acks.get(node, -1) for node in members if node != in_sync.me]
+        if not others:
+            # The master alone (minInSyncReplicas 1): its own copy is all.
+            return self.max_offset()
+        return min(others)
 
     def acks_changed(self) -> None:
         """
         A slave acknowledged or went away: move the quorum offset.  The
         puts it covers fire at the next L{release}.
         """
+        if self.in_sync is not None:
+            quorum = self._failover_quorum(self.in_sync)
+            self.acked_end = max(self.acked_end, quorum)
+            self.group.quorum_changed(quorum)
+            return
         needed = self._in_sync_replicas - 1
         if needed <= 0:
             return
@@ -373,14 +435,20 @@ class HAService:
     def release(self) -> None:
         """
         Fire the waiting puts the quorum offset covers (the firing rule:
-        docs/sync.md).
+        docs/sync.md).  In failover mode, only while this master's lease
+        is good: puts it would release later end as time-outs or when the
+        master steps down (never PUT_OK from a deposed master).
         """
+        if self.in_sync is not None and not self.may_acknowledge():
+            return
         self.group.release()
 
     def wait_for(self, end: int) -> Deferred[PutStatus]:
         """
         The replicas' verdict on a put ending at C{end}.
         """
+        if self.in_sync is not None:
+            return self._failover_wait(end, self.in_sync)
         if not self.sync or self._in_sync_replicas <= 1:
             return succeed(PutStatus.PUT_OK)
         in_sync = 1 + sum(1 for ack in self.ack_offsets() if end - ack < self._fallbehind_max)
@@ -390,9 +458,31 @@ class HAService:
             return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
         return self.group.wait_for(end)
 
+    def _failover_wait(self, end: int, in_sync: InSyncSet) -> Deferred[PutStatus]:
+        if not self.sync:
+            return succeed(PutStatus.PUT_OK)
+        if len(in_sync.effective) < self._min_in_sync_replicas and len(
+            self.node_acks()
+        ) + 1 < self._min_in_sync_replicas:
+            # Too few replicas even connected to reach minInSyncReplicas.
+            return succeed(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
+        alone = in_sync.effective == {in_sync.me}
+        if alone or end <= self.group.quorum_offset:
+            # Held by every member already (the master alone, with
+            # minInSyncReplicas 1, holds it now): only the lease decides.
+            if not self.may_acknowledge():
+                return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
+            if alone:
+                self.acked_end = max(self.acked_end, end)
+                self.replication_wait.observe(0.0)
+                return succeed(PutStatus.PUT_OK)
+        return self.group.wait_for(end)
+
     def stop(self) -> None:
         """
         The master side is stopping: every waiting put ends with
         C{SLAVE_NOT_AVAILABLE}, and later ones too.
         """
+        if self.in_sync is not None:
+            self.in_sync.stop()
         self.group.stop()

@@ -63,6 +63,7 @@ from rmqha.ha._wire import (
     sniff_greeting,
 )
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.ha.epochs import EpochFile
 from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
 from rmqha.ha.group import HAService
 from rmqha.tls import PeerPolicy
@@ -489,6 +490,18 @@ class MasterConnection(Protocol):
             return f"declared id {self.replica_id}"
         return f"address {self.peer}"
 
+    @property
+    def failover_node(self) -> str | None:
+        """
+        The failover node this replica is (docs/failover.md): the id it
+        declared, when it has no TLS certificate or its certificate names
+        the same node; a classic slave (a genuine RocketMQ one) is none.
+        """
+        declared = self.replica_id
+        if declared is None or (self.identity is not None and self.identity != declared):
+            return None
+        return declared
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._state is not _State.CLOSED:
             self._log.info(
@@ -506,6 +519,10 @@ class MasterConnection(Protocol):
             self._session.stop()
         if self.ack_offset is not None:
             self.factory.acks_changed()
+        node = self.failover_node
+        if node is not None and self.factory.ha is not None:
+            if not any(c.failover_node == node for c in self.factory.connections):
+                self.factory.ha.replica_gone(node)
         if self.transport is not None:
             IConsumer(self.transport).unregisterProducer()
 
@@ -588,7 +605,7 @@ class MasterConnection(Protocol):
     def _record_ack(self, offset: int) -> None:
         now = self.factory.clock.seconds()
         self.ack_offset = offset
-        self.factory.acks_changed()
+        self.factory.acks_changed(self)
         acks = self._acks
         acks.append((now, offset))
         while len(acks) > 2 and now - acks[1][0] >= _RATE_WINDOW:
@@ -733,6 +750,11 @@ class MasterFactory(ServerFactory):
         self.ha = ha
         if ha is not None:
             ha.ack_offsets = self.ack_offsets
+            ha.node_acks = self.node_acks
+            ha.max_offset = lambda: commitlog.max_offset
+        #: The master's epoch file (failover), which control sessions
+        #: offer and answer EPOCHS from; C{None}: no epochs.
+        self.epochs: EpochFile | None = None
         self._wake: IDelayedCall | None = None
         self._more = False
         self._releasing = False
@@ -770,9 +792,18 @@ class MasterFactory(ServerFactory):
         for connection in list(self.connections):
             connection.data_available()
 
-    def acks_changed(self) -> None:
-        if self.ha is not None:
-            self.ha.acks_changed()
+    def acks_changed(self, connection: MasterConnection | None = None) -> None:
+        """
+        A slave acknowledged (C{connection}) or went away (none).
+        """
+        ha = self.ha
+        if ha is None:
+            return
+        if connection is not None and ha.in_sync is not None:
+            node = connection.failover_node
+            if node is not None and connection.ack_offset is not None:
+                ha.replica_acked(node, connection.ack_offset)
+        ha.acks_changed()
 
     def release_waiters(self) -> None:
         """
@@ -817,6 +848,17 @@ class MasterFactory(ServerFactory):
             for c in self.connections
             if c.ack_offset is not None and c.replicating
         ]
+
+    def node_acks(self) -> dict[str, int]:
+        """
+        Failover mode: the highest ack of each replicating failover node.
+        """
+        acks: dict[str, int] = {}
+        for c in self.connections:
+            node = c.failover_node
+            if node is not None and c.ack_offset is not None and c.replicating:
+                acks[node] = max(acks.get(node, -1), c.ack_offset)
+        return acks
 
     def disconnect_all(self, why: str) -> None:
         """

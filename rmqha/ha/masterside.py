@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from rmqha._ports import OpenedLater, listen
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import HAConfig
+from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import HAService, Histogram, PutStatus
 from rmqha.ha.master import MasterFactory
 from rmqha.tls import PeerPolicy, exposure_warning
@@ -93,13 +94,15 @@ class MasterSide(Service):
             self.reactor, "ha", self._where, self._limited("HA", self._opened_later)
         )
 
-    def open(self, commitlog: CommitLog) -> None:
+    def open(self, commitlog: CommitLog, epochs: EpochFile | None = None) -> None:
         """
-        The store is open: serve slaves from C{commitlog}.
+        The store is open: serve slaves from C{commitlog} (and answer
+        EPOCHS from C{epochs}, failover).
         """
         factory = self.factory = MasterFactory(
             commitlog, self.reactor, self._config, self._peer_policy, ha=self.ha
         )
+        factory.epochs = epochs
         self._opened_later.factory = factory
         # Every append wakes the slaves' connections, whoever wrote it: the
         # log tells its observers, no writer has to remember to.

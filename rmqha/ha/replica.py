@@ -7,10 +7,18 @@ A slave's side of replication, as one service with an explicit lifecycle.
                        -> HALTED                 (a divergence with halt, or a
                                                   fact only an operator can fix)
                        -> REPAIRING -> REPLICATING (truncate or rebootstrap)
+    REPAIRING -> HALTED, BACKING_OFF   (failover: the check after an epoch cut)
+    REPLICATING -> BACKING_OFF         (failover: a master refused on a re-check)
     any -> STOPPED
 
 PROBING covers the control probe and the divergence check that follows
 (L{rmqha.ha.control.probe}, L{rmqha.ha.divergence.find_divergence}).
+In failover mode (an epoch file, L{rmqha.ha.epochs}) it also asks the
+master's epochs first: a master without epochs, or at an older epoch than
+this node has seen, is refused (back off: the coordinator will point this
+node elsewhere); the log is cut back to the end of the newest epoch both
+share (REPAIRING, the cut bytes quarantined), the digest check then only
+verifies, and the master's list is adopted when replication starts.
 While REPLICATING, a connection that ends suspiciously (before the master
 sent anything, or on an offset mismatch) checks again without stopping
 replication; a failed re-check retries after the back-off, replication
@@ -38,6 +46,7 @@ from twisted.python.failure import Failure
 
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
+from rmqha.store.errors import OffsetOutOfRangeError
 from rmqha.ha._wire import FEATURE_IDENTIFY
 from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
@@ -48,7 +57,7 @@ from rmqha.ha.config import (
     MasterKind,
     OnDivergence,
 )
-from rmqha.ha.control import CheckFailed, MasterUnreachable, probe
+from rmqha.ha.control import CheckFailed, ControlClient, MasterInfo, MasterUnreachable, probe
 from rmqha.ha.divergence import (
     Divergence,
     DivergenceKind,
@@ -56,6 +65,7 @@ from rmqha.ha.divergence import (
     read_master_kind,
     write_master_kind,
 )
+from rmqha.ha.epochs import Entry, EpochFile, common_end
 from rmqha.ha.slave import SlaveFactory, load_replica_id, make_slave_service
 from rmqha.store.service import CommitLogService
 from rmqha.tls import plain_master_warning, split_description
@@ -82,8 +92,8 @@ _ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
     _S.STOPPED: frozenset([_S.PROBING, _S.REPLICATING]),
     _S.PROBING: frozenset([_S.REPLICATING, _S.BACKING_OFF, _S.HALTED, _S.REPAIRING]),
     _S.BACKING_OFF: frozenset([_S.PROBING]),
-    _S.REPLICATING: frozenset([_S.HALTED, _S.REPAIRING]),
-    _S.REPAIRING: frozenset([_S.REPLICATING]),
+    _S.REPLICATING: frozenset([_S.HALTED, _S.REPAIRING, _S.BACKING_OFF]),
+    _S.REPAIRING: frozenset([_S.REPLICATING, _S.HALTED, _S.BACKING_OFF]),
     _S.HALTED: frozenset(),
 }
 
@@ -101,6 +111,14 @@ class _NotAnswering(CheckFailed):
     """
 
 
+class _Refused(_NotAnswering):
+    """
+    Failover: a master this node must not follow (no epochs, or an older
+    epoch than this node has seen); replication stops until a check
+    passes.
+    """
+
+
 class Replica(Service):
     """
     Replication from one master into an open store.
@@ -112,6 +130,9 @@ class Replica(Service):
     @ivar divergence: the divergence replication is halted on, if any.
     @ivar divergences: divergences found, by kind.
     @ivar failed_checks: checks in a row that could not finish.
+    @ivar epoch_truncations: failover: times the log was cut back to the
+        end of the newest epoch it shares with its master.
+    @ivar epoch_truncated_bytes: the bytes those cuts moved to quarantine.
     """
 
     _log = Logger()
@@ -128,8 +149,17 @@ class Replica(Service):
         on_divergence: OnDivergence | None = OnDivergence.HALT,
         probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
         master_kind: MasterKind = MasterKind.AUTO,
+        replica_id: str | None = None,
+        epochs: EpochFile | None = None,
     ) -> None:
+        """
+        @param replica_id: the id this replica declares (IDENTIFY); by
+            default the one kept in the store (failover mode: the node id).
+        @param epochs: the store's epoch file: failover mode (see the
+            module's docstring); C{None}: no epochs.
+        """
         self.reactor = reactor
+        self._replica_id = replica_id
         self.store = store
         self._master_endpoint = master_endpoint
         self._config = config
@@ -143,6 +173,11 @@ class Replica(Service):
         self.divergence: Divergence | None = None
         self.divergences: dict[str, int] = {k.value: 0 for k in DivergenceKind}
         self.failed_checks = 0
+        self.epochs = epochs
+        self.epoch_truncations = 0
+        self.epoch_truncated_bytes = 0
+        #: The master's epoch list, adopted when replication starts.
+        self._master_epochs: list[Entry] | None = None
         self._problem: str | None = None
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
         self._check: Deferred[Any] | None = None
@@ -318,7 +353,11 @@ class Replica(Service):
         self._log.warn("{why}; retrying in {delay:.1f} s", why=why, delay=delay)
         if not self.running:
             return
-        if self.state is ReplicaState.PROBING:
+        if failure.check(_Refused) and self.state is ReplicaState.REPLICATING:
+            # Not a master to follow: stop, not just retry.
+            self._stop_replicating()
+            self._to(ReplicaState.BACKING_OFF)
+        if self.state in (ReplicaState.PROBING, ReplicaState.REPAIRING):
             self._to(ReplicaState.BACKING_OFF)
         if self._retry is None:
             self._retry = self.reactor.callLater(delay, self._retry_check)
@@ -401,7 +440,9 @@ class Replica(Service):
                 "checked framing (CRC-32 on every frame and report) {state}",
                 state="on" if checked else "off: the master does not offer it",
             )
-        self._identity = load_replica_id(self.commitlog.store_dir) if identify else None
+        self._identity = (
+            (self._replica_id or load_replica_id(self.commitlog.store_dir)) if identify else None
+        )
         if self.slave_factory is not None:
             self.slave_factory.checked = checked
             self.slave_factory.identity = self._identity
@@ -418,11 +459,12 @@ class Replica(Service):
 
     async def _check_divergence(self) -> Divergence | None:
         master = self.master_address
+        self._master_epochs = None  # (only this check's answer is adopted)
         if self._master_kind_option is MasterKind.ROCKETMQ:
             self._learnt(MasterKind.ROCKETMQ)
             self._classic(f"master {master} is a RocketMQ master (--master-kind rocketmq)")
             return None
-        if self._on_divergence is None:
+        if self._on_divergence is None and self.epochs is None:
             return None
         # Where this log ends, taken before the master's offsets are: the
         # master's max can only have grown since, so replication running
@@ -436,6 +478,11 @@ class Replica(Service):
         assert self._client is not None
         session = await probe(self.reactor, self._client, self._probe_timeout, first_timeout=first)
         if session is None:
+            if self.epochs is not None:
+                raise _Refused(
+                    f"master {master} does not answer the rmqha extension: a failover "
+                    "slave follows only a master that keeps epochs"
+                )
             if self._master_kind_option is MasterKind.RMQHA:
                 raise _NotAnswering(
                     f"master {master} does not answer the rmqha extension "
@@ -465,14 +512,103 @@ class Replica(Service):
                     "slave's segment size must be its master's (start the slave "
                     f"on an empty store with --segment-size {info.segment_size})"
                 )
+            if self.epochs is not None:
+                slave_end = await self._cut_to_common_epoch(client, info, slave_end)
+                if not self.running:
+                    return None
+            if self._on_divergence is None:
+                return None
             return await find_divergence(self.commitlog, client, info, slave_end=slave_end)
         finally:
             client.close()
+
+    async def _cut_to_common_epoch(
+        self, client: ControlClient, info: MasterInfo, slave_end: int
+    ) -> int:
+        """
+        Failover: ask the master's epochs; refuse a master without them or
+        at an older epoch than this node has seen; cut this log back to
+        the end of the newest epoch both share (RocketMQ 5's doTruncate).
+        An empty local list (a store from before failover, or a new one)
+        leaves it to the digest check.
+
+        @return: where this log now ends.
+        @raise _Refused: a master not to follow.
+        @raise _Halt: no epoch in common, or a cut before this log's start.
+        """
+        master = self.master_address
+        epochs = self.epochs
+        assert epochs is not None
+        if not info.epochs:
+            raise _Refused(
+                f"master {master} keeps no epochs (it is not in failover mode): a "
+                "failover slave does not follow it"
+            )
+        answer = await client.epochs()
+        ours = epochs.entries
+        if answer.epoch < epochs.last_epoch:
+            raise _Refused(
+                f"master {master} is at epoch {answer.epoch}, this node has seen epoch "
+                f"{epochs.last_epoch}: a deposed master, not followed"
+            )
+        self._master_epochs = [e for e in answer.entries if e[1] <= answer.max_offset]
+        if not ours or not self.commitlog.has_data():
+            return slave_end
+        cut = common_end(ours, slave_end, answer.entries, answer.max_offset)
+        if cut is None:
+            self._master_epochs = None
+            raise _Halt(
+                f"this node's log and master {master}'s share no epoch (this node's "
+                f"last: epoch {ours[-1][0]} from {ours[-1][1]}; the master's last: "
+                + (
+                    f"epoch {answer.entries[-1][0]} from {answer.entries[-1][1]})"
+                    if answer.entries
+                    else "none)"
+                )
+            )
+        if cut >= slave_end:
+            return slave_end
+        await self._stop_replicating()
+        if not self.running:
+            return slave_end
+        self._to(ReplicaState.REPAIRING)
+        commitlog = self.commitlog
+        end = commitlog.max_offset
+        try:
+            commitlog.truncate_replica(cut)
+        except OffsetOutOfRangeError:
+            self._master_epochs = None
+            raise _Halt(
+                f"the newest epoch this node shares with master {master} ends at {cut}, "
+                f"before this log's oldest segment at {commitlog.min_offset}: it cannot "
+                "be cut back there (rebootstrap it)"
+            ) from None
+        epochs.truncate_to(cut)
+        self.epoch_truncations += 1
+        self.epoch_truncated_bytes += end - cut
+        self._log.warn(
+            "cut this log back from {end} to {cut}, the end of the newest epoch it "
+            "shares with master {master} (the cut bytes are in quarantine)",
+            end=end,
+            cut=cut,
+            master=master,
+        )
+        return cut
+
+    def _adopt_epochs(self) -> None:
+        """
+        Failover: take the master's epoch list, once the checks let
+        replication start.
+        """
+        entries, self._master_epochs = self._master_epochs, None
+        if self.epochs is not None and entries is not None:
+            self.epochs.replace(entries)
 
     async def _act_on(self, divergence: Divergence | None) -> None:
         if not self.running:
             return
         if divergence is None:
+            self._adopt_epochs()
             self._to(ReplicaState.REPLICATING)
             return
         self.divergence = divergence
@@ -489,16 +625,20 @@ class Replica(Service):
         if not self.running:
             return  # (stopped meanwhile: the store may be a master's now)
         if mode is OnDivergence.HALT:
+            self._master_epochs = None
             self._to(ReplicaState.HALTED)
             return
         self._to(ReplicaState.REPAIRING)
         if mode is OnDivergence.TRUNCATE:
             assert divergence.truncate_to is not None
             self.commitlog.truncate_replica(divergence.truncate_to)
+            if self.epochs is not None:
+                self.epochs.truncate_to(divergence.truncate_to)
         else:
             await self._rebootstrap()
         self.divergence = None
         if self.running:
+            self._adopt_epochs()
             self._to(ReplicaState.REPLICATING)
 
     async def _rebootstrap(self) -> None:
@@ -512,6 +652,9 @@ class Replica(Service):
         os.rename(old, aside)
         self._log.warn("moved the diverged store aside to {aside}", aside=aside)
         self.store.startService()
+        if self.epochs is not None:
+            # The epoch file went aside with the store too.
+            self.epochs.reload()
         self._build(self.commitlog)
         if self.master_kind is not None:
             # The memory of what the master is went aside with the store.

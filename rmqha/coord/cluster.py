@@ -1,0 +1,161 @@
+# -*- test-case-name: tests.test_cluster_cli -*-
+"""
+What C{rmqha cluster status} and C{rmqha cluster switchover} do, on any
+L{IDCS} (docs/failover.md, "Operating it").
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
+
+from rmqha.coord.dcs import IDCS, ClusterView, Switchover
+
+
+class ClusterError(Exception):
+    """
+    A cluster command could not do what was asked (one line).
+    """
+
+
+def describe(view: ClusterView) -> dict[str, Any]:
+    """
+    A group's state as JSON-able data: the master, the epoch, the in-sync
+    set, and every member with its lag behind the master (from the
+    offsets members publish about twice a second).
+    """
+    leader = view.leader
+    in_sync = view.in_sync
+    members_in_sync = set(in_sync.members) if in_sync is not None and in_sync.epoch == view.epoch else set()
+    master_offset = None
+    if leader is not None and leader.node_id in view.members:
+        master_offset = view.members[leader.node_id].offset
+    members = []
+    for node_id, member in sorted(view.members.items()):
+        members.append(
+            {
+                "node_id": node_id,
+                "role": member.role,
+                "epoch": member.epoch,
+                "offset": member.offset,
+                "lag_bytes": None if master_offset is None else max(0, master_offset - member.offset),
+                "in_sync": node_id in members_in_sync,
+                "electable": member.electable,
+                "ha": member.ha,
+                "http": member.http,
+                "state": member.state,
+            }
+        )
+    return {
+        "epoch": view.epoch,
+        "master": None
+        if leader is None
+        else {"node_id": leader.node_id, "epoch": leader.epoch, "ha": leader.ha, "http": leader.http},
+        "in_sync": sorted(members_in_sync),
+        "switchover": None
+        if view.switchover is None
+        else {"target": view.switchover.target, "leader": view.switchover.leader},
+        "members": members,
+    }
+
+
+def render(group: str, state: dict[str, Any]) -> str:
+    """
+    L{describe}'s data as text for a terminal.
+    """
+    master = state["master"]
+    lines = [
+        f"group {group}: epoch {state['epoch']}, "
+        + (f"master {master['node_id']} ({master['ha']})" if master else "NO MASTER")
+        + (f", switchover to {state['switchover']['target']} pending" if state["switchover"] else "")
+    ]
+    rows = [("NODE", "ROLE", "EPOCH", "OFFSET", "LAG", "IN-SYNC", "STATE")]
+    for m in state["members"]:
+        rows.append(
+            (
+                m["node_id"],
+                m["role"],
+                str(m["epoch"]),
+                str(m["offset"]),
+                "-" if m["lag_bytes"] is None else str(m["lag_bytes"]),
+                "yes" if m["in_sync"] else "no",
+                m["state"] + ("" if m["electable"] else " (not electable)"),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+    missing = [n for n in state["in_sync"] if n not in {m["node_id"] for m in state["members"]}]
+    if missing:
+        lines.append(f"in-sync but not alive: {', '.join(missing)}")
+    return "\n".join(lines)
+
+
+async def status(dcs: IDCS) -> dict[str, Any]:
+    return describe(await dcs.load())
+
+
+async def switchover(
+    clock: IReactorTime,
+    dcs: IDCS,
+    target: str,
+    timeout: float,
+    *,
+    now: Callable[[], float] = time.monotonic,
+    poll: float = 0.1,
+) -> dict[str, Any]:
+    """
+    Ask the master to hand over to C{target} and wait until C{target} is
+    elected.
+
+    @raise ClusterError: there is no master, C{target} is not a live
+        member of the in-sync set, a switchover is already pending, or
+        C{target} was not elected within C{timeout} seconds (the request is
+        then withdrawn).
+    """
+    started = now()
+    view = await dcs.load()
+    leader = view.leader
+    if leader is None:
+        raise ClusterError("the group has no master: nothing to switch over from")
+    if leader.node_id == target:
+        raise ClusterError(f"{target} is the master already")
+    if target not in view.members:
+        raise ClusterError(
+            f"{target} is not a live member (members: {', '.join(sorted(view.members)) or 'none'})"
+        )
+    if view.in_sync is None or target not in view.in_sync.members:
+        members = ", ".join(view.in_sync.members) if view.in_sync else "none"
+        raise ClusterError(
+            f"{target} is not in the in-sync set ({members}): it may lack acknowledged puts"
+        )
+    if not view.members[target].electable:
+        raise ClusterError(f"{target} is not electable (--no-failover, or its replication halted)")
+    request = Switchover(target, leader.node_id, time.time())
+    if not await dcs.request_switchover(request):
+        raise ClusterError("a switchover is already pending, or the master just changed")
+    while True:
+        view = await dcs.load()
+        if view.leader is not None and view.leader.node_id == target:
+            return {
+                "master": target,
+                "epoch": view.leader.epoch,
+                "seconds": round(now() - started, 3),
+            }
+        if now() - started > timeout:
+            pending = view.switchover
+            if pending is not None and pending.target == target:
+                await dcs.clear_switchover(pending)
+            raise ClusterError(
+                f"{target} was not elected within {timeout:g} s; the request is withdrawn "
+                f"(master now: {view.leader.node_id if view.leader else 'none'})"
+            )
+        await _sleep(clock, poll)
+
+
+def _sleep(clock: IReactorTime, seconds: float) -> Deferred[None]:
+    return deferLater(clock, seconds, lambda: None)

@@ -1,0 +1,670 @@
+# -*- test-case-name: tests.test_coordinator -*-
+"""
+One node's part in automatic failover (docs/failover.md): a service that
+holds a lease in the coordinator, says what the node is (its member key),
+elects a master among the in-sync replicas, and gives the broker its role.
+
+    every node          grants a lease, renews it every C{renew_interval},
+                        touches its member key, watches the group
+    no leader key       the in-sync member with the highest offset (then
+                        the lowest node id) campaigns: one transaction
+                        creates the leader key, bumps the epoch, and sets
+                        the in-sync set to the winner alone
+    leader is another   follow it (a master steps down first)
+    leader is me        take puts while the lease is good: PUT_OK only
+                        until (send time of the last successful renewal) +
+                        TTL - C{fence_margin}, on a monotonic clock; the
+                        in-sync set is published before it shrinks
+
+Fencing does not depend on the coordinator answering: a master that cannot
+renew stops acknowledging on its own clock, before the coordinator can
+expire its lease and elect another (etcd expires leases on its leader's
+clock, no sooner than TTL after the last renewal it received, which is
+after this node sent it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from rmqha.broker import Broker
+from rmqha.coord.dcs import (
+    IDCS,
+    ClusterView,
+    DCSError,
+    InSync,
+    IWatch,
+    Leader,
+    Lease,
+    LeaseLost,
+    Member,
+    Switchover,
+)
+from rmqha.ha.config import Role
+from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
+from rmqha.ha.masterside import MasterSide
+
+#: Default lease TTL, seconds: etcd's minimum with its default election
+#: timeout (a TTL of 1 is granted as 2).
+DEFAULT_LEASE_TTL = 2
+#: Default seconds between lease renewals (and member-key refreshes).
+DEFAULT_RENEW_INTERVAL = 0.5
+#: Default seconds before a lease could expire that a master stops
+#: acknowledging puts.
+DEFAULT_FENCE_MARGIN = 0.5
+
+
+@dataclass(frozen=True)
+class FailoverSettings:
+    group: str
+    node_id: str
+    #: The HA address peers dial, C{host:port}.
+    advertise: str
+    #: The admin HTTP address, C{host:port}, if any.
+    advertise_http: str | None = None
+    #: How this node acts once elected.
+    role: Role = Role.SYNC_MASTER
+    lease_ttl: int = DEFAULT_LEASE_TTL
+    renew_interval: float = DEFAULT_RENEW_INTERVAL
+    fence_margin: float = DEFAULT_FENCE_MARGIN
+    catchup_timeout: float = DEFAULT_CATCHUP_TIMEOUT
+    #: Elect a node outside the in-sync set when no member of it lives
+    #: (loses every put it lacks: docs/failover.md).
+    allow_unclean_election: bool = False
+    #: False: this node never stands for election (C{--no-failover}).
+    electable: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.group or "/" in self.group:
+            raise ValueError(f"group {self.group!r}: give a name without '/'")
+        if not self.node_id or "/" in self.node_id:
+            raise ValueError(f"node id {self.node_id!r}: give a name without '/'")
+        if not self.role.is_master:
+            raise ValueError(
+                f"role {self.role.value}: with a coordinator, --role says how the node "
+                "acts once elected (SYNC_MASTER or ASYNC_MASTER)"
+            )
+        if self.lease_ttl < 2:
+            raise ValueError(f"lease TTL {self.lease_ttl} s: etcd's minimum is 2")
+        if not 0 < self.renew_interval < self.lease_ttl - self.fence_margin:
+            raise ValueError(
+                f"renew interval {self.renew_interval} s must be positive and shorter "
+                f"than the lease TTL {self.lease_ttl} s less the fence margin "
+                f"{self.fence_margin} s"
+            )
+        if self.fence_margin < 0:
+            raise ValueError(f"fence margin {self.fence_margin} s must not be negative")
+
+
+@dataclass
+class Election:
+    """
+    The last change of master this node saw or made, for /status.
+    """
+
+    epoch: int
+    master: str | None
+    #: Wall-clock seconds.
+    at: float
+    why: str
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def rank(view: ClusterView, allow_unclean: bool) -> tuple[list[Member], str]:
+    """
+    Who may become master now, best first, and why the list is what it is.
+
+    Eligible: the live, electable members of the in-sync set of the
+    current epoch (before any election, every live member); with
+    C{allow_unclean}, every live member when no in-sync one lives.  A
+    pending switchover's target goes first; then by offset (highest
+    first), then node id.
+    """
+    live = {m.node_id: m for m in view.members.values() if m.electable}
+    if view.in_sync is None and view.epoch == 0:
+        eligible = list(live.values())
+        why = "no election yet: every live node may stand"
+    elif view.in_sync is not None and view.in_sync.epoch == view.epoch:
+        eligible = [live[n] for n in view.in_sync.members if n in live]
+        why = f"in-sync set of epoch {view.epoch}: {','.join(view.in_sync.members)}"
+    else:
+        eligible = []
+        why = f"no in-sync set for epoch {view.epoch}"
+    if not eligible and allow_unclean and live:
+        eligible = list(live.values())
+        why += "; none lives: unclean election allowed"
+    target = view.switchover.target if view.switchover is not None else None
+    eligible.sort(key=lambda m: (m.node_id != target, -m.offset, m.node_id))
+    return eligible, why
+
+
+class Coordinator(Service):
+    """
+    @ivar leader: this node's leadership, while it is the master.
+    @ivar view: the last view of the group.
+    @ivar election: the last election seen.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        reactor: IReactorTime,
+        dcs: IDCS,
+        broker: Broker,
+        settings: FailoverSettings,
+        dial: Callable[[str], str | IStreamClientEndpoint],
+        *,
+        now: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        """
+        @param dial: the client endpoint for a master's advertised HA
+            address (TLS settings included).
+        @param now: a monotonic clock (fencing is measured on it).
+        """
+        self.reactor = reactor
+        self.dcs = dcs
+        self.broker = broker
+        self.settings = settings
+        self._dial = dial
+        self._now = now
+        self._wall = wall
+        self.lease: Lease | None = None
+        self.leader: Leader | None = None
+        self.view: ClusterView | None = None
+        self.election: Election | None = None
+        self.in_sync: InSyncSet | None = None
+        #: Until when (monotonic) the lease is known good.
+        self.valid_until = float("-inf")
+        #: The HA address of the master this node follows.
+        self.following: str | None = None
+        self._following_epoch = 0
+        #: The highest epoch this node has seen.
+        self.highest_epoch = 0
+        #: Why this node is not electable / not acting, for /status.
+        self.note: str | None = None
+        #: The coordinator's last error, or None while it answers.
+        self.dcs_error: str | None = None
+        #: Elections this node won, leases lost, step-downs.
+        self.counts = {"elected": 0, "stepped_down": 0, "lease_lost": 0, "campaigns_lost": 0}
+        self._loop: LoopingCall | None = None
+        self._watch: IWatch | None = None
+        self._fence: IDelayedCall | None = None
+        self._busy = False
+        self._again = False
+        self._leaderless_since: float | None = None
+        self._handing_over: Switchover | None = None
+        self._changing: Deferred[Any] | None = None
+        # This node's last leadership, once it stepped down (its key is
+        # resigned; see _decide).
+        self._deposed: Leader | None = None
+
+    # -- start and stop -------------------------------------------------------
+
+    def startService(self) -> None:
+        Service.startService(self)
+        self.broker.refusing = self.refusing
+        self._watch = self.dcs.watch(self._changed, self._watch_failed)
+        loop = self._loop = LoopingCall(self._tick)
+        loop.clock = self.reactor
+        loop.start(self.settings.renew_interval, now=True).addErrback(self._loop_failed)
+
+    def stopService(self) -> Deferred[None]:
+        Service.stopService(self)
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        if self._watch is not None:
+            self._watch.stop()
+        self._cancel_fence()
+        lease, self.lease = self.lease, None
+        if self.in_sync is not None:
+            self.in_sync.stop()
+        # Leave the group at once: a stopping master's successor need not
+        # wait for its lease to expire.
+        self.leader = None
+        self.valid_until = float("-inf")
+        if lease is None:
+            return Deferred.fromCoroutine(_nothing())
+        d = self.dcs.revoke(lease)
+        d.addErrback(lambda f: self._log.warn("could not revoke the lease: {why}", why=f.getErrorMessage()))
+        return d
+
+    def _loop_failed(self, failure: Failure) -> None:
+        self._log.failure("the failover loop stopped", failure)
+
+    # -- the lease ------------------------------------------------------------
+
+    def _tick(self) -> Deferred[None]:
+        return ensureDeferred(self._renew())
+
+    async def _renew(self) -> None:
+        sent = self._now()
+        try:
+            if self.lease is None:
+                self.lease = await self.dcs.grant(self.settings.lease_ttl)
+                self._log.info(
+                    "lease {lease:x} granted ({ttl} s)", lease=self.lease.id, ttl=self.lease.ttl
+                )
+            else:
+                await self.dcs.keepalive(self.lease)
+        except LeaseLost as e:
+            self._lease_lost(str(e))
+            return
+        except DCSError as e:
+            self._dcs_failed(e)
+            return
+        if not self.running:
+            return
+        self._renewed(sent)
+        try:
+            assert self.lease is not None
+            await self.dcs.touch_member(self.member(), self.lease)
+        except LeaseLost as e:
+            self._lease_lost(str(e))
+            return
+        except DCSError as e:
+            self._dcs_failed(e)
+            return
+        if self.in_sync is not None and self._is_master():
+            self.in_sync.check(self.broker.commitlog.max_offset)
+        self._changed()
+
+    def _renewed(self, sent: float) -> None:
+        assert self.lease is not None
+        if self.dcs_error is not None:
+            self._log.info("the coordinator answers again")
+            self.dcs_error = None
+        self.valid_until = sent + self.lease.ttl - self.settings.fence_margin
+        self._cancel_fence()
+        self._fence = self.reactor.callLater(
+            max(0.0, self.valid_until - self._now()), self._fence_expired
+        )
+
+    def _cancel_fence(self) -> None:
+        if self._fence is not None and self._fence.active():
+            self._fence.cancel()
+        self._fence = None
+
+    def _fence_expired(self) -> None:
+        self._fence = None
+        if self.leader is not None:
+            self._step_down(
+                f"lease not renewed for {self.settings.lease_ttl - self.settings.fence_margin:.1f} s"
+                f" ({self.dcs_error or 'no answer'})"
+            )
+
+    def _lease_lost(self, why: str) -> None:
+        self.counts["lease_lost"] += 1
+        self._log.warn("lease lost: {why}", why=why)
+        self.lease = None
+        self.valid_until = float("-inf")
+        if self.leader is not None:
+            self._step_down(f"lease lost: {why}")
+
+    def _dcs_failed(self, error: DCSError) -> None:
+        if self.dcs_error != str(error):
+            self._log.warn("coordinator: {error}", error=str(error))
+        self.dcs_error = str(error)
+
+    def _watch_failed(self, error: DCSError) -> None:
+        self._dcs_failed(error)
+
+    # -- what this node says about itself -------------------------------------
+
+    def _is_master(self) -> bool:
+        return self.leader is not None and isinstance(self.broker.role_service, MasterSide)
+
+    def member(self) -> Member:
+        broker = self.broker
+        commitlog = broker.store.commitlog
+        state = self.note or ""
+        if not state:
+            if self._is_master():
+                state = "master"
+            elif broker.problem:
+                state = broker.problem
+            elif self.following is not None:
+                state = f"following {self.following}"
+            else:
+                state = "standing by"
+        return Member(
+            node_id=self.settings.node_id,
+            ha=self.settings.advertise,
+            http=self.settings.advertise_http,
+            role="master" if self._is_master() else "slave",
+            epoch=self._local_epoch(),
+            offset=commitlog.max_offset if commitlog is not None else 0,
+            state=state[:200],
+            electable=self.settings.electable and self._healthy(),
+        )
+
+    def _local_epoch(self) -> int:
+        epochs = self.broker.epochs
+        return epochs.last_epoch if epochs is not None else self.highest_epoch
+
+    def _healthy(self) -> bool:
+        """
+        A node whose replication halted (a divergence, a wrong segment
+        size) must not lead.
+        """
+        problem = self.broker.problem
+        return not (problem and "halt" in problem.lower())
+
+    def refusing(self) -> str | None:
+        """
+        Why this master may not take a put now, or C{None}.
+        """
+        if self.leader is None:
+            return "this node is not the elected master"
+        if self._handing_over is not None:
+            return f"handing over to {self._handing_over.target} (switchover)"
+        if self._now() >= self.valid_until:
+            return "this master's lease is not renewed: it no longer takes puts"
+        return None
+
+    def may_acknowledge(self) -> bool:
+        return self.leader is not None and self._now() < self.valid_until
+
+    # -- deciding ----------------------------------------------------------------
+
+    def _changed(self) -> None:
+        """
+        Something in the group changed (or the loop ticked): load and
+        decide, one decision at a time.
+        """
+        if not self.running:
+            return
+        if self._busy:
+            self._again = True
+            return
+        self._busy = True
+        d = ensureDeferred(self._decide())
+
+        def done(result: object) -> None:
+            self._busy = False
+            if isinstance(result, Failure):
+                self._log.failure("failover decision failed", result)
+            if self._again and self.running:
+                self._again = False
+                self._changed()
+
+        d.addBoth(done)
+
+    async def _decide(self) -> None:
+        try:
+            view = await self.dcs.load()
+        except DCSError as e:
+            self._dcs_failed(e)
+            return
+        if not self.running:
+            return
+        self.view = view
+        self.highest_epoch = max(self.highest_epoch, view.epoch)
+        me = self.settings.node_id
+        leader = view.leader
+        if self.leader is not None:
+            if leader is None or leader.revision != self.leader.revision:
+                self._step_down(
+                    "the leader key is gone" if leader is None else f"{leader.node_id} leads now"
+                )
+            else:
+                await self._lead(view)
+                return
+        if self._changing is not None:
+            return  # (a role change is under way; the next tick decides)
+        if leader is not None:
+            self._leaderless_since = None
+            deposed = self._deposed
+            if deposed is not None and leader.revision == deposed.revision:
+                # This node's own old leadership (it stepped down while the
+                # coordinator could not hear it): end it, so that an
+                # election can happen.
+                await _quietly(self.dcs.resign(deposed))
+                self._again = True
+                return
+            if leader.node_id == me:
+                self.note = (
+                    "the leader key names this node but another incarnation holds it: "
+                    "waiting for its lease to expire"
+                )
+                return
+            self._note_election(leader.epoch, leader.node_id, "elected")
+            self._follow(leader)
+            return
+        await self._stand(view)
+
+    def _note_election(self, epoch: int, master: str | None, why: str) -> None:
+        if self.election is not None and self.election.epoch == epoch and self.election.master == master:
+            return
+        history = self.election.history[-9:] if self.election is not None else []
+        entry = {"epoch": epoch, "master": master, "at": self._wall(), "why": why}
+        self.election = Election(epoch, master, entry["at"], why, [*history, entry])  # type: ignore[arg-type]
+
+    def _follow(self, leader: Leader) -> None:
+        self.note = None
+        if (
+            self.following == leader.ha
+            and self._following_epoch == leader.epoch
+            and self.broker.role_service is not None
+        ):
+            return
+        # (A new epoch of the same master is followed afresh too: the
+        # slave checks epochs again and adopts the new list.)
+        self.following = leader.ha
+        self._following_epoch = leader.epoch
+        self._log.info(
+            "following master {master} (epoch {epoch}) at {address}",
+            master=leader.node_id,
+            epoch=leader.epoch,
+            address=leader.ha,
+        )
+        self._change(self.broker.become_slave(self._dial(leader.ha)))
+
+    def _change(self, d: Deferred[Any]) -> None:
+        self._changing = d
+
+        def done(result: object) -> None:
+            self._changing = None
+            if isinstance(result, Failure):
+                self._log.failure("role change failed", result)
+            self._changed()
+
+        d.addBoth(done)
+
+    async def _stand(self, view: ClusterView) -> None:
+        """
+        No leader: campaign if this node is the best candidate (or the
+        best has not acted for long).
+        """
+        now = self._now()
+        if self._leaderless_since is None:
+            self._leaderless_since = now
+            self._log.info("no master in group {group}", group=self.settings.group)
+        if self.following is not None or self.broker.role_service is not None:
+            # Keep what was replicated; stop following a master that lost
+            # its key (it is fenced, or dead).
+            self.following = None
+            self._change(self.broker.stand_by())
+            return
+        if self.lease is None or now >= self.valid_until:
+            self.note = "no valid lease: cannot stand for election"
+            return
+        if not self.settings.electable:
+            self.note = "not electable (--no-failover)"
+            return
+        candidates, why = rank(view, self.settings.allow_unclean_election)
+        me = self.settings.node_id
+        names = [m.node_id for m in candidates]
+        if me not in names:
+            self.note = f"not eligible: {why}"
+            return
+        position = names.index(me)
+        waited = now - self._leaderless_since
+        # The best candidate goes at once; each next one after another
+        # TTL, in case the ones before it are alive but cannot act.
+        if position > 0 and waited < position * self.settings.lease_ttl * 1.5:
+            self.note = f"candidate {position + 1} of {len(names)}: {names[0]} goes first"
+            return
+        self.note = None
+        assert self.lease is not None
+        mine = Leader(me, view.epoch + 1, self.settings.advertise, self.settings.advertise_http)
+        try:
+            won = await self.dcs.campaign(mine, self.lease, view)
+        except DCSError as e:
+            self._dcs_failed(e)
+            return
+        if won is None:
+            self.counts["campaigns_lost"] += 1
+            self._again = True
+            return
+        if not self.running:
+            return
+        await self._take_office(won, why if position == 0 else f"{why}; after {waited:.1f} s")
+
+    async def _take_office(self, won: Leader, why: str) -> None:
+        self.leader = won
+        self.counts["elected"] += 1
+        self.highest_epoch = max(self.highest_epoch, won.epoch)
+        self._leaderless_since = None
+        self._note_election(won.epoch, won.node_id, f"this node: {why}")
+        self._log.info(
+            "elected master of group {group} for epoch {epoch} ({why})",
+            group=self.settings.group,
+            epoch=won.epoch,
+            why=why,
+        )
+        self.following = None
+        broker = self.broker
+        try:
+            await broker.become_master(self.settings.role, epoch=won.epoch)
+        except Exception as e:
+            self._log.error("could not become master: {error}", error=e)
+            self._step_down(f"could not become master: {e}")
+            return
+        side = broker.role_service
+        if self.leader is not won or not isinstance(side, MasterSide):
+            return  # (stepped down meanwhile)
+        in_sync = self.in_sync = InSyncSet(
+            self.reactor,
+            won.node_id,
+            self._publish,
+            fallbehind_max=broker.slave_fallbehind_max,
+            catchup_timeout=self.settings.catchup_timeout,
+            published=(won.node_id,),
+        )
+        in_sync.lost = lambda why: self._step_down(why)
+        ha = side.ha
+        ha.may_acknowledge = self.may_acknowledge
+        ha.use_in_sync(in_sync)
+
+    def _publish(self, members: tuple[str, ...]) -> Deferred[bool]:
+        leader = self.leader
+        if leader is None:
+            return Deferred.fromCoroutine(_false())
+        d = self.dcs.publish_in_sync(InSync(leader.epoch, members), leader)
+        return d.addCallback(lambda written: written is not None)
+
+    async def _lead(self, view: ClusterView) -> None:
+        """
+        This node leads: carry out a switchover asked of it.
+        """
+        self._note_election(view.epoch, self.settings.node_id, "this node")
+        switch = view.switchover
+        if switch is None or self.leader is None:
+            self._handing_over = None
+            return
+        if switch.leader != self.settings.node_id or switch.target == self.settings.node_id:
+            await _quietly(self.dcs.clear_switchover(switch))
+            return
+        in_sync = self.in_sync
+        side = self.broker.role_service
+        if in_sync is None or not isinstance(side, MasterSide) or side.factory is None:
+            return
+        target = switch.target
+        if target not in in_sync.published:
+            self.note = f"switchover to {target}: waiting for it to be in sync"
+            return
+        # Stop taking puts, let the target catch up with the last of them,
+        # then hand the key over (the target goes first in the ranking).
+        self._handing_over = switch
+        acks = side.factory.node_acks()
+        if acks.get(target, -1) < self.broker.commitlog.max_offset:
+            self.note = f"switchover to {target}: waiting for it to hold every put"
+            return
+        self._log.info("switchover: handing over to {target}", target=target)
+        self._step_down(f"switchover to {target}")
+
+    def _step_down(self, why: str) -> None:
+        if self.leader is None:
+            return
+        self.counts["stepped_down"] += 1
+        self._log.warn("stepping down as master: {why}", why=why)
+        self._deposed = self.leader
+        self.dcs.resign(self.leader).addErrback(lambda _: None)
+        self.leader = None
+        self._handing_over = None
+        if self.in_sync is not None:
+            self.in_sync.stop()
+            self.in_sync = None
+        self.following = None
+        self._change(self.broker.stand_by())
+
+    # -- for /status ---------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        view = self.view
+        leader = view.leader if view is not None else None
+        election = self.election
+        return {
+            "group": self.settings.group,
+            "node_id": self.settings.node_id,
+            "coordinator": self.dcs.endpoint,
+            "coordinator_error": self.dcs_error,
+            "master": None
+            if leader is None
+            else {
+                "node_id": leader.node_id,
+                "ha": leader.ha,
+                "http": leader.http,
+                "epoch": leader.epoch,
+            },
+            "is_master": self._is_master(),
+            "epoch": view.epoch if view is not None else None,
+            "highest_epoch": self.highest_epoch,
+            "in_sync": sorted(self.in_sync.effective)
+            if self.in_sync is not None
+            else (list(view.in_sync.members) if view is not None and view.in_sync else None),
+            "lease_valid_for": max(0.0, self.valid_until - self._now())
+            if self.lease is not None
+            else 0.0,
+            "last_election": None
+            if election is None
+            else {"epoch": election.epoch, "master": election.master, "at": election.at, "why": election.why},
+            "note": self.note,
+            "counts": dict(self.counts),
+        }
+
+
+async def _quietly(d: Deferred[Any]) -> None:
+    try:
+        await d
+    except DCSError:
+        pass
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def _false() -> bool:
+    return False

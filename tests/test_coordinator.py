@@ -1,0 +1,444 @@
+"""
+Tests for automatic failover's election and fencing (L{rmqha.coord.node}):
+real brokers in memory on one clock, coordinated through the in-memory DCS
+(L{rmqha.coord.memory}), connected over iosim.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred, succeed
+
+from rmqha.broker import Broker, NotMasterError, Role
+from rmqha.coord.dcs import InSync, Switchover
+from rmqha.coord.memory import MemoryDCS, MemoryStore
+from rmqha.coord.node import Coordinator, FailoverSettings, rank
+from rmqha.ha.epochs import EpochFile
+from rmqha.ha.group import PutStatus
+from rmqha.ha.masterside import MasterSide
+from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
+
+from tests._helpers import fixed_clock
+from tests.test_roles import SEGMENT, _InMemory
+
+
+class _Node:
+    def __init__(self, broker: Broker, dcs: MemoryDCS, coordinator: Coordinator) -> None:
+        self.broker = broker
+        self.dcs = dcs
+        self.coordinator = coordinator
+
+    @property
+    def id(self) -> str:
+        return self.coordinator.settings.node_id
+
+
+class _Group(_InMemory):
+    """
+    A group of coordinated brokers.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.store = MemoryStore(self.clock)
+        self.nodes: dict[str, _Node] = {}
+        self.addCleanup(self._stop_all)
+
+    def node(self, node_id: str, role: Role = Role.SYNC_MASTER, **settings: Any) -> _Node:
+        store = self.mktemp()
+        broker = Broker(
+            self.clock,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.SLAVE,
+            ha_listen="tcp:0",
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 0.1,
+            fd_limit=lambda: 4096,
+            scrub_rate=0,
+            coordinated=True,
+            replica_id=node_id,
+            epochs=EpochFile(store),
+            min_in_sync_replicas=settings.pop("min_in_sync_replicas", 2),
+        )
+        broker.startService()
+        dcs = MemoryDCS(self.store, "g")
+        coordinator = Coordinator(
+            self.clock,
+            dcs,
+            broker,
+            FailoverSettings("g", node_id, f"{node_id}:10912", role=role, **settings),
+            self.dial,
+            now=self.clock.seconds,
+            wall=self.clock.seconds,
+        )
+        coordinator.startService()
+        node = self.nodes[node_id] = _Node(broker, dcs, coordinator)
+        return node
+
+    def dial(self, address: str) -> Any:
+        return self.endpoint(self.nodes[address.split(":")[0]].broker)
+
+    def elapse(self, seconds: float, step: float = 0.1) -> None:
+        """
+        Let C{seconds} pass, pumping connections as they go.
+        """
+        elapsed = 0.0
+        while elapsed < seconds - 1e-9:
+            self.settle()
+            self.clock.advance(step)
+            elapsed += step
+        self.settle()
+
+    def master(self) -> _Node | None:
+        masters = [n for n in self.nodes.values() if n.coordinator.leader is not None]
+        self.assertLessEqual(len(masters), 1, "two masters")
+        return masters[0] if masters else None
+
+    def crash(self, node: _Node) -> None:
+        """
+        Kill a node: its coordinator and broker stop without telling the
+        DCS anything (its lease expires by itself).
+        """
+        coordinator = node.coordinator
+        if coordinator._loop is not None and coordinator._loop.running:
+            coordinator._loop.stop()
+        if coordinator._watch is not None:
+            coordinator._watch.stop()
+        coordinator._cancel_fence()
+        coordinator.running = False
+        coordinator.leader = None
+        coordinator.lease = None
+        self.nodes.pop(node.id)
+        d = node.broker.stopService()
+        self.settle()
+        self.successResultOf(d)
+
+    def put(self, broker: Broker, body: bytes = b"x" * 100) -> Deferred[Any]:
+        return broker.put(Message("FailoverTopic", body))
+
+    def _stop_all(self) -> None:
+        for node in list(self.nodes.values()):
+            node.coordinator.stopService()
+            d = node.broker.stopService()
+            self.settle()
+            self.successResultOf(d)
+
+
+class ElectionTests(_Group):
+    def test_first_election(self) -> None:
+        """
+        Three nodes that start together elect one master (the lowest id
+        among equal offsets), at epoch 1; the others follow it and enter
+        the in-sync set, published in the DCS.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        self.assertEqual(master.id, "a")
+        self.assertIsInstance(master.broker.role_service, MasterSide)
+        self.assertEqual(master.coordinator.leader.epoch, 1)  # type: ignore[union-attr]
+        d = self.put(master.broker)
+        self.elapse(0.5)
+        result = self.successResultOf(d)
+        self.assertEqual(result.status, PutStatus.PUT_OK)
+        view = self.successResultOf(master.dcs.load())
+        self.assertEqual(view.in_sync, InSync(1, ("a", "b", "c")))
+        for name in "bc":
+            self.assertEqual(self.nodes[name].coordinator.following, "a:10912")
+            self.assertEqual(
+                self.nodes[name].broker.commitlog.max_offset, master.broker.commitlog.max_offset
+            )
+
+    def test_put_waits_for_every_in_sync_member(self) -> None:
+        """
+        A SYNC put is PUT_OK only once every in-sync member holds it: with
+        one member's connection stalled, the put waits; when that member
+        is dropped from the set (published first), the put is answered.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        # Stall c's link: its acks stop arriving.
+        factory = master.broker.master_factory
+        assert factory is not None
+        link = next(c for c in factory.connections if c.failover_node == "c")
+        stalled = next(p for e in self.endpoints for p in e.pumps if p.server is link)
+        stalled.pump = lambda *a, **k: False  # type: ignore[method-assign]
+        d = self.put(master.broker)
+        self.elapse(1.0)
+        self.assertNoResult(d)
+        published = self.successResultOf(master.dcs.load()).in_sync
+        self.assertEqual(published, InSync(1, ("a", "b", "c")))
+        self.elapse(0.5)
+        result = self.successResultOf(d)
+        self.assertEqual(result.status, PutStatus.PUT_OK)
+        published = self.successResultOf(master.dcs.load()).in_sync
+        assert published is not None
+        self.assertEqual(len(published.members), 2)
+
+    def test_failover_after_crash(self) -> None:
+        """
+        The master crashes: once its lease expires, an in-sync slave is
+        elected at epoch 2 with every put the old master answered PUT_OK,
+        and the other slave follows it.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        old = self.master()
+        assert old is not None
+        acked = []
+        for _ in range(5):
+            d = self.put(old.broker)
+            self.settle()
+            acked.append(self.successResultOf(d))
+        self.assertEqual({r.status for r in acked}, {PutStatus.PUT_OK})
+        end = acked[-1].next_offset
+        self.crash(old)
+        self.elapse(4)
+        new = self.master()
+        assert new is not None
+        self.assertNotEqual(new.id, old.id)
+        self.assertEqual(new.coordinator.leader.epoch, 2)  # type: ignore[union-attr]
+        self.assertGreaterEqual(new.broker.commitlog.max_offset, end)
+        d = self.put(new.broker)
+        self.elapse(0.5)
+        result = self.successResultOf(d)
+        self.assertEqual(result.status, PutStatus.PUT_OK)
+        other = next(n for n in self.nodes.values() if n is not new)
+        self.assertEqual(other.coordinator.following, f"{new.id}:10912")
+
+    def test_partitioned_master_stops_acknowledging_first(self) -> None:
+        """
+        A master cut off from the DCS (but not from its slaves) stops
+        answering PUT_OK before its lease can expire; the new master's
+        first PUT_OK comes after the old master's last.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        old = self.master()
+        assert old is not None
+        old.dcs.set_reachable(False)
+        last_old_ok = None
+        first_new_ok = None
+        for _ in range(60):
+            master = self.master()
+            for node in list(self.nodes.values()):
+                if not isinstance(node.broker.role_service, MasterSide):
+                    continue
+                try:
+                    d = self.put(node.broker)
+                except NotMasterError:
+                    continue
+                self.settle()
+                if d.called:
+                    result = self.successResultOf(d)
+                    if result.status is PutStatus.PUT_OK:
+                        if node is old:
+                            last_old_ok = self.clock.seconds()
+                        elif first_new_ok is None:
+                            first_new_ok = self.clock.seconds()
+            self.elapse(0.1)
+            del master
+        self.assertIsNotNone(last_old_ok)
+        self.assertIsNotNone(first_new_ok)
+        self.assertLess(last_old_ok, first_new_ok)  # type: ignore[operator]
+        new = self.master()
+        assert new is not None
+        self.assertNotEqual(new.id, old.id)
+        # Healing: the old master rejoins as a slave of the new one.
+        old.dcs.set_reachable(True)
+        self.elapse(3)
+        self.assertIsNone(old.coordinator.leader)
+        self.assertEqual(old.coordinator.following, f"{new.id}:10912")
+
+    def test_out_of_sync_slave_not_elected(self) -> None:
+        """
+        A slave outside the in-sync set is never elected while an in-sync
+        one lives, even with the higher offset.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        # Publish a set without c (as if c had fallen behind).
+        view = self.successResultOf(master.dcs.load())
+        leader = view.leader
+        assert leader is not None
+        master.coordinator.in_sync.wanted = frozenset({"a", "b"})  # type: ignore[union-attr]
+        master.coordinator.in_sync.published = frozenset({"a", "b"})  # type: ignore[union-attr]
+        self.successResultOf(master.dcs.publish_in_sync(InSync(1, ("a", "b")), leader))
+        self.crash(master)
+        self.elapse(4)
+        new = self.master()
+        assert new is not None
+        self.assertEqual(new.id, "b")
+
+    def test_no_quorum_no_election(self) -> None:
+        """
+        With the DCS without quorum, the master steps down within its
+        lease and nobody is elected until the DCS is back.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        old = self.master()
+        assert old is not None
+        self.store.available = False
+        self.elapse(2)
+        self.assertIsNone(self.master())
+        with self.assertRaises(NotMasterError):
+            self.put(old.broker)
+        self.store.available = True
+        self.elapse(5)
+        self.assertIsNotNone(self.master())
+
+    def test_switchover(self) -> None:
+        """
+        A switchover to an in-sync slave: the master stops taking puts,
+        the target catches up and is elected; every put answered before is
+        on it.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        old = self.master()
+        assert old is not None
+        d = self.put(old.broker)
+        self.elapse(0.2)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        asked = self.successResultOf(
+            old.dcs.request_switchover(Switchover("c", old.id, self.clock.seconds()))
+        )
+        self.assertTrue(asked)
+        self.elapse(2)
+        new = self.master()
+        assert new is not None
+        self.assertEqual(new.id, "c")
+        self.assertEqual(new.broker.commitlog.max_offset, old.broker.commitlog.max_offset)
+        self.assertIsNone(self.successResultOf(new.dcs.load()).switchover)
+
+
+class RankTests(_Group):
+    def test_settings_refused(self) -> None:
+        """
+        Bad failover settings are one-line errors naming the setting.
+        """
+        with self.assertRaisesRegex(ValueError, "lease TTL 1"):
+            FailoverSettings("g", "a", "a:1", lease_ttl=1)
+        with self.assertRaisesRegex(ValueError, "role SLAVE"):
+            FailoverSettings("g", "a", "a:1", role=Role.SLAVE)
+        with self.assertRaisesRegex(ValueError, "group 'a/b'"):
+            FailoverSettings("a/b", "a", "a:1")
+
+    def test_rank(self) -> None:
+        """
+        Candidates: in-sync members by offset, the switchover target first;
+        an unclean election only when allowed and no in-sync member lives.
+        """
+        from rmqha.coord.dcs import ClusterView, Member
+
+        members = {
+            "a": Member("a", "a:1", offset=10),
+            "b": Member("b", "b:1", offset=30),
+            "c": Member("c", "c:1", offset=20),
+        }
+        view = ClusterView(None, 3, 9, InSync(3, ("a", "c", "x")), members, None, 10)
+        self.assertEqual([m.node_id for m in rank(view, False)[0]], ["c", "a"])
+        gone = ClusterView(None, 3, 9, InSync(3, ("x",)), members, None, 10)
+        self.assertEqual(rank(gone, False)[0], [])
+        self.assertEqual([m.node_id for m in rank(gone, True)[0]], ["b", "c", "a"])
+        switch = ClusterView(
+            None, 3, 9, InSync(3, ("a", "c")), members, Switchover("a", "z"), 10
+        )
+        self.assertEqual([m.node_id for m in rank(switch, False)[0]], ["a", "c"])
+
+
+class StatusTests(_Group):
+    def test_status_and_hint(self) -> None:
+        """
+        /status on every node names the master, the epoch and the in-sync
+        set; a slave's put refusal carries the master's address; the
+        failover metrics are exported.
+        """
+        from rmqha.admin import _BrokerCollector, master_hint, status
+
+        for name in "ab":
+            self.node(name, advertise_http=f"{name}:8080")
+        self.elapse(2)
+        a, b = self.nodes["a"], self.nodes["b"]
+        a.broker.coordinator = a.coordinator
+        b.broker.coordinator = b.coordinator
+        for node in (a, b):
+            failover = status(node.broker)["failover"]
+            self.assertEqual(failover["master"]["node_id"], "a")
+            self.assertEqual(failover["epoch"], 1)
+            self.assertEqual(failover["in_sync"], ["a", "b"])
+        self.assertTrue(status(a.broker)["failover"]["is_master"])
+        self.assertEqual(master_hint(b.broker), {"node_id": "a", "http": "a:8080", "epoch": 1})
+        self.assertIsNone(master_hint(a.broker))
+        metrics = {m.name: m for m in _BrokerCollector(b.broker).collect()}
+        self.assertEqual(metrics["rmqha_failover_epoch"].samples[0].value, 1)
+        self.assertEqual(metrics["rmqha_failover_is_master"].samples[0].value, 0)
+
+
+class ClusterCommandTests(_Group):
+    def test_switchover_command(self) -> None:
+        """
+        C{rmqha cluster switchover}'s work: the target is elected, and
+        the status shows it as master with the others following.
+        """
+        from twisted.internet.defer import ensureDeferred
+
+        from rmqha.coord.cluster import describe, render, switchover
+
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        dcs = MemoryDCS(self.store, "g")
+        d = ensureDeferred(switchover(self.clock, dcs, "b", 10, now=self.clock.seconds))
+        self.elapse(3)
+        result = self.successResultOf(d)
+        self.assertEqual((result["master"], result["epoch"]), ("b", 2))
+        state = describe(self.successResultOf(dcs.load()))
+        self.assertEqual(state["master"]["node_id"], "b")
+        self.assertEqual(
+            {m["node_id"]: m["role"] for m in state["members"]},
+            {"a": "slave", "b": "master", "c": "slave"},
+        )
+        self.assertIn("master b (b:10912)", render("g", state))
+
+    def test_switchover_refused(self) -> None:
+        """
+        A switchover to the master itself, to an unknown node, or to a node
+        outside the in-sync set is refused with one line; nothing changes.
+        """
+        from twisted.internet.defer import ensureDeferred
+
+        from rmqha.coord.cluster import ClusterError, switchover
+
+        for name in "ab":
+            self.node(name)
+        self.elapse(2)
+        dcs = MemoryDCS(self.store, "g")
+        for target, text in [("a", "is the master already"), ("z", "not a live member")]:
+            failure = self.failureResultOf(
+                ensureDeferred(switchover(self.clock, dcs, target, 10)), ClusterError
+            )
+            self.assertIn(text, str(failure.value))
+        leader = self.successResultOf(dcs.load()).leader
+        assert leader is not None
+        self.successResultOf(dcs.publish_in_sync(InSync(1, ("a",)), leader))
+        failure = self.failureResultOf(
+            ensureDeferred(switchover(self.clock, dcs, "b", 10)), ClusterError
+        )
+        self.assertIn("not in the in-sync set (a)", str(failure.value))
+        self.assertIsNone(self.successResultOf(dcs.load()).switchover)
