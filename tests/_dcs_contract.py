@@ -47,7 +47,7 @@ class DCSContractMixin:
           test share that group;
         - C{expire(lease)}: make C{lease} expire as if its TTL ran out
           (may return an awaitable);
-        - C{run(scenario)}: run the coroutine function to its end, failing
+        - C{run_scenario(scenario)}: run the coroutine function to its end, failing
           the test on an exception; the test returns what it returns (a
           L{Deferred} pytest-twisted waits for, or C{None});
         - C{pause(seconds)} (async): let that much time pass.
@@ -59,7 +59,7 @@ class DCSContractMixin:
     def expire(self, lease: Lease) -> Any:
         raise NotImplementedError
 
-    def run(self, scenario: Scenario) -> Any:
+    def run_scenario(self, scenario: Scenario) -> Any:
         raise NotImplementedError
 
     async def pause(self, seconds: float) -> None:
@@ -106,7 +106,7 @@ class DCSContractMixin:
             assert view.leader is None and view.epoch == 0 and view.epoch_revision == 0
             assert view.in_sync is None and view.members == {} and view.switchover is None
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_grant_and_keepalive(self) -> Any:
         """
@@ -120,7 +120,7 @@ class DCSContractMixin:
             left = await dcs.keepalive(lease)
             assert 0 < left <= lease.ttl
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_campaign_once_wins(self) -> Any:
         """
@@ -146,7 +146,7 @@ class DCSContractMixin:
             # A view taken after the election does not help either.
             assert await b.campaign(Leader("b", 0, "127.0.0.1:2"), lease_b, seen) is None
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_epoch_increments_across_elections(self) -> Any:
         """
@@ -163,7 +163,7 @@ class DCSContractMixin:
             assert view.epoch == 2 and view.leader == second
             assert view.in_sync is not None and view.in_sync.epoch == 2
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_campaign_fails_if_epoch_moved(self) -> Any:
         """
@@ -180,7 +180,7 @@ class DCSContractMixin:
             view = await b.load()
             assert view.leader is None and view.epoch == 1
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_publish_in_sync_only_for_the_leader(self) -> Any:
         """
@@ -203,7 +203,7 @@ class DCSContractMixin:
             view = await b.load()
             assert view.in_sync == InSync(2, ("b",))
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_resign_only_own(self) -> Any:
         """
@@ -221,7 +221,7 @@ class DCSContractMixin:
             assert await a.resign(mine) is False
             assert await a.keepalive(lease) > 0
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_members(self) -> Any:
         """
@@ -239,7 +239,7 @@ class DCSContractMixin:
                 "b": Member("b", "127.0.0.1:2", role="slave", epoch=3),
             }
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_lease_expiry_deletes_leader_and_member(self) -> Any:
         """
@@ -258,7 +258,7 @@ class DCSContractMixin:
             assert list(view.members) == ["b"]
             assert view.epoch == 1 and view.in_sync is not None
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_revoked_lease_is_lost(self) -> Any:
         """
@@ -277,7 +277,7 @@ class DCSContractMixin:
                 raise AssertionError("keepalive on a revoked lease did not fail")
             await dcs.revoke(lease)
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_switchover_rules(self) -> Any:
         """
@@ -299,7 +299,7 @@ class DCSContractMixin:
             await a.clear_switchover(pending)
             assert (await a.load()).switchover is None
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)
 
     def test_watch_sees_changes(self) -> Any:
         """
@@ -323,4 +323,4 @@ class DCSContractMixin:
             assert len(changes) == seen
             assert errors == []
 
-        return self.run(scenario)
+        return self.run_scenario(scenario)

@@ -84,7 +84,7 @@ class TestEtcdContract(DCSContractMixin):
         # test_lease_runs_out waits for a real expiry once.
         return self.clients[0].revoke(lease)
 
-    def run(self, scenario: Scenario) -> Deferred[None]:
+    def run_scenario(self, scenario: Scenario) -> Deferred[None]:
         # pytest-twisted runs tests in the reactor's greenlet and waits
         # for a Deferred they return.
         return Deferred.fromCoroutine(scenario())
