@@ -11,7 +11,6 @@ import base64
 import json
 from typing import Any
 
-from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer

@@ -38,7 +38,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from twisted.internet import error as ierror
@@ -595,13 +595,15 @@ class EtcdDCS:
                 _TLSPolicy(spec.tls) if spec.tls is not None
                 else client.BrowserLikePolicyForHTTPS()
             )
+            # Half the deadline to connect: a member that swallows SYNs
+            # leaves the other half for the next endpoint.
             self._agent = client.Agent(
-                reactor, policy, connectTimeout=timeout, pool=self._pool
+                reactor, policy, connectTimeout=timeout / 2, pool=self._pool
             )
             # A watch holds its connection for as long as it lives: never
             # one from (or back into) the pool.
             self._stream_agent = client.Agent(
-                reactor, policy, connectTimeout=timeout,
+                reactor, policy, connectTimeout=timeout / 2,
                 pool=client.HTTPConnectionPool(reactor, persistent=False),
             )
 
@@ -826,8 +828,10 @@ class EtcdDCS:
             last = tries == len(self._endpoints)
             if failed.final or last or out_of_time or not (failed.unsent or retry):
                 raise DCSError(f"etcd {url}: {path}: {failed.why}")
-            self.log.debug("etcd {url}: {path}: {why}; trying the next endpoint",
-                           url=url, path=path, why=failed.why)
+            self.log.info(
+                "etcd {url}: {path}: {why}; trying {next}",
+                url=url, path=path, why=failed.why, next=self._endpoints[self._current],
+            )
         raise AssertionError("unreachable")
 
     async def _try(self, url: str, path: str, payload: bytes, stream: bool) -> dict[str, Any]:
