@@ -111,26 +111,41 @@ def ensure_venv() -> None:
         f.write(wanted + "\n")
 
 
-def ensure_network_tools() -> None:
+#: The system tools some tests need: tool -> (Debian package, the tests).
+SYSTEM_TOOLS = {
+    "ip": ("iproute2", "tests/integration/test_netns.py shapes traffic with ip, tc and nft"),
+    "tc": ("iproute2", "tests/integration/test_netns.py shapes traffic with ip, tc and nft"),
+    "nft": ("nftables", "tests/integration/test_netns.py shapes traffic with ip, tc and nft"),
+    "etcd": ("etcd-server", "the failover tests start their own etcd members"),
+    "etcdctl": ("etcd-client", "the failover tests start their own etcd members"),
+}
+POLICY_RC_D = "/usr/sbin/policy-rc.d"
+
+
+def ensure_test_tools() -> None:
     """
-    The network-namespace test (tests/integration/test_netns.py) shapes
-    traffic with ip, tc and nft.  As root on a machine with apt-get,
-    install the packages that are missing; anywhere else that test skips,
-    saying why.
+    Some tests need system tools (L{SYSTEM_TOOLS}).  As root on a machine
+    with apt-get, install the packages that are missing, saying so first;
+    anywhere else those tests skip, saying why.
+
+    Debian's etcd-server would start a system etcd on port 2379: while
+    installing, a temporary policy-rc.d (only if there is none) keeps
+    package scripts from starting services, and the unit is disabled
+    afterwards; the tests start their own members on free ports.
     """
     if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("apt-get") is None:
         return
-    tools = {"ip": "iproute2", "tc": "iproute2", "nft": "nftables"}
-    packages = sorted({package for tool, package in tools.items() if shutil.which(tool) is None})
+    missing = {tool: SYSTEM_TOOLS[tool] for tool in SYSTEM_TOOLS if shutil.which(tool) is None}
+    packages = sorted({package for package, _ in missing.values()})
     if not packages:
         return
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    reasons = sorted({why for _, why in missing.values()})
     # Said before it happens: this changes the machine, not just ./.venv.
     _say(
         f"running as root: {' '.join(install)} (and apt-get update if that fails): "
-        "tests/integration/test_netns.py shapes traffic with ip, tc and nft "
-        f"({', '.join(sorted(t for t, p in tools.items() if p in packages))} missing)"
+        f"{'; '.join(reasons)} ({', '.join(sorted(missing))} missing)"
     )
 
     def quietly(argv: list[str]) -> int:
@@ -138,12 +153,25 @@ def ensure_network_tools() -> None:
             argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
-    if quietly(install) == 0:
-        return
-    # A fresh machine may have no package lists yet.
-    quietly(["apt-get", "update", "-q"])
-    if quietly(install):
-        _say("could not install them: the network-namespace test will be skipped")
+    etcd = "etcd-server" in packages
+    policy = etcd and not os.path.exists(POLICY_RC_D)
+    if policy:
+        with open(POLICY_RC_D, "w") as f:
+            f.write("#!/bin/sh\n# dev.py: no service starts while it installs packages\nexit 101\n")
+        os.chmod(POLICY_RC_D, 0o755)
+    try:
+        status = quietly(install)
+        if status:
+            # A fresh machine may have no package lists yet.
+            quietly(["apt-get", "update", "-q"])
+            status = quietly(install)
+    finally:
+        if policy:
+            os.remove(POLICY_RC_D)
+    if status:
+        _say("could not install them: the tests that need them will be skipped")
+    elif etcd and shutil.which("systemctl") is not None:
+        quietly(["systemctl", "disable", "etcd"])
 
 
 def run(argv: list[str]) -> int:
@@ -163,9 +191,9 @@ def main(args: list[str]) -> int:
     if rest:
         # A selection (-k X, a file, -x ...) is pytest's alone: mypy and
         # trial would run everything regardless.
-        ensure_network_tools()
+        ensure_test_tools()
         return run(pytest_command(rest))
-    ensure_network_tools()
+    ensure_test_tools()
     # mypy, then trial (the suite must pass under both runners), then
     # pytest last so that its summary line closes the output.
     status = run([PYTHON, "-m", "mypy"])

@@ -26,6 +26,8 @@ from rmqha._units import parse_rate, parse_size
 from rmqha.admin import AdminService
 from rmqha._ports import ListenFailed
 from rmqha.broker import Broker
+from rmqha.coord.node import DEFAULT_LEASE_TTL
+from rmqha.ha.epochs import EpochFile, EpochFileError
 from rmqha.store._segments import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, FlushDiskType
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreError
@@ -201,6 +203,34 @@ def _master_address(text: str) -> str:
     return f"tcp:host={host.replace(':', chr(92) + ':')}:port={port}"
 
 
+def _advertised(text: str) -> str:
+    host, port = parse_host_port(text.strip(), "address")
+    if port == 0:
+        raise ValueError(f"{text!r}: peers cannot dial port 0")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _coordinator(text: str) -> str:
+    if not text.strip().startswith("etcd:"):
+        raise ValueError(
+            f"{text!r} is not a coordinator: give etcd:http://HOST:PORT[,http://HOST:PORT...]"
+        )
+    return text.strip()
+
+
+def _group_name(text: str) -> str:
+    name = _name(text)
+    if "/" in name or any(c.isspace() for c in name):
+        raise ValueError(f"{text!r}: no '/' or spaces in a name")
+    return name
+
+
+def _lease_ttl(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 2:
+        raise ValueError(f"{text!r} is not a lease TTL of 2 seconds or more")
+    return int(text)
+
+
 def _on_divergence(text: str) -> OnDivergence | None:
     value = text.strip().lower()
     if value == "off":
@@ -277,12 +307,20 @@ _SETTINGS = [
     _Setting("http-allowed-peers", None, _peers),
     _Setting("scrub-rate", "scrubRate", parse_scrub_rate),
     _Setting("serve-commitlog", "serveCommitLog", lambda t: parse_rate(t, "commit-log rate")),
+    _Setting("coordinator", "coordinator", _coordinator),
+    _Setting("group", "brokerName", _group_name),
+    _Setting("node-id", "nodeId", _group_name),
+    _Setting("advertise", "advertise", _advertised),
+    _Setting("advertise-http", "advertiseHttp", _advertised),
+    _Setting("lease-ttl", "leaseTtl", _lease_ttl),
 ]
 
 #: Flags (no value on the command line) and their broker.conf true/false keys.
 _FLAG_KEYS = [
     ("sync-from-last-file", "syncFromLastFile"),
     ("tls-require-client-cert", "haTlsRequireClientCert"),
+    ("allow-unclean-election", "allowUncleanElection"),
+    ("no-failover", "noFailover"),
 ]
 
 _DEFAULTS: dict[str, Any] = {
@@ -308,6 +346,9 @@ _DEFAULTS: dict[str, Any] = {
     "scrub-rate": DEFAULT_SCRUB_RATE,
     "serve-commitlog": 0,
     "master-kind": DEFAULT_MASTER_KIND,
+    "lease-ttl": DEFAULT_LEASE_TTL,
+    "allow-unclean-election": False,
+    "no-failover": False,
 }
 
 
@@ -354,6 +395,18 @@ class Options(usage.Options):
             "[haTlsRequireClientCert]",
         ],
         [
+            "allow-unclean-election",
+            None,
+            "with --coordinator: when no member of the in-sync set lives, elect "
+            "another node anyway, losing every put it lacks (docs/failover.md) "
+            "[allowUncleanElection]",
+        ],
+        [
+            "no-failover",
+            None,
+            "with --coordinator: never stand for election (follow only) [noFailover]",
+        ],
+        [
             "sync-from-last-file",
             None,
             "an empty slave gets only the master's last segment (4.9's rule; "
@@ -387,6 +440,35 @@ class Options(usage.Options):
             None,
             "fewer in-sync copies fail a put at once with "
             "IN_SYNC_REPLICAS_NOT_ENOUGH (1) [minInSyncReplicas]",
+        ],
+        [
+            "coordinator",
+            None,
+            None,
+            "automatic failover through etcd: etcd:http://HOST:PORT[,http://HOST:PORT...] "
+            "(https:// with ?tlsCa=...&tlsCert=...&tlsKey=...); every node starts as a "
+            "slave, --role says how it acts once elected (docs/failover.md) [coordinator]",
+        ],
+        ["group", None, None, "with --coordinator: the group's name [brokerName]"],
+        ["node-id", None, None, "with --coordinator: this node's unique id [nodeId]"],
+        [
+            "advertise",
+            None,
+            None,
+            "with --coordinator: HOST:PORT of --ha-listen as peers dial it [advertise]",
+        ],
+        [
+            "advertise-http",
+            None,
+            None,
+            "with --coordinator: HOST:PORT of --http as clients reach it [advertiseHttp]",
+        ],
+        [
+            "lease-ttl",
+            None,
+            None,
+            f"with --coordinator: seconds of the lease a master holds "
+            f"({DEFAULT_LEASE_TTL}; a dead master is replaced after about this long) [leaseTtl]",
         ],
         ["store-dir", None, None, "store root [storePathRootDir]"],
         [
@@ -584,7 +666,9 @@ class Options(usage.Options):
                 )
             if not settings.get("store-dir"):
                 raise ValueError("--store-dir (or storePathRootDir) is required")
-            if settings["role"] is Role.SLAVE:
+            if settings.get("coordinator"):
+                self._check_failover(settings, conf)
+            elif settings["role"] is Role.SLAVE:
                 if settings.get("master") and self["master-endpoint"]:
                     raise ValueError("give --master or --master-endpoint, not both")
                 if not (settings.get("master") or settings.get("master-endpoint")):
@@ -597,6 +681,39 @@ class Options(usage.Options):
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
         self.settings = settings
+
+    def _check_failover(self, settings: dict[str, Any], conf: dict[str, str]) -> None:
+        """
+        With a coordinator: the node's identity is required, its role is
+        the one it takes once elected, and it follows whoever is elected
+        (no fixed master).
+        """
+        from rmqha.coord.etcd import parse_coordinator
+
+        parse_coordinator(settings["coordinator"])
+        if self["role"] is None and "brokerRole" not in conf:
+            settings["role"] = Role.SYNC_MASTER
+        if not settings["role"].is_master:
+            raise ValueError(
+                "with --coordinator, --role says how the node acts once elected: "
+                "SYNC_MASTER or ASYNC_MASTER (every node starts as a slave)"
+            )
+        for option in ("master", "master-endpoint"):
+            if settings.get(option):
+                raise ValueError(f"--{option}: with --coordinator the election decides the master")
+        for option in ("group", "node-id", "advertise"):
+            if not settings.get(option):
+                raise ValueError(f"--coordinator needs --{option}")
+        if settings.get("http") and not settings.get("advertise-http"):
+            raise ValueError("--coordinator with --http needs --advertise-http (for the master hint)")
+        if self["min-in-sync-replicas"] is None and "minInSyncReplicas" not in conf:
+            if settings["role"] is Role.SYNC_MASTER and settings["in-sync-replicas"] >= 2:
+                # A PUT_OK must survive the loss of any one node.
+                settings["min-in-sync-replicas"] = 2
+        if settings.get("tls-cert") is not None and settings.get("tls-ca") is None:
+            raise ValueError(
+                "--coordinator with --tls-cert needs --tls-ca: a node follows its peers over TLS"
+            )
 
     def _check_tls(self, settings: dict[str, Any], conf: dict[str, str]) -> None:
         """
@@ -734,17 +851,22 @@ def makeService(options: Options) -> IService:
     http: Any = s.get("http")
     if http is not None and http.startswith("ssl:"):
         http = server_endpoint(reactor, http, files, options.http_peer_policy(s), "--http")
+    coordinated = bool(s.get("coordinator"))
     broker = _TwistdBroker(
         {"ha": f"{s['ha-listen']} (--ha-listen)", "http": f"{s.get('http')} (--http)"},
         reactor,
         open_commitlog,
-        s["role"],
+        Role.SLAVE if coordinated else s["role"],
         ha_listen=ha_listen,
         master_endpoint=master,
+        coordinated=coordinated,
+        replica_id=s.get("node-id"),
+        epochs=_epoch_file(store_dir) if coordinated else None,
         peer_policy=policy,
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],
-        master_kind=s["master-kind"],
+        # (Failover peers are rmqha nodes: never followed classically.)
+        master_kind=MasterKind.RMQHA if coordinated else s["master-kind"],
         config=options.ha_config(),
         flush_interval=s["flush-interval"],
         in_sync_replicas=s["in-sync-replicas"],
@@ -760,7 +882,52 @@ def makeService(options: Options) -> IService:
         AdminService(
             broker, http, options.http_peer_policy(s), serve_commitlog=s["serve-commitlog"]
         ).setServiceParent(broker)  # type: ignore[no-untyped-call]
+    if coordinated:
+        return _coordinated(reactor, broker, s, files)
     return broker
+
+
+def _epoch_file(store_dir: str) -> EpochFile:
+    try:
+        return EpochFile(store_dir)
+    except (EpochFileError, OSError) as e:
+        raise Fatal(f"twistd rmqha: {e}") from None
+
+
+def _coordinated(reactor: Any, broker: Broker, s: dict[str, Any], files: TLSFiles) -> IService:
+    """
+    A broker under a failover coordinator: both under one parent, the
+    coordinator started after the broker (the store must be open) and
+    stopped before it (it leaves the group first).
+    """
+    from twisted.application.service import MultiService
+
+    from rmqha.coord.etcd import EtcdDCS, parse_coordinator
+    from rmqha.coord.node import Coordinator, FailoverSettings
+
+    def dial(address: str) -> Any:
+        host, port = parse_host_port(address, "address")
+        if files.ca is not None:
+            return client_endpoint(reactor, host, port, files, s.get("tls-server-name"))
+        return f"tcp:host={host.replace(':', chr(92) + ':')}:port={port}"
+
+    settings = FailoverSettings(
+        s["group"],
+        s["node-id"],
+        s["advertise"],
+        s.get("advertise-http"),
+        role=s["role"],
+        lease_ttl=s["lease-ttl"],
+        allow_unclean_election=s["allow-unclean-election"],
+        electable=not s["no-failover"],
+    )
+    dcs = EtcdDCS(reactor, parse_coordinator(s["coordinator"]), s["group"])
+    coordinator = Coordinator(reactor, dcs, broker, settings, dial)
+    broker.coordinator = coordinator
+    top = MultiService()
+    broker.setServiceParent(top)  # type: ignore[no-untyped-call]
+    coordinator.setServiceParent(top)  # type: ignore[no-untyped-call]
+    return top
 
 
 @contextmanager

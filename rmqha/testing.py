@@ -20,6 +20,9 @@ For real processes and sockets:
       and a slave.
     - L{twistd_command} and L{twistd_slave_command}: the argv of a
       C{twistd -n rmqha} process.
+    - L{EtcdCluster}: one or three C{etcd} members on 127.0.0.1 (free
+      ports, data under a temporary directory) for a coordinator to use;
+      L{etcd_binary} says whether etcd is installed.
 
 Example, a slave replicating a master's log in memory::
 
@@ -56,6 +59,7 @@ from zope.interface import implementer
 from rmqha.faultproxy import FaultProxy, Faults
 
 __all__ = [
+    "EtcdCluster",
     "Fault",
     "FaultProxy",
     "Faults",
@@ -64,6 +68,7 @@ __all__ = [
     "SLAVE_ADDRESS",
     "StringEndpoint",
     "connect_in_memory",
+    "etcd_binary",
     "free_ports",
     "twistd_command",
     "twistd_slave_command",
@@ -320,3 +325,233 @@ def twistd_slave_command(
     return twistd_command(
         store_dir, log_file, "--role", "slave", "--master-endpoint", master_endpoint, *options
     )
+
+
+def etcd_binary() -> str | None:
+    """
+    The C{etcd} executable (Debian's C{etcd-server}), or C{None}.
+    """
+    import os
+    import shutil
+
+    found = shutil.which("etcd")
+    if found is None and os.access("/usr/bin/etcd", os.X_OK):
+        found = "/usr/bin/etcd"
+    return found
+
+
+class EtcdCluster:
+    """
+    C{members} etcd members (1 or 3) on 127.0.0.1, on free ports, their
+    data and logs under C{directory}: for tests, never port 2379.  The
+    constructor starts them all and waits until each says it is healthy;
+    L{stop_all} (also on leaving a C{with} block) ends every process it
+    started, by PID.
+
+    The methods block (subprocess, a short HTTP poll): call them from
+    fixtures or between reactor turns, not from reactor callbacks that
+    must stay fast.
+
+    With C{tls} (a L{rmqha.tls.TLSFiles}: certificate, key, CA) the
+    client URLs are C{https://} with that certificate (it must name
+    127.0.0.1); with C{tls.ca}, etcd demands client certificates from that
+    CA, and this helper's own checks present C{tls}'s pair, which must
+    then allow client authentication too.  Peers talk plain HTTP.
+
+    @ivar endpoints: each member's client URL, C{http://127.0.0.1:PORT}.
+    """
+
+    def __init__(
+        self, directory: str, members: int = 1, timeout: float = 10.0,
+        binary: str | None = None, tls: Any = None,
+    ) -> None:
+        import os
+
+        if members not in (1, 3):
+            raise ValueError(f"EtcdCluster: members={members}: 1 or 3")
+        found = binary or etcd_binary()
+        if found is None:
+            raise FileNotFoundError("etcd is not installed (Debian: apt-get install etcd-server)")
+        self._binary = found
+        self._directory = directory
+        self._timeout = timeout
+        self._tls = tls
+        os.makedirs(directory, exist_ok=True)
+        ports = free_ports(3 * members)
+        self._client = ports[0:members]
+        self._peer = ports[members:2 * members]
+        self._metrics = ports[2 * members:]
+        scheme = "http" if tls is None else "https"
+        self.endpoints = [f"{scheme}://127.0.0.1:{p}" for p in self._client]
+        self._initial = ",".join(
+            f"m{i}=http://127.0.0.1:{p}" for i, p in enumerate(self._peer)
+        )
+        self._processes: list[Any] = [None] * members
+        self._logs: list[Any] = [None] * members
+        try:
+            for i in range(members):
+                self.start(i, wait=False)
+            self.wait_healthy()
+        except BaseException:
+            self.stop_all()
+            raise
+
+    @property
+    def spec(self) -> str:
+        """
+        The C{--coordinator} for every member.
+        """
+        return "etcd:" + ",".join(self.endpoints)
+
+    def __enter__(self) -> EtcdCluster:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop_all()
+
+    def start(self, i: int, wait: bool = True) -> None:
+        """
+        Start member C{i} (again, on its data directory if it has one);
+        with C{wait}, until it says it is healthy (which needs a quorum).
+        """
+        import os
+        import subprocess
+
+        if self.running(i):
+            return
+        name = f"m{i}"
+        argv = [
+            self._binary, "--name", name,
+            "--data-dir", os.path.join(self._directory, f"{name}.etcd"),
+            "--listen-client-urls", self.endpoints[i],
+            "--advertise-client-urls", self.endpoints[i],
+            "--listen-peer-urls", f"http://127.0.0.1:{self._peer[i]}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{self._peer[i]}",
+            "--listen-metrics-urls", f"http://127.0.0.1:{self._metrics[i]}",
+            "--initial-cluster", self._initial,
+            "--initial-cluster-state", "new",
+            "--initial-cluster-token", f"rmqha-test-{self._peer[0]}",
+        ]
+        if self._tls is not None:
+            argv += ["--cert-file", self._tls.cert, "--key-file", self._tls.key]
+            if self._tls.ca is not None:
+                argv += ["--client-cert-auth", "--trusted-ca-file", self._tls.ca]
+        if self._logs[i] is None:
+            self._logs[i] = open(os.path.join(self._directory, f"{name}.log"), "ab")
+        self._processes[i] = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=self._logs[i], stderr=subprocess.STDOUT
+        )
+        if wait:
+            self.wait_healthy([i])
+
+    def running(self, i: int) -> bool:
+        process = self._processes[i]
+        return process is not None and process.poll() is None
+
+    def healthy(self, i: int) -> bool:
+        """
+        Whether member C{i} answers C{GET /health} with true (it has a
+        leader).
+        """
+        try:
+            return bool(self._ask(i, "/health").get("health") == "true")
+        except (OSError, ValueError):
+            return False
+
+    def _ask(self, i: int, path: str, data: bytes | None = None) -> Any:
+        """
+        Member C{i}'s JSON answer to a GET (or a POST of C{data}).
+        """
+        import json
+        import ssl
+        import urllib.request
+
+        context = None
+        if self._tls is not None:
+            context = ssl.create_default_context(cafile=self._tls.ca)
+            context.load_cert_chain(self._tls.cert, self._tls.key)
+        request = urllib.request.Request(
+            self.endpoints[i] + path, data=data, method="GET" if data is None else "POST"
+        )
+        with urllib.request.urlopen(request, timeout=0.5, context=context) as answer:
+            return json.load(answer)
+
+    def wait_healthy(self, members: list[int] | None = None) -> None:
+        """
+        Wait until every running member in C{members} (default all) is
+        healthy.
+
+        @raise RuntimeError: one is not within the timeout, or died
+            (naming its log).
+        """
+        import os
+        import time
+
+        indices = range(len(self.endpoints)) if members is None else members
+        deadline = time.monotonic() + self._timeout
+        for i in indices:
+            while not self.healthy(i):
+                log = os.path.join(self._directory, f"m{i}.log")
+                if not self.running(i):
+                    raise RuntimeError(f"etcd member {i} exited (see {log})")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"etcd member {i} not healthy after {self._timeout:g} s (see {log})")
+                time.sleep(0.02)
+
+    def kill(self, i: int) -> None:
+        """
+        SIGKILL member C{i} and reap it.
+        """
+        process = self._processes[i]
+        if process is not None and process.poll() is None:
+            process.kill()
+            process.wait()
+
+    def stop(self, i: int) -> None:
+        """
+        SIGTERM member C{i} (a leader hands over first), SIGKILL after 5 s.
+        """
+        import subprocess
+
+        process = self._processes[i]
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def stop_all(self) -> None:
+        """
+        SIGKILL every member this started and reap it, and close the logs.
+        (The data is thrown away; SIGTERM to all at once takes seconds, as
+        a leader waits to hand over to members that are leaving too.)
+        """
+        for i in range(len(self._processes)):
+            try:
+                self.kill(i)
+            except OSError:
+                pass
+        for i, log in enumerate(self._logs):
+            if log is not None:
+                log.close()
+                self._logs[i] = None
+
+    def leader_index(self) -> int | None:
+        """
+        The index of the member that is the Raft leader, as the running
+        members say (C{/v3/maintenance/status}); C{None} without one.
+        """
+        ids: dict[str, int] = {}
+        leader = None
+        for i in range(len(self.endpoints)):
+            if not self.running(i):
+                continue
+            try:
+                status = self._ask(i, "/v3/maintenance/status", b"{}")
+            except (OSError, ValueError):
+                continue
+            ids[str(status.get("header", {}).get("member_id"))] = i
+            leader = status.get("leader", leader)
+        return None if leader is None else ids.get(str(leader))

@@ -38,7 +38,7 @@ class DevTests(SynchronousTestCase):
 
         self.patch(self.dev, "run", run)
         self.patch(self.dev, "ensure_venv", lambda: None)
-        self.patch(self.dev, "ensure_network_tools", lambda: None)
+        self.patch(self.dev, "ensure_test_tools", lambda: None)
 
     def tools(self) -> list[str]:
         return [" ".join(argv[1:3]) for argv in self.commands]
@@ -61,30 +61,78 @@ class DevTests(SynchronousTestCase):
         self.assertEqual(self.commands[0][-2:], ["-k", "recovery"])
         self.assertIn("-rs", self.commands[0])
 
+    def apt_get(
+        self, present: tuple[str, ...] = (), status: int = 0
+    ) -> tuple[ModuleType, io.StringIO, list[tuple[str, list[str], bool]]]:
+        """
+        C{ensure_test_tools} as root with apt-get and only C{present}
+        tools; every command it runs is recorded with what was said
+        before it and whether the policy-rc.d file existed then.
+        """
+        dev = load_dev()
+        said = io.StringIO()
+        calls: list[tuple[str, list[str], bool]] = []
+        policy = self.mktemp()
+        self.patch(dev, "POLICY_RC_D", policy)
+
+        def call(argv: list[str], **kwargs: object) -> int:
+            calls.append((said.getvalue(), argv, os.path.exists(policy)))
+            return status if argv[0] == "apt-get" else 0
+
+        def which(name: str) -> str | None:
+            return f"/usr/bin/{name}" if name in ("apt-get", "systemctl", *present) else None
+
+        self.patch(sys, "stdout", said)
+        self.patch(dev.sys, "platform", "linux")
+        self.patch(dev.os, "geteuid", lambda: 0)
+        self.patch(dev.shutil, "which", which)
+        self.patch(dev.subprocess, "call", call)
+        dev.ensure_test_tools()
+        self.assertFalse(os.path.exists(policy))
+        return dev, said, calls
+
     def test_says_before_apt_get(self) -> None:
         """
         As root with tools missing, dev.py prints the apt-get command and
         why, before running it.
         """
-        dev = load_dev()
-        said = io.StringIO()
-        calls: list[tuple[str, list[str]]] = []
-
-        def call(argv: list[str], **kwargs: object) -> int:
-            calls.append((said.getvalue(), argv))
-            return 0
-
-        self.patch(sys, "stdout", said)
-        self.patch(dev.sys, "platform", "linux")
-        self.patch(dev.os, "geteuid", lambda: 0)
-        self.patch(dev.shutil, "which", lambda name: "/usr/bin/apt-get" if name == "apt-get" else None)
-        self.patch(dev.subprocess, "call", call)
-        dev.ensure_network_tools()
-        ((before, argv),) = calls
+        _, _, calls = self.apt_get(present=("etcd", "etcdctl"))
+        ((before, argv, policy),) = calls
         self.assertEqual(argv[:2], ["apt-get", "install"])
         self.assertIn("apt-get install", before)
         self.assertIn("iproute2 nftables", before)
         self.assertIn("test_netns.py", before)
+        self.assertFalse(policy)
+
+    def test_installs_etcd_without_starting_it(self) -> None:
+        """
+        etcd-server and etcd-client are installed for the failover tests,
+        saying so first, with a temporary policy-rc.d so that Debian does
+        not start a system etcd on 2379 (removed afterwards), and the unit
+        disabled.
+        """
+        _, said, calls = self.apt_get(present=("ip", "tc", "nft"))
+        (before, install, policy), (_, disable, _) = calls
+        self.assertEqual(install[-2:], ["etcd-client", "etcd-server"])
+        self.assertIn("etcd members", before)
+        self.assertTrue(policy)
+        self.assertEqual(disable, ["systemctl", "disable", "etcd"])
+
+    def test_failed_install_says_so(self) -> None:
+        """
+        If apt-get fails (after an update), dev.py says the tests will be
+        skipped, and leaves no policy-rc.d behind.
+        """
+        _, said, calls = self.apt_get(status=100)
+        self.assertEqual([argv[1] for _, argv, _ in calls], ["install", "update", "install"])
+        self.assertIn("will be skipped", said.getvalue())
+
+    def test_nothing_missing(self) -> None:
+        """
+        With every tool present nothing runs and nothing is said.
+        """
+        _, said, calls = self.apt_get(present=("ip", "tc", "nft", "etcd", "etcdctl"))
+        self.assertEqual((calls, said.getvalue()), ([], ""))
 
 
 class AcceleratorBuildTests(SynchronousTestCase):

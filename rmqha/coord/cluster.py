@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_cluster_cli -*-
+# -*- test-case-name: tests.test_coordinator -*-
 """
 What C{rmqha cluster status} and C{rmqha cluster switchover} do, on any
 L{IDCS} (docs/failover.md, "Operating it").

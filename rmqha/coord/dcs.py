@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_dcs -*-
+# -*- test-case-name: tests.test_dcs_memory,tests.test_etcd -*-
 """
 What the failover coordinator needs of a consensus service (a "DCS", as
 Patroni calls it): a small interface with two implementations, etcd v3
@@ -256,6 +256,11 @@ class IDCS(Interface):
         """
         Delete the switchover key if it is still C{switchover}
         (same mod_revision).
+        """
+
+    def close() -> Deferred[None]:
+        """
+        Release connections (after the last call).
         """
 
     def watch(on_change: Callable[[], None], on_error: Callable[[DCSError], None]) -> IWatch:

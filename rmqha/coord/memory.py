@@ -347,6 +347,9 @@ class MemoryDCS:
 
         return self._call("clear_switchover", txn)
 
+    def close(self) -> Deferred[None]:
+        return succeed(None)
+
     def watch(self, on_change: Callable[[], None], on_error: Callable[[DCSError], None]) -> IWatch:
         watch = _Watch(self, on_change, on_error)
         self.store.add_watch(self.prefix, watch)

@@ -233,11 +233,15 @@ class Coordinator(Service):
         # wait for its lease to expire.
         self.leader = None
         self.valid_until = float("-inf")
-        if lease is None:
-            return Deferred.fromCoroutine(_nothing())
-        d = self.dcs.revoke(lease)
-        d.addErrback(lambda f: self._log.warn("could not revoke the lease: {why}", why=f.getErrorMessage()))
-        return d
+        return Deferred.fromCoroutine(self._leave(lease))
+
+    async def _leave(self, lease: Lease | None) -> None:
+        if lease is not None:
+            try:
+                await self.dcs.revoke(lease)
+            except DCSError as e:
+                self._log.warn("could not revoke the lease: {why}", why=str(e))
+        await self.dcs.close()
 
     def _loop_failed(self, failure: Failure) -> None:
         self._log.failure("the failover loop stopped", failure)
@@ -660,10 +664,6 @@ async def _quietly(d: Deferred[Any]) -> None:
         await d
     except DCSError:
         pass
-
-
-async def _nothing() -> None:
-    return None
 
 
 async def _false() -> bool:
