@@ -427,6 +427,8 @@ class _Messages(_AdminResource):
             # help), another store failure (500): nothing was stored.
             code = 507 if e.disk_full else 500
             extra: dict[str, Any] = {}
+            if e.status is PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH:
+                code = 503  # (failover: not stored; retry shortly)
             if e.status is PutStatus.SERVICE_NOT_AVAILABLE:
                 code = 503
                 hint = master_hint(self._broker)

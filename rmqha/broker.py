@@ -720,6 +720,10 @@ class Broker(MultiService):
         if refusal is not None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError(refusal)
+        too_few = side.ha.refusal()
+        if too_few is not None:
+            self.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH] += 1
+            raise NotStoredError(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, too_few)
         commitlog = self.commitlog
         try:
             append = commitlog.put(message)

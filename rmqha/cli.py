@@ -202,6 +202,33 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     init.set_defaults(run=_certs_init)
 
+    cluster = commands.add_parser(
+        "cluster", help="a failover group: status, switchover (docs/failover.md)"
+    )
+    cluster_actions = cluster.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    cluster_actions.required = True
+    for name, text in [
+        ("status", "the master, epoch, in-sync set and every member's role, offset and lag"),
+        ("switchover", "a planned change of master to an in-sync member"),
+    ]:
+        action = cluster_actions.add_parser(name, help=text)
+        action.add_argument(
+            "--coordinator", required=True,
+            help="etcd:http://HOST:PORT[,http://HOST:PORT...] (as the brokers' --coordinator)",
+        )
+        action.add_argument("--group", required=True, help="the group (brokerName)")
+        if name == "status":
+            action.add_argument("--json", action="store_true", help="print JSON")
+            action.set_defaults(run=_cluster_status)
+        else:
+            action.add_argument("--to", required=True, metavar="NODE_ID", help="the new master")
+            action.add_argument(
+                "--timeout", type=float, default=30.0,
+                help="seconds to wait for the new master (default 30); the request is "
+                "withdrawn after",
+            )
+            action.set_defaults(run=_cluster_switchover)
+
     from rmqha.pipeline.jobs import add_arguments
 
     pipeline = commands.add_parser(
@@ -210,6 +237,66 @@ def _build_parser() -> argparse.ArgumentParser:
     add_arguments(pipeline)
     pipeline.set_defaults(run=_pipeline)
     return parser
+
+
+def _on_cluster(args: argparse.Namespace, work: Callable[[Any, Any], Any]) -> Any:
+    """
+    Run C{work(reactor, dcs)} (a coroutine) on the global reactor and
+    return its result; its L{ClusterError} or L{DCSError} become one-line
+    errors.
+    """
+    from twisted.internet import reactor
+    from twisted.internet.defer import ensureDeferred
+
+    from rmqha.coord.cluster import ClusterError
+    from rmqha.coord.dcs import DCSError
+    from rmqha.coord.etcd import EtcdDCS, parse_coordinator
+
+    try:
+        dcs = EtcdDCS(reactor, parse_coordinator(args.coordinator), args.group)
+    except ValueError as e:
+        raise _UsageError(f"rmqha cluster: error: {e}") from None
+    outcome: list[Any] = []
+
+    async def run() -> None:
+        try:
+            outcome.append(("ok", await work(reactor, dcs)))
+        except (ClusterError, DCSError) as e:
+            outcome.append(("error", str(e)))
+        finally:
+            await dcs.close()
+            reactor.stop()
+
+    reactor.callWhenRunning(lambda: ensureDeferred(run()))
+    reactor.run()
+    kind, value = outcome[0] if outcome else ("error", "interrupted")
+    if kind == "error":
+        raise _CommandError(value)
+    return value
+
+
+def _cluster_status(args: argparse.Namespace, out: IO[str]) -> int:
+    from rmqha.coord.cluster import render, status
+
+    state = _on_cluster(args, lambda reactor, dcs: status(dcs))
+    if args.json:
+        out.write(json.dumps(state, indent=2) + "\n")
+    else:
+        out.write(render(args.group, state) + "\n")
+    return 0 if state["master"] is not None else 1
+
+
+def _cluster_switchover(args: argparse.Namespace, out: IO[str]) -> int:
+    from rmqha.coord.cluster import switchover
+
+    result = _on_cluster(
+        args, lambda reactor, dcs: switchover(reactor, dcs, args.to, args.timeout)
+    )
+    out.write(
+        f"{result['master']} is the master at epoch {result['epoch']} "
+        f"(took {result['seconds']} s)\n"
+    )
+    return 0
 
 
 def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:

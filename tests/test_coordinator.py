@@ -442,3 +442,30 @@ class ClusterCommandTests(_Group):
         )
         self.assertIn("not in the in-sync set (a)", str(failure.value))
         self.assertIsNone(self.successResultOf(dcs.load()).switchover)
+
+
+class TooFewTests(_Group):
+    def test_too_few_replicas_not_stored(self) -> None:
+        """
+        A failover SYNC_MASTER with too few replicas even connected to
+        reach minInSyncReplicas refuses a put before storing it (a retry
+        makes no duplicate); with minInSyncReplicas 1 it takes it alone.
+        """
+        from rmqha.broker import NotStoredError
+
+        for name in "ab":
+            self.node(name)
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        other = next(n for n in self.nodes.values() if n is not master)
+        self.crash(other)
+        self.elapse(1)
+        before = master.broker.commitlog.max_offset
+        with self.assertRaises(NotStoredError) as caught:
+            self.put(master.broker)
+        self.assertIs(caught.exception.status, PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
+        self.assertEqual(master.broker.commitlog.max_offset, before)
+        master.broker.role_service.ha._min_in_sync_replicas = 1  # type: ignore[union-attr]
+        d = self.put(master.broker)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)

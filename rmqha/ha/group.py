@@ -458,14 +458,27 @@ class HAService:
             return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
         return self.group.wait_for(end)
 
+    def refusal(self) -> str | None:
+        """
+        Failover mode, before a put is stored: why it must not be (too few
+        replicas even connected to reach C{minInSyncReplicas}: it could
+        only time out), or C{None}.  Not stored, so a producer's retry
+        makes no duplicate (RocketMQ 5 checks before storing too).
+        """
+        in_sync = self.in_sync
+        if in_sync is None or not self.sync:
+            return None
+        needed = self._min_in_sync_replicas
+        if len(in_sync.effective) < needed and len(self.node_acks()) + 1 < needed:
+            return (
+                f"{len(self.node_acks())} replica(s) connected, minInSyncReplicas is "
+                f"{needed}: not stored"
+            )
+        return None
+
     def _failover_wait(self, end: int, in_sync: InSyncSet) -> Deferred[PutStatus]:
         if not self.sync:
             return succeed(PutStatus.PUT_OK)
-        if len(in_sync.effective) < self._min_in_sync_replicas and len(
-            self.node_acks()
-        ) + 1 < self._min_in_sync_replicas:
-            # Too few replicas even connected to reach minInSyncReplicas.
-            return succeed(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
         alone = in_sync.effective == {in_sync.me}
         if alone or end <= self.group.quorum_offset:
             # Held by every member already (the master alone, with
