@@ -19,6 +19,7 @@ from rmqha.ha.group import PutStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
+from rmqha.testing import StringEndpoint
 
 from tests._helpers import fixed_clock
 from tests.test_roles import SEGMENT, _InMemory
@@ -78,7 +79,10 @@ class _Group(_InMemory):
         return node
 
     def dial(self, address: str) -> Any:
-        return self.endpoint(self.nodes[address.split(":")[0]].broker)
+        node = self.nodes.get(address.split(":")[0])
+        if node is None:  # (crashed: nothing listens there)
+            return StringEndpoint(refuse=True)
+        return self.endpoint(node.broker)
 
     def elapse(self, seconds: float, step: float = 0.1) -> None:
         """
@@ -469,3 +473,55 @@ class TooFewTests(_Group):
         master.broker.role_service.ha._min_in_sync_replicas = 1  # type: ignore[union-attr]
         d = self.put(master.broker)
         self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+
+
+class UnfitTests(_Group):
+    def test_cannot_take_office(self) -> None:
+        """
+        A node elected that cannot become master (its HA port is taken)
+        steps down, says so, and stops standing; another is elected, and
+        the unfit one is not elected again.
+        """
+        from rmqha._ports import ListenFailed
+
+        a = self.node("a")
+        b = self.node("b")
+        self.elapse(2)
+        self.assertIs(self.master(), a)
+
+        def refuse(role: Role, *, epoch: int | None = None) -> Deferred[None]:
+            raise ListenFailed("ha", "tcp:10912", "address already in use")
+
+        b.broker.become_master = refuse  # type: ignore[method-assign]
+        self.crash(a)
+        self.elapse(4)
+        self.assertIsNone(self.master())
+        self.assertEqual(b.coordinator.counts["elected"], 1)
+        self.assertIn("could not become master", b.coordinator.note or "")
+        self.assertFalse(b.coordinator.member().electable)
+        # A fresh node lacks what b holds: not eligible either (only an
+        # operator, or --allow-unclean-election, can decide).
+        c = self.node("c", min_in_sync_replicas=1)
+        self.elapse(4)
+        self.assertIsNone(self.master())
+        self.assertIn("not eligible", c.coordinator.note or "")
+        self.assertEqual(b.coordinator.counts["elected"], 1)
+
+    def test_unclean_election(self) -> None:
+        """
+        With every in-sync member gone, nobody is elected, unless a node
+        allows an unclean election.
+        """
+        a = self.node("a")
+        self.node("b")
+        self.elapse(2)
+        self.crash(a)
+        self.crash(self.nodes["b"])
+        self.node("c", min_in_sync_replicas=1)
+        self.elapse(4)
+        self.assertIsNone(self.master())
+        self.node("d", min_in_sync_replicas=1, allow_unclean_election=True)
+        self.elapse(4)
+        master = self.master()
+        assert master is not None
+        self.assertEqual(master.id, "d")

@@ -185,6 +185,62 @@ class OptionsTests(SynchronousTestCase):
         self.assertIsNone(service.store.commitlog)
         self.assertFalse(os.path.exists(store))
 
+    def test_failover(self) -> None:
+        """
+        With --coordinator: the node's identity is required, --role is the
+        role once elected (default SYNC_MASTER, minInSyncReplicas 2), no
+        fixed master; broker.conf keys work; the service is the broker
+        and its coordinator under one parent, the broker standing by.
+        """
+        from rmqha.coord.node import Coordinator
+
+        base = (
+            "--store-dir", "s", "--coordinator", "etcd:http://127.0.0.1:2379",
+            "--group", "g", "--node-id", "a", "--advertise", "127.0.0.1:10912",
+        )
+        s = self.parse(*base).settings
+        self.assertEqual((s["role"], s["min-in-sync-replicas"], s["lease-ttl"]),
+                         (Role.SYNC_MASTER, 2, 2))
+        s = self.parse(*base, "--role", "master", "--lease-ttl", "5").settings
+        self.assertEqual((s["role"], s["min-in-sync-replicas"], s["lease-ttl"]),
+                         (Role.ASYNC_MASTER, 1, 5))
+        path = self.conf(
+            "storePathRootDir=s\ncoordinator=etcd:http://127.0.0.1:2379\nbrokerName=g\n"
+            "nodeId=b\nadvertise=h:1\nleaseTtl=3\nallowUncleanElection=true\n"
+        )
+        s = self.parse("--config", path).settings
+        self.assertEqual((s["node-id"], s["advertise"], s["lease-ttl"], s["allow-unclean-election"]),
+                         ("b", "h:1", 3, True))
+        for extra, needle in [
+            (("--role", "slave"), "once elected"),
+            (("--master", "127.0.0.1:1"), "--master: with --coordinator"),
+            (("--lease-ttl", "1"), "--lease-ttl"),
+            (("--advertise", "127.0.0.1:0"), "--advertise"),
+            (("--http", "tcp:0"), "--advertise-http"),
+            (("--tls-cert", "x.pem"), "--tls-ca"),
+        ]:
+            e = self.assertRaises(UsageError, self.parse, *base, *extra)
+            self.assertIn(needle, str(e), extra)
+        for missing in ("--group", "--node-id", "--advertise"):
+            argv = list(base)
+            i = argv.index(missing)
+            del argv[i : i + 2]
+            e = self.assertRaises(UsageError, self.parse, *argv)
+            self.assertIn(missing, str(e))
+        e = self.assertRaises(
+            UsageError, self.parse, "--store-dir", "s", "--coordinator", "zk:h:1"
+        )
+        self.assertIn("--coordinator", str(e))
+        store = self.mktemp()
+        service = makeService(self.parse(*base[2:], "--store-dir", store))
+        broker, coordinator = list(service)  # type: ignore[call-overload]
+        self.assertIsInstance(broker, Broker)
+        self.assertIsInstance(coordinator, Coordinator)
+        self.assertEqual(broker.role, Role.SLAVE)
+        self.assertIs(broker.coordinator, coordinator)
+        self.assertIsNotNone(broker.epochs)
+        self.assertEqual(coordinator.settings.node_id, "a")
+
     def test_connection_limits(self) -> None:
         """
         --max-connections and --max-connections-per-peer (broker.conf

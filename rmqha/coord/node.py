@@ -208,6 +208,8 @@ class Coordinator(Service):
         # This node's last leadership, once it stepped down (its key is
         # resigned; see _decide).
         self._deposed: Leader | None = None
+        # Why this node may not lead until restarted (it failed to).
+        self._unfit: str | None = None
 
     # -- start and stop -------------------------------------------------------
 
@@ -359,8 +361,10 @@ class Coordinator(Service):
     def _healthy(self) -> bool:
         """
         A node whose replication halted (a divergence, a wrong segment
-        size) must not lead.
+        size) or that could not take office must not lead.
         """
+        if self._unfit is not None:
+            return False
         problem = self.broker.problem
         return not (problem and "halt" in problem.lower())
 
@@ -506,6 +510,9 @@ class Coordinator(Service):
         if not self.settings.electable:
             self.note = "not electable (--no-failover)"
             return
+        if not self._healthy():
+            self.note = f"not electable: {self._unfit or self.broker.problem}"
+            return
         candidates, why = rank(view, self.settings.allow_unclean_election)
         me = self.settings.node_id
         names = [m.node_id for m in candidates]
@@ -552,8 +559,13 @@ class Coordinator(Service):
         try:
             await broker.become_master(self.settings.role, epoch=won.epoch)
         except Exception as e:
-            self._log.error("could not become master: {error}", error=e)
-            self._step_down(f"could not become master: {e}")
+            # (The HA port is taken, the epoch file cannot be written…:
+            # an operator's problem.  This node stops standing for
+            # election until restarted, so the group does not elect it
+            # again and again.)
+            self._unfit = f"could not become master: {e}"
+            self._log.error("{why}; not standing for election again", why=self._unfit)
+            self._step_down(self._unfit)
             return
         side = broker.role_service
         if self.leader is not won or not isinstance(side, MasterSide):
