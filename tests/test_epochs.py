@@ -570,6 +570,37 @@ class FailoverRejoinTests(_InMemory):
         self.stop(a, b)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_shared_epochs_verify_a_short_tail(self) -> None:
+        """
+        Once the epochs decided where two logs part, the digest check
+        only confirms the last MiB (a slave following a new master does
+        not hash 64 MiB before replicating); a store without epochs still
+        gets the whole tail window.
+        """
+        from rmqha.ha import replica as replica_module
+        from rmqha.ha.divergence import TAIL_WINDOW
+
+        windows: list[int] = []
+        real = replica_module.find_divergence
+
+        async def spy(*args: Any, window: int = TAIL_WINDOW, **kw: Any) -> Any:
+            windows.append(window)
+            return await real(*args, window=window, **kw)
+
+        self.patch(replica_module, "find_divergence", spy)
+        a = self.failover_broker(Role.MASTER)
+        self.switch(a.become_master(epoch=1))
+        self.puts(a, 3)
+        b = self.failover_broker(Role.SLAVE, master=a)  # (a new store: no epochs yet)
+        self.settle()
+        self.puts(a, 2)
+        self.settle()
+        self.switch(b.become_slave(self.endpoint(a)))  # type: ignore[arg-type]
+        self.settle()
+        self.assertEqual(windows, [TAIL_WINDOW, replica_module.EPOCH_VERIFY_WINDOW])
+        self.assertEqual(b.commitlog.max_offset, a.commitlog.max_offset)
+        self.stop(a, b)
+
     def test_deposed_master_is_refused(self) -> None:
         """
         A node that has seen epoch 2 does not follow a master still at

@@ -60,12 +60,17 @@ from rmqha.ha.config import (
 from rmqha.ha.control import CheckFailed, ControlClient, MasterInfo, MasterUnreachable, probe
 from rmqha.ha.divergence import (
     Divergence,
+    TAIL_WINDOW,
     DivergenceKind,
     find_divergence,
     read_master_kind,
     write_master_kind,
 )
 from rmqha.ha.epochs import Entry, EpochFile, common_end
+
+#: Failover: the tail the digest check confirms after the epochs decided
+#: where two logs part (docs/failover.md).
+EPOCH_VERIFY_WINDOW = 1024 * 1024
 from rmqha.ha.slave import SlaveFactory, load_replica_id, make_slave_service
 from rmqha.store.service import CommitLogService
 from rmqha.tls import plain_master_warning, split_description
@@ -512,13 +517,23 @@ class Replica(Service):
                     "slave's segment size must be its master's (start the slave "
                     f"on an empty store with --segment-size {info.segment_size})"
                 )
+            window = TAIL_WINDOW
             if self.epochs is not None:
+                shared = bool(self.epochs.entries)
                 slave_end = await self._cut_to_common_epoch(client, info, slave_end)
                 if not self.running:
                     return None
+                if shared:
+                    # The epochs decided where the logs part; the digests
+                    # only confirm it, over a short tail, so that a slave
+                    # following a new master replicates (and a SYNC
+                    # master's puts resume) without hashing 64 MiB first.
+                    window = EPOCH_VERIFY_WINDOW
             if self._on_divergence is None:
                 return None
-            return await find_divergence(self.commitlog, client, info, slave_end=slave_end)
+            return await find_divergence(
+                self.commitlog, client, info, window=window, slave_end=slave_end
+            )
         finally:
             client.close()
 
