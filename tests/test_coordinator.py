@@ -525,3 +525,43 @@ class UnfitTests(_Group):
         master = self.master()
         assert master is not None
         self.assertEqual(master.id, "d")
+
+
+class ClassicSlaveTests(_Group):
+    def test_classic_slave_follows_but_never_counts(self) -> None:
+        """
+        A slave speaking only the classic protocol (as a genuine RocketMQ
+        4.9 slave does) replicates from a failover master, but is never in
+        the in-sync set and never makes a put PUT_OK.
+        """
+        from rmqha.broker import NotStoredError
+
+        self.node("a")
+        self.node("b")
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        store = self.mktemp()
+        classic = Broker(
+            self.clock,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.SLAVE,
+            master_endpoint=self.endpoint(master.broker),  # type: ignore[arg-type]
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 0.1,
+            fd_limit=lambda: 4096,
+            scrub_rate=0,
+            master_kind="rocketmq",
+        )
+        classic.startService()
+        self.addCleanup(self.stop, classic)
+        d = self.put(master.broker)
+        self.elapse(0.5)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        self.assertEqual(classic.commitlog.max_offset, master.broker.commitlog.max_offset)
+        self.assertEqual(master.coordinator.in_sync.effective, {"a", "b"})  # type: ignore[union-attr]
+        other = next(n for n in self.nodes.values() if n is not master)
+        self.crash(other)
+        self.elapse(1)
+        with self.assertRaises(NotStoredError):
+            self.put(master.broker)
