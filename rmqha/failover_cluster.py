@@ -37,7 +37,10 @@ from typing import Any, Iterable, Sequence
 from rmqha.store._record import Blank, RecordError, parse_record
 from rmqha.testing import free_ports, twistd_command
 
-__all__ = ["FailoverCluster", "Node", "Producers", "Put", "TOPIC", "windows"]
+__all__ = [
+    "FailoverCluster", "Node", "Producers", "Put", "TOPIC",
+    "converge_and_check", "kill_masters", "wait_in_sync", "windows",
+]
 
 #: The topic the producers put on.
 TOPIC = "FailoverTopic"
@@ -530,3 +533,113 @@ def windows(puts: Sequence[Put], old: int, new: int, after: float) -> dict[str, 
     )
     gap = None if last_old is None or first_new is None else first_new - last_old
     return {"last_old": last_old, "first_new": first_new, "unavailable": gap}
+
+
+def wait_in_sync(cluster: FailoverCluster, master: int, members: int, timeout: float = 60.0) -> None:
+    """
+    Wait until C{master}'s C{/status} lists C{members} nodes (itself
+    included) in its in-sync set.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        status = cluster.status(master) or {}
+        in_sync = (status.get("failover") or {}).get("in_sync") or []
+        if len(in_sync) >= members:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(
+                f"{cluster.nodes[master].node_id}'s in-sync set is {in_sync} after {timeout:g} s"
+            )
+        time.sleep(0.05)
+
+
+def kill_masters(
+    cluster: FailoverCluster,
+    load: Producers,
+    kills: int,
+    report: Any = None,
+    timeout: float = 30.0,
+) -> list[dict[str, Any]]:
+    """
+    C{kills} times: wait until every node is in the master's in-sync set,
+    SIGKILL the master, wait for a new one and for its first C{PUT_OK},
+    check that it holds every C{PUT_OK} ever answered, and restart the
+    killed node (it rejoins as a slave).
+
+    @param report: called with each kill's figures as they are known.
+    @return: each kill's figures: C{old}, C{new} (node indices),
+        C{election} (kill -> a new master says so in C{/status}),
+        C{unavailable} (last C{PUT_OK} from the old master -> first from
+        the new one, as the producers saw them), C{acked} (every C{PUT_OK}
+        so far) and C{missing} (those the new master lacks: must be 0).
+    """
+    results = []
+    master = cluster.wait_master(timeout)
+    for kill in range(kills):
+        wait_in_sync(cluster, master, len(cluster.nodes), timeout * 2)
+        # Puts on the master as it is now, so that there is a last PUT_OK.
+        before = len(load.acked())
+        deadline = time.monotonic() + timeout
+        while len(load.acked()) < before + 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        killed_at = time.monotonic()
+        cluster.kill(master)
+        new = cluster.wait_master(timeout, exclude=[master])
+        elected_at = time.monotonic()
+        while True:
+            seen = windows(load.puts(), master, new, killed_at)
+            if seen["first_new"] is not None:
+                break
+            if time.monotonic() - killed_at > timeout:
+                raise AssertionError(
+                    f"no PUT_OK from the new master {cluster.nodes[new].node_id} "
+                    f"within {timeout:g} s of the kill"
+                )
+            time.sleep(0.01)
+        acked = load.acked()
+        missing = cluster.missing_acked(new, acked)
+        figures = {
+            "kill": kill + 1,
+            "old": master,
+            "new": new,
+            "election": elected_at - killed_at,
+            "unavailable": seen["unavailable"],
+            "acked": len(acked),
+            "missing": len(missing),
+            "missing_keys": [put.key for put in missing[:10]],
+        }
+        results.append(figures)
+        if report is not None:
+            report(figures)
+        cluster.start(master)
+        master = new
+    return results
+
+
+def converge_and_check(
+    cluster: FailoverCluster, load: Producers | None, timeout: float = 60.0
+) -> dict[str, Any]:
+    """
+    Stop the producers, wait until every node holds the master's log,
+    stop every node cleanly, then compare each store with the master's
+    byte for byte and run C{rmqha store check} on each.
+
+    @return: C{master} (index), C{identical} and C{check} (node id ->
+        bool), C{check_output} (node id -> text of a failed check).
+    """
+    from rmqha.demo import compare_stores
+
+    if load is not None:
+        load.stop()
+    master = cluster.wait_converged(timeout)
+    cluster.stop_all()
+    identical = {}
+    checks = {}
+    outputs = {}
+    for node in cluster.nodes:
+        identical[node.node_id] = compare_stores(cluster.nodes[master].store, node.store)[0]
+        done = cluster.store_check(node.index)
+        checks[node.node_id] = done.returncode == 0
+        if done.returncode:
+            outputs[node.node_id] = (done.stdout + done.stderr)[-2000:]
+    return {"master": master, "identical": identical, "check": checks, "check_output": outputs}
