@@ -261,12 +261,16 @@ class FailoverCluster:
         except (OSError, ValueError):
             return None
 
-    def masters(self) -> list[int]:
+    def masters(self, skip: Iterable[int] = ()) -> list[int]:
         """
-        The nodes whose C{/status} says they are the elected master.
+        The nodes (but those in C{skip}, not asked) whose C{/status} says
+        they are the elected master.
         """
         found = []
+        skipped = set(skip)
         for node in self.nodes:
+            if node.index in skipped:
+                continue
             status = self.status(node.index)
             if status is not None and (status.get("failover") or {}).get("is_master"):
                 found.append(node.index)
@@ -285,7 +289,9 @@ class FailoverCluster:
         excluded = set(exclude)
         deadline = time.monotonic() + timeout
         while True:
-            found = [i for i in self.masters() if i not in excluded]
+            # (Not asking the excluded: a partitioned node would hold each
+            # poll up for the request timeout.)
+            found = self.masters(skip=excluded)
             if len(found) == 1:
                 return found[0]
             if time.monotonic() > deadline:
