@@ -183,14 +183,21 @@ class FailoverCluster:
                 if not os.path.exists(path):
                     open(path, "a").close()
                 os.chown(path, node.user, node.user)
-        node.process = subprocess.Popen(
+        # What twistd says before its log is open (a usage error).
+        with open(os.path.join(self.directory, f"n{i}.err"), "ab") as err:
+            if node.user is not None:
+                os.chown(err.name, node.user, node.user)
+            node.process = self._popen(i, extra, err)
+        node.starts += 1
+
+    def _popen(self, i: int, extra: Sequence[str], err: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             self.command(i) + list(extra),
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
             env=dict(os.environ, PYTHONPATH=_root() + os.pathsep + os.environ.get("PYTHONPATH", "")),
         )
-        node.starts += 1
 
     def kill(self, i: int) -> None:
         """

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,9 +70,17 @@ def _dropped() -> int:
 
 def main(directory: str) -> int:
     _run("ip", "link", "set", "lo", "up")
-    # The nodes run as other users: their stores must be reachable.
-    work = tempfile.mkdtemp(prefix="failover-", dir=directory)
-    os.chmod(work, 0o755)
+    # The nodes run as other users: their stores must be reachable, and
+    # the test's own temporary directory is under a 0700 one.
+    work = tempfile.mkdtemp(prefix="rmqha-failover-")
+    try:
+        os.chmod(work, 0o755)
+        return _scenario(directory, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _scenario(directory: str, work: str) -> int:
     hosts = [f"127.0.0.{11 + i}" for i in range(3)]
     users = [10001 + i for i in range(3)]
     result: dict[str, object] = {}

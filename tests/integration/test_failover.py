@@ -221,7 +221,6 @@ def test_partitioned_master(tmp_path: Any) -> None:
     if created.returncode:
         pytest.skip(f"cannot create a network namespace: {created.stderr.strip()}")
     try:
-        os.chmod(tmp_path, 0o755)
         done = subprocess.run(
             ["ip", "netns", "exec", name, sys.executable, "-m",
              "tests.integration._failover_partition", str(tmp_path)],
