@@ -572,6 +572,7 @@ def kill_masters(
     kills: int,
     report: Any = None,
     timeout: float = 30.0,
+    say: Any = None,
 ) -> list[dict[str, Any]]:
     """
     C{kills} times: wait until every node is in the master's in-sync set,
@@ -580,6 +581,8 @@ def kill_masters(
     killed node (it rejoins as a slave).
 
     @param report: called with each kill's figures as they are known.
+    @param say: called with a line of text at each step (the demo's
+        progress).
     @return: each kill's figures: C{old}, C{new} (node indices),
         C{election} (kill -> a new master says so in C{/status}),
         C{unavailable} (last C{PUT_OK} from the old master -> first from
@@ -588,8 +591,15 @@ def kill_masters(
     """
     results = []
     master = cluster.wait_master(timeout)
+    name = [node.node_id for node in cluster.nodes]
+
+    def tell(text: str) -> None:
+        if say is not None:
+            say(text)
+
     for kill in range(kills):
         wait_in_sync(cluster, master, len(cluster.nodes), timeout * 2)
+        tell(f"{name[master]} is master; in-sync set: every node")
         # Puts on the master as it is now, so that there is a last PUT_OK.
         before = len(load.acked())
         deadline = time.monotonic() + timeout
@@ -597,8 +607,10 @@ def kill_masters(
             time.sleep(0.01)
         killed_at = time.monotonic()
         cluster.kill(master)
+        tell(f"kill -9 {name[master]} (the master), {len(load.acked())} PUT_OK so far")
         new = cluster.wait_master(timeout, exclude=[master])
         elected_at = time.monotonic()
+        tell(f"+{elected_at - killed_at:.2f} s: {name[new]} elected master (its lease ran out)")
         while True:
             seen = windows(load.puts(), master, new, killed_at)
             if seen["first_new"] is not None:
@@ -611,6 +623,16 @@ def kill_masters(
             time.sleep(0.01)
         acked = load.acked()
         missing = cluster.missing_acked(new, acked)
+        first_new = seen["first_new"]
+        assert first_new is not None
+        tell(
+            f"+{first_new - killed_at:.2f} s: first PUT_OK from {name[new]}; producers had no "
+            f"master for {seen['unavailable'] or 0:.2f} s"
+        )
+        tell(
+            f"{len(acked) - len(missing)} of {len(acked)} PUT_OK are in {name[new]}'s log "
+            f"({len(missing)} missing)"
+        )
         figures = {
             "kill": kill + 1,
             "old": master,
@@ -625,6 +647,7 @@ def kill_masters(
         if report is not None:
             report(figures)
         cluster.start(master)
+        tell(f"{name[master]} restarted: it rejoins as a slave of {name[new]}")
         master = new
     return results
 
