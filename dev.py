@@ -6,6 +6,7 @@ else installed (standard library only), installing what it needs into
 accelerator's source changes (the install compiles it in place).
 
     python3 dev.py demo [ARGS]   the main job (see README); ARGS go to rmqha demo
+    python3 dev.py demo --failover   automatic failover: one etcd, three brokers
     python3 dev.py test          the whole test suite: mypy, trial, pytest
     python3 dev.py test ARGS     only pytest, with ARGS (e.g. -k recovery -x)
 """
@@ -187,6 +188,9 @@ def main(args: list[str]) -> int:
     command, rest = args[0], args[1:]
     ensure_venv()
     if command == "demo":
+        if "--failover" in rest:
+            # It runs etcd: installed as for the tests (as root, saying so).
+            ensure_test_tools()
         return run([PYTHON, "-m", "rmqha", "demo", *rest])
     if rest:
         # A selection (-k X, a file, -x ...) is pytest's alone: mypy and

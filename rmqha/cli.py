@@ -170,9 +170,9 @@ def _build_parser() -> argparse.ArgumentParser:
         "one an earlier demo made (default: a temporary directory, removed at the end)",
     )
     demo.add_argument(
-        "--segment-size", type=_size_arg("--segment-size"), default=64 << 20,
-        help="segment size of both stores (default 64m; each segment file is "
-        "preallocated at full size)",
+        "--segment-size", type=_size_arg("--segment-size"), default=None,
+        help="segment size of the stores (default 64m, 4m with --failover; each "
+        "segment file is preallocated at full size)",
     )
     demo.add_argument(
         "--count", type=_nonnegative("--count"), default=200_000,
@@ -181,6 +181,15 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--live", type=_nonnegative("--live"), default=20_000,
         help="messages put while the slave catches up",
+    )
+    demo.add_argument(
+        "--failover", action="store_true",
+        help="automatic failover instead: one etcd, three brokers, SYNC load; the master "
+        "is killed and the old one rejoins (docs/failover.md)",
+    )
+    demo.add_argument(
+        "--kills", type=_nonnegative("--kills"), default=1,
+        help="with --failover: how many masters to kill (default 1)",
     )
     demo.set_defaults(run=_demo)
 
@@ -606,14 +615,21 @@ def _demo(args: argparse.Namespace, out: IO[str]) -> int:
     from rmqha.store._segments import MAX_SEGMENT_SIZE
     from rmqha.demo import DemoDirectoryError, run_demo
 
-    if not 64 << 10 <= args.segment_size <= MAX_SEGMENT_SIZE:
+    segment = args.segment_size
+    if segment is None:
+        segment = 4 << 20 if args.failover else 64 << 20
+    if not 64 << 10 <= segment <= MAX_SEGMENT_SIZE:
         # Checked here: inside the demo's reactor it would be a traceback.
         raise _UsageError(
-            f"rmqha demo: error: --segment-size {args.segment_size} is outside "
+            f"rmqha demo: error: --segment-size {segment} is outside "
             f"{64 << 10}..{MAX_SEGMENT_SIZE} bytes"
         )
     try:
-        return run_demo(args.dir, args.count, args.live, out, args.segment_size)
+        if args.failover:
+            from rmqha.demo import run_failover_demo
+
+            return run_failover_demo(args.dir, out, max(1, args.kills), segment)
+        return run_demo(args.dir, args.count, args.live, out, segment)
     except DemoDirectoryError as e:
         raise _UsageError(f"rmqha demo: error: {e}") from None
 

@@ -1,7 +1,8 @@
 # -*- test-case-name: tests.test_demo -*-
 """
 The quick-start demo (C{rmqha demo}): a master and a slave on loopback in
-one process, over real sockets.
+one process, over real sockets.  C{rmqha demo --failover}: automatic
+failover, three broker processes and one etcd member (L{run_failover_demo}).
 
 The master takes a backlog of messages first, then the slave starts empty
 and catches up while the master keeps taking messages; progress is shown
@@ -33,7 +34,10 @@ from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import HAConfig
 
-__all__ = ["DemoDirectoryError", "MARKER", "compare_stores", "prepare_directory", "run_demo"]
+__all__ = [
+    "DemoDirectoryError", "MARKER", "compare_stores", "prepare_directory", "run_demo",
+    "run_failover_demo",
+]
 
 #: The file that marks a directory as the demo's own (C{--dir}).
 MARKER = ".rmqha-demo"
@@ -264,3 +268,107 @@ def run_demo(
             # Made by mkdtemp above, so all of it is the demo's.
             shutil.rmtree(scratch, ignore_errors=True)
     return status[0] if status else 1
+
+
+def run_failover_demo(
+    directory: str | None,
+    out: IO[str],
+    kills: int = 1,
+    segment_size: int = 4 << 20,
+) -> int:
+    """
+    The failover demo (C{rmqha demo --failover}, docs/failover.md): one
+    etcd member and three brokers (C{twistd -n rmqha} processes) on
+    loopback, three HTTP producers putting SYNC messages to whoever is
+    master (following the 503 master hint); the master is killed with
+    SIGKILL C{kills} times and restarted, and the demo shows the new master
+    taking over, every C{PUT_OK} on it, and the old master rejoining; it
+    ends comparing the three stores byte for byte and checking each.
+
+    In C{directory} (new or empty; kept) or, when it is C{None}, in a new
+    temporary directory removed at the end.  Every process it starts is
+    stopped at the end.
+
+    @raise DemoDirectoryError: C{directory} is not new or empty, or etcd
+        is not installed.
+    @return: the exit status: 0 when no C{PUT_OK} was lost and the stores
+        end identical and sound.
+    """
+    from rmqha.failover_cluster import (
+        FailoverCluster, Producers, converge_and_check, kill_masters, wait_in_sync,
+    )
+    from rmqha.testing import EtcdCluster, etcd_binary
+
+    if etcd_binary() is None:
+        raise DemoDirectoryError(
+            "--failover needs etcd (Debian: apt-get install etcd-server; "
+            "python3 dev.py test installs it as root)"
+        )
+    if directory is None:
+        scratch = where = tempfile.mkdtemp(prefix="rmqha-failover-demo-")
+        out.write(f"stores in {scratch} (removed at the end; --dir DIR keeps them)\n")
+    else:
+        if os.path.lexists(directory) and (
+            not os.path.isdir(directory) or os.listdir(directory)
+        ):
+            raise DemoDirectoryError(
+                f"--dir {directory}: the failover demo writes only into a new or empty directory"
+            )
+        os.makedirs(directory, exist_ok=True)
+        scratch, where = None, directory
+    started = time.monotonic()
+
+    def say(text: str) -> None:
+        out.write(f"[{time.monotonic() - started:6.2f}] {text}\n")
+        out.flush()
+
+    try:
+        with EtcdCluster(os.path.join(where, "etcd")) as etcd:
+            say(f"etcd: one member at {etcd.endpoints[0]}")
+            with FailoverCluster(where, etcd.spec, 3, segment_size=segment_size) as group:
+                for node in group.nodes:
+                    say(
+                        f"{node.node_id}: twistd rmqha --coordinator etcd:... --node-id "
+                        f"{node.node_id} --http {node.http} (a slave until elected); "
+                        f"log {group.log_path(node.index)}"
+                    )
+                master = group.wait_master()
+                say(f"{group.nodes[master].node_id} elected master (epoch 1)")
+                load = Producers(group, 3)
+                say("3 HTTP producers put SYNC messages to the master, following its 503 hint")
+                try:
+                    time.sleep(2)
+                    kills_seen = kill_masters(group, load, kills, say=say)
+                    last = kills_seen[-1]
+                    wait_in_sync(group, last["new"], 3)
+                    old = group.nodes[last["old"]]
+                    status = group.status(old.index) or {}
+                    say(
+                        f"{old.node_id} is back in the in-sync set, following "
+                        f"{group.nodes[last['new']].node_id} (cut back "
+                        f"{status.get('epoch_truncated_bytes', 0)} bytes it alone had)"
+                    )
+                    time.sleep(1)
+                finally:
+                    load.stop()
+                puts = load.puts()
+                say(
+                    f"producers stopped: {sum(p.ok for p in puts)} PUT_OK, "
+                    f"{sum(not p.ok for p in puts)} other answers (503 while there was no "
+                    "master, or no answer from the dead one)"
+                )
+                end = converge_and_check(group, None)
+        lost = sum(k["missing"] for k in kills_seen)
+        identical = all(end["identical"].values())
+        sound = all(end["check"].values())
+        say(f"PUT_OK lost: {lost}")
+        say(
+            "byte-for-byte comparison of the three stores: "
+            + ("IDENTICAL" if identical else f"DIFFER {end['identical']}")
+        )
+        say("rmqha store check: " + ("sound" if sound else f"FAILED {end['check_output']}"))
+        return 0 if lost == 0 and identical and sound else 1
+    finally:
+        if scratch is not None:
+            # Made by mkdtemp above, so all of it is the demo's.
+            shutil.rmtree(scratch, ignore_errors=True)

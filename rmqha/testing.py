@@ -23,6 +23,9 @@ For real processes and sockets:
     - L{EtcdCluster}: one or three C{etcd} members on 127.0.0.1 (free
       ports, data under a temporary directory) for a coordinator to use;
       L{etcd_binary} says whether etcd is installed.
+    - A whole failover group (C{twistd} nodes under an L{EtcdCluster},
+      HTTP producers following the master hint, the acked-put and store
+      checks): L{rmqha.failover_cluster}.
 
 Example, a slave replicating a master's log in memory::
 

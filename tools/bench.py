@@ -35,6 +35,15 @@ RSS, against the raw ceiling measured in the same run: a plain socket pair
 moving the same bytes into a file.  A last phase throttles the slave to
 1 MB/s and samples the master's RSS, which must stay flat.
 
+C{failover} runs a failover group of three C{twistd rmqha} processes under
+one etcd member, with HTTP producers following the master hint, and
+SIGKILLs the master C{--kills} times (restarting it each time): the
+unavailability window as a producer sees it (last C{PUT_OK} from the old
+master -> first from the new), the election time (kill -> a new master in
+C{/status}) and the C{PUT_OK}s the new master lacks (must be 0); at the end
+every store is compared with the master's and checked
+(L{rmqha.failover_cluster}; docs/failover.md).
+
 Each figure is the median of C{--runs} runs; the last line printed is one
 JSON object with every figure.
 """
@@ -1462,6 +1471,78 @@ async def _sync_targets(reactor: Any, args: argparse.Namespace) -> dict[str, Any
     }
 
 
+def _failover_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    SIGKILL the master of a three-node failover group C{args.kills}
+    times under HTTP load; the producers' unavailability windows, the
+    election times and the acknowledged puts lost.
+    """
+    from rmqha.failover_cluster import (
+        FailoverCluster, Producers, converge_and_check, kill_masters,
+    )
+    from rmqha.testing import EtcdCluster, etcd_binary
+
+    if etcd_binary() is None:
+        raise SystemExit("bench failover: etcd is not installed (Debian: apt-get install etcd-server)")
+    directory = tempfile.mkdtemp(prefix="rmqha-bench-failover-", dir=args.dir)
+
+    def report(figures: dict[str, Any]) -> None:
+        print(
+            f"kill {figures['kill']:3d}: n{figures['old']} -> n{figures['new']}, "
+            f"election {figures['election']:.2f} s, unavailable "
+            f"{figures['unavailable']:.2f} s, {figures['acked']} PUT_OK so far, "
+            f"{figures['missing']} missing",
+            file=sys.stderr, flush=True,
+        )
+
+    started = time.monotonic()
+    try:
+        with EtcdCluster(os.path.join(directory, "etcd")) as etcd, FailoverCluster(
+            directory, etcd.spec, 3, lease_ttl=args.lease_ttl, segment_size=args.segment_size
+        ) as group:
+            load = Producers(group, args.producers, args.body_size)
+            try:
+                kills = kill_masters(group, load, args.kills, report)
+            finally:
+                load.stop()
+            puts = load.puts()
+            end = converge_and_check(group, None)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def percentile(values: list[float], p: float) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
+
+    windows = [k["unavailable"] for k in kills]
+    elections = [k["election"] for k in kills]
+    statuses: dict[str, int] = {}
+    for put in puts:
+        statuses[put.status] = statuses.get(put.status, 0) + 1
+    return {
+        "benchmark": "failover",
+        "machine": machine_info(),
+        "kills": len(kills),
+        "producers": args.producers,
+        "lease_ttl_s": args.lease_ttl,
+        "unavailable_median_s": statistics.median(windows),
+        "unavailable_p99_s": percentile(windows, 0.99),
+        "unavailable_max_s": max(windows),
+        "election_median_s": statistics.median(elections),
+        "election_p99_s": percentile(elections, 0.99),
+        "put_ok_lost": sum(k["missing"] for k in kills),
+        "put_ok": statuses.get("PUT_OK", 0),
+        "statuses": statuses,
+        "identical": all(end["identical"].values()),
+        "store_check_sound": all(end["check"].values()),
+        "seconds": time.monotonic() - started,
+        "per_kill": [
+            {"election_s": round(k["election"], 3), "unavailable_s": round(k["unavailable"], 3)}
+            for k in kills
+        ],
+    }
+
+
 def _existing_dir(text: str) -> str:
     """
     C{--dir}: an existing directory, in which each benchmark makes (and
@@ -1577,6 +1658,17 @@ def main(argv: list[str] | None = None) -> None:
         "--http-rate", default="4g", help="the broker's --serve-commitlog rate (default 4g)"
     )
     sources.add_argument("--bodies", choices=["true", "false"], default="true")
+    failover = commands.add_parser(
+        "failover",
+        help="kill -9 the master of a 3-node failover group under HTTP load: unavailability "
+        "window, election time, PUT_OK lost",
+    )
+    failover.add_argument("--kills", type=int, default=20, help="masters killed (20)")
+    failover.add_argument("--producers", type=int, default=3, help="HTTP producer threads (3)")
+    failover.add_argument("--body-size", type=int, default=512)
+    failover.add_argument("--lease-ttl", type=int, default=2, help="the nodes' --lease-ttl (2)")
+    failover.add_argument("--segment-size", type=int, default=4 << 20)
+    failover.add_argument("--dir", type=_existing_dir, default=None, help="where the stores go")
     for name, params in [
         ("_spark-scan", ["store", "master"]),
         ("_serve-master", ["store"]),
@@ -1617,6 +1709,19 @@ def main(argv: list[str] | None = None) -> None:
             f"{100 * result['after_check_fraction_of_crc32']:.0f}% of zlib.crc32, RSS +"
             f"{result['before_check_rss_growth_mib']:.0f} -> "
             f"+{result['after_check_rss_growth_mib']:.0f} MiB; median of {args.runs}",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "failover":
+        result = _failover_bench(args)
+        print(
+            f"failover: unavailable median {result['unavailable_median_s']:.2f} s, p99 "
+            f"{result['unavailable_p99_s']:.2f} s; election median "
+            f"{result['election_median_s']:.2f} s, p99 {result['election_p99_s']:.2f} s; "
+            f"{result['put_ok_lost']} of {result['put_ok']} PUT_OK lost; stores "
+            f"{'identical' if result['identical'] else 'DIFFER'}, store check "
+            f"{'sound' if result['store_check_sound'] else 'FAILED'} ({result['kills']} kills)",
             file=sys.stderr,
         )
         print(json.dumps(result))

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import enum
 import os
+import random
 import time
 from typing import Any, Callable
 
@@ -185,6 +186,15 @@ class Replica(Service):
         self._master_epochs: list[Entry] | None = None
         self._problem: str | None = None
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
+        if epochs is not None:
+            # Failover mode: the election names the new master before it
+            # has taken office (flush, epoch record, then its HA port), so
+            # a slave's first dial often finds no listener yet.  Retry
+            # within 0.1-0.2 s, doubling from there (issue 16's bench: a
+            # 1-2 s first retry was most of the producers' gap).
+            self._check_backoff = backoffPolicy(
+                initialDelay=0.1, factor=2.0, maxDelay=30.0, jitter=lambda: random.random() * 0.1
+            )
         self._check: Deferred[Any] | None = None
         self._retry: IDelayedCall | None = None
         #: Checked framing: C{None} until the master has been asked.
