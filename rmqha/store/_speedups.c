@@ -1430,8 +1430,13 @@ sp_crc32(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer view;
     uint32_t crc = 0;
 
-    if (nargs < 1 || nargs > 2) {
-        PyErr_Format(PyExc_TypeError, "crc32 expected 1 or 2 arguments, got %zd", nargs);
+    /* zlib.crc32's own words for a wrong call. */
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "crc32 expected at least 1 argument, got 0");
+        return NULL;
+    }
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "crc32 expected at most 2 arguments, got %zd", nargs);
         return NULL;
     }
     if (nargs == 2) {
