@@ -78,13 +78,14 @@ wr64(unsigned char *p, int64_t v)
  * the form of Chromium's zlib crc32_simd.c / Linux's crc32-pclmul_asm.S:
  * four 128-bit lanes folded forward by 512 bits (constants k1, k2), reduced
  * to one lane (k3, k4), folded by 128 bits over what remains in 16-byte
- * steps, then 128 -> 64 bits (k5) and a Barrett reduction to 32 bits.  The
+ * steps (inputs under 64 bytes: one lane from the start), then 128 -> 64
+ * bits (k5) and a Barrett reduction to 32 bits.  The
  * constants are x^n mod P(x) for the fold distances, bit-reflected, from
  * the paper's appendix.
  *
  * The folding runs only on CPUs that have PCLMULQDQ and SSE4.1 (checked once
  * at import, __builtin_cpu_supports), on the first len & ~15 bytes when there
- * are at least 64; the rest (and everything on other CPUs) goes to zlib's
+ * are at least CRC_FOLD_MIN; the rest (and everything on other CPUs) goes to zlib's
  * crc32, which both continue from.  The functions using the instructions
  * are compiled for them alone (the target attribute), so the module builds
  * for, and runs on, any x86-64 or other CPU.  tests/test_speedups.py proves
@@ -110,7 +111,7 @@ crc32_zlib(uint32_t crc, const unsigned char *p, size_t length)
 
 /*
  * The CRC register (zlib's value, complemented) after the n bytes at p:
- * n >= 64 and a multiple of 16.
+ * n >= 16 and a multiple of 16.
  */
 __attribute__((target("pclmul,sse4.1"))) static uint32_t
 crc32_fold(uint32_t crc, const unsigned char *p, size_t n)
@@ -125,11 +126,15 @@ crc32_fold(uint32_t crc, const unsigned char *p, size_t n)
     __m128i x1, x2, x3, x4, y1, y2, y3, y4, t;
 
     x1 = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)crc));
-    x2 = _mm_loadu_si128((const __m128i *)(p + 16));
-    x3 = _mm_loadu_si128((const __m128i *)(p + 32));
-    x4 = _mm_loadu_si128((const __m128i *)(p + 48));
-    p += 64;
-    n -= 64;
+    p += 16;
+    n -= 16;
+    if (n < 48)
+        goto one_lane;
+    x2 = _mm_loadu_si128((const __m128i *)p);
+    x3 = _mm_loadu_si128((const __m128i *)(p + 16));
+    x4 = _mm_loadu_si128((const __m128i *)(p + 32));
+    p += 48;
+    n -= 48;
     /* Four lanes, each folded 512 bits forward onto the next 64 bytes. */
     while (n >= 64) {
         y1 = _mm_clmulepi64_si128(x1, k1k2, 0x00);
@@ -155,6 +160,7 @@ crc32_fold(uint32_t crc, const unsigned char *p, size_t n)
     FOLD128(x1, x2)
     FOLD128(x1, x3)
     FOLD128(x1, x4)
+one_lane:
     while (n >= 16) {
         FOLD128(x1, _mm_loadu_si128((const __m128i *)p))
         p += 16;
@@ -190,7 +196,7 @@ crc_folding_available(void)
 #endif
 }
 /* Below this, zlib alone: the fold's fixed cost outweighs its speed. */
-#define CRC_FOLD_MIN 64
+#define CRC_FOLD_MIN 16
 
 /* zlib.crc32(p[:length], crc) */
 static uint32_t
