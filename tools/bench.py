@@ -22,6 +22,11 @@ and in another (C{--against}: the code before a change), alternating.
 C{codec} times the codec's hot loops per record, pure Python against the
 compiled accelerator (C{rmqha.store._speedups}), in one process.
 
+C{crc} reads and checks one store (the plain reader, bodies on and off,
+and C{store check}) with the compiled CRC-32's PCLMULQDQ folding on and
+off, alternating in one process: the readers with the CRC the only
+variable, against C{zlib.crc32} over the same files.
+
 C{sources} reads one store from the local files, an S3-compatible server
 (moto's, a process on 127.0.0.1) and a live broker's admin HTTP
 (C{rmqha+http://}), by the plain reader and by Spark C{local[2]}.
