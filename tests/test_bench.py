@@ -51,3 +51,33 @@ class CodecBenchTests(SynchronousTestCase):
             self.assertGreater(result[f"compiled_{name}_us"], 0)
             self.assertIn(f"{name}_speedup", result)
         self.assertIs(_record._accel, _record._load_accelerator())
+        self.assertIs(_record.crc32, _record._accel.crc32)
+
+
+class CRCBenchTests(SynchronousTestCase):
+    def test_crc_figures(self) -> None:
+        """
+        C{bench crc} times the readers with the compiled CRC's folding on
+        and off in one run, prints one JSON line with MB/s, MB per CPU
+        second and the share of C{zlib.crc32}, and removes its store.
+        """
+        import json
+
+        from rmqha.store import _record
+
+        if _record._accel is None:
+            self.skipTest("the compiled codec is not built or RMQHA_PURE is set")
+        if not _record._accel._crc32_set_folding(True):
+            self.skipTest("this CPU has no PCLMULQDQ/SSE4.1 folding")
+        where = self.mktemp()
+        os.mkdir(where)
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
+            bench.main(["crc", "--size", "300000", "--segment-size", "262144", "--runs", "1",
+                        "--dir", where])
+        result = json.loads(stdout.getvalue().splitlines()[-1])
+        for crc in ("zlib", "fold"):
+            for name in ("plain", "plain_nobodies", "check", "crc32"):
+                self.assertGreater(result[f"{crc}_{name}_mb_per_s"], 0)
+            self.assertIn(f"{crc}_check_fraction_of_zlib_crc32", result)
+        self.assertEqual(os.listdir(where), [])

@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import sys
+import zlib
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -134,6 +135,161 @@ class BuildTests(SynchronousTestCase):
                 del os.environ["RMQHA_PURE"]
             else:
                 os.environ["RMQHA_PURE"] = saved
+
+
+def _folding_in_cpu() -> bool | None:
+    """
+    Whether C{/proc/cpuinfo} lists PCLMULQDQ and SSE4.1 for every CPU
+    (C{None}: no such file).
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = [line.split(":", 1)[1].split() for line in f if line.startswith("flags")]
+    except OSError:
+        return None
+    return bool(flags) and all("pclmulqdq" in f and "sse4_1" in f for f in flags)
+
+
+class CRC32Tests(_Compiled, SynchronousTestCase):
+    """
+    C{_speedups.crc32} (the CRC-32 of every body CRC and of checked framing)
+    gives exactly C{zlib.crc32}'s results, on the PCLMULQDQ folding path and
+    on the zlib fallback, for every length, alignment and starting value.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        # The import-time setting: folding wherever the CPU has it.
+        self.addCleanup(_speedups._crc32_set_folding, True)
+
+    def both_paths(self) -> Iterator[bool]:
+        """
+        Run the loop body with folding on (where the CPU has it), then off.
+        """
+        for folding in (True, False):
+            _speedups._crc32_set_folding(folding)
+            yield folding
+
+    def test_folding_where_the_cpu_has_it(self) -> None:
+        """
+        The fast path is the one in use on a CPU with PCLMULQDQ and SSE4.1
+        (otherwise every other test here would prove only the fallback), and
+        it can be turned off.
+        """
+        self.assertFalse(_speedups._crc32_set_folding(False))
+        expected = _folding_in_cpu()
+        if expected is None:
+            raise SkipTest("no /proc/cpuinfo to say what the CPU has")
+        self.assertEqual(_speedups._crc32_set_folding(True), expected)
+
+    @EQUAL
+    @given(
+        st.binary(max_size=5200),
+        st.integers(0, 31),
+        st.integers(0, 2**32 - 1),
+    )
+    def test_random(self, data: bytes, start: int, value: int) -> None:
+        """
+        Random bytes of any length up to ~5 KB, from any offset into the
+        buffer (an unaligned memoryview slice), any starting value.
+        """
+        view = memoryview(data)[min(start, len(data)) :]
+        expected = zlib.crc32(view, value)
+        for folding in self.both_paths():
+            self.assertEqual(_speedups.crc32(view, value), expected, (folding, len(view)))
+
+    def test_every_length(self) -> None:
+        """
+        Every length 0..5000, at several misalignments: each tail length
+        after the 16-byte folding steps, each count of 64-byte blocks.
+        """
+        data = bytes(range(256)) * 20 + bytes(reversed(range(256))) * 2
+        for start in (0, 1, 7, 13):
+            for length in range(5001):
+                view = memoryview(data)[start : start + length]
+                expected = zlib.crc32(view)
+                for folding in self.both_paths():
+                    self.assertEqual(_speedups.crc32(view), expected, (folding, start, length))
+
+    @EQUAL
+    @given(st.binary(max_size=3000), st.binary(max_size=3000), st.integers(0, 2**32 - 1))
+    def test_chained(self, first: bytes, second: bytes, value: int) -> None:
+        """
+        A CRC continued with C{value}, as zlib's is: two pieces give the
+        CRC of the whole.
+        """
+        for folding in self.both_paths():
+            self.assertEqual(
+                _speedups.crc32(second, _speedups.crc32(first, value)),
+                zlib.crc32(first + second, value),
+                folding,
+            )
+
+    def test_large(self) -> None:
+        """
+        A few MiB (checksummed with the GIL released), from a bytearray, at
+        an odd offset: the same results.
+        """
+        data = bytearray(os.urandom(3 * 1024 * 1024 + 13))
+        view = memoryview(data)[5:]
+        expected = zlib.crc32(view, 12345)
+        for folding in self.both_paths():
+            self.assertEqual(_speedups.crc32(view, 12345), expected, folding)
+            self.assertEqual(_speedups.crc32(data), zlib.crc32(data), folding)
+
+    def test_arguments_as_zlib(self) -> None:
+        """
+        Starting values are masked to 32 bits, and wrong calls are refused
+        in zlib.crc32's words.
+        """
+        for args in [
+            (b"abc", -1),
+            (b"abc", 2**40 + 5),
+            (bytearray(b"xyz"),),
+            (b"",),
+            (memoryview(b"abcd")[::2],),
+            ("abc",),
+            (b"a", 1.5),
+            (b"a", 1, 2),
+            (),
+        ]:
+            self.assertEqual(
+                outcome(lambda: _speedups.crc32(*args)),
+                outcome(lambda: zlib.crc32(*args)),
+                args,
+            )
+
+    def test_record_crc_on_both_paths(self) -> None:
+        """
+        The compiled codec's body CRC (encode, the replica check) is the
+        same on the fallback path, and is RocketMQ's: zlib.crc32 & 0x7fffffff.
+        """
+        message = test_record.sample_message(body=os.urandom(3001))
+        records = []
+        for folding in self.both_paths():
+            with codec(_speedups):
+                record = encode(message)
+            # The compiled check itself accepts it (not the Python fallback).
+            self.assertTrue(
+                _speedups.check_record(
+                    record, 0, test_record.PHYSICAL_OFFSET, len(record), _record.MESSAGE_MAGIC_V1
+                ),
+                folding,
+            )
+            records.append(record)
+            (stored,) = struct.unpack_from(">i", record, 8)
+            self.assertEqual(stored, zlib.crc32(message.body) & 0x7FFFFFFF)
+        self.assertEqual(records[0], records[1])
+
+    def test_one_crc_function(self) -> None:
+        """
+        The Python hot paths (the codec, checked framing) use the one CRC
+        function, the compiled one when the accelerator is in use.
+        """
+        from rmqha.ha import _wire
+
+        self.assertIs(_record.crc32, _speedups.crc32 if _record.ACCELERATED else zlib.crc32)
+        self.assertIs(_wire.crc32, _record.crc32)
 
 
 def _hostile_message(draw: st.DrawFn) -> Message:

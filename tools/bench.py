@@ -22,6 +22,11 @@ and in another (C{--against}: the code before a change), alternating.
 C{codec} times the codec's hot loops per record, pure Python against the
 compiled accelerator (C{rmqha.store._speedups}), in one process.
 
+C{crc} reads and checks one store (the plain reader, bodies on and off,
+and C{store check}) with the compiled CRC-32's PCLMULQDQ folding on and
+off, alternating in one process: the readers with the CRC the only
+variable, against C{zlib.crc32} over the same files.
+
 C{sources} reads one store from the local files, an S3-compatible server
 (moto's, a process on 127.0.0.1) and a live broker's admin HTTP
 (C{rmqha+http://}), by the plain reader and by Spark C{local[2]}.
@@ -61,7 +66,7 @@ import sys
 import tempfile
 import time
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
 from twisted.internet.task import deferLater, react
@@ -959,7 +964,9 @@ def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
     path and the compiled one, runs alternating, in one process (issue 15):
     encode into a buffer, C{check_record}, the replica validator fed 32 KiB
     chunks, recovery's walk (C{walk_valid}, CRC on), the pipeline's reader
-    over an in-memory span; and C{zlib.crc32} over the same bytes.
+    over an in-memory span; and the CRC-32 over the same bytes (C{crc32}:
+    the codec's own, C{zlib.crc32} on the pure path and the compiled one
+    on the other).
     """
     from rmqha.store import _record
     from rmqha.store._record import ReplicaValidator, RecordEncoder, walk_valid
@@ -982,6 +989,7 @@ def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
     for run in range(args.runs):
         for path in ("pure", "compiled") if run % 2 == 0 else ("compiled", "pure"):
             _record._accel = None if path == "pure" else compiled
+            _record.crc32 = zlib.crc32 if path == "pure" else compiled.crc32
             try:
                 encoder = RecordEncoder(("127.0.0.1", 10911))
 
@@ -1014,9 +1022,10 @@ def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
                 timed(path, "replica_validator", replicate)
                 timed(path, "walk_valid", lambda: walk_valid(
                     data, 0, end, 0, check_crc=True, strict=True))
-                timed(path, "crc32", lambda: zlib.crc32(data))
+                timed(path, "crc32", lambda: _record.crc32(data))
             finally:
                 _record._accel = compiled
+                _record.crc32 = compiled.crc32
     out: dict[str, Any] = {
         "benchmark": "codec",
         "machine": machine_info(),
@@ -1028,9 +1037,81 @@ def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
         for name, values in named.items():
             out[f"{path}_{name}_us"] = round(statistics.median(values), 3)
     for name in figures["pure"]:
-        if name != "crc32":
-            out[f"{name}_speedup"] = round(
-                out[f"pure_{name}_us"] / out[f"compiled_{name}_us"], 2
+        out[f"{name}_speedup"] = round(out[f"pure_{name}_us"] / out[f"compiled_{name}_us"], 2)
+    return out
+
+
+def _crc_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    The reading figures of issue 15's target 3 with the CRC-32 as the only
+    variable, in one process: the plain reader (bodies on and off) and
+    C{store check}'s walk over one store, runs alternating the compiled
+    CRC's PCLMULQDQ folding on ("fold") and off ("zlib": zlib's crc32, the
+    code before), and C{zlib.crc32} / the compiled C{crc32} over the same
+    segment files.  MB/s of wall clock and MB per CPU second (per core).
+    """
+    from rmqha.cli import fill
+    from rmqha.store import _record
+
+    compiled = _record._accel
+    if compiled is None:
+        raise SystemExit("bench crc: the compiled codec is not built (or RMQHA_PURE is set)")
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    store = os.path.join(root, "store")
+    # name -> [(bytes, wall seconds, CPU seconds)] per run
+    figures: dict[str, list[tuple[int, float, float]]] = {}
+    try:
+        _progress(f"filling a {args.size / (1 << 30):.2f} GiB store ...")
+        with CommitLog.open(store, segment_size=args.segment_size) as log:
+            fill(log, args.size // 1141 + 1, 1024, ["orders", "payments", "audit"], 8)
+        _raw_read_all(store)
+        files = []
+        for name in sorted(os.listdir(os.path.join(store, "commitlog"))):
+            with open(os.path.join(store, "commitlog", name), "rb") as f:
+                files.append(f.read())
+        size = sum(len(data) for data in files)
+
+        def timed(name: str, work: Callable[[], int]) -> None:
+            started, cpu = time.perf_counter(), time.process_time()
+            nbytes = work()
+            figures.setdefault(name, []).append(
+                (nbytes, time.perf_counter() - started, time.process_time() - cpu)
+            )
+
+        def crc_all(crc32: Callable[[bytes], int]) -> int:
+            for data in files:
+                crc32(data)
+            return size
+
+        for run in range(args.runs):
+            for crc in ("zlib", "fold") if run % 2 == 0 else ("fold", "zlib"):
+                if compiled._crc32_set_folding(crc == "fold") != (crc == "fold"):
+                    raise SystemExit("bench crc: this CPU has no PCLMULQDQ/SSE4.1 folding")
+                timed(f"{crc}_plain", lambda: int(_plain_scan(store, True)["bytes"]))
+                timed(f"{crc}_plain_nobodies", lambda: int(_plain_scan(store, False)["bytes"]))
+                timed(f"{crc}_check", lambda: int(_check_scan(store)["bytes"]))
+                timed(f"{crc}_crc32", lambda: crc_all(
+                    compiled.crc32 if crc == "fold" else zlib.crc32))
+    finally:
+        compiled._crc32_set_folding(True)
+        shutil.rmtree(root, ignore_errors=True)
+    out: dict[str, Any] = {
+        "benchmark": "crc",
+        "machine": machine_info(),
+        "runs": args.runs,
+        "store_bytes": size,
+    }
+    for name, values in figures.items():
+        nbytes = values[0][0]
+        wall = statistics.median(v[1] for v in values)
+        cpu = statistics.median(v[2] for v in values)
+        out[f"{name}_mb_per_s"] = round(nbytes / wall / 1e6)
+        out[f"{name}_mb_per_cpu_s"] = round(nbytes / cpu / 1e6) if cpu else 0
+        out[f"{name}_runs_s"] = [round(v[1], 3) for v in values]
+    for name in ("plain", "plain_nobodies", "check"):
+        for crc in ("zlib", "fold"):
+            out[f"{crc}_{name}_fraction_of_zlib_crc32"] = round(
+                out[f"{crc}_{name}_mb_per_s"] / out["zlib_crc32_mb_per_s"], 2
             )
     return out
 
@@ -1645,6 +1726,13 @@ def main(argv: list[str] | None = None) -> None:
     codec.add_argument("--count", type=int, default=20000, help="records per run")
     codec.add_argument("--body-size", type=int, default=1024)
     codec.add_argument("--runs", type=int, default=5)
+    crc = commands.add_parser(
+        "crc", help="the readers with the compiled CRC-32's folding on vs off (zlib), alternating"
+    )
+    crc.add_argument("--size", type=int, default=256 << 20, help="store bytes (256 MiB)")
+    crc.add_argument("--segment-size", type=int, default=64 << 20)
+    crc.add_argument("--runs", type=int, default=5)
+    crc.add_argument("--dir", type=_existing_dir, default=None, help="where to create the store")
     sources = commands.add_parser(
         "sources",
         help="plain reader and Spark local[2] over a local store, an S3 server and a live "
@@ -1735,8 +1823,27 @@ def main(argv: list[str] | None = None) -> None:
                 f"µs ({result[f'{name}_speedup']:.1f}x)"
                 for name in ("encode", "check_record", "replica_validator", "walk_valid")
             )
-            + f"; zlib.crc32 {result['compiled_crc32_us']:.2f} µs per record; "
-            f"median of {args.runs}"
+            + f"; CRC-32 per record: zlib.crc32 {result['pure_crc32_us']:.2f} -> compiled "
+            f"{result['compiled_crc32_us']:.2f} µs; median of {args.runs}"
+        )
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "crc":
+        result = _crc_bench(args)
+        print(
+            "crc: "
+            + ", ".join(
+                f"{what} {result[f'zlib_{name}_mb_per_s']:,} -> {result[f'fold_{name}_mb_per_s']:,}"
+                f" MB/s ({result[f'zlib_{name}_mb_per_cpu_s']:,} -> "
+                f"{result[f'fold_{name}_mb_per_cpu_s']:,} MB per CPU s)"
+                for name, what in (
+                    ("plain", "plain reader"),
+                    ("plain_nobodies", "without bodies"),
+                    ("check", "store check"),
+                    ("crc32", "CRC-32 alone"),
+                )
+            )
+            + f"; zlib -> folding, median of {args.runs}"
         )
         print(json.dumps(result))
         return None

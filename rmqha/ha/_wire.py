@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import enum
 import struct
-import zlib
 from typing import NamedTuple
+
+from rmqha.store._record import crc32
 
 __all__ = [
     "REPORT_SIZE",
@@ -170,7 +171,7 @@ def _sealed(message: bytes) -> bytes:
     C{message} followed by its CRC-32 (checked reports and headers, control
     messages after the hello).
     """
-    return message + zlib.crc32(message).to_bytes(4, "big")
+    return message + crc32(message).to_bytes(4, "big")
 
 
 def encode_checked_header(offset: int, body: bytes | memoryview) -> bytes:
@@ -178,7 +179,7 @@ def encode_checked_header(offset: int, body: bytes | memoryview) -> bytes:
     The 20-byte checked framing header of a frame carrying C{body} from
     C{offset} (an empty body: a heartbeat).
     """
-    return _sealed(encode_header(offset, len(body)) + zlib.crc32(body).to_bytes(4, "big"))
+    return _sealed(encode_header(offset, len(body)) + crc32(body).to_bytes(4, "big"))
 
 
 def _crc_error(what: str, sent: int, computed: int) -> "ChecksumError":
@@ -228,7 +229,7 @@ class ReportDecoder:
         if self.checked:
             for position in range(0, whole, size):
                 offset, crc = _CHECKED_REPORT.unpack_from(data, position)
-                computed = zlib.crc32(data[position : position + 8])
+                computed = crc32(data[position : position + 8])
                 if crc != computed:
                     raise _crc_error(f"the report of offset {offset}", crc, computed)
         (offset,) = _REPORT.unpack_from(data, whole - size)
@@ -340,7 +341,7 @@ class TransferDecoder:
             return None
         if self.checked:
             offset, size, self._body_crc, crc = _CHECKED_HEADER.unpack(header)
-            computed = zlib.crc32(header[:16])
+            computed = crc32(header[:16])
             if crc != computed:
                 raise _crc_error("a frame header", crc, computed)
         else:
@@ -387,7 +388,7 @@ class TransferDecoder:
             body = bytes(partial[header_size:])
             partial.clear()
         if self.checked:
-            computed = zlib.crc32(body)
+            computed = crc32(body)
             if computed != self._body_crc:
                 raise _crc_error(
                     f"the frame of {size} bytes at offset {offset}", self._body_crc, computed
@@ -450,7 +451,7 @@ def _unsealed(data: bytes | bytearray, size: int, what: str) -> bytes:
     """
     message = bytes(data[: size - 4])
     sent = int.from_bytes(data[size - 4 : size], "big")
-    computed = zlib.crc32(message)
+    computed = crc32(message)
     if sent != computed:
         raise _crc_error(what, sent, computed)
     return message

@@ -238,7 +238,7 @@ def body_crc(body: bytes) -> int:
     """
     RocketMQ's body checksum: C{java.util.zip.CRC32} masked to 31 bits.
     """
-    return zlib.crc32(body) & 0x7FFFFFFF
+    return crc32(body) & 0x7FFFFFFF
 
 
 @lru_cache(maxsize=1024)
@@ -577,7 +577,7 @@ class RecordEncoder:
                 pos,
                 total,
                 MESSAGE_MAGIC_V1,
-                zlib.crc32(body) & 0x7FFFFFFF,
+                crc32(body) & 0x7FFFFFFF,
                 message.queue_id,
                 message.flag,
                 queue_offset,
@@ -773,7 +773,7 @@ def _check_record(
     ):
         return f"its fields do not add up to its total size {total}"
     if body_length and (
-        zlib.crc32(record[body_at : body_at + body_length]) & 0x7FFFFFFF
+        crc32(record[body_at : body_at + body_length]) & 0x7FFFFFFF
     ) != crc:
         return "body CRC mismatch"
     return None
@@ -1130,7 +1130,7 @@ def parse_record(
     body = bytes(buf[body_start : body_start + body_length]) if with_body else b""
     if check_crc and body_length > 0:
         crc_ok = (
-            zlib.crc32(buf[body_start : body_start + body_length]) & 0x7FFFFFFF
+            crc32(buf[body_start : body_start + body_length]) & 0x7FFFFFFF
         ) == stored_crc
         if not crc_ok:
             raise RecordError(
@@ -1141,7 +1141,7 @@ def parse_record(
     elif check_crc or with_body or report_crc:
         # RocketMQ checks the CRC only when the body is not empty.
         crc_ok = body_length == 0 or (
-            zlib.crc32(buf[body_start : body_start + body_length]) & 0x7FFFFFFF
+            crc32(buf[body_start : body_start + body_length]) & 0x7FFFFFFF
         ) == stored_crc
     else:
         crc_ok = None
@@ -1286,3 +1286,9 @@ def _load_accelerator() -> Any:
 _accel: Any = _load_accelerator()
 #: Whether the compiled accelerator is in use (see C{RMQHA_PURE}).
 ACCELERATED = _accel is not None
+#: The one CRC-32 of the project's hot paths (body CRCs here, checked
+#: framing in L{rmqha.ha._wire}): C{crc32(data, value=0)}, exactly
+#: C{zlib.crc32}'s results.  The compiled one folds with PCLMULQDQ where the
+#: CPU has it (several times zlib's speed, see docs/store.md); without the
+#: accelerator (or with C{RMQHA_PURE=1}) it is C{zlib.crc32} itself.
+crc32: Callable[..., int] = zlib.crc32 if _accel is None else _accel.crc32
