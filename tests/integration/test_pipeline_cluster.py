@@ -54,7 +54,7 @@ if _why is not None:
 SETTINGS = [
     "--conf", "spark.cores.max=2",
     "--conf", "spark.scheduler.minRegisteredResourcesRatio=1.0",
-    "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=60s",
+    "--conf", "spark.scheduler.maxRegisteredResourcesWaitingTime=300s",
     "--conf", "spark.task.maxFailures=1",
     "--conf", "spark.executor.memory=512m",
     # Short-lived JVMs on two shared cores: the C1 compiler only.
