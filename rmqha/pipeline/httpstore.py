@@ -369,9 +369,11 @@ class _HttpReader(SegmentReader):
     kept for the next read, closed with the reader.
     """
 
-    block_size = 16 * 1024 * 1024
-    #: One read ahead: a reader holds at most two of the broker's
-    #: commit-log streams (MAX_STREAMS for all readers together).
+    # Blocks of 8 MiB, one read ahead while one is decoded: at most 16 MiB
+    # per reader, and one of the broker's commit-log streams at a time
+    # (MAX_STREAMS for all readers together).  Larger blocks leave the decoder waiting
+    # longer for the first one and the broker's stream idle longer.
+    block_size = 8 * 1024 * 1024
     prefetch = 1
 
     def __init__(self, store: HttpStore, segment: Segment) -> None:

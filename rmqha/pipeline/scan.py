@@ -500,60 +500,64 @@ def _plain_blocks(
     block_at = 0  # where the current block starts, from span.start
     with closing(f.blocks(span.start, span.end, block_size)) as blocks:
         for block in blocks:
-            at = 0  # where this block's undecoded bytes start
-            if carried:
-                # The record cut by the previous block's end: its header,
-                # then its length (a record longer than a block spans more).
-                first = carry[0] if len(carry[0]) >= 8 else b"".join(carry)
-                head = (first + block[:8])[:8] if len(first) < 8 else first[:8]
-                if len(head) < 8:
-                    carry.append(block)
-                    carried += len(block)
-                    block_at += len(block)
-                    continue  # (the file ends)
-                total = read_header(head)[0]
-                if not carried < total <= length - done:
-                    return  # not a record: the caller judges it
-                missing = total - carried
-                if missing > len(block):
-                    carry.append(block)
-                    carried += len(block)
-                    block_at += len(block)
-                    continue
-                record = b"".join(carry) + block[:missing]
-                carry, carried = [], 0
-                base = span.base + span.start + done
-                stop, rows, buffers = fast.decode_span(
-                    memoryview(record), 0, total, base, bodies, batch_rows
-                )
-                if rows != 1 or stop != total:
-                    return
-                done += total
-                yield _column_batch(pa, schema, rows, buffers, bodies), done
-                at = missing
             view = memoryview(block)
-            base = span.base + span.start + block_at
-            while True:
-                stop, rows, buffers = fast.decode_span(view, at, len(block), base, bodies, batch_rows)
-                if not rows:
-                    break
-                at = stop
-                done = block_at + at
-                yield _column_batch(pa, schema, rows, buffers, bodies), done
-            block_at += len(block)
-            if block_at >= length:
-                rest.append((view[at:], True))  # the caller judges it
-                return
-            if at >= len(block):
-                continue  # a clean cut
-            left = len(block) - at
-            if left >= 8:
-                total = read_header(view, at)[0]
-                if not left < total <= length - done:
-                    rest.append((view[at:], False))
-                    return  # not a record cut by the block's end
-            carry, carried = [bytes(view[at:])], left
-            del view
+            try:
+                at = 0  # where this block's undecoded bytes start
+                if carried:
+                    # The record cut by the previous block's end: its header,
+                    # then its length (a record longer than a block spans more).
+                    first = carry[0] if len(carry[0]) >= 8 else b"".join(carry)
+                    head = (first + block[:8])[:8] if len(first) < 8 else first[:8]
+                    if len(head) < 8:
+                        carry.append(block)
+                        carried += len(block)
+                        block_at += len(block)
+                        continue  # (the file ends)
+                    total = read_header(head)[0]
+                    if not carried < total <= length - done:
+                        return  # not a record: the caller judges it
+                    missing = total - carried
+                    if missing > len(block):
+                        carry.append(block)
+                        carried += len(block)
+                        block_at += len(block)
+                        continue
+                    record = b"".join(carry) + block[:missing]
+                    carry, carried = [], 0
+                    base = span.base + span.start + done
+                    stop, rows, buffers = fast.decode_span(
+                        memoryview(record), 0, total, base, bodies, batch_rows
+                    )
+                    if rows != 1 or stop != total:
+                        return
+                    done += total
+                    yield _column_batch(pa, schema, rows, buffers, bodies), done
+                    at = missing
+                base = span.base + span.start + block_at
+                while True:
+                    stop, rows, buffers = fast.decode_span(view, at, len(block), base, bodies, batch_rows)
+                    if not rows:
+                        break
+                    at = stop
+                    done = block_at + at
+                    yield _column_batch(pa, schema, rows, buffers, bodies), done
+                block_at += len(block)
+                if block_at >= length:
+                    rest.append((view[at:], True))  # the caller judges it
+                    return
+                if at >= len(block):
+                    continue  # a clean cut
+                left = len(block) - at
+                if left >= 8:
+                    total = read_header(view, at)[0]
+                    if not left < total <= length - done:
+                        rest.append((view[at:], False))
+                        return  # not a record cut by the block's end
+                carry, carried = [bytes(view[at:])], left
+            finally:
+                # Dropped before the next is asked for: with the blocks
+                # read ahead, at most prefetch + 1 in memory.
+                del block, view
     if carried:
         rest.append((b"".join(carry), True))  # the file ends before the span does
 

@@ -106,9 +106,10 @@ class SegmentReader(ABC):
         (the last one shorter; the blocks stop early where the file ends).
         With C{prefetch} set, the next C{prefetch} blocks are read on
         threads while the caller works on the one it got: at most
-        C{prefetch + 2} blocks are in memory at once (those being read,
-        the one handed out, and the one before it, which the caller may
-        still hold).  A block that could not be read raises its
+        C{prefetch + 1} blocks are in memory at once (those being read and
+        the one handed out) if the caller drops each block before asking
+        for the next, as L{rmqha.pipeline.scan.read_span} does;
+        C{prefetch + 2} if it holds on to it.  A block that could not be read raises its
         C{OSError} when the caller reaches it, not before.  Closing the
         iterator (or dropping it) cancels the reads not started and waits
         for those under way: no thread outlives it.
@@ -327,8 +328,12 @@ class LocalStore(Store):
 
 
 class _ArrowReader(SegmentReader):
+    # Large blocks: an S3-compatible server may pay about the whole
+    # object's size for every ranged GET (moto's does); one block read
+    # ahead (a span larger than a block: 1 GiB segments, 128 MiB spans),
+    # so at most 128 MiB per reader.
     block_size = 64 * 1024 * 1024
-    prefetch = 2
+    prefetch = 1
 
     def __init__(self, handle: Any, location: str) -> None:
         self._handle = handle
