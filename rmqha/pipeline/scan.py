@@ -22,7 +22,7 @@ plain single-process reader the Spark benchmark compares against).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -477,7 +477,7 @@ def _plain_blocks(
     pa: Any,
     schema: Any,
     rest: list[Any],
-) -> Iterator[tuple[Any, int]]:
+) -> Generator[tuple[Any, int], None, None]:
     """
     The plain records from the start of C{span}, read a block at a time
     (L{SegmentReader.blocks}: a remote store's next blocks travel while

@@ -30,7 +30,7 @@ import re
 import socket
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
@@ -100,7 +100,7 @@ class SegmentReader(ABC):
         @raise OSError: the bytes could not be read (C{filename} says which).
         """
 
-    def blocks(self, start: int, end: int, size: int) -> Iterator[bytes]:
+    def blocks(self, start: int, end: int, size: int) -> Generator[bytes, None, None]:
         """
         Bytes C{start} to C{end} as consecutive blocks of C{size} bytes
         (the last one shorter; the blocks stop early where the file ends).
@@ -148,7 +148,7 @@ class SegmentReader(ABC):
 
 def _read_ahead(
     reader: SegmentReader, start: int, end: int, size: int, depth: int
-) -> Iterator[bytes]:
+) -> Generator[bytes, None, None]:
     """
     L{SegmentReader.blocks} with C{depth} reads under way ahead of the
     caller, on a pool of C{depth} threads of its own.
