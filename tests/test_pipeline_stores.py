@@ -341,10 +341,11 @@ class RemoteReadSpanTests(SynchronousTestCase):
 
     def test_records_cut_by_blocks(self) -> None:
         """
-        Blocks far smaller than the records (700 bytes; bodies up to 900,
-        IPv6 hosts now and then, which the compiled decoder leaves to the
-        Python one): every record read from the read-ahead threads, the
-        same rows as one read of the whole span.
+        Blocks smaller than a header, than the records, or holding a few
+        (7, 700, 5000 bytes; bodies up to 900, IPv6 hosts now and then,
+        which the compiled decoder leaves to the Python one): every record
+        read from the read-ahead threads, the same rows as one read of the
+        whole span.
         """
         from rmqha.pipeline import scan
         from tests.test_pipeline import arrow_rows, random_store
@@ -353,14 +354,16 @@ class RemoteReadSpanTests(SynchronousTestCase):
             raise self.skipTest("the block reads are the compiled decoder's path")
         path = random_store(self, 300, 64 * 1024, seed=7)
         expected = arrow_rows(b for s in scan.plan(path) for b in scan.read_span(s))
-        asked: list[tuple[int, int]] = []
-        store = self.remote(path, 700, asked)
         self.patch(scan, "_READ_BLOCK", 1)
-        got = arrow_rows(b for s in scan.plan(store, 20000) for b in scan.read_span(s))
-        self.assertEqual(len(got), 300)
-        self.assertEqual(got, expected)
-        self.assertTrue(any(n.startswith("rmqha-prefetch") for n in store.threads))  # type: ignore[attr-defined]
-        self.assertEqual(_prefetch_threads(), [])
+        for block_size in (7, 700, 5000):
+            asked: list[tuple[int, int]] = []
+            store = self.remote(path, block_size, asked)
+            got = arrow_rows(b for s in scan.plan(store, 20000) for b in scan.read_span(s))
+            self.assertEqual(len(got), 300)
+            self.assertEqual(got, expected, f"blocks of {block_size}")
+            threads = store.threads  # type: ignore[attr-defined]
+            self.assertTrue(any(n.startswith("rmqha-prefetch") for n in threads))
+            self.assertEqual(_prefetch_threads(), [])
 
     def test_no_request_after_the_blocks(self) -> None:
         """
