@@ -8,8 +8,10 @@ HTTP (C{--serve-commitlog}; docs/admin.md, "The commit log"):
     GET /commitlog/{name}        one byte range of one (L{SegmentReader.read_at})
 
 Plain blocking stdlib HTTP (C{http.client}, C{ssl}): it runs in Spark's
-Python workers, with no reactor.  One persistent connection per open
-segment, opened lazily (nothing of it is pickled), closed with it.  Each read asks for exactly the bytes it
+Python workers, with no reactor.  Persistent connections per open
+segment, one per read under way (the read-ahead's:
+L{SegmentReader.blocks}), opened lazily (nothing of them is pickled),
+closed with it.  Each read asks for exactly the bytes it
 wants (one C{Range}) and accepts exactly those: an answer longer, shorter
 or elsewhere than asked is an error, never a buffer.  The broker sends
 bytes at and past its max offset as zeros, so a reader never sees a
