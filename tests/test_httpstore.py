@@ -228,6 +228,35 @@ class ReaderTests(SynchronousTestCase):
         )
         self.assertEqual(connection.closed, 1)
 
+    def test_read_ahead(self) -> None:
+        """
+        A live broker's segment is read ahead a block at a time
+        (C{prefetch}): exactly the ranges of the blocks, in order, on a
+        read-ahead thread's kept-alive connection, closed with the reader;
+        a block the broker answers wrongly is an error on that block.
+        """
+        store, connections, _ = self.store(
+            ranged(b"a" * 10, 0, 9, 25), ranged(b"b" * 10, 10, 19, 25), ranged(b"c" * 5, 20, 24, 25)
+        )
+        with store.open(Segment(0, NAME, 25)) as reader:
+            self.assertGreaterEqual(reader.prefetch, 1)
+            self.assertEqual(list(reader.blocks(0, 25, 10)), [b"a" * 10, b"b" * 10, b"c" * 5])
+        (connection,) = connections
+        self.assertEqual(
+            [r[2]["Range"] for r in connection.requests],
+            ["bytes=0-9", "bytes=10-19", "bytes=20-24"],
+        )
+        self.assertEqual(connection.closed, 1)
+        store, connections, _ = self.store(
+            ranged(b"a" * 10, 0, 9, 25), ranged(b"b" * 10, 0, 9, 25), ranged(b"c" * 5, 20, 24, 25)
+        )
+        with store.open(Segment(0, NAME, 25)) as reader:
+            blocks = reader.blocks(0, 25, 10)
+            self.assertEqual(next(blocks), b"a" * 10)
+            e = self.assertRaises(OSError, next, blocks)
+        self.assertIn("asked bytes 10-19, answered bytes 0-9/25", str(e))
+        self.assertTrue(all(c.closed for c in connections))
+
     def test_read_refuses_other_bytes(self) -> None:
         """
         An answer longer than asked, for other bytes, a 200, or cut short:

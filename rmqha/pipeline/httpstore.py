@@ -8,8 +8,10 @@ HTTP (C{--serve-commitlog}; docs/admin.md, "The commit log"):
     GET /commitlog/{name}        one byte range of one (L{SegmentReader.read_at})
 
 Plain blocking stdlib HTTP (C{http.client}, C{ssl}): it runs in Spark's
-Python workers, with no reactor.  One persistent connection per open
-segment, opened lazily (nothing of it is pickled), closed with it.  Each read asks for exactly the bytes it
+Python workers, with no reactor.  Persistent connections per open
+segment, one per read under way (the read-ahead's:
+L{SegmentReader.blocks}), opened lazily (nothing of them is pickled),
+closed with it.  Each read asks for exactly the bytes it
 wants (one C{Range}) and accepts exactly those: an answer longer, shorter
 or elsewhere than asked is an error, never a buffer.  The broker sends
 bytes at and past its max offset as zeros, so a reader never sees a
@@ -31,6 +33,7 @@ import os
 import random
 import socket
 import ssl
+import threading
 import time
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
@@ -363,35 +366,74 @@ def _read(response: http.client.HTTPResponse, limit: int, url: str, location: st
 
 class _HttpReader(SegmentReader):
     """
-    One segment of a live broker, read a range at a time on one
-    persistent connection.
+    One segment of a live broker, read a range at a time on persistent
+    connections: one per read under way (the read-ahead's, L{prefetch}),
+    kept for the next read, closed with the reader.
     """
 
-    block_size = 32 * 1024 * 1024
+    # Blocks of 8 MiB, one read ahead while one is decoded: at most 16 MiB
+    # per reader, and one of the broker's commit-log streams at a time
+    # (MAX_STREAMS for all readers together).  Larger blocks leave the decoder waiting
+    # longer for the first one and the broker's stream idle longer.
+    block_size = 8 * 1024 * 1024
+    prefetch = 1
 
     def __init__(self, store: HttpStore, segment: Segment) -> None:
         self._store = store
         self.size = segment.size
         self.location = store.location(segment)
         self._path = f"/commitlog/{segment.name}"
-        self._connection: http.client.HTTPConnection | None = None
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self._closed = False
 
     def read_at(self, position: int, length: int) -> bytes:
         length = max(0, min(length, self.size - position))
         if length == 0 or position < 0:
             return b""
+        with self._lock:
+            connection = self._idle.pop() if self._idle else None
+        if connection is None:
+            connection = self._store._connect()
+        try:
+            connection, data = self._read(connection, position, length)
+        except BaseException:
+            connection.close()
+            raise
+        with self._lock:
+            if self._closed:
+                connection.close()
+            else:
+                self._idle.append(connection)
+        return data
+
+    def _read(
+        self, connection: http.client.HTTPConnection, position: int, length: int
+    ) -> tuple[http.client.HTTPConnection, bytes]:
         store = self._store
         url = f"{store.uri}{self._path}"
         last = position + length - 1
-        if self._connection is None:
-            self._connection = store._connect()
-        self._connection, response = store.request(
-            self._connection, self._path, {"Range": f"bytes={position}-{last}"}, self.location
+        connection, response = store.request(
+            connection, self._path, {"Range": f"bytes={position}-{last}"}, self.location
         )
+        try:
+            return connection, self._body(url, response, position, length)
+        except BaseException:
+            connection.close()  # (the one the request used: maybe a new one)
+            raise
+
+    def _body(
+        self, url: str, response: http.client.HTTPResponse, position: int, length: int
+    ) -> bytes:
+        """
+        The answer to a read of C{length} bytes at C{position}: exactly
+        those, or an C{OSError}.
+        """
+        store = self._store
+        last = position + length - 1
         expected = f"bytes {position}-{last}/"
         if response.status != 206:
             body = _read(response, 64 * 1024, url, self.location) if response.status != 200 else b""
-            self._drop()
             shown = "" if response.status == 200 else f": {_server_error(body)}"
             code = errno.EAGAIN if response.status == 503 else errno.EIO
             raise OSError(
@@ -403,7 +445,6 @@ class _HttpReader(SegmentReader):
         content_range = response.getheader("content-range") or ""
         content_length = response.getheader("content-length") or ""
         if not content_range.startswith(expected) or content_length != str(length):
-            self._drop()
             raise OSError(
                 errno.EPROTO,
                 f"{url}: asked bytes {position}-{last}, answered {content_range or 'no Content-Range'} "
@@ -413,10 +454,8 @@ class _HttpReader(SegmentReader):
         try:
             data = response.read(length)
         except (OSError, http.client.HTTPException) as e:
-            self._drop()
             raise OSError(errno.EIO, f"{url} bytes {position}-{last}: {_reason(e)}", self.location) from None
         if len(data) != length:
-            self._drop()
             raise OSError(
                 errno.EIO,
                 f"{url} bytes {position}-{last}: the answer ended after {len(data)} bytes",
@@ -424,10 +463,9 @@ class _HttpReader(SegmentReader):
             )
         return data
 
-    def _drop(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.close()
-
     def close(self) -> None:
-        self._drop()
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()

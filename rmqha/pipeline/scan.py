@@ -22,7 +22,8 @@ plain single-process reader the Spark benchmark compares against).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,20 +345,31 @@ def read_span(
     fast = _record._accel if wanted is None else None
     done = 0  # where the plain records end, from span.start
     span_length = span.end - span.start
+    rest: list[tuple[Any, bool]] = []  # what the blocks read after the plain records
     with span.store.open(span.segment) as f:
         if fast is not None:
             # Block by block while the records are plain: a block of a few
             # MiB is read several times faster than one span-sized read
-            # into fresh memory (page faults), and stays in the CPU caches.
-            for batch, done in _plain_blocks(f, span, bodies, batch_rows, fast, pa, schema):
-                yield batch
+            # into fresh memory (page faults), and stays in the CPU caches;
+            # a remote store reads the next blocks meanwhile.  (Closed
+            # before the reader is, whatever stops the loop.)
+            with closing(
+                _plain_blocks(f, span, bodies, batch_rows, fast, pa, schema, rest)
+            ) as plain:
+                for batch, done in plain:
+                    yield batch
         # The rest (from the first record that is not plain, if any) in one
         # read, as the record loop needs to judge it against the span's end;
         # nothing when the records end there (zeros: a broker's newest
         # segment is mostly zeros, which the loop below would read whole
         # only to stop at their first 8 bytes).
-        data = b""
-        if done < span_length:
+        data: Any = b""
+        tail, whole = rest[0] if rest else (b"", False)
+        if len(tail) >= 8 and not any(tail[:8]):
+            pass  # zeros: the records end
+        elif whole:
+            data = tail if len(tail) >= 8 else b""
+        elif done < span_length:
             head = f.read_at(span.start + done, min(8, span_length - done))
             if len(head) == 8 and any(head):
                 data = f.read_at(span.start + done, span_length - done)
@@ -457,44 +469,97 @@ _READ_BLOCK = 4 * 1024 * 1024
 
 
 def _plain_blocks(
-    f: SegmentReader, span: Span, bodies: bool, batch_rows: int, fast: Any, pa: Any, schema: Any
-) -> Iterator[tuple[Any, int]]:
+    f: SegmentReader,
+    span: Span,
+    bodies: bool,
+    batch_rows: int,
+    fast: Any,
+    pa: Any,
+    schema: Any,
+    rest: list[Any],
+) -> Generator[tuple[Any, int], None, None]:
     """
     The plain records from the start of C{span}, read a block at a time
-    and decoded by the compiled decoder: C{(batch, end)} pairs, C{end}
-    being where the records of C{batch} end, from C{span.start}.  Stops
-    at the span's end or at the first record the decoder does not take
-    (which the caller's record loop then judges).
+    (L{SegmentReader.blocks}: a remote store's next blocks travel while
+    this one is decoded) and decoded by the compiled decoder: C{(batch,
+    end)} pairs, C{end} being where the records of C{batch} end, from
+    C{span.start}.  Stops at the span's end or at the first record the
+    decoder does not take (which the caller's record loop then judges).
+    A record cut by a block's end is decoded on its own from its two (or
+    more) pieces joined: the only bytes copied.  C{rest} gets the bytes
+    read after the last record decoded, and whether they reach the span's
+    end (the caller then asks the store for nothing more, nor when they
+    begin with zeros: a remote store's request may cost far more than its
+    bytes).
     """
     length = span.end - span.start
-    position = 0
     block_size = max(_READ_BLOCK, f.block_size)
-    need = block_size
-    while position < length:
-        want = min(need, length - position)
-        block = f.read_at(span.start + position, want)
-        base = span.base + span.start + position
-        view = memoryview(block)
-        at = 0
-        while True:
-            stop, rows, buffers = fast.decode_span(view, at, len(block), base, bodies, batch_rows)
-            if not rows:
-                break
-            yield _column_batch(pa, schema, rows, buffers, bodies), position + stop
-            at = stop
-        if position + at >= length or len(block) < want:
-            return
-        if position + len(block) >= length:
-            return  # the record at `at` is not plain: the caller's
-        left = len(block) - at
-        if left >= 8:
-            total = read_header(view, at)[0]
-            if not left < total <= length - position - at:
-                return  # not a record cut by the block's end
-            need = max(block_size, total)  # a record larger than a block
-        else:
-            need = block_size
-        position += at
+    done = 0  # where the records decoded so far end, from span.start
+    carry: list[bytes] = []  # bytes from `done` on of a record cut by a block's end
+    carried = 0
+    block_at = 0  # where the current block starts, from span.start
+    with closing(f.blocks(span.start, span.end, block_size)) as blocks:
+        for block in blocks:
+            view = memoryview(block)
+            try:
+                at = 0  # where this block's undecoded bytes start
+                if carried:
+                    # The record cut by the previous block's end: its header,
+                    # then its length (a record longer than a block spans more).
+                    first = carry[0] if len(carry[0]) >= 8 else b"".join(carry)
+                    head = (first + block[:8])[:8] if len(first) < 8 else first[:8]
+                    if len(head) < 8:
+                        carry.append(block)
+                        carried += len(block)
+                        block_at += len(block)
+                        continue  # (the file ends)
+                    total = read_header(head)[0]
+                    if not carried < total <= length - done:
+                        return  # not a record: the caller judges it
+                    missing = total - carried
+                    if missing > len(block):
+                        carry.append(block)
+                        carried += len(block)
+                        block_at += len(block)
+                        continue
+                    record = b"".join(carry) + block[:missing]
+                    carry, carried = [], 0
+                    base = span.base + span.start + done
+                    stop, rows, buffers = fast.decode_span(
+                        memoryview(record), 0, total, base, bodies, batch_rows
+                    )
+                    if rows != 1 or stop != total:
+                        return
+                    done += total
+                    yield _column_batch(pa, schema, rows, buffers, bodies), done
+                    at = missing
+                base = span.base + span.start + block_at
+                while True:
+                    stop, rows, buffers = fast.decode_span(view, at, len(block), base, bodies, batch_rows)
+                    if not rows:
+                        break
+                    at = stop
+                    done = block_at + at
+                    yield _column_batch(pa, schema, rows, buffers, bodies), done
+                block_at += len(block)
+                if block_at >= length:
+                    rest.append((view[at:], True))  # the caller judges it
+                    return
+                if at >= len(block):
+                    continue  # a clean cut
+                left = len(block) - at
+                if left >= 8:
+                    total = read_header(view, at)[0]
+                    if not left < total <= length - done:
+                        rest.append((view[at:], False))
+                        return  # not a record cut by the block's end
+                carry, carried = [bytes(view[at:])], left
+            finally:
+                # Dropped before the next is asked for: with the blocks
+                # read ahead, at most prefetch + 1 in memory.
+                del block, view
+    if carried:
+        rest.append((b"".join(carry), True))  # the file ends before the span does
 
 
 def _column_batch(pa: Any, schema: Any, rows: int, buffers: tuple[bytes, ...], bodies: bool) -> Any:

@@ -29,6 +29,9 @@ import os
 import re
 import socket
 from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Generator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Mapping
@@ -81,14 +84,50 @@ class SegmentReader(ABC):
     #: read is a request (and an object store may cost the whole object's
     #: size per ranged request).
     block_size: int = 4 * 1024 * 1024
+    #: How many blocks L{blocks} reads ahead of the one its caller is
+    #: working on, each on its own thread and request: 0 for a local file
+    #: (the page cache is faster than a thread hand-off); a remote store's
+    #: bytes then travel while the previous block is decoded.
+    prefetch: int = 0
 
     @abstractmethod
     def read_at(self, position: int, length: int) -> bytes:
         """
         C{length} bytes from C{position}; fewer only where the file ends.
+        Safe to call from several threads at once (L{blocks} does, when
+        C{prefetch} is set).
 
         @raise OSError: the bytes could not be read (C{filename} says which).
         """
+
+    def blocks(self, start: int, end: int, size: int) -> Generator[bytes, None, None]:
+        """
+        Bytes C{start} to C{end} as consecutive blocks of C{size} bytes
+        (the last one shorter; the blocks stop early where the file ends).
+        With C{prefetch} set, the next C{prefetch} blocks are read on
+        threads while the caller works on the one it got: at most
+        C{prefetch + 1} blocks are in memory at once (those being read and
+        the one handed out) if the caller drops each block before asking
+        for the next, as L{rmqha.pipeline.scan.read_span} does;
+        C{prefetch + 2} if it holds on to it.  A block that could not be read raises its
+        C{OSError} when the caller reaches it, not before.  Closing the
+        iterator (or dropping it) cancels the reads not started and waits
+        for those under way: no thread outlives it.
+        """
+        if size <= 0:
+            raise ValueError(f"block size {size} is not positive")
+        if self.prefetch <= 0:
+            position = start
+            while position < end:
+                want = min(size, end - position)
+                data = self.read_at(position, want)
+                if data:
+                    yield data
+                if len(data) < want:
+                    return
+                position += want
+            return
+        yield from _read_ahead(self, start, end, size, self.prefetch)
 
     def close(self) -> None:
         """
@@ -105,6 +144,40 @@ class SegmentReader(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _read_ahead(
+    reader: SegmentReader, start: int, end: int, size: int, depth: int
+) -> Generator[bytes, None, None]:
+    """
+    L{SegmentReader.blocks} with C{depth} reads under way ahead of the
+    caller, on a pool of C{depth} threads of its own.
+    """
+    positions = iter(range(start, end, size))
+    pending: deque[tuple[int, Future[bytes]]] = deque()
+    pool = ThreadPoolExecutor(max_workers=depth, thread_name_prefix="rmqha-prefetch")
+
+    def submit() -> None:
+        position = next(positions, None)
+        if position is not None:
+            want = min(size, end - position)
+            pending.append((want, pool.submit(reader.read_at, position, want)))
+
+    try:
+        for _ in range(depth):
+            submit()
+        while pending:
+            want, future = pending.popleft()
+            submit()
+            data = future.result()  # (its OSError, if the read failed)
+            del future
+            if data:
+                yield data
+            if len(data) < want:
+                return  # the file ends here
+            del data
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class Store(ABC):
@@ -255,7 +328,12 @@ class LocalStore(Store):
 
 
 class _ArrowReader(SegmentReader):
+    # Large blocks: an S3-compatible server may pay about the whole
+    # object's size for every ranged GET (moto's does); one block read
+    # ahead (a span larger than a block: 1 GiB segments, 128 MiB spans),
+    # so at most 128 MiB per reader.
     block_size = 64 * 1024 * 1024
+    prefetch = 1
 
     def __init__(self, handle: Any, location: str) -> None:
         self._handle = handle

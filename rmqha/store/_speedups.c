@@ -1133,6 +1133,10 @@ finish:
 
 /* -- decoding a span into Arrow column buffers (the data pipeline) ------- */
 
+/* decode_span runs without the GIL (a remote store's next block is read
+ * on another thread meanwhile): these buffers use the raw allocator and
+ * report running out of memory by returning -1, PyErr_NoMemory being
+ * raised once the GIL is back. */
 typedef struct {
     char *data;
     Py_ssize_t length, capacity;
@@ -1144,10 +1148,8 @@ gbuf_reserve(gbuf *g, Py_ssize_t more)
     Py_ssize_t want;
     char *grown;
 
-    if (more > PY_SSIZE_T_MAX - g->length) {
-        PyErr_NoMemory();
+    if (more > PY_SSIZE_T_MAX - g->length)
         return -1;
-    }
     want = g->length + more;
     if (want <= g->capacity)
         return 0;
@@ -1155,11 +1157,9 @@ gbuf_reserve(gbuf *g, Py_ssize_t more)
         g->capacity = 256;
     while (g->capacity < want)
         g->capacity = g->capacity > PY_SSIZE_T_MAX / 2 ? want : g->capacity * 2;
-    grown = PyMem_Realloc(g->data, (size_t)g->capacity);
-    if (grown == NULL) {
-        PyErr_NoMemory();
+    grown = PyMem_RawRealloc(g->data, (size_t)g->capacity);
+    if (grown == NULL)
         return -1;
-    }
     g->data = grown;
     return 0;
 }
@@ -1272,18 +1272,23 @@ sp_decode_span(PyObject *module, PyObject *args)
     int64_t limit;
     PyObject *buffers = NULL, *result = NULL;
     host_text born_text = {{0}, {0}, -1}, store_text = {{0}, {0}, -1};
+    PyThreadState *save;
+    int out_of_memory = 0;
 
     if (!PyArg_ParseTuple(args, "y*LLLpL", &view, &pos, &end, &base, &bodies, &max_rows))
         return NULL;
     memset(g, 0, sizeof g);
     b = view.buf;
     limit = end < (int64_t)view.len ? end : (int64_t)view.len;
+    /* No Python object is touched from here to PyEval_RestoreThread (the
+     * buffer stays exported, so it cannot move or shrink meanwhile). */
+    save = PyEval_SaveThread();
     if (gbuf_i32(&g[C_TOPIC_OFF], 0) < 0 || gbuf_i32(&g[C_BHOST_OFF], 0) < 0 ||
         gbuf_i32(&g[C_SHOST_OFF], 0) < 0 || gbuf_i32(&g[C_MAP_OFF], 0) < 0 ||
         gbuf_i32(&g[C_PKEY_OFF], 0) < 0 || gbuf_i32(&g[C_PVAL_OFF], 0) < 0 ||
         gbuf_i32(&g[C_TAGS_OFF], 0) < 0 || gbuf_i32(&g[C_KEYS_OFF], 0) < 0 ||
         gbuf_i32(&g[C_BODY_OFF], 0) < 0)
-        goto error;
+        goto oom;
 
     while (pos >= 0 && pos < limit && rows < max_rows) {
         const unsigned char *r = b + pos, *topic, *props, *body;
@@ -1346,7 +1351,7 @@ sp_decode_span(PyObject *module, PyObject *args)
                         gbuf_i32(&g[C_PKEY_OFF], (int32_t)g[C_PKEY].length) < 0 ||
                         gbuf_put(&g[C_PVAL], name + index + 1, stop - start - index - 1) < 0 ||
                         gbuf_i32(&g[C_PVAL_OFF], (int32_t)g[C_PVAL].length) < 0)
-                        goto error;
+                        goto oom;
                     if (index == 4 && !memcmp(name, "TAGS", 4)) {
                         tags = name + 5;
                         tags_length = stop - start - 5;
@@ -1394,12 +1399,21 @@ sp_decode_span(PyObject *module, PyObject *args)
             bitmap_set(&g[C_KEYS_VALID], rows, keys != NULL) < 0 ||
             gbuf_put(&g[C_KEYS], keys, keys_length) < 0 ||
             gbuf_i32(&g[C_KEYS_OFF], (int32_t)g[C_KEYS].length) < 0)
-            goto error;
+            goto oom;
         if (bodies && (gbuf_put(&g[C_BODY], body, body_length) < 0 ||
                        gbuf_i32(&g[C_BODY_OFF], (int32_t)g[C_BODY].length) < 0))
-            goto error;
+            goto oom;
         rows++;
         pos += total;
+    }
+    goto decoded;
+oom:
+    out_of_memory = 1;
+decoded:
+    PyEval_RestoreThread(save);
+    if (out_of_memory) {
+        PyErr_NoMemory();
+        goto error;
     }
     buffers = PyTuple_New(C_COUNT);
     if (buffers == NULL)
@@ -1415,7 +1429,7 @@ sp_decode_span(PyObject *module, PyObject *args)
 error:
     Py_XDECREF(buffers);
     for (i = 0; i < C_COUNT; i++)
-        PyMem_Free(g[i].data);
+        PyMem_RawFree(g[i].data);
     PyBuffer_Release(&view);
     return result;
 }
