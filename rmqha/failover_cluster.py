@@ -663,7 +663,7 @@ def converge_and_check(
     @return: C{master} (index), C{identical} and C{check} (node id ->
         bool), C{check_output} (node id -> text of a failed check).
     """
-    from rmqha.demo import compare_stores
+    from rmqha._files import compare_stores
 
     if load is not None:
         load.stop()

@@ -38,7 +38,7 @@ import time
 from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
-from rmqha.pipeline.stores import (
+from rmqha.pipeline._store import (
     SEGMENT_NAME,
     Segment,
     SegmentReader,
