@@ -203,8 +203,8 @@ class CommitLog:
         # thread (rmqha/store/_prefault.py): with the accelerator only.
         accel = _codec._accel
         self._prefault: Prefaulter | None = (
-            Prefaulter(accel.populate)
-            if accel is not None and hasattr(accel, "populate") and not read_only
+            Prefaulter(accel.Prefault())
+            if accel is not None and hasattr(accel, "Prefault") and not read_only
             else None
         )
 
