@@ -115,6 +115,26 @@ class PrefaultTests(SynchronousTestCase):
             log.put(Message("T", body))
         self.assertEqual(len(recorder.asks), 1)
 
+    def test_an_engine_that_raises(self) -> None:
+        """
+        An engine that raises (a mapping it cannot hold) fails no put: the
+        put's record, bookkeeping and append observers are all done, and
+        that segment is not asked about again.
+        """
+        log, recorder = self.log(16 * AHEAD)
+
+        def broken(mm: mmap.mmap, position: int, target: int) -> bool:
+            recorder.asks.append((mm, position, target))
+            raise BufferError("cannot hold it")
+
+        recorder.ask = broken  # type: ignore[method-assign]
+        seen: list[int] = []
+        log.observe_appends(seen.append)
+        result = log.put(Message("T", b"x" * 1000))
+        log.put(Message("T", b"x" * 1000))
+        self.assertEqual(seen, [result.next_offset, log.max_offset])
+        self.assertEqual(len(recorder.asks), 1)
+
     def test_truncate_and_close_release(self) -> None:
         """
         Cutting the log back (a master turned slave) and closing it release

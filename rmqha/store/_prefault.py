@@ -66,14 +66,19 @@ class Prefaulter:
         is C{position}: keep the pages up to L{AHEAD} past it faulted in.
         """
         target = min(size, position + 2 * AHEAD)
-        if target < size and self.engine.ask(mm, position, target):
-            self.ask_at = position + AHEAD
-        else:
-            # The segment's end is asked for (or the engine cannot): no put
-            # of this segment asks again.
+        try:
+            if target < size and self.engine.ask(mm, position, target):
+                self.ask_at = position + AHEAD
+                return
             if target >= size:
                 self.engine.ask(mm, position, size)
-            self.ask_at = size + 1
+        except (ValueError, TypeError, BufferError, OSError):
+            # (A put has already written its record: never fail it here.
+            # A mapping the engine cannot hold is left to the puts' faults.)
+            pass
+        # The segment's end is asked for, or the engine cannot: no put of
+        # this segment asks again.
+        self.ask_at = size + 1
 
     def release(self) -> None:
         """

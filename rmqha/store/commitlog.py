@@ -414,13 +414,13 @@ class CommitLog:
         queues = self._queues
         queues.end = end
         queues.last_put = last_put
-        prefault = self._prefault
-        if prefault is not None and end - segment.start > prefault.ask_at:
-            prefault.ahead(segment.mm, end - segment.start, segment.size)
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
         if self._append_observers:
             self._appended(end)
+        prefault = self._prefault
+        if prefault is not None and end - segment.start > prefault.ask_at:
+            prefault.ahead(segment.mm, end - segment.start, segment.size)
 
     # -- observers ---------------------------------------------------------
 
