@@ -235,6 +235,28 @@ class EngineTests(SynchronousTestCase):
         self.assertFalse(self.engine.ask(self.mm, 0, 4096))
         self.mm.close()
 
+    def test_forked_child(self) -> None:
+        """
+        In a child forked while the engine's thread runs (there is no
+        thread there), the engine starts afresh: it populates, releases and
+        stops without waiting for a thread that is not there.
+        """
+        self.populated(0, 1 << 20)
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit status only
+            status = 1
+            try:
+                self.engine.ask(self.mm, 1 << 20, 2 << 20)
+                done = self.engine.wait()
+                self.engine.release()
+                self.engine.stop()
+                status = 0 if done >= 2 << 20 or not self.engine.working else 2
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertTrue(self.engine.running)
+
     def test_bad_arguments(self) -> None:
         """
         Positions must be ints >= 0; a target past the mapping is cut to

@@ -1508,6 +1508,7 @@ typedef struct {
     pthread_cond_t cv;
     pthread_t thread;
     int started, stop, busy, working, has_view;
+    pid_t pid; /* the process the thread runs in */
     Py_buffer view;
     char *base; /* NULL: nothing to do */
     size_t done, target;
@@ -1553,10 +1554,25 @@ prefault_main(void *arg)
     return NULL;
 }
 
+/* In a child forked while the thread ran, there is no thread (and its
+   mutex may have been held at the fork): start afresh. */
+static void
+prefault_forked(PrefaultObject *self)
+{
+    if (self->started && self->pid != getpid()) {
+        pthread_mutex_init(&self->mu, NULL);
+        pthread_cond_init(&self->cv, NULL);
+        self->started = self->busy = 0;
+        self->base = NULL;
+        self->done = self->target = 0;
+    }
+}
+
 /* Forget the mapping, waiting (GIL dropped) for a chunk in flight. */
 static void
 prefault_drop(PrefaultObject *self)
 {
+    prefault_forked(self);
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
     self->base = NULL;
@@ -1636,6 +1652,7 @@ prefault_ask(PrefaultObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     if (self->stop || !self->working)
         Py_RETURN_FALSE;
+    prefault_forked(self);
     if (!self->has_view || self->view.obj != args[0]) {
         prefault_drop(self);
         if (PyObject_GetBuffer(args[0], &self->view, PyBUF_WRITABLE) < 0)
@@ -1652,6 +1669,7 @@ prefault_ask(PrefaultObject *self, PyObject *const *args, Py_ssize_t nargs)
             Py_RETURN_FALSE;
         }
         self->started = 1;
+        self->pid = getpid();
     }
     pthread_mutex_lock(&self->mu);
     if (self->base != self->view.buf) {
@@ -1703,6 +1721,7 @@ prefault_wait(PrefaultObject *self, PyObject *unused)
 {
     size_t done;
 
+    prefault_forked(self);
     Py_BEGIN_ALLOW_THREADS
     pthread_mutex_lock(&self->mu);
     while (self->base != NULL && self->done < self->target && self->started && !self->stop)
