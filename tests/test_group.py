@@ -135,6 +135,31 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.clock.advance(3.0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_release_reads_the_clock_once(self) -> None:
+        """
+        A release that ends many waits reads the clock once for all of
+        them (each wait still observed, from its own start), not once per
+        put: the per-put cost of a SYNC put (issue 15).
+        """
+        observed: list[float] = []
+        group = GroupTransferService(self.clock, timeout=3.0, observe=observed.append)
+        self.addCleanup(group.stop)
+        ds = [group.wait_for(100 + i) for i in range(32)]
+        self.clock.advance(0.25)
+        readings = []
+        seconds = self.clock.seconds
+
+        def counted() -> float:
+            readings.append(1)
+            return seconds()
+
+        self.patch(self.clock, "seconds", counted)
+        group.quorum_changed(10_000)
+        group.release()
+        self.assertEqual([self.successResultOf(d) for d in ds], [PutStatus.PUT_OK] * 32)
+        self.assertEqual(len(readings), 1)
+        self.assertEqual(observed, [0.25] * 32)
+
     def test_staggered_deadlines_exact(self) -> None:
         """
         Waiters that started at different times each time out at their own

@@ -20,6 +20,10 @@
 #include <stdint.h>
 #include <string.h>
 #include <zlib.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define MAGIC_V1 ((int32_t)-626843481)
 #define MAGIC_V2 ((int32_t)-626843477)
@@ -1495,6 +1499,293 @@ sp_crc32_set_folding(PyObject *self, PyObject *arg)
     return PyBool_FromLong(crc_folding);
 }
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+
+/* ---- Prefault: the pages ahead of the put position, on a C thread --------
+ *
+ * One per writable commit log (rmqha/store/_prefault.py wraps it). The put
+ * thread says how far it wants the current mapping populated (ask); a
+ * pthread of its own, which never touches a Python object and never takes
+ * the GIL, populates [done, target) CHUNK bytes per madvise. The mapping is
+ * held as a buffer export from ask until release, so the mmap cannot be
+ * closed under the thread (close raises BufferError), and release waits for
+ * the chunk in flight with the GIL dropped.
+ */
+
+#define PREFAULT_CHUNK (1 << 20)
+
+typedef struct {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t thread;
+    int started, stop, busy, working, has_view;
+    pid_t pid; /* the process the thread runs in */
+    Py_buffer view;
+    char *base; /* NULL: nothing to do */
+    size_t done, target;
+} PrefaultObject;
+
+static void *
+prefault_main(void *arg)
+{
+    PrefaultObject *self = (PrefaultObject *)arg;
+    long page = sysconf(_SC_PAGESIZE);
+
+    pthread_mutex_lock(&self->mu);
+    for (;;) {
+        char *base;
+        size_t start, length;
+        int rc;
+
+        while (!self->stop && (self->base == NULL || self->done >= self->target))
+            pthread_cond_wait(&self->cv, &self->mu);
+        if (self->stop)
+            break;
+        base = self->base;
+        start = self->done - self->done % (size_t)page;
+        length = self->target - start;
+        if (length > PREFAULT_CHUNK)
+            length = PREFAULT_CHUNK;
+        self->busy = 1;
+        pthread_mutex_unlock(&self->mu);
+        rc = madvise(base + start, length, MADV_POPULATE_WRITE);
+        pthread_mutex_lock(&self->mu);
+        self->busy = 0;
+        if (rc != 0) {
+            /* No MADV_POPULATE_WRITE (EINVAL before Linux 5.14), or the
+               kernel would not: the puts fault their pages in themselves. */
+            self->working = 0;
+            self->base = NULL;
+        }
+        else if (self->base == base && self->done < start + length)
+            self->done = start + length;
+        pthread_cond_broadcast(&self->cv);
+    }
+    pthread_mutex_unlock(&self->mu);
+    return NULL;
+}
+
+/* In a child forked while the thread ran, there is no thread (and its
+   mutex may have been held at the fork): start afresh. */
+static void
+prefault_forked(PrefaultObject *self)
+{
+    if (self->started && self->pid != getpid()) {
+        pthread_mutex_init(&self->mu, NULL);
+        pthread_cond_init(&self->cv, NULL);
+        self->started = self->busy = 0;
+        self->base = NULL;
+        self->done = self->target = 0;
+    }
+}
+
+/* Forget the mapping, waiting (GIL dropped) for a chunk in flight. */
+static void
+prefault_drop(PrefaultObject *self)
+{
+    prefault_forked(self);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    self->base = NULL;
+    self->done = self->target = 0;
+    while (self->busy)
+        pthread_cond_wait(&self->cv, &self->mu);
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    if (self->has_view) {
+        self->has_view = 0;
+        PyBuffer_Release(&self->view);
+    }
+}
+
+static void
+prefault_stop(PrefaultObject *self)
+{
+    prefault_drop(self);
+    if (self->started) {
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&self->mu);
+        self->stop = 1;
+        pthread_cond_broadcast(&self->cv);
+        pthread_mutex_unlock(&self->mu);
+        pthread_join(self->thread, NULL);
+        Py_END_ALLOW_THREADS
+        self->started = 0;
+    }
+    self->stop = 1;
+}
+
+static PyObject *
+prefault_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    PrefaultObject *self;
+
+    if (!_PyArg_NoPositional("Prefault", args) || !_PyArg_NoKeywords("Prefault", kwds))
+        return NULL;
+    self = (PrefaultObject *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    pthread_mutex_init(&self->mu, NULL);
+    pthread_cond_init(&self->cv, NULL);
+    self->working = 1;
+    return (PyObject *)self;
+}
+
+static void
+prefault_dealloc(PrefaultObject *self)
+{
+    prefault_stop(self);
+    pthread_cond_destroy(&self->cv);
+    pthread_mutex_destroy(&self->mu);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+PyDoc_STRVAR(prefault_ask_doc,
+"ask(mm, position, target, /) -> bool\n\n"
+"Populate the writable mapping mm (an mmap) from the page of position up\n"
+"to target, on this object's thread (started on the first ask). A new mm\n"
+"replaces the one held (released first). False once the kernel could\n"
+"not (no MADV_POPULATE_WRITE) or after stop: nothing is done then.");
+
+static PyObject *
+prefault_ask(PrefaultObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    long long position, target;
+    int working;
+
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "ask takes 3 arguments");
+        return NULL;
+    }
+    if (!exact_int(args[1], 0, LLONG_MAX, &position) || !exact_int(args[2], 0, LLONG_MAX, &target)) {
+        PyErr_SetString(PyExc_TypeError, "ask: position and target must be ints >= 0");
+        return NULL;
+    }
+    if (self->stop || !self->working)
+        Py_RETURN_FALSE;
+    prefault_forked(self);
+    if (!self->has_view || self->view.obj != args[0]) {
+        prefault_drop(self);
+        if (PyObject_GetBuffer(args[0], &self->view, PyBUF_WRITABLE) < 0)
+            return NULL;
+        self->has_view = 1;
+    }
+    if (target > self->view.len)
+        target = self->view.len;
+    if (position > target)
+        position = target;
+    if (!self->started) {
+        if (pthread_create(&self->thread, NULL, prefault_main, self) != 0) {
+            self->working = 0;
+            Py_RETURN_FALSE;
+        }
+        self->started = 1;
+        self->pid = getpid();
+    }
+    pthread_mutex_lock(&self->mu);
+    if (self->base != self->view.buf) {
+        self->base = self->view.buf;
+        self->done = (size_t)position;
+        self->target = (size_t)target;
+    }
+    else {
+        if (self->done < (size_t)position)
+            self->done = (size_t)position;
+        if (self->target < (size_t)target)
+            self->target = (size_t)target;
+    }
+    pthread_cond_signal(&self->cv);
+    working = self->working;
+    pthread_mutex_unlock(&self->mu);
+    return PyBool_FromLong(working);
+}
+
+PyDoc_STRVAR(prefault_release_doc,
+"release() -> None\n\n"
+"Stop working on the mapping held, waiting for a chunk in flight (at most\n"
+"1 MiB), and release it: call before the mapping is closed.");
+
+static PyObject *
+prefault_release(PrefaultObject *self, PyObject *unused)
+{
+    prefault_drop(self);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(prefault_stop_doc,
+"stop() -> None\n\nrelease(), and end the thread; later asks do nothing.");
+
+static PyObject *
+prefault_stop_method(PrefaultObject *self, PyObject *unused)
+{
+    prefault_stop(self);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(prefault_wait_doc,
+"wait() -> int\n\n"
+"For tests: wait (GIL dropped) until what was asked is populated, or the\n"
+"kernel could not; the bytes populated of the mapping held.");
+
+static PyObject *
+prefault_wait(PrefaultObject *self, PyObject *unused)
+{
+    size_t done;
+
+    prefault_forked(self);
+    Py_BEGIN_ALLOW_THREADS
+    pthread_mutex_lock(&self->mu);
+    while (self->base != NULL && self->done < self->target && self->started && !self->stop)
+        pthread_cond_wait(&self->cv, &self->mu);
+    while (self->busy)
+        pthread_cond_wait(&self->cv, &self->mu);
+    done = self->base != NULL ? self->done : 0;
+    pthread_mutex_unlock(&self->mu);
+    Py_END_ALLOW_THREADS
+    return PyLong_FromSize_t(done);
+}
+
+static PyObject *
+prefault_get_working(PrefaultObject *self, void *closure)
+{
+    return PyBool_FromLong(self->working && !self->stop);
+}
+
+static PyObject *
+prefault_get_running(PrefaultObject *self, void *closure)
+{
+    return PyBool_FromLong(self->started);
+}
+
+static PyMethodDef prefault_methods[] = {
+    {"ask", (PyCFunction)(void (*)(void))prefault_ask, METH_FASTCALL, prefault_ask_doc},
+    {"release", (PyCFunction)prefault_release, METH_NOARGS, prefault_release_doc},
+    {"stop", (PyCFunction)prefault_stop_method, METH_NOARGS, prefault_stop_doc},
+    {"wait", (PyCFunction)prefault_wait, METH_NOARGS, prefault_wait_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef prefault_getset[] = {
+    {"working", (getter)prefault_get_working, NULL, "False once it cannot or was stopped.", NULL},
+    {"running", (getter)prefault_get_running, NULL, "Whether its thread is running.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject PrefaultType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rmqha.store._speedups.Prefault",
+    .tp_basicsize = sizeof(PrefaultObject),
+    .tp_dealloc = (destructor)prefault_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Populates the pages ahead of the put position on a thread of its own.",
+    .tp_methods = prefault_methods,
+    .tp_getset = prefault_getset,
+    .tp_new = prefault_new,
+};
+
 static PyMethodDef methods[] = {
     {"check_record", sp_check_record, METH_VARARGS, check_record_doc},
     {"replica_hop", sp_replica_hop, METH_VARARGS, replica_hop_doc},
@@ -1537,5 +1828,20 @@ PyInit__speedups(void)
     INTERN(s_c_state, "_c_state");
 #undef INTERN
     crc_folding = crc_folding_available();
-    return PyModule_Create(&module_def);
+    {
+        PyObject *module;
+
+        if (PyType_Ready(&PrefaultType) < 0)
+            return NULL;
+        module = PyModule_Create(&module_def);
+        if (module == NULL)
+            return NULL;
+        Py_INCREF(&PrefaultType);
+        if (PyModule_AddObject(module, "Prefault", (PyObject *)&PrefaultType) < 0) {
+            Py_DECREF(&PrefaultType);
+            Py_DECREF(module);
+            return NULL;
+        }
+        return module;
+    }
 }

@@ -40,6 +40,7 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 from twisted.logger import Logger
 
 from rmqha.store import _record as _codec
+from rmqha.store._prefault import Prefaulter
 from rmqha.store._queues import _UNCOUNTED, QueueTable
 from rmqha.store._record import (
     Blank,
@@ -198,6 +199,14 @@ class CommitLog:
         self._closed = False
         self._queues = QueueTable(store_dir)
         self._append_observers: list[Callable[[int], object]] = []
+        # The pages ahead of the put position are faulted in on another
+        # thread (rmqha/store/_prefault.py): with the accelerator only.
+        accel = _codec._accel
+        self._prefault: Prefaulter | None = (
+            Prefaulter(accel.Prefault())
+            if accel is not None and hasattr(accel, "Prefault") and not read_only
+            else None
+        )
 
     # -- opening -----------------------------------------------------------
 
@@ -409,6 +418,9 @@ class CommitLog:
             self.flush()
         if self._append_observers:
             self._appended(end)
+        prefault = self._prefault
+        if prefault is not None and end - segment.start > prefault.ask_at:
+            prefault.ahead(segment.mm, end - segment.start, segment.size)
 
     # -- observers ---------------------------------------------------------
 
@@ -573,8 +585,14 @@ class CommitLog:
         if table_current:
             self._queues.end = last.end
             self._queues.save(self._item_at)
+        self._release_prefault()
         last.release_mapping()
         return self._create_segment(last.end)
+
+    def _release_prefault(self) -> None:
+        # Before a mapping the pre-faulting may be working on is closed.
+        if self._prefault is not None:
+            self._prefault.release()
 
     def _create_segment(self, start: int) -> _Segment:
         segment = create_segment(self.commitlog_dir, start, self.segment_size)
@@ -674,6 +692,7 @@ class CommitLog:
         they reached.
         """
         self._put_ready_at = -1
+        self._release_prefault()
         cut_segments(self._segments, offset)
 
     def discard_incomplete_record(self) -> None:
@@ -806,6 +825,7 @@ class CommitLog:
         )
 
     def _discard_empty_segments(self) -> None:
+        self._release_prefault()
         for segment in self._segments:
             segment.close()
             os.unlink(segment.path)
@@ -1001,6 +1021,8 @@ class CommitLog:
         finally:
             self._closed = True
             self._put_ready_at = -1
+            if self._prefault is not None:
+                self._prefault.stop()
             for segment in self._segments:
                 segment.close()
             if not self.read_only:
