@@ -490,6 +490,28 @@ class TransferDecoderTests(SynchronousTestCase):
             self.assertLessEqual(len(decoder._held), 1)
         self.assertEqual(drain(decoder), [TransferFrame(0, first), TransferFrame(10_000, second)])
 
+    def test_header_read_once(self) -> None:
+        """
+        A frame arriving in many reads has its header gathered and checked
+        once, not again on every read until its body is whole.
+        """
+        body = b"c" * 5_000
+        stream = encode_header(7, len(body)) + body
+        decoder = TransferDecoder()
+        gathered = []
+        header = decoder._header
+
+        def counting() -> object:
+            gathered.append(1)
+            return header()
+
+        decoder._header = counting  # type: ignore[method-assign]
+        for start in range(0, len(stream), 500):
+            decoder.feed(stream[start : start + 500])
+            frames = drain(decoder)
+        self.assertEqual(frames, [TransferFrame(7, body)])
+        self.assertEqual(len(gathered), 2)  # (and once more for the next frame)
+
     def test_empty_decoder(self) -> None:
         """
         A new decoder has nothing buffered and no frame or header.

@@ -274,6 +274,8 @@ class TransferDecoder:
         self._ack: bytearray | None = bytearray() if checked else None
         # The body CRC of the pending header (checked framing).
         self._body_crc = 0
+        # The pending header's (offset, size), once checked.
+        self._pending: tuple[int, int] | None = None
         # Bytes of earlier reads not yet returned (at most a frame and a
         # header in normal use), in order: views of the reads themselves
         # (bytes, immutable), or, for short leftovers, a buffer they are
@@ -380,6 +382,8 @@ class TransferDecoder:
         @raise ProtocolError: the header is invalid.
         @raise ChecksumError: checked framing, and the header fails its CRC.
         """
+        if self._pending is not None:
+            return self._pending
         header = self._header()
         if header is None:
             return None
@@ -397,7 +401,10 @@ class TransferDecoder:
                 f"master sent a frame of {size} bytes at offset {offset}; the "
                 f"limit is 0..{self.max_body_size}"
             )
-        return offset, size
+        # (Kept until the frame is returned: a large frame arriving in many
+        # reads has its header gathered, unpacked and checked once.)
+        self._pending = offset, size
+        return self._pending
 
     def next_frame(self) -> TransferFrame | None:
         """
@@ -430,6 +437,7 @@ class TransferDecoder:
         header_size = self._header_size
         if self.buffered < header_size + size:
             return None
+        self._pending = None
         if not self._held:
             start = self._position + header_size
             pieces = [self._data[start : start + size]] if size else []
