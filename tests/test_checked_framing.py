@@ -26,6 +26,7 @@ from rmqha.ha._wire import (
     CONTROL_PROBE,
     CONTROL_REFUSED,
     FEATURE_CHECKED_FRAMING,
+    HEADER_SIZE,
     ChecksumError,
     NotControlError,
     ProtocolError,
@@ -44,6 +45,8 @@ from rmqha.ha._wire import (
 from rmqha.broker import Broker, Role
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.control import CheckFailed, ControlClient, probe
+from rmqha.ha import master
+from rmqha.ha.config import HAConfig
 from rmqha.ha.master import MasterConnection, MasterFactory
 from rmqha.ha.slave import SlaveConnection, SlaveFactory
 from rmqha.testing import StringEndpoint, connect_in_memory
@@ -298,6 +301,52 @@ class MasterTests(MasterTestCase):
         self.assertEqual(received, self.store.read(0, self.store.max_offset))
         (status,) = self.factory.slaves()
         self.assertEqual(status.framing, "checked")
+
+    def test_catch_up_frames(self) -> None:
+        """
+        A slave on checked framing (an rmqha slave) that is behind by at
+        least L{CATCH_UP_BATCH_SIZE} gets frames of that size (fewer frames
+        for the master to read, seal and send), never across a segment;
+        the tail closer than that comes in C{haTransferBatchSize} frames.
+        A classic slave (RocketMQ's) gets C{haTransferBatchSize} frames
+        only.
+        """
+        self.patch(master, "CATCH_UP_BATCH_SIZE", 1500)
+        for _ in range(20):
+            self.store.put(make_message(b"m" * 300))
+        end = self.store.max_offset
+        self.assertGreater(end, 2 * SEGMENT)
+        factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
+        self.addCleanup(factory.stopFactory)
+        self.factory = factory
+        connection, transport = self.connect()
+        connection.dataReceived(code(CHECKED_HELLO) + checked_report(0))
+        decoder = TransferDecoder(checked=True)
+        decoder.feed(transport.value())
+        sizes = []
+        position = 0
+        while (frame := decoder.next_frame()) is not None:
+            self.assertEqual(frame.offset, position)
+            size = len(frame.body)
+            # (A frame ends at its segment's end at the latest.)
+            segment_left = SEGMENT - position % SEGMENT
+            if end - position >= 1500:
+                self.assertEqual(size, min(1500, segment_left))
+            else:
+                self.assertEqual(size, min(500, segment_left, end - position))
+            sizes.append(size)
+            position += size
+        self.assertEqual(position, end)
+        self.assertIn(1500, sizes)
+
+        classic, transport = self.connect()
+        classic.dataReceived(struct.pack(">q", 0))
+        data = transport.value()
+        position = 0
+        while position < len(data):
+            size = struct.unpack_from(">qi", data, position)[1]
+            self.assertLessEqual(size, 500)
+            position += HEADER_SIZE + size
 
     def test_heartbeat_is_checked(self) -> None:
         """

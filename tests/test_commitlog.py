@@ -812,6 +812,38 @@ class ReplicaAppendTests(SynchronousTestCase):
         source.close()
         target.close()
 
+    @settings(deadline=None, derandomize=True, max_examples=40)
+    @given(
+        segment_size=st.integers(512, 2048),
+        messages=MESSAGES,
+        cut_fractions=st.lists(st.floats(0, 1), max_size=12),
+        piece_fractions=st.lists(st.floats(0, 1), max_size=12),
+    )
+    def test_pieces_are_byte_identical(
+        self, segment_size, messages, cut_fractions, piece_fractions
+    ) -> None:
+        """
+        append_at also takes a list of consecutive pieces (a slave's frame
+        bodies, written by one pwritev per segment, not joined): copied in
+        chunks of pieces that cut through records and cross segment
+        boundaries, the store is byte-identical to the master's and every
+        record was validated (the record end reaches the max offset).
+        """
+        source = open_store(self, segment_size=segment_size)
+        put_all(source, messages)
+        end = source.max_offset
+        data = disk(source, 0, end)
+        cuts = sorted({0, end, *(int(f * end) for f in cut_fractions)})
+        target = open_store(self, segment_size=segment_size)
+        for start, stop in zip(cuts, cuts[1:]):
+            inner = sorted({start, stop, *(start + int(f * (stop - start)) for f in piece_fractions)})
+            pieces = [memoryview(data)[a:b] for a, b in zip(inner, inner[1:])]
+            self.assertEqual(target.append_at(start, pieces), stop)
+        self.assertEqual((target.max_offset, target.record_end), (end, source.record_end))
+        self.assertEqual(segment_files(target.store_dir), segment_files(source.store_dir))
+        source.close()
+        target.close()
+
     def _store_with_data(self) -> CommitLog:
         log = open_store(self, segment_size=SEGMENT)
         # A record, the BLANK closing the 512-byte segment, a record.
@@ -1193,6 +1225,22 @@ class ReplicaValidationTests(SynchronousTestCase):
 
     def flipped(self, data: bytes, position: int) -> bytes:
         return data[:position] + bytes([data[position] ^ 0x01]) + data[position + 1 :]
+
+    def test_bad_record_in_a_later_piece(self) -> None:
+        """
+        A damaged record in a later piece, or one cut between two pieces,
+        is refused like one in a single chunk: the log is cut back to its
+        start and nothing from it on counts as validated.
+        """
+        good = replica_records(0, 150, 200, 100)
+        for cut in (160, 250, 350):
+            log = open_store(self, segment_size=SEGMENT)
+            bad = self.flipped(good, 150 + 5)
+            error = self.assertRaises(
+                CorruptReplicaError, log.append_at, 0, [bad[:cut], bad[cut:]]
+            )
+            self.assertIn("bad magic code", str(error))
+            self.assertEqual((log.max_offset, log.record_end), (150, 150))
 
     def test_good_records_in_any_chunking(self) -> None:
         """

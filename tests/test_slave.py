@@ -17,10 +17,12 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.ha.config import HAConfig
 from rmqha.ha.master import MasterFactory
+from rmqha.ha import slave
 from rmqha.ha.slave import SlaveConnection, SlaveFactory, make_slave_service
 from rmqha.testing import MemoryConnection, StringEndpoint, connect_in_memory
 
 from tests._helpers import (
+    disk,
     make_message,
     open_store,
     replica_records,
@@ -143,6 +145,36 @@ class FrameTests(SlaveTestCase):
         self.assertEqual(reports(transport.value()), [self.replica.record_end])
         self.assertTrue(connection.caught_up)
         self.assertEqual(connection.factory.bytes_received, end)
+
+    def test_large_frames_appended_as_pieces(self) -> None:
+        """
+        Frames whose bodies average at least C{_PIECES_FROM} (a master's
+        catch-up frames) are appended by one C{append_at} of the bodies as
+        they are (one pwritev, not joined), across a segment boundary too;
+        the log holds exactly the master's bytes, every record validated.
+        """
+        self.patch(slave, "_PIECES_FROM", 600)
+        self.fill(30)
+        end = self.source.max_offset
+        self.assertGreater(end, SEGMENT)
+        cuts = [0, 700, 1400, SEGMENT, SEGMENT + 900, end]
+        data = b"".join(frame(a, self.source_bytes(a, b)) for a, b in zip(cuts, cuts[1:]))
+        connection, transport = self.connect()
+        calls = []
+        append_at = self.replica.append_at
+
+        def counting(offset: int, chunk: object) -> int:
+            calls.append((offset, [len(piece) for piece in chunk]))  # type: ignore[attr-defined]
+            return append_at(offset, chunk)  # type: ignore[arg-type]
+
+        self.replica.append_at = counting  # type: ignore[method-assign]
+        connection.send_report()
+        transport.clear()
+        connection.dataReceived(data)
+        self.assertEqual(calls, [(0, [b - a for a, b in zip(cuts, cuts[1:])])])
+        self.assertEqual(self.replica.record_end, end)
+        self.assertEqual(disk(self.replica, 0, end), self.source_bytes(0, end))
+        self.assertEqual(reports(transport.value()), [end])
 
     def test_frames_before_a_mismatch_appended(self) -> None:
         """

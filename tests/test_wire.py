@@ -457,6 +457,61 @@ class TransferDecoderTests(SynchronousTestCase):
         self.assertFalse(f.is_heartbeat)
         self.assertEqual(decoder.buffered, 0)
 
+    def test_cut_frames_not_copied(self) -> None:
+        """
+        L{TransferDecoder.next_frame_pieces} returns a frame cut across
+        reads as views of the reads it came in, nothing copied (catch-up
+        frames make most of a backlog come this way); L{next_frame} joins
+        them.  Short rests of a read are gathered in a buffer instead, so
+        tiny reads cannot make a piece per byte.
+        """
+        first, second = b"a" * 10_000, b"b" * 9_000
+        stream = encode_header(0, len(first)) + first + encode_header(10_000, len(second)) + second
+        reads = [stream[:6_000], stream[6_000:15_000], stream[15_000:]]
+        decoder = TransferDecoder()
+        decoder.feed(reads[0])
+        self.assertIsNone(decoder.next_frame_pieces())
+        decoder.feed(reads[1])
+        frame_ = decoder.next_frame_pieces()
+        assert frame_ is not None
+        offset, pieces = frame_
+        self.assertEqual([p.obj for p in pieces], [reads[0], reads[1]])
+        self.assertEqual((offset, b"".join(pieces)), (0, first))
+        self.assertIsNone(decoder.next_frame_pieces())
+        decoder.feed(reads[2])
+        later = decoder.next_frame()
+        assert later is not None
+        self.assertEqual((later.offset, later.body), (10_000, second))
+        self.assertEqual(decoder.buffered, 0)
+
+        decoder = TransferDecoder()
+        for i in range(len(stream)):
+            decoder.feed(stream[i : i + 1])
+            self.assertLessEqual(len(decoder._held), 1)
+        self.assertEqual(drain(decoder), [TransferFrame(0, first), TransferFrame(10_000, second)])
+
+    def test_header_read_once(self) -> None:
+        """
+        A frame arriving in many reads has its header gathered and checked
+        once, not again on every read until its body is whole.
+        """
+        body = b"c" * 5_000
+        stream = encode_header(7, len(body)) + body
+        decoder = TransferDecoder()
+        gathered = []
+        header = decoder._header
+
+        def counting() -> object:
+            gathered.append(1)
+            return header()
+
+        decoder._header = counting  # type: ignore[method-assign]
+        for start in range(0, len(stream), 500):
+            decoder.feed(stream[start : start + 500])
+            frames = drain(decoder)
+        self.assertEqual(frames, [TransferFrame(7, body)])
+        self.assertEqual(len(gathered), 2)  # (and once more for the next frame)
+
     def test_empty_decoder(self) -> None:
         """
         A new decoder has nothing buffered and no frame or header.
@@ -746,7 +801,7 @@ class TransferDecoderMemoryTests(SynchronousTestCase):
         size = len(encoded[0])
         for i, data in enumerate(encoded):
             decoder.feed(data)
-            self.assertLessEqual(len(decoder._partial), size)
+            self.assertLessEqual(decoder._held_size, size)
             self.assertEqual(drain(decoder), [TransferFrame(i * 20, data[12:])])
         self.assertEqual(decoder.buffered, 0)
 
@@ -763,7 +818,7 @@ class TransferDecoderMemoryTests(SynchronousTestCase):
         got = 0
         for start in range(0, len(stream), 45):
             decoder.feed(stream[start : start + 45])
-            self.assertLess(len(decoder._partial), size + 45)
+            self.assertLess(decoder._held_size, size + 45)
             for f in drain(decoder):
                 self.assertEqual(f.offset, got * 20)
                 got += 1

@@ -35,7 +35,9 @@ block by block by the store's reader, one request at a time, nothing
 decoded.
 
 C{tls} replicates the same backlog over TCP and over mutual TLS, runs
-alternating, and reports both and their ratio.
+alternating, and reports both and their ratio; both legs use checked
+framing (what two rmqha peers negotiate, over TLS too) unless
+C{--framing classic}.
 
 C{replicate} measures a master process streaming a backlog (1 GiB by
 default) to an empty slave process over loopback, with each process's
@@ -1740,6 +1742,12 @@ def main(argv: list[str] | None = None) -> None:
     tls.add_argument("--runs", type=int, default=3)
     tls.add_argument("--segment-size", type=int, default=1 << 30)
     tls.add_argument("--dir", type=_existing_dir, default=None, help="where to create the stores")
+    tls.add_argument(
+        "--framing",
+        choices=["checked", "classic"],
+        default="checked",
+        help="both legs: checked (what two rmqha peers negotiate, over TLS too) or classic",
+    )
     framing = commands.add_parser(
         "framing", help="replication throughput, checked framing against classic"
     )
@@ -1941,8 +1949,12 @@ def main(argv: list[str] | None = None) -> None:
         return None
     if args.benchmark in _PAIRED:
         variants = _PAIRED[args.benchmark]
+        if args.benchmark == "tls" and args.framing == "checked":
+            variants = {v: {**o, "checked": True} for v, o in variants.items()}
         base, other = variants
         result = _paired(args, args.benchmark, variants)
+        if args.benchmark == "tls":
+            result["framing"] = args.framing
         print(
             f"{args.benchmark}: {other} {result[f'{other}_mb_per_s']:,.0f} MB/s, "
             f"{base} {result[f'{base}_mb_per_s']:,.0f} MB/s: "

@@ -238,6 +238,12 @@ class ReportDecoder:
         return int(offset)
 
 
+#: A rest of a read at least this long is kept as a view of the read (the
+#: read's bytes stay alive until the frame is returned); shorter ones are
+#: copied together.
+_HELD_VIEW_MIN = 4096
+
+
 class TransferDecoder:
     """
     The slave's side: master frames out of a byte stream, one at a time so
@@ -247,7 +253,8 @@ class TransferDecoder:
     Sizes are checked as soon as a header is complete, before any body is
     buffered for it.  A frame wholly inside one read is returned without
     copying (its body is a C{memoryview} of the bytes that were fed, which
-    are immutable); only a frame cut across reads is assembled in a buffer.
+    are immutable); a frame cut across reads is assembled only when asked
+    for as one buffer (L{next_frame_pieces} gives its pieces).
     """
 
     def __init__(self, max_body_size: int = MAX_BODY_SIZE, checked: bool = False) -> None:
@@ -267,9 +274,15 @@ class TransferDecoder:
         self._ack: bytearray | None = bytearray() if checked else None
         # The body CRC of the pending header (checked framing).
         self._body_crc = 0
-        # Bytes of earlier reads not yet returned (at most a frame in
-        # normal use), then the latest read and how much of it is used.
-        self._partial = bytearray()
+        # The pending header's (offset, size), once checked.
+        self._pending: tuple[int, int] | None = None
+        # Bytes of earlier reads not yet returned (at most a frame and a
+        # header in normal use), in order: views of the reads themselves
+        # (bytes, immutable), or, for short leftovers, a buffer they are
+        # gathered in (so that a stream of tiny reads cannot make a piece
+        # per byte); then the latest read and how much of it is used.
+        self._held: list[bytes | bytearray | memoryview] = []
+        self._held_size = 0
         self._data = memoryview(b"")
         self._position = 0
 
@@ -278,7 +291,7 @@ class TransferDecoder:
         """
         Bytes received but not yet returned as frames.
         """
-        return len(self._partial) + len(self._data) - self._position
+        return self._held_size + len(self._data) - self._position
 
     @property
     def confirmed(self) -> bool:
@@ -305,28 +318,61 @@ class TransferDecoder:
                 )
             data = bytes(self._ack[8:])
             self._ack = None
-        if self._position < len(self._data):
-            # The caller stopped between frames: keep the rest.
-            self._partial += self._data[self._position :]
+        rest = len(self._data) - self._position
+        if rest:
+            # The caller stopped between frames, or a frame is cut: keep
+            # the rest (a view of the read; short rests are copied).
+            leftover = self._data[self._position :]
+            held = self._held
+            if rest >= _HELD_VIEW_MIN:
+                held.append(leftover)
+            elif held and isinstance(held[-1], bytearray):
+                held[-1] += leftover
+            else:
+                held.append(bytearray(leftover))
+            self._held_size += rest
         self._data = memoryview(data)
         self._position = 0
 
-    def _header(self) -> bytes | memoryview | bytearray | None:
+    def _take(self, size: int) -> list[memoryview]:
+        """
+        Remove the next C{size} buffered bytes (there are that many) and
+        return them as views, in order, without copying.
+        """
+        pieces: list[memoryview] = []
+        held = self._held
+        while size and held:
+            piece = memoryview(held[0])
+            if len(piece) <= size:
+                held.pop(0)
+            else:
+                held[0], piece = piece[size:], piece[:size]
+            pieces.append(piece)
+            size -= len(piece)
+            self._held_size -= len(piece)
+        if size:
+            position = self._position
+            pieces.append(self._data[position : position + size])
+            self._position = position + size
+        return pieces
+
+    def _header(self) -> bytes | memoryview | None:
         """
         The next header's bytes once they are all here.
         """
         size = self._header_size
-        partial = self._partial
-        if not partial:
+        if not self._held:
             if len(self._data) - self._position < size:
                 return None
             return self._data[self._position : self._position + size]
-        if len(partial) >= size:
-            return partial[:size]
-        if self.buffered >= size:
-            needed = size - len(partial)
-            return bytes(partial) + self._data[self._position : self._position + needed]
-        return None
+        if self.buffered < size:
+            return None
+        header = bytearray()
+        for piece in self._held:
+            header += piece[: size - len(header)]
+            if len(header) == size:
+                return bytes(header)
+        return bytes(header) + self._data[self._position : self._position + size - len(header)]
 
     def pending_header(self) -> tuple[int, int] | None:
         """
@@ -336,6 +382,8 @@ class TransferDecoder:
         @raise ProtocolError: the header is invalid.
         @raise ChecksumError: checked framing, and the header fails its CRC.
         """
+        if self._pending is not None:
+            return self._pending
         header = self._header()
         if header is None:
             return None
@@ -353,7 +401,10 @@ class TransferDecoder:
                 f"master sent a frame of {size} bytes at offset {offset}; the "
                 f"limit is 0..{self.max_body_size}"
             )
-        return offset, size
+        # (Kept until the frame is returned: a large frame arriving in many
+        # reads has its header gathered, unpacked and checked once.)
+        self._pending = offset, size
+        return self._pending
 
     def next_frame(self) -> TransferFrame | None:
         """
@@ -364,36 +415,45 @@ class TransferDecoder:
         @raise ChecksumError: checked framing, and a header or body fails
             its CRC (nothing of that frame is returned).
         """
+        frame = self.next_frame_pieces()
+        if frame is None:
+            return None
+        offset, pieces = frame
+        if len(pieces) == 1:
+            return TransferFrame(offset, pieces[0])
+        return TransferFrame(offset, b"".join(pieces))
+
+    def next_frame_pieces(self) -> tuple[int, list[memoryview]] | None:
+        """
+        Like L{next_frame}, but the body as the pieces of the reads it came
+        in (views, nothing copied; one piece for a frame wholly inside a
+        read, none for a heartbeat): a frame cut across reads is not
+        assembled.
+        """
         header = self.pending_header()
         if header is None:
             return None
         offset, size = header
         header_size = self._header_size
-        total = header_size + size
-        if self.buffered < total:
+        if self.buffered < header_size + size:
             return None
-        partial = self._partial
-        body: bytes | memoryview
-        if not partial:
+        self._pending = None
+        if not self._held:
             start = self._position + header_size
-            body = self._data[start : start + size]
-            self._position += total
-        elif len(partial) >= total:
-            body = bytes(partial[header_size:total])
-            del partial[:total]
+            pieces = [self._data[start : start + size]] if size else []
+            self._position = start + size
         else:
-            missing = total - len(partial)
-            partial += self._data[self._position : self._position + missing]
-            self._position += missing
-            body = bytes(partial[header_size:])
-            partial.clear()
+            self._take(header_size)
+            pieces = self._take(size)
         if self.checked:
-            computed = crc32(body)
+            computed = 0
+            for piece in pieces:
+                computed = crc32(piece, computed)
             if computed != self._body_crc:
                 raise _crc_error(
                     f"the frame of {size} bytes at offset {offset}", self._body_crc, computed
                 )
-        return TransferFrame(offset, body)
+        return offset, pieces
 
 
 # -- the rmqha control extension (docs/protocol.md) ---------------------------

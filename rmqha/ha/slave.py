@@ -65,6 +65,11 @@ _log = Logger()
 _MIN_READ_SIZE = 64 * 1024
 _MAX_READ_SIZE = 1024 * 1024
 
+#: The frames of one read are appended as separate pieces (not joined)
+#: when their bodies average at least this: joining copies the whole read,
+#: while each piece costs one record read back (a few microseconds).
+_PIECES_FROM = 64 * 1024
+
 
 @implementer(IHandshakeListener)
 class SlaveConnection(Protocol):
@@ -220,8 +225,8 @@ class SlaveConnection(Protocol):
     ) -> tuple[int, int | None, ProtocolError | None]:
         """
         Feed C{data} to the decoder and collect the bodies of the frames it
-        completes, in order, into C{bodies} (heartbeats only set
-        L{caught_up}).  Each frame must start where the one before it ended
+        completes, in order, into C{bodies} (a body cut across reads as its
+        pieces; heartbeats only set L{caught_up}).  Each frame must start where the one before it ended
         (the first: at this log's max offset, or anywhere in an empty log,
         which L{CommitLog.append_at} checks).
 
@@ -237,17 +242,20 @@ class SlaveConnection(Protocol):
         anywhere = not commitlog.has_data()
         try:
             decoder.feed(data)
-            while (frame := decoder.next_frame()) is not None:
-                offset, body = frame
+            # (A frame cut across reads comes as the pieces of the reads
+            # it arrived in: appended as they are, or joined with the rest.)
+            while (frame := decoder.next_frame_pieces()) is not None:
+                offset, pieces = frame
                 self.master_offset = offset
                 if offset != end:
                     if not anywhere:
                         return end, offset, None
                     end = offset
-                if body:
+                if pieces:
                     anywhere = False
-                    bodies.append(body)
-                    end += len(body)
+                    for piece in pieces:
+                        bodies.append(piece)
+                        end += len(piece)
                     self.caught_up = False
                 else:
                     self.caught_up = True
@@ -264,12 +272,20 @@ class SlaveConnection(Protocol):
             dropped).
         """
         commitlog = self.factory.commitlog
+        size = sum(len(body) for body in bodies)
+        chunk: bytes | memoryview | list[bytes | memoryview]
         if len(bodies) == 1:
             chunk = bodies[0]
+        elif size >= _PIECES_FROM * len(bodies):
+            # Large frames (a master's catch-up frames): written as they
+            # are, with one pwritev, instead of joined (a copy of the whole
+            # read into fresh memory); one record per piece boundary is
+            # read back for validation.
+            chunk = bodies
         else:
             chunk = b"".join(bodies)
         # In an empty log, the first frame names where the log starts.
-        start = end - len(chunk)
+        start = end - size
         try:
             commitlog.append_at(start, chunk)
         except CorruptReplicaError as e:
@@ -291,7 +307,7 @@ class SlaveConnection(Protocol):
                 error=e.strerror or str(e),
             )
             return False
-        self.factory.bytes_received += len(chunk)
+        self.factory.bytes_received += size
         return True
 
     def _rejected(self, error: CorruptReplicaError) -> None:

@@ -135,6 +135,22 @@ class _Segment:
             position += written
             data = data[written:]
 
+    def pwritev(self, position: int, data: list[memoryview]) -> None:
+        """
+        Write the buffers C{data}, one after the other, from C{position}:
+        one C{pwritev} (per C{IOV_MAX} buffers) instead of joining them.
+        """
+        fd = self.ensure_fd()
+        pending = [view for view in data if view]
+        while pending:
+            written = os.pwritev(fd, pending[:_IOV_MAX], position)
+            position += written
+            # Drop what was written; a buffer written in part keeps its rest.
+            while pending and written >= len(pending[0]):
+                written -= len(pending.pop(0))
+            if written:
+                pending[0] = pending[0][written:]
+
     def close_fd(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
@@ -202,6 +218,10 @@ def _lock(path: str) -> int:
             ) from None
         raise
     return fd
+
+
+#: The most buffers one C{pwritev} takes (Linux's C{IOV_MAX}).
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def _allocate(fd: int, size: int) -> None:

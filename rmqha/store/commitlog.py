@@ -601,12 +601,22 @@ class CommitLog:
 
     # -- the replica path --------------------------------------------------
 
-    def append_at(self, offset: int, data: bytes | bytearray | memoryview) -> int:
+    def append_at(
+        self,
+        offset: int,
+        data: bytes | bytearray | memoryview | Sequence[bytes | bytearray | memoryview],
+    ) -> int:
         """
         Write raw commit-log bytes that belong at C{offset}, which must be
         the current max offset.  The bytes may cut through records and
         cross segment boundaries.  An empty store starts its first segment
         at C{offset}, which must then be a segment boundary.
+
+        C{data} may be a list of consecutive pieces (a slave's frame
+        bodies): they are written by one C{pwritev} per segment, not joined
+        first, and validated piece by piece (a record cut between two
+        pieces is read back from the file: worth it for a few large pieces,
+        not for many small ones).
 
         @return: the new max offset.
         @raise OffsetMismatchError: C{offset} is not the max offset.
@@ -629,10 +639,14 @@ class CommitLog:
         elif offset != self.max_offset:
             raise OffsetMismatchError(self.max_offset, offset)
         self._put_ready_at = -1
-        view = memoryview(data).cast("B")
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            pieces = [memoryview(data).cast("B")]
+        else:
+            pieces = [memoryview(piece).cast("B") for piece in data]
         written = 0
-        total = len(view)
+        total = sum(len(piece) for piece in pieces)
         try:
+            index, used = 0, 0  # the next byte to write: pieces[index][used]
             while written < total:
                 segment = self._segments[-1] if self._segments else None
                 if segment is None:
@@ -642,7 +656,18 @@ class CommitLog:
                 n = min(total - written, segment.size - segment.wrote)
                 # pwrite, not the mapping: a slave copying a whole log would
                 # otherwise map all of it into its memory.
-                segment.pwrite(segment.wrote, view[written : written + n])
+                if len(pieces) == 1:
+                    segment.pwrite(segment.wrote, pieces[0][written : written + n])
+                else:
+                    views, left = [], n
+                    while left:
+                        view = pieces[index][used : used + left]
+                        views.append(view)
+                        left -= len(view)
+                        used += len(view)
+                        if used == len(pieces[index]):
+                            index, used = index + 1, 0
+                    segment.pwritev(segment.wrote, views)
                 segment.wrote += n
                 written += n
         except OSError:
@@ -650,29 +675,51 @@ class CommitLog:
             # written is validated like any append, so the log ends, and
             # takes the rest, exactly where the failure left it.
             if written:
-                self._advance_record_end(offset, view[:written])
+                self._validate_pieces(offset, pieces, written)
                 if self._append_observers:
                     self._appended(self.max_offset)
             raise
-        self._advance_record_end(offset, view)
+        self._validate_pieces(offset, pieces, total)
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
         if total and self._append_observers:
             self._appended(self.max_offset)
         return self.max_offset
 
-    def _advance_record_end(self, chunk_offset: int, chunk: memoryview) -> None:
+    def _validate_pieces(self, offset: int, pieces: list[memoryview], written: int) -> None:
+        """
+        Validate the first C{written} bytes of C{pieces}, appended from
+        C{offset}: piece by piece, each as far as it reaches (so the
+        records lying whole in a later piece are checked there, not read
+        back one by one).
+        """
+        position = offset
+        for piece in pieces:
+            if written <= 0:
+                break
+            piece = piece[:written]
+            written -= len(piece)
+            self._advance_record_end(position, piece, position + len(piece))
+            position += len(piece)
+
+    def _advance_record_end(
+        self, chunk_offset: int, chunk: memoryview, written_end: int | None = None
+    ) -> None:
         """
         Move the record end past the records replica appends completed,
         validated by L{ReplicaValidator} (the chunk just appended at
-        C{chunk_offset}, or the file for a record that began earlier).
+        C{chunk_offset}, or the file for a record that began earlier), up
+        to C{written_end} (default: the max offset).
 
         @raise CorruptReplicaError: a completed record is invalid; the log
             is cut back to its start first (it was never acknowledged).
         """
         try:
             self._record_end = self._validator.advance(
-                self._record_end, self.max_offset, chunk_offset, chunk
+                self._record_end,
+                self.max_offset if written_end is None else written_end,
+                chunk_offset,
+                chunk,
             )
         except RecordError as e:
             self._reject(e.offset, e.reason)
