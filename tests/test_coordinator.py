@@ -565,3 +565,50 @@ class ClassicSlaveTests(_Group):
         self.elapse(1)
         with self.assertRaises(NotStoredError):
             self.put(master.broker)
+
+
+class ImpersonationTests(_Group):
+    def test_declared_id_must_be_a_member_at_its_host(self) -> None:
+        """
+        A replica declaring a node id counts for the in-sync set only if
+        that id is a live member of the group (not the master itself): a
+        peer declaring a made-up id (here: "b", while no node b runs) is
+        not counted, so it can neither enter the set nor make a put
+        PUT_OK.
+        """
+        from rmqha.broker import NotStoredError
+        from rmqha.coord.dcs import ClusterView, Member
+
+        a = self.node("a")
+        self.elapse(2)
+        self.assertIs(self.master(), a)
+        store = self.mktemp()
+        intruder = Broker(
+            self.clock,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.SLAVE,
+            master_endpoint=self.endpoint(a.broker),  # type: ignore[arg-type]
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 0.1,
+            fd_limit=lambda: 4096,
+            scrub_rate=0,
+            replica_id="b",
+            master_kind="rmqha",
+        )
+        intruder.startService()
+        self.addCleanup(self.stop, intruder)
+        self.elapse(1)
+        factory = a.broker.master_factory
+        assert factory is not None
+        self.assertEqual([c.failover_node for c in factory.connections if c.replicating], ["b"])
+        self.assertEqual(factory.node_acks(), {})
+        self.assertEqual(a.coordinator.in_sync.effective, {"a"})  # type: ignore[union-attr]
+        with self.assertRaises(NotStoredError):
+            self.put(a.broker)
+        coordinator = a.coordinator
+        coordinator.view = ClusterView(
+            None, 1, 1, None, {"b": Member("b", "10.0.0.2:10912")}, None, 1
+        )
+        self.assertTrue(coordinator.accepts_node("b", "10.0.0.3"))
+        self.assertFalse(coordinator.accepts_node("d", "10.0.0.2"))
+        self.assertFalse(coordinator.accepts_node("a", "127.0.0.1"))

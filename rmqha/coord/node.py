@@ -380,6 +380,23 @@ class Coordinator(Service):
             return "this master's lease is not renewed: it no longer takes puts"
         return None
 
+    def accepts_node(self, node: str, host: str) -> bool:
+        """
+        Whether a replica declaring node id C{node} (connected from
+        C{host}) counts for the in-sync set: C{node} must be a live member
+        of the group other than this node.  The id is only declared: over
+        plain TCP anyone who reaches the HA port can claim a member's id,
+        so the HA port must be reachable only by the group, or use TLS with
+        client certificates, where the certificate must name the id
+        (docs/failover.md, "Who counts").  The connection's address is not
+        compared with the member's advertised one: a host's outgoing
+        address is often not the one it advertises (several addresses,
+        NAT, 127.0.0.x on loopback).
+        """
+        view = self.view
+        member = view.members.get(node) if view is not None else None
+        return member is not None and node != self.settings.node_id
+
     def may_acknowledge(self) -> bool:
         return self.leader is not None and self._now() < self.valid_until
 
@@ -581,6 +598,7 @@ class Coordinator(Service):
         in_sync.lost = lambda why: self._step_down(why)
         ha = side.ha
         ha.may_acknowledge = self.may_acknowledge
+        ha.accepts_node = self.accepts_node
         ha.use_in_sync(in_sync)
 
     def _publish(self, members: tuple[str, ...]) -> Deferred[bool]:

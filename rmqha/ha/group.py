@@ -378,6 +378,9 @@ class HAService:
         #: The highest quorum offset so far: every put answered PUT_OK
         #: ends at or before it.
         self.acked_end = 0
+        #: Failover mode: whether a replica declaring node C{node} from
+        #: host C{host} counts (the coordinator knows it as a member there).
+        self.accepts_node: Callable[[str, str], bool] = lambda node, host: True
 
     def use_in_sync(self, in_sync: InSyncSet) -> None:
         """

@@ -340,6 +340,8 @@ class MasterConnection(Protocol):
         self.checked = False
         #: The replica id the slave declared (IDENTIFY; unauthenticated).
         self.replica_id: str | None = None
+        #: Failover mode: its declared node id was refused (logged once).
+        self.refused_node = False
         self._state = _State.AWAITING_REPORT
         # The first bytes, until the greeting says what the peer is.
         self._head: bytearray | None = bytearray()
@@ -824,10 +826,32 @@ class MasterFactory(ServerFactory):
         if ha is None:
             return
         if connection is not None and ha.in_sync is not None:
-            node = connection.failover_node
+            node = self.counted_node(connection)
             if node is not None and connection.ack_offset is not None:
                 ha.replica_acked(node, connection.ack_offset)
         ha.acks_changed()
+
+    def counted_node(self, connection: MasterConnection) -> str | None:
+        """
+        Failover mode: the node C{connection}'s acks count for, if any:
+        its declared id, if the coordinator knows that node as a live
+        member reachable from the connection's host (an id is only
+        declared: docs/failover.md, "Who counts").
+        """
+        node = connection.failover_node
+        if node is None or self.ha is None:
+            return None
+        if self.ha.accepts_node(node, connection.peer_host):
+            return node
+        if not connection.refused_node:
+            connection.refused_node = True
+            self._log.warn(
+                "slave {peer} declares node id {node}, which is not a live member of "
+                "the group at that host: its acks do not count",
+                peer=connection.peer,
+                node=node,
+            )
+        return None
 
     def release_waiters(self) -> None:
         """
@@ -879,7 +903,7 @@ class MasterFactory(ServerFactory):
         """
         acks: dict[str, int] = {}
         for c in self.connections:
-            node = c.failover_node
+            node = self.counted_node(c)
             if node is not None and c.ack_offset is not None and c.replicating:
                 acks[node] = max(acks.get(node, -1), c.ack_offset)
         return acks
