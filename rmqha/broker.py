@@ -32,7 +32,7 @@ from rmqha._limits import (
     LimitedFactory,
     raise_fd_limit,
 )
-from rmqha._ports import ListenFailed, Port
+from rmqha._ports import ListenFailed, OpenedLater, Port, listen
 from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import AppendResult, CommitLog
@@ -278,6 +278,7 @@ class Broker(MultiService):
         self._max_unflushed = max_unflushed
         self._fd_limit = fd_limit
         self._replica_id = replica_id
+        self._coordinated = coordinated
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
         #: Seconds SYNC_MASTER puts waited for their slaves.
@@ -508,6 +509,12 @@ class Broker(MultiService):
             if self.role.is_master:
                 side = self.role_service = self._master_side(self.role)
                 side.listen()
+            elif self._coordinated:
+                # Failover: the HA port is listened on only once elected;
+                # one in use is named now, at start, not at the election
+                # (the port is bound, then released at once).
+                probe = listen(self.reactor, "ha", self._ha_listen, OpenedLater())
+                probe.stopService()
             for port in self._ports():
                 port.listen(self.limited)
         except ListenFailed:

@@ -68,6 +68,27 @@ def test_port_in_use_exits_with_one_line(tmp_path: Any, busy_port: int, role: st
     assert not os.path.exists(store)
 
 
+def test_failover_node_ha_port_in_use(tmp_path: Any, busy_port: int) -> None:
+    """
+    A failover node listens on its HA port only once elected, but a port
+    in use is named at start, in one line, before the store is touched.
+    """
+    expected = (
+        f"twistd rmqha: cannot listen on tcp:{busy_port}:interface=127.0.0.1 "
+        "(--ha-listen): Address already in use"
+    )
+    code, text, store = run_twistd(
+        tmp_path,
+        "--coordinator", "etcd:http://127.0.0.1:1", "--group", "g", "--node-id", "a",
+        "--advertise", f"127.0.0.1:{busy_port}",
+        "--ha-listen", f"tcp:{busy_port}:interface=127.0.0.1",
+    )
+    assert code != 0, text
+    assert expected in text, text
+    assert "Traceback" not in text, text
+    assert not os.path.exists(store)
+
+
 def test_daemon_reports_the_line(tmp_path: Any, busy_port: int) -> None:
     """
     Daemonizing (no C{-n}), the parent twistd prints the same line from
