@@ -26,7 +26,6 @@ from rmqha.store import _record
 from rmqha.store._record import (
     Message,
     RecordEncoder,
-    RecordError,
     ReplicaValidator,
     check_record,
     encode_blank,
