@@ -78,6 +78,27 @@ class _Group(_InMemory):
         node = self.nodes[node_id] = _Node(broker, dcs, coordinator)
         return node
 
+    def uncoordinated_slave(self, master: _Node, **options: Any) -> Broker:
+        """
+        A slave of C{master} outside the group (no coordinator), stopped at
+        the end of the test.
+        """
+        store = self.mktemp()
+        broker = Broker(
+            self.clock,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.SLAVE,
+            master_endpoint=self.endpoint(master.broker),  # type: ignore[arg-type]
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 0.1,
+            fd_limit=lambda: 4096,
+            scrub_rate=0,
+            **options,
+        )
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        return broker
+
     def dial(self, address: str) -> Any:
         node = self.nodes.get(address.split(":")[0])
         if node is None:  # (crashed: nothing listens there)
@@ -541,20 +562,7 @@ class ClassicSlaveTests(_Group):
         self.elapse(2)
         master = self.master()
         assert master is not None
-        store = self.mktemp()
-        classic = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            master_endpoint=self.endpoint(master.broker),  # type: ignore[arg-type]
-            run_in_thread=lambda f: succeed(f()),
-            retry_policy=lambda attempt: 0.1,
-            fd_limit=lambda: 4096,
-            scrub_rate=0,
-            master_kind="rocketmq",
-        )
-        classic.startService()
-        self.addCleanup(self.stop, classic)
+        classic = self.uncoordinated_slave(master, master_kind="rocketmq")
         d = self.put(master.broker)
         self.elapse(0.5)
         self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
@@ -582,21 +590,7 @@ class ImpersonationTests(_Group):
         a = self.node("a")
         self.elapse(2)
         self.assertIs(self.master(), a)
-        store = self.mktemp()
-        intruder = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            master_endpoint=self.endpoint(a.broker),  # type: ignore[arg-type]
-            run_in_thread=lambda f: succeed(f()),
-            retry_policy=lambda attempt: 0.1,
-            fd_limit=lambda: 4096,
-            scrub_rate=0,
-            replica_id="b",
-            master_kind="rmqha",
-        )
-        intruder.startService()
-        self.addCleanup(self.stop, intruder)
+        intruder = self.uncoordinated_slave(a, replica_id="b", master_kind="rmqha")
         self.elapse(1)
         factory = a.broker.master_factory
         assert factory is not None

@@ -492,7 +492,8 @@ class HAService:
     def _failover_wait(self, end: int, in_sync: InSyncSet) -> Deferred[PutStatus]:
         if not self.sync:
             return succeed(PutStatus.PUT_OK)
-        alone = in_sync.effective == {in_sync.me}
+        members = in_sync.effective
+        alone = len(members) == 1 and in_sync.me in members
         if alone or end <= self.group.quorum_offset:
             # Held by every member already (the master alone, with
             # minInSyncReplicas 1, holds it now): only the lease decides.

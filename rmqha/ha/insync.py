@@ -101,7 +101,10 @@ class InSyncSet:
         The replicas whose acks a put waits for: the union of the wanted and
         the published sets.
         """
-        return self.wanted | self.published
+        # (Asked per put: no new set while no change is pending, the usual
+        # case.)
+        wanted, published = self.wanted, self.published
+        return wanted if wanted == published else wanted | published
 
     def acked(self, node: str, ack: int, max_offset: int, acked_end: int) -> None:
         """

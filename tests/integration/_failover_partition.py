@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,14 +34,9 @@ from rmqha.failover_cluster import (
 )
 from rmqha.testing import EtcdCluster
 
+from tests.integration._netns_scenario import _run
+
 TABLE = "rmqha_failover"
-
-
-def _run(*argv: str, stdin: str | None = None) -> str:
-    done = subprocess.run(argv, input=stdin, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(argv)} failed: {done.stderr.strip()}")
-    return done.stdout
 
 
 def _cut(host: str, uid: int) -> None:
