@@ -818,6 +818,115 @@ sp_encode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 #define TRANSACTION_PREPARED 0x4
 #define TRANSACTION_ROLLBACK 0xC
 
+/* -- shared by put_batch and put_one -------------------------------------- */
+
+/* Where a message goes in the queue table: *counted is whether its queue
+ * offset counts (not a prepared or rolled-back transaction), and then *key
+ * (a new reference, the caller's) is its (topic, queue id) and
+ * *queue_offset the table's offset for it (0 for a new queue).
+ * 1: done; 0: not the common case (the Python loop decides); -1: an error. */
+static int
+queue_slot(PyObject *message, PyObject *table, int *counted, PyObject **key,
+           long long *queue_offset)
+{
+    PyObject *sysflag_o, *topic = NULL, *queue_id = NULL, *current;
+    long long sysflag;
+    int status = -1;
+
+    *key = NULL;
+    *queue_offset = 0;
+    sysflag_o = PyObject_GetAttr(message, s_sysflag);
+    if (sysflag_o == NULL)
+        return -1;
+    if (!exact_int(sysflag_o, I32, &sysflag)) {
+        status = 0;
+        goto done;
+    }
+    *counted = (sysflag & TRANSACTION_MASK) != TRANSACTION_PREPARED &&
+               (sysflag & TRANSACTION_MASK) != TRANSACTION_ROLLBACK;
+    if (!*counted) {
+        status = 1;
+        goto done;
+    }
+    topic = PyObject_GetAttr(message, s_topic);
+    if (topic == NULL)
+        goto done;
+    queue_id = PyObject_GetAttr(message, s_queue_id);
+    if (queue_id == NULL)
+        goto done;
+    /* Exact str and int: hashing and comparing run no Python code. */
+    if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id)) {
+        status = 0;
+        goto done;
+    }
+    *key = PyTuple_Pack(2, topic, queue_id);
+    if (*key == NULL)
+        goto done;
+    current = PyDict_GetItemWithError(table, *key); /* borrowed */
+    if (current == NULL && PyErr_Occurred())
+        goto done;
+    if (current != NULL && !exact_int(current, 0, LLONG_MAX - 1, queue_offset)) {
+        status = 0;
+        goto done;
+    }
+    status = 1;
+done:
+    if (status != 1)
+        Py_CLEAR(*key);
+    Py_DECREF(sysflag_o);
+    Py_XDECREF(topic);
+    Py_XDECREF(queue_id);
+    return status;
+}
+
+/* An AppendResult (result_type, a NamedTuple) of a record written. */
+static PyObject *
+append_result(PyObject *result_type, long long offset, long long size,
+              long long queue_offset, long long store_timestamp, PyObject *store_host)
+{
+    /* What a NamedTuple's own __new__ does (tuple.__new__(cls, fields),
+     * which allocates through the subtype and fills the items). */
+    PyObject *result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 5);
+    PyObject *items[4];
+    int k, broken = 0;
+
+    if (result == NULL)
+        return NULL;
+    items[0] = PyLong_FromLongLong(offset);
+    items[1] = PyLong_FromLongLong(size);
+    items[2] = PyLong_FromLongLong(queue_offset);
+    items[3] = PyLong_FromLongLong(store_timestamp);
+    for (k = 0; k < 4; k++) {
+        if (items[k] == NULL)
+            broken = 1;
+        PyTuple_SET_ITEM(result, k, items[k]);
+    }
+    Py_INCREF(store_host);
+    PyTuple_SET_ITEM(result, 4, store_host);
+    if (broken)
+        Py_CLEAR(result);
+    return result;
+}
+
+/* After an error once bytes were written: zero [from, from + size) of the
+ * buffer again, keeping the error. */
+static void
+unwrite(PyObject *bufobj, long long from, long long size)
+{
+    PyObject *type, *value, *traceback;
+    Py_buffer view;
+
+    PyErr_Fetch(&type, &value, &traceback);
+    if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) == 0) {
+        if (from >= 0 && size > 0 && from + size <= (long long)view.len)
+            memset((char *)view.buf + from, 0, (size_t)size);
+        PyBuffer_Release(&view);
+    }
+    else
+        PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+}
+
 PyDoc_STRVAR(put_batch_doc,
 "put_batch(encoder, buf, position, limit, messages, index, table, previous,\n"
 "          start, store_timestamp, result_type, store_host, results)\n"
@@ -869,41 +978,18 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
      * may run Python code that shrinks a list of messages. */
     for (; index < (n = PySequence_Fast_GET_SIZE(seq)); index++) {
         PyObject *message = PySequence_Fast_GET_ITEM(seq, index);
-        PyObject *topic = NULL, *queue_id = NULL, *sysflag_o = NULL, *key = NULL,
-                 *encoded = NULL, *fields = NULL, *result = NULL, *next = NULL;
-        long long sysflag, queue_offset = 0, total = 0;
+        PyObject *key = NULL, *encoded = NULL, *fields = NULL, *result = NULL,
+                 *next = NULL;
+        long long queue_offset = 0, total = 0;
         long long written = 0;
-        int counted, ok = 0;
+        int counted = 0, ok = 0, slot;
 
         Py_INCREF(message);  /* the list may drop it meanwhile */
-        sysflag_o = PyObject_GetAttr(message, s_sysflag);
-        if (sysflag_o == NULL)
+        slot = queue_slot(message, table, &counted, &key, &queue_offset);
+        if (slot < 0)
             goto fail_one;
-        if (!exact_int(sysflag_o, I32, &sysflag))
+        if (slot == 0)
             goto python_one;
-        counted = (sysflag & TRANSACTION_MASK) != TRANSACTION_PREPARED &&
-                  (sysflag & TRANSACTION_MASK) != TRANSACTION_ROLLBACK;
-        if (counted) {
-            PyObject *current;
-
-            topic = PyObject_GetAttr(message, s_topic);
-            if (topic == NULL)
-                goto fail_one;
-            queue_id = PyObject_GetAttr(message, s_queue_id);
-            if (queue_id == NULL)
-                goto fail_one;
-            /* Exact str and int: hashing and comparing run no Python code. */
-            if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id))
-                goto python_one;
-            key = PyTuple_Pack(2, topic, queue_id);
-            if (key == NULL)
-                goto fail_one;
-            current = PyDict_GetItemWithError(table, key); /* borrowed */
-            if (current == NULL && PyErr_Occurred())
-                goto fail_one;
-            if (current != NULL && !exact_int(current, 0, LLONG_MAX - 1, &queue_offset))
-                goto python_one;
-        }
         encoded = encode_one(encoder, bufobj, position, limit - position, message,
                              queue_offset, start + position, store_timestamp);
         if (encoded == NULL)
@@ -931,27 +1017,10 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             if (next == NULL || PyDict_SetItem(table, key, next) < 0)
                 goto fail_one;
         }
-        /* What a NamedTuple's own __new__ does (tuple.__new__(cls, fields),
-         * which allocates through the subtype and fills the items). */
-        result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 5);
+        result = append_result(result_type, start + position, total, queue_offset,
+                               store_timestamp, store_host);
         if (result == NULL)
             goto fail_one;
-        {
-            PyObject *items[4] = {
-                PyLong_FromLongLong(start + position), PyLong_FromLongLong(total),
-                PyLong_FromLongLong(queue_offset), PyLong_FromLongLong(store_timestamp),
-            };
-            int k, broken = 0;
-            for (k = 0; k < 4; k++) {
-                if (items[k] == NULL)
-                    broken = 1;
-                PyTuple_SET_ITEM(result, k, items[k]);
-            }
-            Py_INCREF(store_host);
-            PyTuple_SET_ITEM(result, 4, store_host);
-            if (broken)
-                goto fail_one;
-        }
         if (PyList_Append(results, result) < 0)
             goto fail_one;
         position += total;
@@ -964,28 +1033,12 @@ sp_put_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         /* An error (no memory, say) after records were written: zero what
          * this call wrote, so that the caller's undo (which knows only the
          * positions it was told) leaves nothing behind. */
-        if (position + written > call_start) {
-            PyObject *type, *value, *traceback;
-            Py_buffer view;
-
-            PyErr_Fetch(&type, &value, &traceback);
-            if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) == 0) {
-                if (call_start >= 0 && position + written <= (long long)view.len)
-                    memset((char *)view.buf + call_start, 0,
-                           (size_t)(position + written - call_start));
-                PyBuffer_Release(&view);
-            }
-            else
-                PyErr_Clear();
-            PyErr_Restore(type, value, traceback);
-        }
+        if (position + written > call_start)
+            unwrite(bufobj, call_start, position + written - call_start);
         stop = NULL;
         ok = -1;
     done_one:
         Py_DECREF(message);
-        Py_XDECREF(topic);
-        Py_XDECREF(queue_id);
-        Py_XDECREF(sysflag_o);
         Py_XDECREF(key);
         Py_XDECREF(encoded);
         Py_XDECREF(fields);
@@ -1011,11 +1064,9 @@ static PyObject *
 sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *encoder, *bufobj, *message, *table, *result_type, *store_host;
-    PyObject *sysflag_o = NULL, *topic = NULL, *queue_id = NULL, *key = NULL,
-             *encoded = NULL, *next = NULL, *result = NULL;
-    long long position, limit, start, store_timestamp, sysflag, queue_offset = 0,
-        total = 0;
-    int counted;
+    PyObject *key = NULL, *encoded = NULL, *next = NULL, *result = NULL;
+    long long position, limit, start, store_timestamp, queue_offset = 0, total = 0;
+    int counted = 0, slot;
 
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "put_one takes 10 arguments");
@@ -1034,32 +1085,12 @@ sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "put_one: bad arguments");
         return NULL;
     }
-    sysflag_o = PyObject_GetAttr(message, s_sysflag);
-    if (sysflag_o == NULL)
+    slot = queue_slot(message, table, &counted, &key, &queue_offset);
+    if (slot < 0)
         goto error;
-    if (!exact_int(sysflag_o, I32, &sysflag))
+    if (slot == 0)
         goto decline;
-    counted = (sysflag & TRANSACTION_MASK) != TRANSACTION_PREPARED &&
-              (sysflag & TRANSACTION_MASK) != TRANSACTION_ROLLBACK;
     if (counted) {
-        PyObject *current;
-
-        topic = PyObject_GetAttr(message, s_topic);
-        if (topic == NULL)
-            goto error;
-        queue_id = PyObject_GetAttr(message, s_queue_id);
-        if (queue_id == NULL)
-            goto error;
-        if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(queue_id))
-            goto decline;
-        key = PyTuple_Pack(2, topic, queue_id);
-        if (key == NULL)
-            goto error;
-        current = PyDict_GetItemWithError(table, key); /* borrowed */
-        if (current == NULL && PyErr_Occurred())
-            goto error;
-        if (current != NULL && !exact_int(current, 0, LLONG_MAX - 1, &queue_offset))
-            goto decline;
         next = PyLong_FromLongLong(queue_offset + 1);
         if (next == NULL)
             goto error;
@@ -1077,25 +1108,10 @@ sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (total < 0)
         goto decline;
-    result = ((PyTypeObject *)result_type)->tp_alloc((PyTypeObject *)result_type, 5);
+    result = append_result(result_type, start + position, total, queue_offset,
+                           store_timestamp, store_host);
     if (result == NULL)
         goto unwrite;
-    {
-        PyObject *items[4] = {
-            PyLong_FromLongLong(start + position), PyLong_FromLongLong(total),
-            PyLong_FromLongLong(queue_offset), PyLong_FromLongLong(store_timestamp),
-        };
-        int k, broken = 0;
-        for (k = 0; k < 4; k++) {
-            if (items[k] == NULL)
-                broken = 1;
-            PyTuple_SET_ITEM(result, k, items[k]);
-        }
-        Py_INCREF(store_host);
-        PyTuple_SET_ITEM(result, 4, store_host);
-        if (broken)
-            goto unwrite;
-    }
     /* The last step: nothing can fail after the queue's offset moves. */
     if (counted && PyDict_SetItem(table, key, next) < 0)
         goto unwrite;
@@ -1103,20 +1119,7 @@ sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 unwrite:
     /* An error after the record was written: zero it again. */
-    {
-        PyObject *type, *value, *traceback;
-        Py_buffer view;
-
-        PyErr_Fetch(&type, &value, &traceback);
-        if (PyObject_GetBuffer(bufobj, &view, PyBUF_WRITABLE) == 0) {
-            if (position >= 0 && position + total <= (long long)view.len)
-                memset((char *)view.buf + position, 0, (size_t)total);
-            PyBuffer_Release(&view);
-        }
-        else
-            PyErr_Clear();
-        PyErr_Restore(type, value, traceback);
-    }
+    unwrite(bufobj, position, total);
 error:
     Py_CLEAR(result);
     goto finish;
@@ -1125,9 +1128,6 @@ decline:
     result = Py_None;
     Py_INCREF(result);
 finish:
-    Py_XDECREF(sysflag_o);
-    Py_XDECREF(topic);
-    Py_XDECREF(queue_id);
     Py_XDECREF(key);
     Py_XDECREF(encoded);
     Py_XDECREF(next);
