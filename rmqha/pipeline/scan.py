@@ -486,7 +486,9 @@ def _plain_blocks(
     C{span.start}.  Stops at the span's end or at the first record the
     decoder does not take (which the caller's record loop then judges).
     A record cut by a block's end is decoded on its own from its two (or
-    more) pieces joined: the only bytes copied.  C{rest} gets the bytes
+    more) pieces joined: the only bytes copied (a local file's blocks are
+    read into one buffer, L{SegmentReader.blocks}'s C{reuse}, so a piece
+    is copied out before the next block is read).  C{rest} gets the bytes
     read after the last record decoded, and whether they reach the span's
     end (the caller then asks the store for nothing more, nor when they
     begin with zeros: a remote store's request may cost far more than its
@@ -498,7 +500,7 @@ def _plain_blocks(
     carry: list[bytes] = []  # bytes from `done` on of a record cut by a block's end
     carried = 0
     block_at = 0  # where the current block starts, from span.start
-    with closing(f.blocks(span.start, span.end, block_size)) as blocks:
+    with closing(f.blocks(span.start, span.end, block_size, reuse=True)) as blocks:
         for block in blocks:
             view = memoryview(block)
             try:
@@ -509,7 +511,7 @@ def _plain_blocks(
                     first = carry[0] if len(carry[0]) >= 8 else b"".join(carry)
                     head = (first + block[:8])[:8] if len(first) < 8 else first[:8]
                     if len(head) < 8:
-                        carry.append(block)
+                        carry.append(bytes(block))  # (the block's memory is reused)
                         carried += len(block)
                         block_at += len(block)
                         continue  # (the file ends)
@@ -518,7 +520,7 @@ def _plain_blocks(
                         return  # not a record: the caller judges it
                     missing = total - carried
                     if missing > len(block):
-                        carry.append(block)
+                        carry.append(bytes(block))
                         carried += len(block)
                         block_at += len(block)
                         continue
@@ -562,11 +564,12 @@ def _plain_blocks(
         rest.append((b"".join(carry), True))  # the file ends before the span does
 
 
-def _column_batch(pa: Any, schema: Any, rows: int, buffers: tuple[bytes, ...], bodies: bool) -> Any:
+def _column_batch(pa: Any, schema: Any, rows: int, buffers: tuple[Any, ...], bodies: bool) -> Any:
     """
     An Arrow record batch from the compiled decoder's column buffers
     (C{_speedups.decode_span}: little-endian values, int32 offsets, LSB-first
-    bitmaps), without a Python object per record.
+    bitmaps), without a Python object per record and without copying them
+    (C{pa.py_buffer} reads a C{ColumnBuffer} where it is).
     """
     (offset, queue_offset, born, store, prepared, size, queue_id, flag, sysflag,
      reconsume, body_size, crc_ok, topic_offsets, topic, born_offsets, born_host,

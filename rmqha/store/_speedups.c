@@ -1337,7 +1337,8 @@ PyDoc_STRVAR(decode_span_doc,
 "report_crc=True) accepts and that are plain: IPv4 hosts, ASCII topic and\n"
 "properties, no property name twice.  It stops at the first other thing\n"
 "(the Python decoder takes that record), after max_rows rows, or before\n"
-"1 GiB of bodies.");
+"1 GiB of bodies.  The buffers are ColumnBuffer objects (read-only, the\n"
+"buffer protocol): the decoder's own memory, not copied.");
 
 static PyObject *
 sp_decode_span(PyObject *module, PyObject *args)
