@@ -688,11 +688,12 @@ def scan(
     bodies: bool = True,
     topics: Sequence[str] | None = None,
     split_bytes: int = DEFAULT_SPLIT_BYTES,
+    columns: Sequence[str] | None = None,
 ) -> Iterator[Any]:
     """
     Every record of the store as Arrow batches, in offset order, in this
-    process.
+    process (only C{columns}, when given: L{read_span}).
     """
     for span in plan(store_dir, split_bytes):
-        yield from read_span(span, bodies, topics)
+        yield from read_span(span, bodies, topics, columns=columns)
 
