@@ -1308,6 +1308,9 @@ enum {
 /* Bodies of one batch stay well inside Arrow's int32 offsets. */
 #define MAX_BATCH_BODY_BYTES (1LL << 30)
 #define MAX_PROPERTY_PAIRS 64
+/* The most decode_span reserves for bodies before it has seen them: the
+ * largest block a pipeline reader reads (docs/pipeline.md). */
+#define BODY_RESERVE_MAX (64LL << 20)
 
 typedef struct {
     unsigned char raw[8];  /* IPv4 address and int32 port, as stored */
@@ -1365,13 +1368,13 @@ sp_decode_span(PyObject *module, PyObject *args)
     save = PyEval_SaveThread();
     if (bodies && pos >= 0 && pos < limit && max_rows > 0) {
         /* The body column, reserved at once for as many bytes as the
-         * records given can hold: never grown and copied while decoding
-         * (a batch's bodies are most of its bytes), what is not used
-         * never touched, and given back by column_buffer_take.  Only a
-         * wish: refused (an address-space limit), the buffer grows as it
-         * goes. */
-        Py_ssize_t most = limit - pos < MAX_BATCH_BODY_BYTES ? (Py_ssize_t)(limit - pos)
-                                                             : (Py_ssize_t)MAX_BATCH_BODY_BYTES;
+         * records given can hold (up to BODY_RESERVE_MAX: a reader's
+         * block): never grown and copied while decoding (a batch's bodies
+         * are most of its bytes), what is not used never touched, and
+         * given back by column_buffer_take.  Only a wish: refused (an
+         * address-space limit), the buffer grows as it goes. */
+        Py_ssize_t most = limit - pos < BODY_RESERVE_MAX ? (Py_ssize_t)(limit - pos)
+                                                         : (Py_ssize_t)BODY_RESERVE_MAX;
         char *reserved = PyMem_RawMalloc((size_t)most);
         if (reserved != NULL) {
             g[C_BODY].data = reserved;
