@@ -86,6 +86,32 @@ class DataSourceTests(SynchronousTestCase):
         wanted = [dict(r, body=None) for r in rows[20:180] if r["topic"] == "orders"]
         self.assertEqual(df_rows(df), wanted)
 
+    def test_schema_selects_columns(self) -> None:
+        """
+        A schema given to the reader (Spark's only column pruning for a
+        Python data source) yields those columns of every row, in its
+        order; a column declared with another type than the rows' fails
+        the query naming it.
+        """
+        path = random_store(self, 200, 64 * 1024, seed=15)
+        df = (
+            spark().read.format("rocketmq-commitlog")
+            .schema("crc_ok boolean, offset long, body binary, tags string")
+            .load(path)
+        )
+        got = [
+            dict(r.asDict(), body=bytes(r["body"]))
+            for r in df.orderBy("offset").collect()  # type: ignore[attr-defined]
+        ]
+        wanted = [
+            {k: row[k] for k in ("crc_ok", "offset", "body", "tags")} for row in store_rows(path)
+        ]
+        self.assertEqual(got, wanted)
+        self.assertEqual(df.columns, ["crc_ok", "offset", "body", "tags"])  # type: ignore[attr-defined]
+        with self.assertRaises(Exception) as raised:
+            spark().read.format("rocketmq-commitlog").schema("size string").load(path).count()
+        self.assertIn("column size is int32", str(raised.exception))
+
     def test_bad_option(self) -> None:
         """
         A bad option fails the query with its name in the message.

@@ -159,6 +159,13 @@ class BlockSizeTests(SynchronousTestCase):
                     return inner(position, length)
 
                 reader.read_at = read_at  # type: ignore[method-assign]
+                inner_into = reader.read_into
+
+                def read_into(position: int, buffer: memoryview) -> int | None:
+                    asked.append(len(buffer))
+                    return inner_into(position, buffer)
+
+                reader.read_into = read_into  # type: ignore[method-assign]
                 if self.big:
                     reader.block_size = 64 * 1024 * 1024
                 return reader
@@ -311,6 +318,35 @@ class ReadAheadTests(SynchronousTestCase):
         self.assertEqual(b"".join(reader.blocks(0, 20000, 4096)), self.data)
         self.assertEqual(reader.threads, {threading.current_thread().name})
         self.assertEqual(reader.started, [0, 4096, 8192])
+
+    def test_local_blocks_in_one_buffer(self) -> None:
+        """
+        With C{reuse}, a local file's blocks are read into one buffer
+        (no fresh memory per block: its page faults cost a local scan
+        ~10 % of its CPU), each holding the file's bytes when handed out,
+        the last one shorter where the file ends; a reader that only hands
+        out its own bytes (a remote one) goes on doing so.
+        """
+        path = self.mktemp()
+        os.makedirs(os.path.join(path, "commitlog"))
+        with open(os.path.join(path, "commitlog", "%020d" % 0), "wb") as f:
+            f.write(self.data)
+        store = LocalStore(path)
+        (segment,) = store.segments()
+        with store.open(segment) as reader:
+            seen = []
+            buffers = set()
+            for block in reader.blocks(100, 20000, 4096, reuse=True):
+                seen.append(bytes(block))
+                with memoryview(block) as view:
+                    buffers.add(id(view.obj))
+            self.assertEqual(b"".join(seen), self.data[100:])
+            self.assertEqual([len(b) for b in seen], [4096, 4096, len(self.data) - 100 - 8192])
+            self.assertEqual(len(buffers), 1)
+        remote = _GatedReader(self.data, prefetch=0)
+        blocks = list(remote.blocks(0, 20000, 4096, reuse=True))
+        self.assertEqual(b"".join(blocks), self.data)
+        self.assertTrue(all(type(b) is bytes for b in blocks))
 
 
 class RemoteReadSpanTests(SynchronousTestCase):

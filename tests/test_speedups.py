@@ -629,6 +629,48 @@ class SpanDecodeTests(_Compiled, SynchronousTestCase):
         self.assertEqual(pure[1][0]["properties"], [("TAGS", "b")])
 
 
+class SpanDecodeMemoryTests(_Compiled, SynchronousTestCase):
+    """
+    The column decoder's memory: each column is written once, into memory
+    that Arrow then reads as it is (pyarrow's reader with bodies on ran at
+    half speed when the body column was grown by doubling and then copied
+    into a bytes object: docs/benchmarks.md "Issue 15, fifth step").
+    """
+
+    def test_bodies_held_once(self) -> None:
+        """
+        Decoding 2 MiB of bodies needs about 2 MiB at its peak, not twice
+        or three times that (a buffer grown by doubling, then copied); and
+        a batch that keeps few rows of many bytes keeps no more than its
+        rows (what was reserved for the rest is given back).
+        """
+        import tracemalloc
+
+        body = bytes(range(256)) * 16
+        one = len(test_record.handmade(body=body))
+        log = b"".join(
+            test_record.handmade(body=body, physical_offset=i * one) for i in range(512)
+        )
+        bodies = 512 * len(body)
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            stop, rows, buffers = _speedups.decode_span(log, 0, len(log), 0, True, 1 << 20)
+            held, peak = tracemalloc.get_traced_memory()
+            self.assertEqual((stop, rows), (len(log), 512))
+            self.assertEqual(bytes(buffers[-1]), body * 512)
+            self.assertLess(peak - before, bodies * 1.25)
+            del buffers
+            before = tracemalloc.get_traced_memory()[0]
+            stop, rows, buffers = _speedups.decode_span(log, 0, len(log), 0, True, 1)
+            self.assertEqual((stop, rows), (one, 1))
+            self.assertLess(tracemalloc.get_traced_memory()[0] - before, 64 * 1024)
+            self.assertEqual(bytes(buffers[-1]), body)
+        finally:
+            tracemalloc.stop()
+
+
 class BoundsTests(_Compiled, SynchronousTestCase):
     """
     No compiled function reads or writes outside its buffer, whatever the

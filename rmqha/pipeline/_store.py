@@ -68,7 +68,20 @@ class SegmentReader(ABC):
         @raise OSError: the bytes could not be read (C{filename} says which).
         """
 
-    def blocks(self, start: int, end: int, size: int) -> Generator[bytes, None, None]:
+    def read_into(self, position: int, buffer: memoryview) -> int | None:
+        """
+        Read C{len(buffer)} bytes from C{position} into C{buffer} (fewer
+        only where the file ends) and say how many; C{None} from a reader
+        that only hands out bytes of its own (L{read_at}: every remote
+        one), which is this default.
+
+        @raise OSError: the bytes could not be read (C{filename} says which).
+        """
+        return None
+
+    def blocks(
+        self, start: int, end: int, size: int, reuse: bool = False
+    ) -> Generator["bytes | memoryview", None, None]:
         """
         Bytes C{start} to C{end} as consecutive blocks of C{size} bytes
         (the last one shorter; the blocks stop early where the file ends).
@@ -81,14 +94,30 @@ class SegmentReader(ABC):
         C{OSError} when the caller reaches it, not before.  Closing the
         iterator (or dropping it) cancels the reads not started and waits
         for those under way: no thread outlives it.
+
+        @param reuse: without read-ahead, from a reader that reads into
+            memory it is given (L{read_into}: a local file), every block
+            is read into the same buffer: a block is then good only until
+            the next is asked for, and the caller copies what it keeps.
+            (Fresh memory for every block cost a local scan ~10 % of its
+            CPU in page faults: docs/benchmarks.md.)
         """
         if size <= 0:
             raise ValueError(f"block size {size} is not positive")
         if self.prefetch <= 0:
+            buffer = memoryview(bytearray(min(size, max(0, end - start)))) if reuse else None
             position = start
             while position < end:
                 want = min(size, end - position)
-                data = self.read_at(position, want)
+                data: "bytes | memoryview | None" = None
+                if buffer is not None:
+                    got = self.read_into(position, buffer[:want])
+                    if got is None:
+                        buffer = None  # this reader hands out its own bytes
+                    else:
+                        data = buffer[:got]
+                if data is None:
+                    data = self.read_at(position, want)
                 if data:
                     yield data
                 if len(data) < want:

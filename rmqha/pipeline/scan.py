@@ -22,7 +22,7 @@ plain single-process reader the Spark benchmark compares against).
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import Any
@@ -52,6 +52,7 @@ __all__ = [
     "hop",
     "walk",
     "plan",
+    "project",
     "read_span",
     "scan",
 ]
@@ -320,23 +321,56 @@ def arrow_schema() -> Any:
     )
 
 
+def project(columns: Sequence[str] | None) -> Any:
+    """
+    The schema of L{read_span}'s batches for C{columns}: those columns of
+    C{arrow_schema()}, in that order (all of them for C{None}).
+
+    @raise PlanError: a name that is not a column, or a column twice.
+    """
+    schema = arrow_schema()
+    if columns is None:
+        return schema
+    names = list(columns)
+    for name in names:
+        if name not in schema.names:
+            raise PlanError(
+                f"{name!r} is not a column of the commit log's rows "
+                f"(they are: {', '.join(schema.names)})"
+            )
+    if len(set(names)) != len(names):
+        raise PlanError(f"a column is named twice in {', '.join(names)}")
+    import pyarrow as pa
+
+    return pa.schema([schema.field(name) for name in names])
+
+
 def read_span(
     span: Span,
     bodies: bool = True,
     topics: Sequence[str] | None = None,
     batch_rows: int = 8192,
+    columns: Sequence[str] | None = None,
 ) -> Iterator[Any]:
     """
-    The records of C{span} as Arrow record batches (C{arrow_schema()}).
+    The records of C{span} as Arrow record batches (C{arrow_schema()}, or
+    C{project(columns)}).
 
     @param bodies: C{False} leaves C{body} null (C{body_size} and
         C{crc_ok} are still filled): far less to move when bodies are not
         needed.
     @param topics: only records of these topics; others are skipped after
         reading just their topic, before any other decoding.
+    @param columns: only these columns, in this order (L{project}): the
+        others are not built, and bodies are not copied unless C{body} is
+        among them.  Spark's JVM turns every column it is given into rows,
+        needed or not (docs/benchmarks.md, "Issue 15, fifth step").
     """
     import pyarrow as pa
 
+    out = project(columns)
+    if columns is not None and "body" not in columns:
+        bodies = False
     schema = arrow_schema()
     wanted = None if topics is None else {t.encode() for t in topics}
     # The compiled decoder takes the plain records (IPv4 hosts, ASCII topic
@@ -354,7 +388,7 @@ def read_span(
             # a remote store reads the next blocks meanwhile.  (Closed
             # before the reader is, whatever stops the loop.)
             with closing(
-                _plain_blocks(f, span, bodies, batch_rows, fast, pa, schema, rest)
+                _plain_blocks(f, span, bodies, batch_rows, fast, pa, out, rest)
             ) as plain:
                 for batch, done in plain:
                     yield batch
@@ -375,13 +409,13 @@ def read_span(
                 data = f.read_at(span.start + done, span_length - done)
     view = memoryview(data)
     length = len(data)
-    columns: dict[str, list[Any]] = {name: [] for name in schema.names}
+    values_of: dict[str, list[Any]] = {name: [] for name in schema.names}
     keys: list[str] = []
     values: list[str] = []
     map_offsets = [0]
     (offset_c, size_c, topic_c, queue_c, qoff_c, flag_c, sysflag_c, born_c, store_c,
      bhost_c, shost_c, recons_c, prep_c, _, tags_c, keys_c, body_c, bsize_c,
-     crc_c) = (columns[n] for n in schema.names)
+     crc_c) = (values_of[n] for n in schema.names)
     position = 0
     base = span.base + span.start + done
     while position < length:
@@ -391,13 +425,13 @@ def read_span(
             )
             if rows:
                 if offset_c:  # rows decoded below go first, in order
-                    yield _batch(pa, schema, columns, keys, values, map_offsets)
-                    for column in columns.values():
+                    yield _batch(pa, out, values_of, keys, values, map_offsets)
+                    for column in values_of.values():
                         column.clear()
                     keys.clear()
                     values.clear()
                     map_offsets[:] = [0]
-                yield _column_batch(pa, schema, rows, buffers, bodies)
+                yield _column_batch(pa, out, rows, buffers, bodies)
                 position = stop
                 continue
         if wanted is not None:
@@ -453,14 +487,14 @@ def read_span(
         bsize_c.append(body_size)
         crc_c.append(record.crc_ok)
         if len(offset_c) >= batch_rows:
-            yield _batch(pa, schema, columns, keys, values, map_offsets)
-            for column in columns.values():
+            yield _batch(pa, out, values_of, keys, values, map_offsets)
+            for column in values_of.values():
                 column.clear()
             keys.clear()
             values.clear()
             map_offsets[:] = [0]
     if offset_c:
-        yield _batch(pa, schema, columns, keys, values, map_offsets)
+        yield _batch(pa, out, values_of, keys, values, map_offsets)
 
 
 #: How much of a span L{read_span} reads at a time while records are
@@ -486,7 +520,9 @@ def _plain_blocks(
     C{span.start}.  Stops at the span's end or at the first record the
     decoder does not take (which the caller's record loop then judges).
     A record cut by a block's end is decoded on its own from its two (or
-    more) pieces joined: the only bytes copied.  C{rest} gets the bytes
+    more) pieces joined: the only bytes copied (a local file's blocks are
+    read into one buffer, L{SegmentReader.blocks}'s C{reuse}, so a piece
+    is copied out before the next block is read).  C{rest} gets the bytes
     read after the last record decoded, and whether they reach the span's
     end (the caller then asks the store for nothing more, nor when they
     begin with zeros: a remote store's request may cost far more than its
@@ -498,7 +534,7 @@ def _plain_blocks(
     carry: list[bytes] = []  # bytes from `done` on of a record cut by a block's end
     carried = 0
     block_at = 0  # where the current block starts, from span.start
-    with closing(f.blocks(span.start, span.end, block_size)) as blocks:
+    with closing(f.blocks(span.start, span.end, block_size, reuse=True)) as blocks:
         for block in blocks:
             view = memoryview(block)
             try:
@@ -509,7 +545,7 @@ def _plain_blocks(
                     first = carry[0] if len(carry[0]) >= 8 else b"".join(carry)
                     head = (first + block[:8])[:8] if len(first) < 8 else first[:8]
                     if len(head) < 8:
-                        carry.append(block)
+                        carry.append(bytes(block))  # (the block's memory is reused)
                         carried += len(block)
                         block_at += len(block)
                         continue  # (the file ends)
@@ -518,7 +554,7 @@ def _plain_blocks(
                         return  # not a record: the caller judges it
                     missing = total - carried
                     if missing > len(block):
-                        carry.append(block)
+                        carry.append(bytes(block))
                         carried += len(block)
                         block_at += len(block)
                         continue
@@ -562,55 +598,66 @@ def _plain_blocks(
         rest.append((b"".join(carry), True))  # the file ends before the span does
 
 
-def _column_batch(pa: Any, schema: Any, rows: int, buffers: tuple[bytes, ...], bodies: bool) -> Any:
+def _column_batch(pa: Any, schema: Any, rows: int, buffers: tuple[Any, ...], bodies: bool) -> Any:
     """
-    An Arrow record batch from the compiled decoder's column buffers
+    An Arrow record batch of C{schema}'s columns (all or some of
+    C{arrow_schema()}'s) from the compiled decoder's column buffers
     (C{_speedups.decode_span}: little-endian values, int32 offsets, LSB-first
-    bitmaps), without a Python object per record.
+    bitmaps), without a Python object per record and without copying them
+    (C{pa.py_buffer} reads a C{ColumnBuffer} where it is).
     """
     (offset, queue_offset, born, store, prepared, size, queue_id, flag, sysflag,
      reconsume, body_size, crc_ok, topic_offsets, topic, born_offsets, born_host,
      store_offsets, store_host, map_offsets, key_offsets, key_data, value_offsets,
      value_data, tags_valid, tags_offsets, tags, keys_valid, keys_offsets, keys,
-     body_offsets, body) = map(pa.py_buffer, buffers)
+     body_offsets, body) = buffers
 
     def fixed(kind: Any, data: Any) -> Any:
-        return pa.Array.from_buffers(kind, rows, [None, data])
+        return pa.Array.from_buffers(kind, rows, [None, pa.py_buffer(data)])
 
     def text(offsets: Any, data: Any, valid: Any = None, count: int = rows) -> Any:
-        return pa.Array.from_buffers(pa.string(), count, [valid, offsets, data])
+        return pa.Array.from_buffers(
+            pa.string(),
+            count,
+            [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)],
+        )
 
-    pairs = len(buffers[19]) // 4 - 1  # key offsets: one more than the keys
-    columns = {
-        "offset": fixed(pa.int64(), offset),
-        "size": fixed(pa.int32(), size),
-        "topic": text(topic_offsets, topic),
-        "queue_id": fixed(pa.int32(), queue_id),
-        "queue_offset": fixed(pa.int64(), queue_offset),
-        "flag": fixed(pa.int32(), flag),
-        "sysflag": fixed(pa.int32(), sysflag),
-        "born_timestamp": fixed(pa.int64(), born),
-        "store_timestamp": fixed(pa.int64(), store),
-        "born_host": text(born_offsets, born_host),
-        "store_host": text(store_offsets, store_host),
-        "reconsume_times": fixed(pa.int32(), reconsume),
-        "prepared_tx_offset": fixed(pa.int64(), prepared),
-        "properties": pa.MapArray.from_arrays(
-            pa.Array.from_buffers(pa.int32(), rows + 1, [None, map_offsets]),
+    def properties() -> Any:
+        pairs = len(key_offsets) // 4 - 1  # key offsets: one more than the keys
+        return pa.MapArray.from_arrays(
+            pa.Array.from_buffers(pa.int32(), rows + 1, [None, pa.py_buffer(map_offsets)]),
             text(key_offsets, key_data, count=pairs),
             text(value_offsets, value_data, count=pairs),
-        ),
-        "tags": text(tags_offsets, tags, tags_valid),
-        "keys": text(keys_offsets, keys, keys_valid),
-        "body": (
-            pa.Array.from_buffers(pa.binary(), rows, [None, body_offsets, body])
+        )
+
+    build: dict[str, Callable[[], Any]] = {
+        "offset": lambda: fixed(pa.int64(), offset),
+        "size": lambda: fixed(pa.int32(), size),
+        "topic": lambda: text(topic_offsets, topic),
+        "queue_id": lambda: fixed(pa.int32(), queue_id),
+        "queue_offset": lambda: fixed(pa.int64(), queue_offset),
+        "flag": lambda: fixed(pa.int32(), flag),
+        "sysflag": lambda: fixed(pa.int32(), sysflag),
+        "born_timestamp": lambda: fixed(pa.int64(), born),
+        "store_timestamp": lambda: fixed(pa.int64(), store),
+        "born_host": lambda: text(born_offsets, born_host),
+        "store_host": lambda: text(store_offsets, store_host),
+        "reconsume_times": lambda: fixed(pa.int32(), reconsume),
+        "prepared_tx_offset": lambda: fixed(pa.int64(), prepared),
+        "properties": properties,
+        "tags": lambda: text(tags_offsets, tags, tags_valid),
+        "keys": lambda: text(keys_offsets, keys, keys_valid),
+        "body": lambda: (
+            pa.Array.from_buffers(
+                pa.binary(), rows, [None, pa.py_buffer(body_offsets), pa.py_buffer(body)]
+            )
             if bodies
             else pa.nulls(rows, pa.binary())
         ),
-        "body_size": fixed(pa.int32(), body_size),
-        "crc_ok": fixed(pa.bool_(), crc_ok),
+        "body_size": lambda: fixed(pa.int32(), body_size),
+        "crc_ok": lambda: fixed(pa.bool_(), crc_ok),
     }
-    return pa.RecordBatch.from_arrays([columns[name] for name in schema.names], schema=schema)
+    return pa.RecordBatch.from_arrays([build[name]() for name in schema.names], schema=schema)
 
 
 def _batch(
@@ -641,11 +688,12 @@ def scan(
     bodies: bool = True,
     topics: Sequence[str] | None = None,
     split_bytes: int = DEFAULT_SPLIT_BYTES,
+    columns: Sequence[str] | None = None,
 ) -> Iterator[Any]:
     """
     Every record of the store as Arrow batches, in offset order, in this
-    process.
+    process (only C{columns}, when given: L{read_span}).
     """
     for span in plan(store_dir, split_bytes):
-        yield from read_span(span, bodies, topics)
+        yield from read_span(span, bodies, topics, columns=columns)
 

@@ -19,6 +19,16 @@ fillers and bytes after the last whole record are not rows.  Options:
                  into pieces of about this size, consecutive small ones
                  packed into one partition up to it
 
+A schema given to the reader selects columns (Spark passes a Python data
+source no other column pruning, and its JVM turns every column it gets
+into rows, needed or not):
+
+    spark.read.format("rocketmq-commitlog").schema("size int, body binary").load(...)
+
+Each column named must be one of the rows' (L{SCHEMA_DDL}) with its type;
+columns not asked for are not built, and bodies are not copied unless
+C{body} is among them.
+
 Offsets and topics are applied while planning and reading, not filtered
 after decoding.  Where a store can be (a path, any C{pyarrow.fs} URI, a
 live broker) and the options a live broker over TLS takes:
@@ -39,7 +49,15 @@ from urllib.parse import urlsplit
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from rmqha._units import parse_size
-from rmqha.pipeline.scan import DEFAULT_SPLIT_BYTES, SCHEMA_DDL, Span, plan, read_span
+from rmqha.pipeline.scan import (
+    DEFAULT_SPLIT_BYTES,
+    SCHEMA_DDL,
+    Span,
+    arrow_schema,
+    plan,
+    project,
+    read_span,
+)
 from rmqha.pipeline.stores import PlanError, resolve
 
 __all__ = ["CommitLogDataSource", "spark_session", "package_zip", "FORMAT", "OptionError"]
@@ -150,7 +168,37 @@ class CommitLogDataSource(DataSource):
         return SCHEMA_DDL
 
     def reader(self, schema: Any) -> "CommitLogReader":
-        return CommitLogReader(_read_options(dict(self.options)))
+        options = _read_options(dict(self.options))
+        options["columns"] = _columns(schema)
+        return CommitLogReader(options)
+
+
+def _columns(schema: Any) -> list[str] | None:
+    """
+    The columns that the schema the reader is given asks for: C{None}
+    for the whole row (L{SCHEMA_DDL}); a list for a schema given with
+    C{spark.read.schema(...)}, the one way to prune a Python data source's
+    columns (Spark's JVM turns every column of every batch into rows,
+    needed or not).
+
+    @raise OptionError: a column that is not one of the rows', or that is
+        declared with another type.
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    names = [field.name for field in schema.fields]
+    try:
+        ours = project(names)
+    except PlanError as e:
+        raise OptionError(f"schema: {e}") from None
+    for given, field in zip(to_arrow_schema(schema, timezone="UTC"), ours):
+        if not given.equals(field):
+            raise OptionError(
+                f"schema: column {field.name} is {field.type}"
+                f"{'' if field.nullable else ' not null'} in the commit log's rows, "
+                f"not {given.type}{'' if given.nullable else ' not null'}"
+            )
+    return None if names == arrow_schema().names else names
 
 
 class CommitLogReader(DataSourceReader):
@@ -165,7 +213,7 @@ class CommitLogReader(DataSourceReader):
         o = self.options
         assert isinstance(partition, SpanPartition)
         for span in partition.spans:
-            yield from read_span(span, o["bodies"], o["topics"])
+            yield from read_span(span, o["bodies"], o["topics"], columns=o["columns"])
 
 
 def _java_home() -> str | None:

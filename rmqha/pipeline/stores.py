@@ -79,6 +79,19 @@ class _FileReader(SegmentReader):
             e.filename = self.path
             raise
 
+    def read_into(self, position: int, buffer: memoryview) -> int:
+        done = 0
+        try:
+            while done < len(buffer):
+                got = os.preadv(self._fd, [buffer[done:]], position + done)
+                if not got:
+                    break
+                done += got
+        except OSError as e:
+            e.filename = self.path
+            raise
+        return done
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

@@ -1191,6 +1191,81 @@ gbuf_i64(gbuf *g, int64_t v)
     return gbuf_put(g, &v, 8);
 }
 
+/* A column buffer handed to Python as it is (no copy into a bytes
+ * object: for the body column that copy, into fresh memory, cost about
+ * as much as decoding): the gbuf's memory, freed with the object.  Read
+ * through the buffer protocol (pyarrow.py_buffer keeps it alive). */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    Py_ssize_t length;
+} ColumnBufferObject;
+
+static void
+column_buffer_dealloc(ColumnBufferObject *self)
+{
+    PyMem_RawFree(self->data);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+column_buffer_getbuffer(ColumnBufferObject *self, Py_buffer *view, int flags)
+{
+    static char empty[1];
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data ? self->data : empty,
+                             self->length, 1, flags);
+}
+
+static Py_ssize_t
+column_buffer_length(ColumnBufferObject *self)
+{
+    return self->length;
+}
+
+static PyBufferProcs column_buffer_as_buffer = {
+    (getbufferproc)column_buffer_getbuffer,
+    NULL,
+};
+
+static PySequenceMethods column_buffer_as_sequence = {
+    .sq_length = (lenfunc)column_buffer_length,
+};
+
+static PyTypeObject ColumnBufferType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rmqha.store._speedups.ColumnBuffer",
+    .tp_basicsize = sizeof(ColumnBufferObject),
+    .tp_dealloc = (destructor)column_buffer_dealloc,
+    .tp_as_sequence = &column_buffer_as_sequence,
+    .tp_as_buffer = &column_buffer_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One column buffer of decode_span (read-only, buffer protocol).",
+};
+
+/* The gbuf's memory as a ColumnBuffer (the gbuf is left empty), shrunk
+ * first when much of it was reserved and not used. */
+static PyObject *
+column_buffer_take(gbuf *g)
+{
+    ColumnBufferObject *self;
+
+    if (g->data != NULL && g->capacity - g->length >= (1 << 16)) {
+        char *shrunk = PyMem_RawRealloc(g->data, g->length ? (size_t)g->length : 1);
+        if (shrunk != NULL) {
+            g->data = shrunk;
+            g->capacity = g->length;
+        }
+    }
+    self = PyObject_New(ColumnBufferObject, &ColumnBufferType);
+    if (self == NULL)
+        return NULL;
+    self->data = g->data;
+    self->length = g->length;
+    g->data = NULL;
+    g->length = g->capacity = 0;
+    return (PyObject *)self;
+}
+
 static int
 all_ascii(const unsigned char *p, int64_t n)
 {
@@ -1233,6 +1308,9 @@ enum {
 /* Bodies of one batch stay well inside Arrow's int32 offsets. */
 #define MAX_BATCH_BODY_BYTES (1LL << 30)
 #define MAX_PROPERTY_PAIRS 64
+/* The most decode_span reserves for bodies before it has seen them: the
+ * largest block a pipeline reader reads (docs/pipeline.md). */
+#define BODY_RESERVE_MAX (64LL << 20)
 
 typedef struct {
     unsigned char raw[8];  /* IPv4 address and int32 port, as stored */
@@ -1262,7 +1340,8 @@ PyDoc_STRVAR(decode_span_doc,
 "report_crc=True) accepts and that are plain: IPv4 hosts, ASCII topic and\n"
 "properties, no property name twice.  It stops at the first other thing\n"
 "(the Python decoder takes that record), after max_rows rows, or before\n"
-"1 GiB of bodies.");
+"1 GiB of bodies.  The buffers are ColumnBuffer objects (read-only, the\n"
+"buffer protocol): the decoder's own memory, not copied.");
 
 static PyObject *
 sp_decode_span(PyObject *module, PyObject *args)
@@ -1287,6 +1366,21 @@ sp_decode_span(PyObject *module, PyObject *args)
     /* No Python object is touched from here to PyEval_RestoreThread (the
      * buffer stays exported, so it cannot move or shrink meanwhile). */
     save = PyEval_SaveThread();
+    if (bodies && pos >= 0 && pos < limit && max_rows > 0) {
+        /* The body column, reserved at once for as many bytes as the
+         * records given can hold (up to BODY_RESERVE_MAX: a reader's
+         * block): never grown and copied while decoding (a batch's bodies
+         * are most of its bytes), what is not used never touched, and
+         * given back by column_buffer_take.  Only a wish: refused (an
+         * address-space limit), the buffer grows as it goes. */
+        Py_ssize_t most = limit - pos < BODY_RESERVE_MAX ? (Py_ssize_t)(limit - pos)
+                                                         : (Py_ssize_t)BODY_RESERVE_MAX;
+        char *reserved = PyMem_RawMalloc((size_t)most);
+        if (reserved != NULL) {
+            g[C_BODY].data = reserved;
+            g[C_BODY].capacity = most;
+        }
+    }
     if (gbuf_i32(&g[C_TOPIC_OFF], 0) < 0 || gbuf_i32(&g[C_BHOST_OFF], 0) < 0 ||
         gbuf_i32(&g[C_SHOST_OFF], 0) < 0 || gbuf_i32(&g[C_MAP_OFF], 0) < 0 ||
         gbuf_i32(&g[C_PKEY_OFF], 0) < 0 || gbuf_i32(&g[C_PVAL_OFF], 0) < 0 ||
@@ -1423,7 +1517,7 @@ decoded:
     if (buffers == NULL)
         goto error;
     for (i = 0; i < C_COUNT; i++) {
-        PyObject *item = PyBytes_FromStringAndSize(g[i].data ? g[i].data : "", g[i].length);
+        PyObject *item = column_buffer_take(&g[i]);
         if (item == NULL)
             goto error;
         PyTuple_SET_ITEM(buffers, i, item);
@@ -1831,7 +1925,7 @@ PyInit__speedups(void)
     {
         PyObject *module;
 
-        if (PyType_Ready(&PrefaultType) < 0)
+        if (PyType_Ready(&PrefaultType) < 0 || PyType_Ready(&ColumnBufferType) < 0)
             return NULL;
         module = PyModule_Create(&module_def);
         if (module == NULL)
