@@ -152,6 +152,12 @@ class PlanTests(SynchronousTestCase):
         self.assertEqual(sum(b.num_rows for s in spans for b in read_span(s)), 50)
         self.assertLessEqual(sum(read), (4 << 20) + 8)
         self.assertLess(end, 4 << 20)
+        # A topic filter takes the record loop (as the pure codec does):
+        # it too stops where the records end.
+        read.clear()
+        rows = sum(b.num_rows for s in spans for b in read_span(s, topics=["orders"]))
+        self.assertEqual(rows, 50)
+        self.assertLessEqual(sum(read), (4 << 20) + 8)
 
     def test_cuts_are_record_starts(self) -> None:
         """

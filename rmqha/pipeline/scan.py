@@ -406,7 +406,7 @@ def read_span(
         elif done < span_length:
             head = f.read_at(span.start + done, min(8, span_length - done))
             if len(head) == 8 and any(head):
-                data = f.read_at(span.start + done, span_length - done)
+                data = _records_until_zeros(f, span.start + done, span_length - done)
     view = memoryview(data)
     length = len(data)
     values_of: dict[str, list[Any]] = {name: [] for name in schema.names}
@@ -500,6 +500,33 @@ def read_span(
 #: How much of a span L{read_span} reads at a time while records are
 #: plain, at least (the reader's C{block_size} when larger: a remote store).
 _READ_BLOCK = 4 * 1024 * 1024
+
+
+def _records_until_zeros(f: SegmentReader, start: int, length: int) -> bytearray:
+    """
+    The C{length} bytes from C{start} (a record start) for the record loop
+    of L{read_span}, read block by block and only as far as the records go
+    when they end in zeros (a broker's preallocated segment): the pure
+    codec's path and a topic filter's do not read the tail, whatever its
+    size.  Where the header hop meets anything else (a BLANK filler, a
+    damaged header), the rest is read whole: the record loop judges it.
+    """
+    buf = bytearray()
+    position = 0  # the next record header, from start
+    while len(buf) < length:
+        block = f.read_at(start + len(buf), min(_READ_BLOCK, length - len(buf)))
+        if not block:
+            break
+        buf += block
+        _, position = walk_headers(buf, position, length)
+        if position + 8 <= len(buf):
+            # The hop stopped at what is not a record header.
+            if not any(buf[position : position + 8]):
+                del buf[position:]
+                break
+            buf += f.read_at(start + len(buf), length - len(buf))
+            break
+    return buf
 
 
 def _plain_blocks(
