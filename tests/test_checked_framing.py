@@ -348,6 +348,58 @@ class MasterTests(MasterTestCase):
             self.assertLessEqual(size, 500)
             position += HEADER_SIZE + size
 
+    def test_catch_up_yields_the_reactor(self) -> None:
+        """
+        Catch-up frames go out C{_DIRECT_BUDGET} body bytes per reactor
+        turn: the frames after that on a later turn (not queued behind them
+        through Twisted's buffer), in order, to the end; a connection lost
+        in between leaves nothing scheduled.
+        """
+        self.patch(master, "CATCH_UP_BATCH_SIZE", 1000)
+        self.patch(master, "_DIRECT_BUDGET", 2000)
+        for _ in range(20):
+            self.store.put(make_message(b"m" * 300))
+        end = self.store.max_offset
+        factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
+        self.addCleanup(factory.stopFactory)
+        self.factory = factory
+        connection, transport = self.connect()
+
+        def now() -> list[object]:
+            return [c for c in self.clock.getDelayedCalls() if c.getTime() <= self.clock.seconds()]
+
+        def frames() -> list[tuple[int, int]]:
+            decoder.feed(transport.value())
+            transport.clear()
+            out = []
+            while (frame := decoder.next_frame()) is not None:
+                out.append((frame.offset, len(frame.body)))
+            return out
+
+        decoder = TransferDecoder(checked=True)
+        connection.dataReceived(code(CHECKED_HELLO) + checked_report(0))
+        first = frames()
+        self.assertEqual(sum(size for _, size in first), 2000)
+        self.assertEqual(len(now()), 1)
+        self.clock.advance(0)
+        rest = frames()
+        position = 0
+        for offset, size in first + rest:
+            self.assertEqual(offset, position)
+            position += size
+        self.assertEqual(position, end)
+        self.assertEqual(now(), [])
+
+        again = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40001))
+        transport = StringTransport()
+        again.makeConnection(transport)
+        decoder = TransferDecoder(checked=True)
+        again.dataReceived(code(CHECKED_HELLO) + checked_report(0))
+        self.assertEqual(sum(size for _, size in frames()), 2000)
+        self.assertEqual(len(now()), 1)
+        again.connectionLost()
+        self.assertEqual(now(), [])
+
     def test_heartbeat_is_checked(self) -> None:
         """
         Heartbeats are checked frames too.

@@ -1393,6 +1393,74 @@ class ReplicaValidatorTests(SynchronousTestCase):
             self.assertEqual((caught.exception.offset, caught.exception.reason),
                              (bad, "body CRC mismatch"))
 
+    def feed_pieces(
+        self, log: bytes, cuts: list[int], pieces_per_append: int
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """
+        Append C{log} cut at C{cuts}, C{pieces_per_append} consecutive
+        pieces (empty ones too) per L{ReplicaValidator.advance_pieces}; the
+        record end after each append, and the reads of earlier bytes.
+        """
+        reads: list[tuple[int, int]] = []
+        received = bytearray()
+
+        def read(offset: int, length: int) -> bytes:
+            reads.append((offset, length))
+            self.assertLessEqual(offset + length, len(received))
+            return bytes(received[offset : offset + length])
+
+        validator = ReplicaValidator(self.SEGMENT, read)
+        bounds = [0, *cuts, len(log)]
+        pieces = [memoryview(log)[a:b] for a, b in zip(bounds, bounds[1:])]
+        end = 0
+        ends = []
+        for i in range(0, len(pieces), pieces_per_append):
+            group = pieces[i : i + pieces_per_append]
+            at = len(received)
+            for piece in group:
+                received += piece
+            end = validator.advance_pieces(end, len(received), at, group)
+            ends.append(end)
+        return ends, reads
+
+    def test_pieces(self) -> None:
+        """
+        L{ReplicaValidator.advance_pieces} over consecutive pieces (cutting
+        records and their headers anywhere, some empty) reaches the last
+        record boundary the bytes received reach, as L{advance} over the
+        pieces joined; compiled, a record cut between two pieces of one
+        append is not read back, only one begun in an earlier append.
+        """
+        log, boundaries = replicated_log(self.SEGMENT, 3)
+        for step in (1, 3, 50, 301, 700):
+            cuts = sorted({*range(step, len(log), step), *range(step // 2, len(log), 997)})
+            cuts += cuts[::5]  # empty pieces
+            cuts.sort()
+            for per_append in (1, 4, len(cuts) + 1):
+                ends, reads = self.feed_pieces(log, cuts, per_append)
+                self.assertEqual(ends[-1], len(log), (step, per_append))
+                for end in ends:
+                    self.assertIn(end, boundaries)
+                if per_append == len(cuts) + 1:
+                    self.assertEqual(ends, [len(log)])
+                    if _record._accel is not None:
+                        self.assertEqual(reads, [])
+
+    def test_pieces_corrupt_record(self) -> None:
+        """
+        A damaged record cut between two pieces, or lying in one, raises
+        L{RecordError} at its offset with the reason L{advance} gives.
+        """
+        log, boundaries = replicated_log(self.SEGMENT, 1)
+        bad = boundaries[2]
+        damaged = bytearray(log)
+        damaged[bad + 100] ^= 1  # in the body
+        for cuts in ([bad + 50], [bad - 1, bad + 3], [5, 500]):
+            with self.assertRaises(RecordError) as caught:
+                self.feed_pieces(bytes(damaged), cuts, len(cuts) + 1)
+            self.assertEqual((caught.exception.offset, caught.exception.reason),
+                             (bad, "body CRC mismatch"))
+
     def test_short_blank(self) -> None:
         """
         A BLANK filler that stops short of the segment's end is refused

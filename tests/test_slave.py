@@ -6,6 +6,7 @@ master-to-slave conversation in memory.
 
 from __future__ import annotations
 
+import socket
 import struct
 
 from twisted.internet.error import ConnectionDone
@@ -426,6 +427,118 @@ class ReadSizeTests(SlaveTestCase):
         self.assertEqual(sizes, [524288, 262144, 131072, 65536, 65536, 65536])
         connection.dataReceived(frame(0) * 1000)
         self.assertEqual(transport.bufferSize, 65536)
+
+
+class _SocketTransport(_SizedTransport):
+    """
+    A sized StringTransport whose C{socket} is one end of a socket pair:
+    what is sent into the other end is what the kernel still holds for the
+    next read.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.socket, self.peer = socket.socketpair()
+
+    def queue(self, data: bytes) -> None:
+        self.peer.sendall(data)
+
+    def drain(self) -> None:
+        self.socket.setblocking(False)
+        try:
+            while self.socket.recv(65536):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        self.socket.close()
+        self.peer.close()
+
+
+class DeferredReportTests(SlaveTestCase):
+    """
+    On plain TCP, a read followed by more bytes already in the socket is
+    acknowledged by the next read's report.
+    """
+
+    def connect_socket(self, **factory_args: object) -> tuple[SlaveConnection, _SocketTransport]:
+        factory = SlaveFactory(self.replica, self.clock, HAConfig(), **factory_args)  # type: ignore[arg-type]
+        connection = factory.buildProtocol(None)
+        transport = _SocketTransport()
+        self.addCleanup(transport.close)
+        connection.makeConnection(transport)
+        self.addCleanup(self._lose, connection)
+        connection.send_report()
+        transport.clear()
+        return connection, transport
+
+    def read(self, connection: SlaveConnection, transport: _SocketTransport, data: bytes) -> None:
+        """
+        A read that fills the read buffer (as while catching up).
+        """
+        transport.bufferSize = len(data)
+        connection.dataReceived(data)
+
+    def test_report_waits_for_the_socket_to_drain(self) -> None:
+        """
+        Reads that fill the buffer with more bytes queued behind them
+        append but do not report; the read that leaves the socket empty
+        reports everything once.  A read that did not fill the buffer (a
+        caught-up slave, a SYNC_MASTER's frame) reports at once, queued
+        bytes or not.
+        """
+        self.fill(10)
+        end = self.source.max_offset
+        connection, transport = self.connect_socket()
+        transport.queue(b"x")
+        connection.dataReceived(frame(0, self.source_bytes(0, 500)))
+        self.assertEqual(self.replica.max_offset, 500)
+        self.assertEqual(reports(transport.value()), [self.replica.record_end])
+        transport.clear()
+        self.read(connection, transport, frame(500, self.source_bytes(500, 1000)))
+        self.read(connection, transport, frame(1000, self.source_bytes(1000, 2000)))
+        self.assertEqual(self.replica.max_offset, 2000)
+        self.assertEqual(transport.value(), b"")
+        transport.drain()
+        self.read(connection, transport, frame(2000, self.source_bytes(2000, end)))
+        self.assertEqual(reports(transport.value()), [end])
+
+    def test_report_at_least_every_so_many_bytes(self) -> None:
+        """
+        However long the socket stays full, a report goes out once
+        C{_REPORT_AT_LEAST} bytes are unreported (and only whole, validated
+        records are reported).
+        """
+        self.patch(slave, "_REPORT_AT_LEAST", 1500)
+        self.fill(20)
+        connection, transport = self.connect_socket()
+        transport.queue(b"x")
+        for start in range(0, 6000, 500):
+            self.read(connection, transport, frame(start, self.source_bytes(start, start + 500)))
+        sent = reports(transport.value())
+        self.assertGreaterEqual(len(sent), 2)
+        # (A read brings 500 bytes: never more than 1500 + 500 unreported.)
+        for before, after in zip([0, *sent], sent):
+            self.assertTrue(1500 <= after - before <= 2000, (before, after))
+        for offset in sent:
+            self.assertEqual(offset, self.replica.record_start_at_or_before(offset))
+
+    def test_pausing_reports_what_waited(self) -> None:
+        """
+        A read that pauses reading (too much unflushed) reports at once:
+        the next read, which would have, waits for a flush.
+        """
+        self.fill(20)
+        connection, transport = self.connect_socket(
+            max_unflushed=3000, request_flush=lambda: None
+        )
+        transport.queue(b"x")
+        self.read(connection, transport, frame(0, self.source_bytes(0, 2000)))
+        self.assertEqual(transport.value(), b"")
+        self.read(connection, transport, frame(2000, self.source_bytes(2000, 4000)))
+        self.assertEqual(transport.producerState, "paused")
+        self.assertEqual(reports(transport.value()), [self.replica.record_end])
 
 
 class TimerTests(SlaveTestCase):

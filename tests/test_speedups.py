@@ -355,6 +355,32 @@ class EqualityTests(_Compiled, SynchronousTestCase):
             self.assertEqual(pure, compiled)
 
     @EQUAL
+    @given(
+        inputs=decoder_inputs(),
+        cuts=st.lists(st.integers(0, 400), max_size=6),
+        size=st.sampled_from([2**40, 400, 200]),
+    )
+    def test_replica_hop_pieces(
+        self, inputs: tuple[bytes, int, int, int], cuts: list[int], size: int
+    ) -> None:
+        """
+        C{replica_hop_pieces} over the bytes cut into pieces anywhere (empty
+        ones too) reaches where C{replica_hop} reaches over them joined:
+        two copies of the record, valid, mutated or random, the second cut
+        across pieces.
+        """
+        buf, pos, end, offset = inputs
+        data = buf[pos:end] * 2
+        bounds = [0, *sorted(min(c, len(data)) for c in cuts), len(data)]
+        pieces = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+        # (Records claim offset `offset`: the chunk starts there.)
+        for max_offset in (offset + len(data), offset + len(data) - 1, 2**62):
+            self.assertEqual(
+                _speedups.replica_hop_pieces(pieces, offset, offset, max_offset, size),
+                _speedups.replica_hop(data, offset, offset, max_offset, size),
+            )
+
+    @EQUAL
     @given(inputs=decoder_inputs(), size=st.integers(-5, 400))
     def test_walk_headers(self, inputs: tuple[bytes, int, int, int], size: int) -> None:
         """
@@ -712,6 +738,24 @@ class BoundsTests(_Compiled, SynchronousTestCase):
                 )
                 self.assertEqual(_speedups.walk_valid(bytes(forged), 0, len(forged), 0, True, True),
                                  (0, 0, -1))
+
+    def test_replica_hop_pieces_arguments(self) -> None:
+        """
+        C{replica_hop_pieces} takes any sequence of buffers (none: it stays
+        where it is) and refuses anything else with a C{TypeError},
+        releasing the buffers it had taken.
+        """
+        record = encode(test_record.sample_message(), physical_offset=0)
+        total = len(record)
+        self.assertEqual(_speedups.replica_hop_pieces([], 0, 0, 2**62, 2**40), 0)
+        for pieces in ([record], (record[:3], memoryview(record)[3:]),
+                       [bytearray(record[:100]), b"", record[100:]]):
+            self.assertEqual(_speedups.replica_hop_pieces(pieces, 0, 0, 2**62, 2**40), total)
+        held = bytearray(record)
+        for bad in ([held, "text"], [held, 3], 5, None):
+            with self.assertRaises(TypeError):
+                _speedups.replica_hop_pieces(bad, 0, 0, 2**62, 2**40)
+        held.append(0)  # (no buffer export left behind)
 
     def test_encode_outside_the_buffer(self) -> None:
         """

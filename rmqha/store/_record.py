@@ -39,7 +39,7 @@ import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
 from mmap import mmap
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Union, cast
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence, Union, cast
 
 __all__ = [
     "record_json",
@@ -832,6 +832,45 @@ class ReplicaValidator:
         while True:
             end = hop(chunk, chunk_offset, end, max_offset, size)
             after = self._advance(end, max_offset, chunk_offset, chunk, 1)
+            if after == end:
+                return end
+            end = after
+
+    def advance_pieces(
+        self, record_end: int, max_offset: int, chunk_offset: int, pieces: Sequence[Buffer]
+    ) -> int:
+        """
+        L{advance} over consecutive C{pieces} appended from C{chunk_offset}
+        (a slave's frame bodies, written one after the other).  Compiled,
+        one call goes over all of them, a record cut between two pieces
+        included (checked from a copy of its bytes, not read back from the
+        file); the Python step where it stops is given the piece holding
+        the record end.  Without the accelerator: piece by piece.
+
+        @raise RecordError: as L{advance}.
+        """
+        if _accel is None:
+            end, position = record_end, chunk_offset
+            for piece in pieces:
+                length = len(memoryview(piece))
+                end = self.advance(end, min(position + length, max_offset), position, piece)
+                position += length
+            return end
+        hop: Callable[[Sequence[Buffer], int, int, int, int], int] = _accel.replica_hop_pieces
+        size = self.segment_size
+        end = record_end
+        while True:
+            end = hop(pieces, chunk_offset, end, max_offset, size)
+            # The piece holding the record end (none: from the file).
+            piece_offset, piece = chunk_offset, memoryview(b"")
+            for candidate in pieces:
+                length = len(memoryview(candidate))
+                if piece_offset + length > end:
+                    if piece_offset <= end:
+                        piece = memoryview(candidate)
+                    break
+                piece_offset += length
+            after = self._advance(end, max_offset, piece_offset, piece, 1)
             if after == end:
                 return end
             end = after

@@ -425,6 +425,143 @@ done:
     return PyLong_FromLongLong(end);
 }
 
+PyDoc_STRVAR(replica_hop_pieces_doc,
+"replica_hop_pieces(pieces, chunk_offset, end, max_offset, segment_size) -> int\n\n"
+"replica_hop over the consecutive buffers pieces, the first at commit-log\n"
+"chunk_offset (a slave's frame bodies, written one after the other): a\n"
+"record cut between two pieces is checked from a copy of its bytes instead\n"
+"of stopping there.  It stops where replica_hop stops: a record needing\n"
+"bytes from before the first piece, one that is not whole yet, one that is\n"
+"not valid, a BLANK filler.");
+
+/* Copy the n bytes from commit-log offset `from`, which lie in pieces k.. of
+ * views (piece i at starts[i]), into dst. */
+static void
+gather(const Py_buffer *views, const int64_t *starts, Py_ssize_t k, int64_t from,
+       int64_t n, unsigned char *dst)
+{
+    while (n > 0) {
+        int64_t at = from - starts[k];
+        int64_t take = (int64_t)views[k].len - at;
+
+        if (take > n)
+            take = n;
+        if (take > 0) {
+            memcpy(dst, (const unsigned char *)views[k].buf + at, (size_t)take);
+            dst += take;
+            from += take;
+            n -= take;
+        }
+        k++;
+    }
+}
+
+static PyObject *
+sp_replica_hop_pieces(PyObject *module, PyObject *args)
+{
+    PyObject *pieces, *fast;
+    long long chunk_offset, end, max_offset, size;
+    Py_buffer *views = NULL;
+    int64_t *starts = NULL;
+    unsigned char *scratch = NULL;
+    int64_t scratch_size = 0;
+    Py_ssize_t n, i, acquired = 0, k = 0;
+    int64_t chunk_end, position, segment_start, wrote, total;
+    int32_t magic;
+    unsigned char head[8];
+    const unsigned char *h;
+    int ok;
+    PyObject *result = NULL;
+
+    if (!PyArg_ParseTuple(args, "OLLLL", &pieces, &chunk_offset, &end, &max_offset, &size))
+        return NULL;
+    fast = PySequence_Fast(pieces, "pieces must be a sequence of buffers");
+    if (fast == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    starts = PyMem_Malloc(((size_t)n + 1) * sizeof(int64_t));
+    if (views == NULL || starts == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    starts[0] = chunk_offset;
+    for (i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &views[i], PyBUF_SIMPLE) < 0)
+            goto fail;
+        acquired++;
+        starts[i + 1] = starts[i] + (int64_t)views[i].len;
+    }
+    chunk_end = starts[n];
+    if (size <= 0 || end < 0)
+        goto done;
+    while (end < max_offset) {
+        position = end % size;
+        segment_start = end - position;
+        wrote = max_offset - segment_start < size ? max_offset - segment_start : size;
+        while (position < size) {
+            if (wrote - position < 8)
+                goto done;
+            if (!(chunk_offset <= end && end + 8 <= chunk_end))
+                goto done;
+            /* The piece holding `end` (pieces may be empty). */
+            while (k < n && starts[k + 1] <= end)
+                k++;
+            if (end + 8 <= starts[k + 1])
+                h = (const unsigned char *)views[k].buf + (end - starts[k]);
+            else {
+                gather(views, starts, k, end, 8, head);
+                h = head;
+            }
+            total = rd32(h);
+            magic = rd32(h + 4);
+            if (!header_ok(total, magic, position, size))
+                goto done;
+            if (magic == BLANK_MAGIC) {
+                if (wrote < size)
+                    goto done;
+                position = size;
+                break;
+            }
+            if (position + total > wrote || end + total > chunk_end)
+                goto done;
+            if (end + total <= starts[k + 1])
+                ok = record_ok(views[k].buf, views[k].len, end - starts[k], end, total, magic);
+            else {
+                /* Cut between pieces: at most the pieces' bytes. */
+                if (total > scratch_size) {
+                    unsigned char *grown = PyMem_Realloc(scratch, (size_t)total);
+
+                    if (grown == NULL) {
+                        PyErr_NoMemory();
+                        goto fail;
+                    }
+                    scratch = grown;
+                    scratch_size = total;
+                }
+                gather(views, starts, k, end, total, scratch);
+                ok = record_ok(scratch, (Py_ssize_t)total, 0, end, total, magic);
+            }
+            if (!ok)
+                goto done;
+            end += total;
+            position += total;
+        }
+        if (position >= size)
+            end = segment_start + size;
+    }
+done:
+    result = PyLong_FromLongLong(end);
+fail:
+    for (i = 0; i < acquired; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(starts);
+    PyMem_Free(scratch);
+    Py_DECREF(fast);
+    return result;
+}
+
 PyDoc_STRVAR(walk_valid_doc,
 "walk_valid(buf, pos, end, offset, check_crc, strict) -> (pos, records, last)\n\n"
 "Hop over the message records from buf[pos:] (at commit-log offset) that\n"
@@ -1883,6 +2020,7 @@ static PyTypeObject PrefaultType = {
 static PyMethodDef methods[] = {
     {"check_record", sp_check_record, METH_VARARGS, check_record_doc},
     {"replica_hop", sp_replica_hop, METH_VARARGS, replica_hop_doc},
+    {"replica_hop_pieces", sp_replica_hop_pieces, METH_VARARGS, replica_hop_pieces_doc},
     {"walk_valid", sp_walk_valid, METH_VARARGS, walk_valid_doc},
     {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
     {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
