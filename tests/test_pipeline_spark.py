@@ -282,6 +282,28 @@ class JobTests(SynchronousTestCase):
         with open(os.path.join(out, "stats.png"), "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
 
+    def test_stats_reads_only_its_columns(self) -> None:
+        """
+        The stats job asks the source for the six columns it uses, not the
+        whole row: no body, properties map or host strings are built or
+        converted to rows by Spark's JVM (most of a query's CPU).
+        """
+        from rmqha.pipeline import jobs
+
+        path = random_store(self, 30, 64 * 1024, seed=26)
+        loaded: list[list[str]] = []
+        load = jobs._load
+
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            df = load(*args, **kwargs)
+            loaded.append(list(df.columns))
+            return df
+
+        self.patch(jobs, "_load", recording)
+        result = jobs.stats(spark(), path)
+        self.assertEqual(loaded, [list(jobs.STATS_COLUMNS)])
+        self.assertEqual(result["messages"], 30)
+
 
 def store_rows_columns() -> list[str]:
     from rmqha.pipeline.scan import arrow_schema

@@ -57,20 +57,34 @@ VERIFY_BLOCK = 8 * 1024 * 1024
 _PERCENTILES = [0.5, 0.9, 0.99]
 
 
-def _load(spark: Any, store: "Store | str", **options: str) -> Any:
+def _load(
+    spark: Any, store: "Store | str", columns: Sequence[str] | None = None, **options: str
+) -> Any:
     """
     The store as a DataFrame; a location is resolved here, on the driver
-    (a relative path made absolute: executors run elsewhere).
+    (a relative path made absolute: executors run elsewhere).  With
+    C{columns}, only those are read: the source builds no other column and
+    Spark's JVM converts no other to rows (docs/pipeline.md, "Reading
+    fewer columns").
     """
+    from rmqha.pipeline.scan import schema_ddl
     from rmqha.pipeline.source import FORMAT
 
     reader = spark.read.format(FORMAT)
+    if columns is not None:
+        reader = reader.schema(schema_ddl(columns))
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load(resolve(store, options).load_location)
 
 
 # -- stats -----------------------------------------------------------------
+
+
+#: What L{stats} reads: no body, properties or host strings to convert.
+STATS_COLUMNS = (
+    "offset", "size", "topic", "born_timestamp", "store_timestamp", "body_size"
+)
 
 
 def stats(
@@ -88,7 +102,7 @@ def stats(
     """
     from pyspark.sql import functions as F
 
-    df = _load(spark, store_dir, **{**(options or {}), "bodies": "false"})
+    df = _load(spark, store_dir, STATS_COLUMNS, **(options or {}))
     span = df.agg(F.min("store_timestamp"), F.max("store_timestamp")).first()
     bucket = time_bucket(span[0] or 0, span[1] or 0)
     time = F.date_format(

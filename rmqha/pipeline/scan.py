@@ -55,6 +55,7 @@ __all__ = [
     "project",
     "read_span",
     "scan",
+    "schema_ddl",
 ]
 
 #: The DataFrame schema, as Spark DDL (timestamps are RocketMQ's epoch ms).
@@ -65,6 +66,22 @@ SCHEMA_DDL = (
     "prepared_tx_offset long, properties map<string,string>, tags string, "
     "keys string, body binary, body_size int, crc_ok boolean"
 )
+
+
+
+def schema_ddl(columns: Sequence[str]) -> str:
+    """
+    L{SCHEMA_DDL} for C{columns} only, in that order: the schema that makes
+    the Spark source build those columns alone (C{spark.read.schema}).
+
+    @raise PlanError: a name that is not a column.
+    """
+    types = dict(part.split(" ", 1) for part in SCHEMA_DDL.split(", "))
+    for name in columns:
+        if name not in types:
+            raise PlanError(f"{name!r} is not a column of the commit log's rows")
+    return ", ".join(f"{name} {types[name]}" for name in columns)
+
 
 _HOP_BLOCK = 16 * 1024 * 1024
 #: Sub-ranges of large segments aim at this many bytes (and the Spark
