@@ -68,6 +68,8 @@ class TLSProtocol(BufferingTLSTransport):
     over each socket read's plaintext whole (see the module docstring).
     """
 
+    _received = 0
+
     def makeConnection(self, transport: Any) -> None:
         BufferingTLSTransport.makeConnection(self, transport)
         _whole_writes(self._tlsConnection)
@@ -152,29 +154,24 @@ class TLSProtocol(BufferingTLSTransport):
     def _flushSendBIO(self) -> None:
         self._drain(0)
 
+    def dataReceived(self, bytes: Any) -> None:
+        # (The plaintext of this read is at most its ciphertext plus what
+        # the BIO held of a record cut by the previous read.)
+        self._received = len(bytes)
+        BufferingTLSTransport.dataReceived(self, bytes)
+
     def _flushReceiveBIO(self) -> None:
         """
         Decrypt every record the BIO holds and deliver their plaintext in
         one C{dataReceived}; then, as in Twisted, handle a close or an
         error that ended the loop, and send what OpenSSL wants sent.
         """
-        recv = self._tlsConnection.recv
-        pieces = []
-        ended: Failure | None = None
-        closed = False
-        while not self._lostTLSConnection:
-            try:
-                pieces.append(recv(_RECORD))
-            except WantReadError:
-                break
-            except ZeroReturnError:
-                closed = True
-                break
-            except Error:
-                ended = Failure()
-                break
-        if pieces and not self._aborted:
-            ProtocolWrapper.dataReceived(self, b"".join(pieces))
+        if _DIRECT is not None:
+            data, closed, ended = self._decrypt_direct()
+        else:
+            data, closed, ended = self._decrypt()
+        if data and not self._aborted:
+            ProtocolWrapper.dataReceived(self, data)
         if closed:
             # TLS has shut down: no more data comes on this connection.
             TLSMemoryBIOProtocol._shutdownTLS(self)
@@ -182,6 +179,69 @@ class TLSProtocol(BufferingTLSTransport):
         elif ended is not None:
             TLSMemoryBIOProtocol._tlsShutdownFinished(self, ended)
         self._drain(0)
+
+    def _decrypt(self) -> tuple[bytes, bool, Failure | None]:
+        """
+        Every record's plaintext, through pyOpenSSL's public C{recv} (one
+        call, one allocation and one copy per record, then a join).
+
+        @return: the plaintext, whether TLS was shut down (close_notify),
+            and the failure that ended decryption, if one did.
+        """
+        recv = self._tlsConnection.recv
+        pieces = []
+        while not self._lostTLSConnection:
+            try:
+                pieces.append(recv(_RECORD))
+            except WantReadError:
+                break
+            except ZeroReturnError:
+                return b"".join(pieces), True, None
+            except Error:
+                return b"".join(pieces), False, Failure()
+        return b"".join(pieces), False, None
+
+    def _decrypt_direct(self) -> tuple[bytes, bool, Failure | None]:
+        """
+        L{_decrypt} with C{SSL_read} called through pyOpenSSL's bindings
+        into one buffer: no Python object per record, one copy out.  A
+        call that returns nothing is classified by pyOpenSSL itself
+        (C{_raise_ssl_error}, what its C{recv} calls), so errors read as
+        they do through C{recv}.
+        """
+        assert _DIRECT is not None
+        ssl_read, allocate, copy = _DIRECT
+        connection = self._tlsConnection
+        handle = connection._ssl
+        size = self._received + 2 * (_RECORD + _RECORD_OVERHEAD)
+        self._received = 0
+        buffer = allocate("char[]", size)
+        position = 0
+        pieces = []
+        closed, ended = False, None
+        while not self._lostTLSConnection:
+            if size - position < _RECORD:
+                # (Not expected: plaintext is never longer than ciphertext.)
+                pieces.append(copy(buffer, position)[:])
+                buffer = allocate("char[]", size)
+                position = 0
+            result = ssl_read(handle, buffer + position, size - position)
+            if result > 0:
+                position += result
+                continue
+            try:
+                connection._raise_ssl_error(handle, result)
+            except WantReadError:
+                pass
+            except ZeroReturnError:
+                closed = True
+            except Error:
+                ended = Failure()
+            break
+        data = copy(buffer, position)[:]
+        if pieces:
+            data = b"".join([*pieces, data])
+        return data, closed, ended
 
 
 def _whole_writes(connection: Any) -> None:
@@ -202,6 +262,27 @@ def _whole_writes(connection: Any) -> None:
     mode = getattr(lib, "SSL_MODE_ENABLE_PARTIAL_WRITE", None)
     if ssl is not None and clear is not None and mode is not None:
         clear(ssl, mode)
+
+
+def _direct_reads() -> tuple[Any, Any, Any] | None:
+    """
+    C{(SSL_read, allocate, buffer)} from pyOpenSSL's bindings, when they
+    are there (they are not public API): else C{None}, and records are
+    read through C{recv}.
+    """
+    lib = getattr(SSL, "_lib", None)
+    ffi = getattr(SSL, "_ffi", None)
+    if (
+        lib is None
+        or ffi is None
+        or not hasattr(lib, "SSL_read")
+        or not hasattr(SSL.Connection, "_raise_ssl_error")
+    ):
+        return None
+    return lib.SSL_read, ffi.new_allocator(should_clear_after_alloc=False), ffi.buffer
+
+
+_DIRECT = _direct_reads()
 
 
 class TLSFactory(TLSMemoryBIOFactory):
