@@ -69,21 +69,27 @@ class TLSProtocol(BufferingTLSTransport):
     """
 
     _received = 0
+    _plaintext: Any = None
 
     def makeConnection(self, transport: Any) -> None:
         BufferingTLSTransport.makeConnection(self, transport)
         _whole_writes(self._tlsConnection)
 
     def writeSequence(self, sequence: Iterable[bytes]) -> None:
+        """
+        Send C{sequence} now, not at the end of the reactor turn: what
+        L{rmqha.ha.master.send_now} calls (a frame, a report a SYNC_MASTER
+        waits for).  Small chunks are joined into one record; C{write}
+        keeps Twisted's aggregation of small writes.
+        """
         chunks = list(sequence)
-        if sum(len(c) for c in chunks) < _LARGE:
-            super().writeSequence(chunks)
-            return
         # What the aggregation holds goes first.
         self._aggregator.flush()
         if self.disconnecting and self._producer is None:
             return
-        if len(chunks) > 1 and len(chunks[0]) < _RECORD:
+        if sum(len(c) for c in chunks) < _RECORD:
+            chunks = [b"".join(chunks)]
+        elif len(chunks) > 1 and len(chunks[0]) < _RECORD:
             # A frame header shares the first record with its body (one
             # 16 KiB copy, not a record of its own).
             head, body = chunks[0], memoryview(chunks[1])
@@ -149,7 +155,11 @@ class TLSProtocol(BufferingTLSTransport):
                 if len(data) < want:
                     break
             data = b"".join(pieces)
-        self.transport.write(data)  # type: ignore[union-attr]
+        # (Imported here: rmqha.ha.master imports rmqha.tls, which imports
+        # this module.)
+        from rmqha.ha.master import send_now
+
+        send_now(self.transport, [data])
 
     def _flushSendBIO(self) -> None:
         self._drain(0)
@@ -215,7 +225,12 @@ class TLSProtocol(BufferingTLSTransport):
         handle = connection._ssl
         size = self._received + 2 * (_RECORD + _RECORD_OVERHEAD)
         self._received = 0
-        buffer = allocate("char[]", size)
+        # One buffer per connection, as large as its largest read: a fresh
+        # one would fault its pages in on every read.
+        buffer = self._plaintext
+        if buffer is None or len(buffer) < size:
+            buffer = self._plaintext = allocate("char[]", size)
+        size = len(buffer)
         position = 0
         pieces = []
         closed, ended = False, None
@@ -223,7 +238,6 @@ class TLSProtocol(BufferingTLSTransport):
             if size - position < _RECORD:
                 # (Not expected: plaintext is never longer than ciphertext.)
                 pieces.append(copy(buffer, position)[:])
-                buffer = allocate("char[]", size)
                 position = 0
             result = ssl_read(handle, buffer + position, size - position)
             if result > 0:
