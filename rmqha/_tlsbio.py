@@ -49,6 +49,8 @@ from twisted.protocols.tls import (
 )
 from twisted.python.failure import Failure
 
+from rmqha._sockets import send_now
+
 __all__ = ["TLSProtocol", "TLSFactory"]
 
 #: A TLS record's plaintext at most (OpenSSL encrypts and decrypts one
@@ -78,7 +80,7 @@ class TLSProtocol(BufferingTLSTransport):
     def writeSequence(self, sequence: Iterable[bytes]) -> None:
         """
         Send C{sequence} now, not at the end of the reactor turn: what
-        L{rmqha.ha.master.send_now} calls (a frame, a report a SYNC_MASTER
+        L{rmqha._sockets.send_now} calls (a frame, a report a SYNC_MASTER
         waits for).  Small chunks are joined into one record; C{write}
         keeps Twisted's aggregation of small writes.
         """
@@ -155,10 +157,6 @@ class TLSProtocol(BufferingTLSTransport):
                 if len(data) < want:
                     break
             data = b"".join(pieces)
-        # (Imported here: rmqha.ha.master imports rmqha.tls, which imports
-        # this module.)
-        from rmqha.ha.master import send_now
-
         send_now(self.transport, [data])
 
     def _flushSendBIO(self) -> None:
