@@ -14,15 +14,19 @@ report).
 
 L{TLSProtocol} changes only how the bytes move, not what they are:
 
-    - a write is encrypted from a C{memoryview} (no slice copies), all its
-      records are drained from the BIO in one read sized from the
-      plaintext, and go to the transport in one C{write};
-    - a large C{writeSequence} (a frame header and its body) is encrypted
-      chunk by chunk instead of joined first (the small-write aggregation
-      stays for everything under its threshold, after flushing it, so
-      order is kept);
-    - the plaintext of all the records one socket read completed is handed
-      over in one C{dataReceived} (at most what that read carried).
+    - a write is encrypted in one C{SSL_write} (pyOpenSSL's partial-write
+      mode cleared: one call for all its records), drained from the BIO
+      in one read sized from the plaintext, and goes to the socket in
+      one write (L{send_now}: at once when Twisted holds nothing for it);
+    - C{writeSequence} (what L{send_now} calls: a frame header and its
+      body, a report) is sent at once, the header sharing the body's
+      first record; a plain C{write} keeps Twisted's aggregation of small
+      writes until the end of the reactor turn (flushed first, so order
+      is kept);
+    - the plaintext of all the records one socket read completed is
+      decrypted into one per-connection buffer (C{SSL_read} through
+      pyOpenSSL's bindings, public C{recv} without them) and handed over
+      in one C{dataReceived} (at most what that read carried).
 
 Everything else is Twisted's: the handshake, producer pauses (a write the
 TLS layer cannot take yet is buffered and pauses the producer, as
@@ -45,7 +49,6 @@ from twisted.protocols.tls import (
     BufferingTLSTransport,
     TLSMemoryBIOFactory,
     TLSMemoryBIOProtocol,
-    _AggregateSmallWrites,
 )
 from twisted.python.failure import Failure
 
@@ -53,15 +56,12 @@ from rmqha._sockets import send_now
 
 __all__ = ["TLSProtocol", "TLSFactory"]
 
-#: A TLS record's plaintext at most (OpenSSL encrypts and decrypts one
-#: record per C{SSL_write}/C{SSL_read} call in Twisted's partial-write mode).
+#: A TLS record's plaintext at most (C{SSL_read} returns one record).
 _RECORD = 1 << 14
 #: What a record adds at most (header, nonce, tag, padding: TLS 1.2 with
 #: CBC pays the most), and slack for alerts or a key update in the BIO.
 _RECORD_OVERHEAD = 256
 _SLACK = 1 << 12
-#: A C{writeSequence} at least this long bypasses the aggregation.
-_LARGE = _AggregateSmallWrites.MAX_BUFFER_SIZE
 
 
 class TLSProtocol(BufferingTLSTransport):
