@@ -7,7 +7,7 @@ In memory, on a L{Clock}, no sockets:
 
     - L{connect_in_memory}: a master-side and a slave-side factory joined
       by one in-memory connection (C{twisted.test.iosim}), plain or TLS
-      (L{TLSMemoryBIOFactory} on either side, on the same clock), with an
+      (rmqha's L{TLSFactory} on either side, on the same clock), with an
       optional fault on the wire; the L{MemoryConnection} it returns moves
       the bytes (L{MemoryConnection.flush}) and hangs up.
     - L{StringEndpoint}: a client endpoint whose connections are
@@ -55,9 +55,11 @@ from twisted.internet.interfaces import (
 )
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.test import iosim
 from zope.interface import implementer
+
+from rmqha._tlsbio import TLSFactory
 
 from rmqha.faultproxy import FaultProxy, Faults
 
@@ -235,9 +237,9 @@ def connect_in_memory(
         two addresses).
     """
     if master_tls is not None:
-        master = TLSMemoryBIOFactory(master_tls, False, master, clock=clock)
+        master = TLSFactory(master_tls, False, master, clock=clock)
     if slave_tls is not None:
-        slave = TLSMemoryBIOFactory(slave_tls, True, slave, clock=clock)
+        slave = TLSFactory(slave_tls, True, slave, clock=clock)
     server = master.buildProtocol(slave_address)
     client = slave.buildProtocol(master_address)
     if server is None or client is None:

@@ -38,14 +38,19 @@ from service_identity.hazmat import DNS_ID, IPAddress_ID, verify_service_identit
 from service_identity.pyopenssl import extract_patterns
 from twisted.internet import ssl
 from twisted.internet.abstract import isIPAddress, isIPv6Address
-from twisted.internet.endpoints import HostnameEndpoint, SSL4ServerEndpoint, wrapClientTLS
+from twisted.internet import defer
+from twisted.internet.endpoints import HostnameEndpoint, SSL4ServerEndpoint
 from twisted.internet.interfaces import (
+    IListeningPort,
     IOpenSSLClientConnectionCreator,
+    IProtocolFactory,
     IReactorTCP,
     IStreamClientEndpoint,
 )
 from twisted.python.failure import Failure
 from zope.interface import implementer
+
+from rmqha._tlsbio import TLSFactory
 
 __all__ = [
     "TLSError",
@@ -305,9 +310,41 @@ def server_endpoint(
         setting is wrong.
     """
     port, interface, backlog = parse_ssl_listen(description, flag)
-    return SSL4ServerEndpoint(
+    return _TLSServerEndpoint(
         reactor, port, server_context(files, policy), backlog=backlog, interface=interface
     )
+
+
+class _TLSServerEndpoint(SSL4ServerEndpoint):
+    """
+    C{ssl:PORT} listening with rmqha's TLS layer (L{TLSFactory}) instead of
+    the one C{reactor.listenSSL} builds; otherwise the same.
+    """
+
+    def __init__(
+        self,
+        reactor: IReactorTCP,
+        port: int,
+        context: ssl.CertificateOptions,
+        backlog: int = 50,
+        interface: str = "",
+    ) -> None:
+        SSL4ServerEndpoint.__init__(
+            self, reactor, port, context, backlog=backlog, interface=interface
+        )
+        self._tls_reactor: Any = reactor
+        self._tls_listen = (port, context, backlog, interface)
+
+    def listen(self, protocolFactory: IProtocolFactory) -> "defer.Deferred[IListeningPort]":
+        return defer.execute(self._listen, protocolFactory)
+
+    def _listen(self, protocolFactory: IProtocolFactory) -> IListeningPort:
+        port, context, backlog, interface = self._tls_listen
+        factory = TLSFactory(context, False, protocolFactory, clock=self._tls_reactor)
+        listening: IListeningPort = self._tls_reactor.listenTCP(port, factory, backlog, interface)
+        # (What reactor.listenSSL marks its ports with.)
+        listening._type = "TLS"  # type: ignore[attr-defined]
+        return listening
 
 
 # Why each connection's certificate verification failed, kept until the
@@ -428,9 +465,36 @@ def client_endpoint(
     )
     shown = f"[{host}]" if ":" in host else host
     return _DescribedEndpoint(
-        wrapClientTLS(_VerifyingCreator(creator, name), HostnameEndpoint(reactor, host, port)),
+        _TLSClientEndpoint(
+            _VerifyingCreator(creator, name), HostnameEndpoint(reactor, host, port), reactor
+        ),
         f"tls:{shown}:{port} (verifying {name})",
     )
+
+
+def _wrapped_protocol(protocol: Any) -> Any:
+    return protocol.wrappedProtocol
+
+
+@implementer(IStreamClientEndpoint)
+class _TLSClientEndpoint:
+    """
+    Twisted's C{wrapClientTLS}, with rmqha's TLS layer (L{TLSFactory}).
+    """
+
+    def __init__(
+        self,
+        creator: IOpenSSLClientConnectionCreator,
+        endpoint: IStreamClientEndpoint,
+        clock: Any,
+    ) -> None:
+        self._creator = creator
+        self._endpoint = endpoint
+        self._clock = clock
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Any:
+        factory = TLSFactory(self._creator, True, protocolFactory, clock=self._clock)
+        return self._endpoint.connect(factory).addCallback(_wrapped_protocol)
 
 
 @implementer(IStreamClientEndpoint)
