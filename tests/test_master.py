@@ -30,7 +30,8 @@ from rmqha.ha._wire import (
 )
 from rmqha.ha.control import range_digest
 from rmqha.ha.config import HAConfig
-from rmqha.ha.master import MasterConnection, MasterFactory, send_now
+from rmqha._sockets import send_now
+from rmqha.ha.master import MasterConnection, MasterFactory
 
 from tests._helpers import make_message, open_store
 

@@ -43,9 +43,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-# (Re-exported: the slave and the tests import them from here.)
-from rmqha._sockets import send_now as send_now
-from rmqha._sockets import set_tcp_no_delay as set_tcp_no_delay
+from rmqha._sockets import send_now, set_tcp_no_delay
 from rmqha._timers import IdleTimer
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreError

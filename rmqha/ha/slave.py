@@ -53,7 +53,7 @@ from rmqha.ha._wire import (
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import CorruptReplicaError, StoreError
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
-from rmqha.ha.master import send_now, set_tcp_no_delay
+from rmqha._sockets import send_now, set_tcp_no_delay
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
 __all__ = ["SlaveConnection", "SlaveFactory", "make_slave_service", "load_replica_id"]
