@@ -1336,10 +1336,10 @@ class ReplicaValidatorTests(SynchronousTestCase):
 
     SEGMENT = 1024
 
-    def feed(self, log: bytes, cut: int) -> tuple[list[int], list[tuple[int, int]]]:
+    def validator(self) -> tuple[ReplicaValidator, bytearray, list[tuple[int, int]]]:
         """
-        Append C{log} C{cut} bytes at a time; the record end after each
-        chunk, and the reads of earlier bytes the validator asked for.
+        A validator over a log received into the returned bytearray, and
+        the list of the reads of earlier bytes it asks for.
         """
         reads: list[tuple[int, int]] = []
         received = bytearray()
@@ -1349,7 +1349,14 @@ class ReplicaValidatorTests(SynchronousTestCase):
             self.assertLessEqual(offset + length, len(received))
             return bytes(received[offset : offset + length])
 
-        validator = ReplicaValidator(self.SEGMENT, read)
+        return ReplicaValidator(self.SEGMENT, read), received, reads
+
+    def feed(self, log: bytes, cut: int) -> tuple[list[int], list[tuple[int, int]]]:
+        """
+        Append C{log} C{cut} bytes at a time; the record end after each
+        chunk, and the reads of earlier bytes the validator asked for.
+        """
+        validator, received, reads = self.validator()
         end = 0
         ends = []
         for at in range(0, len(log), cut):
@@ -1401,15 +1408,7 @@ class ReplicaValidatorTests(SynchronousTestCase):
         pieces (empty ones too) per L{ReplicaValidator.advance_pieces}; the
         record end after each append, and the reads of earlier bytes.
         """
-        reads: list[tuple[int, int]] = []
-        received = bytearray()
-
-        def read(offset: int, length: int) -> bytes:
-            reads.append((offset, length))
-            self.assertLessEqual(offset + length, len(received))
-            return bytes(received[offset : offset + length])
-
-        validator = ReplicaValidator(self.SEGMENT, read)
+        validator, received, reads = self.validator()
         bounds = [0, *cuts, len(log)]
         pieces = [memoryview(log)[a:b] for a, b in zip(bounds, bounds[1:])]
         end = 0

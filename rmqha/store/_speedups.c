@@ -376,64 +376,6 @@ PyDoc_STRVAR(replica_hop_doc,
 "at anything else: a record needing bytes from before the chunk, one that\n"
 "is not whole yet, one that is not valid.");
 
-static PyObject *
-sp_replica_hop(PyObject *module, PyObject *args)
-{
-    Py_buffer view;
-    long long chunk_offset, end, max_offset, size;
-    const unsigned char *b;
-    int64_t chunk_end, position, segment_start, wrote, total;
-    int32_t magic;
-
-    if (!PyArg_ParseTuple(args, "y*LLLL", &view, &chunk_offset, &end, &max_offset, &size))
-        return NULL;
-    b = view.buf;
-    chunk_end = chunk_offset + (int64_t)view.len;
-    if (size <= 0 || end < 0)
-        goto done;
-    while (end < max_offset) {
-        position = end % size;
-        segment_start = end - position;
-        wrote = max_offset - segment_start < size ? max_offset - segment_start : size;
-        while (position < size) {
-            if (wrote - position < 8)
-                goto done;
-            if (!(chunk_offset <= end && end + 8 <= chunk_end))
-                goto done;
-            total = rd32(b + (end - chunk_offset));
-            magic = rd32(b + (end - chunk_offset) + 4);
-            if (!header_ok(total, magic, position, size))
-                goto done;
-            if (magic == BLANK_MAGIC) {
-                if (wrote < size)
-                    goto done;
-                position = size;
-                break;
-            }
-            if (position + total > wrote || end + total > chunk_end)
-                goto done;
-            if (!record_ok(b, view.len, end - chunk_offset, end, total, magic))
-                goto done;
-            end += total;
-            position += total;
-        }
-        if (position >= size)
-            end = segment_start + size;
-    }
-done:
-    PyBuffer_Release(&view);
-    return PyLong_FromLongLong(end);
-}
-
-PyDoc_STRVAR(replica_hop_pieces_doc,
-"replica_hop_pieces(pieces, chunk_offset, end, max_offset, segment_size) -> int\n\n"
-"replica_hop over the consecutive buffers pieces, the first at commit-log\n"
-"chunk_offset (a slave's frame bodies, written one after the other): a\n"
-"record cut between two pieces is checked from a copy of its bytes instead\n"
-"of stopping there.  It stops where replica_hop stops: a record needing\n"
-"bytes from before the first piece, one that is not whole yet, one that is\n"
-"not valid, a BLANK filler.");
-
 /* Copy the n bytes from commit-log offset `from`, which lie in pieces k.. of
  * views (piece i at starts[i]), into dst. */
 static void
@@ -456,43 +398,25 @@ gather(const Py_buffer *views, const int64_t *starts, Py_ssize_t k, int64_t from
     }
 }
 
-static PyObject *
-sp_replica_hop_pieces(PyObject *module, PyObject *args)
+/* The hop of replica_hop and replica_hop_pieces over the n consecutive
+ * buffers views (piece i at commit-log offset starts[i], starts[n] their
+ * end), from end: where it stops, in *stop.  A record cut between two
+ * pieces is checked from a copy of its bytes.  -1 (MemoryError set) if
+ * that copy cannot be made. */
+static int
+hop_pieces(const Py_buffer *views, const int64_t *starts, Py_ssize_t n, int64_t end,
+           int64_t max_offset, int64_t size, int64_t *stop)
 {
-    PyObject *pieces, *fast;
-    long long chunk_offset, end, max_offset, size;
-    Py_buffer *views = NULL;
-    int64_t *starts = NULL;
     unsigned char *scratch = NULL;
     int64_t scratch_size = 0;
-    Py_ssize_t n, i, acquired = 0, k = 0;
-    int64_t chunk_end, position, segment_start, wrote, total;
+    Py_ssize_t k = 0;
+    int64_t chunk_offset = starts[0], chunk_end = starts[n];
+    int64_t position, segment_start, wrote, total;
     int32_t magic;
     unsigned char head[8];
     const unsigned char *h;
-    int ok;
-    PyObject *result = NULL;
+    int ok, status = 0;
 
-    if (!PyArg_ParseTuple(args, "OLLLL", &pieces, &chunk_offset, &end, &max_offset, &size))
-        return NULL;
-    fast = PySequence_Fast(pieces, "pieces must be a sequence of buffers");
-    if (fast == NULL)
-        return NULL;
-    n = PySequence_Fast_GET_SIZE(fast);
-    views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
-    starts = PyMem_Malloc(((size_t)n + 1) * sizeof(int64_t));
-    if (views == NULL || starts == NULL) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    starts[0] = chunk_offset;
-    for (i = 0; i < n; i++) {
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &views[i], PyBUF_SIMPLE) < 0)
-            goto fail;
-        acquired++;
-        starts[i + 1] = starts[i] + (int64_t)views[i].len;
-    }
-    chunk_end = starts[n];
     if (size <= 0 || end < 0)
         goto done;
     while (end < max_offset) {
@@ -534,7 +458,8 @@ sp_replica_hop_pieces(PyObject *module, PyObject *args)
 
                     if (grown == NULL) {
                         PyErr_NoMemory();
-                        goto fail;
+                        status = -1;
+                        goto done;
                     }
                     scratch = grown;
                     scratch_size = total;
@@ -551,13 +476,74 @@ sp_replica_hop_pieces(PyObject *module, PyObject *args)
             end = segment_start + size;
     }
 done:
-    result = PyLong_FromLongLong(end);
+    PyMem_Free(scratch);
+    *stop = end;
+    return status;
+}
+
+static PyObject *
+sp_replica_hop(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long chunk_offset, end, max_offset, size;
+    int64_t starts[2], stop;
+    int status;
+
+    if (!PyArg_ParseTuple(args, "y*LLLL", &view, &chunk_offset, &end, &max_offset, &size))
+        return NULL;
+    starts[0] = chunk_offset;
+    starts[1] = chunk_offset + (int64_t)view.len;
+    status = hop_pieces(&view, starts, 1, end, max_offset, size, &stop);
+    PyBuffer_Release(&view);
+    return status < 0 ? NULL : PyLong_FromLongLong(stop);
+}
+
+PyDoc_STRVAR(replica_hop_pieces_doc,
+"replica_hop_pieces(pieces, chunk_offset, end, max_offset, segment_size) -> int\n\n"
+"replica_hop over the consecutive buffers pieces, the first at commit-log\n"
+"chunk_offset (a slave's frame bodies, written one after the other): a\n"
+"record cut between two pieces is checked from a copy of its bytes instead\n"
+"of stopping there.  It stops where replica_hop stops: a record needing\n"
+"bytes from before the first piece, one that is not whole yet, one that is\n"
+"not valid, a BLANK filler.");
+
+static PyObject *
+sp_replica_hop_pieces(PyObject *module, PyObject *args)
+{
+    PyObject *pieces, *fast;
+    long long chunk_offset, end, max_offset, size;
+    Py_buffer *views = NULL;
+    int64_t *starts = NULL;
+    int64_t stop;
+    Py_ssize_t n, i, acquired = 0;
+    PyObject *result = NULL;
+
+    if (!PyArg_ParseTuple(args, "OLLLL", &pieces, &chunk_offset, &end, &max_offset, &size))
+        return NULL;
+    fast = PySequence_Fast(pieces, "pieces must be a sequence of buffers");
+    if (fast == NULL)
+        return NULL;
+    n = PySequence_Fast_GET_SIZE(fast);
+    views = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    starts = PyMem_Malloc(((size_t)n + 1) * sizeof(int64_t));
+    if (views == NULL || starts == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    starts[0] = chunk_offset;
+    for (i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(fast, i), &views[i], PyBUF_SIMPLE) < 0)
+            goto fail;
+        acquired++;
+        starts[i + 1] = starts[i] + (int64_t)views[i].len;
+    }
+    if (hop_pieces(views, starts, n, end, max_offset, size, &stop) == 0)
+        result = PyLong_FromLongLong(stop);
 fail:
     for (i = 0; i < acquired; i++)
         PyBuffer_Release(&views[i]);
     PyMem_Free(views);
     PyMem_Free(starts);
-    PyMem_Free(scratch);
     Py_DECREF(fast);
     return result;
 }
