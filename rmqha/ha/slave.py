@@ -64,8 +64,6 @@ REPEATED_REJECTIONS = 3
 
 _log = Logger()
 
-_LITTLE = sys.byteorder == "little"
-
 # Reads adapt between these sizes (see SlaveConnection._adapt_read_size).
 _MIN_READ_SIZE = 64 * 1024
 _MAX_READ_SIZE = 1024 * 1024
@@ -265,7 +263,7 @@ class SlaveConnection(Protocol):
             fcntl.ioctl(socket.socket.fileno(), termios.FIONREAD, self._queued, True)
         except (AttributeError, OSError):
             return False
-        return int.from_bytes(self._queued, "little" if _LITTLE else "big") > 0
+        return int.from_bytes(self._queued, sys.byteorder) > 0
 
     def _decode(
         self, data: bytes, bodies: list[bytes | memoryview]
