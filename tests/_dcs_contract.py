@@ -140,6 +140,8 @@ class DCSContractMixin:
             assert lost is None
             seen = await b.load()
             assert seen.leader == won and seen.leader.revision == won.revision
+            # The key is on a's lease: which incarnation holds it.
+            assert won.lease == seen.leader.lease == lease_a.id
             assert seen.epoch == 1 and seen.epoch_revision > 0
             assert seen.in_sync is not None
             assert (seen.in_sync.epoch, seen.in_sync.members) == (1, ("a",))

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 
 from rmqha.broker import Broker, NotMasterError, Role
-from rmqha.coord.dcs import InSync, Switchover
+from rmqha.coord.dcs import DCSError, InSync, Switchover
 from rmqha.coord.memory import MemoryDCS, MemoryStore
 from rmqha.coord.node import Coordinator, FailoverSettings, rank
 from rmqha.ha.epochs import EpochFile
@@ -45,9 +45,22 @@ class _Group(_InMemory):
         super().setUp()
         self.store = MemoryStore(self.clock)
         self.nodes: dict[str, _Node] = {}
+        self.lost_wins: list[tuple[str, Any]] = []
         self.addCleanup(self._stop_all)
 
-    def node(self, node_id: str, role: Role = Role.SYNC_MASTER, **settings: Any) -> _Node:
+    def node(
+        self,
+        node_id: str,
+        role: Role = Role.SYNC_MASTER,
+        *,
+        lose_campaign_answer: bool = False,
+        **settings: Any,
+    ) -> _Node:
+        """
+        Start node C{node_id}; with C{lose_campaign_answer}, its first
+        campaign succeeds in the DCS but fails at the node, as a request
+        that timed out under load does (the wins are in C{self.lost_wins}).
+        """
         store = self.mktemp()
         broker = Broker(
             self.clock,
@@ -65,6 +78,8 @@ class _Group(_InMemory):
         )
         broker.startService()
         dcs = MemoryDCS(self.store, "g")
+        if lose_campaign_answer:
+            self._lose_campaign_answer(dcs, node_id)
         coordinator = Coordinator(
             self.clock,
             dcs,
@@ -77,6 +92,16 @@ class _Group(_InMemory):
         coordinator.startService()
         node = self.nodes[node_id] = _Node(broker, dcs, coordinator)
         return node
+
+    def _lose_campaign_answer(self, dcs: MemoryDCS, node_id: str) -> None:
+        real = dcs.campaign
+
+        def campaign(*args: Any) -> Deferred[Any]:
+            dcs.campaign = real  # type: ignore[method-assign]
+            self.lost_wins.append((node_id, self.successResultOf(real(*args))))
+            return fail(DCSError("etcd memory: request timed out"))
+
+        dcs.campaign = campaign  # type: ignore[method-assign]
 
     def uncoordinated_slave(self, master: _Node, **options: Any) -> Broker:
         """
@@ -546,6 +571,72 @@ class UnfitTests(_Group):
         master = self.master()
         assert master is not None
         self.assertEqual(master.id, "d")
+
+
+class LostAnswerTests(_Group):
+    """
+    A campaign whose transaction succeeds in the DCS but whose answer never
+    reaches the node (a request timeout under load).
+    """
+
+    def test_takes_office_it_won(self) -> None:
+        """
+        The node recognises the leader key on its own lease as its win and
+        takes office at that epoch, instead of waiting forever for a lease
+        it renews itself to expire; the others follow it.
+        """
+        a = self.node("a", lose_campaign_answer=True)
+        for name in "bc":
+            self.node(name)
+        self.elapse(3)
+        self.assertEqual([(node, won is not None) for node, won in self.lost_wins], [("a", True)])
+        self.assertIs(self.master(), a)
+        self.assertEqual(a.coordinator.leader.epoch, 1)  # type: ignore[union-attr]
+        self.assertIsNone(a.coordinator.note)
+        for name in "bc":
+            self.assertEqual(self.nodes[name].coordinator.following, "a:10912")
+        d = self.put(a.broker)
+        self.elapse(0.5)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+
+    def test_unfit_node_resigns_what_it_won(self) -> None:
+        """
+        A node that may no longer lead when it finds its lost win (here
+        it is not electable any more) deletes the leader key, so another
+        node is elected without waiting for a lease that never expires.
+        """
+        a = self.node("a", lose_campaign_answer=True)
+        a.coordinator._unfit = "could not become master: test"
+        self.elapse(0.5)
+        self.assertEqual([(node, won is not None) for node, won in self.lost_wins], [("a", True)])
+        self.assertIsNone(self.successResultOf(a.dcs.load()).leader)
+        # (Only a held every put of epoch 1: another node needs an unclean
+        # election, and gets it at once, not after a's lease.)
+        self.node("b", allow_unclean_election=True)
+        self.elapse(3)
+        master = self.master()
+        assert master is not None
+        self.assertEqual(master.id, "b")
+        self.assertEqual(master.coordinator.leader.epoch, 2)  # type: ignore[union-attr]
+        self.assertEqual(a.coordinator.counts["elected"], 0)
+
+    def test_other_incarnation_waits(self) -> None:
+        """
+        A node restarted (a new lease) while the key its earlier
+        incarnation holds still lives waits for that lease to expire, then
+        stands again.
+        """
+        a = self.node("a", min_in_sync_replicas=1)
+        self.elapse(2)
+        self.assertIs(self.master(), a)
+        self.crash(a)
+        again = self.node("a", min_in_sync_replicas=1)
+        self.elapse(0.5)
+        self.assertIsNone(self.master())
+        self.assertIn("another incarnation", again.coordinator.note or "")
+        self.elapse(4)
+        self.assertIs(self.master(), again)
+        self.assertEqual(again.coordinator.leader.epoch, 2)  # type: ignore[union-attr]
 
 
 class ClassicSlaveTests(_Group):

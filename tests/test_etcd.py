@@ -172,11 +172,13 @@ class JSONTests(SynchronousTestCase):
     def test_view(self) -> None:
         """
         A range answer becomes a ClusterView: the leader's revision is its
-        create_revision, the others' their mod_revision; unknown keys are
-        ignored.
+        create_revision, the others' their mod_revision, the leader's lease
+        the key's; unknown keys are ignored.
         """
+        leader = self._kv("leader", encode(Leader("a", 2, "h:1")), created=5, modified=6)
+        leader["lease"] = "7587869893417263362"
         answer = {"header": header(revision=9), "kvs": [
-            self._kv("leader", encode(Leader("a", 2, "h:1")), created=5, modified=6),
+            leader,
             self._kv("epoch", b"2", modified=5),
             self._kv("insync", encode(InSync(2, ("a", "b"))), modified=8),
             self._kv("members/b", encode(Member("b", "h:2")), modified=7),
@@ -190,6 +192,7 @@ class JSONTests(SynchronousTestCase):
         ))
         assert view.leader is not None and view.in_sync is not None
         self.assertEqual((view.leader.revision, view.in_sync.revision), (5, 8))
+        self.assertEqual(view.leader.lease, 7587869893417263362)
 
     def test_unreadable_values_name_the_key(self) -> None:
         """

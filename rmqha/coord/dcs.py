@@ -79,6 +79,9 @@ class Leader:
     http: str | None = None
     #: The leader key's create_revision: the fencing token (0 = unknown).
     revision: int = field(default=0, compare=False)
+    #: The lease the leader key is attached to (0 = unknown): which
+    #: incarnation of the node holds it.
+    lease: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -148,10 +151,11 @@ class ClusterView:
 def encode(value: Leader | InSync | Member | Switchover) -> bytes:
     """
     A key's value: the dataclass's fields as compact JSON, without the
-    revision (which the store keeps).
+    revision and lease (which the store keeps).
     """
     fields = asdict(value)
     fields.pop("revision", None)
+    fields.pop("lease", None)
     if isinstance(value, InSync):
         fields["members"] = list(value.members)
     return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()

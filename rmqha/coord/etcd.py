@@ -331,7 +331,10 @@ def view_from_range(prefix: bytes, answer: dict[str, Any]) -> ClusterView:
         modified = _int(kv.get("mod_revision"), f"key {shown}'s mod_revision")
         try:
             if name == "leader":
-                leader = decode(Leader, value, created)
+                leader = replace(
+                    decode(Leader, value, created),
+                    lease=_int(kv.get("lease"), f"key {shown}'s lease"),
+                )
             elif name == "insync":
                 in_sync = decode(InSync, value, modified)
             elif name == "switchover":
@@ -696,7 +699,7 @@ class EtcdDCS:
 
         async def run() -> Leader | None:
             revision = await self._txn(txn)
-            return None if revision is None else replace(mine, revision=revision)
+            return None if revision is None else replace(mine, revision=revision, lease=lease.id)
 
         return Deferred.fromCoroutine(run())
 

@@ -8,7 +8,7 @@ one L{MemoryDCS} per node, each of which can be cut off from the store
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -240,6 +240,8 @@ class MemoryDCS:
             return None
         if kind is InSync or kind is Switchover:
             return decode(kind, entry.value, entry.mod_revision)
+        if kind is Leader:
+            return replace(decode(kind, entry.value, entry.create_revision), lease=entry.lease)
         return decode(kind, entry.value, entry.create_revision)
 
     def _view(self) -> ClusterView:
@@ -276,7 +278,9 @@ class MemoryDCS:
                 raise LeaseLost(f"lease {lease.id:x} is gone")
             store.begin()
             epoch = seen.epoch + 1
-            won = Leader(leader.node_id, epoch, leader.ha, leader.http, revision=store.revision)
+            won = Leader(
+                leader.node_id, epoch, leader.ha, leader.http, revision=store.revision, lease=lease.id
+            )
             store.put(self._key("leader"), encode(won), lease.id)
             store.put(self._key("epoch"), str(epoch).encode())
             store.put(self._key("insync"), encode(InSync(epoch, (leader.node_id,))))

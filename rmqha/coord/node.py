@@ -458,6 +458,13 @@ class Coordinator(Service):
                 self._again = True
                 return
             if leader.node_id == me:
+                if self.lease is not None and leader.lease == self.lease.id:
+                    # This incarnation's own campaign won but its answer
+                    # was lost (a timeout under load): the key sits on
+                    # the lease this node renews, so it would never
+                    # expire.  Take office, or give the key up.
+                    await self._own_lost_campaign(leader)
+                    return
                 self.note = (
                     "the leader key names this node but another incarnation holds it: "
                     "waiting for its lease to expire"
@@ -558,6 +565,26 @@ class Coordinator(Service):
         if not self.running:
             return
         await self._take_office(won, why if position == 0 else f"{why}; after {waited:.1f} s")
+
+    async def _own_lost_campaign(self, leader: Leader) -> None:
+        """
+        The leader key is on this node's lease, though this node does not
+        know it leads: a campaign succeeded whose answer never came.
+        """
+        if (
+            self.settings.electable
+            and self._healthy()
+            and self._now() < self.valid_until
+        ):
+            await self._take_office(leader, "a campaign whose answer was lost")
+            return
+        self._log.warn(
+            "the leader key (epoch {epoch}) is on this node's lease but this node may not lead: "
+            "resigning",
+            epoch=leader.epoch,
+        )
+        await _quietly(self.dcs.resign(leader))
+        self._again = True
 
     async def _take_office(self, won: Leader, why: str) -> None:
         self.leader = won
