@@ -19,9 +19,10 @@ from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import GroupTransferService, PutStatus
-from rmqha.ha.master import MasterConnection
+from rmqha.ha.master import EARLY_BYTES, MasterConnection
 
 from tests._helpers import fixed_clock
+from tests.test_master import frames
 
 
 class GroupTransferServiceTests(SynchronousTestCase):
@@ -255,12 +256,14 @@ class SyncMasterTests(SynchronousTestCase):
     SYNC_MASTER puts, with slaves as connections on StringTransports.
     """
 
-    def broker(self, role: Role = Role.SYNC_MASTER, **options: object) -> Broker:
+    def broker(
+        self, role: Role = Role.SYNC_MASTER, segment_size: int = 64 * 1024, **options: object
+    ) -> Broker:
         self.reactor = MemoryReactorClock()
         store = self.mktemp()
         broker = Broker(
             self.reactor,
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            lambda: CommitLog.open(store, segment_size=segment_size, clock=fixed_clock),
             role,
             ha_listen="tcp:0",
             slave_timeout=3.0,
@@ -443,6 +446,74 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertEqual(len(sent), 12 + size)
         self.ack(slave, broker.commitlog.max_offset)
         self.assertEqual([self.successResultOf(m).status for m in more], [PutStatus.PUT_OK] * 3)
+
+    def test_released_puts_sent_early_in_pieces(self) -> None:
+        """
+        Puts released by one ack that append more than EARLY_BYTES between
+        them reach the slave in pieces while the release runs, not in one
+        frame at its end (so that producers do not move in one convoy);
+        the frames are consecutive and cover every byte.
+        """
+        broker = self.broker(segment_size=1 << 20)
+        slave = self.slave(broker, 40001)
+        transport = slave.transport
+        assert isinstance(transport, StringTransport)
+        body = b"b" * 1024
+        waiting = [broker.put(Message("SyncTopic", body)) for _ in range(32)]
+        self.reactor.advance(0)
+        transport.clear()
+        before = broker.commitlog.max_offset
+        sent_when_called: list[int] = []
+        more: list = []
+
+        def again(result):  # type: ignore[no-untyped-def]
+            sent_when_called.append(len(transport.value()))
+            more.append(broker.put(Message("SyncTopic", body)))
+
+        for d in waiting:
+            d.addCallback(again)
+        self.ack(slave, before)
+        self.assertEqual(len(more), 32)
+        end = broker.commitlog.max_offset
+        sent = frames(transport.value())
+        self.assertGreaterEqual(len(sent), 3)
+        self.assertEqual(sent[0][0], before)
+        self.assertEqual(b"".join(data for _, data in sent), broker.commitlog.read(before, end - before))
+        for (offset, data), (following, _) in zip(sent, sent[1:]):
+            self.assertEqual(offset + len(data), following)
+        # The first frame, of at least EARLY_BYTES, left while callbacks
+        # were still to run.
+        self.assertGreaterEqual(len(sent[0][1]), EARLY_BYTES)
+        self.assertGreater(sent_when_called[-1], 0)
+
+    def test_busy_slave_gets_released_puts_at_the_end(self) -> None:
+        """
+        A slave with more than twice the released puts' bytes still to
+        acknowledge gets them in one frame when the release is done.
+        """
+        broker = self.broker(segment_size=1 << 20)
+        slave = self.slave(broker, 40001)
+        transport = slave.transport
+        assert isinstance(transport, StringTransport)
+        body = b"b" * 1024
+        waiting, ends = [], []
+        for _ in range(96):
+            waiting.append(broker.put(Message("SyncTopic", body)))
+            ends.append(broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        transport.clear()
+        start = broker.commitlog.max_offset
+        more: list = []
+        for d in waiting[:24]:
+            d.addCallback(lambda _: more.append(broker.put(Message("SyncTopic", body))))
+        # The first 24 acknowledged: 72 records stay unacknowledged.
+        self.ack(slave, ends[23])
+        self.assertEqual(len(more), 24)
+        self.assertGreater(broker.commitlog.max_offset - start, EARLY_BYTES)
+        self.assertEqual(
+            [(offset, len(data)) for offset, data in frames(transport.value())],
+            [(start, broker.commitlog.max_offset - start)],
+        )
 
     def test_stop_while_waiting(self) -> None:
         """
