@@ -129,6 +129,7 @@ _DIRECT_BUDGET = 4 * CATCH_UP_BATCH_SIZE
 #: that 32 producers of 1 KiB split, large enough that a frame's costs
 #: (a read, a send, an ack) stay a small share per put.
 EARLY_BYTES = 12 * 1024
+_NEVER = 1 << 63
 
 
 def _peer_name(address: IAddress | None) -> str:
@@ -204,22 +205,19 @@ class Transfer:
         if not self.paused:
             self.produce()
 
-    def early(self, acked: int | None) -> None:
+    def early_at(self, acked: int | None) -> int | None:
         """
-        While released puts append (L{MasterFactory.release_waiters}): send
-        what they appended so far if it is at least L{EARLY_BYTES} and at
-        least half of what the slave (last acknowledging C{acked}) still
-        has to acknowledge, so that the slave works while the master's
-        puts run.
+        The log's end from which the puts being released (see
+        L{MasterFactory.release_waiters}) are worth sending now: at least
+        L{EARLY_BYTES}, and at least half of what the slave (last
+        acknowledging C{acked}) still has to acknowledge, so that the
+        slave works while the master's puts run.  C{None} while paused.
         """
+        if self.paused or not self._open:
+            return None
         offset = self.next_offset
-        unsent = self.factory.commitlog.max_offset - offset
-        if (
-            unsent >= EARLY_BYTES
-            and 2 * unsent >= offset - (acked if acked is not None else 0)
-            and not self.paused
-        ):
-            self.produce()
+        in_flight = offset - (acked if acked is not None else 0)
+        return offset + max(EARLY_BYTES, (in_flight + 1) // 2)
 
     def produce(self) -> None:
         """
@@ -655,13 +653,13 @@ class MasterConnection(Protocol):
         if self._transfer is not None:
             self._transfer.data_available()
 
-    def early(self) -> None:
+    def early_at(self) -> int | None:
         """
-        Released puts are appending: send them early if enough (see
-        L{Transfer.early}).
+        See L{Transfer.early_at}; C{None} before transferring.
         """
-        if self._transfer is not None:
-            self._transfer.early(self.ack_offset)
+        if self._transfer is None:
+            return None
+        return self._transfer.early_at(self.ack_offset)
 
     @property
     def next_offset(self) -> int | None:
@@ -779,11 +777,13 @@ class MasterFactory(ServerFactory):
         self._wake: IDelayedCall | None = None
         self._more = False
         self._releasing = False
+        # (While releasing: see _next_early.)
+        self._early_at = _NEVER
 
     def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
         return MasterConnection(self, addr)
 
-    def notify_appended(self) -> None:
+    def notify_appended(self, end: int | None = None) -> None:
         """
         Call after appending to the commit log.  The first append of a
         reactor turn is sent at once (a lone put does not wait a turn); the
@@ -797,8 +797,14 @@ class MasterFactory(ServerFactory):
             return
         if self._releasing:
             self._more = True
-            for connection in self.connections:
-                connection.early()
+            if end is None:
+                end = self.commitlog.max_offset
+            if end >= self._early_at:
+                for connection in list(self.connections):
+                    at = connection.early_at()
+                    if at is not None and end >= at:
+                        connection.data_available()
+                self._early_at = self._next_early()
             return
         if self._wake is None:
             self._wake = self.clock.callLater(0, self._end_of_turn)
@@ -861,6 +867,7 @@ class MasterFactory(ServerFactory):
         if self.ha is None or self._releasing:
             return
         self._releasing = True
+        self._early_at = self._next_early()
         try:
             self.ha.release()
         finally:
@@ -868,6 +875,18 @@ class MasterFactory(ServerFactory):
         if self._more:
             self._more = False
             self._wake_connections()
+
+    def _next_early(self) -> int:
+        """
+        The log's end from which some connection is to be sent the
+        released puts early (L{Transfer.early_at}).
+        """
+        at = _NEVER
+        for connection in self.connections:
+            mine = connection.early_at()
+            if mine is not None and mine < at:
+                at = mine
+        return at
 
     def replace_older(self, connection: MasterConnection) -> None:
         """

@@ -106,7 +106,7 @@ class MasterSide(Service):
         self._opened_later.factory = factory
         # Every append wakes the slaves' connections, whoever wrote it: the
         # log tells its observers, no writer has to remember to.
-        self._unobserve = commitlog.observe_appends(lambda end: factory.notify_appended())
+        self._unobserve = commitlog.observe_appends(factory.notify_appended)
 
     def startService(self) -> None:
         Service.startService(self)
