@@ -978,6 +978,35 @@ class ReadTests(SynchronousTestCase):
         )
         self.assertEqual(self.log.read(self.end, 100), b"")
 
+    def test_read_of_the_written_segment_without_a_system_call(self) -> None:
+        """
+        A read in the last segment, mapped by the puts that wrote it, is a
+        slice of the mapping (no pread: a SYNC put's frame is read so);
+        older segments, and a last segment not mapped yet, are read with
+        pread, so streaming a log maps nothing new.
+        """
+        segments = self.log._segments
+        last = segments[-1]
+        self.assertTrue(last.mapped)
+        preads: list[tuple[int, int]] = []
+        real = os.pread
+
+        def counted(fd: int, size: int, position: int) -> bytes:
+            preads.append((position, size))
+            return real(fd, size, position)
+
+        self.patch(os, "pread", counted)
+        start = last.start
+        self.assertEqual(self.log.read(start, 10_000), disk(self.log, start, self.end))
+        self.assertEqual(preads, [])
+        first = segments[0]
+        if first.mapped:  # (as when only the transfer reads an old segment)
+            first.mm.close()
+            first._mm = None
+        self.assertEqual(self.log.read(0, 100), disk(self.log, 0, 100))
+        self.assertEqual(preads, [(0, 100)])
+        self.assertFalse(first.mapped)
+
     def test_empty_log(self) -> None:
         """
         An empty log reads as nothing at its max offset, 0, and refuses

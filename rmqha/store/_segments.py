@@ -109,6 +109,13 @@ class _Segment:
         return self._mm
 
     @property
+    def mapped(self) -> bool:
+        """
+        Whether the segment is mapped already (L{mm} maps it on first use).
+        """
+        return self._mm is not None
+
+    @property
     def end(self) -> int:
         return self.start + self.wrote
 

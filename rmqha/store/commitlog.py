@@ -894,7 +894,10 @@ class CommitLog:
         segment holding C{offset} and at the max offset.  The only copy
         made is the one C{transport.write} needs: a C{pread}, not an mmap
         slice, so that streaming a whole log to a slave does not map it
-        into this process (file pages mapped in count as its memory).
+        into this process (file pages mapped in count as its memory) —
+        except in the last segment when it is mapped already (puts write
+        it through its mapping): a slice of what was just written, without
+        a system call (a SYNC put's frame is read this way).
 
         @return: C{b""} at the max offset.
         @raise OffsetOutOfRangeError: C{offset} is not in the log.
@@ -902,6 +905,8 @@ class CommitLog:
         if self._empty_at(offset, limit):
             return b""
         segment, position, end = self._locate(offset, limit)
+        if segment.mapped and segment is self._segments[-1]:
+            return segment.mm[position:end]
         return segment.pread(position, end - position)
 
     def read_view(self, offset: int, limit: int) -> memoryview:
