@@ -315,7 +315,7 @@ class Broker(MultiService):
     # -- the role services --------------------------------------------------
 
     def _master_side(self, role: Role) -> MasterSide:
-        return MasterSide(
+        side = MasterSide(
             self.reactor,
             self._ha_listen,
             sync=role is Role.SYNC_MASTER,
@@ -328,6 +328,9 @@ class Broker(MultiService):
             replication_wait=self.replication_wait,
             limited=self.limited,
         )
+        # A put's wait fires with its result, counted (see Broker.put).
+        side.ha.group.finish = self._result
+        return side
 
     def _replica(self, master_endpoint: str | IStreamClientEndpoint) -> Replica:
         return Replica(
@@ -742,21 +745,21 @@ class Broker(MultiService):
         self.puts += 1
         self.put_bytes += append.size
         end = append.next_offset
+        if commitlog.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+            # The replicas' verdict, as the put's result (made by _result,
+            # with no callback of its own).
+            return side.wait_for(end, append)
         # Disk and replicas are waited for at the same time; the disk's
         # verdict comes first, as in RocketMQ's asyncPutMessage.
-        waits = [side.wait_for(end)]
-        if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            flushed: Deferred[PutStatus] = self.store.when_flushed(end).addCallback(
-                lambda _: PutStatus.PUT_OK
-            )
-            flushed.addTimeout(
-                self.sync_flush_timeout,
-                self.reactor,
-                onTimeoutCancel=timed_out_as(PutStatus.FLUSH_DISK_TIMEOUT),
-            )
-            waits.insert(0, flushed)
-        if len(waits) == 1:
-            return waits[0].addCallback(self._result, append)
+        flushed: Deferred[PutStatus] = self.store.when_flushed(end).addCallback(
+            lambda _: PutStatus.PUT_OK
+        )
+        flushed.addTimeout(
+            self.sync_flush_timeout,
+            self.reactor,
+            onTimeoutCancel=timed_out_as(PutStatus.FLUSH_DISK_TIMEOUT),
+        )
+        waits = [flushed, side.wait_for(end)]
         return gatherResults(waits).addCallback(
             lambda statuses: self._result(
                 next((s for s in statuses if s is not PutStatus.PUT_OK), PutStatus.PUT_OK),

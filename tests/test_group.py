@@ -36,6 +36,41 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
         self.addCleanup(self.group.stop)
 
+    def test_fires_with_the_put_result(self) -> None:
+        """
+        A wait given the put's AppendResult fires with C{finish(status,
+        append)} — released, timed out, at once, or stopped — with no
+        callback of the caller's in between.
+        """
+        made: list = []
+
+        def finish(status, append):  # type: ignore[no-untyped-def]
+            made.append((status, append))
+            return ("result", status, append)
+
+        self.group.finish = finish
+        released = self.group.wait_for(100, "a")  # type: ignore[arg-type]
+        timed_out = self.group.wait_for(200, "b")  # type: ignore[arg-type]
+        self.group.quorum_changed(100)
+        self.group.release()
+        self.assertEqual(self.successResultOf(released), ("result", PutStatus.PUT_OK, "a"))
+        self.assertEqual(
+            self.successResultOf(self.group.wait_for(50, "c")),  # type: ignore[arg-type]
+            ("result", PutStatus.PUT_OK, "c"),
+        )
+        self.clock.advance(3.0)
+        self.assertEqual(
+            self.successResultOf(timed_out), ("result", PutStatus.FLUSH_SLAVE_TIMEOUT, "b")
+        )
+        stopped = self.group.wait_for(300, "d")  # type: ignore[arg-type]
+        self.group.stop()
+        self.assertEqual(
+            self.successResultOf(stopped), ("result", PutStatus.SLAVE_NOT_AVAILABLE, "d")
+        )
+        self.assertEqual(len(made), 4)
+        # Without a put's AppendResult: the status itself.
+        self.assertEqual(self.successResultOf(self.group.wait_for(1)), PutStatus.SLAVE_NOT_AVAILABLE)
+
     def test_fires_on_release(self) -> None:
         """
         The firing rule: a quorum reaching the end offset fires nothing by

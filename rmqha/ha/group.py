@@ -103,16 +103,30 @@ _SLACK = 1e-6
 
 
 class _Waiter:
-    __slots__ = ("end_offset", "started", "deadline", "deferred", "done")
+    __slots__ = ("end_offset", "started", "deadline", "deferred", "done", "append")
 
     def __init__(
-        self, end_offset: int, started: float, deadline: float, deferred: Deferred[PutStatus]
+        self,
+        end_offset: int,
+        started: float,
+        deadline: float,
+        deferred: Deferred[Any],
+        append: AppendResult | None,
     ) -> None:
         self.end_offset = end_offset
         self.started = started
         self.deadline = deadline
         self.deferred = deferred
         self.done = False
+        self.append = append
+
+
+#: What a wait for a put (its L{AppendResult} given) fires with: the put's
+#: result, made from the status by the caller's function (the broker's,
+#: which counts the statuses), so the put's Deferred needs no callback of
+#: its own to turn the status into a result (a callback costs a put a
+#: microsecond or two).
+Finish = Callable[[PutStatus, AppendResult], Any]
 
 
 class GroupTransferService:
@@ -133,17 +147,21 @@ class GroupTransferService:
         clock: IReactorTime,
         timeout: float,
         observe: Callable[[float], object] | None = None,
+        finish: Finish = PutMessageResult,
     ) -> None:
         """
         @param timeout: RocketMQ's C{slaveTimeout}, in seconds.
         @param observe: called with the seconds each wait lasted when it
             ends (not when it is cancelled).
+        @param finish: makes what a wait given a put's L{AppendResult}
+            fires with, from its status (see L{wait_for}).
         """
         if timeout <= 0:
             raise ValueError(f"slaveTimeout {timeout} must be positive")
         self._clock = clock
         self._timeout = timeout
         self._observe = observe
+        self.finish = finish
         self._heap: list[tuple[int, int, _Waiter]] = []
         self._deadlines: deque[_Waiter] = deque()
         self._sequence = itertools.count()
@@ -160,16 +178,17 @@ class GroupTransferService:
         """
         return self._live
 
-    def wait_for(self, end_offset: int) -> Deferred[PutStatus]:
+    def wait_for(self, end_offset: int, append: AppendResult | None = None) -> Deferred[Any]:
         """
         Fires with C{PUT_OK} once the quorum offset reaches C{end_offset}
-        (see L{release}), or C{FLUSH_SLAVE_TIMEOUT} after the timeout.
+        (see L{release}), or C{FLUSH_SLAVE_TIMEOUT} after the timeout; given
+        the put's C{append}, with C{finish(status, append)} instead.
         Cancelling it withdraws the wait.
         """
         if self._stopped:
-            return self._at_once(PutStatus.SLAVE_NOT_AVAILABLE)
+            return self._at_once(PutStatus.SLAVE_NOT_AVAILABLE, append)
         if end_offset <= self._quorum_offset:
-            return self._at_once(PutStatus.PUT_OK)
+            return self._at_once(PutStatus.PUT_OK, append)
 
         def cancel(_: Deferred[PutStatus]) -> None:
             if not waiter.done:
@@ -177,9 +196,9 @@ class GroupTransferService:
                 self._live -= 1
                 self._compact()
 
-        d: Deferred[PutStatus] = Deferred(cancel)
+        d: Deferred[Any] = Deferred(cancel)
         now = self._clock.seconds()
-        waiter = _Waiter(end_offset, now, now + self._timeout, d)
+        waiter = _Waiter(end_offset, now, now + self._timeout, d, append)
         heapq.heappush(self._heap, (end_offset, next(self._sequence), waiter))
         self._deadlines.append(waiter)
         self._live += 1
@@ -187,10 +206,10 @@ class GroupTransferService:
             self._timer = self._clock.callLater(self._timeout - _SLACK, self._expire)
         return d
 
-    def _at_once(self, status: PutStatus) -> Deferred[PutStatus]:
+    def _at_once(self, status: PutStatus, append: AppendResult | None) -> Deferred[Any]:
         if self._observe is not None:
             self._observe(0.0)
-        return succeed(status)
+        return succeed(status if append is None else self.finish(status, append))
 
     @property
     def quorum_offset(self) -> int:
@@ -229,7 +248,8 @@ class GroupTransferService:
     def _resolve(self, waiter: _Waiter, status: PutStatus, now: float | None = None) -> None:
         if self._observe is not None:
             self._observe((self._clock.seconds() if now is None else now) - waiter.started)
-        waiter.deferred.callback(status)
+        append = waiter.append
+        waiter.deferred.callback(status if append is None else self.finish(status, append))
 
     def _expire(self) -> None:
         """
@@ -451,14 +471,15 @@ class HAService:
             return
         self.group.release()
 
-    def wait_for(self, end: int) -> Deferred[PutStatus]:
+    def wait_for(self, end: int, append: AppendResult | None = None) -> Deferred[Any]:
         """
-        The replicas' verdict on a put ending at C{end}.
+        The replicas' verdict on a put ending at C{end}: its status, or,
+        given the put's C{append}, C{group.finish(status, append)}.
         """
         if self.in_sync is not None:
-            return self._failover_wait(end, self.in_sync)
+            return self._failover_wait(end, self.in_sync, append)
         if not self.sync or self._in_sync_replicas <= 1:
-            return succeed(PutStatus.PUT_OK)
+            return self._answer(PutStatus.PUT_OK, append)
         acks = self.ack_offsets()
         oldest = end - self._fallbehind_max  # an ack must be past this
         if len(acks) == 1:  # the common case, without a generator per put
@@ -466,10 +487,13 @@ class HAService:
         else:
             in_sync = 1 + sum(1 for ack in acks if ack > oldest)
         if in_sync < self._min_in_sync_replicas:
-            return succeed(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
+            return self._answer(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, append)
         if in_sync < self._in_sync_replicas:
-            return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
-        return self.group.wait_for(end)
+            return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
+        return self.group.wait_for(end, append)
+
+    def _answer(self, status: PutStatus, append: AppendResult | None) -> Deferred[Any]:
+        return succeed(status if append is None else self.group.finish(status, append))
 
     def refusal(self) -> str | None:
         """
@@ -489,21 +513,23 @@ class HAService:
             )
         return None
 
-    def _failover_wait(self, end: int, in_sync: InSyncSet) -> Deferred[PutStatus]:
+    def _failover_wait(
+        self, end: int, in_sync: InSyncSet, append: AppendResult | None
+    ) -> Deferred[Any]:
         if not self.sync:
-            return succeed(PutStatus.PUT_OK)
+            return self._answer(PutStatus.PUT_OK, append)
         members = in_sync.effective
         alone = len(members) == 1 and in_sync.me in members
         if alone or end <= self.group.quorum_offset:
             # Held by every member already (the master alone, with
             # minInSyncReplicas 1, holds it now): only the lease decides.
             if not self.may_acknowledge():
-                return succeed(PutStatus.SLAVE_NOT_AVAILABLE)
+                return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
             if alone:
                 self.acked_end = max(self.acked_end, end)
                 self.replication_wait.observe(0.0)
-                return succeed(PutStatus.PUT_OK)
-        return self.group.wait_for(end)
+                return self._answer(PutStatus.PUT_OK, append)
+        return self.group.wait_for(end, append)
 
     def stop(self) -> None:
         """

@@ -22,7 +22,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 
 from rmqha._ports import OpenedLater, listen
-from rmqha.store.commitlog import CommitLog
+from rmqha.store.commitlog import AppendResult, CommitLog
 from rmqha.ha.config import HAConfig
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import HAService, Histogram, PutStatus
@@ -135,8 +135,9 @@ class MasterSide(Service):
             d.addBoth(lambda _: factory.stopFactory())
         return d.addBoth(lambda _: None)
 
-    def wait_for(self, end: int) -> Deferred[PutStatus]:
+    def wait_for(self, end: int, append: AppendResult | None = None) -> Deferred[Any]:
         """
-        The replicas' verdict on a put ending at C{end}.
+        The replicas' verdict on a put ending at C{end} (see
+        L{HAService.wait_for}).
         """
-        return self.ha.wait_for(end)
+        return self.ha.wait_for(end, append)
