@@ -73,6 +73,10 @@ class PutStatus(enum.Enum):
     #: Not stored: the store failed otherwise (an I/O error, named).
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
 
+    # Members are singletons compared by identity: hash them so too (each
+    # put counts its status in a dict; Enum's own hash is Python code).
+    __hash__ = object.__hash__
+
 
 @dataclass(frozen=True)
 class PutMessageResult:
