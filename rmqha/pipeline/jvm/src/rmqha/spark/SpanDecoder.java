@@ -1,36 +1,38 @@
 package rmqha.spark;
 
 import java.io.IOException;
-import java.lang.invoke.MethodHandles;
-import java.lang.invoke.VarHandle;
 import java.nio.ByteBuffer;
-import java.nio.ByteOrder;
+import java.nio.MappedByteBuffer;
 import java.nio.channels.FileChannel;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Paths;
 import java.nio.file.StandardOpenOption;
 import java.util.Arrays;
+import java.util.List;
 import java.util.zip.CRC32;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.execution.vectorized.OnHeapColumnVector;
 import org.apache.spark.sql.execution.vectorized.WritableColumnVector;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
  * The records of a task's spans as columnar batches: a transcription of
  * rmqha.pipeline.scan.read_span's record loop and of the record decoder it
  * calls (rmqha.store._record.parse_record with strict=True,
- * report_crc=True; decode_properties; format_host), producing the same
- * rows, values and nulls.
+ * report_crc=True; record_topic for the topic filter; decode_properties;
+ * format_host), producing the same rows, values and nulls.
  *
  * <p>Where the records of a span stop: a BLANK filler, zero bytes, a torn
  * or damaged record.  A span whose end is the next span's first record
  * (exact) must end with a whole record: one that runs past it is an error
  * (the cut was not a record start), as in Python.
  *
- * <p>Each span is read in blocks of {@link #BLOCK} bytes (more only for a
- * record longer than that) into one reused array: bounded memory per task.
+ * <p>Each span is memory-mapped (in windows of at most {@link #WINDOW}
+ * bytes): the page cache's bytes are decoded where they are, and a body is
+ * copied once, when Spark asks for it ({@link BodyVector}).  The task's
+ * heap holds one batch of columns, whatever the span's size.
  */
 final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   static final int MAGIC_V1 = -626843481;
@@ -42,7 +44,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   static final int BORNHOST_V6 = 0x10;
   static final int STOREHOST_V6 = 0x20;
 
-  static final int BLOCK = 8 << 20;
+  /** The largest mapping: a span larger than this is mapped in windows. */
+  static final int WINDOW = 1 << 30;
   static final int BATCH_ROWS = 4096;
 
   // The columns, in SCHEMA_DDL's order.
@@ -67,13 +70,6 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   static final int CRC_OK = 18;
   static final int COLUMNS = 19;
 
-  private static final VarHandle INT =
-      MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.BIG_ENDIAN);
-  private static final VarHandle LONG =
-      MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.BIG_ENDIAN);
-  private static final VarHandle SHORT =
-      MethodHandles.byteArrayViewVarHandle(short[].class, ByteOrder.BIG_ENDIAN);
-
   private static final byte[] TAGS_KEY = "TAGS".getBytes(StandardCharsets.US_ASCII);
   private static final byte[] KEYS_KEY = "KEYS".getBytes(StandardCharsets.US_ASCII);
 
@@ -81,7 +77,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   private final boolean bodies;
   private final byte[][] wanted; // null: every topic
   private final WritableColumnVector[] vector = new WritableColumnVector[COLUMNS];
-  private final WritableColumnVector[] outputs;
+  private final ColumnVector[] outputs;
+  private final BodyVector bodyVector; // null: the body column is not read
   private final ColumnarBatch batch;
   private final boolean needCrc;
   private final boolean needProperties;
@@ -93,32 +90,41 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   private long position; // the next record, in the segment file
   private long end; // where the span's bytes end (the file's end, if sooner)
 
-  private byte[] buf = new byte[0];
-  private long bufAt; // the file position of buf[0]
-  private int bufLen;
+  private MappedByteBuffer map; // the file's bytes [mapAt, mapAt + mapLen)
+  private ByteBuffer crcView; // another view of map, for the CRC
+  private long mapAt;
+  private int mapLen;
+  private byte[] scratch = new byte[4096]; // a topic's or the properties' bytes
 
   // One record's properties, decoded (key and value as UTF-8, the first
   // occurrence's place, the last occurrence's value: a Python dict).
   private byte[][] propKeys = new byte[16][];
   private byte[][] propValues = new byte[16][];
   private int propCount;
-  private final Utf8 utf8 = new Utf8();
+  private final StringBuilder host = new StringBuilder(64);
 
   SpanDecoder(CommitLogSpans.Span[] spans, CommitLogSpans.ReadOptions options, StructType schema) {
     this.spans = spans;
     String[] names = options.columns;
-    outputs = new WritableColumnVector[names.length];
-    java.util.List<String> all = Arrays.asList(CommitLogSpans.SCHEMA.fieldNames());
+    outputs = new ColumnVector[names.length];
+    List<String> all = Arrays.asList(CommitLogSpans.SCHEMA.fieldNames());
+    BodyVector body = null;
     for (int i = 0; i < names.length; i++) {
       int c = all.indexOf(names[i]);
       if (c < 0) {
         throw new IllegalArgumentException(names[i] + " is not a column of the commit log's rows");
       }
-      outputs[i] = new OnHeapColumnVector(BATCH_ROWS, schema.fields()[i].dataType());
-      vector[c] = outputs[i];
+      if (c == BODY) {
+        body = new BodyVector(BATCH_ROWS);
+        outputs[i] = body;
+      } else {
+        vector[c] = new OnHeapColumnVector(BATCH_ROWS, schema.fields()[i].dataType());
+        outputs[i] = vector[c];
+      }
     }
-    // Bodies are copied only when the body column is read (as read_span).
-    this.bodies = options.bodies && vector[BODY] != null;
+    bodyVector = body;
+    // Bodies are read only when the body column is (as read_span).
+    this.bodies = options.bodies && body != null;
     needCrc = vector[CRC_OK] != null;
     needProperties = vector[PROPERTIES] != null || vector[TAGS] != null || vector[KEYS] != null;
     if (options.topics == null) {
@@ -134,21 +140,40 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
 
   @Override
   public boolean next() throws IOException {
-    for (WritableColumnVector v : outputs) {
-      v.reset();
+    for (WritableColumnVector v : vector) {
+      if (v != null) {
+        v.reset();
+      }
     }
     int rows = 0;
+    // A batch's bodies are read from one mapping: it ends with its span,
+    // or where the next record lies outside the current window.
     while (rows < BATCH_ROWS) {
-      if (channel == null && !openNext()) {
+      if (channel == null) {
+        if (rows > 0 || !openNext()) {
+          break;
+        }
+      }
+      if (rows > 0 && !mapped(position, Math.min(end - position, 8))) {
         break;
       }
-      if (!decodeOne(rows)) {
-        closeSpan();
+      int before = rows;
+      try {
+        if (!decodeOne(rows)) {
+          closeSpan();
+          continue;
+        }
+      } catch (NewWindow w) {
+        if (rows > 0) {
+          break;
+        }
+        remap(position);
         continue;
       }
       if (lastWasRow) {
         rows++;
       }
+      assert rows >= before;
     }
     batch.setNumRows(rows);
     return rows > 0;
@@ -172,57 +197,57 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     span = spans[++spanIndex];
     try {
       channel = FileChannel.open(Paths.get(span.path), StandardOpenOption.READ);
+      position = span.start;
+      end = Math.min(span.end, channel.size());
+      map = null;
+      mapLen = 0;
+      if (end > position) {
+        remap(position);
+      }
     } catch (IOException e) {
+      closeSpan();
       throw new IOException(span.path + ": cannot read the segment: " + e, e);
     }
-    position = span.start;
-    end = Math.min(span.end, channel.size());
-    bufAt = position;
-    bufLen = 0;
     return true;
+  }
+
+  private void remap(long at) throws IOException {
+    mapAt = at;
+    mapLen = (int) Math.min(WINDOW, end - at);
+    map = channel.map(FileChannel.MapMode.READ_ONLY, at, mapLen);
+    crcView = map.duplicate();
+    if (bodyVector != null) {
+      bodyVector.source = map;
+    }
   }
 
   private void closeSpan() throws IOException {
     if (channel != null) {
-      channel.close();
+      channel.close(); // (the mapping stays valid until collected)
       channel = null;
     }
   }
 
-  /**
-   * Make buf hold the file's bytes [at, at + need) (need <= end - at).
-   */
-  private void ensure(long at, int need) throws IOException {
-    if (at >= bufAt && at + need <= bufAt + bufLen) {
-      return;
+  private boolean mapped(long at, long need) {
+    return at >= mapAt && at + need <= mapAt + mapLen;
+  }
+
+  /** Thrown (before anything is written) when a record is outside the window. */
+  private static final class NewWindow extends RuntimeException {
+    private static final long serialVersionUID = 1L;
+    static final NewWindow INSTANCE = new NewWindow();
+
+    private NewWindow() {
+      super(null, null, false, false);
     }
-    int keep = 0;
-    if (at >= bufAt && at < bufAt + bufLen) {
-      keep = (int) (bufAt + bufLen - at);
+  }
+
+  /** Where the bytes [at, at + need) are in map. */
+  private int at(long at, long need) {
+    if (!mapped(at, need)) {
+      throw NewWindow.INSTANCE;
     }
-    int capacity = Math.max(BLOCK, need);
-    if (buf.length < capacity) {
-      byte[] bigger = new byte[capacity];
-      System.arraycopy(buf, (int) (at - bufAt), bigger, 0, keep);
-      buf = bigger;
-    } else if (keep > 0) {
-      System.arraycopy(buf, (int) (at - bufAt), buf, 0, keep);
-    }
-    bufAt = at;
-    bufLen = keep;
-    int want = (int) Math.min(buf.length, end - at);
-    while (bufLen < want) {
-      int n = channel.read(ByteBuffer.wrap(buf, bufLen, want - bufLen), at + bufLen);
-      if (n < 0) {
-        break;
-      }
-      bufLen += n;
-    }
-    if (bufLen < need) {
-      // The file shrank under us.
-      end = at + bufLen;
-      throw new IOException(span.path + ": the segment ended at " + end + " while reading it");
-    }
+    return (int) (at - mapAt);
   }
 
   private boolean lastWasRow;
@@ -233,6 +258,15 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
 
     Stop(String reason) {
       super(reason, null, false, false);
+    }
+  }
+
+  /** A BLANK filler reaching the span's end: the records end, quietly. */
+  private static final class BlankStop extends Stop {
+    private static final long serialVersionUID = 1L;
+
+    BlankStop() {
+      super("BLANK");
     }
   }
 
@@ -253,12 +287,11 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       decode(row, available);
       lastWasRow = true;
       return true;
+    } catch (BlankStop blank) {
+      return false;
     } catch (Stop stop) {
-      if (stop instanceof BlankStop) {
-        return false;
-      }
       if (span.exact && !zeroOrShort(available)) {
-        throw new IllegalStateException(
+        throw new IOException(
             span.path
                 + ": the record at offset "
                 + (span.base + position)
@@ -273,13 +306,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     }
   }
 
-  private boolean zeroOrShort(long available) throws IOException {
-    if (available < 8) {
-      return true;
-    }
-    ensure(position, 8);
-    int i = (int) (position - bufAt);
-    return (long) LONG.get(buf, i) == 0L;
+  private boolean zeroOrShort(long available) {
+    return available < 8 || map.getLong(at(position, 8)) == 0L;
   }
 
   private static int bodyLengthAt(int sysflag) {
@@ -292,22 +320,20 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
    * rmqha.store._record.record_topic, and the skip: true when the record at
    * position is of a topic not wanted (position moved past it).
    */
-  private boolean skipTopic(long available) throws IOException {
+  private boolean skipTopic(long available) {
     if (available < 48) {
       return false;
     }
-    ensure(position, 48);
-    int r = (int) (position - bufAt);
-    int total = (int) INT.get(buf, r);
-    int magic = (int) INT.get(buf, r + 4);
+    int r = at(position, 48);
+    int total = map.getInt(r);
+    int magic = map.getInt(r + 4);
     if ((magic != MAGIC_V1 && magic != MAGIC_V2) || total < MIN_FIXED || total > available) {
       return false;
     }
-    ensure(position, total);
-    r = (int) (position - bufAt);
-    int sysflag = (int) INT.get(buf, r + 36);
+    r = at(position, total);
+    int sysflag = map.getInt(r + 36);
     int p = r + bodyLengthAt(sysflag);
-    int bodyLength = (int) INT.get(buf, p);
+    int bodyLength = map.getInt(p);
     long q = (long) p + 4 + bodyLength;
     int limit = r + total;
     if (bodyLength < 0 || q + 2 > limit) {
@@ -316,17 +342,18 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     p = (int) q;
     int length;
     if (magic == MAGIC_V1) {
-      length = buf[p];
+      length = map.get(p);
       p += 1;
     } else {
-      length = (short) SHORT.get(buf, p);
+      length = map.getShort(p);
       p += 2;
     }
     if (length < 0 || p + length > limit) {
       return false;
     }
-    for (byte[] topic : wanted) {
-      if (topic.length == length && Arrays.equals(buf, p, p + length, topic, 0, length)) {
+    byte[] topic = bytes(p, length);
+    for (byte[] w : wanted) {
+      if (w.length == length && Arrays.equals(topic, 0, length, w, 0, length)) {
         return false;
       }
     }
@@ -334,25 +361,32 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     return true;
   }
 
+  /** map's bytes [p, p + length) in scratch. */
+  private byte[] bytes(int p, int length) {
+    if (scratch.length < length) {
+      scratch = new byte[Math.max(length, scratch.length * 2)];
+    }
+    map.get(p, scratch, 0, length);
+    return scratch;
+  }
+
   /** parse_record(strict=True, report_crc=True) into row `row`. */
-  private void decode(int row, long available) throws IOException, Stop {
+  private void decode(int row, long available) throws Stop {
     long offset = span.base + position;
     if (available < 8) {
-      ensure(position, (int) available);
-      int i = (int) (position - bufAt);
+      int i = at(position, available);
       boolean zeros = true;
       for (int k = 0; k < available; k++) {
-        zeros &= buf[i + k] == 0;
+        zeros &= map.get(i + k) == 0;
       }
       throw new Stop(
           zeros
               ? "no record here (zero bytes)"
               : "truncated: " + available + " bytes left, a record header needs 8");
     }
-    ensure(position, 8);
-    int r = (int) (position - bufAt);
-    int total = (int) INT.get(buf, r);
-    int magic = (int) INT.get(buf, r + 4);
+    int r = at(position, 8);
+    int total = map.getInt(r);
+    int magic = map.getInt(r + 4);
     if (magic == BLANK_MAGIC) {
       if (total != available) {
         throw new Stop(
@@ -374,11 +408,10 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
           "total size " + total + " runs past the " + available
               + " bytes written after it (torn record)");
     }
-    ensure(position, total);
-    r = (int) (position - bufAt);
-    final byte[] b = buf;
-    int storedCrc = (int) INT.get(b, r + 8);
-    int sysflag = (int) INT.get(b, r + 36);
+    r = at(position, total);
+    final MappedByteBuffer b = map;
+    int storedCrc = b.getInt(r + 8);
+    int sysflag = b.getInt(r + 36);
     boolean bornV6 = (sysflag & BORNHOST_V6) != 0;
     boolean storeV6 = (sysflag & STOREHOST_V6) != 0;
     int limit = r + total;
@@ -392,7 +425,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       throw new Stop("total size " + total + " is too small for its hosts");
     }
     int middle = p;
-    int bodyLength = (int) INT.get(b, p + 12);
+    int bodyLength = b.getInt(p + 12);
     p += 16;
     if (bodyLength < 0 || (long) p + bodyLength > limit) {
       throw new Stop("body length " + bodyLength + " does not fit in total size " + total);
@@ -404,31 +437,31 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       if (p + 1 > limit) {
         throw new Stop("topic length runs past the record");
       }
-      topicLength = b[p];
+      topicLength = b.get(p);
       p += 1;
     } else {
       if (p + 2 > limit) {
         throw new Stop("topic length runs past the record");
       }
-      topicLength = (short) SHORT.get(b, p);
+      topicLength = b.getShort(p);
       p += 2;
     }
     if (topicLength < 0 || p + topicLength + 2 > limit) {
       throw new Stop("topic length " + topicLength + " does not fit in total size " + total);
     }
     int topicAt = p;
-    if (topicLength > 0 && b[p + topicLength - 1] == 0) {
+    if (topicLength > 0 && b.get(p + topicLength - 1) == 0) {
       throw new Stop("topic ends in a zero byte (torn record)");
     }
     p += topicLength;
-    int propertiesLength = (short) SHORT.get(b, p);
+    int propertiesLength = b.getShort(p);
     p += 2;
     if (propertiesLength < 0 || p + propertiesLength > limit) {
       throw new Stop(
           "properties length " + propertiesLength + " does not fit in total size " + total);
     }
     int propertiesAt = p;
-    if (propertiesLength > 0 && b[p + propertiesLength - 1] == 0) {
+    if (propertiesLength > 0 && b.get(p + propertiesLength - 1) == 0) {
       throw new Stop("properties end in a zero byte (torn record)");
     }
     p += propertiesLength;
@@ -437,7 +470,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
           "total size " + total + " does not match the " + (p - r)
               + " bytes its fields add up to");
     }
-    long physical = (long) LONG.get(b, r + 28);
+    long physical = b.getLong(r + 28);
     if (physical != offset) {
       throw new Stop("PHYSICALOFFSET field says " + physical + ", the record is at " + offset);
     }
@@ -445,31 +478,25 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     WritableColumnVector v;
     if ((v = vector[OFFSET]) != null) v.putLong(row, offset);
     if ((v = vector[SIZE]) != null) v.putInt(row, total);
-    if ((v = vector[TOPIC]) != null) putText(v, row, b, topicAt, topicLength);
-    if ((v = vector[QUEUE_ID]) != null) v.putInt(row, (int) INT.get(b, r + 12));
-    if ((v = vector[QUEUE_OFFSET]) != null) v.putLong(row, (long) LONG.get(b, r + 20));
-    if ((v = vector[FLAG]) != null) v.putInt(row, (int) INT.get(b, r + 16));
+    if ((v = vector[TOPIC]) != null) putText(v, row, bytes(topicAt, topicLength), 0, topicLength);
+    if ((v = vector[QUEUE_ID]) != null) v.putInt(row, b.getInt(r + 12));
+    if ((v = vector[QUEUE_OFFSET]) != null) v.putLong(row, b.getLong(r + 20));
+    if ((v = vector[FLAG]) != null) v.putInt(row, b.getInt(r + 16));
     if ((v = vector[SYSFLAG]) != null) v.putInt(row, sysflag);
-    if ((v = vector[BORN_TIMESTAMP]) != null) v.putLong(row, (long) LONG.get(b, r + 40));
-    if ((v = vector[STORE_TIMESTAMP]) != null) {
-      v.putLong(row, (long) LONG.get(b, storeTimestampAt));
-    }
-    if ((v = vector[BORN_HOST]) != null) putHost(v, row, b, bornAt, bornV6);
-    if ((v = vector[STORE_HOST]) != null) putHost(v, row, b, storeAt, storeV6);
-    if ((v = vector[RECONSUME_TIMES]) != null) v.putInt(row, (int) INT.get(b, middle));
-    if ((v = vector[PREPARED_TX_OFFSET]) != null) v.putLong(row, (long) LONG.get(b, middle + 4));
+    if ((v = vector[BORN_TIMESTAMP]) != null) v.putLong(row, b.getLong(r + 40));
+    if ((v = vector[STORE_TIMESTAMP]) != null) v.putLong(row, b.getLong(storeTimestampAt));
+    if ((v = vector[BORN_HOST]) != null) putHost(v, row, bornAt, bornV6);
+    if ((v = vector[STORE_HOST]) != null) putHost(v, row, storeAt, storeV6);
+    if ((v = vector[RECONSUME_TIMES]) != null) v.putInt(row, b.getInt(middle));
+    if ((v = vector[PREPARED_TX_OFFSET]) != null) v.putLong(row, b.getLong(middle + 4));
     if (needProperties) {
-      properties(b, propertiesAt, propertiesLength);
+      properties(bytes(propertiesAt, propertiesLength), propertiesLength);
       if ((v = vector[PROPERTIES]) != null) putProperties(v, row);
       if ((v = vector[TAGS]) != null) putProperty(v, row, TAGS_KEY);
       if ((v = vector[KEYS]) != null) putProperty(v, row, KEYS_KEY);
     }
-    if ((v = vector[BODY]) != null) {
-      if (bodies) {
-        v.putByteArray(row, b, bodyAt, bodyLength);
-      } else {
-        v.putNull(row);
-      }
+    if (bodyVector != null) {
+      bodyVector.put(row, bodies ? bodyAt : -1, bodyLength);
     }
     if ((v = vector[BODY_SIZE]) != null) v.putInt(row, bodyLength);
     if (needCrc) {
@@ -477,7 +504,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       boolean ok = true;
       if (bodyLength > 0) {
         crc.reset();
-        crc.update(b, bodyAt, bodyLength);
+        crcView.limit(bodyAt + bodyLength).position(bodyAt);
+        crc.update(crcView);
         ok = (int) (crc.getValue() & 0x7FFFFFFF) == storedCrc;
       }
       vector[CRC_OK].putBoolean(row, ok);
@@ -485,38 +513,27 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     position += total;
   }
 
-  /** A BLANK filler reaching the span's end: the records end, quietly. */
-  private static final class BlankStop extends Stop {
-    private static final long serialVersionUID = 1L;
-
-    BlankStop() {
-      super("BLANK");
-    }
-  }
-
-  private void putText(WritableColumnVector v, int row, byte[] b, int at, int length) {
-    if (utf8.valid(b, at, length)) {
+  private static void putText(WritableColumnVector v, int row, byte[] b, int at, int length) {
+    if (Utf8.valid(b, at, length)) {
       v.putByteArray(row, b, at, length);
     } else {
-      byte[] text = utf8.replaced(b, at, length);
+      byte[] text = Utf8.replaced(b, at, length);
       v.putByteArray(row, text, 0, text.length);
     }
   }
 
-  private final StringBuilder host = new StringBuilder(64);
-
   /** rmqha.store._record.format_host of _unpack_host. */
-  private void putHost(WritableColumnVector v, int row, byte[] b, int at, boolean v6) {
+  private void putHost(WritableColumnVector v, int row, int at, boolean v6) {
     StringBuilder s = host;
     s.setLength(0);
     int port;
     if (v6) {
       int[] h = new int[8];
       for (int i = 0; i < 8; i++) {
-        h[i] = ((b[at + 2 * i] & 0xFF) << 8) | (b[at + 2 * i + 1] & 0xFF);
+        h[i] = map.getShort(at + 2 * i) & 0xFFFF;
       }
-      // Python's ipaddress: the longest run (first of equals) of two or
-      // more zero hextets becomes "::".
+      // Python's ipaddress: the longest run (the first of equals) of two
+      // or more zero groups becomes "::"; no IPv4 forms.
       int bestStart = -1;
       int bestLength = 0;
       for (int i = 0; i < 8; ) {
@@ -550,11 +567,11 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
         }
       }
       s.append("]:");
-      port = (int) INT.get(b, at + 16);
+      port = map.getInt(at + 16);
     } else {
-      s.append(b[at] & 0xFF).append('.').append(b[at + 1] & 0xFF).append('.')
-          .append(b[at + 2] & 0xFF).append('.').append(b[at + 3] & 0xFF).append(':');
-      port = (int) INT.get(b, at + 4);
+      s.append(map.get(at) & 0xFF).append('.').append(map.get(at + 1) & 0xFF).append('.')
+          .append(map.get(at + 2) & 0xFF).append('.').append(map.get(at + 3) & 0xFF).append(':');
+      port = map.getInt(at + 4);
     }
     s.append(port);
     byte[] text = s.toString().getBytes(StandardCharsets.US_ASCII);
@@ -562,19 +579,19 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   }
 
   /**
-   * rmqha.store._record.decode_properties: chunks split by \x02, each a
-   * name and a value split at its first \x01, both non-empty (others are
-   * ignored); a name seen again keeps its first place and takes the later
-   * value.  Separators are ASCII, never inside a UTF-8 sequence nor eaten
-   * by a replaced one, so the bytes are split before decoding.
+   * rmqha.store._record.decode_properties of b[0:length]: chunks split by
+   * \x02, each a name and a value split at its first \x01, both non-empty
+   * (other chunks are ignored); a name seen again keeps its first place
+   * and takes the later value.  The separators are ASCII, never part of a
+   * UTF-8 sequence nor of a replaced one, so the bytes are split before
+   * they are decoded.
    */
-  private void properties(byte[] b, int at, int length) {
+  private void properties(byte[] b, int length) {
     propCount = 0;
-    int stop = at + length;
-    int chunk = at;
-    while (chunk <= stop && length > 0) {
+    int chunk = 0;
+    while (chunk <= length && length > 0) {
       int next = chunk;
-      while (next < stop && b[next] != 2) {
+      while (next < length && b[next] != 2) {
         next++;
       }
       int sep = chunk;
@@ -601,18 +618,18 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     }
   }
 
-  private byte[] decoded(byte[] b, int at, int length) {
-    return utf8.valid(b, at, length) ? Arrays.copyOfRange(b, at, at + length)
-        : utf8.replaced(b, at, length);
+  private static byte[] decoded(byte[] b, int at, int length) {
+    return Utf8.valid(b, at, length)
+        ? Arrays.copyOfRange(b, at, at + length)
+        : Utf8.replaced(b, at, length);
   }
 
   private void putProperties(WritableColumnVector v, int row) {
     WritableColumnVector keys = v.getChild(0);
     WritableColumnVector values = v.getChild(1);
     int first = keys.getElementsAppended();
-    int needed = first + propCount;
-    keys.reserve(needed);
-    values.reserve(needed);
+    keys.reserve(first + propCount);
+    values.reserve(first + propCount);
     for (int i = 0; i < propCount; i++) {
       keys.putByteArray(first + i, propKeys[i]);
       values.putByteArray(first + i, propValues[i]);
@@ -632,11 +649,136 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     v.putNull(row);
   }
 
-  /** UTF-8 checks and Python's "replace" decoding, as UTF-8 bytes. */
+  /**
+   * The body column: where each row's body lies in the span's mapping,
+   * copied out only when Spark asks for it (once per row, into the row it
+   * builds), or null for every row (bodies=false).
+   */
+  static final class BodyVector extends ColumnVector {
+    ByteBuffer source;
+    private final int[] at;
+    private final int[] length;
+    private int nulls;
+
+    BodyVector(int capacity) {
+      super(org.apache.spark.sql.types.DataTypes.BinaryType);
+      at = new int[capacity];
+      length = new int[capacity];
+    }
+
+    /** Row `row` is source's [at, at + length), or null for at == -1. */
+    void put(int row, int at, int length) {
+      if (row == 0) {
+        nulls = 0;
+      }
+      this.at[row] = at;
+      this.length[row] = length;
+      if (at < 0) {
+        nulls++;
+      }
+    }
+
+    @Override
+    public byte[] getBinary(int row) {
+      int a = at[row];
+      if (a < 0) {
+        return null;
+      }
+      byte[] out = new byte[length[row]];
+      source.get(a, out, 0, out.length);
+      return out;
+    }
+
+    @Override
+    public boolean isNullAt(int row) {
+      return at[row] < 0;
+    }
+
+    @Override
+    public boolean hasNull() {
+      return nulls > 0;
+    }
+
+    @Override
+    public int numNulls() {
+      return nulls;
+    }
+
+    @Override
+    public void close() {}
+
+    private static UnsupportedOperationException notBinary() {
+      return new UnsupportedOperationException("the body column is binary");
+    }
+
+    @Override
+    public boolean getBoolean(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public byte getByte(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public short getShort(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public int getInt(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public long getLong(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public float getFloat(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public double getDouble(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public org.apache.spark.sql.vectorized.ColumnarArray getArray(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public org.apache.spark.sql.vectorized.ColumnarMap getMap(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public org.apache.spark.sql.types.Decimal getDecimal(int row, int precision, int scale) {
+      throw notBinary();
+    }
+
+    @Override
+    public org.apache.spark.unsafe.types.UTF8String getUTF8String(int row) {
+      throw notBinary();
+    }
+
+    @Override
+    public ColumnVector getChild(int ordinal) {
+      throw notBinary();
+    }
+  }
+
+  /** UTF-8 checks and Python's "replace" decoding, to UTF-8 bytes. */
   static final class Utf8 {
     private static final byte[] REPLACEMENT = {(byte) 0xEF, (byte) 0xBF, (byte) 0xBD};
 
-    boolean valid(byte[] b, int at, int length) {
+    private Utf8() {}
+
+    static boolean valid(byte[] b, int at, int length) {
       int i = at;
       int stop = at + length;
       while (i < stop && b[i] >= 0) {
@@ -692,7 +834,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       return need + 1;
     }
 
-    byte[] replaced(byte[] b, int at, int length) {
+    static byte[] replaced(byte[] b, int at, int length) {
       java.io.ByteArrayOutputStream out = new java.io.ByteArrayOutputStream(length + 8);
       int i = at;
       int stop = at + length;
