@@ -33,7 +33,7 @@ _STAMP = "rmqha-spark.sha256"
 
 
 def _java_files() -> list[str]:
-    found = []
+    found: list[str] = []
     for here, dirs, files in os.walk(SOURCES):
         dirs.sort()
         found.extend(os.path.join(here, name) for name in sorted(files) if name.endswith(".java"))
