@@ -10,6 +10,7 @@ import json
 from typing import Any
 import os
 import shutil
+import socket
 
 import unittest
 
@@ -774,6 +775,23 @@ class JvmReaderTests(SynchronousTestCase):
             self.jvm(log.store_dir, splitBytes=str(start + 100)).count()
         self.assertIn("runs past the partition boundary", str(raised.exception))
         self.assertIn(segment_path(log.store_dir, 0), str(raised.exception))
+
+    def test_unreadable_segment(self) -> None:
+        """
+        A segment gone between planning and reading: the query fails with
+        the Python reader's line, naming the file, the executor's host and
+        why.
+        """
+        path = random_store(self, 50, 16 * 1024, seed=5)
+        df = self.jvm(path)
+        gone = os.path.abspath(segment_path(path, 0))
+        os.remove(gone)
+        with self.assertRaises(Exception) as raised:
+            df.count()
+        self.assertIn(
+            f"cannot read {gone} on host {socket.gethostname()}: No such file or directory",
+            str(raised.exception),
+        )
 
     def test_remote_store_keeps_the_python_source(self) -> None:
         """

@@ -206,9 +206,32 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       }
     } catch (IOException e) {
       closeSpan();
-      throw new IOException(span.path + ": cannot read the segment: " + e, e);
+      throw new IOException(unreadable(span.path, e), e);
     }
     return true;
+  }
+
+  /**
+   * rmqha.pipeline._store.unreadable's line: the file could not be read on
+   * this host (the executor's), and why, in the C library's words where
+   * Java has its own.
+   */
+  static String unreadable(String path, IOException e) {
+    String why;
+    if (e instanceof java.nio.file.NoSuchFileException) {
+      why = "No such file or directory";
+    } else if (e instanceof java.nio.file.AccessDeniedException) {
+      why = "Permission denied";
+    } else {
+      why = String.valueOf(e.getMessage());
+    }
+    String host;
+    try {
+      host = java.net.InetAddress.getLocalHost().getHostName();
+    } catch (IOException unknown) {
+      host = "(unknown)";
+    }
+    return "cannot read " + path + " on host " + host + ": " + why;
   }
 
   private void remap(long at) throws IOException {
