@@ -553,6 +553,34 @@ class SessionSettingsTests(SynchronousTestCase):
         fake = self.session("local[1]", conf={"spark.pyspark.python": "/usr/bin/python3"})
         self.assertEqual(os.environ["PYSPARK_PYTHON"], "/usr/bin/python3")
 
+    def test_reader_jar_on_spark_jars(self) -> None:
+        """
+        The JVM span reader's jar goes on C{spark.jars} after the user's
+        jars; without one (no javac here), nothing is added and one line
+        on stderr says why local stores will be read more slowly.
+        """
+        import contextlib
+        import io
+
+        from rmqha.pipeline import _jar, source
+
+        self.environ()
+        self.patch(_jar, "ensure_jar", lambda: ("/x/rmqha-spark.jar", ""))
+        fake = self.session("local[1]", conf={"spark.jars": "/y/a.jar"})
+        self.assertEqual(fake.settings["spark.jars"], "/y/a.jar,/x/rmqha-spark.jar")
+        self.patch(_jar, "ensure_jar", lambda: (None, "no javac/jar on PATH"))
+        self.patch(source, "_jar_said", False)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            fake = self.session("local[1]")
+            self.session("local[1]")
+        self.assertNotIn("spark.jars", fake.settings)
+        self.assertEqual(
+            err.getvalue(),
+            "rmqha pipeline: no JVM span reader (no javac/jar on PATH): local stores are "
+            "read by the Python data source, several times slower under Spark\n",
+        )
+
     def test_missing_py_file(self) -> None:
         """
         A C{--py-files} path that does not exist is one line naming it,
@@ -812,6 +840,63 @@ class JvmReaderTests(SynchronousTestCase):
         self.patch(source, "plan", planned)
         df = source.read_store(spark(), "rmqha+http://127.0.0.1:9")
         self.assertNotIn("rocketmq-commitlog spans", df._jdf.queryExecution().logical().toString())
+
+
+class JarTests(SynchronousTestCase):
+    """
+    L{rmqha.pipeline._jar.ensure_jar}: built once, rebuilt when a source
+    changes, or a reason.
+    """
+
+    skip = why_no_spark()
+
+    def setUp(self) -> None:
+        from rmqha.pipeline import _jar
+
+        if shutil.which("javac") is None or shutil.which("jar") is None:
+            raise unittest.SkipTest("no javac/jar: the jar cannot be built here")
+        here = os.path.abspath(self.mktemp())
+        shutil.copytree(_jar.SOURCES, os.path.join(here, "src"))
+        self.patch(_jar, "_HERE", here)
+        self.patch(_jar, "SOURCES", os.path.join(here, "src"))
+        self.patch(_jar, "JAR", os.path.join(here, "rmqha-spark.jar"))
+        self.jar = _jar
+
+    def test_built_once_and_again_when_sources_change(self) -> None:
+        """
+        The first call builds the jar (holding the reader's classes); the
+        next uses it as it is; a changed source builds it again; no
+        temporary directory is left.
+        """
+        import zipfile
+
+        jar, why = self.jar.ensure_jar()
+        self.assertEqual((jar, why), (self.jar.JAR, ""))
+        with zipfile.ZipFile(self.jar.JAR) as z:
+            self.assertIn("rmqha/spark/CommitLogSpans.class", z.namelist())
+        built = os.stat(self.jar.JAR).st_mtime_ns
+        self.assertEqual(self.jar.ensure_jar(), (self.jar.JAR, ""))
+        self.assertEqual(os.stat(self.jar.JAR).st_mtime_ns, built)
+        source = os.path.join(self.jar.SOURCES, "rmqha", "spark", "CommitLogSpans.java")
+        with open(source, "a") as f:
+            f.write("// changed\n")
+        self.assertEqual(self.jar.ensure_jar(), (self.jar.JAR, ""))
+        self.assertNotEqual(os.stat(self.jar.JAR).st_mtime_ns, built)
+        self.assertEqual(sorted(os.listdir(self.jar._HERE)), ["rmqha-spark.jar", "src"])
+
+    def test_reasons(self) -> None:
+        """
+        No javac, or a source that does not compile: no jar, and why.
+        """
+        with open(os.path.join(self.jar.SOURCES, "rmqha", "spark", "Broken.java"), "w") as f:
+            f.write("class Broken {")
+        jar, why = self.jar.ensure_jar()
+        self.assertIsNone(jar)
+        self.assertTrue(why.startswith("javac failed: ") and "Broken.java" in why, why)
+        self.patch(shutil, "which", lambda name: None)
+        self.assertEqual(self.jar.ensure_jar(), (None, "no javac/jar on PATH (a JDK 17 builds it)"))
+        self.assertFalse(os.path.exists(self.jar.JAR))
+        self.assertEqual(sorted(os.listdir(self.jar._HERE)), ["src"])
 
 
 def rows_of(rows: Any) -> list[dict[str, object]]:
