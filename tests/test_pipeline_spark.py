@@ -806,9 +806,9 @@ class JvmReaderTests(SynchronousTestCase):
 
     def test_unreadable_segment(self) -> None:
         """
-        A segment gone between planning and reading: the query fails with
-        the Python reader's line, naming the file, the executor's host and
-        why.
+        A segment gone between planning and reading: the job's error line
+        (L{error_line}) names the file, the executor's host and why, as the
+        Python reader's does.
         """
         path = random_store(self, 50, 16 * 1024, seed=5)
         df = self.jvm(path)
@@ -816,9 +816,12 @@ class JvmReaderTests(SynchronousTestCase):
         os.remove(gone)
         with self.assertRaises(Exception) as raised:
             df.count()
-        self.assertIn(
-            f"cannot read {gone} on host {socket.gethostname()}: No such file or directory",
-            str(raised.exception),
+        from rmqha.pipeline.jobs import error_line
+
+        self.assertEqual(
+            error_line(raised.exception),
+            f"java.io.IOException: cannot read {gone} on host {socket.gethostname()}: "
+            "No such file or directory",
         )
 
     def test_remote_store_keeps_the_python_source(self) -> None:

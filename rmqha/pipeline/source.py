@@ -1,6 +1,8 @@
 # -*- test-case-name: tests.test_pipeline -*-
 """
-The C{rocketmq-commitlog} PySpark data source, and a SparkSession helper.
+The C{rocketmq-commitlog} PySpark data source, L{read_store} (which reads
+a local store with the JVM span reader instead, several times faster
+under Spark: docs/pipeline.md, "Which reader"), and a SparkSession helper.
 
     spark = spark_session()                 # local[*], or what spark-submit set
     df = spark.read.format("rocketmq-commitlog").load("/data/store")
@@ -341,6 +343,9 @@ def spark_session(
     from C{PATH}, which may lack rmqha.  A master that is not local also
     gets the rmqha package itself (L{package_zip}), so an executor whose
     Python has PySpark and pyarrow but not rmqha runs the data source.
+    The JVM span reader's jar (L{rmqha.pipeline._jar}, built on first use)
+    goes on C{spark.jars}, after any given; without it, one line on
+    stderr says why.
     """
     from pyspark.sql import SparkSession
 

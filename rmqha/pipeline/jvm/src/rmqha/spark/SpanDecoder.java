@@ -206,7 +206,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       }
     } catch (IOException e) {
       closeSpan();
-      throw new IOException(unreadable(span.path, e), e);
+      // Not chained: the job's error line is the last cause's (jobs.error_line).
+      throw new IOException(unreadable(span.path, e));
     }
     return true;
   }
