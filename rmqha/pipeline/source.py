@@ -285,23 +285,7 @@ def read_store(
 
         local: LocalStore = o["store"]
         groups = pack(plan(local, o["split"], o["start"], o["end"]), o["split"])
-        spans = {
-            "bodies": o["bodies"],
-            "topics": o["topics"],
-            "partitions": [
-                [
-                    {
-                        "path": local.path(span.segment),
-                        "base": span.base,
-                        "start": span.start,
-                        "end": span.end,
-                        "exact": span.exact,
-                    }
-                    for span in group.spans
-                ]
-                for group in groups
-            ],
-        }
+        spans = _spans_option(local, groups, o["bodies"], o["topics"])
         df = spark.read.format(READER_CLASS).option("spans", json.dumps(spans)).load()
         return df if columns is None else df.select(*columns)
     from rmqha.pipeline.scan import schema_ddl
@@ -312,6 +296,36 @@ def read_store(
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load(given["path"])
+
+
+def _spans_option(
+    store: LocalStore,
+    groups: Sequence[SpanPartition],
+    bodies: bool,
+    topics: Sequence[str] | None,
+) -> dict[str, Any]:
+    """
+    The JVM span reader's C{spans} option (as JSON): one list of spans
+    per partition, each span its segment file, base offset, start, end
+    and whether the end is the next span's first record.
+    """
+    return {
+        "bodies": bodies,
+        "topics": None if topics is None else list(topics),
+        "partitions": [
+            [
+                {
+                    "path": store.path(span.segment),
+                    "base": span.base,
+                    "start": span.start,
+                    "end": span.end,
+                    "exact": span.exact,
+                }
+                for span in group.spans
+            ]
+            for group in groups
+        ],
+    }
 
 
 def _java_home() -> str | None:

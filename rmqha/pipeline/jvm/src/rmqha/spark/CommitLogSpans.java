@@ -91,11 +91,13 @@ public final class CommitLogSpans implements TableProvider {
     final boolean bodies;
     final String[] topics; // null: every topic
     final String[] columns;
+    final int window; // the largest mapping of a span, in bytes
 
-    ReadOptions(boolean bodies, String[] topics, String[] columns) {
+    ReadOptions(boolean bodies, String[] topics, String[] columns, int window) {
       this.bodies = bodies;
       this.topics = topics;
       this.columns = columns;
+      this.window = window;
     }
   }
 
@@ -188,7 +190,15 @@ public final class CommitLogSpans implements TableProvider {
           topics[i] = t.get(i).asText();
         }
       }
-      options = new ReadOptions(root.get("bodies").asBoolean(), topics, required.fieldNames());
+      // "window": the tests' way to map a span in several windows (records
+      // across their edges) without a span of more than 1 GiB.
+      JsonNode w = root.get("window");
+      int window = w == null ? SpanDecoder.WINDOW : w.asInt();
+      if (window <= 0) {
+        throw new IllegalArgumentException("option spans: window " + w + " is not positive");
+      }
+      options =
+          new ReadOptions(root.get("bodies").asBoolean(), topics, required.fieldNames(), window);
     }
 
     @Override

@@ -46,6 +46,9 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
 
   /** The largest mapping: a span larger than this is mapped in windows. */
   static final int WINDOW = 1 << 30;
+
+  private final int window;
+  private long needed; // the bytes a record needs mapped, when NewWindow is thrown
   static final int BATCH_ROWS = 4096;
 
   // The columns, in SCHEMA_DDL's order.
@@ -105,6 +108,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
 
   SpanDecoder(CommitLogSpans.Span[] spans, CommitLogSpans.ReadOptions options, StructType schema) {
     this.spans = spans;
+    this.window = options.window;
     String[] names = options.columns;
     outputs = new ColumnVector[names.length];
     List<String> all = Arrays.asList(CommitLogSpans.SCHEMA.fieldNames());
@@ -167,7 +171,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
         if (rows > 0) {
           break;
         }
-        remap(position);
+        remap(position, needed);
         continue;
       }
       if (lastWasRow) {
@@ -202,7 +206,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       map = null;
       mapLen = 0;
       if (end > position) {
-        remap(position);
+        remap(position, 0);
       }
     } catch (IOException e) {
       closeSpan();
@@ -235,9 +239,10 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     return "cannot read " + path + " on host " + host + ": " + why;
   }
 
-  private void remap(long at) throws IOException {
+  /** Map the file from `at`: a window, or the `need` bytes of a longer record. */
+  private void remap(long at, long need) throws IOException {
     mapAt = at;
-    mapLen = (int) Math.min(WINDOW, end - at);
+    mapLen = (int) Math.min(end - at, Math.max(window, need));
     map = channel.map(FileChannel.MapMode.READ_ONLY, at, mapLen);
     crcView = map.duplicate();
     if (bodyVector != null) {
@@ -269,6 +274,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   /** Where the bytes [at, at + need) are in map. */
   private int at(long at, long need) {
     if (!mapped(at, need)) {
+      needed = need;
       throw NewWindow.INSTANCE;
     }
     return (int) (at - mapAt);
