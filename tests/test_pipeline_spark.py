@@ -796,6 +796,16 @@ class JvmReaderTests(SynchronousTestCase):
         self.assertGreater(df.rdd.getNumPartitions(), 8)
         self.assertEqual(df_rows(df), store_rows(path))
 
+    def test_batches(self) -> None:
+        """
+        A partition of more records than a batch holds (4,096): every
+        column, the properties map's included, is right in every batch.
+        """
+        path = random_store(self, 5000, 4 << 20, seed=17)
+        df = self.jvm(path)
+        self.assertEqual(df.rdd.getNumPartitions(), 1)
+        self.assertEqual(df_rows(df), store_rows(path))
+
     def test_forged_record_start_fails_loudly(self) -> None:
         """
         A record that runs past its span's end (the cut was not a record
