@@ -660,43 +660,64 @@ def _spark_scan(
     bodies: str = "true",
     split_bytes: str | None = None,
     prune: bool = False,
+    reader_kind: str = "python",
+    queries: int = 2,
 ) -> None:
     """
-    Two Spark scans of C{store} on C{master}, after a warm-up query on a
-    small slice in many partitions (so every Python worker is started):
-    prints, as JSON, the seconds, CPU and totals of the second (a warm
-    JVM) and the seconds and CPU of the first (C{first_seconds},
-    C{first_cpu_s}).  A fresh JVM compiles the query's row path while
-    the first scan runs (2-3 s of JIT CPU on two cores, more than the
-    scan's own work): the second is the steady state a longer job runs
-    at.  With C{prune}, the reader is given a schema of the query's
+    C{queries} Spark scans (at least two) of C{store} on C{master}, by
+    the Python data source (C{reader_kind} C{python}:
+    C{spark.read.format("rocketmq-commitlog")}) or the JVM span reader
+    (C{jvm}: L{read_store}, which must pick it), after a warm-up query on
+    a small slice in many partitions (so every Python worker is started):
+    prints, as JSON, the seconds, CPU and totals of the warm queries'
+    median (the 2nd to the last) and the seconds and CPU of the first
+    (C{first_seconds}, C{first_cpu_s}).  A fresh JVM compiles the query's
+    row path while the first scan runs (2-3 s of JIT CPU on two cores,
+    more than the scan's own work), and keeps compiling over the next
+    few: the later queries are the steady state a longer job runs at.
+    With C{prune}, the reader is given a schema of the query's
     columns only (L{_SPARK_QUERY_COLUMNS}).
     """
     from pyspark.sql import functions as F
 
     from rmqha.pipeline.scan import SCHEMA_DDL
-    from rmqha.pipeline.source import spark_session
+    from rmqha.pipeline.source import jvm_reader, read_store, spark_session
 
     spark = spark_session(master, app_name=f"rmqha bench {master}")
-    (
-        spark.read.format("rocketmq-commitlog")
-        .option("endOffset", "2000000")
-        .option("splitBytes", "100k")
-        .load(store)
-        .count()
-    )
+    if reader_kind == "jvm" and not jvm_reader(spark):
+        raise SystemExit("bench: --reader jvm, but the session has no JVM span reader")
+    if reader_kind == "jvm":
+        read_store(spark, store, endOffset="2000000", splitBytes="100k").count()
+    else:
+        (
+            spark.read.format("rocketmq-commitlog")
+            .option("endOffset", "2000000")
+            .option("splitBytes", "100k")
+            .load(store)
+            .count()
+        )
 
-    def timed() -> tuple[float, dict[str, float], Any]:
+    def load() -> Any:
+        if reader_kind == "jvm":
+            options = {"bodies": bodies}
+            if split_bytes is not None:
+                options["splitBytes"] = split_bytes
+            return read_store(
+                spark, store, columns=_SPARK_QUERY_COLUMNS if prune else None, **options
+            )
         reader = spark.read.format("rocketmq-commitlog").option("bodies", bodies)
         if prune:
             ddl = dict(column.split(" ", 1) for column in SCHEMA_DDL.split(", "))
             reader = reader.schema(", ".join(f"{c} {ddl[c]}" for c in _SPARK_QUERY_COLUMNS))
         if split_bytes is not None:
             reader = reader.option("splitBytes", split_bytes)
+        return reader.load(store)
+
+    def timed() -> tuple[float, dict[str, float], Any]:
         cpu_before = _descendants_cpu()
         started = time.perf_counter()
         row = (
-            reader.load(store)
+            load()
             .agg(F.count("*"), F.sum("size"), F.sum(F.length("body")),
                  F.sum(F.col("crc_ok").cast("int")))
             .collect()[0]
@@ -707,7 +728,9 @@ def _spark_scan(
         return elapsed, cpu, row
 
     first, first_cpu, _ = timed()
-    elapsed, cpu, row = timed()
+    # Warm queries: the median of the 2nd to the last, and its CPU.
+    warm = sorted((timed() for _ in range(max(1, queries - 1))), key=lambda t: t[0])
+    elapsed, cpu, row = warm[(len(warm) - 1) // 2]
     print(
         json.dumps({
             "seconds": elapsed, "records": row[0], "bytes": row[1], "cpu_s": cpu,
@@ -828,11 +851,13 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
         with CommitLog.open(store, segment_size=args.segment_size) as log:
             fill(log, args.size // 1141 + 1, 1024, ["orders", "payments", "audit"], 8)
         _raw_read_all(store)
-        runs: dict[str, list[dict[str, Any]]] = {
-            "plain": [], "local[1]": [], "local[2]": [], "check": [], "crc32": []
-        }
+        readers = ["python", "jvm"] if args.reader == "both" else [args.reader]
+        spark_variants = [
+            f"{'jvm ' if reader == 'jvm' else ''}local[{n}]" for reader in readers for n in (1, 2)
+        ]
+        order = ["plain", *spark_variants, "check", "crc32"]
+        runs: dict[str, list[dict[str, Any]]] = {variant: [] for variant in order}
         for run in range(args.runs):
-            order = ["plain", "local[1]", "local[2]", "check", "crc32"]
             for variant in order if run % 2 == 0 else order[::-1]:
                 if variant == "plain":
                     result = _plain_scan(store, args.bodies == "true", args.prune)
@@ -843,8 +868,10 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
                 else:
                     split = ["--split-bytes", args.split_bytes] if args.split_bytes else []
                     prune = ["--prune"] if args.prune else []
+                    reader = "jvm" if variant.startswith("jvm ") else "python"
                     process = _spawn(
-                        "_spark-scan", store, variant, "--bodies", args.bodies, *split, *prune
+                        "_spark-scan", store, variant.split(" ")[-1], "--bodies", args.bodies,
+                        "--reader", reader, "--queries", str(args.queries), *split, *prune,
                     )
                     result = _json_line(process)
                     process.wait()
@@ -863,10 +890,11 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
         "bodies": args.bodies == "true",
         "split_bytes": args.split_bytes or "default",
         "columns": list(_SPARK_QUERY_COLUMNS) if args.prune else "all",
+        "readers": readers,
     }
     for variant, results in runs.items():
         seconds = statistics.median(r["seconds"] for r in results)
-        key = variant.replace("[", "").replace("]", "")
+        key = variant.replace("[", "").replace("]", "").replace(" ", "_")
         out[f"{key}_seconds"] = seconds
         out[f"{key}_mb_per_s"] = results[0]["bytes"] / seconds / 1e6
         if "records" in results[0]:
@@ -890,12 +918,16 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
             }
     out["store_bytes"] = runs["plain"][0]["bytes"]
     out["records"] = runs["plain"][0]["records"]
-    out["local2_speedup_over_local1"] = out["local1_seconds"] / out["local2_seconds"]
-    out["local1_fraction_of_plain"] = out["plain_seconds"] / out["local1_seconds"]
-    out["first_local2_speedup_over_local1"] = (
-        out["local1_first_seconds"] / out["local2_first_seconds"]
-    )
-    out["first_local1_fraction_of_plain"] = out["plain_seconds"] / out["local1_first_seconds"]
+    # jvm_*: the JVM span reader; the unprefixed keys: the Python source.
+    for prefix in ("jvm_" if reader == "jvm" else "" for reader in readers):
+        one, two = out[f"{prefix}local1_seconds"], out[f"{prefix}local2_seconds"]
+        first_one = out[f"{prefix}local1_first_seconds"]
+        out[f"{prefix}local2_speedup_over_local1"] = one / two
+        out[f"{prefix}local1_fraction_of_plain"] = out["plain_seconds"] / one
+        out[f"first_{prefix}local2_speedup_over_local1"] = (
+            first_one / out[f"{prefix}local2_first_seconds"]
+        )
+        out[f"first_{prefix}local1_fraction_of_plain"] = out["plain_seconds"] / first_one
     # The readers against zlib.crc32 over the same bytes (issue 15, item 3).
     out["plain_fraction_of_crc32"] = out["plain_mb_per_s"] / out["crc32_mb_per_s"]
     out["check_fraction_of_crc32"] = out["check_mb_per_s"] / out["crc32_mb_per_s"]
@@ -1822,6 +1854,16 @@ def main(argv: list[str] | None = None) -> None:
         help="read only the query's columns (size, body, crc_ok): a schema given to Spark's "
         "reader, columns= for the plain one",
     )
+    spark_bench.add_argument(
+        "--reader", choices=["both", "python", "jvm"], default="both",
+        help="the Spark readers: the Python data source, the JVM span reader "
+        "(rmqha.pipeline.source.read_store), or both in the same runs (default)",
+    )
+    spark_bench.add_argument(
+        "--queries", type=int, default=2,
+        help="timed queries per Spark run: the first (fresh JVM) and the median of the "
+        "others (warm) are reported (2)",
+    )
     puts = commands.add_parser(
         "puts",
         help="put, put_batch of 32 and store check: this checkout against another "
@@ -1883,6 +1925,8 @@ def main(argv: list[str] | None = None) -> None:
             helper.add_argument("--bodies", default="true")
             helper.add_argument("--split-bytes", default=None)
             helper.add_argument("--prune", action="store_true")
+            helper.add_argument("--reader", choices=["python", "jvm"], default="python")
+            helper.add_argument("--queries", type=int, default=2)
         if name in ("_serve-master", "_run-slave"):
             helper.add_argument("--tls", default=None, help="an rmqha certs init directory")
         if name == "_run-slave":
@@ -1897,7 +1941,10 @@ def main(argv: list[str] | None = None) -> None:
             float(args.seconds), args.tls, args.checked, args.segment_size,
         )
     if args.benchmark == "_spark-scan":
-        return _spark_scan(args.store, args.master, args.bodies, args.split_bytes, args.prune)
+        return _spark_scan(
+            args.store, args.master, args.bodies, args.split_bytes, args.prune, args.reader,
+            args.queries,
+        )
     if args.benchmark == "puts":
         result = _puts_bench(args)
         check = (
@@ -1988,17 +2035,24 @@ def main(argv: list[str] | None = None) -> None:
         return None
     if args.benchmark == "spark":
         result = _spark_bench(args)
+        summaries = []
+        for reader in result["readers"]:
+            p = "jvm_" if reader == "jvm" else ""
+            summaries.append(
+                f"{reader} reader: local[2] {result[f'{p}local2_mb_per_s']:,.0f} MB/s = "
+                f"{result[f'{p}local2_speedup_over_local1']:.2f}x local[1] "
+                f"({result[f'{p}local1_mb_per_s']:,.0f} MB/s), local[1] = "
+                f"{100 * result[f'{p}local1_fraction_of_plain']:.0f}% of the plain reader; "
+                f"first query in a fresh JVM: local[2] "
+                f"{result[f'first_{p}local2_speedup_over_local1']:.2f}x local[1], local[1] "
+                f"{100 * result[f'first_{p}local1_fraction_of_plain']:.0f}% of plain"
+            )
         print(
-            f"spark: local[2] {result['local2_mb_per_s']:,.0f} MB/s = "
-            f"{result['local2_speedup_over_local1']:.2f}x local[1] "
-            f"({result['local1_mb_per_s']:,.0f} MB/s); local[1] = "
-            f"{100 * result['local1_fraction_of_plain']:.0f}% of the plain reader "
-            f"({result['plain_mb_per_s']:,.0f} MB/s); plain reader "
+            f"spark: {'; '.join(summaries)}; "
+            f"plain reader ({result['plain_mb_per_s']:,.0f} MB/s) "
             f"{100 * result['plain_fraction_of_crc32']:.0f}% and store check "
             f"{100 * result['check_fraction_of_crc32']:.0f}% of zlib.crc32 "
             f"({result['crc32_mb_per_s']:,.0f} MB/s); {result['codec']} codec; "
-            f"first query in a fresh JVM: local[2] {result['first_local2_speedup_over_local1']:.2f}x "
-            f"local[1], local[1] {100 * result['first_local1_fraction_of_plain']:.0f}% of plain; "
             f"median of {args.runs}"
         )
         print(json.dumps(result))

@@ -61,21 +61,16 @@ def _load(
     spark: Any, store: "Store | str", columns: Sequence[str] | None = None, **options: str
 ) -> Any:
     """
-    The store as a DataFrame; a location is resolved here, on the driver
-    (a relative path made absolute: executors run elsewhere).  With
-    C{columns}, only those are read: the source builds no other column and
-    Spark's JVM converts no other to rows (docs/pipeline.md, "Reading
-    fewer columns").
+    The store as a DataFrame (L{read_store}: the JVM span reader for a
+    local store, else the Python source); a location is resolved here, on
+    the driver (a relative path made absolute: executors run elsewhere).
+    With C{columns}, only those are read: the readers build no other
+    column and Spark's JVM converts no other to rows (docs/pipeline.md,
+    "Reading fewer columns").
     """
-    from rmqha.pipeline.scan import schema_ddl
-    from rmqha.pipeline.source import FORMAT
+    from rmqha.pipeline.source import read_store
 
-    reader = spark.read.format(FORMAT)
-    if columns is not None:
-        reader = reader.schema(schema_ddl(columns))
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    return reader.load(resolve(store, options).load_location)
+    return read_store(spark, store, columns, **options)
 
 
 # -- stats -----------------------------------------------------------------

@@ -1,6 +1,8 @@
 # -*- test-case-name: tests.test_pipeline -*-
 """
-The C{rocketmq-commitlog} PySpark data source, and a SparkSession helper.
+The C{rocketmq-commitlog} PySpark data source, L{read_store} (which reads
+a local store with the JVM span reader instead, several times faster
+under Spark: docs/pipeline.md, "Which reader"), and a SparkSession helper.
 
     spark = spark_session()                 # local[*], or what spark-submit set
     df = spark.read.format("rocketmq-commitlog").load("/data/store")
@@ -40,6 +42,7 @@ itself to a cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -58,9 +61,17 @@ from rmqha.pipeline.scan import (
     project,
     read_span,
 )
-from rmqha.pipeline.stores import PlanError, resolve
+from rmqha.pipeline.stores import LocalStore, PlanError, Store, resolve
 
-__all__ = ["CommitLogDataSource", "spark_session", "package_zip", "FORMAT", "OptionError"]
+__all__ = [
+    "CommitLogDataSource",
+    "spark_session",
+    "package_zip",
+    "read_store",
+    "jvm_reader",
+    "FORMAT",
+    "OptionError",
+]
 
 #: The format name to give C{spark.read.format}.
 FORMAT = "rocketmq-commitlog"
@@ -216,6 +227,107 @@ class CommitLogReader(DataSourceReader):
             yield from read_span(span, o["bodies"], o["topics"], columns=o["columns"])
 
 
+def jvm_reader(spark: Any) -> bool:
+    """
+    Whether the JVM span reader (L{rmqha.pipeline._jar}) is on the
+    classpath of C{spark}'s driver (L{spark_session} puts it there when it
+    could build it); a Spark Connect session has no JVM here: C{False}.
+    """
+    from rmqha.pipeline._jar import READER_CLASS
+
+    context = getattr(spark, "sparkContext", None)
+    jvm = getattr(context, "_jvm", None)
+    if jvm is None:
+        return False
+    known: dict[str, bool] = context.__dict__.setdefault("_rmqha_jvm_reader", {})
+    if READER_CLASS not in known:
+        try:
+            loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+            jvm.java.lang.Class.forName(READER_CLASS, False, loader)
+            known[READER_CLASS] = True
+        except Exception:  # py4j's error: the class is not there
+            known[READER_CLASS] = False
+    return known[READER_CLASS]
+
+
+def read_store(
+    spark: Any, store: "Store | str", columns: Sequence[str] | None = None, **options: str
+) -> Any:
+    """
+    The store's records as a DataFrame (L{SCHEMA_DDL}, or C{columns} only),
+    with the C{rocketmq-commitlog} options (module docstring) and the
+    store's own (TLS files for a live broker).  The one way the pipeline's
+    jobs read a store.
+
+    A local store (a path, a C{file:} URI) is read by the JVM span reader
+    when the session has it (L{jvm_reader}): planned here, in Python
+    (L{plan}, grouped by L{pack}), and decoded in the executors' JVMs, with
+    no Python worker and no rows shipped from Python to the JVM: several
+    times faster (docs/pipeline.md, "Which reader").  Every other store,
+    or a session without the jar, is read by the Python data source.
+
+    @raise OptionError: a bad option or column (the message names it).
+    """
+    try:
+        # A relative path made absolute here, on the driver: executors run elsewhere.
+        location = resolve(store, options).load_location
+    except PlanError as e:
+        raise OptionError(str(e)) from None
+    given = {**options, "path": location}
+    o = _read_options(given)
+    if columns is not None:
+        try:
+            project(columns)
+        except PlanError as e:
+            raise OptionError(f"columns: {e}") from None
+    if isinstance(o["store"], LocalStore) and jvm_reader(spark):
+        from rmqha.pipeline._jar import READER_CLASS
+
+        local: LocalStore = o["store"]
+        groups = pack(plan(local, o["split"], o["start"], o["end"]), o["split"])
+        spans = _spans_option(local, groups, o["bodies"], o["topics"])
+        df = spark.read.format(READER_CLASS).option("spans", json.dumps(spans)).load()
+        return df if columns is None else df.select(*columns)
+    from rmqha.pipeline.scan import schema_ddl
+
+    reader = spark.read.format(FORMAT)
+    if columns is not None:
+        reader = reader.schema(schema_ddl(columns))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader.load(given["path"])
+
+
+def _spans_option(
+    store: LocalStore,
+    groups: Sequence[SpanPartition],
+    bodies: bool,
+    topics: Sequence[str] | None,
+) -> dict[str, Any]:
+    """
+    The JVM span reader's C{spans} option (as JSON): one list of spans
+    per partition, each span its segment file, base offset, start, end
+    and whether the end is the next span's first record.
+    """
+    return {
+        "bodies": bodies,
+        "topics": None if topics is None else list(topics),
+        "partitions": [
+            [
+                {
+                    "path": store.path(span.segment),
+                    "base": span.base,
+                    "start": span.start,
+                    "end": span.end,
+                    "exact": span.exact,
+                }
+                for span in group.spans
+            ]
+            for group in groups
+        ],
+    }
+
+
 def _java_home() -> str | None:
     java = shutil.which("java")
     if java is None:
@@ -245,6 +357,9 @@ def spark_session(
     from C{PATH}, which may lack rmqha.  A master that is not local also
     gets the rmqha package itself (L{package_zip}), so an executor whose
     Python has PySpark and pyarrow but not rmqha runs the data source.
+    The JVM span reader's jar (L{rmqha.pipeline._jar}, built on first use)
+    goes on C{spark.jars}, after any given; without it, one line on
+    stderr says why.
     """
     from pyspark.sql import SparkSession
 
@@ -283,6 +398,10 @@ def spark_session(
             builder = builder.config("spark.sql.shuffle.partitions", "8")
     for key, value in settings.items():
         builder = builder.config(key, value)
+    jar, why = _reader_jar()
+    if jar is not None:
+        jars = [j for j in settings.get("spark.jars", "").split(",") if j]
+        builder = builder.config("spark.jars", ",".join([*jars, jar]))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not (spark.sparkContext.master or "").startswith("local"):
@@ -291,6 +410,29 @@ def spark_session(
         spark.sparkContext.addPyFile(path if urlsplit(path).scheme else os.path.abspath(path))
     spark.dataSource.register(CommitLogDataSource)
     return spark
+
+
+_jar_said = False
+
+
+def _reader_jar() -> tuple[str | None, str]:
+    """
+    The JVM span reader's jar (built if needed), or C{None} and one line
+    on stderr, once per process, saying why local stores are read the
+    slower way.
+    """
+    global _jar_said
+    from rmqha.pipeline._jar import ensure_jar
+
+    jar, why = ensure_jar()
+    if jar is None and not _jar_said:
+        _jar_said = True
+        print(
+            f"rmqha pipeline: no JVM span reader ({why}): local stores are read by the "
+            "Python data source, several times slower under Spark",
+            file=sys.stderr,
+        )
+    return jar, why
 
 
 _package_zip: str | None = None
