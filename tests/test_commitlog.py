@@ -980,10 +980,11 @@ class ReadTests(SynchronousTestCase):
 
     def test_read_of_the_written_segment_without_a_system_call(self) -> None:
         """
-        A read in the last segment, mapped by the puts that wrote it, is a
-        slice of the mapping (no pread: a SYNC put's frame is read so);
-        older segments, and a last segment not mapped yet, are read with
-        pread, so streaming a log maps nothing new.
+        A read of what this process's puts wrote through the last
+        segment's mapping is a slice of it (no pread: a SYNC put's frame
+        is read so); older segments, a last segment not mapped, and bytes
+        the log held when opened or got from append_at are read with
+        pread, so streaming a log maps and faults in nothing new.
         """
         segments = self.log._segments
         last = segments[-1]
@@ -1006,6 +1007,19 @@ class ReadTests(SynchronousTestCase):
         self.assertEqual(self.log.read(0, 100), disk(self.log, 0, 100))
         self.assertEqual(preads, [(0, 100)])
         self.assertFalse(first.mapped)
+        # Opened again: nothing was put through this process's mapping yet.
+        path = self.log.commitlog_dir
+        self.log.close()
+        log = CommitLog.open(os.path.dirname(path), segment_size=SEGMENT)
+        self.addCleanup(log.close)
+        del preads[:]
+        tail = log._segments[-1]
+        tail.mm  # (mapped, as puts would map it)
+        self.assertEqual(log.read(tail.start, 10_000), disk(log, tail.start, self.end))
+        self.assertEqual(preads, [(0, self.end - tail.start)])
+        put_all(log, [make_message(b"n" * 50, topic="T")])
+        self.assertEqual(log.read(self.end, 10_000), disk(log, self.end, log.max_offset))
+        self.assertEqual(len(preads), 1)
 
     def test_empty_log(self) -> None:
         """

@@ -194,6 +194,11 @@ class CommitLog:
         # Every byte before this is whole records (and BLANKs); a replica's
         # bytes after it are a record still arriving.
         self._record_end = self.max_offset
+        # Bytes from here on were written by this process's puts, through
+        # the mapping (L{read} slices them); before it they came from the
+        # disk or from append_at's pwrite, and a slice would fault each of
+        # their pages into this process.
+        self._mapped_from = self.max_offset
         self._validator = ReplicaValidator(segment_size, self.read)
         self._flushes_in_flight = 0
         self._closed = False
@@ -680,6 +685,7 @@ class CommitLog:
                     self._appended(self.max_offset)
             raise
         self._validate_pieces(offset, pieces, total)
+        self._mapped_from = self.max_offset
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
         if total and self._append_observers:
@@ -895,9 +901,11 @@ class CommitLog:
         made is the one C{transport.write} needs: a C{pread}, not an mmap
         slice, so that streaming a whole log to a slave does not map it
         into this process (file pages mapped in count as its memory) —
-        except in the last segment when it is mapped already (puts write
-        it through its mapping): a slice of what was just written, without
-        a system call (a SYNC put's frame is read this way).
+        except for what this process's puts wrote through the mapping of
+        the last segment: a slice of it, without a system call (a SYNC
+        put's frame is read this way).  Bytes this process did not write
+        so (a catch-up from a log it opened) are read with C{pread}: a
+        slice would fault their pages in one by one.
 
         @return: C{b""} at the max offset.
         @raise OffsetOutOfRangeError: C{offset} is not in the log.
@@ -905,7 +913,7 @@ class CommitLog:
         if self._empty_at(offset, limit):
             return b""
         segment, position, end = self._locate(offset, limit)
-        if segment.mapped and segment is self._segments[-1]:
+        if offset >= self._mapped_from and segment.mapped and segment is self._segments[-1]:
             return segment.mm[position:end]
         return segment.pread(position, end - position)
 
