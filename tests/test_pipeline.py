@@ -56,6 +56,31 @@ def random_store(case: SynchronousTestCase, count: int, segment_size: int, seed:
     return path
 
 
+def forged_record_store(case: Any) -> tuple[str, int]:
+    """
+    A closed store of seven records in which the sixth's body forges a
+    whole record header at its own offset, chained to the next real
+    record: a search for record starts can be misled into cutting there.
+    Returns the store's directory and the sixth record's offset.
+    """
+    import struct
+
+    from rmqha.store._record import MESSAGE_MAGIC_V1
+    from tests._helpers import record_size
+
+    log = open_store(case, segment_size=1 << 20)
+    for _ in range(5):
+        log.put(make_message(b"f" * 100))
+    start = log.max_offset
+    end = start + record_size(make_message(bytes(1000)))
+    forged_at = start + 88 + 200  # the body starts 88 bytes in (IPv4 hosts)
+    header = struct.pack(">iiiiiqq", end - forged_at, MESSAGE_MAGIC_V1, 0, 0, 0, 0, forged_at)
+    log.put(make_message(bytes(200) + header + bytes(1000 - 200 - len(header))))
+    log.put(make_message(b"after"))
+    log.close()
+    return log.store_dir, start
+
+
 def store_rows(path: str) -> list[dict[str, object]]:
     """
     The store's records, decoded by the commit log itself, as rows.
@@ -317,29 +342,12 @@ class SyncSearchTests(SynchronousTestCase):
         span before it sees a record cross the cut and raises instead of
         returning wrong rows.
         """
-        import struct
-
-        from rmqha.store._record import MESSAGE_MAGIC_V1
         from rmqha.pipeline.scan import PlanError
-        from tests._helpers import record_size
 
-        log = open_store(self, segment_size=1 << 20)
-        for _ in range(5):
-            log.put(make_message(b"f" * 100))
-        start = log.max_offset
-        template = make_message(bytes(1000))
-        end = start + record_size(template)
-        forged_at = start + 88 + 200  # the body starts 88 bytes in (IPv4 hosts)
-        header = struct.pack(
-            ">iiiiiqq", end - forged_at, MESSAGE_MAGIC_V1, 0, 0, 0, 0, forged_at
-        )
-        body = bytes(200) + header + bytes(1000 - 200 - len(header))
-        log.put(make_message(body))
-        log.put(make_message(b"after"))
-        log.close()
-        self.assertEqual(len(store_rows(log.store_dir)), 7)
+        store, start = forged_record_store(self)
+        self.assertEqual(len(store_rows(store)), 7)
         with self.assertRaises(PlanError) as raised:
-            list(scan(log.store_dir, split_bytes=start + 100))
+            list(scan(store, split_bytes=start + 100))
         self.assertIn("runs past the partition boundary", str(raised.exception))
 
 

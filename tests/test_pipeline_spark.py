@@ -21,7 +21,7 @@ from rmqha.store.commitlog import CommitLog
 
 from tests._helpers import make_message, segment_path, xor_byte
 from tests._spark import spark, why_no_spark
-from tests.test_pipeline import random_store, store_rows
+from tests.test_pipeline import forged_record_store, random_store, store_rows
 
 pytestmark = pytest.mark.spark
 
@@ -812,27 +812,11 @@ class JvmReaderTests(SynchronousTestCase):
         start) fails the query, naming the segment and the offsets, as the
         Python reader does.
         """
-        from rmqha.store._record import MESSAGE_MAGIC_V1
-
-        import struct
-
-        from tests._helpers import open_store, record_size
-
-        log = open_store(self, segment_size=1 << 20)
-        for _ in range(5):
-            log.put(make_message(b"f" * 100))
-        start = log.max_offset
-        template = make_message(bytes(1000))
-        end = start + record_size(template)
-        forged_at = start + 88 + 200
-        header = struct.pack(">iiiiiqq", end - forged_at, MESSAGE_MAGIC_V1, 0, 0, 0, 0, forged_at)
-        log.put(make_message(bytes(200) + header + bytes(1000 - 200 - len(header))))
-        log.put(make_message(b"after"))
-        log.close()
+        store, start = forged_record_store(self)
         with self.assertRaises(Exception) as raised:
-            self.jvm(log.store_dir, splitBytes=str(start + 100)).count()
+            self.jvm(store, splitBytes=str(start + 100)).count()
         self.assertIn("runs past the partition boundary", str(raised.exception))
-        self.assertIn(segment_path(log.store_dir, 0), str(raised.exception))
+        self.assertIn(segment_path(store, 0), str(raised.exception))
 
     def test_unreadable_segment(self) -> None:
         """
