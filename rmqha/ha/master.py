@@ -125,7 +125,7 @@ _DIRECT_BUDGET = 4 * CATCH_UP_BATCH_SIZE
 #: release.  Otherwise N producers move in one convoy: the master runs
 #: N puts while the slave idles, then the slave works while the master
 #: idles.  In two or three groups each side works while the other does
-#: (SYNC at 32 producers +25-35 %, docs/benchmarks.md).  Small enough
+#: (SYNC at 32 producers +18 % median, docs/benchmarks.md).  Small enough
 #: that 32 producers of 1 KiB split, large enough that a frame's costs
 #: (a read, a send, an ack) stay a small share per put.
 EARLY_BYTES = 12 * 1024
