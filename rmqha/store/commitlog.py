@@ -650,6 +650,9 @@ class CommitLog:
             pieces = [memoryview(piece).cast("B") for piece in data]
         written = 0
         total = sum(len(piece) for piece in pieces)
+        # (pwrite, not the mapping: read() is not to slice these bytes,
+        # the validator's read-backs of them included.)
+        self._mapped_from = offset + total
         try:
             index, used = 0, 0  # the next byte to write: pieces[index][used]
             while written < total:
@@ -685,7 +688,6 @@ class CommitLog:
                     self._appended(self.max_offset)
             raise
         self._validate_pieces(offset, pieces, total)
-        self._mapped_from = self.max_offset
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
         if total and self._append_observers:
