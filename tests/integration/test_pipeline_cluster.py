@@ -25,7 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
@@ -150,6 +150,7 @@ class Sources:
         self.puts = 0
         self.s3 = ""
         self.master = self.slave = ""
+        self.putter: Any = None
 
     def start(self) -> None:
         import threading
@@ -199,7 +200,10 @@ class Sources:
         for _ in range(300):
             self._put(http_master)
         self.putting = True
-        threading.Thread(target=self._keep_putting, args=(http_master,), daemon=True).start()
+        self.putter = threading.Thread(
+            target=self._keep_putting, args=(http_master,), daemon=True
+        )
+        self.putter.start()
 
     def _put(self, port: int) -> None:
         import urllib.request
@@ -221,6 +225,10 @@ class Sources:
 
     def stop(self) -> None:
         self.putting = False
+        if self.putter is not None:
+            # (Its last put done before the brokers stop: a put racing the
+            # master's shutdown is answered 503, an error in the thread.)
+            self.putter.join(timeout=30)
         for process in self.processes:
             process.terminate()
         for process in self.processes:
