@@ -398,7 +398,7 @@ def spark_session(
             builder = builder.config("spark.sql.shuffle.partitions", "8")
     for key, value in settings.items():
         builder = builder.config(key, value)
-    jar, why = _reader_jar()
+    jar = _reader_jar()
     if jar is not None:
         jars = [j for j in settings.get("spark.jars", "").split(",") if j]
         builder = builder.config("spark.jars", ",".join([*jars, jar]))
@@ -415,7 +415,7 @@ def spark_session(
 _jar_said = False
 
 
-def _reader_jar() -> tuple[str | None, str]:
+def _reader_jar() -> str | None:
     """
     The JVM span reader's jar (built if needed), or C{None} and one line
     on stderr, once per process, saying why local stores are read the
@@ -432,7 +432,7 @@ def _reader_jar() -> tuple[str | None, str]:
             "Python data source, several times slower under Spark",
             file=sys.stderr,
         )
-    return jar, why
+    return jar
 
 
 _package_zip: str | None = None
