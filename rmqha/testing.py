@@ -393,6 +393,11 @@ class EtcdCluster:
         )
         self._processes: list[Any] = [None] * members
         self._logs: list[Any] = [None] * members
+        # The data directories this instance creates (and so may delete):
+        # etcd preallocates 64 MB of WAL per member, far too much to leave.
+        self._created = [
+            self._data(i) for i in range(members) if not os.path.exists(self._data(i))
+        ]
         try:
             for i in range(members):
                 self.start(i, wait=False)
@@ -414,6 +419,11 @@ class EtcdCluster:
     def __exit__(self, *exc_info: object) -> None:
         self.stop_all()
 
+    def _data(self, i: int) -> str:
+        import os
+
+        return os.path.join(self._directory, f"m{i}.etcd")
+
     def start(self, i: int, wait: bool = True) -> None:
         """
         Start member C{i} (again, on its data directory if it has one);
@@ -427,7 +437,7 @@ class EtcdCluster:
         name = f"m{i}"
         argv = [
             self._binary, "--name", name,
-            "--data-dir", os.path.join(self._directory, f"{name}.etcd"),
+            "--data-dir", self._data(i),
             "--listen-client-urls", self.endpoints[i],
             "--advertise-client-urls", self.endpoints[i],
             "--listen-peer-urls", f"http://127.0.0.1:{self._peer[i]}",
@@ -529,10 +539,14 @@ class EtcdCluster:
 
     def stop_all(self) -> None:
         """
-        SIGKILL every member this started and reap it, and close the logs.
-        (The data is thrown away; SIGTERM to all at once takes seconds, as
-        a leader waits to hand over to members that are leaving too.)
+        SIGKILL every member this started and reap it, close the logs, and
+        delete the data directories this instance created (each holds
+        64 MB of preallocated WAL; the logs stay).  SIGTERM to all at once
+        would take seconds, as a leader waits to hand over to members that
+        are leaving too.
         """
+        import shutil
+
         for i in range(len(self._processes)):
             try:
                 self.kill(i)
@@ -542,6 +556,9 @@ class EtcdCluster:
             if log is not None:
                 log.close()
                 self._logs[i] = None
+        for data in self._created:
+            shutil.rmtree(data, ignore_errors=True)
+        self._created = []
 
     def leader_index(self) -> int | None:
         """

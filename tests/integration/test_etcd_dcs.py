@@ -250,3 +250,23 @@ async def test_mutual_tls(tmp_path: Any, clients: list[EtcdDCS]) -> None:
         for dcs in clients:
             await dcs.close()
         clients.clear()
+
+
+def test_cluster_deletes_only_the_data_it_created(tmp_path: Any) -> None:
+    """
+    Leaving an L{EtcdCluster} deletes the member data directories it
+    created (64 MB of preallocated WAL each) and keeps its logs; a data
+    directory that was there before is left alone.
+    """
+    import os
+
+    with EtcdCluster(str(tmp_path / "fresh")) as cluster:
+        assert cluster.healthy(0)
+        assert os.path.isdir(tmp_path / "fresh" / "m0.etcd" / "member")
+    assert not os.path.exists(tmp_path / "fresh" / "m0.etcd")
+    assert os.path.getsize(tmp_path / "fresh" / "m0.log") > 0
+
+    (tmp_path / "theirs" / "m0.etcd").mkdir(parents=True)
+    with EtcdCluster(str(tmp_path / "theirs")):
+        pass
+    assert os.path.isdir(tmp_path / "theirs" / "m0.etcd" / "member")
