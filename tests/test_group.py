@@ -452,7 +452,9 @@ class SyncMasterTests(SynchronousTestCase):
         The firing rule: the put a slave's ack covers has its result when
         the master's C{dataReceived} returns, with no reactor turn and no
         call scheduled for it; the puts its callback makes go to the slave
-        before that C{dataReceived} returns, together in one frame.
+        before that C{dataReceived} returns: the first at once (the last
+        put released: nothing to batch it with), the others together in
+        one frame.
         """
         broker = self.broker()
         slave = self.slave(broker, 40001)
@@ -474,11 +476,15 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertEqual(statuses, [PutStatus.PUT_OK])
         self.assertEqual(len(more), 3)
         self.assertEqual(len(self.reactor.getDelayedCalls()), calls)
-        # One frame header (12 bytes, classic framing) and the three records.
-        sent = transport.value()
-        offset, size = struct.unpack(">qi", sent[:12])
-        self.assertEqual((offset, size), (before, broker.commitlog.max_offset - before))
-        self.assertEqual(len(sent), 12 + size)
+        # Two frames (12-byte headers, classic framing): the first record,
+        # then the other two.
+        sent = frames(transport.value())
+        record = (broker.commitlog.max_offset - before) // 3
+        self.assertEqual(
+            [(offset, len(data)) for offset, data in sent],
+            [(before, record), (before + record, 2 * record)],
+        )
+        self.assertEqual(b"".join(data for _, data in sent), broker.commitlog.read(before, 3 * record))
         self.ack(slave, broker.commitlog.max_offset)
         self.assertEqual([self.successResultOf(m).status for m in more], [PutStatus.PUT_OK] * 3)
 
@@ -520,6 +526,40 @@ class SyncMasterTests(SynchronousTestCase):
         # were still to run.
         self.assertGreaterEqual(len(sent[0][1]), EARLY_BYTES)
         self.assertGreater(sent_when_called[-1], 0)
+
+    def test_last_released_put_sent_before_it_returns(self) -> None:
+        """
+        The puts the callbacks of one release make travel together: none
+        is sent while a later released put's callback is still to run;
+        the last one's put is sent, with all of them, before that put
+        returns (its frame does not wait for the put's own bookkeeping or
+        the rest of the release).
+        """
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        transport = slave.transport
+        assert isinstance(transport, StringTransport)
+        waiting = [self.put(broker) for _ in range(3)]
+        self.reactor.advance(0)
+        transport.clear()
+        before = broker.commitlog.max_offset
+        sent_after_put: list[int] = []
+
+        def again(result):  # type: ignore[no-untyped-def]
+            d = self.put(broker)
+            sent_after_put.append(len(transport.value()))
+            return d
+
+        for d in waiting:
+            d.addCallback(again)
+        self.ack(slave, before)
+        end = broker.commitlog.max_offset
+        self.assertEqual(sent_after_put[:2], [0, 0])
+        self.assertEqual(sent_after_put[2], len(transport.value()))
+        self.assertEqual(
+            [(offset, len(data)) for offset, data in frames(transport.value())],
+            [(before, end - before)],
+        )
 
     def test_busy_slave_gets_released_puts_at_the_end(self) -> None:
         """

@@ -174,6 +174,10 @@ class GroupTransferService:
         self._expiring = False
         self._live = 0
         self._stopped = False
+        #: Called by L{release} just before it fires the last waiter the
+        #: quorum offset covers (what that put's callback appends has no
+        #: later callback of this release to travel with).
+        self.before_last: Callable[[], object] | None = None
 
     @property
     def waiting(self) -> int:
@@ -237,13 +241,18 @@ class GroupTransferService:
         # One clock reading for the waits these acks end (the histogram's
         # buckets are 100 us and more; a put's callbacks take microseconds).
         now: float | None = None
-        while self._heap and self._heap[0][0] <= self._quorum_offset:
-            waiter = heapq.heappop(self._heap)[2]
+        heap = self._heap
+        while heap and heap[0][0] <= self._quorum_offset:
+            waiter = heapq.heappop(heap)[2]
             if not waiter.done:
                 waiter.done = True
                 self._live -= 1
                 if now is None:
                     now = self._clock.seconds()
+                if self.before_last is not None and not (
+                    heap and heap[0][0] <= self._quorum_offset
+                ):
+                    self.before_last()
                 self._resolve(waiter, PutStatus.PUT_OK, now)
         deadlines = self._deadlines
         while deadlines and deadlines[0].done:

@@ -237,9 +237,11 @@ class Transfer:
             ha = self.factory.ha
             direct = self._direct and ha is not None and ha.sync
             offset = self.next_offset
+            # (Nothing below appends: sending runs no callback.)
+            end = commitlog.max_offset
             wrote = False
-            while not self.paused and self._open and offset < commitlog.max_offset:
-                behind = catch_up and commitlog.max_offset - offset >= catch_up
+            while not self.paused and self._open and offset < end:
+                behind = catch_up and end - offset >= catch_up
                 if behind and budget <= 0 and not direct:
                     # This turn's share sent: the next frames on the
                     # reactor's next turn (not queued through Twisted's
@@ -277,7 +279,7 @@ class Transfer:
                 wrote = True
             if wrote:
                 self._last_write = self.factory.clock.seconds()
-            if offset >= commitlog.max_offset:
+            if offset >= end:
                 self._direct = True
         finally:
             self._producing = False
@@ -771,12 +773,16 @@ class MasterFactory(ServerFactory):
             ha.ack_offsets = self.ack_offsets
             ha.node_acks = self.node_acks
             ha.max_offset = lambda: commitlog.max_offset
+            ha.group.before_last = self._last_of_release
         #: The master's epoch file (failover), which control sessions
         #: offer and answer EPOCHS from; C{None}: no epochs.
         self.epochs: EpochFile | None = None
         self._wake: IDelayedCall | None = None
         self._more = False
         self._releasing = False
+        # (While releasing: the last waiter's callback is running; see
+        # notify_appended.)
+        self._last = False
         # (While releasing: see _next_early.)
         self._early_at = _NEVER
 
@@ -791,11 +797,21 @@ class MasterFactory(ServerFactory):
         turn, so a burst travels in frames of up to a batch, not one frame
         per message.  Appends made by the puts L{release_waiters} fires
         are sent when it returns (no timer), or earlier in pieces once
-        there are enough of them (L{EARLY_BYTES}).
+        there are enough of them (L{EARLY_BYTES}); the first append of the
+        last put it fires goes at once, with every unsent append before it
+        (as a lone put would: nothing later in the release to wait for).
         """
         if not self.connections:
             return
         if self._releasing:
+            if self._last:
+                # The last put this release fires: nothing after it to
+                # batch with, so its first append goes at once, with all
+                # the release's unsent appends, before that put even
+                # returns (the rest of its callback's appends, at the end).
+                self._last = self._more = False
+                self._wake_connections()
+                return
             self._more = True
             if end is None:
                 end = self.commitlog.max_offset
@@ -861,8 +877,9 @@ class MasterFactory(ServerFactory):
         """
         Fire the puts the slaves' acks now cover (a connection calls this
         at the end of its C{dataReceived}).  What their callbacks append
-        (a producer's next put) is sent to the slaves in one go when they
-        are done, still in this reactor turn.
+        (a producer's next put) is sent to the slaves in one go as the
+        last of them appends (L{notify_appended}), or when they are done,
+        still in this reactor turn.
         """
         if self.ha is None or self._releasing:
             return
@@ -871,10 +888,17 @@ class MasterFactory(ServerFactory):
         try:
             self.ha.release()
         finally:
-            self._releasing = False
+            self._releasing = self._last = False
         if self._more:
             self._more = False
             self._wake_connections()
+
+    def _last_of_release(self) -> None:
+        """
+        The group is about to fire the last put the acks cover.
+        """
+        if self._releasing:
+            self._last = True
 
     def _next_early(self) -> int:
         """

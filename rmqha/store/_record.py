@@ -831,6 +831,8 @@ class ReplicaValidator:
         end = record_end
         while True:
             end = hop(chunk, chunk_offset, end, max_offset, size)
+            if end >= max_offset:
+                return end  # (the usual case: the chunk ends in whole records)
             after = self._advance(end, max_offset, chunk_offset, chunk, 1)
             if after == end:
                 return end

@@ -938,12 +938,13 @@ class CommitLog:
             raise ValueError(f"read limit {limit} is negative")
         if self._closed:
             raise StoreError(f"{self.commitlog_dir} is closed")
-        if not self._segments or not self.min_offset <= offset <= self.max_offset:
+        segments = self._segments
+        if not segments or not segments[0].start <= offset <= segments[-1].end:
             raise OffsetOutOfRangeError(offset, self.min_offset, self.max_offset)
-        index = (offset - self._segments[0].start) // self.segment_size
-        if index == len(self._segments):
+        index = (offset - segments[0].start) // self.segment_size
+        if index == len(segments):
             index -= 1
-        segment = self._segments[index]
+        segment = segments[index]
         position = offset - segment.start
         return segment, position, min(segment.wrote, position + limit)
 
