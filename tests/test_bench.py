@@ -81,3 +81,25 @@ class CRCBenchTests(SynchronousTestCase):
                 self.assertGreater(result[f"{crc}_{name}_mb_per_s"], 0)
             self.assertIn(f"{crc}_check_fraction_of_zlib_crc32", result)
         self.assertEqual(os.listdir(where), [])
+
+
+class RoundtripBenchTests(SynchronousTestCase):
+    def test_roundtrip_figures(self) -> None:
+        """
+        C{bench roundtrip} runs the master's put and ack and the slave's
+        frames in one process, checks the slave validated every put, prints
+        one JSON line with both costs, and removes its stores.
+        """
+        import json
+
+        where = self.mktemp()
+        os.mkdir(where)
+        stdout = io.StringIO()
+        with contextlib.redirect_stdout(stdout):
+            bench.main(["roundtrip", "--count", "50", "--runs", "2", "--dir", where])
+        result = json.loads(stdout.getvalue().splitlines()[-1])
+        for figure in ("master_put_and_ack_us", "slave_frame_us"):
+            self.assertGreater(result[figure]["best"], 0)
+            self.assertGreaterEqual(result[figure]["median"], result[figure]["best"])
+        self.assertEqual(len(result["all"]["master"]), 2)
+        self.assertEqual(os.listdir(where), [])

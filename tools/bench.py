@@ -1050,6 +1050,91 @@ def _puts_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _roundtrip(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    The Python of a SYNC round trip in one process, no sockets: a
+    SYNC_MASTER with one slave connection on a C{StringTransport}, put then
+    that put's ack, C{--count} times (µs per put and ack); and a slave
+    connection of checked framing on its own commit log fed those puts as
+    one-record frames (µs per frame: decode, validate, C{pwrite}, report).
+    Best and median of C{--runs}.
+    """
+    import struct
+
+    from twisted.internet.address import IPv4Address
+    from twisted.internet.testing import MemoryReactorClock, StringTransport
+
+    from rmqha.broker import Broker, Role
+    from rmqha.ha import _wire
+    from rmqha.ha.slave import SlaveFactory
+
+    ack = struct.Struct(">q").pack
+    masters: list[float] = []
+    slaves: list[float] = []
+    for _ in range(args.runs):
+        root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+        reactor = MemoryReactorClock()
+        broker = Broker(
+            reactor,
+            lambda: CommitLog.open(os.path.join(root, "master"), segment_size=256 << 20),
+            Role.SYNC_MASTER,
+            ha_listen="tcp:0",
+            slave_timeout=3.0,
+        )
+        broker.startService()
+        replica = None
+        try:
+            factory = broker.master_factory
+            assert factory is not None
+            connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+            transport = StringTransport()
+            connection.makeConnection(transport)
+            connection.dataReceived(ack(0))
+            message = Message("BenchTopic", os.urandom(args.body_size))
+            log = broker.commitlog
+            ends = []
+            for i in range(args.count + 100):
+                if i == 100:
+                    started = time.perf_counter()
+                broker.put(message)
+                transport.clear()
+                connection.dataReceived(ack(log.max_offset))
+                ends.append(log.max_offset)
+            masters.append((time.perf_counter() - started) / args.count * 1e6)
+            records = log.read(0, log.max_offset)
+            frames, start = [], 0
+            for end in ends:
+                body = records[start:end]
+                frames.append(_wire.encode_checked_header(start, body) + body)
+                start = end
+            replica = CommitLog.open(os.path.join(root, "slave"), segment_size=256 << 20)
+            slave_factory = SlaveFactory(replica, reactor)
+            slave_factory.checked = True
+            slave = slave_factory.buildProtocol(None)
+            slave.makeConnection(StringTransport())
+            slave.dataReceived(_wire._CHECKED_ACK_BYTES + frames[0])
+            started = time.perf_counter()
+            for frame in frames[1:]:
+                slave.dataReceived(frame)
+            slaves.append((time.perf_counter() - started) / (len(frames) - 1) * 1e6)
+            if replica.record_end != log.max_offset:
+                raise RuntimeError(f"the slave validated to {replica.record_end}, not {log.max_offset}")
+        finally:
+            broker.stopService()
+            if replica is not None:
+                replica.close()
+            shutil.rmtree(root, ignore_errors=True)
+    return {
+        "benchmark": "roundtrip",
+        "machine": machine_info(),
+        "count": args.count,
+        "runs": args.runs,
+        "master_put_and_ack_us": {"best": min(masters), "median": statistics.median(masters)},
+        "slave_frame_us": {"best": min(slaves), "median": statistics.median(slaves)},
+        "all": {"master": masters, "slave": slaves},
+    }
+
+
 def _codec_bench(args: argparse.Namespace) -> dict[str, Any]:
     """
     Microseconds per record of the codec's hot loops, on the pure-Python
@@ -1874,6 +1959,15 @@ def main(argv: list[str] | None = None) -> None:
     puts.add_argument("--check-size", type=int, default=256 << 20, help="store check's bytes")
     puts.add_argument("--runs", type=int, default=3)
     puts.add_argument("--dir", type=_existing_dir, default=None, help="where to create the stores")
+    roundtrip = commands.add_parser(
+        "roundtrip",
+        help="µs of Python per SYNC put and ack (master) and per frame (slave), in one "
+        "process, no sockets",
+    )
+    roundtrip.add_argument("--count", type=int, default=20000, help="puts per run")
+    roundtrip.add_argument("--body-size", type=int, default=1024)
+    roundtrip.add_argument("--runs", type=int, default=3)
+    roundtrip.add_argument("--dir", type=_existing_dir, default=None, help="where the stores go")
     codec = commands.add_parser(
         "codec", help="µs per record of the codec's hot loops, pure Python vs compiled"
     )
@@ -1976,6 +2070,16 @@ def main(argv: list[str] | None = None) -> None:
             f"{'identical' if result['identical'] else 'DIFFER'}, store check "
             f"{'sound' if result['store_check_sound'] else 'FAILED'} ({result['kills']} kills)",
             file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "roundtrip":
+        result = _roundtrip(args)
+        print(
+            f"roundtrip: master put+ack {result['master_put_and_ack_us']['best']:.2f} µs, "
+            f"slave frame {result['slave_frame_us']['best']:.2f} µs (best of {args.runs}; "
+            f"medians {result['master_put_and_ack_us']['median']:.2f}, "
+            f"{result['slave_frame_us']['median']:.2f})"
         )
         print(json.dumps(result))
         return None
