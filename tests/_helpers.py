@@ -17,6 +17,7 @@ from typing import Iterable, Mapping
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from rmqha.store import _record
 from rmqha.store._record import Message, encode_record
 from rmqha.store.commitlog import CommitLog
 
@@ -336,3 +337,22 @@ def tree_digest(root: str) -> dict[str, str]:
                 digest = hashlib.sha256(f.read()).hexdigest()
             result[os.path.relpath(path, root)] = digest
     return result
+
+
+class PurePath:
+    """
+    A test case mixin: each test runs on the pure-Python codec
+    (C{RMQHA_PURE=1}'s path) whether or not the compiled one is built, and
+    the codec in use is put back after it.  Put it first:
+    C{class PureXTests(PurePath, test_x.XTests)}.
+    """
+
+    def setUp(self) -> None:
+        saved = _record._accel
+        _record._accel = None
+
+        def restore() -> None:
+            _record._accel = saved
+
+        self.addCleanup(restore)  # type: ignore[attr-defined]
+        super().setUp()  # type: ignore[misc]

@@ -33,6 +33,7 @@ from rmqha.store._record import (
     walk_valid,
 )
 from tests import test_record
+from tests._helpers import PurePath
 from tests.test_record import HOSTS, INT64, decoder_inputs, encode, messages
 
 try:
@@ -956,32 +957,21 @@ class PutLoopTests(_Compiled, SynchronousTestCase):
 # (the default run takes the compiled one where it is built).
 
 
-class _Pure:
-    def setUp(self) -> None:
-        saved = _record._accel
-        _record._accel = None
-
-        def restore() -> None:
-            _record._accel = saved
-
-        self.addCleanup(restore)  # type: ignore[attr-defined]
-
-
-class PureEncodeRecordTests(_Pure, test_record.EncodeRecordTests):
+class PureEncodeRecordTests(PurePath, test_record.EncodeRecordTests):
     """L{test_record.EncodeRecordTests} on the pure-Python path."""
 
 
-class PureEncoderRejectionTests(_Pure, test_record.EncoderRejectionTests):
+class PureEncoderRejectionTests(PurePath, test_record.EncoderRejectionTests):
     """L{test_record.EncoderRejectionTests} on the pure-Python path."""
 
 
-class PureRoundTripTests(_Pure, test_record.RoundTripTests):
+class PureRoundTripTests(PurePath, test_record.RoundTripTests):
     """L{test_record.RoundTripTests} on the pure-Python path."""
 
 
-class PureReplicaCheckTests(_Pure, test_record.ReplicaCheckTests):
+class PureReplicaCheckTests(PurePath, test_record.ReplicaCheckTests):
     """L{test_record.ReplicaCheckTests} on the pure-Python path."""
 
 
-class PureReplicaValidatorTests(_Pure, test_record.ReplicaValidatorTests):
+class PureReplicaValidatorTests(PurePath, test_record.ReplicaValidatorTests):
     """L{test_record.ReplicaValidatorTests} on the pure-Python path."""

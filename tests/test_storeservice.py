@@ -112,6 +112,34 @@ class CommitLogServiceTests(SynchronousTestCase):
         self.assertIsNone(service.commitlog)
         self.assertFalse(os.path.exists(os.path.join(self.store, "abort")))
 
+    def test_start_logs_the_store_and_the_codec(self) -> None:
+        """
+        Opening logs the store's directory, extent, last shutdown, flush
+        type and which codec encodes and checks its records: the compiled
+        one where it is in use, else the pure-Python one (so an operator
+        can tell a build without the accelerator from its log).
+        """
+        from twisted.logger import capturedLogs, formatEvent
+
+        from rmqha.store import _record
+
+        lines = []
+        for accel in (None, _record._accel):
+            self.patch(_record, "_accel", accel)
+            service = self._service()
+            with capturedLogs() as events:
+                service.startService()
+            lines.append(formatEvent(events[0]))
+            self._stop(service)
+        pure, default = lines
+        self.assertEqual(
+            pure,
+            f"commit log {os.path.abspath(os.path.join(self.store, 'commitlog'))}: 0 segments, offsets 0..0, "
+            "last shutdown clean, ASYNC_FLUSH, pure-Python codec",
+        )
+        if _record.ACCELERATED:
+            self.assertTrue(default.endswith(", compiled codec"), default)
+
     def test_periodic_flush_needs_least_bytes(self) -> None:
         """
         Each tick flushes only when at least C{flush_least_bytes} are dirty

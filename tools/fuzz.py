@@ -352,7 +352,7 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
     return {
         "cases": cases,
         "seed": seed,
-        "codec": "compiled" if _record.ACCELERATED else "pure Python",
+        "codec": "compiled" if _record._accel is not None else "pure Python",
         "seconds": round(time.perf_counter() - started, 1),
         "per_target": counts,
         "failures": failures,

@@ -18,6 +18,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from rmqha.store import _record as _codec
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
 
@@ -95,13 +96,15 @@ class CommitLogService(Service):
             commitlog.sync_flush_inline = False
         self._log.info(
             "commit log {dir}: {segments} segments, offsets {min}..{max}, "
-            "last shutdown {shutdown}, {flush}",
+            "last shutdown {shutdown}, {flush}, {codec} codec",
             dir=commitlog.commitlog_dir,
             segments=len(commitlog.segments),
             min=commitlog.min_offset,
             max=commitlog.max_offset,
             shutdown="clean" if commitlog.recovery.clean_shutdown else "NOT clean",
             flush=commitlog.flush_disk_type.value,
+            # (An operator can tell a build without the accelerator.)
+            codec="compiled" if _codec._accel is not None else "pure-Python",
         )
         self._last_flush = self._reactor.seconds()
         if self.commitlog.flush_disk_type is FlushDiskType.ASYNC_FLUSH:

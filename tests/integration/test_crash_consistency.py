@@ -5,6 +5,8 @@ SIGKILL at random moments 20 times and the master 5 times, each restarted,
 while messages keep coming.  At the end the slave's bytes equal the
 master's, every put answered PUT_OK is on the slave with the body that was
 sent, and both stores pass a full check (recovery cut only torn tails).
+Again, shorter (6 and 2 kills), with both processes on the pure-Python
+codec (C{RMQHA_PURE=1}).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import urllib.request
 from typing import Any
 
+import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
@@ -31,8 +34,9 @@ SEGMENT = 4 * 1024 * 1024
 
 
 class _Cluster:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, env: dict[str, str]) -> None:
         self.root = root
+        self.env = env
         self.ha_port, self.http_port = free_ports(2)
         self.master: subprocess.Popen[bytes] | None = None
         self.slave: subprocess.Popen[bytes] | None = None
@@ -48,7 +52,8 @@ class _Cluster:
                 "--ha-listen", f"tcp:{self.ha_port}:interface=127.0.0.1",
                 "--http", f"tcp:{self.http_port}:interface=127.0.0.1",
                 "--heartbeat-interval", "200", "--slave-timeout", "1000",
-            )
+            ),
+            env=self.env,
         )
 
     def start_slave(self) -> None:
@@ -60,7 +65,8 @@ class _Cluster:
                 "--role", "slave", "--segment-size", str(SEGMENT),
                 "--master", f"127.0.0.1:{self.ha_port}",
                 "--heartbeat-interval", "200",
-            )
+            ),
+            env=self.env,
         )
 
     def kill(self, which: str) -> None:
@@ -79,8 +85,13 @@ class _Cluster:
                     process.wait()
 
 
+@pytest.mark.parametrize(
+    "codec, slave_kills, master_kills", [("compiled", 20, 5), ("pure", 6, 2)]
+)
 @pytest_twisted.ensureDeferred
-async def test_kill_slave_20_times_and_master_5_times(tmp_path: Any) -> None:
+async def test_kill_slave_and_master(
+    tmp_path: Any, codec: str, slave_kills: int, master_kills: int
+) -> None:
     """
     The whole cycle under load; see the module docstring.
     """
@@ -88,7 +99,12 @@ async def test_kill_slave_20_times_and_master_5_times(tmp_path: Any) -> None:
     from twisted.internet.threads import deferToThread
 
     rng = random.Random(20261122)
-    cluster = _Cluster(str(tmp_path))
+    env = dict(os.environ)
+    if codec == "pure":
+        env["RMQHA_PURE"] = "1"
+    else:
+        env.pop("RMQHA_PURE", None)
+    cluster = _Cluster(str(tmp_path), env)
 
     def http(method: str, path: str, body: bytes | None = None) -> Deferred[dict[str, Any]]:
         # A plain blocking client on a thread: simple, and independent of
@@ -153,7 +169,7 @@ async def test_kill_slave_20_times_and_master_5_times(tmp_path: Any) -> None:
         await wait_for(master_answers, "the master and its slave")
         master_up = True
         producer = Deferred.fromCoroutine(produce())
-        kills = ["slave"] * 20 + ["master"] * 5
+        kills = ["slave"] * slave_kills + ["master"] * master_kills
         rng.shuffle(kills)
         for which in kills:
             await deferLater(reactor, rng.uniform(0.1, 0.6), lambda: None)
@@ -178,6 +194,10 @@ async def test_kill_slave_20_times_and_master_5_times(tmp_path: Any) -> None:
         producing = False
         cluster.stop()
     assert statuses.get("PUT_OK", 0) > 100, statuses
+    if codec == "pure":
+        for log in ("master1.log", "slave1.log"):
+            with open(tmp_path / log) as f:
+                assert "pure-Python codec" in f.read(), f"{log} does not name the pure codec"
     master_dir, slave_dir = str(tmp_path / "master"), str(tmp_path / "slave")
     for store in (master_dir, slave_dir):
         verify_store(store)  # raises at the first bad record
