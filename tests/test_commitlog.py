@@ -14,7 +14,7 @@ import subprocess
 import sys
 import zlib
 
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
@@ -776,7 +776,9 @@ class ReplicaAppendTests(SynchronousTestCase):
     The replica path, C{append_at(offset, data)}.
     """
 
-    @settings(deadline=None, derandomize=True, max_examples=40)
+    # (tests.test_pure_path runs it again on the pure path: a second executor.)
+    @settings(deadline=None, derandomize=True, max_examples=40,
+              suppress_health_check=[HealthCheck.differing_executors])
     @given(
         segment_size=st.integers(512, 2048),
         messages=MESSAGES,
@@ -812,7 +814,9 @@ class ReplicaAppendTests(SynchronousTestCase):
         source.close()
         target.close()
 
-    @settings(deadline=None, derandomize=True, max_examples=40)
+    # (tests.test_pure_path runs it again on the pure path: a second executor.)
+    @settings(deadline=None, derandomize=True, max_examples=40,
+              suppress_health_check=[HealthCheck.differing_executors])
     @given(
         segment_size=st.integers(512, 2048),
         messages=MESSAGES,
