@@ -553,6 +553,21 @@ class SessionSettingsTests(SynchronousTestCase):
         fake = self.session("local[1]", conf={"spark.pyspark.python": "/usr/bin/python3"})
         self.assertEqual(os.environ["PYSPARK_PYTHON"], "/usr/bin/python3")
 
+    def test_local_jvm_collector(self) -> None:
+        """
+        A local master's JVM gets the parallel collector, added to the
+        user's own driver options; a user who names a collector keeps it;
+        a cluster's JVMs are left as they are.
+        """
+        self.environ()
+        option = "spark.driver.extraJavaOptions"
+        self.assertEqual(self.session("local[2]").settings[option], "-XX:+UseParallelGC")
+        fake = self.session("local[1]", conf={option: "-Dx=1"})
+        self.assertEqual(fake.settings[option], "-Dx=1 -XX:+UseParallelGC")
+        fake = self.session("local[1]", conf={option: "-XX:+UseG1GC -Dx=1"})
+        self.assertEqual(fake.settings[option], "-XX:+UseG1GC -Dx=1")
+        self.assertNotIn(option, self.session("spark://127.0.0.1:7077").settings)
+
     def test_reader_jar_on_spark_jars(self) -> None:
         """
         The JVM span reader's jar goes on C{spark.jars} after the user's
@@ -707,6 +722,17 @@ class JvmReaderTests(SynchronousTestCase):
         # The shared session was made with the jar: not having it here is
         # the silent fallback these tests exist to catch.
         self.assertTrue(jvm_reader(spark()))
+
+    def test_session_jvm_collector(self) -> None:
+        """
+        The shared local session's JVM runs the parallel collector
+        (L{spark_session}'s default for a local master), not the JVM's G1.
+        """
+        jvm = spark().sparkContext._jvm
+        beans = jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()
+        names = {bean.getName() for bean in beans}
+        self.assertIn("PS Scavenge", names)
+        self.assertNotIn("G1 Young Generation", names)
 
     def jvm(self, path: str, columns: list[str] | None = None, **options: str) -> Any:
         from rmqha.pipeline.source import read_store

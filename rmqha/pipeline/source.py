@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from typing import Any, Iterator, Mapping, Sequence
@@ -336,6 +337,12 @@ def _java_home() -> str | None:
     return os.path.dirname(os.path.dirname(os.path.realpath(java)))
 
 
+#: The garbage collector of a local master's JVM (L{spark_session}).
+_LOCAL_GC = "-XX:+UseParallelGC"
+#: A JVM option that picks a collector (C{-XX:+UseG1GC}, ...).
+_CHOSEN_GC = re.compile(r"-XX:[+-]Use\w*GC\b")
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "rmqha",
@@ -359,7 +366,8 @@ def spark_session(
     Python has PySpark and pyarrow but not rmqha runs the data source.
     The JVM span reader's jar (L{rmqha.pipeline._jar}, built on first use)
     goes on C{spark.jars}, after any given; without it, one line on
-    stderr says why.
+    stderr says why.  A local master's JVM runs the parallel (throughput)
+    collector unless C{spark.driver.extraJavaOptions} names one.
     """
     from pyspark.sql import SparkSession
 
@@ -396,6 +404,12 @@ def spark_session(
         builder = builder.master(master)
         if local:
             builder = builder.config("spark.sql.shuffle.partitions", "8")
+            # The throughput collector for the one JVM a local master runs
+            # (docs/pipeline.md, "Which reader": 10-15 % less JVM CPU per
+            # scan with bodies than G1), unless the user chose a collector.
+            options = settings.get("spark.driver.extraJavaOptions", "")
+            if not _CHOSEN_GC.search(options):
+                settings["spark.driver.extraJavaOptions"] = f"{options} {_LOCAL_GC}".strip()
     for key, value in settings.items():
         builder = builder.config(key, value)
     jar = _reader_jar()
