@@ -214,6 +214,28 @@ class PlanTests(SynchronousTestCase):
         xor_byte(segment_path(path, 0), int(rows[-2]["offset"]) + 5)  # type: ignore[call-overload]
         self.assertEqual(arrow_rows(scan(path)), rows[:-2])
 
+    def test_damage_before_valid_records_fails_loudly(self) -> None:
+        """
+        A garbled header with whole records after it is damage, not a torn
+        tail: the scan fails naming the segment, the bad record and where
+        valid records follow (as C{rmqha store check} does), instead of
+        silently leaving out every record after it; with a topic filter
+        and without bodies too.
+        """
+        from rmqha.pipeline.scan import PlanError
+
+        path = random_store(self, 40, 1 << 20, seed=3)
+        rows = store_rows(path)
+        bad, after = int(rows[10]["offset"]), int(rows[11]["offset"])  # type: ignore[call-overload]
+        xor_byte(segment_path(path, 0), bad + 5)  # its magic
+        topics = sorted({str(r["topic"]) for r in rows})
+        for options in [{}, {"topics": topics}, {"bodies": False}]:
+            with self.assertRaises(PlanError) as raised:
+                list(scan(path, **options))  # type: ignore[arg-type]
+            message = str(raised.exception)
+            self.assertIn(f"{segment_path(path, 0)}: bad record at offset {bad}: ", message)
+            self.assertIn(f"; valid records follow at offset {after}: the store is damaged", message)
+
     def test_flipped_body_byte_is_crc_false(self) -> None:
         """
         A body byte flipped on disk: the row is still there, with

@@ -672,7 +672,9 @@ def hostile_store(case: SynchronousTestCase, segment_size: int = 4096) -> str:
     topics made of their own), then a BLANK filler to the first segment's
     end, a torn record (its first 40 bytes, then zeros) in the second, and
     in the third a record whose properties end in a zero byte (a torn
-    write) followed by a whole record that must not be read.
+    write: the last record, as a torn one is; with a whole record after
+    it, it would be damage, which fails the read:
+    L{JvmReaderTests.test_damage_before_valid_records_fails_loudly}).
     """
     import struct
 
@@ -695,7 +697,6 @@ def hostile_store(case: SynchronousTestCase, segment_size: int = 4096) -> str:
             data += raw_record(base + len(data), b"torn" * 20)[:40]
         else:
             data += raw_record(base + len(data), properties=b"TAGS\x01x\x00")
-            data += raw_record(base + len(data))
         assert len(data) <= segment_size, len(data)
         with open(os.path.join(directory, f"{base:020d}"), "wb") as f:
             f.write(data.ljust(segment_size, b"\0"))
@@ -836,13 +837,47 @@ class JvmReaderTests(SynchronousTestCase):
         """
         A record that runs past its span's end (the cut was not a record
         start) fails the query, naming the segment and the offsets, as the
-        Python reader does.
+        Python reader does (or the span after the cut fails first, as
+        damage).
         """
         store, start = forged_record_store(self)
         with self.assertRaises(Exception) as raised:
             self.jvm(store, splitBytes=str(start + 100)).count()
-        self.assertIn("runs past the partition boundary", str(raised.exception))
-        self.assertIn(segment_path(store, 0), str(raised.exception))
+        # (The span after the false cut starts with no record, and real
+        # ones follow: its task fails too, as damage; the first to fail
+        # names the job's error.)
+        message = str(raised.exception)
+        self.assertTrue(
+            "runs past the partition boundary" in message
+            or "; valid records follow at offset " in message,
+            message[:500],
+        )
+        self.assertIn(segment_path(store, 0), message)
+
+    def test_damage_before_valid_records_fails_loudly(self) -> None:
+        """
+        A garbled header with whole records after it (damage, not a torn
+        tail) fails the query with the Python reader's message: the
+        segment, the bad record, where valid records follow.  A torn tail
+        still just ends the rows.
+        """
+        from tests._helpers import zero_from
+
+        path = random_store(self, 40, 1 << 20, seed=3)
+        rows = store_rows(path)
+        last = int(rows[-1]["offset"])  # type: ignore[call-overload]
+        zero_from(segment_path(path, 0), last + 30)
+        self.assertEqual(df_rows(self.jvm(path)), rows[:-1])
+        bad, after = int(rows[10]["offset"]), int(rows[11]["offset"])  # type: ignore[call-overload]
+        xor_byte(segment_path(path, 0), bad + 5)
+        with self.assertRaises(Exception) as raised:
+            self.jvm(path).count()
+        from rmqha.pipeline.jobs import error_line
+
+        line = error_line(raised.exception)
+        damaged = os.path.abspath(segment_path(path, 0))
+        self.assertTrue(line.startswith(f"{damaged}: bad record at offset {bad}: "), line)
+        self.assertIn(f"; valid records follow at offset {after}: the store is damaged", line)
 
     def test_unreadable_segment(self) -> None:
         """
@@ -860,8 +895,7 @@ class JvmReaderTests(SynchronousTestCase):
 
         self.assertEqual(
             error_line(raised.exception),
-            f"java.io.IOException: cannot read {gone} on host {socket.gethostname()}: "
-            "No such file or directory",
+            f"cannot read {gone} on host {socket.gethostname()}: No such file or directory",
         )
 
     def test_remote_store_keeps_the_python_source(self) -> None:

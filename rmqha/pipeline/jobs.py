@@ -934,7 +934,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 #: Our errors, as a Python trace names them: their message is the line.
-_OURS = re.compile(r"^(?:rmqha\.[\w.]*\.)?(?:CompareError|PlanError|OptionError|StoreLocationError): ")
+_OURS = re.compile(
+    r"^(?:rmqha\.[\w.]*\.)?(?:CompareError|PlanError|OptionError|StoreLocationError): "
+    # (The JVM span reader's: rmqha/pipeline/jvm/src/rmqha/spark/StoreReadError.java.)
+    r"|^rmqha\.spark\.StoreReadError: "
+)
 
 
 def error_line(e: BaseException) -> str:
@@ -959,10 +963,10 @@ def error_line(e: BaseException) -> str:
                 return _OURS.sub("", _spark_suffix(line))
     caused = [line for line in lines if line.startswith("Caused by: ")]
     if caused:
-        return _spark_suffix(caused[-1][len("Caused by: ") :])
+        return _OURS.sub("", _spark_suffix(caused[-1][len("Caused by: ") :]))
     for line in lines:
         if line.startswith(": "):  # Py4J: "An error occurred while calling o1.x.\n: java..."
-            return _spark_suffix(line[2:])
+            return _OURS.sub("", _spark_suffix(line[2:]))
     for ours in (CompareError, PlanError):
         found = re.findall(rf"\b{ours.__name__}: (.*)", text)
         if found:

@@ -306,6 +306,31 @@ def plan(
     return spans
 
 
+def _valid_record_after(data: Any, position: int, length: int, base: int) -> int | None:
+    """
+    The offset of the first record start after the bad record at
+    C{position} of C{data} (which starts at offset C{base} and holds what
+    is left of the span): a header passing L{is_record_start} (its magic,
+    a TOTALSIZE that fits, its own offset as PHYSICALOFFSET) whose record
+    is followed by the span's end, zeros, a BLANK filler to the end, or
+    another such header; C{None} for a torn tail, with nothing after it.
+    (The JVM span reader's C{validRecordAfter} is its transcription.)
+    """
+    buf = data if isinstance(data, (bytes, bytearray)) else bytes(data)  # (find)
+    for p in record_starts(buf, position + 1, length, base, length):
+        after = p + read_header(buf, p)[0]
+        if length - after < 8:
+            return base + p
+        follower, magic = read_header(buf, after)
+        if (
+            (magic == BLANK_MAGIC and after + follower == length)
+            or (follower == 0 and magic == 0)
+            or is_record_start(buf, after, base, length)
+        ):
+            return base + p
+    return None
+
+
 def _is_zero_or_short(view: memoryview, position: int) -> bool:
     return len(view) - position < 8 or not any(view[position : position + 8])
 
@@ -475,6 +500,16 @@ def read_span(
                     f"{span.path}: the record at offset {base + position} runs past "
                     f"the partition boundary at offset {span.end_offset}: {e}"
                 ) from None
+            if not _is_zero_or_short(view, position):
+                following = _valid_record_after(data, position, length, base)
+                if following is not None:
+                    # Not a torn tail: damage, and dropping the records
+                    # after it would be a silent loss.
+                    raise PlanError(
+                        f"{span.path}: {e}; valid records follow at offset {following}: "
+                        "the store is damaged ('rmqha store check' says where, 'rmqha "
+                        "store repair' mends it from a replica)"
+                    ) from None
             # Where records stop: zeros, a torn record.
             break
         if isinstance(record, Blank):

@@ -40,6 +40,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   static final int BLANK_MAGIC = -875286124;
   /** The smallest record (rmqha.store._record._MIN_FIXED). */
   static final int MIN_FIXED = 91;
+  /** Where PHYSICALOFFSET lies in a record (rmqha.store._record.PHYSICALOFFSET_AT). */
+  static final int PHYSICALOFFSET_AT = 28;
 
   static final int BORNHOST_V6 = 0x10;
   static final int STOREHOST_V6 = 0x20;
@@ -211,7 +213,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     } catch (IOException e) {
       closeSpan();
       // Not chained: the job's error line is the last cause's (jobs.error_line).
-      throw new IOException(unreadable(span.path, e));
+      throw new StoreReadError(unreadable(span.path, e));
     }
     return true;
   }
@@ -321,7 +323,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       return false;
     } catch (Stop stop) {
       if (span.exact && !zeroOrShort(available)) {
-        throw new IOException(
+        throw new StoreReadError(
             span.path
                 + ": the record at offset "
                 + (span.base + position)
@@ -332,8 +334,80 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
                 + ": "
                 + stop.getMessage());
       }
+      if (!zeroOrShort(available)) {
+        long following = validRecordAfter();
+        if (following >= 0) {
+          // Not a torn tail: damage, and dropping the records after it
+          // would be a silent loss.
+          throw new StoreReadError(
+              span.path
+                  + ": bad record at offset "
+                  + (span.base + position)
+                  + ": "
+                  + stop.getMessage()
+                  + "; valid records follow at offset "
+                  + following
+                  + ": the store is damaged ('rmqha store check' says where, 'rmqha store"
+                  + " repair' mends it from a replica)");
+        }
+      }
       return false;
     }
+  }
+
+  /**
+   * The offset of the first record start after the bad record at position,
+   * up to the span's end: a header with a message magic, a TOTALSIZE that
+   * fits and its own offset as PHYSICALOFFSET, whose record is followed by
+   * the span's end, zeros, a BLANK filler to the end, or another such
+   * header; -1 for a torn tail, with nothing after it.  A transcription of
+   * rmqha.pipeline.scan._valid_record_after, over a mapping of its own.
+   */
+  private long validRecordAfter() throws IOException {
+    long from = position + 1;
+    long n = end - from;
+    if (n < 8) {
+      return -1;
+    }
+    int length = (int) Math.min(n, Integer.MAX_VALUE);
+    MappedByteBuffer m = channel.map(FileChannel.MapMode.READ_ONLY, from, length);
+    long base = span.base + from; // the offset of m's first byte
+    for (int p = 0; p + PHYSICALOFFSET_AT + 8 <= length; p++) {
+      if (p + 8 <= length && m.getLong(p) == 0L) {
+        // No magic lies in a zero long: the next four positions' magic
+        // fields overlap it.
+        p += 3;
+        continue;
+      }
+      if (!isRecordStart(m, p, base, length)) {
+        continue;
+      }
+      long after = p + (long) m.getInt(p);
+      if (length - after < 8) {
+        return base + p;
+      }
+      int follower = m.getInt((int) after);
+      int magic = m.getInt((int) after + 4);
+      if ((magic == BLANK_MAGIC && after + follower == length)
+          || (follower == 0 && magic == 0)
+          || isRecordStart(m, (int) after, base, length)) {
+        return base + p;
+      }
+    }
+    return -1;
+  }
+
+  /** rmqha.store._record.is_record_start over m (whose byte 0 is at offset base). */
+  private static boolean isRecordStart(ByteBuffer m, int p, long base, int size) {
+    if (p < 0 || (long) p + PHYSICALOFFSET_AT + 8 > size) {
+      return false;
+    }
+    int total = m.getInt(p);
+    int magic = m.getInt(p + 4);
+    if ((magic != MAGIC_V1 && magic != MAGIC_V2) || total < MIN_FIXED || total > size - p) {
+      return false;
+    }
+    return m.getLong(p + PHYSICALOFFSET_AT) == base + p;
   }
 
   private boolean zeroOrShort(long available) {
