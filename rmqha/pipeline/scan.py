@@ -493,25 +493,25 @@ def read_span(
                 strict=True,
             )
         except RecordError as e:
-            if span.exact and not _is_zero_or_short(view, position):
+            if _is_zero_or_short(view, position):
+                break  # where records stop: zeros
+            if span.exact:
                 # The next span starts at span.end: a record running past
                 # it means the cut was not a record start.
                 raise PlanError(
                     f"{span.path}: the record at offset {base + position} runs past "
                     f"the partition boundary at offset {span.end_offset}: {e}"
                 ) from None
-            if not _is_zero_or_short(view, position):
-                following = _valid_record_after(data, position, length, base)
-                if following is not None:
-                    # Not a torn tail: damage, and dropping the records
-                    # after it would be a silent loss.
-                    raise PlanError(
-                        f"{span.path}: {e}; valid records follow at offset {following}: "
-                        "the store is damaged ('rmqha store check' says where, 'rmqha "
-                        "store repair' mends it from a replica)"
-                    ) from None
-            # Where records stop: zeros, a torn record.
-            break
+            following = _valid_record_after(data, position, length, base)
+            if following is not None:
+                # Not a torn tail: damage, and dropping the records after
+                # it would be a silent loss.
+                raise PlanError(
+                    f"{span.path}: {e}; valid records follow at offset {following}: "
+                    "the store is damaged ('rmqha store check' says where, 'rmqha "
+                    "store repair' mends it from a replica)"
+                ) from None
+            break  # where records stop: a torn record
         if isinstance(record, Blank):
             break
         body_size = len(record.body) if bodies else record_body_length(view, position)

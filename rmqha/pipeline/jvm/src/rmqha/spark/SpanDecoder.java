@@ -322,7 +322,10 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     } catch (BlankStop blank) {
       return false;
     } catch (Stop stop) {
-      if (span.exact && !zeroOrShort(available)) {
+      if (zeroOrShort(available)) {
+        return false; // where records stop: zeros
+      }
+      if (span.exact) {
         throw new StoreReadError(
             span.path
                 + ": the record at offset "
@@ -334,24 +337,22 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
                 + ": "
                 + stop.getMessage());
       }
-      if (!zeroOrShort(available)) {
-        long following = validRecordAfter();
-        if (following >= 0) {
-          // Not a torn tail: damage, and dropping the records after it
-          // would be a silent loss.
-          throw new StoreReadError(
-              span.path
-                  + ": bad record at offset "
-                  + (span.base + position)
-                  + ": "
-                  + stop.getMessage()
-                  + "; valid records follow at offset "
-                  + following
-                  + ": the store is damaged ('rmqha store check' says where, 'rmqha store"
-                  + " repair' mends it from a replica)");
-        }
+      long following = validRecordAfter();
+      if (following >= 0) {
+        // Not a torn tail: damage, and dropping the records after it
+        // would be a silent loss.
+        throw new StoreReadError(
+            span.path
+                + ": bad record at offset "
+                + (span.base + position)
+                + ": "
+                + stop.getMessage()
+                + "; valid records follow at offset "
+                + following
+                + ": the store is damaged ('rmqha store check' says where, 'rmqha store"
+                + " repair' mends it from a replica)");
       }
-      return false;
+      return false; // where records stop: a torn record
     }
   }
 
