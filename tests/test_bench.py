@@ -103,3 +103,48 @@ class RoundtripBenchTests(SynchronousTestCase):
             self.assertGreaterEqual(result[figure]["median"], result[figure]["best"])
         self.assertEqual(len(result["all"]["master"]), 2)
         self.assertEqual(os.listdir(where), [])
+
+
+class WarmUpTests(SynchronousTestCase):
+    """
+    The replication benchmarks touch the memory a run writes before the
+    first timed run (a transfer into cold memory ran at a quarter of the
+    next one's speed: docs/benchmarks.md).
+    """
+
+    def test_warm_memory_writes_and_removes(self) -> None:
+        """
+        C{_warm_memory} writes exactly the bytes asked for into a scratch
+        file of the directory and leaves nothing behind.
+        """
+        directory = self.mktemp()
+        os.mkdir(directory)
+        written: list[int] = []
+        real_write = os.write
+
+        def write(fd: int, data: bytes) -> int:
+            written.append(real_write(fd, data))
+            return written[-1]
+
+        self.patch(bench.os, "write", write)
+        bench._warm_memory(directory, 3 * (1 << 20) + 5)
+        self.assertEqual(sum(written), 3 * (1 << 20) + 5)
+        self.assertEqual(os.listdir(directory), [])
+
+    def test_backlog_warm_up_covers_the_slaves_segments(self) -> None:
+        """
+        The warm-up touches as much memory as a slave's whole segments for
+        the master's backlog take (segments are preallocated at full size).
+        """
+        from rmqha.cli import fill
+        from rmqha.store.commitlog import CommitLog
+
+        root = self.mktemp()
+        os.mkdir(root)
+        store = os.path.join(root, "master")
+        with CommitLog.open(store, segment_size=64 * 1024) as log:
+            fill(log, 80, 1024, ["BenchTopic"], 8)  # ~90 KB: two segments
+        warmed: list[tuple[str, int]] = []
+        self.patch(bench, "_warm_memory", lambda d, n: warmed.append((d, n)))
+        bench._backlog_warm_up(root, store)
+        self.assertEqual(warmed, [(root, 2 * 64 * 1024)])
