@@ -148,3 +148,32 @@ class WarmUpTests(SynchronousTestCase):
         self.patch(bench, "_warm_memory", lambda d, n: warmed.append((d, n)))
         bench._backlog_warm_up(root, store)
         self.assertEqual(warmed, [(root, 2 * 64 * 1024)])
+
+
+class PutsBenchTests(SynchronousTestCase):
+    def test_puts_figures(self) -> None:
+        """
+        C{bench puts} runs both checkouts (here this one against itself)
+        and reports, for single puts, the process's CPU rate, the put
+        thread's and the wall clock's, each with its speed-up.
+        """
+        import json
+
+        here = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+        root = self.mktemp()
+        os.mkdir(root)
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            bench.main([
+                "puts", "--against", here, "--count", "256", "--runs", "1",
+                "--check-size", "300000", "--dir", root,
+            ])
+        result = json.loads(stdout.getvalue().splitlines()[-1])
+        for side in ("before", "after"):
+            self.assertGreater(result[f"{side}_batch1_msgs_per_s"], 0)
+            self.assertGreater(result[f"{side}_batch1_thread_msgs_per_s"], 0)
+            self.assertGreater(result[f"{side}_batch1_wall_msgs_per_s"], 0)
+            self.assertEqual(len(result[f"{side}_batch1_wall_msgs_per_s_runs"]), 1)
+        self.assertGreater(result["put_wall_speedup"], 0)
+        self.assertIn("wall clock", stderr.getvalue())
+        self.assertEqual(os.listdir(root), [])
