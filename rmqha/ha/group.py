@@ -237,20 +237,21 @@ class GroupTransferService:
         at the end of the C{dataReceived} that delivered the acks, never
         from inside its parsing (docs/sync.md, "the firing rule").
         """
-        # (Re-read on every step: a callback may put, stop, or release.)
+        # (Re-read on every step, self._heap itself included: a callback
+        # may put, release, stop, which replaces the heap, or cancel a
+        # wait, which may rebuild it: _compact.)
         # One clock reading for the waits these acks end (the histogram's
         # buckets are 100 us and more; a put's callbacks take microseconds).
         now: float | None = None
-        heap = self._heap
-        while heap and heap[0][0] <= self._quorum_offset:
-            waiter = heapq.heappop(heap)[2]
+        while self._heap and self._heap[0][0] <= self._quorum_offset:
+            waiter = heapq.heappop(self._heap)[2]
             if not waiter.done:
                 waiter.done = True
                 self._live -= 1
                 if now is None:
                     now = self._clock.seconds()
                 if self.before_last is not None and not (
-                    heap and heap[0][0] <= self._quorum_offset
+                    self._heap and self._heap[0][0] <= self._quorum_offset
                 ):
                     self.before_last()
                 self._resolve(waiter, PutStatus.PUT_OK, now)
