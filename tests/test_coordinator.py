@@ -232,6 +232,77 @@ class ElectionTests(_Group):
         assert published is not None
         self.assertEqual(len(published.members), 2)
 
+    def _cut(self, master: _Node, *nodes: str) -> None:
+        """
+        Cut the master's links to C{nodes} without a reset: nothing moves
+        on them any more, and neither end sees them close.
+        """
+        factory = master.broker.master_factory
+        assert factory is not None
+        for link in [c for c in factory.connections if c.failover_node in nodes]:
+            for pump in [p for e in self.endpoints for p in e.pumps if p.server is link]:
+                pump.pump = lambda *a, **k: False  # type: ignore[method-assign]
+
+    def _answers(self, broker: Broker, puts: int, step: float) -> dict[str, int]:
+        """
+        Put C{puts} messages C{step} seconds apart; count how each ended
+        (refusals by status too), once every wait is over.
+        """
+        from rmqha.broker import NotStoredError
+
+        waiting, counts = [], {}
+        for _ in range(puts):
+            try:
+                waiting.append(self.put(broker))
+            except NotStoredError as e:
+                counts[e.status.value] = counts.get(e.status.value, 0) + 1
+            self.elapse(step)
+        self.elapse(4)
+        for d in waiting:
+            status = self.successResultOf(d).status.value
+            counts[status] = counts.get(status, 0) + 1
+        return counts
+
+    def test_cut_from_every_slave_acks_nothing(self) -> None:
+        """
+        minInSyncReplicas is a floor for every PUT_OK: the master cut off
+        from both slaves, which stay live members of the group, answers no
+        put PUT_OK -- the first ones time out, and once the in-sync set is
+        the master alone the rest are refused unstored -- and puts are
+        PUT_OK again once the links heal.  (It used to answer PUT_OK alone
+        once the set had shrunk to itself.)
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        self._cut(master, *(n for n in "abc" if n != master.id))
+        counts = self._answers(master.broker, 30, 0.2)
+        self.assertNotIn("PUT_OK", counts)
+        self.assertGreater(counts.get("IN_SYNC_REPLICAS_NOT_ENOUGH", 0), 15, counts)
+        self.assertGreater(counts.get("FLUSH_SLAVE_TIMEOUT", 0), 0, counts)
+        self.assertIs(self.master(), master)
+        published = self.successResultOf(master.dcs.load()).in_sync
+        self.assertEqual(published, InSync(1, (master.id,)))
+
+    def test_one_dead_one_cut_acks_nothing(self) -> None:
+        """
+        One slave crashed and the link to the other cut: no PUT_OK.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        slaves = [n for n in self.nodes.values() if n is not master]
+        self.crash(slaves[0])
+        self._cut(master, slaves[1].id)
+        counts = self._answers(master.broker, 20, 0.2)
+        self.assertNotIn("PUT_OK", counts)
+        self.assertGreater(counts.get("IN_SYNC_REPLICAS_NOT_ENOUGH", 0), 10, counts)
+        self.assertGreater(counts.get("FLUSH_SLAVE_TIMEOUT", 0), 0, counts)
+
     def test_failover_after_crash(self) -> None:
         """
         The master crashes: once its lease expires, an in-sync slave is

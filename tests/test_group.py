@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -341,13 +341,80 @@ class SyncMasterTests(SynchronousTestCase):
 
     def test_min_in_sync_fails_fast(self) -> None:
         """
-        With minInSyncReplicas 2 and no slave: IN_SYNC_REPLICAS_NOT_ENOUGH.
+        With minInSyncReplicas 2 and no slave: IN_SYNC_REPLICAS_NOT_ENOUGH
+        before the put is stored (a retry makes no duplicate).
         """
-        broker = self.broker(min_in_sync_replicas=2)
+        from rmqha.broker import NotStoredError
+
+        broker = self.broker(min_in_sync_replicas=2, in_sync_replicas=2)
+        before = broker.commitlog.max_offset
+        failure = self.failureResultOf(self.put_deferred(broker), NotStoredError)
+        self.assertIs(failure.value.status, PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
+        self.assertIn("minInSyncReplicas is 2", str(failure.value))
+        self.assertEqual(broker.commitlog.max_offset, before)
+        self.assertEqual(broker.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH], 1)
+
+    def put_deferred(self, broker: Broker) -> Deferred:
+        from twisted.internet.defer import maybeDeferred
+
+        return maybeDeferred(self.put, broker)
+
+    def test_cut_link_stops_counting(self) -> None:
+        """
+        minInSyncReplicas is a floor for every PUT_OK: a slave whose link is
+        cut without a reset (its connection stays open, no ack comes) counts
+        as connected only until an ack has been owed for the link timeout
+        (1 s).  Puts stored meanwhile time out (never PUT_OK); later puts
+        are refused unstored; once the slave acks again, puts are PUT_OK.
+        """
+        from rmqha.broker import NotStoredError
+
+        broker = self.broker(min_in_sync_replicas=2, in_sync_replicas=2)
+        slave = self.slave(broker, 40001)
+        d = self.put(broker)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        # The link is cut: puts wait, and none is acknowledged.
+        waiting = [self.put(broker)]
+        self.reactor.advance(0.6)
+        waiting.append(self.put(broker))
+        self.reactor.advance(0.5)
+        # An ack has been owed for 1.1 s: the slave no longer counts.
+        before = broker.commitlog.max_offset
+        failure = self.failureResultOf(self.put_deferred(broker), NotStoredError)
+        self.assertIs(failure.value.status, PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
+        self.assertIn("0 replica(s) deliver acks", str(failure.value))
+        self.assertEqual(broker.commitlog.max_offset, before)
+        self.reactor.advance(3.0)
         self.assertEqual(
-            self.successResultOf(self.put(broker)).status,
-            PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH,
+            [self.successResultOf(w).status for w in waiting],
+            [PutStatus.FLUSH_SLAVE_TIMEOUT] * 2,
         )
+        # The link heals: the slave acks what it was sent, and counts again.
+        self.ack(slave, broker.commitlog.max_offset)
+        d = self.put(broker)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        self.assertEqual(broker.put_statuses[PutStatus.PUT_OK], 2)
+
+    def test_slow_link_that_acks_counts(self) -> None:
+        """
+        A slave far behind that keeps acknowledging (catching up) delivers
+        acks: it counts as connected however long it takes.
+        """
+        broker = self.broker(min_in_sync_replicas=2, in_sync_replicas=2)
+        slave = self.slave(broker, 40001)
+        for _ in range(5):
+            self.put(broker)
+            self.reactor.advance(0.8)
+            self.ack(slave, broker.commitlog.max_offset - 50)
+        d = self.put(broker)
+        self.assertNoResult(d)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
 
     def test_slave_too_far_behind(self) -> None:
         """
@@ -689,12 +756,81 @@ class SyncFlushTests(SynchronousTestCase):
         flush status first); disk done, slave late: FLUSH_SLAVE_TIMEOUT.
         """
         broker = self.broker()
-        self.slave(broker, 40001)
+        slave = self.slave(broker, 40001)
         d = self.put(broker)
         self.reactor.advance(5.0)
         self.assertEqual(self.successResultOf(d).status, PutStatus.FLUSH_DISK_TIMEOUT)
         self.run_flushes()
+        # (Acked late, but acked: its link delivers acks, so it counts.)
+        slave.dataReceived(struct.pack(">q", broker.commitlog.max_offset))
         d = self.put(broker)
         self.run_flushes()
         self.reactor.advance(3.0)
         self.assertEqual(self.successResultOf(d).status, PutStatus.FLUSH_SLAVE_TIMEOUT)
+
+
+class FailoverFloorTests(SynchronousTestCase):
+    """
+    Failover mode: minInSyncReplicas is a floor for every PUT_OK, whatever
+    the in-sync set is.
+    """
+
+    def setUp(self) -> None:
+        from rmqha.ha.group import HAService
+        from rmqha.ha.insync import InSyncSet
+
+        self.clock = Clock()
+        self.ha = HAService(
+            self.clock,
+            sync=True,
+            in_sync_replicas=2,
+            min_in_sync_replicas=2,
+            slave_fallbehind_max=1 << 20,
+            slave_timeout=3.0,
+        )
+        self.in_sync = InSyncSet(
+            self.clock, "m", lambda members: succeed(True), fallbehind_max=1 << 20
+        )
+        self.ha.use_in_sync(self.in_sync)
+        self.acks: dict[str, int] = {}
+        self.ha.node_acks = lambda: dict(self.acks)
+        self.ha.max_offset = lambda: 1000
+        self.addCleanup(self.ha.stop)
+
+    def test_master_alone_is_not_enough(self) -> None:
+        """
+        The in-sync set is the master alone and a replica is catching up
+        (connected, delivering acks, not yet in the set): the put is stored
+        (the replica may enter in time) but never PUT_OK on the master's
+        copy alone; it times out unless the replica enters and acks it.
+        """
+        self.ha.live_nodes = lambda: {"b"}
+        self.assertIsNone(self.ha.refusal())
+        d = self.ha.wait_for(1000)
+        self.assertNoResult(d)
+        self.clock.advance(3.0)
+        self.assertEqual(self.successResultOf(d), PutStatus.FLUSH_SLAVE_TIMEOUT)
+        # b catches up and enters: the next put waits for its ack.
+        d = self.ha.wait_for(1000)
+        self.acks["b"] = 1000
+        self.in_sync.acked("b", 1000, 1000, 0)
+        self.ha.release()
+        self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
+
+    def test_refused_without_anyone_to_wait_for(self) -> None:
+        """
+        The master alone and no other replica delivering acks: refused
+        before storing, naming the floor.
+        """
+        self.ha.live_nodes = set
+        refusal = self.ha.refusal()
+        assert refusal is not None
+        self.assertIn("minInSyncReplicas is 2", refusal)
+
+    def test_one_is_enough_with_a_floor_of_one(self) -> None:
+        """
+        minInSyncReplicas 1: the master alone answers PUT_OK.
+        """
+        self.ha._min_in_sync_replicas = 1
+        self.assertIsNone(self.ha.refusal())
+        self.assertEqual(self.successResultOf(self.ha.wait_for(1000)), PutStatus.PUT_OK)

@@ -48,7 +48,15 @@ __all__ = [
     "HAService",
     "Histogram",
     "REPLICATION_WAIT_BUCKETS",
+    "DEFAULT_LINK_TIMEOUT",
 ]
+
+#: Seconds a replica may owe an ack (the master's log ends past its last
+#: one) and still count as connected: a link cut without a reset delivers
+#: nothing, but stays open until the housekeeping timeout (20 s).  The
+#: same second as the in-sync set's catch-up timeout
+#: (L{rmqha.ha.insync.DEFAULT_CATCHUP_TIMEOUT}).
+DEFAULT_LINK_TIMEOUT = 1.0
 
 
 class PutStatus(enum.Enum):
@@ -380,17 +388,21 @@ class HAService:
         slave_fallbehind_max: int,
         slave_timeout: float,
         replication_wait: Histogram | None = None,
+        link_timeout: float = DEFAULT_LINK_TIMEOUT,
     ) -> None:
         """
         @param sync: a SYNC_MASTER (puts wait for replicas); an
             ASYNC_MASTER's puts never wait.
         @param replication_wait: where the seconds puts waited are counted.
+        @param link_timeout: seconds a replica may owe an ack and still
+            count as connected (L{DEFAULT_LINK_TIMEOUT}).
         """
         self._clock = clock
         self.sync = sync
         self._in_sync_replicas = in_sync_replicas
         self._min_in_sync_replicas = min_in_sync_replicas
         self._fallbehind_max = slave_fallbehind_max
+        self.link_timeout = link_timeout
         self.replication_wait = replication_wait or Histogram()
         self.group = GroupTransferService(
             clock, slave_timeout, observe=self.replication_wait.observe
@@ -404,6 +416,11 @@ class HAService:
         #: Failover mode: the ack of every replicating failover node, by
         #: node id (set by the master factory).
         self.node_acks: Callable[[], dict[str, int]] = dict
+        #: The acks of the replicas whose links deliver acks (set by the
+        #: master factory): who counts as connected, fixed roles.
+        self.live_acks: Callable[[], list[int]] = list
+        #: Failover mode: the counted nodes whose links deliver acks.
+        self.live_nodes: Callable[[], set[str]] = set
         #: Failover mode: whether this master may still answer PUT_OK
         #: (its lease is good); checked as each put is released.
         self.may_acknowledge: Callable[[], bool] = lambda: True
@@ -494,7 +511,9 @@ class HAService:
             return self._failover_wait(end, self.in_sync, append)
         if not self.sync or self._in_sync_replicas <= 1:
             return self._answer(PutStatus.PUT_OK, append)
-        acks = self.ack_offsets()
+        # (Who is in sync counts only links that deliver acks; the quorum
+        # offset, which releases puts, counts every ack received.)
+        acks = self.live_acks()
         oldest = end - self._fallbehind_max  # an ack must be past this
         if len(acks) == 1:  # the common case, without a generator per put
             in_sync = 2 if acks[0] > oldest else 1
@@ -511,21 +530,36 @@ class HAService:
 
     def refusal(self) -> str | None:
         """
-        Failover mode, before a put is stored: why it must not be (too few
-        replicas even connected to reach C{minInSyncReplicas}: it could
-        only time out), or C{None}.  Not stored, so a producer's retry
-        makes no duplicate (RocketMQ 5 checks before storing too).
+        Before a put is stored, on a SYNC_MASTER: why it must not be, or
+        C{None}.  minInSyncReplicas is a floor for every C{PUT_OK}: when
+        even the replicas that could hold the put now -- the in-sync set
+        (failover) and every replica whose link delivers acks -- cannot
+        reach it, the put could only time out, so it is refused unstored
+        (C{IN_SYNC_REPLICAS_NOT_ENOUGH}; a producer's retry makes no
+        duplicate, as RocketMQ 5 and Kafka refuse before appending).
         """
-        in_sync = self.in_sync
-        if in_sync is None or not self.sync:
-            return None
         needed = self._min_in_sync_replicas
-        if len(in_sync.effective) < needed and len(self.node_acks()) + 1 < needed:
+        if needed <= 1 or not self.sync:
+            return None
+        in_sync = self.in_sync
+        if in_sync is None:
+            live = len(self.live_acks())
+            if live + 1 >= needed:
+                return None
             return (
-                f"{len(self.node_acks())} replica(s) connected, minInSyncReplicas is "
-                f"{needed}: not stored"
+                f"{live} replica(s) deliver acks, minInSyncReplicas is {needed}: "
+                "not stored"
             )
-        return None
+        members = in_sync.effective
+        if len(members) >= needed:
+            return None
+        live_nodes = self.live_nodes()
+        if len(members | live_nodes) >= needed:
+            return None  # (a replica catching up may enter the set in time)
+        return (
+            f"in-sync set {','.join(sorted(members))} and {len(live_nodes)} other "
+            f"replica(s) delivering acks, minInSyncReplicas is {needed}: not stored"
+        )
 
     def _failover_wait(
         self, end: int, in_sync: InSyncSet, append: AppendResult | None
@@ -533,10 +567,11 @@ class HAService:
         if not self.sync:
             return self._answer(PutStatus.PUT_OK, append)
         members = in_sync.effective
-        alone = len(members) == 1 and in_sync.me in members
+        # (The master alone holds it now, enough only with
+        # minInSyncReplicas 1: the floor holds for every PUT_OK.)
+        alone = self._min_in_sync_replicas <= 1 and len(members) == 1 and in_sync.me in members
         if alone or end <= self.group.quorum_offset:
-            # Held by every member already (the master alone, with
-            # minInSyncReplicas 1, holds it now): only the lease decides.
+            # Held by every member already: only the lease decides.
             if not self.may_acknowledge():
                 return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
             if alone:

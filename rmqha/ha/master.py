@@ -64,7 +64,7 @@ from rmqha.ha._wire import (
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
-from rmqha.ha.group import HAService
+from rmqha.ha.group import DEFAULT_LINK_TIMEOUT, HAService
 from rmqha.tls import PeerPolicy
 
 __all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
@@ -345,6 +345,9 @@ class MasterConnection(Protocol):
             clock, config.housekeeping_interval, lambda: self._last_read, self._silent
         )
         self._acks: deque[tuple[float, int]] = deque()
+        # Since when an ack has been owed (the master's log ended past the
+        # last ack), or None: see delivers_acks.
+        self._owed_since: float | None = None
 
     # -- Protocol ----------------------------------------------------------
 
@@ -618,11 +621,36 @@ class MasterConnection(Protocol):
     def _record_ack(self, offset: int) -> None:
         now = self.factory.clock.seconds()
         self.ack_offset = offset
+        # (An ack short of the log's end owes the rest from now: a link
+        # that keeps acking, however far behind, delivers acks.)
+        self._owed_since = None if offset >= self.factory.commitlog.max_offset else now
         self.factory.acks_changed(self)
         acks = self._acks
         acks.append((now, offset))
         while len(acks) > 2 and now - acks[1][0] >= _RATE_WINDOW:
             acks.popleft()
+
+    def delivers_acks(self, now: float, max_offset: int, timeout: float) -> bool:
+        """
+        Whether this replica's link delivers acks: it is replicating and
+        has acknowledged the log's end (C{max_offset}), or has been owing
+        an ack for at most C{timeout} seconds.  A link cut without a reset
+        (a partition, a paused peer) stays open for minutes until the
+        housekeeping timeout; it stops counting as connected once an ack
+        has been owed for C{timeout} (docs/sync.md, "Who counts as
+        connected").
+        """
+        ack = self.ack_offset
+        if ack is None or self._state is not _State.TRANSFERRING:
+            return False
+        if ack >= max_offset:
+            self._owed_since = None
+            return True
+        owed = self._owed_since
+        if owed is None:
+            self._owed_since = now
+            return True
+        return now - owed <= timeout
 
     # -- IPushProducer -----------------------------------------------------
 
@@ -652,6 +680,9 @@ class MasterConnection(Protocol):
         """
         The commit log grew: send it unless paused or already sending.
         """
+        if self._owed_since is None:
+            # (An ack is owed from now: see delivers_acks.)
+            self._owed_since = self.factory.clock.seconds()
         if self._transfer is not None:
             self._transfer.data_available()
 
@@ -764,6 +795,9 @@ class MasterFactory(ServerFactory):
         #: The bytes of DIGEST hashing each peer host may cause per second.
         self.digest_budget = PeerBudget(clock, digest_rate)
         self.connections: set[MasterConnection] = set()
+        #: Seconds an ack may be owed before a replica's link stops
+        #: counting as connected (L{MasterConnection.delivers_acks}).
+        self.link_timeout = ha.link_timeout if ha is not None else DEFAULT_LINK_TIMEOUT
         #: Reports and control requests that failed their CRC (checked
         #: framing): damaged on the way, never counted as acks.
         self.checksum_failures = 0
@@ -772,6 +806,8 @@ class MasterFactory(ServerFactory):
         if ha is not None:
             ha.ack_offsets = self.ack_offsets
             ha.node_acks = self.node_acks
+            ha.live_acks = self.live_acks
+            ha.live_nodes = self.live_nodes
             ha.max_offset = lambda: commitlog.max_offset
             ha.group.before_last = self._last_of_release
         #: The master's epoch file (failover), which control sessions
@@ -948,6 +984,36 @@ class MasterFactory(ServerFactory):
             if node is not None and c.ack_offset is not None and c.replicating:
                 acks[node] = max(acks.get(node, -1), c.ack_offset)
         return acks
+
+    def live_acks(self) -> list[int]:
+        """
+        The acks of the replicating slaves whose links deliver acks
+        (L{MasterConnection.delivers_acks}): one per replica.
+        """
+        now = self.clock.seconds()
+        end = self.commitlog.max_offset
+        timeout = self.link_timeout
+        return [
+            c.ack_offset  # type: ignore[misc]
+            for c in self.connections
+            if c.delivers_acks(now, end, timeout)
+        ]
+
+    def live_nodes(self) -> set[str]:
+        """
+        Failover mode: the counted nodes with a replicating connection
+        whose link delivers acks.
+        """
+        now = self.clock.seconds()
+        end = self.commitlog.max_offset
+        timeout = self.link_timeout
+        nodes: set[str] = set()
+        for c in self.connections:
+            if c.delivers_acks(now, end, timeout):
+                node = self.counted_node(c)
+                if node is not None:
+                    nodes.add(node)
+        return nodes
 
     def disconnect_all(self, why: str) -> None:
         """

@@ -199,15 +199,11 @@ def _netns_unavailable() -> str | None:
     return None
 
 
-def test_partitioned_master(tmp_path: Any) -> None:
+def _in_namespace(scenario: str, tmp_path: Any) -> dict[str, Any]:
     """
-    The master cut off from etcd and from its slaves and producers
-    (nftables in a network namespace this test creates; the scenario,
-    L{tests.integration._failover_partition}, says how): it stops
-    acknowledging within its lease, a new master is elected, no PUT_OK is
-    answered by the old master after the new one's first, and once the
-    partition heals the old master rejoins as a slave and every store ends
-    byte-identical and sound.
+    Run C{python -m scenario tmp_path} in a network namespace made for it
+    (skipping, with the reason, where that cannot be done); its last line
+    of output, as JSON.
     """
     reason = _netns_unavailable() or (
         "etcd is not installed (python3 dev.py test installs etcd-server as root)"
@@ -222,15 +218,50 @@ def test_partitioned_master(tmp_path: Any) -> None:
         pytest.skip(f"cannot create a network namespace: {created.stderr.strip()}")
     try:
         done = subprocess.run(
-            ["ip", "netns", "exec", name, sys.executable, "-m",
-             "tests.integration._failover_partition", str(tmp_path)],
+            ["ip", "netns", "exec", name, sys.executable, "-m", scenario, str(tmp_path)],
             capture_output=True, text=True, cwd=ROOT, timeout=300,
             env=dict(os.environ, PYTHONPATH=ROOT),
         )
     finally:
         subprocess.run(["ip", "netns", "del", name], check=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_master_cut_from_slaves(tmp_path: Any) -> None:
+    """
+    minInSyncReplicas (2) is a floor for every PUT_OK (issue 25): the
+    master's replication links cut -- to both slaves, then to one while
+    the other is dead -- while every node stays alive in etcd: no put is
+    answered PUT_OK in either window (each is refused, or stored and timed
+    out), the master keeps its role, puts are PUT_OK again once the links
+    heal, and at the end every node holds every PUT_OK and the stores are
+    identical and sound.
+    """
+    result = _in_namespace("tests.integration._failover_cut", tmp_path)
+    for window in ("both_cut", "dead_and_cut"):
+        assert result[window]["put_ok"] == 0, result
+        assert result[window]["answers"].get("IN_SYNC_REPLICAS_NOT_ENOUGH", 0) > 0, result
+    assert len(result["both_cut"]["master_after"]) == 1, result
+    assert result["ok_after_heal"] > 0, result
+    assert result["nft_dropped_packets"] > 0, result
+    assert result["acked"] > 0 and not any(result["missing"].values()), result
+    assert all(result["identical"].values()), result
+    assert all(result["check"].values()), result
+
+
+def test_partitioned_master(tmp_path: Any) -> None:
+    """
+    The master cut off from etcd and from its slaves and producers
+    (nftables in a network namespace this test creates; the scenario,
+    L{tests.integration._failover_partition}, says how): it stops
+    acknowledging within its lease, a new master is elected, no PUT_OK is
+    answered by the old master after the new one's first, and once the
+    partition heals the old master rejoins as a slave and every store ends
+    byte-identical and sound.
+    """
+    result = _in_namespace("tests.integration._failover_partition", tmp_path)
     assert result["new"] != result["old"], result
     # docs/failover.md: the old master is silent by (last renewal) + TTL -
     # 0.5 s; the partition starts after its last renewal.
