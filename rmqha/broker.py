@@ -32,7 +32,7 @@ from rmqha._limits import (
     LimitedFactory,
     raise_fd_limit,
 )
-from rmqha._ports import ListenFailed, OpenedLater, Port, listen
+from rmqha._ports import ListenFailed, Port, listen
 from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import AppendResult, CommitLog
@@ -57,13 +57,14 @@ from rmqha.ha.config import (
 from rmqha.ha.divergence import Divergence
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
+from rmqha.ha.haport import HAGate
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica
 from rmqha.ha.slave import SlaveFactory
 from rmqha.store.scrub import DEFAULT_SCRUB_RATE, ScrubService
 from rmqha.store.service import DEFAULT_FLUSH_INTERVAL, CommitLogService
-from rmqha.tls import PeerPolicy
+from rmqha.tls import PeerPolicy, exposure_warning
 
 __all__ = [
     "Role",
@@ -305,6 +306,11 @@ class Broker(MultiService):
         self.scrub.setServiceParent(self)  # type: ignore[no-untyped-call]
         #: The role's service (not a child: this broker starts and stops it).
         self.role_service: MasterSide | Replica | None = None
+        #: Failover: the HA port, held for this broker's whole life in every
+        #: role (docs/failover.md, "The HA port has an owner"), and its
+        #: factory (the master's while master, else NOT_MASTER answers).
+        self._ha_gate: HAGate | None = None
+        self._ha_port: StreamServerEndpointService | None = None
         #: Failover mode: why this master may not take puts now (its lease
         #: is not renewed, it is handing over), or C{None}.
         self.refusing: Callable[[], str | None] = lambda: None
@@ -315,6 +321,9 @@ class Broker(MultiService):
     # -- the role services --------------------------------------------------
 
     def _master_side(self, role: Role) -> MasterSide:
+        held = None
+        if self._ha_port is not None and self._ha_gate is not None:
+            held = (self._ha_port, self._ha_gate)
         side = MasterSide(
             self.reactor,
             self._ha_listen,
@@ -327,6 +336,7 @@ class Broker(MultiService):
             slave_timeout=self.slave_timeout,
             replication_wait=self.replication_wait,
             limited=self.limited,
+            held=held,
         )
         # A put's wait fires with its result, counted (see Broker.put).
         side.ha.group.finish = self._result
@@ -493,6 +503,8 @@ class Broker(MultiService):
             side = None  # (standing by: a coordinator gives the role)
         if side is not None:
             side.startService()
+        if self._ha_port is not None:
+            self._ha_port.startService()
         for port in self._ports():
             port.startService()
 
@@ -509,25 +521,45 @@ class Broker(MultiService):
         self._listening = True
         self._start_limits()
         try:
+            if self._coordinated:
+                # Failover: the HA port is this node's for its whole life,
+                # in every role, so nothing else can bind it while it is a
+                # slave; a port in use stops the node now, not at the
+                # election.
+                self._hold_ha_port()
             if self.role.is_master:
                 side = self.role_service = self._master_side(self.role)
                 side.listen()
-            elif self._coordinated:
-                # Failover: the HA port is listened on only once elected;
-                # one in use is named now, at start, not at the election
-                # (the port is bound, then released at once).
-                probe = listen(self.reactor, "ha", self._ha_listen, OpenedLater())
-                probe.stopService()
             for port in self._ports():
                 port.listen(self.limited)
         except ListenFailed:
             self._stop_listening()
             raise
 
+    def _hold_ha_port(self) -> None:
+        if isinstance(self._ha_listen, str):
+            warning = exposure_warning(self._ha_listen)
+            if warning is not None:
+                self._log.warn(warning.format, **warning.fields)
+        gate = self._ha_gate = HAGate(self.reactor, self._not_master_why)
+        self._ha_port = listen(self.reactor, "ha", self._ha_listen, self.limited("HA", gate))
+
+    def _not_master_why(self) -> str:
+        """
+        What this node's HA port tells an rmqha peer while it is not the
+        master.
+        """
+        if isinstance(self.role_service, Replica):
+            return f"this node is not the master: it is a slave of {self.master_endpoint}"
+        return "this node is not the master: it stands by (no master elected yet)"
+
     def _stop_listening(self) -> None:
         if self.role_service is not None:
             self.role_service.stopService()
             self.role_service = None
+        held, self._ha_port = self._ha_port, None
+        if held is not None:
+            held.stopService()
         for port in self._ports():
             port.stopService()
         self._listening = False
@@ -539,7 +571,7 @@ class Broker(MultiService):
         """
         soft = self._fd_limit()
         budget = self.connection_budget = ConnectionBudget.for_fd_limit(soft)
-        ports = (1 if self.role.is_master else 0) + len(self._ports())
+        ports = (1 if self.role.is_master or self._coordinated else 0) + len(self._ports())
         if ports * self.max_connections > budget.total:
             self._log.warn(
                 "max-connections {max} on {ports} port(s) exceeds what the open-files "
@@ -582,9 +614,10 @@ class Broker(MultiService):
         """
         Service.stopService(self)
         side, self.role_service = self.role_service, None
+        held, self._ha_port = self._ha_port, None
         self._listening = False
         d: Deferred[Any] = succeed(None)
-        for service in [*self._ports(), side]:
+        for service in [*self._ports(), held, side]:
             if service is not None:
                 d.addBoth(_stop_after, service)
         d.addBoth(lambda _: self.scrub.stopService())

@@ -624,6 +624,64 @@ class UnfitTests(_Group):
         self.assertIn("not eligible", c.coordinator.note or "")
         self.assertEqual(b.coordinator.counts["elected"], 1)
 
+    def test_next_member_stands_when_the_winner_cannot(self) -> None:
+        """
+        The winner of an election cannot take office (its epoch file cannot
+        be written): it steps down and stops standing, and the next live
+        member of the old in-sync set -- kept in the new epoch's set by the
+        campaign -- is elected within one lease, with every PUT_OK.
+        (Before, the campaign set the winner alone in sync, and the group
+        had no master until an operator restarted the winner.)
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        a = self.master()
+        assert a is not None
+        acked = [self.put(a.broker) for _ in range(3)]
+        self.elapse(0.5)
+        ends = [self.successResultOf(d) for d in acked]
+        self.assertEqual({r.status for r in ends}, {PutStatus.PUT_OK})
+        b, c = sorted((n for n in self.nodes.values() if n is not a), key=lambda n: n.id)
+
+        def refuse(role: Role, *, epoch: int | None = None) -> Deferred[None]:
+            return fail(OSError(f"cannot write epoch {epoch}: No space left on device"))
+
+        b.broker.become_master = refuse  # type: ignore[method-assign]
+        self.crash(a)
+        self.elapse(3)  # (the lease runs out; b wins first: the lower id)
+        self.assertEqual(b.coordinator.counts["elected"], 1)
+        self.assertIn("No space left on device", b.coordinator.status()["unfit"] or "")
+        self.assertFalse(b.coordinator.member().electable)
+        self.elapse(2)  # (within one lease of b stepping down)
+        self.assertIs(self.master(), c)
+        view = self.successResultOf(c.dcs.load())
+        self.assertEqual(view.epoch, 3)
+        self.assertGreaterEqual(c.broker.commitlog.max_offset, ends[-1].next_offset)
+
+    def test_winner_dying_at_once_does_not_wedge(self) -> None:
+        """
+        The winner dies while it takes office (its flush hangs, then it is
+        killed), before it answered any put: another member of the old set
+        stands (it holds every PUT_OK), within one lease.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        a = self.master()
+        assert a is not None
+        self.assertEqual(a.id, "a")
+        b, c = self.nodes["b"], self.nodes["c"]
+        b.broker.become_master = lambda role, *, epoch=None: Deferred()  # type: ignore[method-assign]
+        self.crash(a)
+        self.elapse(3)
+        self.assertEqual(b.coordinator.counts["elected"], 1)
+        published = self.successResultOf(c.dcs.load()).in_sync
+        self.assertEqual(published, InSync(2, ("b", "c")))
+        self.crash(b)
+        self.elapse(4)
+        self.assertIs(self.master(), c)
+
     def test_unclean_election(self) -> None:
         """
         With every in-sync member gone, nobody is elected, unless a node

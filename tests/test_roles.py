@@ -42,7 +42,8 @@ class _BrokerEndpoint:
         self.pumps: list[iosim.IOPump] = []
 
     def connect(self, factory: Factory) -> Deferred[Any]:
-        master = self.target.master_factory
+        # (A failover node holds its HA port in every role: its gate.)
+        master = self.target._ha_gate or self.target.master_factory
         if master is None:
             return fail(ConnectionRefusedError("not a master"))
         server = master.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000 + len(self.pumps)))

@@ -43,6 +43,7 @@ __all__ = [
     "IWatch",
     "encode",
     "decode",
+    "in_sync_members",
 ]
 
 
@@ -148,6 +149,14 @@ class ClusterView:
     revision: int
 
 
+def in_sync_members(leader: str, carried: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """
+    The members of a new epoch's in-sync set: the leader first, then the
+    carried members, each once.
+    """
+    return (leader, *sorted(set(carried) - {leader}))
+
+
 def encode(value: Leader | InSync | Member | Switchover) -> bytes:
     """
     A key's value: the dataclass's fields as compact JSON, without the
@@ -217,13 +226,17 @@ class IDCS(Interface):
         A linearizable read of every key of the group.
         """
 
-    def campaign(leader: Leader, lease: Lease, seen: ClusterView) -> Deferred[Leader | None]:
+    def campaign(
+        leader: Leader, lease: Lease, seen: ClusterView, carried: tuple[str, ...] = ()
+    ) -> Deferred[Leader | None]:
         """
         Become the leader, in one transaction that succeeds only if there
         is no leader key, the epoch key is unchanged since C{seen}
         (C{seen.epoch_revision}) and so is the insync key: puts the leader
         key (on C{lease}) with epoch C{seen.epoch + 1}, the epoch key, and
-        an insync key of C{{leader}} for the new epoch.
+        an insync key of C{{leader} + carried} for the new epoch (the
+        members of the old set that stay eligible should the winner not
+        take office: docs/failover.md).
 
         @return: the new L{Leader} (with its epoch and revision), or
             C{None} when the transaction's comparison failed (someone else

@@ -73,6 +73,7 @@ from rmqha.coord.dcs import (
     Switchover,
     decode,
     encode,
+    in_sync_members,
 )
 from rmqha.tls import TLSError, TLSFiles
 
@@ -679,10 +680,12 @@ class EtcdDCS:
 
         return Deferred.fromCoroutine(run())
 
-    def campaign(self, leader: Leader, lease: Lease, seen: ClusterView) -> Deferred[Leader | None]:
+    def campaign(
+        self, leader: Leader, lease: Lease, seen: ClusterView, carried: tuple[str, ...] = ()
+    ) -> Deferred[Leader | None]:
         epoch = seen.epoch + 1
         mine = replace(leader, epoch=epoch, revision=0)
-        in_sync = InSync(epoch=epoch, members=(leader.node_id,))
+        in_sync = InSync(epoch=epoch, members=in_sync_members(leader.node_id, carried))
         in_sync_revision = seen.in_sync.revision if seen.in_sync is not None else 0
         txn = {
             "compare": [

@@ -28,6 +28,7 @@ from rmqha.coord.dcs import (
     Switchover,
     decode,
     encode,
+    in_sync_members,
 )
 
 
@@ -264,7 +265,9 @@ class MemoryDCS:
 
     # -- transactions --------------------------------------------------------
 
-    def campaign(self, leader: Leader, lease: Lease, seen: ClusterView) -> Deferred[Leader | None]:
+    def campaign(
+        self, leader: Leader, lease: Lease, seen: ClusterView, carried: tuple[str, ...] = ()
+    ) -> Deferred[Leader | None]:
         def txn() -> Leader | None:
             store = self.store
             insync_revision = seen.in_sync.revision if seen.in_sync is not None else 0
@@ -283,7 +286,10 @@ class MemoryDCS:
             )
             store.put(self._key("leader"), encode(won), lease.id)
             store.put(self._key("epoch"), str(epoch).encode())
-            store.put(self._key("insync"), encode(InSync(epoch, (leader.node_id,))))
+            store.put(
+                self._key("insync"),
+                encode(InSync(epoch, in_sync_members(leader.node_id, carried))),
+            )
             store.commit([self._key("leader"), self._key("epoch"), self._key("insync")])
             return won
 

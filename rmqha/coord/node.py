@@ -48,6 +48,7 @@ from rmqha.coord.dcs import (
     LeaseLost,
     Member,
     Switchover,
+    in_sync_members,
 )
 from rmqha.ha.config import Role
 from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
@@ -145,6 +146,24 @@ def rank(view: ClusterView, allow_unclean: bool) -> tuple[list[Member], str]:
     target = view.switchover.target if view.switchover is not None else None
     eligible.sort(key=lambda m: (m.node_id != target, -m.offset, m.node_id))
     return eligible, why
+
+
+def carried_members(view: ClusterView, me: str) -> tuple[str, ...]:
+    """
+    The members of the current in-sync set that a campaign by C{me} keeps
+    in the new epoch's set: every live one, when C{me} is a member too (a
+    clean election).  They hold every put answered PUT_OK so far, and the
+    new master has answered none yet, so the set stays true; it keeps them
+    eligible should the winner fail to take office or die at once (with
+    the winner alone in the set, nobody else could stand: the group would
+    wedge).  The new master waits for their acks, and drops each one that
+    does not reconnect within the catch-up timeout (published first).
+    """
+    in_sync = view.in_sync
+    if in_sync is None or in_sync.epoch != view.epoch or me not in in_sync.members:
+        return ()
+    live = set(view.members)
+    return tuple(sorted(n for n in in_sync.members if n != me and n in live))
 
 
 class Coordinator(Service):
@@ -553,8 +572,9 @@ class Coordinator(Service):
         self.note = None
         assert self.lease is not None
         mine = Leader(me, view.epoch + 1, self.settings.advertise, self.settings.advertise_http)
+        carried = carried_members(view, me)
         try:
-            won = await self.dcs.campaign(mine, self.lease, view)
+            won = await self.dcs.campaign(mine, self.lease, view, carried)
         except DCSError as e:
             self._dcs_failed(e)
             return
@@ -564,7 +584,9 @@ class Coordinator(Service):
             return
         if not self.running:
             return
-        await self._take_office(won, why if position == 0 else f"{why}; after {waited:.1f} s")
+        await self._take_office(
+            won, why if position == 0 else f"{why}; after {waited:.1f} s", carried
+        )
 
     async def _own_lost_campaign(self, leader: Leader) -> None:
         """
@@ -576,7 +598,11 @@ class Coordinator(Service):
             and self._healthy()
             and self._now() < self.valid_until
         ):
-            await self._take_office(leader, "a campaign whose answer was lost")
+            view = self.view
+            carried: tuple[str, ...] = ()
+            if view is not None and view.in_sync is not None and view.in_sync.epoch == leader.epoch:
+                carried = view.in_sync.members
+            await self._take_office(leader, "a campaign whose answer was lost", carried)
             return
         self._log.warn(
             "the leader key (epoch {epoch}) is on this node's lease but this node may not lead: "
@@ -586,7 +612,11 @@ class Coordinator(Service):
         await _quietly(self.dcs.resign(leader))
         self._again = True
 
-    async def _take_office(self, won: Leader, why: str) -> None:
+    async def _take_office(self, won: Leader, why: str, carried: tuple[str, ...]) -> None:
+        """
+        This node won the election at C{won.epoch}, with an in-sync set of
+        itself and C{carried} (what the campaign wrote): become master.
+        """
         self.leader = won
         self.counts["elected"] += 1
         self.highest_epoch = max(self.highest_epoch, won.epoch)
@@ -620,7 +650,7 @@ class Coordinator(Service):
             self._publish,
             fallbehind_max=broker.slave_fallbehind_max,
             catchup_timeout=self.settings.catchup_timeout,
-            published=(won.node_id,),
+            published=in_sync_members(won.node_id, carried),
         )
         in_sync.lost = lambda why: self._step_down(why)
         ha = side.ha
@@ -712,6 +742,8 @@ class Coordinator(Service):
             if election is None
             else {"epoch": election.epoch, "master": election.master, "at": election.at, "why": election.why},
             "note": self.note,
+            # Why this node cannot serve as master until restarted, if so.
+            "unfit": self._unfit,
             "counts": dict(self.counts),
         }
 

@@ -75,6 +75,9 @@ __all__ = [
     "encode_epochs_answer",
     "decode_epochs_answer",
     "IDENTIFY",
+    "NOT_MASTER",
+    "encode_not_master",
+    "decode_not_master",
     "FEATURE_IDENTIFY",
     "MAX_REPLICA_ID",
     "encode_identify",
@@ -647,6 +650,61 @@ def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
     if not replica_id.isprintable():
         raise ProtocolError(f"the IDENTIFY id {replica_id!r} is not printable")
     return replica_id, size
+
+
+# -- not the master (an rmqha extension for failover, docs/protocol.md) --------
+#
+# A failover node holds its HA port for its whole life, in every role, so
+# that nothing else can listen there while it is not the master.  A node
+# that is not the master answers an rmqha greeting (a control hello,
+# IDENTIFY, CHECKED_HELLO) with NOT_MASTER and closes; a classic slave's
+# first report is answered by closing the connection.
+
+#: Master-port to slave: code, reason length (int16), the reason in UTF-8,
+#: CRC-32.
+NOT_MASTER = -0x524D514841_0010
+#: The longest NOT_MASTER reason, in UTF-8 bytes.
+MAX_NOT_MASTER_REASON = 400
+
+_NOT_MASTER_HEAD = struct.Struct(">qH")
+
+
+def encode_not_master(reason: str) -> bytes:
+    """
+    The NOT_MASTER message saying C{reason} (cut to the limit, at a
+    character boundary).
+    """
+    data = reason.encode("utf-8")[:MAX_NOT_MASTER_REASON].decode("utf-8", "ignore").encode()
+    return _sealed(_NOT_MASTER_HEAD.pack(NOT_MASTER, len(data)) + data)
+
+
+def decode_not_master(data: bytes | bytearray) -> tuple[str, int] | None:
+    """
+    The reason at the start of C{data} (which starts with the NOT_MASTER
+    code) and the bytes it took, or C{None} until the message is whole.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the length is impossible, or the text not UTF-8.
+    """
+    if len(data) < _NOT_MASTER_HEAD.size:
+        return None
+    code, length = _NOT_MASTER_HEAD.unpack_from(data)
+    if code != NOT_MASTER:
+        raise ProtocolError(f"code {code} is not NOT_MASTER")
+    if length > MAX_NOT_MASTER_REASON:
+        raise ProtocolError(
+            f"NOT_MASTER of {length} bytes; the limit is {MAX_NOT_MASTER_REASON}"
+        )
+    size = _NOT_MASTER_HEAD.size + length + 4
+    if len(data) < size:
+        return None
+    message = _unsealed(data, size, "NOT_MASTER")
+    try:
+        reason = message[_NOT_MASTER_HEAD.size :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("the NOT_MASTER reason is not UTF-8") from None
+    # (Shown to an operator: nothing that could move a terminal's cursor.)
+    return "".join(c if c.isprintable() else "?" for c in reason), size
 
 
 # -- epochs (an rmqha extension for failover, docs/protocol.md) ---------------

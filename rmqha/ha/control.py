@@ -57,6 +57,7 @@ from rmqha.ha._wire import (
     FEATURE_CHECKED_FRAMING,
     FEATURE_EPOCHS,
     FEATURE_IDENTIFY,
+    NOT_MASTER,
     ChecksumError,
     EpochsAnswer,
     NotControlError,
@@ -65,6 +66,7 @@ from rmqha.ha._wire import (
     decode_control_request,
     decode_digest_answer,
     decode_epochs_answer,
+    decode_not_master,
     encode_code,
     encode_control_info,
     encode_digest_answer,
@@ -107,6 +109,7 @@ __all__ = [
 
 _INFO_CODE = encode_code(CONTROL_INFO)
 _REFUSED_CODE = encode_code(CONTROL_REFUSED)
+_NOT_MASTER_CODE = encode_code(NOT_MASTER)
 #: Seconds to wait for one DIGEST answer (16 MiB hashed on the master).
 DIGEST_TIMEOUT = 30.0
 #: The features a master offers in its INFO (and FEATURE_EPOCHS when it
@@ -244,6 +247,13 @@ class MasterUnreachable(CheckFailed):
     """
 
 
+class NotTheMaster(CheckFailed):
+    """
+    The peer is a failover node that is not the master now (it answered
+    C{NOT_MASTER}, with its reason).
+    """
+
+
 class _Refused(ProtocolError):
     """
     An rmqha master answered the hello with CONTROL_REFUSED.
@@ -302,6 +312,12 @@ class ControlClient(Protocol):
                     # older one, or damaged on the way): try again, not
                     # classic.
                     raise _Refused("the master did not recognise the control hello")
+                if head == _NOT_MASTER_CODE:
+                    found = decode_not_master(self._buffer)
+                    if found is not None:
+                        self._buffer.clear()
+                        self._fail(NotTheMaster(found[0]))
+                    return
                 if head != _INFO_CODE:
                     # Not an rmqha master (a genuine RocketMQ one sends
                     # nothing at all to the probe).

@@ -87,6 +87,9 @@ class InSyncSet:
         self.published: frozenset[str] = frozenset(published) | {me}
         self.wanted: frozenset[str] = self.published
         self._progress: dict[str, _Progress] = {}
+        # (Members published but not connected yet -- carried over from the
+        # previous epoch -- have the catch-up timeout to connect from here.)
+        self._started = clock.seconds()
         self._publishing = False
         self._stopped = False
         self._retry: IDelayedCall | None = None
@@ -145,7 +148,8 @@ class InSyncSet:
         for node in sorted(self.wanted - {self.me}):
             progress = self._progress.get(node)
             if progress is None:
-                self._want(self.wanted - {node}, f"{node} is not connected")
+                if now - self._started > self._catchup_timeout:
+                    self._want(self.wanted - {node}, f"{node} is not connected")
             else:
                 self._check(node, progress, max_offset, now)
 

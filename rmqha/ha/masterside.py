@@ -55,9 +55,14 @@ class MasterSide(Service):
         slave_timeout: float,
         replication_wait: Histogram,
         limited: Callable[[str, Any], Any],
+        held: tuple[StreamServerEndpointService, OpenedLater] | None = None,
     ) -> None:
         """
         @param limited: wraps the port's factory in the connection limiter.
+        @param held: a port its owner listens on for its whole life, and
+            the factory it listens with (failover: L{rmqha.ha.haport.HAGate}):
+            this side serves slaves through it while it runs, and neither
+            opens nor closes the port.
         """
         self.reactor = reactor
         self._where = where
@@ -76,6 +81,9 @@ class MasterSide(Service):
         self.factory: MasterFactory | None = None
         self.port: StreamServerEndpointService | None = None
         self._opened_later = OpenedLater()
+        self._held = held is not None
+        if held is not None:
+            self.port, self._opened_later = held
         self._unobserve: Callable[[], None] = lambda: None
 
     def listen(self) -> None:
@@ -112,7 +120,8 @@ class MasterSide(Service):
         Service.startService(self)
         self.listen()
         assert self.port is not None
-        self.port.startService()
+        if not self._held:
+            self.port.startService()
 
     def stopService(self) -> Deferred[None]:
         """
@@ -125,7 +134,7 @@ class MasterSide(Service):
         self._opened_later.factory = None
         port, self.port = self.port, None
         d: Deferred[Any] = succeed(None)
-        if port is not None:
+        if port is not None and not self._held:
             stopping = port.stopService()
             if isinstance(stopping, Deferred):
                 d = stopping
