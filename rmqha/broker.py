@@ -105,6 +105,16 @@ def _enum(kind: Any, value: Any, what: str) -> Any:
 _DISK_FULL = frozenset([errno.ENOSPC, errno.EDQUOT])
 
 
+def default_max_cut(slave_fallbehind_max: int) -> int:
+    """
+    The most bytes a failover slave's checks may cut from its log by
+    default: twice C{haSlaveFallbehindMax} -- an in-sync member lags its
+    master by at most that much, and a deposed master stores at most about
+    as much again in its last lease (docs/failover.md, "Bounded cuts").
+    """
+    return 2 * slave_fallbehind_max
+
+
 class NotStoredError(Exception):
     """
     A put that stored nothing, with the RocketMQ status saying why (a
@@ -176,6 +186,7 @@ class Broker(MultiService):
         coordinated: bool = False,
         replica_id: str | None = None,
         epochs: EpochFile | None = None,
+        max_cut: int | None = None,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -232,6 +243,9 @@ class Broker(MultiService):
             only masters that answer EPOCHS, never one at an older epoch
             than it has seen, and cuts its log back to the newest epoch it
             shares with its master.  C{None}: no epochs (fixed roles).
+        @param max_cut: failover: the most bytes a slave's checks may cut
+            from its log (docs/failover.md, "Bounded cuts"); C{None}: twice
+            C{slave_fallbehind_max}.
         """
         MultiService.__init__(self)
         if role is Role.SLAVE and not master_endpoint and not coordinated:
@@ -270,6 +284,10 @@ class Broker(MultiService):
             )
         #: The store's epoch file (failover), or C{None}.
         self.epochs = epochs
+        #: Failover: the most bytes a slave's checks may cut from its log.
+        self.max_cut = max_cut if max_cut is not None else default_max_cut(slave_fallbehind_max)
+        # Failover: the leader this slave follows (node id, epoch).
+        self._expected_leader: tuple[str, int] | None = None
         if self._master_kind is MasterKind.RMQHA and self._on_divergence is None:
             raise ValueError(
                 "master kind rmqha needs the control probe, which on-divergence off turns off"
@@ -355,6 +373,8 @@ class Broker(MultiService):
             master_kind=self._master_kind,
             replica_id=self._replica_id,
             epochs=self.epochs,
+            expected_leader=self._expected_leader,
+            max_cut=self.max_cut if self.epochs is not None else None,
         )
 
     def become_master(
@@ -435,12 +455,20 @@ class Broker(MultiService):
 
         return self.store.flush_now(thorough=True).addCallback(flushed, 1)
 
-    def become_slave(self, master_endpoint: str | IStreamClientEndpoint) -> Deferred[None]:
+    def become_slave(
+        self,
+        master_endpoint: str | IStreamClientEndpoint,
+        leader: tuple[str, int] | None = None,
+    ) -> Deferred[None]:
         """
         Switch this running broker to a slave of C{master_endpoint} on the
         same open store: the HA port closes, its slaves are disconnected,
         puts still waiting for replicas end with C{SLAVE_NOT_AVAILABLE}
         (they are stored), and replication starts with the usual checks.
+
+        @param leader: failover: the node id and epoch the coordinator
+            names as leader (a master answering another epoch is not
+            followed).
         """
         if not self.running:
             raise RuntimeError("the broker is not running: give the role to its constructor")
@@ -449,6 +477,7 @@ class Broker(MultiService):
         self.role = Role.SLAVE
         self.scrub.slave = True
         self._master_endpoint = master_endpoint
+        self._expected_leader = leader
         d = _stopped(old) if old is not None else succeed(None)
 
         def demote(_: object) -> None:

@@ -311,6 +311,7 @@ _SETTINGS = [
     _Setting("advertise", "advertise", _advertised),
     _Setting("advertise-http", "advertiseHttp", _advertised),
     _Setting("lease-ttl", "leaseTtl", _lease_ttl),
+    _Setting("max-cut", "haMaxCut", lambda t: parse_size(t, "value")),
 ]
 
 #: Flags (no value on the command line) and their broker.conf true/false keys.
@@ -523,6 +524,14 @@ class Options(usage.Options):
             "truncate, rebootstrap, or off [haOnDivergence]",
         ],
         [
+            "max-cut",
+            None,
+            None,
+            "failover: the most bytes a slave's checks may cut from its log "
+            "(quarantined); a bigger cut halts it, naming this option "
+            "(2 x --slave-fallbehind-max) [haMaxCut]",
+        ],
+        [
             "probe-timeout",
             None,
             None,
@@ -666,6 +675,8 @@ class Options(usage.Options):
                 raise ValueError("--store-dir (or storePathRootDir) is required")
             if settings.get("coordinator"):
                 self._check_failover(settings, conf)
+            elif settings.get("max-cut") is not None:
+                raise ValueError("--max-cut (haMaxCut) is for failover mode: give --coordinator")
             elif settings["role"] is Role.SLAVE:
                 if settings.get("master") and self["master-endpoint"]:
                     raise ValueError("give --master or --master-endpoint, not both")
@@ -860,6 +871,7 @@ def makeService(options: Options) -> IService:
         coordinated=coordinated,
         replica_id=s.get("node-id"),
         epochs=_epoch_file(store_dir) if coordinated else None,
+        max_cut=s.get("max-cut"),
         peer_policy=policy,
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],

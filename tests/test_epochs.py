@@ -630,6 +630,114 @@ class FailoverRejoinTests(_InMemory):
         self.stop(a, b)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def _store(self, bodies: list[bytes], entries: list[tuple[int, int]] | None = None) -> tuple[str, list[int]]:
+        """
+        A store holding C{bodies} (a message each) and, given C{entries} as
+        (epoch, index of the body it starts at), that epoch list.
+        """
+        store = self.mktemp()
+        log = CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock)
+        starts = [log.put(make_message(body)).offset for body in bodies]
+        starts.append(log.max_offset)
+        log.close()
+        for epoch, index in entries or []:
+            EpochFile(store).append(epoch, starts[index])
+        return store, starts
+
+    def _untouched(self, broker: Broker, end: int, entries: list[tuple[int, int]]) -> None:
+        self.assertEqual(broker.commitlog.max_offset, end)
+        assert broker.epochs is not None
+        self.assertEqual(broker.epochs.entries, entries)
+        self.assertEqual(broker.epoch_truncations, 0)
+        quarantine = os.path.join(broker.commitlog.store_dir, "rmqha", "quarantine")
+        self.assertFalse(os.path.exists(quarantine) and os.listdir(quarantine))
+
+    def test_master_at_another_epoch_than_elected_is_not_followed(self) -> None:
+        """
+        A slave follows only the master the coordinator elected: a peer
+        answering EPOCHS with another epoch than the leader's (a squatter's
+        absurd 2^62, or a stale master) is refused, with both epochs named,
+        and nothing is cut; the elected epoch is followed.
+        """
+        a = self.failover_broker(Role.MASTER)
+        self.switch(a.become_master(epoch=3))
+        end = self.puts(a, 2)
+        b = self.failover_broker(Role.SLAVE, coordinated=True)
+        self.switch(b.become_slave(self.endpoint(a), ("a", 1 << 62)))  # type: ignore[arg-type]
+        self.settle()
+        self.assertIs(self.replica(b).state, ReplicaState.BACKING_OFF)
+        self.assertIn(f"elected a at epoch {1 << 62}", b.problem or "")
+        self.assertIn("says it is at epoch 3", b.problem or "")
+        self.assertEqual(b.commitlog.max_offset, 0)
+        self.switch(b.become_slave(self.endpoint(a), ("a", 3)))  # type: ignore[arg-type]
+        self.settle()
+        self.assertEqual(b.commitlog.max_offset, end)
+        self.stop(a, b)
+
+    def test_cut_of_the_whole_log_is_refused(self) -> None:
+        """
+        EPOCHS saying "cut everything" (a master in epoch 1 holding nothing
+        of it, as a squatter answering [(1, 0)] would) is never acted on
+        alone: nothing common to prove it by digest, so nothing is cut;
+        the problem says what an operator can do.
+        """
+        a = self.failover_broker(Role.MASTER)
+        self.switch(a.become_master(epoch=1))
+        store, starts = self._store([b"acknowledged once"] * 3, [(1, 0)])
+        b = self.failover_broker(Role.SLAVE, master=a, store=store)
+        self.settle()
+        self.assertIs(self.replica(b).state, ReplicaState.BACKING_OFF)
+        self.assertIn("would cut this node's whole log", b.problem or "")
+        self.assertIn("empty one", b.problem or "")
+        self._untouched(b, starts[-1], [(1, 0)])
+        self.stop(a, b)
+
+    def test_cut_the_master_cannot_prove_is_refused(self) -> None:
+        """
+        The epochs put the cut at an offset before which the master's
+        bytes differ from this log's: the master's digest of the last MiB
+        before the cut does not prove the common range, so nothing is cut.
+        """
+        a_store, a_starts = self._store([b"A" * 300, b"A" * 300], [(1, 0)])
+        a = self.failover_broker(Role.MASTER, store=a_store)
+        self.switch(a.become_master(epoch=4))
+        b_store, b_starts = self._store([b"B" * 300, b"B" * 300, b"B" * 50], [(1, 0), (3, 2)])
+        self.assertEqual(a_starts[2], b_starts[2])
+        b = self.failover_broker(Role.SLAVE, master=a, store=b_store)
+        self.settle()
+        self.assertIs(self.replica(b).state, ReplicaState.BACKING_OFF)
+        self.assertIn("differ from this log's", b.problem or "")
+        self._untouched(b, b_starts[-1], [(1, 0), (3, b_starts[2])])
+        self.stop(a, b)
+
+    def test_cut_beyond_max_cut_halts(self) -> None:
+        """
+        The old master rejoining (A.5) with more partition-era bytes than
+        --max-cut: halted, naming the option and the size that allows it;
+        nothing cut.  Restarted with that --max-cut, it is cut and rejoins.
+        """
+        a = self.failover_broker(Role.MASTER)
+        self.switch(a.become_master(epoch=1))
+        shared = self.puts(a, 5)
+        b = self.failover_broker(Role.SLAVE, master=a)
+        self.settle()
+        self.switch(b.become_master(epoch=2))
+        partition_era = self.puts(a, 4)
+        self.puts(b, 2)
+        size = partition_era - shared
+        a.max_cut = size - 1
+        self.switch(a.become_slave(self.endpoint(b), ("b", 2)))  # type: ignore[arg-type]
+        self.settle()
+        self.assertIs(self.replica(a).state, ReplicaState.HALTED)
+        self.assertIn(f"restart this node with --max-cut {size}", a.problem or "")
+        self._untouched(a, partition_era, [(1, 0)])
+        a.max_cut = size
+        self.switch(a.become_slave(self.endpoint(b), ("b", 2)))  # type: ignore[arg-type]
+        self.settle()
+        self.assertEqual((a.epoch_truncations, a.epoch_truncated_bytes), (1, size))
+        self.assertEqual(a.commitlog.max_offset, b.commitlog.max_offset)
+        self.stop(a, b)
+
     def test_master_without_epochs_is_refused(self) -> None:
         """
         A failover slave does not follow a master that keeps no epochs:

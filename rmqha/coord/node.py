@@ -519,7 +519,9 @@ class Coordinator(Service):
             epoch=leader.epoch,
             address=leader.ha,
         )
-        self._change(self.broker.become_slave(self._dial(leader.ha)))
+        self._change(
+            self.broker.become_slave(self._dial(leader.ha), (leader.node_id, leader.epoch))
+        )
 
     def _change(self, d: Deferred[Any]) -> None:
         self._changing = d

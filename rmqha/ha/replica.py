@@ -58,7 +58,14 @@ from rmqha.ha.config import (
     MasterKind,
     OnDivergence,
 )
-from rmqha.ha.control import CheckFailed, ControlClient, MasterInfo, MasterUnreachable, probe
+from rmqha.ha.control import (
+    CheckFailed,
+    ControlClient,
+    MasterInfo,
+    MasterUnreachable,
+    log_digest,
+    probe,
+)
 from rmqha.ha.divergence import (
     Divergence,
     TAIL_WINDOW,
@@ -157,12 +164,20 @@ class Replica(Service):
         master_kind: MasterKind = MasterKind.AUTO,
         replica_id: str | None = None,
         epochs: EpochFile | None = None,
+        expected_leader: tuple[str, int] | None = None,
+        max_cut: int | None = None,
     ) -> None:
         """
         @param replica_id: the id this replica declares (IDENTIFY); by
             default the one kept in the store (failover mode: the node id).
         @param epochs: the store's epoch file: failover mode (see the
             module's docstring); C{None}: no epochs.
+        @param expected_leader: failover: the node id and epoch the
+            coordinator names as leader; a master answering another epoch
+            is not followed (nothing is cut on its word).
+        @param max_cut: failover: the most bytes a check may cut from this
+            log (epochs or digests); a bigger cut halts replication with
+            one line naming the option that allows it.  C{None}: no limit.
         """
         self.reactor = reactor
         self._replica_id = replica_id
@@ -180,6 +195,10 @@ class Replica(Service):
         self.divergences: dict[str, int] = {k.value: 0 for k in DivergenceKind}
         self.failed_checks = 0
         self.epochs = epochs
+        #: Failover: the leader's node id and epoch, as the coordinator
+        #: read them from etcd.
+        self.expected_leader = expected_leader
+        self._max_cut = max_cut
         self.epoch_truncations = 0
         self.epoch_truncated_bytes = 0
         #: The master's epoch list, adopted when replication starts.
@@ -571,6 +590,12 @@ class Replica(Service):
             )
         answer = await client.epochs()
         ours = epochs.entries
+        expected = self.expected_leader
+        if expected is not None and answer.epoch != expected[1]:
+            raise _Refused(
+                f"master {master} says it is at epoch {answer.epoch}, but the coordinator "
+                f"elected {expected[0]} at epoch {expected[1]}: not followed, nothing cut"
+            )
         if answer.epoch < epochs.last_epoch:
             raise _Refused(
                 f"master {master} is at epoch {answer.epoch}, this node has seen epoch "
@@ -593,6 +618,7 @@ class Replica(Service):
             )
         if cut >= slave_end:
             return slave_end
+        await self._prove_cut(client, cut, slave_end, "the epochs")
         await self._stop_replicating()
         if not self.running:
             return slave_end
@@ -619,6 +645,48 @@ class Replica(Service):
             master=master,
         )
         return cut
+
+    async def _prove_cut(self, client: ControlClient, cut: int, end: int, why: str) -> None:
+        """
+        Failover: before this log is cut back from C{end} to C{cut} on the
+        master's word (C{why}), the master must prove the part both keep:
+        never the whole log on one answer, never more than C{--max-cut},
+        and the master's digest of the last bytes before the cut (up to
+        1 MiB) must equal this log's.
+
+        @raise _Halt: the cut is bigger than C{--max-cut} (an operator
+            decides; nothing is cut).
+        @raise _Refused: the cut is not proven (nothing is cut; checked
+            again after a back-off, as for any master not to follow).
+        """
+        master = self.master_address
+        commitlog = self.commitlog
+        size = end - cut
+        limit = self._max_cut
+        if limit is not None and size > limit:
+            raise _Halt(
+                f"{why} of master {master} would cut {size} bytes from this log "
+                f"(back to {cut} from {end}), more than --max-cut {limit}: not cut; "
+                f"to allow it, restart this node with --max-cut {size} (the cut "
+                "bytes go to quarantine)"
+            )
+        start = max(commitlog.min_offset, cut - EPOCH_VERIFY_WINDOW)
+        if cut <= commitlog.min_offset or start >= cut:
+            raise _Refused(
+                f"{why} of master {master} would cut this node's whole log (back to "
+                f"{cut} from {end}) on its word alone, with no common bytes to prove it: "
+                "not cut; if the master is right, move this store aside and start the "
+                "node on an empty one (it copies the master's log)"
+            )
+        theirs = await client.digest(start, cut)
+        ours = log_digest(commitlog, start, cut)
+        if theirs is None or ours is None or theirs != ours:
+            raise _Refused(
+                f"{why} of master {master} would cut this log back to {cut}, but the "
+                f"master's bytes {start}-{cut} differ from this log's (or it would not "
+                "digest them): not cut; compare the stores (rmqha pipeline verify) "
+                "before moving this one aside"
+            )
 
     def _adopt_epochs(self) -> None:
         """
@@ -653,6 +721,16 @@ class Replica(Service):
             self._master_epochs = None
             self._to(ReplicaState.HALTED)
             return
+        if mode is OnDivergence.TRUNCATE and self._max_cut is not None:
+            assert divergence.truncate_to is not None
+            size = self.commitlog.max_offset - divergence.truncate_to
+            if size > self._max_cut:
+                self._master_epochs = None
+                raise _Halt(
+                    f"the divergence check would cut {size} bytes from this log (back to "
+                    f"{divergence.truncate_to}), more than --max-cut {self._max_cut}: not "
+                    f"cut; to allow it, restart this node with --max-cut {size}"
+                )
         self._to(ReplicaState.REPAIRING)
         if mode is OnDivergence.TRUNCATE:
             assert divergence.truncate_to is not None
