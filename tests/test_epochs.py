@@ -118,6 +118,30 @@ class EpochFileTests(SynchronousTestCase):
         epochs.append(5, 300)
         self.assertEqual(EpochFile(self.store).entries, [(4, 100), (5, 300)])
 
+    def test_full_file_drops_the_oldest(self) -> None:
+        """
+        Past MAX_EPOCH_ENTRIES elections that wrote to the log, the file
+        holds the newest MAX_EPOCH_ENTRIES entries (a bounded ring: the
+        oldest go) and survives a reload; before, the 4,097th such
+        election could never be recorded, so its winner never took office.
+        """
+        from rmqha.ha.epochs import MAX_EPOCH_ENTRIES
+
+        store = self.mktemp()
+        epochs = EpochFile(store)
+        epochs.replace([(e, e * 10) for e in range(1, MAX_EPOCH_ENTRIES + 1)])
+        last = MAX_EPOCH_ENTRIES + 20
+        for e in range(MAX_EPOCH_ENTRIES + 1, last + 1):
+            epochs.append(e, e * 10)
+        entries = EpochFile(store).entries
+        self.assertEqual(len(entries), MAX_EPOCH_ENTRIES)
+        self.assertEqual(entries[-1], (last, last * 10))
+        self.assertEqual(entries[0], (21, 210))
+        # A re-election with nothing written still replaces the last one.
+        epochs.append(last + 1, last * 10)
+        self.assertEqual(EpochFile(store).entries[-1], (last + 1, last * 10))
+        self.assertEqual(len(EpochFile(store).entries), MAX_EPOCH_ENTRIES)
+
     def test_truncate_replace_end_of(self) -> None:
         """
         truncate_to drops the epochs starting past the offset; replace

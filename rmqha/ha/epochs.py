@@ -278,6 +278,19 @@ class EpochFile:
             if start == last_start:
                 entries.pop()
         entries.append((epoch, start))
+        if len(entries) > MAX_EPOCH_ENTRIES:
+            # A bounded ring: the oldest entries go (docs/failover.md, "The
+            # epoch file"); where two logs part is decided by recent epochs.
+            dropped, entries = entries[:-MAX_EPOCH_ENTRIES], entries[-MAX_EPOCH_ENTRIES:]
+            self._log.info(
+                "epoch file {path} holds {limit} entries: dropped the oldest {count} "
+                "(epochs {first} to {last})",
+                path=self.path,
+                limit=MAX_EPOCH_ENTRIES,
+                count=len(dropped),
+                first=dropped[0][0],
+                last=dropped[-1][0],
+            )
         self._write(check_entries(entries, f"epoch file {self.path}"))
 
     def truncate_to(self, offset: int) -> None:
