@@ -932,12 +932,35 @@ def _coordinated(reactor: Any, broker: Broker, s: dict[str, Any], files: TLSFile
         electable=not s["no-failover"],
     )
     dcs = EtcdDCS(reactor, parse_coordinator(s["coordinator"]), s["group"])
-    coordinator = Coordinator(reactor, dcs, broker, settings, dial)
+    coordinator = Coordinator(reactor, dcs, broker, settings, dial, on_fatal=_stop_twistd(reactor))
     broker.coordinator = coordinator
     top = MultiService()
     broker.setServiceParent(top)  # type: ignore[no-untyped-call]
     coordinator.setServiceParent(top)  # type: ignore[no-untyped-call]
     return top
+
+
+def _stop_twistd(reactor: Any) -> Callable[[str], None]:
+    """
+    What stops twistd, with exit status 1, when the node must not run (the
+    coordinator found its node id live in another process): a clean
+    shutdown first (the store closed, the pidfile removed), then the
+    status, which twistd has no way of its own to set.
+    """
+
+    def stop(why: str) -> None:
+        import atexit
+        import sys
+
+        def exit_1() -> None:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+
+        atexit.register(exit_1)
+        reactor.callLater(0, reactor.stop)
+
+    return stop
 
 
 @contextmanager

@@ -762,10 +762,65 @@ class LostAnswerTests(_Group):
         again = self.node("a", min_in_sync_replicas=1)
         self.elapse(0.5)
         self.assertIsNone(self.master())
-        self.assertIn("another incarnation", again.coordinator.note or "")
+        # (Its member key is on the old lease too: it waits for that first.)
+        self.assertIn("node id a is held by lease", again.coordinator.note or "")
         self.elapse(4)
         self.assertIs(self.master(), again)
         self.assertEqual(again.coordinator.leader.epoch, 2)  # type: ignore[union-attr]
+        self.assertIsNone(again.coordinator.fatal)
+
+    def test_duplicate_node_id_refuses_to_run(self) -> None:
+        """
+        A second process started with a node id that is live in the group
+        (its key renewed every interval) does not join: one line naming the
+        holder's addresses, its own lease revoked, the holder's key and
+        role untouched (before, both wrote the key: it flapped, 21
+        "replaced by" lines in 8 s).
+        """
+        a = self.node("a")
+        b = self.node("b")
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        fatal: list[str] = []
+        store = self.mktemp()
+        broker = Broker(
+            self.clock,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.SLAVE,
+            ha_listen="tcp:0",
+            run_in_thread=lambda f: succeed(f()),
+            fd_limit=lambda: 4096,
+            scrub_rate=0,
+            coordinated=True,
+            replica_id="a",
+            epochs=EpochFile(store),
+        )
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        twin = Coordinator(
+            self.clock,
+            MemoryDCS(self.store, "g"),
+            broker,
+            FailoverSettings("g", "a", "a-twin:10912"),
+            self.dial,
+            now=self.clock.seconds,
+            wall=self.clock.seconds,
+            on_fatal=fatal.append,
+        )
+        twin.startService()
+        self.addCleanup(twin.stopService)
+        self.elapse(3)
+        self.assertEqual(len(fatal), 1)
+        self.assertIn("node id a is already live in group g", fatal[0])
+        self.assertIn("HA a:10912", fatal[0])
+        self.assertNotIn("\n", fatal[0])
+        self.assertEqual(twin.status()["fatal"], fatal[0])
+        view = self.successResultOf(a.dcs.load())
+        self.assertEqual(view.members["a"].ha, "a:10912")
+        self.assertIs(self.master(), master)
+        self.assertIsNone(broker.role_service)
+        self.assertEqual(b.coordinator.counts["elected"] + a.coordinator.counts["elected"], 1)
 
 
 class ClassicSlaveTests(_Group):

@@ -118,6 +118,8 @@ class Member:
     #: False for a node that must never be elected (C{--no-failover}).
     electable: bool = True
     revision: int = field(default=0, compare=False)
+    #: The lease the key is attached to (whose process holds the id).
+    lease: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)

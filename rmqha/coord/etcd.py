@@ -341,7 +341,10 @@ def view_from_range(prefix: bytes, answer: dict[str, Any]) -> ClusterView:
             elif name == "switchover":
                 switchover = decode(Switchover, value, modified)
             elif name.startswith("members/") and len(name) > len("members/"):
-                members[name[len("members/"):]] = decode(Member, value, modified)
+                members[name[len("members/"):]] = replace(
+                    decode(Member, value, modified),
+                    lease=_int(kv.get("lease"), f"key {shown}'s lease"),
+                )
             elif name == "epoch":
                 try:
                     epoch = int(value.decode("ascii"))

@@ -251,7 +251,9 @@ class MemoryDCS:
         member_prefix = self._key("members/")
         for key, entry in sorted(self.store.keys.items()):
             if key.startswith(member_prefix):
-                member = decode(Member, entry.value, entry.mod_revision)
+                member = replace(
+                    decode(Member, entry.value, entry.mod_revision), lease=entry.lease
+                )
                 members[member.node_id] = member
         return ClusterView(
             leader=self._value(Leader, "leader"),

@@ -185,11 +185,15 @@ class Coordinator(Service):
         *,
         now: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        on_fatal: Callable[[str], object] = lambda why: None,
     ) -> None:
         """
         @param dial: the client endpoint for a master's advertised HA
             address (TLS settings included).
         @param now: a monotonic clock (fencing is measured on it).
+        @param on_fatal: called once with one line when this node must not
+            run at all (its node id is live in another process): twistd
+            stops with it.
         """
         self.reactor = reactor
         self.dcs = dcs
@@ -229,6 +233,15 @@ class Coordinator(Service):
         self._deposed: Leader | None = None
         # Why this node may not lead until restarted (it failed to).
         self._unfit: str | None = None
+        self._on_fatal = on_fatal
+        #: Why this process does not take part at all (its node id is live
+        #: in another one), or C{None}.
+        self.fatal: str | None = None
+        # Whether the member key is this process's to write (no other live
+        # process holds the node id), and the other holder seen so far:
+        # (its lease, its key's revision).
+        self._claimed = False
+        self._rival: tuple[int, int] | None = None
 
     # -- start and stop -------------------------------------------------------
 
@@ -291,6 +304,8 @@ class Coordinator(Service):
         if not self.running:
             return
         self._renewed(sent)
+        if not self._claimed and not await self._claim_node_id():
+            return
         try:
             assert self.lease is not None
             await self.dcs.touch_member(self.member(), self.lease)
@@ -303,6 +318,62 @@ class Coordinator(Service):
         if self.in_sync is not None and self._is_master():
             self.in_sync.check(self.broker.commitlog.max_offset)
         self._changed()
+
+    async def _claim_node_id(self) -> bool:
+        """
+        Before this process writes its member key the first time: whether
+        the node id is free.  A key on another lease is a previous run of
+        this node (killed: its lease runs out within the TTL, the key goes)
+        or another live process started with the same C{--node-id} (it
+        renews the key every interval): wait for the first, refuse to run
+        beside the second (L{fatal}) -- two processes writing one member
+        key would make it flap, and both would answer for one replica.
+        """
+        try:
+            view = await self.dcs.load()
+        except DCSError as e:
+            self._dcs_failed(e)
+            return False
+        if not self.running or self.lease is None:
+            return False
+        me = self.settings.node_id
+        held = view.members.get(me)
+        if held is None or held.lease == self.lease.id:
+            self._claimed = True
+            self._rival = None
+            return True
+        rival = self._rival
+        if rival is None or rival[0] != held.lease:
+            self._rival = (held.lease, held.revision)
+            self.note = (
+                f"node id {me} is held by lease {held.lease:x} (HA {held.ha}): waiting "
+                "for it to run out (an earlier run of this node) or to be renewed "
+                "(another live process with this node id)"
+            )
+            self._log.info("{note}", note=self.note)
+        elif held.revision != rival[1]:
+            self._refuse_to_run(
+                f"node id {me} is already live in group {self.settings.group}: held by "
+                f"the process advertising HA {held.ha}"
+                + (f" and HTTP {held.http}" if held.http else "")
+                + f" (lease {held.lease:x}, renewed while this one waited); this process "
+                "does not join: stop that one first, or give this one another --node-id"
+            )
+        return False
+
+    def _refuse_to_run(self, why: str) -> None:
+        self.fatal = self.note = why
+        self._log.critical("{why}", why=why)
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        if self._watch is not None:
+            self._watch.stop()
+            self._watch = None
+        self._cancel_fence()
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            self.dcs.revoke(lease).addErrback(lambda _: None)
+        self._on_fatal(why)
 
     def _renewed(self, sent: float) -> None:
         assert self.lease is not None
@@ -426,7 +497,7 @@ class Coordinator(Service):
         Something in the group changed (or the loop ticked): load and
         decide, one decision at a time.
         """
-        if not self.running:
+        if not self.running or not self._claimed or self.fatal is not None:
             return
         if self._busy:
             self._again = True
@@ -746,6 +817,8 @@ class Coordinator(Service):
             "note": self.note,
             # Why this node cannot serve as master until restarted, if so.
             "unfit": self._unfit,
+            # Why this process does not take part (a duplicate node id).
+            "fatal": self.fatal,
             "counts": dict(self.counts),
         }
 

@@ -188,6 +188,43 @@ def test_out_of_sync_slave_not_elected(etcd: EtcdCluster, tmp_path: Any) -> None
         _assert_end(group, None)
 
 
+def test_duplicate_node_id_refuses_to_run(etcd: EtcdCluster, tmp_path: Any) -> None:
+    """
+    A process started with a node id that is live in the group exits with
+    status 1 and one log line naming the holder; the group keeps its
+    master and the holder's member key (before, both wrote the key, which
+    flapped: 21 "replaced by" lines in 8 s).
+    """
+    from rmqha.testing import free_ports, twistd_command
+
+    with FailoverCluster(str(tmp_path / "group"), etcd.spec) as group:
+        master = group.wait_master()
+        holder = group.nodes[0]
+        (ha,) = free_ports(1)
+        log = tmp_path / "twin.log"
+        started = time.monotonic()
+        twin = subprocess.run(
+            twistd_command(
+                str(tmp_path / "twin"), str(log),
+                "--coordinator", etcd.spec, "--group", group.group,
+                "--node-id", holder.node_id, "--role", "SYNC_MASTER",
+                "--advertise", f"127.0.0.1:{ha}", "--ha-listen", f"tcp:{ha}:interface=127.0.0.1",
+                *group.options,
+            ),
+            capture_output=True, text=True, timeout=60,
+            env=dict(os.environ, PYTHONPATH=ROOT),
+        )
+        took = time.monotonic() - started
+        assert twin.returncode == 1, (twin.returncode, log.read_text()[-2000:])
+        lines = [line for line in log.read_text().splitlines() if "already live in group" in line]
+        assert len(lines) == 1, log.read_text()[-2000:]
+        assert f"HA {holder.host}:{holder.ha_port}" in lines[0]
+        assert took < 20, took
+        assert group.masters() == [master]
+        status = group.status(0) or {}
+        assert (status.get("failover") or {}).get("node_id") == holder.node_id
+
+
 def _netns_unavailable() -> str | None:
     if sys.platform != "linux":
         return "network namespaces are Linux's"
