@@ -60,7 +60,8 @@ from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
 from rmqha.ha.haport import HAGate
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
-from rmqha.ha.replica import Replica
+from rmqha.ha.replica import Replica, ReplicaState
+from rmqha.ha.roles import RoleMachine, RoleState
 from rmqha.ha.slave import SlaveFactory
 from rmqha.store.scrub import DEFAULT_SCRUB_RATE, ScrubService
 from rmqha.store.service import DEFAULT_FLUSH_INTERVAL, CommitLogService
@@ -261,7 +262,8 @@ class Broker(MultiService):
                 f"{max_connections_per_peer} must be at least 1"
             )
         self.reactor = reactor
-        self.role = role
+        #: The role, and the only place it changes (L{RoleMachine}).
+        self.roles = RoleMachine(self, role, reactor)
         self.config = config
         self.in_sync_replicas = in_sync_replicas
         self.min_in_sync_replicas = min_in_sync_replicas
@@ -271,7 +273,7 @@ class Broker(MultiService):
         self.max_connections = max_connections
         self.max_connections_per_peer = max_connections_per_peer
         self._ha_listen = ha_listen
-        self._master_endpoint = master_endpoint
+        self.roles.endpoint = master_endpoint
         self._peer_policy = peer_policy
         self._on_divergence: OnDivergence | None = _enum(
             OnDivergence, on_divergence, "on-divergence"
@@ -286,8 +288,6 @@ class Broker(MultiService):
         self.epochs = epochs
         #: Failover: the most bytes a slave's checks may cut from its log.
         self.max_cut = max_cut if max_cut is not None else default_max_cut(slave_fallbehind_max)
-        # Failover: the leader this slave follows (node id, epoch).
-        self._expected_leader: tuple[str, int] | None = None
         if self._master_kind is MasterKind.RMQHA and self._on_divergence is None:
             raise ValueError(
                 "master kind rmqha needs the control probe, which on-divergence off turns off"
@@ -318,12 +318,13 @@ class Broker(MultiService):
         self.store.setServiceParent(self)  # type: ignore[no-untyped-call]
         #: The background scrub of the store (docs/store.md, "Scrub").
         self.scrub = ScrubService(
-            lambda: self.store.commitlog, reactor, rate=scrub_rate, slave=role is Role.SLAVE
+            lambda: self.store.commitlog,
+            reactor,
+            rate=scrub_rate,
+            slave=lambda: self.roles.is_slave,
         )
         self.scrub.setName("scrub")  # type: ignore[no-untyped-call]
         self.scrub.setServiceParent(self)  # type: ignore[no-untyped-call]
-        #: The role's service (not a child: this broker starts and stops it).
-        self.role_service: MasterSide | Replica | None = None
         #: Failover: the HA port, held for this broker's whole life in every
         #: role (docs/failover.md, "The HA port has an owner"), and its
         #: factory (the master's while master, else NOT_MASTER answers).
@@ -335,6 +336,32 @@ class Broker(MultiService):
         #: Failover mode: the L{rmqha.coord.node.Coordinator} giving this
         #: broker its role (for /status and the master hint).
         self.coordinator: Any = None
+
+    # -- the role (owned by self.roles) -------------------------------------
+
+    @property
+    def role(self) -> Role:
+        """
+        The role in effect (L{RoleMachine.role}).
+        """
+        return self.roles.role
+
+    @property
+    def role_service(self) -> MasterSide | Replica | None:
+        """
+        The running L{MasterSide} or L{Replica} (L{RoleMachine.service}).
+        """
+        service: MasterSide | Replica | None = self.roles.service
+        return service
+
+    @property
+    def halted(self) -> bool:
+        """
+        Replication halted until an operator acts (a divergence, a cut
+        beyond --max-cut, a wrong segment size): such a node must not lead.
+        """
+        side = self.roles.service
+        return isinstance(side, Replica) and side.state is ReplicaState.HALTED
 
     # -- the role services --------------------------------------------------
 
@@ -373,7 +400,7 @@ class Broker(MultiService):
             master_kind=self._master_kind,
             replica_id=self._replica_id,
             epochs=self.epochs,
-            expected_leader=self._expected_leader,
+            expected_leader=self.roles.leader,
             max_cut=self.max_cut if self.epochs is not None else None,
         )
 
@@ -402,28 +429,21 @@ class Broker(MultiService):
             raise RuntimeError("the broker is not running: give the role to its constructor")
         if epoch is not None and self.epochs is None:
             raise ValueError(f"epoch {epoch} given to a broker without an epoch file")
-        if self.role.is_master:
-            self.role = role
-            if isinstance(self.role_service, MasterSide):
-                self.role_service.ha.sync = role is Role.SYNC_MASTER
-            return self._record_epoch(epoch)
-        old = self.role_service
-        self.role_service = None
-        d = _stopped(old) if old is not None else succeed(None)
+        return self.roles.promote(role, epoch)
 
-        def stopped(_: object) -> Deferred[None]:
+    def _prepare_promotion(self, from_master: bool, epoch: int | None) -> Deferred[None]:
+        """
+        The role machine's promotion steps before the master side starts:
+        an incomplete record at the log's tail (one still arriving from the
+        old master) is dropped, then the epoch recorded.
+        """
+        if not from_master:
             self.commitlog.discard_incomplete_record()
-            return self._record_epoch(epoch)
+        return self._record_epoch(epoch)
 
-        def promote(_: object) -> None:
-            self.role = role
-            self.scrub.slave = False
-            self._log.info("this broker is now a master ({role})", role=role.value)
-            side = self.role_service = self._master_side(role)
-            side.open(self.commitlog, self.epochs)
-            side.startService()
-
-        return d.addCallback(stopped).addCallback(promote)
+    def _start_master_side(self, side: MasterSide) -> None:
+        side.open(self.commitlog, self.epochs)
+        side.startService()
 
     def _record_epoch(self, epoch: int | None) -> Deferred[None]:
         """
@@ -472,20 +492,7 @@ class Broker(MultiService):
         """
         if not self.running:
             raise RuntimeError("the broker is not running: give the role to its constructor")
-        old = self.role_service
-        self.role_service = None
-        self.role = Role.SLAVE
-        self.scrub.slave = True
-        self._master_endpoint = master_endpoint
-        self._expected_leader = leader
-        d = _stopped(old) if old is not None else succeed(None)
-
-        def demote(_: object) -> None:
-            self._log.info("this broker is now a slave of {master}", master=self.master_endpoint)
-            replica = self.role_service = self._replica(master_endpoint)
-            replica.startService()
-
-        return d.addCallback(demote)
+        return self.roles.follow(master_endpoint, leader)
 
     def stand_by(self) -> Deferred[None]:
         """
@@ -494,15 +501,7 @@ class Broker(MultiService):
         closes, its slaves are disconnected, waiting puts end with
         C{SLAVE_NOT_AVAILABLE}, and puts are refused until a role is given.
         """
-        old = self.role_service
-        self.role_service = None
-        self.role = Role.SLAVE
-        self.scrub.slave = True
-        self._master_endpoint = None
-        if old is None:
-            return succeed(None)
-        self._log.info("this broker stands by: no master to follow")
-        return _stopped(old)
+        return self.roles.stand_by()
 
     # -- start and stop -------------------------------------------------------
 
@@ -523,13 +522,15 @@ class Broker(MultiService):
         self.scrub.startService()
         # (Not MultiService's: the store and the scrub are started.)
         Service.startService(self)
-        side = self.role_service
+        side = self.roles.service
+        endpoint = self.roles.endpoint
         if isinstance(side, MasterSide):
             side.open(self.commitlog, self.epochs)
-        elif self._master_endpoint is not None:
-            side = self.role_service = self._replica(self._master_endpoint)
+        elif endpoint is not None:
+            side = self._replica(endpoint)
         else:
             side = None  # (standing by: a coordinator gives the role)
+        self.roles.started(side, endpoint)
         if side is not None:
             side.startService()
         if self._ha_port is not None:
@@ -557,7 +558,7 @@ class Broker(MultiService):
                 # election.
                 self._hold_ha_port()
             if self.role.is_master:
-                side = self.role_service = self._master_side(self.role)
+                side = self.roles.service = self._master_side(self.role)
                 side.listen()
             for port in self._ports():
                 port.listen(self.limited)
@@ -578,14 +579,14 @@ class Broker(MultiService):
         What this node's HA port tells an rmqha peer while it is not the
         master.
         """
-        if isinstance(self.role_service, Replica):
+        if self.roles.state is RoleState.SLAVE:
             return f"this node is not the master: it is a slave of {self.master_endpoint}"
         return "this node is not the master: it stands by (no master elected yet)"
 
     def _stop_listening(self) -> None:
-        if self.role_service is not None:
-            self.role_service.stopService()
-            self.role_service = None
+        side, self.roles.service = self.roles.service, None
+        if side is not None:
+            side.stopService()
         held, self._ha_port = self._ha_port, None
         if held is not None:
             held.stopService()
@@ -642,13 +643,14 @@ class Broker(MultiService):
         the store's files), then close the store cleanly.
         """
         Service.stopService(self)
-        side, self.role_service = self.role_service, None
         held, self._ha_port = self._ha_port, None
         self._listening = False
         d: Deferred[Any] = succeed(None)
-        for service in [*self._ports(), held, side]:
+        for service in [*self._ports(), held]:
             if service is not None:
                 d.addBoth(_stop_after, service)
+        # (The role last: a change under way finishes its step first.)
+        d.addBoth(lambda _: self.roles.stop())
         d.addBoth(lambda _: self.scrub.stopService())
         d.addBoth(lambda _: self.store.stopService())
         return d
@@ -751,10 +753,7 @@ class Broker(MultiService):
         """
         On a slave, the master's endpoint description.
         """
-        master = self._master_endpoint
-        if master is None or isinstance(master, str):
-            return master
-        return str(getattr(master, "description", master))
+        return self.roles.endpoint_text()
 
     def slaves(self) -> list[SlaveStatus]:
         """

@@ -169,6 +169,11 @@ class _Group(_InMemory):
         return broker.put(Message("FailoverTopic", body))
 
     def _stop_all(self) -> None:
+        # Links a test stalled heal first: a stop waits for its connections
+        # to close.
+        for endpoint in self.endpoints:
+            for pump in endpoint.pumps:
+                pump.__dict__.pop("pump", None)
         for node in list(self.nodes.values()):
             node.coordinator.stopService()
             d = node.broker.stopService()

@@ -221,7 +221,7 @@ class SlaveBrokerTests(SynchronousTestCase):
     def stop(self, broker: Broker) -> None:
         d = broker.stopService()
         # StringTransports never report their connections lost: do it.
-        endpoint = broker._master_endpoint
+        endpoint = broker.roles.endpoint
         for protocol, transport in endpoint.connected:
             if transport.disconnecting and protocol not in self._lost:
                 self._lost.add(protocol)

@@ -53,6 +53,7 @@ from rmqha.coord.dcs import (
 from rmqha.ha.config import Role
 from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
 from rmqha.ha.masterside import MasterSide
+from rmqha.ha.roles import Superseded
 
 #: Default lease TTL, seconds: etcd's minimum with its default election
 #: timeout (a TTL of 1 is granted as 2).
@@ -455,8 +456,7 @@ class Coordinator(Service):
         """
         if self._unfit is not None:
             return False
-        problem = self.broker.problem
-        return not (problem and "halt" in problem.lower())
+        return not self.broker.halted
 
     def refusing(self) -> str | None:
         """
@@ -599,7 +599,7 @@ class Coordinator(Service):
 
         def done(result: object) -> None:
             self._changing = None
-            if isinstance(result, Failure):
+            if isinstance(result, Failure) and not result.check(Superseded):
                 self._log.failure("role change failed", result)
             self._changed()
 
@@ -705,6 +705,8 @@ class Coordinator(Service):
         broker = self.broker
         try:
             await broker.become_master(self.settings.role, epoch=won.epoch)
+        except Superseded:
+            return  # (a later role change replaced it: stepped down meanwhile)
         except Exception as e:
             # (The HA port is taken, the epoch file cannot be written…:
             # an operator's problem.  This node stops standing for

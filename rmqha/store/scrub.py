@@ -435,11 +435,15 @@ class ScrubService(Service):
     @ivar bytes_total: bytes read since the service was made.
     @ivar passes: passes finished.
     @ivar slave: whether the log is a slave's copy: the repair advice
-        logged with a corrupt record depends on it.  A broker that changes
-        role sets it (L{rmqha.broker.Broker.become_slave}).
+        logged with a corrupt record depends on it (a broker gives a
+        function reading its role machine: L{rmqha.ha.roles}).
     """
 
     _log = Logger()
+
+    @property
+    def slave(self) -> bool:
+        return self._slave()
 
     def __init__(
         self,
@@ -447,7 +451,7 @@ class ScrubService(Service):
         clock: IReactorTime,
         *,
         rate: int = DEFAULT_SCRUB_RATE,
-        slave: bool = False,
+        slave: bool | Callable[[], bool] = False,
         run_in_thread: Callable[[Callable[[], _Read]], Deferred[_Read]] | None = None,
         pass_interval: float = DEFAULT_PASS_INTERVAL,
         slice_bytes: int | None = None,
@@ -458,8 +462,8 @@ class ScrubService(Service):
             (asked at every step: a slave moving its store aside gets a
             new one).
         @param rate: bytes per second; 0 disables the scrub.
-        @param slave: whether this is a slave's copy, to begin with (see
-            L{slave}).
+        @param slave: whether this is a slave's copy, or a function that
+            says so now (see L{slave}).
         @param run_in_thread: runs a step's read and check; defaults to
             the reactor's thread pool (in-line on a reactor without
             threads, such as the in-memory ones tests use).
@@ -469,7 +473,7 @@ class ScrubService(Service):
         self.rate = rate
         self._commitlog = commitlog
         self._clock = clock
-        self.slave = slave
+        self._slave = slave if callable(slave) else (lambda: slave)
         self._run_in_thread = run_in_thread or self._default_run_in_thread
         self._pass_interval = pass_interval
         self._slice = slice_bytes or min(MAX_SLICE, max(MIN_SLICE, rate // 8))
