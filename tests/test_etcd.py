@@ -194,20 +194,35 @@ class JSONTests(SynchronousTestCase):
         self.assertEqual((view.leader.revision, view.in_sync.revision), (5, 8))
         self.assertEqual(view.leader.lease, 7587869893417263362)
 
-    def test_unreadable_values_name_the_key(self) -> None:
+    def test_unreadable_values_skipped_and_reported(self) -> None:
         """
-        A value that is not what its key holds is an error naming the key,
-        never a crash.
+        A value that is not what its key holds is skipped and reported
+        (key, one-line reason, its mod_revision), the rest of the group
+        read as usual; an answer that is itself broken (a key that is not
+        base64) is still an error.
         """
-        for kv, key in [
-            (self._kv("leader", b"{not json"), "/rmqha/g/leader"),
-            (self._kv("epoch", b"two"), "/rmqha/g/epoch"),
-            (self._kv("members/x", b"[]"), "/rmqha/g/members/x"),
-            ({"key": "!!", "value": ""}, "a key"),
-        ]:
-            with self.assertRaises(_Bad) as caught:
-                view_from_range(b"/rmqha/g/", {"header": header(), "kvs": [kv]})
-            self.assertIn(key, str(caught.exception))
+        answer = {"header": header(revision=9), "kvs": [
+            self._kv("leader", b"{not json", modified=5),
+            self._kv("epoch", b"two", modified=6),
+            self._kv("insync", encode(InSync(2, ("a",))), modified=7),
+            self._kv("members/x", b"[]", modified=8),
+            self._kv("members/b", encode(Member("b", "h:2")), modified=8),
+        ]}
+        view = view_from_range(b"/rmqha/g/", answer)
+        self.assertEqual((view.leader, view.epoch, view.epoch_revision), (None, 0, 0))
+        self.assertEqual(view.in_sync, InSync(2, ("a",)))
+        self.assertEqual(view.members, {"b": Member("b", "h:2")})
+        self.assertEqual(
+            [(m.key, m.revision) for m in view.malformed],
+            [("/rmqha/g/leader", 5), ("/rmqha/g/epoch", 6), ("/rmqha/g/members/x", 8)],
+        )
+        self.assertEqual(view.malformed_total, 3)
+        self.assertIn("not JSON", view.malformed[0].reason)
+        self.assertIn("not a decimal epoch", view.malformed[1].reason)
+        self.assertIn("not a JSON object", view.malformed[2].reason)
+        with self.assertRaises(_Bad) as caught:
+            view_from_range(b"/rmqha/g/", {"header": header(), "kvs": [{"key": "!!", "value": ""}]})
+        self.assertIn("a key", str(caught.exception))
 
     def test_lines(self) -> None:
         """

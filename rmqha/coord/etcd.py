@@ -70,9 +70,10 @@ from rmqha.coord.dcs import (
     Lease,
     LeaseLost,
     Member,
+    StoredKey,
     Switchover,
-    decode,
     encode,
+    read_group,
 )
 from rmqha.tls import TLSError, TLSFiles
 
@@ -306,18 +307,18 @@ def _delete(key: bytes) -> dict[str, Any]:
 
 def view_from_range(prefix: bytes, answer: dict[str, Any]) -> ClusterView:
     """
-    A L{ClusterView} from a range answer over C{prefix}.
+    A L{ClusterView} from a range answer over C{prefix}: a key whose value
+    cannot be read is skipped and reported (L{read_group}).
 
-    @raise _Bad: a key's value cannot be read (the message names the key).
+    @raise _Bad: the answer itself is broken (a key that is not base64,
+        outside the prefix, a revision that is not a number).
     """
     header = answer.get("header")
     revision = _int(header.get("revision") if isinstance(header, dict) else None, "header.revision")
     kvs = answer.get("kvs", [])
     if not isinstance(kvs, list):
         raise _Bad("kvs is not a list")
-    leader = in_sync = switchover = None
-    epoch = epoch_revision = 0
-    members: dict[str, Member] = {}
+    keys: list[StoredKey] = []
     for kv in kvs:
         if not isinstance(kv, dict):
             raise _Bad("a kvs entry is not an object")
@@ -325,39 +326,14 @@ def view_from_range(prefix: bytes, answer: dict[str, Any]) -> ClusterView:
         shown = key.decode("utf-8", "replace")
         if not key.startswith(prefix):
             raise _Bad(f"key {shown} is outside {prefix.decode()}")
-        name = key[len(prefix):].decode("utf-8", "replace")
-        value = _unb64(kv.get("value", ""), f"key {shown}'s value")
-        created = _int(kv.get("create_revision"), f"key {shown}'s create_revision")
-        modified = _int(kv.get("mod_revision"), f"key {shown}'s mod_revision")
-        try:
-            if name == "leader":
-                leader = replace(
-                    decode(Leader, value, created),
-                    lease=_int(kv.get("lease"), f"key {shown}'s lease"),
-                )
-            elif name == "insync":
-                in_sync = decode(InSync, value, modified)
-            elif name == "switchover":
-                switchover = decode(Switchover, value, modified)
-            elif name.startswith("members/") and len(name) > len("members/"):
-                members[name[len("members/"):]] = decode(Member, value, modified)
-            elif name == "epoch":
-                try:
-                    epoch = int(value.decode("ascii"))
-                except (UnicodeDecodeError, ValueError):
-                    raise DCSError(f"not a decimal epoch: {value[:40]!r}") from None
-                epoch_revision = modified
-        except DCSError as e:
-            raise _Bad(f"key {shown}: {e}") from None
-    return ClusterView(
-        leader=leader,
-        epoch=epoch,
-        epoch_revision=epoch_revision,
-        in_sync=in_sync,
-        members=members,
-        switchover=switchover,
-        revision=revision,
-    )
+        keys.append(StoredKey(
+            name=key[len(prefix):].decode("utf-8", "replace"),
+            value=_unb64(kv.get("value", ""), f"key {shown}'s value"),
+            create_revision=_int(kv.get("create_revision"), f"key {shown}'s create_revision"),
+            mod_revision=_int(kv.get("mod_revision"), f"key {shown}'s mod_revision"),
+            lease=_int(kv.get("lease"), f"key {shown}'s lease"),
+        ))
+    return read_group(prefix.decode("utf-8", "replace"), keys, revision)
 
 
 class LineSplitter:
@@ -683,12 +659,11 @@ class EtcdDCS:
         epoch = seen.epoch + 1
         mine = replace(leader, epoch=epoch, revision=0)
         in_sync = InSync(epoch=epoch, members=(leader.node_id,))
-        in_sync_revision = seen.in_sync.revision if seen.in_sync is not None else 0
         txn = {
             "compare": [
                 _compare(self.key("leader"), "CREATE", 0),
                 _compare(self.key("epoch"), "MOD", seen.epoch_revision),
-                _compare(self.key("insync"), "MOD", in_sync_revision),
+                _compare(self.key("insync"), "MOD", seen.in_sync_revision),
             ],
             "success": [
                 _put(self.key("leader"), encode(mine), lease),
