@@ -979,12 +979,19 @@ class AuthTests(_AuthScripted):
     def test_close_while_authenticating(self) -> None:
         """
         Closing the client during an authentication ends it: the waiting
-        call fails with a DCSError and no timer is left.
+        call fails with a DCSError, no other endpoint is tried and no
+        timer is left.
         """
+        self.dcs.close()
+        self.dcs = self.make(
+            "etcd:http://127.0.0.1:2379,http://127.0.0.1:2385,user=node-a",
+            environ={PASSWORD_ENV: "s3cret"},
+        )
         d = self.dcs.load()
         self.pending()
         self.dcs.close()
         self.failureResultOf(d, DCSError)
+        self.assertNotIn(2385, self.endpoints.by_port)
 
 
 class AuthWatchTests(_AuthScripted):

@@ -728,6 +728,7 @@ class EtcdDCS:
         self._auth: Deferred[str | None] | None = None
         self._auth_waiters: list[Deferred[str | None]] = []
         self._refused: tuple[float, str] | None = None
+        self._closed = False
         if self._credentials is not None and spec.tls is None:
             self.log.warn(
                 "etcd user {user} over plain http://: the password and the token travel "
@@ -771,6 +772,7 @@ class EtcdDCS:
         """
         Stop every watch and close the pooled connections.
         """
+        self._closed = True
         for watch in list(self._watches):
             watch.stop()
         if self._auth is not None:
@@ -961,6 +963,9 @@ class EtcdDCS:
         while True:
             index = self._current
             url = self._endpoints[index]
+            if self._closed:
+                # (close() cancelled what was under way: nothing new.)
+                raise DCSError(f"etcd {url}: {path}: the client is closed")
             try:
                 return url, await self._within(
                     Deferred.fromCoroutine(
