@@ -228,6 +228,37 @@ class JSONTests(SynchronousTestCase):
             view_from_range(b"/rmqha/g/", {"header": header(), "kvs": [{"key": "!!", "value": ""}]})
         self.assertIn("a key", str(caught.exception))
 
+    def test_values_type_checked(self) -> None:
+        """
+        decode() checks every field of every key's dataclass by its
+        declared type (a new field's type must be known here), and takes
+        what encode() writes.
+        """
+        from dataclasses import fields
+
+        from rmqha.coord.dcs import _FIELD_CHECKS, Switchover, decode
+
+        for value in (
+            Leader("a", 2, "h:1", "h:2"), InSync(3, ("a", "b")),
+            Member("a", "h:1", None, "master", 4, 5, "ok", False), Switchover("b", "a", 1.5),
+        ):
+            kind = type(value)
+            for spec in fields(kind):
+                if spec.name not in ("revision", "lease"):
+                    self.assertIn(str(spec.type), _FIELD_CHECKS, (kind, spec.name))
+            self.assertEqual(decode(kind, encode(value), 9), value)
+        for data, words in [
+            (b'{"node_id":"a","epoch":true,"ha":"h"}', "epoch is not a non-negative integer"),
+            (b'{"node_id":"a","epoch":-1,"ha":"h"}', "epoch is not a non-negative integer"),
+            (b'{"node_id":"a","epoch":1.5,"ha":"h"}', "epoch is not a non-negative integer"),
+            (b'{"node_id":"a","epoch":1}', "no ha"),
+            (b'{"node_id":"a","epoch":1,"ha":"h","revision":5}', "unknown field 'revision'"),
+            (b'{"node_id":"a","epoch":1,"ha":"h","http":7}', "http is not a string or null"),
+        ]:
+            with self.assertRaises(DCSError) as caught:
+                decode(Leader, data, 1)
+            self.assertIn(words, str(caught.exception))
+
     def test_lines(self) -> None:
         """
         Streamed objects are split on newlines whatever the chunking; a

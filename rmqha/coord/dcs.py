@@ -249,7 +249,7 @@ def decode(kind: type[Any], data: bytes, revision: int) -> Any:
     known = {f.name: f for f in fields(kind) if f.name not in ("revision", "lease")}
     unknown = sorted(set(values) - set(known))
     if unknown:
-        raise DCSError(f"unknown field {_quote(unknown[0].encode())}: {_quote(data)}")
+        raise DCSError(f"unknown field {unknown[0][:40]!r}: {_quote(data)}")
     for name, spec in known.items():
         if name not in values:
             if spec.default is MISSING and spec.default_factory is MISSING:
@@ -386,7 +386,9 @@ class IDCS(Interface):
 
     def load() -> Deferred[ClusterView]:
         """
-        A linearizable read of every key of the group.
+        A linearizable read of every key of the group (through
+        L{read_group}: a key whose value cannot be read is skipped and
+        listed in the view's C{malformed}, never an error).
         """
 
     def campaign(leader: Leader, lease: Lease, seen: ClusterView) -> Deferred[Leader | None]:
