@@ -3,6 +3,8 @@
 The admin HTTP interface (twisted.web), served on C{--http ENDPOINT}:
 
     GET  /status                      JSON: offsets, and each slave or the master
+                                      (in failover mode, where etcd is only for
+                                      a verified client certificate)
     GET  /metrics                     the same figures as Prometheus text
     POST /topics/{topic}/messages     the request body becomes one message
                                       (query: queueId, tags, keys)
