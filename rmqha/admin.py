@@ -3,6 +3,8 @@
 The admin HTTP interface (twisted.web), served on C{--http ENDPOINT}:
 
     GET  /status                      JSON: offsets, and each slave or the master
+                                      (in failover mode, where etcd is only for
+                                      a verified client certificate)
     GET  /metrics                     the same figures as Prometheus text
     POST /topics/{topic}/messages     the request body becomes one message
                                       (query: queueId, tags, keys)
@@ -144,6 +146,39 @@ def status(broker: Broker) -> dict[str, Any]:
     return result
 
 
+def hide_coordinator(failover: dict[str, Any]) -> dict[str, Any]:
+    """
+    C{failover} (L{status}'s) as a caller without a verified client
+    certificate sees it: where the coordinator is, and its errors (which
+    name it), are hidden; whether it answers is not.
+    """
+    shown = dict(failover)
+    kind = str(failover.get("coordinator") or "").partition(":")[0] or "coordinator"
+    shown["coordinator"] = f"{kind} (hidden)"
+    if failover.get("coordinator_error") is not None:
+        shown["coordinator_error"] = "(hidden: the coordinator does not answer; see the log)"
+    return shown
+
+
+def certificate_verified(request: Request) -> bool:
+    """
+    Whether C{request} came over TLS from a client whose certificate the
+    admin port verified: the port requires client certificates from its
+    CA (L{PeerPolicy.require_client_cert}), and the certificate passes
+    C{--http-allowed-peers} when that is set.
+    """
+    channel = getattr(request, "channel", None)
+    policy = getattr(channel, "peer_policy", None)
+    if not isinstance(policy, PeerPolicy) or not policy.require_client_cert:
+        return False
+    get_certificate = getattr(getattr(channel, "transport", None), "getPeerCertificate", None)
+    x509 = get_certificate() if get_certificate is not None else None
+    if x509 is None:
+        return False
+    _, refusal = policy.check(x509.to_cryptography())
+    return refusal is None
+
+
 def master_hint(broker: Broker) -> dict[str, Any] | None:
     """
     Failover mode: where the elected master is, for a client that asked
@@ -227,6 +262,9 @@ class _Status(_AdminResource):
 
     def render_GET(self, request: Request) -> bytes:
         result = status(self._broker)
+        failover = result.get("failover")
+        if failover is not None and not certificate_verified(request):
+            result["failover"] = hide_coordinator(failover)
         # Bytes/s GET /commitlog/{segment} is paced at (0: not served).
         result["serve_commitlog"] = self._commitlog.rate if self._commitlog else 0
         return _json(request, 200, result)

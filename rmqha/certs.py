@@ -36,12 +36,10 @@ class Issued:
 
 
 def _name(common_name: str) -> x509.Name:
-    return x509.Name(
-        [
-            x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORGANIZATION),
-            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
-        ]
-    )
+    attributes = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, _ORGANIZATION)]
+    if common_name:
+        attributes.append(x509.NameAttribute(NameOID.COMMON_NAME, common_name))
+    return x509.Name(attributes)
 
 
 def make_ca(
@@ -96,7 +94,10 @@ def issue(
 ) -> Issued:
     """
     A leaf certificate signed by C{ca}, valid from C{not_before} (default
-    five minutes ago) for C{days}.
+    five minutes ago) for C{days}.  An empty C{common_name} leaves the
+    CommonName out (the names are then only in C{dns_names} and
+    C{ip_addresses}: etcd's gateway refuses a client certificate with a
+    CommonName once its auth is enabled).
     """
     start = not_before or datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(
         minutes=5

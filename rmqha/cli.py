@@ -223,7 +223,9 @@ def _build_parser() -> argparse.ArgumentParser:
         action = cluster_actions.add_parser(name, help=text)
         action.add_argument(
             "--coordinator", required=True,
-            help="etcd:http://HOST:PORT[,http://HOST:PORT...] (as the brokers' --coordinator)",
+            help="etcd:http://HOST:PORT[,http://HOST:PORT...], with the options of the "
+            "brokers' --coordinator (tlsCa=, tlsCert=, tlsKey=, user=, passwordFile=; "
+            "or the password in RMQHA_ETCD_PASSWORD)",
         )
         action.add_argument("--group", required=True, help="the group (brokerName)")
         if name == "status":

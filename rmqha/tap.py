@@ -445,7 +445,8 @@ class Options(usage.Options):
             None,
             None,
             "automatic failover through etcd: etcd:http://HOST:PORT[,http://HOST:PORT...] "
-            "(https:// with ?tlsCa=...&tlsCert=...&tlsKey=...); every node starts as a "
+            "(https:// endpoints take ,tlsCa=PATH,tlsCert=PATH,tlsKey=PATH; etcd's auth "
+            ",user=NAME,passwordFile=PATH or RMQHA_ETCD_PASSWORD); every node starts as a "
             "slave, --role says how it acts once elected (docs/failover.md) [coordinator]",
         ],
         ["group", None, None, "with --coordinator: the group's name [brokerName]"],
@@ -931,7 +932,11 @@ def _coordinated(reactor: Any, broker: Broker, s: dict[str, Any], files: TLSFile
         allow_unclean_election=s["allow-unclean-election"],
         electable=not s["no-failover"],
     )
-    dcs = EtcdDCS(reactor, parse_coordinator(s["coordinator"]), s["group"])
+    try:
+        dcs = EtcdDCS(reactor, parse_coordinator(s["coordinator"]), s["group"])
+    except ValueError as e:
+        # (A TLS or password file of the spec cannot be read: one line.)
+        raise Fatal(f"twistd rmqha: {e}") from None
     coordinator = Coordinator(reactor, dcs, broker, settings, dial, on_fatal=_stop_twistd(reactor))
     broker.coordinator = coordinator
     top = MultiService()

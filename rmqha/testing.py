@@ -368,8 +368,11 @@ class EtcdCluster:
 
     def __init__(
         self, directory: str, members: int = 1, timeout: float = 10.0,
-        binary: str | None = None, tls: Any = None,
+        binary: str | None = None, tls: Any = None, args: tuple[str, ...] = (),
     ) -> None:
+        """
+        @param args: more arguments for every member (C{--auth-token-ttl 1}).
+        """
         import os
 
         if members not in (1, 3):
@@ -381,6 +384,7 @@ class EtcdCluster:
         self._directory = directory
         self._timeout = timeout
         self._tls = tls
+        self._args = tuple(args)
         os.makedirs(directory, exist_ok=True)
         ports = free_ports(3 * members)
         self._client = ports[0:members]
@@ -451,6 +455,7 @@ class EtcdCluster:
             argv += ["--cert-file", self._tls.cert, "--key-file", self._tls.key]
             if self._tls.ca is not None:
                 argv += ["--client-cert-auth", "--trusted-ca-file", self._tls.ca]
+        argv += self._args
         if self._logs[i] is None:
             self._logs[i] = open(os.path.join(self._directory, f"{name}.log"), "ab")
         self._processes[i] = subprocess.Popen(
@@ -559,6 +564,46 @@ class EtcdCluster:
         for data in self._created:
             shutil.rmtree(data, ignore_errors=True)
         self._created = []
+
+    def etcdctl(
+        self, *argv: str, user: str | None = None, password: str | None = None,
+        stdin: str | None = None,
+    ) -> str:
+        """
+        Run C{etcdctl argv} against the running members (as C{user}; the
+        password goes through its environment, never its command line;
+        C{stdin}, e.g. a new user's password with C{--interactive=false}).
+
+        @return: what it printed.
+        @raise RuntimeError: it failed (with what it said).
+        """
+        import os
+        import shutil
+        import subprocess
+
+        binary = shutil.which("etcdctl") or "/usr/bin/etcdctl"
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "ETCDCTL_API": "3",
+            "ETCDCTL_ENDPOINTS": ",".join(
+                e for i, e in enumerate(self.endpoints) if self.running(i)
+            ),
+            "ETCDCTL_DIAL_TIMEOUT": "2s",
+        }
+        if user is not None:
+            env["ETCDCTL_USER"] = f"{user}:{password or ''}"
+        if self._tls is not None:
+            env["ETCDCTL_CACERT"] = self._tls.ca or ""
+            env["ETCDCTL_CERT"] = self._tls.cert
+            env["ETCDCTL_KEY"] = self._tls.key
+        done = subprocess.run(
+            [binary, *argv], input=stdin, env=env, capture_output=True, text=True,
+            timeout=self._timeout,
+        )
+        if done.returncode != 0:
+            said = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"etcdctl {argv[0] if argv else ''}: {said}")
+        return done.stdout
 
     def leader_index(self) -> int | None:
         """

@@ -14,6 +14,7 @@ import inspect
 from typing import Any, Callable, Coroutine
 
 from rmqha.coord.dcs import (
+    MAX_MALFORMED,
     DCSError,
     IDCS,
     InSync,
@@ -50,7 +51,10 @@ class DCSContractMixin:
         - C{run_scenario(scenario)}: run the coroutine function to its end, failing
           the test on an exception; the test returns what it returns (a
           L{Deferred} pytest-twisted waits for, or C{None});
-        - C{pause(seconds)} (async): let that much time pass.
+        - C{pause(seconds)} (async): let that much time pass;
+        - C{put_raw(dcs, name, value)} (async): write C{value} as it is
+          under C{name} in C{dcs}'s group (no lease), as an operator or a
+          bug could.
     """
 
     def make_dcs(self) -> Any:
@@ -63,6 +67,9 @@ class DCSContractMixin:
         raise NotImplementedError
 
     async def pause(self, seconds: float) -> None:
+        raise NotImplementedError
+
+    async def put_raw(self, dcs: Any, name: str, value: bytes) -> None:
         raise NotImplementedError
 
     # -- helpers ---------------------------------------------------------
@@ -324,5 +331,126 @@ class DCSContractMixin:
             await self.pause(0.2)
             assert len(changes) == seen
             assert errors == []
+
+        return self.run_scenario(scenario)
+
+    # -- malformed keys (docs/failover.md, "Malformed keys") ---------------
+
+    def test_malformed_keys_skipped_and_reported(self) -> None:
+        """
+        A value that is not what its key holds does not fail the read: the
+        key is skipped (a member absent, no switchover) and reported by
+        its whole key with a one-line reason; the other keys read as usual.
+        """
+        async def scenario() -> None:
+            a = self.make_dcs()
+            lease = await a.grant(5)
+            await a.touch_member(Member("a", "127.0.0.1:1"), lease)
+            await self.put_raw(a, "members/x", b"{not json")
+            await self.put_raw(a, "members/y", b"\xff\xfe")
+            await self.put_raw(a, "members/w", b'{"node_id":"w","ha":"h:1","offset":"12"}')
+            await self.put_raw(a, "members/v", b'{"node_id":"v","ha":"h:1","color":"red"}')
+            await self.put_raw(a, "switchover", b"[]")
+            view = await a.load()
+            assert view.members == {"a": Member("a", "127.0.0.1:1")}, view.members
+            assert view.switchover is None
+            group = f"/rmqha/{a.group}/"
+            assert [m.key for m in view.malformed] == [
+                group + "switchover", group + "members/v", group + "members/w",
+                group + "members/x", group + "members/y",
+            ], view.malformed
+            assert view.malformed_total == 5
+            reasons = [m.reason for m in view.malformed]
+            assert "not a JSON object" in reasons[0]
+            assert "unknown field" in reasons[1] and "color" in reasons[1]
+            assert "offset is not a non-negative integer" in reasons[2]
+            assert "not JSON" in reasons[3]
+            assert "not JSON" in reasons[4]
+            assert all("\n" not in r and len(r) < 200 for r in reasons)
+            assert all(m.revision > 0 for m in view.malformed)
+            # (A member key must hold that member.)
+            await self.put_raw(a, "members/y", b'{"node_id":"z","ha":"h:1"}')
+            view = await a.load()
+            bad = [m for m in view.malformed if m.name == "members/y"]
+            assert bad and "not 'y'" in bad[0].reason, view.malformed
+
+        return self.run_scenario(scenario)
+
+    def test_malformed_keys_bounded(self) -> None:
+        """
+        At most MAX_MALFORMED keys are listed, the group's own keys first
+        (a malformed leader is never crowded out by members); the total
+        counts them all.
+        """
+        async def scenario() -> None:
+            a = self.make_dcs()
+            for i in range(MAX_MALFORMED + 2):
+                await self.put_raw(a, f"members/n{i:02d}", b"junk")
+            await self.put_raw(a, "leader", b"junk")
+            view = await a.load()
+            assert len(view.malformed) == MAX_MALFORMED
+            assert view.malformed_total == MAX_MALFORMED + 3
+            assert view.malformed[0].name == "leader"
+            assert view.malformed_key("leader") is view.malformed[0]
+
+        return self.run_scenario(scenario)
+
+    def test_malformed_leader_blocks_campaign(self) -> None:
+        """
+        A malformed leader key reads as no leader, reported; a campaign
+        from that view fails (the key exists), so it must be deleted, or
+        its lease expire, before anyone can lead.
+        """
+        async def scenario() -> None:
+            a = self.make_dcs()
+            lease = await a.grant(5)
+            await self.put_raw(a, "leader", b'{"node_id":"q"}')
+            view = await a.load()
+            assert view.leader is None and view.malformed_key("leader") is not None
+            assert "no epoch" in view.malformed_key("leader").reason
+            assert await a.campaign(Leader("a", 0, "127.0.0.1:1"), lease, view) is None
+
+        return self.run_scenario(scenario)
+
+    def test_malformed_epoch_never_restarts_the_count(self) -> None:
+        """
+        An epoch key that is not a decimal number reads as epoch 0 and is
+        reported; a campaign from that view fails, so no epoch is handed
+        out twice.
+        """
+        async def scenario() -> None:
+            a = self.make_dcs()
+            first, lease = await self._elected(a, "a")
+            assert await a.resign(first) is True
+            for junk in (b"two", b"-3", b" 2", b"1_0", b""):
+                await self.put_raw(a, "epoch", junk)
+                view = await a.load()
+                assert view.epoch == 0 and view.epoch_revision == 0, junk
+                bad = view.malformed_key("epoch")
+                assert bad is not None and "not a decimal epoch" in bad.reason, junk
+                assert await a.campaign(Leader("a", 0, "127.0.0.1:1"), lease, view) is None
+
+        return self.run_scenario(scenario)
+
+    def test_campaign_replaces_malformed_in_sync(self) -> None:
+        """
+        A malformed insync key reads as no in-sync set, reported with its
+        revision; a campaign from that view (an unclean election, for the
+        coordinator) replaces it with the winner alone.
+        """
+        async def scenario() -> None:
+            a = self.make_dcs()
+            first, lease = await self._elected(a, "a")
+            assert await a.resign(first) is True
+            await self.put_raw(a, "insync", b'{"epoch":1,"members":"a"}')
+            view = await a.load()
+            assert view.in_sync is None and view.epoch == 1
+            bad = view.malformed_key("insync")
+            assert bad is not None and "members is not a list of strings" in bad.reason
+            assert view.in_sync_revision == bad.revision > 0
+            won = await a.campaign(Leader("a", 0, "127.0.0.1:1"), lease, view)
+            assert won is not None and won.epoch == 2
+            view = await a.load()
+            assert view.in_sync == InSync(2, ("a",)) and view.malformed == ()
 
         return self.run_scenario(scenario)

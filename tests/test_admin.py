@@ -658,3 +658,96 @@ class ScrubAdminTests(AdminTestCase):
         self.assertIn("rmqha_scrub_passes_total 1.0", text)
         self.assertIn(f"rmqha_scrubbed_bytes_total {float(broker.scrub.bytes_total)}", text)
         self.assertGreater(broker.scrub.bytes_total, offsets[-1])
+
+
+class _Coordinator:
+    """
+    What /status asks of a broker's coordinator: its status.
+    """
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "group": "g",
+            "node_id": "a",
+            "coordinator": "etcd:https://10.0.0.1:2379,https://10.0.0.2:2379",
+            "coordinator_error": "etcd https://10.0.0.1:2379: /v3/kv/range: HTTP 403: "
+            "etcdserver: permission denied (code 7) (user node-a)",
+            "master": None,
+        }
+
+
+class _CertifiedTransport(StringTransport):
+    """
+    A connection whose TLS layer verified this client certificate.
+    """
+
+    def __init__(self, certificate: Any) -> None:
+        super().__init__(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        self._certificate = certificate
+
+    def getPeerCertificate(self) -> Any:
+        return self._certificate
+
+
+class CoordinatorHiddenTests(AdminTestCase):
+    """
+    /status names the coordinator (etcd's URLs) only to a caller the
+    admin port authenticated by its client certificate.
+    """
+
+    def setUp(self) -> None:
+        from OpenSSL import crypto
+
+        from rmqha import certs
+        from rmqha.tls import PeerPolicy
+
+        self.broker_ = self.broker(Role.MASTER, segment_size=1024 * 1024)
+        self.broker_.coordinator = _Coordinator()  # type: ignore[assignment]
+        self.clock = Clock()
+        ca = certs.make_ca()
+        self.certificate = crypto.X509.from_cryptography(
+            certs.issue(ca, "ops", ["ops"], client=True).certificate
+        )
+        self.policy = PeerPolicy(require_client_cert=True)
+
+    def status(self, transport: StringTransport, **kwargs: Any) -> dict[str, Any]:
+        site = make_site(self.broker_, reactor=self.clock, **kwargs)
+        channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        channel.makeConnection(transport)
+        channel.dataReceived(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        code, _, body = response(transport)
+        self.assertEqual(code, 200, body)
+        channel.connectionLost(Failure(ConnectionDone()))
+        failover: dict[str, Any] = json.loads(body)["failover"]
+        return failover
+
+    def test_hidden_without_a_verified_certificate(self) -> None:
+        """
+        Over plain HTTP (and from the resource without a connection), and
+        over TLS on a port that does not require client certificates, the
+        coordinator shows as "etcd (hidden)" and its error is hidden too:
+        no URL, no user.
+        """
+        plain = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 40000))
+        answers = [
+            self.status(plain, peer_policy=self.policy),
+            self.status(_CertifiedTransport(self.certificate)),
+            json.loads(request(AdminRoot(self.broker_), b"GET", b"/status")[1])["failover"],
+        ]
+        for failover in answers:
+            self.assertEqual(failover["coordinator"], "etcd (hidden)")
+            self.assertEqual(
+                failover["coordinator_error"],
+                "(hidden: the coordinator does not answer; see the log)",
+            )
+            self.assertNotIn("10.0.0", json.dumps(failover))
+            self.assertNotIn("node-a", json.dumps(failover))
+            self.assertEqual((failover["group"], failover["node_id"]), ("g", "a"))
+
+    def test_shown_to_a_verified_client(self) -> None:
+        """
+        A client whose certificate the port verified (it requires them)
+        sees where the coordinator is and what it last said.
+        """
+        failover = self.status(_CertifiedTransport(self.certificate), peer_policy=self.policy)
+        self.assertEqual(failover, _Coordinator().status())

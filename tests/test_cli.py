@@ -634,3 +634,41 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+class ClusterSpecTests(SynchronousTestCase):
+    """
+    C{rmqha cluster ...} takes the brokers' C{--coordinator} spec, its
+    credentials options included (tests/integration/test_etcd_auth.py runs
+    it against etcd).
+    """
+
+    def run_cli(self, *argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = main(list(argv), stdout=out, stderr=err)
+        return status, out.getvalue(), err.getvalue()
+
+    def test_unreadable_credentials_are_usage_errors(self) -> None:
+        """
+        A missing password file, a user without any password, or a
+        password written into the spec: exit status 2 and one line naming
+        the option, before anything is asked of etcd; never the password.
+        """
+        self.patch(os, "environ", {k: v for k, v in os.environ.items() if k != "RMQHA_ETCD_PASSWORD"})
+        for action in (["status"], ["switchover", "--to", "b"]):
+            for spec, words in [
+                ("etcd:http://127.0.0.1:1,user=u,passwordFile=/nonexistent",
+                 "--coordinator: passwordFile /nonexistent: No such file or directory"),
+                ("etcd:http://127.0.0.1:1,user=u",
+                 "--coordinator: user=u needs passwordFile=PATH (or RMQHA_ETCD_PASSWORD"),
+                ("etcd:http://127.0.0.1:1,user=u,password=s3cret",
+                 "--coordinator: a password is never given in the spec"),
+            ]:
+                status, out, err = self.run_cli(
+                    "cluster", *action[:1], "--coordinator", spec, "--group", "g", *action[1:]
+                )
+                self.assertEqual((status, out), (2, ""), err)
+                self.assertEqual(err.count("\n"), 1, err)
+                self.assertTrue(err.startswith("rmqha cluster: error: "), err)
+                self.assertIn(words, err)
+                self.assertNotIn("s3cret", err)

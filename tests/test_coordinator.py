@@ -886,3 +886,165 @@ class ImpersonationTests(_Group):
         self.assertTrue(coordinator.accepts_node("b", "10.0.0.3"))
         self.assertFalse(coordinator.accepts_node("d", "10.0.0.2"))
         self.assertFalse(coordinator.accepts_node("a", "127.0.0.1"))
+
+
+class MalformedKeyTests(_Group):
+    """
+    A key whose value cannot be read never stops an election for good
+    (docs/failover.md, "Malformed keys"): it is skipped, warned about once,
+    and what it means for the election is decided per key.
+    """
+
+    def put_raw(self, name: str, value: bytes) -> None:
+        key = f"/rmqha/g/{name}"
+        self.store.begin()
+        self.store.put(key, value)
+        self.store.commit([key])
+
+    def warnings(self) -> list[str]:
+        from twisted.logger import LogLevel, formatEvent, globalLogPublisher
+
+        events: list[str] = []
+
+        def observe(event: dict[str, Any]) -> None:
+            if event.get("log_level") is LogLevel.warn:
+                events.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        return events
+
+    def test_malformed_member_skipped(self) -> None:
+        """
+        A malformed member key (an unknown node's) does not stop the first
+        election; each node warns about it once, however often it loads.
+        """
+        warned = self.warnings()
+        self.put_raw("members/ghost", b"{oops")
+        for name in "ab":
+            self.node(name)
+        self.elapse(3)
+        master = self.master()
+        assert master is not None
+        self.assertEqual(master.id, "a")
+        about = [w for w in warned if "/rmqha/g/members/ghost" in w]
+        self.assertEqual(len(about), 2, about)
+        self.assertIn("malformed and skipped: not JSON", about[0])
+
+    def test_malformed_leader_blocks_until_deleted(self) -> None:
+        """
+        A malformed leader key is a leader nobody can follow or replace: no
+        node campaigns (the note names the key), even with unclean
+        elections allowed; once deleted, a node is elected.
+        """
+        self.put_raw("leader", b'{"node_id": 7}')
+        for name in "ab":
+            self.node(name, allow_unclean_election=True)
+        self.elapse(3)
+        self.assertIsNone(self.master())
+        note = self.nodes["a"].coordinator.note or ""
+        self.assertIn("key /rmqha/g/leader is malformed (node_id is not a string", note)
+        self.assertEqual(self.nodes["a"].coordinator.counts["campaigns_lost"], 0)
+        self.store.begin()
+        self.store.delete("/rmqha/g/leader")
+        self.store.commit(["/rmqha/g/leader"])
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        self.assertEqual(master.coordinator.leader.epoch, 1)  # type: ignore[union-attr]
+
+    def test_leader_key_overwritten_under_the_master(self) -> None:
+        """
+        The master's leader key overwritten with junk (same
+        create_revision): the master steps down and its resign removes the
+        junk, so the group elects again instead of staying masterless.
+        """
+        for name in "ab":
+            self.node(name)
+        self.elapse(2)
+        old = self.master()
+        assert old is not None
+        self.put_raw("leader", b"junk")
+        self.elapse(3)
+        self.assertEqual(old.coordinator.counts["stepped_down"], 1)
+        new = self.master()
+        assert new is not None
+        self.assertEqual(new.coordinator.leader.epoch, 2)  # type: ignore[union-attr]
+        self.assertEqual(self.successResultOf(new.dcs.load()).malformed, ())
+
+    def test_malformed_epoch_refuses_to_campaign(self) -> None:
+        """
+        A malformed epoch counter stops every campaign (an epoch must never
+        repeat), the note naming the key; once an operator writes a number
+        back, the next election takes the epoch after it.
+        """
+        a = self.node("a")
+        self.elapse(2)
+        self.assertIs(self.master(), a)
+        self.crash(a)
+        self.put_raw("epoch", b"seven")
+        b = self.node("b", allow_unclean_election=True)
+        self.elapse(4)
+        self.assertIsNone(self.master())
+        self.assertIn("key /rmqha/g/epoch is malformed (not a decimal epoch", b.coordinator.note or "")
+        self.assertIn("epochs must never repeat", b.coordinator.note or "")
+        self.put_raw("epoch", b"7")
+        self.elapse(2)
+        self.assertIs(self.master(), b)
+        self.assertEqual(b.coordinator.leader.epoch, 8)  # type: ignore[union-attr]
+
+    def test_rank_with_malformed_keys(self) -> None:
+        """
+        rank(): a malformed insync key is no in-sync set (nobody, unless
+        unclean); a malformed epoch or leader key: nobody, even unclean.
+        """
+        from rmqha.coord.dcs import ClusterView, Malformed, Member
+
+        members = {"a": Member("a", "a:1"), "b": Member("b", "b:1")}
+
+        def view(name: str) -> ClusterView:
+            bad = Malformed(name, f"/rmqha/g/{name}", "not JSON: b'x'", revision=4)
+            return ClusterView(None, 0, 0, None, members, None, 10, (bad,), 1)
+
+        self.assertEqual(rank(view("insync"), False)[0], [])
+        self.assertIn("no in-sync set known", rank(view("insync"), False)[1])
+        self.assertEqual([m.node_id for m in rank(view("insync"), True)[0]], ["a", "b"])
+        for name in ("epoch", "leader"):
+            eligible, why = rank(view(name), True)
+            self.assertEqual(eligible, [], name)
+            self.assertIn(f"key /rmqha/g/{name} is malformed", why)
+        # (Without the report, an empty group lets every live node stand.)
+        self.assertEqual(len(rank(ClusterView(None, 0, 0, None, members, None, 10), False)[0]), 2)
+
+    def test_cluster_commands_show_malformed_keys(self) -> None:
+        """
+        C{rmqha cluster status} lists malformed keys (key and reason, text
+        and JSON; the epoch unknown when its key is the bad one), and
+        C{rmqha cluster switchover} refuses while the switchover key is
+        malformed, saying how to delete it.
+        """
+        from twisted.internet.defer import ensureDeferred
+
+        from rmqha.coord.cluster import ClusterError, describe, render, switchover
+
+        for name in "ab":
+            self.node(name)
+        self.elapse(2)
+        self.put_raw("switchover", b"[1]")
+        dcs = MemoryDCS(self.store, "g")
+        state = describe(self.successResultOf(dcs.load()))
+        self.assertEqual(state["malformed"], [
+            {"key": "/rmqha/g/switchover", "reason": "not a JSON object: b'[1]'"},
+        ])
+        self.assertEqual((state["malformed_total"], state["epoch"]), (1, 1))
+        self.assertIn(
+            "malformed key /rmqha/g/switchover (skipped): not a JSON object", render("g", state)
+        )
+        failure = self.failureResultOf(
+            ensureDeferred(switchover(self.clock, dcs, "b", 10)), ClusterError
+        )
+        self.assertIn("delete it first (etcdctl del /rmqha/g/switchover)", str(failure.value))
+        self.put_raw("epoch", b"x")
+        state = describe(self.successResultOf(dcs.load()))
+        self.assertIsNone(state["epoch"])
+        self.assertIn("group g: epoch unknown, master a", render("g", state))

@@ -33,3 +33,9 @@ class MemoryContractTests(DCSContractMixin, SynchronousTestCase):
 
     async def pause(self, seconds: float) -> None:
         self.clock.advance(seconds)
+
+    async def put_raw(self, dcs: MemoryDCS, name: str, value: bytes) -> None:
+        key = dcs.prefix + name
+        self.store.begin()
+        self.store.put(key, value)
+        self.store.commit([key])

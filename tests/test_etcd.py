@@ -30,12 +30,16 @@ from rmqha.coord.dcs import (
     encode,
 )
 from rmqha.coord.etcd import (
+    AUTH_RETRY,
     MAX_LINE,
+    PASSWORD_ENV,
+    Credentials,
     EtcdDCS,
     LineSplitter,
     _Bad,
     parse_coordinator,
     prefix_range,
+    read_credentials,
     view_from_range,
 )
 from rmqha.testing import StringEndpoint
@@ -194,20 +198,66 @@ class JSONTests(SynchronousTestCase):
         self.assertEqual((view.leader.revision, view.in_sync.revision), (5, 8))
         self.assertEqual(view.leader.lease, 7587869893417263362)
 
-    def test_unreadable_values_name_the_key(self) -> None:
+    def test_unreadable_values_skipped_and_reported(self) -> None:
         """
-        A value that is not what its key holds is an error naming the key,
-        never a crash.
+        A value that is not what its key holds is skipped and reported
+        (key, one-line reason, its mod_revision), the rest of the group
+        read as usual; an answer that is itself broken (a key that is not
+        base64) is still an error.
         """
-        for kv, key in [
-            (self._kv("leader", b"{not json"), "/rmqha/g/leader"),
-            (self._kv("epoch", b"two"), "/rmqha/g/epoch"),
-            (self._kv("members/x", b"[]"), "/rmqha/g/members/x"),
-            ({"key": "!!", "value": ""}, "a key"),
+        answer = {"header": header(revision=9), "kvs": [
+            self._kv("leader", b"{not json", modified=5),
+            self._kv("epoch", b"two", modified=6),
+            self._kv("insync", encode(InSync(2, ("a",))), modified=7),
+            self._kv("members/x", b"[]", modified=8),
+            self._kv("members/b", encode(Member("b", "h:2")), modified=8),
+        ]}
+        view = view_from_range(b"/rmqha/g/", answer)
+        self.assertEqual((view.leader, view.epoch, view.epoch_revision), (None, 0, 0))
+        self.assertEqual(view.in_sync, InSync(2, ("a",)))
+        self.assertEqual(view.members, {"b": Member("b", "h:2")})
+        self.assertEqual(
+            [(m.key, m.revision) for m in view.malformed],
+            [("/rmqha/g/leader", 5), ("/rmqha/g/epoch", 6), ("/rmqha/g/members/x", 8)],
+        )
+        self.assertEqual(view.malformed_total, 3)
+        self.assertIn("not JSON", view.malformed[0].reason)
+        self.assertIn("not a decimal epoch", view.malformed[1].reason)
+        self.assertIn("not a JSON object", view.malformed[2].reason)
+        with self.assertRaises(_Bad) as caught:
+            view_from_range(b"/rmqha/g/", {"header": header(), "kvs": [{"key": "!!", "value": ""}]})
+        self.assertIn("a key", str(caught.exception))
+
+    def test_values_type_checked(self) -> None:
+        """
+        decode() checks every field of every key's dataclass by its
+        declared type (a new field's type must be known here), and takes
+        what encode() writes.
+        """
+        from dataclasses import fields
+
+        from rmqha.coord.dcs import _FIELD_CHECKS, Switchover, decode
+
+        for value in (
+            Leader("a", 2, "h:1", "h:2"), InSync(3, ("a", "b")),
+            Member("a", "h:1", None, "master", 4, 5, "ok", False), Switchover("b", "a", 1.5),
+        ):
+            kind = type(value)
+            for spec in fields(kind):
+                if spec.name not in ("revision", "lease"):
+                    self.assertIn(str(spec.type), _FIELD_CHECKS, (kind, spec.name))
+            self.assertEqual(decode(kind, encode(value), 9), value)
+        for data, words in [
+            (b'{"node_id":"a","epoch":true,"ha":"h"}', "epoch is not a non-negative integer"),
+            (b'{"node_id":"a","epoch":-1,"ha":"h"}', "epoch is not a non-negative integer"),
+            (b'{"node_id":"a","epoch":1.5,"ha":"h"}', "epoch is not a non-negative integer"),
+            (b'{"node_id":"a","epoch":1}', "no ha"),
+            (b'{"node_id":"a","epoch":1,"ha":"h","revision":5}', "unknown field 'revision'"),
+            (b'{"node_id":"a","epoch":1,"ha":"h","http":7}', "http is not a string or null"),
         ]:
-            with self.assertRaises(_Bad) as caught:
-                view_from_range(b"/rmqha/g/", {"header": header(), "kvs": [kv]})
-            self.assertIn(key, str(caught.exception))
+            with self.assertRaises(DCSError) as caught:
+                decode(Leader, data, 1)
+            self.assertIn(words, str(caught.exception))
 
     def test_lines(self) -> None:
         """
@@ -570,4 +620,467 @@ class WatchTests(_Scripted):
         self.clock.advance(1.0)
         self.assertEqual(len(errors), 1)
         self.assertIn("no answer within 1 s", errors[0])
+        watch.stop()
+
+
+class CredentialTests(SynchronousTestCase):
+    """
+    C{user=} and C{passwordFile=} in the spec, and where the password is
+    read from (never the command line, never shown).
+    """
+
+    def password_file(self, data: bytes) -> str:
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def test_spec_options(self) -> None:
+        """
+        C{user=NAME} and C{passwordFile=PATH} are spec options (or keyword
+        arguments); the spec's text, and so every message, shows neither.
+        """
+        spec = parse_coordinator("etcd:https://e1:2379,user=node-a,passwordFile=/etc/p,tlsCa=/ca")
+        self.assertEqual((spec.user, spec.password_file), ("node-a", "/etc/p"))
+        self.assertEqual(str(spec), "etcd:https://e1:2379")
+        spec = parse_coordinator("etcd:http://e1:2379", user="u", password_file="/p")
+        self.assertEqual((spec.user, spec.password_file), ("u", "/p"))
+
+    def test_bad_credential_options(self) -> None:
+        """
+        A password file without a user, a user name with a space, and a
+        password given in the spec are refused with one line that never
+        repeats the password; so are credentials in a URL (shown as ***).
+        """
+        for spec, words in [
+            ("etcd:http://h:1,passwordFile=/p", "passwordFile= needs user=NAME"),
+            ("etcd:http://h:1,user=a b", "user= must be a name"),
+            ("etcd:http://h:1,user=a,password=s3cret", "never given in the spec"),
+            ("etcd:http://h:1,Password=s3cret", "never given in the spec"),
+            ("etcd:http://root:s3cret@h:1", "***@h:1"),
+            ("zk:http://h:1,password=s3cret", "password=***"),
+        ]:
+            with self.assertRaises(ValueError) as caught:
+                parse_coordinator(spec)
+            message = str(caught.exception)
+            self.assertIn(words, message, spec)
+            self.assertNotIn("s3cret", message)
+            self.assertNotIn("\n", message)
+
+    def test_password_file(self) -> None:
+        """
+        The password is the file's content, one final line break dropped
+        (LF or CRLF); spaces inside it are kept; C{repr} never shows it.
+        """
+        for data, password in [(b"pw\n", "pw"), (b"p w\r\n", "p w"), (b" pw", " pw")]:
+            path = self.password_file(data)
+            spec = parse_coordinator(f"etcd:http://h:1,user=u,passwordFile={path}")
+            credentials = read_credentials(spec, environ={})
+            assert credentials is not None
+            self.assertEqual((credentials.user, credentials.password), ("u", password))
+            self.assertNotIn(password.strip(), repr(credentials))
+
+    def test_password_from_environment(self) -> None:
+        """
+        Without C{passwordFile=}, the password comes from
+        RMQHA_ETCD_PASSWORD; the file wins when both are given; no user,
+        no credentials.
+        """
+        spec = parse_coordinator("etcd:http://h:1,user=u")
+        credentials = read_credentials(spec, environ={PASSWORD_ENV: "from-env"})
+        self.assertEqual(credentials, Credentials("u", "from-env"))
+        path = self.password_file(b"from-file")
+        spec = parse_coordinator(f"etcd:http://h:1,user=u,passwordFile={path}")
+        credentials = read_credentials(spec, environ={PASSWORD_ENV: "from-env"})
+        assert credentials is not None
+        self.assertEqual(credentials.password, "from-file")
+        self.assertIsNone(read_credentials(parse_coordinator("etcd:http://h:1"), {PASSWORD_ENV: "x"}))
+
+    def test_unusable_passwords(self) -> None:
+        """
+        A missing, empty, multi-line, oversized or non-UTF-8 password file,
+        or a user with no password anywhere: one line naming the option,
+        never the password; EtcdDCS refuses the same way when it is made.
+        """
+        directory = self.mktemp()
+        import os
+
+        os.makedirs(directory)
+        cases = [
+            (f"{directory}/missing", "passwordFile {path}: No such file or directory"),
+            (directory, "passwordFile {path}: Is a directory"),
+            (self.password_file(b""), "passwordFile {path}: the password is empty"),
+            (self.password_file(b"\n"), "passwordFile {path}: the password is empty"),
+            (self.password_file(b"s3cret\nmore\n"), "passwordFile {path}: expected one line"),
+            (self.password_file(b"s3cret" * 200), "expected one line of at most 1024 bytes"),
+            (self.password_file(b"s3cret\xff"), "passwordFile {path}: the password is not UTF-8"),
+        ]
+        for path, words in cases:
+            spec = parse_coordinator(f"etcd:http://h:1,user=u,passwordFile={path}")
+            for make in (
+                lambda: read_credentials(spec, environ={}),
+                lambda: EtcdDCS(MemoryReactorClock(), spec, "g", environ={}),
+            ):
+                with self.assertRaises(ValueError) as caught:
+                    make()
+                message = str(caught.exception)
+                self.assertIn(words.format(path=path), message)
+                self.assertTrue(message.startswith("--coordinator: "), message)
+                self.assertNotIn("s3cret", message)
+                self.assertNotIn("\n", message)
+        with self.assertRaises(ValueError) as caught:
+            read_credentials(parse_coordinator("etcd:http://h:1,user=u"), environ={PASSWORD_ENV: ""})
+        self.assertEqual(
+            str(caught.exception),
+            "--coordinator: user=u needs passwordFile=PATH (or RMQHA_ETCD_PASSWORD in the environment)",
+        )
+
+
+def _auth_ok(token: str = "tok.1") -> bytes:
+    return http(200, json.dumps({"header": header(), "token": token}).encode())
+
+
+_INVALID_TOKEN = http(
+    401, b'{"error":"etcdserver: invalid auth token","message":"etcdserver: invalid auth token","code":16}'
+)
+
+
+class _AuthScripted(_Scripted):
+    """
+    A client with a user (its password from the environment); nothing it
+    logs may show the password or a token.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.logged: list[str] = []
+        from twisted.logger import formatEvent, globalLogPublisher
+
+        def observe(event: dict[str, Any]) -> None:
+            self.logged.append(formatEvent(event))
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
+        self.dcs.close()
+        self.dcs = self.make(
+            "etcd:http://127.0.0.1:2379,user=node-a", environ={PASSWORD_ENV: "s3cret"}
+        )
+
+    def tearDown(self) -> None:
+        super().tearDown()
+        for line in self.logged:
+            self.assertNotIn("s3cret", line)
+            self.assertNotIn("tok.", line)
+
+    def authorization(self) -> bytes | None:
+        for line in self.last_head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"authorization":
+                return value.strip()
+        return None
+
+    def authenticate(self, token: str = "tok.1") -> None:
+        """
+        Answer the authentication the client must be making now.
+        """
+        body = self.answer(_auth_ok(token))
+        self.assertIn(b"POST /v3/auth/authenticate", self.last_head)
+        self.assertEqual(body, {"name": "node-a", "password": "s3cret"})
+        self.assertIsNone(self.authorization())
+
+
+class AuthTests(_AuthScripted):
+    """
+    etcd's auth: a token from /v3/auth/authenticate on every request,
+    renewed when etcd refuses it, against scripted answers.
+    """
+
+    def test_token_on_every_request(self) -> None:
+        """
+        The first call authenticates, then sends its request with the
+        token in C{Authorization}; later calls (unary and keepalive) reuse
+        it without authenticating again.
+        """
+        d = self.dcs.load()
+        self.authenticate()
+        self.ok({"header": header()})
+        self.assertIn(b"POST /v3/kv/range", self.last_head)
+        self.assertEqual(self.authorization(), b"tok.1")
+        self.successResultOf(d)
+        d = self.dcs.resign(Leader("a", 1, "h:1", revision=5))
+        self.ok({"header": header(), "succeeded": True})
+        self.assertIn(b"POST /v3/kv/txn", self.last_head)
+        self.assertEqual(self.authorization(), b"tok.1")
+        self.assertTrue(self.successResultOf(d))
+        ok = self.dcs.keepalive(Lease(77, 2))
+        line = json.dumps({"result": {"header": header(), "ID": "77", "TTL": "2"}}).encode() + b"\n"
+        self.answer(http(200, line, chunked=True, end=False))
+        self.assertEqual(self.authorization(), b"tok.1")
+        self.assertEqual(self.successResultOf(ok), 2)
+
+    def test_concurrent_calls_share_one_authentication(self) -> None:
+        """
+        Calls made while an authentication is under way wait for it: one
+        authentication, then each call with the token.
+        """
+        first, second = self.dcs.load(), self.dcs.grant(2)
+        self.authenticate()
+        self.assertEqual(
+            sum(b"/v3/auth/authenticate" in t.value() for _, t in self.endpoints.by_port[2379].connected), 0
+        )
+        heads = []
+        for _ in range(2):
+            protocol, transport, body = self.pending()
+            heads.append(self.last_head)
+            self.assertEqual(self.authorization(), b"tok.1")
+            answer = {"header": header(), "ID": "9", "TTL": "2"} if "TTL" in body else {"header": header()}
+            protocol.dataReceived(http(200, json.dumps(answer).encode()))
+        self.successResultOf(first)
+        self.assertEqual(self.successResultOf(second), Lease(9, 2))
+
+    def test_expired_token_renewed_and_request_sent_again(self) -> None:
+        """
+        etcd answers 401 "invalid auth token" (the token expired, was
+        revoked, or auth was re-enabled): the client authenticates again
+        and sends the same request once more, within the same call; a
+        txn too, since etcd refused it before applying anything.
+        """
+        d = self.dcs.load()
+        self.authenticate()
+        self.ok({"header": header()})
+        self.successResultOf(d)
+        d = self.dcs.resign(Leader("a", 1, "h:1", revision=5))
+        first = self.answer(_INVALID_TOKEN)
+        self.assertEqual(self.authorization(), b"tok.1")
+        self.authenticate("tok.2")
+        again = self.ok({"header": header(), "succeeded": True})
+        self.assertIn(b"POST /v3/kv/txn", self.last_head)
+        self.assertEqual((again, self.authorization()), (first, b"tok.2"))
+        self.assertTrue(self.successResultOf(d))
+        self.assertTrue(any("authenticated as node-a" in line for line in self.logged))
+
+    def test_token_renewed_once_per_call(self) -> None:
+        """
+        A token refused again right after a new one was taken is an
+        error, not a loop: two requests and one authentication per call.
+        """
+        d = self.dcs.resign(Leader("a", 1, "h:1", revision=5))
+        self.authenticate()
+        self.answer(_INVALID_TOKEN)
+        self.authenticate("tok.2")
+        self.answer(_INVALID_TOKEN)
+        failure = self.failureResultOf(d, DCSError)
+        self.assertEqual(
+            str(failure.value),
+            "etcd http://127.0.0.1:2379: /v3/kv/txn: HTTP 401: etcdserver: invalid auth token "
+            "(code 16) (user node-a)",
+        )
+        self.assertEqual(
+            [t.value() for _, t in self.endpoints.by_port[2379].connected if t.value()], []
+        )
+
+    def test_unknown_outcome_still_not_sent_again(self) -> None:
+        """
+        With a user, a txn whose outcome is unknown (HTTP 500) is still
+        never sent again, and the token is kept.
+        """
+        d = self.dcs.resign(Leader("a", 1, "h:1", revision=5))
+        self.authenticate()
+        self.answer(http(500, b'{"message":"context deadline exceeded","code":2}'))
+        self.assertIn("HTTP 500", str(self.failureResultOf(d, DCSError).value))
+        d = self.dcs.load()
+        self.ok({"header": header()})
+        self.assertEqual(self.authorization(), b"tok.1")
+        self.successResultOf(d)
+
+    def test_wrong_password(self) -> None:
+        """
+        etcd refusing the user or password is one line naming the
+        endpoint, the route, etcd's reason and the user (never the
+        password); calls in the next AUTH_RETRY seconds fail at once
+        without asking etcd (no storm of password checks); after that,
+        the next call authenticates again.
+        """
+        d = self.dcs.load()
+        self.answer(http(400, b'{"error":"etcdserver: authentication failed, invalid user ID or password",'
+                              b'"message":"etcdserver: authentication failed, invalid user ID or password","code":3}'))
+        message = (
+            "etcd http://127.0.0.1:2379: /v3/auth/authenticate: HTTP 400: etcdserver: "
+            "authentication failed, invalid user ID or password (code 3) (user node-a)"
+        )
+        self.assertEqual(str(self.failureResultOf(d, DCSError).value), message)
+        self.clock.advance(AUTH_RETRY - 0.1)
+        for call in (self.dcs.load(), self.dcs.grant(2)):
+            self.assertEqual(str(self.failureResultOf(call, DCSError).value), message)
+        errors: list[str] = []
+        watch = self.dcs.watch(lambda: None, lambda e: errors.append(str(e)))
+        self.assertEqual(errors, [message])
+        watch.stop()
+        self.assertEqual(
+            [t.value() for _, t in self.endpoints.by_port[2379].connected if t.value()], []
+        )
+        self.clock.advance(0.1)
+        d = self.dcs.load()
+        self.authenticate()
+        self.ok({"header": header()})
+        self.successResultOf(d)
+
+    def test_permission_denied(self) -> None:
+        """
+        A user without permission on the group's prefix: 403 is one line
+        naming the user, with no new authentication.
+        """
+        d = self.dcs.load()
+        self.authenticate()
+        self.answer(http(403, b'{"error":"etcdserver: permission denied","message":"etcdserver: permission denied","code":7}'))
+        self.assertEqual(
+            str(self.failureResultOf(d, DCSError).value),
+            "etcd http://127.0.0.1:2379: /v3/kv/range: HTTP 403: etcdserver: permission denied "
+            "(code 7) (user node-a)",
+        )
+        d = self.dcs.load()
+        self.ok({"header": header()})
+        self.assertEqual(self.authorization(), b"tok.1")
+        self.successResultOf(d)
+
+    def test_auth_not_enabled_then_enabled(self) -> None:
+        """
+        A user set while etcd's auth is off (412, as etcd's own client):
+        requests go without a token; once auth is enabled ("user name is
+        empty"), the client authenticates and sends the request again.
+        """
+        d = self.dcs.load()
+        self.answer(http(412, b'{"error":"etcdserver: authentication is not enabled",'
+                              b'"message":"etcdserver: authentication is not enabled","code":9}'))
+        self.ok({"header": header()})
+        self.assertIsNone(self.authorization())
+        self.successResultOf(d)
+        d = self.dcs.load()
+        self.answer(http(400, b'{"error":"etcdserver: user name is empty","message":"etcdserver: user name is empty","code":3}'))
+        self.assertIsNone(self.authorization())
+        self.authenticate()
+        self.ok({"header": header()})
+        self.assertEqual(self.authorization(), b"tok.1")
+        self.successResultOf(d)
+
+    def test_no_user_but_etcd_wants_one(self) -> None:
+        """
+        Without a user, etcd's "user name is empty" is one line saying
+        how to give one.
+        """
+        dcs = self.make("etcd:http://127.0.0.1:2384")
+        d = dcs.load()
+        self.answer(http(400, b'{"error":"etcdserver: user name is empty","message":"etcdserver: user name is empty","code":3}'), port=2384)
+        self.assertEqual(
+            str(self.failureResultOf(d, DCSError).value),
+            "etcd http://127.0.0.1:2384: /v3/kv/range: HTTP 400: etcdserver: user name is empty "
+            "(code 3); etcd wants a user: add user=NAME,passwordFile=PATH to --coordinator",
+        )
+        dcs.close()
+
+    def test_authentication_within_the_deadline(self) -> None:
+        """
+        An authentication that is not answered costs the call its one
+        deadline, not one more: the call fails at 1 s, naming the route.
+        """
+        d = self.dcs.load()
+        self.pending()
+        self.clock.advance(0.99)
+        self.assertNoResult(d)
+        self.clock.advance(0.02)
+        self.assertEqual(
+            str(self.failureResultOf(d, DCSError).value),
+            "etcd http://127.0.0.1:2379: /v3/auth/authenticate: no answer within 1 s",
+        )
+
+    def test_bad_token_answer_not_quoted(self) -> None:
+        """
+        An authentication answer that is not JSON, or whose token is not
+        a short printable string, is an error that quotes nothing of it.
+        """
+        d = self.dcs.load()
+        self.answer(http(200, b"tok.secret-ish garbage"))
+        message = str(self.failureResultOf(d, DCSError).value)
+        self.assertIn("/v3/auth/authenticate: the answer is not a JSON object (not quoted)", message)
+        self.assertNotIn("garbage", message)
+        d = self.dcs.load()
+        self.answer(http(200, json.dumps({"header": header(), "token": "tok.1\r\nX: y"}).encode()))
+        self.assertIn("the answer has no usable token", str(self.failureResultOf(d, DCSError).value))
+
+    def test_close_while_authenticating(self) -> None:
+        """
+        Closing the client during an authentication ends it: the waiting
+        call fails with a DCSError, no other endpoint is tried and no
+        timer is left.
+        """
+        self.dcs.close()
+        self.dcs = self.make(
+            "etcd:http://127.0.0.1:2379,http://127.0.0.1:2385,user=node-a",
+            environ={PASSWORD_ENV: "s3cret"},
+        )
+        d = self.dcs.load()
+        self.pending()
+        self.dcs.close()
+        self.failureResultOf(d, DCSError)
+        self.assertNotIn(2385, self.endpoints.by_port)
+
+
+class AuthWatchTests(_AuthScripted):
+    """
+    Watches with a user.
+    """
+
+    def created(self) -> bytes:
+        return json.dumps({"result": {"header": header(), "created": True}}).encode() + b"\n"
+
+    def refused(self) -> bytes:
+        return json.dumps({"result": {
+            "header": header(), "watch_id": "-1", "created": True, "canceled": True,
+            "cancel_reason": "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token",
+        }}).encode() + b"\n"
+
+    def test_watch_carries_the_token_and_renews_it(self) -> None:
+        """
+        The watch request carries the token; a watch etcd cancels at once
+        for its token is started again with a new one at once, without an
+        error reported; a second refusal in a row is reported.
+        """
+        events: list[str] = []
+        errors: list[str] = []
+        watch = self.dcs.watch(lambda: events.append("change"), lambda e: errors.append(str(e)))
+        self.authenticate()
+        protocol, transport, body = self.pending()
+        self.assertIn(b"POST /v3/watch", self.last_head)
+        self.assertEqual(self.authorization(), b"tok.1")
+        protocol.dataReceived(http(200, self.refused(), chunked=True, end=False))
+        self.assertEqual((events, errors), ([], []))
+        self.clock.advance(0)
+        self.authenticate("tok.2")
+        protocol, transport, body = self.pending()
+        self.assertEqual(self.authorization(), b"tok.2")
+        protocol.dataReceived(http(200, self.refused(), chunked=True, end=False))
+        self.assertEqual(len(errors), 1)
+        self.assertIn("/v3/watch: the watch was canceled: rpc error: code = Unauthenticated", errors[0])
+        self.clock.advance(0.1)
+        self.authenticate("tok.3")
+        protocol, transport, body = self.pending()
+        protocol.dataReceived(http(200, self.created(), chunked=True, end=False))
+        self.assertEqual(events, ["change"])
+        watch.stop()
+
+    def test_permission_denied_watch_reported(self) -> None:
+        """
+        A watch canceled for permission (a user without the prefix) is
+        reported at once, with etcd's reason.
+        """
+        errors: list[str] = []
+        watch = self.dcs.watch(lambda: None, lambda e: errors.append(str(e)))
+        self.authenticate()
+        protocol, _, _ = self.pending()
+        protocol.dataReceived(http(200, json.dumps({"result": {
+            "header": header(), "watch_id": "-1", "created": True, "canceled": True,
+            "cancel_reason": "rpc error: code = PermissionDenied desc = etcdserver: permission denied",
+        }}).encode() + b"\n", chunked=True, end=False))
+        self.assertEqual(len(errors), 1)
+        self.assertIn("etcdserver: permission denied", errors[0])
         watch.stop()

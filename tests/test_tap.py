@@ -241,6 +241,25 @@ class OptionsTests(SynchronousTestCase):
         self.assertIsNotNone(broker.epochs)
         self.assertEqual(coordinator.settings.node_id, "a")
 
+    def test_failover_unreadable_password_file(self) -> None:
+        """
+        A coordinator password file that cannot be read stops twistd with
+        one line naming the option, before anything is started.
+        """
+        from rmqha.tap import Fatal
+
+        spec = "etcd:https://127.0.0.1:2379,user=node-a,passwordFile=/nonexistent/etcd.password"
+        options = self.parse(
+            "--store-dir", self.mktemp(), "--coordinator", spec,
+            "--group", "g", "--node-id", "a", "--advertise", "127.0.0.1:10912",
+        )
+        e = self.assertRaises(Fatal, makeService, options)
+        self.assertEqual(
+            str(e),
+            "twistd rmqha: --coordinator: passwordFile /nonexistent/etcd.password: "
+            "No such file or directory",
+        )
+
     def test_connection_limits(self) -> None:
         """
         --max-connections and --max-connections-per-peer (broker.conf

@@ -51,7 +51,8 @@ def describe(view: ClusterView) -> dict[str, Any]:
             }
         )
     return {
-        "epoch": view.epoch,
+        # (null: the epoch key is malformed, the counter unknown)
+        "epoch": None if view.malformed_key("epoch") is not None else view.epoch,
         "master": None
         if leader is None
         else {"node_id": leader.node_id, "epoch": leader.epoch, "ha": leader.ha, "http": leader.http},
@@ -60,6 +61,10 @@ def describe(view: ClusterView) -> dict[str, Any]:
         if view.switchover is None
         else {"target": view.switchover.target, "leader": view.switchover.leader},
         "members": members,
+        # Keys skipped because their values cannot be read (docs/failover.md,
+        # "Malformed keys"): the first MAX_MALFORMED of malformed_total.
+        "malformed": [{"key": m.key, "reason": m.reason} for m in view.malformed],
+        "malformed_total": view.malformed_total,
     }
 
 
@@ -68,8 +73,9 @@ def render(group: str, state: dict[str, Any]) -> str:
     L{describe}'s data as text for a terminal.
     """
     master = state["master"]
+    epoch = "unknown" if state["epoch"] is None else state["epoch"]
     lines = [
-        f"group {group}: epoch {state['epoch']}, "
+        f"group {group}: epoch {epoch}, "
         + (f"master {master['node_id']} ({master['ha']})" if master else "NO MASTER")
         + (f", switchover to {state['switchover']['target']} pending" if state["switchover"] else "")
     ]
@@ -92,6 +98,11 @@ def render(group: str, state: dict[str, Any]) -> str:
     missing = [n for n in state["in_sync"] if n not in {m["node_id"] for m in state["members"]}]
     if missing:
         lines.append(f"in-sync but not alive: {', '.join(missing)}")
+    for bad in state["malformed"]:
+        lines.append(f"malformed key {bad['key']} (skipped): {bad['reason']}")
+    more = state["malformed_total"] - len(state["malformed"])
+    if more > 0:
+        lines.append(f"... and {more} more malformed keys")
     return "\n".join(lines)
 
 
@@ -112,13 +123,25 @@ async def switchover(
     Ask the master to hand over to C{target} and wait until C{target} is
     elected.
 
-    @raise ClusterError: there is no master, C{target} is not a live
+    @raise ClusterError: there is no master (or its key or the
+        switchover key is malformed), C{target} is not a live
         member of the in-sync set, a switchover is already pending, or
         C{target} was not elected within C{timeout} seconds (the request is
         then withdrawn).
     """
     started = now()
     view = await dcs.load()
+    bad = view.malformed_key("leader")
+    if bad is not None:
+        raise ClusterError(
+            f"key {bad.key} is malformed ({bad.reason}): the master is unknown "
+            "(docs/failover.md, \"Malformed keys\")"
+        )
+    bad = view.malformed_key("switchover")
+    if bad is not None:
+        raise ClusterError(
+            f"key {bad.key} is malformed ({bad.reason}): delete it first (etcdctl del {bad.key})"
+        )
     leader = view.leader
     if leader is None:
         raise ClusterError("the group has no master: nothing to switch over from")

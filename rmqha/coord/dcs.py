@@ -19,13 +19,19 @@ Every group lives under one prefix, C{/rmqha/<group>/}:
 All reads used for decisions are linearizable; every write that must not
 race is one transaction (L{IDCS.campaign}, L{IDCS.publish_in_sync},
 L{IDCS.resign}).  Errors are L{DCSError} with a one-line message.
+
+A key whose value cannot be read does not fail a read: L{read_group}
+skips it and the L{ClusterView} reports it (L{Malformed}); what a skipped
+key means for an election is decided in L{rmqha.coord.node.rank}
+(docs/failover.md, "Malformed keys").
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
+from typing import Any, Callable, Iterable
 
 from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
@@ -39,12 +45,20 @@ __all__ = [
     "Member",
     "Switchover",
     "ClusterView",
+    "Malformed",
+    "StoredKey",
+    "MAX_MALFORMED",
     "IDCS",
     "IWatch",
     "encode",
     "decode",
     "in_sync_members",
+    "read_group",
 ]
+
+#: The most malformed keys a L{ClusterView} lists (the group's own keys
+#: first, then members); L{ClusterView.malformed_total} counts them all.
+MAX_MALFORMED = 16
 
 
 class DCSError(Exception):
@@ -134,13 +148,30 @@ class Switchover:
 
 
 @dataclass(frozen=True)
+class Malformed:
+    """
+    A key under the group's prefix whose value is not what the key holds:
+    skipped by the read, reported here.
+    """
+
+    #: The key's name under the group's prefix (C{leader}, C{members/b}).
+    name: str
+    #: The whole key, as C{etcdctl} names it (C{/rmqha/<group>/leader}).
+    key: str
+    #: Why it cannot be read (one line).
+    reason: str
+    #: The key's mod_revision (a transaction that replaces it compares it).
+    revision: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """
     One linearizable read of a group.
     """
 
     leader: Leader | None
-    #: The epoch counter (0: never elected).
+    #: The epoch counter (0: never elected, or its key is malformed).
     epoch: int
     #: The epoch key's mod_revision (0: absent); the election txn compares it.
     epoch_revision: int
@@ -149,6 +180,47 @@ class ClusterView:
     switchover: Switchover | None
     #: The store's revision at the read.
     revision: int
+    #: Keys skipped because their values cannot be read: the group's own
+    #: keys (leader, epoch, insync, switchover) first, at most
+    #: L{MAX_MALFORMED}.
+    malformed: tuple[Malformed, ...] = ()
+    #: How many keys were skipped (may exceed C{len(malformed)}).
+    malformed_total: int = 0
+
+    def malformed_key(self, name: str) -> Malformed | None:
+        """
+        The report on key C{name} (C{leader}, C{epoch}, C{insync},
+        C{switchover}) if it was skipped.
+        """
+        for bad in self.malformed:
+            if bad.name == name:
+                return bad
+        return None
+
+    @property
+    def in_sync_revision(self) -> int:
+        """
+        The insync key's mod_revision, readable or not (0: absent): what
+        the election transaction compares.
+        """
+        if self.in_sync is not None:
+            return self.in_sync.revision
+        bad = self.malformed_key("insync")
+        return bad.revision if bad is not None else 0
+
+
+@dataclass(frozen=True)
+class StoredKey:
+    """
+    One key of a group as the store holds it (for L{read_group}).
+    """
+
+    #: The name under the group's prefix.
+    name: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int = 0
 
 
 def in_sync_members(leader: str, carried: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -174,19 +246,119 @@ def encode(value: Leader | InSync | Member | Switchover) -> bytes:
 
 def decode(kind: type[Any], data: bytes, revision: int) -> Any:
     """
-    The inverse of L{encode}.
+    The inverse of L{encode}: every field of C{kind} of its type (a
+    missing one takes its default), no other field.
 
-    @raise DCSError: the value is not what C{kind} encodes.
+    @raise DCSError: the value is not what C{kind} encodes (one line).
     """
     try:
-        fields = json.loads(data)
-        if not isinstance(fields, dict):
-            raise TypeError("not an object")
-        if kind is InSync:
-            fields["members"] = tuple(str(m) for m in fields["members"])
-        return kind(revision=revision, **fields)
-    except (ValueError, TypeError, KeyError) as e:
-        raise DCSError(f"unreadable {kind.__name__.lower()} value {data[:80]!r}: {e}") from None
+        values = json.loads(data)
+    except (ValueError, RecursionError):
+        raise DCSError(f"not JSON: {_quote(data)}") from None
+    if not isinstance(values, dict):
+        raise DCSError(f"not a JSON object: {_quote(data)}")
+    known = {f.name: f for f in fields(kind) if f.name not in ("revision", "lease")}
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise DCSError(f"unknown field {unknown[0][:40]!r}: {_quote(data)}")
+    for name, spec in known.items():
+        if name not in values:
+            if spec.default is MISSING and spec.default_factory is MISSING:
+                raise DCSError(f"no {name}: {_quote(data)}")
+            continue
+        check = _FIELD_CHECKS[str(spec.type)]
+        if not check(values[name]):
+            raise DCSError(f"{name} is not {_FIELD_WORDS[str(spec.type)]}: {_quote(data)}")
+    if kind is InSync:
+        values["members"] = tuple(values["members"])
+    return kind(revision=revision, **values)
+
+
+def _quote(data: bytes, size: int = 40) -> str:
+    shown = repr(data[:size])
+    return shown + ("…" if len(data) > size else "")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+#: How each field type of the key dataclasses is checked (by its annotation).
+_FIELD_CHECKS: dict[str, Callable[[object], bool]] = {
+    "str": lambda v: isinstance(v, str),
+    "str | None": lambda v: v is None or isinstance(v, str),
+    "int": _count,
+    "bool": lambda v: isinstance(v, bool),
+    "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "tuple[str, ...]": lambda v: isinstance(v, list) and all(isinstance(m, str) for m in v),
+}
+_FIELD_WORDS = {
+    "str": "a string",
+    "str | None": "a string or null",
+    "int": "a non-negative integer",
+    "bool": "true or false",
+    "float": "a number",
+    "tuple[str, ...]": "a list of strings",
+}
+
+_DECIMAL = re.compile(rb"[0-9]{1,18}")
+
+#: The keys of a group other than members, in the order they are reported.
+_GROUP_KEYS = ("leader", "epoch", "insync", "switchover")
+
+
+def read_group(prefix: str, keys: Iterable[StoredKey], revision: int) -> ClusterView:
+    """
+    A L{ClusterView} from a group's keys (every L{IDCS} reads through
+    this, so they skip and report the same keys).  A key whose value
+    cannot be read is left out of the view and listed in its
+    C{malformed}: a member's key that does not hold that member, a leader,
+    insync or switchover key that does not decode, an epoch that is not a
+    decimal number.  Unknown keys are ignored (a newer version's).
+    """
+    leader = in_sync = switchover = None
+    epoch = epoch_revision = 0
+    members: dict[str, Member] = {}
+    bad: list[Malformed] = []
+    for stored in keys:
+        name = stored.name
+        try:
+            if name == "leader":
+                leader = decode(Leader, stored.value, stored.create_revision)
+                leader = Leader(
+                    leader.node_id, leader.epoch, leader.ha, leader.http,
+                    revision=stored.create_revision, lease=stored.lease,
+                )
+            elif name == "insync":
+                in_sync = decode(InSync, stored.value, stored.mod_revision)
+            elif name == "switchover":
+                switchover = decode(Switchover, stored.value, stored.mod_revision)
+            elif name.startswith("members/") and len(name) > len("members/"):
+                member = replace(decode(Member, stored.value, stored.mod_revision), lease=stored.lease)
+                node_id = name[len("members/"):]
+                if member.node_id != node_id:
+                    raise DCSError(f"it holds node {member.node_id!r}, not {node_id!r}")
+                members[node_id] = member
+            elif name == "epoch":
+                if not _DECIMAL.fullmatch(stored.value):
+                    raise DCSError(f"not a decimal epoch: {_quote(stored.value)}")
+                epoch = int(stored.value)
+                epoch_revision = stored.mod_revision
+        except DCSError as e:
+            bad.append(Malformed(name, prefix + name, str(e), revision=stored.mod_revision))
+    order = {name: i for i, name in enumerate(_GROUP_KEYS)}
+    bad.sort(key=lambda m: (order.get(m.name, len(order)), m.name))
+    return ClusterView(
+        leader=leader,
+        epoch=epoch,
+        epoch_revision=epoch_revision,
+        in_sync=in_sync,
+        members=members,
+        switchover=switchover,
+        revision=revision,
+        malformed=tuple(bad[:MAX_MALFORMED]),
+        malformed_total=len(bad),
+    )
 
 
 class IWatch(Interface):
@@ -225,7 +397,9 @@ class IDCS(Interface):
 
     def load() -> Deferred[ClusterView]:
         """
-        A linearizable read of every key of the group.
+        A linearizable read of every key of the group (through
+        L{read_group}: a key whose value cannot be read is skipped and
+        listed in the view's C{malformed}, never an error).
         """
 
     def campaign(

@@ -6,7 +6,8 @@ with L{twisted.web.client.Agent}: no gRPC, no new dependency.
 C{--coordinator etcd:http://H:P[,http://H:P…]} (L{parse_coordinator});
 C{https://} endpoints take C{tlsCa=PATH} (else the platform's trust
 store), C{tlsCert=PATH} and C{tlsKey=PATH} (a client certificate) as
-further comma-separated items.
+further comma-separated items; C{user=NAME} with C{passwordFile=PATH} (or
+C{RMQHA_ETCD_PASSWORD} in the environment) authenticates to etcd's auth.
 
 How it talks to etcd (docs/failover.md, "The coordinator: etcd"):
 
@@ -22,6 +23,13 @@ How it talks to etcd (docs/failover.md, "The coordinator: etcd"):
     - Leases: keepalive is one POST whose streamed answer's first line is
       read; no C{TTL} in it means the lease is gone (L{LeaseLost}), as is
       a put on a dead lease (404, code 5).
+    - With a user, every request carries the token from
+      C{/v3/auth/authenticate} in its C{Authorization} header (one
+      authentication at a time, shared by the calls waiting for it, within
+      their deadlines).  A token etcd no longer takes (expired, revoked,
+      auth re-enabled) is replaced and the request sent again once: etcd
+      refused it before applying anything.  A refused authentication (a
+      wrong password) fails calls at once for L{AUTH_RETRY} seconds.
     - A watch is its own connection, a streamed POST with
       C{Grpc-Metadata-hasleader: true} (without it a member that lost
       quorum keeps the stream open and silent forever), split into lines
@@ -37,8 +45,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from dataclasses import dataclass, replace
-from typing import Any, Callable
+import os
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
 from urllib.parse import urlsplit
 
 from twisted.internet import error as ierror
@@ -70,21 +80,25 @@ from rmqha.coord.dcs import (
     Lease,
     LeaseLost,
     Member,
+    StoredKey,
     Switchover,
-    decode,
     encode,
     in_sync_members,
+    read_group,
 )
 from rmqha.tls import TLSError, TLSFiles
 
 __all__ = [
+    "AUTH_RETRY",
     "DEFAULT_TIMEOUT",
+    "PASSWORD_ENV",
     "MAX_BODY",
     "MAX_LINE",
     "CoordinatorSpec",
     "EtcdDCS",
     "parse_coordinator",
     "prefix_range",
+    "read_credentials",
 ]
 
 #: Seconds a unary call may take, every try included: below the 2 s
@@ -99,7 +113,21 @@ MAX_LINE = 1024 * 1024
 WATCH_BACKOFF = 0.1
 WATCH_BACKOFF_MAX = 1.0
 
-_OPTIONS = {"tlsCa": "ca", "tlsCert": "cert", "tlsKey": "key"}
+#: After etcd refused this client's user or password, calls fail at once
+#: for this many seconds before authenticating again (no storm of
+#: password checks, which etcd makes expensive on purpose).
+AUTH_RETRY = 1.0
+#: The environment variable holding the password when the spec has no
+#: C{passwordFile=}.
+PASSWORD_ENV = "RMQHA_ETCD_PASSWORD"
+#: The longest password read (etcd's own limit is far above any real one).
+MAX_PASSWORD = 1024
+#: The longest token accepted from etcd (a JWT is a few hundred bytes).
+MAX_TOKEN = 8192
+
+_TLS_OPTIONS = {"tlsCa": "ca", "tlsCert": "cert", "tlsKey": "key"}
+_OPTIONS = (*_TLS_OPTIONS, "user", "passwordFile")
+_AUTH_PATH = "/v3/auth/authenticate"
 
 
 # -- The coordinator spec -------------------------------------------------
@@ -116,8 +144,13 @@ class CoordinatorSpec:
     kind: str
     endpoints: tuple[str, ...]
     tls: TLSFiles | None = None
+    #: etcd's user name (C{user=}); its password comes from
+    #: C{password_file} or the environment (L{read_credentials}).
+    user: str | None = None
+    password_file: str | None = None
 
     def __str__(self) -> str:
+        # (No user, no file: this is what messages and /status show.)
         return f"{self.kind}:{','.join(self.endpoints)}"
 
 
@@ -126,14 +159,18 @@ def parse_coordinator(
     tls_ca: str | None = None,
     tls_cert: str | None = None,
     tls_key: str | None = None,
+    user: str | None = None,
+    password_file: str | None = None,
 ) -> CoordinatorSpec:
     """
-    C{etcd:URL[,URL…][,tlsCa=PATH][,tlsCert=PATH][,tlsKey=PATH]}, each URL
-    C{http://host:port} or C{https://host:port} (all the same scheme); the
-    keyword arguments give the TLS files too (the spec's win).
+    C{etcd:URL[,URL…][,tlsCa=PATH][,tlsCert=PATH][,tlsKey=PATH][,user=NAME]
+    [,passwordFile=PATH]}, each URL C{http://host:port} or
+    C{https://host:port} (all the same scheme); the keyword arguments give
+    the options too (the spec's win).  Nothing is read here: the files are
+    read when the client is made.
 
     @raise ValueError: one line naming what is wrong (credentials in a
-        URL are never repeated).
+        URL, or a password given as an option, are never repeated).
     """
     kind, sep, rest = spec.partition(":")
     if not sep or kind != "etcd":
@@ -148,13 +185,30 @@ def parse_coordinator(
             continue
         name, eq, value = item.partition("=")
         if eq and "://" not in name:
+            if name.lower() == "password":
+                raise ValueError(
+                    "--coordinator: a password is never given in the spec: use "
+                    f"passwordFile=PATH or {PASSWORD_ENV} in the environment"
+                )
             if name not in _OPTIONS or not value:
                 raise ValueError(
-                    f"--coordinator: unknown option {name!r} (known: {', '.join(_OPTIONS)}=PATH)"
+                    f"--coordinator: unknown option {name!r} (known: tlsCa=PATH, tlsCert=PATH, "
+                    "tlsKey=PATH, user=NAME, passwordFile=PATH)"
                 )
-            files[_OPTIONS[name]] = value
+            if name == "user":
+                user = value
+            elif name == "passwordFile":
+                password_file = value
+            else:
+                files[_TLS_OPTIONS[name]] = value
             continue
         endpoints.append(_endpoint(item))
+    if user is not None and (
+        len(user) > 256 or any(c.isspace() or not c.isprintable() for c in user)
+    ):
+        raise ValueError("--coordinator: user= must be a name without spaces or control characters")
+    if password_file is not None and user is None:
+        raise ValueError("--coordinator: passwordFile= needs user=NAME")
     if not endpoints:
         raise ValueError(f"--coordinator {_shown(spec)}: no endpoint (etcd:http://HOST:PORT)")
     schemes = {e.split(":", 1)[0] for e in endpoints}
@@ -169,18 +223,76 @@ def parse_coordinator(
         tls = TLSFiles(cert=files["cert"], key=files["key"], ca=files["ca"])
     elif any(v is not None for v in files.values()):
         raise ValueError("--coordinator: tlsCa/tlsCert/tlsKey need https:// endpoints")
-    return CoordinatorSpec("etcd", tuple(endpoints), tls)
+    return CoordinatorSpec("etcd", tuple(endpoints), tls, user, password_file)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """
+    An etcd user and its password (never shown: not in C{repr}).
+    """
+
+    user: str
+    password: str = field(repr=False)
+
+
+def read_credentials(
+    spec: CoordinatorSpec, environ: Mapping[str, str] | None = None
+) -> Credentials | None:
+    """
+    The user of C{spec} and its password: the content of
+    C{spec.password_file} (one line; a final line break is dropped), else
+    L{PASSWORD_ENV} from C{environ} (default: the process's).  C{None}
+    without a user.
+
+    @raise ValueError: one line naming the option: the file cannot be
+        read, is empty, too long or not UTF-8; or there is no password.
+    """
+    if spec.user is None:
+        return None
+    if spec.password_file is not None:
+        source = f"passwordFile {spec.password_file}"
+        try:
+            with open(spec.password_file, "rb") as f:
+                data = f.read(MAX_PASSWORD + 3)
+        except OSError as e:
+            raise ValueError(f"--coordinator: {source}: {e.strerror or e}") from None
+        if data.endswith(b"\n"):
+            data = data[:-2] if data.endswith(b"\r\n") else data[:-1]
+    else:
+        source = PASSWORD_ENV
+        text = (os.environ if environ is None else environ).get(PASSWORD_ENV)
+        if not text:
+            raise ValueError(
+                f"--coordinator: user={spec.user} needs passwordFile=PATH "
+                f"(or {PASSWORD_ENV} in the environment)"
+            )
+        data = text.encode("utf-8", "surrogateescape")
+    if not data:
+        raise ValueError(f"--coordinator: {source}: the password is empty")
+    if len(data) > MAX_PASSWORD or b"\n" in data:
+        raise ValueError(
+            f"--coordinator: {source}: expected one line of at most {MAX_PASSWORD} bytes"
+        )
+    try:
+        password = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"--coordinator: {source}: the password is not UTF-8 text") from None
+    return Credentials(spec.user, password)
 
 
 def _shown(text: str) -> str:
     """
-    C{text} for an error message, without any C{user:password@}.
+    C{text} for an error message, without any C{user:password@} or
+    C{password=} value.
     """
     out = []
     for part in text.split(","):
         scheme, sep, rest = part.partition("://")
         if sep and "@" in rest.split("/", 1)[0]:
             part = f"{scheme}://***@{rest.split('@', 1)[1]}"
+        elif "password" in part.partition("=")[0].lower() and "=" in part:
+            part = f"{part.partition('=')[0]}=***"
         out.append(part)
     return ",".join(out)[:200]
 
@@ -197,7 +309,7 @@ def _endpoint(url: str) -> str:
     if parts.username is not None or parts.password is not None:
         raise ValueError(
             f"--coordinator: endpoint {shown}: credentials in the URL are not supported "
-            "(use a client certificate: tlsCert=, tlsKey=)"
+            "(use user=NAME with passwordFile=PATH, or a client certificate: tlsCert=, tlsKey=)"
         )
     if not parts.hostname or port is None:
         raise ValueError(f"--coordinator: bad endpoint {shown}: expected {parts.scheme}://HOST:PORT")
@@ -307,18 +419,18 @@ def _delete(key: bytes) -> dict[str, Any]:
 
 def view_from_range(prefix: bytes, answer: dict[str, Any]) -> ClusterView:
     """
-    A L{ClusterView} from a range answer over C{prefix}.
+    A L{ClusterView} from a range answer over C{prefix}: a key whose value
+    cannot be read is skipped and reported (L{read_group}).
 
-    @raise _Bad: a key's value cannot be read (the message names the key).
+    @raise _Bad: the answer itself is broken (a key that is not base64,
+        outside the prefix, a revision that is not a number).
     """
     header = answer.get("header")
     revision = _int(header.get("revision") if isinstance(header, dict) else None, "header.revision")
     kvs = answer.get("kvs", [])
     if not isinstance(kvs, list):
         raise _Bad("kvs is not a list")
-    leader = in_sync = switchover = None
-    epoch = epoch_revision = 0
-    members: dict[str, Member] = {}
+    keys: list[StoredKey] = []
     for kv in kvs:
         if not isinstance(kv, dict):
             raise _Bad("a kvs entry is not an object")
@@ -326,42 +438,14 @@ def view_from_range(prefix: bytes, answer: dict[str, Any]) -> ClusterView:
         shown = key.decode("utf-8", "replace")
         if not key.startswith(prefix):
             raise _Bad(f"key {shown} is outside {prefix.decode()}")
-        name = key[len(prefix):].decode("utf-8", "replace")
-        value = _unb64(kv.get("value", ""), f"key {shown}'s value")
-        created = _int(kv.get("create_revision"), f"key {shown}'s create_revision")
-        modified = _int(kv.get("mod_revision"), f"key {shown}'s mod_revision")
-        try:
-            if name == "leader":
-                leader = replace(
-                    decode(Leader, value, created),
-                    lease=_int(kv.get("lease"), f"key {shown}'s lease"),
-                )
-            elif name == "insync":
-                in_sync = decode(InSync, value, modified)
-            elif name == "switchover":
-                switchover = decode(Switchover, value, modified)
-            elif name.startswith("members/") and len(name) > len("members/"):
-                members[name[len("members/"):]] = replace(
-                    decode(Member, value, modified),
-                    lease=_int(kv.get("lease"), f"key {shown}'s lease"),
-                )
-            elif name == "epoch":
-                try:
-                    epoch = int(value.decode("ascii"))
-                except (UnicodeDecodeError, ValueError):
-                    raise DCSError(f"not a decimal epoch: {value[:40]!r}") from None
-                epoch_revision = modified
-        except DCSError as e:
-            raise _Bad(f"key {shown}: {e}") from None
-    return ClusterView(
-        leader=leader,
-        epoch=epoch,
-        epoch_revision=epoch_revision,
-        in_sync=in_sync,
-        members=members,
-        switchover=switchover,
-        revision=revision,
-    )
+        keys.append(StoredKey(
+            name=key[len(prefix):].decode("utf-8", "replace"),
+            value=_unb64(kv.get("value", ""), f"key {shown}'s value"),
+            create_revision=_int(kv.get("create_revision"), f"key {shown}'s create_revision"),
+            mod_revision=_int(kv.get("mod_revision"), f"key {shown}'s mod_revision"),
+            lease=_int(kv.get("lease"), f"key {shown}'s lease"),
+        ))
+    return read_group(prefix.decode("utf-8", "replace"), keys, revision)
 
 
 class LineSplitter:
@@ -529,19 +613,59 @@ _UNSENT = (ierror.ConnectError, ierror.ConnectingCancelledError)
 _UNSENT_STATUS = (502, 503, 504)
 
 
+#: etcd's reasons for refusing a token, as its own client tells them
+#: (clientv3 shouldRefreshToken): the request was not applied, and a new
+#: token may be taken.  (A watch says them in its cancel_reason.)
+_TOKEN_REJECTED = (
+    "etcdserver: invalid auth token",
+    "etcdserver: user name is empty",
+    "etcdserver: revision of auth store is old",
+)
+_AUTH_NOT_ENABLED = "etcdserver: authentication is not enabled"
+_TOKEN = re.compile(r"[!-~]{1,%d}" % MAX_TOKEN)
+
+
+def _token_rejected(reason: str) -> bool:
+    return any(text in reason for text in _TOKEN_REJECTED)
+
+
 class _Failed(Exception):
     """
     One try failed: C{why} (one line), C{unsent} when the request surely
-    had no effect, C{final} when no other endpoint should be asked.
+    had no effect, C{final} when no other endpoint should be asked;
+    C{status} and C{reason}: etcd's HTTP status and message, when it
+    answered with an error.
     """
 
     def __init__(self, why: str, unsent: bool = False, final: bool = False,
-                 lease_lost: bool = False) -> None:
+                 lease_lost: bool = False, status: int | None = None,
+                 reason: str = "") -> None:
         super().__init__(why)
         self.why = why
         self.unsent = unsent
         self.final = final
         self.lease_lost = lease_lost
+        self.status = status
+        self.reason = reason
+
+    @property
+    def token_rejected(self) -> bool:
+        """
+        etcd refused the request's token (or its lack of one), before
+        applying anything.
+        """
+        return _token_rejected(self.reason)
+
+
+class _Refused(DCSError):
+    """
+    etcd answered a call with an HTTP error (C{status}, its C{reason}).
+    """
+
+    def __init__(self, message: str, status: int | None, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
 
 
 # -- The client ----------------------------------------------------------
@@ -557,6 +681,11 @@ class EtcdDCS:
     @param timeout: the deadline of each unary call, tries included.
     @param endpoint_factory: for tests: an L{IAgentEndpointFactory} used
         instead of TCP/TLS.
+    @param environ: where L{PASSWORD_ENV} is looked up (default: the
+        process's environment).
+
+    @raise ValueError: a file of the spec (TLS, password) cannot be read
+        (one line naming the option).
     """
 
     log = Logger()
@@ -571,6 +700,7 @@ class EtcdDCS:
         max_body: int = MAX_BODY,
         max_line: int = MAX_LINE,
         endpoint_factory: IAgentEndpointFactory | None = None,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         if not group or "/" in group or any(c.isspace() or ord(c) < 32 for c in group):
             raise ValueError(f"--group {group!r}: expected a name without '/' or spaces")
@@ -590,6 +720,22 @@ class EtcdDCS:
         self._raft_term = 0
         self._cluster_id: int | None = None
         self._watches: set[_Watch] = set()
+        self._credentials = read_credentials(spec, environ)
+        # The token requests carry (None: none), valid while _token_known;
+        # the authentication under way and the calls waiting for it; until
+        # when a refused authentication is not tried again, and why.
+        self._token: str | None = None
+        self._token_known = False
+        self._auth: Deferred[str | None] | None = None
+        self._auth_waiters: list[Deferred[str | None]] = []
+        self._refused: tuple[float, str] | None = None
+        self._closed = False
+        if self._credentials is not None and spec.tls is None:
+            self.log.warn(
+                "etcd user {user} over plain http://: the password and the token travel "
+                "unencrypted (use https:// endpoints)",
+                user=self._credentials.user,
+            )
         self._pool = client.HTTPConnectionPool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 4
         if endpoint_factory is not None:
@@ -627,8 +773,11 @@ class EtcdDCS:
         """
         Stop every watch and close the pooled connections.
         """
+        self._closed = True
         for watch in list(self._watches):
             watch.stop()
+        if self._auth is not None:
+            self._auth.cancel()
         return self._pool.closeCachedConnections()  # type: ignore[no-any-return]
 
     # -- IDCS --------------------------------------------------------------
@@ -689,12 +838,11 @@ class EtcdDCS:
         epoch = seen.epoch + 1
         mine = replace(leader, epoch=epoch, revision=0)
         in_sync = InSync(epoch=epoch, members=in_sync_members(leader.node_id, carried))
-        in_sync_revision = seen.in_sync.revision if seen.in_sync is not None else 0
         txn = {
             "compare": [
                 _compare(self.key("leader"), "CREATE", 0),
                 _compare(self.key("epoch"), "MOD", seen.epoch_revision),
-                _compare(self.key("insync"), "MOD", in_sync_revision),
+                _compare(self.key("insync"), "MOD", seen.in_sync_revision),
             ],
             "success": [
                 _put(self.key("leader"), encode(mine), lease),
@@ -796,55 +944,208 @@ class EtcdDCS:
         )
 
     async def _call(
-        self, path: str, body: dict[str, Any], *, retry: bool, stream: bool = False
+        self, path: str, body: dict[str, Any], *, retry: bool, stream: bool = False,
+        deadline: float | None = None, authenticated: bool = True,
     ) -> tuple[str, dict[str, Any]]:
         """
         POST C{body} to C{path}, moving along the endpoints within the
         deadline; C{retry} when asking again after an unknown outcome is
-        harmless.  Fires with the endpoint that answered and its answer.
+        harmless.  With a user (and C{authenticated}), the request carries
+        the token, and one etcd refused is replaced and the request sent
+        again once (it was not applied).  Fires with the endpoint that
+        answered and its answer.
         """
         payload = json.dumps(body, separators=(",", ":")).encode()
-        deadline = self._reactor.seconds() + self._timeout
+        if deadline is None:
+            deadline = self._reactor.seconds() + self._timeout
+        token = await self._token_within(deadline) if authenticated else None
+        renewed = False
+        tried = 0
         # Each endpoint at most once per call: asking the same member again
         # at once would only repeat its failure.
-        for tries in range(1, len(self._endpoints) + 1):
+        while True:
             index = self._current
             url = self._endpoints[index]
-            attempt = Deferred.fromCoroutine(self._try(url, path, payload, stream))
-            expired: list[bool] = []
-
-            def expire(attempt: Deferred[Any] = attempt, expired: list[bool] = expired) -> None:
-                expired.append(True)
-                attempt.cancel()
-
-            timer = self._reactor.callLater(deadline - self._reactor.seconds(), expire)
+            if self._closed:
+                # (close() cancelled what was under way: nothing new.)
+                raise DCSError(f"etcd {url}: {path}: the client is closed")
             try:
-                return url, await attempt
-            except Exception as e:
-                if expired:
-                    e = _Failed(f"no answer within {self._timeout:g} s", final=True)
-                elif not isinstance(e, _Failed):
-                    raise
+                return url, await self._within(
+                    Deferred.fromCoroutine(
+                        self._try(url, path, payload, stream, token, quote=authenticated)
+                    ),
+                    deadline,
+                )
+            except _Failed as e:
                 failed = e
-            finally:
-                if timer.active():
-                    timer.cancel()
             if failed.lease_lost:
                 raise LeaseLost(f"etcd {url}: {path}: {failed.why}")
+            if (
+                failed.token_rejected and authenticated and not renewed
+                and self._credentials is not None
+            ):
+                # etcd refused the token before applying anything: a new
+                # one, and the same request to the same member, once.
+                renewed = True
+                self._forget_token(token)
+                token = await self._token_within(deadline)
+                continue
+            tried += 1
             if self._current == index:
                 self._current = (index + 1) % len(self._endpoints)
             out_of_time = self._reactor.seconds() >= deadline
-            last = tries == len(self._endpoints)
+            last = tried == len(self._endpoints)
             if failed.final or last or out_of_time or not (failed.unsent or retry):
-                raise DCSError(f"etcd {url}: {path}: {failed.why}")
+                raise self._error(url, path, failed)
             self.log.info(
                 "etcd {url}: {path}: {why}; trying {next}",
                 url=url, path=path, why=failed.why, next=self._endpoints[self._current],
             )
-        raise AssertionError("unreachable")
 
-    async def _try(self, url: str, path: str, payload: bytes, stream: bool) -> dict[str, Any]:
+    async def _within(self, attempt: Deferred[Any], deadline: float) -> Any:
+        """
+        C{attempt}'s result, or L{_Failed} (final) once C{deadline} passes
+        (it is then cancelled).
+        """
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            attempt.cancel()
+
+        timer = self._reactor.callLater(max(0.0, deadline - self._reactor.seconds()), expire)
+        try:
+            return await attempt
+        except Exception:
+            if expired:
+                raise _Failed(f"no answer within {self._timeout:g} s", final=True) from None
+            raise
+        finally:
+            if timer.active():
+                timer.cancel()
+
+    def _error(self, url: str, path: str, failed: _Failed) -> DCSError:
+        """
+        The one-line error for a call that failed: with what etcd said of
+        its user, or a hint when etcd wants one and none is set.
+        """
+        why = failed.why
+        if failed.status is not None and (
+            failed.status in (401, 403) or failed.token_rejected or path == _AUTH_PATH
+        ):
+            if self._credentials is not None:
+                why += f" (user {self._credentials.user})"
+            else:
+                # (Over the gateway etcd knows no other identity: a client
+                # certificate's CommonName is refused once auth is on.)
+                why += (
+                    "; etcd wants a user: add user=NAME,passwordFile=PATH to --coordinator"
+                )
+        message = f"etcd {url}: {path}: {why}"
+        if failed.status is not None:
+            return _Refused(message, failed.status, failed.reason)
+        return DCSError(message)
+
+    # -- Authentication -----------------------------------------------------
+
+    async def _token_within(self, deadline: float) -> str | None:
+        """
+        The token to send (C{None}: none), authenticating first if there
+        is none yet, by C{deadline}.
+
+        @raise DCSError: etcd refused the user, or did not answer in time.
+        """
+        if self._credentials is None or self._token_known:
+            return self._token
+        try:
+            token: str | None = await self._within(self._next_token(deadline), deadline)
+        except _Failed as e:
+            url = self._endpoints[self._current]
+            raise DCSError(f"etcd {url}: {_AUTH_PATH}: {e.why}") from None
+        return token
+
+    def _next_token(self, deadline: float) -> Deferred[str | None]:
+        """
+        Wait for the authentication under way, or start one (with
+        C{deadline}); cancelling the wait leaves it running for the others.
+        """
+        refused = self._refused
+        if refused is not None:
+            if self._reactor.seconds() < refused[0]:
+                return fail(DCSError(refused[1]))
+            self._refused = None
+
+        def withdraw(waiter: Deferred[str | None]) -> None:
+            if waiter in self._auth_waiters:
+                self._auth_waiters.remove(waiter)
+
+        waiter: Deferred[str | None] = Deferred(withdraw)
+        self._auth_waiters.append(waiter)
+        if self._auth is None:
+            self._auth = Deferred.fromCoroutine(self._authenticate(deadline))
+            self._auth.addBoth(self._authenticated)
+        return waiter
+
+    async def _authenticate(self, deadline: float) -> str | None:
+        credentials = self._credentials
+        assert credentials is not None
+        try:
+            url, answer = await self._call(
+                _AUTH_PATH,
+                {"name": credentials.user, "password": credentials.password},
+                retry=True, deadline=deadline, authenticated=False,
+            )
+        except _Refused as e:
+            if _AUTH_NOT_ENABLED in e.reason:
+                # As etcd's own client: no token while auth is off (set a
+                # user before `etcdctl auth enable`; once it is enabled,
+                # "user name is empty" brings a token).
+                return None
+            if e.status is not None and 400 <= e.status < 500:
+                self._refused = (self._reactor.seconds() + AUTH_RETRY, str(e))
+            raise
+        token = answer.get("token")
+        if not isinstance(token, str) or not _TOKEN.fullmatch(token):
+            raise DCSError(f"etcd {url}: {_AUTH_PATH}: the answer has no usable token")
+        return token
+
+    def _authenticated(self, result: str | None | Failure) -> None:
+        self._auth = None
+        waiters, self._auth_waiters = self._auth_waiters, []
+        if isinstance(result, Failure):
+            if result.check(CancelledError):
+                result = Failure(DCSError("etcd: the client was closed while authenticating"))
+            for waiter in waiters:
+                waiter.errback(result)
+            return
+        self._token, self._token_known = result, True
+        if result is not None:
+            self.log.info(
+                "etcd: authenticated as {user}", user=self._credentials.user  # type: ignore[union-attr]
+            )
+        for waiter in waiters:
+            waiter.callback(result)
+
+    def _forget_token(self, token: str | None) -> None:
+        """
+        etcd refused C{token}: the next request authenticates again
+        (unless another call did already).
+        """
+        if self._token_known and self._token == token:
+            self._token, self._token_known = None, False
+
+    async def _try(
+        self, url: str, path: str, payload: bytes, stream: bool, token: str | None,
+        quote: bool = True,
+    ) -> dict[str, Any]:
+        """
+        One request to one member.  C{quote}: an answer that is not JSON
+        may be quoted in the error (not for an authentication: it could
+        hold the token).
+        """
         headers = Headers({b"content-type": [b"application/json"]})
+        if token is not None:
+            headers.addRawHeader(b"authorization", token.encode("ascii"))
         try:
             response: IResponse = await self._agent.request(
                 b"POST", (url + path).encode("ascii"), headers, _Bytes(payload)
@@ -870,18 +1171,36 @@ class EtcdDCS:
         try:
             answer = parse_answer(body)
         except _Bad as e:
-            raise _Failed(f"HTTP {response.code}: {e}" if response.code != 200 else str(e)) from None
+            if response.code == 200:
+                raise _Failed(
+                    str(e) if quote else "the answer is not a JSON object (not quoted)"
+                ) from None
+            text = str(e)
+            if "CommonName of client" in text:
+                text += (
+                    "; with etcd's auth enabled, the client certificate must have no "
+                    "CommonName (docs/failover.md)"
+                )
+            raise _Failed(
+                f"HTTP {response.code}: {text}", final=400 <= response.code < 500
+            ) from None
         if response.code != 200:
-            why = f"HTTP {response.code}: {error_text(answer)}"
+            reason = error_text(answer)
             lost = response.code == 404 and answer.get("code") == 5
             raise _Failed(
-                why,
+                f"HTTP {response.code}: {reason}",
                 unsent=response.code in _UNSENT_STATUS,
                 final=400 <= response.code < 500,
                 lease_lost=lost,
+                status=response.code,
+                reason=reason,
             )
         if stream and "error" in answer:
-            raise _Failed(f"error: {error_text(answer)}", unsent=True)
+            reason = error_text(answer)
+            raise _Failed(
+                f"error: {reason}", unsent=True,
+                status=200 if _token_rejected(reason) else None, reason=reason,
+            )
         header = answer.get("result", answer) if stream else answer
         self._check_header(header.get("header") if isinstance(header, dict) else None)
         return answer
@@ -987,6 +1306,10 @@ class _Watch:
         self._restart: IDelayedCall | None = None
         self._url = ""
         self._generation = 0
+        # The token the current stream was sent with, and whether one was
+        # already replaced since a stream was last created.
+        self._token: str | None = None
+        self._renewed = False
 
     def start(self) -> None:
         dcs = self._dcs
@@ -994,22 +1317,7 @@ class _Watch:
         self._generation += 1
         generation = self._generation
         self._url = dcs._endpoints[dcs._current]
-        body = {
-            "create_request": {
-                "key": _b64(dcs._prefix),
-                "range_end": _b64(prefix_range(dcs._prefix)),
-            }
-        }
-        headers = Headers({
-            b"content-type": [b"application/json"],
-            # Without it a member that lost quorum keeps the watch open
-            # and silent forever (failover-anchors D.3).
-            b"grpc-metadata-hasleader": [b"true"],
-        })
-        request = dcs._stream_agent.request(
-            b"POST", (self._url + "/v3/watch").encode("ascii"), headers,
-            _Bytes(json.dumps(body).encode()),
-        )
+        request = Deferred.fromCoroutine(self._open(self._url))
         self._request = request
         expired: list[bool] = []
 
@@ -1041,6 +1349,8 @@ class _Watch:
                         text = error_text(parse_answer(data))
                     except _Bad as e:
                         text = str(e)
+                    if self._token_refused(text, generation):
+                        return
                     self.failed(f"HTTP {response.code}: {text}", generation)
 
                 def unread(failure: Failure) -> None:
@@ -1059,9 +1369,60 @@ class _Watch:
             if expired:
                 self.failed(f"no answer within {dcs._timeout:g} s", generation)
             elif generation == self._generation and not self._stopped:
-                self.failed(_why(failure), generation)
+                if failure.check(DCSError):
+                    # (The authentication failed: its own one line.)
+                    self.failed("", generation, error=DCSError(str(failure.value)))
+                else:
+                    self.failed(_why(failure), generation)
 
         request.addCallbacks(answered, broken)
+
+    async def _open(self, url: str) -> IResponse:
+        """
+        Send the watch request (with a token, authenticating first if
+        needed): the answer's headers.
+        """
+        dcs = self._dcs
+        self._token = None
+        token = await dcs._token_within(dcs._reactor.seconds() + dcs._timeout)
+        self._token = token
+        body = {
+            "create_request": {
+                "key": _b64(dcs._prefix),
+                "range_end": _b64(prefix_range(dcs._prefix)),
+            }
+        }
+        headers = Headers({
+            b"content-type": [b"application/json"],
+            # Without it a member that lost quorum keeps the watch open
+            # and silent forever (failover-anchors D.3).
+            b"grpc-metadata-hasleader": [b"true"],
+        })
+        if token is not None:
+            headers.addRawHeader(b"authorization", token.encode("ascii"))
+        response: IResponse = await dcs._stream_agent.request(
+            b"POST", (url + "/v3/watch").encode("ascii"), headers,
+            _Bytes(json.dumps(body).encode()),
+        )
+        return response
+
+    def _token_refused(self, reason: str, generation: int) -> bool:
+        """
+        etcd refused this stream's token (C{reason}): take a new one and
+        start again at once, without reporting, once per stream created.
+        """
+        if not _token_rejected(reason) or self._dcs._credentials is None:
+            return False
+        self._dcs._forget_token(self._token)
+        if self._renewed:
+            return False
+        self._renewed = True
+        if self._stopped or generation != self._generation:
+            return True
+        self._generation += 1
+        self._close_stream()
+        self._restart = self._dcs._reactor.callLater(0, self.start)
+        return True
 
     def lines(self, lines: list[bytes], generation: int) -> None:
         changed = False
@@ -1082,6 +1443,8 @@ class _Watch:
             if result.get("canceled"):
                 compacted = result.get("compact_revision")
                 reason = result.get("cancel_reason")
+                if self._token_refused(str(reason or ""), generation):
+                    return
                 self.failed(
                     "the watch was canceled"
                     + (f" (compacted at revision {compacted})" if compacted else "")
@@ -1091,16 +1454,17 @@ class _Watch:
                 return
             if result.get("created"):
                 self._backoff = WATCH_BACKOFF
+                self._renewed = False
                 changed = True
             if result.get("events"):
                 changed = True
         if changed and not self._stopped and generation == self._generation:
             self._call(self._on_change)
 
-    def failed(self, why: str, generation: int) -> None:
+    def failed(self, why: str, generation: int, error: DCSError | None = None) -> None:
         """
-        Stream C{generation} is over: report, and start another after a
-        back-off.
+        Stream C{generation} is over: report (C{why}, or C{error} as it
+        is), and start another after a back-off.
         """
         if self._stopped or generation != self._generation:
             return
@@ -1113,7 +1477,9 @@ class _Watch:
         delay = self._backoff
         self._backoff = min(self._backoff * 2, WATCH_BACKOFF_MAX)
         self._restart = dcs._reactor.callLater(delay, self.start)
-        self._call(self._on_error, DCSError(f"etcd {self._url}: /v3/watch: {why}"))
+        if error is None:
+            error = DCSError(f"etcd {self._url}: /v3/watch: {why}")
+        self._call(self._on_error, error)
 
     def _close_stream(self) -> None:
         close, self._close = self._close, None

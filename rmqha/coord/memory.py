@@ -8,7 +8,7 @@ one L{MemoryDCS} per node, each of which can be cut off from the store
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, fail, succeed
@@ -25,10 +25,11 @@ from rmqha.coord.dcs import (
     Lease,
     LeaseLost,
     Member,
+    StoredKey,
     Switchover,
-    decode,
     encode,
     in_sync_members,
+    read_group,
 )
 
 
@@ -235,35 +236,14 @@ class MemoryDCS:
     def load(self) -> Deferred[ClusterView]:
         return self._call("load", self._view)
 
-    def _value(self, kind: type[Any], name: str) -> Any:
-        entry = self.store.keys.get(self._key(name))
-        if entry is None:
-            return None
-        if kind is InSync or kind is Switchover:
-            return decode(kind, entry.value, entry.mod_revision)
-        if kind is Leader:
-            return replace(decode(kind, entry.value, entry.create_revision), lease=entry.lease)
-        return decode(kind, entry.value, entry.create_revision)
-
     def _view(self) -> ClusterView:
-        epoch = self.store.keys.get(self._key("epoch"))
-        members: dict[str, Member] = {}
-        member_prefix = self._key("members/")
-        for key, entry in sorted(self.store.keys.items()):
-            if key.startswith(member_prefix):
-                member = replace(
-                    decode(Member, entry.value, entry.mod_revision), lease=entry.lease
-                )
-                members[member.node_id] = member
-        return ClusterView(
-            leader=self._value(Leader, "leader"),
-            epoch=int(epoch.value) if epoch is not None else 0,
-            epoch_revision=epoch.mod_revision if epoch is not None else 0,
-            in_sync=self._value(InSync, "insync"),
-            members=members,
-            switchover=self._value(Switchover, "switchover"),
-            revision=self.store.revision,
-        )
+        keys = [
+            StoredKey(key[len(self.prefix):], entry.value, entry.create_revision,
+                      entry.mod_revision, entry.lease)
+            for key, entry in sorted(self.store.keys.items())
+            if key.startswith(self.prefix)
+        ]
+        return read_group(self.prefix, keys, self.store.revision)
 
     # -- transactions --------------------------------------------------------
 
@@ -272,11 +252,10 @@ class MemoryDCS:
     ) -> Deferred[Leader | None]:
         def txn() -> Leader | None:
             store = self.store
-            insync_revision = seen.in_sync.revision if seen.in_sync is not None else 0
             if (
                 store.create_revision(self._key("leader")) != 0
                 or store.mod_revision(self._key("epoch")) != seen.epoch_revision
-                or store.mod_revision(self._key("insync")) != insync_revision
+                or store.mod_revision(self._key("insync")) != seen.in_sync_revision
             ):
                 return None
             if lease.id not in store.leases():
@@ -335,7 +314,7 @@ class MemoryDCS:
 
     def request_switchover(self, switchover: Switchover) -> Deferred[bool]:
         def txn() -> bool:
-            current = self._value(Leader, "leader")
+            current = self._view().leader
             if (
                 current is None
                 or current.node_id != switchover.leader

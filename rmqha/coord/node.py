@@ -129,10 +129,25 @@ def rank(view: ClusterView, allow_unclean: bool) -> tuple[list[Member], str]:
     current epoch (before any election, every live member); with
     C{allow_unclean}, every live member when no in-sync one lives.  A
     pending switchover's target goes first; then by offset (highest
-    first), then node id.
+    first), then node id.  Nobody, even unclean, while the epoch or the
+    leader key is malformed; a malformed insync key is no in-sync set.
     """
+    # Malformed keys (docs/failover.md, "Malformed keys"): a bad epoch
+    # could make an epoch repeat; a bad leader key may be a leader this
+    # node cannot read, and the election txn needs it absent anyway.
+    for name, why in (
+        ("epoch", "nobody campaigns until it holds the epoch again (epochs must never repeat)"),
+        ("leader", "nobody campaigns until it is deleted or its lease expires"),
+    ):
+        bad = view.malformed_key(name)
+        if bad is not None:
+            return [], f"key {bad.key} is malformed ({bad.reason}): {why}"
     live = {m.node_id: m for m in view.members.values() if m.electable}
-    if view.in_sync is None and view.epoch == 0:
+    bad_in_sync = view.malformed_key("insync")
+    if bad_in_sync is not None:
+        eligible = []
+        why = f"key {bad_in_sync.key} is malformed ({bad_in_sync.reason}): no in-sync set known"
+    elif view.in_sync is None and view.epoch == 0:
         eligible = list(live.values())
         why = "no election yet: every live node may stand"
     elif view.in_sync is not None and view.in_sync.epoch == view.epoch:
@@ -243,6 +258,8 @@ class Coordinator(Service):
         # (its lease, its key's revision).
         self._claimed = False
         self._rival: tuple[int, int] | None = None
+        # The malformed keys already warned about (L{_report_malformed}).
+        self._malformed: set[tuple[str, str]] = set()
 
     # -- start and stop -------------------------------------------------------
 
@@ -524,6 +541,7 @@ class Coordinator(Service):
         if not self.running:
             return
         self.view = view
+        self._report_malformed(view)
         self.highest_epoch = max(self.highest_epoch, view.epoch)
         me = self.settings.node_id
         leader = view.leader
@@ -564,6 +582,16 @@ class Coordinator(Service):
             self._follow(leader)
             return
         await self._stand(view)
+
+    def _report_malformed(self, view: ClusterView) -> None:
+        """
+        Warn once about each malformed key (until it is repaired).
+        """
+        seen = {(bad.key, bad.reason) for bad in view.malformed}
+        for key, reason in sorted(seen - self._malformed):
+            self._log.warn("coordinator: key {key} is malformed and skipped: {reason}",
+                           key=key, reason=reason)
+        self._malformed = seen
 
     def _note_election(self, epoch: int, master: str | None, why: str) -> None:
         if self.election is not None and self.election.epoch == epoch and self.election.master == master:

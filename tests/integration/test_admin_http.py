@@ -94,6 +94,11 @@ def _client(reactor: Any, port: int, files: TLSFiles) -> Any:
     return wrapClientTLS(options, TCP4ClientEndpoint(reactor, "127.0.0.1", port))
 
 
+class _Coordinator:
+    def status(self) -> dict[str, Any]:
+        return {"coordinator": "etcd:https://10.0.0.1:2379", "coordinator_error": None}
+
+
 STATUS = b"GET /status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
 
 
@@ -103,7 +108,9 @@ async def test_admin_over_tls(tmp_path: Any) -> None:
     C{--http ssl:…}: a client with a certificate from the CA and an allowed
     name gets C{/status}; one whose name is not in C{--http-allowed-peers}
     gets 403 JSON before anything is served; one without a certificate is
-    refused in the handshake (no HTTP answer at all).
+    refused in the handshake (no HTTP answer at all).  The client it
+    verified sees where the coordinator is (hidden from others:
+    tests/test_admin.py).
     """
     from twisted.internet import reactor
 
@@ -124,11 +131,13 @@ async def test_admin_over_tls(tmp_path: Any) -> None:
         ),
         http_peer_policy=policy,
     )
+    broker.coordinator = _Coordinator()  # type: ignore[assignment]
     broker.startService()
     try:
         port = (await broker.getServiceNamed("http").address()).port
         code, answer = _answer(await _exchange(_client(reactor, port, pki["ops"]), STATUS))
         assert (code, answer["role"]) == (200, "ASYNC_MASTER")
+        assert answer["failover"]["coordinator"] == "etcd:https://10.0.0.1:2379"
         code, answer = _answer(await _exchange(_client(reactor, port, pki["slave-1"]), STATUS))
         assert (code, answer["status"]) == (403, "FORBIDDEN")
         assert "slave-1, none of them in --http-allowed-peers" in answer["error"]

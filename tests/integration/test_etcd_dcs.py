@@ -17,7 +17,7 @@ from twisted.internet.task import deferLater
 
 from rmqha import certs
 from rmqha.coord.dcs import DCSError, Leader, Lease, Member
-from rmqha.coord.etcd import EtcdDCS, parse_coordinator
+from rmqha.coord.etcd import EtcdDCS, _b64, parse_coordinator
 from rmqha.testing import EtcdCluster, etcd_binary, free_ports
 from rmqha.tls import TLSFiles
 
@@ -58,6 +58,15 @@ def clients() -> Iterator[list[EtcdDCS]]:
         pytest_twisted.blockon(dcs.close())
 
 
+async def put_raw(dcs: EtcdDCS, name: str, value: bytes) -> None:
+    """
+    Put C{value} as it is under C{name} in C{dcs}'s group, through the
+    client's own request path (its credentials included).
+    """
+    request = {"key": _b64(dcs.key(name)), "value": _b64(value)}
+    await dcs._call("/v3/kv/put", request, retry=False)
+
+
 def _dcs(spec: str, made: list[EtcdDCS], group: str | None = None, **kwargs: Any) -> EtcdDCS:
     dcs = EtcdDCS(_reactor(), parse_coordinator(spec), group or f"t{next(_groups)}", **kwargs)
     made.append(dcs)
@@ -91,6 +100,9 @@ class TestEtcdContract(DCSContractMixin):
 
     async def pause(self, seconds: float) -> None:
         await deferLater(_reactor(), seconds, lambda: None)
+
+    async def put_raw(self, dcs: EtcdDCS, name: str, value: bytes) -> None:
+        await put_raw(dcs, name, value)
 
 
 @pytest_twisted.ensureDeferred
