@@ -54,6 +54,7 @@ from rmqha.ha.config import (
     OnDivergence,
     Role,
 )
+from rmqha.ha.auth import GroupAuth
 from rmqha.ha.divergence import Divergence
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
@@ -72,7 +73,17 @@ __all__ = [
     "NotMasterError",
     "ListenFailed",
     "DEFAULT_MAX_UNFLUSHED",
+    "INSECURE_GROUP_WARNING",
 ]
+
+#: Logged at start by a failover node whose peers prove no node ids.
+INSECURE_GROUP_WARNING = (
+    "insecure group (--insecure-group): node ids on the HA port are only "
+    "declared, so anyone who reaches it can pose as a member, acknowledge "
+    "puts it does not hold (a PUT_OK may then be lost) or pose as the master; "
+    "use --group-secret-file or TLS client certificates (docs/failover.md, "
+    '"Who counts")'
+)
 
 
 def _stop_after(_: object, service: IService) -> Deferred[None]:
@@ -175,6 +186,7 @@ class Broker(MultiService):
         coordinated: bool = False,
         replica_id: str | None = None,
         epochs: EpochFile | None = None,
+        group_auth: GroupAuth | None = None,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -231,6 +243,12 @@ class Broker(MultiService):
             only masters that answer EPOCHS, never one at an older epoch
             than it has seen, and cuts its log back to the newest epoch it
             shares with its master.  C{None}: no epochs (fixed roles).
+        @param group_auth: failover: how this node and its peers prove
+            their node ids on the HA port (docs/failover.md, "Who counts"):
+            a master counts only proven ids, a slave follows only a master
+            that proves the elected leader's id.  C{None} with
+            C{coordinated}: ids are only declared (C{--insecure-group},
+            warned about at start).
         """
         MultiService.__init__(self)
         if role is Role.SLAVE and not master_endpoint and not coordinated:
@@ -279,6 +297,8 @@ class Broker(MultiService):
         self._fd_limit = fd_limit
         self._replica_id = replica_id
         self._coordinated = coordinated
+        #: How node ids are proven (failover), or C{None}.
+        self.group_auth = group_auth
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
         #: Seconds SYNC_MASTER puts waited for their slaves.
@@ -327,12 +347,17 @@ class Broker(MultiService):
             slave_timeout=self.slave_timeout,
             replication_wait=self.replication_wait,
             limited=self.limited,
+            auth=self.group_auth,
         )
         # A put's wait fires with its result, counted (see Broker.put).
         side.ha.group.finish = self._result
         return side
 
-    def _replica(self, master_endpoint: str | IStreamClientEndpoint) -> Replica:
+    def _replica(
+        self,
+        master_endpoint: str | IStreamClientEndpoint,
+        leader: tuple[str, int] | None = None,
+    ) -> Replica:
         return Replica(
             self.reactor,
             self.store,
@@ -345,6 +370,8 @@ class Broker(MultiService):
             master_kind=self._master_kind,
             replica_id=self._replica_id,
             epochs=self.epochs,
+            auth=self.group_auth,
+            expected_leader=leader,
         )
 
     def become_master(
@@ -425,12 +452,19 @@ class Broker(MultiService):
 
         return self.store.flush_now(thorough=True).addCallback(flushed, 1)
 
-    def become_slave(self, master_endpoint: str | IStreamClientEndpoint) -> Deferred[None]:
+    def become_slave(
+        self,
+        master_endpoint: str | IStreamClientEndpoint,
+        leader: tuple[str, int] | None = None,
+    ) -> Deferred[None]:
         """
         Switch this running broker to a slave of C{master_endpoint} on the
         same open store: the HA port closes, its slaves are disconnected,
         puts still waiting for replicas end with C{SLAVE_NOT_AVAILABLE}
         (they are stored), and replication starts with the usual checks.
+
+        @param leader: failover: the node id and epoch the coordinator
+            names as the leader (L{Replica.expected_leader}).
         """
         if not self.running:
             raise RuntimeError("the broker is not running: give the role to its constructor")
@@ -443,7 +477,7 @@ class Broker(MultiService):
 
         def demote(_: object) -> None:
             self._log.info("this broker is now a slave of {master}", master=self.master_endpoint)
-            replica = self.role_service = self._replica(master_endpoint)
+            replica = self.role_service = self._replica(master_endpoint, leader)
             replica.startService()
 
         return d.addCallback(demote)
@@ -484,6 +518,8 @@ class Broker(MultiService):
         self.scrub.startService()
         # (Not MultiService's: the store and the scrub are started.)
         Service.startService(self)
+        if self._coordinated and self.group_auth is None:
+            self._log.warn(INSECURE_GROUP_WARNING)
         side = self.role_service
         if isinstance(side, MasterSide):
             side.open(self.commitlog, self.epochs)
