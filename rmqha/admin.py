@@ -114,7 +114,8 @@ def status(broker: Broker) -> dict[str, Any]:
                 "identity": s.identity,
                 "framing": s.framing,
                 "replica_id": s.replica_id,
-                # It proved replica_id with the group secret (failover).
+                # Failover: it proved replica_id as the group requires
+                # (the group secret, or a certificate naming it).
                 "authenticated": s.authenticated,
             }
             for s in sorted(broker.slaves(), key=lambda s: s.peer)

@@ -92,7 +92,8 @@ class SlaveStatus:
     #: The replica id the slave declared, if any (or, authenticated, the
     #: node id it proved).
     replica_id: str | None = None
-    #: The slave proved its node id with the group secret (failover).
+    #: Failover: the slave proved its node id (C{replica_id}) as the group
+    #: requires (the group secret, or a verified certificate naming it).
     authenticated: bool = False
 
 
@@ -853,7 +854,7 @@ class MasterConnection(Protocol):
             identity=self.identity,
             framing="checked" if self.checked else "classic",
             replica_id=self.replica_id,
-            authenticated=self.authenticated,
+            authenticated=self.factory.auth is not None and self.failover_node is not None,
         )
 
     def drop(self, why: str, last_words: bytes | None = None, **fields: Any) -> None:
