@@ -237,6 +237,31 @@ class WireTests(SynchronousTestCase):
         self.assertNotEqual(auth_mac(SECRET, b"master", *args), auth_mac(SECRET, b"slave", *args))
 
 
+    def test_documented_example(self) -> None:
+        """
+        docs/protocol.md's worked example, byte for byte.
+        """
+        master = MasterHandshake(auth("a"), nonce=b"\x22" * 32)
+        slave = SlaveHandshake(auth("b"), nonce=b"\x11" * 32)
+        self.assertEqual(
+            slave.hello().hex(),
+            "ffadb2aeb7befff7000162" + "11" * 32 + "dfd86780",
+        )
+        challenge = master.feed(slave.hello())
+        self.assertEqual(
+            challenge.hex(),
+            "ffadb2aeb7befff6000161" + "22" * 32
+            + "e9db4c821e6e9bca49e5620b39006825e97fa30b83bbdbfd22e51f0ab4b9b016" + "1d4b4900",
+        )
+        slave.feed(challenge)
+        self.assertEqual(
+            slave.proof.hex(),
+            "ffadb2aeb7befff5"
+            "35fc657f5bb2b5bb5585718460fe64930fee1ef198c3e2b2980e77af56c377c0116a2b50",
+        )
+        self.assertEqual((ACCEPTED.hex(), REFUSED.hex()), ("ffadb2aeb7befff4", "ffadb2aeb7befff3"))
+
+
 class HandshakeTests(SynchronousTestCase):
     """
     L{MasterHandshake} and L{SlaveHandshake}, sans I/O.
