@@ -1040,11 +1040,13 @@ class MasterFactory(ServerFactory):
             if declared is not None and not connection.refused_node:
                 connection.refused_node = True
                 self._log.warn(
-                    "slave {peer} declares node id {node} without proving it ({mode} "
-                    "required): it may copy the log, but its acks never count",
+                    "slave {peer} declares node id {node} {why}: it may copy the log, "
+                    "but its acks never count",
                     peer=connection.peer,
                     node=declared,
-                    mode=self.auth.mode if self.auth is not None else "no proof",
+                    why=f"without proving it ({self.auth.mode} required)"
+                    if self.auth is not None
+                    else f"but its TLS certificate is {connection.identity}'s",
                 )
             return None
         if self.ha.accepts_node(node, connection.peer_host):
