@@ -756,6 +756,33 @@ class SlaveConnectionTests(SynchronousTestCase):
             self.last.hang_up()
 
 
+    def test_master_silent_during_the_handshake(self) -> None:
+        """
+        A master that never answers the hello: the slave drops it after
+        L{HANDSHAKE_TIMEOUT} on the clock, with one line, having sent
+        nothing but the hello.
+        """
+        slave = SlaveFactory(self.replica, self.clock)
+        slave.auth = auth("b")
+        connection = slave.buildProtocol(None)
+        transport = StringTransport()
+        connection.makeConnection(transport)
+        connection.send_report()
+        self.assertEqual(decode_auth_hello(transport.value())[0].node_id, "b")  # type: ignore[index]
+        sent = transport.value()
+        with capturedLogs() as events:
+            self.clock.advance(HANDSHAKE_TIMEOUT)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(transport.value(), sent)
+        self.assertEqual(
+            [formatEvent(e) for e in events],
+            ["dropping the connection to the master: group authentication failed: the master "
+             "did not finish it within 5 s"],
+        )
+        connection.connectionLost()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
 class TLSIdentityTests(SynchronousTestCase):
     """
     Group authentication by TLS client certificates, with what
@@ -1066,6 +1093,29 @@ class ExpectedLeaderTests(_InMemory):
         self.assertIs(replica.state, ReplicaState.REPLICATING)
         self.assertEqual(c.commitlog.max_offset, b.commitlog.max_offset)
         self.assertIsNone(replica.problem)
+
+
+    def test_certificate_names_checked_against_the_leader(self) -> None:
+        """
+        With TLS client certificates (no secret), what the probe's INFO
+        says the master's certificate proves is checked against the
+        leader: another node's names, or none, are refused in one line.
+        """
+        from rmqha.ha.control import MasterInfo
+        from rmqha.ha.replica import _Refused
+
+        replica = Replica(
+            self.clock, None, "tcp:host=127.0.0.1:port=1",  # type: ignore[arg-type]
+            auth=GroupAuth("g", "c", certificates=True), expected_leader=("a", 3),
+        )
+        for names, needle in [
+            ({"b"}, "proved it is node b, not a, the elected leader: not followed"),
+            (set(), "proved no node id (TLS client certificates required)"),
+        ]:
+            info = MasterInfo(0, 0, SEGMENT, 0, node_ids=frozenset(names))
+            e = self.assertRaises(_Refused, replica._check_master_identity, info)
+            self.assertIn(needle, str(e))
+        replica._check_master_identity(MasterInfo(0, 0, SEGMENT, 0, node_ids=frozenset({"a", "x"})))
 
 
 class CertsInitGroupTests(SynchronousTestCase):
