@@ -116,6 +116,9 @@ def status(broker: Broker) -> dict[str, Any]:
                 "identity": s.identity,
                 "framing": s.framing,
                 "replica_id": s.replica_id,
+                # Failover: it proved replica_id as the group requires
+                # (the group secret, or a certificate naming it).
+                "authenticated": s.authenticated,
             }
             for s in sorted(broker.slaves(), key=lambda s: s.peer)
         ]
@@ -142,7 +145,12 @@ def status(broker: Broker) -> dict[str, Any]:
     if broker.coordinator is not None:
         # Failover mode (docs/failover.md): the group, its master, epochs,
         # the in-sync set and the last election.
-        result["failover"] = broker.coordinator.status()
+        failover = broker.coordinator.status()
+        # How members prove their node ids to each other (docs/failover.md,
+        # "Who counts"); "none" with --insecure-group, which start warns of.
+        auth = broker.group_auth
+        failover["auth"] = auth.mode if auth is not None else "none (--insecure-group)"
+        result["failover"] = failover
     return result
 
 

@@ -54,6 +54,7 @@ from rmqha.ha.config import (
     OnDivergence,
     Role,
 )
+from rmqha.ha.auth import GroupAuth
 from rmqha.ha.divergence import Divergence
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
@@ -74,7 +75,17 @@ __all__ = [
     "NotMasterError",
     "ListenFailed",
     "DEFAULT_MAX_UNFLUSHED",
+    "INSECURE_GROUP_WARNING",
 ]
+
+#: Logged at start by a failover node whose peers prove no node ids.
+INSECURE_GROUP_WARNING = (
+    "insecure group (--insecure-group): node ids on the HA port are only "
+    "declared, so anyone who reaches it can pose as a member, acknowledge "
+    "puts it does not hold (a PUT_OK may then be lost) or pose as the master; "
+    "use --group-secret-file or TLS client certificates (docs/failover.md, "
+    '"Who counts")'
+)
 
 
 def _stop_after(_: object, service: IService) -> Deferred[None]:
@@ -188,6 +199,7 @@ class Broker(MultiService):
         replica_id: str | None = None,
         epochs: EpochFile | None = None,
         max_cut: int | None = None,
+        group_auth: GroupAuth | None = None,
     ) -> None:
         """
         @param ha_listen: the HA port (master): a Twisted server endpoint
@@ -247,6 +259,12 @@ class Broker(MultiService):
         @param max_cut: failover: the most bytes a slave's checks may cut
             from its log (docs/failover.md, "Bounded cuts"); C{None}: twice
             C{slave_fallbehind_max}.
+        @param group_auth: failover: how this node and its peers prove
+            their node ids on the HA port (docs/failover.md, "Who counts"):
+            a master counts only proven ids, a slave follows only a master
+            that proves the elected leader's id.  C{None} with
+            C{coordinated}: ids are only declared (C{--insecure-group},
+            warned about at start).
         """
         MultiService.__init__(self)
         if role is Role.SLAVE and not master_endpoint and not coordinated:
@@ -298,6 +316,8 @@ class Broker(MultiService):
         self._fd_limit = fd_limit
         self._replica_id = replica_id
         self._coordinated = coordinated
+        #: How node ids are proven (failover), or C{None}.
+        self.group_auth = group_auth
         #: How many puts ended with each status.
         self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
         #: Seconds SYNC_MASTER puts waited for their slaves.
@@ -382,6 +402,7 @@ class Broker(MultiService):
             replication_wait=self.replication_wait,
             limited=self.limited,
             held=held,
+            auth=self.group_auth,
         )
         # A put's wait fires with its result, counted (see Broker.put).
         side.ha.group.finish = self._result
@@ -402,6 +423,7 @@ class Broker(MultiService):
             epochs=self.epochs,
             expected_leader=self.roles.leader,
             max_cut=self.max_cut if self.epochs is not None else None,
+            auth=self.group_auth,
         )
 
     def become_master(
@@ -522,6 +544,8 @@ class Broker(MultiService):
         self.scrub.startService()
         # (Not MultiService's: the store and the scrub are started.)
         Service.startService(self)
+        if self._coordinated and self.group_auth is None:
+            self._log.warn(INSECURE_GROUP_WARNING)
         side = self.roles.service
         endpoint = self.roles.endpoint
         if isinstance(side, MasterSide):

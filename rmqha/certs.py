@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_tls,tests.integration.test_tls -*-
+# -*- test-case-name: tests.test_tls,tests.test_group_auth,tests.integration.test_tls -*-
 """
 C{rmqha certs init}: a CA and key pairs for a test or lab set-up.
 
@@ -9,6 +9,15 @@ C{rmqha certs init}: a CA and key pairs for a test or lab set-up.
 EC P-256 keys; the master's certificate is for its name, C{localhost} and
 127.0.0.1 / ::1 (server auth); each slave's certificate carries its name as
 CN and DNS name (client auth), which is what C{--tls-allowed-peers} matches.
+
+C{rmqha certs init --group NAME --nodes a,b,c DIR}: what a failover group
+needs (L{init_group}, docs/failover.md, "Who counts"):
+
+    DIR/ca.pem, DIR/ca.key                  the group's CA
+    DIR/node-ID.pem, DIR/node-ID.key        one per node: its certificate
+                                            names the node id (server and
+                                            client auth)
+    DIR/group.secret                        the group secret (0600)
 """
 
 from __future__ import annotations
@@ -16,7 +25,9 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
-from collections.abc import Sequence
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from cryptography import x509
@@ -24,7 +35,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["CertificateSet", "Issued", "init", "issue", "make_ca", "write_pair"]
+__all__ = [
+    "CertificateSet",
+    "GroupSet",
+    "Issued",
+    "init",
+    "init_group",
+    "issue",
+    "make_ca",
+    "write_pair",
+    "write_secret",
+]
 
 _ORGANIZATION = "rmqha"
 
@@ -159,6 +180,21 @@ def write_pair(issued: Issued, directory: str, stem: str) -> tuple[str, str]:
     return cert_path, key_path
 
 
+def write_secret(path: str) -> str:
+    """
+    A new group secret file at C{path}: 32 random bytes in hex and a
+    newline, mode 0600 (never overwriting a file).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+    except BaseException:
+        os.unlink(path)
+        raise
+    return path
+
+
 @dataclass(frozen=True)
 class CertificateSet:
     """
@@ -195,21 +231,10 @@ def init(
         exist already (all named; nothing is overwritten, and there is no
         C{--force}: a key someone may be using is not ours to replace).
     """
-    for name in [master_name, *slave_names]:
-        if not name or any(c in name for c in "/\\,: "):
-            raise ValueError(f"{name!r} is not a usable certificate name")
-    if len(set(slave_names)) != len(slave_names) or master_name in slave_names:
-        raise ValueError("the master and slave names must all differ")
+    _check_names([master_name, *slave_names], "the master and slave names")
     stems = ["ca", "master", *(f"slave-{n}" for n in slave_names)]
     paths = [os.path.join(directory, stem + suffix) for stem in stems for suffix in (".pem", ".key")]
-    existing = [path for path in paths if os.path.lexists(path)]
-    if existing:
-        raise ValueError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
-                         "not overwriting (choose another directory)")
-    created_directory = not os.path.isdir(directory)
-    os.makedirs(directory, exist_ok=True)
-    written: list[str] = []
-    try:
+    with _new_set(directory, paths) as written:
         ca = make_ca()
         ca_path, ca_key = write_pair(ca, directory, "ca")
         written += [ca_path, ca_key]
@@ -219,6 +244,40 @@ def init(
         for name in slave_names:
             slaves[name] = write_pair(_node(ca, name), directory, f"slave-{name}")
             written += slaves[name]
+    return CertificateSet(ca_path, master_paths, slaves)
+
+
+def _check_names(names: Sequence[str], what: str) -> None:
+    """
+    @raise ValueError: a name is empty, unusable in a certificate or a
+        file name, or repeated.
+    """
+    for name in names:
+        if not name or any(c in name for c in "/\\,: ") or not name.isprintable():
+            raise ValueError(f"{name!r} is not a usable certificate name")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} must all differ")
+
+
+@contextmanager
+def _new_set(directory: str, paths: Sequence[str]) -> Iterator[list[str]]:
+    """
+    Write a set of new files into C{directory} (created if needed): the
+    block appends each path it writes to the list it is given; if it
+    fails, those files (only those) and a directory made here are removed.
+
+    @raise ValueError: files of the set exist already (all named; nothing
+        is overwritten).
+    """
+    existing = [path for path in paths if os.path.lexists(path)]
+    if existing:
+        raise ValueError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; "
+                         "not overwriting (choose another directory)")
+    created_directory = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    written: list[str] = []
+    try:
+        yield written
     except BaseException:
         # Half a set is no use and would block the retry: remove what this
         # call wrote (only that).
@@ -230,4 +289,49 @@ def init(
             except OSError:
                 pass
         raise
-    return CertificateSet(ca_path, master_paths, slaves)
+
+
+@dataclass(frozen=True)
+class GroupSet:
+    """
+    What L{init_group} wrote.
+    """
+
+    ca: str
+    #: node id -> (certificate, key)
+    nodes: dict[str, tuple[str, str]]
+    secret: str
+
+
+def init_group(directory: str, group: str, node_ids: Sequence[str]) -> GroupSet:
+    """
+    Write what a failover group needs into C{directory} (created if
+    needed): a CA, a key pair per node whose certificate names the node
+    id (server and client use: every node may lead or follow), and a group
+    secret (C{group.secret}, mode 0600).  Either authenticates the group
+    (docs/failover.md): the secret with C{--group-secret-file}, the
+    certificates with C{--tls-cert/--tls-key/--tls-ca
+    --tls-require-client-cert}.
+
+    @raise ValueError: the group name or a node id is empty, unusable or
+        repeated, or files of the set exist already (all named; nothing is
+        overwritten).
+    """
+    if not group or "/" in group or any(c.isspace() for c in group):
+        raise ValueError(f"group {group!r}: give a name without '/' or spaces")
+    if not node_ids:
+        raise ValueError("a group needs at least one node id")
+    _check_names(node_ids, "the node ids")
+    stems = ["ca", *(f"node-{n}" for n in node_ids)]
+    paths = [os.path.join(directory, stem + suffix) for stem in stems for suffix in (".pem", ".key")]
+    secret_path = os.path.join(directory, "group.secret")
+    with _new_set(directory, [*paths, secret_path]) as written:
+        ca = make_ca(f"rmqha group {group} CA")
+        ca_path, ca_key = write_pair(ca, directory, "ca")
+        written += [ca_path, ca_key]
+        nodes = {}
+        for node_id in node_ids:
+            nodes[node_id] = write_pair(_node(ca, node_id), directory, f"node-{node_id}")
+            written += nodes[node_id]
+        written.append(write_secret(secret_path))
+    return GroupSet(ca_path, nodes, secret_path)

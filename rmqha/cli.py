@@ -193,21 +193,34 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     demo.set_defaults(run=_demo)
 
-    certs = commands.add_parser("certs", help="TLS certificates for a test set-up")
+    certs = commands.add_parser(
+        "certs", help="TLS certificates (and a failover group's secret) for a test set-up"
+    )
     certs_actions = certs.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
     certs_actions.required = True
     init = certs_actions.add_parser(
         "init",
-        help="write a CA and master/slave key pairs (test and lab set-ups; docs/tls.md)",
+        help="write a CA and master/slave key pairs (test and lab set-ups; docs/tls.md), "
+        "or, with --group, what a failover group needs (docs/failover.md)",
     )
     init.add_argument("dir", help="where the files go (created if needed)")
     init.add_argument(
-        "--master-name", default="master",
-        help="the master's certificate name (also valid: localhost, 127.0.0.1, ::1)",
+        "--master-name", default=None,
+        help="the master's certificate name (also valid: localhost, 127.0.0.1, ::1; "
+        "default: master)",
     )
     init.add_argument(
-        "--slave-names", default="slave",
+        "--slave-names", default=None,
         help="comma-separated slave names, one key pair each (default: slave)",
+    )
+    init.add_argument(
+        "--group", default=None,
+        help="a failover group's name: write a CA, one key pair per --nodes id (its "
+        "certificate names the id) and a group secret (group.secret, 0600)",
+    )
+    init.add_argument(
+        "--nodes", default=None,
+        help="with --group: the comma-separated node ids (--node-id of each node)",
     )
     init.set_defaults(run=_certs_init)
 
@@ -340,8 +353,10 @@ def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
 def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:
     from rmqha import certs
 
-    names = [n.strip() for n in args.slave_names.split(",")]
-    written = certs.init(args.dir, args.master_name, names)
+    if args.group is not None or args.nodes is not None:
+        return _certs_init_group(args, out)
+    names = [n.strip() for n in (args.slave_names or "slave").split(",")]
+    written = certs.init(args.dir, args.master_name or "master", names)
     out.write(f"CA              {written.ca}  (ca.key: keep it offline)\n")
     out.write(f"master          {written.master[0]}  {written.master[1]}\n")
     for name, (cert, key) in written.slaves.items():
@@ -360,6 +375,46 @@ def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:
         f"slave:  twistd -n --pidfile slave-{first}.pid rmqha --role slave "
         f"--store-dir slave-{first}-store --master 127.0.0.1:10912 --tls-ca {d}/ca.pem "
         f"--tls-cert {d}/slave-{first}.pem --tls-key {d}/slave-{first}.key\n"
+    )
+    return 0
+
+
+def _certs_init_group(args: argparse.Namespace, out: IO[str]) -> int:
+    from rmqha import certs
+
+    if args.group is None or args.nodes is None:
+        raise _CommandError("certs init: --group and --nodes go together")
+    if args.master_name is not None or args.slave_names is not None:
+        raise _CommandError(
+            "certs init: --master-name and --slave-names are for a fixed master and its "
+            "slaves; a failover group has --nodes"
+        )
+    node_ids = [n.strip() for n in args.nodes.split(",")]
+    written = certs.init_group(args.dir, args.group, node_ids)
+    out.write(f"CA              {written.ca}  (ca.key: keep it offline)\n")
+    for node_id, (cert, key) in written.nodes.items():
+        out.write(f"node {node_id:<10} {cert}  {key}\n")
+    out.write(f"group secret    {written.secret}  (mode 0600)\n")
+    d = shlex.quote(args.dir)
+    group = shlex.quote(args.group)
+    # Runnable as printed, side by side in one directory, with an etcd on
+    # its default port: one store, pidfile and pair of ports per node.
+    out.write("\nthe group's nodes, authenticated by the group secret (docs/failover.md):\n")
+    for i, node_id in enumerate(written.nodes):
+        ha, http = 10912 + 10 * i, 8080 + i
+        n = shlex.quote(node_id)
+        out.write(
+            f"{node_id}: twistd -n --pidfile {n}.pid rmqha --coordinator "
+            f"etcd:http://127.0.0.1:2379 --group {group} --node-id {n} "
+            f"--advertise 127.0.0.1:{ha} --ha-listen tcp:{ha}:interface=127.0.0.1 "
+            f"--http tcp:{http}:interface=127.0.0.1 --advertise-http 127.0.0.1:{http} "
+            f"--store-dir {n}-store --group-secret-file {d}/group.secret\n"
+        )
+    first = shlex.quote(next(iter(written.nodes)))
+    out.write(
+        "\nor by TLS client certificates instead (each node its own pair), e.g. "
+        f"{first}: --ha-listen ssl:10912:interface=127.0.0.1 --tls-cert {d}/node-{first}.pem "
+        f"--tls-key {d}/node-{first}.key --tls-ca {d}/ca.pem --tls-require-client-cert\n"
     )
     return 0
 

@@ -304,11 +304,16 @@ def run_failover_demo(
         with EtcdCluster(os.path.join(where, "etcd")) as etcd:
             say(f"etcd: one member at {etcd.endpoints[0]}")
             with FailoverCluster(where, etcd.spec, 3, segment_size=segment_size) as group:
+                say(
+                    f"group {group.group}: a CA, a key pair per node and a group secret in "
+                    f"{os.path.join(where, 'auth')} (rmqha certs init --group); every HA "
+                    "connection proves both ends' node ids with the secret"
+                )
                 for node in group.nodes:
                     say(
                         f"{node.node_id}: twistd rmqha --coordinator etcd:... --node-id "
-                        f"{node.node_id} --http {node.http} (a slave until elected); "
-                        f"log {group.log_path(node.index)}"
+                        f"{node.node_id} --group-secret-file .../group.secret --http "
+                        f"{node.http} (a slave until elected); log {group.log_path(node.index)}"
                     )
                 master = group.wait_master()
                 say(f"{group.nodes[master].node_id} elected master (epoch 1)")

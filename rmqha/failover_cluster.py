@@ -88,6 +88,12 @@ class FailoverCluster:
     @param hosts: each node's address (default 127.0.0.1 for all).
     @param users: each node's uid (default: this process's).
     @param options: more C{twistd rmqha} flags for every node.
+    @param auth: how the nodes prove their ids to each other
+        (docs/failover.md, "Who counts"): C{"secret"} (the default: a group
+        secret, C{--group-secret-file}), C{"tls"} (TLS on the HA port with
+        client certificates naming the node ids) or C{"insecure"}
+        (C{--insecure-group}).  The files are made with
+        L{rmqha.certs.init_group} under C{directory/auth}.
     """
 
     def __init__(
@@ -103,10 +109,14 @@ class FailoverCluster:
         users: Sequence[int | None] | None = None,
         options: Sequence[str] = (),
         start: bool = True,
+        auth: str = "secret",
     ) -> None:
+        if auth not in ("secret", "tls", "insecure"):
+            raise ValueError(f"auth {auth!r} is not secret, tls or insecure")
         self.directory = directory
         self.spec = spec
         self.group = group
+        self.auth = auth
         self.segment_size = segment_size
         self.lease_ttl = lease_ttl
         self.options = list(options)
@@ -124,6 +134,8 @@ class FailoverCluster:
             for i in range(nodes)
         ]
         self._logs: list[Any] = [None] * nodes
+        #: Node index -> its authentication flags.
+        self._auth_flags = self._write_auth()
         if start:
             try:
                 for node in self.nodes:
@@ -137,6 +149,42 @@ class FailoverCluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _write_auth(self) -> list[list[str]]:
+        """
+        The group's CA, key pairs and secret (L{rmqha.certs.init_group}),
+        and each node's flags.  A node running as another user gets its
+        own copy of the secret and its key, owned by that user (they must
+        not be readable by others).
+        """
+        from rmqha.certs import init_group
+
+        if self.auth == "insecure":
+            return [["--insecure-group"] for _ in self.nodes]
+        where = os.path.join(self.directory, "auth")
+        written = init_group(where, self.group, [n.node_id for n in self.nodes])
+        flags = []
+        for node in self.nodes:
+            cert, key = written.nodes[node.node_id]
+            secret = written.secret
+            if node.user is not None:
+                secret = os.path.join(where, f"{node.node_id}.secret")
+                with open(written.secret, "rb") as f:
+                    data = f.read()
+                fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                for path in (secret, key):
+                    os.chown(path, node.user, node.user)
+            if self.auth == "secret":
+                flags.append(["--group-secret-file", secret])
+            else:
+                flags.append([
+                    "--ha-listen", f"ssl:{node.ha_port}:interface={node.host}",
+                    "--tls-cert", cert, "--tls-key", key, "--tls-ca", written.ca,
+                    "--tls-require-client-cert",
+                ])
+        return flags
 
     def log_path(self, i: int) -> str:
         return os.path.join(self.directory, f"n{i}.log")
@@ -160,6 +208,8 @@ class FailoverCluster:
             "--segment-size", str(self.segment_size),
             "--heartbeat-interval", "500",
             "--housekeeping-interval", "3000",
+            # (With TLS, its --ha-listen ssl:... comes after, and wins.)
+            *self._auth_flags[i],
             *self.options,
         )
         if node.user is not None:

@@ -27,6 +27,7 @@ from rmqha.admin import AdminService
 from rmqha._ports import ListenFailed
 from rmqha.broker import Broker
 from rmqha.coord.node import DEFAULT_LEASE_TTL
+from rmqha.ha.auth import GroupAuth, load_group_secret
 from rmqha.ha.epochs import EpochFile, EpochFileError
 from rmqha.store._segments import MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE, FlushDiskType
 from rmqha.store.commitlog import CommitLog
@@ -312,7 +313,12 @@ _SETTINGS = [
     _Setting("advertise-http", "advertiseHttp", _advertised),
     _Setting("lease-ttl", "leaseTtl", _lease_ttl),
     _Setting("max-cut", "haMaxCut", lambda t: parse_size(t, "value")),
+    _Setting("group-secret-file", "groupSecretFile", str),
 ]
+
+#: The environment variable naming the group secret file when neither the
+#: command line nor broker.conf does (failover only).
+GROUP_SECRET_ENV = "RMQHA_GROUP_SECRET_FILE"
 
 #: Flags (no value on the command line) and their broker.conf true/false keys.
 _FLAG_KEYS = [
@@ -320,6 +326,7 @@ _FLAG_KEYS = [
     ("tls-require-client-cert", "haTlsRequireClientCert"),
     ("allow-unclean-election", "allowUncleanElection"),
     ("no-failover", "noFailover"),
+    ("insecure-group", "insecureGroup"),
 ]
 
 _DEFAULTS: dict[str, Any] = {
@@ -348,6 +355,7 @@ _DEFAULTS: dict[str, Any] = {
     "lease-ttl": DEFAULT_LEASE_TTL,
     "allow-unclean-election": False,
     "no-failover": False,
+    "insecure-group": False,
 }
 
 
@@ -404,6 +412,13 @@ class Options(usage.Options):
             "no-failover",
             None,
             "with --coordinator: never stand for election (follow only) [noFailover]",
+        ],
+        [
+            "insecure-group",
+            None,
+            "with --coordinator: run the group without authentication (node ids "
+            "on the HA port only declared: anyone who reaches it can pose as a "
+            "member and ack puts it does not hold; docs/failover.md) [insecureGroup]",
         ],
         [
             "sync-from-last-file",
@@ -469,6 +484,15 @@ class Options(usage.Options):
             None,
             f"with --coordinator: seconds of the lease a master holds "
             f"({DEFAULT_LEASE_TTL}; a dead master is replaced after about this long) [leaseTtl]",
+        ],
+        [
+            "group-secret-file",
+            None,
+            None,
+            "with --coordinator: a file holding the group's shared secret (not "
+            "readable by others; rmqha certs init --group writes one): members "
+            "prove their node ids to each other with it on every HA connection "
+            f"(docs/failover.md) [groupSecretFile; or ${GROUP_SECRET_ENV}]",
         ],
         ["store-dir", None, None, "store root [storePathRootDir]"],
         [
@@ -674,6 +698,15 @@ class Options(usage.Options):
                 )
             if not settings.get("store-dir"):
                 raise ValueError("--store-dir (or storePathRootDir) is required")
+            if not settings.get("coordinator"):
+                for option, key in (
+                    ("group-secret-file", "groupSecretFile"),
+                    ("insecure-group", "insecureGroup"),
+                ):
+                    if settings.get(option):
+                        raise ValueError(
+                            f"--{option} ({key}) is for failover groups: give --coordinator"
+                        )
             if settings.get("coordinator"):
                 self._check_failover(settings, conf)
             elif settings.get("max-cut") is not None:
@@ -724,6 +757,62 @@ class Options(usage.Options):
             raise ValueError(
                 "--coordinator with --tls-cert needs --tls-ca: a node follows its peers over TLS"
             )
+        if settings.get("tls-server-name") is not None:
+            raise ValueError(
+                "--tls-server-name: with --coordinator a master's certificate must name "
+                "its node id, which is what a slave checks"
+            )
+        self._check_group_auth(settings, conf)
+
+    def _check_group_auth(self, settings: dict[str, Any], conf: dict[str, str]) -> None:
+        """
+        Failover: how members prove their node ids (docs/failover.md, "Who
+        counts"): a group secret, TLS client certificates, or, only when
+        asked for by name, neither.  The secret is read now, so a bad file
+        is a usage error naming where its path came from.
+        """
+        path = settings.get("group-secret-file")
+        if self["group-secret-file"] is not None:
+            source = "--group-secret-file"
+        elif path is not None:
+            source = f"groupSecretFile in {self['config']}"
+        else:
+            path = os.environ.get(GROUP_SECRET_ENV) or None
+            source = GROUP_SECRET_ENV
+        certificates = settings.get("tls-cert") is not None and settings["tls-require-client-cert"]
+        if settings["insecure-group"]:
+            if path is not None or certificates:
+                what = source if path is not None else "--tls-require-client-cert"
+                raise ValueError(
+                    f"--insecure-group and {what} contradict each other: the group "
+                    "is either authenticated or not"
+                )
+            return
+        if path is None and not certificates:
+            raise ValueError(
+                "--coordinator needs an authenticated group: give --group-secret-file "
+                f"PATH (groupSecretFile, or ${GROUP_SECRET_ENV}; rmqha certs init --group "
+                "writes one), or TLS client certificates naming the node ids (--tls-cert, "
+                "--tls-key, --tls-ca, --tls-require-client-cert), or --insecure-group to "
+                "run without (docs/failover.md)"
+            )
+        if path is not None:
+            settings["group-secret"] = load_group_secret(path, source)
+        settings["group-certificates"] = certificates
+
+    @staticmethod
+    def group_auth(settings: dict[str, Any]) -> GroupAuth | None:
+        """
+        Failover: how this node and its peers prove their node ids, or
+        C{None} (C{--insecure-group}).
+        """
+        secret = settings.get("group-secret")
+        certificates = bool(settings.get("group-certificates"))
+        if secret is None and not certificates:
+            return None
+        return GroupAuth(
+            settings["group"], settings["node-id"], secret, certificates=certificates
+        )
 
     def _check_tls(self, settings: dict[str, Any], conf: dict[str, str]) -> None:
         """
@@ -873,6 +962,7 @@ def makeService(options: Options) -> IService:
         replica_id=s.get("node-id"),
         epochs=_epoch_file(store_dir) if coordinated else None,
         max_cut=s.get("max-cut"),
+        group_auth=options.group_auth(s) if coordinated else None,
         peer_policy=policy,
         on_divergence=s["on-divergence"],
         probe_timeout=s["probe-timeout"],
@@ -916,10 +1006,11 @@ def _coordinated(reactor: Any, broker: Broker, s: dict[str, Any], files: TLSFile
     from rmqha.coord.etcd import EtcdDCS, parse_coordinator
     from rmqha.coord.node import Coordinator, FailoverSettings
 
-    def dial(address: str) -> Any:
+    def dial(address: str, node_id: str) -> Any:
         host, port = parse_host_port(address, "address")
         if files.ca is not None:
-            return client_endpoint(reactor, host, port, files, s.get("tls-server-name"))
+            # The master's certificate must name the elected node's id.
+            return client_endpoint(reactor, host, port, files, node_id)
         return f"tcp:host={host.replace(':', chr(92) + ':')}:port={port}"
 
     settings = FailoverSettings(

@@ -14,6 +14,7 @@ from rmqha.broker import Broker, NotMasterError, Role
 from rmqha.coord.dcs import DCSError, InSync, Switchover
 from rmqha.coord.memory import MemoryDCS, MemoryStore
 from rmqha.coord.node import Coordinator, FailoverSettings, rank
+from rmqha.ha.auth import GroupAuth
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import PutStatus
 from rmqha.ha.masterside import MasterSide
@@ -75,6 +76,7 @@ class _Group(_InMemory):
             replica_id=node_id,
             epochs=EpochFile(store),
             min_in_sync_replicas=settings.pop("min_in_sync_replicas", 2),
+            group_auth=self.group_auth(node_id),
         )
         broker.startService()
         dcs = MemoryDCS(self.store, "g")
@@ -92,6 +94,12 @@ class _Group(_InMemory):
         coordinator.startService()
         node = self.nodes[node_id] = _Node(broker, dcs, coordinator)
         return node
+
+    def group_auth(self, node_id: str) -> GroupAuth | None:
+        """
+        How node C{node_id} proves its id (none: an insecure group).
+        """
+        return None
 
     def _lose_campaign_answer(self, dcs: MemoryDCS, node_id: str) -> None:
         real = dcs.campaign
@@ -124,7 +132,7 @@ class _Group(_InMemory):
         self.addCleanup(self.stop, broker)
         return broker
 
-    def dial(self, address: str) -> Any:
+    def dial(self, address: str, node_id: str | None = None) -> Any:
         node = self.nodes.get(address.split(":")[0])
         if node is None:  # (crashed: nothing listens there)
             return StringEndpoint(refuse=True)

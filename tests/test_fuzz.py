@@ -62,3 +62,20 @@ class FuzzTests(SynchronousTestCase):
             AssertionError,
             lambda: [fuzz._codec_case(rng, corpus) for _ in range(50)],
         )
+
+    def test_auth_target_catches_a_handshake_that_accepts_forgeries(self) -> None:
+        """
+        The C{auth} target fails when a handshake accepts a proof it should
+        not (here: MACs compared as always equal), and passes with the
+        real comparison.
+        """
+        from rmqha.ha import auth
+
+        corpus = fuzz._Corpus(random.Random(3))
+        rng = random.Random(5)
+        for _ in range(300):
+            fuzz._auth_case(rng, corpus)
+        self.patch(auth.hmac, "compare_digest", lambda a, b: True)
+        self.assertRaises(
+            AssertionError, lambda: [fuzz._auth_case(rng, corpus) for _ in range(300)]
+        )

@@ -38,6 +38,11 @@ class OptionsTests(SynchronousTestCase):
     names the bad value's source.
     """
 
+    def setUp(self) -> None:
+        # (The group secret's environment variable of whoever runs the tests.)
+        environ = {k: v for k, v in os.environ.items() if k != "RMQHA_GROUP_SECRET_FILE"}
+        self.patch(os, "environ", environ)
+
     def parse(self, *argv: str) -> Options:
         options = Options()
         options.parseOptions(list(argv))
@@ -197,6 +202,7 @@ class OptionsTests(SynchronousTestCase):
         base = (
             "--store-dir", "s", "--coordinator", "etcd:http://127.0.0.1:2379",
             "--group", "g", "--node-id", "a", "--advertise", "127.0.0.1:10912",
+            "--insecure-group",
         )
         s = self.parse(*base).settings
         self.assertEqual((s["role"], s["min-in-sync-replicas"], s["lease-ttl"]),
@@ -207,6 +213,7 @@ class OptionsTests(SynchronousTestCase):
         path = self.conf(
             "storePathRootDir=s\ncoordinator=etcd:http://127.0.0.1:2379\nbrokerName=g\n"
             "nodeId=b\nadvertise=h:1\nleaseTtl=3\nallowUncleanElection=true\n"
+            "insecureGroup=true\n"
         )
         s = self.parse("--config", path).settings
         self.assertEqual((s["node-id"], s["advertise"], s["lease-ttl"], s["allow-unclean-election"]),
@@ -251,7 +258,7 @@ class OptionsTests(SynchronousTestCase):
         spec = "etcd:https://127.0.0.1:2379,user=node-a,passwordFile=/nonexistent/etcd.password"
         options = self.parse(
             "--store-dir", self.mktemp(), "--coordinator", spec,
-            "--group", "g", "--node-id", "a", "--advertise", "127.0.0.1:10912",
+            "--group", "g", "--node-id", "a", "--advertise", "127.0.0.1:10912", "--insecure-group",
         )
         e = self.assertRaises(Fatal, makeService, options)
         self.assertEqual(

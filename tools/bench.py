@@ -1866,7 +1866,8 @@ def _failover_bench(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     try:
         with EtcdCluster(os.path.join(directory, "etcd")) as etcd, FailoverCluster(
-            directory, etcd.spec, 3, lease_ttl=args.lease_ttl, segment_size=args.segment_size
+            directory, etcd.spec, 3, lease_ttl=args.lease_ttl, segment_size=args.segment_size,
+            auth=args.auth,
         ) as group:
             load = Producers(group, args.producers, args.body_size)
             try:
@@ -1893,6 +1894,8 @@ def _failover_bench(args: argparse.Namespace) -> dict[str, Any]:
         "kills": len(kills),
         "producers": args.producers,
         "lease_ttl_s": args.lease_ttl,
+        # How the nodes prove their ids (docs/failover.md, "Who counts").
+        "auth": args.auth,
         "unavailable_median_s": statistics.median(windows),
         "unavailable_p99_s": percentile(windows, 0.99),
         "unavailable_max_s": max(windows),
@@ -2076,6 +2079,11 @@ def main(argv: list[str] | None = None) -> None:
     failover.add_argument("--producers", type=int, default=3, help="HTTP producer threads (3)")
     failover.add_argument("--body-size", type=int, default=512)
     failover.add_argument("--lease-ttl", type=int, default=2, help="the nodes' --lease-ttl (2)")
+    failover.add_argument(
+        "--auth", choices=("secret", "tls", "insecure"), default="secret",
+        help="how the nodes prove their ids: a group secret (default), TLS client "
+        "certificates, or --insecure-group",
+    )
     failover.add_argument("--segment-size", type=int, default=4 << 20)
     failover.add_argument("--dir", type=_existing_dir, default=None, help="where the stores go")
     for name, params in [

@@ -20,6 +20,10 @@ refuses it with its documented error:
   L{check_record} and L{ReplicaValidator.advance} (random chunks) give the
   same answers and the same errors (skipped when it is not built or
   C{RMQHA_PURE} is set);
+- C{auth}: both sides of the group authentication handshake
+  (L{rmqha.ha.auth}) on mutated conversations in random chunks
+  (L{ProtocolError} only; a side accepts only the exact messages of the
+  valid conversation, and holds at most one message and one chunk);
 - C{slave}: a whole L{SlaveConnection} over a real commit log fed mutated
   frames: it may append good records and must drop the connection with one
   log line for anything else, never acknowledging a record that differs
@@ -49,6 +53,7 @@ from twisted.logger import LogLevel, globalLogPublisher
 from rmqha.store import _record
 from rmqha.store._record import (
     Message,
+    crc32,
     RecordError,
     ReplicaValidator,
     check_record,
@@ -69,6 +74,7 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.store.commitlog import CommitLog
+from rmqha.ha.auth import GroupAuth, MasterHandshake, SlaveHandshake
 from rmqha.ha.slave import SlaveFactory
 
 __all__ = ["main", "run"]
@@ -184,6 +190,68 @@ def _transfer_case(rng: random.Random, corpus: _Corpus) -> None:
             return
         if decoder.buffered > len(stream):
             raise AssertionError("the decoder holds more than it was given")
+
+
+_AUTH_SECRET = b"fuzzing the group secret, 32 B.."
+
+
+def _auth_case(rng: random.Random, corpus: _Corpus) -> None:
+    """
+    One side of the handshake fed a mutated (or random) stream from the
+    other: it refuses with a L{ProtocolError} or waits, and accepts only
+    if the bytes it consumed are the valid conversation's.
+    """
+    master_auth = GroupAuth("g", "master-" + str(rng.randrange(100)), _AUTH_SECRET)
+    slave_auth = GroupAuth("g", "slave-" + str(rng.randrange(100)), _AUTH_SECRET)
+    master_nonce, slave_nonce = rng.randbytes(32), rng.randbytes(32)
+    reference_master = MasterHandshake(master_auth, nonce=master_nonce)
+    reference_slave = SlaveHandshake(slave_auth, nonce=slave_nonce)
+    challenge = reference_master.feed(reference_slave.hello())
+    reference_slave.feed(challenge)
+    accepted = reference_master.feed(reference_slave.proof)
+    to_master_side = rng.random() < 0.5
+    messages = (
+        [reference_slave.hello(), reference_slave.proof]
+        if to_master_side
+        else [challenge, accepted]
+    )
+    valid = b"".join(messages)
+    draw = rng.random()
+    if draw < 0.2:
+        stream = rng.randbytes(rng.randint(0, 400))
+    elif draw < 0.6:
+        stream = _mutate(rng, valid)
+    else:
+        # A forger's: a message changed past its code and sealed again
+        # with a good CRC (which the random mutations rarely keep).
+        i = rng.randrange(len(messages))
+        message = messages[i]
+        if len(message) > 12:
+            body = _mutate(rng, message[8:-4])
+            message = message[:8] + body + crc32(message[:8] + body).to_bytes(4, "big")
+        messages[i] = message
+        stream = b"".join(messages)
+    side: Any = (
+        MasterHandshake(master_auth, nonce=master_nonce)
+        if to_master_side
+        else SlaveHandshake(slave_auth, nonce=slave_nonce)
+    )
+    if not to_master_side:
+        side.hello()
+    fed = 0
+    for chunk in _chunks(rng, stream):
+        try:
+            side.feed(chunk)
+        except ProtocolError:
+            return
+        fed += len(chunk)
+        if side.done:
+            consumed = fed - len(side.rest)
+            if stream[:consumed] != valid:
+                raise AssertionError("a handshake accepted bytes that are not the valid ones")
+            return
+        if len(side._buffer) > 333 + len(chunk):
+            raise AssertionError(f"the handshake holds {len(side._buffer)} bytes")
 
 
 def _record_case(rng: random.Random, corpus: _Corpus) -> None:
@@ -329,6 +397,7 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
         ("transfer", _transfer_case, 0.3),
         ("record", _record_case, 0.33),
         ("codec", _codec_case, 0.05),
+        ("auth", _auth_case, 0.05),
         ("slave", slave.case, 0.02),
     ]
     counts = {name: 0 for name, _, _ in targets}

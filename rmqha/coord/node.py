@@ -197,7 +197,7 @@ class Coordinator(Service):
         dcs: IDCS,
         broker: Broker,
         settings: FailoverSettings,
-        dial: Callable[[str], str | IStreamClientEndpoint],
+        dial: Callable[[str, str], str | IStreamClientEndpoint],
         *,
         now: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
@@ -205,7 +205,8 @@ class Coordinator(Service):
     ) -> None:
         """
         @param dial: the client endpoint for a master's advertised HA
-            address (TLS settings included).
+            address and node id (TLS settings included: over TLS the
+            master's certificate must name its node id).
         @param now: a monotonic clock (fencing is measured on it).
         @param on_fatal: called once with one line when this node must not
             run at all (its node id is live in another process): twistd
@@ -489,13 +490,13 @@ class Coordinator(Service):
 
     def accepts_node(self, node: str, host: str) -> bool:
         """
-        Whether a replica declaring node id C{node} (connected from
-        C{host}) counts for the in-sync set: C{node} must be a live member
-        of the group other than this node.  The id is only declared: over
-        plain TCP anyone who reaches the HA port can claim a member's id,
-        so the HA port must be reachable only by the group, or use TLS with
-        client certificates, where the certificate must name the id
-        (docs/failover.md, "Who counts").  The connection's address is not
+        Whether a replica that is node C{node} (connected from C{host})
+        counts for the in-sync set: C{node} must be a live member of the
+        group other than this node.  C{node} is the id the replica proved
+        (the group secret's handshake, or its TLS certificate), never one
+        it only declared, unless the group runs with C{--insecure-group}
+        (L{rmqha.ha.master.MasterConnection.failover_node};
+        docs/failover.md, "Who counts").  The connection's address is not
         compared with the member's advertised one: a host's outgoing
         address is often not the one it advertises (several addresses,
         NAT, 127.0.0.x on loopback).
@@ -619,7 +620,9 @@ class Coordinator(Service):
             address=leader.ha,
         )
         self._change(
-            self.broker.become_slave(self._dial(leader.ha), (leader.node_id, leader.epoch))
+            self.broker.become_slave(
+                self._dial(leader.ha, leader.node_id), leader=(leader.node_id, leader.epoch)
+            )
         )
 
     def _change(self, d: Deferred[Any]) -> None:

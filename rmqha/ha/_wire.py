@@ -82,6 +82,23 @@ __all__ = [
     "MAX_REPLICA_ID",
     "encode_identify",
     "decode_identify",
+    "AUTH_HELLO",
+    "AUTH_CHALLENGE",
+    "AUTH_PROOF",
+    "AUTH_ACCEPTED",
+    "AUTH_REFUSED",
+    "AUTH_NONCE_SIZE",
+    "AUTH_MAC_SIZE",
+    "AUTH_PROOF_SIZE",
+    "FEATURE_GROUP_AUTH",
+    "AuthHello",
+    "AuthChallenge",
+    "encode_auth_hello",
+    "decode_auth_hello",
+    "encode_auth_challenge",
+    "decode_auth_challenge",
+    "encode_auth_proof",
+    "decode_auth_proof",
     "Greeting",
     "sniff_greeting",
 ]
@@ -610,18 +627,60 @@ MAX_REPLICA_ID = 255
 _IDENTIFY_HEAD = struct.Struct(">qH")
 
 
+def _encode_id(node_id: str, what: str) -> bytes:
+    """
+    C{node_id} as a C{uint16} length and its UTF-8 bytes.
+
+    @raise ValueError: the id is empty, too long or not printable.
+    """
+    data = node_id.encode("utf-8")
+    if not 0 < len(data) <= MAX_REPLICA_ID or not node_id.isprintable():
+        raise ValueError(
+            f"{what} {node_id!r} must be 1 to {MAX_REPLICA_ID} bytes of printable UTF-8"
+        )
+    return len(data).to_bytes(2, "big") + data
+
+
+def _decode_with_id(
+    data: bytes | bytearray, code: int, name: str, tail: int
+) -> tuple[str, bytes, int] | None:
+    """
+    A sealed message at the start of C{data}: C{code}, a C{uint16}
+    length, that many bytes of id, C{tail} more bytes, a CRC-32.  The
+    length is checked as soon as it is here, before waiting for the rest.
+
+    @return: C{(id, tail bytes, size)}, or C{None} until it is whole.
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: not C{code}, or the length or the id is impossible.
+    """
+    if len(data) < _IDENTIFY_HEAD.size:
+        return None
+    found, length = _IDENTIFY_HEAD.unpack_from(data)
+    if found != code:
+        raise ProtocolError(f"code {found} is not {name}")
+    if not 0 < length <= MAX_REPLICA_ID:
+        raise ProtocolError(f"{name} id of {length} bytes; the limit is 1..{MAX_REPLICA_ID}")
+    size = _IDENTIFY_HEAD.size + length + tail + 4
+    if len(data) < size:
+        return None
+    message = _unsealed(data, size, name)
+    end = _IDENTIFY_HEAD.size + length
+    try:
+        node_id = message[_IDENTIFY_HEAD.size : end].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"the {name} id is not UTF-8") from None
+    if not node_id.isprintable():
+        raise ProtocolError(f"the {name} id {node_id!r} is not printable")
+    return node_id, message[end:], size
+
+
 def encode_identify(replica_id: str) -> bytes:
     """
     The IDENTIFY message of replica C{replica_id}.
 
     @raise ValueError: the id is empty, too long or not printable.
     """
-    data = replica_id.encode("utf-8")
-    if not 0 < len(data) <= MAX_REPLICA_ID or not replica_id.isprintable():
-        raise ValueError(
-            f"replica id {replica_id!r} must be 1 to {MAX_REPLICA_ID} bytes of printable UTF-8"
-        )
-    return _sealed(_IDENTIFY_HEAD.pack(IDENTIFY, len(data)) + data)
+    return _sealed(_REPORT.pack(IDENTIFY) + _encode_id(replica_id, "replica id"))
 
 
 def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
@@ -632,23 +691,10 @@ def decode_identify(data: bytes | bytearray) -> tuple[str, int] | None:
     @raise ChecksumError: the message was damaged.
     @raise ProtocolError: the length or the id is impossible.
     """
-    if len(data) < _IDENTIFY_HEAD.size:
+    found = _decode_with_id(data, IDENTIFY, "IDENTIFY", 0)
+    if found is None:
         return None
-    code, length = _IDENTIFY_HEAD.unpack_from(data)
-    if code != IDENTIFY:
-        raise ProtocolError(f"code {code} is not IDENTIFY")
-    if not 0 < length <= MAX_REPLICA_ID:
-        raise ProtocolError(f"IDENTIFY of {length} bytes; the limit is 1..{MAX_REPLICA_ID}")
-    size = _IDENTIFY_HEAD.size + length + 4
-    if len(data) < size:
-        return None
-    message = _unsealed(data, size, "IDENTIFY")
-    try:
-        replica_id = message[_IDENTIFY_HEAD.size :].decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError("the IDENTIFY id is not UTF-8") from None
-    if not replica_id.isprintable():
-        raise ProtocolError(f"the IDENTIFY id {replica_id!r} is not printable")
+    replica_id, _, size = found
     return replica_id, size
 
 
@@ -705,6 +751,141 @@ def decode_not_master(data: bytes | bytearray) -> tuple[str, int] | None:
         raise ProtocolError("the NOT_MASTER reason is not UTF-8") from None
     # (Shown to an operator: nothing that could move a terminal's cursor.)
     return "".join(c if c.isprintable() else "?" for c in reason), size
+
+
+# -- group authentication (an rmqha extension for failover, docs/protocol.md) --
+#
+# In a failover group with a shared secret, every HA connection between
+# members (replication and control alike) starts with a mutual HMAC-SHA256
+# challenge-response, before anything else is sent or acted on:
+#
+#     slave  -> master   AUTH_HELLO      its node id, its nonce
+#     master -> slave    AUTH_CHALLENGE  its node id, its nonce, its MAC
+#     slave  -> master   AUTH_PROOF      its MAC, then what it sends first
+#                                        (PROBE, or CHECKED_HELLO and a report)
+#     master -> slave    AUTH_ACCEPTED   then its answers; or AUTH_REFUSED,
+#                                        and it closes
+#
+# The MACs themselves are computed in rmqha.ha.auth.  Only a slave
+# configured with the group's secret sends AUTH_HELLO, and only to a
+# failover peer: a RocketMQ master never sees it.  A master with a secret
+# says so to unauthenticated probes with FEATURE_GROUP_AUTH in its INFO.
+
+#: Slave to master: code, id length (uint16), id (UTF-8), 32-byte nonce, CRC-32.
+AUTH_HELLO = -0x524D514841_0009
+#: Master to slave: code, id length (uint16), id, 32-byte nonce, 32-byte
+#: HMAC-SHA256, CRC-32.
+AUTH_CHALLENGE = -0x524D514841_000A
+#: Slave to master: code, 32-byte HMAC-SHA256, CRC-32 (44 bytes).
+AUTH_PROOF = -0x524D514841_000B
+#: Master to slave, 8 bytes: the slave's proof holds.
+AUTH_ACCEPTED = -0x524D514841_000C
+#: Master to slave, 8 bytes, then the master closes: the slave's hello or
+#: proof was refused (the master's log says why).
+AUTH_REFUSED = -0x524D514841_000D
+#: The control INFO feature bit of a master that requires group
+#: authentication (it has the group's secret).
+FEATURE_GROUP_AUTH = 8
+AUTH_NONCE_SIZE = 32
+AUTH_MAC_SIZE = 32
+AUTH_PROOF_SIZE = 8 + AUTH_MAC_SIZE + 4
+
+
+class AuthHello(NamedTuple):
+    """
+    A slave's AUTH_HELLO.
+    """
+
+    node_id: str
+    nonce: bytes
+
+
+class AuthChallenge(NamedTuple):
+    """
+    A master's AUTH_CHALLENGE.
+    """
+
+    node_id: str
+    nonce: bytes
+    mac: bytes
+
+
+def _check_size(value: bytes, size: int, what: str) -> None:
+    if len(value) != size:
+        raise ValueError(f"{what} of {len(value)} bytes; it must be {size}")
+
+
+def encode_auth_hello(node_id: str, nonce: bytes) -> bytes:
+    """
+    @raise ValueError: an impossible id, or a nonce that is not 32 bytes.
+    """
+    _check_size(nonce, AUTH_NONCE_SIZE, "nonce")
+    return _sealed(_REPORT.pack(AUTH_HELLO) + _encode_id(node_id, "node id") + nonce)
+
+
+def decode_auth_hello(data: bytes | bytearray) -> tuple[AuthHello, int] | None:
+    """
+    The AUTH_HELLO at the start of C{data} and the bytes it took, or
+    C{None} until it is whole (at most 301 bytes).
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: not AUTH_HELLO, or an impossible id.
+    """
+    found = _decode_with_id(data, AUTH_HELLO, "AUTH_HELLO", AUTH_NONCE_SIZE)
+    if found is None:
+        return None
+    node_id, nonce, size = found
+    return AuthHello(node_id, nonce), size
+
+
+def encode_auth_challenge(node_id: str, nonce: bytes, mac: bytes) -> bytes:
+    """
+    @raise ValueError: an impossible id, or a nonce or MAC that is not 32 bytes.
+    """
+    _check_size(nonce, AUTH_NONCE_SIZE, "nonce")
+    _check_size(mac, AUTH_MAC_SIZE, "MAC")
+    return _sealed(_REPORT.pack(AUTH_CHALLENGE) + _encode_id(node_id, "node id") + nonce + mac)
+
+
+def decode_auth_challenge(data: bytes | bytearray) -> tuple[AuthChallenge, int] | None:
+    """
+    The AUTH_CHALLENGE at the start of C{data} and the bytes it took, or
+    C{None} until it is whole (at most 333 bytes).
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: not AUTH_CHALLENGE, or an impossible id.
+    """
+    found = _decode_with_id(data, AUTH_CHALLENGE, "AUTH_CHALLENGE", AUTH_NONCE_SIZE + AUTH_MAC_SIZE)
+    if found is None:
+        return None
+    node_id, tail, size = found
+    return AuthChallenge(node_id, tail[:AUTH_NONCE_SIZE], tail[AUTH_NONCE_SIZE:]), size
+
+
+def encode_auth_proof(mac: bytes) -> bytes:
+    """
+    @raise ValueError: a MAC that is not 32 bytes.
+    """
+    _check_size(mac, AUTH_MAC_SIZE, "MAC")
+    return _sealed(_REPORT.pack(AUTH_PROOF) + mac)
+
+
+def decode_auth_proof(data: bytes | bytearray) -> tuple[bytes, int] | None:
+    """
+    The MAC of the AUTH_PROOF at the start of C{data} and the bytes it
+    took (L{AUTH_PROOF_SIZE}), or C{None} until it is whole.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: not AUTH_PROOF.
+    """
+    if len(data) < 8:
+        return None
+    code = _REPORT.unpack_from(data)[0]
+    if code != AUTH_PROOF:
+        raise ProtocolError(f"code {code} is not AUTH_PROOF")
+    if len(data) < AUTH_PROOF_SIZE:
+        return None
+    return _unsealed(data, AUTH_PROOF_SIZE, "AUTH_PROOF")[8:], AUTH_PROOF_SIZE
 
 
 # -- epochs (an rmqha extension for failover, docs/protocol.md) ---------------
@@ -832,6 +1013,9 @@ class Greeting(enum.Enum):
     CONTROL = "control hello"
     #: An rmqha slave declaring its replica id (IDENTIFY, then a greeting).
     IDENTIFY = "identify"
+    #: A failover group member proving its node id (AUTH_HELLO, then the
+    #: handshake, then a greeting).
+    AUTH = "group authentication"
     #: A negative value no code of ours: damaged, or an unknown peer.
     REFUSED = "refused"
 
@@ -853,4 +1037,6 @@ def sniff_greeting(head: bytes | bytearray) -> tuple[Greeting, int] | None:
         return Greeting.CONTROL, code
     if code == IDENTIFY:
         return Greeting.IDENTIFY, code
+    if code == AUTH_HELLO:
+        return Greeting.AUTH, code
     return Greeting.REFUSED, code

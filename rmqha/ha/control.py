@@ -56,6 +56,7 @@ from rmqha.ha._wire import (
     CONTROL_REQUEST_SIZE,
     FEATURE_CHECKED_FRAMING,
     FEATURE_EPOCHS,
+    FEATURE_GROUP_AUTH,
     FEATURE_IDENTIFY,
     NOT_MASTER,
     ChecksumError,
@@ -74,7 +75,13 @@ from rmqha.ha._wire import (
     encode_epochs_answer,
     encode_epochs_request,
 )
-from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
+from rmqha.ha.auth import AuthError, GroupAuth, NotMasterAnswer, SlaveHandshake
+from rmqha.tls import (
+    PLAIN_SLAVE_TLS_MASTER_HINT,
+    certificate_names,
+    describe_failure,
+    looks_like_tls,
+)
 
 
 class _Connection(TypingProtocol):
@@ -97,6 +104,7 @@ __all__ = [
     "MasterInfo",
     "ControlClient",
     "ControlSession",
+    "AuthFailed",
     "CheckFailed",
     "MasterUnreachable",
     "PeerBudget",
@@ -220,6 +228,11 @@ class MasterInfo:
     segment_size: int
     #: Feature bits (C{FEATURE_CHECKED_FRAMING}).
     features: int = 0
+    #: The node ids the master proved on this session: the one its group
+    #: authentication proved, or (TLS client certificates) the names its
+    #: verified certificate carries (both: those two agreeing); empty
+    #: when it proved none.
+    node_ids: frozenset[str] = frozenset()
 
     @property
     def checked_framing(self) -> bool:
@@ -254,6 +267,13 @@ class NotTheMaster(CheckFailed):
     """
 
 
+class AuthFailed(CheckFailed):
+    """
+    The master did not prove it is the group member it must be, or refused
+    this node's proof (group authentication, L{rmqha.ha.auth}).
+    """
+
+
 class _Refused(ProtocolError):
     """
     An rmqha master answered the hello with CONTROL_REFUSED.
@@ -269,17 +289,36 @@ class ControlClient(Protocol):
         L{NotControlError} for a classic master.
     """
 
-    def __init__(self, clock: IReactorTime | None = None, hello: int = CONTROL_PROBE) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime | None = None,
+        hello: int = CONTROL_PROBE,
+        auth: GroupAuth | None = None,
+        expected_master: str | None = None,
+    ) -> None:
         """
         @param clock: times DIGEST answers out after L{DIGEST_TIMEOUT}
             (C{None}: no timeout).
         @param hello: the first 8 bytes sent: C{CONTROL_PROBE}, or
             C{CONTROL_HELLO} for an older rmqha master that refuses the
             probe.
+        @param auth: failover: how the master must prove its node id;
+            with a group secret the session starts with the handshake
+            (L{SlaveHandshake}), and the hello follows this node's proof.
+        @param expected_master: the node id the master must prove (the
+            elected leader's), or C{None}: any other member.
         """
         self.info: Deferred[MasterInfo] = Deferred()
         self.clock = clock
         self.hello = hello
+        self._auth = auth
+        self._handshake = (
+            SlaveHandshake(auth, expected_master)
+            if auth is not None and auth.secret is not None
+            else None
+        )
+        # The first bytes received, while they may be a TLS record.
+        self._early = b""
         self._buffer = bytearray()
         #: Answers awaited, in request order: the request's code and who
         #: waits (C{None}: withdrawn).
@@ -290,15 +329,65 @@ class ControlClient(Protocol):
         self.silent = True
 
     def connectionMade(self) -> None:
-        self.transport.write(encode_code(self.hello))  # type: ignore[union-attr]
+        if self._handshake is not None:
+            self.transport.write(self._handshake.hello())  # type: ignore[union-attr]
+        else:
+            self.transport.write(encode_code(self.hello))  # type: ignore[union-attr]
 
     def handshakeCompleted(self) -> None:
         self._handshake_done = True
 
+    @property
+    def authenticating(self) -> bool:
+        """
+        The group authentication handshake has not finished yet.
+        """
+        return self._handshake is not None and not self._handshake.done
+
+    def _authenticate(self, data: bytes) -> bytes:
+        """
+        Feed the handshake: send the proof and the hello once the master's
+        challenge holds; the bytes after the master's verdict once it is
+        over (C{b""} until then).
+
+        @raise ProtocolError: a TLS answer to plain bytes.
+        @raise AuthError: the master did not prove its id, or refused ours.
+        """
+        handshake = self._handshake
+        assert handshake is not None
+        if not handshake.proved and not INegotiated.providedBy(self.transport):
+            self._early = (self._early + data)[:2]
+            if looks_like_tls(self._early):
+                raise ProtocolError(PLAIN_SLAVE_TLS_MASTER_HINT)
+        if handshake.feed(data):
+            self.transport.write(  # type: ignore[union-attr]
+                handshake.proof + encode_code(self.hello)
+            )
+        return handshake.rest if handshake.done else b""
+
+    def _proven_ids(self) -> frozenset[str]:
+        """
+        See L{MasterInfo.node_ids}.
+        """
+        ids: set[str] | None = None
+        if self._handshake is not None and self._handshake.master_id is not None:
+            ids = {self._handshake.master_id}
+        if INegotiated.providedBy(self.transport) and (
+            self._auth is None or self._auth.certificates
+        ):
+            x509: Any = self.transport.getPeerCertificate()
+            names = set(certificate_names(x509.to_cryptography())) if x509 is not None else set()
+            ids = names if ids is None else ids & names
+        return frozenset(ids or ())
+
     def dataReceived(self, data: bytes) -> None:
         self.silent = False
-        self._buffer += data
         try:
+            if self.authenticating:
+                data = self._authenticate(data)
+                if not data:
+                    return
+            self._buffer += data
             if not self.info.called:
                 if looks_like_tls(self._buffer) and not INegotiated.providedBy(self.transport):
                     # A TLS server's alert about our plain bytes (7 bytes:
@@ -326,7 +415,7 @@ class ControlClient(Protocol):
                     return
                 info = decode_control_info(self._buffer)
                 del self._buffer[:CONTROL_INFO_SIZE]
-                self.info.callback(MasterInfo(*info))
+                self.info.callback(MasterInfo(*info, node_ids=self._proven_ids()))
             while self._waiting:
                 code, waiter = self._waiting[0]
                 answer: object
@@ -448,6 +537,8 @@ async def probe(
     timeout: float = 3.0,
     first_timeout: float | None = None,
     hello: int = CONTROL_PROBE,
+    auth: GroupAuth | None = None,
+    expected_master: str | None = None,
 ) -> tuple[ControlClient, MasterInfo] | None:
     """
     A control session with the master, or C{None} when the master does not
@@ -459,12 +550,19 @@ async def probe(
     An rmqha master answers the probe at once; one that refuses it (older
     than the probe) is asked again with C{CONTROL_HELLO}.
 
-    @param timeout: the most seconds to wait for the whole INFO.
+    @param timeout: the most seconds to wait for the whole INFO (and the
+        group authentication before it).
+    @param auth: failover: how the master must prove its node id (with a
+        group secret: the handshake first, see L{ControlClient}).
+    @param expected_master: the node id it must prove, if one.
     @raise MasterUnreachable: no connection (the text says why).
+    @raise AuthFailed: the master did not prove its id, or refused ours.
     @raise CheckFailed: no answer either way (the text says why).
     """
     try:
-        client = await endpoint.connect(Factory.forProtocol(lambda: ControlClient(clock, hello)))
+        client = await endpoint.connect(
+            Factory.forProtocol(lambda: ControlClient(clock, hello, auth, expected_master))
+        )
     except Exception as e:
         raise MasterUnreachable(str(e).rstrip(".") or type(e).__name__) from e
     assert isinstance(client, ControlClient)
@@ -484,7 +582,15 @@ async def probe(
     except _Refused:
         if hello == CONTROL_HELLO:
             raise CheckFailed("control session: the master refused the control hello") from None
-        return await probe(clock, endpoint, timeout, first_timeout, CONTROL_HELLO)
+        return await probe(
+            clock, endpoint, timeout, first_timeout, CONTROL_HELLO, auth, expected_master
+        )
+    except NotMasterAnswer as e:
+        client.close()
+        raise NotTheMaster(str(e)) from None
+    except AuthError as e:
+        client.close()
+        raise AuthFailed(f"group authentication: {e}") from None
     except CheckFailed:
         client.close()
         raise
@@ -492,6 +598,10 @@ async def probe(
         client.close()
         if client.silent:
             return None
+        if client.authenticating:
+            raise AuthFailed(
+                f"group authentication: the master did not finish it within {timeout} s"
+            ) from None
         raise CheckFailed(f"no whole control INFO within {timeout} s") from None
     except ProtocolError as e:
         client.close()
@@ -518,8 +628,15 @@ class ControlSession:
 
     _log = Logger()
 
-    def __init__(self, connection: _Connection, paused: bool = False) -> None:
+    def __init__(self, connection: _Connection, paused: bool = False, trusted: bool = True) -> None:
+        """
+        @param trusted: the peer may ask for digests and epochs; C{False}
+            (a master requiring group authentication, a peer that did not
+            complete it): INFO is answered (its C{FEATURE_GROUP_AUTH} tells
+            the peer why), and the first request closes the session.
+        """
         self.connection = connection
+        self.trusted = trusted
         self.factory = connection.factory
         self._requests = bytearray()
         # A DIGEST is outstanding (waiting for its budget or being
@@ -536,6 +653,9 @@ class ControlSession:
         """
         commitlog = self.factory.commitlog
         features = FEATURES | (FEATURE_EPOCHS if self.factory.epochs is not None else 0)
+        auth = self.factory.auth
+        if auth is not None and auth.secret is not None:
+            features |= FEATURE_GROUP_AUTH
         self.connection.transport.write(  # type: ignore[union-attr]
             encode_control_info(
                 commitlog.min_offset, commitlog.max_offset, commitlog.segment_size, features
@@ -588,6 +708,12 @@ class ControlSession:
             and not self._digesting
             and len(self._requests) >= CONTROL_REQUEST_SIZE
         ):
+            if not self.trusted:
+                connection.drop(
+                    "control session: a request from a peer that did not prove its "
+                    "node id (this master requires group authentication)"
+                )
+                return
             try:
                 code, start, end = decode_control_request(self._requests)
             except ProtocolError as e:

@@ -48,6 +48,7 @@ from rmqha._timers import IdleTimer
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreError
 from rmqha.ha._wire import (
+    AUTH_REFUSED,
     CHECKED_ACK,
     CONTROL_REFUSED,
     IDENTIFY,
@@ -61,11 +62,12 @@ from rmqha.ha._wire import (
     encode_header,
     sniff_greeting,
 )
+from rmqha.ha.auth import HANDSHAKE_TIMEOUT, AuthError, GroupAuth, MasterHandshake
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
 from rmqha.ha.group import DEFAULT_LINK_TIMEOUT, HAService
-from rmqha.tls import PeerPolicy
+from rmqha.tls import PeerPolicy, certificate_names
 
 __all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
 
@@ -87,12 +89,17 @@ class SlaveStatus:
     identity: str | None = None
     #: C{"classic"} or C{"checked"} (CRC-32 on every frame and report).
     framing: str = "classic"
-    #: The replica id the slave declared (unauthenticated), if any.
+    #: The replica id the slave declared, if any (or, authenticated, the
+    #: node id it proved).
     replica_id: str | None = None
+    #: Failover: the slave proved its node id (C{replica_id}) as the group
+    #: requires (the group secret, or a verified certificate naming it).
+    authenticated: bool = False
 
 
 class _State(enum.Enum):
     HANDSHAKING = "TLS handshake"
+    AUTHENTICATING = "group authentication"
     CONTROL = "rmqha control session"
     AWAITING_REPORT = "awaiting first report"
     TRANSFERRING = "transferring"
@@ -140,6 +147,7 @@ def _peer_name(address: IAddress | None) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 _IDENTIFY_CODE = encode_code(IDENTIFY)
+_AUTH_REFUSED = encode_code(AUTH_REFUSED)
 
 
 class Transfer:
@@ -322,12 +330,21 @@ class MasterConnection(Protocol):
         self.connected_since = 0.0
         #: The slave's certificate name, once its TLS handshake is checked.
         self.identity: str | None = None
+        #: Every name its verified certificate carries.
+        self.certificate_names: tuple[str, ...] = ()
+        #: The slave proved its node id (L{replica_id}) with the group
+        #: secret (failover, L{rmqha.ha.auth}).
+        self.authenticated = False
+        # The group authentication handshake, while it runs, and its timer.
+        self._handshake: MasterHandshake | None = None
+        self._handshake_timer: IDelayedCall | None = None
         self.tls = False
         #: The slave asked for checked framing.
         self.checked = False
-        #: The replica id the slave declared (IDENTIFY; unauthenticated).
+        #: The replica id the slave declared (IDENTIFY; unauthenticated),
+        #: or the node id it proved (L{authenticated}).
         self.replica_id: str | None = None
-        #: Failover mode: its declared node id was refused (logged once).
+        #: Failover mode: its node id was refused (logged once).
         self.refused_node = False
         self._state = _State.AWAITING_REPORT
         # The first bytes, until the greeting says what the peer is.
@@ -378,6 +395,8 @@ class MasterConnection(Protocol):
         certificate = x509.to_cryptography() if x509 is not None else None
         identity, refusal = self.factory.peer_policy.check(certificate)
         self.identity = identity
+        if certificate is not None:
+            self.certificate_names = tuple(certificate_names(certificate))
         if refusal is not None:
             self.drop("refused after the TLS handshake: {refusal}", refusal=refusal)
             return
@@ -400,6 +419,10 @@ class MasterConnection(Protocol):
         if self._session is not None:
             self._session.feed(data)
             return
+        if self._handshake is not None:
+            data = self._authenticate(data)
+            if not data:
+                return
         if self._head is not None:
             data = self._greeting(data)
             if not data:
@@ -443,6 +466,27 @@ class MasterConnection(Protocol):
                 return b""
             return self._greeting(b"")
         head, self._head = bytes(self._head), None
+        if greeting is Greeting.AUTH:
+            if not self._may_authenticate():
+                # (Not AUTH_REFUSED: the slave then tells "takes no group
+                # authentication" from "refused this node".)
+                self.drop(
+                    "it asks for group authentication, which this master {reason}",
+                    last_words=encode_code(CONTROL_REFUSED),
+                    reason="has no group secret for"
+                    if self.factory.auth is None or self.factory.auth.secret is None
+                    else "takes only first on a connection",
+                )
+                return b""
+            self._state = _State.AUTHENTICATING
+            auth = self.factory.auth
+            assert auth is not None
+            self._handshake = MasterHandshake(auth)
+            self._handshake_timer = self.factory.clock.callLater(
+                HANDSHAKE_TIMEOUT, self._handshake_timed_out
+            )
+            rest = self._authenticate(head)
+            return self._greeting(rest) if rest else b""
         if greeting is Greeting.CLASSIC:
             return head
         if greeting is Greeting.CHECKED:
@@ -455,12 +499,15 @@ class MasterConnection(Protocol):
             self._state = _State.CONTROL
             # Not a slave: not in the status or the quorum.
             self.factory.connections.discard(self)
-            self._session = ControlSession(self, paused=self._paused)
+            self._session = ControlSession(
+                self, paused=self._paused, trusted=self._trusted_for_control()
+            )
             self._session.start(head[8:])
             return b""
         # RocketMQ slaves never send a negative value: this is an rmqha
         # peer's code, damaged on the way or unknown to us (or a second
-        # IDENTIFY).
+        # IDENTIFY or AUTH_HELLO, or an AUTH_HELLO to a master without a
+        # group secret).
         self.drop(
             "the first value {code} is negative and no code this master knows",
             last_words=encode_code(CONTROL_REFUSED),
@@ -493,13 +540,100 @@ class MasterConnection(Protocol):
         )
         return True
 
+    # -- group authentication (failover, rmqha.ha.auth) ---------------------
+
+    def _may_authenticate(self) -> bool:
+        """
+        An AUTH_HELLO may start the handshake: this master has the group
+        secret and the connection has not authenticated or identified yet.
+        """
+        auth = self.factory.auth
+        return (
+            auth is not None
+            and auth.secret is not None
+            and not self.authenticated
+            and self.replica_id is None
+        )
+
+    def _authenticate(self, data: bytes) -> bytes:
+        """
+        Feed the handshake; once it is over, the bytes after the slave's
+        proof, to be read as a new greeting (C{b""} until then, and when the
+        connection is dropped).
+        """
+        handshake = self._handshake
+        assert handshake is not None
+        try:
+            answer = handshake.feed(data)
+        except AuthError as e:
+            self._end_handshake()
+            self.drop(
+                "group authentication failed: {error}",
+                last_words=_AUTH_REFUSED,
+                error=str(e),
+            )
+            return b""
+        except ProtocolError as e:
+            self._end_handshake()
+            if isinstance(e, ChecksumError):
+                self.factory.checksum_failures += 1
+            self.drop("group authentication: {error}", error=str(e))
+            return b""
+        if answer:
+            self.transport.write(answer)  # type: ignore[union-attr]
+        if not handshake.done:
+            return b""
+        self._end_handshake()
+        self.authenticated = True
+        self.replica_id = handshake.slave_id
+        self._state = _State.AWAITING_REPORT
+        self._head = bytearray()
+        self._log.info(
+            "slave {peer} proved it is node {node} (group secret)",
+            peer=self.peer,
+            node=self.replica_id,
+        )
+        return handshake.rest or b""
+
+    def _end_handshake(self) -> None:
+        self._handshake = None
+        if self._handshake_timer is not None and self._handshake_timer.active():
+            self._handshake_timer.cancel()
+        self._handshake_timer = None
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        handshake = self._handshake
+        self._handshake = None
+        claimed = handshake.claimed_id if handshake is not None else None
+        self.drop(
+            "group authentication failed: not finished within {timeout:g} s "
+            "(declared node id: {claimed})",
+            last_words=_AUTH_REFUSED,
+            timeout=HANDSHAKE_TIMEOUT,
+            claimed=claimed or "none yet",
+        )
+
+    def _trusted_for_control(self) -> bool:
+        """
+        Whether this connection's control requests may be served: always,
+        but on a master with a group secret, where only a member that
+        proved its id may ask (others get INFO, which says so).
+        """
+        auth = self.factory.auth
+        return auth is None or auth.secret is None or self.authenticated
+
     @property
     def replica(self) -> str:
         """
-        Which replica this is, for the quorum: the TLS certificate's name,
-        else the id the slave declared, else its address (a classic slave:
-        every connection its own replica).
+        Which replica this is, for the quorum: the node id it proved, else
+        the TLS certificate's name, else the id the slave declared, else
+        its address (a classic slave: every connection its own replica).
+        An unproven id is never the same replica as a proven one, so a
+        peer declaring a member's id cannot replace that member.
         """
+        if self.authenticated:
+            return f"node {self.replica_id}"
         if self.identity is not None:
             return f"certificate {self.identity}"
         if self.replica_id is not None:
@@ -509,17 +643,41 @@ class MasterConnection(Protocol):
     @property
     def failover_node(self) -> str | None:
         """
-        The failover node this replica is (docs/failover.md): the id it
-        declared, when it has no TLS certificate or its certificate names
-        the same node; a classic slave (a genuine RocketMQ one) is none.
+        The failover node this replica is (docs/failover.md, "Who counts"),
+        or C{None}: a classic slave (a genuine RocketMQ one), or an id not
+        proven the way the group requires (L{MasterFactory.auth}):
+
+          - group secret: the node id the slave proved in the handshake;
+          - TLS client certificates: the id it declared, if its verified
+            certificate names it (both, when both are required);
+          - neither (C{--insecure-group}, or no failover): the id it
+            declared, when it has no TLS certificate or its certificate
+            names the same node.
         """
         declared = self.replica_id
-        if declared is None or (self.identity is not None and self.identity != declared):
+        if declared is None:
+            return None
+        auth = self.factory.auth
+        if auth is None:
+            if self.identity is not None and self.identity != declared:
+                return None
+            return declared
+        if auth.secret is not None and not self.authenticated:
+            return None
+        if auth.certificates and declared not in self.certificate_names:
             return None
         return declared
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._state is not _State.CLOSED:
+        if self._state is _State.AUTHENTICATING and self._handshake is not None:
+            # (A slave with another secret gives up at our challenge.)
+            self._log.warn(
+                "slave {peer} closed the connection during group authentication "
+                "(declared node id: {claimed}): another group secret or group name?",
+                peer=self.peer,
+                claimed=self._handshake.claimed_id or "none yet",
+            )
+        elif self._state is not _State.CLOSED:
             self._log.info(
                 "slave {peer} disconnected: {reason}",
                 peer=self.peer,
@@ -527,6 +685,7 @@ class MasterConnection(Protocol):
             )
         self._state = _State.CLOSED
         self._paused = True
+        self._end_handshake()
         if self._transfer is not None:
             self._transfer.stop()
         self._housekeeping.stop()
@@ -726,6 +885,7 @@ class MasterConnection(Protocol):
             identity=self.identity,
             framing="checked" if self.checked else "classic",
             replica_id=self.replica_id,
+            authenticated=self.factory.auth is not None and self.failover_node is not None,
         )
 
     def drop(self, why: str, last_words: bytes | None = None, **fields: Any) -> None:
@@ -740,6 +900,7 @@ class MasterConnection(Protocol):
         self._log.warn("dropping slave {peer}: " + why, peer=self.peer, **fields)
         self._state = _State.CLOSED
         self._paused = True
+        self._end_handshake()
         if self._transfer is not None:
             self._transfer.stop()
         if last_words is None:
@@ -773,10 +934,16 @@ class MasterFactory(ServerFactory):
         run_in_thread: Callable[[Callable[[], Any]], Deferred[Any]] | None = None,
         digest_rate: float = DIGEST_BYTES_PER_SECOND,
         ha: HAService | None = None,
+        auth: GroupAuth | None = None,
     ) -> None:
         """
         @param peer_policy: what a slave's TLS certificate must satisfy
             (applies to TLS connections).
+        @param auth: failover: how slaves prove their node ids
+            (L{failover_node}); with a group secret, the handshake
+            AUTH_HELLO starts is served, and control requests are served
+            only to peers that completed it.  C{None}: ids are only
+            declared (C{--insecure-group}, or no failover).
         @param run_in_thread: runs a DIGEST's hashing and returns a
             Deferred of its result; defaults to the reactor's thread pool
             (inline for a clock without threads, as in tests).
@@ -785,10 +952,17 @@ class MasterFactory(ServerFactory):
         @param ha: the quorum the slaves' acks feed (none: acks are only
             shown).
         """
+        if auth is not None and auth.certificates and not peer_policy.require_client_cert:
+            raise ValueError(
+                "group authentication by TLS client certificates needs a peer policy "
+                "that requires them (--tls-require-client-cert)"
+            )
         self.commitlog = commitlog
         self.clock = clock
         self.config = config
         self.peer_policy = peer_policy
+        #: How slaves prove their node ids (failover), or C{None}.
+        self.auth = auth
         if run_in_thread is None:
             run_in_thread = _default_run_in_thread(clock)
         self.run_in_thread = run_in_thread
@@ -890,20 +1064,34 @@ class MasterFactory(ServerFactory):
     def counted_node(self, connection: MasterConnection) -> str | None:
         """
         Failover mode: the node C{connection}'s acks count for, if any:
-        its declared id, if the coordinator knows that node as a live
-        member reachable from the connection's host (an id is only
-        declared: docs/failover.md, "Who counts").
+        its node id as the group requires it proven
+        (L{MasterConnection.failover_node}), if the coordinator knows that
+        node as a live member (docs/failover.md, "Who counts").
         """
+        if self.ha is None:
+            return None
         node = connection.failover_node
-        if node is None or self.ha is None:
+        if node is None:
+            declared = connection.replica_id
+            if declared is not None and not connection.refused_node:
+                connection.refused_node = True
+                self._log.warn(
+                    "slave {peer} declares node id {node} {why}: it may copy the log, "
+                    "but its acks never count",
+                    peer=connection.peer,
+                    node=declared,
+                    why=f"without proving it ({self.auth.mode} required)"
+                    if self.auth is not None
+                    else f"but its TLS certificate is {connection.identity}'s",
+                )
             return None
         if self.ha.accepts_node(node, connection.peer_host):
             return node
         if not connection.refused_node:
             connection.refused_node = True
             self._log.warn(
-                "slave {peer} declares node id {node}, which is not a live member of "
-                "the group at that host: its acks do not count",
+                "slave {peer} is node {node}, which is not a live member of the "
+                "group: its acks do not count",
                 peer=connection.peer,
                 node=node,
             )

@@ -23,6 +23,7 @@ from twisted.logger import Logger
 
 from rmqha._ports import OpenedLater, listen
 from rmqha.store.commitlog import AppendResult, CommitLog
+from rmqha.ha.auth import GroupAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import HAService, Histogram, PutStatus
@@ -56,6 +57,7 @@ class MasterSide(Service):
         replication_wait: Histogram,
         limited: Callable[[str, Any], Any],
         held: tuple[StreamServerEndpointService, OpenedLater] | None = None,
+        auth: GroupAuth | None = None,
     ) -> None:
         """
         @param limited: wraps the port's factory in the connection limiter.
@@ -63,12 +65,15 @@ class MasterSide(Service):
             the factory it listens with (failover: L{rmqha.ha.haport.HAGate}):
             this side serves slaves through it while it runs, and neither
             opens nor closes the port.
+        @param auth: failover: how slaves prove their node ids
+            (L{MasterFactory}).
         """
         self.reactor = reactor
         self._where = where
         self._config = config
         self._peer_policy = peer_policy
         self._limited = limited
+        self._auth = auth
         self.ha = HAService(
             reactor,
             sync=sync,
@@ -108,7 +113,7 @@ class MasterSide(Service):
         EPOCHS from C{epochs}, failover).
         """
         factory = self.factory = MasterFactory(
-            commitlog, self.reactor, self._config, self._peer_policy, ha=self.ha
+            commitlog, self.reactor, self._config, self._peer_policy, ha=self.ha, auth=self._auth
         )
         factory.epochs = epochs
         self._opened_later.factory = factory

@@ -58,7 +58,9 @@ from rmqha.ha.config import (
     MasterKind,
     OnDivergence,
 )
+from rmqha.ha.auth import GroupAuth
 from rmqha.ha.control import (
+    AuthFailed,
     CheckFailed,
     ControlClient,
     MasterInfo,
@@ -164,6 +166,7 @@ class Replica(Service):
         master_kind: MasterKind = MasterKind.AUTO,
         replica_id: str | None = None,
         epochs: EpochFile | None = None,
+        auth: GroupAuth | None = None,
         expected_leader: tuple[str, int] | None = None,
         max_cut: int | None = None,
     ) -> None:
@@ -172,13 +175,22 @@ class Replica(Service):
             default the one kept in the store (failover mode: the node id).
         @param epochs: the store's epoch file: failover mode (see the
             module's docstring); C{None}: no epochs.
-        @param expected_leader: failover: the node id and epoch the
-            coordinator names as leader; a master answering another epoch
-            is not followed (nothing is cut on its word).
+        @param auth: failover: how this node and its master prove their
+            node ids (L{rmqha.ha.auth}); with a group secret every
+            connection to the master starts with the handshake.  A master
+            that proves no id, or not the expected leader's, is refused.
+            C{None}: ids are not proven (C{--insecure-group}, fixed roles).
+        @param expected_leader: see L{expected_leader}.
         @param max_cut: failover: the most bytes a check may cut from this
             log (epochs or digests); a bigger cut halts replication with
             one line naming the option that allows it.  C{None}: no limit.
         """
+        #: The node id and epoch the coordinator names as the leader
+        #: (failover), or C{None}: with group authentication, the master
+        #: must prove this node id (on the probe and on every replication
+        #: connection), or it is not followed.
+        self.expected_leader = expected_leader
+        self._auth = auth
         self.reactor = reactor
         self._replica_id = replica_id
         self.store = store
@@ -305,6 +317,8 @@ class Replica(Service):
         )
         factory.checked = bool(self._checked)
         factory.identity = self._identity
+        factory.auth = self._auth
+        factory.expected_master = self._expected_master()
         self.store.flush_observers.append(factory.flushed)
         self.client_service = make_slave_service(
             self._client, factory, self.reactor, self._retry_policy, master=self.master_address
@@ -317,6 +331,32 @@ class Replica(Service):
             self.store.flush_observers.remove(self.slave_factory.flushed)
 
     # -- checks -------------------------------------------------------------
+
+    def _expected_master(self) -> str | None:
+        leader = self.expected_leader
+        return leader[0] if leader is not None else None
+
+    def _check_master_identity(self, info: MasterInfo) -> None:
+        """
+        With group authentication: the master must have proven a node id
+        on the probe, and the expected leader's if one is named
+        (docs/failover.md, "Who counts").
+
+        @raise _Refused: it did not.
+        """
+        if self._auth is None:
+            return
+        master = self.master_address
+        expected = self._expected_master()
+        if not info.node_ids:
+            raise _Refused(
+                f"master {master} proved no node id ({self._auth.mode} required): not followed"
+            )
+        if expected is not None and expected not in info.node_ids:
+            raise _Refused(
+                f"master {master} proved it is node {', '.join(sorted(info.node_ids))}, "
+                f"not {expected}, the elected leader: not followed"
+            )
 
     def _suspect(self) -> None:
         """
@@ -510,7 +550,18 @@ class Replica(Service):
         # otherwise silence for the first timeout means RocketMQ.
         first = None if sticky else min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
         assert self._client is not None
-        session = await probe(self.reactor, self._client, self._probe_timeout, first_timeout=first)
+        try:
+            session = await probe(
+                self.reactor,
+                self._client,
+                self._probe_timeout,
+                first_timeout=first,
+                auth=self._auth,
+                expected_master=self._expected_master(),
+            )
+        except AuthFailed as e:
+            # (Not to be followed, as a master without epochs is not.)
+            raise _Refused(f"master {master}: {e}") from None
         if session is None:
             if self.epochs is not None:
                 raise _Refused(
@@ -536,6 +587,7 @@ class Replica(Service):
             return None
         client, info = session
         try:
+            self._check_master_identity(info)
             self._learnt(MasterKind.RMQHA)
             self._set_framing(info.checked_framing, bool(info.features & FEATURE_IDENTIFY))
             ours = self.commitlog.segment_size

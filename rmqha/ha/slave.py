@@ -52,6 +52,7 @@ from rmqha.ha._wire import (
 )
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import CorruptReplicaError, StoreError
+from rmqha.ha.auth import HANDSHAKE_TIMEOUT, AuthError, GroupAuth, SlaveHandshake
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
 from rmqha._sockets import send_now, set_tcp_no_delay
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
@@ -94,6 +95,9 @@ class SlaveConnection(Protocol):
     def __init__(self, factory: "SlaveFactory") -> None:
         self.factory = factory
         self.master_offset: int | None = None
+        #: The master's node id, proven by group authentication (once it
+        #: is over; C{None} without a group secret).
+        self.master_id: str | None = None
         #: The last frame was a heartbeat at this slave's max offset: the
         #: master had nothing more to send (the classic protocol never
         #: says the master's max offset otherwise).
@@ -101,6 +105,16 @@ class SlaveConnection(Protocol):
         #: This connection uses checked framing.
         self.checked = factory.checked
         self._decoder = TransferDecoder(checked=self.checked)
+        auth = factory.auth
+        #: Failover with a group secret: the handshake that starts the
+        #: connection (L{rmqha.ha.auth}); the first report follows this
+        #: node's proof.
+        self._handshake = (
+            SlaveHandshake(auth, factory.expected_master)
+            if auth is not None and auth.secret is not None
+            else None
+        )
+        self._handshake_timer: IDelayedCall | None = None
         self._hello_sent = False
         self._closed = False
         # The socket transport whose read size adapts (under TLS, the one
@@ -155,13 +169,25 @@ class SlaveConnection(Protocol):
         """
         if self._closed:
             return
+        handshake = self._handshake
+        if handshake is not None and not handshake.proved:
+            # Group authentication first: the report follows the proof.
+            if self._handshake_timer is None:
+                send_now(self.transport, [handshake.hello()])
+                self._handshake_timer = self.factory.clock.callLater(
+                    HANDSHAKE_TIMEOUT, self._handshake_timed_out
+                )
+            return
         offset = self.factory.commitlog.record_end
         report = encode_report(offset, self.checked)
         if not self._hello_sent:
             self._hello_sent = True
             if self.checked:
                 report = encode_code(CHECKED_HELLO) + report
-            if self.factory.identity is not None:
+            if handshake is not None:
+                # (The proof names this node: no IDENTIFY.)
+                report = handshake.proof + report
+            elif self.factory.identity is not None:
                 # Only to a master whose INFO offered it (the broker sets it).
                 report = encode_identify(self.factory.identity) + report
         send_now(self.transport, [report])
@@ -178,6 +204,44 @@ class SlaveConnection(Protocol):
     def handshakeCompleted(self) -> None:
         self._handshake_done = True
 
+    def _authenticate(self, data: bytes) -> bytes:
+        """
+        Feed the group authentication handshake: once the master's
+        challenge holds, send the proof with the first report; once its
+        verdict is here, the bytes after it (C{b""} until then, and when
+        the connection is dropped).
+        """
+        handshake = self._handshake
+        assert handshake is not None
+        try:
+            if handshake.feed(data):
+                self.send_report()
+        except AuthError as e:
+            self._drop("group authentication failed: {error}", error=str(e))
+            return b""
+        except ProtocolError as e:
+            if isinstance(e, ChecksumError):
+                self.factory.checksum_failures += 1
+            self._drop("group authentication: {error}", error=str(e))
+            return b""
+        if not handshake.done:
+            return b""
+        self._end_handshake()
+        self.master_id = handshake.master_id
+        return handshake.rest
+
+    def _end_handshake(self) -> None:
+        if self._handshake_timer is not None and self._handshake_timer.active():
+            self._handshake_timer.cancel()
+        self._handshake_timer = None
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        self._drop(
+            "group authentication failed: the master did not finish it within {timeout:g} s",
+            timeout=HANDSHAKE_TIMEOUT,
+        )
+
     def dataReceived(self, data: bytes) -> None:
         if self._closed:
             return
@@ -185,8 +249,14 @@ class SlaveConnection(Protocol):
             # (Counted as a connection that brought nothing: backs off.)
             self._drop("{hint}", hint=PLAIN_SLAVE_TLS_MASTER_HINT)
             return
-        self._received = True
         self._last_read = self.factory.clock.seconds()
+        if self._handshake is not None and not self._handshake.done:
+            # (Until the handshake is over, nothing came from the master:
+            # a refused node backs off and checks its master again.)
+            data = self._authenticate(data)
+            if not data:
+                return
+        self._received = True
         if self._socket is not None:
             if self._tls:
                 # TLS hands over a socket read in 32 KiB pieces: size the
@@ -467,6 +537,7 @@ class SlaveConnection(Protocol):
         """
         self._log.warn("dropping the connection to the master: " + why, **fields)
         self._closed = True
+        self._end_handshake()
         self.transport.abortConnection()  # type: ignore[union-attr]
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -493,6 +564,7 @@ class SlaveConnection(Protocol):
             # master while it stalled does not stay classic.)
             self.factory.suspect()
         self._closed = True
+        self._end_handshake()
         self._report_timer.stop()
         self._housekeeping.stop()
         if self.factory.connection is self:
@@ -545,6 +617,12 @@ class SlaveFactory(Factory):
         self.checked = False
         #: The replica id to declare with IDENTIFY (the master offered it).
         self.identity: str | None = None
+        #: Failover: how this node proves its id (with a group secret, every
+        #: connection starts with the handshake), or C{None}.
+        self.auth: GroupAuth | None = None
+        #: Failover: the node id the master must prove (the elected
+        #: leader's), or C{None}: any other member.
+        self.expected_master: str | None = None
         #: Frames that failed their CRC (checked framing): damaged on the
         #: way, never written.
         self.checksum_failures = 0

@@ -209,6 +209,7 @@ def test_duplicate_node_id_refuses_to_run(etcd: EtcdCluster, tmp_path: Any) -> N
                 "--coordinator", etcd.spec, "--group", group.group,
                 "--node-id", holder.node_id, "--role", "SYNC_MASTER",
                 "--advertise", f"127.0.0.1:{ha}", "--ha-listen", f"tcp:{ha}:interface=127.0.0.1",
+                *group._auth_flags[0],
                 *group.options,
             ),
             capture_output=True, text=True, timeout=60,
@@ -223,6 +224,84 @@ def test_duplicate_node_id_refuses_to_run(etcd: EtcdCluster, tmp_path: Any) -> N
         assert group.masters() == [master]
         status = group.status(0) or {}
         assert (status.get("failover") or {}).get("node_id") == holder.node_id
+
+
+def test_strangers_on_the_ha_port(etcd: EtcdCluster, tmp_path: Any) -> None:
+    """
+    Issue 25, item 4, over real sockets (the group authenticated by its
+    secret, as by default): a stranger declaring a member's id with
+    IDENTIFY may copy the log but is never that member (C{/status}:
+    not authenticated) and never replaces the member's connection; one
+    answering the challenge without the secret gets AUTH_REFUSED and is
+    dropped; the master logs one line for each.
+    """
+    import socket
+
+    from rmqha.ha._wire import (
+        AUTH_REFUSED, decode_auth_challenge, encode_auth_proof, encode_code, encode_identify,
+        encode_report,
+    )
+    from rmqha.ha.auth import GroupAuth, SlaveHandshake
+
+    def read(sock: socket.socket, count: int) -> bytes:
+        data = b""
+        while len(data) < count:
+            chunk = sock.recv(count - len(data))
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    with FailoverCluster(str(tmp_path), etcd.spec) as group:
+        master = group.wait_master()
+        wait_in_sync(group, master, 3)
+        node = group.nodes[master]
+        member = next(n.node_id for n in group.nodes if n.index != master)
+        with socket.create_connection((node.host, node.ha_port), timeout=5) as forger, \
+                socket.create_connection((node.host, node.ha_port), timeout=5) as guesser:
+            forger.sendall(encode_identify(member) + encode_report(0))
+            assert len(read(forger, 12)) == 12  # (a frame: it may copy the log)
+            hello = SlaveHandshake(GroupAuth(group.group, member, b"not the group's secret!"))
+            guesser.sendall(hello.hello())
+            challenge = decode_auth_challenge(read(guesser, 78 + len(node.node_id.encode())))
+            assert challenge is not None and challenge[0].node_id == node.node_id
+            guesser.sendall(encode_auth_proof(bytes(32)))
+            assert read(guesser, 9) == encode_code(AUTH_REFUSED)
+            deadline = time.monotonic() + 10
+            while True:
+                slaves = (group.status(master) or {}).get("slaves", [])
+                forged = [s for s in slaves if s["replica_id"] == member and not s["authenticated"]]
+                if forged or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            assert forged, slaves
+            proven = [s["replica_id"] for s in slaves if s["authenticated"]]
+            assert sorted(proven) == sorted(n.node_id for n in group.nodes if n.index != master)
+            assert (group.status(master) or {})["failover"]["auth"] == "group secret"
+        with open(group.log_path(master)) as f:
+            log = f.read()
+        assert f"declares node id {member} without proving it" in log
+        assert log.count(f"group authentication failed: the proof of node {member} does not hold") == 1
+
+
+def test_kill_master_tls(etcd: EtcdCluster, tmp_path: Any) -> None:
+    """
+    The group authenticated by TLS client certificates naming the node ids
+    (C{rmqha certs init --group}'s), instead of the secret: two kills,
+    every PUT_OK on the new master, the stores identical at the end.
+    """
+    with FailoverCluster(str(tmp_path), etcd.spec, auth="tls") as group:
+        load = Producers(group, 3)
+        try:
+            kills = kill_masters(group, load, 2)
+        finally:
+            load.stop()
+        for figures in kills:
+            assert figures["new"] != figures["old"]
+            assert figures["missing"] == 0, figures
+        status = group.status(kills[-1]["new"]) or {}
+        assert status["failover"]["auth"] == "TLS client certificates"
+        _assert_end(group, None)
 
 
 def _netns_unavailable() -> str | None:

@@ -77,11 +77,14 @@ def test_failover_node_ha_port_in_use(tmp_path: Any, busy_port: int) -> None:
         f"twistd rmqha: cannot listen on tcp:{busy_port}:interface=127.0.0.1 "
         "(--ha-listen): Address already in use"
     )
+    from rmqha.certs import write_secret
+
     code, text, store = run_twistd(
         tmp_path,
         "--coordinator", "etcd:http://127.0.0.1:1", "--group", "g", "--node-id", "a",
         "--advertise", f"127.0.0.1:{busy_port}",
         "--ha-listen", f"tcp:{busy_port}:interface=127.0.0.1",
+        "--group-secret-file", write_secret(str(tmp_path / "group.secret")),
     )
     assert code != 0, text
     assert expected in text, text
