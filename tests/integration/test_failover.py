@@ -188,6 +188,47 @@ def test_out_of_sync_slave_not_elected(etcd: EtcdCluster, tmp_path: Any) -> None
         _assert_end(group, None)
 
 
+def test_squatter_cannot_take_a_candidates_port(etcd: EtcdCluster, tmp_path: Any) -> None:
+    """
+    Issue 25: a local process tried to bind the best candidate's HA port
+    while that node was a slave, and answered EPOCHS as the next master.
+    Every node now holds its HA port in every role: the bind fails; the
+    master's loss then ends with a new master within 10 s, and no replica
+    has cut a byte.
+    """
+    import errno
+    import socket
+
+    with FailoverCluster(str(tmp_path), etcd.spec) as group:
+        master = group.wait_master()
+        wait_in_sync(group, master, 3)
+        with Producers(group, 2) as load:
+            time.sleep(0.5)
+            for node in group.nodes:
+                if node.index == master:
+                    continue
+                squatter = socket.socket()
+                try:
+                    with pytest.raises(OSError) as caught:
+                        squatter.bind((node.host, node.ha_port))
+                    assert caught.value.errno == errno.EADDRINUSE
+                finally:
+                    squatter.close()
+            group.kill(master)
+            killed = time.monotonic()
+            new = group.wait_master(timeout=10, exclude=[master])
+            assert time.monotonic() - killed < 10
+            wait_in_sync(group, new, 2)
+            acked = load.acked()
+        assert group.missing_acked(new, acked) == []
+        for node in group.nodes:
+            if node.index != master:
+                status = group.status(node.index) or {}
+                assert status.get("epoch_truncated_bytes", 0) == 0, status
+        group.start(master)
+        _assert_end(group, None)
+
+
 def test_duplicate_node_id_refuses_to_run(etcd: EtcdCluster, tmp_path: Any) -> None:
     """
     A process started with a node id that is live in the group exits with
