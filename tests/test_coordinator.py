@@ -62,23 +62,7 @@ class _Group(_InMemory):
         campaign succeeds in the DCS but fails at the node, as a request
         that timed out under load does (the wins are in C{self.lost_wins}).
         """
-        store = self.mktemp()
-        broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            ha_listen="tcp:0",
-            run_in_thread=lambda f: succeed(f()),
-            retry_policy=lambda attempt: 0.1,
-            fd_limit=lambda: 4096,
-            scrub_rate=0,
-            coordinated=True,
-            replica_id=node_id,
-            epochs=EpochFile(store),
-            min_in_sync_replicas=settings.pop("min_in_sync_replicas", 2),
-            group_auth=self.group_auth(node_id),
-        )
-        broker.startService()
+        broker = self.coordinated_broker(node_id, settings.pop("min_in_sync_replicas", 2))
         dcs = MemoryDCS(self.store, "g")
         if lose_campaign_answer:
             self._lose_campaign_answer(dcs, node_id)
@@ -94,6 +78,30 @@ class _Group(_InMemory):
         coordinator.startService()
         node = self.nodes[node_id] = _Node(broker, dcs, coordinator)
         return node
+
+    def coordinated_broker(self, node_id: str, min_in_sync_replicas: int = 2) -> Broker:
+        """
+        A started broker as a coordinator finds it: standing by, with an
+        epoch file, declaring C{node_id}.
+        """
+        store = self.mktemp()
+        broker = Broker(
+            self.clock,
+            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            Role.SLAVE,
+            ha_listen="tcp:0",
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 0.1,
+            fd_limit=lambda: 4096,
+            scrub_rate=0,
+            coordinated=True,
+            replica_id=node_id,
+            epochs=EpochFile(store),
+            min_in_sync_replicas=min_in_sync_replicas,
+            group_auth=self.group_auth(node_id),
+        )
+        broker.startService()
+        return broker
 
     def group_auth(self, node_id: str) -> GroupAuth | None:
         """
@@ -796,20 +804,7 @@ class LostAnswerTests(_Group):
         master = self.master()
         assert master is not None
         fatal: list[str] = []
-        store = self.mktemp()
-        broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            ha_listen="tcp:0",
-            run_in_thread=lambda f: succeed(f()),
-            fd_limit=lambda: 4096,
-            scrub_rate=0,
-            coordinated=True,
-            replica_id="a",
-            epochs=EpochFile(store),
-        )
-        broker.startService()
+        broker = self.coordinated_broker("a")
         self.addCleanup(self.stop, broker)
         twin = Coordinator(
             self.clock,

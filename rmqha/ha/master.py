@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import (
@@ -1173,35 +1173,27 @@ class MasterFactory(ServerFactory):
                 acks[node] = max(acks.get(node, -1), c.ack_offset)
         return acks
 
-    def live_acks(self) -> list[int]:
+    def _delivering(self) -> Iterator[MasterConnection]:
         """
-        The acks of the replicating slaves whose links deliver acks
-        (L{MasterConnection.delivers_acks}): one per replica.
+        The replicating connections whose links deliver acks
+        (L{MasterConnection.delivers_acks}).
         """
         now = self.clock.seconds()
         end = self.commitlog.max_offset
         timeout = self.link_timeout
-        return [
-            c.ack_offset  # type: ignore[misc]
-            for c in self.connections
-            if c.delivers_acks(now, end, timeout)
-        ]
+        return (c for c in list(self.connections) if c.delivers_acks(now, end, timeout))
+
+    def live_acks(self) -> list[int]:
+        """
+        The acks of the slaves whose links deliver acks: one per replica.
+        """
+        return [c.ack_offset for c in self._delivering() if c.ack_offset is not None]
 
     def live_nodes(self) -> set[str]:
         """
-        Failover mode: the counted nodes with a replicating connection
-        whose link delivers acks.
+        Failover mode: the counted nodes whose links deliver acks.
         """
-        now = self.clock.seconds()
-        end = self.commitlog.max_offset
-        timeout = self.link_timeout
-        nodes: set[str] = set()
-        for c in self.connections:
-            if c.delivers_acks(now, end, timeout):
-                node = self.counted_node(c)
-                if node is not None:
-                    nodes.add(node)
-        return nodes
+        return {node for c in self._delivering() if (node := self.counted_node(c)) is not None}
 
     def disconnect_all(self, why: str) -> None:
         """

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from typing import Any, Sequence
@@ -35,7 +33,7 @@ from typing import Any, Sequence
 from rmqha.failover_cluster import FailoverCluster, Producers, Put, converge_and_check, wait_in_sync
 from rmqha.testing import EtcdCluster
 
-from tests.integration._failover_partition import _dropped
+from tests.integration._failover_partition import _dropped, in_namespace
 from tests.integration._netns_scenario import _run
 
 TABLE = "rmqha_failover"
@@ -71,13 +69,7 @@ def _window(puts: Sequence[Put], start: float, end: float) -> dict[str, Any]:
 
 
 def main(directory: str) -> int:
-    _run("ip", "link", "set", "lo", "up")
-    work = tempfile.mkdtemp(prefix="rmqha-cut-")
-    try:
-        os.chmod(work, 0o755)
-        return _scenario(directory, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return in_namespace(_scenario, directory)
 
 
 def _scenario(directory: str, work: str) -> int:

@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Callable
 
 from rmqha.failover_cluster import (
     FailoverCluster, Producers, converge_and_check, wait_in_sync, windows,
@@ -62,16 +63,24 @@ def _dropped() -> int:
     return total
 
 
-def main(directory: str) -> int:
+def in_namespace(scenario: Callable[[str, str], int], directory: str) -> int:
+    """
+    Run C{scenario(directory, work)} in this namespace: its loopback up,
+    and a work directory the nodes' users can reach (they run as other
+    users, and the test's own temporary directory is under a 0700 one),
+    removed at the end.
+    """
     _run("ip", "link", "set", "lo", "up")
-    # The nodes run as other users: their stores must be reachable, and
-    # the test's own temporary directory is under a 0700 one.
     work = tempfile.mkdtemp(prefix="rmqha-failover-")
     try:
         os.chmod(work, 0o755)
-        return _scenario(directory, work)
+        return scenario(directory, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def main(directory: str) -> int:
+    return in_namespace(_scenario, directory)
 
 
 def _scenario(directory: str, work: str) -> int:
