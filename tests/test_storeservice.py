@@ -252,10 +252,12 @@ class CommitLogServiceTests(SynchronousTestCase):
         With C{SYNC_FLUSH} the service does group commit: puts do not flush
         inline; waiters on when_flushed are served by one flush for all
         puts made before it; puts during that flush ride the next one.  No
-        periodic flush is scheduled.
+        periodic flush is scheduled (only the look at the segment files).
         """
         service, commitlog = self._started(FlushDiskType.SYNC_FLUSH)
-        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(
+            [call.func.f for call in self.clock.getDelayedCalls()], [commitlog.check]
+        )
         ends = [commitlog.put(_message(i)).next_offset for i in range(3)]
         self.assertEqual(commitlog.flushed_offset, 0)
         waiting = [service.when_flushed(end) for end in ends]
