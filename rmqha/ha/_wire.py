@@ -99,6 +99,12 @@ __all__ = [
     "decode_auth_challenge",
     "encode_auth_proof",
     "decode_auth_proof",
+    "CLOSING",
+    "MAX_CLOSING_TEXT",
+    "MasterClosing",
+    "encode_closing",
+    "decode_closing",
+    "is_closing",
     "Greeting",
     "sniff_greeting",
 ]
@@ -380,7 +386,12 @@ class TransferDecoder:
         """
         The next header's bytes once they are all here.
         """
-        size = self._header_size
+        return self._peek(self._header_size)
+
+    def _peek(self, size: int) -> bytes | memoryview | None:
+        """
+        The next C{size} buffered bytes once they are all here (not taken).
+        """
         if not self._held:
             if len(self._data) - self._position < size:
                 return None
@@ -406,9 +417,14 @@ class TransferDecoder:
             return self._pending
         header = self._header()
         if header is None:
+            if self.checked:
+                self._closing()  # (one shorter than a header, once whole)
             return None
         if self.checked:
             offset, size, self._body_crc, crc = _CHECKED_HEADER.unpack(header)
+            if offset == CLOSING:
+                self._closing()
+                return None
             computed = crc32(header[:16])
             if crc != computed:
                 raise _crc_error("a frame header", crc, computed)
@@ -425,6 +441,28 @@ class TransferDecoder:
         # reads has its header gathered, unpacked and checked once.)
         self._pending = offset, size
         return self._pending
+
+    def _closing(self) -> None:
+        """
+        The master's CLOSING, in place of a header: once it is whole,
+        raise L{MasterClosing} with its text (the stream ends there).
+        Nothing, when the next bytes are not one.
+        """
+        code = self._peek(8)
+        if code is None or bytes(code) != _CLOSING_CODE:
+            return
+        head = self._peek(_CLOSING_HEAD.size)
+        if head is None:
+            return
+        _, length = _CLOSING_HEAD.unpack(head)
+        if length > MAX_CLOSING_TEXT:
+            raise ProtocolError(f"CLOSING of {length} bytes; the limit is {MAX_CLOSING_TEXT}")
+        message = self._peek(_CLOSING_HEAD.size + length + 4)
+        if message is None:
+            return
+        found = decode_closing(bytes(message))
+        assert found is not None
+        raise MasterClosing(found[0])
 
     def next_frame(self) -> TransferFrame | None:
         """
@@ -886,6 +924,78 @@ def decode_auth_proof(data: bytes | bytearray) -> tuple[bytes, int] | None:
     if len(data) < AUTH_PROOF_SIZE:
         return None
     return _unsealed(data, AUTH_PROOF_SIZE, "AUTH_PROOF")[8:], AUTH_PROOF_SIZE
+
+
+# -- CLOSING: a master's last words (docs/protocol.md) ------------------------
+#
+# A master about to close a connection to an rmqha slave says why first:
+# its commit log is damaged, or the bytes the slave needs cannot be read.
+# Sent in place of a frame header on a checked-framing replication
+# connection, and in place of an answer in a control session: never to a
+# RocketMQ slave, which asks for neither.
+
+#: Master to slave, then it closes: code, text length (uint16), the text in
+#: UTF-8 (at most MAX_CLOSING_TEXT bytes), CRC-32.
+CLOSING = -0x524D514841_0009
+#: The longest CLOSING text, in UTF-8 bytes (longer ones are cut).
+MAX_CLOSING_TEXT = 1024
+
+_CLOSING_HEAD = struct.Struct(">qH")
+_CLOSING_CODE = _REPORT.pack(CLOSING)
+
+
+class MasterClosing(ProtocolError):
+    """
+    The master said why it closes the connection (CLOSING).
+
+    @ivar reason: its text.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the master closed the connection: {reason}")
+        self.reason = reason
+
+
+def encode_closing(reason: str) -> bytes:
+    """
+    The CLOSING message saying C{reason} (cut to L{MAX_CLOSING_TEXT} bytes
+    of UTF-8, at a character boundary).
+    """
+    data = reason.encode("utf-8")[:MAX_CLOSING_TEXT].decode("utf-8", "ignore").encode("utf-8")
+    return _sealed(_CLOSING_HEAD.pack(CLOSING, len(data)) + data)
+
+
+def is_closing(data: bytes | bytearray | memoryview) -> bool:
+    """
+    Whether C{data} starts with the CLOSING code (at least 8 bytes).
+    """
+    return bytes(data[:8]) == _CLOSING_CODE
+
+
+def decode_closing(data: bytes | bytearray) -> tuple[str, int] | None:
+    """
+    The text of the CLOSING at the start of C{data} (which starts with its
+    code) and the bytes it took, or C{None} until it is whole.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the length is impossible or the text not UTF-8.
+    """
+    if len(data) < _CLOSING_HEAD.size:
+        return None
+    code, length = _CLOSING_HEAD.unpack_from(data)
+    if code != CLOSING:
+        raise ProtocolError(f"code {code} is not CLOSING")
+    if length > MAX_CLOSING_TEXT:
+        raise ProtocolError(f"CLOSING of {length} bytes; the limit is {MAX_CLOSING_TEXT}")
+    size = _CLOSING_HEAD.size + length + 4
+    if len(data) < size:
+        return None
+    message = _unsealed(data, size, "CLOSING")
+    try:
+        reason = message[_CLOSING_HEAD.size :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("the CLOSING text is not UTF-8") from None
+    return reason, size
 
 
 # -- epochs (an rmqha extension for failover, docs/protocol.md) ---------------
