@@ -307,13 +307,17 @@ class ReplicaAppendTests(SynchronousTestCase):
 
     def test_removed(self) -> None:
         """
-        Into a removed file the bytes would go nowhere: refused.
+        Into a removed file the bytes go nowhere: once the look at the
+        files (the timer, a flush) found it, appends are refused.  (Before
+        each append only the size is looked at: docs/store.md.)
         """
         os.unlink(self.path)
+        self.assertIn("was removed", str(self.log.check()))
         error = self.assertRaises(
             StoreDamagedError, self.log.append_at, 1500, replica_records(1500, 500)
         )
         self.assertIn("was removed", str(error))
+        self.assertEqual(self.log.max_offset, 1500)
 
     def test_discard_and_truncate(self) -> None:
         """

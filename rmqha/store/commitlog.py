@@ -996,13 +996,18 @@ class CommitLog:
         Before writing into C{segment}'s file: raise L{StoreDamagedError}
         if it is not the file the log holds.
         """
-        try:
-            segment.ensure_fd()
-        except OSError as e:
-            raise self._damaged(segment, self._open_failure(e)) from None
-        what = segment.examine()
-        if what is not None:
-            raise self._damaged(segment, what)
+        fd = segment.fd
+        if fd is None:
+            try:
+                fd = segment.ensure_fd()
+            except OSError as e:
+                raise self._damaged(segment, self._open_failure(e)) from None
+        # The file's size by lseek, not fstat: after a write, fstat costs
+        # ~1.8 us here (a slave appends per read: ~15 % of a one-record
+        # frame), lseek ~0.45.  A removed or replaced file keeps its size:
+        # that is for check() (the timer, flushes, rolls) to find.
+        if os.lseek(fd, 0, os.SEEK_END) != segment.size:
+            raise self._damaged(segment, segment.examine(by_path=True) or "changed")
 
     def _refuse_if_damaged(self) -> None:
         damage = self._damage
