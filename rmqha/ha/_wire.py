@@ -386,7 +386,12 @@ class TransferDecoder:
         """
         The next header's bytes once they are all here.
         """
-        return self._peek(self._header_size)
+        size = self._header_size
+        if not self._held:
+            if len(self._data) - self._position < size:
+                return None
+            return self._data[self._position : self._position + size]
+        return self._peek(size)
 
     def _peek(self, size: int) -> bytes | memoryview | None:
         """
@@ -417,7 +422,7 @@ class TransferDecoder:
             return self._pending
         header = self._header()
         if header is None:
-            if self.checked:
+            if self.checked and (self._held or self._position < len(self._data)):
                 self._closing()  # (one shorter than a header, once whole)
             return None
         if self.checked:
