@@ -30,6 +30,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
+import rmqha
 from rmqha.admin import status
 from rmqha.broker import NotStoredError, Role
 from rmqha.ha._wire import (
@@ -281,6 +282,53 @@ class LiveSegmentTests(_Store):
         self.assertEqual(os.path.getsize(self.path), self.written - 1000)
 
 
+    def test_cut_to_nothing_is_not_deleted_at_open(self) -> None:
+        """
+        A file cut to nothing looks like one whose creation was interrupted
+        (short, all zeros: deleted at open, the log then ending before it).
+        The damage was recorded when it was found: the next open refuses
+        it, naming it, and leaves it as it is.
+        """
+        os.truncate(self.path, 0)
+        self.log.check()
+        self.log.close()
+        error = self.assertRaises(
+            CorruptStoreError,
+            CommitLog.open,
+            self.log.store_dir,
+            segment_size=SEGMENT,
+            clock=fixed_clock,
+        )
+        self.assertIn(self.path, str(error))
+        self.assertIn("was truncated to 0 bytes", str(error))
+        self.assertNotIn("\n", str(error))
+        self.assertEqual(os.path.getsize(self.path), 0)
+
+    def test_restored_file_opens(self) -> None:
+        """
+        The file put back (from a replica, say): the store opens, says what
+        the last run found, and keeps that record in the quarantine.
+        """
+        with open(self.path, "rb") as f:
+            saved = f.read()
+        os.truncate(self.path, 0)
+        self.log.check()
+        self.log.close()
+        with open(self.path, "wb") as f:
+            f.write(saved)
+        with capturedLogs() as events:
+            log = open_store(self, self.log.store_dir, segment_size=SEGMENT)
+        self.assertEqual(log.max_offset, self.written)
+        lines = [formatEvent(e) for e in events if "the last run found" in formatEvent(e)]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("was truncated to 0 bytes", lines[0])
+        quarantine = os.path.join(self.log.store_dir, "rmqha", "quarantine")
+        self.assertEqual(
+            [name.startswith("damaged-") for name in os.listdir(quarantine)], [True]
+        )
+        self.assertFalse(os.path.exists(os.path.join(self.log.store_dir, "rmqha", "damaged.json")))
+
+
 class ReplicaAppendTests(SynchronousTestCase):
     """
     A slave's appends (pwrite, not the mapping) into a changed file.
@@ -470,7 +518,8 @@ class GuardProcessTests(SynchronousTestCase):
         )
         directory = os.path.abspath(self.mktemp())
         os.makedirs(directory)
-        env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # (This checkout's rmqha, whatever the working directory is.)
+        env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(rmqha.__file__)))
         env.pop("PYTHONFAULTHANDLER", None)
         return subprocess.run(
             [sys.executable, *extra, "-c", prelude + textwrap.dedent(code), directory],
@@ -478,7 +527,6 @@ class GuardProcessTests(SynchronousTestCase):
             text=True,
             timeout=60,
             env=env,
-            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         )
 
     def test_guarded_fault_absorbed(self) -> None:

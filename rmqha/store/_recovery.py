@@ -8,6 +8,7 @@ L{CommitLog}.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,7 +41,9 @@ from rmqha.store._segments import (
     _zero_after,
 )
 from rmqha.store.errors import (
+    _DAMAGED,
     CorruptRecordError,
+    CorruptStoreError,
     Damage,
     StoreError,
 )
@@ -415,6 +418,8 @@ def recover_store(
     segments, size, unfinished = _load_segments(
         commitlog_dir, segment_size, writable=not read_only
     )
+    if unfinished is not None and not read_only:
+        _refuse_if_recorded_damaged(store_dir, unfinished, size, segments)
     try:
         recovery = _recover(
             store_dir, segments, clean, check_crc, read_only,
@@ -440,6 +445,44 @@ def recover_store(
             pass
         _fsync_dir(store_dir)
     return segments, size, recovery
+
+
+def damage_record(store_dir: str) -> dict[str, object] | None:
+    """
+    What an open log recorded when it found one of its segment files
+    changed under it (C{rmqha/damaged.json}), if it did and it can be read.
+    """
+    try:
+        with open(os.path.join(store_dir, *_DAMAGED), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _refuse_if_recorded_damaged(
+    store_dir: str, unfinished: str, size: int, segments: list[_Segment]
+) -> None:
+    """
+    A short, all-zero last segment file is deleted as one whose creation
+    was interrupted, unless the last run recorded it truncated (or
+    otherwise changed) under it: then it once held records, and it is
+    refused, naming it, and left as it is.
+    """
+    record = damage_record(store_dir)
+    if record is None or record.get("segment") != os.path.basename(unfinished):
+        return
+    for segment in segments:
+        segment.close()
+    marker = os.path.join(store_dir, *_DAMAGED)
+    raise CorruptStoreError(
+        f"{unfinished}: {os.path.getsize(unfinished)} bytes, but segments are {size} "
+        f"bytes, and it {record.get('what')} under the running broker (recorded in "
+        f"{marker}): it held records, it was not an interrupted creation, so it is "
+        "left as it is; those records are not in this store any more: copy the file "
+        "from a replica (the same name in its commitlog/ holds the same bytes), or "
+        "move this store aside and rebuild it from a replica"
+    )
 
 
 def log_recovery(

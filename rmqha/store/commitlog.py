@@ -33,6 +33,7 @@ L{rmqha.store.service}.
 from __future__ import annotations
 
 import errno
+import json
 import mmap
 import os
 import time
@@ -40,6 +41,7 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
+from rmqha._files import write_atomically
 from rmqha.store import _guard
 from rmqha.store import _record as _codec
 from rmqha.store._prefault import Prefaulter
@@ -63,6 +65,7 @@ from rmqha.store._record import (
 )
 from rmqha.store._recovery import (
     RecoveryReport,
+    damage_record,
     RepairReport,
     VerifyReport,
     log_recovery,
@@ -83,12 +86,14 @@ from rmqha.store._segments import (
     _incomplete,
     _lock,
     _quarantine_bytes,
+    _quarantine_target,
     _zero_after,
     create_segment,
     cut_segments,
     segment_name,
 )
 from rmqha.store.errors import (
+    _DAMAGED,
     CorruptRecordError,
     CorruptReplicaError,
     CorruptStoreError,
@@ -315,7 +320,31 @@ class CommitLog:
         if damage is not None:
             self.close()
             raise StoreDamagedError(damage.path, damage.what)
+        if not read_only:
+            self._forget_recorded_damage()
         return self
+
+    def _forget_recorded_damage(self) -> None:
+        """
+        Opened although the last run recorded a segment file changed under
+        it (the file was restored, or the log ends before it now): say so,
+        and move the record into the quarantine (kept, not repeated).
+        """
+        record = damage_record(self.store_dir)
+        path = os.path.join(self.store_dir, *_DAMAGED)
+        if record is None and not os.path.exists(path):
+            return
+        target = _quarantine_target(self.store_dir, "damaged", ".json", self._clock)
+        os.rename(path, target)
+        self._log.warn(
+            "the last run found segment file {segment} {what} under it; the log was "
+            "recovered as the files are now, to offset {end} (the record is kept in "
+            "{target})",
+            segment=(record or {}).get("segment"),
+            what=(record or {}).get("what"),
+            end=self.max_offset,
+            target=target,
+        )
 
     # -- offsets -----------------------------------------------------------
 
@@ -1027,6 +1056,7 @@ class CommitLog:
             damage = self._damage = StoreDamagedError(segment.path, what or "changed")
             self._put_ready_at = -1
             self._log.error("the commit log is damaged: {error}", error=str(damage))
+            self._record_damage(segment, damage.what)
             for observer in list(self._damage_observers):
                 try:
                     observer(damage)
@@ -1034,6 +1064,27 @@ class CommitLog:
                     self._log.failure("a damage observer failed")
         damage = self._damage
         return StoreDamagedError(damage.path, damage.what)
+
+    def _record_damage(self, segment: _Segment, what: str) -> None:
+        """
+        Write which file changed and how into C{rmqha/damaged.json}, for
+        the next open: a file cut to zeros must not pass there for one
+        whose creation was interrupted (and be deleted).
+        """
+        if self.read_only:
+            return
+        record = {
+            "segment": os.path.basename(segment.path),
+            "offset": segment.start,
+            "written": segment.wrote,
+            "what": what,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock())),
+        }
+        path = os.path.join(self.store_dir, *_DAMAGED)
+        try:
+            write_atomically(path, lambda f: json.dump(record, f, indent=1))
+        except OSError as e:
+            self._log.warn("cannot record the damage in {path}: {error}", path=path, error=e)
 
     @staticmethod
     def _open_failure(error: OSError) -> str:

@@ -11,6 +11,11 @@ from dataclasses import dataclass
 
 #: Where recovery and truncation move bytes aside, under the store directory.
 _QUARANTINE = ("rmqha", "quarantine")
+#: Where an open log records a segment file found changed under it (which
+#: file, what was wrong, how much of it was written), under the store
+#: directory: the next open must not take that file for one whose creation
+#: was interrupted (docs/store.md).
+_DAMAGED = ("rmqha", "damaged.json")
 
 
 class StoreError(Exception):
