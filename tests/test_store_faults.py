@@ -262,9 +262,10 @@ class LiveSegmentTests(_Store):
     def test_close_keeps_abort_reopen_refuses(self) -> None:
         """
         Closing a damaged log writes nothing (no queue snapshot, no cut)
-        and leaves the abort marker; the next open treats the short file
-        as recovery always does: refused, naming it, left as it is (with
-        the segment size configured, as a broker's is).
+        and leaves the abort marker; the next open refuses the short file,
+        naming it, and leaves it as it is — also without a configured
+        segment size, where a lone file's size used to be taken for the
+        segment size.
         """
         os.truncate(self.path, self.written - 1000)
         self.log.check()
@@ -272,13 +273,11 @@ class LiveSegmentTests(_Store):
         self.assertTrue(os.path.exists(os.path.join(self.log.store_dir, "abort")))
         self.assertEqual(os.path.getsize(self.path), self.written - 1000)
         error = self.assertRaises(
-            CorruptStoreError,
-            CommitLog.open,
-            self.log.store_dir,
-            segment_size=SEGMENT,
-            clock=fixed_clock,
+            CorruptStoreError, CommitLog.open, self.log.store_dir, clock=fixed_clock
         )
         self.assertIn(self.path, str(error))
+        self.assertIn(f"was truncated to {self.written - 1000} bytes", str(error))
+        self.assertIn("damaged.json", str(error))
         self.assertEqual(os.path.getsize(self.path), self.written - 1000)
 
 

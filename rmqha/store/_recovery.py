@@ -415,11 +415,11 @@ def recover_store(
     """
     abort_path = os.path.join(store_dir, "abort")
     clean = not os.path.exists(abort_path)
+    if not read_only:
+        _refuse_if_recorded_damaged(store_dir, commitlog_dir)
     segments, size, unfinished = _load_segments(
         commitlog_dir, segment_size, writable=not read_only
     )
-    if unfinished is not None and not read_only:
-        _refuse_if_recorded_damaged(store_dir, unfinished, size, segments)
     try:
         recovery = _recover(
             store_dir, segments, clean, check_crc, read_only,
@@ -460,28 +460,31 @@ def damage_record(store_dir: str) -> dict[str, object] | None:
     return record if isinstance(record, dict) else None
 
 
-def _refuse_if_recorded_damaged(
-    store_dir: str, unfinished: str, size: int, segments: list[_Segment]
-) -> None:
+def _refuse_if_recorded_damaged(store_dir: str, commitlog_dir: str) -> None:
     """
-    A short, all-zero last segment file is deleted as one whose creation
-    was interrupted, unless the last run recorded it truncated (or
-    otherwise changed) under it: then it once held records, and it is
-    refused, naming it, and left as it is.
+    The last run recorded one of its segment files changed under it: if
+    that file is still not a segment's size, refuse, naming it, and leave
+    it as it is.  Otherwise a file cut to zeros would pass for one whose
+    creation was interrupted (deleted), and a lone one opened without a
+    configured size would set the segment size.
     """
     record = damage_record(store_dir)
-    if record is None or record.get("segment") != os.path.basename(unfinished):
+    if record is None:
         return
-    for segment in segments:
-        segment.close()
+    path = os.path.join(commitlog_dir, str(record.get("segment")))
+    try:
+        length = os.path.getsize(path)
+    except OSError:
+        return  # (gone: the log ends before it; log_recovery's caller says so)
+    if length == record.get("size"):
+        return
     marker = os.path.join(store_dir, *_DAMAGED)
     raise CorruptStoreError(
-        f"{unfinished}: {os.path.getsize(unfinished)} bytes, but segments are {size} "
-        f"bytes, and it {record.get('what')} under the running broker (recorded in "
-        f"{marker}): it held records, it was not an interrupted creation, so it is "
-        "left as it is; those records are not in this store any more: copy the file "
-        "from a replica (the same name in its commitlog/ holds the same bytes), or "
-        "move this store aside and rebuild it from a replica"
+        f"{path}: {length} bytes, but segments are {record.get('size')} bytes: it "
+        f"{record.get('what')} under the running broker (recorded in {marker}); it held "
+        "records, so it is left as it is, and they are not in this store any more: copy "
+        "the file from a replica (the same name in its commitlog/ holds the same bytes), "
+        "or move this store aside and rebuild it from a replica"
     )
 
 

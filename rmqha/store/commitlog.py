@@ -1075,6 +1075,7 @@ class CommitLog:
             return
         record = {
             "segment": os.path.basename(segment.path),
+            "size": segment.size,
             "offset": segment.start,
             "written": segment.wrote,
             "what": what,
