@@ -18,6 +18,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from rmqha.store import _guard
 from rmqha.store import _record as _codec
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
@@ -108,7 +109,7 @@ class CommitLogService(Service):
             commitlog.sync_flush_inline = False
         self._log.info(
             "commit log {dir}: {segments} segments, offsets {min}..{max}, "
-            "last shutdown {shutdown}, {flush}, {codec} codec",
+            "last shutdown {shutdown}, {flush}, {codec} codec, {guard}",
             dir=commitlog.commitlog_dir,
             segments=len(commitlog.segments),
             min=commitlog.min_offset,
@@ -117,6 +118,13 @@ class CommitLogService(Service):
             flush=commitlog.flush_disk_type.value,
             # (An operator can tell a build without the accelerator.)
             codec="compiled" if _codec._accel is not None else "pure-Python",
+            # (Without the compiled module, a segment file cut under the
+            # broker can still kill it: docs/store.md.)
+            guard=(
+                "mappings guarded against SIGBUS"
+                if _guard.AVAILABLE
+                else "mappings NOT guarded against SIGBUS (no compiled module)"
+            ),
         )
         self._last_flush = self._reactor.seconds()
         if self.commitlog.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
