@@ -71,11 +71,11 @@ BODY = b"f" * 1000
 
 def closing(text: str) -> bytes:
     """
-    A master's CLOSING, by hand: int64 -0x524D5148410009, uint16 length,
+    A master's CLOSING, by hand: int64 -0x524D514841000E, uint16 length,
     the UTF-8 text, the CRC-32 of the bytes before it.
     """
     data = text.encode("utf-8")
-    message = struct.pack(">qH", -0x524D5148410009, len(data)) + data
+    message = struct.pack(">qH", -0x524D514841000E, len(data)) + data
     return message + struct.pack(">I", zlib.crc32(message))
 
 
@@ -725,7 +725,7 @@ class MasterSideTests(SynchronousTestCase):
         connection.dataReceived(encode_code(-1))
         sent = transport.value()
         self.assertEqual(struct.unpack_from(">q", sent)[0], -0x524D5148410002)
-        self.assertTrue(sent[36:].startswith(struct.pack(">q", -0x524D5148410009)))
+        self.assertTrue(sent[36:].startswith(struct.pack(">q", -0x524D514841000E)))
         self.assertIn(b"was removed", sent[36:])
         self.assertTrue(transport.disconnecting)
 
@@ -744,7 +744,7 @@ class MasterSideTests(SynchronousTestCase):
                 encode_code(-1) + request + struct.pack(">I", zlib.crc32(request))
             )
         sent = transport.value()[36:]
-        self.assertTrue(sent.startswith(struct.pack(">q", -0x524D5148410009)), sent)
+        self.assertTrue(sent.startswith(struct.pack(">q", -0x524D514841000E)), sent)
         self.assertIn(f"segment file {path}: is missing".encode(), sent)
         lines = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
         self.assertEqual(len(lines), 1, lines)

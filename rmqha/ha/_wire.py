@@ -758,13 +758,53 @@ MAX_NOT_MASTER_REASON = 400
 _NOT_MASTER_HEAD = struct.Struct(">qH")
 
 
+def _encode_reason(code: int, reason: str, limit: int) -> bytes:
+    """
+    A message saying why (NOT_MASTER, CLOSING): C{code}, the length
+    (uint16) and the UTF-8 of C{reason} cut to C{limit} bytes at a
+    character boundary, CRC-32.
+    """
+    data = reason.encode("utf-8")[:limit].decode("utf-8", "ignore").encode()
+    return _sealed(_NOT_MASTER_HEAD.pack(code, len(data)) + data)
+
+
+def _decode_reason(
+    data: bytes | bytearray, code: int, name: str, limit: int
+) -> tuple[str, int] | None:
+    """
+    The reason of the message C{_encode_reason} made at the start of
+    C{data} (which starts with C{code}) and the bytes it took, or C{None}
+    until the message is whole.  The length is checked as soon as it is
+    here, before waiting for the rest.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the length is impossible, or the text not UTF-8.
+    """
+    if len(data) < _NOT_MASTER_HEAD.size:
+        return None
+    found, length = _NOT_MASTER_HEAD.unpack_from(data)
+    if found != code:
+        raise ProtocolError(f"code {found} is not {name}")
+    if length > limit:
+        raise ProtocolError(f"{name} of {length} bytes; the limit is {limit}")
+    size = _NOT_MASTER_HEAD.size + length + 4
+    if len(data) < size:
+        return None
+    message = _unsealed(data, size, name)
+    try:
+        reason = message[_NOT_MASTER_HEAD.size :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"the {name} reason is not UTF-8") from None
+    # (Shown to an operator: nothing that could move a terminal's cursor.)
+    return "".join(c if c.isprintable() else "?" for c in reason), size
+
+
 def encode_not_master(reason: str) -> bytes:
     """
     The NOT_MASTER message saying C{reason} (cut to the limit, at a
     character boundary).
     """
-    data = reason.encode("utf-8")[:MAX_NOT_MASTER_REASON].decode("utf-8", "ignore").encode()
-    return _sealed(_NOT_MASTER_HEAD.pack(NOT_MASTER, len(data)) + data)
+    return _encode_reason(NOT_MASTER, reason, MAX_NOT_MASTER_REASON)
 
 
 def decode_not_master(data: bytes | bytearray) -> tuple[str, int] | None:
@@ -775,25 +815,7 @@ def decode_not_master(data: bytes | bytearray) -> tuple[str, int] | None:
     @raise ChecksumError: the message was damaged.
     @raise ProtocolError: the length is impossible, or the text not UTF-8.
     """
-    if len(data) < _NOT_MASTER_HEAD.size:
-        return None
-    code, length = _NOT_MASTER_HEAD.unpack_from(data)
-    if code != NOT_MASTER:
-        raise ProtocolError(f"code {code} is not NOT_MASTER")
-    if length > MAX_NOT_MASTER_REASON:
-        raise ProtocolError(
-            f"NOT_MASTER of {length} bytes; the limit is {MAX_NOT_MASTER_REASON}"
-        )
-    size = _NOT_MASTER_HEAD.size + length + 4
-    if len(data) < size:
-        return None
-    message = _unsealed(data, size, "NOT_MASTER")
-    try:
-        reason = message[_NOT_MASTER_HEAD.size :].decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError("the NOT_MASTER reason is not UTF-8") from None
-    # (Shown to an operator: nothing that could move a terminal's cursor.)
-    return "".join(c if c.isprintable() else "?" for c in reason), size
+    return _decode_reason(data, NOT_MASTER, "NOT_MASTER", MAX_NOT_MASTER_REASON)
 
 
 # -- group authentication (an rmqha extension for failover, docs/protocol.md) --
@@ -940,8 +962,8 @@ def decode_auth_proof(data: bytes | bytearray) -> tuple[bytes, int] | None:
 # RocketMQ slave, which asks for neither.
 
 #: Master to slave, then it closes: code, text length (uint16), the text in
-#: UTF-8 (at most MAX_CLOSING_TEXT bytes), CRC-32.
-CLOSING = -0x524D514841_0009
+#: UTF-8 (at most MAX_CLOSING_TEXT bytes), CRC-32: NOT_MASTER's layout.
+CLOSING = -0x524D514841_000E
 #: The longest CLOSING text, in UTF-8 bytes (longer ones are cut).
 MAX_CLOSING_TEXT = 1024
 
@@ -966,8 +988,7 @@ def encode_closing(reason: str) -> bytes:
     The CLOSING message saying C{reason} (cut to L{MAX_CLOSING_TEXT} bytes
     of UTF-8, at a character boundary).
     """
-    data = reason.encode("utf-8")[:MAX_CLOSING_TEXT].decode("utf-8", "ignore").encode("utf-8")
-    return _sealed(_CLOSING_HEAD.pack(CLOSING, len(data)) + data)
+    return _encode_reason(CLOSING, reason, MAX_CLOSING_TEXT)
 
 
 def is_closing(data: bytes | bytearray | memoryview) -> bool:
@@ -985,22 +1006,7 @@ def decode_closing(data: bytes | bytearray) -> tuple[str, int] | None:
     @raise ChecksumError: the message was damaged.
     @raise ProtocolError: the length is impossible or the text not UTF-8.
     """
-    if len(data) < _CLOSING_HEAD.size:
-        return None
-    code, length = _CLOSING_HEAD.unpack_from(data)
-    if code != CLOSING:
-        raise ProtocolError(f"code {code} is not CLOSING")
-    if length > MAX_CLOSING_TEXT:
-        raise ProtocolError(f"CLOSING of {length} bytes; the limit is {MAX_CLOSING_TEXT}")
-    size = _CLOSING_HEAD.size + length + 4
-    if len(data) < size:
-        return None
-    message = _unsealed(data, size, "CLOSING")
-    try:
-        reason = message[_CLOSING_HEAD.size :].decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError("the CLOSING text is not UTF-8") from None
-    return reason, size
+    return _decode_reason(data, CLOSING, "CLOSING", MAX_CLOSING_TEXT)
 
 
 # -- epochs (an rmqha extension for failover, docs/protocol.md) ---------------
