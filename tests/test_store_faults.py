@@ -170,6 +170,24 @@ class LiveSegmentTests(_Store):
         self.assert_refuses("was truncated")
         self.assertIs(self.log.check(), self.log.damage)
 
+    def test_fault_of_a_mapping_since_closed(self) -> None:
+        """
+        A fault absorbed in a mapping that was closed since (recovery's
+        walk at open reads through mappings and lets them go) still counts:
+        the open's own look refuses the log.
+        """
+        if not _guard.AVAILABLE:
+            self.skipTest("the compiled module (and its SIGBUS guard) is not built")
+        segment = self.log._segments[0]
+        self.log._release_prefault()  # (its thread holds the mapping)
+        segment.release_mapping()
+        segment.close_fd()
+        mm = segment.mm
+        os.truncate(self.path, 4096)
+        self.assertEqual(mm[SEGMENT // 2], 0)
+        segment.close()
+        self.assertIn("position 524288", str(self.log.check()))
+
     def test_removed(self) -> None:
         """
         The file unlinked: puts would go to a file nobody can open again.

@@ -999,8 +999,8 @@ class CommitLog:
             return self._damage
         segments = self._segments
         for segment in segments:
-            if segment.fd is None and not segment.mapped:
-                continue
+            if segment.fd is None and not segment.mapped and segment.fault() is None:
+                continue  # (nothing held, and no fault while it was: recovery's)
             what = segment.examine(by_path=segment is segments[-1])
             if what is not None:
                 return self._damaged(segment, what)
