@@ -23,6 +23,8 @@ import textwrap
 import zlib
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
@@ -35,9 +37,11 @@ from rmqha.admin import status
 from rmqha.broker import NotStoredError, Role
 from rmqha.ha._wire import (
     CHECKED_HELLO,
+    MasterClosing,
+    ProtocolError,
     TransferDecoder,
+    encode_closing,
     encode_code,
-    encode_report,
 )
 from rmqha.ha.config import HAConfig
 from rmqha.ha.group import PutStatus
@@ -675,8 +679,6 @@ class MasterSideTests(SynchronousTestCase):
         """
         decoder = TransferDecoder(checked=True)
         decoder.feed(transport.value())
-        from rmqha.ha._wire import MasterClosing
-
         try:
             while decoder.next_frame() is not None:
                 pass
@@ -768,6 +770,64 @@ class MasterSideTests(SynchronousTestCase):
         self.assertEqual(len(lines), 1, lines)
         self.assertIn(path, lines[0])
         self.assertEqual(self.flushLoggedErrors(), [])
+
+
+class ClosingWireTests(SynchronousTestCase):
+    """
+    CLOSING on the wire, as the slave's checked decoder reads it.
+    """
+
+    @settings(deadline=None, derandomize=True, max_examples=200)
+    @given(
+        data=st.data(),
+        reason=st.text(min_size=0, max_size=300).filter(str.isprintable),
+    )
+    def test_after_frames_any_chunking(self, data: Any, reason: str) -> None:
+        """
+        Frames, then CLOSING built by hand, fed in any chunking: the frames
+        come out, then the reason (the stream ends there).
+        """
+        body = b"r" * 50
+        head = struct.pack(">qiI", 0, len(body), zlib.crc32(body))
+        stream = (
+            encode_code(-0x524D5148410005)
+            + head + struct.pack(">I", zlib.crc32(head)) + body
+            + closing(reason)
+        )
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+        decoder = TransferDecoder(checked=True)
+        frames, said = [], None
+        try:
+            for start, end in zip([0, *cuts], [*cuts, len(stream)]):
+                decoder.feed(stream[start:end])
+                while (frame := decoder.next_frame()) is not None:
+                    frames.append((frame.offset, bytes(frame.body)))
+        except MasterClosing as e:
+            said = e.reason
+        self.assertEqual((frames, said), ([(0, body)], reason))
+
+    def test_damaged(self) -> None:
+        """
+        Every single-bit flip of a CLOSING (after the code) is caught: a
+        CRC failure, or a length over the limit; never a wrong reason.
+        """
+        message = closing("segment file X: was removed")
+        for bit in range(64, len(message) * 8):
+            flipped = bytearray(message)
+            flipped[bit // 8] ^= 1 << (bit % 8)
+            decoder = TransferDecoder(checked=True)
+            decoder.feed(encode_code(-0x524D5148410005) + bytes(flipped) + bytes(2000))
+            with self.assertRaises(ProtocolError) as caught:
+                decoder.next_frame()
+            self.assertNotIsInstance(caught.exception, MasterClosing)
+
+    def test_encoder_matches_by_hand(self) -> None:
+        """
+        L{encode_closing} makes what the layout says (and cuts a long text
+        at 1024 bytes, at a character).
+        """
+        self.assertEqual(encode_closing("why"), closing("why"))
+        self.assertEqual(encode_closing("é" * 600), closing("é" * 512))
 
 
 class SlaveSideTests(SynchronousTestCase):
