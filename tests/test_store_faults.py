@@ -633,10 +633,13 @@ class GuardProcessTests(SynchronousTestCase):
         """
         done = self.run_python(
             """
-            import signal, subprocess
+            import subprocess
             fd, mm = mapping()
             _guard.add(mm)
-            subprocess.run(["kill", "-BUS", str(os.getpid())])
+            subprocess.run([
+                sys.executable, "-c",
+                f"import os, signal; os.kill({os.getpid()}, signal.SIGBUS)",
+            ])
             print("alive")
             """
         )
