@@ -122,6 +122,9 @@ def status(broker: Broker) -> dict[str, Any]:
             }
             for s in sorted(broker.slaves(), key=lambda s: s.peer)
         ]
+        # Why every put is refused (a segment file changed under the
+        # store: docs/store.md), or null.
+        result["problem"] = broker.problem
     else:
         factory = broker.slave_factory
         connection = factory.connection if factory else None

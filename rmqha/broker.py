@@ -767,10 +767,17 @@ class Broker(MultiService):
     @property
     def problem(self) -> str | None:
         """
-        On a slave, why it is not replicating, or C{None}.
+        On a slave, why it is not replicating; on a master, why it refuses
+        every put (its commit log found a segment file changed under it);
+        or C{None}.
         """
         side = self.role_service
-        return side.problem if isinstance(side, Replica) else None
+        if isinstance(side, Replica):
+            return side.problem
+        commitlog = self.store.commitlog
+        if commitlog is not None and commitlog.damage is not None:
+            return f"the commit log is damaged: {commitlog.damage}; puts are refused"
+        return None
 
     @property
     def master_endpoint(self) -> str | None:

@@ -117,28 +117,37 @@ class CommitLogServiceTests(SynchronousTestCase):
         Opening logs the store's directory, extent, last shutdown, flush
         type and which codec encodes and checks its records: the compiled
         one where it is in use, else the pure-Python one (so an operator
-        can tell a build without the accelerator from its log).
+        can tell a build without the accelerator from its log); and
+        whether the segment mappings are guarded against SIGBUS (they are
+        with the compiled module, whichever codec: docs/store.md).
         """
         from twisted.logger import capturedLogs, formatEvent
 
-        from rmqha.store import _record
+        from rmqha.store import _guard, _record
 
         lines = []
-        for accel in (None, _record._accel):
+        for accel, guarded in ((None, False), (None, True), (_record._accel, True)):
             self.patch(_record, "_accel", accel)
+            self.patch(_guard, "AVAILABLE", guarded)
             service = self._service()
             with capturedLogs() as events:
                 service.startService()
             lines.append(formatEvent(events[0]))
             self._stop(service)
-        pure, default = lines
+        unguarded, pure, default = lines
         self.assertEqual(
-            pure,
+            unguarded,
             f"commit log {os.path.abspath(os.path.join(self.store, 'commitlog'))}: 0 segments, offsets 0..0, "
-            "last shutdown clean, ASYNC_FLUSH, pure-Python codec",
+            "last shutdown clean, ASYNC_FLUSH, pure-Python codec, mappings NOT guarded "
+            "against SIGBUS (no compiled module)",
+        )
+        self.assertTrue(
+            pure.endswith(", pure-Python codec, mappings guarded against SIGBUS"), pure
         )
         if _record.ACCELERATED:
-            self.assertTrue(default.endswith(", compiled codec"), default)
+            self.assertTrue(
+                default.endswith(", compiled codec, mappings guarded against SIGBUS"), default
+            )
 
     def test_periodic_flush_needs_least_bytes(self) -> None:
         """
@@ -252,10 +261,12 @@ class CommitLogServiceTests(SynchronousTestCase):
         With C{SYNC_FLUSH} the service does group commit: puts do not flush
         inline; waiters on when_flushed are served by one flush for all
         puts made before it; puts during that flush ride the next one.  No
-        periodic flush is scheduled.
+        periodic flush is scheduled (only the look at the segment files).
         """
         service, commitlog = self._started(FlushDiskType.SYNC_FLUSH)
-        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertEqual(
+            [call.func.f for call in self.clock.getDelayedCalls()], [commitlog.check]
+        )
         ends = [commitlog.put(_message(i)).next_offset for i in range(3)]
         self.assertEqual(commitlog.flushed_offset, 0)
         waiting = [service.when_flushed(end) for end in ends]

@@ -99,6 +99,12 @@ __all__ = [
     "decode_auth_challenge",
     "encode_auth_proof",
     "decode_auth_proof",
+    "CLOSING",
+    "MAX_CLOSING_TEXT",
+    "MasterClosing",
+    "encode_closing",
+    "decode_closing",
+    "is_closing",
     "Greeting",
     "sniff_greeting",
 ]
@@ -385,6 +391,16 @@ class TransferDecoder:
             if len(self._data) - self._position < size:
                 return None
             return self._data[self._position : self._position + size]
+        return self._peek(size)
+
+    def _peek(self, size: int) -> bytes | memoryview | None:
+        """
+        The next C{size} buffered bytes once they are all here (not taken).
+        """
+        if not self._held:
+            if len(self._data) - self._position < size:
+                return None
+            return self._data[self._position : self._position + size]
         if self.buffered < size:
             return None
         header = bytearray()
@@ -406,9 +422,14 @@ class TransferDecoder:
             return self._pending
         header = self._header()
         if header is None:
+            if self.checked and (self._held or self._position < len(self._data)):
+                self._closing()  # (one shorter than a header, once whole)
             return None
         if self.checked:
             offset, size, self._body_crc, crc = _CHECKED_HEADER.unpack(header)
+            if offset == CLOSING:
+                self._closing()
+                return None
             computed = crc32(header[:16])
             if crc != computed:
                 raise _crc_error("a frame header", crc, computed)
@@ -425,6 +446,28 @@ class TransferDecoder:
         # reads has its header gathered, unpacked and checked once.)
         self._pending = offset, size
         return self._pending
+
+    def _closing(self) -> None:
+        """
+        The master's CLOSING, in place of a header: once it is whole,
+        raise L{MasterClosing} with its text (the stream ends there).
+        Nothing, when the next bytes are not one.
+        """
+        code = self._peek(8)
+        if code is None or bytes(code) != _CLOSING_CODE:
+            return
+        head = self._peek(_CLOSING_HEAD.size)
+        if head is None:
+            return
+        _, length = _CLOSING_HEAD.unpack(head)
+        if length > MAX_CLOSING_TEXT:
+            raise ProtocolError(f"CLOSING of {length} bytes; the limit is {MAX_CLOSING_TEXT}")
+        message = self._peek(_CLOSING_HEAD.size + length + 4)
+        if message is None:
+            return
+        found = decode_closing(bytes(message))
+        assert found is not None
+        raise MasterClosing(found[0])
 
     def next_frame(self) -> TransferFrame | None:
         """
@@ -715,13 +758,53 @@ MAX_NOT_MASTER_REASON = 400
 _NOT_MASTER_HEAD = struct.Struct(">qH")
 
 
+def _encode_reason(code: int, reason: str, limit: int) -> bytes:
+    """
+    A message saying why (NOT_MASTER, CLOSING): C{code}, the length
+    (uint16) and the UTF-8 of C{reason} cut to C{limit} bytes at a
+    character boundary, CRC-32.
+    """
+    data = reason.encode("utf-8")[:limit].decode("utf-8", "ignore").encode()
+    return _sealed(_NOT_MASTER_HEAD.pack(code, len(data)) + data)
+
+
+def _decode_reason(
+    data: bytes | bytearray, code: int, name: str, limit: int
+) -> tuple[str, int] | None:
+    """
+    The reason of the message C{_encode_reason} made at the start of
+    C{data} (which starts with C{code}) and the bytes it took, or C{None}
+    until the message is whole.  The length is checked as soon as it is
+    here, before waiting for the rest.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the length is impossible, or the text not UTF-8.
+    """
+    if len(data) < _NOT_MASTER_HEAD.size:
+        return None
+    found, length = _NOT_MASTER_HEAD.unpack_from(data)
+    if found != code:
+        raise ProtocolError(f"code {found} is not {name}")
+    if length > limit:
+        raise ProtocolError(f"{name} of {length} bytes; the limit is {limit}")
+    size = _NOT_MASTER_HEAD.size + length + 4
+    if len(data) < size:
+        return None
+    message = _unsealed(data, size, name)
+    try:
+        reason = message[_NOT_MASTER_HEAD.size :].decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"the {name} reason is not UTF-8") from None
+    # (Shown to an operator: nothing that could move a terminal's cursor.)
+    return "".join(c if c.isprintable() else "?" for c in reason), size
+
+
 def encode_not_master(reason: str) -> bytes:
     """
     The NOT_MASTER message saying C{reason} (cut to the limit, at a
     character boundary).
     """
-    data = reason.encode("utf-8")[:MAX_NOT_MASTER_REASON].decode("utf-8", "ignore").encode()
-    return _sealed(_NOT_MASTER_HEAD.pack(NOT_MASTER, len(data)) + data)
+    return _encode_reason(NOT_MASTER, reason, MAX_NOT_MASTER_REASON)
 
 
 def decode_not_master(data: bytes | bytearray) -> tuple[str, int] | None:
@@ -732,25 +815,7 @@ def decode_not_master(data: bytes | bytearray) -> tuple[str, int] | None:
     @raise ChecksumError: the message was damaged.
     @raise ProtocolError: the length is impossible, or the text not UTF-8.
     """
-    if len(data) < _NOT_MASTER_HEAD.size:
-        return None
-    code, length = _NOT_MASTER_HEAD.unpack_from(data)
-    if code != NOT_MASTER:
-        raise ProtocolError(f"code {code} is not NOT_MASTER")
-    if length > MAX_NOT_MASTER_REASON:
-        raise ProtocolError(
-            f"NOT_MASTER of {length} bytes; the limit is {MAX_NOT_MASTER_REASON}"
-        )
-    size = _NOT_MASTER_HEAD.size + length + 4
-    if len(data) < size:
-        return None
-    message = _unsealed(data, size, "NOT_MASTER")
-    try:
-        reason = message[_NOT_MASTER_HEAD.size :].decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError("the NOT_MASTER reason is not UTF-8") from None
-    # (Shown to an operator: nothing that could move a terminal's cursor.)
-    return "".join(c if c.isprintable() else "?" for c in reason), size
+    return _decode_reason(data, NOT_MASTER, "NOT_MASTER", MAX_NOT_MASTER_REASON)
 
 
 # -- group authentication (an rmqha extension for failover, docs/protocol.md) --
@@ -886,6 +951,62 @@ def decode_auth_proof(data: bytes | bytearray) -> tuple[bytes, int] | None:
     if len(data) < AUTH_PROOF_SIZE:
         return None
     return _unsealed(data, AUTH_PROOF_SIZE, "AUTH_PROOF")[8:], AUTH_PROOF_SIZE
+
+
+# -- CLOSING: a master's last words (docs/protocol.md) ------------------------
+#
+# A master about to close a connection to an rmqha slave says why first:
+# its commit log is damaged, or the bytes the slave needs cannot be read.
+# Sent in place of a frame header on a checked-framing replication
+# connection, and in place of an answer in a control session: never to a
+# RocketMQ slave, which asks for neither.
+
+#: Master to slave, then it closes: code, text length (uint16), the text in
+#: UTF-8 (at most MAX_CLOSING_TEXT bytes), CRC-32: NOT_MASTER's layout.
+CLOSING = -0x524D514841_000E
+#: The longest CLOSING text, in UTF-8 bytes (longer ones are cut).
+MAX_CLOSING_TEXT = 1024
+
+_CLOSING_HEAD = struct.Struct(">qH")
+_CLOSING_CODE = _REPORT.pack(CLOSING)
+
+
+class MasterClosing(ProtocolError):
+    """
+    The master said why it closes the connection (CLOSING).
+
+    @ivar reason: its text.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the master closed the connection: {reason}")
+        self.reason = reason
+
+
+def encode_closing(reason: str) -> bytes:
+    """
+    The CLOSING message saying C{reason} (cut to L{MAX_CLOSING_TEXT} bytes
+    of UTF-8, at a character boundary).
+    """
+    return _encode_reason(CLOSING, reason, MAX_CLOSING_TEXT)
+
+
+def is_closing(data: bytes | bytearray | memoryview) -> bool:
+    """
+    Whether C{data} starts with the CLOSING code (at least 8 bytes).
+    """
+    return bytes(data[:8]) == _CLOSING_CODE
+
+
+def decode_closing(data: bytes | bytearray) -> tuple[str, int] | None:
+    """
+    The text of the CLOSING at the start of C{data} (which starts with its
+    code) and the bytes it took, or C{None} until it is whole.
+
+    @raise ChecksumError: the message was damaged.
+    @raise ProtocolError: the length is impossible or the text not UTF-8.
+    """
+    return _decode_reason(data, CLOSING, "CLOSING", MAX_CLOSING_TEXT)
 
 
 # -- epochs (an rmqha extension for failover, docs/protocol.md) ---------------

@@ -43,6 +43,7 @@ from zope.interface import implementer
 
 from rmqha.store._segments import segment_name
 from rmqha.store.commitlog import CommitLog
+from rmqha.store.errors import SegmentReadError
 from rmqha.ha._wire import (
     CONTROL_DIGEST,
     CONTROL_DIGEST_SIZE,
@@ -61,19 +62,23 @@ from rmqha.ha._wire import (
     NOT_MASTER,
     ChecksumError,
     EpochsAnswer,
+    MasterClosing,
     NotControlError,
     ProtocolError,
+    decode_closing,
     decode_control_info,
     decode_control_request,
     decode_digest_answer,
     decode_epochs_answer,
     decode_not_master,
+    encode_closing,
     encode_code,
     encode_control_info,
     encode_digest_answer,
     encode_digest_request,
     encode_epochs_answer,
     encode_epochs_request,
+    is_closing,
 )
 from rmqha.ha.auth import AuthError, GroupAuth, NotMasterAnswer, SlaveHandshake
 from rmqha.tls import (
@@ -110,6 +115,7 @@ __all__ = [
     "PeerBudget",
     "probe",
     "range_digest",
+    "read_range_digest",
     "log_digest",
     "DIGEST_TIMEOUT",
     "DIGEST_BYTES_PER_SECOND",
@@ -155,24 +161,44 @@ def range_digest(directory: str, segment_size: int, start: int, end: int) -> byt
     closed on the reactor thread).  C{None} when a file is gone or short
     (the log moved on).  The ONE digest both ends of a DIGEST compute.
     """
+    try:
+        return read_range_digest(directory, segment_size, start, end)
+    except SegmentReadError:
+        return None
+
+
+def read_range_digest(directory: str, segment_size: int, start: int, end: int) -> bytes:
+    """
+    L{range_digest}, saying which file could not be read and why.
+
+    @raise SegmentReadError: a segment file is missing, ends too early or
+        cannot be read (the text names it).
+    """
     digest = hashlib.blake2b(digest_size=16)
     position = start
     while position < end:
         segment = position - position % segment_size
         stop = min(end, segment + segment_size)
+        path = os.path.join(directory, segment_name(segment))
         try:
-            fd = os.open(os.path.join(directory, segment_name(segment)), os.O_RDONLY)
-        except OSError:
-            return None
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise SegmentReadError(path, "is missing") from None
+        except OSError as e:
+            raise SegmentReadError(path, f"cannot be opened: {e.strerror}") from None
         try:
             while position < stop:
                 chunk = os.pread(fd, min(_HASH_CHUNK, stop - position), position - segment)
                 if not chunk:
-                    return None
+                    raise SegmentReadError(
+                        path, f"ends at position {position - segment}, before {stop - segment}"
+                    )
                 digest.update(chunk)
                 position += len(chunk)
-        except OSError:
-            return None
+        except OSError as e:
+            raise SegmentReadError(
+                path, f"cannot be read at position {position - segment}: {e.strerror}"
+            ) from None
         finally:
             os.close(fd)
     return digest.digest()
@@ -396,6 +422,8 @@ class ControlClient(Protocol):
                 if len(self._buffer) < 8:
                     return
                 head = bytes(self._buffer[:8])
+                if self._closing():
+                    return
                 if head == _REFUSED_CODE:
                     # An rmqha master that did not recognise our hello (an
                     # older one, or damaged on the way): try again, not
@@ -419,6 +447,8 @@ class ControlClient(Protocol):
             while self._waiting:
                 code, waiter = self._waiting[0]
                 answer: object
+                if self._closing():
+                    break
                 if code == CONTROL_EPOCHS:
                     decoded = decode_epochs_answer(self._buffer)
                     if decoded is None:
@@ -433,12 +463,26 @@ class ControlClient(Protocol):
                 self._waiting.popleft()
                 if waiter is not None:
                     waiter.callback(answer)
-            if not self._waiting and self._buffer:
+            if not self._waiting and self._buffer and not self._closing():
                 raise ProtocolError(
                     f"the master sent {len(self._buffer)} bytes nobody asked for"
                 )
         except ProtocolError as e:
             self._fail(e)
+
+    def _closing(self) -> bool:
+        """
+        Whether the next bytes are the master's CLOSING (its last words:
+        its log is damaged, or cannot be read for a DIGEST) still arriving.
+
+        @raise MasterClosing: it is whole: the text says why.
+        """
+        if len(self._buffer) < 8 or not is_closing(self._buffer):
+            return False
+        found = decode_closing(self._buffer)
+        if found is None:
+            return True
+        raise MasterClosing(found[0])
 
     def _fail(self, error: Exception) -> None:
         if not self.info.called:
@@ -661,7 +705,22 @@ class ControlSession:
                 commitlog.min_offset, commitlog.max_offset, commitlog.segment_size, features
             )
         )
+        damage = commitlog.damage
+        if damage is not None:
+            # (INFO first: the slave knows it speaks to an rmqha master.)
+            self._close_telling("the master's commit log is damaged: {error}", error=str(damage))
+            return
         self.feed(rest)
+
+    def _close_telling(self, why: str, **fields: Any) -> None:
+        """
+        End the session with one line (C{why} over C{fields}), telling the
+        slave why first (CLOSING).
+        """
+        self._open = False
+        self.connection.drop(
+            "control session: " + why, last_words=encode_closing(why.format(**fields)), **fields
+        )
 
     def feed(self, data: bytes) -> None:
         self._requests += data
@@ -773,11 +832,25 @@ class ControlSession:
             self._digested(None, start, end)
             return
         directory, size = commitlog.commitlog_dir, commitlog.segment_size
-        d = self.factory.run_in_thread(lambda: range_digest(directory, size, start, end))
+        d = self.factory.run_in_thread(lambda: read_range_digest(directory, size, start, end))
         d.addErrback(self._hash_failed, start, end)
         d.addCallback(self._digested, start, end)
 
     def _hash_failed(self, failure: Failure, start: int, end: int) -> None:
+        if failure.check(SegmentReadError) and self._open:
+            commitlog = self.factory.commitlog
+            # A file the log holds changed: the store refuses writes too.
+            commitlog.check()
+            if _digestible(commitlog, start, end):
+                # The log holds those bytes and they cannot be read: not a
+                # refusal (which the slave would take for different bytes).
+                self._close_telling(
+                    "cannot read the commit log in [{start}, {end}): {error}",
+                    start=start,
+                    end=end,
+                    error=failure.getErrorMessage(),
+                )
+            return None  # (the log moved on: refused, below)
         self._log.failure(
             "hashing [{start}, {end}) for {peer}",
             failure,

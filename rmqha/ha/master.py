@@ -46,7 +46,7 @@ from zope.interface import implementer
 from rmqha._sockets import send_now, set_tcp_no_delay
 from rmqha._timers import IdleTimer
 from rmqha.store.commitlog import CommitLog
-from rmqha.store.errors import StoreError
+from rmqha.store.errors import StoreDamagedError, StoreError
 from rmqha.ha._wire import (
     AUTH_REFUSED,
     CHECKED_ACK,
@@ -58,6 +58,7 @@ from rmqha.ha._wire import (
     ReportDecoder,
     decode_identify,
     encode_checked_header,
+    encode_closing,
     encode_code,
     encode_header,
     sniff_greeting,
@@ -260,7 +261,10 @@ class Transfer:
                 try:
                     data = commitlog.read(offset, catch_up if behind else batch)
                 except StoreError as e:
-                    self.connection.drop(
+                    # (A segment file missing, cut short or damaged: the
+                    # error names it.  One line, and an rmqha slave is
+                    # told, instead of a traceback per reconnect.)
+                    self.connection.refuse(
                         "cannot read the commit log at offset {offset}: {error}",
                         offset=offset,
                         error=str(e),
@@ -731,6 +735,10 @@ class MasterConnection(Protocol):
                 start = commitlog.min_offset
         else:
             start = offset
+        damage = commitlog.damage
+        if damage is not None:
+            self.refuse("the master's commit log is damaged: {error}", error=str(damage))
+            return
         if start > commitlog.max_offset:
             self.drop(
                 "slave is at offset {start}, ahead of the master's max offset {max_offset}",
@@ -888,6 +896,16 @@ class MasterConnection(Protocol):
             authenticated=self.factory.auth is not None and self.failover_node is not None,
         )
 
+    def refuse(self, why: str, **fields: Any) -> None:
+        """
+        L{drop}, telling an rmqha slave (checked framing) why first: the
+        text of C{why} over C{fields} as its last words (CLOSING,
+        docs/protocol.md), which the slave shows as its problem.  A
+        classic slave (RocketMQ's) sees the connection close.
+        """
+        last_words = encode_closing(why.format(**fields)) if self.checked else None
+        self.drop(why, last_words=last_words, **fields)
+
     def drop(self, why: str, last_words: bytes | None = None, **fields: Any) -> None:
         """
         Log C{why} and close the connection: at once, discarding anything
@@ -988,6 +1006,8 @@ class MasterFactory(ServerFactory):
         #: offer and answer EPOCHS from; C{None}: no epochs.
         self.epochs: EpochFile | None = None
         self._wake: IDelayedCall | None = None
+        # Dropping the slaves of a damaged log (store_damaged), pending.
+        self._halting: IDelayedCall | None = None
         self._more = False
         self._releasing = False
         # (While releasing: the last waiter's callback is running; see
@@ -1213,4 +1233,23 @@ class MasterFactory(ServerFactory):
             self._wake.cancel()
         self._wake = None
         self._more = False
+        if self._halting is not None and self._halting.active():
+            self._halting.cancel()
+        self._halting = None
+
+    def store_damaged(self, damage: StoreDamagedError) -> None:
+        """
+        The commit log found a segment file changed under it (a
+        L{CommitLog.observe_damage} observer): replication stops for every
+        slave, on the reactor's next turn (this runs inside whatever found
+        it, a put among them), each told why (checked framing); slaves
+        connecting later are refused the same way (L{MasterConnection}).
+        """
+        if self._halting is None:
+            self._halting = self.clock.callLater(0, self._halt_replication, str(damage))
+
+    def _halt_replication(self, error: str) -> None:
+        self._halting = None
+        for connection in list(self.connections):
+            connection.refuse("the master's commit log is damaged: {error}", error=error)
 

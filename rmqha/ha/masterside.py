@@ -90,6 +90,7 @@ class MasterSide(Service):
         if held is not None:
             self.port, self._opened_later = held
         self._unobserve: Callable[[], None] = lambda: None
+        self._unobserve_damage: Callable[[], None] = lambda: None
 
     def listen(self) -> None:
         """
@@ -120,6 +121,10 @@ class MasterSide(Service):
         # Every append wakes the slaves' connections, whoever wrote it: the
         # log tells its observers, no writer has to remember to.
         self._unobserve = commitlog.observe_appends(factory.notify_appended)
+        # A segment file changed under the log: replication halts, each
+        # slave told why (docs/store.md, "A segment file changed under the
+        # open log").
+        self._unobserve_damage = commitlog.observe_damage(factory.store_damaged)
 
     def startService(self) -> None:
         Service.startService(self)
@@ -135,6 +140,7 @@ class MasterSide(Service):
         """
         Service.stopService(self)
         self._unobserve()
+        self._unobserve_damage()
         self.ha.stop()
         self._opened_later.factory = None
         port, self.port = self.port, None

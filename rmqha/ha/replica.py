@@ -47,7 +47,7 @@ from twisted.python.failure import Failure
 
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
-from rmqha.store.errors import OffsetOutOfRangeError
+from rmqha.store.errors import OffsetOutOfRangeError, StoreDamagedError
 from rmqha.ha._wire import FEATURE_IDENTIFY
 from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
@@ -106,7 +106,7 @@ _S = ReplicaState
 _ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
     _S.STOPPED: frozenset([_S.PROBING, _S.REPLICATING]),
     _S.PROBING: frozenset([_S.REPLICATING, _S.BACKING_OFF, _S.HALTED, _S.REPAIRING]),
-    _S.BACKING_OFF: frozenset([_S.PROBING]),
+    _S.BACKING_OFF: frozenset([_S.PROBING, _S.HALTED]),
     _S.REPLICATING: frozenset([_S.HALTED, _S.REPAIRING, _S.BACKING_OFF]),
     _S.REPAIRING: frozenset([_S.REPLICATING, _S.HALTED, _S.BACKING_OFF]),
     _S.HALTED: frozenset(),
@@ -235,6 +235,8 @@ class Replica(Service):
         self._client: IStreamClientEndpoint | None = None
         self.slave_factory: SlaveFactory | None = None
         self.client_service: ClientService | None = None
+        self._unobserve_damage: Callable[[], None] = lambda: None
+        self._halting: IDelayedCall | None = None
 
     # -- the lifecycle --------------------------------------------------------
 
@@ -283,6 +285,9 @@ class Replica(Service):
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
         self._retry = None
+        if self._halting is not None and self._halting.active():
+            self._halting.cancel()
+        self._halting = None
         stopped = self._stop_replicating()
         self.state = ReplicaState.STOPPED
         if self.slave_factory is not None:
@@ -320,6 +325,8 @@ class Replica(Service):
         factory.auth = self._auth
         factory.expected_master = self._expected_master()
         self.store.flush_observers.append(factory.flushed)
+        # This slave's own segment file changed under it: no more appends.
+        self._unobserve_damage = commitlog.observe_damage(self._store_damaged)
         self.client_service = make_slave_service(
             self._client, factory, self.reactor, self._retry_policy, master=self.master_address
         )
@@ -329,6 +336,22 @@ class Replica(Service):
         assert self.slave_factory is not None
         if self.slave_factory.flushed in self.store.flush_observers:
             self.store.flush_observers.remove(self.slave_factory.flushed)
+        self._unobserve_damage()
+
+    def _store_damaged(self, damage: StoreDamagedError) -> None:
+        """
+        The commit log found one of its segment files changed under it (an
+        observer: this runs inside whatever found it, an append among
+        them): halt on the reactor's next turn.
+        """
+        if self._halting is None and self.running:
+            self._halting = self.reactor.callLater(0, self._halt_damaged)
+
+    def _halt_damaged(self) -> None:
+        self._halting = None
+        damage = self.commitlog.damage
+        if damage is not None and self.state not in (ReplicaState.HALTED, ReplicaState.STOPPED):
+            self._halt(f"this slave's commit log is damaged: {damage}")
 
     # -- checks -------------------------------------------------------------
 
@@ -375,6 +398,10 @@ class Replica(Service):
         )
 
     def _check_then_replicate(self) -> None:
+        if self.commitlog.damage is not None:
+            # (Its own digests would read the damage as different bytes.)
+            self._halt_damaged()
+            return
         if self.state is not ReplicaState.REPLICATING:
             self._to(ReplicaState.PROBING)
         d = Deferred.fromCoroutine(self._check_divergence())
@@ -445,13 +472,31 @@ class Replica(Service):
     def problem(self) -> str | None:
         """
         Why this slave is not replicating (its master unreachable, not
-        answering, a segment size that differs), or C{None}.
+        answering, a segment size that differs, its own commit log damaged,
+        what the master said when it closed the connection, or that it
+        keeps closing it), or C{None}.
         """
+        store = self.store.commitlog
+        if store is not None and store.damage is not None:
+            return f"this slave's commit log is damaged: {store.damage}; replication halted"
         if self._problem is not None:
             return self._problem
         factory = self.slave_factory
-        if factory is not None and factory.connection is None and factory.connect_failure:
-            return f"cannot reach master {self.master_address}: {factory.connect_failure}"
+        if factory is None:
+            return None
+        master = self.master_address
+        if factory.connection is None and factory.connect_failure:
+            return f"cannot reach master {master}: {factory.connect_failure}"
+        if factory.closing_reason is not None:
+            return f"master {master} stopped replicating to this slave: {factory.closing_reason}"
+        if factory.closed_without_frame >= 2:
+            # (One close is a master restarting; the same close again and
+            # again is a master that cannot serve this slave.)
+            return (
+                f"master {master} closed the connection at offset {factory.closed_at} "
+                f"{factory.closed_without_frame} times before sending anything; see the "
+                "master's log"
+            )
         return None
 
     @property
@@ -750,8 +795,8 @@ class Replica(Service):
             self.epochs.replace(entries)
 
     async def _act_on(self, divergence: Divergence | None) -> None:
-        if not self.running:
-            return
+        if not self.running or self.state is ReplicaState.HALTED:
+            return  # (halted meanwhile: this log is damaged)
         if divergence is None:
             self._adopt_epochs()
             self._to(ReplicaState.REPLICATING)

@@ -44,6 +44,7 @@ from rmqha._files import write_atomically
 from rmqha.ha._wire import (
     CHECKED_HELLO,
     ChecksumError,
+    MasterClosing,
     ProtocolError,
     TransferDecoder,
     encode_code,
@@ -51,7 +52,7 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.store.commitlog import CommitLog
-from rmqha.store.errors import CorruptReplicaError, StoreError
+from rmqha.store.errors import CorruptReplicaError, StoreDamagedError, StoreError
 from rmqha.ha.auth import HANDSHAKE_TIMEOUT, AuthError, GroupAuth, SlaveHandshake
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
 from rmqha._sockets import send_now, set_tcp_no_delay
@@ -289,6 +290,20 @@ class SlaveConnection(Protocol):
             self.factory.checksum_failures += 1
             self._drop("{error}; nothing of it was written", error=str(failure))
             return
+        if isinstance(failure, MasterClosing):
+            # The master's last words (its log damaged, or the bytes this
+            # slave needs unreadable): shown as the problem; the retries
+            # back off like connections that brought nothing.
+            self.factory.closing_reason = failure.reason
+            self._backing_off = True
+            self._log.warn(
+                "master {master} stopped replicating to this slave: {reason}",
+                master=_address(self.transport.getPeer()),  # type: ignore[union-attr]
+                reason=failure.reason,
+            )
+            self._closed = True
+            self.transport.abortConnection()  # type: ignore[union-attr]
+            return
         if failure is not None:
             if not self._decoder.confirmed:
                 # The master did not take up checked framing after all (a
@@ -297,6 +312,10 @@ class SlaveConnection(Protocol):
             self._drop("{error}", error=str(failure))
             return
         factory = self.factory
+        if self.master_offset is not None:
+            # A frame came: whatever the master said or did before is over.
+            factory.closing_reason = None
+            factory.closed_without_frame = 0
         if factory.rejected_offset is not None and commitlog.record_end > factory.rejected_offset:
             # The record that failed came good.
             factory.rejected_offset, factory.rejections_in_a_row = None, 0
@@ -405,6 +424,12 @@ class SlaveConnection(Protocol):
             commitlog.append_at(start, chunk)
         except CorruptReplicaError as e:
             self._rejected(e)
+            return False
+        except StoreDamagedError as e:
+            # This slave's own segment file changed under it: replication
+            # halts (the replica observes the log); nothing to retry.
+            self._backing_off = True
+            self._drop("cannot append to the commit log: {error}", error=str(e))
             return False
         except StoreError as e:
             self._drop("cannot append to the commit log: {error}", error=str(e))
@@ -557,6 +582,10 @@ class SlaveConnection(Protocol):
             self.factory.fruitless_connections += 1
         else:
             self.factory.fruitless_connections = 0
+        if not self._closed and self.master_offset is None:
+            # The master closed it before a single frame (not even a
+            # heartbeat), without saying why: counted, for the problem.
+            self.factory.closed_by_master(self.factory.commitlog.record_end)
         if not self._received or self._suspicious or not self.checked:
             # (Also a master that did not confirm checked framing; and,
             # after a classic connection, the master is asked again
@@ -633,9 +662,28 @@ class SlaveFactory(Factory):
         self.rejections_in_a_row = 0
         #: Why the last connection attempt failed (C{None}: it succeeded).
         self.connect_failure: str | None = None
+        #: What the master said when it last closed a connection (CLOSING:
+        #: its log damaged, the bytes needed unreadable); C{None} once a
+        #: frame came since.
+        self.closing_reason: str | None = None
+        #: Connections in a row the master closed before sending a frame,
+        #: without saying why, and the record end they were at.
+        self.closed_without_frame = 0
+        self.closed_at: int | None = None
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)
+
+    def closed_by_master(self, offset: int) -> None:
+        """
+        The master closed a connection before sending a frame, and without
+        its last words (an older master, a classic one, or one that
+        failed): count it at C{offset}, this log's record end.
+        """
+        if self.closed_at == offset:
+            self.closed_without_frame += 1
+        else:
+            self.closed_at, self.closed_without_frame = offset, 1
 
     def suspect(self) -> None:
         if self._on_suspect is not None:

@@ -8,6 +8,7 @@ L{CommitLog}.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -40,7 +41,9 @@ from rmqha.store._segments import (
     _zero_after,
 )
 from rmqha.store.errors import (
+    _DAMAGED,
     CorruptRecordError,
+    CorruptStoreError,
     Damage,
     StoreError,
 )
@@ -368,7 +371,9 @@ def _recover(
     for later in dropped:
         name = os.path.basename(later.path)
         report.dropped_segments.append(name)
-        empty = not _nonzero_after(later.mm, 0, later.size)
+        # (Zeros the SIGBUS guard put where the file was cut meanwhile are
+        # not a proof of emptiness: such a file is moved, not deleted.)
+        empty = not _nonzero_after(later.mm, 0, later.size) and later.fault() is None
         later.close()
         if read_only:
             continue
@@ -410,6 +415,8 @@ def recover_store(
     """
     abort_path = os.path.join(store_dir, "abort")
     clean = not os.path.exists(abort_path)
+    if not read_only:
+        _refuse_if_recorded_damaged(store_dir, commitlog_dir)
     segments, size, unfinished = _load_segments(
         commitlog_dir, segment_size, writable=not read_only
     )
@@ -438,6 +445,47 @@ def recover_store(
             pass
         _fsync_dir(store_dir)
     return segments, size, recovery
+
+
+def damage_record(store_dir: str) -> dict[str, object] | None:
+    """
+    What an open log recorded when it found one of its segment files
+    changed under it (C{rmqha/damaged.json}), if it did and it can be read.
+    """
+    try:
+        with open(os.path.join(store_dir, *_DAMAGED), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _refuse_if_recorded_damaged(store_dir: str, commitlog_dir: str) -> None:
+    """
+    The last run recorded one of its segment files changed under it: if
+    that file is still not a segment's size, refuse, naming it, and leave
+    it as it is.  Otherwise a file cut to zeros would pass for one whose
+    creation was interrupted (deleted), and a lone one opened without a
+    configured size would set the segment size.
+    """
+    record = damage_record(store_dir)
+    if record is None:
+        return
+    path = os.path.join(commitlog_dir, str(record.get("segment")))
+    try:
+        length = os.path.getsize(path)
+    except OSError:
+        return  # (gone: the log ends before it; log_recovery's caller says so)
+    if length == record.get("size"):
+        return
+    marker = os.path.join(store_dir, *_DAMAGED)
+    raise CorruptStoreError(
+        f"{path}: {length} bytes, but segments are {record.get('size')} bytes: it "
+        f"{record.get('what')} under the running broker (recorded in {marker}); it held "
+        "records, so it is left as it is, and they are not in this store any more: copy "
+        "the file from a replica (the same name in its commitlog/ holds the same bytes), "
+        "or move this store aside and rebuild it from a replica"
+    )
 
 
 def log_recovery(

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from rmqha.store import _guard
 from rmqha.store._record import (
     is_message_magic,
     read_header,
@@ -80,9 +81,14 @@ class _Segment:
 
     @ivar wrote: bytes of the segment holding data (RocketMQ's wrote
         position); the segment is full when it equals C{size}.
+    @ivar identity: C{(st_dev, st_ino)} of the file, from its first
+        opening: a descriptor opened again later must find the same file.
     """
 
-    __slots__ = ("start", "path", "size", "wrote", "writable", "fd", "_mm")
+    __slots__ = (
+        "start", "path", "size", "wrote", "writable", "fd", "_mm", "identity",
+        "_guard", "_faulted_at",
+    )
 
     def __init__(self, start: int, path: str, size: int, writable: bool) -> None:
         self.start = start
@@ -92,6 +98,11 @@ class _Segment:
         self.writable = writable
         self.fd: int | None = None
         self._mm: mmap.mmap | None = None
+        self.identity: tuple[int, int] | None = None
+        # The SIGBUS guard's slot for the mapping (-1: none), and a fault
+        # it recorded before the mapping went.
+        self._guard = -1
+        self._faulted_at: int | None = None
 
     @property
     def mm(self) -> mmap.mmap:
@@ -104,6 +115,9 @@ class _Segment:
                 self.size,
                 access=mmap.ACCESS_WRITE if self.writable else mmap.ACCESS_READ,
             )
+            # A file truncated under the mapping must not kill the process
+            # at the next access past its end (rmqha/store/_guard.py).
+            self._guard = _guard.add(self._mm)
             if not self.writable:
                 self.close_fd()
         return self._mm
@@ -120,10 +134,71 @@ class _Segment:
         return self.start + self.wrote
 
     def ensure_fd(self) -> int:
+        """
+        The segment's descriptor, opened if need be.
+
+        @raise OSError: the file cannot be opened (C{ENOENT}: removed), or
+            (C{ESTALE}) the path names another file than the one first
+            opened: replaced.
+        """
         if self.fd is None:
             flags = os.O_RDWR if self.writable else os.O_RDONLY
-            self.fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0))
+            info = os.fstat(fd)
+            identity = (info.st_dev, info.st_ino)
+            if self.identity is None:
+                self.identity = identity
+            elif identity != self.identity:
+                os.close(fd)
+                raise OSError(errno.ESTALE, "replaced by another file", self.path)
+            self.fd = fd
         return self.fd
+
+    def fault(self) -> int | None:
+        """
+        Where in the segment an access through its mapping faulted (the
+        file did not reach there, or could not be read), if one did: the
+        SIGBUS guard absorbed it.
+        """
+        if self._faulted_at is None and self._guard >= 0:
+            self._faulted_at = _guard.fault(self._guard)
+        return self._faulted_at
+
+    def examine(self, by_path: bool = False) -> str | None:
+        """
+        What is wrong with the segment's file, as its open descriptor
+        (C{fstat}) and its mapping's guard tell — C{None}: nothing seen.
+        A segment without an open descriptor is not looked at (its file is
+        checked when it is opened again: L{ensure_fd}).
+
+        @param by_path: also look up the path (a C{stat}): a file replaced
+            by one renamed over it while a hard link keeps the old one.
+        """
+        what = None
+        if self.fd is not None:
+            info = os.fstat(self.fd)
+            if info.st_size < self.size:
+                what = f"was truncated to {info.st_size} bytes (a segment is {self.size} bytes"
+                what += f", {self.wrote} of them written)" if self.writable else ")"
+            elif info.st_size > self.size:
+                what = f"grew to {info.st_size} bytes (a segment is {self.size} bytes)"
+            if what is None and (info.st_nlink == 0 or by_path):
+                try:
+                    named = os.stat(self.path)
+                except FileNotFoundError:
+                    what = "was removed"
+                else:
+                    if (named.st_dev, named.st_ino) != (info.st_dev, info.st_ino):
+                        what = "was replaced by another file"
+                    elif info.st_nlink == 0:  # (a race with the stat)
+                        what = "was removed"
+        position = self.fault()
+        if what is None and position is not None:
+            what = (
+                f"could not be read or written through its mapping at position {position} "
+                "(SIGBUS: the file does not reach there, or an I/O error)"
+            )
+        return what
 
     def pread(self, position: int, size: int) -> bytes:
         fd = self.ensure_fd()
@@ -170,16 +245,26 @@ class _Segment:
         mapped would count every byte ever put towards the process's RSS.
         """
         if self._mm is not None:
+            self.fault()  # (kept: the guard's slot goes with the mapping)
+            _guard.remove(self._guard)
             try:
                 self._mm.close()
             except BufferError:
-                return  # a read_view of it is still alive; unmapped later
-            self._mm = None
+                # A read_view of it is still alive; unmapped later.
+                self._guard = _guard.add(self._mm)
+                return
+            self._mm, self._guard = None, -1
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.close()
-            self._mm = None
+            self.fault()
+            _guard.remove(self._guard)
+            try:
+                self._mm.close()
+            except BufferError:
+                self._guard = _guard.add(self._mm)
+                raise
+            self._mm, self._guard = None, -1
         self.close_fd()
 
 

@@ -13,6 +13,11 @@
  * lengths inside the bytes say.  No threads; the GIL is held throughout but
  * by crc32() over a big buffer (read-only, under its buffer export).
  * Every integer on disk is big-endian and signed (Java's ByteBuffer).
+ *
+ * Two pieces here are not codec: Prefault (pages faulted in ahead of the
+ * puts, on a thread of its own) and the SIGBUS guard of the segment
+ * mappings (guard_add: a segment file truncated under the process must not
+ * kill it; see the guard's own comment and docs/store.md).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -22,6 +27,7 @@
 #include <zlib.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -33,6 +39,16 @@
 #define BORNHOST_V6 0x10
 #define STOREHOST_V6 0x20
 #define MAX_PROPERTIES_LENGTH 32767
+
+/* Faults the SIGBUS guard has absorbed, in all mappings (see below): a put
+ * that saw it move declines its result. */
+static unsigned long guard_fault_count;
+
+static inline unsigned long
+guard_faults_now(void)
+{
+    return __atomic_load_n(&guard_fault_count, __ATOMIC_ACQUIRE);
+}
 
 static inline int32_t
 rd32(const unsigned char *p)
@@ -1190,6 +1206,9 @@ sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     PyObject *key = NULL, *encoded = NULL, *next = NULL, *result = NULL;
     long long position, limit, start, store_timestamp, queue_offset = 0, total = 0;
     int counted = 0, slot;
+    /* A fault absorbed by the guard while the record was written: it went
+     * to a page that is not the file's (declined: put_batch finds why). */
+    unsigned long faults = guard_faults_now();
 
     if (nargs != 10) {
         PyErr_SetString(PyExc_TypeError, "put_one takes 10 arguments");
@@ -1231,6 +1250,10 @@ sp_put_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     if (total < 0)
         goto decline;
+    if (guard_faults_now() != faults) {
+        unwrite(bufobj, position, total);
+        goto decline;
+    }
     result = append_result(result_type, start + position, total, queue_offset,
                            store_timestamp, store_host);
     if (result == NULL)
@@ -2003,6 +2026,249 @@ static PyTypeObject PrefaultType = {
     .tp_new = prefault_new,
 };
 
+
+/* ---- The SIGBUS guard of the segment mappings --------------------------
+ *
+ * A page of a shared file mapping that lies past the end of its file
+ * cannot be read or written: the access raises SIGBUS, whose default action
+ * kills the process.  Another process truncating a segment file under a
+ * broker did exactly that to its next put (issue 25).  Checking the file's
+ * size before each access would leave a window (the truncation can come
+ * between the check and the access) and cost a system call per put, so the
+ * access itself is made unable to kill: every segment mapping is registered
+ * here (guard_add), and this SIGBUS handler, for a fault inside one, maps
+ * anonymous zero pages over the mapping from the faulting page to its end
+ * (mmap MAP_FIXED; the file's pages there are gone anyway), records where,
+ * and returns: the access runs again against those pages and completes.
+ * What it wrote is not in the file and what it read is zeros, so the store
+ * asks (guard_fault, guard_faults; put_one declines by itself) before it
+ * answers a put or sends what it read, and refuses writes from then on.
+ *
+ * This covers every access — CPython's mmap slicing, memoryviews, the
+ * codec — with no longjmp out of code that holds references or locks.  A
+ * fault anywhere else, or a SIGBUS another process sent, goes to whatever
+ * handler was in place before this one (faulthandler's, or the default
+ * action): this handler puts it back and returns (the fault then happens
+ * again and meets it) or raises the signal again.  guard_add installs the
+ * handler whenever it is not the one in place.  (faulthandler enabled after
+ * it sees a guarded fault first, dumps the stacks and raises the signal
+ * towards this handler, which lets the access run again: the process
+ * lives, with faulthandler's dump on stderr.)
+ */
+
+#define GUARD_SLOTS 1024
+
+typedef struct {
+    uintptr_t base;   /* written before length, read after it */
+    size_t length;    /* 0: a free slot */
+    size_t fault_at;  /* 1 + where the lowest faulting page starts; 0: none */
+    int prot;
+} guard_slot_t;
+
+static guard_slot_t guard_slots[GUARD_SLOTS];
+static struct sigaction guard_previous;
+static volatile sig_atomic_t guard_chaining;
+static long guard_page;
+
+static void
+guard_handler(int signum, siginfo_t *info, void *context)
+{
+    int saved = errno;
+    int i;
+
+    (void)signum;
+    (void)context;
+    /* si_code > 0: raised by the kernel for an access (not kill/raise). */
+    if (info != NULL && info->si_code > 0 && !guard_chaining) {
+        uintptr_t address = (uintptr_t)info->si_addr;
+
+        for (i = 0; i < GUARD_SLOTS; i++) {
+            guard_slot_t *slot = &guard_slots[i];
+            size_t length = __atomic_load_n(&slot->length, __ATOMIC_ACQUIRE);
+            uintptr_t base, page;
+            size_t position, was;
+
+            if (length == 0)
+                continue;
+            base = __atomic_load_n(&slot->base, __ATOMIC_RELAXED);
+            if (address < base || address - base >= length)
+                continue;
+            page = address - (address - base) % (uintptr_t)guard_page;
+            if (mmap((void *)page, base + length - page, slot->prot,
+                     MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+                == MAP_FAILED)
+                break;
+            position = (size_t)(page - base) + 1;
+            was = __atomic_load_n(&slot->fault_at, __ATOMIC_RELAXED);
+            while ((was == 0 || position < was) &&
+                   !__atomic_compare_exchange_n(&slot->fault_at, &was, position, 0,
+                                                __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+                ;
+            __atomic_add_fetch(&guard_fault_count, 1, __ATOMIC_RELEASE);
+            errno = saved;
+            return;
+        }
+    }
+    if (info != NULL && info->si_code <= 0 && info->si_pid == getpid() && !guard_chaining) {
+        /* Raised by this process: faulthandler, enabled after this handler
+         * was installed, passing a fault on to the handler it replaced
+         * (this one) after dumping the stacks.  Returning lets that fault
+         * happen again and be judged here. */
+        errno = saved;
+        return;
+    }
+    if (guard_chaining) {
+        /* Back here while passing a signal on (a previous handler raising
+         * it again towards the one it replaced, this one): the default
+         * action, as if no handler had been there. */
+        struct sigaction fallback;
+
+        memset(&fallback, 0, sizeof fallback);
+        fallback.sa_handler = SIG_DFL;
+        sigemptyset(&fallback.sa_mask);
+        sigaction(SIGBUS, &fallback, NULL);
+        raise(SIGBUS);
+        errno = saved;
+        return;
+    }
+    /* Not ours: to the handler that was there before. */
+    guard_chaining = 1;
+    sigaction(SIGBUS, &guard_previous, NULL);
+    if (info == NULL || info->si_code <= 0)
+        raise(SIGBUS);
+    /* (A fault: returning runs the access again, which faults again.) */
+    errno = saved;
+}
+
+/* Make guard_handler the SIGBUS handler if it is not, keeping the one in
+ * place to pass other signals on to.  0, or -1 with errno set. */
+static int
+guard_install(void)
+{
+    struct sigaction current, mine;
+
+    if (sigaction(SIGBUS, NULL, &current) != 0)
+        return -1;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == guard_handler &&
+        !guard_chaining)
+        return 0;
+    memset(&mine, 0, sizeof mine);
+    mine.sa_sigaction = guard_handler;
+    mine.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK | SA_RESTART;
+    sigemptyset(&mine.sa_mask);
+    if (!((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == guard_handler))
+        guard_previous = current;
+    guard_chaining = 0;
+    return sigaction(SIGBUS, &mine, NULL);
+}
+
+PyDoc_STRVAR(guard_add_doc,
+"guard_add(mm, /) -> int\n\n"
+"Guard the mapping mm (an mmap.mmap) against SIGBUS: a fault in it maps\n"
+"zero pages over it from the faulting page on instead of killing the\n"
+"process (see guard_fault). Returns the guard's slot, or -1 when every\n"
+"slot is taken (the mapping is then not guarded). Call guard_remove\n"
+"before the mapping is closed.");
+
+static PyObject *
+sp_guard_add(PyObject *module, PyObject *mm)
+{
+    Py_buffer view;
+    uintptr_t base;
+    size_t length;
+    int prot, i;
+
+    if (strcmp(Py_TYPE(mm)->tp_name, "mmap.mmap") != 0) {
+        PyErr_SetString(PyExc_TypeError, "guard_add: not an mmap.mmap");
+        return NULL;
+    }
+    if (PyObject_GetBuffer(mm, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    base = (uintptr_t)view.buf;
+    length = (size_t)view.len;
+    prot = view.readonly ? PROT_READ : PROT_READ | PROT_WRITE;
+    PyBuffer_Release(&view);
+    if (guard_page <= 0)
+        guard_page = sysconf(_SC_PAGESIZE);
+    if (length == 0 || guard_page <= 0 || base % (uintptr_t)guard_page)
+        return PyLong_FromLong(-1);
+    if (guard_install() != 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    /* Slots are taken and given back with the GIL held; the handler only
+     * reads them (length last written, first read). */
+    for (i = 0; i < GUARD_SLOTS; i++) {
+        guard_slot_t *slot = &guard_slots[i];
+
+        if (__atomic_load_n(&slot->length, __ATOMIC_ACQUIRE) != 0)
+            continue;
+        __atomic_store_n(&slot->base, base, __ATOMIC_RELAXED);
+        __atomic_store_n(&slot->fault_at, 0, __ATOMIC_RELAXED);
+        slot->prot = prot;
+        __atomic_store_n(&slot->length, length, __ATOMIC_RELEASE);
+        return PyLong_FromLong(i);
+    }
+    return PyLong_FromLong(-1);
+}
+
+static int
+guard_slot_arg(PyObject *arg, int *slot)
+{
+    long value = PyLong_AsLong(arg);
+
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (value < 0 || value >= GUARD_SLOTS) {
+        PyErr_Format(PyExc_ValueError, "guard slot %ld is out of range", value);
+        return -1;
+    }
+    *slot = (int)value;
+    return 0;
+}
+
+PyDoc_STRVAR(guard_remove_doc,
+"guard_remove(slot, /) -> None\n\n"
+"Stop guarding the mapping of slot (before it is closed).");
+
+static PyObject *
+sp_guard_remove(PyObject *module, PyObject *arg)
+{
+    int slot;
+
+    if (guard_slot_arg(arg, &slot) < 0)
+        return NULL;
+    __atomic_store_n(&guard_slots[slot].length, 0, __ATOMIC_RELEASE);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(guard_fault_doc,
+"guard_fault(slot, /) -> int\n\n"
+"Where, in the mapping of slot, the lowest page the guard replaced\n"
+"starts (an access there faulted: the file does not reach it, or it\n"
+"could not be read); -1: none.");
+
+static PyObject *
+sp_guard_fault(PyObject *module, PyObject *arg)
+{
+    int slot;
+    size_t at;
+
+    if (guard_slot_arg(arg, &slot) < 0)
+        return NULL;
+    at = __atomic_load_n(&guard_slots[slot].fault_at, __ATOMIC_ACQUIRE);
+    return PyLong_FromLongLong(at == 0 ? -1 : (long long)(at - 1));
+}
+
+PyDoc_STRVAR(guard_faults_doc,
+"guard_faults() -> int\n\n"
+"How many faults the guard has absorbed in this process, all mappings\n"
+"together (a cheap \"anything new?\").");
+
+static PyObject *
+sp_guard_faults(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromUnsignedLong(guard_faults_now());
+}
+
 static PyMethodDef methods[] = {
     {"check_record", sp_check_record, METH_VARARGS, check_record_doc},
     {"replica_hop", sp_replica_hop, METH_VARARGS, replica_hop_doc},
@@ -2015,6 +2281,10 @@ static PyMethodDef methods[] = {
     {"decode_span", sp_decode_span, METH_VARARGS, decode_span_doc},
     {"crc32", (PyCFunction)(void (*)(void))sp_crc32, METH_FASTCALL, crc32_doc},
     {"_crc32_set_folding", sp_crc32_set_folding, METH_O, crc32_set_folding_doc},
+    {"guard_add", sp_guard_add, METH_O, guard_add_doc},
+    {"guard_remove", sp_guard_remove, METH_O, guard_remove_doc},
+    {"guard_fault", sp_guard_fault, METH_O, guard_fault_doc},
+    {"guard_faults", sp_guard_faults, METH_NOARGS, guard_faults_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -32,6 +32,8 @@ L{rmqha.store.service}.
 
 from __future__ import annotations
 
+import errno
+import json
 import mmap
 import os
 import time
@@ -39,6 +41,8 @@ from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
 
+from rmqha._files import write_atomically
+from rmqha.store import _guard
 from rmqha.store import _record as _codec
 from rmqha.store._prefault import Prefaulter
 from rmqha.store._queues import _UNCOUNTED, QueueTable
@@ -61,6 +65,7 @@ from rmqha.store._record import (
 )
 from rmqha.store._recovery import (
     RecoveryReport,
+    damage_record,
     RepairReport,
     VerifyReport,
     log_recovery,
@@ -81,12 +86,14 @@ from rmqha.store._segments import (
     _incomplete,
     _lock,
     _quarantine_bytes,
+    _quarantine_target,
     _zero_after,
     create_segment,
     cut_segments,
     segment_name,
 )
 from rmqha.store.errors import (
+    _DAMAGED,
     CorruptRecordError,
     CorruptReplicaError,
     CorruptStoreError,
@@ -95,6 +102,8 @@ from rmqha.store.errors import (
     OffsetOutOfRangeError,
     ReadOnlyStoreError,
     SegmentCreateError,
+    SegmentReadError,
+    StoreDamagedError,
     StoreError,
     StoreLockedError,
 )
@@ -125,6 +134,8 @@ __all__ = [
     "OffsetOutOfRangeError",
     "ReadOnlyStoreError",
     "SegmentCreateError",
+    "SegmentReadError",
+    "StoreDamagedError",
     "DEFAULT_SEGMENT_SIZE",
     "MIN_SEGMENT_SIZE",
     "MAX_SEGMENT_SIZE",
@@ -204,6 +215,12 @@ class CommitLog:
         self._closed = False
         self._queues = QueueTable(store_dir)
         self._append_observers: list[Callable[[int], object]] = []
+        # A segment file changed under the log (truncated, removed,
+        # replaced; docs/store.md): the first such finding, and who is told.
+        self._damage: StoreDamagedError | None = None
+        self._damage_observers: list[Callable[[StoreDamagedError], object]] = []
+        # The SIGBUS guard's fault count when this log last looked.
+        self._faults_seen = _guard.faults()
         # The pages ahead of the put position are faulted in on another
         # thread (rmqha/store/_prefault.py): with the accelerator only.
         accel = _codec._accel
@@ -297,7 +314,37 @@ class CommitLog:
             recovery,
         )
         log_recovery(self._log, commitlog_dir, segment_size, read_only, recovery)
+        # A file cut while recovery read it (the SIGBUS guard gave zeros
+        # there): refuse, naming it, rather than trust what was read.
+        damage = self.check()
+        if damage is not None:
+            self.close()
+            raise StoreDamagedError(damage.path, damage.what)
+        if not read_only:
+            self._forget_recorded_damage()
         return self
+
+    def _forget_recorded_damage(self) -> None:
+        """
+        Opened although the last run recorded a segment file changed under
+        it (the file was restored, or the log ends before it now): say so,
+        and move the record into the quarantine (kept, not repeated).
+        """
+        record = damage_record(self.store_dir)
+        path = os.path.join(self.store_dir, *_DAMAGED)
+        if record is None and not os.path.exists(path):
+            return
+        target = _quarantine_target(self.store_dir, "damaged", ".json", self._clock)
+        os.rename(path, target)
+        self._log.warn(
+            "the last run found segment file {segment} {what} under it; the log was "
+            "recovered as the files are now, to offset {end} (the record is kept in "
+            "{target})",
+            segment=(record or {}).get("segment"),
+            what=(record or {}).get("what"),
+            end=self.max_offset,
+            target=target,
+        )
 
     # -- offsets -----------------------------------------------------------
 
@@ -405,6 +452,9 @@ class CommitLog:
             assert results is not None
         if not results:
             return results
+        # A page the records went to that the file no longer has (the
+        # SIGBUS guard took the fault; put_one declines then, to here).
+        self._check_faults()
         last = results[-1]
         self._put_done(segment, last.offset + last.size, last.offset)  # type: ignore[arg-type]
         return results
@@ -421,6 +471,7 @@ class CommitLog:
         queues.last_put = last_put
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
+            self._refuse_if_damaged()
         if self._append_observers:
             self._appended(end)
         prefault = self._prefault
@@ -446,6 +497,26 @@ class CommitLog:
         def stop() -> None:
             if observer in self._append_observers:
                 self._append_observers.remove(observer)
+
+        return stop
+
+    def observe_damage(
+        self, observer: Callable[[StoreDamagedError], object]
+    ) -> Callable[[], None]:
+        """
+        Call C{observer} with the L{StoreDamagedError} once, when the log
+        first finds a segment file it holds changed under it (L{check}),
+        on the thread and in the call that found it (a put, a read, a
+        flush, the timer): an observer that must not run there schedules
+        its work.  An observer that raises is logged.
+
+        @return: a function that stops the observing (idempotent).
+        """
+        self._damage_observers.append(observer)
+
+        def stop() -> None:
+            if observer in self._damage_observers:
+                self._damage_observers.remove(observer)
 
         return stop
 
@@ -570,7 +641,12 @@ class CommitLog:
         if self._record_end != self.max_offset:
             self._cut_incomplete_tail("before a put")
         if not self._queues.current(self.max_offset):
-            self._catch_up_queue_table()
+            try:
+                self._catch_up_queue_table()
+            except RecordError:
+                self._check_faults()  # (zeros where a cut file was: that)
+                raise
+            self._check_faults()
         self._put_ready_at = self.max_offset
         return self._segments[-1] if self._segments else None
 
@@ -581,6 +657,10 @@ class CommitLog:
         last = self._segments[-1] if self._segments else None
         if last is None:
             return self._create_segment(0)
+        # The BLANK closes the file the log has been writing: that file.
+        what = last.examine(by_path=True)
+        if what is not None:
+            raise self._damaged(last, what)
         table_current = self._queues.current(last.end)
         remaining = last.size - last.wrote
         if remaining >= END_FILE_MIN_BLANK_LENGTH:
@@ -589,7 +669,12 @@ class CommitLog:
         self._record_end = last.end
         if table_current:
             self._queues.end = last.end
-            self._queues.save(self._item_at)
+            try:
+                self._queues.save(self._item_at)
+            except RecordError:
+                self._check_faults()
+                raise
+        self._check_faults()
         self._release_prefault()
         last.release_mapping()
         return self._create_segment(last.end)
@@ -661,6 +746,10 @@ class CommitLog:
                     segment = self._create_segment(offset)
                 elif segment.wrote == segment.size:
                     segment = self._create_segment(segment.start + segment.size)
+                # pwrite into a file cut short would grow it back with a
+                # hole, into a removed one write nowhere: look first (an
+                # fstat; docs/store.md for the window left).
+                self._refuse_if_changed(segment)
                 n = min(total - written, segment.size - segment.wrote)
                 # pwrite, not the mapping: a slave copying a whole log would
                 # otherwise map all of it into its memory.
@@ -690,6 +779,7 @@ class CommitLog:
         self._validate_pieces(offset, pieces, total)
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
+            self._refuse_if_damaged()
         if total and self._append_observers:
             self._appended(self.max_offset)
         return self.max_offset
@@ -761,8 +851,11 @@ class CommitLog:
         """
         Cut replicated bytes after the last whole record (a slave does
         this before asking its master for more: the master resends the
-        record whole, and the slave never reports a partial one).
+        record whole, and the slave never reports a partial one).  Nothing
+        is cut in a damaged log (L{damage}): it takes no writes.
         """
+        if self._damage is not None:
+            return
         self._check_writable()
         if self._record_end != self.max_offset:
             self._cut_incomplete_tail("before asking the master for it again")
@@ -876,6 +969,162 @@ class CommitLog:
             raise StoreError(f"{self.commitlog_dir} is closed")
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
+        self._refuse_if_damaged()
+
+    # -- a segment file changed under the log -------------------------------
+
+    @property
+    def damage(self) -> StoreDamagedError | None:
+        """
+        The first damage found (a segment file the log holds truncated,
+        removed or replaced under it, or a page of a mapping that faulted):
+        every write raises it from then on, until the log is opened again.
+        C{None}: none found.
+        """
+        return self._damage
+
+    def check(self) -> StoreDamagedError | None:
+        """
+        Look at every segment file the log holds open (an C{fstat} of each
+        descriptor, a C{stat} of the last one's path) and at the SIGBUS
+        guard of its mappings: the first damage found is kept (see
+        L{damage}), logged once and told to the L{observe_damage}
+        observers.  Cheap (a few system calls): L{CommitLogService} calls
+        it on a timer, and the log after every flush and before every
+        roll; a put does not (docs/store.md: the window that leaves).
+
+        @return: the damage, if any, found now or before.
+        """
+        if self._damage is not None or self._closed:
+            return self._damage
+        segments = self._segments
+        for segment in segments:
+            if segment.fd is None and not segment.mapped and segment.fault() is None:
+                continue  # (nothing held, and no fault while it was: recovery's)
+            what = segment.examine(by_path=segment is segments[-1])
+            if what is not None:
+                return self._damaged(segment, what)
+        self._faults_seen = _guard.faults()
+        return None
+
+    def _check_faults(self) -> None:
+        """
+        Raise L{StoreDamagedError} if an access to a mapping of this log
+        faulted since the last look (one call when none did).
+        """
+        count = _guard.faults()
+        if count == self._faults_seen:
+            return
+        for segment in self._segments:
+            if segment.fault() is not None:
+                raise self._damaged(segment, segment.examine(by_path=True) or "")
+        self._faults_seen = count  # (another log's mapping)
+
+    def _refuse_if_changed(self, segment: _Segment) -> None:
+        """
+        Before writing into C{segment}'s file: raise L{StoreDamagedError}
+        if it is not the file the log holds.
+        """
+        fd = segment.fd
+        if fd is None:
+            try:
+                fd = segment.ensure_fd()
+            except OSError as e:
+                raise self._damaged(segment, self._open_failure(e)) from None
+        # The file's size by lseek, not fstat: after a write, fstat costs
+        # ~1.8 us here (a slave appends per read: ~15 % of a one-record
+        # frame), lseek ~0.45.  A removed or replaced file keeps its size:
+        # that is for check() (the timer, flushes, rolls) to find.
+        if os.lseek(fd, 0, os.SEEK_END) != segment.size:
+            raise self._damaged(segment, segment.examine(by_path=True) or "changed")
+
+    def _refuse_if_damaged(self) -> None:
+        damage = self._damage
+        if damage is not None:
+            # (A new exception each time: one raised again and again would
+            # carry every traceback it was raised with.)
+            raise StoreDamagedError(damage.path, damage.what)
+
+    def _damaged(self, segment: _Segment, what: str) -> StoreDamagedError:
+        """
+        C{segment}'s file is not what the log holds (C{what}): from now on
+        refuse every write.  Logged once, told to the observers once.
+
+        @return: the error to raise (the first damage, if there was one).
+        """
+        if self._damage is None:
+            damage = self._damage = StoreDamagedError(segment.path, what or "changed")
+            self._put_ready_at = -1
+            self._log.error("the commit log is damaged: {error}", error=str(damage))
+            self._record_damage(segment, damage.what)
+            for observer in list(self._damage_observers):
+                try:
+                    observer(damage)
+                except Exception:
+                    self._log.failure("a damage observer failed")
+        damage = self._damage
+        return StoreDamagedError(damage.path, damage.what)
+
+    def _record_damage(self, segment: _Segment, what: str) -> None:
+        """
+        Write which file changed and how into C{rmqha/damaged.json}, for
+        the next open: a file cut to zeros must not pass there for one
+        whose creation was interrupted (and be deleted).
+        """
+        if self.read_only:
+            return
+        record = {
+            "segment": os.path.basename(segment.path),
+            "size": segment.size,
+            "offset": segment.start,
+            "written": segment.wrote,
+            "what": what,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self._clock())),
+        }
+        path = os.path.join(self.store_dir, *_DAMAGED)
+        try:
+            write_atomically(path, lambda f: json.dump(record, f, indent=1))
+        except OSError as e:
+            self._log.warn("cannot record the damage in {path}: {error}", path=path, error=e)
+
+    @staticmethod
+    def _open_failure(error: OSError) -> str:
+        if error.errno == errno.ENOENT:
+            return "was removed"
+        if error.errno == errno.ESTALE:
+            return "was replaced by another file"
+        return f"cannot be opened: {error.strerror or error}"
+
+    def _read_failure(
+        self, segment: _Segment, held: bool, position: int, size: int, error: OSError
+    ) -> StoreError:
+        """
+        The error for a C{pread} of C{segment} that failed with C{error}: a
+        damage if the file is one the log held open (C{held}: the last
+        segment, or one not flushed yet) and it changed, else a
+        L{SegmentReadError} naming the file and why.  (An older segment's
+        file gone or cut costs the reads of it, not the puts.)
+        """
+        if segment.fd is None:
+            # (ensure_fd failed: the file of a segment not held open.)
+            return SegmentReadError(segment.path, self._open_failure(error))
+        what = segment.examine(by_path=True)
+        if not held:
+            # Opened for this read: closed again, so that the look at the
+            # files held (check) does not take it for one.
+            segment.close_fd()
+        elif what is not None:
+            return self._damaged(segment, what)
+        if what is not None:
+            return SegmentReadError(segment.path, what)
+        if error.errno is None:  # (a short read: the file ends early)
+            return SegmentReadError(
+                segment.path, f"ends before position {position + size} ({error})"
+            )
+        return SegmentReadError(
+            segment.path,
+            f"cannot read {size} bytes at position {position}: {error.strerror or error}",
+        )
 
     def has_data(self) -> bool:
         """
@@ -916,8 +1165,15 @@ class CommitLog:
             return b""
         segment, position, end = self._locate(offset, limit)
         if offset >= self._mapped_from and segment.mapped and segment is self._segments[-1]:
-            return segment.mm[position:end]
-        return segment.pread(position, end - position)
+            data = segment.mm[position:end]
+            if _guard.faults() != self._faults_seen:
+                self._check_faults()  # (zeros where the file was cut: refuse)
+            return data
+        held = segment.fd is not None
+        try:
+            return segment.pread(position, end - position)
+        except OSError as e:
+            raise self._read_failure(segment, held, position, end - position, e) from None
 
     def read_view(self, offset: int, limit: int) -> memoryview:
         """
@@ -1014,7 +1270,12 @@ class CommitLog:
         fds = []
         for segment in self._segments:
             if segment.end > self._flushed and segment.wrote > 0:
-                fds.append(segment.ensure_fd())
+                try:
+                    fds.append(segment.ensure_fd())
+                except OSError as e:
+                    # (Nothing to sync there: the log is damaged, and the
+                    # flushed offset stays where it is: flush_done.)
+                    self._damaged(segment, self._open_failure(e))
         self._flushes_in_flight += 1
         return FlushPlan(target, fds)
 
@@ -1023,7 +1284,9 @@ class CommitLog:
         Record that C{plan} was executed.
         """
         self._flushes_in_flight -= 1
-        if plan.target > self._flushed:
+        # On disk only if it went to the files the log holds: looked at
+        # after the sync (an fstat each), before it counts.
+        if self.check() is None and plan.target > self._flushed:
             self._flushed = plan.target
         if self._flushes_in_flight == 0:
             # Descriptors of full, flushed segments are not needed again.
@@ -1081,8 +1344,18 @@ class CommitLog:
         """
         if self._closed:
             return
+        damaged = self.check() is not None
         try:
-            if not self.read_only:
+            if not self.read_only and damaged:
+                # Nothing written, nothing cut; what can be synced is, and
+                # the abort marker stays: the next open recovers the tail
+                # (docs/store.md, "A segment file changed under the open
+                # log").
+                try:
+                    self.flush()
+                except OSError as e:
+                    self._log.warn("flushing the damaged commit log failed: {error}", error=e)
+            elif not self.read_only:
                 if self._record_end != self.max_offset:
                     self._cut_incomplete_tail("at close")
                 self.flush()
@@ -1095,7 +1368,7 @@ class CommitLog:
                 self._prefault.stop()
             for segment in self._segments:
                 segment.close()
-            if not self.read_only:
+            if not self.read_only and not damaged:
                 try:
                     os.unlink(os.path.join(self.store_dir, "abort"))
                 except FileNotFoundError:

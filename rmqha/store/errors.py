@@ -5,11 +5,17 @@ Every error the store raises, and the L{Damage} a corrupt record is reported as.
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 
 #: Where recovery and truncation move bytes aside, under the store directory.
 _QUARANTINE = ("rmqha", "quarantine")
+#: Where an open log records a segment file found changed under it (which
+#: file, what was wrong, how much of it was written), under the store
+#: directory: the next open must not take that file for one whose creation
+#: was interrupted (docs/store.md).
+_DAMAGED = ("rmqha", "damaged.json")
 
 
 class StoreError(Exception):
@@ -78,6 +84,47 @@ class OffsetOutOfRangeError(StoreError):
         self.offset = offset
         self.min_offset = min_offset
         self.max_offset = max_offset
+
+
+class StoreDamagedError(StoreError, OSError):
+    """
+    A segment file the open log holds was truncated, removed or replaced
+    under it (by another process), or a page of its mapping could not be
+    read or written: the file is no longer the one the log thinks it is.
+    The log refuses every write from then on, until it is opened again;
+    the text is one line naming the file and what is wrong with it.  An
+    C{OSError} (C{EIO}, C{filename} the segment file) so that whoever
+    handles a failed write (a put that could not be stored) handles this.
+    """
+
+    def __init__(self, path: str, what: str) -> None:
+        OSError.__init__(
+            self,
+            errno.EIO,
+            f"{what} under the open commit log, which takes no more writes "
+            "until it is opened again (restart the broker)",
+            path,
+        )
+        #: The segment file.
+        self.path = path
+        #: What is wrong with it (C{"was truncated to 4096 bytes (…)"}).
+        self.what = what
+
+    def __str__(self) -> str:
+        return f"segment file {self.filename}: {self.strerror}"
+
+
+class SegmentReadError(StoreError):
+    """
+    A segment file could not be read where the log holds bytes (a file
+    missing, shorter than the log says, another file by now, or an I/O
+    error).  The text is one line naming the file.
+    """
+
+    def __init__(self, path: str, what: str) -> None:
+        super().__init__(f"segment file {path}: {what}")
+        self.path = path
+        self.what = what
 
 
 class SegmentCreateError(OSError):

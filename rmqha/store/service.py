@@ -18,6 +18,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from rmqha.store import _guard
 from rmqha.store import _record as _codec
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
@@ -30,6 +31,10 @@ DEFAULT_FLUSH_INTERVAL = 0.5
 DEFAULT_FLUSH_LEAST_BYTES = 4 * 4096
 #: RocketMQ's C{flushCommitLogThoroughInterval}: 10 s.
 DEFAULT_FLUSH_THOROUGH_INTERVAL = 10.0
+#: How often the segment files the log holds are looked at (an C{fstat}
+#: each; L{CommitLog.check}): a file truncated, removed or replaced under
+#: the broker is found at most this long after, if nothing else found it.
+DEFAULT_CHECK_INTERVAL = 0.5
 
 class CommitLogService(Service):
     """
@@ -42,7 +47,9 @@ class CommitLogService(Service):
     its C{fdatasync}s on a thread, so puts continue meanwhile; one flush at
     a time.  With C{SYNC_FLUSH} the service does group commit: callers wait
     on L{when_flushed}, and one flush serves every put made before it
-    started (puts arriving during a flush ride the next one).
+    started (puts arriving during a flush ride the next one).  Either
+    way, every C{check_interval} it has the log look at the segment files
+    it holds (L{CommitLog.check}: truncated, removed, replaced?).
 
     @ivar commitlog: the open log while the service runs, else C{None}.
     """
@@ -58,9 +65,13 @@ class CommitLogService(Service):
         flush_least_bytes: int = DEFAULT_FLUSH_LEAST_BYTES,
         flush_thorough_interval: float = DEFAULT_FLUSH_THOROUGH_INTERVAL,
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
+        check_interval: float = DEFAULT_CHECK_INTERVAL,
     ) -> None:
         """
         @param open_commitlog: opens the log; called by C{startService}.
+        @param check_interval: seconds between two looks at the segment
+            files the log holds (L{CommitLog.check}): a file changed under
+            the broker is found that long after at most.
         @param run_in_thread: runs a flush and returns a Deferred; defaults
             to the reactor's thread pool (tests pass a synchronous one).
         """
@@ -75,6 +86,8 @@ class CommitLogService(Service):
             run_in_thread = self._default_run_in_thread
         self._run_in_thread = run_in_thread
         self._loop: LoopingCall | None = None
+        self._check_interval = check_interval
+        self._check_loop: LoopingCall | None = None
         self._flushing = False
         self._waiters: list[Deferred[None]] = []
         #: Called after every flush that advanced the flushed offset.
@@ -96,7 +109,7 @@ class CommitLogService(Service):
             commitlog.sync_flush_inline = False
         self._log.info(
             "commit log {dir}: {segments} segments, offsets {min}..{max}, "
-            "last shutdown {shutdown}, {flush}, {codec} codec",
+            "last shutdown {shutdown}, {flush}, {codec} codec, {guard}",
             dir=commitlog.commitlog_dir,
             segments=len(commitlog.segments),
             min=commitlog.min_offset,
@@ -105,6 +118,13 @@ class CommitLogService(Service):
             flush=commitlog.flush_disk_type.value,
             # (An operator can tell a build without the accelerator.)
             codec="compiled" if _codec._accel is not None else "pure-Python",
+            # (Without the compiled module, a segment file cut under the
+            # broker can still kill it: docs/store.md.)
+            guard=(
+                "mappings guarded against SIGBUS"
+                if _guard.AVAILABLE
+                else "mappings NOT guarded against SIGBUS (no compiled module)"
+            ),
         )
         self._last_flush = self._reactor.seconds()
         if self.commitlog.flush_disk_type is FlushDiskType.ASYNC_FLUSH:
@@ -112,6 +132,14 @@ class CommitLogService(Service):
             self._loop.clock = self._reactor
             self._loop.start(self._flush_interval, now=False).addErrback(
                 lambda f: self._log.failure("flush loop stopped", f)
+            )
+        if not commitlog.read_only:
+            # A segment file truncated, removed or replaced under the
+            # broker (docs/store.md): puts do not look, this does.
+            self._check_loop = LoopingCall(commitlog.check)
+            self._check_loop.clock = self._reactor
+            self._check_loop.start(self._check_interval, now=False).addErrback(
+                lambda f: self._log.failure("segment file checks stopped", f)
             )
         Service.startService(self)
 
@@ -152,8 +180,10 @@ class CommitLogService(Service):
             waiters, self._waiters = self._waiters, []
             for waiter in waiters:
                 waiter.callback(None)
-            if self._flush_waiters:
+            if self._flush_waiters and commitlog.damage is None:
                 # Puts that came during this flush: the next one is theirs.
+                # (Not on a damaged log: no flush counts there, and the
+                # waiters end with their timeout, FLUSH_DISK_TIMEOUT.)
                 self.flush_now(thorough=True)
 
         def done(_: None) -> None:
@@ -205,6 +235,9 @@ class CommitLogService(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
+        if self._check_loop is not None and self._check_loop.running:
+            self._check_loop.stop()
+        self._check_loop = None
         if self._flushing:
             waiting: Deferred[None] = Deferred()
             self._waiters.append(waiting)
