@@ -378,10 +378,16 @@ class Broker(MultiService):
     def halted(self) -> bool:
         """
         Replication halted until an operator acts (a divergence, a cut
-        beyond --max-cut, a wrong segment size): such a node must not lead.
+        beyond --max-cut, a wrong segment size), or the store found damaged
+        under the running broker: such a node must not lead.
         """
         side = self.roles.service
-        return isinstance(side, Replica) and side.state is ReplicaState.HALTED
+        if isinstance(side, Replica) and side.state is ReplicaState.HALTED:
+            return True
+        # (A segment file cut, removed or replaced under the log: it takes
+        # no writes until restarted, so it must not lead either.)
+        commitlog = self.store.commitlog
+        return commitlog is not None and commitlog.damage is not None
 
     # -- the role services --------------------------------------------------
 

@@ -680,6 +680,33 @@ class UnfitTests(_Group):
         self.assertEqual(view.epoch, 3)
         self.assertGreaterEqual(c.broker.commitlog.max_offset, ends[-1].next_offset)
 
+    def test_damaged_store_steps_down(self) -> None:
+        """
+        The master's live segment is cut under it (issue 25, item 8): its
+        store refuses writes, so it steps down, says why, stops standing,
+        and another in-sync member leads with every PUT_OK.
+        """
+        import os
+
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        a = self.master()
+        assert a is not None
+        acked = [self.put(a.broker) for _ in range(3)]
+        self.elapse(0.5)
+        ends = [self.successResultOf(d) for d in acked]
+        self.assertEqual({r.status for r in ends}, {PutStatus.PUT_OK})
+        directory = a.broker.commitlog.commitlog_dir
+        live = sorted(os.listdir(directory))[-1]
+        os.truncate(os.path.join(directory, live), 100)
+        self.elapse(4)
+        new = self.master()
+        assert new is not None and new is not a
+        self.assertIn(live, a.coordinator.status()["unfit"] or "")
+        self.assertFalse(a.coordinator.member().electable)
+        self.assertGreaterEqual(new.broker.commitlog.max_offset, ends[-1].next_offset)
+
     def test_winner_dying_at_once_does_not_wedge(self) -> None:
         """
         The winner dies while it takes office (its flush hangs, then it is

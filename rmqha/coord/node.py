@@ -773,9 +773,17 @@ class Coordinator(Service):
 
     async def _lead(self, view: ClusterView) -> None:
         """
-        This node leads: carry out a switchover asked of it.
+        This node leads: step down if its store was found damaged (it
+        takes no writes until restarted: another member should lead);
+        carry out a switchover asked of it.
         """
         self._note_election(view.epoch, self.settings.node_id, "this node")
+        damage = self.broker.store.commitlog.damage if self.broker.store.commitlog else None
+        if damage is not None:
+            self._unfit = f"the store is damaged: {damage}"
+            self._log.error("{why}; stepping down, not standing again", why=self._unfit)
+            self._step_down(self._unfit)
+            return
         switch = view.switchover
         if switch is None or self.leader is None:
             self._handing_over = None
