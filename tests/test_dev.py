@@ -45,11 +45,13 @@ class DevTests(SynchronousTestCase):
 
     def test_whole_suite(self) -> None:
         """
-        Without arguments: mypy, trial, then pytest listing skip reasons
-        (C{-rs}); what C{.ci/run} relies on.
+        Without arguments: mypy, trial's discovery (a dry run: the suite
+        runs once), then pytest listing skip reasons (C{-rs}); what
+        C{.ci/run} relies on.
         """
         self.assertEqual(self.dev.main(["test"]), 0)
         self.assertEqual(self.tools(), ["-m mypy", "-m twisted.trial", "-m pytest"])
+        self.assertIn("--dry-run", self.commands[1])
         self.assertIn("-rs", self.commands[-1])
 
     def test_selection_runs_only_pytest(self) -> None:
