@@ -13,7 +13,7 @@ import zlib
 from typing import Any
 
 from hypothesis import given, settings, strategies as st
-from twisted.internet.defer import succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
 from twisted.internet.error import ConnectionDone
@@ -480,7 +480,7 @@ class FailoverRejoinTests(_InMemory):
             role,
             ha_listen="tcp:0",
             master_endpoint=self.endpoint(master) if master else None,  # type: ignore[arg-type]
-            run_in_thread=lambda f: succeed(f()),
+            run_in_thread=kw.pop("run_in_thread", lambda f: succeed(f())),
             retry_policy=lambda attempt: 1.0,
             fd_limit=lambda: 4096,
             scrub_rate=0,
@@ -593,6 +593,52 @@ class FailoverRejoinTests(_InMemory):
         self.assertEqual(status(a)["epoch_truncated_bytes"], partition_era - shared)
         self.stop(a, b)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_cut_runs_in_a_thread(self) -> None:
+        """
+        The cut back (its quarantine copy with fsync, then zeroing: up to
+        --max-cut bytes) runs in the thread pool, not on the reactor, whose
+        timers -- a coordinator's lease renewals -- go on meanwhile (issue
+        26, item 5); replication resumes once it is done.
+        """
+        held: list[tuple[Any, Deferred[Any]]] = []
+        hold = [False]
+
+        def threads(f: Any) -> Deferred[Any]:
+            if not hold[0]:
+                return succeed(f())
+            d: Deferred[Any] = Deferred()
+            held.append((f, d))
+            return d
+
+        a = self.failover_broker(Role.MASTER, run_in_thread=threads)
+        self.switch(a.become_master(epoch=1))
+        shared = self.puts(a, 5)
+        b = self.failover_broker(Role.SLAVE, master=a)
+        self.settle()
+        self.switch(b.become_master(epoch=2))
+        partition_era = self.puts(a, 4)
+        self.puts(b, 2)
+        hold[0] = True
+        a.become_slave(self.endpoint(b), ("b", 2))  # type: ignore[arg-type]
+        self.settle()
+        self.assertIs(self.replica(a).state, ReplicaState.REPAIRING)
+        self.assertEqual(a.commitlog.max_offset, partition_era)  # (not cut yet)
+        ticks: list[float] = []
+        self.clock.callLater(0.5, lambda: ticks.append(self.clock.seconds()))
+        self.clock.advance(1.0)  # (the reactor is free: its timers run)
+        self.assertEqual(len(ticks), 1)
+        self.assertTrue(held)
+        hold[0] = False
+        while held:
+            f, d = held.pop(0)
+            d.callback(f())
+            self.settle()
+        self.settle()
+        self.assertIs(self.replica(a).state, ReplicaState.REPLICATING, a.problem)
+        self.assertEqual(a.epoch_truncated_bytes, partition_era - shared)
+        self.assertEqual(a.commitlog.max_offset, b.commitlog.max_offset)
+        self.stop(a, b)
 
     def test_shared_epochs_verify_a_short_tail(self) -> None:
         """

@@ -36,11 +36,11 @@ class _Threads:
         pending, self.pending = self.pending, []
         for f, d in pending:
             try:
-                f()
+                result = f()
             except Exception:
                 d.errback(Failure())
             else:
-                d.callback(None)
+                d.callback(result)
 
 
 def _message(n: int = 0, size: int = 100) -> Message:
@@ -96,6 +96,47 @@ class CommitLogServiceTests(SynchronousTestCase):
             self.threads.run_all()
             self.successResultOf(d)
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_exclusive_work_runs_alone_in_a_thread(self) -> None:
+        """
+        Exclusive disk work (a cut back) waits for the running flush, runs
+        in the thread pool -- the reactor goes on -- with no flush and no
+        file check starting meanwhile; a flush asked for meanwhile runs
+        after it, and its waiter fires then; the work's result (or error)
+        is the Deferred's.
+        """
+        service, commitlog = self._started()
+        _fill_to(commitlog, 8192)
+        self.clock.advance(0.5)  # (the periodic flush starts)
+        ran: list[str] = []
+        done = service.exclusive(lambda: ran.append("cut") or "quarantine/x.bin")
+        self.assertEqual(len(self.threads.pending), 1)  # (the flush only)
+        self.threads.run_all()  # the flush ends; the work starts
+        self.assertEqual((ran, len(self.threads.pending)), ([], 1))
+        _fill_to(commitlog, 16384)
+        flushed = service.flush_now(thorough=True)
+        checks: list[int] = []
+        self.patch(commitlog, "check", lambda: checks.append(1))
+        self.clock.advance(5)  # (timers run: the reactor is free)
+        self.assertEqual((len(self.threads.pending), checks), (1, []))
+        self.assertNoResult(flushed)
+        self.threads.run_all()
+        self.assertEqual(ran, ["cut"])
+        self.assertEqual(self.successResultOf(done), "quarantine/x.bin")
+        self.assertEqual(len(self.threads.pending), 1)  # the flush asked meanwhile
+        self.threads.run_all()
+        self.successResultOf(flushed)
+        self.clock.advance(1)
+        self.assertTrue(checks)
+
+        def fails() -> None:
+            raise OSError(28, "No space left on device")
+
+        failed = service.exclusive(fails)
+        self.threads.run_all()
+        self.failureResultOf(failed, OSError)
+        self.clock.advance(1)
+        self.threads.run_all()
 
     def test_start_opens_and_stop_closes(self) -> None:
         """
@@ -265,7 +306,7 @@ class CommitLogServiceTests(SynchronousTestCase):
         """
         service, commitlog = self._started(FlushDiskType.SYNC_FLUSH)
         self.assertEqual(
-            [call.func.f for call in self.clock.getDelayedCalls()], [commitlog.check]
+            [call.func.f for call in self.clock.getDelayedCalls()], [service._check]
         )
         ends = [commitlog.put(_message(i)).next_offset for i in range(3)]
         self.assertEqual(commitlog.flushed_offset, 0)

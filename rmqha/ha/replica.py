@@ -723,7 +723,9 @@ class Replica(Service):
         commitlog = self.commitlog
         end = commitlog.max_offset
         try:
-            commitlog.truncate_replica(cut)
+            # (In a thread: the quarantine copy of up to --max-cut bytes,
+            # with fsync, must not hold the reactor -- its lease renewals.)
+            await self.store.exclusive(lambda: commitlog.cut_back(cut))
         except OffsetOutOfRangeError:
             self._master_epochs = None
             raise _Halt(
@@ -831,7 +833,13 @@ class Replica(Service):
         self._to(ReplicaState.REPAIRING)
         if mode is OnDivergence.TRUNCATE:
             assert divergence.truncate_to is not None
-            self.commitlog.truncate_replica(divergence.truncate_to)
+            commitlog, cut = self.commitlog, divergence.truncate_to
+            path = await self.store.exclusive(lambda: commitlog.cut_back(cut))
+            self._log.warn(
+                "cut the log back to offset {offset}; the cut bytes are kept in {path}",
+                offset=cut,
+                path=path,
+            )
             if self.epochs is not None:
                 self.epochs.truncate_to(divergence.truncate_to)
         else:

@@ -881,13 +881,32 @@ class CommitLog:
         """
         Cut the log back to C{offset}, a record boundary at or after its
         min offset: what a diverged slave does to resume from the last
-        offset it shares with its master.  The bytes are zeroed.
+        offset it shares with its master.  The bytes are zeroed (a copy of
+        them is kept in quarantine first), and the cut is logged.
+        """
+        path = self.cut_back(offset)
+        if path is not None:
+            self._log.warn(
+                "cut the log back to offset {offset}; the cut bytes are kept in {path}",
+                offset=offset,
+                path=path,
+            )
+
+    def cut_back(self, offset: int) -> str | None:
+        """
+        L{truncate_replica}'s disk work, without its log line: copy the
+        bytes from C{offset} into quarantine (with fsync), then zero them.
+        It may run in a thread (L{rmqha.store.service.CommitLogService.exclusive}):
+        nothing else may use the log meanwhile.
+
+        @return: the quarantine file, or C{None} (nothing to cut).
+        @raise OffsetOutOfRangeError: C{offset} is outside the log.
         """
         self._check_writable()
         if not self.min_offset <= offset <= self.max_offset:
             raise OffsetOutOfRangeError(offset, self.min_offset, self.max_offset)
         if offset == self.max_offset:
-            return
+            return None
         path = self._quarantine_range(
             offset,
             "a diverged slave cut back to the last offset it shares with its "
@@ -897,11 +916,7 @@ class CommitLog:
         self._record_end = offset
         self._flushed = min(self._flushed, offset)
         self._queues.forget()
-        self._log.warn(
-            "cut the log back to offset {offset}; the cut bytes are kept in {path}",
-            offset=offset,
-            path=path,
-        )
+        return path
 
     def _quarantine_range(self, offset: int, action: str) -> str:
         """

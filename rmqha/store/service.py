@@ -97,6 +97,8 @@ class CommitLogService(Service):
         self._flush_sequence = 0
         self._last_flush = 0.0
         self.commitlog: CommitLog | None = None
+        # Whether exclusive work (a cut back) is using the log now.
+        self._exclusive = False
 
     def _default_run_in_thread(self, f: Callable[[], None]) -> Deferred[None]:
         reactor: Any = self._reactor
@@ -136,7 +138,7 @@ class CommitLogService(Service):
         if not commitlog.read_only:
             # A segment file truncated, removed or replaced under the
             # broker (docs/store.md): puts do not look, this does.
-            self._check_loop = LoopingCall(commitlog.check)
+            self._check_loop = LoopingCall(self._check)
             self._check_loop.clock = self._reactor
             self._check_loop.start(self._check_interval, now=False).addErrback(
                 lambda f: self._log.failure("segment file checks stopped", f)
@@ -196,6 +198,48 @@ class CommitLogService(Service):
         d.addCallbacks(done, failed)
         d.addCallback(finished)
         return d
+
+    def exclusive(self, work: Callable[[], Any]) -> Deferred[Any]:
+        """
+        Run C{work} -- disk work on the open log, such as a cut back with
+        its quarantine copy -- in a thread, as flushes run, so the reactor
+        goes on meanwhile (a coordinator's lease renewals among it): after
+        the running flush, with no flush and no file check starting until
+        it is over, so that it is the only thread touching the log.
+        Flushes asked for meanwhile run after it.
+
+        @return: fires with what C{work} returned, or fails as it failed.
+        """
+        ready: Deferred[None]
+        if self._flushing:
+            ready = Deferred()
+            self._waiters.append(ready)
+        else:
+            ready = succeed(None)
+
+        def start(_: object) -> Deferred[Any]:
+            # (Nothing flushes or checks until it is over: flush_now queues.)
+            self._flushing = self._exclusive = True
+            return self._run_in_thread(work)
+
+        def over(outcome: object) -> object:
+            self._flushing = self._exclusive = False
+            if self._waiters or self._flush_waiters:
+                # What asked for a flush meanwhile gets one now.
+                self.flush_now(thorough=True)
+            return outcome
+
+        return ready.addCallback(start).addBoth(over)
+
+    def _check(self) -> object:
+        """
+        The periodic look at the segment files, unless exclusive work is
+        using the log.
+        """
+        commitlog = self.commitlog
+        if commitlog is None or self._exclusive:
+            return None
+        return commitlog.check()
 
     def when_flushed(self, offset: int) -> Deferred[None]:
         """
