@@ -138,6 +138,21 @@ class CommitLogServiceTests(SynchronousTestCase):
         self.clock.advance(1)
         self.threads.run_all()
 
+    def test_exclusive_answers_waiters_with_nothing_to_flush(self) -> None:
+        """
+        Whoever waited for the log while exclusive work ran (a stop, a
+        flush asked for) is answered when it ends, even when there is then
+        nothing to flush (a waiter left unanswered hung a broker's stop).
+        """
+        service, commitlog = self._started()
+        done = service.exclusive(lambda: None)
+        waiter = service.flush_now(thorough=True)
+        self.assertNoResult(waiter)
+        self.threads.run_all()
+        self.successResultOf(done)
+        self.threads.run_all()
+        self.successResultOf(waiter)
+
     def test_start_opens_and_stop_closes(self) -> None:
         """
         The log is opened by C{startService} (so a daemonised twistd takes

@@ -224,9 +224,13 @@ class CommitLogService(Service):
 
         def over(outcome: object) -> object:
             self._flushing = self._exclusive = False
-            if self._waiters or self._flush_waiters:
-                # What asked for a flush meanwhile gets one now.
-                self.flush_now(thorough=True)
+            waiters, self._waiters = self._waiters, []
+            if waiters or self._flush_waiters:
+                # What asked for a flush meanwhile gets one now (and is
+                # answered even when there is nothing to flush).
+                flushed = self.flush_now(thorough=True)
+                for waiter in waiters:
+                    flushed.addBoth(lambda _, waiter=waiter: waiter.callback(None))
             return outcome
 
         return ready.addCallback(start).addBoth(over)
