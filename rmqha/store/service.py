@@ -228,9 +228,11 @@ class CommitLogService(Service):
             if waiters or self._flush_waiters:
                 # What asked for a flush meanwhile gets one now (and is
                 # answered even when there is nothing to flush).
-                flushed = self.flush_now(thorough=True)
-                for waiter in waiters:
-                    flushed.addBoth(lambda _, waiter=waiter: waiter.callback(None))
+                def answer(_: object) -> None:
+                    for waiter in waiters:
+                        waiter.callback(None)
+
+                self.flush_now(thorough=True).addBoth(answer)
             return outcome
 
         return ready.addCallback(start).addBoth(over)
