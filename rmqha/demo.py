@@ -2,7 +2,8 @@
 """
 The quick-start demo (C{rmqha demo}): a master and a slave on loopback in
 one process, over real sockets.  C{rmqha demo --failover}: automatic
-failover, three broker processes and one etcd member (L{run_failover_demo}).
+failover, three broker processes and one etcd member (L{run_failover_demo}),
+started by the demo's launcher, L{rmqha._demo_launcher}.
 
 The master takes a backlog of messages first, then the slave starts empty
 and catches up while the master keeps taking messages; progress is shown
@@ -272,10 +273,10 @@ def run_failover_demo(
     @return: the exit status: 0 when no C{PUT_OK} was lost and the stores
         end identical and sound.
     """
-    from rmqha.failover_cluster import (
-        FailoverCluster, Producers, converge_and_check, kill_masters, wait_in_sync,
+    from rmqha._demo_launcher import (
+        BrokerGroup, LocalEtcd, Producers, converge_and_check, etcd_binary, kill_masters,
+        wait_in_sync,
     )
-    from rmqha.testing import EtcdCluster, etcd_binary
 
     if etcd_binary() is None:
         raise DemoDirectoryError(
@@ -301,9 +302,9 @@ def run_failover_demo(
         out.flush()
 
     try:
-        with EtcdCluster(os.path.join(where, "etcd")) as etcd:
-            say(f"etcd: one member at {etcd.endpoints[0]}")
-            with FailoverCluster(where, etcd.spec, 3, segment_size=segment_size) as group:
+        with LocalEtcd(os.path.join(where, "etcd")) as etcd:
+            say(f"etcd: one member at {etcd.endpoint}")
+            with BrokerGroup(where, etcd.spec, 3, segment_size=segment_size) as group:
                 say(
                     f"group {group.group}: a CA, a key pair per node and a group secret in "
                     f"{os.path.join(where, 'auth')} (rmqha certs init --group); every HA "

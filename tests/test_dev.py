@@ -206,6 +206,14 @@ def _python_files(*directories: str) -> list[str]:
     return found
 
 
+#: The developer harnesses: C{tools.X}, never C{rmqha.X} nor any module of
+#: that name in the wheel.
+_HARNESSES = (
+    "bench", "soak", "fuzz", "abuse", "failover_cluster", "faultproxy", "etcd_cluster",
+    "processes",
+)
+
+
 class LayoutTests(SynchronousTestCase):
     """
     What is shipped (C{rmqha/}) and what is a developer harness
@@ -214,7 +222,9 @@ class LayoutTests(SynchronousTestCase):
 
     def test_harnesses_live_in_tools(self) -> None:
         """
-        bench, soak, fuzz and abuse are C{tools.X} modules, not C{rmqha.X};
+        bench, soak, fuzz, abuse and the real-process harnesses (failover
+        cluster, fault proxy, etcd cluster, process helpers) are C{tools.X}
+        modules, not C{rmqha.X};
         the wheel's package list leaves C{tools} out; nothing in C{rmqha}
         imports C{tools}.
         """
@@ -224,16 +234,8 @@ class LayoutTests(SynchronousTestCase):
 
         from setuptools import find_namespace_packages
 
-        for name in ("bench", "soak", "fuzz", "abuse"):
+        for name in _HARNESSES:
             self.assertIsNotNone(importlib.util.find_spec(f"tools.{name}"), name)
-            if name == "bench":
-                # Issue 16 names "python -m rmqha.bench failover": rmqha.bench
-                # only runs tools/bench.py from a checkout (no harness in it).
-                with open(os.path.join(ROOT, "rmqha", "bench.py"), encoding="utf-8") as f:
-                    source = f.read()
-                self.assertIn('runpy.run_module("tools.bench"', source)
-                self.assertLess(source.count("\ndef "), 2)
-                continue
             self.assertIsNone(importlib.util.find_spec(f"rmqha.{name}"), name)
         with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
             include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
@@ -251,6 +253,55 @@ class LayoutTests(SynchronousTestCase):
                 )
                 for name in names:
                     self.assertNotEqual(name.split(".")[0], "tools", f"{path} imports {name}")
+
+    def test_wheel_holds_no_harness(self) -> None:
+        """
+        The files the wheel would hold (every module of the packages
+        pyproject's list finds, as setuptools finds them) include no
+        harness: no C{tools} or C{tests} module, no module named after
+        one (the benchmarks, the failover cluster, the fault proxy, the
+        etcd cluster), and C{rmqha.testing} is in-memory fakes only: it
+        starts no process and opens no socket or thread, and names none
+        of the real-process helpers (issue 26, item 3).
+        """
+        import ast
+        import tomllib
+
+        from setuptools import find_namespace_packages
+
+        with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+            include = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]["include"]
+        modules = {}
+        for package in find_namespace_packages(ROOT, include=include):
+            directory = os.path.join(ROOT, *package.split("."))
+            for name in sorted(os.listdir(directory)):
+                if name.endswith(".py"):
+                    modules[f"{package}.{name[:-3]}"] = os.path.join(directory, name)
+        self.assertIn("rmqha.testing", modules)
+        self.assertIn("rmqha._demo_launcher", modules)
+        self.assertIn("twisted.plugins.rmqha_plugin", modules)
+        for module in modules:
+            top, leaf = module.split(".")[0], module.split(".")[-1]
+            self.assertNotIn(top, ("tools", "tests"), module)
+            self.assertNotIn(leaf, _HARNESSES, module)
+        with open(modules["rmqha.testing"], encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported.update(a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module)
+        real = {"subprocess", "socket", "threading", "urllib", "rmqha._demo_launcher"}
+        self.assertEqual(imported & real, set())
+        self.assertEqual([m for m in imported if m.startswith("tools")], [])
+        from rmqha import testing
+
+        for name in (
+            "EtcdCluster", "FaultProxy", "free_ports", "twistd_command",
+            "twistd_slave_command", "etcd_binary",
+        ):
+            self.assertFalse(hasattr(testing, name), name)
 
     def test_test_case_names_exist(self) -> None:
         """

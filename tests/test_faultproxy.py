@@ -1,5 +1,5 @@
 """
-Tests for L{rmqha.faultproxy}'s bit flips, in memory.
+Tests for L{tools.faultproxy}'s bit flips, in memory.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha.faultproxy import FaultProxy, _Side
+from tools.faultproxy import FaultProxy, _Side
 
 
 def _pair(proxy: FaultProxy) -> tuple[_Side, _Side, StringTransport, StringTransport]:

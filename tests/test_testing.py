@@ -251,35 +251,3 @@ class DocumentedExampleTests(SynchronousTestCase):
         self.assertEqual((result.errors, result.failures), ([], []))
         self.assertTrue(result.wasSuccessful())
         self.assertEqual(result.testsRun, 1)
-
-
-class EtcdClusterTests(SynchronousTestCase):
-    """
-    L{rmqha.testing.EtcdCluster}'s checks that need no etcd (the real
-    members run in tests/integration/test_etcd_dcs.py).
-    """
-
-    def test_refuses_without_etcd(self) -> None:
-        """
-        Without an etcd binary it says which package to install, and
-        starts nothing; only 1 or 3 members.
-        """
-        from rmqha import testing
-
-        self.patch(testing, "etcd_binary", lambda: None)
-        with self.assertRaises(FileNotFoundError) as caught:
-            testing.EtcdCluster(self.mktemp())
-        self.assertIn("etcd-server", str(caught.exception))
-        self.assertRaises(ValueError, testing.EtcdCluster, self.mktemp(), members=2)
-
-    def test_member_dies_at_start(self) -> None:
-        """
-        A member that exits at once (here: not etcd at all) is reported
-        naming its log, and nothing is left running.
-        """
-        from rmqha.testing import EtcdCluster
-
-        with self.assertRaises(RuntimeError) as caught:
-            EtcdCluster(self.mktemp(), binary="/bin/false", timeout=5)
-        self.assertIn("exited", str(caught.exception))
-        self.assertIn("m0.log", str(caught.exception))

@@ -59,7 +59,7 @@ from typing import Any, Callable
 from rmqha.ha._wire import CONTROL_HELLO, encode_code, encode_digest_request
 from rmqha.cli import _Parser, _UsageError, fill
 from rmqha.store.commitlog import CommitLog
-from rmqha.testing import twistd_command
+from tools.processes import twistd_command
 
 __all__ = ["main", "run", "SCENARIOS", "Sizes", "FULL", "QUICK"]
 

@@ -52,7 +52,7 @@ unavailability window as a producer sees it (last C{PUT_OK} from the old
 master -> first from the new), the election time (kill -> a new master in
 C{/status}) and the C{PUT_OK}s the new master lacks (must be 0); at the end
 every store is compared with the master's and checked
-(L{rmqha.failover_cluster}; docs/failover.md).
+(L{tools.failover_cluster}; docs/failover.md).
 
 Each figure is the median of C{--runs} runs; the last line printed is one
 JSON object with every figure.
@@ -79,7 +79,7 @@ from twisted.internet.task import deferLater, react
 from rmqha.store._record import ACCELERATED, Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.service import CommitLogService
-from rmqha.testing import twistd_slave_command
+from tools.processes import twistd_slave_command
 
 __all__ = ["main", "machine_info"]
 
@@ -1374,7 +1374,7 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
     from pyarrow import fs as pafs
 
     from rmqha.cli import fill
-    from rmqha.testing import free_ports, twistd_command
+    from tools.processes import free_ports, twistd_command
 
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
     store = os.path.join(root, "store")
@@ -1845,10 +1845,11 @@ def _failover_bench(args: argparse.Namespace) -> dict[str, Any]:
     times under HTTP load; the producers' unavailability windows, the
     election times and the acknowledged puts lost.
     """
-    from rmqha.failover_cluster import (
+    from tools.failover_cluster import (
         FailoverCluster, Producers, converge_and_check, kill_masters,
     )
-    from rmqha.testing import EtcdCluster, etcd_binary
+    from tools.etcd_cluster import EtcdCluster
+    from tools.processes import etcd_binary
 
     if etcd_binary() is None:
         raise SystemExit("bench failover: etcd is not installed (Debian: apt-get install etcd-server)")

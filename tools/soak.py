@@ -32,7 +32,7 @@ import time
 import urllib.request
 from typing import Any
 
-from rmqha.testing import free_ports, twistd_command
+from tools.processes import free_ports, twistd_command
 
 __all__ = ["main", "run", "grows", "check_out"]
 

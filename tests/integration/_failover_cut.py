@@ -30,8 +30,8 @@ import time
 from collections import Counter
 from typing import Any, Sequence
 
-from rmqha.failover_cluster import FailoverCluster, Producers, Put, converge_and_check, wait_in_sync
-from rmqha.testing import EtcdCluster
+from tools.etcd_cluster import EtcdCluster
+from tools.failover_cluster import FailoverCluster, Producers, Put, converge_and_check, wait_in_sync
 
 from tests.integration._failover_partition import _dropped, in_namespace
 from tests.integration._netns_scenario import _run

@@ -30,10 +30,10 @@ import tempfile
 import time
 from typing import Callable
 
-from rmqha.failover_cluster import (
+from tools.etcd_cluster import EtcdCluster
+from tools.failover_cluster import (
     FailoverCluster, Producers, converge_and_check, wait_in_sync, windows,
 )
-from rmqha.testing import EtcdCluster
 
 from tests.integration._netns_scenario import _run
 

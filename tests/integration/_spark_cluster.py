@@ -25,7 +25,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 
-from rmqha.testing import free_ports
+from tools.processes import free_ports
 
 __all__ = ["SparkCluster", "hidden_argv", "python_jobs", "why_no_cluster", "why_no_namespaces", "worker_env"]
 

@@ -26,7 +26,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
 
 from rmqha.store.commitlog import CommitLog, Record, verify_store
-from rmqha.testing import free_ports, twistd_command
+from tools.processes import free_ports, twistd_command
 
 
 SEGMENT = 4 * 1024 * 1024

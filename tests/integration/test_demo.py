@@ -33,7 +33,7 @@ def test_failover_demo_process(tmp_path: Any) -> None:
     """
     import pytest
 
-    from rmqha.testing import etcd_binary
+    from tools.processes import etcd_binary
 
     if etcd_binary() is None:
         pytest.skip("etcd is not installed (python3 dev.py test installs etcd-server as root)")

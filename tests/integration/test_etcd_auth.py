@@ -25,7 +25,8 @@ import rmqha as rmqha_package
 from rmqha import certs
 from rmqha.coord.dcs import DCSError, Leader, Lease, Member
 from rmqha.coord.etcd import EtcdDCS, parse_coordinator
-from rmqha.testing import EtcdCluster, etcd_binary
+from tools.etcd_cluster import EtcdCluster
+from tools.processes import etcd_binary
 from rmqha.tls import TLSFiles
 
 from tests._dcs_contract import DCSContractMixin, Scenario

@@ -18,7 +18,8 @@ from twisted.internet.task import deferLater
 from rmqha import certs
 from rmqha.coord.dcs import DCSError, Leader, Lease, Member
 from rmqha.coord.etcd import EtcdDCS, _b64, parse_coordinator
-from rmqha.testing import EtcdCluster, etcd_binary, free_ports
+from tools.etcd_cluster import EtcdCluster
+from tools.processes import etcd_binary, free_ports
 from rmqha.tls import TLSFiles
 
 from tests._dcs_contract import DCSContractMixin, Scenario, elect

@@ -1,9 +1,9 @@
 """
 Automatic failover with real processes (issue 16, "Prove it"): three
-C{twistd -n rmqha} nodes under etcd (L{rmqha.testing.EtcdCluster}, members
+C{twistd -n rmqha} nodes under etcd (L{tools.etcd_cluster.EtcdCluster}, members
 on free loopback ports), HTTP producers that follow the master hint, and
 the guarantees of docs/failover.md checked against what the producers
-were answered and what the stores hold (L{rmqha.failover_cluster}).
+were answered and what the stores hold (L{tools.failover_cluster}).
 
 Run them alone: C{python3 dev.py test -m failover} (docs/development.md).
 Skipped, with the reason, when etcd is not installed; the partition test
@@ -26,14 +26,15 @@ from typing import Any, Iterator
 
 import pytest
 
-from rmqha.failover_cluster import (
+from tools.failover_cluster import (
     FailoverCluster,
     Producers,
     converge_and_check,
     kill_masters,
     wait_in_sync,
 )
-from rmqha.testing import EtcdCluster, etcd_binary
+from tools.etcd_cluster import EtcdCluster
+from tools.processes import etcd_binary
 
 pytestmark = pytest.mark.failover
 
@@ -236,7 +237,7 @@ def test_duplicate_node_id_refuses_to_run(etcd: EtcdCluster, tmp_path: Any) -> N
     master and the holder's member key (before, both wrote the key, which
     flapped: 21 "replaced by" lines in 8 s).
     """
-    from rmqha.testing import free_ports, twistd_command
+    from tools.processes import free_ports, twistd_command
 
     with FailoverCluster(str(tmp_path / "group"), etcd.spec) as group:
         master = group.wait_master()

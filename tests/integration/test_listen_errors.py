@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from rmqha.testing import twistd_command
+from tools.processes import twistd_command
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """
 Network faults between a master and a slave (both L{Broker}s in this
-process) through L{rmqha.testing.FaultProxy} on loopback: delay, a
+process) through L{tools.faultproxy.FaultProxy} on loopback: delay, a
 stall longer than housekeeping, a reset in the middle of the stream,
 flipped bits, and a half-open connection.  After each, replication
 resumes, and the stores end byte-identical.
@@ -19,7 +19,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
-from rmqha.testing import FaultProxy
+from tools.faultproxy import FaultProxy
 
 from tests.integration._support import make_broker, store_digest, until
 

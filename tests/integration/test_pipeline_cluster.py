@@ -158,7 +158,7 @@ class Sources:
         from moto.server import ThreadedMotoServer
         from pyarrow import fs
 
-        from rmqha.testing import free_ports, twistd_command, twistd_slave_command
+        from tools.processes import free_ports, twistd_command, twistd_slave_command
         from tools.bench import wait_http
 
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -19,7 +19,7 @@ from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import HAConfig
-from rmqha.testing import twistd_slave_command
+from tools.processes import twistd_slave_command
 
 from tests.integration._support import store_digest, until
 

@@ -25,7 +25,7 @@ import pytest
 import pytest_twisted
 
 import rmqha
-from rmqha.testing import free_ports, twistd_command
+from tools.processes import free_ports, twistd_command
 
 SEGMENT = 4 * 1024 * 1024
 

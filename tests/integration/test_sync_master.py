@@ -17,7 +17,7 @@ from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import PutStatus
 from rmqha.ha.config import HAConfig
-from rmqha.testing import twistd_slave_command
+from tools.processes import twistd_slave_command
 
 from tests.integration._support import store_digest, until
 

@@ -1,21 +1,28 @@
+# -*- test-case-name: tests.test_demo_launcher,tests.integration.test_demo -*-
 """
-A failover group of real processes, for the failover tests, the failover
-benchmark (C{python -m tools.bench failover}) and the failover demo
-(C{rmqha demo --failover}): N C{twistd -n rmqha} nodes under a coordinator
-(an L{rmqha.testing.EtcdCluster}), HTTP producers that follow the master
-hint, and the checks the failover guarantees are stated in
-(docs/failover.md, "How it is tested").
+The failover demo's launcher (C{rmqha demo --failover}, L{rmqha.demo}):
+one local C{etcd} member (L{LocalEtcd}), a group of C{twistd -n rmqha}
+broker processes on 127.0.0.1 (L{BrokerGroup}), HTTP producers that
+follow the master hint (L{Producers}), the kill-and-restart loop
+(L{kill_masters}) and the end checks the demo shows
+(L{converge_and_check}).
 
-This is a harness, not broker code: it blocks (subprocesses, C{urllib}
-with a timeout on every request, one thread per producer) and measures
-with C{time.monotonic} in one process, so every timestamp it records is
-on the same clock.
+It is the demo's and ships with it, so that an installed rmqha runs the
+demo; nothing in the broker uses it.  Like a demo, it blocks
+(subprocesses, C{urllib} with a timeout on every request, one thread per
+producer) and measures with C{time.monotonic} in one process, so every
+timestamp it records is on the same clock.
 
-    with EtcdCluster(tmp) as etcd, FailoverCluster(tmp, etcd.spec) as group:
+The failover tests and benchmark build on it from a checkout:
+C{tools.failover_cluster} (nodes on their own addresses and uids, TLS or
+no authentication, extra flags) and C{tools.etcd_cluster} (three members,
+TLS, C{etcdctl}).
+
+    with LocalEtcd(tmp) as etcd, BrokerGroup(tmp, etcd.spec) as group:
         master = group.wait_master()
         with Producers(group, 3) as load:
             group.kill(master)
-            new = group.wait_master(exclude=master)
+            new = group.wait_master(exclude=[master])
             ...
         assert group.missing_acked(new, load.acked()) == []
 """
@@ -35,12 +42,140 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from rmqha.store._record import Blank, RecordError, parse_record
-from rmqha.testing import free_ports, twistd_command
 
 __all__ = [
-    "FailoverCluster", "Node", "Producers", "Put", "TOPIC",
-    "converge_and_check", "kill_masters", "wait_in_sync", "windows",
+    "BrokerGroup", "LocalEtcd", "Node", "Producers", "Put", "TOPIC",
+    "converge_and_check", "etcd_binary", "free_ports", "kill_masters", "twistd_command",
+    "wait_in_sync", "windows",
 ]
+
+def free_ports(count: int) -> list[int]:
+    """
+    C{count} different TCP ports on 127.0.0.1, free a moment ago, for
+    processes that must be told their ports in advance (C{twistd}
+    children, JVMs, a server that comes back on the same port); an
+    in-process listener binds port 0 instead.  The ports are held
+    together while they are picked, so no two are the same (one at a
+    time, the kernel may hand out a port it just gave).
+    """
+    import socket
+    from contextlib import ExitStack
+
+    with ExitStack() as stack:
+        ports = []
+        for _ in range(count):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(int(s.getsockname()[1]))
+        return ports
+
+
+def twistd_command(store_dir: str, log_file: str, *options: str) -> list[str]:
+    """
+    The argv of a C{twistd -n rmqha} process using this Python, on
+    C{store_dir}, logging to C{log_file}, with no pid file; C{options} are
+    further C{twistd rmqha} flags (the role among them).
+    """
+    return [
+        sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+        "-n", "--pidfile", "", "--logfile", log_file,
+        "rmqha", "--store-dir", store_dir, *options,
+    ]
+
+
+def etcd_binary() -> str | None:
+    """
+    The C{etcd} executable (Debian's C{etcd-server}), or C{None}.
+    """
+    import os
+    import shutil
+
+    found = shutil.which("etcd")
+    if found is None and os.access("/usr/bin/etcd", os.X_OK):
+        found = "/usr/bin/etcd"
+    return found
+
+
+class LocalEtcd:
+    """
+    One C{etcd} member on 127.0.0.1 for the demo's coordinator: free
+    ports (never 2379), data and log under C{directory}.  The constructor
+    starts it and waits until it says it is healthy; L{stop} (also on
+    leaving a C{with} block) kills it by PID and deletes its data (64 MB
+    of preallocated WAL; the log stays).
+
+    @ivar endpoint: its client URL, C{http://127.0.0.1:PORT}.
+    """
+
+    def __init__(self, directory: str, timeout: float = 10.0) -> None:
+        found = etcd_binary()
+        if found is None:
+            raise FileNotFoundError("etcd is not installed (Debian: apt-get install etcd-server)")
+        os.makedirs(directory, exist_ok=True)
+        client, peer, metrics = free_ports(3)
+        self.endpoint = f"http://127.0.0.1:{client}"
+        self._data = os.path.join(directory, "m0.etcd")
+        self.log_path = os.path.join(directory, "m0.log")
+        argv = [
+            found, "--name", "m0",
+            "--data-dir", self._data,
+            "--listen-client-urls", self.endpoint,
+            "--advertise-client-urls", self.endpoint,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--listen-metrics-urls", f"http://127.0.0.1:{metrics}",
+            "--initial-cluster", f"m0=http://127.0.0.1:{peer}",
+            "--initial-cluster-state", "new",
+            "--initial-cluster-token", f"rmqha-demo-{peer}",
+        ]
+        with open(self.log_path, "ab") as log:
+            self._process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+        try:
+            self._wait_healthy(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def spec(self) -> str:
+        """
+        The C{--coordinator} for the brokers.
+        """
+        return "etcd:" + self.endpoint
+
+    def __enter__(self) -> LocalEtcd:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(self.endpoint + "/health", timeout=0.5) as answer:
+                    if json.load(answer).get("health") == "true":
+                        return
+            except (OSError, ValueError):
+                pass
+            if self._process.poll() is not None:
+                raise RuntimeError(f"etcd exited (see {self.log_path})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"etcd not healthy after {timeout:g} s (see {self.log_path})")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        """
+        SIGKILL the member, reap it and delete its data directory.
+        """
+        import shutil
+
+        if self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        shutil.rmtree(self._data, ignore_errors=True)
 
 #: The topic the producers put on.
 TOPIC = "FailoverTopic"
@@ -49,11 +184,9 @@ TOPIC = "FailoverTopic"
 @dataclass
 class Node:
     """
-    One C{twistd -n rmqha} node of a L{FailoverCluster}.
+    One C{twistd -n rmqha} node of a L{BrokerGroup}.
 
-    @ivar host: the address it listens on and advertises (127.0.0.1, or
-        its own loopback address such as 127.0.0.11 for a partition test).
-    @ivar user: run as this uid (and gid), or as the caller.
+    @ivar host: the address it listens on and advertises.
     """
 
     index: int
@@ -62,7 +195,6 @@ class Node:
     host: str
     ha_port: int
     http_port: int
-    user: int | None = None
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -78,22 +210,17 @@ class Node:
         return self.process is not None and self.process.poll() is None
 
 
-class FailoverCluster:
+class BrokerGroup:
     """
     C{nodes} rmqha nodes of one group under the coordinator C{spec}, each
-    in its own process with its own store under C{directory}, started by
-    the constructor (as slaves: the election decides); L{close} (also on
-    leaving a C{with} block) ends every process it started, by PID.
+    in its own C{twistd} process with its own store under C{directory},
+    on 127.0.0.1, started by the constructor (as slaves: the election
+    decides); L{close} (also on leaving a C{with} block) ends every
+    process it started, by PID.
 
-    @param hosts: each node's address (default 127.0.0.1 for all).
-    @param users: each node's uid (default: this process's).
-    @param options: more C{twistd rmqha} flags for every node.
-    @param auth: how the nodes prove their ids to each other
-        (docs/failover.md, "Who counts"): C{"secret"} (the default: a group
-        secret, C{--group-secret-file}), C{"tls"} (TLS on the HA port with
-        client certificates naming the node ids) or C{"insecure"}
-        (C{--insecure-group}).  The files are made with
-        L{rmqha.certs.init_group} under C{directory/auth}.
+    The nodes prove their ids to each other with a group secret
+    (docs/failover.md, "Who counts"), made with L{rmqha.certs.init_group}
+    under C{directory/auth} with a CA and a key pair per node.
     """
 
     def __init__(
@@ -105,35 +232,15 @@ class FailoverCluster:
         group: str = "g",
         segment_size: int = 1 << 20,
         lease_ttl: int = 2,
-        hosts: Sequence[str] | None = None,
-        users: Sequence[int | None] | None = None,
-        options: Sequence[str] = (),
         start: bool = True,
-        auth: str = "secret",
     ) -> None:
-        if auth not in ("secret", "tls", "insecure"):
-            raise ValueError(f"auth {auth!r} is not secret, tls or insecure")
         self.directory = directory
         self.spec = spec
         self.group = group
-        self.auth = auth
         self.segment_size = segment_size
         self.lease_ttl = lease_ttl
-        self.options = list(options)
         ports = free_ports(2 * nodes)
-        self.nodes = [
-            Node(
-                i,
-                f"n{i}",
-                os.path.join(directory, f"n{i}"),
-                hosts[i] if hosts else "127.0.0.1",
-                ports[2 * i],
-                ports[2 * i + 1],
-                users[i] if users else None,
-            )
-            for i in range(nodes)
-        ]
-        self._logs: list[Any] = [None] * nodes
+        self.nodes = [self._node(i, ports[2 * i], ports[2 * i + 1]) for i in range(nodes)]
         #: Node index -> its authentication flags.
         self._auth_flags = self._write_auth()
         if start:
@@ -144,57 +251,43 @@ class FailoverCluster:
                 self.close()
                 raise
 
-    def __enter__(self) -> FailoverCluster:
+    def __enter__(self) -> BrokerGroup:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _node(self, i: int, ha_port: int, http_port: int) -> Node:
+        return Node(i, f"n{i}", os.path.join(self.directory, f"n{i}"), "127.0.0.1", ha_port, http_port)
+
     def _write_auth(self) -> list[list[str]]:
         """
         The group's CA, key pairs and secret (L{rmqha.certs.init_group}),
-        and each node's flags.  A node running as another user gets its
-        own copy of the secret and its key, owned by that user (they must
-        not be readable by others).
+        and each node's flags.
         """
         from rmqha.certs import init_group
 
-        if self.auth == "insecure":
-            return [["--insecure-group"] for _ in self.nodes]
-        where = os.path.join(self.directory, "auth")
-        written = init_group(where, self.group, [n.node_id for n in self.nodes])
-        flags = []
-        for node in self.nodes:
-            cert, key = written.nodes[node.node_id]
-            secret = written.secret
-            if node.user is not None:
-                secret = os.path.join(where, f"{node.node_id}.secret")
-                with open(written.secret, "rb") as f:
-                    data = f.read()
-                fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                for path in (secret, key):
-                    os.chown(path, node.user, node.user)
-            if self.auth == "secret":
-                flags.append(["--group-secret-file", secret])
-            else:
-                flags.append([
-                    "--ha-listen", f"ssl:{node.ha_port}:interface={node.host}",
-                    "--tls-cert", cert, "--tls-key", key, "--tls-ca", written.ca,
-                    "--tls-require-client-cert",
-                ])
-        return flags
+        written = init_group(
+            os.path.join(self.directory, "auth"), self.group, [n.node_id for n in self.nodes]
+        )
+        return [["--group-secret-file", written.secret] for _ in self.nodes]
 
     def log_path(self, i: int) -> str:
         return os.path.join(self.directory, f"n{i}.log")
+
+    def err_path(self, i: int) -> str:
+        """
+        Where node C{i}'s stdout and stderr go: what C{twistd} says before
+        its log is open (a usage error).
+        """
+        return os.path.join(self.directory, f"n{i}.err")
 
     def command(self, i: int) -> list[str]:
         """
         The argv that starts node C{i}.
         """
         node = self.nodes[i]
-        argv = twistd_command(
+        return twistd_command(
             node.store, self.log_path(i),
             "--coordinator", self.spec,
             "--group", self.group,
@@ -208,16 +301,8 @@ class FailoverCluster:
             "--segment-size", str(self.segment_size),
             "--heartbeat-interval", "500",
             "--housekeeping-interval", "3000",
-            # (With TLS, its --ha-listen ssl:... comes after, and wins.)
             *self._auth_flags[i],
-            *self.options,
         )
-        if node.user is not None:
-            argv = [
-                "setpriv", f"--reuid={node.user}", f"--regid={node.user}", "--clear-groups",
-                *argv,
-            ]
-        return argv
 
     def start(self, i: int, *extra: str) -> None:
         """
@@ -228,15 +313,7 @@ class FailoverCluster:
         if node.running:
             return
         os.makedirs(node.store, exist_ok=True)
-        if node.user is not None:
-            for path in (node.store, self.log_path(i)):
-                if not os.path.exists(path):
-                    open(path, "a").close()
-                os.chown(path, node.user, node.user)
-        # What twistd says before its log is open (a usage error).
-        with open(os.path.join(self.directory, f"n{i}.err"), "ab") as err:
-            if node.user is not None:
-                os.chown(err.name, node.user, node.user)
+        with open(self.err_path(i), "ab") as err:
             node.process = self._popen(i, extra, err)
         node.starts += 1
 
@@ -480,7 +557,7 @@ class _Producer:
 
 class Producers:
     """
-    C{count} producer threads putting to a L{FailoverCluster}'s master
+    C{count} producer threads putting to a L{BrokerGroup}'s master
     over its admin HTTP, each on its own: it puts to the node it thinks
     is the master, follows a 503's C{master} hint, and tries the next
     node when one does not answer.  Every put is recorded (L{Put}); a
@@ -493,7 +570,7 @@ class Producers:
 
     def __init__(
         self,
-        cluster: FailoverCluster,
+        cluster: BrokerGroup,
         count: int = 3,
         body_size: int = 512,
         timeout: float = 5.0,
@@ -598,7 +675,7 @@ def windows(puts: Sequence[Put], old: int, new: int, after: float) -> dict[str, 
     return {"last_old": last_old, "first_new": first_new, "unavailable": gap}
 
 
-def wait_in_sync(cluster: FailoverCluster, master: int, members: int, timeout: float = 60.0) -> None:
+def wait_in_sync(cluster: BrokerGroup, master: int, members: int, timeout: float = 60.0) -> None:
     """
     Wait until C{master}'s C{/status} lists C{members} nodes (itself
     included) in its in-sync set.
@@ -617,7 +694,7 @@ def wait_in_sync(cluster: FailoverCluster, master: int, members: int, timeout: f
 
 
 def kill_masters(
-    cluster: FailoverCluster,
+    cluster: BrokerGroup,
     load: Producers,
     kills: int,
     report: Any = None,
@@ -703,7 +780,7 @@ def kill_masters(
 
 
 def converge_and_check(
-    cluster: FailoverCluster, load: Producers | None, timeout: float = 60.0
+    cluster: BrokerGroup, load: Producers | None, timeout: float = 60.0
 ) -> dict[str, Any]:
     """
     Stop the producers, wait until every node holds the master's log,

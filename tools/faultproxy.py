@@ -14,7 +14,8 @@ slave in tests and experiments.
                                         # to the slave, every 500 B to the master
 
 Faults apply to every connection through the proxy, present and future.
-Tests and embedders import it from L{rmqha.testing}, with the other fakes.
+A developer tool (C{tools/}, not shipped): the network-fault tests and
+experiments from a checkout use it.
 """
 
 from __future__ import annotations

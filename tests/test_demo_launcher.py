@@ -1,0 +1,90 @@
+"""
+Tests for the failover demo's launcher (L{rmqha._demo_launcher}) and the
+test harness built on it (L{tools.failover_cluster}), where no process
+starts: the argv each gives a node and how a local etcd fails.
+"""
+
+from __future__ import annotations
+
+import os
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha import _demo_launcher
+from rmqha._demo_launcher import BrokerGroup, LocalEtcd
+from tools.failover_cluster import FailoverCluster
+
+
+class LocalEtcdTests(SynchronousTestCase):
+    """
+    The demo's single etcd member, without etcd.
+    """
+
+    def test_refuses_without_etcd(self) -> None:
+        """
+        Without an etcd binary it names the package to install.
+        """
+        self.patch(_demo_launcher, "etcd_binary", lambda: None)
+        with self.assertRaises(FileNotFoundError) as caught:
+            LocalEtcd(self.mktemp())
+        self.assertIn("etcd-server", str(caught.exception))
+
+    def test_member_dies_at_start(self) -> None:
+        """
+        A member that exits at once (here: not etcd at all) is reported
+        naming its log, and its data directory is not left behind.
+        """
+        self.patch(_demo_launcher, "etcd_binary", lambda: "/bin/false")
+        directory = self.mktemp()
+        with self.assertRaises(RuntimeError) as caught:
+            LocalEtcd(directory, timeout=5)
+        self.assertIn("exited", str(caught.exception))
+        self.assertIn(os.path.join(directory, "m0.log"), str(caught.exception))
+        self.assertFalse(os.path.exists(os.path.join(directory, "m0.etcd")))
+
+
+class CommandTests(SynchronousTestCase):
+    """
+    The argv of a node: the demo's group and the tests' variants of it.
+    """
+
+    def test_demo_group(self) -> None:
+        """
+        The demo's nodes are C{twistd rmqha} on 127.0.0.1 under the
+        coordinator, proving their ids with the group secret, as the
+        caller's user.
+        """
+        group = BrokerGroup(self.mktemp(), "etcd:http://127.0.0.1:1", 3, start=False)
+        argv = group.command(1)
+        self.assertIn("rmqha", argv)
+        self.assertEqual(argv[argv.index("--node-id") + 1], "n1")
+        self.assertEqual(argv[argv.index("--coordinator") + 1], "etcd:http://127.0.0.1:1")
+        secret = argv[argv.index("--group-secret-file") + 1]
+        self.assertTrue(os.path.isfile(secret))
+        self.assertEqual(group.nodes[1].host, "127.0.0.1")
+        self.assertNotIn("setpriv", argv)
+        self.assertEqual([n.process for n in group.nodes], [None, None, None])
+
+    def test_test_variants(self) -> None:
+        """
+        L{FailoverCluster} puts a node on its own address, under
+        C{setpriv} with its uid, and adds the extra flags after the
+        demo's; C{auth="insecure"} replaces the secret; a bad C{auth} is
+        refused.
+        """
+        uid = os.getuid()
+        cluster = FailoverCluster(
+            self.mktemp(), "etcd:http://127.0.0.1:1", 2,
+            hosts=["127.0.0.11", "127.0.0.12"], users=[None, uid],
+            options=["--housekeeping-interval", "20000"], auth="insecure", start=False,
+        )
+        plain, wrapped = cluster.command(0), cluster.command(1)
+        self.assertNotIn("setpriv", plain)
+        self.assertEqual(wrapped[:2], ["setpriv", f"--reuid={uid}"])
+        self.assertIn("--insecure-group", plain)
+        self.assertNotIn("--group-secret-file", plain)
+        self.assertEqual(plain[-2:], ["--housekeeping-interval", "20000"])
+        self.assertEqual(cluster.nodes[1].http, f"127.0.0.12:{cluster.nodes[1].http_port}")
+        self.assertRaises(
+            ValueError, FailoverCluster, self.mktemp(), "etcd:", auth="none", start=False
+        )
