@@ -344,6 +344,7 @@ def docs_section(root: str) -> str:
         total = sum(m.lines for m in found if m.name.split(".")[0] == package)
         total += sum(c.lines for c in sources if c.path.split(os.sep)[0] == package)
         count = sum(1 for m in found if m.name.split(".")[0] == package)
+        count += sum(1 for c in sources if c.path.split(os.sep)[0] == package)
         out.append(f"| **`{package}/` in all** | {count} | **{about(total)}** |")
 
     out += [
