@@ -1,8 +1,8 @@
 # -*- test-case-name: tests.test_rolemachine,tests.test_roles -*-
 """
 A broker's role, owned by one state machine (docs/architecture.md, "The
-role"): the only place the role changes, and what every other part reads
-it from.
+role has one owner"): the only place the role changes, and what every
+other part reads it from.
 
     state      what runs                      what is in effect
     STANDBY    nothing                        a slave with no master (takes no puts)
