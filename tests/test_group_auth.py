@@ -895,6 +895,36 @@ class ProbeTests(SynchronousTestCase):
                 call.cancel()
 
 
+class NotMasterProbeTests(SynchronousTestCase):
+    def test_authenticated_probe_told_not_the_master(self) -> None:
+        """
+        A slave with the group secret opens with AUTH_HELLO; a failover
+        node's held HA port that is not the master answers NOT_MASTER with
+        why (docs/protocol.md): the probe fails with NotTheMaster and that
+        reason, not with an authentication error.
+        """
+        from rmqha.ha.control import NotTheMaster
+        from rmqha.ha.haport import HAGate
+
+        clock = Clock()
+        gate = HAGate(clock, lambda: "this node is not the master: it stands by")
+        connections: list[Any] = []
+
+        class _Endpoint:
+            def connect(self, factory: Any) -> Deferred[Any]:
+                c = connect_in_memory(gate, factory, clock)
+                connections.append(c)
+                return succeed(c.slave)
+
+        d = ensureDeferred(probe(clock, _Endpoint(), 3.0, auth=auth("b"), expected_master="a"))  # type: ignore[arg-type]
+        connections[0].flush()
+        f = self.failureResultOf(d, NotTheMaster)
+        self.assertEqual(f.getErrorMessage(), "this node is not the master: it stands by")
+        connections[0].hang_up()
+        for call in clock.getDelayedCalls():
+            call.cancel()
+
+
 class _AuthGroup(_Group):
     """
     The coordinator tests' in-memory group, authenticated by the secret.
