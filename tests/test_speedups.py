@@ -661,7 +661,7 @@ class SpanDecodeMemoryTests(_Compiled, SynchronousTestCase):
     The column decoder's memory: each column is written once, into memory
     that Arrow then reads as it is (pyarrow's reader with bodies on ran at
     half speed when the body column was grown by doubling and then copied
-    into a bytes object: docs/benchmarks.md "Issue 15, fifth step").
+    into a bytes object: docs/benchmarks.md "Where the time goes: reading").
     """
 
     def test_bodies_held_once(self) -> None:

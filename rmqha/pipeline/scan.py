@@ -406,7 +406,7 @@ def read_span(
     @param columns: only these columns, in this order (L{project}): the
         others are not built, and bodies are not copied unless C{body} is
         among them.  Spark's JVM turns every column it is given into rows,
-        needed or not (docs/benchmarks.md, "Issue 15, fifth step").
+        needed or not (docs/benchmarks.md, "Where the time goes: Spark").
     """
     import pyarrow as pa
 

@@ -89,7 +89,7 @@ class SpanPartition(InputPartition):
     Consecutive L{Span}s (one, or several small segments) as one Spark
     input partition: each task costs Spark tens of milliseconds besides
     the reading, so a partition holds about C{splitBytes} even when the
-    segments are smaller (docs/benchmarks.md, "Where Spark's time goes").
+    segments are smaller (docs/benchmarks.md, "Where the time goes: Spark").
     """
 
     def __init__(self, spans: Sequence[Span]) -> None:
