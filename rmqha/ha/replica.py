@@ -134,6 +134,22 @@ class _Refused(_NotAnswering):
     """
 
 
+def _cut_back(store: CommitLogService, commitlog: CommitLog, cut: int) -> Deferred[Any]:
+    """
+    Cut C{commitlog} back to C{cut}: its quarantine copy (the bulk: up to
+    --max-cut bytes with fsync) in a thread, then the zeroing on the
+    reactor, the log held throughout (L{CommitLogService.exclusive}); fires
+    with the quarantine file, or C{None} when there was nothing to cut.
+    """
+
+    def finish(path: str | None) -> str | None:
+        if path is not None:
+            commitlog.cut_quarantined(cut)
+        return path
+
+    return store.exclusive(lambda: commitlog.quarantine_tail(cut), finish)
+
+
 class Replica(Service):
     """
     Replication from one master into an open store.
@@ -725,7 +741,7 @@ class Replica(Service):
         try:
             # (In a thread: the quarantine copy of up to --max-cut bytes,
             # with fsync, must not hold the reactor -- its lease renewals.)
-            await self.store.exclusive(lambda: commitlog.cut_back(cut))
+            await _cut_back(self.store, commitlog, cut)
         except OffsetOutOfRangeError:
             self._master_epochs = None
             raise _Halt(
@@ -834,7 +850,7 @@ class Replica(Service):
         if mode is OnDivergence.TRUNCATE:
             assert divergence.truncate_to is not None
             commitlog, cut = self.commitlog, divergence.truncate_to
-            path = await self.store.exclusive(lambda: commitlog.cut_back(cut))
+            path = await _cut_back(self.store, commitlog, cut)
             self._log.warn(
                 "cut the log back to offset {offset}; the cut bytes are kept in {path}",
                 offset=cut,

@@ -894,10 +894,24 @@ class CommitLog:
 
     def cut_back(self, offset: int) -> str | None:
         """
-        L{truncate_replica}'s disk work, without its log line: copy the
-        bytes from C{offset} into quarantine (with fsync), then zero them.
-        It may run in a thread (L{rmqha.store.service.CommitLogService.exclusive}):
-        nothing else may use the log meanwhile.
+        L{truncate_replica} without its log line: L{quarantine_tail}, then
+        L{cut_quarantined}.
+
+        @return: the quarantine file, or C{None} (nothing to cut).
+        @raise OffsetOutOfRangeError: C{offset} is outside the log.
+        """
+        path = self.quarantine_tail(offset)
+        if path is not None:
+            self.cut_quarantined(offset)
+        return path
+
+    def quarantine_tail(self, offset: int) -> str | None:
+        """
+        The heavy half of a cut back: copy the bytes from C{offset} to the
+        max offset into quarantine, with fsync (reads of the log and writes
+        of a new file only).  It may run in a thread
+        (L{rmqha.store.service.CommitLogService.exclusive}) while nothing
+        writes to the log.
 
         @return: the quarantine file, or C{None} (nothing to cut).
         @raise OffsetOutOfRangeError: C{offset} is outside the log.
@@ -907,16 +921,23 @@ class CommitLog:
             raise OffsetOutOfRangeError(offset, self.min_offset, self.max_offset)
         if offset == self.max_offset:
             return None
-        path = self._quarantine_range(
+        return self._quarantine_range(
             offset,
             "a diverged slave cut back to the last offset it shares with its "
             "master (truncate_replica)",
         )
+
+    def cut_quarantined(self, offset: int) -> None:
+        """
+        The other half, on the log's own thread: zero the bytes from
+        C{offset} on (their copy is in quarantine), drop the segments past
+        it, and move the log's ends back.  (Not in a thread: it stops the
+        pre-faulting and closes mappings other parts of the log hold.)
+        """
         self._truncate_replica(offset)
         self._record_end = offset
         self._flushed = min(self._flushed, offset)
         self._queues.forget()
-        return path
 
     def _quarantine_range(self, offset: int, action: str) -> str:
         """

@@ -199,7 +199,9 @@ class CommitLogService(Service):
         d.addCallback(finished)
         return d
 
-    def exclusive(self, work: Callable[[], Any]) -> Deferred[Any]:
+    def exclusive(
+        self, work: Callable[[], Any], finish: Callable[[Any], Any] | None = None
+    ) -> Deferred[Any]:
         """
         Run C{work} -- disk work on the open log, such as a cut back with
         its quarantine copy -- in a thread, as flushes run, so the reactor
@@ -208,7 +210,11 @@ class CommitLogService(Service):
         it is over, so that it is the only thread touching the log.
         Flushes asked for meanwhile run after it.
 
-        @return: fires with what C{work} returned, or fails as it failed.
+        @param finish: called on the reactor with what C{work} returned,
+            while the log is still held (what must not run in a thread:
+            L{CommitLog.cut_quarantined}); its result is the result.
+        @return: fires with what C{work} (or C{finish}) returned, or fails
+            as it failed.
         """
         ready: Deferred[None]
         if self._flushing:
@@ -235,7 +241,10 @@ class CommitLogService(Service):
                 self.flush_now(thorough=True).addBoth(answer)
             return outcome
 
-        return ready.addCallback(start).addBoth(over)
+        d = ready.addCallback(start)
+        if finish is not None:
+            d.addCallback(finish)
+        return d.addBoth(over)
 
     def _check(self) -> object:
         """
