@@ -181,6 +181,22 @@ class _Group(_InMemory):
         self.settle()
         self.successResultOf(d)
 
+    def three_with_acked_puts(self) -> tuple[_Node, int]:
+        """
+        Nodes a, b, c elected and in sync, and three puts answered PUT_OK
+        by the master: the master, and where the last put ends.
+        """
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        master = self.master()
+        assert master is not None
+        acked = [self.put(master.broker) for _ in range(3)]
+        self.elapse(0.5)
+        ends = [self.successResultOf(d) for d in acked]
+        self.assertEqual({r.status for r in ends}, {PutStatus.PUT_OK})
+        return master, ends[-1].next_offset
+
     def put(self, broker: Broker, body: bytes = b"x" * 100) -> Deferred[Any]:
         return broker.put(Message("FailoverTopic", body))
 
@@ -654,15 +670,7 @@ class UnfitTests(_Group):
         (Before, the campaign set the winner alone in sync, and the group
         had no master until an operator restarted the winner.)
         """
-        for name in "abc":
-            self.node(name)
-        self.elapse(2)
-        a = self.master()
-        assert a is not None
-        acked = [self.put(a.broker) for _ in range(3)]
-        self.elapse(0.5)
-        ends = [self.successResultOf(d) for d in acked]
-        self.assertEqual({r.status for r in ends}, {PutStatus.PUT_OK})
+        a, end = self.three_with_acked_puts()
         b, c = sorted((n for n in self.nodes.values() if n is not a), key=lambda n: n.id)
 
         def refuse(role: Role, *, epoch: int | None = None) -> Deferred[None]:
@@ -678,7 +686,7 @@ class UnfitTests(_Group):
         self.assertIs(self.master(), c)
         view = self.successResultOf(c.dcs.load())
         self.assertEqual(view.epoch, 3)
-        self.assertGreaterEqual(c.broker.commitlog.max_offset, ends[-1].next_offset)
+        self.assertGreaterEqual(c.broker.commitlog.max_offset, end)
 
     def test_damaged_store_steps_down(self) -> None:
         """
@@ -688,15 +696,7 @@ class UnfitTests(_Group):
         """
         import os
 
-        for name in "abc":
-            self.node(name)
-        self.elapse(2)
-        a = self.master()
-        assert a is not None
-        acked = [self.put(a.broker) for _ in range(3)]
-        self.elapse(0.5)
-        ends = [self.successResultOf(d) for d in acked]
-        self.assertEqual({r.status for r in ends}, {PutStatus.PUT_OK})
+        a, end = self.three_with_acked_puts()
         directory = a.broker.commitlog.commitlog_dir
         live = sorted(os.listdir(directory))[-1]
         os.truncate(os.path.join(directory, live), 100)
@@ -705,7 +705,7 @@ class UnfitTests(_Group):
         assert new is not None and new is not a
         self.assertIn(live, a.coordinator.status()["unfit"] or "")
         self.assertFalse(a.coordinator.member().electable)
-        self.assertGreaterEqual(new.broker.commitlog.max_offset, ends[-1].next_offset)
+        self.assertGreaterEqual(new.broker.commitlog.max_offset, end)
 
     def test_winner_dying_at_once_does_not_wedge(self) -> None:
         """

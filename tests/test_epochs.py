@@ -501,6 +501,21 @@ class FailoverRejoinTests(_InMemory):
         assert isinstance(side, Replica)
         return side
 
+    def partitioned(self, a: Broker) -> tuple[Broker, int, int]:
+        """
+        failover-anchors A.5's history: C{a} leads epoch 1; its slave B is
+        elected in epoch 2 while C{a}, cut off, still takes puts; B takes
+        more.  B, where the logs part, and where C{a}'s log ends.
+        """
+        self.switch(a.become_master(epoch=1))
+        shared = self.puts(a, 5)
+        b = self.failover_broker(Role.SLAVE, master=a)
+        self.settle()
+        self.switch(b.become_master(epoch=2))
+        partition_era = self.puts(a, 4)
+        self.puts(b, 2)
+        return b, shared, partition_era
+
     def test_become_master_records_the_epoch(self) -> None:
         """
         become_master(epoch=N) flushes the log to its max offset and adds
@@ -612,13 +627,7 @@ class FailoverRejoinTests(_InMemory):
             return d
 
         a = self.failover_broker(Role.MASTER, run_in_thread=threads)
-        self.switch(a.become_master(epoch=1))
-        shared = self.puts(a, 5)
-        b = self.failover_broker(Role.SLAVE, master=a)
-        self.settle()
-        self.switch(b.become_master(epoch=2))
-        partition_era = self.puts(a, 4)
-        self.puts(b, 2)
+        b, shared, partition_era = self.partitioned(a)
         hold[0] = True
         a.become_slave(self.endpoint(b), ("b", 2))  # type: ignore[arg-type]
         self.settle()
@@ -787,13 +796,7 @@ class FailoverRejoinTests(_InMemory):
         nothing cut.  Restarted with that --max-cut, it is cut and rejoins.
         """
         a = self.failover_broker(Role.MASTER)
-        self.switch(a.become_master(epoch=1))
-        shared = self.puts(a, 5)
-        b = self.failover_broker(Role.SLAVE, master=a)
-        self.settle()
-        self.switch(b.become_master(epoch=2))
-        partition_era = self.puts(a, 4)
-        self.puts(b, 2)
+        b, shared, partition_era = self.partitioned(a)
         size = partition_era - shared
         a.max_cut = size - 1
         self.switch(a.become_slave(self.endpoint(b), ("b", 2)))  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol as TypingProtocol
+from typing import Any, Protocol as TypingProtocol
 
 from twisted.application.service import IService
 from twisted.internet.defer import Deferred, succeed
@@ -128,17 +128,8 @@ class RoleMachine:
         self._running: _Input | None = None
         self._waiting: tuple[_Input, Deferred[None]] | None = None
         self._stopping: Deferred[None] | None = None
-        #: Called after every change of state (for observers: /status).
-        self.changed: Callable[[], object] = lambda: None
 
     # -- what the rest of the broker reads -----------------------------------
-
-    @property
-    def is_master(self) -> bool:
-        """
-        A master side runs and takes puts (not while changing).
-        """
-        return self.state is RoleState.MASTER
 
     @property
     def is_slave(self) -> bool:
@@ -229,7 +220,6 @@ class RoleMachine:
         old_state, old = self.state, self.service
         re_election = wanted.kind == "promote" and old_state is RoleState.MASTER
         self.state = RoleState.CHANGING
-        self.changed()
         if not re_election:
             self.service = None
             if old is not None:
@@ -304,7 +294,6 @@ class RoleMachine:
             self.role = Role.SLAVE
         if message is not None:
             self._log.info(message, master=self.endpoint_text(), role=self.role.value)
-        self.changed()
 
     def endpoint_text(self) -> str | None:
         endpoint = self.endpoint
@@ -335,5 +324,4 @@ class RoleMachine:
     def _stop_now(self) -> Deferred[None]:
         service, self.service = self.service, None
         self.state = RoleState.STOPPED
-        self.changed()
         return _stopped(service) if service is not None else succeed(None)
