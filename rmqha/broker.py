@@ -57,8 +57,10 @@ from rmqha.ha.config import (
 from rmqha.ha.auth import GroupAuth
 from rmqha.ha.divergence import Divergence
 from rmqha.ha.epochs import EpochFile
+from rmqha.ha.fence import OPEN
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
 from rmqha.ha.haport import HAGate
+from rmqha.ha.interfaces import IFence
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica, ReplicaState
@@ -350,9 +352,6 @@ class Broker(MultiService):
         #: factory (the master's while master, else NOT_MASTER answers).
         self._ha_gate: HAGate | None = None
         self._ha_port: StreamServerEndpointService | None = None
-        #: Failover mode: why this master may not take puts now (its lease
-        #: is not renewed, it is handing over), or C{None}.
-        self.refusing: Callable[[], str | None] = lambda: None
         #: Failover mode: the L{rmqha.coord.node.Coordinator} giving this
         #: broker its role (for /status and the master hint).
         self.coordinator: Any = None
@@ -391,13 +390,14 @@ class Broker(MultiService):
 
     # -- the role services --------------------------------------------------
 
-    def _master_side(self, role: Role) -> MasterSide:
+    def _master_side(self, role: Role, fence: IFence = OPEN) -> MasterSide:
         held = None
         if self._ha_port is not None and self._ha_gate is not None:
             held = (self._ha_port, self._ha_gate)
         side = MasterSide(
             self.reactor,
             self._ha_listen,
+            self.store,
             sync=role is Role.SYNC_MASTER,
             config=self.config,
             peer_policy=self._peer_policy,
@@ -409,9 +409,10 @@ class Broker(MultiService):
             limited=self.limited,
             held=held,
             auth=self.group_auth,
+            fence=fence,
+            # A put's wait fires with its result, counted (see Broker.put).
+            finish=self._result,
         )
-        # A put's wait fires with its result, counted (see Broker.put).
-        side.ha.group.finish = self._result
         return side
 
     def _replica(self, master_endpoint: str | IStreamClientEndpoint) -> Replica:
@@ -433,7 +434,7 @@ class Broker(MultiService):
         )
 
     def become_master(
-        self, role: Role = Role.ASYNC_MASTER, *, epoch: int | None = None
+        self, role: Role = Role.ASYNC_MASTER, *, epoch: int | None = None, fence: IFence = OPEN
     ) -> Deferred[None]:
         """
         Switch this running broker to master (C{role}) on the same open
@@ -445,6 +446,10 @@ class Broker(MultiService):
             log is flushed up to its max offset, then C{(epoch, max
             offset)} is added to the epoch file, before the HA port
             listens (also when it is a master already: a re-election).
+        @param fence: failover: whether the master may take and
+            acknowledge puts, and whose acks count -- what its coordinator
+            writes (L{rmqha.ha.fence.Fence}); the master side is built
+            with it (a re-election keeps the first one).
         @raise ValueError: an epoch without an epoch file.
         @raise ListenFailed: (asynchronously) the HA port could not be had;
             the broker is then a master without slaves (puts work).
@@ -457,7 +462,7 @@ class Broker(MultiService):
             raise RuntimeError("the broker is not running: give the role to its constructor")
         if epoch is not None and self.epochs is None:
             raise ValueError(f"epoch {epoch} given to a broker without an epoch file")
-        return self.roles.promote(role, epoch)
+        return self.roles.promote(role, epoch, fence)
 
     def _prepare_promotion(self, from_master: bool, epoch: int | None) -> Deferred[None]:
         """
@@ -824,7 +829,7 @@ class Broker(MultiService):
         if not isinstance(side, MasterSide) or side.factory is None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError("messages are put on the master, this is a slave")
-        refusal = self.refusing()
+        refusal = side.fence.refusing()
         if refusal is not None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError(refusal)

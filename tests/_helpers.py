@@ -16,10 +16,13 @@ import struct
 from typing import Iterable, Mapping
 
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from rmqha.store import _record
 from rmqha.store._record import Message, encode_record
 from rmqha.store.commitlog import CommitLog
+from rmqha.store.interfaces import IAppendedTo
+from rmqha.ha.interfaces import IReplicaAcks
 
 #: What the injected clock says: store timestamps are this many seconds...
 STORE_SECONDS = 1700000000.0
@@ -356,3 +359,40 @@ class PurePath:
 
         self.addCleanup(restore)  # type: ignore[attr-defined]
         super().setUp()  # type: ignore[misc]
+
+
+@implementer(IReplicaAcks)
+class StubAcks:
+    """
+    What a master's replicas acknowledged, as a test sets it: C{nodes}
+    (failover node id to ack) and C{live} (the nodes, or fixed-role acks,
+    whose links deliver acks).
+    """
+
+    def __init__(self) -> None:
+        self.acks: list[int] = []
+        self.nodes: dict[str, int] = {}
+        self.live: list[int] = []
+        self.live_node_ids: set[str] = set()
+
+    def ack_offsets(self) -> list[int]:
+        return list(self.acks)
+
+    def node_acks(self) -> dict[str, int]:
+        return dict(self.nodes)
+
+    def live_acks(self) -> list[int]:
+        return list(self.live)
+
+    def live_nodes(self) -> set[str]:
+        return set(self.live_node_ids)
+
+
+@implementer(IAppendedTo)
+class StubAppended:
+    """
+    A store appended up to C{max_offset}.
+    """
+
+    def __init__(self, max_offset: int = 0) -> None:
+        self.max_offset = max_offset

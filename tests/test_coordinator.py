@@ -643,7 +643,7 @@ class UnfitTests(_Group):
         self.elapse(2)
         self.assertIs(self.master(), a)
 
-        def refuse(role: Role, *, epoch: int | None = None) -> Deferred[None]:
+        def refuse(role: Role, *, epoch: int | None = None, fence: object = None) -> Deferred[None]:
             raise ListenFailed("ha", "tcp:10912", "address already in use")
 
         b.broker.become_master = refuse  # type: ignore[method-assign]
@@ -673,7 +673,7 @@ class UnfitTests(_Group):
         a, end = self.three_with_acked_puts()
         b, c = sorted((n for n in self.nodes.values() if n is not a), key=lambda n: n.id)
 
-        def refuse(role: Role, *, epoch: int | None = None) -> Deferred[None]:
+        def refuse(role: Role, *, epoch: int | None = None, fence: object = None) -> Deferred[None]:
             return fail(OSError(f"cannot write epoch {epoch}: No space left on device"))
 
         b.broker.become_master = refuse  # type: ignore[method-assign]
@@ -720,7 +720,7 @@ class UnfitTests(_Group):
         assert a is not None
         self.assertEqual(a.id, "a")
         b, c = self.nodes["b"], self.nodes["c"]
-        b.broker.become_master = lambda role, *, epoch=None: Deferred()  # type: ignore[method-assign]
+        b.broker.become_master = lambda role, *, epoch=None, fence=None: Deferred()  # type: ignore[method-assign]
         self.crash(a)
         self.elapse(3)
         self.assertEqual(b.coordinator.counts["elected"], 1)
@@ -905,7 +905,7 @@ class ImpersonationTests(_Group):
         factory = a.broker.master_factory
         assert factory is not None
         self.assertEqual([c.failover_node for c in factory.connections if c.replicating], ["b"])
-        self.assertEqual(factory.node_acks(), {})
+        self.assertEqual(factory.replicas.node_acks(), {})
         self.assertEqual(a.coordinator.in_sync.effective, {"a"})  # type: ignore[union-attr]
         with self.assertRaises(NotStoredError):
             self.put(a.broker)

@@ -21,7 +21,7 @@ from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import GroupTransferService, PutStatus
 from rmqha.ha.master import EARLY_BYTES, MasterConnection
 
-from tests._helpers import fixed_clock
+from tests._helpers import StubAcks, StubAppended, fixed_clock
 from tests.test_master import frames
 
 
@@ -48,7 +48,8 @@ class GroupTransferServiceTests(SynchronousTestCase):
             made.append((status, append))
             return ("result", status, append)
 
-        self.group.finish = finish
+        self.group = GroupTransferService(self.clock, timeout=3.0, finish=finish)
+        self.addCleanup(self.group.stop)
         released = self.group.wait_for(100, "a")  # type: ignore[arg-type]
         timed_out = self.group.wait_for(200, "b")  # type: ignore[arg-type]
         self.group.quorum_changed(100)
@@ -780,8 +781,11 @@ class FailoverFloorTests(SynchronousTestCase):
         from rmqha.ha.insync import InSyncSet
 
         self.clock = Clock()
+        self.acks = StubAcks()
         self.ha = HAService(
             self.clock,
+            acks=self.acks,
+            appended=StubAppended(1000),
             sync=True,
             in_sync_replicas=2,
             min_in_sync_replicas=2,
@@ -789,12 +793,13 @@ class FailoverFloorTests(SynchronousTestCase):
             slave_timeout=3.0,
         )
         self.in_sync = InSyncSet(
-            self.clock, "m", lambda members: succeed(True), fallbehind_max=1 << 20
+            self.clock,
+            "m",
+            lambda members: succeed(True),
+            fallbehind_max=1 << 20,
+            observers=(self.ha,),
         )
         self.ha.use_in_sync(self.in_sync)
-        self.acks: dict[str, int] = {}
-        self.ha.node_acks = lambda: dict(self.acks)
-        self.ha.max_offset = lambda: 1000
         self.addCleanup(self.ha.stop)
 
     def test_master_alone_is_not_enough(self) -> None:
@@ -804,7 +809,7 @@ class FailoverFloorTests(SynchronousTestCase):
         (the replica may enter in time) but never PUT_OK on the master's
         copy alone; it times out unless the replica enters and acks it.
         """
-        self.ha.live_nodes = lambda: {"b"}
+        self.acks.live_node_ids = {"b"}
         self.assertIsNone(self.ha.refusal())
         d = self.ha.wait_for(1000)
         self.assertNoResult(d)
@@ -812,7 +817,7 @@ class FailoverFloorTests(SynchronousTestCase):
         self.assertEqual(self.successResultOf(d), PutStatus.FLUSH_SLAVE_TIMEOUT)
         # b catches up and enters: the next put waits for its ack.
         d = self.ha.wait_for(1000)
-        self.acks["b"] = 1000
+        self.acks.nodes["b"] = 1000
         self.in_sync.acked("b", 1000, 1000, 0)
         self.ha.release()
         self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
@@ -822,7 +827,7 @@ class FailoverFloorTests(SynchronousTestCase):
         The master alone and no other replica delivering acks: refused
         before storing, naming the floor.
         """
-        self.ha.live_nodes = set
+        self.acks.live_node_ids = set()
         refusal = self.ha.refusal()
         assert refusal is not None
         self.assertIn("minInSyncReplicas is 2", refusal)

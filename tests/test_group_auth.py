@@ -562,7 +562,7 @@ class MasterConnectionTests(MasterTestCase):
         with capturedLogs() as events:
             forged.dataReceived(encode_report(self.store.max_offset))
             forged.dataReceived(encode_report(self.store.max_offset))
-        self.assertEqual(factory.node_acks(), {"b": 0})
+        self.assertEqual(factory.replicas.node_acks(), {"b": 0})
         self.assertEqual(ha.acked, [])
         lines = [formatEvent(e) for e in events]
         self.assertEqual(

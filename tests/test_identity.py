@@ -99,7 +99,7 @@ class QuorumIdentityTests(MasterTestCase):
             "replaced by a newer connection of certificate slave-a from 127.0.0.1:40002",
             "\n".join(formatEvent(e) for e in events),
         )
-        self.assertEqual(factory.ack_offsets(), [0])
+        self.assertEqual(factory.replicas.ack_offsets(), [0])
         first.connectionLost()
         self.assertEqual([s.peer for s in factory.slaves()], ["127.0.0.1:40002"])
 
@@ -113,7 +113,7 @@ class QuorumIdentityTests(MasterTestCase):
         first, first_transport = self.replicate(factory, 40001, "x", certificate="slave-a")
         self.replicate(factory, 40002, "y", certificate="slave-a")
         self.assertTrue(first_transport.disconnecting)
-        self.assertEqual(len(factory.ack_offsets()), 1)
+        self.assertEqual(len(factory.replicas.ack_offsets()), 1)
         first.connectionLost()
 
     def test_same_declared_id_counted_once(self) -> None:
@@ -127,7 +127,7 @@ class QuorumIdentityTests(MasterTestCase):
         second, second_transport = self.replicate(factory, 40002, "r1")
         self.assertTrue(first_transport.disconnecting)
         self.assertFalse(second_transport.disconnecting)
-        self.assertEqual(factory.ack_offsets(), [0])
+        self.assertEqual(factory.replicas.ack_offsets(), [0])
         first.connectionLost()
         self.assertEqual([s.replica_id for s in factory.slaves()], ["r1"])
 
@@ -145,7 +145,7 @@ class QuorumIdentityTests(MasterTestCase):
             self.replicate(factory, 40004)[1],
         ]
         self.assertFalse(any(t.disconnecting for t in transports))
-        self.assertEqual(factory.ack_offsets(), [0, 0, 0, 0])
+        self.assertEqual(factory.replicas.ack_offsets(), [0, 0, 0, 0])
 
     def test_identify_split_then_checked_hello(self) -> None:
         """
@@ -160,7 +160,7 @@ class QuorumIdentityTests(MasterTestCase):
         connection.dataReceived(encode_report(0, checked=True))
         self.assertEqual(connection.replica_id, "r1")
         self.assertTrue(transport.value().startswith(encode_code(CHECKED_ACK)))
-        self.assertEqual(factory.ack_offsets(), [0])
+        self.assertEqual(factory.replicas.ack_offsets(), [0])
 
     def test_damaged_identify_drops(self) -> None:
         """

@@ -9,30 +9,55 @@ from __future__ import annotations
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from rmqha.coord.dcs import DCSError
 from rmqha.ha.insync import PUBLISH_RETRY, InSyncSet
+from rmqha.ha.interfaces import IInSyncObserver
+
+
+@implementer(IInSyncObserver)
+class _Observer:
+    def __init__(self, test: "InSyncSetTests") -> None:
+        self._test = test
+
+    def in_sync_changed(self) -> None:
+        self._test.changes += 1
+
+    def in_sync_lost(self, why: str) -> None:
+        self._test.lost.append(why)
 
 
 class InSyncSetTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.published: list[tuple[tuple[str, ...], Deferred[bool]]] = []
-        self.set = InSyncSet(
-            self.clock, "m", self._publish, fallbehind_max=1000, catchup_timeout=1.0
-        )
         self.changes = 0
-        self.set.changed = self._changed
         self.lost: list[str] = []
-        self.set.lost = self.lost.append
+        self.set = InSyncSet(
+            self.clock,
+            "m",
+            self._publish,
+            fallbehind_max=1000,
+            catchup_timeout=1.0,
+            observers=(_Observer(self),),
+        )
 
     def _publish(self, members: tuple[str, ...]) -> Deferred[bool]:
         d: Deferred[bool] = Deferred()
         self.published.append((members, d))
         return d
 
-    def _changed(self) -> None:
-        self.changes += 1
+    def test_observers_checked(self) -> None:
+        """
+        An observer that does not provide IInSyncObserver is refused when
+        the set is built, naming the parameter.
+        """
+        with self.assertRaises(TypeError) as caught:
+            InSyncSet(
+                self.clock, "m", self._publish, fallbehind_max=1, observers=(object(),)  # type: ignore[arg-type]
+            )
+        self.assertIn("observers must provide IInSyncObserver", str(caught.exception))
 
     def test_enters_when_caught_up(self) -> None:
         """

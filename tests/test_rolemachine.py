@@ -63,7 +63,7 @@ class _Host:
         self.started: list[_Service] = []
         self.promotions: list[tuple[bool, int | None]] = []
 
-    def _master_side(self, role: Role) -> _Service:
+    def _master_side(self, role: Role, fence: object = None) -> _Service:
         return _Service("master", self, role)
 
     def _replica(self, endpoint: Any) -> _Service:

@@ -35,6 +35,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClien
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from rmqha.broker import Broker
 from rmqha.coord.dcs import (
@@ -51,7 +52,9 @@ from rmqha.coord.dcs import (
     in_sync_members,
 )
 from rmqha.ha.config import Role
+from rmqha.ha.fence import Fence
 from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
+from rmqha.ha.interfaces import IInSyncObserver
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.roles import Superseded
 
@@ -182,6 +185,7 @@ def carried_members(view: ClusterView, me: str) -> tuple[str, ...]:
     return tuple(sorted(n for n in in_sync.members if n != me and n in live))
 
 
+@implementer(IInSyncObserver)
 class Coordinator(Service):
     """
     @ivar leader: this node's leadership, while it is the master.
@@ -219,13 +223,16 @@ class Coordinator(Service):
         self._dial = dial
         self._now = now
         self._wall = wall
+        #: What this node's master side may do (L{Fence}): written here
+        #: through L{leader}, L{valid_until}, L{view} and the handover,
+        #: read by the put path, which the broker's master side is built
+        #: with (L{Broker.become_master}).
+        self.fence = Fence(settings.node_id, now)
         self.lease: Lease | None = None
-        self.leader: Leader | None = None
-        self.view: ClusterView | None = None
+        self._leader: Leader | None = None
+        self._view: ClusterView | None = None
         self.election: Election | None = None
         self.in_sync: InSyncSet | None = None
-        #: Until when (monotonic) the lease is known good.
-        self.valid_until = float("-inf")
         #: The HA address of the master this node follows.
         self.following: str | None = None
         self._following_epoch = 0
@@ -243,7 +250,7 @@ class Coordinator(Service):
         self._busy = False
         self._again = False
         self._leaderless_since: float | None = None
-        self._handing_over: Switchover | None = None
+        self._handover: Switchover | None = None
         self._changing: Deferred[Any] | None = None
         # This node's last leadership, once it stepped down (its key is
         # resigned; see _decide).
@@ -262,11 +269,57 @@ class Coordinator(Service):
         # The malformed keys already warned about (L{_report_malformed}).
         self._malformed: set[tuple[str, str]] = set()
 
+    # -- what the fence holds -------------------------------------------------
+
+    @property
+    def leader(self) -> Leader | None:
+        """
+        This node's leadership, while it is the master.
+        """
+        return self._leader
+
+    @leader.setter
+    def leader(self, leader: Leader | None) -> None:
+        self._leader = leader
+        self.fence.elected = leader is not None
+
+    @property
+    def valid_until(self) -> float:
+        """
+        Until when (monotonic) the lease is known good.
+        """
+        return self.fence.valid_until
+
+    @valid_until.setter
+    def valid_until(self, when: float) -> None:
+        self.fence.valid_until = when
+
+    @property
+    def view(self) -> ClusterView | None:
+        """
+        The last view of the group.
+        """
+        return self._view
+
+    @view.setter
+    def view(self, view: ClusterView | None) -> None:
+        self._view = view
+        self.fence.members = frozenset(view.members) if view is not None else frozenset()
+
+    @property
+    def _handing_over(self) -> Switchover | None:
+        # (The switchover this master is handing over in, if any.)
+        return self._handover
+
+    @_handing_over.setter
+    def _handing_over(self, switch: Switchover | None) -> None:
+        self._handover = switch
+        self.fence.handing_over = switch.target if switch is not None else None
+
     # -- start and stop -------------------------------------------------------
 
     def startService(self) -> None:
         Service.startService(self)
-        self.broker.refusing = self.refusing
         self._watch = self.dcs.watch(self._changed, self._watch_failed)
         loop = self._loop = LoopingCall(self._tick)
         loop.clock = self.reactor
@@ -478,35 +531,19 @@ class Coordinator(Service):
 
     def refusing(self) -> str | None:
         """
-        Why this master may not take a put now, or C{None}.
+        Why this master may not take a put now, or C{None} (L{Fence}).
         """
-        if self.leader is None:
-            return "this node is not the elected master"
-        if self._handing_over is not None:
-            return f"handing over to {self._handing_over.target} (switchover)"
-        if self._now() >= self.valid_until:
-            return "this master's lease is not renewed: it no longer takes puts"
-        return None
+        return self.fence.refusing()
 
     def accepts_node(self, node: str, host: str) -> bool:
         """
         Whether a replica that is node C{node} (connected from C{host})
-        counts for the in-sync set: C{node} must be a live member of the
-        group other than this node.  C{node} is the id the replica proved
-        (the group secret's handshake, or its TLS certificate), never one
-        it only declared, unless the group runs with C{--insecure-group}
-        (L{rmqha.ha.master.MasterConnection.failover_node};
-        docs/failover.md, "Who counts").  The connection's address is not
-        compared with the member's advertised one: a host's outgoing
-        address is often not the one it advertises (several addresses,
-        NAT, 127.0.0.x on loopback).
+        counts for the in-sync set (L{Fence.accepts_node}).
         """
-        view = self.view
-        member = view.members.get(node) if view is not None else None
-        return member is not None and node != self.settings.node_id
+        return self.fence.accepts_node(node, host)
 
     def may_acknowledge(self) -> bool:
-        return self.leader is not None and self._now() < self.valid_until
+        return self.fence.may_acknowledge()
 
     # -- deciding ----------------------------------------------------------------
 
@@ -735,7 +772,7 @@ class Coordinator(Service):
         self.following = None
         broker = self.broker
         try:
-            await broker.become_master(self.settings.role, epoch=won.epoch)
+            await broker.become_master(self.settings.role, epoch=won.epoch, fence=self.fence)
         except Superseded:
             return  # (a later role change replaced it: stepped down meanwhile)
         except Exception as e:
@@ -757,12 +794,23 @@ class Coordinator(Service):
             fallbehind_max=broker.slave_fallbehind_max,
             catchup_timeout=self.settings.catchup_timeout,
             published=in_sync_members(won.node_id, carried),
+            observers=(side.ha, self),
         )
-        in_sync.lost = lambda why: self._step_down(why)
-        ha = side.ha
-        ha.may_acknowledge = self.may_acknowledge
-        ha.accepts_node = self.accepts_node
-        ha.use_in_sync(in_sync)
+        side.ha.use_in_sync(in_sync)
+
+    # -- IInSyncObserver ------------------------------------------------------------
+
+    def in_sync_changed(self) -> None:
+        """
+        The in-sync set changed: the master's HA service moves its quorum
+        (it observes the set too); nothing here.
+        """
+
+    def in_sync_lost(self, why: str) -> None:
+        """
+        etcd refused the in-sync set: this node is no longer the leader.
+        """
+        self._step_down(why)
 
     def _publish(self, members: tuple[str, ...]) -> Deferred[bool]:
         leader = self.leader
@@ -802,7 +850,7 @@ class Coordinator(Service):
         # Stop taking puts, let the target catch up with the last of them,
         # then hand the key over (the target goes first in the ranking).
         self._handing_over = switch
-        acks = side.factory.node_acks()
+        acks = side.replicas.node_acks()
         if acks.get(target, -1) < self.broker.commitlog.max_offset:
             self.note = f"switchover to {target}: waiting for it to hold every put"
             return

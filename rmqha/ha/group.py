@@ -38,7 +38,18 @@ from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 
+from zope.interface import implementer
+
+from rmqha.ha.fence import OPEN
 from rmqha.ha.insync import InSyncSet
+from rmqha.ha.interfaces import (
+    IAppendedTo,
+    IFence,
+    IInSyncObserver,
+    IReleaseListener,
+    IReplicaAcks,
+    provides,
+)
 from rmqha.store.commitlog import AppendResult
 
 __all__ = [
@@ -48,15 +59,7 @@ __all__ = [
     "HAService",
     "Histogram",
     "REPLICATION_WAIT_BUCKETS",
-    "DEFAULT_LINK_TIMEOUT",
 ]
-
-#: Seconds a replica may owe an ack (the master's log ends past its last
-#: one) and still count as connected: a link cut without a reset delivers
-#: nothing, but stays open until the housekeeping timeout (20 s).  The
-#: same second as the in-sync set's catch-up timeout
-#: (L{rmqha.ha.insync.DEFAULT_CATCHUP_TIMEOUT}).
-DEFAULT_LINK_TIMEOUT = 1.0
 
 
 class PutStatus(enum.Enum):
@@ -160,6 +163,7 @@ class GroupTransferService:
         timeout: float,
         observe: Callable[[float], object] | None = None,
         finish: Finish = PutMessageResult,
+        listener: IReleaseListener | None = None,
     ) -> None:
         """
         @param timeout: RocketMQ's C{slaveTimeout}, in seconds.
@@ -167,6 +171,10 @@ class GroupTransferService:
             ends (not when it is cancelled).
         @param finish: makes what a wait given a put's L{AppendResult}
             fires with, from its status (see L{wait_for}).
+        @param listener: told by L{release} just before it fires the last
+            waiter the quorum offset covers (what that put's callback
+            appends has no later callback of this release to travel with:
+            L{rmqha.ha.replicas.EarlyFrames}).
         """
         if timeout <= 0:
             raise ValueError(f"slaveTimeout {timeout} must be positive")
@@ -174,6 +182,9 @@ class GroupTransferService:
         self._timeout = timeout
         self._observe = observe
         self.finish = finish
+        self._listener = (
+            provides(IReleaseListener, listener, "listener") if listener is not None else None
+        )
         self._heap: list[tuple[int, int, _Waiter]] = []
         self._deadlines: deque[_Waiter] = deque()
         self._sequence = itertools.count()
@@ -182,10 +193,6 @@ class GroupTransferService:
         self._expiring = False
         self._live = 0
         self._stopped = False
-        #: Called by L{release} just before it fires the last waiter the
-        #: quorum offset covers (what that put's callback appends has no
-        #: later callback of this release to travel with).
-        self.before_last: Callable[[], object] | None = None
 
     @property
     def waiting(self) -> int:
@@ -251,6 +258,7 @@ class GroupTransferService:
         # One clock reading for the waits these acks end (the histogram's
         # buckets are 100 us and more; a put's callbacks take microseconds).
         now: float | None = None
+        listener = self._listener
         while self._heap and self._heap[0][0] <= self._quorum_offset:
             waiter = heapq.heappop(self._heap)[2]
             if not waiter.done:
@@ -258,10 +266,10 @@ class GroupTransferService:
                 self._live -= 1
                 if now is None:
                     now = self._clock.seconds()
-                if self.before_last is not None and not (
+                if listener is not None and not (
                     self._heap and self._heap[0][0] <= self._quorum_offset
                 ):
-                    self.before_last()
+                    listener.last_of_release()
                 self._resolve(waiter, PutStatus.PUT_OK, now)
         deadlines = self._deadlines
         while deadlines and deadlines[0].done:
@@ -369,6 +377,7 @@ class Histogram:
         return out
 
 
+@implementer(IInSyncObserver)
 class HAService:
     """
     A master's replicas as the put path sees them: the slaves' acks (one
@@ -376,82 +385,91 @@ class HAService:
     (k = inSyncReplicas - 1), which releases the waiting puts.
 
     @ivar group: the waiting puts.
+    @ivar acks: what the replicas have acknowledged.
     """
 
     def __init__(
         self,
         clock: IReactorTime,
         *,
+        acks: IReplicaAcks,
+        appended: IAppendedTo,
         sync: bool,
         in_sync_replicas: int,
         min_in_sync_replicas: int,
         slave_fallbehind_max: int,
         slave_timeout: float,
         replication_wait: Histogram | None = None,
-        link_timeout: float = DEFAULT_LINK_TIMEOUT,
+        fence: IFence = OPEN,
+        listener: IReleaseListener | None = None,
+        finish: Finish = PutMessageResult,
     ) -> None:
         """
+        @param acks: what the replicas have acknowledged (the master's
+            L{rmqha.ha.replicas.Replicas}).
+        @param appended: the master's log (failover mode: what a put ends
+            at).
         @param sync: a SYNC_MASTER (puts wait for replicas); an
             ASYNC_MASTER's puts never wait.
         @param replication_wait: where the seconds puts waited are counted.
-        @param link_timeout: seconds a replica may owe an ack and still
-            count as connected (L{DEFAULT_LINK_TIMEOUT}).
+        @param fence: failover mode: whether this master may still answer
+            C{PUT_OK} (its lease is good), checked as each put is released.
+        @param listener: see L{GroupTransferService}.
+        @param finish: see L{GroupTransferService}.
         """
         self._clock = clock
+        self.acks = provides(IReplicaAcks, acks, "acks")
+        self._appended = provides(IAppendedTo, appended, "appended")
+        self._fence = provides(IFence, fence, "fence")
         self.sync = sync
         self._in_sync_replicas = in_sync_replicas
         self._min_in_sync_replicas = min_in_sync_replicas
         self._fallbehind_max = slave_fallbehind_max
-        self.link_timeout = link_timeout
         self.replication_wait = replication_wait or Histogram()
         self.group = GroupTransferService(
-            clock, slave_timeout, observe=self.replication_wait.observe
+            clock,
+            slave_timeout,
+            observe=self.replication_wait.observe,
+            finish=finish,
+            listener=listener,
         )
-        #: The ack of every replicating slave, one per replica: set by
-        #: the master factory that feeds this service.
-        self.ack_offsets: Callable[[], list[int]] = list
         #: Failover mode (docs/failover.md): the in-sync set whose every
         #: member a SYNC put waits for, instead of inSyncReplicas - 1 acks.
         self.in_sync: InSyncSet | None = None
-        #: Failover mode: the ack of every replicating failover node, by
-        #: node id (set by the master factory).
-        self.node_acks: Callable[[], dict[str, int]] = dict
-        #: The acks of the replicas whose links deliver acks (set by the
-        #: master factory): who counts as connected, fixed roles.
-        self.live_acks: Callable[[], list[int]] = list
-        #: Failover mode: the counted nodes whose links deliver acks.
-        self.live_nodes: Callable[[], set[str]] = set
-        #: Failover mode: whether this master may still answer PUT_OK
-        #: (its lease is good); checked as each put is released.
-        self.may_acknowledge: Callable[[], bool] = lambda: True
-        #: The master's max offset (failover mode: what a put ends at).
-        self.max_offset: Callable[[], int] = lambda: 0
         #: The highest quorum offset so far: every put answered PUT_OK
         #: ends at or before it.
         self.acked_end = 0
-        #: Failover mode: whether a replica declaring node C{node} from
-        #: host C{host} counts (the coordinator knows it as a member there).
-        self.accepts_node: Callable[[str, str], bool] = lambda node, host: True
 
     def use_in_sync(self, in_sync: InSyncSet) -> None:
         """
         Failover mode: wait for every member of C{in_sync} (and at least
         C{minInSyncReplicas} copies) instead of C{inSyncReplicas - 1}
-        acks.
+        acks.  C{in_sync} must tell this service when it changes (one of
+        its observers).
         """
+        if self not in in_sync.observers:
+            raise ValueError("the in-sync set must tell this HA service of its changes")
         self.in_sync = in_sync
-        in_sync.changed = self._in_sync_changed
 
-    def _in_sync_changed(self) -> None:
+    def in_sync_changed(self) -> None:
+        """
+        The in-sync set changed (L{IInSyncObserver}): the quorum moves.
+        """
         self.acks_changed()
         self.release()
+
+    def in_sync_lost(self, why: str) -> None:
+        """
+        The in-sync set was refused (L{IInSyncObserver}): nothing here;
+        the coordinator steps down, which ends the waiting puts.
+        """
 
     def replica_acked(self, node: str, ack: int) -> None:
         """
         Failover mode: the replica of node C{node} acknowledged C{ack}.
         """
         if self.in_sync is not None:
-            self.in_sync.acked(node, ack, self.max_offset(), self.acked_end)
+            self.in_sync.acked(node, ack, self._appended.max_offset, self.acked_end)
 
     def replica_gone(self, node: str) -> None:
         """
@@ -464,11 +482,12 @@ class HAService:
         members = in_sync.effective
         if len(members) < self._min_in_sync_replicas:
             return -1
-        acks = self.node_acks()
+        acks = self.acks.node_acks()
         others = [acks.get(node, -1) for node in members if node != in_sync.me]
         if not others:
             # The master alone (minInSyncReplicas 1): its own copy is all.
-            return self.max_offset()
+            end: int = self._appended.max_offset
+            return end
         return min(others)
 
     def acks_changed(self) -> None:
@@ -484,7 +503,7 @@ class HAService:
         needed = self._in_sync_replicas - 1
         if needed <= 0:
             return
-        acks = self.ack_offsets()
+        acks = self.acks.ack_offsets()
         if needed == 1:
             self.group.quorum_changed(max(acks, default=-1))
             return
@@ -498,7 +517,7 @@ class HAService:
         is good: puts it would release later end as time-outs or when the
         master steps down (never PUT_OK from a deposed master).
         """
-        if self.in_sync is not None and not self.may_acknowledge():
+        if self.in_sync is not None and not self._fence.may_acknowledge():
             return
         self.group.release()
 
@@ -513,7 +532,7 @@ class HAService:
             return self._answer(PutStatus.PUT_OK, append)
         # (Who is in sync counts only links that deliver acks; the quorum
         # offset, which releases puts, counts every ack received.)
-        acks = self.live_acks()
+        acks = self.acks.live_acks()
         oldest = end - self._fallbehind_max  # an ack must be past this
         if len(acks) == 1:  # the common case, without a generator per put
             in_sync = 2 if acks[0] > oldest else 1
@@ -543,7 +562,7 @@ class HAService:
             return None
         in_sync = self.in_sync
         if in_sync is None:
-            live = len(self.live_acks())
+            live = len(self.acks.live_acks())
             if live + 1 >= needed:
                 return None
             return (
@@ -553,7 +572,7 @@ class HAService:
         members = in_sync.effective
         if len(members) >= needed:
             return None
-        live_nodes = self.live_nodes()
+        live_nodes = self.acks.live_nodes()
         if len(members | live_nodes) >= needed:
             return None  # (a replica catching up may enter the set in time)
         return (
@@ -572,7 +591,7 @@ class HAService:
         alone = self._min_in_sync_replicas <= 1 and len(members) == 1 and in_sync.me in members
         if alone or end <= self.group.quorum_offset:
             # Held by every member already: only the lease decides.
-            if not self.may_acknowledge():
+            if not self._fence.may_acknowledge():
                 return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
             if alone:
                 self.acked_end = max(self.acked_end, end)

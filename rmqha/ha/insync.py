@@ -25,12 +25,14 @@ published set and the wanted one while a change is on its way.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+
+from rmqha.ha.interfaces import IInSyncObserver, provides
 
 #: Seconds a member may stay behind the master's max offset before it
 #: leaves the set (RocketMQ 5's haMaxTimeSlaveNotCatchup is 15 s, but there
@@ -71,6 +73,7 @@ class InSyncSet:
         fallbehind_max: int,
         catchup_timeout: float = DEFAULT_CATCHUP_TIMEOUT,
         published: tuple[str, ...] = (),
+        observers: Sequence[IInSyncObserver] = (),
     ) -> None:
         """
         @param publish: stores a set in the coordinator; fires C{True} once
@@ -78,6 +81,10 @@ class InSyncSet:
             no longer the leader, the coordinator is unreachable).
         @param published: the set the coordinator holds now (after an
             election: the new master alone).
+        @param observers: told when the effective set changes (the quorum
+            moves: the master's L{rmqha.ha.group.HAService}) and, once,
+            when a publish is refused (no longer the leader: the
+            coordinator).
         """
         self._clock = clock
         self.me = me
@@ -93,10 +100,14 @@ class InSyncSet:
         self._publishing = False
         self._stopped = False
         self._retry: IDelayedCall | None = None
-        #: Called when the effective set changes (the quorum moves).
-        self.changed: Callable[[], None] = lambda: None
-        #: Called once when a publish is refused (no longer the leader).
-        self.lost: Callable[[str], None] = lambda why: None
+        #: Who is told of changes and of the loss (L{IInSyncObserver}).
+        self.observers: tuple[IInSyncObserver, ...] = tuple(
+            provides(IInSyncObserver, o, "observers") for o in observers
+        )
+
+    def _changed(self) -> None:
+        for observer in self.observers:
+            observer.in_sync_changed()
 
     @property
     def effective(self) -> frozenset[str]:
@@ -181,7 +192,7 @@ class InSyncSet:
             members=",".join(sorted(wanted)),
         )
         if self.effective != before:
-            self.changed()
+            self._changed()
         self._flush()
 
     def _flush(self) -> None:
@@ -204,7 +215,7 @@ class InSyncSet:
                 before = self.effective
                 self.published = sending
                 if self.effective != before:
-                    self.changed()
+                    self._changed()
                 self._flush()
             elif isinstance(stored, Failure):
                 # The coordinator did not answer: the union rule keeps
@@ -217,7 +228,10 @@ class InSyncSet:
                 )
                 self._retry = self._clock.callLater(PUBLISH_RETRY, self._retried)
             else:
-                self.lost("the coordinator refused the in-sync set: not the leader any more")
+                for observer in self.observers:
+                    observer.in_sync_lost(
+                        "the coordinator refused the in-sync set: not the leader any more"
+                    )
 
         d.addBoth(done)
 

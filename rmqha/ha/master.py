@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import (
@@ -67,7 +67,8 @@ from rmqha.ha.auth import HANDSHAKE_TIMEOUT, AuthError, GroupAuth, MasterHandsha
 from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.control import DIGEST_BYTES_PER_SECOND, ControlSession, PeerBudget
-from rmqha.ha.group import DEFAULT_LINK_TIMEOUT, HAService
+from rmqha.ha.group import HAService
+from rmqha.ha.replicas import EarlyFrames, Replicas
 from rmqha.tls import PeerPolicy, certificate_names
 
 __all__ = ["HAConfig", "DEFAULT_HA_CONFIG", "MasterFactory", "MasterConnection", "SlaveStatus"]
@@ -137,7 +138,6 @@ _DIRECT_BUDGET = 4 * CATCH_UP_BATCH_SIZE
 #: that 32 producers of 1 KiB split, large enough that a frame's costs
 #: (a read, a send, an ack) stay a small share per put.
 EARLY_BYTES = 12 * 1024
-_NEVER = 1 << 63
 
 
 def _peer_name(address: IAddress | None) -> str:
@@ -700,7 +700,7 @@ class MasterConnection(Protocol):
             self.factory.acks_changed()
         node = self.failover_node
         if node is not None and self.factory.ha is not None:
-            if not any(c.failover_node == node for c in self.factory.connections):
+            if not self.factory.replicas.serves(node):
                 self.factory.ha.replica_gone(node)
         if self.transport is not None:
             IConsumer(self.transport).unregisterProducer()
@@ -953,6 +953,10 @@ class MasterFactory(ServerFactory):
         digest_rate: float = DIGEST_BYTES_PER_SECOND,
         ha: HAService | None = None,
         auth: GroupAuth | None = None,
+        *,
+        replicas: Replicas | None = None,
+        early: EarlyFrames | None = None,
+        epochs: EpochFile | None = None,
     ) -> None:
         """
         @param peer_policy: what a slave's TLS certificate must satisfy
@@ -968,7 +972,13 @@ class MasterFactory(ServerFactory):
         @param digest_rate: bytes hashed per second per peer address for
             DIGEST answers (and the burst).
         @param ha: the quorum the slaves' acks feed (none: acks are only
-            shown).
+            shown); it must read C{replicas}.
+        @param replicas: the connections and their acks (default: a
+            registry of this factory's own, with no fence).
+        @param early: when appends are sent (default: this factory's own
+            policy); C{ha}'s waiting puts must be released with it.
+        @param epochs: the master's epoch file (failover), which control
+            sessions offer and answer EPOCHS from; C{None}: no epochs.
         """
         if auth is not None and auth.certificates and not peer_policy.require_client_cert:
             raise ValueError(
@@ -986,87 +996,38 @@ class MasterFactory(ServerFactory):
         self.run_in_thread = run_in_thread
         #: The bytes of DIGEST hashing each peer host may cause per second.
         self.digest_budget = PeerBudget(clock, digest_rate)
-        self.connections: set[MasterConnection] = set()
-        #: Seconds an ack may be owed before a replica's link stops
-        #: counting as connected (L{MasterConnection.delivers_acks}).
-        self.link_timeout = ha.link_timeout if ha is not None else DEFAULT_LINK_TIMEOUT
+        if replicas is None:
+            if ha is not None:
+                raise ValueError("a master factory feeding an HA service needs its replicas")
+            replicas = Replicas(clock, commitlog, auth=auth)
+        elif ha is not None and ha.acks is not replicas:
+            raise ValueError("the HA service must read the factory's replicas")
+        #: The connections and their acks.
+        self.replicas = replicas
+        self.connections = replicas.connections
+        #: When appends are sent to the slaves.
+        self.early = early if early is not None else EarlyFrames(clock, replicas, commitlog)
         #: Reports and control requests that failed their CRC (checked
         #: framing): damaged on the way, never counted as acks.
         self.checksum_failures = 0
         #: What a slave's ack moving (or an acking slave going) tells.
         self.ha = ha
-        if ha is not None:
-            ha.ack_offsets = self.ack_offsets
-            ha.node_acks = self.node_acks
-            ha.live_acks = self.live_acks
-            ha.live_nodes = self.live_nodes
-            ha.max_offset = lambda: commitlog.max_offset
-            ha.group.before_last = self._last_of_release
         #: The master's epoch file (failover), which control sessions
         #: offer and answer EPOCHS from; C{None}: no epochs.
-        self.epochs: EpochFile | None = None
-        self._wake: IDelayedCall | None = None
+        self.epochs = epochs
         # Dropping the slaves of a damaged log (store_damaged), pending.
         self._halting: IDelayedCall | None = None
-        self._more = False
-        self._releasing = False
-        # (While releasing: the last waiter's callback is running; see
-        # notify_appended.)
-        self._last = False
-        # (While releasing: see _next_early.)
-        self._early_at = _NEVER
 
     def buildProtocol(self, addr: IAddress | None) -> MasterConnection:
         return MasterConnection(self, addr)
 
     def notify_appended(self, end: int | None = None) -> None:
         """
-        Call after appending to the commit log.  The first append of a
-        reactor turn is sent at once (a lone put does not wait a turn); the
-        appends that follow in the same turn are sent together on the next
-        turn, so a burst travels in frames of up to a batch, not one frame
-        per message.  Appends made by the puts L{release_waiters} fires
-        are sent when it returns (no timer), or earlier in pieces once
-        there are enough of them (L{EARLY_BYTES}); the first append of the
-        last put it fires goes at once, with every unsent append before it
-        (as a lone put would: nothing later in the release to wait for).
+        Call after appending to the commit log (to C{end}, if known): the
+        slaves are sent it as the early-frames policy says
+        (L{rmqha.ha.replicas.EarlyFrames}).
         """
-        if not self.connections:
-            return
-        if self._releasing:
-            if self._last:
-                # The last put this release fires: nothing after it to
-                # batch with, so its first append goes at once, with all
-                # the release's unsent appends, before that put even
-                # returns (the rest of its callback's appends, at the end).
-                self._last = self._more = False
-                self._wake_connections()
-                return
-            self._more = True
-            if end is None:
-                end = self.commitlog.max_offset
-            if end >= self._early_at:
-                for connection in list(self.connections):
-                    at = connection.early_at()
-                    if at is not None and end >= at:
-                        connection.data_available()
-                self._early_at = self._next_early()
-            return
-        if self._wake is None:
-            self._wake = self.clock.callLater(0, self._end_of_turn)
-            self._wake_connections()
-        else:
-            self._more = True
-
-    def _end_of_turn(self) -> None:
-        self._wake = None
-        if self._more:
-            self._more = False
-            self._wake_connections()
-
-    def _wake_connections(self) -> None:
-        for connection in list(self.connections):
-            connection.data_available()
+        self.early.appended(end)
 
     def acks_changed(self, connection: MasterConnection | None = None) -> None:
         """
@@ -1083,137 +1044,28 @@ class MasterFactory(ServerFactory):
 
     def counted_node(self, connection: MasterConnection) -> str | None:
         """
-        Failover mode: the node C{connection}'s acks count for, if any:
-        its node id as the group requires it proven
-        (L{MasterConnection.failover_node}), if the coordinator knows that
-        node as a live member (docs/failover.md, "Who counts").
+        Failover mode: the node C{connection}'s acks count for, if any
+        (L{Replicas.counted_node}).
         """
-        if self.ha is None:
-            return None
-        node = connection.failover_node
-        if node is None:
-            declared = connection.replica_id
-            if declared is not None and not connection.refused_node:
-                connection.refused_node = True
-                self._log.warn(
-                    "slave {peer} declares node id {node} {why}: it may copy the log, "
-                    "but its acks never count",
-                    peer=connection.peer,
-                    node=declared,
-                    why=f"without proving it ({self.auth.mode} required)"
-                    if self.auth is not None
-                    else f"but its TLS certificate is {connection.identity}'s",
-                )
-            return None
-        if self.ha.accepts_node(node, connection.peer_host):
-            return node
-        if not connection.refused_node:
-            connection.refused_node = True
-            self._log.warn(
-                "slave {peer} is node {node}, which is not a live member of the "
-                "group: its acks do not count",
-                peer=connection.peer,
-                node=node,
-            )
-        return None
+        return self.replicas.counted_node(connection)
 
     def release_waiters(self) -> None:
         """
         Fire the puts the slaves' acks now cover (a connection calls this
         at the end of its C{dataReceived}).  What their callbacks append
         (a producer's next put) is sent to the slaves in one go as the
-        last of them appends (L{notify_appended}), or when they are done,
-        still in this reactor turn.
+        last of them appends, or when they are done, still in this reactor
+        turn (L{rmqha.ha.replicas.EarlyFrames.release}).
         """
-        if self.ha is None or self._releasing:
-            return
-        self._releasing = True
-        self._early_at = self._next_early()
-        try:
-            self.ha.release()
-        finally:
-            self._releasing = self._last = False
-        if self._more:
-            self._more = False
-            self._wake_connections()
-
-    def _last_of_release(self) -> None:
-        """
-        The group is about to fire the last put the acks cover.
-        """
-        if self._releasing:
-            self._last = True
-
-    def _next_early(self) -> int:
-        """
-        The log's end from which some connection is to be sent the
-        released puts early (L{Transfer.early_at}).
-        """
-        at = _NEVER
-        for connection in self.connections:
-            mine = connection.early_at()
-            if mine is not None and mine < at:
-                at = mine
-        return at
+        if self.ha is not None:
+            self.early.release(self.ha.release)
 
     def replace_older(self, connection: MasterConnection) -> None:
         """
         C{connection} is replicating: drop any other connection of the
-        same replica (L{MasterConnection.replica}), so each replica counts
-        once in the quorum.
+        same replica, so each replica counts once in the quorum.
         """
-        replica = connection.replica
-        for other in list(self.connections):
-            if other is not connection and other.replicating and other.replica == replica:
-                other.drop(
-                    "replaced by a newer connection of {replica} from {newer}",
-                    replica=replica,
-                    newer=connection.peer,
-                )
-
-    def ack_offsets(self) -> list[int]:
-        """
-        The ack of every replicating slave that has acknowledged anything:
-        one per replica (L{replace_older}).
-        """
-        return [
-            c.ack_offset
-            for c in self.connections
-            if c.ack_offset is not None and c.replicating
-        ]
-
-    def node_acks(self) -> dict[str, int]:
-        """
-        Failover mode: the highest ack of each replicating failover node.
-        """
-        acks: dict[str, int] = {}
-        for c in self.connections:
-            node = self.counted_node(c)
-            if node is not None and c.ack_offset is not None and c.replicating:
-                acks[node] = max(acks.get(node, -1), c.ack_offset)
-        return acks
-
-    def _delivering(self) -> Iterator[MasterConnection]:
-        """
-        The replicating connections whose links deliver acks
-        (L{MasterConnection.delivers_acks}).
-        """
-        now = self.clock.seconds()
-        end = self.commitlog.max_offset
-        timeout = self.link_timeout
-        return (c for c in list(self.connections) if c.delivers_acks(now, end, timeout))
-
-    def live_acks(self) -> list[int]:
-        """
-        The acks of the slaves whose links deliver acks: one per replica.
-        """
-        return [c.ack_offset for c in self._delivering() if c.ack_offset is not None]
-
-    def live_nodes(self) -> set[str]:
-        """
-        Failover mode: the counted nodes whose links deliver acks.
-        """
-        return {node for c in self._delivering() if (node := self.counted_node(c)) is not None}
+        self.replicas.replace_older(connection)
 
     def disconnect_all(self, why: str) -> None:
         """
@@ -1229,10 +1081,7 @@ class MasterFactory(ServerFactory):
         return [c.status() for c in self.connections]
 
     def stopFactory(self) -> None:
-        if self._wake is not None and self._wake.active():
-            self._wake.cancel()
-        self._wake = None
-        self._more = False
+        self.early.stop()
         if self._halting is not None and self._halting.active():
             self._halting.cancel()
         self._halting = None

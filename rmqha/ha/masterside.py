@@ -26,8 +26,11 @@ from rmqha.store.commitlog import AppendResult, CommitLog
 from rmqha.ha.auth import GroupAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.epochs import EpochFile
-from rmqha.ha.group import HAService, Histogram, PutStatus
+from rmqha.ha.fence import OPEN
+from rmqha.ha.group import Finish, HAService, Histogram, PutMessageResult, PutStatus
+from rmqha.ha.interfaces import IAppendedTo, IFence
 from rmqha.ha.master import MasterFactory
+from rmqha.ha.replicas import EarlyFrames, Replicas
 from rmqha.tls import PeerPolicy, exposure_warning
 
 __all__ = ["MasterSide"]
@@ -46,6 +49,7 @@ class MasterSide(Service):
         self,
         reactor: Any,
         where: str | IStreamServerEndpoint,
+        appended: IAppendedTo,
         *,
         sync: bool,
         config: HAConfig,
@@ -58,8 +62,12 @@ class MasterSide(Service):
         limited: Callable[[str, Any], Any],
         held: tuple[StreamServerEndpointService, OpenedLater] | None = None,
         auth: GroupAuth | None = None,
+        fence: IFence = OPEN,
+        finish: Finish = PutMessageResult,
     ) -> None:
         """
+        @param appended: the store the master's log is opened by (how far
+            it has appended, for the parts built before it is open).
         @param limited: wraps the port's factory in the connection limiter.
         @param held: a port its owner listens on for its whole life, and
             the factory it listens with (failover: L{rmqha.ha.haport.HAGate}):
@@ -67,6 +75,9 @@ class MasterSide(Service):
             opens nor closes the port.
         @param auth: failover: how slaves prove their node ids
             (L{MasterFactory}).
+        @param fence: failover: whether this master may take and
+            acknowledge puts, and whose acks count (L{rmqha.ha.fence}).
+        @param finish: what a put's wait fires with (L{HAService}).
         """
         self.reactor = reactor
         self._where = where
@@ -74,8 +85,19 @@ class MasterSide(Service):
         self._peer_policy = peer_policy
         self._limited = limited
         self._auth = auth
+        #: Whether puts may be taken and acknowledged (failover).
+        self.fence = fence
+        #: The slaves' connections and acks.
+        self.replicas = Replicas(reactor, appended, fence=fence, auth=auth)
+        #: When appends are sent to the slaves.
+        self.early = EarlyFrames(reactor, self.replicas, appended)
         self.ha = HAService(
             reactor,
+            acks=self.replicas,
+            appended=appended,
+            fence=fence,
+            listener=self.early,
+            finish=finish,
             sync=sync,
             in_sync_replicas=in_sync_replicas,
             min_in_sync_replicas=min_in_sync_replicas,
@@ -114,9 +136,16 @@ class MasterSide(Service):
         EPOCHS from C{epochs}, failover).
         """
         factory = self.factory = MasterFactory(
-            commitlog, self.reactor, self._config, self._peer_policy, ha=self.ha, auth=self._auth
+            commitlog,
+            self.reactor,
+            self._config,
+            self._peer_policy,
+            ha=self.ha,
+            auth=self._auth,
+            replicas=self.replicas,
+            early=self.early,
+            epochs=epochs,
         )
-        factory.epochs = epochs
         self._opened_later.factory = factory
         # Every append wakes the slaves' connections, whoever wrote it: the
         # log tells its observers, no writer has to remember to.

@@ -335,11 +335,12 @@ class Replica(Service):
             ),
             request_flush=lambda: self.store.flush_now(thorough=True),
             on_suspect=self._suspect,
+            identity=self._identity,
+            auth=self._auth,
+            expected_master=self._expected_master(),
         )
+        # (What the last probe found: it may change at the next one.)
         factory.checked = bool(self._checked)
-        factory.identity = self._identity
-        factory.auth = self._auth
-        factory.expected_master = self._expected_master()
         self.store.flush_observers.append(factory.flushed)
         # This slave's own segment file changed under it: no more appends.
         self._unobserve_damage = commitlog.observe_damage(self._store_damaged)

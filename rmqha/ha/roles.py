@@ -46,6 +46,8 @@ from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from rmqha.ha.fence import OPEN
+from rmqha.ha.interfaces import IFence
 from rmqha.ha.config import Role
 
 __all__ = ["RoleState", "RoleMachine", "Superseded", "RoleHost"]
@@ -71,7 +73,7 @@ class RoleHost(TypingProtocol):
     and the steps of a promotion.
     """
 
-    def _master_side(self, role: Role) -> Any: ...
+    def _master_side(self, role: Role, fence: IFence) -> Any: ...
 
     def _replica(self, endpoint: Any) -> Any: ...
 
@@ -88,6 +90,7 @@ class _Input:
     epoch: int | None = None
     endpoint: str | IStreamClientEndpoint | None = None
     leader: tuple[str, int] | None = None
+    fence: IFence = OPEN
 
 
 #: Seconds a change waits for the old role's service to stop (its
@@ -157,12 +160,15 @@ class RoleMachine:
 
     # -- inputs -------------------------------------------------------------------
 
-    def promote(self, role: Role, epoch: int | None = None) -> Deferred[None]:
+    def promote(
+        self, role: Role, epoch: int | None = None, fence: IFence = OPEN
+    ) -> Deferred[None]:
         """
         Become a master (C{role}); with C{epoch}, record it first (the log
-        flushed to its max offset, then the epoch file written).
+        flushed to its max offset, then the epoch file written).  The
+        master side is built with C{fence} (L{rmqha.ha.fence}).
         """
-        return self._input(_Input("promote", role=role, epoch=epoch))
+        return self._input(_Input("promote", role=role, epoch=epoch, fence=fence))
 
     def follow(
         self, endpoint: str | IStreamClientEndpoint, leader: tuple[str, int] | None = None
@@ -258,7 +264,7 @@ class RoleMachine:
             old.ha.sync = wanted.role is Role.SYNC_MASTER
             self._settle(RoleState.MASTER)
             return
-        side = self.service = host._master_side(wanted.role)
+        side = self.service = host._master_side(wanted.role, wanted.fence)
         host._start_master_side(side)
         self._settle(RoleState.MASTER, "this broker is now a master ({role})")
 

@@ -615,8 +615,18 @@ class SlaveFactory(Factory):
         max_unflushed: int | None = None,
         request_flush: Callable[[], object] | None = None,
         on_suspect: Callable[[], None] | None = None,
+        *,
+        identity: str | None = None,
+        auth: GroupAuth | None = None,
+        expected_master: str | None = None,
     ) -> None:
         """
+        @param identity: the replica id to declare with IDENTIFY (when the
+            master offers it).
+        @param auth: failover: how this node proves its id (with a group
+            secret, every connection starts with the handshake).
+        @param expected_master: failover: the node id the master must
+            prove (the elected leader's); C{None}: any other member.
         @param max_unflushed: pause reading from the master while more
             received bytes than this are not flushed (C{None}: no limit,
             as with C{SYNC_FLUSH}, where every append is flushed).
@@ -645,13 +655,11 @@ class SlaveFactory(Factory):
         #: Ask for checked framing (the master offered it in its INFO).
         self.checked = False
         #: The replica id to declare with IDENTIFY (the master offered it).
-        self.identity: str | None = None
-        #: Failover: how this node proves its id (with a group secret, every
-        #: connection starts with the handshake), or C{None}.
-        self.auth: GroupAuth | None = None
-        #: Failover: the node id the master must prove (the elected
-        #: leader's), or C{None}: any other member.
-        self.expected_master: str | None = None
+        self.identity = identity
+        #: Failover: how this node proves its id, or C{None}.
+        self.auth = auth
+        #: Failover: the node id the master must prove, or C{None}.
+        self.expected_master = expected_master
         #: Frames that failed their CRC (checked framing): damaged on the
         #: way, never written.
         self.checksum_failures = 0

@@ -40,8 +40,10 @@ import time
 from typing import Callable, Iterator, NamedTuple, NoReturn, Sequence, Union
 
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from rmqha._files import write_atomically
+from rmqha.store.interfaces import IAppendedTo
 from rmqha.store import _guard
 from rmqha.store import _record as _codec
 from rmqha.store._prefault import Prefaulter
@@ -163,6 +165,7 @@ class AppendResult(NamedTuple):
         return offset_msg_id(self.store_host, self.offset)
 
 
+@implementer(IAppendedTo)
 class CommitLog:
     """
     A RocketMQ-compatible commit log.  Use L{CommitLog.open}.

@@ -17,7 +17,9 @@ from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
+from rmqha.store.interfaces import IAppendedTo
 from rmqha.store import _guard
 from rmqha.store import _record as _codec
 from rmqha.store._segments import FlushDiskType
@@ -36,6 +38,7 @@ DEFAULT_FLUSH_THOROUGH_INTERVAL = 10.0
 #: the broker is found at most this long after, if nothing else found it.
 DEFAULT_CHECK_INTERVAL = 0.5
 
+@implementer(IAppendedTo)
 class CommitLogService(Service):
     """
     Owns one L{CommitLog}.
@@ -99,6 +102,15 @@ class CommitLogService(Service):
         self.commitlog: CommitLog | None = None
         # Whether exclusive work (a cut back) is using the log now.
         self._exclusive = False
+
+    @property
+    def max_offset(self) -> int:
+        """
+        The open log's max offset, 0 while it is not open (L{IAppendedTo}:
+        what a master's parts, built before the log is opened, read).
+        """
+        commitlog = self.commitlog
+        return commitlog.max_offset if commitlog is not None else 0
 
     def _default_run_in_thread(self, f: Callable[[], None]) -> Deferred[None]:
         reactor: Any = self._reactor

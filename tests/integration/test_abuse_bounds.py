@@ -164,7 +164,7 @@ async def test_slaves_declaring_one_id_count_once(tmp_path: Any) -> None:
         await until(
             reactor,
             lambda: [s.replica_id for s in master.slaves()] == [replica_id]
-            and len(master.master_factory.ack_offsets()) == 1,
+            and len(master.master_factory.replicas.ack_offsets()) == 1,
             "one replica",
             30,
         )
