@@ -1471,6 +1471,39 @@ class TruncateReplicaTests(SynchronousTestCase):
         self.assertIn("diverged", info["action"])
 
 
+    def test_cut_in_three_steps(self) -> None:
+        """
+        A cut back's steps (what a slave runs in a thread, on the reactor,
+        in a thread): after the quarantine copy and the quick step, the
+        log ends at the cut for every reader, though no byte has been
+        zeroed and no file removed yet; the bulk then zeroes the cut bytes
+        of the segment that stays and removes the later segment files.
+        """
+        source = open_store(self, segment_size=SEGMENT)
+        for _ in range(6):
+            source.put(make_message(body_for_size(300)))
+        log = open_store(self, segment_size=SEGMENT)
+        log.append_at(0, source.read(0, source.max_offset))
+        while log.max_offset < source.max_offset:
+            log.append_at(log.max_offset, source.read(log.max_offset, SEGMENT))
+        files = sorted(os.listdir(log.commitlog_dir))
+        self.assertGreaterEqual(len(files), 3)
+        path = log.quarantine_tail(305)
+        self.assertIsNotNone(path)
+        bulk = log.cut_quarantined(305)
+        self.assertEqual((log.max_offset, log.record_end), (305, 305))
+        self.assertEqual(log.read(305, 100), b"")
+        self.assertEqual(sorted(os.listdir(log.commitlog_dir)), files)
+        with open(os.path.join(log.commitlog_dir, files[0]), "rb") as f:
+            self.assertNotEqual(f.read()[305:610], bytes(305))
+        bulk()
+        self.assertEqual(os.listdir(log.commitlog_dir), [segment_file_name(0)])
+        with open(os.path.join(log.commitlog_dir, files[0]), "rb") as f:
+            self.assertEqual(f.read()[305:SEGMENT], bytes(SEGMENT - 305))
+        log.append_at(305, source.read(305, SEGMENT - 305))
+        self.assertEqual(log.max_offset, SEGMENT)
+
+
 class AppendObserverTests(SynchronousTestCase):
     """
     L{CommitLog.observe_appends}: the log tells its observers "appended up

@@ -153,6 +153,63 @@ class CommitLogServiceTests(SynchronousTestCase):
         self.threads.run_all()
         self.successResultOf(waiter)
 
+    def test_reopen_runs_in_a_thread(self) -> None:
+        """
+        A re-bootstrap's reopen closes the log, runs what goes between
+        (the move aside) and opens the log again, all in the thread pool:
+        the reactor's timers run meanwhile, no flush or file check starts,
+        the service keeps running without a log, and a put's wait for a
+        flush ends once the closing flush is done.
+        """
+        service, commitlog = self._started(FlushDiskType.SYNC_FLUSH)
+        _fill_to(commitlog, 4096)
+        waiting = service.when_flushed(commitlog.max_offset)
+        self.threads.run_all()  # (the flush it started)
+        _fill_to(commitlog, 8192)
+        waiting = service.when_flushed(commitlog.max_offset)
+        aside = self.store + ".aside"
+        done = service.reopen(lambda: os.rename(self.store, aside))
+        self.assertIsNone(service.commitlog)
+        self.assertTrue(service.running)
+        self.assertNoResult(waiting)
+        self.threads.run_all()  # (the running flush ends; the reopen starts)
+        self.clock.advance(5)
+        self.assertTrue(os.path.isdir(self.store))  # (not moved yet)
+        self.threads.run_all()
+        self.successResultOf(done)
+        self.successResultOf(waiting)
+        self.assertTrue(commitlog.closed)
+        self.assertTrue(os.path.isdir(aside))
+        assert service.commitlog is not None
+        self.assertEqual(service.commitlog.max_offset, 0)
+        # (The new log is served: its flushes run.)
+        _fill_to(service.commitlog, 4096)
+        flushed = service.when_flushed(service.commitlog.max_offset)
+        self.threads.run_all()
+        self.successResultOf(flushed)
+
+    def test_reopen_failure(self) -> None:
+        """
+        A reopen whose move fails fails with its error; the service then
+        has no log, and the waits for the old log's flushes fail too.
+        """
+        service, commitlog = self._started(FlushDiskType.SYNC_FLUSH)
+        _fill_to(commitlog, 4096)
+        waiting = service.when_flushed(commitlog.max_offset)
+        self.threads.run_all()
+        _fill_to(commitlog, 8192)
+        waiting = service.when_flushed(commitlog.max_offset)
+
+        def fails() -> None:
+            raise OSError(28, "No space left on device")
+
+        done = service.reopen(fails)
+        self.threads.run_all()
+        self.threads.run_all()
+        self.failureResultOf(done, OSError)
+        self.failureResultOf(waiting, OSError)
+        self.assertIsNone(service.commitlog)
+
     def test_start_opens_and_stop_closes(self) -> None:
         """
         The log is opened by C{startService} (so a daemonised twistd takes

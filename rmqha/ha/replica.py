@@ -136,16 +136,20 @@ class _Refused(_NotAnswering):
 
 def _cut_back(store: CommitLogService, commitlog: CommitLog, cut: int) -> Deferred[Any]:
     """
-    Cut C{commitlog} back to C{cut}: its quarantine copy (the bulk: up to
-    --max-cut bytes with fsync) in a thread, then the zeroing on the
-    reactor, the log held throughout (L{CommitLogService.exclusive}); fires
-    with the quarantine file, or C{None} when there was nothing to cut.
+    Cut C{commitlog} back to C{cut}, the log held throughout
+    (L{CommitLogService.exclusive}): its quarantine copy (up to --max-cut
+    bytes, with fsync) in a thread; the log's ends moved back on the
+    reactor (microseconds: L{CommitLog.cut_quarantined}); the zeroing of
+    the cut bytes and the removal of the segments past them in a thread
+    again.  Fires with the quarantine file, or C{None} when there was
+    nothing to cut.
     """
 
-    def finish(path: str | None) -> str | None:
-        if path is not None:
-            commitlog.cut_quarantined(cut)
-        return path
+    def finish(path: str | None) -> Deferred[str | None] | None:
+        if path is None:
+            return None
+        bulk = commitlog.cut_quarantined(cut)
+        return store.in_thread(bulk).addCallback(lambda _: path)
 
     return store.exclusive(lambda: commitlog.quarantine_tail(cut), finish)
 
@@ -871,12 +875,12 @@ class Replica(Service):
         Move the store aside (never deleted) and start an empty one.
         """
         old = self.commitlog.store_dir
-        await self.store.stopService()
         when = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.reactor.seconds()))
         aside = f"{old}.diverged-{when}"
-        os.rename(old, aside)
+        # (Closing the log, the move and opening an empty one run in a
+        # thread: the reactor renews the lease meanwhile.)
+        await self.store.reopen(lambda: os.rename(old, aside))
         self._log.warn("moved the diverged store aside to {aside}", aside=aside)
-        self.store.startService()
         if self.epochs is not None:
             # The epoch file went aside with the store too.
             self.epochs.reload()

@@ -616,16 +616,40 @@ def cut_segments(segments: list[_Segment], offset: int) -> None:
     go, their files too (the next append must land in the segment holding
     the cut).  The first segment always stays.
     """
+    detach_segments(segments, offset)()
+
+
+def detach_segments(segments: list[_Segment], offset: int) -> Callable[[], None]:
+    """
+    L{cut_segments} in two halves.  Now: the segments that begin past
+    commit-log C{offset} leave C{segments} (their mappings closed), and
+    the ones that stay end at C{offset} (C{wrote}), so no reader reaches a
+    cut byte from here on.  Returned: the bulk -- zeroing the cut bytes of
+    the segments that stay, removing the files of those that left -- which
+    touches nothing a reader can reach, so it may run in a thread; nothing
+    may append until it has run.
+    """
+    zero: list[tuple[mmap.mmap, int, int]] = []
     for segment in reversed(segments):
         if segment.start + segment.wrote <= offset:
             break
         keep = max(0, offset - segment.start)
-        _zero_after(segment.mm, keep, segment.wrote)
+        if segment is segments[0] or segment.start <= offset:
+            zero.append((segment.mm, keep, segment.wrote))
         segment.wrote = keep
+    gone: list[str] = []
     while len(segments) > 1 and segments[-1].start > offset:
         segment = segments.pop()
         segment.close()
-        os.unlink(segment.path)
+        gone.append(segment.path)
+
+    def bulk() -> None:
+        for mm, keep, wrote in zero:
+            _zero_after(mm, keep, wrote)
+        for path in gone:
+            os.unlink(path)
+
+    return bulk
 
 
 def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:

@@ -91,7 +91,7 @@ from rmqha.store._segments import (
     _quarantine_target,
     _zero_after,
     create_segment,
-    cut_segments,
+    detach_segments,
     segment_name,
 )
 from rmqha.store.errors import (
@@ -846,9 +846,17 @@ class CommitLog:
         Zero every replicated byte from C{offset} on, in whichever segments
         they reached.
         """
+        self._detach_after(offset)()
+
+    def _detach_after(self, offset: int) -> Callable[[], None]:
+        """
+        The log ends at C{offset} from now on (L{detach_segments}); the
+        zeroing and file removal are returned, to run before the next
+        append.
+        """
         self._put_ready_at = -1
         self._release_prefault()
-        cut_segments(self._segments, offset)
+        return detach_segments(self._segments, offset)
 
     def discard_incomplete_record(self) -> None:
         """
@@ -898,14 +906,14 @@ class CommitLog:
     def cut_back(self, offset: int) -> str | None:
         """
         L{truncate_replica} without its log line: L{quarantine_tail}, then
-        L{cut_quarantined}.
+        L{cut_quarantined} and the bulk it returns.
 
         @return: the quarantine file, or C{None} (nothing to cut).
         @raise OffsetOutOfRangeError: C{offset} is outside the log.
         """
         path = self.quarantine_tail(offset)
         if path is not None:
-            self.cut_quarantined(offset)
+            self.cut_quarantined(offset)()
         return path
 
     def quarantine_tail(self, offset: int) -> str | None:
@@ -930,17 +938,25 @@ class CommitLog:
             "master (truncate_replica)",
         )
 
-    def cut_quarantined(self, offset: int) -> None:
+    def cut_quarantined(self, offset: int) -> Callable[[], None]:
         """
-        The other half, on the log's own thread: zero the bytes from
-        C{offset} on (their copy is in quarantine), drop the segments past
-        it, and move the log's ends back.  (Not in a thread: it stops the
-        pre-faulting and closes mappings other parts of the log hold.)
+        The second step, on the log's own thread: move the log's ends back
+        to C{offset} and drop the segments past it (their copy is in
+        quarantine).  (Not in a thread: it stops the pre-faulting and
+        closes mappings other parts of the log hold.)  It takes
+        microseconds whatever the size of the cut.
+
+        @return: the third step, the bulk: zero the cut bytes of the
+            segments that stay and remove the files of those that went.
+            Nothing a reader can reach is touched, so it may run in a
+            thread (L{rmqha.store.service.CommitLogService.exclusive});
+            nothing may append to the log until it has run.
         """
-        self._truncate_replica(offset)
+        bulk = self._detach_after(offset)
         self._record_end = offset
         self._flushed = min(self._flushed, offset)
         self._queues.forget()
+        return bulk
 
     def _quarantine_range(self, offset: int, action: str) -> str:
         """

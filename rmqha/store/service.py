@@ -112,13 +112,27 @@ class CommitLogService(Service):
         commitlog = self.commitlog
         return commitlog.max_offset if commitlog is not None else 0
 
+    def in_thread(self, work: Callable[[], None]) -> Deferred[None]:
+        """
+        Run C{work} -- disk work on the log -- where flushes run (the
+        reactor's thread pool, or what the service was given).
+        """
+        return self._run_in_thread(work)
+
     def _default_run_in_thread(self, f: Callable[[], None]) -> Deferred[None]:
         reactor: Any = self._reactor
         assert IReactorThreads.providedBy(reactor), "needs a reactor with threads"
         return deferToThreadPool(reactor, reactor.getThreadPool(), f)
 
     def startService(self) -> None:
-        self.commitlog = commitlog = self._open_commitlog()
+        self._opened(self._open_commitlog())
+        Service.startService(self)
+
+    def _opened(self, commitlog: CommitLog) -> None:
+        """
+        C{commitlog} is open: log it, start the flush and check loops.
+        """
+        self.commitlog = commitlog
         if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
             commitlog.sync_flush_inline = False
         self._log.info(
@@ -155,7 +169,49 @@ class CommitLogService(Service):
             self._check_loop.start(self._check_interval, now=False).addErrback(
                 lambda f: self._log.failure("segment file checks stopped", f)
             )
-        Service.startService(self)
+
+    def reopen(self, between: Callable[[], object]) -> Deferred[None]:
+        """
+        Close the log, run C{between} (a re-bootstrap moves the store
+        aside), and open the log again: the closing flush, C{between} and
+        the opening (recovery included) run in a thread, as flushes do, so
+        the reactor goes on meanwhile (a coordinator's lease renewals among
+        it).  The service keeps running; L{commitlog} is C{None} until the
+        new log is open.  Flushes asked for meanwhile run after.
+
+        @return: fires once the new log is open, or fails as closing,
+            C{between} or opening failed (the service then has no log).
+        """
+        for loop in (self._loop, self._check_loop):
+            if loop is not None and loop.running:
+                loop.stop()
+        self._loop = self._check_loop = None
+        opened: list[CommitLog] = []
+
+        def work() -> None:
+            if old is not None:
+                old.close()  # flushes what is left
+            between()
+            opened.append(self._open_commitlog())
+
+        # (From now on nothing here reads the old log; the waits for its
+        # flushes end when its close has flushed it.)
+        old, self.commitlog = self.commitlog, None
+        waiters = [w[2] for w in sorted(self._flush_waiters, key=lambda w: w[:2])]
+        self._flush_waiters = []
+
+        def finish(_: object) -> None:
+            for waiter in waiters:
+                waiter.callback(None)
+            self._opened(opened[0])
+
+        def failed(failure: Failure) -> Failure:
+            for waiter in waiters:
+                if not waiter.called:
+                    waiter.errback(failure)
+            return failure
+
+        return self.exclusive(work, finish).addErrback(failed)
 
     def flush_now(self, thorough: bool = False) -> Deferred[None]:
         """
