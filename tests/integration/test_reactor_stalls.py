@@ -89,7 +89,6 @@ async def test_cut_back_of_256_mib(tmp_path: Any) -> None:
         await renewals.stop()
     assert path is not None and os.path.getsize(path) >= CUT
     assert commitlog.max_offset == cut
-    print(f"latest renewal: {renewals.latest * 1000:.1f} ms late")
     assert renewals.latest < LATE, f"a renewal ran {renewals.latest * 1000:.0f} ms late"
     await service.stopService()
 
@@ -110,6 +109,5 @@ async def test_rebootstrap_of_256_mib(tmp_path: Any) -> None:
         await renewals.stop()
     assert service.commitlog is not None and service.commitlog.max_offset == 0
     assert os.path.getsize(os.path.join(aside, "commitlog", f"{0:020d}")) == SEGMENT
-    print(f"latest renewal: {renewals.latest * 1000:.1f} ms late")
     assert renewals.latest < LATE, f"a renewal ran {renewals.latest * 1000:.0f} ms late"
     await service.stopService()
