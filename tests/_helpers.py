@@ -13,7 +13,7 @@ import hashlib
 import os
 import shutil
 import struct
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -356,3 +356,19 @@ class PurePath:
 
         self.addCleanup(restore)  # type: ignore[attr-defined]
         super().setUp()  # type: ignore[misc]
+
+
+def settings_and_runtime(options: dict[str, Any], **defaults: Any) -> tuple[Any, dict[str, Any]]:
+    """
+    Split a test's L{Broker} keywords: the L{BrokerSettings} (built from
+    C{defaults} updated with the settings among C{options}) and the
+    runtime keywords left (C{run_in_thread=}, C{epochs=} ...).
+    """
+    import attrs
+
+    from rmqha.settings import BrokerSettings
+
+    names = attrs.fields_dict(BrokerSettings)
+    settings = {**defaults, **{k: v for k, v in options.items() if k in names}}
+    runtime = {k: v for k, v in options.items() if k not in names}
+    return BrokerSettings(**settings), runtime
