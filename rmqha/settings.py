@@ -55,6 +55,8 @@ __all__ = [
     "ROCKETMQ_KEYS",
     "check_keys",
     "declarations",
+    "master_description",
+    "parse_bool",
     "parse_host_port",
 ]
 
@@ -834,7 +836,7 @@ class BrokerSettings:
             raise SettingsError(str(e)) from None
 
 
-def declarations() -> list[Declaration]:
+def declarations() -> tuple[Declaration, ...]:
     """
     Every setting's L{Declaration}, in the order of L{BrokerSettings}.
     """
@@ -848,7 +850,7 @@ def _declaration(a: Any) -> Declaration:
     return Declaration(name=a.name, **spec)
 
 
-_DECLARATIONS = [_declaration(a) for a in attrs.fields(BrokerSettings)]
+_DECLARATIONS = tuple(_declaration(a) for a in attrs.fields(BrokerSettings))
 
 
 # -- the cross-field rules, each written once ---------------------------------
