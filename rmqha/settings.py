@@ -996,6 +996,10 @@ def _tls(s: BrokerSettings) -> None:
                     f"--ha-listen {s.ha_listen}: with --tls-cert the HA port serves "
                     "TLS; give ssl:PORT[:interface=ADDRESS]"
                 )
+            try:
+                s.peer_policy  # (its own rule: an allowlist needs certificates)
+            except ValueError as e:
+                raise SettingsError(str(e)) from None
         else:
             for name in ("tls-key", "tls-ca", "tls-allowed-peers"):
                 if getattr(s, name.replace("-", "_")) is not None:

@@ -218,6 +218,8 @@ class RuleTests(SynchronousTestCase):
         for name in ("tls_key", "tls_ca"):
             self.refused(f"--{name.replace('_', '-')} needs --tls-cert", **{name: "x"})
         self.refused("--tls-require-client-cert needs --tls-cert", tls_require_client_cert=True)
+        self.refused("--tls-allowed-peers needs --tls-require-client-cert", tls_cert="c",
+                     ha_listen="ssl:1", tls_allowed_peers=frozenset({"s1"}))
         BrokerSettings(tls_cert="c", tls_key="k", ha_listen="ssl:1")
 
     def test_tls_slave(self) -> None:
