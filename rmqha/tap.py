@@ -26,7 +26,6 @@ from twisted.python import usage
 
 from rmqha.assemble import Fatal, build_service, check_files, group_auth
 from rmqha.ha.auth import GroupAuth, load_group_secret
-from rmqha.ha.config import HAConfig
 from rmqha.settings import (
     GROUP_SECRET_ENV,
     BrokerSettings,
@@ -151,9 +150,6 @@ class Options(usage.Options):
         C{None} (C{--insecure-group}).
         """
         return group_auth(settings, self.group_secret)
-
-    def ha_config(self) -> HAConfig:
-        return self.settings.ha_config
 
 
 def makeService(options: Options) -> IService:

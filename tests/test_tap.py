@@ -66,7 +66,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(s.flush_interval, 0.5)
         self.assertEqual(s.store_host, ("127.0.0.1", 10911))
         self.assertEqual(s.ha_listen, "tcp:10912")
-        config = self.parse("--store-dir", "s").ha_config()
+        config = self.parse("--store-dir", "s").settings.ha_config
         self.assertEqual(
             (config.transfer_batch_size, config.heartbeat_interval,
              config.housekeeping_interval, config.sync_from_last_file),
