@@ -400,3 +400,33 @@ class UnknownKeyTests(SynchronousTestCase):
         self.assertIn(path, str(e.code))
         self.assertNotIn("\n", str(e.code))
         self.assertFalse(os.path.exists("s"))
+
+
+class AssembleTests(SynchronousTestCase):
+    """
+    L{rmqha.assemble.build_service}: the service tree from settings, for
+    embedders as for twistd.
+    """
+
+    def test_embedder_builds_a_broker(self) -> None:
+        """
+        An embedder's settings give a plain L{Broker} (its errors are
+        exceptions, not twistd's one-line exits) holding those settings,
+        its store not yet opened; settings without a store are refused.
+        """
+        from twisted.internet.testing import MemoryReactorClock
+
+        from rmqha.assemble import build_service
+        from rmqha.broker import Broker
+
+        store = self.mktemp()
+        settings = BrokerSettings(store_dir=store, ha_listen="tcp:0", http="tcp:0")
+        broker = build_service(settings, MemoryReactorClock())
+        self.assertIs(type(broker), Broker)
+        assert isinstance(broker, Broker)
+        self.assertIs(broker.settings, settings)
+        self.assertEqual([s.name for s in broker], ["store", "scrub", "http"])
+        self.assertIsNone(broker.store.commitlog)
+        self.assertFalse(os.path.exists(store))
+        e = self.assertRaises(ValueError, build_service, BrokerSettings(), MemoryReactorClock())
+        self.assertIn("--store-dir", str(e))
