@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_roles,tests.test_group,tests.test_slave_probe,tests.test_tap,tests.test_admin,tests.integration.test_sync_master -*-
+# -*- test-case-name: tests.test_roles,tests.test_group,tests.test_slave_probe,tests.test_tap,tests.test_settings,tests.test_admin,tests.integration.test_sync_master -*-
 """
 A broker: the commit log plus ONE HA role, as one service tree.
 
@@ -10,7 +10,9 @@ in C{startService}, after twistd has daemonised), so the protocols always
 work on an open log; the ports are listened on before that.  The role can
 change at run time on the same open store (L{Broker.become_master},
 L{Broker.become_slave}).  This is also the embedding API: build a
-L{Broker} with a reactor, start it, and L{Broker.put} messages on a master.
+L{Broker} from its L{BrokerSettings} (L{rmqha.settings}) with a reactor
+and a store opener (or let L{rmqha.assemble.build_service} build the whole
+service tree), start it, and L{Broker.put} messages on a master.
 """
 
 from __future__ import annotations
@@ -21,12 +23,10 @@ from typing import Any, Callable
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, gatherResults, succeed
-from twisted.internet.interfaces import IStreamClientEndpoint, IStreamServerEndpoint
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from rmqha._limits import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTIONS_PER_PEER,
     FD_RESERVE,
     ConnectionBudget,
     LimitedFactory,
@@ -37,23 +37,7 @@ from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import AppendResult, CommitLog
 from rmqha.store.errors import SegmentCreateError
-from rmqha.ha.config import (
-    DEFAULT_HA_CONFIG,
-    DEFAULT_HA_LISTEN,
-    DEFAULT_IN_SYNC_REPLICAS,
-    DEFAULT_MASTER_KIND,
-    DEFAULT_MAX_UNFLUSHED,
-    DEFAULT_MIN_IN_SYNC_REPLICAS,
-    DEFAULT_ON_DIVERGENCE,
-    DEFAULT_PROBE_TIMEOUT,
-    DEFAULT_SLAVE_FALLBEHIND_MAX,
-    DEFAULT_SLAVE_TIMEOUT,
-    DEFAULT_SYNC_FLUSH_TIMEOUT,
-    HAConfig,
-    MasterKind,
-    OnDivergence,
-    Role,
-)
+from rmqha.ha.config import DEFAULT_MAX_UNFLUSHED, MasterKind, Role
 from rmqha.ha.auth import GroupAuth
 from rmqha.ha.divergence import Divergence
 from rmqha.ha.epochs import EpochFile
@@ -66,9 +50,10 @@ from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica, ReplicaState
 from rmqha.ha.roles import RoleMachine, RoleState
 from rmqha.ha.slave import SlaveFactory
-from rmqha.store.scrub import DEFAULT_SCRUB_RATE, ScrubService
-from rmqha.store.service import DEFAULT_FLUSH_INTERVAL, CommitLogService
-from rmqha.tls import PeerPolicy, exposure_warning
+from rmqha.store.scrub import ScrubService
+from rmqha.store.service import CommitLogService
+from rmqha.settings import BrokerSettings
+from rmqha.tls import exposure_warning
 
 __all__ = [
     "Role",
@@ -98,21 +83,6 @@ def _stopped(service: IService) -> Deferred[None]:
     stopping = service.stopService()
     d: Deferred[Any] = stopping if isinstance(stopping, Deferred) else succeed(None)
     return d.addBoth(lambda _: None)
-
-
-def _enum(kind: Any, value: Any, what: str) -> Any:
-    """
-    C{value} as a member of the string enum C{kind} (C{None} stays).
-
-    @raise ValueError: naming C{what} and the values allowed.
-    """
-    if value is None and kind is OnDivergence:
-        return None
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in kind)
-        raise ValueError(f"{what} {value!r} is not one of {allowed}") from None
 
 
 #: OS errors meaning the disk (or the user's quota) is full.
@@ -173,94 +143,44 @@ class Broker(MultiService):
 
     def __init__(
         self,
+        settings: BrokerSettings,
+        *,
         reactor: Any,
         open_commitlog: Callable[[], CommitLog],
-        role: Role,
-        *,
-        ha_listen: str | IStreamServerEndpoint = DEFAULT_HA_LISTEN,
-        master_endpoint: str | IStreamClientEndpoint | None = None,
-        peer_policy: PeerPolicy = PeerPolicy(),
-        config: HAConfig = DEFAULT_HA_CONFIG,
-        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+        coordinated: bool | None = None,
         retry_policy: Callable[[int], float] | None = None,
-        max_unflushed: int = DEFAULT_MAX_UNFLUSHED,
-        in_sync_replicas: int = DEFAULT_IN_SYNC_REPLICAS,
-        min_in_sync_replicas: int = DEFAULT_MIN_IN_SYNC_REPLICAS,
-        slave_timeout: float = DEFAULT_SLAVE_TIMEOUT,
-        slave_fallbehind_max: int = DEFAULT_SLAVE_FALLBEHIND_MAX,
-        sync_flush_timeout: float = DEFAULT_SYNC_FLUSH_TIMEOUT,
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
-        on_divergence: OnDivergence | str | None = DEFAULT_ON_DIVERGENCE,
-        probe_timeout: float = DEFAULT_PROBE_TIMEOUT,
-        max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
         fd_limit: Callable[[], int] = raise_fd_limit,
-        scrub_rate: int = DEFAULT_SCRUB_RATE,
-        master_kind: MasterKind | str = DEFAULT_MASTER_KIND,
-        coordinated: bool = False,
-        replica_id: str | None = None,
         epochs: EpochFile | None = None,
-        max_cut: int | None = None,
         group_auth: GroupAuth | None = None,
     ) -> None:
         """
-        @param ha_listen: the HA port (master): a Twisted server endpoint
-            description, or an endpoint (L{rmqha.tls.server_endpoint} for
-            TLS that can require client certificates).
-        @param master_endpoint: the master's HA port (slave): a Twisted
-            client endpoint description, or an endpoint
-            (L{rmqha.tls.client_endpoint} for verified TLS).
-        @param peer_policy: what a slave's TLS certificate must satisfy
-            (master).
-        @param max_unflushed: a slave stops reading from its master while
-            more received bytes than this are not on disk.
-        @param in_sync_replicas: on a SYNC_MASTER, how many copies (the
-            master's included) a put waits for: C{inSyncReplicas}, 2 being
-            4.x's SYNC_MASTER.
-        @param min_in_sync_replicas: fewer in-sync copies than this fail a
-            put at once with C{IN_SYNC_REPLICAS_NOT_ENOUGH}.
-        @param slave_timeout: C{slaveTimeout}, seconds.
-        @param slave_fallbehind_max: C{haSlaveFallbehindMax}: a slave this
-            far behind a put's end does not count as in sync.
-        @param sync_flush_timeout: C{syncFlushTimeout}, seconds: with
-            SYNC_FLUSH, a put not on disk by then is C{FLUSH_DISK_TIMEOUT}.
+        @param settings: every user setting (L{BrokerSettings}, checked
+            when built): the role, the ports, RocketMQ's HA settings, the
+            slave's checks, the limits.  Its C{ha_listen} and
+            C{master_endpoint} may be endpoints (L{rmqha.tls.server_endpoint},
+            L{rmqha.tls.client_endpoint}) as well as descriptions.  The
+            store settings (C{store_dir} ...) are C{open_commitlog}'s.
+        @param reactor: the reactor (or a test's fake).
+        @param open_commitlog: opens the store (in C{startService});
+            L{rmqha.assemble.build_service} makes one from the settings.
+        @param coordinated: a failover coordinator gives this broker its
+            role (L{rmqha.coord.node}): it starts as a slave with no
+            master yet (standing by), and C{settings.role} is its role once
+            elected.  Default: whether C{settings.coordinator} is set.
+        @param retry_policy: a slave's delay before its Nth reconnection
+            attempt (default: L{ClientService}'s back-off).
         @param run_in_thread: how the store runs its flushes (default: the
             reactor's thread pool; see L{CommitLogService}).
-        @param on_divergence: what a slave does when its log has diverged
-            from the master's (docs/reliability.md): C{"halt"} (stop
-            replicating), C{"truncate"} (cut back to the last common
-            offset), C{"rebootstrap"} (move the store aside, start afresh),
-            or C{None} (no checks).
-        @param max_connections: connections each listening port (HA,
-            HTTP) accepts at once; more are closed at once.
-        @param max_connections_per_peer: connections one host may hold on
-            each port.
         @param fd_limit: called at start: raises the open-files limit and
             returns the soft limit; all ports together keep
             C{FD_RESERVE} descriptors of it free for the store.
-        @param scrub_rate: bytes per second the background scrub re-reads
-            and re-checks (L{rmqha.store.scrub}); 0 turns it off.
-        @param probe_timeout: a slave's most seconds to wait for its
-            master's answer to the control probe (docs/protocol.md).
-        @param master_kind: a slave's master is C{"rmqha"} (never
-            replicate classically), C{"rocketmq"} (no probe: classic at
-            once) or C{"auto"} (probe; a master once seen speaking the
-            extension is never taken for a RocketMQ one).
-        @param coordinated: a failover coordinator gives this broker its
-            role (L{rmqha.coord.node}): it may start as a slave with no
-            master yet (standing by).
-        @param replica_id: the id this broker declares as a slave
-            (IDENTIFY): failover mode gives its node id; by default the
-            one kept in the store.
         @param epochs: the store's epoch file (failover, docs/failover.md):
             a master records each epoch it is elected in
             (L{become_master}) and answers slaves' EPOCHS; a slave follows
             only masters that answer EPOCHS, never one at an older epoch
             than it has seen, and cuts its log back to the newest epoch it
             shares with its master.  C{None}: no epochs (fixed roles).
-        @param max_cut: failover: the most bytes a slave's checks may cut
-            from its log (docs/failover.md, "Bounded cuts"); C{None}: twice
-            C{slave_fallbehind_max}.
         @param group_auth: failover: how this node and its peers prove
             their node ids on the HA port (docs/failover.md, "Who counts"):
             a master counts only proven ids, a slave follows only a master
@@ -269,36 +189,26 @@ class Broker(MultiService):
             warned about at start).
         """
         MultiService.__init__(self)
-        if role is Role.SLAVE and not master_endpoint and not coordinated:
-            raise ValueError("a slave needs the master's address")
-        if not 1 <= min_in_sync_replicas <= in_sync_replicas:
-            raise ValueError(
-                f"minInSyncReplicas {min_in_sync_replicas} must be between 1 and "
-                f"inSyncReplicas {in_sync_replicas}"
-            )
-        if max_connections < 1 or max_connections_per_peer < 1:
-            raise ValueError(
-                f"max-connections {max_connections} and max-connections-per-peer "
-                f"{max_connections_per_peer} must be at least 1"
-            )
+        if coordinated is None:
+            coordinated = settings.failover
+        #: The settings this broker was built with.
+        self.settings = settings
         self.reactor = reactor
         #: The role, and the only place it changes (L{RoleMachine}).
-        self.roles = RoleMachine(self, role, reactor)
-        self.config = config
-        self.in_sync_replicas = in_sync_replicas
-        self.min_in_sync_replicas = min_in_sync_replicas
-        self.slave_fallbehind_max = slave_fallbehind_max
-        self.sync_flush_timeout = sync_flush_timeout
-        self.slave_timeout = slave_timeout
-        self.max_connections = max_connections
-        self.max_connections_per_peer = max_connections_per_peer
-        self._ha_listen = ha_listen
-        self.roles.endpoint = master_endpoint
-        self._peer_policy = peer_policy
-        self._on_divergence: OnDivergence | None = _enum(
-            OnDivergence, on_divergence, "on-divergence"
-        )
-        self._master_kind: MasterKind = _enum(MasterKind, master_kind, "master kind")
+        self.roles = RoleMachine(self, Role.SLAVE if coordinated else settings.role, reactor)
+        self.config = settings.ha_config
+        self.in_sync_replicas = settings.in_sync_replicas
+        self.min_in_sync_replicas = settings.min_in_sync_replicas
+        self.slave_fallbehind_max = settings.slave_fallbehind_max
+        self.sync_flush_timeout = settings.sync_flush_timeout
+        self.slave_timeout = settings.slave_timeout
+        self.max_connections = settings.max_connections
+        self.max_connections_per_peer = settings.max_connections_per_peer
+        self._ha_listen = settings.ha_listen
+        self.roles.endpoint = settings.master_address
+        self._peer_policy = settings.peer_policy
+        self._on_divergence = settings.on_divergence
+        self._master_kind = settings.followed_kind
         if epochs is not None and self._master_kind is MasterKind.ROCKETMQ:
             raise ValueError(
                 "master kind rocketmq and epochs (failover) do not go together: a "
@@ -307,16 +217,16 @@ class Broker(MultiService):
         #: The store's epoch file (failover), or C{None}.
         self.epochs = epochs
         #: Failover: the most bytes a slave's checks may cut from its log.
-        self.max_cut = max_cut if max_cut is not None else default_max_cut(slave_fallbehind_max)
-        if self._master_kind is MasterKind.RMQHA and self._on_divergence is None:
-            raise ValueError(
-                "master kind rmqha needs the control probe, which on-divergence off turns off"
-            )
-        self._probe_timeout = probe_timeout
+        self.max_cut = (
+            settings.max_cut
+            if settings.max_cut is not None
+            else default_max_cut(settings.slave_fallbehind_max)
+        )
+        self._probe_timeout = settings.probe_timeout
         self._retry_policy = retry_policy
-        self._max_unflushed = max_unflushed
+        self._max_unflushed = settings.max_unflushed
         self._fd_limit = fd_limit
-        self._replica_id = replica_id
+        self._replica_id = settings.node_id
         self._coordinated = coordinated
         #: How node ids are proven (failover), or C{None}.
         self.group_auth = group_auth
@@ -334,7 +244,10 @@ class Broker(MultiService):
         # Whether the last put failed in the store (logged once).
         self._store_failing = False
         self.store = CommitLogService(
-            open_commitlog, reactor, flush_interval=flush_interval, run_in_thread=run_in_thread
+            open_commitlog,
+            reactor,
+            flush_interval=settings.flush_interval,
+            run_in_thread=run_in_thread,
         )
         self.store.setName("store")  # type: ignore[no-untyped-call]
         self.store.setServiceParent(self)  # type: ignore[no-untyped-call]
@@ -342,7 +255,7 @@ class Broker(MultiService):
         self.scrub = ScrubService(
             lambda: self.store.commitlog,
             reactor,
-            rate=scrub_rate,
+            rate=settings.scrub_rate,
             slave=lambda: self.roles.is_slave,
         )
         self.scrub.setName("scrub")  # type: ignore[no-untyped-call]

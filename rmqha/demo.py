@@ -34,7 +34,7 @@ from rmqha.broker import Broker
 from rmqha.ha.config import Role
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
-from rmqha.ha.config import HAConfig
+from rmqha.settings import BrokerSettings
 
 __all__ = [
     "DemoDirectoryError", "MARKER", "compare_stores", "prepare_directory", "run_demo",
@@ -133,14 +133,14 @@ async def _demo(
     master_dir = os.path.join(directory, "master")
     slave_dir = os.path.join(directory, "slave")
 
-    def broker(store: str, role: Role, **kwargs: Any) -> Broker:
+    def broker(store: str, role: Role, **settings: Any) -> Broker:
         return Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds),
-            role,
-            config=HAConfig(heartbeat_interval=1.0),
+            BrokerSettings(role=role, heartbeat_interval=1.0, **settings),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(
+                store, segment_size=segment_size, clock=reactor.seconds
+            ),
             retry_policy=lambda attempt: 0.2,
-            **kwargs,
         )
 
     master = broker(master_dir, Role.MASTER, ha_listen="tcp:0:interface=127.0.0.1")

@@ -13,7 +13,7 @@ import hashlib
 import os
 import shutil
 import struct
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
@@ -396,3 +396,19 @@ class StubAppended:
 
     def __init__(self, max_offset: int = 0) -> None:
         self.max_offset = max_offset
+
+
+def settings_and_runtime(options: dict[str, Any], **defaults: Any) -> tuple[Any, dict[str, Any]]:
+    """
+    Split a test's L{Broker} keywords: the L{BrokerSettings} (built from
+    C{defaults} updated with the settings among C{options}) and the
+    runtime keywords left (C{run_in_thread=}, C{epochs=} ...).
+    """
+    import attrs
+
+    from rmqha.settings import BrokerSettings
+
+    names = attrs.fields_dict(BrokerSettings)
+    settings = {**defaults, **{k: v for k, v in options.items() if k in names}}
+    runtime = {k: v for k, v in options.items() if k not in names}
+    return BrokerSettings(**settings), runtime

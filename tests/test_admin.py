@@ -27,6 +27,7 @@ from twisted.web.test.requesthelper import DummyRequest
 from rmqha.store import _queues, _segments
 from rmqha.admin import HEADER_TIMEOUT, MAX_REQUEST_BODY, AdminRoot, AdminService, make_site
 from rmqha.broker import Broker, NotStoredError, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import PutStatus
@@ -59,11 +60,13 @@ class AdminTestCase(SynchronousTestCase):
         reactor.advance(1700000000)
         store = self.mktemp()
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=segment_size, clock=fixed_clock),
-            role,
-            ha_listen="tcp:0",
-            master_endpoint="tcp:host=127.0.0.1:port=10912" if role is Role.SLAVE else None,
+            BrokerSettings(
+                role=role,
+                ha_listen="tcp:0",
+                master_endpoint="tcp:host=127.0.0.1:port=10912" if role is Role.SLAVE else None,
+            ),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=segment_size, clock=fixed_clock),
         )
         broker.startService()
         self.addCleanup(broker.stopService)
@@ -574,10 +577,9 @@ class ExposureTests(SynchronousTestCase):
         self.addCleanup(globalLogPublisher.removeObserver, observer)
         store = self.mktemp()
         broker = Broker(
-            MemoryReactorClock(),
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
-            Role.MASTER,
-            ha_listen="tcp:0:interface=127.0.0.1",
+            BrokerSettings(role=Role.MASTER, ha_listen="tcp:0:interface=127.0.0.1"),
+            reactor=MemoryReactorClock(),
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
         )
         AdminService(broker, http).setServiceParent(broker)
         broker.startService()
@@ -630,11 +632,9 @@ class ScrubAdminTests(AdminTestCase):
         reactor = MemoryReactorClock()
         reactor.advance(1700000000)
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.MASTER,
-            ha_listen="tcp:0",
-            scrub_rate=4 * 1024 * 1024,
+            BrokerSettings(role=Role.MASTER, ha_listen="tcp:0", scrub_rate=4 * 1024 * 1024),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
         )
         broker.startService()
         self.addCleanup(broker.stopService)

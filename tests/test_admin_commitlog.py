@@ -30,6 +30,7 @@ from rmqha._commitlog_http import (
 )
 from rmqha.admin import AdminService, make_site
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.tap import Options, makeService
@@ -128,10 +129,9 @@ class CommitLogHTTPTests(SynchronousTestCase):
         reactor.advance(1700000000)
         self.store = self.mktemp()
         self.broker_ = Broker(
-            reactor,
-            lambda: CommitLog.open(self.store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.MASTER,
-            ha_listen="tcp:0",
+            BrokerSettings(role=Role.MASTER, ha_listen="tcp:0"),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(self.store, segment_size=SEGMENT, clock=fixed_clock),
         )
         self.broker_.startService()
         self.addCleanup(self.broker_.stopService)
@@ -424,19 +424,19 @@ class OptionTests(SynchronousTestCase):
         service twistd builds gets the rate.
         """
         base = ("--store-dir", "s", "--http", "tcp:8080:interface=127.0.0.1")
-        self.assertEqual(self.parse(*base).settings["serve-commitlog"], 0)
+        self.assertEqual(self.parse(*base).settings.serve_commitlog, 0)
         self.assertEqual(
-            self.parse(*base, "--serve-commitlog", "64m").settings["serve-commitlog"], 64 << 20
+            self.parse(*base, "--serve-commitlog", "64m").settings.serve_commitlog, 64 << 20
         )
         for off in ("0", "off"):
             self.assertEqual(
-                self.parse(*base, "--serve-commitlog", off).settings["serve-commitlog"], 0
+                self.parse(*base, "--serve-commitlog", off).settings.serve_commitlog, 0
             )
         path = self.mktemp()
         with open(path, "w") as f:
             f.write("storePathRootDir=s\nserveCommitLog=1m\n")
         self.assertEqual(
-            self.parse("--config", path, "--http", "8080").settings["serve-commitlog"], 1 << 20
+            self.parse("--config", path, "--http", "8080").settings.serve_commitlog, 1 << 20
         )
         service = makeService(
             self.parse("--store-dir", self.mktemp(), *base[2:], "--serve-commitlog", "2m")
@@ -473,10 +473,9 @@ class OptionTests(SynchronousTestCase):
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
         reactor = MemoryReactorClock()
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(self.mktemp(), segment_size=SEGMENT, clock=fixed_clock),
-            Role.MASTER,
-            ha_listen="tcp:0",
+            BrokerSettings(role=Role.MASTER, ha_listen="tcp:0"),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(self.mktemp(), segment_size=SEGMENT, clock=fixed_clock),
         )
         AdminService(broker, "tcp:0", serve_commitlog=1 << 20).listen(lambda _, f: f)
         self.assertTrue(

@@ -43,6 +43,7 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.control import CheckFailed, ControlClient, probe
 from rmqha.ha import master
@@ -776,10 +777,9 @@ class BrokerCheckTests(SynchronousTestCase):
         endpoint = StringEndpoint(refuse=True)
         store = self.mktemp()
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
-            Role.SLAVE,
-            master_endpoint=endpoint,  # type: ignore[arg-type]
+            BrokerSettings(role=Role.SLAVE, master_endpoint=endpoint),  # type: ignore[arg-type]
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
         )
         with capturedLogs() as events:

@@ -623,10 +623,10 @@ class CertsInitTests(SynchronousTestCase):
         self.assertNotEqual(master["pidfile"], slave["pidfile"])
         self.assertNotEqual(os.path.basename(master["pidfile"]), "twistd.pid")
         self.assertNotEqual(
-            master.subOptions.settings["store-dir"], slave.subOptions.settings["store-dir"]
+            master.subOptions.settings.store_dir, slave.subOptions.settings.store_dir
         )
         self.assertEqual(
-            master.subOptions.settings["ha-listen"], "ssl:10912:interface=127.0.0.1"
+            master.subOptions.settings.ha_listen, "ssl:10912:interface=127.0.0.1"
         )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail, succeed
 
 from rmqha.broker import Broker, NotMasterError, Role
+from rmqha.settings import BrokerSettings
 from rmqha.coord.dcs import DCSError, InSync, Switchover
 from rmqha.coord.memory import MemoryDCS, MemoryStore
 from rmqha.coord.node import Coordinator, FailoverSettings, rank
@@ -22,7 +23,7 @@ from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.testing import StringEndpoint
 
-from tests._helpers import fixed_clock
+from tests._helpers import fixed_clock, settings_and_runtime
 from tests.test_roles import SEGMENT, _InMemory
 
 
@@ -86,18 +87,19 @@ class _Group(_InMemory):
         """
         store = self.mktemp()
         broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            ha_listen="tcp:0",
+            BrokerSettings(
+                ha_listen="tcp:0",
+                scrub_rate=0,
+                node_id=node_id,
+                min_in_sync_replicas=min_in_sync_replicas,
+            ),
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 0.1,
             fd_limit=lambda: 4096,
-            scrub_rate=0,
             coordinated=True,
-            replica_id=node_id,
             epochs=EpochFile(store),
-            min_in_sync_replicas=min_in_sync_replicas,
             group_auth=self.group_auth(node_id),
         )
         broker.startService()
@@ -125,16 +127,17 @@ class _Group(_InMemory):
         the end of the test.
         """
         store = self.mktemp()
+        settings, runtime = settings_and_runtime(
+            options, role=Role.SLAVE, master_endpoint=self.endpoint(master.broker), scrub_rate=0
+        )
         broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            master_endpoint=self.endpoint(master.broker),  # type: ignore[arg-type]
+            settings,
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 0.1,
             fd_limit=lambda: 4096,
-            scrub_rate=0,
-            **options,
+            **runtime,
         )
         broker.startService()
         self.addCleanup(self.stop, broker)
@@ -900,7 +903,7 @@ class ImpersonationTests(_Group):
         a = self.node("a")
         self.elapse(2)
         self.assertIs(self.master(), a)
-        intruder = self.uncoordinated_slave(a, replica_id="b", master_kind="rmqha")
+        intruder = self.uncoordinated_slave(a, node_id="b", master_kind="rmqha")
         self.elapse(1)
         factory = a.broker.master_factory
         assert factory is not None

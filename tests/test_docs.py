@@ -101,7 +101,7 @@ class ReadmeTests(SynchronousTestCase):
                 continue  # (broker.conf is the reader's)
             options = ServerOptions()
             options.parseOptions(argv[1:])
-            store = options.subOptions.settings["store-dir"]
+            store = options.subOptions.settings.store_dir
             # One pidfile per store: M.pid is M's, whichever role runs it.
             self.assertEqual(pidfiles.setdefault(pidfile, store), store, text)
         self.assertEqual(len(set(pidfiles.values())), len(pidfiles))

@@ -22,6 +22,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.ha._wire import (
     CONTROL_EPOCHS,
     CONTROL_HELLO,
@@ -45,7 +46,7 @@ from rmqha.ha.replica import Replica, ReplicaState
 from rmqha.store.commitlog import CommitLog
 from rmqha.testing import StringEndpoint, connect_in_memory
 
-from tests._helpers import fixed_clock, make_message, open_store
+from tests._helpers import fixed_clock, make_message, open_store, settings_and_runtime
 from tests.test_roles import _InMemory
 
 SEGMENT = 64 * 1024
@@ -474,18 +475,24 @@ class FailoverRejoinTests(_InMemory):
         self, role: Role, master: Broker | None = None, store: str | None = None, **kw: Any
     ) -> Broker:
         store = store or self.mktemp()
-        broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            role,
+        run_in_thread = kw.pop("run_in_thread", lambda f: succeed(f()))
+        settings, runtime = settings_and_runtime(
+            kw,
+            # (A coordinated slave's settings hold its role once elected.)
+            role=Role.MASTER if kw.get("coordinated") else role,
             ha_listen="tcp:0",
-            master_endpoint=self.endpoint(master) if master else None,  # type: ignore[arg-type]
-            run_in_thread=kw.pop("run_in_thread", lambda f: succeed(f())),
+            master_endpoint=self.endpoint(master) if master else None,
+            scrub_rate=0,
+        )
+        broker = Broker(
+            settings,
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            run_in_thread=run_in_thread,
             retry_policy=lambda attempt: 1.0,
             fd_limit=lambda: 4096,
-            scrub_rate=0,
             epochs=EpochFile(store),
-            **kw,
+            **runtime,
         )
         broker.startService()
         return broker
@@ -916,10 +923,9 @@ class SilentMasterTests(SynchronousTestCase):
         endpoint = StringEndpoint()
         store = self.mktemp()
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            master_endpoint=endpoint,  # type: ignore[arg-type]
+            BrokerSettings(role=Role.SLAVE, master_endpoint=endpoint),  # type: ignore[arg-type]
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 1.0,
             epochs=EpochFile(store),
@@ -940,10 +946,12 @@ class SilentMasterTests(SynchronousTestCase):
         self.assertRaises(
             ValueError,
             Broker,
-            reactor,
-            lambda: CommitLog.open(store, segment_size=SEGMENT),
-            Role.SLAVE,
-            master_endpoint="tcp:host=127.0.0.1:port=1",
-            master_kind="rocketmq",
+            BrokerSettings(
+                role=Role.SLAVE,
+                master_endpoint="tcp:host=127.0.0.1:port=1",
+                master_kind="rocketmq",
+            ),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT),
             epochs=EpochFile(store),
         )

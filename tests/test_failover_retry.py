@@ -13,10 +13,11 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.ha.epochs import EpochFile
 from rmqha.store.commitlog import CommitLog
 from rmqha.testing import StringEndpoint
-from tests._helpers import fixed_clock
+from tests._helpers import fixed_clock, settings_and_runtime
 
 SEGMENT = 64 * 1024
 
@@ -29,14 +30,14 @@ class FailoverRetryTests(SynchronousTestCase):
         endpoint.description = "127.0.0.1:10912"  # type: ignore[attr-defined]
         if kwargs.pop("failover", False):
             kwargs["epochs"] = EpochFile(store)
+        settings, runtime = settings_and_runtime(kwargs, role=Role.SLAVE, master_endpoint=endpoint)
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.SLAVE,
-            master_endpoint=endpoint,  # type: ignore[arg-type]
+            settings,
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 1.0,
-            **kwargs,
+            **runtime,
         )
         broker.startService()
         self.addCleanup(lambda: self.successResultOf(broker.stopService()))

@@ -15,13 +15,14 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import GroupTransferService, PutStatus
 from rmqha.ha.master import EARLY_BYTES, MasterConnection
 
-from tests._helpers import StubAcks, StubAppended, fixed_clock
+from tests._helpers import StubAcks, StubAppended, fixed_clock, settings_and_runtime
 from tests.test_master import frames
 
 
@@ -297,13 +298,14 @@ class SyncMasterTests(SynchronousTestCase):
     ) -> Broker:
         self.reactor = MemoryReactorClock()
         store = self.mktemp()
+        settings, runtime = settings_and_runtime(
+            options, role=role, ha_listen="tcp:0", slave_timeout=3.0
+        )
         broker = Broker(
-            self.reactor,
-            lambda: CommitLog.open(store, segment_size=segment_size, clock=fixed_clock),
-            role,
-            ha_listen="tcp:0",
-            slave_timeout=3.0,
-            **options,  # type: ignore[arg-type]
+            settings,
+            reactor=self.reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=segment_size, clock=fixed_clock),
+            **runtime,
         )
         broker.startService()
         self.addCleanup(broker.stopService)
@@ -691,15 +693,17 @@ class SyncFlushTests(SynchronousTestCase):
             return d
 
         broker = Broker(
-            self.reactor,
-            lambda: CommitLog.open(
+            BrokerSettings(
+                role=role,
+                ha_listen="tcp:0",
+                slave_timeout=3.0,
+                sync_flush_timeout=5.0,
+            ),
+            reactor=self.reactor,
+            open_commitlog=lambda: CommitLog.open(
                 store, segment_size=64 * 1024, clock=fixed_clock,
                 flush_disk_type=FlushDiskType.SYNC_FLUSH,
             ),
-            role,
-            ha_listen="tcp:0",
-            slave_timeout=3.0,
-            sync_flush_timeout=5.0,
             run_in_thread=held,
         )
         broker.startService()

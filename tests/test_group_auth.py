@@ -33,6 +33,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha import certs
 from rmqha.broker import INSECURE_GROUP_WARNING, Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.cli import main
 from rmqha.coord.dcs import InSync
 from rmqha.ha._wire import (
@@ -1078,16 +1079,20 @@ class ExpectedLeaderTests(_InMemory):
     def node(self, node_id: str, role: Role, secret: bytes = SECRET) -> Broker:
         store = self.mktemp()
         broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            role,
-            ha_listen="tcp:0",
+            # (A coordinated slave: its settings' role is the one it takes
+            # once elected.)
+            BrokerSettings(
+                role=role if role.is_master else Role.MASTER,
+                ha_listen="tcp:0",
+                scrub_rate=0,
+                node_id=node_id,
+            ),
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 1.0,
             fd_limit=lambda: 4096,
-            scrub_rate=0,
             coordinated=role is Role.SLAVE,
-            replica_id=node_id,
             epochs=EpochFile(store),
             group_auth=auth(node_id, secret),
         )

@@ -18,6 +18,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.ha._wire import (
     CONTROL_PROBE,
     MAX_NOT_MASTER_REASON,
@@ -174,13 +175,11 @@ class HeldPortTests(SynchronousTestCase):
         reactor = MemoryReactorClock()
         store = self.mktemp()
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
-            Role.SLAVE,
-            ha_listen="tcp:10912:interface=127.0.0.1",
+            BrokerSettings(ha_listen="tcp:10912:interface=127.0.0.1", scrub_rate=0),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             fd_limit=lambda: 4096,
-            scrub_rate=0,
             coordinated=True,
         )
         broker.startService()

@@ -22,6 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha._limits import FD_RESERVE, ConnectionBudget, LimitedFactory, raise_fd_limit
 from rmqha.admin import AdminService
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
 
 from tests._helpers import fixed_clock
@@ -198,13 +199,15 @@ class BrokerLimitTests(SynchronousTestCase):
         reactor = MemoryReactorClock()
         store = self.mktemp()
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
-            Role.SYNC_MASTER,
-            ha_listen="tcp:0:interface=127.0.0.1",
+            BrokerSettings(
+                role=Role.SYNC_MASTER,
+                ha_listen="tcp:0:interface=127.0.0.1",
+                max_connections=300,
+                max_connections_per_peer=3,
+            ),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
-            max_connections=300,
-            max_connections_per_peer=3,
             fd_limit=lambda: 512,
         )
         AdminService(broker, "tcp:0:interface=127.0.0.1").setServiceParent(broker)

@@ -17,6 +17,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.roles import STOP_TIMEOUT, RoleMachine, RoleState, Superseded
@@ -300,13 +301,11 @@ class BrokerRaceTests(SynchronousTestCase):
             return d
 
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
-            Role.SLAVE,
-            ha_listen="tcp:10912",
+            BrokerSettings(role=Role.SYNC_MASTER, ha_listen="tcp:10912", scrub_rate=0),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
             run_in_thread=held,
             fd_limit=lambda: 4096,
-            scrub_rate=0,
             coordinated=True,
             epochs=EpochFile(store),
         )

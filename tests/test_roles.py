@@ -19,6 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
 from rmqha.broker import Broker, NotMasterError, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import PutStatus
@@ -74,15 +75,12 @@ class _InMemory(SynchronousTestCase):
         if master is not None:
             endpoint = self.endpoint(master)
         broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=segment, clock=fixed_clock),
-            role,
-            ha_listen="tcp:0",
-            master_endpoint=endpoint,  # type: ignore[arg-type]
+            BrokerSettings(role=role, ha_listen="tcp:0", master_endpoint=endpoint, scrub_rate=0),  # type: ignore[arg-type]
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=segment, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 1.0,
             fd_limit=lambda: 4096,
-            scrub_rate=0,
         )
         broker.startService()
         return broker
@@ -188,9 +186,9 @@ class RoleSwitchTests(_InMemory):
         """
         store = self.mktemp()
         broker = Broker(
-            self.clock,
-            lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
-            Role.MASTER,
+            BrokerSettings(role=Role.MASTER),
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
         )
         self.assertRaises(RuntimeError, broker.become_master)
         self.assertRaises(RuntimeError, broker.become_slave, "tcp:host=127.0.0.1:port=1")

@@ -32,6 +32,7 @@ from rmqha.ha._wire import (
     encode_report,
 )
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.control import CheckFailed, probe
 from rmqha.ha.divergence import MASTER_KIND_PATH, read_master_kind, write_master_kind
@@ -39,7 +40,7 @@ from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveFactory, make_slave_service
 
 from rmqha.testing import StringEndpoint
-from tests._helpers import fixed_clock, make_message, open_store
+from tests._helpers import fixed_clock, make_message, open_store, settings_and_runtime
 
 SEGMENT = 64 * 1024
 #: A TLS alert record (fatal, protocol_version): what a TLS server sends
@@ -207,14 +208,14 @@ class SlaveBrokerTests(SynchronousTestCase):
         # The master's address, as the store remembers it.
         endpoint.description = "127.0.0.1:10912"  # type: ignore[attr-defined]
         segment = kwargs.pop("segment", SEGMENT)
+        settings, runtime = settings_and_runtime(kwargs, role=Role.SLAVE, master_endpoint=endpoint)
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(self.store, segment_size=segment, clock=fixed_clock),
-            Role.SLAVE,
-            master_endpoint=endpoint,  # type: ignore[arg-type]
+            settings,
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(self.store, segment_size=segment, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 1.0,
-            **kwargs,
+            **runtime,
         )
         return broker, reactor, endpoint
 

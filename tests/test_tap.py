@@ -14,6 +14,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha.store._segments import FlushDiskType
 from rmqha.admin import AdminService
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.tap import Options, makeService
 
 
@@ -60,12 +61,12 @@ class OptionsTests(SynchronousTestCase):
         with RocketMQ's HA defaults.
         """
         s = self.parse("--store-dir", "s").settings
-        self.assertEqual(s["role"], Role.MASTER)
-        self.assertEqual(s["flush-disk-type"], FlushDiskType.ASYNC_FLUSH)
-        self.assertEqual(s["flush-interval"], 0.5)
-        self.assertEqual(s["store-host"], ("127.0.0.1", 10911))
-        self.assertEqual(s["ha-listen"], "tcp:10912")
-        config = self.parse("--store-dir", "s").ha_config()
+        self.assertEqual(s.role, Role.MASTER)
+        self.assertEqual(s.flush_disk_type, FlushDiskType.ASYNC_FLUSH)
+        self.assertEqual(s.flush_interval, 0.5)
+        self.assertEqual(s.store_host, ("127.0.0.1", 10911))
+        self.assertEqual(s.ha_listen, "tcp:10912")
+        config = self.parse("--store-dir", "s").settings.ha_config
         self.assertEqual(
             (config.transfer_batch_size, config.heartbeat_interval,
              config.housekeeping_interval, config.sync_from_last_file),
@@ -84,15 +85,15 @@ class OptionsTests(SynchronousTestCase):
             "--master", "10.1.2.3:10912", "--batch-size", "64k",
             "--heartbeat-interval", "1000", "--sync-from-last-file",
         ).settings
-        self.assertEqual(s["segment-size"], 64 << 20)
-        self.assertEqual(s["flush-disk-type"], FlushDiskType.SYNC_FLUSH)
-        self.assertEqual(s["flush-interval"], 0.2)
-        self.assertEqual(s["store-host"], ("::1", 10911))
-        self.assertEqual(s["role"], Role.SLAVE)
-        self.assertEqual(s["master"], "tcp:host=10.1.2.3:port=10912")
-        self.assertEqual(s["batch-size"], 65536)
-        self.assertEqual(s["heartbeat-interval"], 1.0)
-        self.assertTrue(s["sync-from-last-file"])
+        self.assertEqual(s.segment_size, 64 << 20)
+        self.assertEqual(s.flush_disk_type, FlushDiskType.SYNC_FLUSH)
+        self.assertEqual(s.flush_interval, 0.2)
+        self.assertEqual(s.store_host, ("::1", 10911))
+        self.assertEqual(s.role, Role.SLAVE)
+        self.assertEqual(s.master, "tcp:host=10.1.2.3:port=10912")
+        self.assertEqual(s.batch_size, 65536)
+        self.assertEqual(s.heartbeat_interval, 1.0)
+        self.assertTrue(s.sync_from_last_file)
 
     def test_broker_conf(self) -> None:
         """
@@ -114,14 +115,14 @@ class OptionsTests(SynchronousTestCase):
             "! another comment\n"
         )
         s = self.parse("--config", path, "--flush-disk-type", "ASYNC_FLUSH").settings
-        self.assertEqual(s["role"], Role.SLAVE)
-        self.assertEqual(s["master"], "tcp:host=192.0.2.1:port=10912")
-        self.assertEqual(s["store-dir"], "/data/store")
-        self.assertEqual(s["segment-size"], 1 << 30)
-        self.assertEqual(s["flush-disk-type"], FlushDiskType.ASYNC_FLUSH)
-        self.assertEqual((s["heartbeat-interval"], s["housekeeping-interval"]), (2.0, 8.0))
-        self.assertEqual(s["batch-size"], 65536)
-        self.assertTrue(s["sync-from-last-file"])
+        self.assertEqual(s.role, Role.SLAVE)
+        self.assertEqual(s.master, "tcp:host=192.0.2.1:port=10912")
+        self.assertEqual(s.store_dir, "/data/store")
+        self.assertEqual(s.segment_size, 1 << 30)
+        self.assertEqual(s.flush_disk_type, FlushDiskType.ASYNC_FLUSH)
+        self.assertEqual((s.heartbeat_interval, s.housekeeping_interval), (2.0, 8.0))
+        self.assertEqual(s.batch_size, 65536)
+        self.assertTrue(s.sync_from_last_file)
 
     def test_ha_listen_port_honoured(self) -> None:
         """
@@ -129,7 +130,7 @@ class OptionsTests(SynchronousTestCase):
         RocketMQ #6537).
         """
         path = self.conf("storePathRootDir=s\nhaListenPort=20912\n")
-        self.assertEqual(self.parse("--config", path).settings["ha-listen"], "tcp:20912")
+        self.assertEqual(self.parse("--config", path).settings.ha_listen, "tcp:20912")
 
     def test_errors_name_the_source(self) -> None:
         """
@@ -205,10 +206,10 @@ class OptionsTests(SynchronousTestCase):
             "--insecure-group",
         )
         s = self.parse(*base).settings
-        self.assertEqual((s["role"], s["min-in-sync-replicas"], s["lease-ttl"]),
+        self.assertEqual((s.role, s.min_in_sync_replicas, s.lease_ttl),
                          (Role.SYNC_MASTER, 2, 2))
         s = self.parse(*base, "--role", "master", "--lease-ttl", "5").settings
-        self.assertEqual((s["role"], s["min-in-sync-replicas"], s["lease-ttl"]),
+        self.assertEqual((s.role, s.min_in_sync_replicas, s.lease_ttl),
                          (Role.ASYNC_MASTER, 1, 5))
         path = self.conf(
             "storePathRootDir=s\ncoordinator=etcd:http://127.0.0.1:2379\nbrokerName=g\n"
@@ -216,7 +217,7 @@ class OptionsTests(SynchronousTestCase):
             "insecureGroup=true\n"
         )
         s = self.parse("--config", path).settings
-        self.assertEqual((s["node-id"], s["advertise"], s["lease-ttl"], s["allow-unclean-election"]),
+        self.assertEqual((s.node_id, s.advertise, s.lease_ttl, s.allow_unclean_election),
                          ("b", "h:1", 3, True))
         for extra, needle in [
             (("--role", "slave"), "once elected"),
@@ -360,9 +361,9 @@ class ListenOptionsTests(SynchronousTestCase):
         --http is tcp:PORT; a description is kept as given.
         """
         s = self.parse("--ha-listen", "10912", "--http", "8080").settings
-        self.assertEqual((s["ha-listen"], s["http"]), ("tcp:10912", "tcp:8080"))
+        self.assertEqual((s.ha_listen, s.http), ("tcp:10912", "tcp:8080"))
         s = self.parse("--ha-listen", "tcp:0:interface=127.0.0.1").settings
-        self.assertEqual(s["ha-listen"], "tcp:0:interface=127.0.0.1")
+        self.assertEqual(s.ha_listen, "tcp:0:interface=127.0.0.1")
 
     def test_bad_endpoints_name_the_flag(self) -> None:
         """
@@ -385,15 +386,15 @@ class ListenOptionsTests(SynchronousTestCase):
         anything else names the flag; the broker gets it.
         """
         slave = ("--role", "slave", "--master", "127.0.0.1:10912")
-        self.assertEqual(self.parse(*slave).settings["master-kind"], "auto")
+        self.assertEqual(self.parse(*slave).settings.master_kind, "auto")
         options = self.parse(*slave, "--master-kind", "RocketMQ")
-        self.assertEqual(options.settings["master-kind"], "rocketmq")
+        self.assertEqual(options.settings.master_kind, "rocketmq")
         self.assertEqual(makeService(options)._master_kind, "rocketmq")  # type: ignore[attr-defined]
         path = self.mktemp()
         with open(path, "w") as f:
             f.write("haMasterKind=rmqha\n")
         self.assertEqual(
-            self.parse(*slave, "--config", path).settings["master-kind"], "rmqha"
+            self.parse(*slave, "--config", path).settings.master_kind, "rmqha"
         )
         e = self.assertRaises(UsageError, self.parse, *slave, "--master-kind", "java")
         self.assertIn("--master-kind", str(e))
@@ -470,13 +471,21 @@ class ListenFirstTests(SynchronousTestCase):
             raise AssertionError("the store must not be opened")
 
         reactor = MemoryReactorClock()
-        broker = Broker(reactor, open_commitlog, Role.MASTER, ha_listen=InUse())  # type: ignore[arg-type]
+        broker = Broker(
+            BrokerSettings(ha_listen=InUse()),  # type: ignore[arg-type]
+            reactor=reactor,
+            open_commitlog=open_commitlog,  # type: ignore[arg-type]
+        )
         e = self.assertRaises(ListenFailed, broker.startService)
         self.assertEqual((e.port, e.reason), ("ha", "Address already in use"))
         self.assertEqual(opened, [])
         self.assertFalse(os.path.exists(store))
 
-        broker = Broker(reactor, open_commitlog, Role.MASTER, ha_listen="tcp:0")
+        broker = Broker(
+            BrokerSettings(ha_listen="tcp:0"),
+            reactor=reactor,
+            open_commitlog=open_commitlog,  # type: ignore[arg-type]
+        )
         admin = AdminService(broker, "nonsense:1")
         admin.setServiceParent(broker)
         e = self.assertRaises(ListenFailed, broker.startService)
@@ -531,8 +540,8 @@ class TLSOptionsTests(SynchronousTestCase):
             "--tls-require-client-cert", "--tls-allowed-peers", "s1, s2",
         )
         s = options.settings
-        self.assertEqual(s["tls-allowed-peers"], frozenset({"s1", "s2"}))
-        self.assertTrue(s["tls-require-client-cert"])
+        self.assertEqual(s.tls_allowed_peers, frozenset({"s1", "s2"}))
+        self.assertTrue(s.tls_require_client_cert)
         broker = makeService(options)
         self.assertNotIsInstance(broker._ha_listen, str)  # type: ignore[attr-defined]
 
@@ -542,11 +551,11 @@ class TLSOptionsTests(SynchronousTestCase):
         serves TLS.
         """
         options = self.parse(*self.master_flags(), "--tls-require-client-cert")
-        self.assertEqual(options.settings["ha-listen"], "ssl:10912")
+        self.assertEqual(options.settings.ha_listen, "ssl:10912")
         options = self.parse(
             "--ha-listen", "20912", *self.master_flags(), "--tls-require-client-cert"
         )
-        self.assertEqual(options.settings["ha-listen"], "ssl:20912")
+        self.assertEqual(options.settings.ha_listen, "ssl:20912")
 
     def test_conf_keys(self) -> None:
         """
@@ -563,8 +572,8 @@ class TLSOptionsTests(SynchronousTestCase):
         options = Options()
         options.parseOptions(["--config", path])
         s = options.settings
-        self.assertEqual(s["ha-listen"], "ssl:20912")
-        self.assertEqual((s["tls-cert"], s["tls-require-client-cert"]), (cert, True))
+        self.assertEqual(s.ha_listen, "ssl:20912")
+        self.assertEqual((s.tls_cert, s.tls_require_client_cert), (cert, True))
 
     def test_slave(self) -> None:
         """
@@ -682,20 +691,20 @@ class ScrubOptionsTests(SynchronousTestCase):
         turn it off; broker.conf's C{scrubRate} is read and the flag
         overrides it; the broker built gets the rate.
         """
-        self.assertEqual(self.parse("--store-dir", "s").settings["scrub-rate"], 32 << 20)
+        self.assertEqual(self.parse("--store-dir", "s").settings.scrub_rate, 32 << 20)
         self.assertEqual(
-            self.parse("--store-dir", "s", "--scrub-rate", "8MiB").settings["scrub-rate"],
+            self.parse("--store-dir", "s", "--scrub-rate", "8MiB").settings.scrub_rate,
             8 << 20,
         )
         for off in ("0", "off"):
             settings = self.parse("--store-dir", "s", "--scrub-rate", off).settings
-            self.assertEqual(settings["scrub-rate"], 0)
+            self.assertEqual(settings.scrub_rate, 0)
         path = self.mktemp()
         with open(path, "w") as f:
             f.write("storePathRootDir=s\nscrubRate=1m\n")
-        self.assertEqual(self.parse("--config", path).settings["scrub-rate"], 1 << 20)
+        self.assertEqual(self.parse("--config", path).settings.scrub_rate, 1 << 20)
         self.assertEqual(
-            self.parse("--config", path, "--scrub-rate", "2m").settings["scrub-rate"], 2 << 20
+            self.parse("--config", path, "--scrub-rate", "2m").settings.scrub_rate, 2 << 20
         )
         service = makeService(
             self.parse("--store-dir", self.mktemp(), "--scrub-rate", "4m")

@@ -21,6 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha import certs
 from rmqha._limits import LimitedFactory
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveFactory
@@ -38,7 +39,7 @@ from rmqha.tls import (
 )
 from twisted.internet import ssl
 
-from tests._helpers import fixed_clock, make_message, open_store, segment_files
+from tests._helpers import fixed_clock, make_message, open_store, segment_files, settings_and_runtime
 
 SEGMENT = 4096
 
@@ -442,12 +443,13 @@ class BrokerWarningTests(SynchronousTestCase):
     def warnings(self, role: Role, **options: Any) -> list[dict[str, Any]]:
         reactor = MemoryReactorClock()
         store = self.mktemp()
+        settings, runtime = settings_and_runtime(options, role=role)
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
-            role,
+            settings,
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
-            **options,
+            **runtime,
         )
         with capturedLogs() as events:
             broker.startService()

@@ -277,21 +277,31 @@ def _serve_master(store: str, tls: str | None = None) -> None:
     from twisted.internet import reactor
     from twisted.internet.task import LoopingCall
 
-    from rmqha.broker import Broker, Role
-    from rmqha.tls import PeerPolicy, TLSFiles, server_endpoint
+    import attrs
 
-    listen: Any = "tcp:0:interface=127.0.0.1"
-    policy = PeerPolicy()
+    from rmqha.broker import Broker, Role
+    from rmqha.settings import BrokerSettings
+    from rmqha.tls import server_endpoint
+
+    settings = BrokerSettings(role=Role.MASTER, ha_listen="tcp:0:interface=127.0.0.1")
     if tls is not None:
-        policy = PeerPolicy(require_client_cert=True, allowed_peers=frozenset({"slave"}))
-        files = TLSFiles(f"{tls}/master.pem", f"{tls}/master.key", f"{tls}/ca.pem")
-        listen = server_endpoint(reactor, "ssl:0:interface=127.0.0.1", files, policy)
+        settings = BrokerSettings(
+            role=Role.MASTER,
+            tls_cert=f"{tls}/master.pem",
+            tls_key=f"{tls}/master.key",
+            tls_ca=f"{tls}/ca.pem",
+            tls_require_client_cert=True,
+            tls_allowed_peers=frozenset({"slave"}),
+            ha_listen="ssl:0:interface=127.0.0.1",
+        )
+        listen = server_endpoint(
+            reactor, "ssl:0:interface=127.0.0.1", settings.tls_files, settings.peer_policy
+        )
+        settings = attrs.evolve(settings, ha_listen=listen)
     broker = Broker(
-        reactor,
-        lambda: CommitLog.open(store, read_only=False, clock=reactor.seconds),
-        Role.MASTER,
-        ha_listen=listen,
-        peer_policy=policy,
+        settings,
+        reactor=reactor,
+        open_commitlog=lambda: CommitLog.open(store, read_only=False, clock=reactor.seconds),
     )
     samples = {"idle": _rss(), "max": 0, "cpu": 0.0}
 
@@ -1100,6 +1110,7 @@ def _roundtrip(args: argparse.Namespace) -> dict[str, Any]:
     from rmqha.broker import Broker, Role
     from rmqha.ha import _wire
     from rmqha.ha.slave import SlaveFactory
+    from rmqha.settings import BrokerSettings
 
     ack = struct.Struct(">q").pack
     masters: list[float] = []
@@ -1108,11 +1119,11 @@ def _roundtrip(args: argparse.Namespace) -> dict[str, Any]:
         root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
         reactor = MemoryReactorClock()
         broker = Broker(
-            reactor,
-            lambda: CommitLog.open(os.path.join(root, "master"), segment_size=256 << 20),
-            Role.SYNC_MASTER,
-            ha_listen="tcp:0",
-            slave_timeout=3.0,
+            BrokerSettings(role=Role.SYNC_MASTER, ha_listen="tcp:0", slave_timeout=3.0),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(
+                os.path.join(root, "master"), segment_size=256 << 20
+            ),
         )
         broker.startService()
         replica = None
@@ -1712,16 +1723,14 @@ async def _sync(
 ) -> dict[str, Any]:
     from rmqha.broker import Broker, Role
     from rmqha.ha.group import PutStatus
-    from rmqha.ha.config import HAConfig
+    from rmqha.settings import BrokerSettings
 
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=directory)
     role = Role.SYNC_MASTER if mode == "sync" else Role.ASYNC_MASTER
     master = Broker(
-        reactor,
-        lambda: CommitLog.open(os.path.join(root, "master"), clock=reactor.seconds),
-        role,
-        ha_listen="tcp:0:interface=127.0.0.1",
-        config=HAConfig(heartbeat_interval=1.0),
+        BrokerSettings(role=role, ha_listen="tcp:0:interface=127.0.0.1", heartbeat_interval=1.0),
+        reactor=reactor,
+        open_commitlog=lambda: CommitLog.open(os.path.join(root, "master"), clock=reactor.seconds),
     )
     master.startService()
     slave = None

@@ -1,8 +1,8 @@
-# -*- test-case-name: tests.test_tap,tests.test_roles -*-
+# -*- test-case-name: tests.test_tap,tests.test_settings,tests.test_roles -*-
 """
-The HA settings and their defaults, each written once: L{rmqha.tap} (the
-command line and C{broker.conf}) and L{rmqha.broker.Broker} (embedders)
-read the same constants.
+The HA settings and their defaults, each written once: L{rmqha.settings}
+declares them as the defaults of L{rmqha.settings.BrokerSettings} (the
+command line, C{broker.conf} and embedders).
 
 RocketMQ's names are given with each (C{MessageStoreConfig}).
 """

@@ -56,20 +56,23 @@ def make_broker(
     from rmqha.broker import Broker
     from rmqha.store.commitlog import CommitLog
     from rmqha.admin import AdminService
-    from rmqha.ha.config import HAConfig
+    from tests._helpers import settings_and_runtime
 
     http = kwargs.pop("http", None)
     http_peer_policy = kwargs.pop("http_peer_policy", None)
     serve_commitlog = kwargs.pop("serve_commitlog", 0)
+    settings, runtime = settings_and_runtime(
+        kwargs,
+        role=role,
+        heartbeat_interval=heartbeat_interval,
+        housekeeping_interval=housekeeping_interval,
+    )
     broker = Broker(
-        reactor,
-        lambda: CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds),
-        role,
-        config=HAConfig(
-            heartbeat_interval=heartbeat_interval, housekeeping_interval=housekeeping_interval
-        ),
+        settings,
+        reactor=reactor,
+        open_commitlog=lambda: CommitLog.open(store, segment_size=segment_size, clock=reactor.seconds),
         retry_policy=lambda attempt: 0.1,
-        **kwargs,
+        **runtime,
     )
     if http is not None:
         AdminService(broker, http, http_peer_policy, serve_commitlog).setServiceParent(broker)

@@ -48,6 +48,7 @@ from twisted.python.failure import Failure
 
 from rmqha.ha._wire import MAX_BODY_SIZE
 from rmqha.broker import Broker, Role
+from tests._helpers import settings_and_runtime
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import HAConfig
@@ -318,13 +319,20 @@ def assert_same_files(got: dict[str, bytes], expected: dict[str, bytes], names: 
 def broker(
     reactor: Any, store: str, role: Role, config: HAConfig = CONFIG, segment: int = SEGMENT, **kwargs: Any
 ) -> Broker:
+    settings, runtime = settings_and_runtime(
+        kwargs,
+        role=role,
+        batch_size=config.transfer_batch_size,
+        heartbeat_interval=config.heartbeat_interval,
+        housekeeping_interval=config.housekeeping_interval,
+        sync_from_last_file=config.sync_from_last_file,
+    )
     return Broker(
-        reactor,
-        lambda: CommitLog.open(store, segment_size=segment, clock=reactor.seconds),
-        role,
-        config=config,
+        settings,
+        reactor=reactor,
+        open_commitlog=lambda: CommitLog.open(store, segment_size=segment, clock=reactor.seconds),
         retry_policy=lambda attempt: 0.1,
-        **kwargs,
+        **runtime,
     )
 
 

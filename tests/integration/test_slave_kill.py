@@ -16,9 +16,9 @@ import pytest_twisted
 from twisted.internet.task import deferLater
 
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
-from rmqha.ha.config import HAConfig
 from tools.processes import twistd_slave_command
 
 from tests.integration._support import store_digest, until
@@ -50,11 +50,14 @@ async def test_slave_killed_and_restarted(tmp_path: Any) -> None:
     master_store = str(tmp_path / "master")
     slave_store = str(tmp_path / "slave")
     master = Broker(
-        reactor,
-        lambda: CommitLog.open(master_store, segment_size=SEGMENT, clock=reactor.seconds),
-        Role.MASTER,
-        ha_listen="tcp:0:interface=127.0.0.1",
-        config=HAConfig(heartbeat_interval=0.2, housekeeping_interval=3.0),
+        BrokerSettings(
+            role=Role.MASTER,
+            ha_listen="tcp:0:interface=127.0.0.1",
+            heartbeat_interval=0.2,
+            housekeeping_interval=3.0,
+        ),
+        reactor=reactor,
+        open_commitlog=lambda: CommitLog.open(master_store, segment_size=SEGMENT, clock=reactor.seconds),
     )
     master.startService()
     slave: subprocess.Popen[bytes] | None = None

@@ -13,10 +13,10 @@ from typing import Any
 import pytest_twisted
 
 from rmqha.broker import Broker, Role
+from rmqha.settings import BrokerSettings
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import PutStatus
-from rmqha.ha.config import HAConfig
 from tools.processes import twistd_slave_command
 
 from tests.integration._support import store_digest, until
@@ -35,12 +35,15 @@ async def test_paused_slave(tmp_path: Any) -> None:
     master_store = str(tmp_path / "master")
     slave_store = str(tmp_path / "slave")
     master = Broker(
-        reactor,
-        lambda: CommitLog.open(master_store, segment_size=4 << 20, clock=reactor.seconds),
-        Role.SYNC_MASTER,
-        ha_listen="tcp:0:interface=127.0.0.1",
-        config=HAConfig(heartbeat_interval=0.2, housekeeping_interval=30.0),
-        slave_timeout=0.5,
+        BrokerSettings(
+            role=Role.SYNC_MASTER,
+            ha_listen="tcp:0:interface=127.0.0.1",
+            heartbeat_interval=0.2,
+            housekeeping_interval=30.0,
+            slave_timeout=0.5,
+        ),
+        reactor=reactor,
+        open_commitlog=lambda: CommitLog.open(master_store, segment_size=4 << 20, clock=reactor.seconds),
     )
     master.startService()
     slave = None

@@ -104,7 +104,11 @@ async def test_tls(tmp_path: Any, case: str) -> None:
         str(tmp_path / "master"),
         Role.MASTER,
         ha_listen=server_endpoint(reactor, "ssl:0:interface=127.0.0.1", master_files, policy),
-        peer_policy=policy,
+        tls_cert=master_files.cert,
+        tls_key=master_files.key,
+        tls_ca=master_files.ca,
+        tls_require_client_cert=policy.require_client_cert,
+        tls_allowed_peers=policy.allowed_peers,
     )
     master.startService()
     slave = None
