@@ -29,8 +29,9 @@ def master_hint(broker: Broker) -> dict[str, Any] | None:
     coordinator = broker.coordinator
     if coordinator is None:
         return None
-    master = coordinator.status().get("master")
-    if not master or master.get("node_id") == coordinator.settings.node_id:
+    failover = coordinator.status()
+    master = failover.get("master")
+    if not master or master.get("node_id") == failover.get("node_id"):
         return None
     return {"node_id": master["node_id"], "http": master["http"], "epoch": master["epoch"]}
 

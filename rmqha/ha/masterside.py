@@ -13,6 +13,7 @@ replicas with C{SLAVE_NOT_AVAILABLE}.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.application.internet import StreamServerEndpointService
@@ -27,10 +28,25 @@ from rmqha.ha.auth import GroupAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import HAService, Histogram, PutStatus
-from rmqha.ha.master import MasterFactory
+from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.tls import PeerPolicy, exposure_warning
 
-__all__ = ["MasterSide"]
+__all__ = ["MasterSide", "MasterSideStatus"]
+
+
+@dataclass(frozen=True)
+class MasterSideStatus:
+    """
+    A master's side of replication as it stands, read-only
+    (L{MasterSide.status}; the admin interface shows it).
+
+    @ivar slaves: each connected slave (in no particular order).
+    @ivar checksum_failures: checked-framing reports that failed their
+        CRC, all slaves together.
+    """
+
+    slaves: tuple[SlaveStatus, ...] = ()
+    checksum_failures: int = 0
 
 
 class MasterSide(Service):
@@ -161,3 +177,13 @@ class MasterSide(Service):
         L{HAService.wait_for}).
         """
         return self.ha.wait_for(end, append)
+
+    def status(self) -> MasterSideStatus:
+        """
+        The slaves connected now, and the damaged reports counted (nothing
+        before the store is open).
+        """
+        factory = self.factory
+        if factory is None:
+            return MasterSideStatus()
+        return MasterSideStatus(tuple(factory.slaves()), factory.checksum_failures)
