@@ -103,7 +103,6 @@ class ReplicaState(enum.Enum):
     REPAIRING = "repairing"
 
 
-
 @dataclass(frozen=True)
 class ReplicaStatus:
     """

@@ -453,6 +453,9 @@ class ScrubStatus:
     corrupt: tuple[CorruptRecord, ...]
 
     def as_dict(self) -> dict[str, Any]:
+        """
+        The C{scrub} object of C{/status}.
+        """
         return {
             "enabled": self.enabled,
             "rate": self.rate,
