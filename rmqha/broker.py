@@ -39,7 +39,6 @@ from rmqha.store.commitlog import AppendResult, CommitLog
 from rmqha.store.errors import SegmentCreateError
 from rmqha.ha.config import DEFAULT_MAX_UNFLUSHED, MasterKind, Role
 from rmqha.ha.auth import GroupAuth
-from rmqha.ha.divergence import Divergence
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.fence import OPEN
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
@@ -49,7 +48,6 @@ from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica, ReplicaState
 from rmqha.ha.roles import RoleMachine, RoleState
-from rmqha.ha.slave import SlaveFactory
 from rmqha.store.scrub import ScrubService
 from rmqha.store.service import CommitLogService
 from rmqha.settings import BrokerSettings
@@ -603,7 +601,7 @@ class Broker(MultiService):
         d.addBoth(lambda _: self.store.stopService())
         return d
 
-    # -- what the admin interface and embedders see --------------------------
+    # -- what embedders see -------------------------------------------------
 
     @property
     def commitlog(self) -> CommitLog:
@@ -621,14 +619,6 @@ class Broker(MultiService):
         return side.factory if isinstance(side, MasterSide) else None
 
     @property
-    def slave_factory(self) -> SlaveFactory | None:
-        """
-        On a running slave, its L{SlaveFactory}.
-        """
-        side = self.role_service
-        return side.slave_factory if isinstance(side, Replica) else None
-
-    @property
     def ha_service(self) -> IService | None:
         """
         The HA port's service (a master) or the connection to the master
@@ -638,55 +628,6 @@ class Broker(MultiService):
         if isinstance(side, MasterSide):
             return side.port
         return side.client_service if side is not None else None
-
-    @property
-    def divergence(self) -> Divergence | None:
-        """
-        On a slave, the divergence replication is halted on, if any.
-        """
-        side = self.role_service
-        return side.divergence if isinstance(side, Replica) else None
-
-    @property
-    def divergences(self) -> dict[str, int]:
-        """
-        On a slave, the divergences found, by kind.
-        """
-        side = self.role_service
-        if isinstance(side, Replica):
-            return side.divergences
-        return {"ahead": 0, "behind": 0, "different": 0}
-
-    @property
-    def epoch_truncations(self) -> int:
-        """
-        On a failover slave, times its log was cut back to the newest epoch
-        it shares with its master.
-        """
-        side = self.role_service
-        return side.epoch_truncations if isinstance(side, Replica) else 0
-
-    @property
-    def epoch_truncated_bytes(self) -> int:
-        """
-        On a failover slave, the bytes those cuts moved to quarantine.
-        """
-        side = self.role_service
-        return side.epoch_truncated_bytes if isinstance(side, Replica) else 0
-
-    @property
-    def failed_checks(self) -> int:
-        side = self.role_service
-        return side.failed_checks if isinstance(side, Replica) else 0
-
-    @property
-    def master_kind(self) -> MasterKind | None:
-        """
-        On a slave: what its master is (C{"rmqha"}, C{"rocketmq"}), or
-        C{None} while unknown.
-        """
-        side = self.role_service
-        return side.master_kind if isinstance(side, Replica) else None
 
     @property
     def problem(self) -> str | None:

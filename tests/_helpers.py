@@ -18,6 +18,8 @@ from typing import Any, Iterable, Mapping
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
+from rmqha.broker import Broker
+from rmqha.ha.replica import Replica, ReplicaStatus
 from rmqha.store import _record
 from rmqha.store._record import Message, encode_record
 from rmqha.store.commitlog import CommitLog
@@ -40,6 +42,24 @@ BLANK_MAGIC = struct.unpack(">i", bytes.fromhex("CBD43194"))[0]
 #: with IPv4 hosts.
 FIXED_SIZE = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 assert FIXED_SIZE == 91
+
+
+def replica_of(broker: Broker) -> Replica:
+    """
+    The L{Replica} a slave C{broker} runs (failing when it runs none).
+    """
+    side = broker.role_service
+    assert isinstance(side, Replica), f"{broker.role.value} runs {side!r}, not a replica"
+    return side
+
+
+def replication_of(broker: Broker) -> ReplicaStatus:
+    """
+    C{broker}'s replication as a slave (L{Replica.status}); nothing
+    counted while it runs no replica (a master, or standing by).
+    """
+    side = broker.role_service
+    return side.status() if isinstance(side, Replica) else ReplicaStatus()
 
 
 def fixed_clock() -> float:

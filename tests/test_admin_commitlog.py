@@ -1,6 +1,7 @@
 """
 Tests for the admin HTTP's read-only commit log (C{--serve-commitlog}):
-L{rmqha._commitlog_http} and the C{/commitlog} resources of
+L{rmqha.admin.commitlog}, the serving machinery and the C{/commitlog}
+resources of
 L{rmqha.admin}, over the real admin C{Site} on a L{StringTransport} with
 a L{Clock} (no sockets, no real time).
 """
@@ -20,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.python.usage import UsageError
 from twisted.trial.unittest import SynchronousTestCase
 
-from rmqha._commitlog_http import (
+from rmqha.admin.commitlog import (
     CHUNK_SIZE,
     MAX_STREAMS,
     ByteRange,

@@ -56,6 +56,8 @@ from tests._helpers import (
     fixed_clock,
     make_message,
     open_store,
+    replica_of,
+    replication_of,
     segment_files,
 )
 
@@ -785,13 +787,13 @@ class BrokerCheckTests(SynchronousTestCase):
         with capturedLogs() as events:
             broker.startService()
             self.addCleanup(broker.stopService)
-            self.assertEqual(broker.failed_checks, 1)
+            self.assertEqual(replication_of(broker).failed_checks, 1)
             reactor.advance(2.0)  # 1 s and up to 1 s of jitter
-            self.assertEqual(broker.failed_checks, 2)
+            self.assertEqual(replication_of(broker).failed_checks, 2)
         warnings = [formatEvent(e) for e in events if "cannot reach master" in formatEvent(e)]
         self.assertEqual(len(warnings), 2)
         self.assertIn("Connection was refused by other side; retrying in ", warnings[0])
-        assert broker.ha_service is not None and broker.slave_factory is not None
+        assert broker.ha_service is not None and replica_of(broker).slave_factory is not None
         self.assertFalse(broker.ha_service.running)
         self.assertEqual(endpoint.connected, [])
 
@@ -799,9 +801,9 @@ class BrokerCheckTests(SynchronousTestCase):
         reactor.advance(3.5)  # 1.5 s and up to 1 s of jitter
         client, transport = endpoint.connected[0]
         client.dataReceived(encode_control_info(0, 0, 64 * 1024, FEATURE_CHECKED_FRAMING))
-        self.assertEqual(broker.failed_checks, 0)
+        self.assertEqual(replication_of(broker).failed_checks, 0)
         self.assertTrue(broker.ha_service.running)
-        self.assertTrue(broker.slave_factory.checked)
+        self.assertTrue(replication_of(broker).checked)
         # The replication connection asks for checked framing.
         _, replication_transport = endpoint.connected[-1]
         self.assertEqual(

@@ -530,7 +530,8 @@ class StatusTests(_Group):
         set; a slave's put refusal carries the master's address; the
         failover metrics are exported.
         """
-        from rmqha.admin import _BrokerCollector, master_hint, status
+        from rmqha.admin import master_hint, status
+        from rmqha.admin.metrics import BrokerCollector
 
         for name in "ab":
             self.node(name, advertise_http=f"{name}:8080")
@@ -546,7 +547,7 @@ class StatusTests(_Group):
         self.assertTrue(status(a.broker)["failover"]["is_master"])
         self.assertEqual(master_hint(b.broker), {"node_id": "a", "http": "a:8080", "epoch": 1})
         self.assertIsNone(master_hint(a.broker))
-        metrics = {m.name: m for m in _BrokerCollector(b.broker).collect()}
+        metrics = {m.name: m for m in BrokerCollector(b.broker).collect()}
         self.assertEqual(metrics["rmqha_failover_epoch"].samples[0].value, 1)
         self.assertEqual(metrics["rmqha_failover_is_master"].samples[0].value, 0)
 

@@ -46,7 +46,7 @@ from rmqha.ha.replica import Replica, ReplicaState
 from rmqha.store.commitlog import CommitLog
 from rmqha.testing import StringEndpoint, connect_in_memory
 
-from tests._helpers import fixed_clock, make_message, open_store, settings_and_runtime
+from tests._helpers import fixed_clock, make_message, open_store, replication_of, settings_and_runtime
 from tests.test_roles import _InMemory
 
 SEGMENT = 64 * 1024
@@ -600,7 +600,7 @@ class FailoverRejoinTests(_InMemory):
         self.settle()
         replica = self.replica(a)
         self.assertIs(replica.state, ReplicaState.REPLICATING, a.problem)
-        self.assertEqual((a.epoch_truncations, a.epoch_truncated_bytes), (1, partition_era - shared))
+        self.assertEqual((replication_of(a).epoch_truncations, replication_of(a).epoch_truncated_bytes), (1, partition_era - shared))
         quarantine = os.path.join(a.commitlog.store_dir, "rmqha", "quarantine")
         self.assertEqual(len([n for n in os.listdir(quarantine) if n.endswith(".bin")]), 1)
         assert a.epochs is not None and b.epochs is not None
@@ -608,7 +608,7 @@ class FailoverRejoinTests(_InMemory):
         self.assertEqual(a.epochs.entries, b.epochs.entries)
         self.assertEqual(a.commitlog.max_offset, b_end)
         self.assertEqual(a.commitlog.read(0, b_end), b.commitlog.read(0, b_end))
-        self.assertEqual(a.divergences, {"ahead": 0, "behind": 0, "different": 0})
+        self.assertEqual(dict(replication_of(a).divergences), {"ahead": 0, "behind": 0, "different": 0})
 
         from rmqha.admin import status
 
@@ -652,7 +652,7 @@ class FailoverRejoinTests(_InMemory):
             self.settle()
         self.settle()
         self.assertIs(self.replica(a).state, ReplicaState.REPLICATING, a.problem)
-        self.assertEqual(a.epoch_truncated_bytes, partition_era - shared)
+        self.assertEqual(replication_of(a).epoch_truncated_bytes, partition_era - shared)
         self.assertEqual(a.commitlog.max_offset, b.commitlog.max_offset)
         self.stop(a, b)
 
@@ -734,7 +734,7 @@ class FailoverRejoinTests(_InMemory):
         self.assertEqual(broker.commitlog.max_offset, end)
         assert broker.epochs is not None
         self.assertEqual(broker.epochs.entries, entries)
-        self.assertEqual(broker.epoch_truncations, 0)
+        self.assertEqual(replication_of(broker).epoch_truncations, 0)
         quarantine = os.path.join(broker.commitlog.store_dir, "rmqha", "quarantine")
         self.assertFalse(os.path.exists(quarantine) and os.listdir(quarantine))
 
@@ -814,7 +814,7 @@ class FailoverRejoinTests(_InMemory):
         a.max_cut = size
         self.switch(a.become_slave(self.endpoint(b), ("b", 2)))  # type: ignore[arg-type]
         self.settle()
-        self.assertEqual((a.epoch_truncations, a.epoch_truncated_bytes), (1, size))
+        self.assertEqual((replication_of(a).epoch_truncations, replication_of(a).epoch_truncated_bytes), (1, size))
         self.assertEqual(a.commitlog.max_offset, b.commitlog.max_offset)
         self.stop(a, b)
 
@@ -883,7 +883,7 @@ class FailoverRejoinTests(_InMemory):
             else:
                 self.assertIs(self.replica(b).state, ReplicaState.HALTED)
                 self.assertEqual(b.epochs.entries, [])
-            self.assertEqual(b.epoch_truncations, 0)
+            self.assertEqual(replication_of(b).epoch_truncations, 0)
             self.stop(b)
         self.stop(a)
 

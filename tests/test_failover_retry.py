@@ -17,7 +17,7 @@ from rmqha.settings import BrokerSettings
 from rmqha.ha.epochs import EpochFile
 from rmqha.store.commitlog import CommitLog
 from rmqha.testing import StringEndpoint
-from tests._helpers import fixed_clock, settings_and_runtime
+from tests._helpers import fixed_clock, replication_of, settings_and_runtime
 
 SEGMENT = 64 * 1024
 
@@ -50,19 +50,19 @@ class FailoverRetryTests(SynchronousTestCase):
         checks come 0.1 s (plus up to 0.1 s) apart and double.
         """
         broker, reactor = self.broker(failover=True)
-        self.assertEqual(broker.failed_checks, 1)
+        self.assertEqual(replication_of(broker).failed_checks, 1)
         reactor.advance(0.2)
-        self.assertEqual(broker.failed_checks, 2)
+        self.assertEqual(replication_of(broker).failed_checks, 2)
         reactor.advance(0.3)
-        self.assertEqual(broker.failed_checks, 3)
+        self.assertEqual(replication_of(broker).failed_checks, 3)
 
     def test_classic_slave_keeps_its_backoff(self) -> None:
         """
         Without an epoch file the first retry still comes after 1-2 s.
         """
         broker, reactor = self.broker()
-        self.assertEqual(broker.failed_checks, 1)
+        self.assertEqual(replication_of(broker).failed_checks, 1)
         reactor.advance(0.99)
-        self.assertEqual(broker.failed_checks, 1)
+        self.assertEqual(replication_of(broker).failed_checks, 1)
         reactor.advance(1.02)
-        self.assertEqual(broker.failed_checks, 2)
+        self.assertEqual(replication_of(broker).failed_checks, 2)

@@ -40,7 +40,7 @@ from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveFactory, make_slave_service
 
 from rmqha.testing import StringEndpoint
-from tests._helpers import fixed_clock, make_message, open_store, settings_and_runtime
+from tests._helpers import fixed_clock, make_message, open_store, replication_of, settings_and_runtime
 
 SEGMENT = 64 * 1024
 #: A TLS alert record (fatal, protocol_version): what a TLS server sends
@@ -250,7 +250,7 @@ class SlaveBrokerTests(SynchronousTestCase):
         client.dataReceived(encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING))
         assert broker.ha_service is not None
         self.assertTrue(broker.ha_service.running)
-        self.assertEqual(broker.master_kind, "rmqha")
+        self.assertEqual(replication_of(broker).master_kind, "rmqha")
         self.assertEqual(self.remembered(), "rmqha")
         self.stop(broker)
 
@@ -261,7 +261,7 @@ class SlaveBrokerTests(SynchronousTestCase):
             reactor.advance(3.0)
         assert broker.ha_service is not None
         self.assertFalse(broker.ha_service.running)
-        self.assertEqual(broker.failed_checks, 1)
+        self.assertEqual(replication_of(broker).failed_checks, 1)
         self.assertEqual(len(endpoint.connected), 1)  # the probe only
         text = "\n".join(formatEvent(e) for e in events)
         self.assertIn(
@@ -298,7 +298,7 @@ class SlaveBrokerTests(SynchronousTestCase):
             reactor.advance(0.1)
         self.assertTrue(broker.ha_service.running)
         self.assertEqual(self.remembered(), "rocketmq")
-        self.assertFalse(broker.slave_factory and broker.slave_factory.checked)
+        self.assertFalse(replication_of(broker).checked)
         text = "\n".join(formatEvent(e) for e in events)
         self.assertEqual(text.count("replicating classically"), 1)
 
@@ -314,7 +314,7 @@ class SlaveBrokerTests(SynchronousTestCase):
         broker.startService()
         self.addCleanup(self.stop, broker)
         reactor.advance(0.5)
-        self.assertEqual(broker.master_kind, "rocketmq")
+        self.assertEqual(replication_of(broker).master_kind, "rocketmq")
         replication, transport = endpoint.connected[-1]
         self.assertEqual(transport.value(), encode_report(0))
         replication.dataReceived(struct.pack(">qi", 0, 0))  # a heartbeat
@@ -326,7 +326,7 @@ class SlaveBrokerTests(SynchronousTestCase):
         probe_client.dataReceived(
             encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING)
         )
-        self.assertEqual(broker.master_kind, "rmqha")
+        self.assertEqual(replication_of(broker).master_kind, "rmqha")
         self.assertEqual(self.remembered(), "rmqha")
         reactor.advance(1.0)  # the replication connection's retry
         _, transport = endpoint.connected[-1]
@@ -345,7 +345,7 @@ class SlaveBrokerTests(SynchronousTestCase):
         self.assertEqual(len(endpoint.connected), 1)
         _, transport = endpoint.connected[0]
         self.assertEqual(transport.value(), encode_report(0))
-        self.assertEqual(broker.master_kind, "rocketmq")
+        self.assertEqual(replication_of(broker).master_kind, "rocketmq")
 
     def test_master_kind_rmqha_never_classic(self) -> None:
         """
@@ -358,7 +358,7 @@ class SlaveBrokerTests(SynchronousTestCase):
         reactor.advance(3.0)
         assert broker.ha_service is not None
         self.assertFalse(broker.ha_service.running)
-        self.assertEqual(broker.failed_checks, 1)
+        self.assertEqual(replication_of(broker).failed_checks, 1)
         assert broker.problem is not None
         self.assertIn("--master-kind rmqha", broker.problem)
 

@@ -13,6 +13,7 @@ replicas with C{SLAVE_NOT_AVAILABLE}.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.application.internet import StreamServerEndpointService
@@ -29,11 +30,26 @@ from rmqha.ha.epochs import EpochFile
 from rmqha.ha.fence import OPEN
 from rmqha.ha.group import Finish, HAService, Histogram, PutMessageResult, PutStatus
 from rmqha.ha.interfaces import IAppendedTo, IFence
-from rmqha.ha.master import MasterFactory
+from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.replicas import EarlyFrames, Replicas
 from rmqha.tls import PeerPolicy, exposure_warning
 
-__all__ = ["MasterSide"]
+__all__ = ["MasterSide", "MasterSideStatus"]
+
+
+@dataclass(frozen=True)
+class MasterSideStatus:
+    """
+    A master's side of replication as it stands, read-only
+    (L{MasterSide.status}; the admin interface shows it).
+
+    @ivar slaves: each connected slave (in no particular order).
+    @ivar checksum_failures: checked-framing reports that failed their
+        CRC, all slaves together.
+    """
+
+    slaves: tuple[SlaveStatus, ...] = ()
+    checksum_failures: int = 0
 
 
 class MasterSide(Service):
@@ -190,3 +206,13 @@ class MasterSide(Service):
         L{HAService.wait_for}).
         """
         return self.ha.wait_for(end, append)
+
+    def status(self) -> MasterSideStatus:
+        """
+        The slaves connected now, and the damaged reports counted (nothing
+        before the store is open).
+        """
+        factory = self.factory
+        if factory is None:
+            return MasterSideStatus()
+        return MasterSideStatus(tuple(factory.slaves()), factory.checksum_failures)

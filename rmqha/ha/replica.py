@@ -35,7 +35,9 @@ import enum
 import os
 import random
 import time
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import Service
@@ -85,7 +87,7 @@ from rmqha.ha.slave import SlaveFactory, load_replica_id, make_slave_service
 from rmqha.store.service import CommitLogService
 from rmqha.tls import plain_master_warning, split_description
 
-__all__ = ["Replica", "ReplicaState"]
+__all__ = ["Replica", "ReplicaState", "ReplicaStatus"]
 
 
 class ReplicaState(enum.Enum):
@@ -99,6 +101,51 @@ class ReplicaState(enum.Enum):
     HALTED = "halted"
     #: Truncating or moving the store aside after a divergence.
     REPAIRING = "repairing"
+
+
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """
+    A slave's replication as it stands, read-only (L{Replica.status}; the
+    admin interface's C{/status} and C{/metrics} show it).
+
+    @ivar state: the L{ReplicaState}.
+    @ivar connected: connected to the master now.
+    @ivar caught_up: connected, and the master said it has nothing newer.
+    @ivar checked: the connection uses checked framing (CRC-32 on every
+        frame and report).
+    @ivar divergence: the divergence replication is halted on, if any.
+    @ivar divergences: divergences found, by kind (every kind named).
+    @ivar failed_checks: checks of the master that could not finish, in a
+        row.
+    @ivar epoch_truncations: failover: cuts back to the newest epoch shared
+        with the master; C{epoch_truncated_bytes} the bytes they moved to
+        quarantine.
+    @ivar master_kind: what the master is, or C{None} while unknown.
+    @ivar problem: why it is not replicating, or C{None}.
+    @ivar bytes_received: commit-log bytes received from the master;
+        C{connections_made}, C{rejected_records} and C{checksum_failures}
+        count connections, replicated records that failed validation, and
+        checked-framing messages that failed their CRC.
+    """
+
+    state: ReplicaState = ReplicaState.STOPPED
+    connected: bool = False
+    caught_up: bool = False
+    checked: bool = False
+    divergence: Divergence | None = None
+    divergences: Mapping[str, int] = field(
+        default_factory=lambda: MappingProxyType({k.value: 0 for k in DivergenceKind})
+    )
+    failed_checks: int = 0
+    epoch_truncations: int = 0
+    epoch_truncated_bytes: int = 0
+    master_kind: MasterKind | None = None
+    problem: str | None = None
+    bytes_received: int = 0
+    connections_made: int = 0
+    rejected_records: int = 0
+    checksum_failures: int = 0
 
 
 _S = ReplicaState
@@ -519,6 +566,30 @@ class Replica(Service):
                 "master's log"
             )
         return None
+
+    def status(self) -> ReplicaStatus:
+        """
+        This slave's replication as it stands now.
+        """
+        factory = self.slave_factory
+        connection = factory.connection if factory is not None else None
+        return ReplicaStatus(
+            state=self.state,
+            connected=connection is not None,
+            caught_up=connection is not None and connection.caught_up,
+            checked=factory is not None and factory.checked,
+            divergence=self.divergence,
+            divergences=MappingProxyType(dict(self.divergences)),
+            failed_checks=self.failed_checks,
+            epoch_truncations=self.epoch_truncations,
+            epoch_truncated_bytes=self.epoch_truncated_bytes,
+            master_kind=self.master_kind,
+            problem=self.problem,
+            bytes_received=factory.bytes_received if factory is not None else 0,
+            connections_made=factory.connections_made if factory is not None else 0,
+            rejected_records=factory.rejected_records if factory is not None else 0,
+            checksum_failures=factory.checksum_failures if factory is not None else 0,
+        )
 
     @property
     def master_endpoint(self) -> str:

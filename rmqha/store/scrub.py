@@ -29,7 +29,7 @@ instead of reporting the bytes there.  See docs/store.md, "Scrub".
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from twisted.application.service import Service
@@ -60,6 +60,7 @@ __all__ = [
     "ChunkResult",
     "CorruptRecord",
     "ScrubService",
+    "ScrubStatus",
     "check_chunk",
     "parse_scrub_rate",
 ]
@@ -425,6 +426,51 @@ class CorruptRecord:
         }
 
 
+@dataclass(frozen=True)
+class ScrubStatus:
+    """
+    The scrub as it stands, read-only (L{ScrubService.snapshot}); its
+    L{as_dict} is the C{scrub} object of C{/status}.
+
+    @ivar position: the offset the walk has reached.
+    @ivar pass_started: when the pass under way started, or C{None}.
+    @ivar next_pass: between passes, when the next one starts.
+    @ivar last_pass: the last finished pass, or C{None}.
+    @ivar corrupt_records: corrupt records known now, listed or not;
+        C{corrupt} lists them (up to a bound), by offset.
+    """
+
+    enabled: bool
+    rate: int
+    position: int
+    pass_started: float | None
+    next_pass: float | None
+    pass_bytes: int
+    passes: int
+    last_pass: dict[str, Any] | None
+    bytes_total: int
+    corrupt_records: int
+    corrupt: tuple[CorruptRecord, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """
+        The C{scrub} object of C{/status}.
+        """
+        return {
+            "enabled": self.enabled,
+            "rate": self.rate,
+            "position": self.position,
+            "pass_started": self.pass_started,
+            "next_pass": self.next_pass,
+            "pass_bytes": self.pass_bytes,
+            "passes": self.passes,
+            "last_pass": self.last_pass,
+            "bytes_total": self.bytes_total,
+            "corrupt_records": self.corrupt_records,
+            "corrupt": [r.as_dict() for r in self.corrupt],
+        }
+
+
 class ScrubService(Service):
     """
     Re-reads and re-checks every record of the commit log, a pass after
@@ -559,23 +605,29 @@ class ScrubService(Service):
         """
         return len(self.corrupt) + self._overflow
 
+    def snapshot(self) -> ScrubStatus:
+        """
+        Where the scrub is and what it found, now.
+        """
+        return ScrubStatus(
+            enabled=self.rate > 0,
+            rate=self.rate,
+            position=self._offset,
+            pass_started=self._pass_started,
+            next_pass=self._next_pass if self._pass_started is None else None,
+            pass_bytes=self._pass_bytes,
+            passes=self.passes,
+            last_pass=dict(self.last_pass) if self.last_pass is not None else None,
+            bytes_total=self.bytes_total,
+            corrupt_records=self.corrupt_count,
+            corrupt=tuple(replace(r) for _, r in sorted(self.corrupt.items())),
+        )
+
     def status(self) -> dict[str, Any]:
         """
-        The C{scrub} object of C{/status}.
+        The C{scrub} object of C{/status} (L{snapshot}'s).
         """
-        return {
-            "enabled": self.rate > 0,
-            "rate": self.rate,
-            "position": self._offset,
-            "pass_started": self._pass_started,
-            "next_pass": self._next_pass if self._pass_started is None else None,
-            "pass_bytes": self._pass_bytes,
-            "passes": self.passes,
-            "last_pass": self.last_pass,
-            "bytes_total": self.bytes_total,
-            "corrupt_records": self.corrupt_count,
-            "corrupt": [r.as_dict() for _, r in sorted(self.corrupt.items())],
-        }
+        return self.snapshot().as_dict()
 
     # -- the walk ------------------------------------------------------------
 

@@ -8,6 +8,7 @@ C{FlushRealTimeService}), flushed and closed cleanly when it stops.
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.application.service import Service
@@ -25,7 +26,7 @@ from rmqha.store import _record as _codec
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
 
-__all__ = ["CommitLogService", "DEFAULT_FLUSH_INTERVAL"]
+__all__ = ["CommitLogService", "StoreStatus", "DEFAULT_FLUSH_INTERVAL"]
 
 #: RocketMQ's C{flushIntervalCommitLog}: 500 ms.
 DEFAULT_FLUSH_INTERVAL = 0.5
@@ -37,6 +38,23 @@ DEFAULT_FLUSH_THOROUGH_INTERVAL = 10.0
 #: each; L{CommitLog.check}): a file truncated, removed or replaced under
 #: the broker is found at most this long after, if nothing else found it.
 DEFAULT_CHECK_INTERVAL = 0.5
+
+
+@dataclass(frozen=True)
+class StoreStatus:
+    """
+    The commit log's offsets as they stand, read-only
+    (L{CommitLogService.status}; the admin interface shows them).
+
+    @ivar min_offset: the oldest offset held.
+    @ivar max_offset: one past the last byte.
+    @ivar flushed_offset: known to be on disk up to here.
+    """
+
+    min_offset: int
+    max_offset: int
+    flushed_offset: int
+
 
 @implementer(IAppendedTo)
 class CommitLogService(Service):
@@ -323,6 +341,17 @@ class CommitLogService(Service):
         if commitlog is None or self._exclusive:
             return None
         return commitlog.check()
+
+    def status(self) -> StoreStatus:
+        """
+        The open log's offsets now.
+
+        @raise RuntimeError: the log is not open.
+        """
+        commitlog = self.commitlog
+        if commitlog is None:
+            raise RuntimeError("the broker is not running")
+        return StoreStatus(commitlog.min_offset, commitlog.max_offset, commitlog.flushed_offset)
 
     def when_flushed(self, offset: int) -> Deferred[None]:
         """

@@ -31,6 +31,7 @@ from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
 from rmqha.ha.group import PutStatus
 
+from tests._helpers import replica_of
 from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 4 * 1024 * 1024
@@ -112,7 +113,7 @@ async def scenario(reactor: Any, root: str, rate: str, loss: int, seconds: float
         )
         slave.startService()
         replica = slave.commitlog
-        factory = slave.slave_factory
+        factory = replica_of(slave).slave_factory
         assert factory is not None
         body = os.urandom(1024)
 

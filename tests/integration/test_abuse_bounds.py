@@ -15,6 +15,7 @@ from rmqha.ha._wire import CONTROL_HELLO, encode_code, encode_digest_request
 from rmqha.broker import Role
 from rmqha.store._record import Message
 
+from tests._helpers import replication_of
 from tests.integration._support import make_broker, until
 
 
@@ -157,7 +158,7 @@ async def test_slaves_declaring_one_id_count_once(tmp_path: Any) -> None:
             slaves.append(slave)
         await until(
             reactor,
-            lambda: sum(s.slave_factory.connections_made for s in slaves) >= 2,
+            lambda: sum(replication_of(s).connections_made for s in slaves) >= 2,
             "both slaves to connect",
             30,
         )

@@ -18,6 +18,7 @@ from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 
+from tests._helpers import replication_of
 from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 256 * 1024
@@ -77,10 +78,11 @@ async def test_ahead_halt(tmp_path: Any) -> None:
     before = store_digest(str(tmp_path / "slave"))
     master, slave = await _run(reactor, tmp_path, "halt")
     try:
-        await until(reactor, lambda: slave.divergence is not None, "the check")
-        assert slave.divergence is not None
-        assert slave.divergence.kind == "ahead"
-        assert slave.divergence.truncate_to == master.commitlog.max_offset
+        await until(reactor, lambda: replication_of(slave).divergence is not None, "the check")
+        divergence = replication_of(slave).divergence
+        assert divergence is not None
+        assert divergence.kind == "ahead"
+        assert divergence.truncate_to == master.commitlog.max_offset
         assert slave.ha_service is not None and not slave.ha_service.running
         assert status(slave)["divergence"]["kind"] == "ahead"
         assert master.slaves() == []
@@ -110,7 +112,7 @@ async def test_ahead_truncate(tmp_path: Any) -> None:
             await master.put(Message("DivTopic", b"n" * 200))
         end = master.commitlog.max_offset
         await until(reactor, lambda: slave.commitlog.record_end == end, "the slave to catch up")
-        assert slave.divergences["ahead"] == 1
+        assert replication_of(slave).divergences["ahead"] == 1
     finally:
         await slave.stopService()
         await master.stopService()
@@ -134,7 +136,7 @@ async def test_different_truncate(tmp_path: Any) -> None:
         # for the slave to hold the master's end again.)
         await until(
             reactor,
-            lambda: slave.divergences["different"] == 1 and slave.divergence is None,
+            lambda: replication_of(slave).divergences["different"] == 1 and replication_of(slave).divergence is None,
             "the check and the cut",
         )
         await until(reactor, lambda: slave.commitlog.record_end == end, "the slave to catch up")
@@ -165,7 +167,7 @@ async def test_behind_rebootstrap(tmp_path: Any) -> None:
     master, slave = await _run(reactor, tmp_path, "rebootstrap")
     try:
         end = master.commitlog.max_offset
-        await until(reactor, lambda: slave.divergences["behind"] == 1, "the check")
+        await until(reactor, lambda: replication_of(slave).divergences["behind"] == 1, "the check")
         await until(reactor, lambda: slave.commitlog.record_end == end, "the new store to fill")
         assert slave.commitlog.min_offset == oldest
     finally:

@@ -21,6 +21,7 @@ from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
 from tools.faultproxy import FaultProxy
 
+from tests._helpers import replica_of
 from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 4 * 1024 * 1024
@@ -59,7 +60,7 @@ async def test_faults_then_identical(tmp_path: Any) -> None:
             master_endpoint=f"tcp:host=127.0.0.1:port={listening.getHost().port}",
         )
         slave.startService()
-        factory = slave.slave_factory
+        factory = replica_of(slave).slave_factory
         master_factory = master.master_factory
         assert factory is not None and master_factory is not None
         body = os.urandom(1024)

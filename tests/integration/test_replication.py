@@ -16,6 +16,7 @@ from twisted.internet.task import deferLater
 from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
 
+from tests._helpers import replica_of
 from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 8 * 1024 * 1024
@@ -73,7 +74,8 @@ async def test_replicates_with_restarts(tmp_path: Any) -> None:
             "the slave to catch up half way",
         )
         # A dropped connection: the slave reconnects and resumes by itself.
-        connection = slave.slave_factory.connection if slave.slave_factory else None
+        factory = replica_of(slave).slave_factory
+        connection = factory.connection if factory else None
         assert connection is not None
         connection.transport.abortConnection()
         await produce(COUNT - 2 * (COUNT // 3))

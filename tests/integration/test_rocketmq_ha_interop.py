@@ -52,6 +52,7 @@ from tests._helpers import settings_and_runtime
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import HAConfig
+from tests._helpers import replica_of, replication_of
 
 pytestmark = pytest.mark.java
 
@@ -710,7 +711,7 @@ async def serve_rmqha_slave(
     try:
         code = await within(reactor, java.ended(), 25, "the Java master")
         await until(reactor, lambda: slave.commitlog.max_offset == end, "the rmqha slave to catch up")
-        connections_made = slave.slave_factory.connections_made if slave.slave_factory else 0
+        connections_made = replication_of(slave).connections_made
     finally:
         await slave.stopService()
         await java.stop(reactor)
@@ -866,8 +867,8 @@ async def test_rmqha_slave_ahead_of_java_master(tmp_path: Any, peer: list[str]) 
     try:
         code = await within(reactor, java.ended(), 20, "the Java master's timeout")
         assert slave.commitlog.max_offset == end
-        assert slave.slave_factory is not None
-        assert slave.slave_factory.bytes_received == 0
+        assert replica_of(slave).slave_factory is not None
+        assert replication_of(slave).bytes_received == 0
     finally:
         await slave.stopService()
         await java.stop(reactor)

@@ -20,6 +20,7 @@ from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
 from rmqha.tls import PeerPolicy, TLSFiles, client_endpoint, server_endpoint
 
+from tests._helpers import replica_of, replication_of
 from tests.integration._support import make_broker, store_digest, until
 
 SEGMENT = 1024 * 1024
@@ -129,7 +130,7 @@ async def test_tls(tmp_path: Any, case: str) -> None:
             ),
         )
         slave.startService()
-        factory = slave.slave_factory
+        factory = replica_of(slave).slave_factory
         assert factory is not None
         if "error" not in spec:
             await until(
@@ -145,7 +146,7 @@ async def test_tls(tmp_path: Any, case: str) -> None:
         else:
             # The check of the master comes first: refused, it is retried
             # with a back-off and replication never starts.
-            await until(reactor, lambda: slave.failed_checks >= 2, "two refusals")
+            await until(reactor, lambda: replication_of(slave).failed_checks >= 2, "two refusals")
             assert slave.commitlog.max_offset == 0
             assert factory.bytes_received == 0
             failures = [e for e in events if "TLS connection to the master failed" in e]
@@ -200,8 +201,8 @@ async def test_plain_slave_tls_master_gets_a_hint(tmp_path: Any) -> None:
             master_endpoint=f"tcp:host=127.0.0.1:port={port}",
         )
         slave.startService()
-        await until(reactor, lambda: slave.failed_checks >= 1, "a failed check")
-        assert slave.master_kind != "rocketmq"
+        await until(reactor, lambda: replication_of(slave).failed_checks >= 1, "a failed check")
+        assert replication_of(slave).master_kind != "rocketmq"
         assert slave.problem is not None and "--tls-ca" in slave.problem, slave.problem
         assert slave.commitlog.max_offset == 0
         hints = [e for e in events if "if it serves TLS, give this slave --tls-ca" in e]

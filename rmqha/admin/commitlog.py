@@ -1,8 +1,12 @@
 # -*- test-case-name: tests.test_admin_commitlog -*-
 """
-Serving commit-log segment files read-only over the admin HTTP
-(C{--serve-commitlog RATE}; docs/admin.md, "The commit log"): the byte
-ranges a live-broker pipeline source reads (L{rmqha.pipeline.httpstore}).
+The commit log served read-only over the admin HTTP (C{--serve-commitlog
+RATE}; docs/admin.md, "The commit log"): the byte ranges a live-broker
+pipeline source reads (L{rmqha.pipeline.httpstore}).
+
+    GET  /commitlog             the segment files and the max offset
+    GET  /commitlog/{segment}   a segment's bytes (one Range), paced at
+                                RATE for all readers together
 
     L{parse_range}        a C{Range} header against a file's size (no I/O)
     L{TokenBucket}        RATE bytes per second shared by every stream
@@ -10,6 +14,7 @@ ranges a live-broker pipeline source reads (L{rmqha.pipeline.httpstore}).
                           on concurrent streams, the byte counter
     L{SegmentStream}      one response body: a push producer reading a
                           chunk at a time, paced by the bucket
+    L{CommitLogResource}  the resources (L{CommitLogOff} when not served)
 
 Bytes at or past the max offset the request saw are sent as zeros: a
 reader never sees a record still being written (it stops at zeros, as at
@@ -25,9 +30,12 @@ from typing import Callable, NamedTuple
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.server import Request
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
+from rmqha.admin.resource import AdminResource, NotFound, error_answer, json_answer
+from rmqha.broker import Broker
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreError
 
@@ -41,6 +49,9 @@ __all__ = [
     "CHUNK_SIZE",
     "MAX_STREAMS",
     "RETRY_AFTER",
+    "COMMITLOG_NOT_SERVED",
+    "CommitLogResource",
+    "CommitLogOff",
 ]
 
 #: The most read and written at once per stream (its memory bound).
@@ -342,3 +353,132 @@ class SegmentStream:
         self._stop()
         self._request.unregisterProducer()
         self._request.finish()
+
+
+# -- the resources ------------------------------------------------------------
+
+#: What /commitlog answers when the commit log is not served.
+COMMITLOG_NOT_SERVED = (
+    "the commit log is not served here: start the broker with "
+    "--serve-commitlog RATE (serveCommitLog=RATE in its config file), e.g. 64m "
+    "bytes/s (docs/admin.md)"
+)
+
+
+class CommitLogOff(AdminResource):
+    """
+    /commitlog and below when not served: 404 saying how to serve it.
+    """
+
+    isLeaf = True
+
+    def render(self, request: Request) -> bytes | int:
+        return error_answer(request, 404, "NOT_FOUND", COMMITLOG_NOT_SERVED)
+
+
+class CommitLogResource(AdminResource):
+    """
+    C{GET /commitlog}: the segment files, and the max offset (where whole
+    records end now; a reader takes nothing past it).
+    """
+
+    def __init__(self, broker: Broker, server: CommitLogServer) -> None:
+        super().__init__()
+        self._broker = broker
+        self._server = server
+
+    def getChild(self, path: bytes, request: Request) -> Resource:
+        if path == b"":
+            return self
+        if request.postpath:
+            return NotFound()
+        return _SegmentFile(self._broker, self._server, path)
+
+    def render_GET(self, request: Request) -> bytes:
+        commitlog = self._broker.commitlog
+        size = commitlog.segment_size
+        return json_answer(
+            request,
+            200,
+            {
+                "status": "OK",
+                "role": self._broker.role.value,
+                "segment_size": size,
+                "min_offset": commitlog.min_offset,
+                "max_offset": commitlog.record_end,
+                "segments": [
+                    {"name": name, "offset": start, "size": size}
+                    for name, start, _ in commitlog.segments
+                ],
+            },
+        )
+
+
+class _SegmentFile(AdminResource):
+    """
+    C{GET}/C{HEAD /commitlog/{name}}: one segment file's bytes, the whole
+    file (200) or one C{Range} (206), zeros at and past the max offset
+    the request saw.  Only a name the store lists is served.
+    """
+
+    isLeaf = True
+
+    def __init__(self, broker: Broker, server: CommitLogServer, name: bytes) -> None:
+        super().__init__()
+        self._broker = broker
+        self._server = server
+        self._name = name.decode("ascii", "replace")
+
+    def _prepare(self, request: Request) -> tuple[bytes | None, tuple[int, int, int, int]]:
+        """
+        The error to answer, or (segment start offset, first byte, end, max
+        offset) with the headers set.
+        """
+        commitlog = self._broker.commitlog
+        found = [start for name, start, _ in commitlog.segments if name == self._name]
+        if not found:
+            shown = self._name[:40]
+            return error_answer(
+                request, 404, "NOT_FOUND", f"no commit-log segment {shown!r} here"
+            ), (0, 0, 0, 0)
+        size = commitlog.segment_size
+        try:
+            wanted = parse_range(request.getHeader(b"range"), size)
+        except RangeNotSatisfiable as e:
+            request.setHeader(b"content-range", b"bytes */%d" % size)
+            return error_answer(request, 416, "RANGE_NOT_SATISFIABLE", str(e)), (0, 0, 0, 0)
+        start, end = (0, size) if wanted is None else wanted
+        max_offset = commitlog.record_end
+        request.setHeader(b"accept-ranges", b"bytes")
+        request.setHeader(b"content-type", b"application/octet-stream")
+        request.setHeader(b"x-rmqha-max-offset", b"%d" % max_offset)
+        request.setHeader(b"content-length", b"%d" % (end - start))
+        if wanted is not None:
+            request.setResponseCode(206)
+            request.setHeader(b"content-range", b"bytes %d-%d/%d" % (start, end - 1, size))
+        return None, (found[0], start, end, max_offset)
+
+    def render_HEAD(self, request: Request) -> bytes:
+        error, _ = self._prepare(request)
+        return error if error is not None else b""
+
+    def render_GET(self, request: Request) -> bytes | int:
+        server = self._server
+        if server.streams >= server.max_streams:
+            request.setHeader(b"retry-after", b"%d" % RETRY_AFTER)
+            return error_answer(
+                request,
+                503,
+                "BUSY",
+                f"{server.max_streams} commit-log streams are being served; "
+                f"retry in {RETRY_AFTER} s",
+            )
+        error, (base, start, end, max_offset) = self._prepare(request)
+        if error is not None:
+            return error
+        SegmentStream(
+            server, self._broker.commitlog, request, base, start, end, max_offset
+        ).start()
+        return NOT_DONE_YET
+
+
