@@ -135,3 +135,4 @@ class Port(Service):
         d: Deferred[Any] | None = self.port._waitingForPort
         assert d is not None
         return d.addCallback(lambda port: port.getHost())
+

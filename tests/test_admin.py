@@ -283,7 +283,7 @@ class DiskFullTests(AdminTestCase):
         self.assertIn("00000000000000000000", answer["error"])
         self.assertEqual(self.store_files(), before)
         self.assertEqual(self.broker_.commitlog.max_offset, 0)
-        self.assertEqual(self.broker_.put_statuses[PutStatus.CREATE_MAPEDFILE_FAILED], 1)
+        self.assertEqual(self.broker_.put_path.put_statuses[PutStatus.CREATE_MAPEDFILE_FAILED], 1)
         full.restore()
         code, answer = self.post(b"hello")
         self.assertEqual((code, answer["status"], answer["offset"]), (200, "PUT_OK", 0))

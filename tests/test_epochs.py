@@ -532,14 +532,14 @@ class FailoverRejoinTests(_InMemory):
         """
         a = self.failover_broker(Role.MASTER)
         self.switch(a.become_master(epoch=1))
-        assert a.epochs is not None
-        self.assertEqual(a.epochs.entries, [(1, 0)])
+        assert a.role_services.epochs is not None
+        self.assertEqual(a.role_services.epochs.entries, [(1, 0)])
         end = self.puts(a, 3)
         self.switch(a.become_master(Role.SYNC_MASTER, epoch=2))
-        self.assertEqual(a.epochs.entries, [(1, 0), (2, end)])
+        self.assertEqual(a.role_services.epochs.entries, [(1, 0), (2, end)])
         self.assertGreaterEqual(a.commitlog.flushed_offset, end)
         self.switch(a.become_master())
-        self.assertEqual(a.epochs.last_epoch, 2)
+        self.assertEqual(a.role_services.epochs.last_epoch, 2)
         plain = self.broker(Role.MASTER)
         self.assertRaises(ValueError, plain.become_master, epoch=1)
         self.stop(a, plain)
@@ -555,23 +555,23 @@ class FailoverRejoinTests(_InMemory):
         self.puts(a, 2)
         b = self.failover_broker(Role.SLAVE, master=a)
         self.settle()
-        assert b.epochs is not None
-        self.assertEqual(b.epochs.entries, [(1, 0)])  # adopted
+        assert b.role_services.epochs is not None
+        self.assertEqual(b.role_services.epochs.entries, [(1, 0)])  # adopted
 
         def full(epoch: int, start: int) -> None:
             raise OSError(28, "No space left on device")
 
-        b.epochs.append = full  # type: ignore[method-assign]
+        b.role_services.epochs.append = full  # type: ignore[method-assign]
         d = b.become_master(epoch=2)
         self.settle()
         self.failureResultOf(d, OSError)
         self.assertIsNone(b.master_factory)
-        del b.epochs.append  # type: ignore[method-assign]
+        del b.role_services.epochs.append  # type: ignore[method-assign]
         self.switch(b.become_master(epoch=2))
-        self.assertEqual(b.epochs.entries, [(1, 0), (2, b.commitlog.max_offset)])
+        self.assertEqual(b.role_services.epochs.entries, [(1, 0), (2, b.commitlog.max_offset)])
         factory = b.master_factory
         assert factory is not None
-        self.assertIs(factory.epochs, b.epochs)
+        self.assertIs(factory.epochs, b.role_services.epochs)
         self.stop(a, b)
 
     def test_old_master_rejoins(self) -> None:
@@ -603,9 +603,9 @@ class FailoverRejoinTests(_InMemory):
         self.assertEqual((replication_of(a).epoch_truncations, replication_of(a).epoch_truncated_bytes), (1, partition_era - shared))
         quarantine = os.path.join(a.commitlog.store_dir, "rmqha", "quarantine")
         self.assertEqual(len([n for n in os.listdir(quarantine) if n.endswith(".bin")]), 1)
-        assert a.epochs is not None and b.epochs is not None
-        self.assertEqual(a.epochs.entries, [(1, 0), (2, shared)])
-        self.assertEqual(a.epochs.entries, b.epochs.entries)
+        assert a.role_services.epochs is not None and b.role_services.epochs is not None
+        self.assertEqual(a.role_services.epochs.entries, [(1, 0), (2, shared)])
+        self.assertEqual(a.role_services.epochs.entries, b.role_services.epochs.entries)
         self.assertEqual(a.commitlog.max_offset, b_end)
         self.assertEqual(a.commitlog.read(0, b_end), b.commitlog.read(0, b_end))
         self.assertEqual(dict(replication_of(a).divergences), {"ahead": 0, "behind": 0, "different": 0})
@@ -710,8 +710,8 @@ class FailoverRejoinTests(_InMemory):
         self.clock.advance(1.0)
         self.settle()
         self.assertIs(replica.state, ReplicaState.BACKING_OFF)
-        assert b.epochs is not None
-        self.assertEqual(b.epochs.last_epoch, 2)
+        assert b.role_services.epochs is not None
+        self.assertEqual(b.role_services.epochs.last_epoch, 2)
         self.assertEqual(b.commitlog.max_offset, b_end)
         self.stop(a, b)
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -732,8 +732,8 @@ class FailoverRejoinTests(_InMemory):
 
     def _untouched(self, broker: Broker, end: int, entries: list[tuple[int, int]]) -> None:
         self.assertEqual(broker.commitlog.max_offset, end)
-        assert broker.epochs is not None
-        self.assertEqual(broker.epochs.entries, entries)
+        assert broker.role_services.epochs is not None
+        self.assertEqual(broker.role_services.epochs.entries, entries)
         self.assertEqual(replication_of(broker).epoch_truncations, 0)
         quarantine = os.path.join(broker.commitlog.store_dir, "rmqha", "quarantine")
         self.assertFalse(os.path.exists(quarantine) and os.listdir(quarantine))
@@ -805,13 +805,13 @@ class FailoverRejoinTests(_InMemory):
         a = self.failover_broker(Role.MASTER)
         b, shared, partition_era = self.partitioned(a)
         size = partition_era - shared
-        a.max_cut = size - 1
+        a.role_services.max_cut = size - 1
         self.switch(a.become_slave(self.endpoint(b), ("b", 2)))  # type: ignore[arg-type]
         self.settle()
         self.assertIs(self.replica(a).state, ReplicaState.HALTED)
         self.assertIn(f"restart this node with --max-cut {size}", a.problem or "")
         self._untouched(a, partition_era, [(1, 0)])
-        a.max_cut = size
+        a.role_services.max_cut = size
         self.switch(a.become_slave(self.endpoint(b), ("b", 2)))  # type: ignore[arg-type]
         self.settle()
         self.assertEqual((replication_of(a).epoch_truncations, replication_of(a).epoch_truncated_bytes), (1, size))
@@ -875,14 +875,14 @@ class FailoverRejoinTests(_InMemory):
             log.close()
             b = self.failover_broker(Role.SLAVE, master=a, store=store)
             self.settle()
-            assert b.epochs is not None
+            assert b.role_services.epochs is not None
             if same:
                 self.assertIs(self.replica(b).state, ReplicaState.REPLICATING)
-                self.assertEqual(b.epochs.entries, a.epochs.entries)  # type: ignore[union-attr]
+                self.assertEqual(b.role_services.epochs.entries, a.role_services.epochs.entries)  # type: ignore[union-attr]
                 self.assertEqual(b.commitlog.max_offset, end)
             else:
                 self.assertIs(self.replica(b).state, ReplicaState.HALTED)
-                self.assertEqual(b.epochs.entries, [])
+                self.assertEqual(b.role_services.epochs.entries, [])
             self.assertEqual(replication_of(b).epoch_truncations, 0)
             self.stop(b)
         self.stop(a)

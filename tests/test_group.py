@@ -355,7 +355,7 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertIs(failure.value.status, PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH)
         self.assertIn("minInSyncReplicas is 2", str(failure.value))
         self.assertEqual(broker.commitlog.max_offset, before)
-        self.assertEqual(broker.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH], 1)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH], 1)
 
     def put_deferred(self, broker: Broker) -> Deferred:
         from twisted.internet.defer import maybeDeferred
@@ -400,7 +400,7 @@ class SyncMasterTests(SynchronousTestCase):
         self.ack(slave, broker.commitlog.max_offset)
         self.reactor.advance(0)
         self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
-        self.assertEqual(broker.put_statuses[PutStatus.PUT_OK], 2)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.PUT_OK], 2)
 
     def test_slow_link_that_acks_counts(self) -> None:
         """
@@ -450,12 +450,12 @@ class SyncMasterTests(SynchronousTestCase):
         result = self.successResultOf(d)
         self.assertEqual(result.status, PutStatus.FLUSH_SLAVE_TIMEOUT)
         self.assertEqual(broker.commitlog.max_offset, result.next_offset)
-        self.assertEqual(broker.put_statuses[PutStatus.PUT_OK], 1)
-        self.assertEqual(broker.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT], 1)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.PUT_OK], 1)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT], 1)
         # Waited 0 s and 3 s: the histogram has both, in the right buckets.
-        buckets = dict(broker.replication_wait.cumulative())
+        buckets = dict(broker.put_path.replication_wait.cumulative())
         self.assertEqual((buckets["0.0001"], buckets["2.5"], buckets["5.0"]), (1, 1, 2))
-        self.assertEqual(broker.replication_wait.total, 3.0)
+        self.assertEqual(broker.put_path.replication_wait.total, 3.0)
 
     def test_one_slave_does_not_ack_for_another(self) -> None:
         """

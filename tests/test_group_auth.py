@@ -1336,4 +1336,4 @@ class OptionsTests(SynchronousTestCase):
         service = makeService(self.parse(*self.base[2:], "--store-dir", store,
                                          "--group-secret-file", self.secret))
         broker, _ = list(service)  # type: ignore[call-overload]
-        self.assertEqual(broker.group_auth, GroupAuth("g", "a", SECRET))
+        self.assertEqual(broker.role_services.group_auth, GroupAuth("g", "a", SECRET))

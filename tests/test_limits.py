@@ -221,7 +221,7 @@ class BrokerLimitTests(SynchronousTestCase):
         # is set in its placeholder then.)
         self.assertIs(factories[0].wrappedFactory.factory, broker.master_factory)
         self.assertEqual({f.name for f in factories}, {"HA", "HTTP"})
-        budget = broker.connection_budget
+        budget = broker.ports.budget
         assert budget is not None
         self.assertEqual(budget.total, 512 - FD_RESERVE)
         self.assertTrue(all(f.budget is budget and f.max_per_peer == 3 for f in factories))

@@ -64,16 +64,16 @@ class _Host:
         self.started: list[_Service] = []
         self.promotions: list[tuple[bool, int | None]] = []
 
-    def _master_side(self, role: Role, fence: object = None) -> _Service:
+    def master_side(self, role: Role, fence: object = None) -> _Service:
         return _Service("master", self, role)
 
-    def _replica(self, endpoint: Any) -> _Service:
+    def replica(self, endpoint: Any, leader: object = None) -> _Service:
         return _Service("slave", self, endpoint)
 
-    def _start_master_side(self, side: _Service) -> None:
+    def start_master_side(self, side: _Service) -> None:
         side.startService()
 
-    def _prepare_promotion(self, from_master: bool, epoch: int | None) -> Deferred[None]:
+    def prepare_promotion(self, from_master: bool, epoch: int | None) -> Deferred[None]:
         self.promotions.append((from_master, epoch))
         if self.fail_promotion:
             d: Deferred[None] = Deferred()

@@ -44,7 +44,8 @@ class _BrokerEndpoint:
 
     def connect(self, factory: Factory) -> Deferred[Any]:
         # (A failover node holds its HA port in every role: its gate.)
-        master = self.target._ha_gate or self.target.master_factory
+        held = self.target.ports.held
+        master = held[1] if held is not None else self.target.master_factory
         if master is None:
             return fail(ConnectionRefusedError("not a master"))
         server = master.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000 + len(self.pumps)))

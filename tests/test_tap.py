@@ -184,10 +184,10 @@ class OptionsTests(SynchronousTestCase):
                                          "--master", "127.0.0.1:10912"))
         self.assertIsInstance(service, Broker)
         self.assertEqual(service.role, Role.SLAVE)
-        self.assertEqual(service._probe_timeout, 3.0)
+        self.assertEqual(service.settings.probe_timeout, 3.0)
         service = makeService(self.parse("--store-dir", store, "--role", "slave",
                                          "--master", "127.0.0.1:10912", "--probe-timeout", "500"))
-        self.assertEqual(service._probe_timeout, 0.5)
+        self.assertEqual(service.settings.probe_timeout, 0.5)
         self.assertIsNone(service.store.commitlog)
         self.assertFalse(os.path.exists(store))
 
@@ -246,7 +246,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertIsInstance(coordinator, Coordinator)
         self.assertEqual(broker.role, Role.SLAVE)
         self.assertIs(broker.coordinator, coordinator)
-        self.assertIsNotNone(broker.epochs)
+        self.assertIsNotNone(broker.role_services.epochs)
         self.assertEqual(coordinator.settings.node_id, "a")
 
     def test_failover_unreadable_password_file(self) -> None:
@@ -276,10 +276,14 @@ class OptionsTests(SynchronousTestCase):
         """
         store = self.mktemp()
         service = makeService(self.parse("--store-dir", store))
-        self.assertEqual((service.max_connections, service.max_connections_per_peer), (256, 16))
+        self.assertEqual(
+            (service.settings.max_connections, service.settings.max_connections_per_peer),
+            (256, 16),
+        )
         path = self.conf("storePathRootDir=s\nmaxConnectionsPerPeer=4\n")
         service = makeService(self.parse("--config", path, "--max-connections", "100"))
-        self.assertEqual((service.max_connections, service.max_connections_per_peer), (100, 4))
+        s = service.settings
+        self.assertEqual((s.max_connections, s.max_connections_per_peer), (100, 4))
         e = self.assertRaises(UsageError, self.parse, "--store-dir", "s", "--max-connections", "0")
         self.assertIn("--max-connections", str(e))
         path = self.conf("storePathRootDir=s\nmaxConnectionsPerPeer=many\n")
@@ -389,7 +393,7 @@ class ListenOptionsTests(SynchronousTestCase):
         self.assertEqual(self.parse(*slave).settings.master_kind, "auto")
         options = self.parse(*slave, "--master-kind", "RocketMQ")
         self.assertEqual(options.settings.master_kind, "rocketmq")
-        self.assertEqual(makeService(options)._master_kind, "rocketmq")  # type: ignore[attr-defined]
+        self.assertEqual(makeService(options).settings.followed_kind, "rocketmq")  # type: ignore[attr-defined]
         path = self.mktemp()
         with open(path, "w") as f:
             f.write("haMasterKind=rmqha\n")
@@ -501,7 +505,11 @@ class ListenFirstTests(SynchronousTestCase):
         options = Options()
         options.parseOptions(["--store-dir", store, "--ha-listen", "tcp:0", "--http", "unix:/x"])
         service = makeService(options)
-        service._ha_listen = InUse()  # type: ignore[attr-defined]
+        import attrs
+
+        # (The endpoint the master side is built with.)
+        services = service.role_services  # type: ignore[attr-defined]
+        services._settings = attrs.evolve(services._settings, ha_listen=InUse())
         exit = self.assertRaises(SystemExit, service.privilegedStartService)
         self.assertEqual(
             exit.code,
@@ -543,7 +551,7 @@ class TLSOptionsTests(SynchronousTestCase):
         self.assertEqual(s.tls_allowed_peers, frozenset({"s1", "s2"}))
         self.assertTrue(s.tls_require_client_cert)
         broker = makeService(options)
-        self.assertNotIsInstance(broker._ha_listen, str)  # type: ignore[attr-defined]
+        self.assertNotIsInstance(broker.settings.ha_listen, str)  # type: ignore[attr-defined]
 
     def test_certificate_makes_default_port_tls(self) -> None:
         """

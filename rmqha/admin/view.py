@@ -185,20 +185,20 @@ def broker_status(broker: Broker) -> BrokerStatus:
         endpoint = broker.master_endpoint
     failover: FailoverStatus | None = None
     if broker.coordinator is not None:
-        auth = broker.group_auth
+        auth = broker.role_services.group_auth
         failover = FailoverStatus(
             MappingProxyType(broker.coordinator.status()),
             auth.mode if auth is not None else _INSECURE,
         )
-    waits = broker.replication_wait
+    waits = broker.put_path.replication_wait
     return BrokerStatus(
         role=role,
         store=broker.store.status(),
         scrub=broker.scrub.snapshot(),
         puts=PutFigures(
-            puts=broker.puts,
-            put_bytes=broker.put_bytes,
-            statuses=MappingProxyType(dict(broker.put_statuses)),
+            puts=broker.put_path.puts,
+            put_bytes=broker.put_path.put_bytes,
+            statuses=MappingProxyType(dict(broker.put_path.put_statuses)),
             replication_wait=tuple(waits.cumulative()),
             replication_wait_total=waits.total,
         ),

@@ -517,7 +517,7 @@ class Coordinator(Service):
         )
 
     def _local_epoch(self) -> int:
-        epochs = self.broker.epochs
+        epochs = self.broker.role_services.epochs
         return epochs.last_epoch if epochs is not None else self.highest_epoch
 
     def _healthy(self) -> bool:
@@ -791,7 +791,7 @@ class Coordinator(Service):
             self.reactor,
             won.node_id,
             self._publish,
-            fallbehind_max=broker.slave_fallbehind_max,
+            fallbehind_max=broker.settings.slave_fallbehind_max,
             catchup_timeout=self.settings.catchup_timeout,
             published=in_sync_members(won.node_id, carried),
             observers=(side.ha, self),

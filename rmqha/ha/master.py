@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import (
@@ -1004,7 +1004,8 @@ class MasterFactory(ServerFactory):
             raise ValueError("the HA service must read the factory's replicas")
         #: The connections and their acks.
         self.replicas = replicas
-        self.connections = replicas.connections
+        # (The registry sees them through its Protocol; they are ours.)
+        self.connections = cast("set[MasterConnection]", replicas.connections)
         #: When appends are sent to the slaves.
         self.early = early if early is not None else EarlyFrames(clock, replicas, commitlog)
         #: Reports and control requests that failed their CRC (checked

@@ -17,7 +17,7 @@ L{IReleaseListener} the waiting puts are released with.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
@@ -33,8 +33,37 @@ from rmqha.ha.interfaces import (
     provides,
 )
 
-if TYPE_CHECKING:
-    from rmqha.ha.master import MasterConnection
+
+
+class MasterConnection(Protocol):
+    """
+    What the registry reads of a master's connection to a slave
+    (L{rmqha.ha.master.MasterConnection}).
+    """
+
+    peer: str
+    peer_host: str
+    identity: str | None
+    replica_id: str | None
+    refused_node: bool
+    ack_offset: int | None
+
+    @property
+    def failover_node(self) -> str | None: ...
+
+    @property
+    def replicating(self) -> bool: ...
+
+    @property
+    def replica(self) -> str: ...
+
+    def drop(self, why: str, last_words: bytes | None = None, **fields: Any) -> None: ...
+
+    def delivers_acks(self, now: float, max_offset: int, timeout: float) -> bool: ...
+
+    def data_available(self) -> None: ...
+
+    def early_at(self) -> int | None: ...
 
 __all__ = ["DEFAULT_LINK_TIMEOUT", "EarlyFrames", "Replicas"]
 

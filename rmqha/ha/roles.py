@@ -73,13 +73,13 @@ class RoleHost(TypingProtocol):
     and the steps of a promotion.
     """
 
-    def _master_side(self, role: Role, fence: IFence) -> Any: ...
+    def master_side(self, role: Role, fence: IFence) -> Any: ...
 
-    def _replica(self, endpoint: Any) -> Any: ...
+    def replica(self, endpoint: Any, leader: tuple[str, int] | None) -> Any: ...
 
-    def _start_master_side(self, side: Any) -> None: ...
+    def start_master_side(self, side: Any) -> None: ...
 
-    def _prepare_promotion(self, from_master: bool, epoch: int | None) -> Deferred[None]: ...
+    def prepare_promotion(self, from_master: bool, epoch: int | None) -> Deferred[None]: ...
 
 
 @dataclass(frozen=True)
@@ -164,9 +164,19 @@ class RoleMachine:
         self, role: Role, epoch: int | None = None, fence: IFence = OPEN
     ) -> Deferred[None]:
         """
-        Become a master (C{role}); with C{epoch}, record it first (the log
-        flushed to its max offset, then the epoch file written).  The
-        master side is built with C{fence} (L{rmqha.ha.fence}).
+        Become a master (C{role}) on the same open store: replication
+        stops, an incomplete record at the log's tail (one still arriving
+        from the old master) is dropped, and the HA port is listened on.
+
+        @param epoch: failover: the epoch this broker was elected in: the
+            log is flushed up to its max offset, then C{(epoch, max
+            offset)} is added to the epoch file, before the HA port listens
+            (also when it is a master already: a re-election).  If that
+            fails, the broker is not a master.
+        @param fence: failover: whether the master may take and acknowledge
+            puts, and whose acks count -- what its coordinator writes
+            (L{rmqha.ha.fence.Fence}); the master side is built with it (a
+            re-election keeps the first one).
         """
         return self._input(_Input("promote", role=role, epoch=epoch, fence=fence))
 
@@ -174,14 +184,22 @@ class RoleMachine:
         self, endpoint: str | IStreamClientEndpoint, leader: tuple[str, int] | None = None
     ) -> Deferred[None]:
         """
-        Become a slave of C{endpoint} (failover: the leader's node id and
-        epoch, as the coordinator read them).
+        Become a slave of C{endpoint} on the same open store: the HA port
+        closes, its slaves are disconnected, puts still waiting for
+        replicas end with C{SLAVE_NOT_AVAILABLE} (they are stored), and
+        replication starts with the usual checks.
+
+        @param leader: failover: the node id and epoch the coordinator
+            names as leader (a master answering another epoch is not
+            followed).
         """
         return self._input(_Input("follow", endpoint=endpoint, leader=leader))
 
     def stand_by(self) -> Deferred[None]:
         """
-        Be neither a master nor a replicating slave.
+        Be neither a master nor a replicating slave (failover mode: no
+        master is known, or this master has lost its lease): as L{follow}
+        stops a master, and puts are refused until a role is given.
         """
         return self._input(_Input("stand_by"))
 
@@ -242,13 +260,13 @@ class RoleMachine:
                 raise Superseded("replaced before it took effect")
             assert wanted.endpoint is not None
             self.endpoint, self.leader = wanted.endpoint, wanted.leader
-            replica = self.service = host._replica(wanted.endpoint)
+            replica = self.service = host.replica(wanted.endpoint, wanted.leader)
             replica.startService()
             self._settle(RoleState.SLAVE, "this broker is now a slave of {master}")
             return
         # Promote.
         try:
-            await host._prepare_promotion(re_election, wanted.epoch)
+            await host.prepare_promotion(re_election, wanted.epoch)
         except BaseException:
             if re_election:
                 self._settle(RoleState.MASTER)
@@ -264,8 +282,8 @@ class RoleMachine:
             old.ha.sync = wanted.role is Role.SYNC_MASTER
             self._settle(RoleState.MASTER)
             return
-        side = self.service = host._master_side(wanted.role, wanted.fence)
-        host._start_master_side(side)
+        side = self.service = host.master_side(wanted.role, wanted.fence)
+        host.start_master_side(side)
         self._settle(RoleState.MASTER, "this broker is now a master ({role})")
 
     async def _stop_old(self, old: IService) -> None:

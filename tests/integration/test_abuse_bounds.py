@@ -78,7 +78,7 @@ async def test_per_peer_cap_on_both_ports(tmp_path: Any) -> None:
             peers += [*kept, extra]
             await until(reactor, lambda: extra.closed, "the extra connection to close", 10)
             assert not any(p.closed for p in kept)
-        assert {name: f.refused for name, f in master.port_limits.items()} == {"HA": 1, "HTTP": 1}
+        assert {name: f.refused for name, f in master.ports.port_limits.items()} == {"HA": 1, "HTTP": 1}
     finally:
         for peer in peers:
             if peer.protocol.transport is not None:

@@ -103,7 +103,7 @@ async def test_paused_slave(tmp_path: Any) -> None:
             slave.wait()
         await master.stopService()
     assert store_digest(slave_store) == store_digest(master_store)
-    assert master.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT] == statuses.count(
+    assert master.put_path.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT] == statuses.count(
         PutStatus.FLUSH_SLAVE_TIMEOUT
     )
     assert not os.path.exists(os.path.join(slave_store, "abort"))

@@ -1,0 +1,186 @@
+# -*- test-case-name: tests.test_group,tests.test_roles,tests.test_store_faults,tests.test_admin -*-
+"""
+A master's put path: store a message, then wait for what its role
+requires (the replicas' verdict, and the disk's with SYNC_FLUSH), and
+count how every put ended.
+
+L{PutPath} is the broker's part that L{rmqha.broker.Broker.put} hands
+messages to; its figures (L{PutPath.put_statuses}, L{PutPath.puts},
+L{PutPath.put_bytes}, L{PutPath.replication_wait}) are what the admin
+view shows.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import Any
+
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.logger import Logger
+
+from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
+from rmqha.ha.masterside import MasterSide
+from rmqha.store._record import Message
+from rmqha.store._segments import FlushDiskType
+from rmqha.store.commitlog import AppendResult
+from rmqha.store.errors import SegmentCreateError
+from rmqha.store.service import CommitLogService
+
+__all__ = ["NotMasterError", "NotStoredError", "PutPath"]
+
+#: OS errors meaning the disk (or the user's quota) is full.
+_DISK_FULL = frozenset([errno.ENOSPC, errno.EDQUOT])
+
+
+class NotStoredError(Exception):
+    """
+    A put that stored nothing, with the RocketMQ status saying why (a
+    L{PutMessageResult} always means "stored").
+
+    @ivar status: the L{PutStatus}.
+    @ivar errno: for a store failure, the OS error number (C{ENOSPC}:
+        the disk is full), else C{None}.
+    """
+
+    def __init__(self, status: PutStatus, text: str, error_number: int | None = None) -> None:
+        super().__init__(text)
+        self.status = status
+        self.errno = error_number
+
+    @property
+    def disk_full(self) -> bool:
+        """
+        Whether the store failed for want of space (C{ENOSPC}, C{EDQUOT}).
+        """
+        return self.errno in _DISK_FULL
+
+
+class NotMasterError(NotStoredError):
+    """
+    Messages are put on the master only.
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(PutStatus.SERVICE_NOT_AVAILABLE, text)
+
+
+class PutPath:
+    """
+    Puts on a master: the checks before a put is stored, the store, the
+    wait for the replicas (and the disk), the count of every outcome.
+
+    @ivar put_statuses: how many puts ended with each status.
+    @ivar puts: messages stored on this broker as a master.
+    @ivar put_bytes: their bytes.
+    @ivar replication_wait: seconds SYNC_MASTER puts waited for replicas.
+    """
+
+    _log = Logger(namespace="rmqha.broker.Broker")
+
+    def __init__(self, reactor: Any, store: CommitLogService, sync_flush_timeout: float) -> None:
+        """
+        @param store: the store puts go to.
+        @param sync_flush_timeout: C{syncFlushTimeout}, seconds: with
+            SYNC_FLUSH, a put not on disk by then is C{FLUSH_DISK_TIMEOUT}.
+        """
+        self._reactor = reactor
+        self._store = store
+        self._sync_flush_timeout = sync_flush_timeout
+        self.put_statuses: dict[PutStatus, int] = {s: 0 for s in PutStatus}
+        self.puts = 0
+        self.put_bytes = 0
+        self.replication_wait = Histogram()
+        # Whether the last put failed in the store (logged once).
+        self._store_failing = False
+
+    def put(self, side: object, message: Message) -> Deferred[PutMessageResult]:
+        """
+        Store C{message} on C{side}, the broker's role service (a master's
+        L{MasterSide}; anything else refuses it), and replicate it.
+
+        On an ASYNC_MASTER the result is C{PUT_OK} at once.  On a
+        SYNC_MASTER: C{IN_SYNC_REPLICAS_NOT_ENOUGH} or
+        C{SLAVE_NOT_AVAILABLE} at once when too few slaves are connected and
+        within C{haSlaveFallbehindMax}; otherwise C{PUT_OK} when
+        C{inSyncReplicas - 1} distinct slaves have acknowledged the put's
+        end offset, or C{FLUSH_SLAVE_TIMEOUT} after C{slaveTimeout}.  The
+        message is stored in every case.
+
+        @raise NotMasterError: this broker is a slave (nothing is stored).
+        @raise NotStoredError: the store could not take the message
+            (C{CREATE_MAPEDFILE_FAILED}: no new segment, the disk is full;
+            C{UNKNOWN_ERROR}: another I/O error); nothing is stored and
+            the next put goes where this one would have.
+        @raise MessageRejected: the message breaks a limit (nothing stored).
+        """
+        if not isinstance(side, MasterSide) or side.factory is None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError("messages are put on the master, this is a slave")
+        refusal = side.fence.refusing()
+        if refusal is not None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError(refusal)
+        too_few = side.ha.refusal()
+        if too_few is not None:
+            self.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH] += 1
+            raise NotStoredError(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, too_few)
+        commitlog = side.factory.commitlog
+        try:
+            append = commitlog.put(message)
+        except OSError as e:
+            raise self._not_stored(e) from e
+        if self._store_failing:
+            self._store_failing = False
+            self._log.info("the commit log takes puts again")
+        self.puts += 1
+        self.put_bytes += append.size
+        end = append.next_offset
+        if commitlog.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+            # The replicas' verdict, as the put's result (made by result,
+            # with no callback of its own).
+            return side.wait_for(end, append)
+        # Disk and replicas are waited for at the same time; the disk's
+        # verdict comes first, as in RocketMQ's asyncPutMessage.
+        flushed: Deferred[PutStatus] = self._store.when_flushed(end).addCallback(
+            lambda _: PutStatus.PUT_OK
+        )
+        flushed.addTimeout(
+            self._sync_flush_timeout,
+            self._reactor,
+            onTimeoutCancel=timed_out_as(PutStatus.FLUSH_DISK_TIMEOUT),
+        )
+        waits = [flushed, side.wait_for(end)]
+        return gatherResults(waits).addCallback(
+            lambda statuses: self.result(
+                next((s for s in statuses if s is not PutStatus.PUT_OK), PutStatus.PUT_OK),
+                append,
+            )
+        )
+
+    def _not_stored(self, error: OSError) -> NotStoredError:
+        """
+        What a put that failed in the store answers; logged once until a
+        put succeeds again (a full disk fails every put).
+        """
+        if isinstance(error, SegmentCreateError):
+            status = PutStatus.CREATE_MAPEDFILE_FAILED
+        else:
+            status = PutStatus.UNKNOWN_ERROR
+        self.put_statuses[status] += 1
+        cause = "disk full: " if error.errno in _DISK_FULL else ""
+        what = error.strerror or str(error)
+        if error.filename:
+            what = f"{error.filename}: {what}"
+        text = f"{cause}{what}; the message was not stored"
+        if not self._store_failing:
+            self._store_failing = True
+            self._log.error("puts fail: {why} ({status})", why=text, status=status.value)
+        return NotStoredError(status, text, error.errno)
+
+    def result(self, status: PutStatus, append: AppendResult) -> PutMessageResult:
+        """
+        A put's result, counted: what its wait fires with (the master
+        side's C{finish}).
+        """
+        self.put_statuses[status] += 1
+        return PutMessageResult(status, append)
