@@ -32,7 +32,11 @@ from rmqha.store._segments import (
     _zero_after,
     detach_segments,
 )
-from rmqha.store.errors import CorruptReplicaError, OffsetOutOfRangeError
+from rmqha.store.errors import (
+    CorruptReplicaError,
+    OffsetMismatchError,
+    OffsetOutOfRangeError,
+)
 
 __all__ = ["ReplicaTail"]
 
@@ -53,6 +57,7 @@ class ReplicaTail:
     _queues: QueueTable
     _watch: DamageWatch
     _flusher: Flusher
+    _append_observers: list[Callable[[int], object]]
 
     if TYPE_CHECKING:
 
@@ -76,6 +81,9 @@ class ReplicaTail:
         def _release_prefault(self) -> None:
             raise NotImplementedError
 
+        def _appended(self, end: int) -> None:
+            raise NotImplementedError
+
     @property
     def record_end(self) -> int:
         """
@@ -83,6 +91,27 @@ class ReplicaTail:
         acknowledge (bytes after it are a record still arriving).
         """
         return self._record_end
+
+    def has_data(self) -> bool:
+        """
+        Whether the log holds any byte (a slave with none accepts the
+        master's first frame at any segment boundary).
+        """
+        return bool(self._segments) and (
+            len(self._segments) > 1 or self._segments[0].wrote > 0
+        )
+
+    def _keep_written(self, offset: int, pieces: list[memoryview], written: int) -> None:
+        """
+        An L{append_at} from C{offset} failed after C{written} bytes of
+        C{pieces} (the next segment could not be made: a full disk): what
+        was written is validated and observed like any append, so the log
+        ends, and takes the rest, exactly where the failure left it.
+        """
+        if written:
+            self._validate_pieces(offset, pieces, written)
+            if self._append_observers:
+                self._appended(self.max_offset)
 
     def _validate_pieces(self, offset: int, pieces: list[memoryview], written: int) -> None:
         """
@@ -307,6 +336,25 @@ class ReplicaTail:
             offset=end,
             why=why,
         )
+
+    def _start_at(self, offset: int) -> None:
+        """
+        The first bytes a master sends an empty log belong at C{offset}:
+        the log starts there, at a segment boundary.
+
+        @raise OffsetMismatchError: C{offset} is not a segment boundary.
+        """
+        if offset < 0 or offset % self.segment_size:
+            raise OffsetMismatchError(
+                max(0, offset - offset % self.segment_size),
+                offset,
+                "the commit log is empty and its first segment must start "
+                f"at a multiple of the segment size {self.segment_size}",
+            )
+        if self._segments and self._segments[0].start != offset:
+            self._discard_empty_segments()
+        # The log now starts here: nothing before it is owed to disk.
+        self._record_end = self._flusher.flushed = offset
 
     def _discard_empty_segments(self) -> None:
         self._release_prefault()

@@ -42,10 +42,10 @@ from zope.interface import implementer
 from rmqha.store.interfaces import IAppendedTo
 from rmqha.store import _guard
 from rmqha.store import _record as _codec
-from rmqha.store._batch import AppendResult, batch_size, encode_batch
+from rmqha.store._batch import AppendResult, encode_batch
 from rmqha.store._damage import DamageWatch
 from rmqha.store._flush import Flusher
-from rmqha.store._prefault import Prefaulter
+from rmqha.store._prefault import Prefaulter, prefaulter
 from rmqha.store._queues import QueueTable
 from rmqha.store._record import (
     Blank,
@@ -58,19 +58,19 @@ from rmqha.store._record import (
     RecordEncoder,
     RecordError,
     ReplicaValidator,
-    encode_blank,
-    parse_record,
 )
 from rmqha.store._recovery import (
     RecoveryReport,
     RepairReport,
     VerifyReport,
+    lock_and_recover,
     log_recovery,
-    recover_store,
     repair_store,
     verify_store,
 )
+from rmqha.store._records import iter_records
 from rmqha.store._replica import ReplicaTail
+from rmqha.store._rolling import SegmentRolling
 from rmqha.store._segments import (
     DEFAULT_SEGMENT_SIZE,
     FlushDiskType,
@@ -79,10 +79,7 @@ from rmqha.store._segments import (
     MIN_SEGMENT_SIZE,
     _Segment,
     _check_segment_size,
-    _fsync_dir,
-    _incomplete,
-    _lock,
-    create_segment,
+    release_store,
     segment_name,
 )
 from rmqha.store.errors import (
@@ -136,7 +133,7 @@ __all__ = [
 
 
 @implementer(IAppendedTo)
-class CommitLog(ReplicaTail):
+class CommitLog(ReplicaTail, SegmentRolling):
     """
     A RocketMQ-compatible commit log.  Use L{CommitLog.open}.
     """
@@ -200,12 +197,7 @@ class CommitLog(ReplicaTail):
         self._flusher = Flusher(segments, watch, self.check)
         # The pages ahead of the put position are faulted in on another
         # thread (rmqha/store/_prefault.py): with the accelerator only.
-        accel = _codec._accel
-        self._prefault: Prefaulter | None = (
-            Prefaulter(accel.Prefault())
-            if accel is not None and hasattr(accel, "Prefault") and not read_only
-            else None
-        )
+        self._prefault: Prefaulter | None = None if read_only else prefaulter()
 
     # -- opening -----------------------------------------------------------
 
@@ -257,27 +249,15 @@ class CommitLog(ReplicaTail):
             commitlog_dir or os.path.join(store_dir, "commitlog")
         )
         encoder = RecordEncoder(store_host, max_message_size)
-        if read_only:
-            if not os.path.isdir(commitlog_dir):
-                raise StoreError(f"{commitlog_dir}: no such commit log directory")
-            lock_fd = None
-        else:
-            os.makedirs(commitlog_dir, exist_ok=True)
-            lock_fd = _lock(os.path.join(store_dir, "lock"))
-        try:
-            segments, segment_size, recovery = recover_store(
-                store_dir,
-                commitlog_dir,
-                segment_size,
-                read_only=read_only,
-                check_crc=check_crc,
-                truncate_corrupt=truncate_corrupt,
-                clock=clock,
-            )
-        except BaseException:
-            if lock_fd is not None:
-                os.close(lock_fd)
-            raise
+        lock_fd, segments, segment_size, recovery = lock_and_recover(
+            store_dir,
+            commitlog_dir,
+            segment_size,
+            read_only=read_only,
+            check_crc=check_crc,
+            truncate_corrupt=truncate_corrupt,
+            clock=clock,
+        )
         self = cls(
             store_dir,
             commitlog_dir,
@@ -384,27 +364,8 @@ class CommitLog(ReplicaTail):
         assert table is not None
         results = encode_batch(self._encoder, table, segment, messages, store_timestamp)
         if results is None:
-            # Does not fit: check every message before writing the BLANK
-            # and a new segment, so a refused batch leaves no trace.
-            size = batch_size(self._encoder, messages, store_timestamp)
-            if segment is not None and segment.wrote == 0 or size > (
-                self.segment_size - END_FILE_MIN_BLANK_LENGTH
-            ):
-                raise MessageRejected(
-                    f"{'batch' if len(messages) > 1 else 'record'} of {size} "
-                    "bytes (plus an 8-byte BLANK filler) does not fit in a "
-                    f"segment of {self.segment_size} bytes"
-                )
-            try:
-                segment = self._roll()
-            except OSError as e:
-                # RocketMQ's CREATE_MAPEDFILE_FAILED.  What _roll did before
-                # failing (a BLANK closing the full segment) is a valid log.
-                raise SegmentCreateError(
-                    e.errno,
-                    f"cannot create the commit-log segment "
-                    f"{segment_name(self.max_offset)}: {e.strerror or e}",
-                ) from e
+            # Does not fit: a new segment, or a refusal.
+            segment = self._roll_for(segment, messages, store_timestamp)
             results = encode_batch(self._encoder, table, segment, messages, store_timestamp)
             assert results is not None
         if not results:
@@ -483,66 +444,6 @@ class CommitLog(ReplicaTail):
         # refuses.)
         self._put_ready_at = -1
 
-    def _prepare_put(self) -> _Segment | None:
-        """
-        The checks a put needs after anything but a put changed the log;
-        then puts go straight in at L{_put_ready_at} until the next such
-        change.
-
-        @return: the segment to write to, if any.
-        """
-        self._check_writable()
-        if self._record_end != self.max_offset:
-            self._cut_incomplete_tail("before a put")
-        if not self._queues.current(self.max_offset):
-            try:
-                self._catch_up_queue_table()
-            except RecordError:
-                self._check_faults()  # (zeros where a cut file was: that)
-                raise
-            self._check_faults()
-        self._put_ready_at = self.max_offset
-        return self._segments[-1] if self._segments else None
-
-    def _roll(self) -> _Segment:
-        """
-        Close the current segment with a BLANK filler and start the next.
-        """
-        last = self._segments[-1] if self._segments else None
-        if last is None:
-            return self._create_segment(0)
-        # The BLANK closes the file the log has been writing: that file.
-        what = last.examine(by_path=True)
-        if what is not None:
-            raise self._watch.damaged(last, what)
-        table_current = self._queues.current(last.end)
-        remaining = last.size - last.wrote
-        if remaining >= END_FILE_MIN_BLANK_LENGTH:
-            last.mm[last.wrote : last.wrote + 8] = encode_blank(remaining)
-        last.wrote = last.size
-        self._record_end = last.end
-        if table_current:
-            self._queues.end = last.end
-            try:
-                self._queues.save(self._item_at)
-            except RecordError:
-                self._check_faults()
-                raise
-        self._check_faults()
-        self._release_prefault()
-        last.release_mapping()
-        return self._create_segment(last.end)
-
-    def _release_prefault(self) -> None:
-        # Before a mapping the pre-faulting may be working on is closed.
-        if self._prefault is not None:
-            self._prefault.release()
-
-    def _create_segment(self, start: int) -> _Segment:
-        segment = create_segment(self.commitlog_dir, start, self.segment_size)
-        self._segments.append(segment)
-        return segment
-
     # -- the replica path --------------------------------------------------
 
     def append_at(
@@ -569,17 +470,7 @@ class CommitLog(ReplicaTail):
         """
         self._check_writable()
         if not self.has_data():
-            if offset < 0 or offset % self.segment_size:
-                raise OffsetMismatchError(
-                    max(0, offset - offset % self.segment_size),
-                    offset,
-                    "the commit log is empty and its first segment must start "
-                    f"at a multiple of the segment size {self.segment_size}",
-                )
-            if self._segments and self._segments[0].start != offset:
-                self._discard_empty_segments()
-            # The log now starts here: nothing before it is owed to disk.
-            self._record_end = self._flusher.flushed = offset
+            self._start_at(offset)
         elif offset != self.max_offset:
             raise OffsetMismatchError(self.max_offset, offset)
         self._put_ready_at = -1
@@ -622,13 +513,7 @@ class CommitLog(ReplicaTail):
                 segment.wrote += n
                 written += n
         except OSError:
-            # The next segment could not be made (a full disk): what was
-            # written is validated like any append, so the log ends, and
-            # takes the rest, exactly where the failure left it.
-            if written:
-                self._validate_pieces(offset, pieces, written)
-                if self._append_observers:
-                    self._appended(self.max_offset)
+            self._keep_written(offset, pieces, written)
             raise
         self._validate_pieces(offset, pieces, total)
         if self._sync_flush and self.sync_flush_inline:
@@ -672,15 +557,6 @@ class CommitLog(ReplicaTail):
         if self._closed:
             return self._watch.damage
         return self._watch.check()
-
-    def has_data(self) -> bool:
-        """
-        Whether the log holds any byte (a slave with none accepts the
-        master's first frame at any segment boundary).
-        """
-        return bool(self._segments) and (
-            len(self._segments) > 1 or self._segments[0].wrote > 0
-        )
 
     # -- the transfer read path --------------------------------------------
 
@@ -761,39 +637,9 @@ class CommitLog(ReplicaTail):
         @param blanks: also yield the BLANK fillers.
         @raise RecordError: at the first record that does not decode.
         """
-        start = self.min_offset if start is None else start
-        end = self.max_offset if end is None else min(end, self.max_offset)
-        offset = start
-        while offset < end:
-            segment, position, _ = self._locate(offset, 0)
-            limit = segment.wrote
-            if position >= limit:
-                offset = segment.start + segment.size
-                continue
-            try:
-                item = parse_record(
-                    segment.mm,
-                    position,
-                    limit,
-                    offset,
-                    check_crc=check_crc,
-                    with_body=with_body,
-                )
-            except RecordError:
-                if segment is self._segments[-1] and _incomplete(
-                    segment.mm, position, limit, segment.size
-                ):
-                    # The tail of a replica mid-transfer: not corrupt, just
-                    # not all here yet.
-                    return
-                raise
-            if type(item) is Blank:
-                if blanks:
-                    yield item
-                offset = segment.start + segment.size
-                continue
-            yield item
-            offset += item.size
+        return iter_records(
+            self._segments, self._locate, start, end, check_crc, with_body, blanks
+        )
 
     # -- flushing ----------------------------------------------------------
 
@@ -823,25 +669,6 @@ class CommitLog(ReplicaTail):
         @return: the flushed offset.
         """
         return self._flusher.flush()
-
-    # -- queue offsets -----------------------------------------------------
-
-    def _item_at(self, offset: int) -> Record | Blank:
-        """
-        The record or BLANK at C{offset} (headers only, no CRC check).
-        """
-        segment, position, _ = self._locate(offset, 0)
-        return parse_record(
-            segment.mm, position, segment.wrote, offset, check_crc=False, with_body=False
-        )
-
-    def _catch_up_queue_table(self) -> dict[tuple[str, int], int]:
-        return self._queues.catch_up(
-            self.min_offset,
-            self.max_offset,
-            lambda start: self.records(start, with_body=False),
-            self._item_at,
-        )
 
     # -- closing -----------------------------------------------------------
 
@@ -874,17 +701,13 @@ class CommitLog(ReplicaTail):
             self._put_ready_at = -1
             if self._prefault is not None:
                 self._prefault.stop()
-            for segment in self._segments:
-                segment.close()
-            if not self.read_only and not damaged:
-                try:
-                    os.unlink(os.path.join(self.store_dir, "abort"))
-                except FileNotFoundError:
-                    pass
-                _fsync_dir(self.store_dir)
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            release_store(
+                self.store_dir,
+                self._segments,
+                self._lock_fd,
+                clean=not self.read_only and not damaged,
+            )
+            self._lock_fd = None
 
     @property
     def closed(self) -> bool:
