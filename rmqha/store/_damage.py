@@ -5,9 +5,11 @@ replaced, or a page of its mapping faulted; docs/store.md): finding it,
 keeping the first finding, telling the observers once, recording it for
 the next open, and refusing writes from then on.
 
-A part the commit log owns (composition, not a mixin): the damage found,
-its observers and the SIGBUS guard's count when the log last looked are
-this object's own state, and nothing else writes them.  It shares the
+A part the commit log owns (composition, not a mixin): the damage found
+and its observers are this object's own state, and nothing else writes
+them.  (The SIGBUS guard's count when the log last looked stays on the
+log: its read and put paths compare it on every mapped read and batch,
+without a call or a hop.)  It shares the
 log's list of segments (the same list object, never replaced) and is
 given, at construction, the one thing it does to the log: stop the put
 path's fast track (C{stop_puts}) when damage is found.
@@ -24,7 +26,6 @@ from typing import Callable
 from twisted.logger import Logger
 
 from rmqha._files import write_atomically
-from rmqha.store import _guard
 from rmqha.store._recovery import damage_record
 from rmqha.store._segments import _Segment, _quarantine_target
 from rmqha.store.errors import (
@@ -54,8 +55,6 @@ class DamageWatch:
     Watches the segment files of one commit log.
 
     @ivar damage: the first damage found, or C{None}.
-    @ivar faults_seen: the SIGBUS guard's fault count when the log last
-        looked (the read path compares it, without a call).
     """
 
     _log = Logger()
@@ -75,7 +74,6 @@ class DamageWatch:
         self._stop_puts = stop_puts
         self.damage: StoreDamagedError | None = None
         self._observers: list[Callable[[StoreDamagedError], object]] = []
-        self.faults_seen = _guard.faults()
 
     def observe(self, observer: Callable[[StoreDamagedError], object]) -> Callable[[], None]:
         """
@@ -92,7 +90,8 @@ class DamageWatch:
     def check(self) -> StoreDamagedError | None:
         """
         See L{rmqha.store.commitlog.CommitLog.check} (which does not call
-        this once the log is closed).
+        this once the log is closed, and notes the SIGBUS guard's count
+        when this finds nothing).
         """
         if self.damage is not None:
             return self.damage
@@ -103,21 +102,17 @@ class DamageWatch:
             what = segment.examine(by_path=segment is segments[-1])
             if what is not None:
                 return self.damaged(segment, what)
-        self.faults_seen = _guard.faults()
         return None
 
-    def check_faults(self) -> None:
+    def refuse_if_faulted(self) -> None:
         """
-        Raise L{StoreDamagedError} if an access to a mapping of this log
-        faulted since the last look (one call when none did).
+        Raise L{StoreDamagedError} if an access to a mapping of one of this
+        log's segments faulted (the SIGBUS guard counted a fault since the
+        log last looked: L{rmqha.store.commitlog.CommitLog._check_faults}).
         """
-        count = _guard.faults()
-        if count == self.faults_seen:
-            return
         for segment in self._segments:
             if segment.fault() is not None:
                 raise self.damaged(segment, segment.examine(by_path=True) or "")
-        self.faults_seen = count  # (another log's mapping)
 
     def refuse_if_changed(self, segment: _Segment) -> None:
         """

@@ -52,7 +52,6 @@ class SegmentRolling:
     _put_ready_at: int
     _queues: QueueTable
     _watch: DamageWatch
-    _check_faults: Callable[[], None]
     _prefault: Prefaulter | None
 
     if TYPE_CHECKING:
@@ -83,6 +82,9 @@ class SegmentRolling:
             raise NotImplementedError
 
         def _cut_incomplete_tail(self, why: str) -> None:
+            raise NotImplementedError
+
+        def _check_faults(self) -> None:
             raise NotImplementedError
 
     def _prepare_put(self) -> _Segment | None:

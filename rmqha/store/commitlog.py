@@ -186,15 +186,15 @@ class CommitLog(ReplicaTail, SegmentRolling):
         # A segment file changed under the log (truncated, removed,
         # replaced; docs/store.md): found, kept and told by its own part,
         # which shares the list of segments (never replaced) with the
-        # flusher.  Its checks the put and replica paths make are bound
-        # once here: called with no more lookups than a method of the log.
+        # flusher.  The check append_at makes is bound once here (no more
+        # lookups than a method of the log).
         watch = self._watch = DamageWatch(
             store_dir, read_only, segments, clock, self._stop_puts
         )
-        self._check_faults = watch.check_faults
         self._refuse_if_changed = watch.refuse_if_changed
-        self._refuse_if_damaged = watch.refuse_if_damaged
         self._flusher = Flusher(segments, watch, self.check)
+        # The SIGBUS guard's fault count when this log last looked.
+        self._faults_seen = _guard.faults()
         # The pages ahead of the put position are faulted in on another
         # thread (rmqha/store/_prefault.py): with the accelerator only.
         self._prefault: Prefaulter | None = None if read_only else prefaulter()
@@ -389,7 +389,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         queues.last_put = last_put
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
-            self._refuse_if_damaged()
+            self._watch.refuse_if_damaged()
         if self._append_observers:
             self._appended(end)
         prefault = self._prefault
@@ -440,9 +440,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         return self._watch.observe(observer)
 
     def _stop_puts(self) -> None:
-        # (Damage found: the next put goes through _prepare_put, which
-        # refuses.)
-        self._put_ready_at = -1
+        self._put_ready_at = -1  # (damage found: _prepare_put refuses)
 
     # -- the replica path --------------------------------------------------
 
@@ -518,7 +516,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         self._validate_pieces(offset, pieces, total)
         if self._sync_flush and self.sync_flush_inline:
             self.flush()
-            self._refuse_if_damaged()
+            self._watch.refuse_if_damaged()
         if total and self._append_observers:
             self._appended(self.max_offset)
         return self.max_offset
@@ -528,7 +526,18 @@ class CommitLog(ReplicaTail, SegmentRolling):
             raise StoreError(f"{self.commitlog_dir} is closed")
         if self.read_only:
             raise ReadOnlyStoreError(f"{self.commitlog_dir} is open read-only")
-        self._refuse_if_damaged()
+        if self._watch.damage is not None:
+            self._watch.refuse_if_damaged()
+
+    def _check_faults(self) -> None:
+        """
+        Raise L{StoreDamagedError} if an access to a mapping of this log
+        faulted since the last look (one call when none did).
+        """
+        count = _guard.faults()
+        if count != self._faults_seen:
+            self._watch.refuse_if_faulted()
+            self._faults_seen = count  # (another log's mapping)
 
     # -- a segment file changed under the log -------------------------------
 
@@ -556,7 +565,10 @@ class CommitLog(ReplicaTail, SegmentRolling):
         """
         if self._closed:
             return self._watch.damage
-        return self._watch.check()
+        damage = self._watch.check()
+        if damage is None:
+            self._faults_seen = _guard.faults()
+        return damage
 
     # -- the transfer read path --------------------------------------------
 
@@ -581,7 +593,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         segment, position, end = self._locate(offset, limit)
         if offset >= self._mapped_from and segment.mapped and segment is self._segments[-1]:
             data = segment.mm[position:end]
-            if _guard.faults() != self._watch.faults_seen:
+            if _guard.faults() != self._faults_seen:
                 self._check_faults()  # (zeros where the file was cut: refuse)
             return data
         held = segment.fd is not None
