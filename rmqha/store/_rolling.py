@@ -16,7 +16,7 @@ the type checker only, as stubs (methods).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence, Union
+from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 from rmqha.store._batch import batch_size
 from rmqha.store._damage import DamageWatch
