@@ -1617,3 +1617,45 @@ class QueueTableTests(SynchronousTestCase):
             again.catch_up(log.min_offset, log.max_offset, records_from, item_at), got
         )
         self.assertEqual(starts, [0, log.max_offset])
+
+
+class PartsTests(SynchronousTestCase):
+    """
+    L{CommitLog} split into parts and mixins (issue 26): the public API and
+    the state the parts share.
+    """
+
+    def test_public_api(self) -> None:
+        """
+        Every public method and property of L{CommitLog} before the split
+        is still on it.
+        """
+        for name in [
+            "append_at", "check", "close", "closed", "cut_back", "cut_quarantined",
+            "damage", "discard_incomplete_record", "flush", "flush_abandoned",
+            "flush_done", "flush_plan", "flushed_offset", "has_data", "max_offset",
+            "min_offset", "observe_appends", "observe_damage", "open", "put",
+            "put_batch", "quarantine_tail", "read", "read_view", "record_end",
+            "record_start_at_or_before", "records", "segments", "truncate_replica",
+        ]:
+            self.assertTrue(hasattr(CommitLog, name), name)
+
+    def test_parts_follow_discarded_segments(self) -> None:
+        """
+        When an empty log's segments are discarded for a first append at
+        another boundary, the flush planning and the damage watch see the
+        new segment: a flush covers it, and its file removed is damage.
+        """
+        log = open_store(self, segment_size=SEGMENT)
+        log.append_at(0, replica_records(0, 400))
+        log.truncate_replica(0)
+        self.assertEqual(log.segments, [(segment_file_name(0), 0, 0)])
+        log.append_at(3 * SEGMENT, replica_records(3 * SEGMENT, 400))
+        self.assertEqual(log.flush(), 3 * SEGMENT + 400)
+        self.assertEqual(log.flushed_offset, 3 * SEGMENT + 400)
+        self.assertIsNone(log.check())
+        os.unlink(segment_path(log.store_dir, 3 * SEGMENT))
+        damage = log.check()
+        assert damage is not None
+        self.assertIn(segment_file_name(3 * SEGMENT), damage.path)
+        self.assertIn("removed", damage.what)

@@ -11,7 +11,12 @@ and the services around it.
   - L{rmqha.store._queues}: the queue-offset table and its snapshot;
   - L{rmqha.store.errors}: every error the store raises;
   - L{rmqha.store.commitlog}: L{CommitLog} itself: put, append_at, read,
-    truncate, records;
+    truncate, records; what is not on its hot paths is in
+    L{rmqha.store._damage} (the damage watch), L{rmqha.store._flush} (flush
+    planning), L{rmqha.store._batch} (batch encoding),
+    L{rmqha.store._records} (decoding records), L{rmqha.store._replica}
+    (the replica tail and the cut back) and L{rmqha.store._rolling}
+    (rolling to a new segment);
   - L{rmqha.store.service}: the commit log as a Twisted service (flush);
   - L{rmqha.store.scrub}: the background scrub.
 

@@ -28,7 +28,9 @@ from __future__ import annotations
 import mmap
 from typing import Protocol
 
-__all__ = ["Prefaulter", "AHEAD"]
+from rmqha.store import _record
+
+__all__ = ["Prefaulter", "AHEAD", "prefaulter"]
 
 #: How far past the put position the pages are kept faulted in (asked for
 #: up to twice this, again once a put is this far past the last ask).
@@ -94,3 +96,14 @@ class Prefaulter:
         """
         self.engine.stop()
         self.ask_at = 0
+
+
+def prefaulter() -> Prefaulter | None:
+    """
+    A L{Prefaulter} for a commit log's puts, or C{None} without the
+    accelerator's C{Prefault} (C{RMQHA_PURE=1}, or an old build).
+    """
+    accel = _record._accel
+    if accel is None or not hasattr(accel, "Prefault"):
+        return None
+    return Prefaulter(accel.Prefault())

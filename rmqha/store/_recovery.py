@@ -447,6 +447,48 @@ def recover_store(
     return segments, size, recovery
 
 
+def lock_and_recover(
+    store_dir: str,
+    commitlog_dir: str,
+    segment_size: int | None,
+    *,
+    read_only: bool,
+    check_crc: bool,
+    truncate_corrupt: bool,
+    clock: Callable[[], float],
+) -> tuple[int | None, list[_Segment], int, RecoveryReport]:
+    """
+    L{recover_store} under the store's lock, taken here (and released
+    again if recovery raises), the commit-log directory made first;
+    read-only, no lock, and the directory must exist.
+
+    @return: the lock's descriptor (C{None} read-only), the segments, the
+        segment size, the report.
+    """
+    if read_only:
+        if not os.path.isdir(commitlog_dir):
+            raise StoreError(f"{commitlog_dir}: no such commit log directory")
+        lock_fd = None
+    else:
+        os.makedirs(commitlog_dir, exist_ok=True)
+        lock_fd = _lock(os.path.join(store_dir, "lock"))
+    try:
+        segments, segment_size, recovery = recover_store(
+            store_dir,
+            commitlog_dir,
+            segment_size,
+            read_only=read_only,
+            check_crc=check_crc,
+            truncate_corrupt=truncate_corrupt,
+            clock=clock,
+        )
+    except BaseException:
+        if lock_fd is not None:
+            os.close(lock_fd)
+        raise
+    return lock_fd, segments, segment_size, recovery
+
+
 def damage_record(store_dir: str) -> dict[str, object] | None:
     """
     What an open log recorded when it found one of its segment files

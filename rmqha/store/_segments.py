@@ -664,3 +664,23 @@ def _incomplete(mm: mmap.mmap, position: int, written: int, size: int) -> bool:
         is_message_magic(magic)
         and written - position < total <= size - position
     )
+
+
+def release_store(
+    store_dir: str, segments: list[_Segment], lock_fd: int | None, *, clean: bool
+) -> None:
+    """
+    The last of closing a store: close every segment, remove the C{abort}
+    marker if the store is C{clean} (closed read-write and undamaged: the
+    next open need not recover its tail), and release the lock.
+    """
+    for segment in segments:
+        segment.close()
+    if clean:
+        try:
+            os.unlink(os.path.join(store_dir, "abort"))
+        except FileNotFoundError:
+            pass
+        _fsync_dir(store_dir)
+    if lock_fd is not None:
+        os.close(lock_fd)
