@@ -29,7 +29,7 @@ from twisted.logger import Logger
 from rmqha._ports import ListenFailed
 from rmqha.admin import AdminService
 from rmqha.broker import Broker
-from rmqha.coord.node import FailoverSettings
+from rmqha.coord.node import Coordinator, FailoverSettings
 from rmqha.ha.auth import GroupAuth, load_group_secret
 from rmqha.ha.epochs import EpochFile, EpochFileError
 from rmqha.settings import BrokerSettings, master_description, parse_host_port
@@ -188,13 +188,19 @@ def build_service(
         reactor=reactor, open_commitlog=open_commitlog, epochs=epochs, group_auth=auth
     )
     broker = _TwistdBroker(ports, built, **kwargs) if one_line_errors else Broker(built, **kwargs)
+    top: IService = broker
+    coordinator = None
+    if settings.failover:
+        top, coordinator = _coordinated(reactor, broker, settings, one_line_errors)
     if http is not None:
         AdminService(
-            broker, http, settings.http_peer_policy, serve_commitlog=settings.serve_commitlog
+            broker,
+            http,
+            settings.http_peer_policy,
+            serve_commitlog=settings.serve_commitlog,
+            failover=coordinator,
         ).setServiceParent(broker)  # type: ignore[no-untyped-call]
-    if settings.failover:
-        return _coordinated(reactor, broker, settings, one_line_errors)
-    return broker
+    return top
 
 
 def _epoch_file(store_dir: str, one_line_errors: bool) -> EpochFile:
@@ -208,14 +214,14 @@ def _epoch_file(store_dir: str, one_line_errors: bool) -> EpochFile:
 
 def _coordinated(
     reactor: Any, broker: Broker, settings: BrokerSettings, under_twistd: bool
-) -> IService:
+) -> tuple[IService, Coordinator]:
     """
     A broker under a failover coordinator: both under one parent, the
     coordinator started after the broker (the store must be open) and
-    stopped before it (it leaves the group first).
+    stopped before it (it leaves the group first).  Returns the parent
+    and the coordinator (which the admin interface shows).
     """
     from rmqha.coord.etcd import EtcdDCS, parse_coordinator
-    from rmqha.coord.node import Coordinator
 
     files = settings.tls_files
 
@@ -234,11 +240,10 @@ def _coordinated(
         raise Fatal(f"twistd rmqha: {e}") from None
     fatal: dict[str, Any] = {"on_fatal": _stop_twistd(reactor)} if under_twistd else {}
     coordinator = Coordinator(reactor, dcs, broker, failover_settings(settings), dial, **fatal)
-    broker.coordinator = coordinator
     top = MultiService()
     broker.setServiceParent(top)  # type: ignore[no-untyped-call]
     coordinator.setServiceParent(top)  # type: ignore[no-untyped-call]
-    return top
+    return top, coordinator
 
 
 def _stop_twistd(reactor: Any) -> Callable[[str], None]:

@@ -142,9 +142,6 @@ class Broker(MultiService):
         for name, part in (("store", self.store), ("scrub", self.scrub)):
             part.setName(name)  # type: ignore[no-untyped-call]
             part.setServiceParent(self)  # type: ignore[no-untyped-call]
-        #: Failover mode: the L{rmqha.coord.node.Coordinator} giving this
-        #: broker its role (for /status and the master hint).
-        self.coordinator: Any = None
 
     @property
     def role(self) -> Role:

@@ -702,7 +702,7 @@ class CoordinatorHiddenTests(AdminTestCase):
         from rmqha.tls import PeerPolicy
 
         self.broker_ = self.broker(Role.MASTER, segment_size=1024 * 1024)
-        self.broker_.coordinator = _Coordinator()  # type: ignore[assignment]
+        self.coordinator = _Coordinator()
         self.clock = Clock()
         ca = certs.make_ca()
         self.certificate = crypto.X509.from_cryptography(
@@ -711,7 +711,9 @@ class CoordinatorHiddenTests(AdminTestCase):
         self.policy = PeerPolicy(require_client_cert=True)
 
     def status(self, transport: StringTransport, **kwargs: Any) -> dict[str, Any]:
-        site = make_site(self.broker_, reactor=self.clock, **kwargs)
+        site = make_site(
+            self.broker_, reactor=self.clock, failover=self.coordinator, **kwargs
+        )
         channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
         channel.makeConnection(transport)
         channel.dataReceived(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -734,7 +736,9 @@ class CoordinatorHiddenTests(AdminTestCase):
         answers = [
             self.status(plain, peer_policy=self.policy),
             self.status(_CertifiedTransport(self.certificate)),
-            json.loads(request(AdminRoot(self.broker_), b"GET", b"/status")[1])["failover"],
+            json.loads(
+                request(AdminRoot(self.broker_, None, self.coordinator), b"GET", b"/status")[1]
+            )["failover"],
         ]
         for failover in answers:
             self.assertEqual(failover["coordinator"], "etcd (hidden)")

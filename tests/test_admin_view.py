@@ -8,6 +8,7 @@ replica, a node standing by, and failover nodes.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from rmqha.admin import status
 from rmqha.admin.metrics import BrokerCollector
@@ -22,13 +23,13 @@ from tests.test_coordinator import _Group
 from tests.test_roles import SEGMENT
 
 
-def _samples(broker: Broker) -> dict[str, float]:
+def _samples(broker: Broker, failover: Any = None) -> dict[str, float]:
     """
     The collector's unlabelled samples (and C{name{label}} for labelled
     ones), by sample name.
     """
     found: dict[str, float] = {}
-    for metric in BrokerCollector(broker).collect():
+    for metric in BrokerCollector(broker, None, failover).collect():
         for sample in metric.samples:
             labels = ",".join(f"{v}" for _, v in sorted(sample.labels.items()))
             found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
@@ -171,9 +172,9 @@ class BrokerStatusTests(_Group):
             self.node(name, advertise_http=f"{name}:8080")
         self.elapse(2)
         a, b = self.nodes["a"], self.nodes["b"]
-        a.broker.coordinator = a.coordinator
-        b.broker.coordinator = b.coordinator
-        views: dict[str, BrokerStatus] = {n: broker_status(self.nodes[n].broker) for n in "ab"}
+        views: dict[str, BrokerStatus] = {
+            n: broker_status(self.nodes[n].broker, self.nodes[n].coordinator) for n in "ab"
+        }
         for view in views.values():
             assert view.failover is not None
             self.assertEqual(view.failover.coordinator["master"]["node_id"], "a")
@@ -187,6 +188,6 @@ class BrokerStatusTests(_Group):
         assert replica is not None
         self.assertIs(replica.state, ReplicaState.REPLICATING)
         self.assertEqual((replica.epoch_truncations, replica.epoch_truncated_bytes), (0, 0))
-        self.assertEqual(_samples(a.broker)["rmqha_failover_is_master"], 1)
-        self.assertEqual(_samples(b.broker)["rmqha_failover_is_master"], 0)
-        self.assertEqual(_samples(b.broker)["rmqha_failover_epoch"], 1)
+        self.assertEqual(_samples(a.broker, a.coordinator)["rmqha_failover_is_master"], 1)
+        self.assertEqual(_samples(b.broker, b.coordinator)["rmqha_failover_is_master"], 0)
+        self.assertEqual(_samples(b.broker, b.coordinator)["rmqha_failover_epoch"], 1)

@@ -537,17 +537,17 @@ class StatusTests(_Group):
             self.node(name, advertise_http=f"{name}:8080")
         self.elapse(2)
         a, b = self.nodes["a"], self.nodes["b"]
-        a.broker.coordinator = a.coordinator
-        b.broker.coordinator = b.coordinator
         for node in (a, b):
-            failover = status(node.broker)["failover"]
+            failover = status(node.broker, node.coordinator)["failover"]
             self.assertEqual(failover["master"]["node_id"], "a")
             self.assertEqual(failover["epoch"], 1)
             self.assertEqual(failover["in_sync"], ["a", "b"])
-        self.assertTrue(status(a.broker)["failover"]["is_master"])
-        self.assertEqual(master_hint(b.broker), {"node_id": "a", "http": "a:8080", "epoch": 1})
-        self.assertIsNone(master_hint(a.broker))
-        metrics = {m.name: m for m in BrokerCollector(b.broker).collect()}
+        self.assertTrue(status(a.broker, a.coordinator)["failover"]["is_master"])
+        self.assertEqual(
+            master_hint(b.coordinator), {"node_id": "a", "http": "a:8080", "epoch": 1}
+        )
+        self.assertIsNone(master_hint(a.coordinator))
+        metrics = {m.name: m for m in BrokerCollector(b.broker, None, b.coordinator).collect()}
         self.assertEqual(metrics["rmqha_failover_epoch"].samples[0].value, 1)
         self.assertEqual(metrics["rmqha_failover_is_master"].samples[0].value, 0)
 

@@ -1021,8 +1021,7 @@ class AuthGroupTests(_AuthGroup):
         d = self.put(master.broker)
         self.elapse(0.5)
         self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
-        master.broker.coordinator = master.coordinator
-        shown = status(master.broker)
+        shown = status(master.broker, master.coordinator)
         self.assertEqual(shown["failover"]["auth"], "group secret")
         self.assertEqual(
             sorted((s["replica_id"], s["authenticated"]) for s in shown["slaves"]),
@@ -1066,8 +1065,9 @@ class InsecureWarningTests(_Group):
         with capturedLogs() as events:
             node = self.node("a")
         self.assertIn(INSECURE_GROUP_WARNING, [formatEvent(e) for e in events])
-        node.broker.coordinator = node.coordinator
-        self.assertEqual(status(node.broker)["failover"]["auth"], "none (--insecure-group)")
+        self.assertEqual(
+            status(node.broker, node.coordinator)["failover"]["auth"], "none (--insecure-group)"
+        )
 
 
 class ExpectedLeaderTests(_InMemory):

@@ -20,7 +20,7 @@ from twisted.web.server import Request
 
 from rmqha.admin.commitlog import CommitLogServer
 from rmqha.admin.resource import AdminResource
-from rmqha.admin.view import PutFigures, broker_status
+from rmqha.admin.view import FailoverSource, PutFigures, broker_status
 from rmqha.broker import Broker
 from rmqha.ha.masterside import MasterSideStatus
 from rmqha.ha.replica import ReplicaStatus
@@ -35,12 +35,18 @@ class BrokerCollector(Collector):
     snapshot per scrape.
     """
 
-    def __init__(self, broker: Broker, served: CommitLogServer | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        served: CommitLogServer | None = None,
+        failover: FailoverSource | None = None,
+    ) -> None:
         self._broker = broker
         self._served = served
+        self._failover = failover
 
     def collect(self) -> Iterator[Metric]:
-        view = broker_status(self._broker)
+        view = broker_status(self._broker, self._failover)
         store = view.store
         for name, value, text in [
             ("rmqha_commitlog_min_offset", store.min_offset, "oldest offset held"),
@@ -212,10 +218,15 @@ class MetricsResource(AdminResource):
 
     isLeaf = True
 
-    def __init__(self, broker: Broker, commitlog: CommitLogServer | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        commitlog: CommitLogServer | None = None,
+        failover: FailoverSource | None = None,
+    ) -> None:
         super().__init__()
         self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(BrokerCollector(broker, commitlog))
+        self._registry.register(BrokerCollector(broker, commitlog, failover))
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")

@@ -13,6 +13,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from rmqha.admin.view import FailoverSource
 from rmqha.admin.resource import AdminResource, NotFound, error_answer, json_answer
 from rmqha.broker import Broker, NotStoredError
 from rmqha.ha.group import PutMessageResult, PutStatus
@@ -21,12 +22,11 @@ from rmqha.store._record import Message, MessageRejected
 __all__ = ["Topics", "master_hint"]
 
 
-def master_hint(broker: Broker) -> dict[str, Any] | None:
+def master_hint(coordinator: FailoverSource | None) -> dict[str, Any] | None:
     """
     Failover mode: where the elected master is, for a client that asked
-    a slave.
+    a slave (none without a C{coordinator}).
     """
-    coordinator = broker.coordinator
     if coordinator is None:
         return None
     failover = coordinator.status()
@@ -39,10 +39,11 @@ def master_hint(broker: Broker) -> dict[str, Any] | None:
 class _Messages(AdminResource):
     isLeaf = True
 
-    def __init__(self, broker: Broker, topic: str) -> None:
+    def __init__(self, broker: Broker, topic: str, failover: FailoverSource | None) -> None:
         super().__init__()
         self._broker = broker
         self._topic = topic
+        self._failover = failover
 
     def render_POST(self, request: Request) -> bytes | int:
         try:
@@ -60,7 +61,7 @@ class _Messages(AdminResource):
                 code = 503  # (failover: not stored; retry shortly)
             if e.status is PutStatus.SERVICE_NOT_AVAILABLE:
                 code = 503
-                hint = master_hint(self._broker)
+                hint = master_hint(self._failover)
                 if hint is not None:
                     # Failover mode: where to put instead.
                     extra["master"] = hint
@@ -141,27 +142,29 @@ class _Messages(AdminResource):
 
 
 class _Topic(AdminResource):
-    def __init__(self, broker: Broker, topic: str) -> None:
+    def __init__(self, broker: Broker, topic: str, failover: FailoverSource | None) -> None:
         super().__init__()
         self._broker = broker
         self._topic = topic
+        self._failover = failover
 
     def getChild(self, path: bytes, request: Request) -> Resource:
         if path == b"messages":
-            return _Messages(self._broker, self._topic)
+            return _Messages(self._broker, self._topic, self._failover)
         return NotFound()
 
 
 class Topics(AdminResource):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, failover: FailoverSource | None = None) -> None:
         super().__init__()
         self._broker = broker
+        self._failover = failover
 
     def getChild(self, path: bytes, request: Request) -> Resource:
         try:
             topic = path.decode("utf-8")
         except UnicodeDecodeError:
             return NotFound()
-        return _Topic(self._broker, topic)
+        return _Topic(self._broker, topic, self._failover)
 
 

@@ -20,7 +20,7 @@ from rmqha.admin.commitlog import CommitLogOff, CommitLogResource, CommitLogServ
 from rmqha.admin.metrics import MetricsResource
 from rmqha.admin.put import Topics
 from rmqha.admin.resource import AdminResource, NotFound, json_answer
-from rmqha.admin.view import hide_coordinator, status
+from rmqha.admin.view import FailoverSource, hide_coordinator, status
 from rmqha.broker import Broker
 from rmqha.tls import PeerPolicy, admin_exposure_warning, commitlog_exposure_warning
 
@@ -54,13 +54,19 @@ class StatusResource(AdminResource):
 
     isLeaf = True
 
-    def __init__(self, broker: Broker, commitlog: CommitLogServer | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        commitlog: CommitLogServer | None = None,
+        failover: FailoverSource | None = None,
+    ) -> None:
         super().__init__()
         self._broker = broker
         self._commitlog = commitlog
+        self._failover = failover
 
     def render_GET(self, request: Request) -> bytes:
-        result = status(self._broker)
+        result = status(self._broker, self._failover)
         failover = result.get("failover")
         if failover is not None and not certificate_verified(request):
             result["failover"] = hide_coordinator(failover)
@@ -74,15 +80,22 @@ class AdminRoot(AdminResource):
     The admin interface's root resource, for a C{twisted.web.server.Site}.
     """
 
-    def __init__(self, broker: Broker, commitlog: CommitLogServer | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        commitlog: CommitLogServer | None = None,
+        failover: FailoverSource | None = None,
+    ) -> None:
         """
         @param commitlog: serve the commit log's segment files (read-only,
             paced) under C{/commitlog}; C{None}: not served (404).
+        @param failover: the broker's failover coordinator, if any (its
+            status is shown; a slave's refusals name the elected master).
         """
         super().__init__()
-        self.putChild(b"status", StatusResource(broker, commitlog))
-        self.putChild(b"metrics", MetricsResource(broker, commitlog))
-        self.putChild(b"topics", Topics(broker))
+        self.putChild(b"status", StatusResource(broker, commitlog, failover))
+        self.putChild(b"metrics", MetricsResource(broker, commitlog, failover))
+        self.putChild(b"topics", Topics(broker, failover))
         self.putChild(
             b"commitlog",
             CommitLogResource(broker, commitlog) if commitlog is not None else CommitLogOff(),
@@ -101,6 +114,7 @@ def make_site(
     idle_timeout: float | None = IDLE_TIMEOUT,
     peer_policy: PeerPolicy | None = None,
     serve_commitlog: int = 0,
+    failover: FailoverSource | None = None,
 ) -> Site:
     """
     The admin interface of C{broker} as the factory its HTTP port serves
@@ -116,11 +130,12 @@ def make_site(
         before a request's body is read (403).
     @param serve_commitlog: bytes per second at which C{/commitlog}
         serves segment files to all readers together; 0: not served.
+    @param failover: the broker's failover coordinator, if any.
     """
     clock = reactor if reactor is not None else broker.reactor
     served = CommitLogServer(serve_commitlog, clock) if serve_commitlog > 0 else None
     return AdminSite(
-        AdminRoot(broker, served),
+        AdminRoot(broker, served, failover),
         clock,
         max_body,
         header_timeout,
@@ -144,8 +159,11 @@ class AdminService(Port):
         where: Any,
         peer_policy: PeerPolicy | None = None,
         serve_commitlog: int = 0,
+        failover: FailoverSource | None = None,
     ) -> None:
         """
+        @param failover: the broker's failover coordinator, if any
+            (L{make_site}).
         @param where: a Twisted server endpoint description (plain TCP
             beyond loopback is warned about), or an endpoint
             (L{rmqha.tls.server_endpoint} for TLS requiring client
@@ -158,6 +176,7 @@ class AdminService(Port):
         self.where = where
         self.peer_policy = peer_policy
         self.serve_commitlog = serve_commitlog
+        self.failover = failover
         self.setName("http")  # type: ignore[no-untyped-call]
 
     def listen(self, limited: Any) -> None:
@@ -172,6 +191,9 @@ class AdminService(Port):
                 if warning is not None:
                     self._log.warn(warning.format, **warning.fields)
         site = make_site(
-            self.broker, peer_policy=self.peer_policy, serve_commitlog=self.serve_commitlog
+            self.broker,
+            peer_policy=self.peer_policy,
+            serve_commitlog=self.serve_commitlog,
+            failover=self.failover,
         )
         self.port = listen(self.broker.reactor, "http", self.where, limited("HTTP", site))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from rmqha.broker import Broker
 from rmqha.ha.config import Role
@@ -36,6 +36,7 @@ __all__ = [
     "FailoverStatus",
     "broker_status",
     "status",
+    "FailoverSource",
     "hide_coordinator",
 ]
 
@@ -164,9 +165,19 @@ class BrokerStatus:
         return result
 
 
-def broker_status(broker: Broker) -> BrokerStatus:
+class FailoverSource(Protocol):
     """
-    A snapshot of C{broker} (running: its store is open).
+    What the view reads of a failover coordinator
+    (L{rmqha.coord.node.Coordinator}): its own status, as JSON.
+    """
+
+    def status(self) -> dict[str, Any]: ...
+
+
+def broker_status(broker: Broker, failover: FailoverSource | None = None) -> BrokerStatus:
+    """
+    A snapshot of C{broker} (running: its store is open), and of its
+    C{failover} coordinator if it has one.
 
     @raise RuntimeError: the broker is not running.
     """
@@ -183,11 +194,11 @@ def broker_status(broker: Broker) -> BrokerStatus:
     else:
         replica = side_status if isinstance(side_status, ReplicaStatus) else ReplicaStatus()
         endpoint = broker.master_endpoint
-    failover: FailoverStatus | None = None
-    if broker.coordinator is not None:
+    failover_status: FailoverStatus | None = None
+    if failover is not None:
         auth = broker.role_services.group_auth
-        failover = FailoverStatus(
-            MappingProxyType(broker.coordinator.status()),
+        failover_status = FailoverStatus(
+            MappingProxyType(failover.status()),
             auth.mode if auth is not None else _INSECURE,
         )
     waits = broker.put_path.replication_wait
@@ -206,15 +217,15 @@ def broker_status(broker: Broker) -> BrokerStatus:
         master=master,
         replica=replica,
         master_endpoint=endpoint,
-        failover=failover,
+        failover=failover_status,
     )
 
 
-def status(broker: Broker) -> dict[str, Any]:
+def status(broker: Broker, failover: FailoverSource | None = None) -> dict[str, Any]:
     """
     What C{GET /status} answers (L{BrokerStatus.as_json}).
     """
-    return broker_status(broker).as_json()
+    return broker_status(broker, failover).as_json()
 
 
 def hide_coordinator(failover: dict[str, Any]) -> dict[str, Any]:

@@ -50,8 +50,8 @@ def make_broker(
     """
     A L{Broker} on C{store} for the real-socket tests: fast heartbeats,
     reconnects every 0.1 s, the reactor's clock for the store; C{http=}
-    (and C{http_peer_policy=}, C{serve_commitlog=}) compose an
-    L{AdminService} into it.
+    (and C{http_peer_policy=}, C{serve_commitlog=}, C{failover=}) compose
+    an L{AdminService} into it.
     """
     from rmqha.broker import Broker
     from rmqha.store.commitlog import CommitLog
@@ -61,6 +61,7 @@ def make_broker(
     http = kwargs.pop("http", None)
     http_peer_policy = kwargs.pop("http_peer_policy", None)
     serve_commitlog = kwargs.pop("serve_commitlog", 0)
+    failover = kwargs.pop("failover", None)
     settings, runtime = settings_and_runtime(
         kwargs,
         role=role,
@@ -75,5 +76,7 @@ def make_broker(
         **runtime,
     )
     if http is not None:
-        AdminService(broker, http, http_peer_policy, serve_commitlog).setServiceParent(broker)
+        AdminService(
+            broker, http, http_peer_policy, serve_commitlog, failover=failover
+        ).setServiceParent(broker)
     return broker

@@ -130,8 +130,8 @@ async def test_admin_over_tls(tmp_path: Any) -> None:
             reactor, "ssl:0:interface=127.0.0.1", pki["master"], policy, "--http"
         ),
         http_peer_policy=policy,
+        failover=_Coordinator(),
     )
-    broker.coordinator = _Coordinator()  # type: ignore[assignment]
     broker.startService()
     try:
         port = (await broker.getServiceNamed("http").address()).port
