@@ -209,8 +209,25 @@ def main(args: list[str]) -> int:
     trial = run([PYTHON, "-m", "twisted.trial", "--dry-run", "--reporter=text", "tests"])
     if trial:
         _say("twisted.trial could not discover every test; pytest runs anyway")
-    pytest_status = run(pytest_command([]))
+    pytest_status = run(pytest_command(parallel()))
     return pytest_status or trial or status
+
+
+def parallel() -> list[str]:
+    """
+    The whole suite's pytest-xdist options: one worker per core, at most
+    2 (the CI machine's), each test file on one worker (a file's
+    module-scoped etcd members, Spark sessions and stores stay together).
+    Most of the suite's time is spent waiting (elections, leases, real
+    processes starting), so two workers take it from ~8 to ~5 minutes on
+    2 cores (docs/development.md).  C{RMQHA_TEST_WORKERS=0} runs it in one
+    process.
+    """
+    workers = os.environ.get("RMQHA_TEST_WORKERS")
+    count = int(workers) if workers else min(2, os.cpu_count() or 1)
+    if count <= 1:
+        return []
+    return ["-n", str(count), "--dist", "loadfile"]
 
 
 def pytest_command(args: list[str]) -> list[str]:

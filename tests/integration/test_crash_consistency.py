@@ -86,7 +86,7 @@ class _Cluster:
 
 
 @pytest.mark.parametrize(
-    "codec, slave_kills, master_kills", [("compiled", 20, 5), ("pure", 6, 2)]
+    "codec, slave_kills, master_kills", [("compiled", 12, 3), ("pure", 6, 2)]
 )
 @pytest_twisted.ensureDeferred
 async def test_kill_slave_and_master(

@@ -39,7 +39,7 @@ from tools.processes import etcd_binary
 pytestmark = pytest.mark.failover
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-KILLS = int(os.environ.get("RMQHA_FAILOVER_KILLS", "20"))
+KILLS = int(os.environ.get("RMQHA_FAILOVER_KILLS", "10"))
 #: The nodes' lease TTL (the default).
 TTL = 2.0
 
