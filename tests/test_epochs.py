@@ -663,17 +663,17 @@ class FailoverRejoinTests(_InMemory):
         not hash 64 MiB before replicating); a store without epochs still
         gets the whole tail window.
         """
-        from rmqha.ha import replica as replica_module
+        from rmqha.ha import mastercheck
         from rmqha.ha.divergence import TAIL_WINDOW
 
         windows: list[int] = []
-        real = replica_module.find_divergence
+        real = mastercheck.find_divergence
 
         async def spy(*args: Any, window: int = TAIL_WINDOW, **kw: Any) -> Any:
             windows.append(window)
             return await real(*args, window=window, **kw)
 
-        self.patch(replica_module, "find_divergence", spy)
+        self.patch(mastercheck, "find_divergence", spy)
         a = self.failover_broker(Role.MASTER)
         self.switch(a.become_master(epoch=1))
         self.puts(a, 3)
@@ -683,7 +683,7 @@ class FailoverRejoinTests(_InMemory):
         self.settle()
         self.switch(b.become_slave(self.endpoint(a)))  # type: ignore[arg-type]
         self.settle()
-        self.assertEqual(windows, [TAIL_WINDOW, replica_module.EPOCH_VERIFY_WINDOW])
+        self.assertEqual(windows, [TAIL_WINDOW, mastercheck.EPOCH_VERIFY_WINDOW])
         self.assertEqual(b.commitlog.max_offset, a.commitlog.max_offset)
         self.stop(a, b)
 

@@ -1138,7 +1138,7 @@ class ExpectedLeaderTests(_InMemory):
         leader: another node's names, or none, are refused in one line.
         """
         from rmqha.ha.control import MasterInfo
-        from rmqha.ha.replica import _Refused
+        from rmqha.ha.mastercheck import Refused
 
         replica = Replica(
             self.clock, None, "tcp:host=127.0.0.1:port=1",  # type: ignore[arg-type]
@@ -1149,9 +1149,9 @@ class ExpectedLeaderTests(_InMemory):
             (set(), "proved no node id (TLS client certificates required)"),
         ]:
             info = MasterInfo(0, 0, SEGMENT, 0, node_ids=frozenset(names))
-            e = self.assertRaises(_Refused, replica._check_master_identity, info)
+            e = self.assertRaises(Refused, replica._checks.check_master_identity, info)
             self.assertIn(needle, str(e))
-        replica._check_master_identity(MasterInfo(0, 0, SEGMENT, 0, node_ids=frozenset({"a", "x"})))
+        replica._checks.check_master_identity(MasterInfo(0, 0, SEGMENT, 0, node_ids=frozenset({"a", "x"})))
 
 
 class CertsInitGroupTests(SynchronousTestCase):

@@ -11,7 +11,8 @@ A slave's side of replication, as one service with an explicit lifecycle.
     REPLICATING -> BACKING_OFF         (failover: a master refused on a re-check)
     any -> STOPPED
 
-PROBING covers the control probe and the divergence check that follows
+PROBING runs the checks of a L{rmqha.ha.mastercheck.MasterCheck}, this
+service's part: the control probe and the divergence check that follows
 (L{rmqha.ha.control.probe}, L{rmqha.ha.divergence.find_divergence}).
 In failover mode (an epoch file, L{rmqha.ha.epochs}) it also asks the
 master's epochs first: a master without epochs, or at an older epoch than
@@ -22,7 +23,10 @@ verifies, and the master's list is adopted when replication starts.
 While REPLICATING, a connection that ends suspiciously (before the master
 sent anything, or on an offset mismatch) checks again without stopping
 replication; a failed re-check retries after the back-off, replication
-left running.  L{Replica._to} is the only place the state changes.
+left running.  L{Replica._to} is the only place the state changes: the
+checks and repairs raise, or ask this service (their L{CheckHost
+<rmqha.ha.mastercheck.CheckHost>}) to stop replicating and enter
+REPAIRING.
 
 The L{ClientService} that keeps the connection to the master (built by
 L{rmqha.ha.slave.make_slave_service}) is a child this service starts and
@@ -32,9 +36,7 @@ stops itself: it runs only in REPLICATING.
 from __future__ import annotations
 
 import enum
-import os
 import random
-import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
@@ -49,41 +51,21 @@ from twisted.python.failure import Failure
 
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
-from rmqha.store.errors import OffsetOutOfRangeError, StoreDamagedError
-from rmqha.ha._wire import FEATURE_IDENTIFY
+from rmqha.store.errors import StoreDamagedError
 from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
     DEFAULT_MAX_UNFLUSHED,
     DEFAULT_PROBE_TIMEOUT,
-    PROBE_FIRST_TIMEOUT,
     HAConfig,
     MasterKind,
     OnDivergence,
 )
 from rmqha.ha.auth import GroupAuth
-from rmqha.ha.control import (
-    AuthFailed,
-    CheckFailed,
-    ControlClient,
-    MasterInfo,
-    MasterUnreachable,
-    log_digest,
-    probe,
-)
-from rmqha.ha.divergence import (
-    Divergence,
-    TAIL_WINDOW,
-    DivergenceKind,
-    find_divergence,
-    read_master_kind,
-    write_master_kind,
-)
-from rmqha.ha.epochs import Entry, EpochFile, common_end
-
-#: Failover: the tail the digest check confirms after the epochs decided
-#: where two logs part (docs/failover.md).
-EPOCH_VERIFY_WINDOW = 1024 * 1024
-from rmqha.ha.slave import SlaveFactory, load_replica_id, make_slave_service
+from rmqha.ha.control import CheckFailed, MasterUnreachable
+from rmqha.ha.divergence import Divergence, DivergenceKind
+from rmqha.ha.epochs import EpochFile
+from rmqha.ha.mastercheck import Halt, MasterCheck, NotAnswering, Refused
+from rmqha.ha.slave import SlaveFactory, make_slave_service
 from rmqha.store.service import CommitLogService
 from rmqha.tls import plain_master_warning, split_description
 
@@ -160,50 +142,14 @@ _ALLOWED: dict[ReplicaState, frozenset[ReplicaState]] = {
 }
 
 
-class _Halt(Exception):
-    """
-    A check found something only an operator can fix (not a divergence):
-    replication stays stopped; the text says what.
-    """
-
-
-class _NotAnswering(CheckFailed):
-    """
-    A master that must speak the rmqha extension did not answer it.
-    """
-
-
-class _Refused(_NotAnswering):
-    """
-    Failover: a master this node must not follow (no epochs, or an older
-    epoch than this node has seen); replication stops until a check
-    passes.
-    """
-
-
-def _cut_back(store: CommitLogService, commitlog: CommitLog, cut: int) -> Deferred[Any]:
-    """
-    Cut C{commitlog} back to C{cut}, the log held throughout
-    (L{CommitLogService.exclusive}): its quarantine copy (up to --max-cut
-    bytes, with fsync) in a thread; the log's ends moved back on the
-    reactor (microseconds: L{CommitLog.cut_quarantined}); the zeroing of
-    the cut bytes and the removal of the segments past them in a thread
-    again.  Fires with the quarantine file, or C{None} when there was
-    nothing to cut.
-    """
-
-    def finish(path: str | None) -> Deferred[str | None] | None:
-        if path is None:
-            return None
-        bulk = commitlog.cut_quarantined(cut)
-        return store.in_thread(bulk).addCallback(lambda _: path)
-
-    return store.exclusive(lambda: commitlog.quarantine_tail(cut), finish)
-
 
 class Replica(Service):
     """
-    Replication from one master into an open store.
+    Replication from one master into an open store: the state machine, the
+    connection service it starts and stops, and the status.  The checks of
+    the master and the repairs they call for are its part, a
+    L{MasterCheck}; what they learn and count is read from it (the
+    properties below).
 
     @ivar state: the L{ReplicaState}.
     @ivar master_kind: what the master is (L{MasterKind.RMQHA},
@@ -252,36 +198,15 @@ class Replica(Service):
             log (epochs or digests); a bigger cut halts replication with
             one line naming the option that allows it.  C{None}: no limit.
         """
-        #: The node id and epoch the coordinator names as the leader
-        #: (failover), or C{None}: with group authentication, the master
-        #: must prove this node id (on the probe and on every replication
-        #: connection), or it is not followed.
-        self.expected_leader = expected_leader
-        self._auth = auth
         self.reactor = reactor
-        self._replica_id = replica_id
         self.store = store
         self._master_endpoint = master_endpoint
         self._config = config
         self._retry_policy = retry_policy
         self._max_unflushed = max_unflushed
-        self._on_divergence = on_divergence
-        self._probe_timeout = probe_timeout
-        self._master_kind_option = master_kind
+        self._auth = auth
         self.state = ReplicaState.STOPPED
-        self.master_kind: MasterKind | None = None
-        self.divergence: Divergence | None = None
-        self.divergences: dict[str, int] = {k.value: 0 for k in DivergenceKind}
         self.failed_checks = 0
-        self.epochs = epochs
-        #: Failover: the leader's node id and epoch, as the coordinator
-        #: read them from etcd.
-        self.expected_leader = expected_leader
-        self._max_cut = max_cut
-        self.epoch_truncations = 0
-        self.epoch_truncated_bytes = 0
-        #: The master's epoch list, adopted when replication starts.
-        self._master_epochs: list[Entry] | None = None
         self._problem: str | None = None
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
         if epochs is not None:
@@ -295,15 +220,27 @@ class Replica(Service):
             )
         self._check: Deferred[Any] | None = None
         self._retry: IDelayedCall | None = None
-        #: Checked framing: C{None} until the master has been asked.
-        self._checked: bool | None = None
-        self._identity: str | None = None
-        self._classic_logged = False
         self._client: IStreamClientEndpoint | None = None
         self.slave_factory: SlaveFactory | None = None
         self.client_service: ClientService | None = None
         self._unobserve_damage: Callable[[], None] = lambda: None
         self._halting: IDelayedCall | None = None
+        #: The checks of the master (and the repairs), with what they
+        #: learnt and counted.
+        self._checks = MasterCheck(
+            self,
+            reactor,
+            store,
+            self.master_address,
+            on_divergence=on_divergence,
+            probe_timeout=probe_timeout,
+            master_kind=master_kind,
+            replica_id=replica_id,
+            epochs=epochs,
+            auth=auth,
+            expected_leader=expected_leader,
+            max_cut=max_cut,
+        )
 
     # -- the lifecycle --------------------------------------------------------
 
@@ -386,12 +323,12 @@ class Replica(Service):
             ),
             request_flush=lambda: self.store.flush_now(thorough=True),
             on_suspect=self._suspect,
-            identity=self._identity,
+            identity=self._checks.identity,
             auth=self._auth,
-            expected_master=self._expected_master(),
+            expected_master=self._checks.expected_master,
         )
         # (What the last probe found: it may change at the next one.)
-        factory.checked = bool(self._checked)
+        factory.checked = bool(self._checks.checked)
         self.store.flush_observers.append(factory.flushed)
         # This slave's own segment file changed under it: no more appends.
         self._unobserve_damage = commitlog.observe_damage(self._store_damaged)
@@ -423,32 +360,6 @@ class Replica(Service):
 
     # -- checks -------------------------------------------------------------
 
-    def _expected_master(self) -> str | None:
-        leader = self.expected_leader
-        return leader[0] if leader is not None else None
-
-    def _check_master_identity(self, info: MasterInfo) -> None:
-        """
-        With group authentication: the master must have proven a node id
-        on the probe, and the expected leader's if one is named
-        (docs/failover.md, "Who counts").
-
-        @raise _Refused: it did not.
-        """
-        if self._auth is None:
-            return
-        master = self.master_address
-        expected = self._expected_master()
-        if not info.node_ids:
-            raise _Refused(
-                f"master {master} proved no node id ({self._auth.mode} required): not followed"
-            )
-        if expected is not None and expected not in info.node_ids:
-            raise _Refused(
-                f"master {master} proved it is node {', '.join(sorted(info.node_ids))}, "
-                f"not {expected}, the elected leader: not followed"
-            )
-
     def _suspect(self) -> None:
         """
         A connection ended before the master sent anything, or on an
@@ -472,14 +383,15 @@ class Replica(Service):
             return
         if self.state is not ReplicaState.REPLICATING:
             self._to(ReplicaState.PROBING)
-        d = Deferred.fromCoroutine(self._check_divergence())
+        assert self._client is not None
+        d = Deferred.fromCoroutine(self._checks.run(self._client))
         d.addCallback(lambda found: Deferred.fromCoroutine(self._act_on(found)))
         self._check = d
 
         def done(result: object) -> None:
             self._check = None
             if isinstance(result, Failure):
-                if result.check(_Halt):
+                if result.check(Halt):
                     self._halt(result.getErrorMessage())
                 else:
                     self._check_failed(result)
@@ -512,7 +424,7 @@ class Replica(Service):
         master = self.master_address
         if failure.check(MasterUnreachable):
             why = f"cannot reach master {master}: {failure.getErrorMessage()}"
-        elif failure.check(_NotAnswering):
+        elif failure.check(NotAnswering):
             why = failure.getErrorMessage()
         else:
             why = f"checking master {master} failed: {failure.getErrorMessage()}"
@@ -522,7 +434,7 @@ class Replica(Service):
         self._log.warn("{why}; retrying in {delay:.1f} s", why=why, delay=delay)
         if not self.running:
             return
-        if failure.check(_Refused) and self.state is ReplicaState.REPLICATING:
+        if failure.check(Refused) and self.state is ReplicaState.REPLICATING:
             # Not a master to follow: stop, not just retry.
             self._stop_replicating()
             self._to(ReplicaState.BACKING_OFF)
@@ -617,345 +529,82 @@ class Replica(Service):
             return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         return master
 
-    def _known_master_kind(self) -> MasterKind | None:
-        if self.master_kind is None:
-            self.master_kind = read_master_kind(self.commitlog.store_dir, self.master_address)
-        return self.master_kind
+    # -- what the checks found (owned by the part) ---------------------------
 
-    def _learnt(self, kind: MasterKind) -> None:
-        """
-        The master is C{kind}: remember it in the store when that is news.
-        """
-        if read_master_kind(self.commitlog.store_dir, self.master_address) != kind:
-            try:
-                write_master_kind(
-                    self.commitlog.store_dir, self.master_address, kind, self.reactor.seconds()
-                )
-            except OSError as e:
-                self._log.warn(
-                    "cannot remember in the store that the master is {kind}: {error}",
-                    kind=kind,
-                    error=e,
-                )
-        self.master_kind = kind
+    @property
+    def master_kind(self) -> MasterKind | None:
+        return self._checks.master_kind
 
-    def _set_framing(self, checked: bool, identify: bool = False) -> None:
-        """
-        How the replication connection talks: checked framing or classic,
-        and whether it declares this replica's id (the master takes
-        IDENTIFY).
-        """
-        if self._checked != checked:
-            self._checked = checked
-            self._log.info(
-                "checked framing (CRC-32 on every frame and report) {state}",
-                state="on" if checked else "off: the master does not offer it",
-            )
-        self._identity = (
-            (self._replica_id or load_replica_id(self.commitlog.store_dir)) if identify else None
-        )
-        if self.slave_factory is not None:
-            self.slave_factory.checked = checked
-            self.slave_factory.identity = self._identity
+    @property
+    def divergence(self) -> Divergence | None:
+        return self._checks.divergence
 
-    def _classic(self, why: str) -> None:
-        self._set_framing(False)
-        if not self._classic_logged:
-            self._classic_logged = True
-            self._log.warn(
-                "{why}: replicating classically, without checked framing or "
-                "divergence checks",
-                why=why,
-            )
+    @property
+    def divergences(self) -> Mapping[str, int]:
+        return self._checks.divergences
 
-    async def _check_divergence(self) -> Divergence | None:
-        master = self.master_address
-        self._master_epochs = None  # (only this check's answer is adopted)
-        if self._master_kind_option is MasterKind.ROCKETMQ:
-            self._learnt(MasterKind.ROCKETMQ)
-            self._classic(f"master {master} is a RocketMQ master (--master-kind rocketmq)")
-            return None
-        if self._on_divergence is None and self.epochs is None:
-            return None
-        # Where this log ends, taken before the master's offsets are: the
-        # master's max can only have grown since, so replication running
-        # meanwhile cannot look like "ahead".
-        slave_end = self.commitlog.record_end
-        known = self._known_master_kind()
-        sticky = known is MasterKind.RMQHA or self._master_kind_option is MasterKind.RMQHA
-        # A master that must answer is given the whole probe timeout;
-        # otherwise silence for the first timeout means RocketMQ.
-        first = None if sticky else min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
-        assert self._client is not None
-        try:
-            session = await probe(
-                self.reactor,
-                self._client,
-                self._probe_timeout,
-                first_timeout=first,
-                auth=self._auth,
-                expected_master=self._expected_master(),
-            )
-        except AuthFailed as e:
-            # (Not to be followed, as a master without epochs is not.)
-            raise _Refused(f"master {master}: {e}") from None
-        if session is None:
-            if self.epochs is not None:
-                raise _Refused(
-                    f"master {master} does not answer the rmqha extension: a failover "
-                    "slave follows only a master that keeps epochs"
-                )
-            if self._master_kind_option is MasterKind.RMQHA:
-                raise _NotAnswering(
-                    f"master {master} does not answer the rmqha extension "
-                    "(--master-kind rmqha): not replicating classically"
-                )
-            if known is MasterKind.RMQHA:
-                raise _NotAnswering(
-                    f"master {master} spoke the rmqha extension before but is not "
-                    "answering; not falling back to classic replication (if it is "
-                    "now a RocketMQ master, restart with --master-kind rocketmq)"
-                )
-            self._learnt(MasterKind.ROCKETMQ)
-            self._classic(
-                f"master {master} does not answer the rmqha control extension "
-                "(a RocketMQ master?)"
-            )
-            return None
-        client, info = session
-        try:
-            self._check_master_identity(info)
-            self._learnt(MasterKind.RMQHA)
-            self._set_framing(info.checked_framing, bool(info.features & FEATURE_IDENTIFY))
-            ours = self.commitlog.segment_size
-            if info.segment_size != ours:
-                raise _Halt(
-                    f"master {master} uses segments of {info.segment_size} bytes "
-                    f"(mappedFileSizeCommitLog) and this slave's store {ours}: a "
-                    "slave's segment size must be its master's (start the slave "
-                    f"on an empty store with --segment-size {info.segment_size})"
-                )
-            window = TAIL_WINDOW
-            if self.epochs is not None:
-                shared = bool(self.epochs.entries)
-                slave_end = await self._cut_to_common_epoch(client, info, slave_end)
-                if not self.running:
-                    return None
-                if shared:
-                    # The epochs decided where the logs part; the digests
-                    # only confirm it, over a short tail, so that a slave
-                    # following a new master replicates (and a SYNC
-                    # master's puts resume) without hashing 64 MiB first.
-                    window = EPOCH_VERIFY_WINDOW
-            if self._on_divergence is None:
-                return None
-            return await find_divergence(
-                self.commitlog, client, info, window=window, slave_end=slave_end
-            )
-        finally:
-            client.close()
+    @property
+    def epoch_truncations(self) -> int:
+        return self._checks.epoch_truncations
 
-    async def _cut_to_common_epoch(
-        self, client: ControlClient, info: MasterInfo, slave_end: int
-    ) -> int:
+    @property
+    def epoch_truncated_bytes(self) -> int:
+        return self._checks.epoch_truncated_bytes
+
+    @property
+    def epochs(self) -> EpochFile | None:
+        return self._checks.epochs
+
+    @property
+    def expected_leader(self) -> tuple[str, int] | None:
         """
-        Failover: ask the master's epochs; refuse a master without them or
-        at an older epoch than this node has seen; cut this log back to
-        the end of the newest epoch both share (RocketMQ 5's doTruncate).
-        An empty local list (a store from before failover, or a new one)
-        leaves it to the digest check.
-
-        @return: where this log now ends.
-        @raise _Refused: a master not to follow.
-        @raise _Halt: no epoch in common, or a cut before this log's start.
+        The node id and epoch the coordinator names as the leader
+        (failover), or C{None}: with group authentication, the master must
+        prove this node id (on the probe and on every replication
+        connection), or it is not followed.
         """
-        master = self.master_address
-        epochs = self.epochs
-        assert epochs is not None
-        if not info.epochs:
-            raise _Refused(
-                f"master {master} keeps no epochs (it is not in failover mode): a "
-                "failover slave does not follow it"
-            )
-        answer = await client.epochs()
-        ours = epochs.entries
-        expected = self.expected_leader
-        if expected is not None and answer.epoch != expected[1]:
-            raise _Refused(
-                f"master {master} says it is at epoch {answer.epoch}, but the coordinator "
-                f"elected {expected[0]} at epoch {expected[1]}: not followed, nothing cut"
-            )
-        if answer.epoch < epochs.last_epoch:
-            raise _Refused(
-                f"master {master} is at epoch {answer.epoch}, this node has seen epoch "
-                f"{epochs.last_epoch}: a deposed master, not followed"
-            )
-        self._master_epochs = [e for e in answer.entries if e[1] <= answer.max_offset]
-        if not ours or not self.commitlog.has_data():
-            return slave_end
-        cut = common_end(ours, slave_end, answer.entries, answer.max_offset)
-        if cut is None:
-            self._master_epochs = None
-            raise _Halt(
-                f"this node's log and master {master}'s share no epoch (this node's "
-                f"last: epoch {ours[-1][0]} from {ours[-1][1]}; the master's last: "
-                + (
-                    f"epoch {answer.entries[-1][0]} from {answer.entries[-1][1]})"
-                    if answer.entries
-                    else "none)"
-                )
-            )
-        if cut >= slave_end:
-            return slave_end
-        await self._prove_cut(client, cut, slave_end, "the epochs")
+        return self._checks.expected_leader
+
+    # -- acting on the outcome ----------------------------------------------
+
+    async def stop_to_repair(self) -> bool:
+        """
+        A check is about to cut this log (L{CheckHost.stop_to_repair
+        <rmqha.ha.mastercheck.CheckHost.stop_to_repair>}): stop
+        replicating, then enter REPAIRING unless stopped meanwhile.
+        """
         await self._stop_replicating()
         if not self.running:
-            return slave_end
+            return False
         self._to(ReplicaState.REPAIRING)
-        commitlog = self.commitlog
-        end = commitlog.max_offset
-        try:
-            # (In a thread: the quarantine copy of up to --max-cut bytes,
-            # with fsync, must not hold the reactor -- its lease renewals.)
-            await _cut_back(self.store, commitlog, cut)
-        except OffsetOutOfRangeError:
-            self._master_epochs = None
-            raise _Halt(
-                f"the newest epoch this node shares with master {master} ends at {cut}, "
-                f"before this log's oldest segment at {commitlog.min_offset}: it cannot "
-                "be cut back there (rebootstrap it)"
-            ) from None
-        epochs.truncate_to(cut)
-        self.epoch_truncations += 1
-        self.epoch_truncated_bytes += end - cut
-        self._log.warn(
-            "cut this log back from {end} to {cut}, the end of the newest epoch it "
-            "shares with master {master} (the cut bytes are in quarantine)",
-            end=end,
-            cut=cut,
-            master=master,
-        )
-        return cut
+        return True
 
-    async def _prove_cut(self, client: ControlClient, cut: int, end: int, why: str) -> None:
+    def rebuild(self) -> None:
         """
-        Failover: before this log is cut back from C{end} to C{cut} on the
-        master's word (C{why}), the master must prove the part both keep:
-        never the whole log on one answer, never more than C{--max-cut},
-        and the master's digest of the last bytes before the cut (up to
-        1 MiB) must equal this log's.
-
-        @raise _Halt: the cut is bigger than C{--max-cut} (an operator
-            decides; nothing is cut).
-        @raise _Refused: the cut is not proven (nothing is cut; checked
-            again after a back-off, as for any master not to follow).
+        The store was reopened empty: a new slave factory and connection
+        service over it.
         """
-        master = self.master_address
-        commitlog = self.commitlog
-        size = end - cut
-        limit = self._max_cut
-        if limit is not None and size > limit:
-            raise _Halt(
-                f"{why} of master {master} would cut {size} bytes from this log "
-                f"(back to {cut} from {end}), more than --max-cut {limit}: not cut; "
-                f"to allow it, restart this node with --max-cut {size} (the cut "
-                "bytes go to quarantine)"
-            )
-        start = max(commitlog.min_offset, cut - EPOCH_VERIFY_WINDOW)
-        if cut <= commitlog.min_offset or start >= cut:
-            raise _Refused(
-                f"{why} of master {master} would cut this node's whole log (back to "
-                f"{cut} from {end}) on its word alone, with no common bytes to prove it: "
-                "not cut; if the master is right, move this store aside and start the "
-                "node on an empty one (it copies the master's log)"
-            )
-        theirs = await client.digest(start, cut)
-        ours = log_digest(commitlog, start, cut)
-        if theirs is None or ours is None or theirs != ours:
-            raise _Refused(
-                f"{why} of master {master} would cut this log back to {cut}, but the "
-                f"master's bytes {start}-{cut} differ from this log's (or it would not "
-                "digest them): not cut; compare the stores (rmqha pipeline verify) "
-                "before moving this one aside"
-            )
-
-    def _adopt_epochs(self) -> None:
-        """
-        Failover: take the master's epoch list, once the checks let
-        replication start.
-        """
-        entries, self._master_epochs = self._master_epochs, None
-        if self.epochs is not None and entries is not None:
-            self.epochs.replace(entries)
+        self._build(self.commitlog)
 
     async def _act_on(self, divergence: Divergence | None) -> None:
         if not self.running or self.state is ReplicaState.HALTED:
             return  # (halted meanwhile: this log is damaged)
+        checks = self._checks
         if divergence is None:
-            self._adopt_epochs()
+            checks.adopt_epochs()
             self._to(ReplicaState.REPLICATING)
             return
-        self.divergence = divergence
-        self.divergences[divergence.kind.value] += 1
-        mode = self._on_divergence
-        if mode is OnDivergence.TRUNCATE and divergence.truncate_to is None:
-            mode = OnDivergence.HALT
-        self._log.warn(
-            "divergence: {what}; on-divergence={mode}",
-            what=divergence.describe(),
-            mode=str(mode),
-        )
+        mode = checks.found(divergence)
         await self._stop_replicating()
         if not self.running:
             return  # (stopped meanwhile: the store may be a master's now)
         if mode is OnDivergence.HALT:
-            self._master_epochs = None
+            checks.forget_epochs()
             self._to(ReplicaState.HALTED)
             return
-        if mode is OnDivergence.TRUNCATE and self._max_cut is not None:
-            assert divergence.truncate_to is not None
-            size = self.commitlog.max_offset - divergence.truncate_to
-            if size > self._max_cut:
-                self._master_epochs = None
-                raise _Halt(
-                    f"the divergence check would cut {size} bytes from this log (back to "
-                    f"{divergence.truncate_to}), more than --max-cut {self._max_cut}: not "
-                    f"cut; to allow it, restart this node with --max-cut {size}"
-                )
+        checks.allow_repair(divergence, mode)
         self._to(ReplicaState.REPAIRING)
-        if mode is OnDivergence.TRUNCATE:
-            assert divergence.truncate_to is not None
-            commitlog, cut = self.commitlog, divergence.truncate_to
-            path = await _cut_back(self.store, commitlog, cut)
-            self._log.warn(
-                "cut the log back to offset {offset}; the cut bytes are kept in {path}",
-                offset=cut,
-                path=path,
-            )
-            if self.epochs is not None:
-                self.epochs.truncate_to(divergence.truncate_to)
-        else:
-            await self._rebootstrap()
-        self.divergence = None
+        await checks.repair(divergence, mode)
         if self.running:
-            self._adopt_epochs()
+            checks.adopt_epochs()
             self._to(ReplicaState.REPLICATING)
-
-    async def _rebootstrap(self) -> None:
-        """
-        Move the store aside (never deleted) and start an empty one.
-        """
-        old = self.commitlog.store_dir
-        when = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.reactor.seconds()))
-        aside = f"{old}.diverged-{when}"
-        # (Closing the log, the move and opening an empty one run in a
-        # thread: the reactor renews the lease meanwhile.)
-        await self.store.reopen(lambda: os.rename(old, aside))
-        self._log.warn("moved the diverged store aside to {aside}", aside=aside)
-        if self.epochs is not None:
-            # The epoch file went aside with the store too.
-            self.epochs.reload()
-        self._build(self.commitlog)
-        if self.master_kind is not None:
-            # The memory of what the master is went aside with the store.
-            self._learnt(self.master_kind)

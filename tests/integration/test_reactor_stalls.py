@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall, deferLater
 
-from rmqha.ha.replica import _cut_back
+from rmqha.ha.mastercheck import cut_back
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.service import CommitLogService
@@ -84,7 +84,7 @@ async def test_cut_back_of_256_mib(tmp_path: Any) -> None:
     cut = _cut_point(commitlog)
     renewals = _Renewals(reactor)
     try:
-        path = await _cut_back(service, commitlog, cut)
+        path = await cut_back(service, commitlog, cut)
     finally:
         await renewals.stop()
     assert path is not None and os.path.getsize(path) >= CUT
