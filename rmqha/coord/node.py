@@ -38,6 +38,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha.broker import Broker
+from rmqha.coord.claim import NodeIdClaim
 from rmqha.coord.dcs import (
     IDCS,
     ClusterView,
@@ -48,9 +49,10 @@ from rmqha.coord.dcs import (
     Lease,
     LeaseLost,
     Member,
-    Switchover,
     in_sync_members,
 )
+from rmqha.coord.handover import Handover
+from rmqha.coord.report import MalformedKeys, NodeReport
 from rmqha.ha.config import Role
 from rmqha.ha.fence import Fence
 from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
@@ -250,7 +252,6 @@ class Coordinator(Service):
         self._busy = False
         self._again = False
         self._leaderless_since: float | None = None
-        self._handover: Switchover | None = None
         self._changing: Deferred[Any] | None = None
         # This node's last leadership, once it stepped down (its key is
         # resigned; see _decide).
@@ -261,13 +262,12 @@ class Coordinator(Service):
         #: Why this process does not take part at all (its node id is live
         #: in another one), or C{None}.
         self.fatal: str | None = None
-        # Whether the member key is this process's to write (no other live
-        # process holds the node id), and the other holder seen so far:
-        # (its lease, its key's revision).
-        self._claimed = False
-        self._rival: tuple[int, int] | None = None
-        # The malformed keys already warned about (L{_report_malformed}).
-        self._malformed: set[tuple[str, str]] = set()
+        # The parts: the claim on the node id, a switchover's handover,
+        # what this node says about itself, the malformed-key warnings.
+        self._claim = NodeIdClaim(settings.group, settings.node_id)
+        self._handover = Handover(dcs, self.fence, broker, settings.node_id)
+        self._report = NodeReport(self, now)
+        self._malformed = MalformedKeys()
 
     # -- what the fence holds -------------------------------------------------
 
@@ -307,14 +307,11 @@ class Coordinator(Service):
         self.fence.members = frozenset(view.members) if view is not None else frozenset()
 
     @property
-    def _handing_over(self) -> Switchover | None:
-        # (The switchover this master is handing over in, if any.)
-        return self._handover
-
-    @_handing_over.setter
-    def _handing_over(self, switch: Switchover | None) -> None:
-        self._handover = switch
-        self.fence.handing_over = switch.target if switch is not None else None
+    def unfit(self) -> str | None:
+        """
+        Why this node may not lead until restarted (it failed to), if so.
+        """
+        return self._unfit
 
     # -- start and stop -------------------------------------------------------
 
@@ -376,7 +373,7 @@ class Coordinator(Service):
         if not self.running:
             return
         self._renewed(sent)
-        if not self._claimed and not await self._claim_node_id():
+        if not self._claim.claimed and not await self._claim_node_id():
             return
         try:
             assert self.lease is not None
@@ -387,19 +384,15 @@ class Coordinator(Service):
         except DCSError as e:
             self._dcs_failed(e)
             return
-        if self.in_sync is not None and self._is_master():
+        if self.in_sync is not None and self.is_master():
             self.in_sync.check(self.broker.commitlog.max_offset)
         self._changed()
 
     async def _claim_node_id(self) -> bool:
         """
         Before this process writes its member key the first time: whether
-        the node id is free.  A key on another lease is a previous run of
-        this node (killed: its lease runs out within the TTL, the key goes)
-        or another live process started with the same C{--node-id} (it
-        renews the key every interval): wait for the first, refuse to run
-        beside the second (L{fatal}) -- two processes writing one member
-        key would make it flap, and both would answer for one replica.
+        the node id is free (L{NodeIdClaim}); refuse to run beside another
+        live process that holds it (L{fatal}).
         """
         try:
             view = await self.dcs.load()
@@ -408,30 +401,12 @@ class Coordinator(Service):
             return False
         if not self.running or self.lease is None:
             return False
-        me = self.settings.node_id
-        held = view.members.get(me)
-        if held is None or held.lease == self.lease.id:
-            self._claimed = True
-            self._rival = None
-            return True
-        rival = self._rival
-        if rival is None or rival[0] != held.lease:
-            self._rival = (held.lease, held.revision)
-            self.note = (
-                f"node id {me} is held by lease {held.lease:x} (HA {held.ha}): waiting "
-                "for it to run out (an earlier run of this node) or to be renewed "
-                "(another live process with this node id)"
-            )
-            self._log.info("{note}", note=self.note)
-        elif held.revision != rival[1]:
-            self._refuse_to_run(
-                f"node id {me} is already live in group {self.settings.group}: held by "
-                f"the process advertising HA {held.ha}"
-                + (f" and HTTP {held.http}" if held.http else "")
-                + f" (lease {held.lease:x}, renewed while this one waited); this process "
-                "does not join: stop that one first, or give this one another --node-id"
-            )
-        return False
+        verdict = self._claim.consider(view, self.lease)
+        if verdict.refused is not None:
+            self._refuse_to_run(verdict.refused)
+        elif verdict.waiting is not None:
+            self.note = verdict.waiting
+        return self._claim.claimed
 
     def _refuse_to_run(self, why: str) -> None:
         self.fatal = self.note = why
@@ -489,38 +464,19 @@ class Coordinator(Service):
 
     # -- what this node says about itself -------------------------------------
 
-    def _is_master(self) -> bool:
+    def is_master(self) -> bool:
+        """
+        Whether this node leads and its broker is the master.
+        """
         return self.leader is not None and isinstance(self.broker.role_service, MasterSide)
 
     def member(self) -> Member:
-        broker = self.broker
-        commitlog = broker.store.commitlog
-        state = self.note or ""
-        if not state:
-            if self._is_master():
-                state = "master"
-            elif broker.problem:
-                state = broker.problem
-            elif self.following is not None:
-                state = f"following {self.following}"
-            else:
-                state = "standing by"
-        return Member(
-            node_id=self.settings.node_id,
-            ha=self.settings.advertise,
-            http=self.settings.advertise_http,
-            role="master" if self._is_master() else "slave",
-            epoch=self._local_epoch(),
-            offset=commitlog.max_offset if commitlog is not None else 0,
-            state=state[:200],
-            electable=self.settings.electable and self._healthy(),
-        )
+        """
+        This node's member key (L{NodeReport.member}).
+        """
+        return self._report.member()
 
-    def _local_epoch(self) -> int:
-        epochs = self.broker.role_services.epochs
-        return epochs.last_epoch if epochs is not None else self.highest_epoch
-
-    def _healthy(self) -> bool:
+    def healthy(self) -> bool:
         """
         A node whose replication halted (a divergence, a wrong segment
         size) or that could not take office must not lead.
@@ -552,7 +508,7 @@ class Coordinator(Service):
         Something in the group changed (or the loop ticked): load and
         decide, one decision at a time.
         """
-        if not self.running or not self._claimed or self.fatal is not None:
+        if not self.running or not self._claim.claimed or self.fatal is not None:
             return
         if self._busy:
             self._again = True
@@ -579,7 +535,7 @@ class Coordinator(Service):
         if not self.running:
             return
         self.view = view
-        self._report_malformed(view)
+        self._malformed.report(view)
         self.highest_epoch = max(self.highest_epoch, view.epoch)
         me = self.settings.node_id
         leader = view.leader
@@ -620,16 +576,6 @@ class Coordinator(Service):
             self._follow(leader)
             return
         await self._stand(view)
-
-    def _report_malformed(self, view: ClusterView) -> None:
-        """
-        Warn once about each malformed key (until it is repaired).
-        """
-        seen = {(bad.key, bad.reason) for bad in view.malformed}
-        for key, reason in sorted(seen - self._malformed):
-            self._log.warn("coordinator: key {key} is malformed and skipped: {reason}",
-                           key=key, reason=reason)
-        self._malformed = seen
 
     def _note_election(self, epoch: int, master: str | None, why: str) -> None:
         if self.election is not None and self.election.epoch == epoch and self.election.master == master:
@@ -694,7 +640,7 @@ class Coordinator(Service):
         if not self.settings.electable:
             self.note = "not electable (--no-failover)"
             return
-        if not self._healthy():
+        if not self.healthy():
             self.note = f"not electable: {self._unfit or self.broker.problem}"
             return
         candidates, why = rank(view, self.settings.allow_unclean_election)
@@ -736,7 +682,7 @@ class Coordinator(Service):
         """
         if (
             self.settings.electable
-            and self._healthy()
+            and self.healthy()
             and self._now() < self.valid_until
         ):
             view = self.view
@@ -832,30 +778,13 @@ class Coordinator(Service):
             self._log.error("{why}; stepping down, not standing again", why=self._unfit)
             self._step_down(self._unfit)
             return
-        switch = view.switchover
-        if switch is None or self.leader is None:
-            self._handing_over = None
-            return
-        if switch.leader != self.settings.node_id or switch.target == self.settings.node_id:
-            await _quietly(self.dcs.clear_switchover(switch))
-            return
-        in_sync = self.in_sync
-        side = self.broker.role_service
-        if in_sync is None or not isinstance(side, MasterSide) or side.factory is None:
-            return
-        target = switch.target
-        if target not in in_sync.published:
-            self.note = f"switchover to {target}: waiting for it to be in sync"
-            return
-        # Stop taking puts, let the target catch up with the last of them,
-        # then hand the key over (the target goes first in the ranking).
-        self._handing_over = switch
-        acks = side.replicas.node_acks()
-        if acks.get(target, -1) < self.broker.commitlog.max_offset:
-            self.note = f"switchover to {target}: waiting for it to hold every put"
-            return
-        self._log.info("switchover: handing over to {target}", target=target)
-        self._step_down(f"switchover to {target}")
+        step = await self._handover.advance(
+            view.switchover if self.leader is not None else None, self.in_sync
+        )
+        if step.note is not None:
+            self.note = step.note
+        if step.hand_over is not None:
+            self._step_down(step.hand_over)
 
     def _step_down(self, why: str) -> None:
         if self.leader is None:
@@ -865,7 +794,7 @@ class Coordinator(Service):
         self._deposed = self.leader
         self.dcs.resign(self.leader).addErrback(lambda _: None)
         self.leader = None
-        self._handing_over = None
+        self._handover.end()
         if self.in_sync is not None:
             self.in_sync.stop()
             self.in_sync = None
@@ -875,41 +804,10 @@ class Coordinator(Service):
     # -- for /status ---------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        view = self.view
-        leader = view.leader if view is not None else None
-        election = self.election
-        return {
-            "group": self.settings.group,
-            "node_id": self.settings.node_id,
-            "coordinator": self.dcs.endpoint,
-            "coordinator_error": self.dcs_error,
-            "master": None
-            if leader is None
-            else {
-                "node_id": leader.node_id,
-                "ha": leader.ha,
-                "http": leader.http,
-                "epoch": leader.epoch,
-            },
-            "is_master": self._is_master(),
-            "epoch": view.epoch if view is not None else None,
-            "highest_epoch": self.highest_epoch,
-            "in_sync": sorted(self.in_sync.effective)
-            if self.in_sync is not None
-            else (list(view.in_sync.members) if view is not None and view.in_sync else None),
-            "lease_valid_for": max(0.0, self.valid_until - self._now())
-            if self.lease is not None
-            else 0.0,
-            "last_election": None
-            if election is None
-            else {"epoch": election.epoch, "master": election.master, "at": election.at, "why": election.why},
-            "note": self.note,
-            # Why this node cannot serve as master until restarted, if so.
-            "unfit": self._unfit,
-            # Why this process does not take part (a duplicate node id).
-            "fatal": self.fatal,
-            "counts": dict(self.counts),
-        }
+        """
+        The coordinator's part of /status (L{NodeReport.status}).
+        """
+        return self._report.status()
 
 
 async def _quietly(d: Deferred[Any]) -> None:
