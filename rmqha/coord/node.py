@@ -41,6 +41,7 @@ from rmqha.coord.candidacy import Candidacy
 from rmqha.coord.candidacy import carried_members as carried_members
 from rmqha.coord.candidacy import rank as rank
 from rmqha.coord.claim import NodeIdClaim
+from rmqha.coord.decisions import Decisions
 from rmqha.coord.dcs import (
     IDCS,
     ClusterView,
@@ -131,8 +132,9 @@ class Coordinator(Service):
     """
     The failover service of one node: it keeps the lease, decides on each
     change of the group, campaigns, leads and steps down, and writes the
-    L{Fence}; its parts (L{NodeIdClaim}, L{Candidacy}, L{RoleChanges},
-    L{InSyncOffice}, L{Handover}, L{NodeReport}) are built with it.
+    L{Fence}; its parts (L{NodeIdClaim}, L{Candidacy}, L{Decisions},
+    L{RoleChanges}, L{InSyncOffice}, L{Handover}, L{NodeReport}) are built
+    with it.
 
     @ivar leader: this node's leadership, while it is the master.
     @ivar view: the last view of the group.
@@ -188,8 +190,6 @@ class Coordinator(Service):
         self._loop: LoopingCall | None = None
         self._watch: IWatch | None = None
         self._fence: IDelayedCall | None = None
-        self._busy = False
-        self._again = False
         # This node's last leadership, once it stepped down (its key is
         # resigned; see _decide).
         self._deposed: Leader | None = None
@@ -199,12 +199,13 @@ class Coordinator(Service):
         #: Why this process does not take part at all (its node id is live
         #: in another one), or C{None}.
         self.fatal: str | None = None
-        # The parts: the claim on the node id, when to campaign, the
-        # broker's role while this node does not lead, the in-sync set
-        # while it does, a switchover's handover, what it says about
-        # itself, the malformed-key warnings.
+        # The parts: the claim on the node id, when to campaign, one
+        # decision at a time, the broker's role while this node does not
+        # lead, the in-sync set while it does, a switchover's handover,
+        # what it says about itself, the malformed-key warnings.
         self._claim = NodeIdClaim(settings.group, settings.node_id)
         self._candidacy = Candidacy(settings)
+        self._decisions = Decisions(self._decide, self._may_decide)
         self._roles = RoleChanges(broker, dial, self._changed)
         self._office = InSyncOffice(
             reactor, dcs, settings.catchup_timeout, leader=lambda: self.leader, step_down=self._step_down
@@ -464,25 +465,12 @@ class Coordinator(Service):
     def _changed(self) -> None:
         """
         Something in the group changed (or the loop ticked): load and
-        decide, one decision at a time.
+        decide, one decision at a time (L{Decisions}).
         """
-        if not self.running or not self._claim.claimed or self.fatal is not None:
-            return
-        if self._busy:
-            self._again = True
-            return
-        self._busy = True
-        d = ensureDeferred(self._decide())
+        self._decisions.request()
 
-        def done(result: object) -> None:
-            self._busy = False
-            if isinstance(result, Failure):
-                self._log.failure("failover decision failed", result)
-            if self._again and self.running:
-                self._again = False
-                self._changed()
-
-        d.addBoth(done)
+    def _may_decide(self) -> bool:
+        return bool(self.running) and self._claim.claimed and self.fatal is None
 
     async def _decide(self) -> None:
         try:
@@ -515,7 +503,7 @@ class Coordinator(Service):
                 # coordinator could not hear it): end it, so that an
                 # election can happen.
                 await _quietly(self.dcs.resign(deposed))
-                self._again = True
+                self._decisions.again()
                 return
             if leader.node_id == me:
                 if self.lease is not None and leader.lease == self.lease.id:
@@ -572,7 +560,7 @@ class Coordinator(Service):
             return
         if won is None:
             self.counts["campaigns_lost"] += 1
-            self._again = True
+            self._decisions.again()
             return
         if not self.running:
             return
@@ -600,7 +588,7 @@ class Coordinator(Service):
             epoch=leader.epoch,
         )
         await _quietly(self.dcs.resign(leader))
-        self._again = True
+        self._decisions.again()
 
     async def _take_office(self, won: Leader, why: str, carried: tuple[str, ...]) -> None:
         """
