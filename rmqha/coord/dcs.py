@@ -22,7 +22,7 @@ L{IDCS.resign}).  Errors are L{DCSError} with a one-line message.
 
 A key whose value cannot be read does not fail a read: L{read_group}
 skips it and the L{ClusterView} reports it (L{Malformed}); what a skipped
-key means for an election is decided in L{rmqha.coord.node.rank}
+key means for an election is decided in L{rmqha.coord.candidacy.rank}
 (docs/failover.md, "Malformed keys").
 """
 

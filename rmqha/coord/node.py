@@ -35,26 +35,30 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClien
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from rmqha.broker import Broker
+from rmqha.coord.candidacy import Candidacy
+from rmqha.coord.candidacy import carried_members as carried_members
+from rmqha.coord.candidacy import rank as rank
+from rmqha.coord.claim import NodeIdClaim
+from rmqha.coord.decisions import Decisions
 from rmqha.coord.dcs import (
     IDCS,
     ClusterView,
     DCSError,
-    InSync,
     IWatch,
     Leader,
     Lease,
     LeaseLost,
     Member,
-    Switchover,
-    in_sync_members,
 )
+from rmqha.coord.handover import Handover
+from rmqha.coord.office import InSyncOffice
+from rmqha.coord.report import MalformedKeys, NodeReport
+from rmqha.coord.rolechange import RoleChanges
 from rmqha.ha.config import Role
 from rmqha.ha.fence import Fence
 from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
-from rmqha.ha.interfaces import IInSyncObserver
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.roles import Superseded
 
@@ -124,70 +128,14 @@ class Election:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def rank(view: ClusterView, allow_unclean: bool) -> tuple[list[Member], str]:
-    """
-    Who may become master now, best first, and why the list is what it is.
-
-    Eligible: the live, electable members of the in-sync set of the
-    current epoch (before any election, every live member); with
-    C{allow_unclean}, every live member when no in-sync one lives.  A
-    pending switchover's target goes first; then by offset (highest
-    first), then node id.  Nobody, even unclean, while the epoch or the
-    leader key is malformed; a malformed insync key is no in-sync set.
-    """
-    # Malformed keys (docs/failover.md, "Malformed keys"): a bad epoch
-    # could make an epoch repeat; a bad leader key may be a leader this
-    # node cannot read, and the election txn needs it absent anyway.
-    for name, why in (
-        ("epoch", "nobody campaigns until it holds the epoch again (epochs must never repeat)"),
-        ("leader", "nobody campaigns until it is deleted or its lease expires"),
-    ):
-        bad = view.malformed_key(name)
-        if bad is not None:
-            return [], f"key {bad.key} is malformed ({bad.reason}): {why}"
-    live = {m.node_id: m for m in view.members.values() if m.electable}
-    bad_in_sync = view.malformed_key("insync")
-    if bad_in_sync is not None:
-        eligible = []
-        why = f"key {bad_in_sync.key} is malformed ({bad_in_sync.reason}): no in-sync set known"
-    elif view.in_sync is None and view.epoch == 0:
-        eligible = list(live.values())
-        why = "no election yet: every live node may stand"
-    elif view.in_sync is not None and view.in_sync.epoch == view.epoch:
-        eligible = [live[n] for n in view.in_sync.members if n in live]
-        why = f"in-sync set of epoch {view.epoch}: {','.join(view.in_sync.members)}"
-    else:
-        eligible = []
-        why = f"no in-sync set for epoch {view.epoch}"
-    if not eligible and allow_unclean and live:
-        eligible = list(live.values())
-        why += "; none lives: unclean election allowed"
-    target = view.switchover.target if view.switchover is not None else None
-    eligible.sort(key=lambda m: (m.node_id != target, -m.offset, m.node_id))
-    return eligible, why
-
-
-def carried_members(view: ClusterView, me: str) -> tuple[str, ...]:
-    """
-    The members of the current in-sync set that a campaign by C{me} keeps
-    in the new epoch's set: every live one, when C{me} is a member too (a
-    clean election).  They hold every put answered PUT_OK so far, and the
-    new master has answered none yet, so the set stays true; it keeps them
-    eligible should the winner fail to take office or die at once (with
-    the winner alone in the set, nobody else could stand: the group would
-    wedge).  The new master waits for their acks, and drops each one that
-    does not reconnect within the catch-up timeout (published first).
-    """
-    in_sync = view.in_sync
-    if in_sync is None or in_sync.epoch != view.epoch or me not in in_sync.members:
-        return ()
-    live = set(view.members)
-    return tuple(sorted(n for n in in_sync.members if n != me and n in live))
-
-
-@implementer(IInSyncObserver)
 class Coordinator(Service):
     """
+    The failover service of one node: it keeps the lease, decides on each
+    change of the group, campaigns, leads and steps down, and writes the
+    L{Fence}; its parts (L{NodeIdClaim}, L{Candidacy}, L{Decisions},
+    L{RoleChanges}, L{InSyncOffice}, L{Handover}, L{NodeReport}) are built
+    with it.
+
     @ivar leader: this node's leadership, while it is the master.
     @ivar view: the last view of the group.
     @ivar election: the last election seen.
@@ -220,7 +168,6 @@ class Coordinator(Service):
         self.dcs = dcs
         self.broker = broker
         self.settings = settings
-        self._dial = dial
         self._now = now
         self._wall = wall
         #: What this node's master side may do (L{Fence}): written here
@@ -232,10 +179,6 @@ class Coordinator(Service):
         self._leader: Leader | None = None
         self._view: ClusterView | None = None
         self.election: Election | None = None
-        self.in_sync: InSyncSet | None = None
-        #: The HA address of the master this node follows.
-        self.following: str | None = None
-        self._following_epoch = 0
         #: The highest epoch this node has seen.
         self.highest_epoch = 0
         #: Why this node is not electable / not acting, for /status.
@@ -247,11 +190,6 @@ class Coordinator(Service):
         self._loop: LoopingCall | None = None
         self._watch: IWatch | None = None
         self._fence: IDelayedCall | None = None
-        self._busy = False
-        self._again = False
-        self._leaderless_since: float | None = None
-        self._handover: Switchover | None = None
-        self._changing: Deferred[Any] | None = None
         # This node's last leadership, once it stepped down (its key is
         # resigned; see _decide).
         self._deposed: Leader | None = None
@@ -261,13 +199,20 @@ class Coordinator(Service):
         #: Why this process does not take part at all (its node id is live
         #: in another one), or C{None}.
         self.fatal: str | None = None
-        # Whether the member key is this process's to write (no other live
-        # process holds the node id), and the other holder seen so far:
-        # (its lease, its key's revision).
-        self._claimed = False
-        self._rival: tuple[int, int] | None = None
-        # The malformed keys already warned about (L{_report_malformed}).
-        self._malformed: set[tuple[str, str]] = set()
+        # The parts: the claim on the node id, when to campaign, one
+        # decision at a time, the broker's role while this node does not
+        # lead, the in-sync set while it does, a switchover's handover,
+        # what it says about itself, the malformed-key warnings.
+        self._claim = NodeIdClaim(settings.group, settings.node_id)
+        self._candidacy = Candidacy(settings)
+        self._decisions = Decisions(self._decide, self._may_decide)
+        self._roles = RoleChanges(broker, dial, self._changed)
+        self._office = InSyncOffice(
+            reactor, dcs, settings.catchup_timeout, leader=lambda: self.leader, step_down=self._step_down
+        )
+        self._handover = Handover(dcs, self.fence, broker, settings.node_id)
+        self._report = NodeReport(self, now)
+        self._malformed = MalformedKeys()
 
     # -- what the fence holds -------------------------------------------------
 
@@ -307,14 +252,25 @@ class Coordinator(Service):
         self.fence.members = frozenset(view.members) if view is not None else frozenset()
 
     @property
-    def _handing_over(self) -> Switchover | None:
-        # (The switchover this master is handing over in, if any.)
-        return self._handover
+    def in_sync(self) -> InSyncSet | None:
+        """
+        The master's in-sync set, while this node leads (L{InSyncOffice}).
+        """
+        return self._office.in_sync
 
-    @_handing_over.setter
-    def _handing_over(self, switch: Switchover | None) -> None:
-        self._handover = switch
-        self.fence.handing_over = switch.target if switch is not None else None
+    @property
+    def following(self) -> str | None:
+        """
+        The HA address of the master this node follows (L{RoleChanges}).
+        """
+        return self._roles.following
+
+    @property
+    def unfit(self) -> str | None:
+        """
+        Why this node may not lead until restarted (it failed to), if so.
+        """
+        return self._unfit
 
     # -- start and stop -------------------------------------------------------
 
@@ -376,7 +332,7 @@ class Coordinator(Service):
         if not self.running:
             return
         self._renewed(sent)
-        if not self._claimed and not await self._claim_node_id():
+        if not self._claim.claimed and not await self._claim_node_id():
             return
         try:
             assert self.lease is not None
@@ -387,19 +343,15 @@ class Coordinator(Service):
         except DCSError as e:
             self._dcs_failed(e)
             return
-        if self.in_sync is not None and self._is_master():
+        if self.in_sync is not None and self.is_master():
             self.in_sync.check(self.broker.commitlog.max_offset)
         self._changed()
 
     async def _claim_node_id(self) -> bool:
         """
         Before this process writes its member key the first time: whether
-        the node id is free.  A key on another lease is a previous run of
-        this node (killed: its lease runs out within the TTL, the key goes)
-        or another live process started with the same C{--node-id} (it
-        renews the key every interval): wait for the first, refuse to run
-        beside the second (L{fatal}) -- two processes writing one member
-        key would make it flap, and both would answer for one replica.
+        the node id is free (L{NodeIdClaim}); refuse to run beside another
+        live process that holds it (L{fatal}).
         """
         try:
             view = await self.dcs.load()
@@ -408,30 +360,12 @@ class Coordinator(Service):
             return False
         if not self.running or self.lease is None:
             return False
-        me = self.settings.node_id
-        held = view.members.get(me)
-        if held is None or held.lease == self.lease.id:
-            self._claimed = True
-            self._rival = None
-            return True
-        rival = self._rival
-        if rival is None or rival[0] != held.lease:
-            self._rival = (held.lease, held.revision)
-            self.note = (
-                f"node id {me} is held by lease {held.lease:x} (HA {held.ha}): waiting "
-                "for it to run out (an earlier run of this node) or to be renewed "
-                "(another live process with this node id)"
-            )
-            self._log.info("{note}", note=self.note)
-        elif held.revision != rival[1]:
-            self._refuse_to_run(
-                f"node id {me} is already live in group {self.settings.group}: held by "
-                f"the process advertising HA {held.ha}"
-                + (f" and HTTP {held.http}" if held.http else "")
-                + f" (lease {held.lease:x}, renewed while this one waited); this process "
-                "does not join: stop that one first, or give this one another --node-id"
-            )
-        return False
+        verdict = self._claim.consider(view, self.lease)
+        if verdict.refused is not None:
+            self._refuse_to_run(verdict.refused)
+        elif verdict.waiting is not None:
+            self.note = verdict.waiting
+        return self._claim.claimed
 
     def _refuse_to_run(self, why: str) -> None:
         self.fatal = self.note = why
@@ -489,38 +423,19 @@ class Coordinator(Service):
 
     # -- what this node says about itself -------------------------------------
 
-    def _is_master(self) -> bool:
+    def is_master(self) -> bool:
+        """
+        Whether this node leads and its broker is the master.
+        """
         return self.leader is not None and isinstance(self.broker.role_service, MasterSide)
 
     def member(self) -> Member:
-        broker = self.broker
-        commitlog = broker.store.commitlog
-        state = self.note or ""
-        if not state:
-            if self._is_master():
-                state = "master"
-            elif broker.problem:
-                state = broker.problem
-            elif self.following is not None:
-                state = f"following {self.following}"
-            else:
-                state = "standing by"
-        return Member(
-            node_id=self.settings.node_id,
-            ha=self.settings.advertise,
-            http=self.settings.advertise_http,
-            role="master" if self._is_master() else "slave",
-            epoch=self._local_epoch(),
-            offset=commitlog.max_offset if commitlog is not None else 0,
-            state=state[:200],
-            electable=self.settings.electable and self._healthy(),
-        )
+        """
+        This node's member key (L{NodeReport.member}).
+        """
+        return self._report.member()
 
-    def _local_epoch(self) -> int:
-        epochs = self.broker.role_services.epochs
-        return epochs.last_epoch if epochs is not None else self.highest_epoch
-
-    def _healthy(self) -> bool:
+    def healthy(self) -> bool:
         """
         A node whose replication halted (a divergence, a wrong segment
         size) or that could not take office must not lead.
@@ -550,25 +465,12 @@ class Coordinator(Service):
     def _changed(self) -> None:
         """
         Something in the group changed (or the loop ticked): load and
-        decide, one decision at a time.
+        decide, one decision at a time (L{Decisions}).
         """
-        if not self.running or not self._claimed or self.fatal is not None:
-            return
-        if self._busy:
-            self._again = True
-            return
-        self._busy = True
-        d = ensureDeferred(self._decide())
+        self._decisions.request()
 
-        def done(result: object) -> None:
-            self._busy = False
-            if isinstance(result, Failure):
-                self._log.failure("failover decision failed", result)
-            if self._again and self.running:
-                self._again = False
-                self._changed()
-
-        d.addBoth(done)
+    def _may_decide(self) -> bool:
+        return bool(self.running) and self._claim.claimed and self.fatal is None
 
     async def _decide(self) -> None:
         try:
@@ -579,7 +481,7 @@ class Coordinator(Service):
         if not self.running:
             return
         self.view = view
-        self._report_malformed(view)
+        self._malformed.report(view)
         self.highest_epoch = max(self.highest_epoch, view.epoch)
         me = self.settings.node_id
         leader = view.leader
@@ -591,17 +493,17 @@ class Coordinator(Service):
             else:
                 await self._lead(view)
                 return
-        if self._changing is not None:
+        if self._roles.changing is not None:
             return  # (a role change is under way; the next tick decides)
         if leader is not None:
-            self._leaderless_since = None
+            self._candidacy.master_seen()
             deposed = self._deposed
             if deposed is not None and leader.revision == deposed.revision:
                 # This node's own old leadership (it stepped down while the
                 # coordinator could not hear it): end it, so that an
                 # election can happen.
                 await _quietly(self.dcs.resign(deposed))
-                self._again = True
+                self._decisions.again()
                 return
             if leader.node_id == me:
                 if self.lease is not None and leader.lease == self.lease.id:
@@ -617,19 +519,10 @@ class Coordinator(Service):
                 )
                 return
             self._note_election(leader.epoch, leader.node_id, "elected")
-            self._follow(leader)
+            self.note = None
+            self._roles.follow(leader)
             return
         await self._stand(view)
-
-    def _report_malformed(self, view: ClusterView) -> None:
-        """
-        Warn once about each malformed key (until it is repaired).
-        """
-        seen = {(bad.key, bad.reason) for bad in view.malformed}
-        for key, reason in sorted(seen - self._malformed):
-            self._log.warn("coordinator: key {key} is malformed and skipped: {reason}",
-                           key=key, reason=reason)
-        self._malformed = seen
 
     def _note_election(self, epoch: int, master: str | None, why: str) -> None:
         if self.election is not None and self.election.epoch == epoch and self.election.master == master:
@@ -638,96 +531,40 @@ class Coordinator(Service):
         entry = {"epoch": epoch, "master": master, "at": self._wall(), "why": why}
         self.election = Election(epoch, master, entry["at"], why, [*history, entry])  # type: ignore[arg-type]
 
-    def _follow(self, leader: Leader) -> None:
-        self.note = None
-        if (
-            self.following == leader.ha
-            and self._following_epoch == leader.epoch
-            and self.broker.role_service is not None
-        ):
-            return
-        # (A new epoch of the same master is followed afresh too: the
-        # slave checks epochs again and adopts the new list.)
-        self.following = leader.ha
-        self._following_epoch = leader.epoch
-        self._log.info(
-            "following master {master} (epoch {epoch}) at {address}",
-            master=leader.node_id,
-            epoch=leader.epoch,
-            address=leader.ha,
-        )
-        self._change(
-            self.broker.become_slave(
-                self._dial(leader.ha, leader.node_id), leader=(leader.node_id, leader.epoch)
-            )
-        )
-
-    def _change(self, d: Deferred[Any]) -> None:
-        self._changing = d
-
-        def done(result: object) -> None:
-            self._changing = None
-            if isinstance(result, Failure) and not result.check(Superseded):
-                self._log.failure("role change failed", result)
-            self._changed()
-
-        d.addBoth(done)
-
     async def _stand(self, view: ClusterView) -> None:
         """
         No leader: campaign if this node is the best candidate (or the
-        best has not acted for long).
+        best has not acted for long: L{Candidacy}).
         """
         now = self._now()
-        if self._leaderless_since is None:
-            self._leaderless_since = now
-            self._log.info("no master in group {group}", group=self.settings.group)
+        self._candidacy.no_master(now)
         if self.following is not None or self.broker.role_service is not None:
             # Keep what was replicated; stop following a master that lost
             # its key (it is fenced, or dead).
-            self.following = None
-            self._change(self.broker.stand_by())
+            self._roles.stand_by()
             return
-        if self.lease is None or now >= self.valid_until:
-            self.note = "no valid lease: cannot stand for election"
+        lease = self.lease
+        plan = self._candidacy.assess(
+            view,
+            now,
+            lease_good=lease is not None and now < self.valid_until,
+            unfit=None if self.healthy() else (self._unfit or self.broker.problem),
+        )
+        self.note = plan.note
+        if plan.mine is None or lease is None:
             return
-        if not self.settings.electable:
-            self.note = "not electable (--no-failover)"
-            return
-        if not self._healthy():
-            self.note = f"not electable: {self._unfit or self.broker.problem}"
-            return
-        candidates, why = rank(view, self.settings.allow_unclean_election)
-        me = self.settings.node_id
-        names = [m.node_id for m in candidates]
-        if me not in names:
-            self.note = f"not eligible: {why}"
-            return
-        position = names.index(me)
-        waited = now - self._leaderless_since
-        # The best candidate goes at once; each next one after another
-        # TTL, in case the ones before it are alive but cannot act.
-        if position > 0 and waited < position * self.settings.lease_ttl * 1.5:
-            self.note = f"candidate {position + 1} of {len(names)}: {names[0]} goes first"
-            return
-        self.note = None
-        assert self.lease is not None
-        mine = Leader(me, view.epoch + 1, self.settings.advertise, self.settings.advertise_http)
-        carried = carried_members(view, me)
         try:
-            won = await self.dcs.campaign(mine, self.lease, view, carried)
+            won = await self.dcs.campaign(plan.mine, lease, view, plan.carried)
         except DCSError as e:
             self._dcs_failed(e)
             return
         if won is None:
             self.counts["campaigns_lost"] += 1
-            self._again = True
+            self._decisions.again()
             return
         if not self.running:
             return
-        await self._take_office(
-            won, why if position == 0 else f"{why}; after {waited:.1f} s", carried
-        )
+        await self._take_office(won, plan.why, plan.carried)
 
     async def _own_lost_campaign(self, leader: Leader) -> None:
         """
@@ -736,7 +573,7 @@ class Coordinator(Service):
         """
         if (
             self.settings.electable
-            and self._healthy()
+            and self.healthy()
             and self._now() < self.valid_until
         ):
             view = self.view
@@ -751,7 +588,7 @@ class Coordinator(Service):
             epoch=leader.epoch,
         )
         await _quietly(self.dcs.resign(leader))
-        self._again = True
+        self._decisions.again()
 
     async def _take_office(self, won: Leader, why: str, carried: tuple[str, ...]) -> None:
         """
@@ -761,7 +598,7 @@ class Coordinator(Service):
         self.leader = won
         self.counts["elected"] += 1
         self.highest_epoch = max(self.highest_epoch, won.epoch)
-        self._leaderless_since = None
+        self._candidacy.master_seen()
         self._note_election(won.epoch, won.node_id, f"this node: {why}")
         self._log.info(
             "elected master of group {group} for epoch {epoch} ({why})",
@@ -769,7 +606,7 @@ class Coordinator(Service):
             epoch=won.epoch,
             why=why,
         )
-        self.following = None
+        self._roles.leading()
         broker = self.broker
         try:
             await broker.become_master(self.settings.role, epoch=won.epoch, fence=self.fence)
@@ -787,37 +624,7 @@ class Coordinator(Service):
         side = broker.role_service
         if self.leader is not won or not isinstance(side, MasterSide):
             return  # (stepped down meanwhile)
-        in_sync = self.in_sync = InSyncSet(
-            self.reactor,
-            won.node_id,
-            self._publish,
-            fallbehind_max=broker.settings.slave_fallbehind_max,
-            catchup_timeout=self.settings.catchup_timeout,
-            published=in_sync_members(won.node_id, carried),
-            observers=(side.ha, self),
-        )
-        side.ha.use_in_sync(in_sync)
-
-    # -- IInSyncObserver ------------------------------------------------------------
-
-    def in_sync_changed(self) -> None:
-        """
-        The in-sync set changed: the master's HA service moves its quorum
-        (it observes the set too); nothing here.
-        """
-
-    def in_sync_lost(self, why: str) -> None:
-        """
-        etcd refused the in-sync set: this node is no longer the leader.
-        """
-        self._step_down(why)
-
-    def _publish(self, members: tuple[str, ...]) -> Deferred[bool]:
-        leader = self.leader
-        if leader is None:
-            return Deferred.fromCoroutine(_false())
-        d = self.dcs.publish_in_sync(InSync(leader.epoch, members), leader)
-        return d.addCallback(lambda written: written is not None)
+        self._office.open(won, carried, side, broker.settings.slave_fallbehind_max)
 
     async def _lead(self, view: ClusterView) -> None:
         """
@@ -832,30 +639,13 @@ class Coordinator(Service):
             self._log.error("{why}; stepping down, not standing again", why=self._unfit)
             self._step_down(self._unfit)
             return
-        switch = view.switchover
-        if switch is None or self.leader is None:
-            self._handing_over = None
-            return
-        if switch.leader != self.settings.node_id or switch.target == self.settings.node_id:
-            await _quietly(self.dcs.clear_switchover(switch))
-            return
-        in_sync = self.in_sync
-        side = self.broker.role_service
-        if in_sync is None or not isinstance(side, MasterSide) or side.factory is None:
-            return
-        target = switch.target
-        if target not in in_sync.published:
-            self.note = f"switchover to {target}: waiting for it to be in sync"
-            return
-        # Stop taking puts, let the target catch up with the last of them,
-        # then hand the key over (the target goes first in the ranking).
-        self._handing_over = switch
-        acks = side.replicas.node_acks()
-        if acks.get(target, -1) < self.broker.commitlog.max_offset:
-            self.note = f"switchover to {target}: waiting for it to hold every put"
-            return
-        self._log.info("switchover: handing over to {target}", target=target)
-        self._step_down(f"switchover to {target}")
+        step = await self._handover.advance(
+            view.switchover if self.leader is not None else None, self.in_sync
+        )
+        if step.note is not None:
+            self.note = step.note
+        if step.hand_over is not None:
+            self._step_down(step.hand_over)
 
     def _step_down(self, why: str) -> None:
         if self.leader is None:
@@ -865,51 +655,17 @@ class Coordinator(Service):
         self._deposed = self.leader
         self.dcs.resign(self.leader).addErrback(lambda _: None)
         self.leader = None
-        self._handing_over = None
-        if self.in_sync is not None:
-            self.in_sync.stop()
-            self.in_sync = None
-        self.following = None
-        self._change(self.broker.stand_by())
+        self._handover.end()
+        self._office.close()
+        self._roles.stand_by()
 
     # -- for /status ---------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        view = self.view
-        leader = view.leader if view is not None else None
-        election = self.election
-        return {
-            "group": self.settings.group,
-            "node_id": self.settings.node_id,
-            "coordinator": self.dcs.endpoint,
-            "coordinator_error": self.dcs_error,
-            "master": None
-            if leader is None
-            else {
-                "node_id": leader.node_id,
-                "ha": leader.ha,
-                "http": leader.http,
-                "epoch": leader.epoch,
-            },
-            "is_master": self._is_master(),
-            "epoch": view.epoch if view is not None else None,
-            "highest_epoch": self.highest_epoch,
-            "in_sync": sorted(self.in_sync.effective)
-            if self.in_sync is not None
-            else (list(view.in_sync.members) if view is not None and view.in_sync else None),
-            "lease_valid_for": max(0.0, self.valid_until - self._now())
-            if self.lease is not None
-            else 0.0,
-            "last_election": None
-            if election is None
-            else {"epoch": election.epoch, "master": election.master, "at": election.at, "why": election.why},
-            "note": self.note,
-            # Why this node cannot serve as master until restarted, if so.
-            "unfit": self._unfit,
-            # Why this process does not take part (a duplicate node id).
-            "fatal": self.fatal,
-            "counts": dict(self.counts),
-        }
+        """
+        The coordinator's part of /status (L{NodeReport.status}).
+        """
+        return self._report.status()
 
 
 async def _quietly(d: Deferred[Any]) -> None:
@@ -918,6 +674,3 @@ async def _quietly(d: Deferred[Any]) -> None:
     except DCSError:
         pass
 
-
-async def _false() -> bool:
-    return False
