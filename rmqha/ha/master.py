@@ -16,7 +16,10 @@ stops when the transport pauses it, so a slow slave costs the master no
 memory beyond the transport's buffer.  With nothing left to send it waits
 for L{MasterFactory.notify_appended} (no polling) and sends a heartbeat
 after C{heartbeat_interval} of silence.  Every later report is the
-slave's acknowledgement (its max offset).
+slave's acknowledgement (its max offset).  In a failover group with a
+group secret, a slave first proves its node id (AUTH_HELLO): the
+connection hands that handshake to an L{Authentication} of its own until
+it is over.
 """
 
 from __future__ import annotations
