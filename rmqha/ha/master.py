@@ -601,8 +601,7 @@ class MasterConnection(Protocol):
             return b""
         # RocketMQ slaves never send a negative value: this is an rmqha
         # peer's code, damaged on the way or unknown to us (or a second
-        # IDENTIFY or AUTH_HELLO, or an AUTH_HELLO to a master without a
-        # group secret).
+        # IDENTIFY; an AUTH_HELLO out of place is refused above).
         self.drop(
             "the first value {code} is negative and no code this master knows",
             last_words=encode_code(CONTROL_REFUSED),
