@@ -637,6 +637,45 @@ class MasterConnectionTests(MasterTestCase):
              "5 s (declared node id: none yet)"],
         )
 
+    def test_slave_gives_up_during_the_handshake(self) -> None:
+        """
+        A slave that closes the connection after its hello (one with
+        another secret gives up at the challenge) leaves one warning
+        naming the node id it declared, and no timer.
+        """
+        factory = self.auth_factory()
+        connection, transport = self.connect(factory)
+        connection.dataReceived(SlaveHandshake(auth("b")).hello())
+        with capturedLogs() as events:
+            connection.connectionLost()
+        self.assertEqual(
+            [formatEvent(e) for e in events],
+            ["slave 127.0.0.1:40000 closed the connection during group authentication "
+             "(declared node id: b): another group secret or group name?"],
+        )
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_handshake_only_first(self) -> None:
+        """
+        AUTH_HELLO after the handshake, or after an IDENTIFY: CONTROL_REFUSED
+        and a line saying it is taken only first on a connection.
+        """
+        factory = self.auth_factory()
+        proven, proven_transport = self.connect(factory, 40001)
+        slave = SlaveHandshake(auth("b"))
+        master_side(slave, proven, proven_transport)
+        proven.dataReceived(slave.proof)
+        self.assertTrue(proven.authenticated)
+        declared, declared_transport = self.connect(factory, 40002)
+        declared.dataReceived(encode_identify("c"))
+        for connection, transport in [(proven, proven_transport), (declared, declared_transport)]:
+            transport.clear()
+            with capturedLogs() as events:
+                connection.dataReceived(SlaveHandshake(auth("c")).hello())
+            self.assertEqual(transport.value(), CONTROL_REFUSED)
+            self.assertTrue(transport.disconnecting)
+            self.assertIn("takes only first on a connection", formatEvent(events[0]))
+
     def test_master_without_secret(self) -> None:
         """
         AUTH_HELLO to a master without the group secret: CONTROL_REFUSED

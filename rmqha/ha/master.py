@@ -16,7 +16,10 @@ stops when the transport pauses it, so a slow slave costs the master no
 memory beyond the transport's buffer.  With nothing left to send it waits
 for L{MasterFactory.notify_appended} (no polling) and sends a heartbeat
 after C{heartbeat_interval} of silence.  Every later report is the
-slave's acknowledgement (its max offset).
+slave's acknowledgement (its max offset).  In a failover group with a
+group secret, a slave first proves its node id (AUTH_HELLO): the
+connection hands that handshake to an L{Authentication} of its own until
+it is over.
 """
 
 from __future__ import annotations
@@ -314,6 +317,96 @@ class Transfer:
         return True
 
 
+class Authentication:
+    """
+    One slave's group authentication handshake (failover,
+    L{rmqha.ha.auth}), from its AUTH_HELLO on: the L{MasterHandshake} fed
+    what the slave sends, its answers written, and the timer that drops
+    the connection unless the slave has proved its node id within
+    C{HANDSHAKE_TIMEOUT}.  Its connection feeds it (L{feed}) until the
+    slave has, then reads what follows as a new greeting (L{rest}), and
+    stops it (L{stop}) when it closes.
+
+    @ivar rest: the bytes after the slave's proof, once it is over.
+    """
+
+    _log = Logger()
+
+    def __init__(self, connection: "MasterConnection", auth: GroupAuth) -> None:
+        self._connection = connection
+        self._handshake = MasterHandshake(auth)
+        self._timer: IDelayedCall | None = connection.factory.clock.callLater(
+            HANDSHAKE_TIMEOUT, self._timed_out
+        )
+        self.rest = b""
+
+    def feed(self, data: bytes) -> str | None:
+        """
+        Feed the handshake what the slave sent: the node id it proved once
+        the handshake is over, C{None} until then (and when the connection
+        is dropped: a wrong proof or a damaged message).
+        """
+        handshake = self._handshake
+        connection = self._connection
+        try:
+            answer = handshake.feed(data)
+        except AuthError as e:
+            connection.drop(
+                "group authentication failed: {error}",
+                last_words=_AUTH_REFUSED,
+                error=str(e),
+            )
+            return None
+        except ProtocolError as e:
+            if isinstance(e, ChecksumError):
+                connection.factory.checksum_failures += 1
+            connection.drop("group authentication: {error}", error=str(e))
+            return None
+        if answer:
+            connection.transport.write(answer)  # type: ignore[union-attr]
+        if not handshake.done:
+            return None
+        self.stop()
+        self.rest = handshake.rest or b""
+        self._log.info(
+            "slave {peer} proved it is node {node} (group secret)",
+            peer=connection.peer,
+            node=handshake.slave_id,
+        )
+        return handshake.slave_id
+
+    def stop(self) -> None:
+        """
+        The handshake is over, or its connection dropped: no more timeout.
+        """
+        timer, self._timer = self._timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def lost(self) -> None:
+        """
+        The slave closed the connection before proving its node id.
+        """
+        self.stop()
+        # (A slave with another secret gives up at our challenge.)
+        self._log.warn(
+            "slave {peer} closed the connection during group authentication "
+            "(declared node id: {claimed}): another group secret or group name?",
+            peer=self._connection.peer,
+            claimed=self._handshake.claimed_id or "none yet",
+        )
+
+    def _timed_out(self) -> None:
+        self._timer = None
+        self._connection.drop(
+            "group authentication failed: not finished within {timeout:g} s "
+            "(declared node id: {claimed})",
+            last_words=_AUTH_REFUSED,
+            timeout=HANDSHAKE_TIMEOUT,
+            claimed=self._handshake.claimed_id or "none yet",
+        )
+
+
 @implementer(IPushProducer, IHandshakeListener)
 class MasterConnection(Protocol):
     """
@@ -339,9 +432,8 @@ class MasterConnection(Protocol):
         #: The slave proved its node id (L{replica_id}) with the group
         #: secret (failover, L{rmqha.ha.auth}).
         self.authenticated = False
-        # The group authentication handshake, while it runs, and its timer.
-        self._handshake: MasterHandshake | None = None
-        self._handshake_timer: IDelayedCall | None = None
+        # The group authentication handshake, while it runs.
+        self._authentication: Authentication | None = None
         self.tls = False
         #: The slave asked for checked framing.
         self.checked = False
@@ -423,7 +515,7 @@ class MasterConnection(Protocol):
         if self._session is not None:
             self._session.feed(data)
             return
-        if self._handshake is not None:
+        if self._authentication is not None:
             data = self._authenticate(data)
             if not data:
                 return
@@ -470,27 +562,25 @@ class MasterConnection(Protocol):
                 return b""
             return self._greeting(b"")
         head, self._head = bytes(self._head), None
+        auth = self.factory.auth
         if greeting is Greeting.AUTH:
-            if not self._may_authenticate():
-                # (Not AUTH_REFUSED: the slave then tells "takes no group
-                # authentication" from "refused this node".)
-                self.drop(
-                    "it asks for group authentication, which this master {reason}",
-                    last_words=encode_code(CONTROL_REFUSED),
-                    reason="has no group secret for"
-                    if self.factory.auth is None or self.factory.auth.secret is None
-                    else "takes only first on a connection",
-                )
-                return b""
-            self._state = _State.AUTHENTICATING
-            auth = self.factory.auth
-            assert auth is not None
-            self._handshake = MasterHandshake(auth)
-            self._handshake_timer = self.factory.clock.callLater(
-                HANDSHAKE_TIMEOUT, self._handshake_timed_out
+            if auth is None or auth.secret is None:
+                refusal = "has no group secret for"
+            elif self.authenticated or self.replica_id is not None:
+                refusal = "takes only first on a connection"
+            else:
+                self._state = _State.AUTHENTICATING
+                self._authentication = Authentication(self, auth)
+                rest = self._authenticate(head)
+                return self._greeting(rest) if rest else b""
+            # (Not AUTH_REFUSED: the slave then tells "takes no group
+            # authentication" from "refused this node".)
+            self.drop(
+                "it asks for group authentication, which this master {reason}",
+                last_words=encode_code(CONTROL_REFUSED),
+                reason=refusal,
             )
-            rest = self._authenticate(head)
-            return self._greeting(rest) if rest else b""
+            return b""
         if greeting is Greeting.CLASSIC:
             return head
         if greeting is Greeting.CHECKED:
@@ -503,15 +593,15 @@ class MasterConnection(Protocol):
             self._state = _State.CONTROL
             # Not a slave: not in the status or the quorum.
             self.factory.connections.discard(self)
-            self._session = ControlSession(
-                self, paused=self._paused, trusted=self._trusted_for_control()
-            )
+            # (Served always, but on a master with a group secret only to a
+            # member that proved its id: the others get INFO, which says so.)
+            trusted = auth is None or auth.secret is None or self.authenticated
+            self._session = ControlSession(self, paused=self._paused, trusted=trusted)
             self._session.start(head[8:])
             return b""
         # RocketMQ slaves never send a negative value: this is an rmqha
         # peer's code, damaged on the way or unknown to us (or a second
-        # IDENTIFY or AUTH_HELLO, or an AUTH_HELLO to a master without a
-        # group secret).
+        # IDENTIFY; an AUTH_HELLO out of place is refused above).
         self.drop(
             "the first value {code} is negative and no code this master knows",
             last_words=encode_code(CONTROL_REFUSED),
@@ -546,86 +636,22 @@ class MasterConnection(Protocol):
 
     # -- group authentication (failover, rmqha.ha.auth) ---------------------
 
-    def _may_authenticate(self) -> bool:
-        """
-        An AUTH_HELLO may start the handshake: this master has the group
-        secret and the connection has not authenticated or identified yet.
-        """
-        auth = self.factory.auth
-        return (
-            auth is not None
-            and auth.secret is not None
-            and not self.authenticated
-            and self.replica_id is None
-        )
-
     def _authenticate(self, data: bytes) -> bytes:
         """
-        Feed the handshake; once it is over, the bytes after the slave's
-        proof, to be read as a new greeting (C{b""} until then, and when the
-        connection is dropped).
+        Feed L{Authentication}: once the slave has proved its node id, the
+        bytes after its proof, a new greeting; C{b""} until then.
         """
-        handshake = self._handshake
-        assert handshake is not None
-        try:
-            answer = handshake.feed(data)
-        except AuthError as e:
-            self._end_handshake()
-            self.drop(
-                "group authentication failed: {error}",
-                last_words=_AUTH_REFUSED,
-                error=str(e),
-            )
+        authentication = self._authentication
+        assert authentication is not None
+        node = authentication.feed(data)
+        if node is None:
             return b""
-        except ProtocolError as e:
-            self._end_handshake()
-            if isinstance(e, ChecksumError):
-                self.factory.checksum_failures += 1
-            self.drop("group authentication: {error}", error=str(e))
-            return b""
-        if answer:
-            self.transport.write(answer)  # type: ignore[union-attr]
-        if not handshake.done:
-            return b""
-        self._end_handshake()
+        self._authentication = None
         self.authenticated = True
-        self.replica_id = handshake.slave_id
+        self.replica_id = node
         self._state = _State.AWAITING_REPORT
         self._head = bytearray()
-        self._log.info(
-            "slave {peer} proved it is node {node} (group secret)",
-            peer=self.peer,
-            node=self.replica_id,
-        )
-        return handshake.rest or b""
-
-    def _end_handshake(self) -> None:
-        self._handshake = None
-        if self._handshake_timer is not None and self._handshake_timer.active():
-            self._handshake_timer.cancel()
-        self._handshake_timer = None
-
-    def _handshake_timed_out(self) -> None:
-        self._handshake_timer = None
-        handshake = self._handshake
-        self._handshake = None
-        claimed = handshake.claimed_id if handshake is not None else None
-        self.drop(
-            "group authentication failed: not finished within {timeout:g} s "
-            "(declared node id: {claimed})",
-            last_words=_AUTH_REFUSED,
-            timeout=HANDSHAKE_TIMEOUT,
-            claimed=claimed or "none yet",
-        )
-
-    def _trusted_for_control(self) -> bool:
-        """
-        Whether this connection's control requests may be served: always,
-        but on a master with a group secret, where only a member that
-        proved its id may ask (others get INFO, which says so).
-        """
-        auth = self.factory.auth
-        return auth is None or auth.secret is None or self.authenticated
+        return authentication.rest
 
     @property
     def replica(self) -> str:
@@ -673,14 +699,8 @@ class MasterConnection(Protocol):
         return declared
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._state is _State.AUTHENTICATING and self._handshake is not None:
-            # (A slave with another secret gives up at our challenge.)
-            self._log.warn(
-                "slave {peer} closed the connection during group authentication "
-                "(declared node id: {claimed}): another group secret or group name?",
-                peer=self.peer,
-                claimed=self._handshake.claimed_id or "none yet",
-            )
+        if self._state is _State.AUTHENTICATING and self._authentication is not None:
+            self._authentication.lost()
         elif self._state is not _State.CLOSED:
             self._log.info(
                 "slave {peer} disconnected: {reason}",
@@ -689,7 +709,6 @@ class MasterConnection(Protocol):
             )
         self._state = _State.CLOSED
         self._paused = True
-        self._end_handshake()
         if self._transfer is not None:
             self._transfer.stop()
         self._housekeeping.stop()
@@ -918,7 +937,8 @@ class MasterConnection(Protocol):
         self._log.warn("dropping slave {peer}: " + why, peer=self.peer, **fields)
         self._state = _State.CLOSED
         self._paused = True
-        self._end_handshake()
+        if self._authentication is not None:
+            self._authentication.stop()
         if self._transfer is not None:
             self._transfer.stop()
         if last_words is None:
