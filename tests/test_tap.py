@@ -334,7 +334,11 @@ class OptionsTests(SynchronousTestCase):
         --truncate-corrupt).
         """
         store, bad = self._corrupt_store()
-        service = makeService(self.parse("--store-dir", store))
+        # (It listens before it opens the store: on a port of its own, not
+        # the default one another test or broker may hold.)
+        service = makeService(
+            self.parse("--store-dir", store, "--ha-listen", "tcp:0:interface=127.0.0.1")
+        )
         e = self.assertRaises(SystemExit, service.startService)
         self.assertNotIn("\n", str(e.code))
         self.assertIn(f"bad record at offset {bad}", str(e.code))
