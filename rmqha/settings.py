@@ -60,7 +60,8 @@ __all__ = [
     "parse_host_port",
 ]
 
-#: etcd's shortest lease, seconds (the default C{--lease-ttl}).
+#: The default C{--lease-ttl}, seconds: etcd's minimum with its default
+#: election timeout (a TTL of 1 is granted as 2).
 DEFAULT_LEASE_TTL = 2
 
 #: The environment variable naming the group secret file when neither the

@@ -61,10 +61,8 @@ from rmqha.ha.fence import Fence
 from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.roles import Superseded
+from rmqha.settings import DEFAULT_LEASE_TTL
 
-#: Default lease TTL, seconds: etcd's minimum with its default election
-#: timeout (a TTL of 1 is granted as 2).
-DEFAULT_LEASE_TTL = 2
 #: Default seconds between lease renewals (and member-key refreshes).
 DEFAULT_RENEW_INTERVAL = 0.5
 #: Default seconds before a lease could expire that a master stops
