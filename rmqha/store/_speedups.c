@@ -1070,7 +1070,7 @@ PyDoc_STRVAR(put_batch_doc,
 "put_batch(encoder, buf, position, limit, messages, index, table, previous,\n"
 "          start, store_timestamp, result_type, store_host, results)\n"
 "    -> (index, position, over)\n\n"
-"CommitLog._encode_batch's loop for the common message, from messages[index]\n"
+"rmqha.store._batch.encode_batch's loop for the common message, from messages[index]\n"
 "on: the queue offset from table (the first one of each queue kept in\n"
 "previous, for the undo), the record encoded at buf[position:] (room up to\n"
 "limit), an AppendResult (result_type) appended to results.  Stops at the\n"
