@@ -19,7 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.store.commitlog import CommitLog
 
-from tests._helpers import make_message, segment_path, xor_byte
+from tests._helpers import make_message, rewrite, segment_path, xor_byte, zero_from
 from tests._spark import spark, why_no_spark
 from tests.test_pipeline import forged_record_store, random_store, store_rows
 
@@ -214,6 +214,112 @@ class JobTests(SynchronousTestCase):
         text = "\n".join(result.lines())
         self.assertIn("segment 00000000000000032768 is truncated: 1000 bytes", text)
         self.assertIn("extra segment 00000000000003276800", text)
+
+    def _copy(self, master: str) -> str:
+        slave = os.path.abspath(self.mktemp())
+        shutil.copytree(master, slave)
+        return slave
+
+    def _last_record(self, store: str) -> tuple[int, int]:
+        last = store_rows(store)[-1]
+        return int(last["offset"]), int(last["size"])  # type: ignore[call-overload]
+
+    def test_verify_slave_mid_record_is_consistent(self) -> None:
+        """
+        A slave killed while its last record was arriving (the record's
+        header there, zeros where the rest of it goes) holds the records
+        before it: consistent, its max offset where they end, as C{store
+        check} says ("incomplete tail ... still being written").
+        """
+        from rmqha.pipeline.jobs import verify
+
+        master = random_store(self, 300, 32 * 1024, seed=31)
+        slave = self._copy(master)
+        offset, size = self._last_record(slave)
+        base = offset - offset % (32 * 1024)
+        zero_from(segment_path(slave, base), offset - base + size // 2)
+        result = verify(spark(), master, slave)
+        self.assertTrue(result.consistent, result.lines())
+        self.assertEqual(result.slave_max_offset, offset)
+
+    def test_verify_damaged_last_record(self) -> None:
+        """
+        A last record that does not verify is compared with the master's
+        too: damaged (a byte differs) is divergent, at that byte; a torn
+        one whose bytes are the master's is not (above).
+        """
+        from rmqha.pipeline.jobs import verify
+
+        master = random_store(self, 300, 32 * 1024, seed=32)
+        slave = self._copy(master)
+        offset, size = self._last_record(slave)
+        base = offset - offset % (32 * 1024)
+        for flipped in (offset + size - 3, offset + 30):
+            broken = self._copy(slave)
+            xor_byte(segment_path(broken, base), flipped - base)
+            result = verify(spark(), master, broken)
+            self.assertFalse(result.consistent)
+            self.assertEqual(result.divergent_offset, flipped, result.lines())
+        # Bytes that are no record after the last one: written, compared.
+        junk = self._copy(slave)
+        rewrite(segment_path(junk, base), offset - base + size + 100, b"\xff" * 16)
+        result = verify(spark(), master, junk)
+        self.assertEqual(result.divergent_offset, offset + size + 100, result.lines())
+        # Torn, and what is there damaged: divergent too.
+        zero_from(segment_path(slave, base), offset - base + size // 2)
+        xor_byte(segment_path(slave, base), offset - base + 40)
+        result = verify(spark(), master, slave)
+        self.assertEqual(result.divergent_offset, offset + 40, result.lines())
+
+    def test_verify_missing_middle_segment(self) -> None:
+        """
+        A slave without a middle segment file lacks those offsets: not
+        consistent, the missing range named (a proven hole, not a read
+        error: exit 1).
+        """
+        from rmqha.pipeline.jobs import verify
+
+        master = random_store(self, 300, 32 * 1024, seed=33)
+        slave = self._copy(master)
+        os.remove(segment_path(slave, 2 * 32 * 1024))
+        result = verify(spark(), master, slave)
+        self.assertFalse(result.consistent)
+        self.assertIn(
+            "missing segment: the slave has no segment file for offsets 65536..98304",
+            "\n".join(result.lines()),
+        )
+
+    def test_verify_directory_for_a_segment(self) -> None:
+        """
+        A directory where a segment file belongs, on either side, cannot
+        be read: exit 2 naming it, never consistent.
+        """
+        from rmqha.pipeline import jobs
+
+        master = random_store(self, 300, 32 * 1024, seed=34)
+        for side in ("slave", "master"):
+            slave = self._copy(master)
+            copy = self._copy(master)
+            broken = slave if side == "slave" else copy
+            path = segment_path(broken, 32 * 1024)
+            os.remove(path)
+            os.mkdir(path)
+            e = self.assertRaises(jobs.CompareError, jobs.verify, spark(), copy, slave)
+            self.assertIn(f"cannot read {path}", str(e))
+            self.assertIn("a directory, not a segment file", str(e))
+
+    def test_verify_master_missing_a_segment(self) -> None:
+        """
+        A master without a segment the slave holds: nothing to compare
+        the slave's bytes with there: exit 2.
+        """
+        from rmqha.pipeline import jobs
+
+        master = random_store(self, 300, 32 * 1024, seed=35)
+        slave = self._copy(master)
+        os.remove(segment_path(master, 3 * 32 * 1024))
+        e = self.assertRaises(jobs.CompareError, jobs.verify, spark(), master, slave)
+        self.assertIn("has no segment file for offsets 98304..131072", str(e))
 
     def test_export_round_trip(self) -> None:
         """

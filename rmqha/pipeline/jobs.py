@@ -44,7 +44,7 @@ from typing import IO, Any, Mapping, NoReturn, Sequence
 from urllib.parse import urlsplit
 
 from rmqha.store._record import Blank, RecordError, parse_record, record_json
-from rmqha.pipeline.scan import hop, walk
+from rmqha.pipeline.scan import walk
 from rmqha.pipeline.stores import PlanError, Segment, Store, resolve, unreadable
 
 __all__ = [
@@ -533,26 +533,96 @@ class VerifyResult:
         return out
 
 
-def _store_layout(store: Store) -> tuple[list[Segment], int, int]:
+@dataclass(frozen=True)
+class _Layout:
     """
-    Segments, segment size, and the max offset (where whole records end in
-    the last segment holding any; a live broker says where).
+    One store as C{verify} sees it.
+
+    @ivar segments: its segment files, in offset order.
+    @ivar size: the segment size.
+    @ivar max_offset: where its whole, valid records end (L{_records_end}).
+    @ivar gaps: C{(start, end)} of each range between its first and last
+        segment no file holds (a segment deleted, or not a file).
+    @ivar written_end: where its written bytes end: past C{max_offset}
+        when its last record does not verify (one still being written, or
+        a damaged one), whose bytes are compared too.
+    """
+
+    segments: list[Segment]
+    size: int
+    max_offset: int
+    gaps: list[tuple[int, int]]
+    written_end: int
+
+
+def _store_layout(store: Store) -> _Layout:
+    """
+    The segments, segment size, gaps and max offset of C{store}: where its
+    whole, valid records end, by the rule C{rmqha store check} uses (a last
+    record still being written -- a valid header, zeros where the rest of
+    it will go -- is not held yet; a live broker says where its records
+    end).
+
+    @raise OSError: a segment cannot be listed or read (naming it).
     """
     found = store.segments()
     if not found:
-        return [], 0, 0
+        return _Layout([], 0, 0, [], 0)
     size = max(s.size for s in found)
+    gaps = [
+        (a.base + size, b.base) for a, b in zip(found, found[1:]) if b.base != a.base + size
+    ]
     known = store.max_offset()
     if known is not None:
-        return found, size, known
-    max_offset = found[0].base
+        return _Layout(found, size, known, gaps, known)
     for segment in reversed(found):
-        with store.open(segment) as reader:
-            _, end = hop(reader, max(segment.size, 1))
-        if end > 0:
-            max_offset = segment.base + end
-            break
-    return found, size, max_offset
+        end, written = _records_end(store, segment)
+        if written > 0:
+            return _Layout(found, size, segment.base + end, gaps, segment.base + written)
+    return _Layout(found, size, found[0].base, gaps, found[0].base)
+
+
+#: The longest record (RocketMQ's maxMessageSize, 4 MiB, plus its
+#: headers): how far past the last record a store's written bytes are
+#: looked for.
+_MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
+
+
+def _records_end(store: Store, segment: Segment) -> tuple[int, int]:
+    """
+    Where the whole, valid records of one segment end, and where its
+    written bytes end (positions in it).  Only the last record is checked
+    here (its body CRC included): when it does not verify, the records end
+    before it, and its bytes up to the last non-zero one still count as
+    written -- compared with the other store like the rest, which tells a
+    record still being written (what is there is the master's) from a
+    damaged one (it differs).  The records before it are compared byte for
+    byte too.
+    """
+    with store.open(segment) as reader:
+        last: tuple[int, int] | None = None
+        for last in walk(reader):
+            pass
+        position, total = last if last is not None else (0, 0)
+        data = reader.read_at(position, total) if total else b""
+        # What follows the records: zeros, or the start of a record being
+        # written (its header not whole yet), or bytes that are no record;
+        # any non-zero byte within the largest record's reach is written
+        # and compared too.
+        after = reader.read_at(position + total, _MAX_RECORD) if total < reader.size else b""
+    written = len(after.rstrip(b"\0"))
+    try:
+        record = (
+            parse_record(data, 0, len(data), segment.base + position, check_crc=True)
+            if data else None
+        )
+    except RecordError:
+        record = None
+    if record is not None and not isinstance(record, Blank) and len(data) == total:
+        return position + total, position + total + written
+    if written:
+        return position, position + total + written
+    return position, position + len(data.rstrip(b"\0"))
 
 
 class CompareError(Exception):
@@ -685,11 +755,33 @@ def verify(
     slave = resolve(slave_dir, options)
     # The slave first: a live master's log only grows meanwhile, so what
     # the slave holds is also the master's by the time it is listed.
-    slave_segments, slave_size, slave_max = _store_layout(slave)
-    master_segments, master_size, master_max = _store_layout(master)
+    try:
+        slave_layout = _store_layout(slave)
+        master_layout = _store_layout(master)
+    except OSError as e:
+        raise CompareError(unreadable(e.filename or str(e), e)) from None
+    slave_segments, slave_size, slave_max = (
+        slave_layout.segments, slave_layout.size, slave_layout.max_offset
+    )
+    master_segments, master_size, master_max = (
+        master_layout.segments, master_layout.size, master_layout.max_offset
+    )
     problems: list[str] = []
     if not master_segments:
         raise PlanError(f"{master.uri}: the master's store has no segment files")
+    slave_first = slave_segments[0].base if slave_segments else slave_max
+    for start, end in master_layout.gaps:
+        if start < slave_layout.written_end and end > slave_first:
+            # (Nothing to compare the slave's bytes there with.)
+            raise CompareError(
+                f"{master.uri}: the master's store has no segment file for offsets "
+                f"{start}..{end} (the files before and after it are there): cannot compare"
+            )
+    for start, end in slave_layout.gaps:
+        problems.append(
+            f"missing segment: the slave has no segment file for offsets {start}..{end} "
+            f"({end - start:,} bytes; the files before and after it are there)"
+        )
     master_by_base = {m.base: m for m in master_segments}
     if slave_segments and slave_size != master_size:
         problems.append(
@@ -713,7 +805,9 @@ def verify(
     # Blocks in offset order: the lowest failing index is the first.
     tasks: list[_Task] = []
     for segment in slave_segments:
-        limit = min(segment.size, slave_max - segment.base)
+        # (Up to the slave's written end: a last record that does not
+        # verify is compared too, L{_records_end}.)
+        limit = min(segment.size, slave_layout.written_end - segment.base)
         position = 0
         while position < limit:
             n = min(VERIFY_BLOCK, limit - position)

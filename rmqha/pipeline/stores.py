@@ -25,6 +25,7 @@ location; callers add the host (L{unreadable}).
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any, Mapping
 from urllib.parse import urlsplit
@@ -128,8 +129,13 @@ class LocalStore(Store):
         out = []
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
-            if SEGMENT_NAME.match(name) and os.path.isfile(path):
-                out.append(Segment(int(name), name, os.path.getsize(path)))
+            if not SEGMENT_NAME.match(name):
+                continue
+            if not os.path.isfile(path):
+                # (Skipping it would leave a hole every job reads past.)
+                kind = "a directory" if os.path.isdir(path) else "not a regular file"
+                raise OSError(errno.EISDIR, f"{kind}, not a segment file", path)
+            out.append(Segment(int(name), name, os.path.getsize(path)))
         return out
 
     def path(self, segment: Segment) -> str:
