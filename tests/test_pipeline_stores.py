@@ -123,6 +123,34 @@ class ResolveTests(SynchronousTestCase):
         self.assertEqual(e.filename, store.location(segment))
 
 
+class ListingTests(SynchronousTestCase):
+    """
+    A local store's segment listing never skips a hole.
+    """
+
+    def test_directory_where_a_segment_belongs(self) -> None:
+        """
+        A directory named like a segment file is an error naming it (every
+        job would read past the hole otherwise), and the command line's
+        check before Spark says it in one line (exit 2).
+        """
+        import argparse
+
+        from rmqha.pipeline.jobs import check_inputs
+
+        store = os.path.abspath(self.mktemp())
+        with CommitLog.open(store, segment_size=64 * 1024) as log:
+            log.put(make_message(b"x"))
+        hole = os.path.join(store, "commitlog", f"{64 * 1024:020d}")
+        os.mkdir(hole)
+        e = self.assertRaises(OSError, LocalStore(store).segments)
+        self.assertEqual(e.filename, hole)
+        self.assertIn("a directory, not a segment file", str(e))
+        args = argparse.Namespace(job="stats", dir=store, out=None, option=None)
+        error = self.assertRaises(PlanError, check_inputs, args)
+        self.assertIn(f"cannot read {hole}", str(error))
+
+
 class BlockSizeTests(SynchronousTestCase):
     """
     A reader's C{block_size} sets how much L{read_span} asks for at once:

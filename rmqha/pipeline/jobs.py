@@ -466,7 +466,12 @@ def _check_store(
     location: str, options: Mapping[str, str], master: bool = False
 ) -> None:
     store = resolve(location, options)
-    found = store.segments()  # PlanError: not a commit log
+    try:
+        found = store.segments()  # PlanError: not a commit log
+    except OSError as e:
+        # (A segment that is a directory, a listing refused: for verify,
+        # "could not compare", exit 2 like every other error here.)
+        raise PlanError(unreadable(e.filename or store.uri, e)) from None
     if master and not found:
         raise PlanError(f"{store.uri}: the master's store has no segment files")
 
