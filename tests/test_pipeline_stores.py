@@ -149,6 +149,14 @@ class ListingTests(SynchronousTestCase):
         args = argparse.Namespace(job="stats", dir=store, out=None, option=None)
         error = self.assertRaises(PlanError, check_inputs, args)
         self.assertIn(f"cannot read {hole}", str(error))
+        # The same through pyarrow's filesystems (S3, HDFS ...), here its
+        # local one.
+        from pyarrow import fs as pafs
+
+        remote = ArrowStore("file://" + store)
+        remote._fs, remote._root = pafs.LocalFileSystem(), store
+        e = self.assertRaises(OSError, remote.segments)
+        self.assertEqual(e.filename, hole)
 
 
 class BlockSizeTests(SynchronousTestCase):

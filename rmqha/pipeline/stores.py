@@ -233,6 +233,8 @@ class ArrowStore(Store):
             raise PlanError(f"{self.uri}: {' '.join(str(e).split())}") from None
         except OSError as e:
             # pyarrow's messages run over lines: one line, naming the store.
+            if e.filename:  # (ours: a segment that is not a file, named)
+                raise
             raise OSError(e.errno, " ".join(str(e).split()), self.uri) from None
 
     def _list(self) -> tuple[str, list[Any]]:
@@ -244,10 +246,14 @@ class ArrowStore(Store):
             if info.type != pafs.FileType.Directory:
                 continue
             entries = fs.get_file_info(pafs.FileSelector(directory))
-            files = [
-                e for e in entries
-                if e.type == pafs.FileType.File and SEGMENT_NAME.match(e.base_name)
-            ]
+            named = [e for e in entries if SEGMENT_NAME.match(e.base_name)]
+            for e in named:
+                if e.type != pafs.FileType.File:
+                    # (Skipping it would leave a hole every job reads past.)
+                    raise OSError(
+                        errno.EISDIR, "a directory, not a segment file", f"{directory}/{e.base_name}"
+                    )
+            files = named
             if files or directory == root:
                 return directory, files
         raise PlanError(f"{self.uri}: no commitlog directory and no segment files")
