@@ -321,6 +321,61 @@ class JobTests(SynchronousTestCase):
         e = self.assertRaises(jobs.CompareError, jobs.verify, spark(), master, slave)
         self.assertIn("has no segment file for offsets 98304..131072", str(e))
 
+    def _bad_crc_store(self, seed: int) -> tuple[str, int]:
+        """
+        A store with one record whose body no longer matches its CRC, and
+        that record's offset.
+        """
+        path = random_store(self, 120, 64 * 1024, seed=seed)
+        row = store_rows(path)[40]
+        offset, body = int(row["offset"]), bytes(row["body"])  # type: ignore[call-overload,arg-type]
+        base = offset - offset % (64 * 1024)
+        with open(segment_path(path, base), "rb") as f:
+            data = f.read()
+        at = data.index(body, offset - base)
+        xor_byte(segment_path(path, base), at)
+        return path, offset
+
+    def test_stats_counts_bad_crc(self) -> None:
+        """
+        stats.json and the result count the records whose body does not
+        match its CRC, in all and per topic, with the first one's offset;
+        a clean store counts none.
+        """
+        from rmqha.pipeline.jobs import stats
+
+        path, offset = self._bad_crc_store(41)
+        result = stats(spark(), path)
+        self.assertEqual((result["bad_crc"], result["first_bad_crc_offset"]), (1, offset))
+        self.assertEqual(sum(t["bad_crc"] for t in result["topics"]), 1)
+        self.assertEqual(sum(t["bad_crc"] for t in result["series"]), 1)
+        clean = stats(spark(), random_store(self, 50, 64 * 1024, seed=42))
+        self.assertEqual((clean["bad_crc"], clean["first_bad_crc_offset"]), (0, None))
+
+    def test_export_says_or_refuses_damage(self) -> None:
+        """
+        export writes a record with a bad body CRC as it is (crc_ok false)
+        and says so in one line; with --fail-on-damage it publishes
+        nothing and raises, naming the first offset.
+        """
+        from rmqha.pipeline import jobs
+
+        path, offset = self._bad_crc_store(43)
+        parent = os.path.abspath(self.mktemp())
+        os.makedirs(parent)
+        said: list[str] = []
+        out = os.path.join(parent, "out")
+        self.assertEqual(jobs.export(spark(), path, out, warn=said.append), 120)
+        self.assertEqual(len(said), 1)
+        self.assertIn(f"1 record(s) of {os.path.abspath(path)} with a body that does not match", said[0])
+        self.assertIn(f"the first at offset {offset}", said[0])
+        refused = os.path.join(parent, "refused")
+        e = self.assertRaises(
+            jobs.DamageFound, jobs.export, spark(), path, refused, fail_on_damage=True
+        )
+        self.assertIn("nothing exported (--fail-on-damage)", str(e))
+        self.assertEqual(sorted(os.listdir(parent)), ["out"])
+
     def test_export_round_trip(self) -> None:
         """
         Parquet partitioned by topic reads back as the same records, to a
@@ -435,6 +490,29 @@ class CommandTests(SynchronousTestCase):
         spark()  # the shared session: the command then reuses it
         out, err = io.StringIO(), io.StringIO()
         return main(list(argv), stdout=out, stderr=err), out.getvalue(), err.getvalue()
+
+    def test_damage_exit_status(self) -> None:
+        """
+        A record with a bad body CRC: stats says so on stderr and exits 0,
+        or 1 with --fail-on-damage (its JSON counts it either way).
+        """
+        import io
+        import sys
+
+        path, offset = JobTests._bad_crc_store(self, 44)  # type: ignore[arg-type]
+        # (The job's warnings go to the process's stderr.)
+        stderr = io.StringIO()
+        self.patch(sys, "stderr", stderr)
+        status, out, _ = self.run_cli("pipeline", "stats", path)
+        err = stderr.getvalue()
+        self.assertEqual(status, 0)
+        self.assertEqual(json.loads(out)["bad_crc"], 1)
+        self.assertIn("rmqha pipeline: warning: 1 record(s)", err)
+        status, out, _ = self.run_cli("pipeline", "stats", "--fail-on-damage", path)
+        err = stderr.getvalue()
+        self.assertEqual(status, 1)
+        self.assertIn(f"rmqha pipeline: error: 1 record(s)", err)
+        self.assertIn(f"the first at offset {offset}", err)
 
     def test_verify_exit_status(self) -> None:
         """

@@ -49,6 +49,7 @@ from rmqha.pipeline.stores import PlanError, Segment, Store, resolve, unreadable
 
 __all__ = [
     "stats", "export", "verify", "VerifyResult", "CompareError", "check_inputs",
+    "Damage", "DamageFound",
     "error_line", "main",
 ]
 
@@ -78,8 +79,35 @@ def _load(
 
 #: What L{stats} reads: no body, properties or host strings to convert.
 STATS_COLUMNS = (
-    "offset", "size", "topic", "born_timestamp", "store_timestamp", "body_size"
+    "offset", "size", "topic", "born_timestamp", "store_timestamp", "body_size", "crc_ok"
 )
+
+
+@dataclass(frozen=True)
+class Damage:
+    """
+    The records of a store whose body does not match its BODYCRC
+    (C{crc_ok} false): how many, and the first one's offset.  Such a
+    record is still read and exported as it is (a reader decides); the
+    jobs say so, and C{--fail-on-damage} makes it an error.
+    """
+
+    bad_crc: int
+    first_offset: int | None
+
+    def line(self, store: str) -> str:
+        return (
+            f"{self.bad_crc:,} record(s) of {store} with a body that does not match its "
+            f"CRC (crc_ok false), the first at offset {self.first_offset}: 'rmqha store "
+            "check' says where, 'rmqha store repair' mends them from a replica"
+        )
+
+
+class DamageFound(Exception):
+    """
+    C{--fail-on-damage}: the store holds records with a bad body CRC.
+    Exit status 1 (nothing exported).
+    """
 
 
 def stats(
@@ -115,6 +143,8 @@ def stats(
                 F.percentile_approx(latency, _PERCENTILES, 10000).alias("latency_ms"),
                 F.min("offset").alias("first_offset"),
                 F.max("offset").alias("last_offset"),
+                F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
+                F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad_crc_offset"),
             )
             .orderBy(*keys)
             .collect()
@@ -136,10 +166,14 @@ def stats(
         topics = [row(r) for r in summary("topic")]
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous)
+    firsts = [t["first_bad_crc_offset"] for t in topics if t["first_bad_crc_offset"] is not None]
     result = {
         "store": resolve(store_dir).uri,
         "messages": sum(t["messages"] for t in topics),
         "bytes": sum(t["bytes"] for t in topics),
+        # (Data quality: records whose body does not match its CRC.)
+        "bad_crc": sum(t["bad_crc"] for t in topics),
+        "first_bad_crc_offset": min(firsts, default=None),
         "topics": topics,
         "bucket": bucket,
         "series": series,
@@ -249,6 +283,8 @@ def export(
     out: str,
     fmt: str = "parquet",
     options: Mapping[str, str] | None = None,
+    fail_on_damage: bool = False,
+    warn: Any = None,
 ) -> int:
     """
     Write every record to C{out} in C{fmt}, partitioned by topic (one
@@ -268,7 +304,12 @@ def export(
     cluster), and is an error (nothing is renamed).  C{options} go to the
     data source (C{--option}).
 
+    Records whose body does not match its CRC are exported as they are
+    (C{crc_ok} false) and said: C{warn} is called with one line.  With
+    C{fail_on_damage} they are an error instead: nothing is published.
+
     @return: the number of records written.
+    @raise DamageFound: C{fail_on_damage} and such records exist.
     """
     if fmt not in _EXPORT_FORMATS:
         raise ValueError(f"--format {fmt!r} is not one of {', '.join(_EXPORT_FORMATS)}")
@@ -280,7 +321,15 @@ def export(
     if fs.exists(partial):  # pragma: no cover (a 32-bit collision)
         raise ValueError(f"{partial} exists; not writing into it")
     try:
-        written = _write_counted(_load(spark, store_dir, **(options or {})), fmt, partial)
+        written, damage = _write_counted(
+            _load(spark, store_dir, **(options or {})), fmt, partial
+        )
+        if damage.bad_crc:
+            line = damage.line(resolve(store_dir).uri)
+            if fail_on_damage:
+                raise DamageFound(f"{line}; nothing exported (--fail-on-damage)")
+            if warn is not None:
+                warn(line)
         visible = _count_back(spark, fs, fmt, partial)
         if visible != written:
             raise ValueError(
@@ -375,18 +424,25 @@ def _output_fs(spark: Any, uri: str) -> _HadoopFS:
     return _HadoopFS(spark, uri)
 
 
-def _write_counted(df: Any, fmt: str, uri: str) -> int:
+def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, Damage]:
     """
     Write C{df} to C{uri} by topic; return the rows the executors wrote
-    (an observation of the written DataFrame: counted in the tasks).
+    and the records among them with a bad body CRC (an observation of the
+    written DataFrame: counted in the tasks).
     """
     from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     observation = Observation("rmqha export")
-    observed = df.observe(observation, F.count(F.lit(1)).alias("rows"))
+    observed = df.observe(
+        observation,
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
+        F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad"),
+    )
     observed.write.partitionBy("topic").format(fmt).save(uri)
-    return int(observation.get["rows"])
+    seen = observation.get
+    return int(seen["rows"]), Damage(int(seen["bad_crc"] or 0), seen["first_bad"])
 
 
 def _count_back(spark: Any, fs: _HadoopFS, fmt: str, uri: str) -> int:
@@ -930,6 +986,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             job.add_argument("slave_dir", help="the slave's store root")
         else:
             job.add_argument("dir", help="store root")
+        if name in ("stats", "export"):
+            job.add_argument(
+                "--fail-on-damage", action="store_true",
+                help="records whose body does not match its CRC are an error (exit 1; "
+                "export publishes nothing), not a warning",
+            )
         if name == "stats":
             job.add_argument("--out", default=None, help="write stats.json and stats.png here")
         if name == "export":
@@ -969,10 +1031,13 @@ def _comma_list(text: str) -> list[str]:
     return items
 
 
-def run(args: argparse.Namespace, out: IO[str]) -> int:
+def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> int:
     """
-    Run the job C{args} chose; return the exit status.
+    Run the job C{args} chose; return the exit status.  Results go to
+    C{out}; warnings (damaged records) to C{err} (default: stderr), so
+    stats' JSON line stays alone on C{out}.
     """
+    err = err if err is not None else sys.stderr
     from rmqha.pipeline.source import spark_session
 
     check_inputs(args)
@@ -988,14 +1053,32 @@ def run(args: argparse.Namespace, out: IO[str]) -> int:
     spark.sparkContext.setLogLevel("WARN" if args.debug else "FATAL")
     if args.job == "stats":
         result = stats(spark, args.dir, args.out, options)
-        out.write(json.dumps({k: result[k] for k in ("store", "messages", "bytes", "topics")}))
+        shown = ("store", "messages", "bytes", "bad_crc", "first_bad_crc_offset", "topics")
+        out.write(json.dumps({k: result[k] for k in shown}))
         out.write("\n")
         if args.out:
             out.write(f"wrote {os.path.join(args.out, 'stats.json')} and stats.png\n")
+        if result["bad_crc"]:
+            line = Damage(result["bad_crc"], result["first_bad_crc_offset"]).line(result["store"])
+            print(f"rmqha pipeline: {'error' if args.fail_on_damage else 'warning'}: {line}",
+                  file=err)
+            if args.fail_on_damage:
+                return 1
         return 0
     if args.job == "export":
         target = output_location(args.out)
-        count = export(spark, args.dir, target, args.format, options)
+
+        def warn(line: str) -> None:
+            print(f"rmqha pipeline: warning: {line}", file=err)
+
+        try:
+            count = export(
+                spark, args.dir, target, args.format, options,
+                fail_on_damage=args.fail_on_damage, warn=warn,
+            )
+        except DamageFound as e:
+            print(f"rmqha pipeline: error: {e}", file=err)
+            return 1
         out.write(f"exported {count:,} records to {target} ({args.format}, by topic)\n")
         return 0
     result_v = verify(
