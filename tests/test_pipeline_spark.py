@@ -376,6 +376,30 @@ class JobTests(SynchronousTestCase):
         self.assertIn("nothing exported (--fail-on-damage)", str(e))
         self.assertEqual(sorted(os.listdir(parent)), ["out"])
 
+    def test_empty_export_reads_back_with_its_schema(self) -> None:
+        """
+        A store without records exports to a directory Spark reads back,
+        with the columns of a non-empty export and no row.
+        """
+        from rmqha.pipeline.jobs import export
+
+        empty = os.path.abspath(self.mktemp())
+        with CommitLog.open(empty, segment_size=64 * 1024):
+            pass
+        full = random_store(self, 20, 64 * 1024, seed=45)
+        parent = os.path.abspath(self.mktemp())
+        os.makedirs(parent)
+        for fmt in ("parquet", "orc"):
+            self.assertEqual(export(spark(), empty, os.path.join(parent, f"empty-{fmt}"), fmt), 0)
+            self.assertEqual(export(spark(), full, os.path.join(parent, f"full-{fmt}"), fmt), 20)
+            back = spark().read.format(fmt).load(os.path.join(parent, f"empty-{fmt}"))
+            wanted = spark().read.format(fmt).load(os.path.join(parent, f"full-{fmt}"))
+            self.assertEqual(back.count(), 0)
+            self.assertEqual(
+                sorted((f.name, f.dataType) for f in back.schema.fields),
+                sorted((f.name, f.dataType) for f in wanted.schema.fields),
+            )
+
     def test_export_round_trip(self) -> None:
         """
         Parquet partitioned by topic reads back as the same records, to a

@@ -321,9 +321,15 @@ def export(
     if fs.exists(partial):  # pragma: no cover (a 32-bit collision)
         raise ValueError(f"{partial} exists; not writing into it")
     try:
-        written, damage = _write_counted(
-            _load(spark, store_dir, **(options or {})), fmt, partial
-        )
+        df = _load(spark, store_dir, **(options or {}))
+        written, damage = _write_counted(df, fmt, partial)
+        if written == 0:
+            # Partitioned by topic, no row writes no file, and Spark
+            # cannot read the export back (UNABLE_TO_INFER_SCHEMA): write
+            # one empty file that carries the schema instead (Parquet,
+            # ORC; a JSON file has none to carry).
+            fs.delete(partial)
+            df.limit(0).coalesce(1).write.format(fmt).save(partial)
         if damage.bad_crc:
             line = damage.line(resolve(store_dir).uri)
             if fail_on_damage:
