@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -156,6 +157,11 @@ class SparkCluster:
             spark_class, "org.apache.spark.deploy.master.Master",
             "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(self.webui),
         ], env)
+        # The master's web UI is where it says it is: a port chosen free may
+        # be taken before the JVM binds it (by another test's process, or a
+        # worker's UI on port 0), and Spark then binds the next one.  The
+        # workers start once the master listens.
+        self.webui = self._master_ui()
         for i, hidden in enumerate(workers):
             work = os.path.join(self.scratch, f"worker-{i}")
             os.makedirs(work)
@@ -167,6 +173,23 @@ class SparkCluster:
             self._start(f"worker-{i}", hidden_argv(hidden, argv), env)
         self._wait(len(workers))
 
+    def _master_ui(self) -> int:
+        """
+        The port the master's web UI bound, from its log.
+        """
+        bound = re.compile(rb"Bound MasterWebUI to [^,]+, and started at https?://[^:/]+:(\d+)")
+        deadline = time.monotonic() + START_TIMEOUT
+        path = os.path.join(self.scratch, "master.log")
+        while time.monotonic() < deadline:
+            if self.processes[0].poll() is not None:
+                raise RuntimeError(f"the master exited; {self.logs()}")
+            with open(path, "rb") as f:
+                found = bound.search(f.read())
+            if found:
+                return int(found.group(1))
+            time.sleep(0.2)  # polling is fine here: a real process
+        raise RuntimeError(f"the master's web UI did not start; {self.logs()}")
+
     def _wait(self, workers: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         state: dict[str, object] = {}
@@ -177,7 +200,7 @@ class SparkCluster:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.webui}/json/", timeout=5) as r:
                     state = json.load(r)
-            except OSError:
+            except (OSError, ValueError):  # (not up yet, or not JSON yet)
                 state = {}
             if state.get("aliveworkers") == workers:
                 return
