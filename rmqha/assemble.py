@@ -29,7 +29,8 @@ from twisted.logger import Logger
 from rmqha._ports import ListenFailed
 from rmqha.admin import AdminService
 from rmqha.broker import Broker
-from rmqha.coord.node import Coordinator, FailoverSettings
+from rmqha.coord.failover import FailoverSettings
+from rmqha.coord.node import Coordinator
 from rmqha.ha.auth import GroupAuth, load_group_secret
 from rmqha.ha.epochs import EpochFile, EpochFileError
 from rmqha.settings import BrokerSettings, master_description, parse_host_port

@@ -14,7 +14,8 @@ from rmqha.broker import Broker, NotMasterError, Role
 from rmqha.settings import BrokerSettings
 from rmqha.coord.dcs import DCSError, InSync, Switchover
 from rmqha.coord.memory import MemoryDCS, MemoryStore
-from rmqha.coord.node import Coordinator, FailoverSettings, rank
+from rmqha.coord.failover import FailoverSettings
+from rmqha.coord.node import Coordinator, rank
 from rmqha.ha.auth import GroupAuth
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.group import PutStatus

@@ -12,38 +12,11 @@ runs the campaign L{Candidacy.assess} plans.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
 from twisted.logger import Logger
 
+from rmqha.coord.failover import FailoverSettings
 from rmqha.coord.dcs import ClusterView, Leader, Member
-
-
-class Standing(Protocol):
-    """
-    The settings a candidacy reads (L{rmqha.coord.node.FailoverSettings}).
-    """
-
-    @property
-    def group(self) -> str: ...
-
-    @property
-    def node_id(self) -> str: ...
-
-    @property
-    def advertise(self) -> str: ...
-
-    @property
-    def advertise_http(self) -> str | None: ...
-
-    @property
-    def lease_ttl(self) -> int: ...
-
-    @property
-    def allow_unclean_election(self) -> bool: ...
-
-    @property
-    def electable(self) -> bool: ...
 
 
 def rank(view: ClusterView, allow_unclean: bool) -> tuple[list[Member], str]:
@@ -133,7 +106,7 @@ class Candidacy:
 
     _log = Logger()
 
-    def __init__(self, settings: Standing) -> None:
+    def __init__(self, settings: FailoverSettings) -> None:
         self._settings = settings
         # Since when (monotonic) the group has had no master, if so.
         self._leaderless_since: float | None = None

@@ -54,63 +54,13 @@ from rmqha.coord.dcs import (
 )
 from rmqha.coord.handover import Handover
 from rmqha.coord.office import InSyncOffice
+from rmqha.coord.failover import FailoverSettings
 from rmqha.coord.report import MalformedKeys, NodeReport
 from rmqha.coord.rolechange import RoleChanges
-from rmqha.ha.config import Role
 from rmqha.ha.fence import Fence
-from rmqha.ha.insync import DEFAULT_CATCHUP_TIMEOUT, InSyncSet
+from rmqha.ha.insync import InSyncSet
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.roles import Superseded
-from rmqha.settings import DEFAULT_LEASE_TTL
-
-#: Default seconds between lease renewals (and member-key refreshes).
-DEFAULT_RENEW_INTERVAL = 0.5
-#: Default seconds before a lease could expire that a master stops
-#: acknowledging puts.
-DEFAULT_FENCE_MARGIN = 0.5
-
-
-@dataclass(frozen=True)
-class FailoverSettings:
-    group: str
-    node_id: str
-    #: The HA address peers dial, C{host:port}.
-    advertise: str
-    #: The admin HTTP address, C{host:port}, if any.
-    advertise_http: str | None = None
-    #: How this node acts once elected.
-    role: Role = Role.SYNC_MASTER
-    lease_ttl: int = DEFAULT_LEASE_TTL
-    renew_interval: float = DEFAULT_RENEW_INTERVAL
-    fence_margin: float = DEFAULT_FENCE_MARGIN
-    catchup_timeout: float = DEFAULT_CATCHUP_TIMEOUT
-    #: Elect a node outside the in-sync set when no member of it lives
-    #: (loses every put it lacks: docs/failover.md).
-    allow_unclean_election: bool = False
-    #: False: this node never stands for election (C{--no-failover}).
-    electable: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.group or "/" in self.group:
-            raise ValueError(f"group {self.group!r}: give a name without '/'")
-        if not self.node_id or "/" in self.node_id:
-            raise ValueError(f"node id {self.node_id!r}: give a name without '/'")
-        if not self.role.is_master:
-            raise ValueError(
-                f"role {self.role.value}: with a coordinator, --role says how the node "
-                "acts once elected (SYNC_MASTER or ASYNC_MASTER)"
-            )
-        if self.lease_ttl < 2:
-            raise ValueError(f"lease TTL {self.lease_ttl} s: etcd's minimum is 2")
-        if not 0 < self.renew_interval < self.lease_ttl - self.fence_margin:
-            raise ValueError(
-                f"renew interval {self.renew_interval} s must be positive and shorter "
-                f"than the lease TTL {self.lease_ttl} s less the fence margin "
-                f"{self.fence_margin} s"
-            )
-        if self.fence_margin < 0:
-            raise ValueError(f"fence margin {self.fence_margin} s must not be negative")
-
 
 @dataclass
 class Election:

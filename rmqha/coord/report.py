@@ -16,30 +16,10 @@ from typing import Any, Callable, Protocol
 
 from twisted.logger import Logger
 
+from rmqha.coord.failover import FailoverSettings
 from rmqha.broker import Broker
 from rmqha.coord.dcs import IDCS, ClusterView, Lease, Member
 from rmqha.ha.insync import InSyncSet
-
-
-class Identity(Protocol):
-    """
-    The settings a report names (L{rmqha.coord.node.FailoverSettings}).
-    """
-
-    @property
-    def group(self) -> str: ...
-
-    @property
-    def node_id(self) -> str: ...
-
-    @property
-    def advertise(self) -> str: ...
-
-    @property
-    def advertise_http(self) -> str | None: ...
-
-    @property
-    def electable(self) -> bool: ...
 
 
 class LastElection(Protocol):
@@ -67,7 +47,7 @@ class CoordinatorState(Protocol):
     """
 
     @property
-    def settings(self) -> Identity: ...
+    def settings(self) -> FailoverSettings: ...
 
     @property
     def dcs(self) -> IDCS: ...
