@@ -44,12 +44,12 @@ from typing import IO, Any, Mapping, NoReturn, Sequence
 from urllib.parse import urlsplit
 
 from rmqha.store._record import Blank, RecordError, parse_record, record_json
-from rmqha.pipeline.scan import walk
+from rmqha.pipeline.scan import MAX_RECORD, walk
 from rmqha.pipeline.stores import PlanError, Segment, Store, resolve, unreadable
 
 __all__ = [
     "stats", "export", "verify", "VerifyResult", "CompareError", "check_inputs",
-    "Damage", "DamageFound",
+    "BadCrc", "DamageFound",
     "error_line", "main",
 ]
 
@@ -84,7 +84,7 @@ STATS_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class Damage:
+class BadCrc:
     """
     The records of a store whose body does not match its BODYCRC
     (C{crc_ok} false): how many, and the first one's offset.  Such a
@@ -430,7 +430,7 @@ def _output_fs(spark: Any, uri: str) -> _HadoopFS:
     return _HadoopFS(spark, uri)
 
 
-def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, Damage]:
+def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, BadCrc]:
     """
     Write C{df} to C{uri} by topic; return the rows the executors wrote
     and the records among them with a bad body CRC (an observation of the
@@ -448,7 +448,7 @@ def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, Damage]:
     )
     observed.write.partitionBy("topic").format(fmt).save(uri)
     seen = observation.get
-    return int(seen["rows"]), Damage(int(seen["bad_crc"] or 0), seen["first_bad"])
+    return int(seen["rows"]), BadCrc(int(seen["bad_crc"] or 0), seen["first_bad"])
 
 
 def _count_back(spark: Any, fs: _HadoopFS, fmt: str, uri: str) -> int:
@@ -649,12 +649,6 @@ def _store_layout(store: Store) -> _Layout:
     return _Layout(found, size, found[0].base, gaps, found[0].base)
 
 
-#: The longest record (RocketMQ's maxMessageSize, 4 MiB, plus its
-#: headers): how far past the last record a store's written bytes are
-#: looked for.
-_MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
-
-
 def _records_end(store: Store, segment: Segment) -> tuple[int, int]:
     """
     Where the whole, valid records of one segment end, and where its
@@ -674,9 +668,9 @@ def _records_end(store: Store, segment: Segment) -> tuple[int, int]:
         data = reader.read_at(position, total) if total else b""
         # What follows the records: zeros, or the start of a record being
         # written (its header not whole yet), or bytes that are no record;
-        # any non-zero byte within the largest record's reach is written
-        # and compared too.
-        after = reader.read_at(position + total, _MAX_RECORD) if total < reader.size else b""
+        # any non-zero byte within the largest record's reach (MAX_RECORD)
+        # is written and compared too.
+        after = reader.read_at(position + total, MAX_RECORD) if total < reader.size else b""
     written = len(after.rstrip(b"\0"))
     try:
         record = (
@@ -1065,7 +1059,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
         if args.out:
             out.write(f"wrote {os.path.join(args.out, 'stats.json')} and stats.png\n")
         if result["bad_crc"]:
-            line = Damage(result["bad_crc"], result["first_bad_crc_offset"]).line(result["store"])
+            line = BadCrc(result["bad_crc"], result["first_bad_crc_offset"]).line(result["store"])
             print(f"rmqha pipeline: {'error' if args.fail_on_damage else 'warning'}: {line}",
                   file=err)
             if args.fail_on_damage:

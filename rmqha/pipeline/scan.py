@@ -171,7 +171,7 @@ def hop(reader: SegmentReader, every: int) -> tuple[list[int], int]:
 
 #: A record is at most this long (RocketMQ's maxMessageSize plus headers):
 #: a search for the next record start never needs to look further.
-_MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
+MAX_RECORD = 4 * 1024 * 1024 + 64 * 1024
 _SEARCH_BLOCK = 1024 * 1024
 #: A whole search block (with its overlap) of zeros, which holds no record
 #: start: comparing to it (memcmp) skips a segment's zero tail ~10x faster
@@ -297,7 +297,7 @@ def plan(
                 if found is not None:
                     end, exact_last = found, True
                 else:
-                    end = min(size, last + _MAX_RECORD)
+                    end = min(size, last + MAX_RECORD)
             ends = [*cuts[1:], end]
             for i, (a, b) in enumerate(zip(cuts, ends)):
                 exact = i < len(cuts) - 1 or exact_last
