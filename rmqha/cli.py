@@ -329,6 +329,10 @@ def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
     # `python -m rmqha.pipeline.jobs` and spark-submit.
     from rmqha.pipeline.jobs import check_inputs
 
+    if args.job == "jar":
+        from rmqha.pipeline import _jar
+
+        return _jar.main(out)
     try:
         # Before PySpark and the JVM: a wrong path is one line at once.
         check_inputs(args)
