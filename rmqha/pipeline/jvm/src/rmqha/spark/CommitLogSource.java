@@ -32,6 +32,7 @@ import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.connector.read.SupportsPushDownV2Filters;
+import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.sources.DataSourceRegister;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
@@ -101,8 +102,10 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
     final long timeToleranceMs; // -1: no pruning of spans by store time
     final int window; // 0: the input's own (the tests' "_window")
     final Map<String, String> hadoop; // fs.* options, for the Hadoop FileSystem
+    final Map<String, String> given; // every option, keys lower-cased (the stream's, a live broker's)
 
     private Options(Map<String, String> o) {
+      given = new HashMap<>(o);
       String p = o.get("path");
       if (o.containsKey("paths") && !o.get("paths").equals("[]")) {
         throw new IllegalArgumentException(
@@ -243,6 +246,9 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
       for (Map.Entry<String, String> e : hadoop.entrySet()) {
         conf.set(e.getKey(), e.getValue());
       }
+      if (HttpStore.handles(path)) {
+        return HttpStore.of(path, given);
+      }
       return HadoopStore.of(path, conf);
     }
   }
@@ -292,7 +298,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
 
     @Override
     public Set<TableCapability> capabilities() {
-      return EnumSet.of(TableCapability.BATCH_READ);
+      return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
     }
 
     @Override
@@ -387,6 +393,11 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
     @Override
     public Batch toBatch() {
       return this;
+    }
+
+    @Override
+    public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
+      return new CommitLogStream(options, options.given, store, required, checkpointLocation);
     }
 
     @Override
