@@ -6,7 +6,9 @@ C{pytest -m spark} runs them alone.
 
 from __future__ import annotations
 
+import io
 import json
+from contextlib import redirect_stderr
 from typing import Any
 import os
 import shutil
@@ -643,6 +645,220 @@ class ShippingTests(SynchronousTestCase):
         self.assertIn("rmqha/store/_record.py", names)
         self.assertEqual([n for n in names if "__pycache__" in n or n.endswith(".pyc")], [])
         self.assertEqual([n for n in names if not n.startswith("rmqha/")], [])
+
+
+class StreamTests(SynchronousTestCase):
+    """
+    C{spark.readStream.format("rmqha")} (the JVM source's micro-batch
+    stream) over a local store being written, and C{export --incremental}.
+    """
+
+    skip = why_no_spark()
+
+    def setUp(self) -> None:
+        from rmqha.pipeline._jar import ensure_jar
+
+        if shutil.which("javac") is None or shutil.which("jar") is None:
+            raise unittest.SkipTest("no javac/jar: the JVM data source cannot be built here")
+        jar, why = ensure_jar()
+        self.assertIsNotNone(jar, why)
+
+    def put(self, log: CommitLog, count: int, topic: str = "orders") -> list[Any]:
+        results = [log.put(make_message(os.urandom(60 + i % 50), topic=topic, queue_id=i % 3))
+                   for i in range(count)]
+        log.flush()
+        return results
+
+    def batch(self, path: str) -> list[dict[str, object]]:
+        from rmqha.pipeline.source import read_store
+
+        return df_rows(read_store(spark(), path))
+
+    def stream(self, path: str, **options: str) -> Any:
+        reader = spark().readStream.format("rmqha")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load(path)
+
+    def memory(self, path: str, **options: str) -> tuple[Any, str]:
+        name = f"rmqha_stream_{id(self)}"
+        query = (
+            self.stream(path, **options).writeStream.format("memory").queryName(name)
+            .option("checkpointLocation", self.mktemp()).start()
+        )
+        self.addCleanup(query.stop)
+        return query, name
+
+    def test_follows_a_growing_store(self) -> None:
+        """
+        A stream's rows are the batch read's; records appended (rolling
+        segments) come in the next batch, only they; a torn last record is
+        waited for (not a row, not an error) and read once whole; a bad
+        record with valid ones after it fails the query naming its offset.
+        The store is changed while the query is stopped where a batch
+        must not see it half done (a new query object then resumes from
+        the checkpoint).
+        """
+        path, out, checkpoint = self.mktemp(), self.mktemp(), self.mktemp()
+        log = CommitLog.open(path, segment_size=4096)
+        self.addCleanup(log.close)
+        self.put(log, 12)
+
+        def start() -> Any:
+            query = (
+                self.stream(path).writeStream.format("parquet").option("path", out)
+                .option("checkpointLocation", checkpoint).start()
+            )
+            self.addCleanup(query.stop)
+            return query
+
+        def sink() -> list[dict[str, object]]:
+            return df_rows(spark().read.parquet(out))
+
+        query = start()
+        query.processAllAvailable()
+        self.assertEqual(len(sink()), 12)
+        self.assertEqual(sink(), self.batch(path))
+        self.put(log, 30, topic="payments")  # two more segments
+        query.processAllAvailable()
+        self.assertEqual(sink(), self.batch(path))  # each record once
+        self.assertEqual(len(sink()), 42)
+        query.stop()
+
+        # The last record half written: waited for, then read once.
+        (last,) = self.put(log, 1, topic="late")
+        segment = segment_path(path, last.offset - last.offset % 4096)
+        inside = last.offset % 4096
+        with open(segment, "rb") as f:
+            f.seek(inside)
+            whole = f.read(last.size)
+        zero_from(segment, inside + 40)
+        query = start()
+        query.processAllAvailable()
+        self.assertEqual(len(sink()), 42)
+        rewrite(segment, inside, whole)
+        query.processAllAvailable()
+        self.assertEqual(len(sink()), 43)
+        self.assertEqual(sink(), self.batch(path))
+        query.stop()
+
+        # Damage: a garbled header with records after it.
+        bad, *_ = self.put(log, 3)
+        xor_byte(segment_path(path, bad.offset - bad.offset % 4096), bad.offset % 4096 + 5)
+        with self.assertRaises(Exception) as raised:
+            start().processAllAvailable()
+        self.assertIn(f"bad record at offset {bad.offset}: bad magic code", str(raised.exception))
+        self.assertIn("valid records follow", str(raised.exception))
+
+    def test_stop_fail_and_restart_exactly_once(self) -> None:
+        """
+        A stream into a Parquet file sink, in small batches
+        (C{maxBytesPerTrigger}): stopped after a batch, failed in a batch's
+        task (one topic's directory cannot be made), and run again from
+        its checkpoint by new query objects: every record once in the
+        sink, none lost or repeated.
+        """
+        from pyspark.errors import StreamingQueryException
+
+        path, out, checkpoint = self.mktemp(), self.mktemp(), self.mktemp()
+        log = CommitLog.open(path, segment_size=4096)
+        self.addCleanup(log.close)
+        self.put(log, 20)
+
+        def run() -> Any:
+            return (
+                self.stream(path, maxBytesPerTrigger="3k").writeStream.format("parquet")
+                .partitionBy("topic").option("path", out).option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True).start()
+            )
+
+        query = run()
+        while query.isActive and not query.recentProgress:
+            query.awaitTermination(0.05)
+        query.stop()
+        self.put(log, 20, topic="late")
+        with open(os.path.join(out, "topic=late"), "w"):
+            pass  # a file where the topic's directory must go
+        with self.assertRaises(StreamingQueryException):
+            run().awaitTermination()
+        os.unlink(os.path.join(out, "topic=late"))
+        query = run()
+        query.awaitTermination()
+        self.assertGreater(query.lastProgress["batchId"], 2)
+        self.assertEqual(df_rows(spark().read.parquet(out)), self.batch(path))
+
+    def test_export_incremental(self) -> None:
+        """
+        C{export --incremental} twice: all records, then only those
+        appended since, the offsets said; an existing C{OUT} that is no
+        incremental export is refused in one line, before Spark.
+        """
+        from rmqha.pipeline.jobs import export_incremental, main
+
+        path, out = self.mktemp(), os.path.abspath(self.mktemp())
+        log = CommitLog.open(path, segment_size=4096)
+        self.addCleanup(log.close)
+        self.put(log, 10)
+        first = export_incremental(spark(), path, out)
+        self.assertEqual((first.rows, first.start), (10, 0))
+        more = self.put(log, 25, topic="payments")
+        second = export_incremental(spark(), path, out)
+        self.assertEqual(second.rows, 25)
+        self.assertEqual((second.start, second.end), (first.end, more[-1].next_offset))
+        self.assertEqual(
+            second.line(out, "parquet"),
+            f"exported 25 new records to {out} (parquet, by topic, incremental): "
+            f"offsets {first.end}..{more[-1].next_offset} in 1 batch",
+        )
+        self.assertEqual(df_rows(spark().read.parquet(out)), self.batch(path))
+        self.assertEqual(export_incremental(spark(), path, out).rows, 0)
+
+        plain = self.mktemp()
+        os.mkdir(plain)
+        err = io.StringIO()
+        with redirect_stderr(err):
+            self.assertEqual(main(["export", path, plain, "--incremental"]), 2)
+        self.assertIn(f"{plain} exists and is not an incremental export", err.getvalue())
+        self.assertEqual(err.getvalue().count("\n"), 1)
+        with self.assertRaises(ValueError) as raised:
+            export_incremental(spark(), path, out, "json")
+        self.assertIn(f"{out} is the incremental export of", str(raised.exception))
+
+    def test_data_loss(self) -> None:
+        """
+        Segments deleted (retention) before the stream read them: the query
+        fails naming both offsets; with C{failOnDataLoss=false} it skips to
+        the first segment and goes on.
+        """
+        path, out, checkpoint = self.mktemp(), self.mktemp(), self.mktemp()
+        log = CommitLog.open(path, segment_size=4096)
+        self.addCleanup(log.close)
+        self.put(log, 5)
+
+        def run(**options: str) -> Any:
+            query = (
+                self.stream(path, **options).writeStream.format("parquet").option("path", out)
+                .option("checkpointLocation", checkpoint).start()
+            )
+            self.addCleanup(query.stop)
+            return query
+
+        query = run()
+        query.processAllAvailable()
+        query.stop()
+        end = json.loads(query.lastProgress["sources"][0]["endOffset"])["offset"]
+        self.put(log, 60)
+        os.unlink(segment_path(path, 0))
+        os.unlink(segment_path(path, 4096))
+        with self.assertRaises(Exception) as raised:
+            run().processAllAvailable()
+        self.assertIn(f"offsets {end}..8192 were deleted before this stream read them",
+                      str(raised.exception))
+        self.assertIn("failOnDataLoss=false", str(raised.exception))
+        query = run(failOnDataLoss="false")
+        query.processAllAvailable()
+        # (The first run's five records, from the deleted segment, and these.)
+        self.assertEqual(df_rows(spark().read.parquet(out))[5:], self.batch(path))
 
 
 class _FakeContext:

@@ -13,6 +13,8 @@ C{python -m rmqha.pipeline.jobs JOB ...} or with C{spark-submit}:
                                  and stats.png
     export DIR OUT [--format F]  the records to Parquet (or ORC / JSON),
                                  partitioned by topic
+           [--incremental]       only those added since the last such run
+                                 (a stream checkpointed in OUT/_checkpoint)
     verify MASTER SLAVE          is the slave's store a prefix of the master's?
                                  prints "consistent" (exit 0), or the first
                                  divergent byte shown (master's and slave's
@@ -494,6 +496,165 @@ def _count_local(fmt: str, path: str) -> int:
     return total
 
 
+# -- export --incremental ----------------------------------------------------
+
+#: An incremental export's stream checkpoint, inside its C{OUT}
+#: (Spark's readers skip C{_*} directories).
+INCREMENTAL_CHECKPOINT = "_checkpoint"
+#: What it exported, and how: C{OUT/_checkpoint/rmqha-export.json}.
+_INCREMENTAL_MARK = "rmqha-export.json"
+
+
+@dataclass
+class IncrementalResult:
+    """
+    What one run of L{export_incremental} added: C{rows} records of the
+    commit-log offsets [C{start}, C{end}) in C{batches} micro-batches
+    (C{start} and C{end} C{None}: nothing new).
+    """
+
+    rows: int
+    start: int | None
+    end: int | None
+    batches: int
+
+    def line(self, out: str, fmt: str) -> str:
+        if self.start is None or self.end is None or self.end <= self.start:
+            where = f" (up to offset {self.end})" if self.end is not None else ""
+            return f"exported 0 new records to {out} ({fmt}, incremental){where}"
+        return (
+            f"exported {self.rows:,} new records to {out} ({fmt}, by topic, incremental): "
+            f"offsets {self.start}..{self.end} in {self.batches} batch"
+            f"{'' if self.batches == 1 else 'es'}"
+        )
+
+
+def _export_layout(df: Any) -> tuple[Any, tuple[str, ...]]:
+    """
+    The frame an export writes and its partition columns (L{export}'s
+    layout: by topic).
+    """
+    return df, ("topic",)
+
+
+def export_incremental(
+    spark: Any,
+    store_dir: str,
+    out: str,
+    fmt: str = "parquet",
+    options: Mapping[str, str] | None = None,
+) -> IncrementalResult:
+    """
+    Add to C{out} the records written to the store since the last run
+    (all of them the first time): C{spark.readStream.format("rmqha")} run
+    with C{Trigger.AvailableNow} into C{out} in C{fmt}, partitioned as
+    L{export} does, its checkpoint in C{out/_checkpoint}.  Spark's file
+    sink and the source's commit-log offsets make each record land once,
+    whether a run is stopped or fails midway (the next run redoes an
+    unfinished batch). C{out} is new or an earlier incremental export of
+    this store in this format (C{_checkpoint/rmqha-export.json} says
+    which); anything else is refused.  Needs the JVM data source's jar.
+
+    @raise ValueError: one line naming C{out}, the store or the format.
+    """
+    from rmqha.pipeline.source import _jvm_location, jvm_reader
+
+    if fmt not in _EXPORT_FORMATS:
+        raise ValueError(f"--format {fmt!r} is not one of {', '.join(_EXPORT_FORMATS)}")
+    options = dict(options or {})
+    if not jvm_reader(spark):
+        raise ValueError(
+            "export --incremental streams with the rmqha JVM data source, and this session has "
+            "no jar for it ('rmqha pipeline jar' says why)"
+        )
+    try:
+        location = _jvm_location(resolve(store_dir, options))
+    except PlanError as e:
+        raise ValueError(str(e)) from None
+    out = output_location(out).rstrip("/")
+    fs = _output_fs(spark, out)
+    checkpoint = f"{out}/{INCREMENTAL_CHECKPOINT}"
+    mark = f"{checkpoint}/{_INCREMENTAL_MARK}"
+    wanted = {"store": location, "format": fmt}
+    if fs.exists(out):
+        if not fs.exists(mark):
+            raise ValueError(
+                f"{out} exists and is not an incremental export (no "
+                f"{INCREMENTAL_CHECKPOINT}/{_INCREMENTAL_MARK}): give a new OUT, or one an "
+                "earlier export --incremental wrote"
+            )
+        had = json.loads(_read_text(fs, mark))
+        if had != wanted:
+            raise ValueError(
+                f"{out} is the incremental export of {had.get('store')} as "
+                f"{had.get('format')}, not of {location} as {fmt}"
+            )
+    else:
+        fs.check_new(out)
+        _write_text(fs, mark, json.dumps(wanted))
+    reader = spark.readStream.format("rmqha")
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    frame, columns = _export_layout(reader.load(location))
+    # Every batch's progress, to count the rows (Spark keeps 100).
+    retention = "spark.sql.streaming.numRecentProgressUpdates"
+    kept = spark.conf.get(retention, None)
+    spark.conf.set(retention, "1000000")
+    try:
+        query = (
+            frame.writeStream.format(fmt).partitionBy(*columns)
+            .option("path", out).option("checkpointLocation", checkpoint)
+            .trigger(availableNow=True).start()
+        )
+    finally:
+        if kept is None:
+            spark.conf.unset(retention)
+        else:
+            spark.conf.set(retention, kept)
+    query.awaitTermination()
+    rows, start, end, batches = 0, None, None, 0
+    for progress in query.recentProgress:
+        source = progress["sources"][0]
+        if _stream_offset(source["endOffset"]) is None:
+            continue
+        rows += int(progress["numInputRows"])
+        batches += 1
+        end = _stream_offset(source["endOffset"])
+        if start is None:
+            # (A query's first batch has none: the stream's first offset.)
+            start = _stream_offset(source["startOffset"])
+            if start is None:
+                start = _stream_offset(_read_text(fs, f"{checkpoint}/sources/0/initial.json"))
+    return IncrementalResult(rows, start, end, batches)
+
+
+def _stream_offset(value: Any) -> int | None:
+    """
+    The commit-log offset of a stream progress's C{{"offset": N}} (JSON
+    text, or parsed), or C{None}.
+    """
+    if isinstance(value, str):
+        value = json.loads(value)
+    return int(value["offset"]) if isinstance(value, dict) and "offset" in value else None
+
+
+def _read_text(fs: _HadoopFS, uri: str) -> str:
+    stream = fs._fs.open(fs._path(uri))
+    try:
+        text: str = fs._jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    return text
+
+
+def _write_text(fs: _HadoopFS, uri: str, text: str) -> None:
+    stream = fs._fs.create(fs._path(uri), False)
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
+
+
 def _check_export_out(out: str) -> None:
     """
     The checks before Spark starts, for a local C{OUT} (a path or a
@@ -506,6 +667,30 @@ def _check_export_out(out: str) -> None:
         return
     if os.path.lexists(out):
         raise ValueError(f"{out} exists; export writes a new directory")
+    parent = os.path.dirname(os.path.normpath(out)) or "."
+    if not os.path.isdir(parent):
+        raise ValueError(f"{out}: no directory {parent} to create it in")
+
+
+def _check_incremental_out(out: str) -> None:
+    """
+    L{_check_export_out} for C{export --incremental}: a local C{OUT} is
+    new, or an incremental export's (L{export_incremental} checks the
+    rest, and any other URI, through Hadoop).
+    """
+    parts = urlsplit(out)
+    if parts.scheme == "file":
+        out = parts.path
+    elif parts.scheme:
+        return
+    if os.path.lexists(out):
+        if not os.path.isfile(os.path.join(out, INCREMENTAL_CHECKPOINT, _INCREMENTAL_MARK)):
+            raise ValueError(
+                f"{out} exists and is not an incremental export (no "
+                f"{INCREMENTAL_CHECKPOINT}/{_INCREMENTAL_MARK}): give a new OUT, or one an "
+                "earlier export --incremental wrote"
+            )
+        return
     parent = os.path.dirname(os.path.normpath(out)) or "."
     if not os.path.isdir(parent):
         raise ValueError(f"{out}: no directory {parent} to create it in")
@@ -554,7 +739,9 @@ def check_inputs(args: argparse.Namespace) -> None:
         _check_store(args.slave_dir, options)
     else:
         _check_store(args.dir, options)
-    if args.job == "export":
+    if args.job == "export" and getattr(args, "incremental", False):
+        _check_incremental_out(args.out)
+    elif args.job == "export":
         _check_export_out(args.out)
     if args.job == "stats" and args.out is not None:
         _check_stats_out(args.out)
@@ -999,6 +1186,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 "out", help="output directory or URI (file:, hdfs:, s3a:, ...; must not exist)"
             )
             job.add_argument("--format", default="parquet", choices=_EXPORT_FORMATS)
+            job.add_argument(
+                "--incremental", action="store_true",
+                help="add only the records written since the last --incremental run into OUT "
+                "(a stream, checkpointed in OUT/_checkpoint; OUT may be an earlier one's)",
+            )
     # Not a Spark job: the JVM data source's jar, for --jars (rmqha.pipeline._jar).
     jobs.add_parser(
         "jar", help="print the path of the rmqha data source's jar (building it if needed), "
@@ -1069,6 +1261,11 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
                   file=err)
             if args.fail_on_damage:
                 return 1
+        return 0
+    if args.job == "export" and args.incremental:
+        target = output_location(args.out)
+        added = export_incremental(spark, args.dir, target, args.format, options)
+        out.write(added.line(target, args.format) + "\n")
         return 0
     if args.job == "export":
         target = output_location(args.out)

@@ -250,6 +250,23 @@ def jvm_reader(spark: Any) -> bool:
     return known[READER_CLASS]
 
 
+def _jvm_store(store: Store) -> bool:
+    """
+    Whether the JVM data source reads C{store}: a local one (mapped), or a
+    live broker's (its byte ranges, L{rmqha.pipeline.httpstore}'s protocol).
+    """
+    from rmqha.pipeline.httpstore import HttpStore
+
+    return isinstance(store, (LocalStore, HttpStore))
+
+
+def _jvm_location(store: Store) -> str:
+    """
+    The location the JVM data source is given for C{store} (L{_jvm_store}).
+    """
+    return store.root if isinstance(store, LocalStore) else store.load_location
+
+
 def read_store(
     spark: Any, store: "Store | str", columns: Sequence[str] | None = None, **options: str
 ) -> Any:
@@ -259,12 +276,13 @@ def read_store(
     store's own (TLS files for a live broker).  The one way the pipeline's
     jobs read a store.
 
-    A local store (a path, a C{file:} URI) is read by the JVM data source
+    A local store (a path, a C{file:} URI) or a live broker
+    (C{rmqha+http(s)://}) is read by the JVM data source
     C{format("rmqha")} when the session has its jar (L{jvm_reader}):
     planned on the driver's JVM and decoded in the executors' JVMs, with
     no Python worker and no rows shipped from Python to the JVM: several
     times faster (docs/pipeline.md, "Which reader").  Every other store
-    (C{s3://}, C{gs://}, a live broker), or a session without the jar, is
+    (C{s3://}, C{gs://}), or a session without the jar, is
     read by the Python data source.
 
     @raise OptionError: a bad option or column (the message names it).
@@ -281,7 +299,7 @@ def read_store(
             project(columns)
         except PlanError as e:
             raise OptionError(f"columns: {e}") from None
-    if isinstance(o["store"], LocalStore) and jvm_reader(spark):
+    if _jvm_store(o["store"]) and jvm_reader(spark):
         from rmqha.pipeline._jar import SHORT_NAME
 
         # The JVM source plans on the driver itself, with the same rules
@@ -289,7 +307,7 @@ def read_store(
         jvm = spark.read.format(SHORT_NAME)
         for key, value in options.items():
             jvm = jvm.option(key, value)
-        df = jvm.load(o["store"].root)
+        df = jvm.load(_jvm_location(o["store"]))
         return df if columns is None else df.select(*columns)
     from rmqha.pipeline.scan import schema_ddl
 

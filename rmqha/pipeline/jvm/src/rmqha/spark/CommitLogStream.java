@@ -134,8 +134,38 @@ final class CommitLogStream
     return tail;
   }
 
+  /** The file in the checkpoint holding the stream's first offset. */
+  static final String INITIAL = "initial.json";
+
+  /**
+   * The first offset: chosen once (startingOffsets) and kept in the
+   * checkpoint, so that a query stopped before its first batch was
+   * committed starts again from the same record (as Kafka's source does).
+   */
   @Override
-  public Offset initialOffset() {
+  public synchronized Offset initialOffset() {
+    org.apache.hadoop.fs.Path file = new org.apache.hadoop.fs.Path(checkpoint, INITIAL);
+    try {
+      org.apache.spark.sql.SparkSession spark = org.apache.spark.sql.SparkSession.active();
+      org.apache.hadoop.fs.FileSystem fs =
+          file.getFileSystem(spark.sessionState().newHadoopConf());
+      if (fs.exists(file)) {
+        try (java.io.InputStream in = fs.open(file)) {
+          return deserializeOffset(new String(in.readAllBytes(), java.nio.charset.StandardCharsets.UTF_8));
+        }
+      }
+      LogOffset chosen = chooseInitial();
+      fs.mkdirs(file.getParent());
+      try (java.io.OutputStream out = fs.create(file, false)) {
+        out.write(chosen.json().getBytes(java.nio.charset.StandardCharsets.UTF_8));
+      }
+      return chosen;
+    } catch (IOException e) {
+      throw new UncheckedIOException(file + ": " + e.getMessage(), e);
+    }
+  }
+
+  private LogOffset chooseInitial() {
     try {
       List<Segment> segments = segments();
       long first = segments.isEmpty() ? 0 : segments.get(0).base;
