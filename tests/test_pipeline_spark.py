@@ -1320,11 +1320,11 @@ class JvmReaderTests(SynchronousTestCase):
             f"cannot read {gone} on host {socket.gethostname()}: No such file or directory",
         )
 
-    def test_remote_store_keeps_the_python_source(self) -> None:
+    def test_live_broker_on_the_jvm_reader(self) -> None:
         """
-        A store the executors cannot open as files (a live broker's) is
-        read by the Python source: nothing is planned here for the JVM
-        reader.  A C{file:} URI is a local store: the JVM reader's.
+        A live broker's store is read by the JVM reader too (its HTTP
+        store): nothing is planned in Python.  A C{file:} URI is a local
+        store: the JVM reader's.
         """
         from rmqha.pipeline import source
 
@@ -1338,7 +1338,7 @@ class JvmReaderTests(SynchronousTestCase):
 
         self.patch(source, "plan", planned)
         df = source.read_store(spark(), "rmqha+http://127.0.0.1:9")
-        self.assertNotIn("rmqha commit log", df._jdf.queryExecution().logical().toString())
+        self.assertIn("rmqha rmqha+http://127.0.0.1:9", df._jdf.queryExecution().analyzed().toString())
 
 
 class JarTests(SynchronousTestCase):
