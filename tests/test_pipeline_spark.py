@@ -6,6 +6,7 @@ C{pytest -m spark} runs them alone.
 
 from __future__ import annotations
 
+import http.server
 import io
 import json
 from contextlib import redirect_stderr
@@ -859,6 +860,147 @@ class StreamTests(SynchronousTestCase):
         query.processAllAvailable()
         # (The first run's five records, from the deleted segment, and these.)
         self.assertEqual(df_rows(spark().read.parquet(out))[5:], self.batch(path))
+
+
+class _Broker(http.server.BaseHTTPRequestHandler):
+    """
+    A broker's commit-log HTTP as scripted by the test (L{JvmHttpStoreTests}).
+    """
+
+    script: dict[str, Any] = {}
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def answer(self, status: int, body: bytes, **headers: str) -> None:
+        self.send_response(status)
+        headers.setdefault("Content-Length", str(len(body)))
+        for key, value in headers.items():
+            self.send_header(key.replace("_", "-"), value)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802
+        script = self.script
+        script.setdefault("requests", []).append((self.path, self.headers.get("Range")))
+        if script.get("busy", 0) > 0:
+            script["busy"] -= 1
+            self.answer(503, b'{"error": "busy"}', Retry_After="0")
+            return
+        if self.path == "/commitlog":
+            if "listing" in script:
+                self.answer(*script["listing"])
+                return
+            segments = [
+                {"offset": base, "name": f"{base:020d}", "size": len(data)}
+                for base, data in sorted(script["segments"].items())
+            ]
+            self.answer(200, json.dumps({"segments": segments, "max_offset": script["max"]}).encode())
+            return
+        base = int(self.path.rsplit("/", 1)[-1])
+        data = script["segments"][base]
+        first, last = (int(n) for n in self.headers["Range"][len("bytes="):].split("-"))
+        shift = script.get("shift", 0)
+        part = data[first + shift : last + 1 + shift]
+        self.answer(206, part, Content_Range=f"bytes {first + shift}-{last + shift}/{len(data)}")
+
+
+class JvmHttpStoreTests(SynchronousTestCase):
+    """
+    The JVM source's live-broker store (C{rmqha.spark.HttpStore}), called
+    in the driver's JVM against a scripted server on loopback: the
+    protocol of L{rmqha.pipeline.httpstore} (tests/test_httpstore.py).
+    """
+
+    skip = why_no_spark()
+
+    def setUp(self) -> None:
+        import threading
+
+        if shutil.which("javac") is None or shutil.which("jar") is None:
+            raise unittest.SkipTest("no javac/jar: the JVM data source cannot be built here")
+        self.script: dict[str, Any] = {
+            "segments": {0: bytes(range(256)) * 4, 1024: b"\x07" * 100}, "max": 1100,
+        }
+        handler = type("Handler", (_Broker,), {"script": self.script})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        self.location = f"rmqha+http://127.0.0.1:{server.server_address[1]}"
+
+    def store(self, location: str | None = None, **options: str) -> Any:
+        from py4j.java_gateway import set_field
+
+        jvm = spark().sparkContext._jvm
+        given = jvm.java.util.HashMap()
+        for key, value in options.items():
+            given.put(key.lower(), value)
+        store = jvm.rmqha.spark.HttpStore.of(location or self.location, given)
+        set_field(store, "busyScale", 0.0)
+        return store
+
+    def error(self, call: Any) -> str:
+        with self.assertRaises(Exception) as raised:
+            call()
+        e: Any = raised.exception
+        java = getattr(e, "java_exception", None) or getattr(e, "_origin", None)
+        line: str = java.getMessage() if java is not None else str(e)
+        self.assertNotIn("\n", line)
+        return line
+
+    def test_listing_and_exact_ranges(self) -> None:
+        """
+        The segments as listed, the max offset as where records end, each
+        read one range of exactly the bytes asked.
+        """
+        from py4j.java_gateway import get_field
+
+        store = self.store()
+        segments = list(store.segments())
+        self.assertEqual([(get_field(s, "base"), get_field(s, "size"), get_field(s, "name"))
+                          for s in segments],
+                         [(0, 1024, f"{0:020d}"), (1024, 100, f"{1024:020d}")])
+        self.assertEqual(store.recordsEnd(), 1100)
+        reader = store.open(segments[0])
+        self.assertEqual(bytes(reader.read(1000, 100).array()), self.script["segments"][0][1000:])
+        self.assertEqual(self.script["requests"][-1], ("/commitlog/" + f"{0:020d}", "bytes=1000-1023"))
+        self.assertEqual(reader.window(), 8 << 20)
+
+    def test_refused_answers(self) -> None:
+        """
+        An answer elsewhere than asked, a busy broker past its retries, a
+        listing too long, a 404 and a refused connection are each one
+        line naming the URL; a busy broker within the retries is asked
+        again.
+        """
+        store = self.store()
+        segment = list(store.segments())[0]
+        self.script["busy"] = 2
+        self.assertEqual(len(bytes(store.open(segment).read(0, 10).array())), 10)
+        self.script["shift"] = 1
+        url = f"{self.location}/commitlog/{0:020d}"
+        self.assertEqual(
+            self.error(lambda: store.open(segment).read(0, 10)),
+            f"{url}: asked bytes 0-9, answered bytes 1-10/1024 (10 Content-Length)",
+        )
+        self.script["busy"] = 9
+        self.assertIn(f"{url} bytes 0-9: HTTP 503: busy (still busy after 8 retries)",
+                      self.error(lambda: store.open(segment).read(0, 10)))
+        self.script["listing"] = (200, b"x" * ((8 << 20) + 1))
+        self.assertEqual(self.error(store.segments),
+                         f"{self.location}/commitlog: an answer of {(8 << 20) + 1} bytes")
+        self.script["listing"] = (404, b'{"error": "the commit log is not served here"}')
+        self.assertEqual(self.error(store.segments),
+                         f"{self.location}/commitlog: HTTP 404: the commit log is not served here")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))  # (not listening: refused)
+            nobody = f"rmqha+http://127.0.0.1:{s.getsockname()[1]}"
+            self.assertIn(f"{nobody}/commitlog: connection refused",
+                          self.error(self.store(nobody).segments))
+        self.assertIn("the tlsCert option is for rmqha+https://, not plain HTTP",
+                      self.error(lambda: self.store(tlsCert=__file__)))
 
 
 class _FakeContext:

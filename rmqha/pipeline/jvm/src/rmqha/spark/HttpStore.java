@@ -60,7 +60,7 @@ import javax.net.ssl.TrustManagerFactory;
  * the environment's RMQHA_TLS_CERT/KEY/CA; the broker's certificate must
  * name HOST.  Errors are one line naming the URL.
  */
-final class HttpStore implements SegmentStore, StoreEnd {
+public final class HttpStore implements SegmentStore, StoreEnd {
   private static final long serialVersionUID = 1L;
   /** Seconds a connection, or an answer, may take (rmqha.pipeline.httpstore.TIMEOUT). */
   static final int TIMEOUT_SECONDS = 60;
@@ -83,7 +83,10 @@ final class HttpStore implements SegmentStore, StoreEnd {
   private final String cert;
   private final String key;
   private final String ca;
-  int busyRetries = BUSY_RETRIES;
+  /** Times a 503 is asked again (settable: the tests'). */
+  public int busyRetries = BUSY_RETRIES;
+  /** What the waits before those are multiplied by (the tests': 0). */
+  public double busyScale = 1.0;
   private transient Long maxOffset;
 
   private HttpStore(String uri, String http, String cert, String key, String ca) {
@@ -106,7 +109,7 @@ final class HttpStore implements SegmentStore, StoreEnd {
    *
    * @throws IllegalArgumentException one line naming the location or option
    */
-  static HttpStore of(String location, Map<String, String> options) {
+  public static HttpStore of(String location, Map<String, String> options) {
     URI parsed;
     try {
       parsed = new URI(location.trim());
@@ -309,7 +312,8 @@ final class HttpStore implements SegmentStore, StoreEnd {
         return response;
       }
       drain(response, url);
-      long wait = busyDelay(response.headers().firstValue("retry-after").orElse(null), busy + 1);
+      long wait = (long) (busyScale
+          * busyDelay(response.headers().firstValue("retry-after").orElse(null), busy + 1));
       try {
         Thread.sleep(wait);
       } catch (InterruptedException e) {
@@ -422,7 +426,7 @@ final class HttpStore implements SegmentStore, StoreEnd {
   }
 
   /** One segment, read a range at a time. */
-  final class HttpInput implements SegmentInput {
+  public final class HttpInput implements SegmentInput {
     private final Segment segment;
     private final String path;
 
