@@ -90,7 +90,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
   static final class Options implements Serializable {
     private static final long serialVersionUID = 1L;
     static final long DEFAULT_SPLIT_BYTES = 128L << 20;
-    static final long DEFAULT_TIME_TOLERANCE_MS = 5 * 60 * 1000L;
+    static final long DEFAULT_TIME_TOLERANCE_MS = 60 * 60 * 1000L;
 
     final String path;
     final boolean bodies;
