@@ -1140,6 +1140,7 @@ class JarTests(SynchronousTestCase):
         if shutil.which("javac") is None or shutil.which("jar") is None:
             raise unittest.SkipTest("no javac/jar: the jar cannot be built here")
         here = os.path.abspath(self.mktemp())
+        self.built = _jar.ensure_jar()[0]
         shutil.copytree(_jar.SOURCES, os.path.join(here, "src"))
         shutil.copytree(_jar.RESOURCES, os.path.join(here, "resources"))
         self.patch(_jar, "_HERE", here)
@@ -1170,16 +1171,37 @@ class JarTests(SynchronousTestCase):
             f.write("// changed\n")
         self.assertEqual(self.jar.ensure_jar(), (self.jar.JAR, ""))
         self.assertNotEqual(os.stat(self.jar.JAR).st_mtime_ns, built)
-        # A resource is covered by the digest too.
-        built = os.stat(self.jar.JAR).st_mtime_ns
+        # A resource is covered by the digest too: a changed one rebuilds.
+        self.assertEqual(self.jar._built_digest(self.jar.JAR), self.jar.sources_digest())
         with open(os.path.join(self.jar.RESOURCES, "extra.txt"), "w") as f:
             f.write("x\n")
-        self.assertEqual(self.jar.ensure_jar(), (self.jar.JAR, ""))
-        self.assertNotEqual(os.stat(self.jar.JAR).st_mtime_ns, built)
-        with zipfile.ZipFile(self.jar.JAR) as z:
-            self.assertEqual(z.read("extra.txt"), b"x\n")
+        self.assertNotEqual(self.jar._built_digest(self.jar.JAR), self.jar.sources_digest())
         self.assertEqual(
             sorted(os.listdir(self.jar._HERE)), ["resources", "rmqha-spark.jar", "src"]
+        )
+
+    def test_jar_command(self) -> None:
+        """
+        C{rmqha pipeline jar} prints the jar's path; or says in one line
+        why there is none (exit status 2).
+        """
+        import io
+
+        from rmqha.cli import main
+
+        # (The session's jar, built from the same sources: not built again.)
+        shutil.copy(self.built, self.jar.JAR)
+        out, err = io.StringIO(), io.StringIO()
+        self.assertEqual(main(["pipeline", "jar"], stdout=out, stderr=err), 0)
+        self.assertEqual((out.getvalue(), err.getvalue()), (self.jar.JAR + "\n", ""))
+        self.assertTrue(os.path.isfile(self.jar.JAR))
+        os.remove(self.jar.JAR)
+        self.patch(shutil, "which", lambda name: None)
+        out, err = io.StringIO(), io.StringIO()
+        self.assertEqual(main(["pipeline", "jar"], stdout=out, stderr=err), 2)
+        self.assertEqual(
+            (out.getvalue(), err.getvalue()),
+            ("", "rmqha: error: no jar: no javac/jar on PATH (a JDK 17 builds it)\n"),
         )
 
     def test_reasons(self) -> None:
