@@ -19,9 +19,6 @@ import org.apache.spark.sql.connector.catalog.SupportsRead;
 import org.apache.spark.sql.connector.catalog.Table;
 import org.apache.spark.sql.connector.catalog.TableCapability;
 import org.apache.spark.sql.connector.catalog.TableProvider;
-import org.apache.spark.sql.connector.expressions.Expression;
-import org.apache.spark.sql.connector.expressions.Literal;
-import org.apache.spark.sql.connector.expressions.NamedReference;
 import org.apache.spark.sql.connector.expressions.Transform;
 import org.apache.spark.sql.connector.expressions.filter.Predicate;
 import org.apache.spark.sql.connector.read.Batch;
@@ -34,12 +31,9 @@ import org.apache.spark.sql.connector.read.SupportsPushDownRequiredColumns;
 import org.apache.spark.sql.connector.read.SupportsPushDownV2Filters;
 import org.apache.spark.sql.connector.read.streaming.MicroBatchStream;
 import org.apache.spark.sql.sources.DataSourceRegister;
-import org.apache.spark.sql.types.DataType;
-import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
-import org.apache.spark.unsafe.types.UTF8String;
 
 /**
  * The {@code rmqha} data source: {@code spark.read.format("rmqha").load(STORE)}
@@ -91,7 +85,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
   static final class Options implements Serializable {
     private static final long serialVersionUID = 1L;
     static final long DEFAULT_SPLIT_BYTES = 128L << 20;
-    static final long DEFAULT_TIME_TOLERANCE_MS = 5 * 60 * 1000L;
+    static final long DEFAULT_TIME_TOLERANCE_MS = 60 * 60 * 1000L;
 
     final String path;
     final boolean bodies;
