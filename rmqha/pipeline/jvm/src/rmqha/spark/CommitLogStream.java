@@ -99,6 +99,8 @@ final class CommitLogStream
   private final String checkpoint;
   /** Where the last walk found the valid records to end (-1: none yet). */
   private long tail = -1;
+  /** The torn record the last walk stopped at. */
+  private final RecordWalk.Torn torn = new RecordWalk.Torn();
   /** Trigger.AvailableNow's end, fixed when it starts (-1: none). */
   private long availableNow = -1;
 
@@ -130,7 +132,7 @@ final class CommitLogStream
     }
     long first = segments.get(0).base;
     long walkFrom = Math.max(Math.max(tail, from), first);
-    tail = RecordWalk.end(store, segments, walkFrom, Long.MAX_VALUE);
+    tail = RecordWalk.end(store, segments, walkFrom, Long.MAX_VALUE, torn);
     return tail;
   }
 
@@ -275,7 +277,7 @@ final class CommitLogStream
       }
       if (maxBytes > 0 && end - start > maxBytes && !segments.isEmpty()) {
         long from = Math.max(start, segments.get(0).base);
-        end = Math.min(end, RecordWalk.end(store, segments, from, maxBytes));
+        end = Math.min(end, RecordWalk.end(store, segments, from, maxBytes, null));
       }
       return new LogOffset(end);
     } catch (IOException e) {

@@ -26,8 +26,21 @@ import java.util.List;
 final class RecordWalk {
   private RecordWalk() {}
 
-  /** Bytes looked at once (a longer record is read whole). */
+  /** Bytes looked at once, at most (a longer record is read whole). */
   static final int WINDOW = 8 << 20;
+  /** Bytes a walk looks at first. */
+  static final int FIRST_WINDOW = 64 << 10;
+
+  /**
+   * A torn record already judged so (nothing valid after it), by offset
+   * and first bytes: not searched past again while it stays the same (a
+   * crashed writer's torn tail would cost a scan of the segment's rest
+   * at every trigger).
+   */
+  static final class Torn {
+    long offset = -1;
+    ByteBuffer head;
+  }
 
   /**
    * The end of the valid records from {@code from} (a record start, or
@@ -35,9 +48,10 @@ final class RecordWalk {
    * on a record boundary (at least one record when there is one).
    *
    * @param segments the store's, in order (from {@link SegmentStore#segments()})
+   * @param torn the torn record the last walk stopped at (updated), or null
    * @throws StoreReadError damage (bad record, valid records follow), an unreadable segment
    */
-  static long end(SegmentStore store, List<Segment> segments, long from, long budget)
+  static long end(SegmentStore store, List<Segment> segments, long from, long budget, Torn torn)
       throws IOException {
     long pos = from;
     long stopAt = budget == Long.MAX_VALUE ? Long.MAX_VALUE : from + budget;
@@ -54,7 +68,7 @@ final class RecordWalk {
       try (SegmentInput in = store.open(segment)) {
         long size = in.size();
         long p = pos - segment.base;
-        Walked w = walk(in, segment, p, size, stopAt - segment.base);
+        Walked w = walk(in, segment, p, size, stopAt - segment.base, torn);
         pos = segment.base + w.at;
         if (w.full) {
           pos = segment.base + size; // (a BLANK or the exact end: the next segment's base)
@@ -87,19 +101,23 @@ final class RecordWalk {
     }
   }
 
-  private static Walked walk(SegmentInput in, Segment segment, long p, long size, long stopAt)
-      throws IOException {
+  private static Walked walk(SegmentInput in, Segment segment, long p, long size, long stopAt,
+      Torn torn) throws IOException {
     long start = p;
     ByteBuffer w = null;
     long wAt = 0;
+    int window = FIRST_WINDOW;
     while (true) {
       long available = size - p;
       if (available <= 0) {
         return new Walked(size, true, false);
       }
       if (w == null || p < wAt || p + Math.min(available, 8) > wAt + w.limit()) {
+        // Small at first (a walk from the tail mostly finds a few records,
+        // or none), larger while records go on.
+        window = w == null ? FIRST_WINDOW : Math.min(WINDOW, window * 2);
         wAt = p;
-        w = in.read(p, (int) Math.min(WINDOW, available));
+        w = in.read(p, (int) Math.min(window, available));
       }
       int r = (int) (p - wAt);
       int have = w.limit() - r;
@@ -129,8 +147,18 @@ final class RecordWalk {
       if (zeros(in, p, available)) {
         return new Walked(p, false, false);
       }
+      ByteBuffer mapped = in.read(p, (int) Math.min(64, available));
+      ByteBuffer head = ByteBuffer.allocate(mapped.limit()); // (a copy: a mapping changes)
+      head.put(mapped.duplicate()).flip();
+      if (torn != null && torn.offset == segment.base + p && head.equals(torn.head)) {
+        return new Walked(p, false, false); // the same torn tail as last time
+      }
       long following = validRecordAfter(in, segment.base, p + 1, size);
       if (following < 0) {
+        if (torn != null) {
+          torn.offset = segment.base + p;
+          torn.head = head;
+        }
         return new Walked(p, false, false); // a torn tail: wait for it
       }
       // Valid records after it: damage, unless the record was being
