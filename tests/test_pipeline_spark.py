@@ -10,7 +10,7 @@ import http.server
 import io
 import json
 import re
-from contextlib import redirect_stderr
+from contextlib import redirect_stderr, redirect_stdout
 from typing import Any
 import os
 import shutil
@@ -813,7 +813,11 @@ class StreamTests(SynchronousTestCase):
             f"offsets {first.end}..{more[-1].next_offset} in 1 batch",
         )
         self.assertEqual(df_rows(spark().read.parquet(out)), self.batch(path))
-        self.assertEqual(export_incremental(spark(), path, out).rows, 0)
+        printed = io.StringIO()
+        with redirect_stdout(printed):  # the command, on the shared session
+            self.assertEqual(main(["export", path, out, "--incremental"]), 0)
+        self.assertEqual(printed.getvalue(), f"exported 0 new records to file://{out} "
+                         "(parquet, incremental): nothing new since the last run\n")
 
         plain = self.mktemp()
         os.mkdir(plain)

@@ -520,8 +520,10 @@ class IncrementalResult:
 
     def line(self, out: str, fmt: str) -> str:
         if self.start is None or self.end is None or self.end <= self.start:
-            where = f" (up to offset {self.end})" if self.end is not None else ""
-            return f"exported 0 new records to {out} ({fmt}, incremental){where}"
+            return (
+                f"exported 0 new records to {out} ({fmt}, incremental): "
+                "nothing new since the last run"
+            )
         return (
             f"exported {self.rows:,} new records to {out} ({fmt}, by topic, incremental): "
             f"offsets {self.start}..{self.end} in {self.batches} batch"
