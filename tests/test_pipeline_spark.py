@@ -735,6 +735,11 @@ class StreamTests(SynchronousTestCase):
             f.seek(inside)
             whole = f.read(last.size)
         zero_from(segment, inside + 40)
+        # A next segment made ahead of time, still empty (Apache RocketMQ
+        # preallocates them): the records still go on here.
+        ahead = segment_path(path, last.offset - last.offset % 4096 + 4096)
+        with open(ahead, "wb") as f:
+            f.write(bytes(4096))
         query = start()
         query.processAllAvailable()
         self.assertEqual(len(sink()), 42)
@@ -743,6 +748,7 @@ class StreamTests(SynchronousTestCase):
         self.assertEqual(len(sink()), 43)
         self.assertEqual(sink(), self.batch(path))
         query.stop()
+        os.unlink(ahead)
 
         # Damage: a garbled header with records after it.
         bad, *_ = self.put(log, 3)

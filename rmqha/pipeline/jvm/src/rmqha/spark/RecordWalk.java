@@ -14,8 +14,9 @@ import java.util.List;
  * <ul>
  *   <li>zeros, or a torn record with nothing valid after it: the tail still
  *       being written; the walk ends before it (the next walk starts
- *       there), unless a later segment exists (then, as the batch reader
- *       does, the records go on at that segment's start);
+ *       there), unless the next segment has begun (a valid record at its
+ *       start: then, as the batch reader does, the records go on there;
+ *       a next segment still empty may have been made ahead of time);
  *   <li>a BLANK filler to the segment's end, or the segment's end: the
  *       next segment's base;
  *   <li>a bad record with valid records after it (still bad when read
@@ -77,11 +78,13 @@ final class RecordWalk {
           }
           continue;
         }
-        if (w.budget || !later) {
+        if (w.budget || !later || !startsWithRecord(store, segments.get(i + 1))) {
           return pos;
         }
-        // Records stop inside a segment that has a successor: the batch
-        // reader reads on from the successor's start, and so does the stream.
+        // Records stop inside a segment whose successor has begun: the
+        // batch reader reads on from the successor's start, and so does
+        // the stream.  (A successor still empty may be one made ahead of
+        // time, as Apache RocketMQ's broker does: records still go here.)
         pos = segments.get(i + 1).base;
       }
     }
@@ -174,6 +177,27 @@ final class RecordWalk {
               + "; valid records follow at offset " + following
               + ": the store is damaged ('rmqha store check' says where, 'rmqha store"
               + " repair' mends it from a replica)");
+    }
+  }
+
+  /** Whether a whole, valid record begins the segment. */
+  static boolean startsWithRecord(SegmentStore store, Segment segment) throws IOException {
+    try (SegmentInput in = store.open(segment)) {
+      long size = in.size();
+      ByteBuffer b = in.read(0, (int) Math.min(size, FIRST_WINDOW));
+      if (b.limit() < 8) {
+        return false;
+      }
+      int total = b.getInt(0);
+      int magic = b.getInt(4);
+      if ((magic != SpanDecoder.MAGIC_V1 && magic != SpanDecoder.MAGIC_V2)
+          || total < SpanDecoder.MIN_FIXED || total > size) {
+        return false;
+      }
+      if (total > b.limit()) {
+        b = in.read(0, total);
+      }
+      return b.limit() >= total && check(b, 0, total, magic, segment.base) == null;
     }
   }
 
