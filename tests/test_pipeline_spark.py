@@ -185,8 +185,8 @@ class JobTests(SynchronousTestCase):
         shutil.copytree(master, slave)
         planned = jobs._store_layout
 
-        def vanish(store: Any) -> Any:
-            layout = planned(store)
+        def vanish(store: Any, *args: Any) -> Any:
+            layout = planned(store, *args)
             if store.uri == os.path.abspath(slave):
                 os.rename(slave, slave + ".gone")
             return layout
@@ -573,8 +573,8 @@ class CommandTests(SynchronousTestCase):
         shutil.copytree(master, slave)
         planned = jobs._store_layout
 
-        def vanish(store: Any) -> Any:
-            layout = planned(store)
+        def vanish(store: Any, *args: Any) -> Any:
+            layout = planned(store, *args)
             if store.uri == os.path.abspath(slave):
                 shutil.rmtree(slave)
             return layout
