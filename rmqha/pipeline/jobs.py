@@ -625,8 +625,8 @@ class _Layout:
     """
     One store as C{verify} sees it.
 
-    @ivar segments: its segment files, in offset order; an unfinished last
-        one (shorter than a segment, only zeros: a broker killed while
+    @ivar segments: its segment files at multiples of the segment size,
+        in offset order; an unfinished last one (shorter than a segment, only zeros: a broker killed while
         creating it leaves one, C{store check} notes it) is left out: it
         holds nothing.
     @ivar size: the segment size (L{_segment_size}).
@@ -725,29 +725,35 @@ def _store_layout(
             segments.pop()  # unfinished: it holds nothing
     if not segments:
         return _Layout([], size, [], [], found[0].base, found[0].base)
-    gaps: list[tuple[int, int]] = []
     odd: list[_Odd] = []
-    for previous, segment in zip([None, *segments], segments):
-        if previous is not None and segment.base > previous.base + size:
-            gaps.append((previous.base + size, segment.base))
+    for segment in segments:
         name, length = segment.name, segment.size
         if segment.base % size:
             odd.append(_Odd(segment, f"does not start at a multiple of the segment size {size}",
-                            segment.base, segment.base + max(size, length)))
+                            segment.base, segment.base))
         elif length < size:
             odd.append(_Odd(segment, f"is truncated: {length} bytes, the segment size is {size}",
                             segment.base + length, segment.base + size))
         elif length > size:
+            # (Its bytes past the segment size are no offsets of the log.)
             odd.append(_Odd(segment, f"is {length} bytes, longer than the segment size {size}",
-                            segment.base + size, segment.base + length))
+                            segment.base + size, segment.base + size))
+    # A file not at a multiple of the segment size holds no offsets of the
+    # log (the slave's is a problem; the master's is not read).
+    segments = [s for s in segments if s.base % size == 0]
+    if not segments:
+        return _Layout([], size, [], odd, found[0].base, found[0].base)
+    gaps = [
+        (a.base + size, b.base) for a, b in zip(segments, segments[1:])
+        if b.base != a.base + size
+    ]
     known = store.max_offset()
     if known is not None:
         return _Layout(segments, size, gaps, odd, known, known)
     written_end = segments[0].base
-    for index in range(len(segments) - 1, -1, -1):
-        segment = segments[index]
+    for segment in reversed(segments):
         last = (
-            last_nonzero[-1] if index == len(found) - 1 and -1 in last_nonzero
+            last_nonzero[-1] if segment == found[-1] and -1 in last_nonzero
             else _last_nonzero(store, segment)
         )
         if last is not None:
@@ -1105,7 +1111,7 @@ def _plan_verify(
     # compared, as different).
     if start < end:
         holes = [(o.start, o.end, f"its segment {o.segment.name} {o.why}")
-                 for o in master_layout.odd]
+                 for o in master_layout.odd if o.start < o.end]
         holes += [(a, b, "the files before and after it are there")
                   for a, b in master_layout.gaps]
         if start < master_layout.first:
