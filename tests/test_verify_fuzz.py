@@ -602,13 +602,18 @@ def oracle(pair: Pair, scratch: str) -> Verdict:
         b = start - start % size
         return master.get(b, b"")[start - b : end - b]
 
-    # Every byte the slave holds before the master's last segment ends must
-    # be in a master file, or there is nothing to compare it with.
-    for b in bases:
-        stop = min(b + len(slave[b]), slave_end, master_end)
-        if stop > b and len(master_bytes(b, stop)) < stop - b:
-            return Verdict(2, f"the master has no byte at {b + len(master_bytes(b, stop))}, "
-                              "which the slave holds")
+    # The master's files: contiguous whole segments, wherever they lie.
+    master_bases = sorted(master)
+    for a, b in zip(master_bases, master_bases[1:]):
+        if b != a + size:
+            return Verdict(2, f"the master's files {a} and {b} are not one segment apart")
+    for b in master_bases:
+        if len(master[b]) != size:
+            return Verdict(2, f"the master's file {b} is {len(master[b])} bytes")
+    # Every byte the slave holds must be in a master file (or past the
+    # master's last one), or there is nothing to compare it with.
+    if bases and bases[0] < min(slave_end, master_bases[0]):
+        return Verdict(2, "the slave holds bytes before the master's first segment")
     first_difference = None
     for b in bases:
         stop = min(b + len(slave[b]), slave_end)
@@ -753,13 +758,26 @@ class VerifySparkFuzzTests(SynchronousTestCase):
     skip = why_no_spark()
 
     def test_representative(self) -> None:
+        """
+        One pair of each verdict and cause: equal, behind, a torn tail (0);
+        a flipped byte, a missing segment (1); the master damaged where
+        they differ, a segment that cannot be read (2).
+        """
         from rmqha.pipeline.jobs import verify
 
         base = bases(self)[0]
         wanted = (
-            "slave equal", "slave behind master", "slave longer", "slave: last record",
-            "master: body byte", "slave: middle segment", "slave: segment 00000000000000004096: unreadable",
+            "slave equal to master", "slave behind master",
+            "slave behind master; slave: last record",
+            "slave as long as master; slave: body byte",
+            "slave as long as master; slave: middle segment",
+            "master damaged inside the slave's range",
+            "slave as long as master; slave: segment 00000000000000004096: unreadable",
         )
-        pairs = [p for p in enumerated_pairs(base) if p.label.startswith(wanted) or any(
-            w in p.label for w in wanted)]
-        check(self, pairs[:8], lambda m, s: verify(spark(), m, s))
+        pairs = {}
+        for p in enumerated_pairs(base):
+            for w in wanted:
+                if w not in pairs and p.label.split("=4096 ")[-1].startswith(w):
+                    pairs[w] = p
+        self.assertEqual(len(pairs), len(wanted), sorted(pairs))
+        check(self, list(pairs.values()), lambda m, s: verify(spark(), m, s))

@@ -660,23 +660,30 @@ class _Layout:
         return self.segments[-1].base + self.size if self.segments else 0
 
 
-def _segment_size(found: Sequence[Segment]) -> int | None:
+def _segment_size(found: Sequence[Segment], hint: int | None = None) -> int | None:
     """
     A store's segment size, from its files: consecutive segment files are
     one segment apart, so the least distance between two files' bases when
     a file has that length (a file missing, one of another length, aside);
-    else their commonest length (ties: the larger).  C{None} for fewer than
-    two files.
+    else, of that distance, the files' lengths and C{hint} (the other
+    store's), the one most files have at a multiple of it, then the one
+    most files start at a multiple of (ties: C{hint}, a power of two, the
+    larger).
+    C{None} for fewer than two files.
     """
     if len(found) < 2:
         return None
     spacing = min(b.base - a.base for a, b in zip(found, found[1:]))
-    lengths: dict[int, int] = {}
-    for s in found:
-        lengths[s.size] = lengths.get(s.size, 0) + 1
+    lengths = {s.size for s in found if s.size > 0}
     if spacing in lengths:
         return spacing
-    return max(lengths, key=lambda n: (lengths[n], n))
+
+    def score(n: int) -> tuple[int, int, bool, bool, int]:
+        whole = sum(1 for s in found if s.size == n and s.base % n == 0)
+        placed = sum(1 for s in found if s.base % n == 0)
+        return whole, placed, n == hint, n & (n - 1) == 0, n
+
+    return max(lengths | {spacing} | ({hint} if hint else set()), key=score)
 
 
 #: How much of a segment the driver's walks read at once (plus the longest
@@ -1070,8 +1077,8 @@ def _plan_verify(
                     store.open(segment).close()
         if not master_found:
             raise PlanError(f"{master.uri}: the master's store has no segment files")
-        master_size = _segment_size(master_found)
-        slave_size = _segment_size(slave_found)
+        master_size = _segment_size(master_found, _segment_size(slave_found))
+        slave_size = _segment_size(slave_found, master_size)
         size = master_size or slave_size or master_found[0].size
         slave_layout = _store_layout(slave, slave_found, slave_size or size)
         master_layout = _store_layout(master, master_found, size)
@@ -1106,24 +1113,23 @@ def _plan_verify(
     if problems:
         # Facts about the slave's own files: proven, whatever the master holds.
         return _VerifyPlan(master, slave, master_layout, slave_layout, problems, [])
-    # The master must hold every byte the slave does, up to where its own
-    # files end (past that, the slave holds bytes the master does not:
-    # compared, as different).
-    if start < end:
-        holes = [(o.start, o.end, f"its segment {o.segment.name} {o.why}")
-                 for o in master_layout.odd if o.start < o.end]
-        holes += [(a, b, "the files before and after it are there")
-                  for a, b in master_layout.gaps]
-        if start < master_layout.first:
-            holes.append((start, master_layout.first,
-                          f"its first segment starts at {master_layout.first}"))
-        for hole_start, hole_end, why in sorted(holes):
-            lo, hi = max(hole_start, start), min(hole_end, end)
-            if lo < hi:
-                raise CompareError(
-                    f"{master.uri}: the master's store has no segment file for offsets "
-                    f"{lo}..{hi}, which the slave holds ({why}): nothing to compare them with"
-                )
+    # The master's files must be sound: a segment missing between its first
+    # and last, or a file not a whole segment where one belongs, is never
+    # taken for the end of its log (wherever it lies: "consistent" would
+    # hide a master that cannot be replicated from).
+    defects = [(a, f"the master's store has no segment file for offsets {a}..{b} (the files "
+                   "before and after it are there)") for a, b in master_layout.gaps]
+    defects += [(o.segment.base, f"the master's segment {o.segment.name} {o.why}")
+                for o in master_layout.odd]
+    if defects:
+        raise CompareError(f"{master.uri}: {min(defects)[1]}: cannot compare")
+    if start < min(end, master_layout.first):
+        # (Retention deleted them on the master, or it lost them.)
+        raise CompareError(
+            f"{master.uri}: the master's store has no segment file for offsets "
+            f"{start}..{master_layout.first}, which the slave holds (its first segment starts at "
+            f"{master_layout.first}): nothing to compare them with"
+        )
     master_by_base = {m.base: m for m in master_layout.segments}
     # Blocks in offset order: the lowest failing index is the first.
     tasks: list[_Task] = []
