@@ -33,6 +33,8 @@ from tests._spark import spark, why_no_spark
 #: Marks, in a side's files, what is not a segment file's bytes.
 DIRECTORY = "directory"
 DANGLING = "dangling symlink"
+#: C{(LINK, data)}: a symlink to a file holding C{data}, outside the store.
+LINK = "symlink"
 
 
 @dataclass
@@ -50,9 +52,12 @@ class Side:
         return Side(dict(self.files), self.size, set(self.unreadable))
 
     def segments(self) -> dict[int, bytes]:
+        """
+        The segment files' bytes (a symlink's target's), by base.
+        """
         return {
-            int(n): v for n, v in self.files.items()
-            if len(n) == 20 and n.isdigit() and isinstance(v, bytes)
+            int(n): v[1] if isinstance(v, tuple) else v for n, v in self.files.items()
+            if len(n) == 20 and n.isdigit() and isinstance(v, (bytes, tuple))
         }
 
     def write(self, root: str) -> str:
@@ -64,11 +69,16 @@ class Side:
                 os.mkdir(path)
             elif value == DANGLING:
                 os.symlink(os.path.join(directory, "nowhere"), path)
+            elif isinstance(value, tuple):
+                target = os.path.join(root, f"elsewhere-{name}")
+                with open(target, "wb") as f:
+                    f.write(value[1])
+                os.symlink(target, path)
             else:
                 with open(path, "wb") as f:
                     f.write(value)
         for name in self.unreadable:
-            if isinstance(self.files.get(name), bytes):
+            if isinstance(self.files.get(name), (bytes, tuple)):
                 os.chmod(os.path.join(directory, name), 0)
         return root
 
@@ -119,7 +129,7 @@ Records = list[tuple[int, int]]
 
 def _patch(side: Side, offset: int, data: bytes) -> bool:
     base = offset - offset % side.size
-    old = side.files.get(name(base))
+    old = side.segments().get(base)
     if not isinstance(old, bytes) or offset - base + len(data) > len(old):
         return False
     p = offset - base
@@ -129,7 +139,7 @@ def _patch(side: Side, offset: int, data: bytes) -> bool:
 
 def _byte(side: Side, offset: int) -> int | None:
     base = offset - offset % side.size
-    data = side.files.get(name(base))
+    data = side.segments().get(base)
     if not isinstance(data, bytes) or offset - base >= len(data):
         return None
     return data[offset - base]
@@ -195,8 +205,8 @@ def garbage_after_last(side: Side, recs: Records, rng: random.Random) -> str | N
 
 def _body_offset(side: Side, offset: int, size: int) -> int | None:
     base = offset - offset % side.size
-    data = side.files.get(name(base))
-    if not isinstance(data, bytes):
+    data = side.segments().get(base)
+    if data is None:
         return None
     p = offset - base
     try:
@@ -250,7 +260,7 @@ def truncate_segment(side: Side, recs: Records, rng: random.Random) -> str | Non
         return None
     n = rng.choice(names[:-1])
     length = rng.choice([0, rng.randrange(1, side.size)])
-    side.files[n] = side.files[n][:length]
+    side.files[n] = side.segments()[int(n)][:length]
     return f"segment {n} (not the last) cut to {length} bytes"
 
 
@@ -259,7 +269,7 @@ def wrong_size_segment(side: Side, recs: Records, rng: random.Random) -> str | N
     if not names:
         return None
     n = rng.choice(names)
-    data = side.files[n]
+    data = side.segments()[int(n)]
     if rng.random() < 0.5:
         side.files[n] = data + bytes(rng.randrange(1, 300))
         return f"segment {n} longer than a segment (zeros appended)"
@@ -311,7 +321,7 @@ def odd_name(side: Side, recs: Records, rng: random.Random) -> str | None:
         return None
     n = rng.choice(names)
     how = rng.choice(["short", "long", "suffix", "stray"])
-    data = side.files[n]
+    data = side.segments()[int(n)]
     if how == "stray":
         side.files[n[1:] + ".bak"] = data
         return f"a stray copy of {n} named {n[1:]}.bak"
@@ -368,6 +378,25 @@ def refill_segment(kind: str) -> Callable[[Side, Records, random.Random], str | 
     return damage
 
 
+def linked_segment(side: Side, recs: Records, rng: random.Random) -> str | None:
+    names = _segment_names(side)
+    if not names:
+        return None
+    n = rng.choice(names)
+    side.files[n] = (LINK, side.segments()[int(n)])
+    return f"segment {n} a symlink to its bytes elsewhere"
+
+
+def misplaced_segment(side: Side, recs: Records, rng: random.Random) -> str | None:
+    names = _segment_names(side)
+    if not names:
+        return None
+    n = rng.choice(names)
+    moved = name(int(n) + rng.randrange(1, side.size))
+    side.files[moved] = side.files.pop(n)
+    return f"segment {n} renamed {moved} (not at a multiple of the segment size)"
+
+
 def extra_zero_segment(side: Side, recs: Records, rng: random.Random) -> str | None:
     names = _segment_names(side)
     last = int(names[-1]) if names else -side.size
@@ -391,7 +420,7 @@ DAMAGES: list[Callable[[Side, Records, random.Random], str | None]] = [
     drop_segment("last"), gap, empty_segment, odd_name, replace_segment(DIRECTORY),
     replace_segment(DANGLING), replace_segment("unreadable"), blank_damage,
     extra_zero_segment, extra_segment_before, refill_segment("zeros"),
-    refill_segment("random bytes"),
+    refill_segment("random bytes"), linked_segment, misplaced_segment,
 ]
 
 
@@ -514,7 +543,7 @@ def _readable_segments(side: Side) -> tuple[dict[int, bytes], str | None]:
     """
     for n, v in side.files.items():
         if len(n) == 20 and n.isdigit():
-            if not isinstance(v, bytes):
+            if not isinstance(v, (bytes, tuple)):
                 return {}, f"{n} is a {v}"
             if n in side.unreadable:
                 return {}, f"{n} is unreadable"
@@ -571,8 +600,9 @@ def oracle(pair: Pair, scratch: str) -> Verdict:
     slave = _unfinished_dropped(slave, pair.slave.size)
     if not master:
         return Verdict(2, "the master has no segment file that holds anything")
-    master_end = max(b for b in master if b % size == 0) + size if any(
-        b % size == 0 for b in master) else 0
+    if not any(b % size == 0 for b in master):
+        return Verdict(2, "the master has no segment file at a multiple of the segment size")
+    master_end = max(b for b in master if b % size == 0) + size
     bases = sorted(slave)
     slave_end = bases[0] if bases else 0
     for b in reversed(bases):
@@ -608,7 +638,7 @@ def oracle(pair: Pair, scratch: str) -> Verdict:
         if b != a + size:
             return Verdict(2, f"the master's files {a} and {b} are not one segment apart")
     for b in master_bases:
-        if len(master[b]) != size:
+        if len(master[b]) != size or b % size:
             return Verdict(2, f"the master's file {b} is {len(master[b])} bytes")
     # Every byte the slave holds must be in a master file (or past the
     # master's last one), or there is nothing to compare it with.
@@ -674,11 +704,18 @@ def run_verify(verify: Callable[[Any, Any], Any], master: Any, slave: Any) -> Ve
 
 
 def check(case: SynchronousTestCase, pairs: list[Pair], verify: Callable[[Any, Any], Any]) -> None:
+    """
+    Each pair's verdict from C{verify} is the oracle's (its exit status;
+    and, when consistent, the slave's max offset is store check's).  The
+    pairs must reach all three verdicts.
+    """
     wrong = []
+    seen = set()
     for i, pair in enumerate(pairs):
         root = os.path.abspath(case.mktemp())
         os.makedirs(root)
         expected = oracle(pair, root)
+        seen.add(expected.code)
         got = run_verify(
             verify, store(pair.master, os.path.join(root, "m")),
             store(pair.slave, os.path.join(root, "s")),
@@ -694,6 +731,7 @@ def check(case: SynchronousTestCase, pairs: list[Pair], verify: Callable[[Any, A
         shutil.rmtree(root)
     if wrong:
         case.fail(f"{len(wrong)} of {len(pairs)} verdicts wrong:\n" + "\n".join(wrong))
+    case.assertEqual(seen, {0, 1, 2})
 
 
 _bases: dict[int, Base] = {}
@@ -747,6 +785,26 @@ class VerifyFuzzTests(SynchronousTestCase):
         all_bases = bases(self)
         pairs = [random_pair(rng.choice(all_bases), rng, rng.randrange(1, 4)) for _ in range(150)]
         check(self, pairs, verify_local)
+
+
+    def test_small_windows(self) -> None:
+        """
+        The driver's walks read a segment in windows (4 MiB, and the
+        longest record beyond) and look for its last non-zero byte in
+        blocks backwards: with windows and blocks far smaller than these
+        segments, records and damage fall across their edges, and every
+        verdict stays the oracle's.
+        """
+        from rmqha.pipeline import jobs
+        from rmqha.pipeline._store import SegmentReader as Reader
+
+        self.patch(jobs, "_WALK_WINDOW", 700)
+        self.patch(jobs, "MAX_RECORD", 2048)  # (the bases' records are smaller)
+        self.patch(Reader, "block_size", 333)
+        rng = random.Random(2028)
+        all_bases = bases(self)
+        pairs = [random_pair(rng.choice(all_bases), rng, rng.randrange(1, 4)) for _ in range(60)]
+        check(self, pairs + enumerated_pairs(all_bases[2])[:60], jobs.verify_local)
 
 
 @pytest.mark.spark

@@ -666,8 +666,8 @@ def _segment_size(found: Sequence[Segment], hint: int | None = None) -> int | No
     one segment apart, so the least distance between two files' bases when
     a file has that length (a file missing, one of another length, aside);
     else, of that distance, the files' lengths and C{hint} (the other
-    store's), the one most files have at a multiple of it, then the one
-    most files start at a multiple of (ties: C{hint}, a power of two, the
+    store's), the one that most files start at a multiple of and have as
+    their length, each counted (ties: C{hint}, a power of two, the
     larger).
     C{None} for fewer than two files.
     """
@@ -678,10 +678,10 @@ def _segment_size(found: Sequence[Segment], hint: int | None = None) -> int | No
     if spacing in lengths:
         return spacing
 
-    def score(n: int) -> tuple[int, int, bool, bool, int]:
-        whole = sum(1 for s in found if s.size == n and s.base % n == 0)
+    def score(n: int) -> tuple[int, bool, bool, int]:
         placed = sum(1 for s in found if s.base % n == 0)
-        return whole, placed, n == hint, n & (n - 1) == 0, n
+        whole = sum(1 for s in found if s.size == n and s.base % n == 0)
+        return placed + whole, n == hint, n & (n - 1) == 0, n
 
     return max(lengths | {spacing} | ({hint} if hint else set()), key=score)
 
@@ -1077,14 +1077,21 @@ def _plan_verify(
                     store.open(segment).close()
         if not master_found:
             raise PlanError(f"{master.uri}: the master's store has no segment files")
-        master_size = _segment_size(master_found, _segment_size(slave_found))
+        lone = slave_found[0].size if len(slave_found) == 1 else None
+        master_size = _segment_size(master_found, _segment_size(slave_found) or lone)
         slave_size = _segment_size(slave_found, master_size)
-        size = master_size or slave_size or master_found[0].size
+        # (Else a lone file's length; any will do for stores of empty files.)
+        size = master_size or slave_size or max(s.size for s in master_found + slave_found) or 1
         slave_layout = _store_layout(slave, slave_found, slave_size or size)
         master_layout = _store_layout(master, master_found, size)
     except OSError as e:
         raise CompareError(unreadable(e.filename or str(e), e)) from None
     if not master_layout.segments:
+        if master_layout.odd:  # (none at a multiple of the segment size)
+            odd = master_layout.odd[0]
+            raise CompareError(
+                f"{master.uri}: the master's segment {odd.segment.name} {odd.why}: cannot compare"
+            )
         raise PlanError(f"{master.uri}: the master's store has no segment files")
     # The bytes the slave holds, all compared: from its first segment
     # (a slave may start later than the master: a new RocketMQ slave gets
