@@ -203,6 +203,23 @@ def garbage_after_last(side: Side, recs: Records, rng: random.Random) -> str | N
     return f"{len(junk)} garbage bytes at {at}, after the last record"
 
 
+def garbage_far_after(side: Side, recs: Records, rng: random.Random) -> str | None:
+    """
+    Bytes that are no record far from the last record (past the reach of
+    the largest record, with the walk windows made small), in its segment
+    or in a later (preallocated) one.
+    """
+    end = recs[-1][0] + recs[-1][1] if recs else 0
+    last = max(side.segments(), default=None)
+    if last is None or last + side.size <= end + 100:
+        return None
+    at = rng.randrange(end + 100, last + side.size - 8)
+    junk = bytes(rng.randrange(1, 256) for _ in range(rng.randrange(1, 8)))
+    if not _patch(side, at, junk):
+        return None
+    return f"{len(junk)} garbage bytes at {at}, far after the last record ({end})"
+
+
 def _body_offset(side: Side, offset: int, size: int) -> int | None:
     base = offset - offset % side.size
     data = side.segments().get(base)
@@ -415,7 +432,7 @@ def extra_segment_before(side: Side, recs: Records, rng: random.Random) -> str |
 
 DAMAGES: list[Callable[[Side, Records, random.Random], str | None]] = [
     torn_header_only, torn_partial_body, torn_partial_header, zeros_for_records,
-    garbage_after_last, flip_body("middle"), flip_body("last"), flip_header,
+    garbage_after_last, garbage_far_after, flip_body("middle"), flip_body("last"), flip_header,
     truncate_segment, wrong_size_segment, drop_segment("first"), drop_segment("middle"),
     drop_segment("last"), gap, empty_segment, odd_name, replace_segment(DIRECTORY),
     replace_segment(DANGLING), replace_segment("unreadable"), blank_damage,
