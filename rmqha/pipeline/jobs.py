@@ -626,9 +626,9 @@ class _Layout:
     One store as C{verify} sees it.
 
     @ivar segments: its segment files at multiples of the segment size,
-        in offset order; an unfinished last one (shorter than a segment, only zeros: a broker killed while
-        creating it leaves one, C{store check} notes it) is left out: it
-        holds nothing.
+        in offset order; an unfinished last one (shorter than a segment,
+        only zeros: a broker killed while creating it leaves one, C{store
+        check} notes it) is left out: it holds nothing.
     @ivar size: the segment size (L{_segment_size}).
     @ivar gaps: C{(start, end)} of each range between its first and last
         segment no file holds (a segment deleted, or renamed).
@@ -725,10 +725,11 @@ def _store_layout(
         return _Layout([], size or 0, [], [], 0, 0)
     size = size or _segment_size(found) or found[0].size
     segments = list(found)
-    last_nonzero: dict[int, int | None] = {}
+    # (The last non-zero byte of each segment read: read once.)
+    last_nonzero: dict[Segment, int | None] = {}
     if segments[-1].size < size:
-        last_nonzero[-1] = _last_nonzero(store, segments[-1])
-        if last_nonzero[-1] is None:
+        last_nonzero[segments[-1]] = _last_nonzero(store, segments[-1])
+        if last_nonzero[segments[-1]] is None:
             segments.pop()  # unfinished: it holds nothing
     if not segments:
         return _Layout([], size, [], [], found[0].base, found[0].base)
@@ -760,8 +761,7 @@ def _store_layout(
     written_end = segments[0].base
     for segment in reversed(segments):
         last = (
-            last_nonzero[-1] if segment == found[-1] and -1 in last_nonzero
-            else _last_nonzero(store, segment)
+            last_nonzero[segment] if segment in last_nonzero else _last_nonzero(store, segment)
         )
         if last is not None:
             written_end = segment.base + last + 1
@@ -1181,9 +1181,10 @@ def _conclude(plan: _VerifyPlan, failed: Sequence[tuple[int, str | None]]) -> Ve
             raise CompareError(unreadable(e.filename or plan.master.uri, e)) from None
         if damage is not None:
             raise CompareError(
-                f"the slave differs at offset {divergent}, where the master's store is "
-                f"damaged: {damage}; which store is right there cannot be told: check the "
-                f"master ('rmqha store check'), repair it from a replica ('rmqha store repair')"
+                f"the slave differs at offset {divergent}, where the master's store "
+                f"{plan.master.uri} is damaged: {damage}; which store is right there cannot be "
+                "told: check the master ('rmqha store check'), repair it from a replica ('rmqha "
+                "store repair')"
             )
         record = _record_at(plan.master, divergent)
         if divergent >= master_layout.max_offset:
