@@ -1354,6 +1354,29 @@ class RmqhaSourceTests(SynchronousTestCase):
             dict(self.read(path).dtypes)["store_timestamp"], "timestamp"
         )
 
+    def test_hadoop_filesystem(self) -> None:
+        """
+        A store read through Hadoop's FileSystem API into heap buffers (as
+        C{hdfs:} or C{s3a:} would be; here the local files through
+        Hadoop's C{file:} FileSystem, the tests' hidden C{_viaHadoop}), in
+        windows smaller than its records: the Python reader's rows; a
+        missing segment is found by that listing too.
+        """
+        path = hostile_store(self)
+        for split, window in [(1 << 30, 97), (700, 1000)]:
+            df = self.read(path, splitBytes=str(split), _window=str(window), _viaHadoop="true")
+            self.assertIn("rmqha commit log file:/", df._jdf.queryExecution().executedPlan().toString())
+            self.assertEqual(
+                collected(as_millis(df)),
+                JvmReaderTests.python(self, path, split=split),  # type: ignore[arg-type]
+                (split, window),
+            )
+        os.remove(segment_path(path, 4096))
+        self.assertIn(
+            ": missing segment: no segment file holds offsets 4096..8192",
+            self.error(lambda: self.read(path, _viaHadoop="true").count()),
+        )
+
     def test_timestamps(self) -> None:
         """
         C{born_timestamp} and C{store_timestamp} are Spark timestamps: the

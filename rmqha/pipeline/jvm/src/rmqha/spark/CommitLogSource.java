@@ -94,6 +94,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
     final long splitBytes;
     final long timeToleranceMs; // -1: no pruning of spans by store time
     final int window; // 0: the input's own (the tests' "_window")
+    final boolean viaHadoop; // the tests' "_viaHadoop": local files read as a remote store's
     final Map<String, String> hadoop; // fs.* options, for the Hadoop FileSystem
 
     private Options(Map<String, String> o) {
@@ -149,6 +150,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
         win = (int) v;
       }
       window = win;
+      viaHadoop = o.getOrDefault("_viahadoop", "false").equalsIgnoreCase("true");
       hadoop = new HashMap<>();
       for (Map.Entry<String, String> e : o.entrySet()) {
         if (e.getKey().startsWith("fs.")) {
@@ -237,7 +239,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
       for (Map.Entry<String, String> e : hadoop.entrySet()) {
         conf.set(e.getKey(), e.getValue());
       }
-      return HadoopStore.of(path, conf);
+      return HadoopStore.of(path, conf, viaHadoop);
     }
   }
 
