@@ -1483,9 +1483,18 @@ class RmqhaSourceTests(SynchronousTestCase):
         plan = df._jdf.queryExecution().executedPlan().toString()
         self.assertIn("PushedFilters: [topic = 'orders', queue_id IN (1, 2), offset >= 9000, "
                       "offset <= 20000, store_timestamp > ", plan)
-        spans = [int(n) for n in re.findall(r"spans read: (\d+) of (\d+)", plan)[0]]
-        self.assertEqual(spans[0], 3)  # 8192..20480: three 4 KiB segments hold 9000..20000
-        self.assertGreater(spans[1], 20)
+        # The offset range is planned alone: three 4 KiB segments (8192..20480)
+        # hold 9000..20000.
+        self.assertIn("offsets planned: [9000, 20001), spans read: 3 of 3", plan)
+        other = self.read(path).filter("offset IN (5000, 30000) OR offset = 40000")  # (not pushed)
+        self.assertNotIn("offsets planned", other._jdf.queryExecution().executedPlan().toString())
+        some = [int(r["offset"]) for r in store_rows(path)][10::60]  # type: ignore[call-overload]
+        other = self.read(path).filter(f"offset IN ({', '.join(map(str, some))})")
+        self.assertIn(
+            f"offsets planned: [{some[0]}, {some[-1] + 1})",
+            other._jdf.queryExecution().executedPlan().toString(),
+        )
+        self.assertEqual([r["offset"] for r in df_rows(other)], some)
         expected = [
             r for r in store_rows(path)
             if r["topic"] == "orders" and r["queue_id"] in (1, 2)

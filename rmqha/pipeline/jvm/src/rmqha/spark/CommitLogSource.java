@@ -390,10 +390,32 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
       if (partitions == null) {
         List<Planner.Span> spans;
         try {
-          spans = Planner.plan(store, options.splitBytes, options.startOffset, options.endOffset);
+          long start = options.startOffset;
+          long end = options.endOffset;
+          String planned = "";
+          if (filter != null) {
+            // Offset filters narrow the plan itself: only the bytes of
+            // [start, end) are planned and read (the rule of the options).
+            long[] range = Pushdown.offsets(filter.offset);
+            if (range[0] > Math.max(start, 0)) {
+              start = range[0];
+            }
+            if (range[1] >= 0 && (end < 0 || range[1] < end)) {
+              end = range[1];
+            }
+            if (start >= 0 && end >= 0 && end < start) {
+              end = start; // nothing
+            }
+            if (start != options.startOffset || end != options.endOffset) {
+              planned = ", offsets planned: [" + Math.max(start, 0) + ", "
+                  + (end < 0 ? "end" : String.valueOf(end)) + ")";
+            }
+          }
+          spans = Planner.plan(store, options.splitBytes, start, end);
+          pruning = planned;
           if (filter != null) {
             Pushdown.Pruned pruned = Pushdown.prune(store, spans, filter, options.timeToleranceMs);
-            pruning = pruned.note;
+            pruning = planned + pruned.note;
             spans = pruned.spans;
           }
         } catch (IOException e) {
