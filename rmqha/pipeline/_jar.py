@@ -13,28 +13,6 @@ digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
 Without C{javac} and C{jar}, or where the package directory cannot be
 written, there is no jar and the Python data source reads every store.
 """
-The JVM span reader's jar (L{rmqha.pipeline.source.read_store}'s fast
-path): its Java sources are in C{rmqha/pipeline/jvm/src}; L{ensure_jar}
-compiles them with C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made, and again whenever the sources change
-(the jar holds the digest of the sources it was built from).  Without
-C{javac} and C{jar}, or where the package directory cannot be written,
-there is no jar and the Python data source reads every store.
-"""
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
 
 from __future__ import annotations
 
@@ -79,34 +57,8 @@ def _java_files() -> list[str]:
 
 def sources_digest() -> str:
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     SHA-256 over the Java sources' and the resources' paths and contents.
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     digest = hashlib.sha256()
     for top, paths in ((SOURCES, _java_files()), (RESOURCES, _files(RESOURCES))):
         for path in paths:
@@ -136,36 +88,10 @@ def _spark_jars() -> str | None:
 
 def ensure_jar() -> tuple[str | None, str]:
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     The reader's jar, built or rebuilt if its sources changed: C{(path,
     "")}, or C{(None, why)} when there is none (the one line saying why
     the Python source reads every store).
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     digest = sources_digest()
     if os.path.isfile(JAR) and _built_digest(JAR) == digest:
         return JAR, ""
@@ -174,36 +100,10 @@ written, there is no jar and the Python data source reads every store.
 
 def build_jar(target: str, digest: str | None = None) -> tuple[str | None, str]:
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     Compile the sources and pack them with the resources into the jar
     C{target} (replaced atomically): C{(target, "")}, or C{(None, why)}.
     Also what C{setup.py} calls to put the jar in a wheel.
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     digest = digest or sources_digest()
     javac, jar = shutil.which("javac"), shutil.which("jar")
     if javac is None or jar is None:
@@ -244,36 +144,10 @@ written, there is no jar and the Python data source reads every store.
 
 def main(out: IO[str]) -> int:
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     C{rmqha pipeline jar}: print the jar's path (building it if needed),
     for C{spark-submit --jars $(rmqha pipeline jar)}; exit status 0, or 2
     and one line on stderr saying why there is none.
     """
-The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
-SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
-its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
-they are (the DataSourceRegister entry naming the short name) in
-C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
-C{javac} against the running PySpark's own jars into
-C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made or C{rmqha pipeline jar} asks, and
-again whenever the sources or resources change (the jar holds their
-digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
-Without C{javac} and C{jar}, or where the package directory cannot be
-written, there is no jar and the Python data source reads every store.
-"""
     jar, why = ensure_jar()
     if jar is None:
         print(f"rmqha pipeline: error: no jar: {why}", file=sys.stderr)
