@@ -1,18 +1,26 @@
 """
-The build's one piece of code: the optional C accelerator
-C{rmqha.store._speedups} (the commit-log codec's hot loops; see
-docs/architecture.md).  Everything else is declared in pyproject.toml.
+The build's two optional pieces; everything else is declared in
+pyproject.toml.
 
-The extension is optional: without a C compiler, the Python headers or
-zlib's, the build says so in one line and the install goes on with the
-pure-Python codec (C{rmqha.store._record}, the reference), which is what
-C{RMQHA_PURE=1} selects anyway.
+- The C accelerator C{rmqha.store._speedups} (the commit-log codec's hot
+  loops; see docs/architecture.md).  Without a C compiler, the Python
+  headers or zlib's, the build says so in one line and the install goes
+  on with the pure-Python codec (C{rmqha.store._record}, the reference),
+  which is what C{RMQHA_PURE=1} selects anyway.
+- The JVM data source's jar (C{rmqha/pipeline/jvm/rmqha-spark.jar},
+  C{format("rmqha")}: docs/pipeline.md), built when the build environment
+  has C{javac}, C{jar} and PySpark (C{pip install --no-build-isolation},
+  or a build environment with PySpark); otherwise it is built on first
+  use, as C{rmqha pipeline jar} or a Spark session of rmqha's does.
 """
 
+import importlib.util
+import os
 import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 
 class OptionalBuildExt(build_ext):
@@ -41,6 +49,32 @@ class OptionalBuildExt(build_ext):
         )
 
 
+class BuildPyWithJar(build_py):
+    """
+    build_py, then the JVM data source's jar into the build, when it can
+    be built here (one line on stderr when not).
+    """
+
+    def run(self) -> None:
+        super().run()
+        here = os.path.dirname(os.path.abspath(__file__))
+        spec = importlib.util.spec_from_file_location(
+            "_rmqha_jar", os.path.join(here, "rmqha", "pipeline", "_jar.py")
+        )
+        assert spec is not None and spec.loader is not None
+        jar = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(jar)
+        target = os.path.join(self.build_lib, "rmqha", "pipeline", "jvm", "rmqha-spark.jar")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        built, why = jar.build_jar(target)
+        if built is None:
+            print(
+                f"rmqha: the data source's jar is not in this build ({why}); "
+                "it is built on first use ('rmqha pipeline jar')",
+                file=sys.stderr,
+            )
+
+
 setup(
     ext_modules=[
         Extension(
@@ -50,5 +84,5 @@ setup(
             optional=True,
         )
     ],
-    cmdclass={"build_ext": OptionalBuildExt},
+    cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithJar},
 )

@@ -329,6 +329,14 @@ def _pipeline(args: argparse.Namespace, out: IO[str]) -> int:
     # `python -m rmqha.pipeline.jobs` and spark-submit.
     from rmqha.pipeline.jobs import check_inputs
 
+    if args.job == "jar":  # not a Spark job: the data source's jar, for --jars
+        from rmqha.pipeline._jar import ensure_jar
+
+        jar, why = ensure_jar()
+        if jar is None:
+            raise _UsageError(f"rmqha: error: no jar: {why}")
+        out.write(jar + "\n")
+        return 0
     try:
         # Before PySpark and the JVM: a wrong path is one line at once.
         check_inputs(args)

@@ -7,6 +7,7 @@ C{pytest -m spark} runs them alone.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 import os
 import shutil
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.spark
 
 def df_rows(df: object) -> list[dict[str, object]]:
     rows = []
-    for row in df.orderBy("offset").collect():  # type: ignore[attr-defined]
+    for row in as_millis(df).orderBy("offset").collect():
         d = row.asDict()
         d["properties"] = sorted((d["properties"] or {}).items())
         d["body"] = None if d["body"] is None else bytes(d["body"])
@@ -948,8 +949,8 @@ class JvmReaderTests(SynchronousTestCase):
 
         df = read_store(spark(), path, columns, **options)
         plan = df._jdf.queryExecution().executedPlan().toString()
-        self.assertIn("rocketmq-commitlog spans", plan)  # the JVM reader, not the fallback
-        return df
+        self.assertIn("rmqha commit log", plan)  # the JVM reader, not the fallback
+        return as_millis(df)
 
     def python(
         self,
@@ -1008,17 +1009,14 @@ class JvmReaderTests(SynchronousTestCase):
         across a window's edge are read whole, batches end there, and
         the rows are the same.
         """
-        from rmqha.pipeline._jar import READER_CLASS
-        from rmqha.pipeline.scan import plan
-        from rmqha.pipeline.source import LocalStore, _spans_option, pack
-
         path = hostile_store(self)
-        store = LocalStore(path)
         for split, window in [(1 << 30, 97), (700, 1000)]:
-            spans = _spans_option(store, pack(plan(store, split), split), True, None)
-            spans["window"] = window
-            df = spark().read.format(READER_CLASS).option("spans", json.dumps(spans)).load()
-            self.assertEqual(collected(df), self.python(path, split=split), (split, window))
+            # (_window: the tests' hidden option, the largest window.)
+            df = (spark().read.format("rmqha").option("splitBytes", str(split))
+                  .option("_window", str(window)).load(os.path.abspath(path)))
+            self.assertEqual(
+                collected(as_millis(df)), self.python(path, split=split), (split, window)
+            )
 
     def test_random_store_in_many_partitions(self) -> None:
         """
@@ -1094,11 +1092,12 @@ class JvmReaderTests(SynchronousTestCase):
         Python reader's does.
         """
         path = random_store(self, 50, 16 * 1024, seed=5)
-        df = self.jvm(path)
+        rdd = self.jvm(path).rdd
+        rdd.getNumPartitions()  # planned: the segments listed
         gone = os.path.abspath(segment_path(path, 0))
         os.remove(gone)
         with self.assertRaises(Exception) as raised:
-            df.count()
+            rdd.count()
         from rmqha.pipeline.jobs import error_line
 
         self.assertEqual(
@@ -1116,7 +1115,7 @@ class JvmReaderTests(SynchronousTestCase):
 
         path = random_store(self, 5, 64 * 1024, seed=3)
         df = source.read_store(spark(), "file://" + os.path.abspath(path))
-        self.assertIn("rocketmq-commitlog spans", df._jdf.queryExecution().executedPlan().toString())
+        self.assertIn("rmqha commit log", df._jdf.queryExecution().executedPlan().toString())
         self.assertEqual(df.count(), 5)
 
         def planned(*args: object, **kwargs: object) -> None:
@@ -1124,7 +1123,7 @@ class JvmReaderTests(SynchronousTestCase):
 
         self.patch(source, "plan", planned)
         df = source.read_store(spark(), "rmqha+http://127.0.0.1:9")
-        self.assertNotIn("rocketmq-commitlog spans", df._jdf.queryExecution().logical().toString())
+        self.assertNotIn("rmqha commit log", df._jdf.queryExecution().logical().toString())
 
 
 class JarTests(SynchronousTestCase):
@@ -1141,9 +1140,12 @@ class JarTests(SynchronousTestCase):
         if shutil.which("javac") is None or shutil.which("jar") is None:
             raise unittest.SkipTest("no javac/jar: the jar cannot be built here")
         here = os.path.abspath(self.mktemp())
+        self.built = _jar.ensure_jar()[0]
         shutil.copytree(_jar.SOURCES, os.path.join(here, "src"))
+        shutil.copytree(_jar.RESOURCES, os.path.join(here, "resources"))
         self.patch(_jar, "_HERE", here)
         self.patch(_jar, "SOURCES", os.path.join(here, "src"))
+        self.patch(_jar, "RESOURCES", os.path.join(here, "resources"))
         self.patch(_jar, "JAR", os.path.join(here, "rmqha-spark.jar"))
         self.jar = _jar
 
@@ -1158,16 +1160,49 @@ class JarTests(SynchronousTestCase):
         jar, why = self.jar.ensure_jar()
         self.assertEqual((jar, why), (self.jar.JAR, ""))
         with zipfile.ZipFile(self.jar.JAR) as z:
-            self.assertIn("rmqha/spark/CommitLogSpans.class", z.namelist())
+            self.assertIn("rmqha/spark/CommitLogSource.class", z.namelist())
+            service = "META-INF/services/org.apache.spark.sql.sources.DataSourceRegister"
+            self.assertEqual(z.read(service).decode().split(), ["rmqha.spark.CommitLogSource"])
         built = os.stat(self.jar.JAR).st_mtime_ns
         self.assertEqual(self.jar.ensure_jar(), (self.jar.JAR, ""))
         self.assertEqual(os.stat(self.jar.JAR).st_mtime_ns, built)
-        source = os.path.join(self.jar.SOURCES, "rmqha", "spark", "CommitLogSpans.java")
+        source = os.path.join(self.jar.SOURCES, "rmqha", "spark", "CommitLogSource.java")
         with open(source, "a") as f:
             f.write("// changed\n")
         self.assertEqual(self.jar.ensure_jar(), (self.jar.JAR, ""))
         self.assertNotEqual(os.stat(self.jar.JAR).st_mtime_ns, built)
-        self.assertEqual(sorted(os.listdir(self.jar._HERE)), ["rmqha-spark.jar", "src"])
+        # A resource is covered by the digest too: a changed one rebuilds.
+        self.assertEqual(self.jar._built_digest(self.jar.JAR), self.jar.sources_digest())
+        with open(os.path.join(self.jar.RESOURCES, "extra.txt"), "w") as f:
+            f.write("x\n")
+        self.assertNotEqual(self.jar._built_digest(self.jar.JAR), self.jar.sources_digest())
+        self.assertEqual(
+            sorted(os.listdir(self.jar._HERE)), ["resources", "rmqha-spark.jar", "src"]
+        )
+
+    def test_jar_command(self) -> None:
+        """
+        C{rmqha pipeline jar} prints the jar's path; or says in one line
+        why there is none (exit status 2).
+        """
+        import io
+
+        from rmqha.cli import main
+
+        # (The session's jar, built from the same sources: not built again.)
+        shutil.copy(self.built, self.jar.JAR)
+        out, err = io.StringIO(), io.StringIO()
+        self.assertEqual(main(["pipeline", "jar"], stdout=out, stderr=err), 0)
+        self.assertEqual((out.getvalue(), err.getvalue()), (self.jar.JAR + "\n", ""))
+        self.assertTrue(os.path.isfile(self.jar.JAR))
+        os.remove(self.jar.JAR)
+        self.patch(shutil, "which", lambda name: None)
+        out, err = io.StringIO(), io.StringIO()
+        self.assertEqual(main(["pipeline", "jar"], stdout=out, stderr=err), 2)
+        self.assertEqual(
+            (out.getvalue(), err.getvalue()),
+            ("", "rmqha: error: no jar: no javac/jar on PATH (a JDK 17 builds it)\n"),
+        )
 
     def test_reasons(self) -> None:
         """
@@ -1181,16 +1216,47 @@ class JarTests(SynchronousTestCase):
         self.patch(shutil, "which", lambda name: None)
         self.assertEqual(self.jar.ensure_jar(), (None, "no javac/jar on PATH (a JDK 17 builds it)"))
         self.assertFalse(os.path.exists(self.jar.JAR))
-        self.assertEqual(sorted(os.listdir(self.jar._HERE)), ["src"])
+        self.assertEqual(sorted(os.listdir(self.jar._HERE)), ["resources", "src"])
+
+
+_TIMESTAMPS = ("born_timestamp", "store_timestamp")
+
+
+def as_millis(df: Any) -> Any:
+    """
+    C{df} with its timestamp columns as epoch milliseconds (long), as the
+    commit log stores them: the JVM source's rows (timestamps) compare
+    with the Python reader's and the store's whichever type those say.
+    """
+    from pyspark.sql import functions as F
+
+    for name in _TIMESTAMPS:
+        if name in df.columns and dict(df.dtypes)[name] == "timestamp":
+            df = df.withColumn(name, F.unix_millis(name))
+    return df
+
+
+def _millis(value: Any) -> Any:
+    import calendar
+    import datetime
+
+    if isinstance(value, datetime.datetime):  # Arrow's timestamp("ms"): UTC
+        utc = value if value.tzinfo is None else value.astimezone(datetime.timezone.utc)
+        return calendar.timegm(utc.timetuple()) * 1000 + utc.microsecond // 1000
+    return value
 
 
 def rows_of(rows: Any) -> list[dict[str, object]]:
     """
-    Rows (dicts, from Arrow or Spark) in one comparable form.
+    Rows (dicts, from Arrow or Spark) in one comparable form (timestamps
+    as epoch ms).
     """
     out = []
     for batch in rows:
         for row in batch:
+            for name in _TIMESTAMPS:
+                if name in row:
+                    row[name] = _millis(row[name])
             if "properties" in row:
                 properties = row["properties"]
                 items = properties.items() if isinstance(properties, dict) else properties
@@ -1207,3 +1273,366 @@ def collected(df: Any) -> list[dict[str, object]]:
     order: offset order for one store), in L{rows_of}'s form.
     """
     return rows_of([[row.asDict() for row in df.collect()]])
+
+
+def timed_store(
+    case: SynchronousTestCase, times: list[float], segment_size: int = 4096, seed: int = 7
+) -> str:
+    """
+    A store of one message per entry of C{times}, each stored at that
+    time (seconds since the epoch): a broker whose clock C{times} says.
+    """
+    import random
+
+    rng = random.Random(seed)
+    path = case.mktemp()
+    now = [0.0]
+    log = CommitLog.open(path, segment_size=segment_size, clock=lambda: now[0])
+    for i, t in enumerate(times):
+        now[0] = t
+        log.put(make_message(
+            os.urandom(rng.randrange(0, 300)),
+            topic=rng.choice(["orders", "payments", "audit"]),
+            queue_id=rng.randrange(4),
+            properties={"KEYS": f"k{i}"},
+        ))
+    log.close()
+    return path
+
+
+class RmqhaSourceTests(SynchronousTestCase):
+    """
+    C{spark.read.format("rmqha")}: the JVM data source, planned on the
+    driver's JVM; its options, errors, SQL and pushed filters.
+    """
+
+    skip = why_no_spark()
+
+    def setUp(self) -> None:
+        from rmqha.pipeline.source import jvm_reader
+
+        if shutil.which("javac") is None or shutil.which("jar") is None:
+            raise unittest.SkipTest("no javac/jar: the JVM data source cannot be built here")
+        self.assertTrue(jvm_reader(spark()))
+
+    def read(self, path: str, **options: str) -> Any:
+        reader = spark().read.format("rmqha")
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return reader.load(path)
+
+    def error(self, query: Any) -> str:
+        from rmqha.pipeline.jobs import error_line
+
+        with self.assertRaises(Exception) as raised:
+            query()
+        return error_line(raised.exception)
+
+    def test_rows_equal_the_python_sources(self) -> None:
+        """
+        The same store read by C{format("rmqha")} and by the Python source
+        C{rocketmq-commitlog}, with the same options (large segments cut,
+        small ones packed, an offset range, topics, bodies off): the same
+        rows, in the same order, over as many partitions.
+        """
+        path = random_store(self, 150, 16 * 1024, seed=21)
+        for options in [
+            {"splitBytes": "40k"},
+            {"startOffset": "7000", "endOffset": "60000", "splitBytes": "9k",
+             "topics": "orders,audit-log", "bodies": "false"},
+        ]:
+            ours = self.read(path, **options)
+            python = spark().read.format("rocketmq-commitlog")
+            for key, value in options.items():
+                python = python.option(key, value)
+            theirs = python.load(path)
+            self.assertEqual(ours.rdd.getNumPartitions(), theirs.rdd.getNumPartitions(), options)
+            self.assertEqual(collected(as_millis(ours)), collected(as_millis(theirs)), options)
+        # A file: URI and a relative path are the same store.
+        self.assertEqual(self.read("file://" + os.path.abspath(path)).count(), 150)
+        self.assertEqual(
+            dict(self.read(path).dtypes)["store_timestamp"], "timestamp"
+        )
+
+    def test_hadoop_filesystem(self) -> None:
+        """
+        A store read through Hadoop's FileSystem API into heap buffers (as
+        C{hdfs:} or C{s3a:} would be; here the local files through
+        Hadoop's C{file:} FileSystem, the tests' hidden C{_viaHadoop}), in
+        windows smaller than its records: the Python reader's rows; a
+        missing segment is found by that listing too.
+        """
+        path = hostile_store(self)
+        for split, window in [(1 << 30, 97), (700, 1000)]:
+            df = self.read(path, splitBytes=str(split), _window=str(window), _viaHadoop="true")
+            self.assertIn("rmqha commit log file:/", df._jdf.queryExecution().executedPlan().toString())
+            self.assertEqual(
+                collected(as_millis(df)),
+                JvmReaderTests.python(self, path, split=split),  # type: ignore[arg-type]
+                (split, window),
+            )
+        os.remove(segment_path(path, 4096))
+        self.assertIn(
+            ": missing segment: no segment file holds offsets 4096..8192",
+            self.error(lambda: self.read(path, _viaHadoop="true").count()),
+        )
+
+    def test_timestamps(self) -> None:
+        """
+        C{born_timestamp} and C{store_timestamp} are Spark timestamps: the
+        stored epoch milliseconds, exactly.
+        """
+        path = timed_store(self, [1700000000.123, 1700000001.5])
+        rows = self.read(path).selectExpr(
+            "unix_millis(store_timestamp) AS s", "unix_millis(born_timestamp) AS b"
+        ).collect()
+        self.assertEqual([r.s for r in rows], [1700000000123, 1700000001500])
+        self.assertEqual([r.b for r in rows], [r["born_timestamp"] for r in store_rows(path)])
+
+    def test_sql(self) -> None:
+        """
+        C{CREATE TABLE ... USING rmqha} with C{LOCATION} or C{OPTIONS
+        (path ...)}, options included, then C{SELECT}.
+        """
+        path = os.path.abspath(random_store(self, 40, 16 * 1024, seed=22))
+        spark().sql(f"CREATE TABLE rmqha_sql_a USING rmqha LOCATION '{path}'")
+        spark().sql(
+            f"CREATE TABLE rmqha_sql_b USING rmqha OPTIONS (path '{path}', topics 'orders')"
+        )
+        try:
+            self.assertEqual(spark().sql("SELECT count(*) FROM rmqha_sql_a").first()[0], 40)
+            orders = sum(1 for r in store_rows(path) if r["topic"] == "orders")
+            self.assertEqual(
+                spark().sql("SELECT count(*) FROM rmqha_sql_b").first()[0], orders
+            )
+        finally:
+            spark().sql("DROP TABLE IF EXISTS rmqha_sql_a")
+            spark().sql("DROP TABLE IF EXISTS rmqha_sql_b")
+
+    def test_option_errors(self) -> None:
+        """
+        A bad option is one line naming it and its value, before anything
+        is read.
+        """
+        path = random_store(self, 3, 16 * 1024, seed=23)
+        for options, line in [
+            ({"splitBytes": "12q"},
+             "option splitBytes '12q' is not a size (examples: 4096, 64k, 1g, 1GiB)"),
+            ({"splitBytes": "0"}, "option splitBytes='0' must be positive"),
+            ({"bodies": "yes"}, "option bodies='yes' is not true or false"),
+            ({"topics": " , "}, "option topics=' , ' names no topic"),
+            ({"startOffset": "-5"}, "option startOffset='-5' is not a non-negative offset"),
+            ({"startOffset": "9", "endOffset": "3"}, "option endOffset 3 is before startOffset 9"),
+            ({"timeTolerance": "soon"},
+             "option timeTolerance 'soon' is not a duration (examples: 500ms, 30s, 5m, 1h, off)"),
+        ]:
+            self.assertEqual(self.error(lambda: self.read(path, **options).count()), line)
+        self.assertEqual(
+            self.error(lambda: spark().read.format("rmqha").load().count()),
+            "give the store: .load(STORE_DIR or URI)",
+        )
+
+    def test_store_errors(self) -> None:
+        """
+        Not a store, a scheme no Hadoop FileSystem reads, a segment missing
+        between two others, a directory where a segment file belongs: one
+        line each, naming the path.
+        """
+        missing = os.path.abspath(self.mktemp())
+        self.assertEqual(
+            self.error(lambda: self.read(missing).count()), f"{missing}: no such directory"
+        )
+        os.mkdir(missing)
+        self.assertEqual(
+            self.error(lambda: self.read(missing).count()),
+            f"{missing}: no commitlog directory and no segment files",
+        )
+        self.assertEqual(
+            self.error(lambda: self.read("nosuchfs://bucket/store").count()),
+            "nosuchfs://bucket/store: no Hadoop FileSystem for scheme 'nosuchfs' on Spark's "
+            "classpath (add its jars with --jars or spark.jars, e.g. hadoop-aws for s3a:)",
+        )
+        path = os.path.abspath(random_store(self, 60, 4096, seed=24))
+        middle = segment_path(path, 4096)
+        os.rename(middle, middle + ".moved")
+        directory = os.path.dirname(middle)
+        self.assertEqual(
+            self.error(lambda: self.read(path).count()),
+            f"{directory}: missing segment: no segment file holds offsets 4096..8192 (between "
+            f"{os.path.basename(segment_path(path, 0))} and "
+            f"{os.path.basename(segment_path(path, 8192))}; segments are 4096 bytes): "
+            "the store is incomplete",
+        )
+        os.mkdir(middle)
+        self.assertEqual(
+            self.error(lambda: self.read(path).count()),
+            f"{middle}: a directory, not a segment file",
+        )
+
+    def test_pushed_filters_are_shown_and_prune_spans(self) -> None:
+        """
+        Filters on topic, queue_id, offset and store_timestamp are pushed:
+        C{explain()} names them and how many spans are read; an offset
+        range reads only the spans that hold it.
+        """
+        path = random_store(self, 200, 4096, seed=25)
+        df = self.read(path).filter(
+            "topic = 'orders' AND queue_id IN (1, 2) AND offset BETWEEN 9000 AND 20000"
+            " AND store_timestamp > timestamp'2001-01-01 00:00:00'"
+        )
+        plan = df._jdf.queryExecution().executedPlan().toString()
+        self.assertIn("PushedFilters: [topic = 'orders', queue_id IN (1, 2), offset >= 9000, "
+                      "offset <= 20000, store_timestamp > ", plan)
+        # The offset range is planned alone: three 4 KiB segments (8192..20480)
+        # hold 9000..20000.
+        self.assertIn("offsets planned: [9000, 20001), spans read: 3 of 3", plan)
+        other = self.read(path).filter("offset IN (5000, 30000) OR offset = 40000")  # (not pushed)
+        self.assertNotIn("offsets planned", other._jdf.queryExecution().executedPlan().toString())
+        some = [int(r["offset"]) for r in store_rows(path)][10::60]  # type: ignore[call-overload]
+        other = self.read(path).filter(f"offset IN ({', '.join(map(str, some))})")
+        self.assertIn(
+            f"offsets planned: [{some[0]}, {some[-1] + 1})",
+            other._jdf.queryExecution().executedPlan().toString(),
+        )
+        self.assertEqual([r["offset"] for r in df_rows(other)], some)
+        expected = [
+            r for r in store_rows(path)
+            if r["topic"] == "orders" and r["queue_id"] in (1, 2)
+            and 9000 <= r["offset"] <= 20000  # type: ignore[operator]
+        ]
+        self.assertEqual(df_rows(df), expected)
+
+    def test_random_filters_equal_unpushed(self) -> None:
+        """
+        Random conjunctions of the pushed filters (and ones not pushed)
+        give exactly the rows of the same conditions applied to all the
+        rows, in Python.
+        """
+        import random
+
+        rng = random.Random(26)
+        base = 1700000000.0
+        times = [base + i * 0.5 for i in range(240)]
+        path = timed_store(self, times, 4096)
+        everything = store_rows(path)
+        ms = [int(r["store_timestamp"]) for r in everything]  # type: ignore[call-overload]
+        offsets = [int(r["offset"]) for r in everything]  # type: ignore[call-overload]
+
+        def when(t: int) -> str:
+            return f"timestamp_millis({t})"
+
+        from functools import reduce
+
+        from pyspark.sql import functions as F
+
+        queries, wanted = [], []
+        for number in range(16):
+            conditions: list[tuple[str, Any]] = []
+            for _ in range(rng.randrange(1, 4)):
+                kind = rng.choice(["topic", "queue", "offset", "time", "between", "size"])
+                if kind == "topic":
+                    names = rng.sample(["orders", "payments", "audit", "none"], rng.randrange(1, 3))
+                    conditions.append((
+                        "topic IN (" + ", ".join(f"'{n}'" for n in names) + ")",
+                        lambda r, names=names: r["topic"] in names,
+                    ))
+                elif kind == "queue":
+                    q = rng.randrange(4)
+                    conditions.append((f"queue_id = {q}", lambda r, q=q: r["queue_id"] == q))
+                elif kind in ("offset", "time"):
+                    values = offsets if kind == "offset" else ms
+                    v = rng.choice(values) + rng.choice([-1, 0, 1])
+                    op = rng.choice(["<", "<=", ">", ">=", "="])
+                    column = "offset" if kind == "offset" else "store_timestamp"
+                    literal = str(v) if kind == "offset" else when(v)
+                    test = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__,
+                            ">=": int.__ge__, "=": int.__eq__}[op]
+                    conditions.append((
+                        f"{column} {op} {literal}",
+                        lambda r, c=column, v=v, test=test: test(int(r[c]), v),
+                    ))
+                elif kind == "between":
+                    a, b = sorted(rng.sample(ms, 2))
+                    conditions.append((
+                        f"store_timestamp BETWEEN {when(a)} AND {when(b)}",
+                        lambda r, a=a, b=b: a <= int(r["store_timestamp"]) <= b,
+                    ))
+                else:  # not pushed
+                    n = rng.randrange(100, 300)
+                    conditions.append((f"size > {n}", lambda r, n=n: int(r["size"]) > n))
+            where = " AND ".join(c for c, _ in conditions)
+            df = self.read(path, splitBytes="8k", timeTolerance="100ms").filter(where)
+            queries.append(df.select(F.lit(number).alias("query"), "offset"))
+            wanted.append((where, [
+                r["offset"] for r in everything if all(test(r) for _, test in conditions)
+            ]))
+        # One Spark job for all of them (each its own scan, its own filters).
+        union = reduce(lambda a, b: a.unionAll(b), queries)
+        self.assertIn("PushedFilters: [", union._jdf.queryExecution().executedPlan().toString())
+        got: dict[int, list[int]] = {i: [] for i in range(len(queries))}
+        for row in union.collect():
+            got[row.query].append(row.offset)
+        for number, (where, offsets) in enumerate(wanted):
+            self.assertEqual(sorted(got[number]), offsets, where)
+
+    def test_store_time_going_back(self) -> None:
+        """
+        Store times that go back (a failover to a slave whose clock is
+        behind): by less than timeTolerance, spans are pruned and no row is
+        lost; by more, seen at a span's first record, nothing is pruned by
+        time (the plan says so) and no row is lost; with timeTolerance off,
+        nothing is pruned by time.
+        """
+        base = 1700000000.0
+        first = [base + 30 * i for i in range(120)]  # an hour
+        # The second broker's clock: 30 minutes behind, then on (a segment
+        # holds about 15 records: the jump shows at a span's first record).
+        behind = [base + 1800 + 30 * i for i in range(120)]
+        path = timed_store(self, first + behind, 4096)
+        everything = store_rows(path)
+        since = int((base + 3000) * 1000)
+        expected = [r for r in everything if int(r["store_timestamp"]) >= since]  # type: ignore[call-overload]
+        self.assertEqual(len(expected), 20 + 80)  # both brokers' records
+
+        def spans_read(df: Any) -> tuple[int, int]:
+            plan = df._jdf.queryExecution().executedPlan().toString()
+            read, of = re.findall(r"spans read: (\d+) of (\d+)", plan)[0]
+            return int(read), int(of)
+
+        # (The first broker's last records are at 3000..3570 s, in the
+        # span whose next span starts at about 1800..2250 s: pruning that
+        # span by "the next span's first time + 5 minutes" would lose them.)
+        later = int((base + 5000) * 1000)
+        for tolerance, note, pruned, after in [
+            ("5m", "store time goes back", False, since),  # the jump is seen
+            ("1h", "spans read: ", True, later),  # within the tolerance: pruned
+            ("off", "timeTolerance=off", False, since),
+        ]:
+            df = self.read(path, timeTolerance=tolerance).filter(
+                f"store_timestamp >= timestamp_millis({after})"
+            )
+            self.assertEqual(
+                df_rows(df),
+                [r for r in everything if int(r["store_timestamp"]) >= after],  # type: ignore[call-overload]
+                tolerance,
+            )
+            plan = df._jdf.queryExecution().executedPlan().toString()
+            self.assertIn(note, plan)
+            read, of = spans_read(df)
+            self.assertEqual(read < of, pruned, (tolerance, read, of))
+        plan = self.read(path, timeTolerance="5m").filter(
+            f"store_timestamp >= timestamp_millis({since})"
+        )._jdf.queryExecution().executedPlan().toString()
+        self.assertIn(", more than timeTolerance (300000 ms): no span pruned by store time", plan)
+        # A small jump back (30 s, within 5 m): pruned, nothing lost.
+        path = timed_store(self, first + [base + 3570 + 30 * i for i in range(120)], 4096)
+        since = int((base + 3000) * 1000)
+        df = self.read(path, timeTolerance="5m").filter(
+            f"store_timestamp >= timestamp_millis({since})"
+        )
+        read, of = spans_read(df)
+        self.assertLess(read, of)
+        self.assertEqual(
+            df_rows(df),
+            [r for r in store_rows(path) if int(r["store_timestamp"]) >= since],  # type: ignore[call-overload]
+        )

@@ -1330,6 +1330,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 "out", help="output directory or URI (file:, hdfs:, s3a:, ...; must not exist)"
             )
             job.add_argument("--format", default="parquet", choices=_EXPORT_FORMATS)
+    # Not a Spark job: the JVM data source's jar, for --jars (rmqha.pipeline._jar).
+    jobs.add_parser(
+        "jar", help="print the path of the rmqha data source's jar (building it if needed), "
+        "for spark-submit --jars / spark.jars"
+    )
 
 
 def _pair(flag: str, text: str) -> tuple[str, str]:
@@ -1437,6 +1442,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.job == "jar":
+        from rmqha.pipeline import _jar
+
+        return _jar.main(sys.stdout)
     try:
         return run(args, sys.stdout)
     except Exception as e:

@@ -42,7 +42,6 @@ itself to a cluster.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -230,7 +229,7 @@ class CommitLogReader(DataSourceReader):
 
 def jvm_reader(spark: Any) -> bool:
     """
-    Whether the JVM span reader (L{rmqha.pipeline._jar}) is on the
+    Whether the JVM data source C{rmqha} (L{rmqha.pipeline._jar}) is on the
     classpath of C{spark}'s driver (L{spark_session} puts it there when it
     could build it); a Spark Connect session has no JVM here: C{False}.
     """
@@ -260,12 +259,13 @@ def read_store(
     store's own (TLS files for a live broker).  The one way the pipeline's
     jobs read a store.
 
-    A local store (a path, a C{file:} URI) is read by the JVM span reader
-    when the session has it (L{jvm_reader}): planned here, in Python
-    (L{plan}, grouped by L{pack}), and decoded in the executors' JVMs, with
+    A local store (a path, a C{file:} URI) is read by the JVM data source
+    C{format("rmqha")} when the session has its jar (L{jvm_reader}):
+    planned on the driver's JVM and decoded in the executors' JVMs, with
     no Python worker and no rows shipped from Python to the JVM: several
-    times faster (docs/pipeline.md, "Which reader").  Every other store,
-    or a session without the jar, is read by the Python data source.
+    times faster (docs/pipeline.md, "Which reader").  Every other store
+    (C{s3://}, C{gs://}, a live broker), or a session without the jar, is
+    read by the Python data source.
 
     @raise OptionError: a bad option or column (the message names it).
     """
@@ -282,12 +282,14 @@ def read_store(
         except PlanError as e:
             raise OptionError(f"columns: {e}") from None
     if isinstance(o["store"], LocalStore) and jvm_reader(spark):
-        from rmqha.pipeline._jar import READER_CLASS
+        from rmqha.pipeline._jar import SHORT_NAME
 
-        local: LocalStore = o["store"]
-        groups = pack(plan(local, o["split"], o["start"], o["end"]), o["split"])
-        spans = _spans_option(local, groups, o["bodies"], o["topics"])
-        df = spark.read.format(READER_CLASS).option("spans", json.dumps(spans)).load()
+        # The JVM source plans on the driver itself, with the same rules
+        # and options (docs/pipeline.md, "The data source").
+        jvm = spark.read.format(SHORT_NAME)
+        for key, value in options.items():
+            jvm = jvm.option(key, value)
+        df = jvm.load(o["store"].root)
         return df if columns is None else df.select(*columns)
     from rmqha.pipeline.scan import schema_ddl
 
@@ -297,36 +299,6 @@ def read_store(
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load(given["path"])
-
-
-def _spans_option(
-    store: LocalStore,
-    groups: Sequence[SpanPartition],
-    bodies: bool,
-    topics: Sequence[str] | None,
-) -> dict[str, Any]:
-    """
-    The JVM span reader's C{spans} option (as JSON): one list of spans
-    per partition, each span its segment file, base offset, start, end
-    and whether the end is the next span's first record.
-    """
-    return {
-        "bodies": bodies,
-        "topics": None if topics is None else list(topics),
-        "partitions": [
-            [
-                {
-                    "path": store.path(span.segment),
-                    "base": span.base,
-                    "start": span.start,
-                    "end": span.end,
-                    "exact": span.exact,
-                }
-                for span in group.spans
-            ]
-            for group in groups
-        ],
-    }
 
 
 def _java_home() -> str | None:

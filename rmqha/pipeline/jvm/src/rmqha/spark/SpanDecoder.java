@@ -2,11 +2,7 @@ package rmqha.spark;
 
 import java.io.IOException;
 import java.nio.ByteBuffer;
-import java.nio.MappedByteBuffer;
-import java.nio.channels.FileChannel;
 import java.nio.charset.StandardCharsets;
-import java.nio.file.Paths;
-import java.nio.file.StandardOpenOption;
 import java.util.Arrays;
 import java.util.List;
 import java.util.zip.CRC32;
@@ -29,10 +25,14 @@ import org.apache.spark.sql.vectorized.ColumnarBatch;
  * (exact) must end with a whole record: one that runs past it is an error
  * (the cut was not a record start), as in Python.
  *
- * <p>Each span is memory-mapped (in windows of at most {@link #WINDOW}
- * bytes): the page cache's bytes are decoded where they are, and a body is
- * copied once, when Spark asks for it ({@link BodyVector}).  The task's
- * heap holds one batch of columns, whatever the span's size.
+ * <p>A span is read in windows ({@link SegmentInput#window()}): a local
+ * file's are memory mappings of at most {@link #WINDOW} bytes, whose page
+ * cache bytes are decoded where they are; another filesystem's are read
+ * into the heap ({@link HadoopStore#REMOTE_WINDOW} bytes, or one record
+ * when longer).  A body is copied once, when Spark asks for it ({@link
+ * BodyVector}).  The task's heap holds one batch of columns and, for a
+ * filesystem that is not local, one window (and, only while judging a bad
+ * record, the rest of its span).
  */
 final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   static final int MAGIC_V1 = -626843481;
@@ -78,7 +78,9 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   private static final byte[] TAGS_KEY = "TAGS".getBytes(StandardCharsets.US_ASCII);
   private static final byte[] KEYS_KEY = "KEYS".getBytes(StandardCharsets.US_ASCII);
 
-  private final CommitLogSpans.Span[] spans;
+  private final SegmentStore store;
+  private final Planner.Span[] spans;
+  private final RecordFilter filter; // null: every record
   private final boolean bodies;
   private final byte[][] wanted; // null: every topic
   private final WritableColumnVector[] vector = new WritableColumnVector[COLUMNS];
@@ -90,12 +92,12 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   private final CRC32 crc = new CRC32();
 
   private int spanIndex = -1;
-  private CommitLogSpans.Span span;
-  private FileChannel channel;
+  private Planner.Span span;
+  private SegmentInput channel;
   private long position; // the next record, in the segment file
   private long end; // where the span's bytes end (the file's end, if sooner)
 
-  private MappedByteBuffer map; // the file's bytes [mapAt, mapAt + mapLen)
+  private ByteBuffer map; // the file's bytes [mapAt, mapAt + mapLen)
   private ByteBuffer crcView; // another view of map, for the CRC
   private long mapAt;
   private int mapLen;
@@ -108,12 +110,14 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   private int propCount;
   private final StringBuilder host = new StringBuilder(64);
 
-  SpanDecoder(CommitLogSpans.Span[] spans, CommitLogSpans.ReadOptions options, StructType schema) {
+  SpanDecoder(Planner.Span[] spans, CommitLogSource.ReadOptions options, StructType schema) {
+    this.store = options.store;
     this.spans = spans;
     this.window = options.window;
+    this.filter = options.filter;
     String[] names = options.columns;
     outputs = new ColumnVector[names.length];
-    List<String> all = Arrays.asList(CommitLogSpans.SCHEMA.fieldNames());
+    List<String> all = Arrays.asList(CommitLogSource.SCHEMA.fieldNames());
     BodyVector body = null;
     for (int i = 0; i < names.length; i++) {
       int c = all.indexOf(names[i]);
@@ -201,8 +205,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       return false;
     }
     span = spans[++spanIndex];
+    channel = store.open(span.segment); // (its error is the line to print)
     try {
-      channel = FileChannel.open(Paths.get(span.path), StandardOpenOption.READ);
       position = span.start;
       end = Math.min(span.end, channel.size());
       map = null;
@@ -212,8 +216,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       }
     } catch (IOException e) {
       closeSpan();
-      // Not chained: the job's error line is the last cause's (jobs.error_line).
-      throw new StoreReadError(unreadable(span.path, e));
+      throw e;
     }
     return true;
   }
@@ -225,7 +228,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
    */
   static String unreadable(String path, IOException e) {
     String why;
-    if (e instanceof java.nio.file.NoSuchFileException) {
+    if (e instanceof java.nio.file.NoSuchFileException
+        || e instanceof java.io.FileNotFoundException) {
       why = "No such file or directory";
     } else if (e instanceof java.nio.file.AccessDeniedException) {
       why = "Permission denied";
@@ -244,8 +248,15 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   /** Map the file from `at`: a window, or the `need` bytes of a longer record. */
   private void remap(long at, long need) throws IOException {
     mapAt = at;
-    mapLen = (int) Math.min(end - at, Math.max(window, need));
-    map = channel.map(FileChannel.MapMode.READ_ONLY, at, mapLen);
+    int w = window > 0 ? window : channel.window();
+    int asked = (int) Math.min(end - at, Math.max(w, need));
+    map = channel.read(at, asked);
+    mapLen = map.limit();
+    if (mapLen < asked) {
+      throw new StoreReadError(
+          span.segment.location + ": short read at " + at + " (" + mapLen + " of " + asked
+              + " bytes): the file changed while it was read");
+    }
     crcView = map.duplicate();
     if (bodyVector != null) {
       bodyVector.source = map;
@@ -254,7 +265,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
 
   private void closeSpan() throws IOException {
     if (channel != null) {
-      channel.close(); // (the mapping stays valid until collected)
+      channel.close(); // (a mapping stays valid until collected)
       channel = null;
     }
   }
@@ -316,8 +327,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       if (wanted != null && skipTopic(available)) {
         return true;
       }
-      decode(row, available);
-      lastWasRow = true;
+      lastWasRow = decode(row, available);
       return true;
     } catch (BlankStop blank) {
       return false;
@@ -327,13 +337,13 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       }
       if (span.exact) {
         throw new StoreReadError(
-            span.path
+            span.segment.location
                 + ": the record at offset "
-                + (span.base + position)
+                + (span.base() + position)
                 + " runs past the partition boundary at offset "
-                + (span.base + span.end)
+                + (span.base() + span.end)
                 + ": bad record at offset "
-                + (span.base + position)
+                + (span.base() + position)
                 + ": "
                 + stop.getMessage());
       }
@@ -342,9 +352,9 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
         // Not a torn tail: damage, and dropping the records after it
         // would be a silent loss.
         throw new StoreReadError(
-            span.path
+            span.segment.location
                 + ": bad record at offset "
-                + (span.base + position)
+                + (span.base() + position)
                 + ": "
                 + stop.getMessage()
                 + "; valid records follow at offset "
@@ -371,8 +381,9 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       return -1;
     }
     int length = (int) Math.min(n, Integer.MAX_VALUE);
-    MappedByteBuffer m = channel.map(FileChannel.MapMode.READ_ONLY, from, length);
-    long base = span.base + from; // the offset of m's first byte
+    ByteBuffer m = channel.read(from, length);
+    length = m.limit();
+    long base = span.base() + from; // the offset of m's first byte
     for (int p = 0; p + PHYSICALOFFSET_AT + 8 <= length; p++) {
       if (p + 8 <= length && m.getLong(p) == 0L) {
         // No magic lies in a zero long: the next four positions' magic
@@ -413,6 +424,19 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
 
   private boolean zeroOrShort(long available) {
     return available < 8 || map.getLong(at(position, 8)) == 0L;
+  }
+
+  /**
+   * STORETIMESTAMP (epoch ms) of the record whose header begins b (at
+   * commit-log offset `offset`), or Long.MIN_VALUE when b holds no record
+   * header there (a BLANK, zeros, damage).
+   */
+  static long storeTimestampAt(ByteBuffer b, long offset) {
+    if (b.limit() < 76 || !isRecordStart(b, 0, offset, Integer.MAX_VALUE)) {
+      return Long.MIN_VALUE;
+    }
+    int sysflag = b.getInt(36);
+    return b.getLong(48 + ((sysflag & BORNHOST_V6) != 0 ? 20 : 8));
   }
 
   private static int bodyLengthAt(int sysflag) {
@@ -475,9 +499,13 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     return scratch;
   }
 
-  /** parse_record(strict=True, report_crc=True) into row `row`. */
-  private void decode(int row, long available) throws Stop {
-    long offset = span.base + position;
+  /**
+   * parse_record(strict=True, report_crc=True) into row `row`: true; or
+   * false when the record is whole but the pushed filters refuse it
+   * (skipped, its row not written).
+   */
+  private boolean decode(int row, long available) throws Stop {
+    long offset = span.base() + position;
     if (available < 8) {
       int i = at(position, available);
       boolean zeros = true;
@@ -514,7 +542,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
               + " bytes written after it (torn record)");
     }
     r = at(position, total);
-    final MappedByteBuffer b = map;
+    final ByteBuffer b = map;
     int storedCrc = b.getInt(r + 8);
     int sysflag = b.getInt(r + 36);
     boolean bornV6 = (sysflag & BORNHOST_V6) != 0;
@@ -579,6 +607,12 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     if (physical != offset) {
       throw new Stop("PHYSICALOFFSET field says " + physical + ", the record is at " + offset);
     }
+    if (filter != null
+        && !filter.accepts(
+            offset, b.getInt(r + 12), b.getLong(storeTimestampAt), b, topicAt, topicLength)) {
+      position += total;
+      return false;
+    }
     // A record: its row.
     WritableColumnVector v;
     if ((v = vector[OFFSET]) != null) v.putLong(row, offset);
@@ -588,8 +622,9 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     if ((v = vector[QUEUE_OFFSET]) != null) v.putLong(row, b.getLong(r + 20));
     if ((v = vector[FLAG]) != null) v.putInt(row, b.getInt(r + 16));
     if ((v = vector[SYSFLAG]) != null) v.putInt(row, sysflag);
-    if ((v = vector[BORN_TIMESTAMP]) != null) v.putLong(row, b.getLong(r + 40));
-    if ((v = vector[STORE_TIMESTAMP]) != null) v.putLong(row, b.getLong(storeTimestampAt));
+    // Spark's timestamps are microseconds since the epoch; RocketMQ's ms.
+    if ((v = vector[BORN_TIMESTAMP]) != null) v.putLong(row, b.getLong(r + 40) * 1000L);
+    if ((v = vector[STORE_TIMESTAMP]) != null) v.putLong(row, b.getLong(storeTimestampAt) * 1000L);
     if ((v = vector[BORN_HOST]) != null) putHost(v, row, bornAt, bornV6);
     if ((v = vector[STORE_HOST]) != null) putHost(v, row, storeAt, storeV6);
     if ((v = vector[RECONSUME_TIMES]) != null) v.putInt(row, b.getInt(middle));
@@ -616,6 +651,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       vector[CRC_OK].putBoolean(row, ok);
     }
     position += total;
+    return true;
   }
 
   private static void putText(WritableColumnVector v, int row, byte[] b, int at, int length) {
