@@ -1,13 +1,17 @@
 # -*- test-case-name: tests.test_pipeline_spark -*-
 """
-The JVM span reader's jar (L{rmqha.pipeline.source.read_store}'s fast
-path): its Java sources are in C{rmqha/pipeline/jvm/src}; L{ensure_jar}
-compiles them with C{javac} against the running PySpark's own jars into
+The jar of the JVM data source C{rmqha} (C{spark.read.format("rmqha")},
+SQL's C{USING rmqha}; L{rmqha.pipeline.source.read_store}'s fast path):
+its Java sources are in C{rmqha/pipeline/jvm/src}, the files it holds as
+they are (the DataSourceRegister entry naming the short name) in
+C{rmqha/pipeline/jvm/resources}.  L{ensure_jar} compiles them with
+C{javac} against the running PySpark's own jars into
 C{rmqha/pipeline/jvm/rmqha-spark.jar} (git-ignored, never committed) the
-first time a Spark session is made, and again whenever the sources change
-(the jar holds the digest of the sources it was built from).  Without
-C{javac} and C{jar}, or where the package directory cannot be written,
-there is no jar and the Python data source reads every store.
+first time a Spark session is made or C{rmqha pipeline jar} asks, and
+again whenever the sources or resources change (the jar holds their
+digest); C{setup.py} builds it into a wheel when it can (L{build_jar}).
+Without C{javac} and C{jar}, or where the package directory cannot be
+written, there is no jar and the Python data source reads every store.
 """
 
 from __future__ import annotations
@@ -146,7 +150,7 @@ def main(out: IO[str]) -> int:
     """
     jar, why = ensure_jar()
     if jar is None:
-        print(f"rmqha pipeline jar: error: no jar: {why}", file=sys.stderr)
+        print(f"rmqha pipeline: error: no jar: {why}", file=sys.stderr)
         return 2
     out.write(jar + "\n")
     return 0

@@ -45,12 +45,16 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Mapping, NoReturn, Sequence
 from urllib.parse import urlsplit
 
-from rmqha.store._record import Blank, RecordError, parse_record, record_json
+from rmqha.store._record import (
+    Blank, RecordError, parse_record, record_json, record_starts, walk_valid,
+)
 from rmqha.pipeline.scan import MAX_RECORD, walk
-from rmqha.pipeline.stores import PlanError, Segment, Store, resolve, unreadable
+from rmqha.pipeline.stores import (
+    LocalStore, PlanError, Segment, SegmentReader, Store, resolve, unreadable,
+)
 
 __all__ = [
-    "stats", "export", "verify", "VerifyResult", "CompareError", "check_inputs",
+    "stats", "export", "verify", "verify_local", "VerifyResult", "CompareError", "check_inputs",
     "BadCrc", "DamageFound",
     "error_line", "main",
 ]
@@ -790,89 +794,278 @@ class VerifyResult:
 
 
 @dataclass(frozen=True)
+class _Odd:
+    """
+    A segment file that is not a whole segment where one belongs: shorter
+    or longer than the segment size, or not at a multiple of it.
+
+    @ivar start: the first offset it does not hold as a segment should.
+    @ivar end: the end of that range.
+    """
+
+    segment: Segment
+    why: str
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
 class _Layout:
     """
     One store as C{verify} sees it.
 
-    @ivar segments: its segment files, in offset order.
-    @ivar size: the segment size.
-    @ivar max_offset: where its whole, valid records end (L{_records_end}).
+    @ivar segments: its segment files at multiples of the segment size,
+        in offset order; an unfinished last one (shorter than a segment,
+        only zeros: a broker killed while creating it leaves one, C{store
+        check} notes it) is left out: it holds nothing.
+    @ivar size: the segment size (L{_segment_size}).
     @ivar gaps: C{(start, end)} of each range between its first and last
-        segment no file holds (a segment deleted, or not a file).
-    @ivar written_end: where its written bytes end: past C{max_offset}
-        when its last record does not verify (one still being written, or
-        a damaged one), whose bytes are compared too.
+        segment no file holds (a segment deleted, or renamed).
+    @ivar odd: its files that are not a whole segment where one belongs.
+    @ivar written_end: one past its last non-zero byte (its first offset
+        when it has none): past C{max_offset} when what follows its last
+        valid record is not zeros (a record still being written, a damaged
+        one, bytes that are no record), which is compared too.
+    @ivar max_offset: where its whole, valid records end, by the rule
+        C{rmqha store check} uses (L{_records_end}).
     """
 
     segments: list[Segment]
     size: int
-    max_offset: int
     gaps: list[tuple[int, int]]
+    odd: list[_Odd]
     written_end: int
+    max_offset: int
+
+    @property
+    def first(self) -> int:
+        return self.segments[0].base if self.segments else 0
+
+    @property
+    def files_end(self) -> int:
+        """
+        Where its last segment ends (its first offset when it has none).
+        """
+        return self.segments[-1].base + self.size if self.segments else 0
 
 
-def _store_layout(store: Store) -> _Layout:
+def _segment_size(found: Sequence[Segment], hint: int | None = None) -> int | None:
     """
-    The segments, segment size, gaps and max offset of C{store}: where its
-    whole, valid records end, by the rule C{rmqha store check} uses (a last
-    record still being written -- a valid header, zeros where the rest of
-    it will go -- is not held yet; a live broker says where its records
-    end).
+    A store's segment size, from its files: consecutive segment files are
+    one segment apart, so the least distance between two files' bases when
+    a file has that length (a file missing, one of another length, aside);
+    else, of that distance, the files' lengths and C{hint} (the other
+    store's), the one that most files start at a multiple of and have as
+    their length, each counted (ties: C{hint}, a power of two, the
+    larger).
+    C{None} for fewer than two files.
+    """
+    if len(found) < 2:
+        return None
+    spacing = min(b.base - a.base for a, b in zip(found, found[1:]))
+    lengths = {s.size for s in found if s.size > 0}
+    if spacing in lengths:
+        return spacing
+
+    def score(n: int) -> tuple[int, bool, bool, int]:
+        placed = sum(1 for s in found if s.base % n == 0)
+        whole = sum(1 for s in found if s.size == n and s.base % n == 0)
+        return placed + whole, n == hint, n & (n - 1) == 0, n
+
+    return max(lengths | {spacing} | ({hint} if hint else set()), key=score)
+
+
+#: How much of a segment the driver's walks read at once (plus the longest
+#: record, so that the record a window ends in is read whole).
+_WALK_WINDOW = 4 * 1024 * 1024
+
+
+def _last_nonzero(store: Store, segment: Segment) -> int | None:
+    """
+    The position of the last non-zero byte of C{segment}, read backwards
+    from its end in blocks; C{None} when it holds only zeros.
+    """
+    with store.open(segment) as reader:
+        end = reader.size
+        while end > 0:
+            start = max(0, end - reader.block_size)
+            data = reader.read_at(start, end - start)
+            kept = len(data.rstrip(b"\0"))
+            if kept:
+                return start + kept - 1
+            end = start
+    return None
+
+
+def _store_layout(
+    store: Store, found: list[Segment] | None = None, size: int | None = None
+) -> _Layout:
+    """
+    The segments, segment size, gaps, odd files, written end and max offset
+    of C{store} (its files C{found}, listed if not given; its segment size
+    C{size}, from them if not given).  A live broker says where its records
+    end; for files, the driver reads the last segments that hold anything.
 
     @raise OSError: a segment cannot be listed or read (naming it).
     """
-    found = store.segments()
+    if found is None:
+        found = store.segments()
     if not found:
-        return _Layout([], 0, 0, [], 0)
-    size = max(s.size for s in found)
+        return _Layout([], size or 0, [], [], 0, 0)
+    size = size or _segment_size(found) or found[0].size
+    segments = list(found)
+    # (The last non-zero byte of each segment read: read once.)
+    last_nonzero: dict[Segment, int | None] = {}
+    if segments[-1].size < size:
+        last_nonzero[segments[-1]] = _last_nonzero(store, segments[-1])
+        if last_nonzero[segments[-1]] is None:
+            segments.pop()  # unfinished: it holds nothing
+    if not segments:
+        return _Layout([], size, [], [], found[0].base, found[0].base)
+    odd: list[_Odd] = []
+    for segment in segments:
+        name, length = segment.name, segment.size
+        if segment.base % size:
+            odd.append(_Odd(segment, f"does not start at a multiple of the segment size {size}",
+                            segment.base, segment.base))
+        elif length < size:
+            odd.append(_Odd(segment, f"is truncated: {length} bytes, the segment size is {size}",
+                            segment.base + length, segment.base + size))
+        elif length > size:
+            # (Its bytes past the segment size are no offsets of the log.)
+            odd.append(_Odd(segment, f"is {length} bytes, longer than the segment size {size}",
+                            segment.base + size, segment.base + size))
+    # A file not at a multiple of the segment size holds no offsets of the
+    # log (the slave's is a problem; the master's is not read).
+    segments = [s for s in segments if s.base % size == 0]
+    if not segments:
+        return _Layout([], size, [], odd, found[0].base, found[0].base)
     gaps = [
-        (a.base + size, b.base) for a, b in zip(found, found[1:]) if b.base != a.base + size
+        (a.base + size, b.base) for a, b in zip(segments, segments[1:])
+        if b.base != a.base + size
     ]
     known = store.max_offset()
     if known is not None:
-        return _Layout(found, size, known, gaps, known)
-    for segment in reversed(found):
-        end, written = _records_end(store, segment)
-        if written > 0:
-            return _Layout(found, size, segment.base + end, gaps, segment.base + written)
-    return _Layout(found, size, found[0].base, gaps, found[0].base)
-
-
-def _records_end(store: Store, segment: Segment) -> tuple[int, int]:
-    """
-    Where the whole, valid records of one segment end, and where its
-    written bytes end (positions in it).  Only the last record is checked
-    here (its body CRC included): when it does not verify, the records end
-    before it, and its bytes up to the last non-zero one still count as
-    written -- compared with the other store like the rest, which tells a
-    record still being written (what is there is the master's) from a
-    damaged one (it differs).  The records before it are compared byte for
-    byte too.
-    """
-    with store.open(segment) as reader:
-        last: tuple[int, int] | None = None
-        for last in walk(reader):
-            pass
-        position, total = last if last is not None else (0, 0)
-        data = reader.read_at(position, total) if total else b""
-        # What follows the records: zeros, or the start of a record being
-        # written (its header not whole yet), or bytes that are no record;
-        # any non-zero byte within the largest record's reach (MAX_RECORD)
-        # is written and compared too.
-        after = reader.read_at(position + total, MAX_RECORD) if total < reader.size else b""
-    written = len(after.rstrip(b"\0"))
-    try:
-        record = (
-            parse_record(data, 0, len(data), segment.base + position, check_crc=True)
-            if data else None
+        return _Layout(segments, size, gaps, odd, known, known)
+    written_end = segments[0].base
+    for segment in reversed(segments):
+        last = (
+            last_nonzero[segment] if segment in last_nonzero else _last_nonzero(store, segment)
         )
-    except RecordError:
-        record = None
-    if record is not None and not isinstance(record, Blank) and len(data) == total:
-        return position + total, position + total + written
-    if written:
-        return position, position + total + written
-    return position, position + len(data.rstrip(b"\0"))
+        if last is not None:
+            written_end = segment.base + last + 1
+            break
+    return _Layout(
+        segments, size, gaps, odd, written_end,
+        _records_end(store, segments, size, written_end),
+    )
+
+
+def _walk_valid(
+    reader: SegmentReader, base: int, position: int, until: int | None = None
+) -> tuple[int, bool, str | None]:
+    """
+    Hop over the valid records of one open segment (every check C{rmqha
+    store check} makes: structure, PHYSICALOFFSET, body CRC, strict) from
+    C{position}, stopping once past C{until} if given.
+
+    @return: C{(stop, blank, why)}: where they stop (the segment's end
+        after a BLANK filler: C{blank} true), and why the bytes at the stop
+        are not a record (C{None} at the end).
+    """
+    size = reader.size
+    while position < size and (until is None or position <= until):
+        window = reader.read_at(position, _WALK_WINDOW + MAX_RECORD)
+        stop, _, _ = walk_valid(
+            window, 0, min(len(window), _WALK_WINDOW), base + position,
+            check_crc=True, strict=True,
+        )
+        if stop >= len(window):
+            position += stop
+            continue
+        try:
+            # (The record the hop stopped at, read whole: a BLANK must reach
+            # the segment's end, which this window does if it is there.)
+            item = parse_record(
+                window, stop, len(window), base + position + stop,
+                check_crc=True, with_body=False, strict=True,
+            )
+        except RecordError as e:
+            return position + stop, False, e.reason
+        if type(item) is Blank:
+            return size, True, None
+        position += stop + item.size
+    return position, False, None
+
+
+def _next_valid(
+    store: Store, segments: Sequence[Segment], index: int, position: int, limit: int
+) -> int | None:
+    """
+    The offset of the first valid record (L{_walk_valid}'s checks) after
+    C{position} of C{segments[index]}, there or in a later segment, before
+    offset C{limit} (the store holds only zeros from there): what C{rmqha
+    store check} looks for after a bad record.
+    """
+    start = position + 1
+    for segment in segments[index:]:
+        if segment.base >= limit:
+            return None
+        with store.open(segment) as reader:
+            end = min(reader.size, limit - segment.base)
+            p = start
+            while p < end:
+                window = reader.read_at(p, _WALK_WINDOW + MAX_RECORD)
+                room = reader.size - p
+                for q in record_starts(
+                    window, 0, min(len(window), _WALK_WINDOW, end - p), segment.base + p, room
+                ):
+                    try:
+                        parse_record(
+                            window, q, min(len(window), room), segment.base + p + q,
+                            check_crc=True, with_body=False, strict=True,
+                        )
+                    except RecordError:
+                        continue
+                    return segment.base + p + q
+                p += _WALK_WINDOW
+        start = 0
+    return None
+
+
+def _records_end(
+    store: Store, segments: Sequence[Segment], size: int, written_end: int
+) -> int:
+    """
+    Where the whole, valid records of a store end, by the rule C{rmqha
+    store check} uses: the end of the last run of valid records (after a
+    bad record the walk goes on from the next valid one); a last record
+    that does not verify -- one still being written, a damaged one -- is
+    not held.  Only the segments from the last holding a non-zero byte
+    (before C{written_end}) back to the last holding a valid record are
+    read: every record before those is compared byte for byte anyway.
+    """
+    index = max(i for i, s in enumerate(segments) if s.base < written_end or i == 0)
+    while True:
+        segment = segments[index]
+        found, end = False, 0
+        with store.open(segment) as reader:
+            position = 0
+            while True:
+                stop, blank, _ = _walk_valid(reader, segment.base, position)
+                found = found or blank or stop > position
+                end = stop
+                if blank or stop >= reader.size:
+                    break
+                resume = _next_valid(store, segments, index, stop, written_end)
+                if resume is None or resume >= segment.base + reader.size:
+                    break
+                found, position = True, resume - segment.base
+        if found or index == 0 or segments[index - 1].base + size != segment.base:
+            return segment.base + end
+        # Nothing valid here: the records end in the segment before (or at
+        # its end, if it is closed by a BLANK filler or full).
+        index -= 1
 
 
 class CompareError(Exception):
@@ -993,71 +1186,151 @@ def verify(
 ) -> VerifyResult:
     """
     Is the slave's store a byte-for-byte prefix of the master's?  Both
-    stores (paths or URIs, L{resolve}) must be readable by the executors.  Compares, in parallel
-    tasks, blake2b checksums of 8 MiB blocks from the slave's first offset
-    up to its max offset; the first differing block is then compared byte
-    by byte.  Also reported: slave segment files the master does not have,
-    slave files shorter than the segment size (truncated), and a slave
-    ahead of the master.  C{options} are the data source's (C{--option}),
-    for opening the stores (TLS files for a live broker).
+    stores (paths or URIs, L{resolve}) must be readable by the executors.
+    The driver lists and checks both stores' files (L{_plan_verify}); then
+    parallel tasks compare blake2b checksums of 8 MiB blocks of every byte
+    the slave holds (its first offset up to its last non-zero byte) with
+    the master's; the first differing block is compared byte by byte on
+    the driver (L{_conclude}).  C{options} are the data source's
+    (C{--option}), for opening the stores (TLS files for a live broker).
+
+    @raise CompareError: it cannot tell (a segment unreadable or missing
+        on the master's side, the master damaged where they differ).
+    @raise PlanError: a store is no commit log, or the master has no
+        segment file.
+    """
+    plan = _plan_verify(master_dir, slave_dir, options)
+    failed: list[tuple[int, str | None]] = []
+    if plan.tasks:
+        failed = (
+            spark.sparkContext.parallelize(plan.tasks, max(1, min(len(plan.tasks), 256)))
+            .map(_compare_block)
+            .filter(lambda r: r[1] != "equal")
+            .collect()
+        )
+    return _conclude(plan, failed)
+
+
+def verify_local(
+    master_dir: "Store | str",
+    slave_dir: "Store | str",
+    options: Mapping[str, str] | None = None,
+) -> VerifyResult:
+    """
+    L{verify} without Spark: the same checks and verdicts, the blocks
+    compared here one after the other (small stores; the tests).
+    """
+    plan = _plan_verify(master_dir, slave_dir, options)
+    failed = [r for r in map(_compare_block, plan.tasks) if r[1] != "equal"]
+    return _conclude(plan, failed)
+
+
+@dataclass
+class _VerifyPlan:
+    """
+    What the driver found before comparing: the stores, their layouts, the
+    proven problems of the slave's files, the blocks to compare.
+    """
+
+    master: Store
+    slave: Store
+    master_layout: _Layout
+    slave_layout: _Layout
+    problems: list[str]
+    tasks: list[_Task]
+
+
+def _plan_verify(
+    master_dir: "Store | str",
+    slave_dir: "Store | str",
+    options: Mapping[str, str] | None = None,
+) -> _VerifyPlan:
+    """
+    The driver's part of L{verify}, before any block is compared: list
+    both stores, check every segment file can be opened (local stores),
+    and find what makes the verdict without comparing (docs/pipeline.md,
+    "verify": the rule and its table).
     """
     master = resolve(master_dir, options)
     slave = resolve(slave_dir, options)
     # The slave first: a live master's log only grows meanwhile, so what
     # the slave holds is also the master's by the time it is listed.
     try:
-        slave_layout = _store_layout(slave)
-        master_layout = _store_layout(master)
+        slave_found = slave.segments()
+        master_found = master.segments()
+        for store, found in ((slave, slave_found), (master, master_found)):
+            if isinstance(store, LocalStore):
+                for segment in found:
+                    # (Cheap, and a file no one may read is "cannot tell"
+                    # before anything is concluded from the others.)
+                    store.open(segment).close()
+        if not master_found:
+            raise PlanError(f"{master.uri}: the master's store has no segment files")
+        lone = slave_found[0].size if len(slave_found) == 1 else None
+        master_size = _segment_size(master_found, _segment_size(slave_found) or lone)
+        slave_size = _segment_size(slave_found, master_size)
+        # (Else a lone file's length; any will do for stores of empty files.)
+        size = master_size or slave_size or max(s.size for s in master_found + slave_found) or 1
+        slave_layout = _store_layout(slave, slave_found, slave_size or size)
+        master_layout = _store_layout(master, master_found, size)
     except OSError as e:
         raise CompareError(unreadable(e.filename or str(e), e)) from None
-    slave_segments, slave_size, slave_max = (
-        slave_layout.segments, slave_layout.size, slave_layout.max_offset
-    )
-    master_segments, master_size, master_max = (
-        master_layout.segments, master_layout.size, master_layout.max_offset
-    )
-    problems: list[str] = []
-    if not master_segments:
-        raise PlanError(f"{master.uri}: the master's store has no segment files")
-    slave_first = slave_segments[0].base if slave_segments else slave_max
-    for start, end in master_layout.gaps:
-        if start < slave_layout.written_end and end > slave_first:
-            # (Nothing to compare the slave's bytes there with.)
+    if not master_layout.segments:
+        if master_layout.odd:  # (none at a multiple of the segment size)
+            odd = master_layout.odd[0]
             raise CompareError(
-                f"{master.uri}: the master's store has no segment file for offsets "
-                f"{start}..{end} (the files before and after it are there): cannot compare"
+                f"{master.uri}: the master's segment {odd.segment.name} {odd.why}: cannot compare"
             )
-    for start, end in slave_layout.gaps:
+        raise PlanError(f"{master.uri}: the master's store has no segment files")
+    # The bytes the slave holds, all compared: from its first segment
+    # (a slave may start later than the master: a new RocketMQ slave gets
+    # the master's log from its last segment; retention deletes the oldest
+    # segments on each side) up to its last non-zero byte.
+    start, end = slave_layout.first, slave_layout.written_end
+    problems: list[str] = []
+    for gap_start, gap_end in slave_layout.gaps:
         problems.append(
-            f"missing segment: the slave has no segment file for offsets {start}..{end} "
-            f"({end - start:,} bytes; the files before and after it are there)"
+            f"missing segment: the slave has no segment file for offsets {gap_start}..{gap_end} "
+            f"({gap_end - gap_start:,} bytes; the files before and after it are there)"
         )
-    master_by_base = {m.base: m for m in master_segments}
-    if slave_segments and slave_size != master_size:
+    for odd in slave_layout.odd:
+        problems.append(f"segment {odd.segment.name} {odd.why}")
+    if slave_layout.segments and slave_layout.size != master_layout.size:
         problems.append(
-            f"segment size differs: master {master_size}, slave {slave_size} bytes"
+            f"segment size differs: master {master_layout.size}, slave {slave_layout.size} bytes"
         )
-    for segment in slave_segments:
-        base, name, length = segment.base, segment.name, segment.size
-        if base not in master_by_base:
-            problems.append(f"extra segment {name}: the master has no segment at offset {base}")
-        if length < slave_size or (master_size and length < master_size):
+    for segment in slave_layout.segments:
+        if segment.base >= master_layout.files_end and segment.base < end:
             problems.append(
-                f"segment {name} is truncated: {length} bytes, the segment size is "
-                f"{max(slave_size, master_size)}"
+                f"extra segment {segment.name}: the master has no segment at offset "
+                f"{segment.base} (its last ends at {master_layout.files_end}), and this one "
+                "holds data: the slave is ahead"
             )
-        if base % max(master_size, 1):
-            problems.append(f"segment {name} does not start at a multiple of {master_size}")
-    if slave_max > master_max:
-        problems.append(
-            f"the slave is ahead: its max offset {slave_max} is past the master's {master_max}"
+    if problems:
+        # Facts about the slave's own files: proven, whatever the master holds.
+        return _VerifyPlan(master, slave, master_layout, slave_layout, problems, [])
+    # The master's files must be sound: a segment missing between its first
+    # and last, or a file not a whole segment where one belongs, is never
+    # taken for the end of its log (wherever it lies: "consistent" would
+    # hide a master that cannot be replicated from).
+    defects = [(a, f"the master's store has no segment file for offsets {a}..{b} (the files "
+                   "before and after it are there)") for a, b in master_layout.gaps]
+    defects += [(o.segment.base, f"the master's segment {o.segment.name} {o.why}")
+                for o in master_layout.odd]
+    if defects:
+        raise CompareError(f"{master.uri}: {min(defects)[1]}: cannot compare")
+    if start < min(end, master_layout.first):
+        # (Retention deleted them on the master, or it lost them.)
+        raise CompareError(
+            f"{master.uri}: the master's store has no segment file for offsets "
+            f"{start}..{master_layout.first}, which the slave holds (its first segment starts at "
+            f"{master_layout.first}): nothing to compare them with"
         )
+    master_by_base = {m.base: m for m in master_layout.segments}
     # Blocks in offset order: the lowest failing index is the first.
     tasks: list[_Task] = []
-    for segment in slave_segments:
-        # (Up to the slave's written end: a last record that does not
-        # verify is compared too, L{_records_end}.)
-        limit = min(segment.size, slave_layout.written_end - segment.base)
+    for segment in slave_layout.segments:
+        limit = min(segment.size, end - segment.base)
         position = 0
         while position < limit:
             n = min(VERIFY_BLOCK, limit - position)
@@ -1065,29 +1338,87 @@ def verify(
                 (len(tasks), slave, segment, master, master_by_base.get(segment.base), position, n)
             )
             position += n
-    compared = sum(t[6] for t in tasks)
+    return _VerifyPlan(master, slave, master_layout, slave_layout, problems, tasks)
+
+
+def _conclude(plan: _VerifyPlan, failed: Sequence[tuple[int, str | None]]) -> VerifyResult:
+    """
+    The verdict from the blocks the executors did not find equal
+    (C{failed}: task index and why): an unreadable block is a
+    L{CompareError}; the first different one is read again here and its
+    first differing byte proven (L{_first_difference}); where the master's
+    own record there is damaged, with valid records after it (what C{rmqha
+    store check} calls damage, not a torn tail), it cannot tell which store
+    is right: a L{CompareError}.
+    """
+    tasks = plan.tasks
+    errors = sorted((i, v) for i, v in failed if v != "different")
+    if errors:
+        raise CompareError(errors[0][1])
     divergent = None
     shown: list[str] = []
-    if tasks:
-        failed = (
-            spark.sparkContext.parallelize(tasks, max(1, min(len(tasks), 256)))
-            .map(_compare_block)
-            .filter(lambda r: r[1] != "equal")
-            .collect()
-        )
-        errors = sorted((i, v) for i, v in failed if v != "different")
-        if errors:
-            raise CompareError(errors[0][1])
-        if failed:
-            first = min(i for i, _ in failed)
-            divergent, shown = _first_difference(tasks[first])
+    if failed:
+        first = min(i for i, _ in failed)
+        divergent, shown = _first_difference(tasks[first])
+    master_layout = plan.master_layout
     record = None
+    problems = list(plan.problems)
     if divergent is not None:
-        record = _record_at(master, divergent)
+        try:
+            damage = _damage_at(plan.master, master_layout, divergent)
+        except OSError as e:
+            raise CompareError(unreadable(e.filename or plan.master.uri, e)) from None
+        if damage is not None:
+            raise CompareError(
+                f"the slave differs at offset {divergent}, where the master's store "
+                f"{plan.master.uri} is damaged: {damage}; which store is right there cannot be "
+                "told: check the master ('rmqha store check'), repair it from a replica ('rmqha "
+                "store repair')"
+            )
+        record = _record_at(plan.master, divergent)
+        if divergent >= master_layout.max_offset:
+            problems.append(
+                f"the slave is ahead: it holds bytes at offset {divergent}, past the end of "
+                f"the master's valid records ({master_layout.max_offset})"
+            )
     consistent = not problems and divergent is None
+    compared = sum(t[6] for t in tasks)
     return VerifyResult(
-        consistent, compared, slave_max, master_max, problems, divergent, record, shown
+        consistent, compared, plan.slave_layout.max_offset, master_layout.max_offset,
+        problems, divergent, record, shown,
     )
+
+
+def _damage_at(master: Store, layout: _Layout, offset: int) -> str | None:
+    """
+    What is wrong with the master's store at C{offset}, if it lies in
+    damage as C{rmqha store check} finds it: a bad record (or bytes that
+    are no record) with valid records after it.  C{None} when C{offset}
+    is in a valid record, or past the master's last valid record (a torn
+    or damaged tail: where the master's log ends).
+    """
+    segments = layout.segments
+    index = next(
+        (i for i, s in enumerate(segments) if s.base <= offset < s.base + s.size), None
+    )
+    if index is None:
+        return None
+    segment = segments[index]
+    position = 0
+    with master.open(segment) as reader:
+        while True:
+            stop, blank, why = _walk_valid(reader, segment.base, position, offset - segment.base)
+            if blank or segment.base + stop > offset:
+                return None
+            resume = _next_valid(master, segments, index, stop, layout.written_end)
+            if resume is None:
+                return None
+            if resume > offset:
+                return (
+                    f"bad record at offset {segment.base + stop} ({why or 'not a record'}), "
+                    f"valid records follow at offset {resume}"
+                )
+            position = resume - segment.base
 
 
 def _first_difference(task: _Task) -> tuple[int, list[str]]:

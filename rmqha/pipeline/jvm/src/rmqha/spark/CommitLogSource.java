@@ -95,6 +95,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
     final long splitBytes;
     final long timeToleranceMs; // -1: no pruning of spans by store time
     final int window; // 0: the input's own (the tests' "_window")
+    final boolean viaHadoop; // the tests' "_viaHadoop": local files read as a remote store's
     final Map<String, String> hadoop; // fs.* options, for the Hadoop FileSystem
     final Map<String, String> given; // every option, keys lower-cased (the stream's, a live broker's)
 
@@ -152,6 +153,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
         win = (int) v;
       }
       window = win;
+      viaHadoop = o.getOrDefault("_viahadoop", "false").equalsIgnoreCase("true");
       hadoop = new HashMap<>();
       for (Map.Entry<String, String> e : o.entrySet()) {
         if (e.getKey().startsWith("fs.")) {
@@ -243,7 +245,7 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
       if (HttpStore.handles(path)) {
         return HttpStore.of(path, given);
       }
-      return HadoopStore.of(path, conf);
+      return HadoopStore.of(path, conf, viaHadoop);
     }
   }
 
@@ -399,10 +401,32 @@ public final class CommitLogSource implements TableProvider, DataSourceRegister 
       if (partitions == null) {
         List<Planner.Span> spans;
         try {
-          spans = Planner.plan(store, options.splitBytes, options.startOffset, options.endOffset);
+          long start = options.startOffset;
+          long end = options.endOffset;
+          String planned = "";
+          if (filter != null) {
+            // Offset filters narrow the plan itself: only the bytes of
+            // [start, end) are planned and read (the rule of the options).
+            long[] range = Pushdown.offsets(filter.offset);
+            if (range[0] > Math.max(start, 0)) {
+              start = range[0];
+            }
+            if (range[1] >= 0 && (end < 0 || range[1] < end)) {
+              end = range[1];
+            }
+            if (start >= 0 && end >= 0 && end < start) {
+              end = start; // nothing
+            }
+            if (start != options.startOffset || end != options.endOffset) {
+              planned = ", offsets planned: [" + Math.max(start, 0) + ", "
+                  + (end < 0 ? "end" : String.valueOf(end)) + ")";
+            }
+          }
+          spans = Planner.plan(store, options.splitBytes, start, end);
+          pruning = planned;
           if (filter != null) {
             Pushdown.Pruned pruned = Pushdown.prune(store, spans, filter, options.timeToleranceMs);
-            pruning = pruned.note;
+            pruning = planned + pruned.note;
             spans = pruned.spans;
           }
         } catch (IOException e) {

@@ -60,6 +60,24 @@ final class HadoopStore implements SegmentStore {
    * @throws IllegalArgumentException one line: no FileSystem for its scheme
    */
   static HadoopStore of(String location, Configuration conf) {
+    return of(location, conf, false);
+  }
+
+  /**
+   * As {@link #of(String, Configuration)}; with {@code viaHadoop}, local
+   * files too are listed and read through Hadoop's FileSystem API (its
+   * {@code file:} FileSystem) into heap buffers, as a remote store's are:
+   * the tests' way to that path (option {@code _viaHadoop}).
+   */
+  static HadoopStore of(String location, Configuration conf, boolean viaHadoop) {
+    HadoopStore found = resolve(location, conf);
+    if (viaHadoop && found.local != null) {
+      return new HadoopStore(null, new File(found.local).toURI().toString(), conf);
+    }
+    return found;
+  }
+
+  private static HadoopStore resolve(String location, Configuration conf) {
     URI parsed;
     try {
       parsed = new URI(location);

@@ -179,6 +179,25 @@ final class Pushdown {
     }
   }
 
+  /**
+   * The offsets [start, end) that can hold a row passing the offset
+   * condition r; -1 for no bound (end exclusive: the planner's endOffset).
+   */
+  static long[] offsets(RecordFilter.Range r) {
+    long lo = r.lo;
+    long hi = r.hi;
+    for (long[] set : r.sets) {
+      if (set.length == 0) {
+        return new long[] {0, 0};
+      }
+      lo = Math.max(lo, set[0]);
+      hi = Math.min(hi, set[set.length - 1]);
+    }
+    long start = lo <= 0 ? -1 : lo;
+    long end = hi == Long.MAX_VALUE ? -1 : hi < 0 ? 0 : hi + 1;
+    return new long[] {start, end};
+  }
+
   /** The spans to read, and what the scan's description says of it. */
   static final class Pruned {
     final List<Planner.Span> spans;

@@ -249,8 +249,14 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   private void remap(long at, long need) throws IOException {
     mapAt = at;
     int w = window > 0 ? window : channel.window();
-    map = channel.read(at, (int) Math.min(end - at, Math.max(w, need)));
-    mapLen = map.limit(); // (shorter: the file shrank since it was opened)
+    int asked = (int) Math.min(end - at, Math.max(w, need));
+    map = channel.read(at, asked);
+    mapLen = map.limit();
+    if (mapLen < asked) {
+      throw new StoreReadError(
+          span.segment.location + ": short read at " + at + " (" + mapLen + " of " + asked
+              + " bytes): the file changed while it was read");
+    }
     crcView = map.duplicate();
     if (bodyVector != null) {
       bodyVector.source = map;
