@@ -794,6 +794,28 @@ class StreamTests(SynchronousTestCase):
         query.awaitTermination()
         self.assertEqual(df_rows(spark().read.parquet(out)), self.batch(path))
 
+    def test_starting_offsets(self) -> None:
+        """
+        C{startingOffsets} inside a record starts at the next record; a
+        value that is no offset fails the query naming the option.
+        """
+        path = self.mktemp()
+        log = CommitLog.open(path, segment_size=4096)
+        self.addCleanup(log.close)
+        puts = self.put(log, 8)
+        name = f"rmqha_start_{id(self)}"
+        query = (
+            self.stream(path, startingOffsets=str(puts[2].offset + 5)).writeStream
+            .format("memory").queryName(name).trigger(availableNow=True).start()
+        )
+        query.awaitTermination()
+        self.assertEqual(df_rows(spark().table(name)), self.batch(path)[3:])
+        with self.assertRaises(Exception) as raised:
+            self.stream(path, startingOffsets="first").writeStream.format("memory").queryName(
+                f"{name}_bad").trigger(availableNow=True).start().awaitTermination()
+        self.assertIn("option startingOffsets='first' is not earliest, latest or an offset",
+                      str(raised.exception))
+
     def test_export_incremental(self) -> None:
         """
         C{export --incremental} twice: all records, then only those
