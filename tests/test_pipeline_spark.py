@@ -6,6 +6,7 @@ C{pytest -m spark} runs them alone.
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Any
 import os
@@ -32,6 +33,10 @@ def df_rows(df: object) -> list[dict[str, object]]:
         d = row.asDict()
         d["properties"] = sorted((d["properties"] or {}).items())
         d["body"] = None if d["body"] is None else bytes(d["body"])
+        for name in ("born_timestamp", "store_timestamp"):
+            # (PySpark gives a timestamp as a naive datetime in local time.)
+            if isinstance(d.get(name), datetime.datetime):
+                d[name] = d[name].astimezone(datetime.timezone.utc)
         rows.append(d)
     return rows
 
@@ -469,6 +474,43 @@ class JobTests(SynchronousTestCase):
         self.assertRegex(written["series"][0]["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
         with open(os.path.join(out, "stats.png"), "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_stats_reads_the_store_once(self) -> None:
+        """
+        stats reads the store in one pass: one stage of as many tasks as
+        the store's partitions (the per-topic totals, the span and the
+        three series all come from that one aggregation), and its
+        percentiles stay within the sketches' error of the exact ones.
+        """
+        from rmqha.pipeline.jobs import stats
+        from rmqha.pipeline.source import pack
+        from rmqha.pipeline.scan import plan
+
+        path = random_store(self, 150, 16 * 1024, seed=27)
+        partitions = len(pack(plan(path, 10_000), 10_000))
+        self.assertNotIn(partitions, (1, 8))  # (not a shuffle's stage)
+        context = spark().sparkContext
+        context.setJobGroup("rmqha-stats-once", "test")
+        try:
+            result = stats(spark(), path, options={"splitBytes": "10000"})
+        finally:
+            context.setLocalProperty("spark.jobGroup.id", None)
+        tracker = context.statusTracker()
+        stages = {
+            s for j in tracker.getJobIdsForGroup("rmqha-stats-once")
+            for s in tracker.getJobInfo(j).stageIds
+        }
+        infos = [tracker.getStageInfo(s) for s in stages]
+        scans = [i for i in infos if i is not None and i.numTasks == partitions
+                 and i.numCompletedTasks == partitions]
+        self.assertEqual(len(scans), 1, [(i.stageId, i.numTasks) for i in infos if i])
+        rows = store_rows(path)
+        for topic in result["topics"]:
+            sizes = sorted(int(r["body_size"]) for r in rows if r["topic"] == topic["topic"])  # type: ignore[call-overload]
+            # (Fewer records than the sketches' k: exact, the smallest
+            # value with at least that fraction of the values at or below it.)
+            for p in (50, 90, 99):
+                self.assertEqual(topic[f"body_size_p{p}"], sizes[-(-p * len(sizes) // 100) - 1])
 
     def test_stats_reads_only_its_columns(self) -> None:
         """
