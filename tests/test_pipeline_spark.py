@@ -407,26 +407,55 @@ class JobTests(SynchronousTestCase):
 
     def test_export_round_trip(self) -> None:
         """
-        Parquet partitioned by topic reads back as the same records, to a
-        relative OUT (made absolute on the driver) and to a C{file:} URI;
-        nothing but OUT is left in its directory.
+        Parquet partitioned by topic and store date (UTC) reads back as the
+        same records with the partition columns, to a relative OUT (made
+        absolute on the driver) and to a C{file:} URI; ORC and JSON read
+        back with their timestamp columns; nothing but OUT is left in its
+        directory.
         """
+        from pyspark.sql.types import DateType, TimestampType
+
         from rmqha.pipeline.jobs import export
 
         path = random_store(self, 150, 64 * 1024, seed=24)
+        rows = store_rows(path)
         parent = os.path.abspath(self.mktemp())
         os.makedirs(parent)
         out = os.path.join(parent, "relative")
         self.assertEqual(export(spark(), path, os.path.relpath(out)), 150)
+        dates = {
+            (str(r["topic"]), r["store_timestamp"].date().isoformat())  # type: ignore[attr-defined]
+            for r in rows
+        }
         self.assertEqual(
-            sorted(n for n in os.listdir(out) if n.startswith("topic=")),
-            ["topic=audit-log", "topic=orders", "topic=payments"],
+            sorted(
+                (topic[len("topic="):], date[len("date="):])
+                for topic in os.listdir(out) if topic.startswith("topic=")
+                for date in os.listdir(os.path.join(out, topic))
+            ),
+            sorted(dates),
         )
-        back = spark().read.parquet(out).select(*store_rows_columns())
-        self.assertEqual(df_rows(back), store_rows(path))
+        whole = spark().read.parquet(out)
+        self.assertIsInstance(whole.schema["date"].dataType, DateType)
+        self.assertEqual(
+            sorted((r["topic"], r["date"].isoformat()) for r in whole.select("topic", "date").distinct().collect()),
+            sorted(dates),
+        )
+        back = whole.select(*store_rows_columns())
+        self.assertEqual(df_rows(back), rows)
         self.assertEqual(export(spark(), path, "file://" + parent + "/uri", "json"), 150)
-        self.assertEqual(spark().read.json(os.path.join(parent, "uri")).count(), 150)
-        self.assertEqual(sorted(os.listdir(parent)), ["relative", "uri"])
+        from rmqha.pipeline.scan import SCHEMA_DDL
+
+        json_back = (
+            spark().read.schema(SCHEMA_DDL).json(os.path.join(parent, "uri"))
+            .select(*store_rows_columns())
+        )
+        self.assertEqual(df_rows(json_back), rows)
+        self.assertEqual(export(spark(), path, os.path.join(parent, "orc"), "orc"), 150)
+        orc_back = spark().read.orc(os.path.join(parent, "orc")).select(*store_rows_columns())
+        self.assertIsInstance(orc_back.schema["store_timestamp"].dataType, TimestampType)
+        self.assertEqual(df_rows(orc_back), rows)
+        self.assertEqual(sorted(os.listdir(parent)), ["orc", "relative", "uri"])
 
     def test_export_seen_partly_by_the_driver_leaves_nothing(self) -> None:
         """

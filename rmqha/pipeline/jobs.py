@@ -12,7 +12,8 @@ C{python -m rmqha.pipeline.jobs JOB ...} or with C{spark-submit}:
                                  and store-born latency percentiles; stats.json
                                  and stats.png
     export DIR OUT [--format F]  the records to Parquet (or ORC / JSON),
-                                 partitioned by topic
+                                 partitioned by topic and store date (UTC):
+                                 OUT/topic=NAME/date=YYYY-MM-DD/
     verify MASTER SLAVE          is the slave's store a prefix of the master's?
                                  prints "consistent" (exit 0), or the first
                                  divergent byte shown (master's and slave's
@@ -48,7 +49,8 @@ from rmqha.pipeline.scan import MAX_RECORD, walk
 from rmqha.pipeline.stores import PlanError, Segment, Store, resolve, unreadable
 
 __all__ = [
-    "stats", "export", "verify", "VerifyResult", "CompareError", "check_inputs",
+    "stats", "export", "export_frame", "EXPORT_PARTITIONS", "verify", "VerifyResult",
+    "CompareError", "check_inputs",
     "BadCrc", "DamageFound",
     "error_line", "main",
 ]
@@ -396,8 +398,11 @@ def export(
     warn: Any = None,
 ) -> int:
     """
-    Write every record to C{out} in C{fmt}, partitioned by topic (one
-    C{topic=NAME} directory each).  C{out} is a path (a relative one is
+    Write every record to C{out} in C{fmt}, partitioned by topic and by
+    the UTC date of its store timestamp (C{topic=NAME/date=YYYY-MM-DD}
+    directories, L{export_frame}: a C{date} column read back from the
+    directory names; a record without a store timestamp in
+    C{date=__HIVE_DEFAULT_PARTITION__}).  C{out} is a path (a relative one is
     made absolute here, on the driver) or any URI Spark writes
     (C{file:}, C{hdfs:}, C{s3a:}, ...); it must not exist.  Spark writes
     into a new temporary sibling (C{.NAME.export-XXXXXXXX}) that is renamed
@@ -430,10 +435,10 @@ def export(
     if fs.exists(partial):  # pragma: no cover (a 32-bit collision)
         raise ValueError(f"{partial} exists; not writing into it")
     try:
-        df = _load(spark, store_dir, **(options or {}))
+        df = export_frame(_load(spark, store_dir, **(options or {})))
         written, damage = _write_counted(df, fmt, partial)
         if written == 0:
-            # Partitioned by topic, no row writes no file, and Spark
+            # Partitioned, no row writes no file, and Spark
             # cannot read the export back (UNABLE_TO_INFER_SCHEMA): write
             # one empty file that carries the schema instead (Parquet,
             # ORC; a JSON file has none to carry).
@@ -460,6 +465,22 @@ def export(
         fs.delete(partial)
         raise
     return visible
+
+
+#: The directories of an export, outermost first (L{export_frame}).
+EXPORT_PARTITIONS = ("topic", "date")
+
+
+def export_frame(df: Any) -> Any:
+    """
+    C{df} with the C{date} column an export is partitioned by besides
+    C{topic}: the store timestamp's date in UTC (whatever the session's
+    time zone: computed from the instant's epoch milliseconds).
+    """
+    from pyspark.sql import functions as F
+
+    day = F.floor(F.unix_millis("store_timestamp") / 86_400_000).cast("int")
+    return df.withColumn("date", F.date_from_unix_date(day))
 
 
 def output_location(out: str) -> str:
@@ -541,7 +562,7 @@ def _output_fs(spark: Any, uri: str) -> _HadoopFS:
 
 def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, BadCrc]:
     """
-    Write C{df} to C{uri} by topic; return the rows the executors wrote
+    Write C{df} to C{uri} by topic and date; return the rows the executors wrote
     and the records among them with a bad body CRC (an observation of the
     written DataFrame: counted in the tasks).
     """
@@ -555,7 +576,7 @@ def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, BadCrc]:
         F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
         F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad"),
     )
-    observed.write.partitionBy("topic").format(fmt).save(uri)
+    observed.write.partitionBy(*EXPORT_PARTITIONS).format(fmt).save(uri)
     seen = observation.get
     return int(seen["rows"]), BadCrc(int(seen["bad_crc"] or 0), seen["first_bad"])
 
@@ -1066,7 +1087,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     jobs.required = True
     for name, help_text in [
         ("stats", "per topic and time bucket: counts, bytes, percentiles; JSON, PNG"),
-        ("export", "records to Parquet (ORC, JSON) partitioned by topic"),
+        ("export", "records to Parquet (ORC, JSON) partitioned by topic and date"),
         ("verify", "is a slave's store a byte-for-byte prefix of the master's?"),
     ]:
         job = jobs.add_parser(name, help=help_text)
@@ -1188,7 +1209,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
         except DamageFound as e:
             print(f"rmqha pipeline: error: {e}", file=err)
             return 1
-        out.write(f"exported {count:,} records to {target} ({args.format}, by topic)\n")
+        out.write(f"exported {count:,} records to {target} ({args.format}, by topic and date)\n")
         return 0
     result_v = verify(
         spark, args.master_dir, args.slave_dir, options
