@@ -691,3 +691,90 @@ class StatsBucketTests(SynchronousTestCase):
         self.assertEqual(time_bucket(t0, t0 + 2 * hour), "hour")
         self.assertEqual(time_bucket(t0, t0 + 96 * hour), "hour")
         self.assertEqual(time_bucket(t0, t0 + 96 * hour + 1), "day")
+
+
+class _Stage:
+    def __init__(self, stage: int, done: int, total: int, active: int, failed: int = 0) -> None:
+        self.stageId = stage
+        self.numCompletedTasks = done
+        self.numTasks = total
+        self.numActiveTasks = active
+        self.numFailedTasks = failed
+
+
+class _Tracker:
+    """
+    PySpark's C{StatusTracker}, as far as L{Progress} asks it.
+    """
+
+    def __init__(self) -> None:
+        self.stages: dict[int, _Stage] = {}
+        self.polls = 0
+
+    def getActiveStageIds(self) -> list[int]:
+        self.polls += 1
+        return list(self.stages)
+
+    def getStageInfo(self, stage: int) -> _Stage | None:
+        return self.stages.get(stage)
+
+
+class ProgressTests(SynchronousTestCase):
+    """
+    L{rmqha.pipeline.jobs.Progress}: a line per running stage that moved.
+    """
+
+    def test_lines(self) -> None:
+        """
+        Each poll prints a line for each running stage whose tasks moved
+        since the last, and nothing for one that did not.
+        """
+        import io
+
+        from rmqha.pipeline.jobs import Progress
+
+        tracker, err = _Tracker(), io.StringIO()
+        progress = Progress(tracker, "stats", err)
+        tracker.stages = {3: _Stage(3, 0, 12, 2)}
+        progress.poll()
+        progress.poll()
+        tracker.stages = {3: _Stage(3, 5, 12, 2, 1), 4: _Stage(4, 0, 8, 0)}
+        progress.poll()
+        self.assertEqual(
+            err.getvalue().splitlines(),
+            [
+                "rmqha pipeline: stats: stage 3: 0/12 tasks done, 2 running",
+                "rmqha pipeline: stats: stage 3: 5/12 tasks done, 2 running, 1 failed",
+                "rmqha pipeline: stats: stage 4: 0/8 tasks done",
+            ],
+        )
+
+    def test_thread_stops(self) -> None:
+        """
+        C{running(True)} polls from a daemon thread while its block runs
+        and stops it, joined, when the block ends -- by an exception too;
+        C{running(False)} starts none.
+        """
+        import io
+        import threading
+        import time
+
+        from rmqha.pipeline.jobs import Progress
+
+        tracker, err = _Tracker(), io.StringIO()
+        tracker.stages = {1: _Stage(1, 0, 2, 1)}
+        progress = Progress(tracker, "export", err, interval=0.01)
+        before = threading.active_count()
+        with self.assertRaises(KeyError):
+            with progress.running(True):
+                self.assertEqual(threading.active_count(), before + 1)
+                deadline = time.monotonic() + 10
+                while not tracker.polls and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                raise KeyError("the job failed")
+        self.assertEqual(threading.active_count(), before)
+        self.assertEqual(err.getvalue(), "rmqha pipeline: export: stage 1: 0/2 tasks done, 1 running\n")
+        polls = tracker.polls
+        with Progress(tracker, "export", err, interval=0.01).running(False):
+            time.sleep(0.05)
+        self.assertEqual(tracker.polls, polls)

@@ -847,6 +847,58 @@ class SessionSettingsTests(SynchronousTestCase):
         self.assertEqual(fake.settings[option], "-XX:+UseG1GC -Dx=1")
         self.assertNotIn(option, self.session("spark://127.0.0.1:7077").settings)
 
+    def test_quiet_driver(self) -> None:
+        """
+        C{quiet} (the jobs without C{--verbose}): a JVM this call starts
+        gets the quiet log4j settings beside the user's options, unless
+        they name a log4j configuration; Spark's progress bar only when
+        asked; without C{quiet}, nothing of it.
+        """
+        from rmqha.pipeline import source
+
+        self.environ()
+        self.patch(source, "_jvm_started", lambda: False)
+        option = "spark.driver.extraJavaOptions"
+        quiet = f"-Dlog4j.configurationFile=file:{source._QUIET_LOG4J}"
+        fake = self.session("spark://127.0.0.1:7077", quiet=True)
+        self.assertEqual(fake.settings[option], quiet)
+        self.assertEqual(fake.settings["spark.ui.showConsoleProgress"], "false")
+        self.assertTrue(os.path.isfile(source._QUIET_LOG4J))
+        fake = self.session("local[1]", quiet=True, conf={option: "-Dx=1"})
+        self.assertEqual(fake.settings[option], f"-Dx=1 {quiet} -XX:+UseParallelGC")
+        mine = "-Dlog4j.configurationFile=file:/etc/mine.properties"
+        fake = self.session("spark://127.0.0.1:7077", quiet=True, conf={option: mine})
+        self.assertEqual(fake.settings[option], mine)
+        fake = self.session("spark://127.0.0.1:7077", console_progress=True)
+        self.assertNotIn(option, fake.settings)
+        self.assertEqual(fake.settings["spark.ui.showConsoleProgress"], "true")
+
+    def test_jvm_noise_left_out(self) -> None:
+        """
+        The quiet driver's stderr copy leaves out the lines the JVM prints
+        itself (not through log4j) and passes every other line on, whole.
+        """
+        from rmqha.pipeline.source import _copy_lines
+
+        source_r, source_w = os.pipe()
+        target_r, target_w = os.pipe()
+        os.write(
+            source_w,
+            b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+            b"Traceback (most recent call last):\n"
+            b"Warning: Java versions > Java 11 can only operate in restricted mode where no "
+            b"off-heap operations are allowed!\n"
+            b"java.lang.OutOfMemoryError: Java heap space\n",
+        )
+        os.close(source_w)
+        _copy_lines(source_r, target_w)
+        os.close(target_w)
+        with os.fdopen(target_r, "rb") as f:
+            self.assertEqual(
+                f.read(),
+                b"Traceback (most recent call last):\njava.lang.OutOfMemoryError: Java heap space\n",
+            )
+
     def test_reader_jar_on_spark_jars(self) -> None:
         """
         The JVM span reader's jar goes on C{spark.jars} after the user's

@@ -38,10 +38,12 @@ import os
 import re
 import socket
 import sys
+import threading
 import traceback
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Mapping, NoReturn, Sequence
+from typing import IO, Any, Iterator, Mapping, NoReturn, Sequence
 from urllib.parse import urlsplit
 
 from rmqha.store._record import Blank, RecordError, parse_record, record_json
@@ -52,7 +54,7 @@ __all__ = [
     "stats", "export", "export_frame", "EXPORT_PARTITIONS", "verify", "VerifyResult",
     "CompareError", "check_inputs",
     "BadCrc", "DamageFound",
-    "error_line", "main",
+    "Progress", "error_line", "main",
 ]
 
 #: Bytes per block compared by one verify task, and hashed at once.
@@ -1108,8 +1110,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="a data source option for every store read (repeatable): splitBytes=16m",
         )
         job.add_argument(
+            "--verbose", action="store_true",
+            help="show Spark's own log (its start-up, warnings and errors) and progress bar "
+            "on stderr",
+        )
+        job.add_argument(
             "--debug", action="store_true",
-            help="on failure, print the full trace (and Spark's warnings), not one line",
+            help="on failure, print the full trace, not one line (implies --verbose)",
+        )
+        job.add_argument(
+            "--progress", action="store_true",
+            help="a line per running stage on stderr every 2 s (the default when stderr "
+            "is a terminal)",
         )
         if name == "verify":
             job.add_argument("master_dir", help="the master's store root")
@@ -1171,16 +1183,28 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
     from rmqha.pipeline.source import spark_session
 
     check_inputs(args)
-    options = dict(args.option)
+    # Spark's own log (warnings, each failed task's trace) and progress
+    # bar only with --verbose (or --debug): otherwise stdout is the answer,
+    # stderr our lines, and a failure one line.
+    verbose = bool(args.verbose or args.debug)
     spark = spark_session(
         args.spark_master,
         app_name=f"rmqha {args.job}",
         conf=dict(args.conf),
         py_files=args.py_files or (),
+        quiet=not verbose,
+        console_progress=verbose,
     )
-    # Spark's own warnings and errors (each failed task's trace, and the
-    # job's) only with --debug: otherwise a failure is one line.
-    spark.sparkContext.setLogLevel("WARN" if args.debug else "FATAL")
+    shown = args.progress or (not verbose and err.isatty())
+    with Progress(spark.sparkContext.statusTracker(), args.job, err).running(shown):
+        return _job(args, spark, out, err)
+
+
+def _job(args: argparse.Namespace, spark: Any, out: IO[str], err: IO[str]) -> int:
+    """
+    L{run}'s job on C{spark}.
+    """
+    options = dict(args.option)
     if args.job == "stats":
         result = stats(spark, args.dir, args.out, options)
         shown = ("store", "messages", "bytes", "bad_crc", "first_bad_crc_offset", "topics")
@@ -1217,6 +1241,70 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
     for line in result_v.lines():
         out.write(line + "\n")
     return 0 if result_v.consistent else 1
+
+
+class Progress:
+    """
+    A line on stderr for each running stage of the job whose tasks moved
+    (C{rmqha pipeline: stats: stage 3: 5/12 tasks done, 2 running}), from
+    PySpark's status tracker polled every C{interval} seconds by a daemon
+    thread (L{running}): no SparkListener, nothing in the JVM.
+    """
+
+    def __init__(self, tracker: Any, job: str, err: IO[str], interval: float = 2.0) -> None:
+        self._tracker = tracker
+        self._job = job
+        self._err = err
+        self._interval = interval
+        self._seen: dict[int, tuple[int, int, int, int]] = {}
+
+    def poll(self) -> None:
+        """
+        One look at the running stages: a line for each new or moved one.
+        """
+        for stage in sorted(self._tracker.getActiveStageIds()):
+            info = self._tracker.getStageInfo(stage)
+            if info is None:
+                continue  # (finished meanwhile)
+            state = (
+                info.numCompletedTasks, info.numTasks, info.numActiveTasks, info.numFailedTasks
+            )
+            if self._seen.get(stage) == state:
+                continue
+            self._seen[stage] = state
+            done, total, active, failed = state
+            line = f"rmqha pipeline: {self._job}: stage {stage}: {done}/{total} tasks done"
+            if active:
+                line += f", {active} running"
+            if failed:
+                line += f", {failed} failed"
+            print(line, file=self._err, flush=True)
+
+    @contextmanager
+    def running(self, shown: bool) -> Iterator[None]:
+        """
+        Poll while the block runs (when C{shown}); stopped and joined on
+        leaving, whatever the block did.
+        """
+        if not shown:
+            yield
+            return
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(self._interval):
+                try:
+                    self.poll()
+                except Exception:  # (the JVM going away at the end: no line)
+                    return
+
+        thread = threading.Thread(target=loop, name="rmqha pipeline progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 class _Parser(argparse.ArgumentParser):

@@ -47,6 +47,7 @@ import os
 import re
 import shutil
 import sys
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -348,6 +349,8 @@ def spark_session(
     app_name: str = "rmqha",
     conf: Mapping[str, str] | None = None,
     py_files: Sequence[str] = (),
+    quiet: bool = False,
+    console_progress: bool = False,
 ) -> Any:
     """
     A SparkSession with the C{rocketmq-commitlog} source registered.
@@ -368,6 +371,16 @@ def spark_session(
     goes on C{spark.jars}, after any given; without it, one line on
     stderr says why.  A local master's JVM runs the parallel (throughput)
     collector unless C{spark.driver.extraJavaOptions} names one.
+
+    @param quiet: Spark says nothing on stderr but fatal errors (the
+        jobs without C{--verbose}): when this call starts the driver's JVM,
+        it gets L{_QUIET_LOG4J} (unless C{spark.driver.extraJavaOptions}
+        names a log4j configuration), and the lines the JVM prints itself,
+        not through log4j (L{_JVM_NOISE}), are left out of its stderr;
+        a JVM already running (C{spark-submit}, a session made before) is
+        set to log fatal errors only.  Otherwise Spark logs its warnings.
+    @param console_progress: Spark's own progress bar on stderr
+        (C{spark.ui.showConsoleProgress}; the jobs' C{--verbose}).
     """
     from pyspark.sql import SparkSession
 
@@ -395,9 +408,16 @@ def spark_session(
     for path in py_files:
         if not urlsplit(path).scheme and not os.path.isfile(path):
             raise ValueError(f"--py-files {path}: no such file")
+    fresh = not submitted and not _jvm_started()
+    if quiet and fresh:
+        options = settings.get("spark.driver.extraJavaOptions", "")
+        if "log4j.configurationFile" not in options:
+            settings["spark.driver.extraJavaOptions"] = (
+                f"{options} -Dlog4j.configurationFile=file:{_QUIET_LOG4J}".strip()
+            )
     builder = (
         SparkSession.builder.appName(app_name)
-        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.showConsoleProgress", "true" if console_progress else "false")
         .config("spark.ui.enabled", "false")
     )
     if master is not None:
@@ -416,14 +436,72 @@ def spark_session(
     if jar is not None:
         jars = [j for j in settings.get("spark.jars", "").split(",") if j]
         builder = builder.config("spark.jars", ",".join([*jars, jar]))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    with _filtered_stderr(quiet and fresh):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("FATAL" if quiet else "WARN")
     if not (spark.sparkContext.master or "").startswith("local"):
         spark.sparkContext.addPyFile(package_zip())
     for path in py_files:
         spark.sparkContext.addPyFile(path if urlsplit(path).scheme else os.path.abspath(path))
     spark.dataSource.register(CommitLogDataSource)
     return spark
+
+
+#: The log4j2 settings of a quiet driver JVM (L{spark_session}).
+_QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
+#: What the JVM and the libraries in it print on stderr themselves, not
+#: through log4j: left out when quiet.  (Spark 4 starts the JVM with the
+#: incubating vector module, and DataSketches -- stats' percentiles --
+#: says it cannot use off-heap memory on Java 17.)
+_JVM_NOISE = re.compile(
+    rb"WARNING: Using incubator modules: "
+    rb"|Warning: Java versions > Java 11 can only operate in restricted mode"
+)
+
+
+def _jvm_started() -> bool:
+    """
+    Whether this process already has Spark's JVM (a session made before).
+    """
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+@contextmanager
+def _filtered_stderr(active: bool) -> Iterator[None]:
+    """
+    While active, file descriptor 2 is a pipe, so that a process started
+    meanwhile (the driver's JVM, and the Python workers it starts later)
+    writes its stderr there: a daemon thread copies each line to the real
+    stderr, leaving out L{_JVM_NOISE}.  This process's own stderr is
+    restored on leaving.
+    """
+    if not active:
+        yield
+        return
+    import threading
+
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    real = os.dup(2)  # (kept open: the copying thread writes to it)
+    threading.Thread(
+        target=_copy_lines, args=(read_end, real), name="rmqha JVM stderr", daemon=True
+    ).start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)
+
+
+def _copy_lines(source: int, target: int) -> None:
+    with os.fdopen(source, "rb") as lines:
+        for line in lines:
+            if not _JVM_NOISE.match(line):
+                os.write(target, line)
 
 
 _jar_said = False

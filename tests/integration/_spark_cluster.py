@@ -261,7 +261,7 @@ print("RESULTS " + json.dumps(results), flush=True)
 
 
 def python_jobs(
-    argvs: list[list[str]], cwd: str, timeout: float = 600
+    argvs: list[list[str]], cwd: str, timeout: float = 600, driver: list[str] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
     """
     Each C{argv} through C{rmqha.pipeline.jobs.main} (the entry point of
@@ -269,7 +269,8 @@ def python_jobs(
     C{cwd}: the jobs share a SparkSession and its executors, so the JVMs
     start once, not once per job.  Each result is that job's exit status
     and what it printed (Python's stdout and stderr; Spark's own log goes
-    to the process's stderr, not into a job's).
+    to the process's stderr, not into a job's: appended to C{driver}
+    when given).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -280,6 +281,8 @@ def python_jobs(
         [sys.executable, "-c", _JOBS_SCRIPT, json.dumps(argvs)],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )
+    if driver is not None:
+        driver.append(done.stderr)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     if done.returncode != 0 or not lines:
         raise AssertionError(f"the driver failed ({done.returncode}): {done.stderr[-3000:]}")
