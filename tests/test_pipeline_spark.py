@@ -699,21 +699,86 @@ class ShippingTests(SynchronousTestCase):
     def test_package_zip(self) -> None:
         """
         The zip holds the package's modules under C{rmqha/} (so it imports
-        from the zip), no compiled files, and is made once per process.
+        from the zip), no bytecode, the compiled codec this interpreter
+        loaded with the manifest of its SHA-256, and is made once per
+        process.
         """
+        import hashlib
         import zipfile
 
         from rmqha.pipeline.source import package_zip
+        from rmqha.store import _record
 
         path = package_zip()
         self.assertEqual(package_zip(), path)
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
+            compiled = [n for n in names if n.endswith(".so")]
+            if _record.ACCELERATED:
+                self.assertEqual(
+                    compiled, [f"rmqha/store/{os.path.basename(_record._accel.__file__)}"]
+                )
+                self.assertEqual(
+                    z.read("rmqha/store/_speedups.sha256").decode(),
+                    f"{hashlib.sha256(z.read(compiled[0])).hexdigest()}  {compiled[0]}\n",
+                )
         self.assertIn("rmqha/__init__.py", names)
         self.assertIn("rmqha/pipeline/source.py", names)
         self.assertIn("rmqha/store/_record.py", names)
         self.assertEqual([n for n in names if "__pycache__" in n or n.endswith(".pyc")], [])
         self.assertEqual([n for n in names if not n.startswith("rmqha/")], [])
+
+    def shipped_codec(self, zip_path: str, **env: str) -> list[object]:
+        """
+        What a Python with only the standard library and C{zip_path} on its
+        path (as a cluster's executor without rmqha) imports as the codec.
+        """
+        import subprocess
+        import sys
+
+        code = (
+            "import json, sys; sys.path.insert(0, sys.argv[1]); import rmqha; "
+            "from rmqha.store import _record, _guard; "
+            "print(json.dumps([rmqha.__file__, _record.ACCELERATED, _guard.AVAILABLE, "
+            "getattr(_record._accel, '__file__', None)]))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", code, zip_path],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, **env),
+        )
+        self.assertEqual(done.stderr, "")
+        result: list[object] = json.loads(done.stdout)
+        self.assertEqual(result[0], os.path.join(zip_path, "rmqha", "__init__.py"))
+        return result
+
+    def test_shipped_package_runs_the_compiled_codec(self) -> None:
+        """
+        rmqha imported from the zip (by a Python with a clean path) runs
+        the compiled codec, loaded from a private temporary copy that is
+        gone once loaded; a codec whose digest does not match the
+        manifest's, or C{RMQHA_PURE=1}, leaves the pure codec.
+        """
+        import zipfile
+
+        from rmqha.pipeline.source import package_zip
+        from rmqha.store import _record
+
+        if not _record.ACCELERATED:
+            raise unittest.SkipTest("no compiled codec here to ship")
+        _, accelerated, guarded, where = self.shipped_codec(package_zip())
+        self.assertEqual((accelerated, guarded), (True, True))
+        assert isinstance(where, str)
+        self.assertTrue(os.path.basename(os.path.dirname(where)).startswith("rmqha-speedups-"))
+        self.assertFalse(os.path.exists(os.path.dirname(where)))
+        self.assertEqual(self.shipped_codec(package_zip(), RMQHA_PURE="1")[1], False)
+        tampered = os.path.abspath(self.mktemp() + ".zip")
+        with zipfile.ZipFile(package_zip()) as source, zipfile.ZipFile(tampered, "w") as z:
+            for item in source.infolist():
+                data = source.read(item)
+                if item.filename == "rmqha/store/_speedups.sha256":
+                    data = b"0" * 64 + data[64:]
+                z.writestr(item, data)
+        self.assertEqual(self.shipped_codec(tampered)[1:3], [False, False])
 
 
 class _FakeContext:

@@ -530,12 +530,27 @@ def _reader_jar() -> str | None:
 _package_zip: str | None = None
 
 
+def _compiled_codec() -> str | None:
+    """
+    The compiled codec's file this interpreter loaded, if any (not with
+    C{RMQHA_PURE}: then the executors run the pure codec too).
+    """
+    from rmqha.store import _record
+
+    accel = _record._accel
+    where = getattr(accel, "__file__", None)
+    return os.path.abspath(where) if where and os.path.isfile(where) else None
+
+
 def package_zip() -> str:
     """
-    The running rmqha package (its files only: no C{__pycache__}, no
-    compiled modules; rmqha is pure Python) as a zip for
-    C{addPyFile}, made once per process in a temporary directory removed
-    at exit.
+    The running rmqha package (its files only: no C{__pycache__}) as a
+    zip for C{addPyFile}, made once per process in a temporary directory
+    removed at exit.  The compiled codec goes in when this interpreter
+    has one (the module built for its extension suffix, with the
+    manifest of its SHA-256, L{rmqha.store._native.MANIFEST}): executors
+    with the same Python version and platform load it from the zip
+    (L{rmqha.store._native}), others run the pure-Python codec.
     """
     global _package_zip
     if _package_zip is None:
@@ -550,13 +565,24 @@ def package_zip() -> str:
         directory = tempfile.mkdtemp(prefix="rmqha-ship-")
         atexit.register(shutil.rmtree, directory, True)
         path = os.path.join(directory, "rmqha-package.zip")
+        compiled = _compiled_codec()
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
             for here, dirs, files in os.walk(package):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
                 for name in sorted(files):
-                    if name.endswith((".pyc", ".pyo", ".so")):
-                        continue
                     full = os.path.join(here, name)
+                    if name.endswith((".pyc", ".pyo", ".so")) and full != compiled:
+                        continue
+                    if name.endswith(".jar"):
+                        continue  # (the JVM span reader's: on spark.jars)
                     z.write(full, os.path.relpath(full, top))
+            if compiled is not None:
+                import hashlib
+
+                from rmqha.store._native import MANIFEST
+
+                with open(compiled, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                z.writestr(MANIFEST, f"{digest}  {os.path.relpath(compiled, top)}\n")
         _package_zip = path
     return _package_zip

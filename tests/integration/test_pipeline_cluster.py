@@ -112,8 +112,9 @@ class Cluster:
         self.done: dict[str, subprocess.CompletedProcess[str]] = {}
         #: Puts into the live master before and after the jobs ran.
         self.puts = (0, 0)
-        #: The driver process's own stderr (not a job's), once.
-        self.driver: list[str] = []
+        #: The driver process's own stderr (not a job's), and the codec
+        #: its executors ran (L{python_jobs}).
+        self.driver: dict[str, Any] = {}
 
     def argv(self, *argv: str) -> list[str]:
         job, *rest = argv
@@ -360,7 +361,20 @@ def test_quiet_driver(cluster: Cluster) -> None:
     besides the jobs' own lines: no JVM or log4j start-up lines, no Spark
     warning or error -- failed tasks included.
     """
-    assert cluster.driver == [""], cluster.driver[0][-3000:]
+    assert cluster.driver["stderr"] == "", cluster.driver["stderr"][-3000:]
+
+
+def test_executors_run_the_compiled_codec(cluster: Cluster) -> None:
+    """
+    The executors, whose Python lacks rmqha, run the compiled codec the
+    driver shipped in its zip (loaded from it: L{rmqha.store._native}),
+    not the pure-Python one, when the driver has it.
+    """
+    from rmqha.store import _record
+
+    if not _record.ACCELERATED:
+        pytest.skip("the driver has no compiled codec to ship")
+    assert cluster.driver["codec"] == [True] * 4, cluster.driver
 
 
 def _needs_hidden(cluster: Cluster) -> None:
