@@ -1385,6 +1385,10 @@ def rows_of(rows: Any) -> list[dict[str, object]]:
                 row["properties"] = sorted(items)
             if row.get("body") is not None:
                 row["body"] = bytes(row["body"])
+            for name in ("born_timestamp", "store_timestamp"):
+                # (Arrow gives a UTC datetime, PySpark a naive local one.)
+                if isinstance(row.get(name), datetime.datetime):
+                    row[name] = row[name].astimezone(datetime.timezone.utc)
             out.append(row)
     return out
 

@@ -136,11 +136,11 @@ def stats(
     C{stats.json} and C{stats.png} into C{out_dir} when given.
     C{options} go to the data source (C{--option}).
 
-    One pass over the store (L{_summaries}): one aggregation with four
-    grouping sets, per topic and minute, hour and day, and per topic, whose
-    small result (a row per group) is all the driver reads; the span (the
-    per-topic rows' first and last store timestamps) then picks which of
-    the three series is shown.
+    One pass over the store (L{_summaries}): one query aggregates per
+    topic and minute, with KLL sketches for the percentiles, and merges
+    that small result per topic and minute, hour and day, and per topic;
+    the span (the per-topic rows' first and last store timestamps) then
+    picks which of the three series is shown.
     """
     groups = _summaries(_load(spark, store_dir, STATS_COLUMNS, **(options or {})))
     topics = groups[None]
