@@ -541,6 +541,39 @@ class JobTests(SynchronousTestCase):
             for p in (50, 90, 99):
                 self.assertEqual(topic[f"body_size_p{p}"], sizes[-(-p * len(sizes) // 100) - 1])
 
+    def test_stats_hour_and_day_series(self) -> None:
+        """
+        A store spanning 3 days is shown per hour, one spanning 9 days per
+        day: each series row counts that topic's records of that UTC hour
+        or day, and its percentiles are theirs (exact: few records).
+        """
+        import collections
+
+        from rmqha.pipeline.jobs import stats
+
+        for days, bucket, pattern in ((3, "hour", "%Y-%m-%dT%H:00Z"), (9, "day", "%Y-%m-%d")):
+            ticks = iter(range(10_000))
+            step = days * 86_400 / 40
+            path = self.mktemp()
+            log = CommitLog.open(
+                path, segment_size=64 * 1024, clock=lambda: 1_700_000_000 + next(ticks) * step
+            )
+            for i in range(40):
+                log.put(make_message(b"x" * (i % 7), topic=("a", "b")[i % 2]))
+            log.close()
+            result = stats(spark(), path)
+            self.assertEqual(result["bucket"], bucket)
+            groups: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+            for r in store_rows(path):
+                time = r["store_timestamp"].strftime(pattern)  # type: ignore[attr-defined]
+                groups[(str(r["topic"]), time)].append(int(r["body_size"]))  # type: ignore[call-overload]
+            self.assertEqual(
+                [(s["topic"], s["time"], s["messages"], s["body_size_p50"], s["body_size_p99"])
+                 for s in result["series"]],
+                [(t, time, len(v), sorted(v)[-(-len(v) // 2) - 1], max(v))
+                 for (t, time), v in sorted(groups.items())],
+            )
+
     def test_stats_reads_only_its_columns(self) -> None:
         """
         The stats job asks the source for the six columns it uses, not the
