@@ -483,8 +483,12 @@ def _filtered_stderr(active: bool) -> Iterator[None]:
     import threading
 
     sys.stderr.flush()
+    try:
+        real = os.dup(2)  # (kept open: the copying thread writes to it)
+    except OSError:  # no stderr at all: nothing to keep quiet
+        yield
+        return
     read_end, write_end = os.pipe()
-    real = os.dup(2)  # (kept open: the copying thread writes to it)
     threading.Thread(
         target=_copy_lines, args=(read_end, real), name="rmqha JVM stderr", daemon=True
     ).start()
