@@ -574,11 +574,9 @@ def package_zip() -> str:
             for here, dirs, files in os.walk(package):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
                 for name in sorted(files):
+                    if name.endswith((".pyc", ".pyo", ".so", ".jar")):
+                        continue  # (the JVM span reader's jar: on spark.jars)
                     full = os.path.join(here, name)
-                    if name.endswith((".pyc", ".pyo", ".so")) and full != compiled:
-                        continue
-                    if name.endswith(".jar"):
-                        continue  # (the JVM span reader's: on spark.jars)
                     z.write(full, os.path.relpath(full, top))
             if compiled is not None:
                 import hashlib
@@ -586,7 +584,9 @@ def package_zip() -> str:
                 from rmqha.store._native import MANIFEST
 
                 with open(compiled, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()
-                z.writestr(MANIFEST, f"{digest}  {os.path.relpath(compiled, top)}\n")
+                    data = f.read()
+                member = f"rmqha/store/{os.path.basename(compiled)}"
+                z.writestr(member, data)
+                z.writestr(MANIFEST, f"{hashlib.sha256(data).hexdigest()}  {member}\n")
         _package_zip = path
     return _package_zip
