@@ -6,6 +6,7 @@ each task; the Spark side is in C{tests.test_pipeline_spark}).
 
 from __future__ import annotations
 
+import datetime
 import os
 import random
 from typing import Any
@@ -89,6 +90,21 @@ def store_rows(path: str) -> list[dict[str, object]]:
         return [row_of(r) for r in log.records(check_crc=False) if isinstance(r, Record)]
 
 
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def instant(millis: int) -> datetime.datetime | None:
+    """
+    Epoch milliseconds as the reader's timestamp columns hold them (UTC);
+    C{None} for garbage (the column's null; past what Python's datetime
+    holds, which is less than the column's range).
+    """
+    try:
+        return _EPOCH + datetime.timedelta(milliseconds=millis)
+    except OverflowError:
+        return None
+
+
 def row_of(r: Record) -> dict[str, object]:
     return {
         "offset": r.offset,
@@ -98,8 +114,8 @@ def row_of(r: Record) -> dict[str, object]:
         "queue_offset": r.queue_offset,
         "flag": r.flag,
         "sysflag": r.sysflag,
-        "born_timestamp": r.born_timestamp,
-        "store_timestamp": r.store_timestamp,
+        "born_timestamp": instant(r.born_timestamp),
+        "store_timestamp": instant(r.store_timestamp),
         "born_host": format_host(r.born_host),
         "store_host": format_host(r.store_host),
         "reconsume_times": r.reconsume_times,
@@ -120,6 +136,10 @@ def arrow_rows(batches: object) -> list[dict[str, object]]:
             row["properties"] = sorted(row["properties"])
             rows.append(row)
     return rows
+
+
+def arrow_rows_plain(batches: object) -> list[dict[str, object]]:
+    return [row for batch in batches for row in batch.to_pylist()]  # type: ignore[attr-defined]
 
 
 class PlanTests(SynchronousTestCase):
@@ -267,6 +287,37 @@ class PlanTests(SynchronousTestCase):
         wanted = [dict(r, body=None) for r in rows if r["topic"] == "audit-log"]
         self.assertEqual(got, wanted)
         self.assertTrue(0 < len(wanted) < len(rows))
+
+    def test_timestamps_are_instants(self) -> None:
+        """
+        C{born_timestamp} and C{store_timestamp} are Arrow timestamps in
+        microseconds, UTC (Spark's C{timestamp}), equal to the records'
+        epoch milliseconds, on the compiled and the pure path; a value
+        whose microseconds would not fit 64 bits (garbage) is null.
+        """
+        import pyarrow as pa
+
+        from rmqha.store import _record
+
+        log = open_store(self, segment_size=1 << 20)
+        log.put(make_message(born_timestamp=1_700_000_000_123))
+        log.put(make_message(born_timestamp=-(2**63)))
+        log.put(make_message(born_timestamp=2**62))
+        log.close()
+        stored = [r["store_timestamp"] for r in store_rows(log.store_dir)]
+        kind = pa.timestamp("us", tz="UTC")
+        for accel in (_record._accel, None):
+            saved, _record._accel = _record._accel, accel
+            try:
+                batches = list(scan(log.store_dir, columns=["born_timestamp", "store_timestamp"]))
+            finally:
+                _record._accel = saved
+            self.assertEqual([f.type for f in batches[0].schema], [kind, kind])
+            rows = arrow_rows_plain(batches)
+            self.assertEqual(
+                [r["born_timestamp"] for r in rows], [instant(1_700_000_000_123), None, None]
+            )
+            self.assertEqual([r["store_timestamp"] for r in rows], stored)
 
     def test_not_a_store(self) -> None:
         """
@@ -640,3 +691,90 @@ class StatsBucketTests(SynchronousTestCase):
         self.assertEqual(time_bucket(t0, t0 + 2 * hour), "hour")
         self.assertEqual(time_bucket(t0, t0 + 96 * hour), "hour")
         self.assertEqual(time_bucket(t0, t0 + 96 * hour + 1), "day")
+
+
+class _Stage:
+    def __init__(self, stage: int, done: int, total: int, active: int, failed: int = 0) -> None:
+        self.stageId = stage
+        self.numCompletedTasks = done
+        self.numTasks = total
+        self.numActiveTasks = active
+        self.numFailedTasks = failed
+
+
+class _Tracker:
+    """
+    PySpark's C{StatusTracker}, as far as L{Progress} asks it.
+    """
+
+    def __init__(self) -> None:
+        self.stages: dict[int, _Stage] = {}
+        self.polls = 0
+
+    def getActiveStageIds(self) -> list[int]:
+        self.polls += 1
+        return list(self.stages)
+
+    def getStageInfo(self, stage: int) -> _Stage | None:
+        return self.stages.get(stage)
+
+
+class ProgressTests(SynchronousTestCase):
+    """
+    L{rmqha.pipeline.jobs.Progress}: a line per running stage that moved.
+    """
+
+    def test_lines(self) -> None:
+        """
+        Each poll prints a line for each running stage whose tasks moved
+        since the last, and nothing for one that did not.
+        """
+        import io
+
+        from rmqha.pipeline.jobs import Progress
+
+        tracker, err = _Tracker(), io.StringIO()
+        progress = Progress(tracker, "stats", err)
+        tracker.stages = {3: _Stage(3, 0, 12, 2)}
+        progress.poll()
+        progress.poll()
+        tracker.stages = {3: _Stage(3, 5, 12, 2, 1), 4: _Stage(4, 0, 8, 0)}
+        progress.poll()
+        self.assertEqual(
+            err.getvalue().splitlines(),
+            [
+                "rmqha pipeline: stats: stage 3: 0/12 tasks done, 2 running",
+                "rmqha pipeline: stats: stage 3: 5/12 tasks done, 2 running, 1 failed",
+                "rmqha pipeline: stats: stage 4: 0/8 tasks done",
+            ],
+        )
+
+    def test_thread_stops(self) -> None:
+        """
+        C{running(True)} polls from a daemon thread while its block runs
+        and stops it, joined, when the block ends -- by an exception too;
+        C{running(False)} starts none.
+        """
+        import io
+        import threading
+        import time
+
+        from rmqha.pipeline.jobs import Progress
+
+        tracker, err = _Tracker(), io.StringIO()
+        tracker.stages = {1: _Stage(1, 0, 2, 1)}
+        progress = Progress(tracker, "export", err, interval=0.01)
+        before = threading.active_count()
+        with self.assertRaises(KeyError):
+            with progress.running(True):
+                self.assertEqual(threading.active_count(), before + 1)
+                deadline = time.monotonic() + 10
+                while not tracker.polls and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                raise KeyError("the job failed")
+        self.assertEqual(threading.active_count(), before)
+        self.assertEqual(err.getvalue(), "rmqha pipeline: export: stage 1: 0/2 tasks done, 1 running\n")
+        polls = tracker.polls
+        with Progress(tracker, "export", err, interval=0.01).running(False):
+            time.sleep(0.05)
+        self.assertEqual(tracker.polls, polls)

@@ -6,6 +6,7 @@ C{pytest -m spark} runs them alone.
 
 from __future__ import annotations
 
+import datetime
 import http.server
 import io
 import json
@@ -36,6 +37,10 @@ def df_rows(df: object) -> list[dict[str, object]]:
         d = row.asDict()
         d["properties"] = sorted((d["properties"] or {}).items())
         d["body"] = None if d["body"] is None else bytes(d["body"])
+        for name in ("born_timestamp", "store_timestamp"):
+            # (PySpark gives a timestamp as a naive datetime in local time.)
+            if isinstance(d.get(name), datetime.datetime):
+                d[name] = d[name].astimezone(datetime.timezone.utc)
         rows.append(d)
     return rows
 
@@ -406,26 +411,55 @@ class JobTests(SynchronousTestCase):
 
     def test_export_round_trip(self) -> None:
         """
-        Parquet partitioned by topic reads back as the same records, to a
-        relative OUT (made absolute on the driver) and to a C{file:} URI;
-        nothing but OUT is left in its directory.
+        Parquet partitioned by topic and store date (UTC) reads back as the
+        same records with the partition columns, to a relative OUT (made
+        absolute on the driver) and to a C{file:} URI; ORC and JSON read
+        back with their timestamp columns; nothing but OUT is left in its
+        directory.
         """
+        from pyspark.sql.types import DateType, TimestampType
+
         from rmqha.pipeline.jobs import export
 
         path = random_store(self, 150, 64 * 1024, seed=24)
+        rows = store_rows(path)
         parent = os.path.abspath(self.mktemp())
         os.makedirs(parent)
         out = os.path.join(parent, "relative")
         self.assertEqual(export(spark(), path, os.path.relpath(out)), 150)
+        dates = {
+            (str(r["topic"]), r["store_timestamp"].date().isoformat())  # type: ignore[attr-defined]
+            for r in rows
+        }
         self.assertEqual(
-            sorted(n for n in os.listdir(out) if n.startswith("topic=")),
-            ["topic=audit-log", "topic=orders", "topic=payments"],
+            sorted(
+                (topic[len("topic="):], date[len("date="):])
+                for topic in os.listdir(out) if topic.startswith("topic=")
+                for date in os.listdir(os.path.join(out, topic))
+            ),
+            sorted(dates),
         )
-        back = spark().read.parquet(out).select(*store_rows_columns())
-        self.assertEqual(df_rows(back), store_rows(path))
+        whole = spark().read.parquet(out)
+        self.assertIsInstance(whole.schema["date"].dataType, DateType)
+        self.assertEqual(
+            sorted((r["topic"], r["date"].isoformat()) for r in whole.select("topic", "date").distinct().collect()),
+            sorted(dates),
+        )
+        back = whole.select(*store_rows_columns())
+        self.assertEqual(df_rows(back), rows)
         self.assertEqual(export(spark(), path, "file://" + parent + "/uri", "json"), 150)
-        self.assertEqual(spark().read.json(os.path.join(parent, "uri")).count(), 150)
-        self.assertEqual(sorted(os.listdir(parent)), ["relative", "uri"])
+        from rmqha.pipeline.scan import SCHEMA_DDL
+
+        json_back = (
+            spark().read.schema(SCHEMA_DDL).json(os.path.join(parent, "uri"))
+            .select(*store_rows_columns())
+        )
+        self.assertEqual(df_rows(json_back), rows)
+        self.assertEqual(export(spark(), path, os.path.join(parent, "orc"), "orc"), 150)
+        orc_back = spark().read.orc(os.path.join(parent, "orc")).select(*store_rows_columns())
+        self.assertIsInstance(orc_back.schema["store_timestamp"].dataType, TimestampType)
+        self.assertEqual(df_rows(orc_back), rows)
+        self.assertEqual(sorted(os.listdir(parent)), ["orc", "relative", "uri"])
 
     def test_export_seen_partly_by_the_driver_leaves_nothing(self) -> None:
         """
@@ -473,6 +507,76 @@ class JobTests(SynchronousTestCase):
         self.assertRegex(written["series"][0]["time"], r"^\d{4}-\d\d-\d\dT\d\d:\d\dZ$")
         with open(os.path.join(out, "stats.png"), "rb") as f:
             self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_stats_reads_the_store_once(self) -> None:
+        """
+        stats reads the store in one pass: one stage of as many tasks as
+        the store's partitions (the per-topic totals, the span and the
+        three series all come from that one aggregation), and its
+        percentiles stay within the sketches' error of the exact ones.
+        """
+        from rmqha.pipeline.jobs import stats
+        from rmqha.pipeline.source import pack
+        from rmqha.pipeline.scan import plan
+
+        path = random_store(self, 150, 16 * 1024, seed=27)
+        partitions = len(pack(plan(path, 10_000), 10_000))
+        self.assertNotIn(partitions, (1, 8))  # (not a shuffle's stage)
+        context = spark().sparkContext
+        context.setJobGroup("rmqha-stats-once", "test")
+        try:
+            result = stats(spark(), path, options={"splitBytes": "10000"})
+        finally:
+            context.setLocalProperty("spark.jobGroup.id", None)
+        tracker = context.statusTracker()
+        stages = {
+            s for j in tracker.getJobIdsForGroup("rmqha-stats-once")
+            for s in tracker.getJobInfo(j).stageIds
+        }
+        infos = [tracker.getStageInfo(s) for s in stages]
+        scans = [i for i in infos if i is not None and i.numTasks == partitions
+                 and i.numCompletedTasks == partitions]
+        self.assertEqual(len(scans), 1, [(i.stageId, i.numTasks) for i in infos if i])
+        rows = store_rows(path)
+        for topic in result["topics"]:
+            sizes = sorted(int(r["body_size"]) for r in rows if r["topic"] == topic["topic"])  # type: ignore[call-overload]
+            # (Fewer records than the sketches' k: exact, the smallest
+            # value with at least that fraction of the values at or below it.)
+            for p in (50, 90, 99):
+                self.assertEqual(topic[f"body_size_p{p}"], sizes[-(-p * len(sizes) // 100) - 1])
+
+    def test_stats_hour_and_day_series(self) -> None:
+        """
+        A store spanning 3 days is shown per hour, one spanning 9 days per
+        day: each series row counts that topic's records of that UTC hour
+        or day, and its percentiles are theirs (exact: few records).
+        """
+        import collections
+
+        from rmqha.pipeline.jobs import stats
+
+        for days, bucket, pattern in ((3, "hour", "%Y-%m-%dT%H:00Z"), (9, "day", "%Y-%m-%d")):
+            ticks = iter(range(10_000))
+            step = days * 86_400 / 40
+            path = self.mktemp()
+            log = CommitLog.open(
+                path, segment_size=64 * 1024, clock=lambda: 1_700_000_000 + next(ticks) * step
+            )
+            for i in range(40):
+                log.put(make_message(b"x" * (i % 7), topic=("a", "b")[i % 2]))
+            log.close()
+            result = stats(spark(), path)
+            self.assertEqual(result["bucket"], bucket)
+            groups: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
+            for r in store_rows(path):
+                time = r["store_timestamp"].strftime(pattern)  # type: ignore[attr-defined]
+                groups[(str(r["topic"]), time)].append(int(r["body_size"]))  # type: ignore[call-overload]
+            self.assertEqual(
+                [(s["topic"], s["time"], s["messages"], s["body_size_p50"], s["body_size_p99"])
+                 for s in result["series"]],
+                [(t, time, len(v), sorted(v)[-(-len(v) // 2) - 1], max(v))
+                 for (t, time), v in sorted(groups.items())],
+            )
 
     def test_stats_reads_only_its_columns(self) -> None:
         """
@@ -632,21 +736,86 @@ class ShippingTests(SynchronousTestCase):
     def test_package_zip(self) -> None:
         """
         The zip holds the package's modules under C{rmqha/} (so it imports
-        from the zip), no compiled files, and is made once per process.
+        from the zip), no bytecode, the compiled codec this interpreter
+        loaded with the manifest of its SHA-256, and is made once per
+        process.
         """
+        import hashlib
         import zipfile
 
         from rmqha.pipeline.source import package_zip
+        from rmqha.store import _record
 
         path = package_zip()
         self.assertEqual(package_zip(), path)
         with zipfile.ZipFile(path) as z:
             names = z.namelist()
+            compiled = [n for n in names if n.endswith(".so")]
+            if _record.ACCELERATED:
+                self.assertEqual(
+                    compiled, [f"rmqha/store/{os.path.basename(_record._accel.__file__)}"]
+                )
+                self.assertEqual(
+                    z.read("rmqha/store/_speedups.sha256").decode(),
+                    f"{hashlib.sha256(z.read(compiled[0])).hexdigest()}  {compiled[0]}\n",
+                )
         self.assertIn("rmqha/__init__.py", names)
         self.assertIn("rmqha/pipeline/source.py", names)
         self.assertIn("rmqha/store/_record.py", names)
         self.assertEqual([n for n in names if "__pycache__" in n or n.endswith(".pyc")], [])
         self.assertEqual([n for n in names if not n.startswith("rmqha/")], [])
+
+    def shipped_codec(self, zip_path: str, **env: str) -> list[object]:
+        """
+        What a Python with only the standard library and C{zip_path} on its
+        path (as a cluster's executor without rmqha) imports as the codec.
+        """
+        import subprocess
+        import sys
+
+        code = (
+            "import json, sys; sys.path.insert(0, sys.argv[1]); import rmqha; "
+            "from rmqha.store import _record, _guard; "
+            "print(json.dumps([rmqha.__file__, _record.ACCELERATED, _guard.AVAILABLE, "
+            "getattr(_record._accel, '__file__', None)]))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", code, zip_path],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, **env),
+        )
+        self.assertEqual(done.stderr, "")
+        result: list[object] = json.loads(done.stdout)
+        self.assertEqual(result[0], os.path.join(zip_path, "rmqha", "__init__.py"))
+        return result
+
+    def test_shipped_package_runs_the_compiled_codec(self) -> None:
+        """
+        rmqha imported from the zip (by a Python with a clean path) runs
+        the compiled codec, loaded from a private temporary copy that is
+        gone once loaded; a codec whose digest does not match the
+        manifest's, or C{RMQHA_PURE=1}, leaves the pure codec.
+        """
+        import zipfile
+
+        from rmqha.pipeline.source import package_zip
+        from rmqha.store import _record
+
+        if not _record.ACCELERATED:
+            raise unittest.SkipTest("no compiled codec here to ship")
+        _, accelerated, guarded, where = self.shipped_codec(package_zip())
+        self.assertEqual((accelerated, guarded), (True, True))
+        assert isinstance(where, str)
+        self.assertTrue(os.path.basename(os.path.dirname(where)).startswith("rmqha-speedups-"))
+        self.assertFalse(os.path.exists(os.path.dirname(where)))
+        self.assertEqual(self.shipped_codec(package_zip(), RMQHA_PURE="1")[1], False)
+        tampered = os.path.abspath(self.mktemp() + ".zip")
+        with zipfile.ZipFile(package_zip()) as source, zipfile.ZipFile(tampered, "w") as z:
+            for item in source.infolist():
+                data = source.read(item)
+                if item.filename == "rmqha/store/_speedups.sha256":
+                    data = b"0" * 64 + data[64:]
+                z.writestr(item, data)
+        self.assertEqual(self.shipped_codec(tampered)[1:3], [False, False])
 
 
 class StreamTests(SynchronousTestCase):
@@ -1150,6 +1319,58 @@ class SessionSettingsTests(SynchronousTestCase):
         self.assertEqual(fake.settings[option], "-XX:+UseG1GC -Dx=1")
         self.assertNotIn(option, self.session("spark://127.0.0.1:7077").settings)
 
+    def test_quiet_driver(self) -> None:
+        """
+        C{quiet} (the jobs without C{--verbose}): a JVM this call starts
+        gets the quiet log4j settings beside the user's options, unless
+        they name a log4j configuration; Spark's progress bar only when
+        asked; without C{quiet}, nothing of it.
+        """
+        from rmqha.pipeline import source
+
+        self.environ()
+        self.patch(source, "_jvm_started", lambda: False)
+        option = "spark.driver.extraJavaOptions"
+        quiet = f"-Dlog4j.configurationFile=file:{source._QUIET_LOG4J}"
+        fake = self.session("spark://127.0.0.1:7077", quiet=True)
+        self.assertEqual(fake.settings[option], quiet)
+        self.assertEqual(fake.settings["spark.ui.showConsoleProgress"], "false")
+        self.assertTrue(os.path.isfile(source._QUIET_LOG4J))
+        fake = self.session("local[1]", quiet=True, conf={option: "-Dx=1"})
+        self.assertEqual(fake.settings[option], f"-Dx=1 {quiet} -XX:+UseParallelGC")
+        mine = "-Dlog4j.configurationFile=file:/etc/mine.properties"
+        fake = self.session("spark://127.0.0.1:7077", quiet=True, conf={option: mine})
+        self.assertEqual(fake.settings[option], mine)
+        fake = self.session("spark://127.0.0.1:7077", console_progress=True)
+        self.assertNotIn(option, fake.settings)
+        self.assertEqual(fake.settings["spark.ui.showConsoleProgress"], "true")
+
+    def test_jvm_noise_left_out(self) -> None:
+        """
+        The quiet driver's stderr copy leaves out the lines the JVM prints
+        itself (not through log4j) and passes every other line on, whole.
+        """
+        from rmqha.pipeline.source import _copy_lines
+
+        source_r, source_w = os.pipe()
+        target_r, target_w = os.pipe()
+        os.write(
+            source_w,
+            b"WARNING: Using incubator modules: jdk.incubator.vector\n"
+            b"Traceback (most recent call last):\n"
+            b"Warning: Java versions > Java 11 can only operate in restricted mode where no "
+            b"off-heap operations are allowed!\n"
+            b"java.lang.OutOfMemoryError: Java heap space\n",
+        )
+        os.close(source_w)
+        _copy_lines(source_r, target_w)
+        os.close(target_w)
+        with os.fdopen(target_r, "rb") as f:
+            self.assertEqual(
+                f.read(),
+                b"Traceback (most recent call last):\njava.lang.OutOfMemoryError: Java heap space\n",
+            )
+
     def test_reader_jar_on_spark_jars(self) -> None:
         """
         The JVM span reader's jar goes on C{spark.jars} after the user's
@@ -1636,6 +1857,10 @@ def rows_of(rows: Any) -> list[dict[str, object]]:
                 row["properties"] = sorted(items)
             if row.get("body") is not None:
                 row["body"] = bytes(row["body"])
+            for name in ("born_timestamp", "store_timestamp"):
+                # (Arrow gives a UTC datetime, PySpark a naive local one.)
+                if isinstance(row.get(name), datetime.datetime):
+                    row[name] = row[name].astimezone(datetime.timezone.utc)
             out.append(row)
     return out
 

@@ -970,6 +970,86 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _stats_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    The C{stats} job against a bare scan of the same columns
+    (L{rmqha.pipeline.jobs.STATS_COLUMNS}: counted and summed, nothing
+    grouped) on one C{local[2]} session, alternating, after one warm-up
+    of each: the job's cost over reading what it reads.
+    """
+    from pyspark.sql import functions as F
+
+    from rmqha.cli import fill
+    from rmqha.pipeline import jobs, source
+
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    store = os.path.join(root, "store")
+    try:
+        _progress(f"filling a {args.size / (1 << 20):.0f} MiB store ...")
+        count = args.size // (args.body_size + 130) + 1
+        with CommitLog.open(store, segment_size=64 << 20) as log:
+            fill(log, count, args.body_size, ["orders", "payments", "audit", "t4", "t5"], 8)
+        _raw_read_all(store)
+        if args.reader == "python":
+            # (read_store then takes the Python data source for a local store.)
+            source.jvm_reader = lambda spark: False
+        spark = source.spark_session("local[2]", app_name="rmqha bench stats", quiet=True)
+
+        def bare() -> None:
+            df = jobs._load(spark, store, jobs.STATS_COLUMNS)
+            df.agg(
+                F.count("*"), F.sum("size"), F.sum("body_size"), F.max("store_timestamp"),
+                F.min("born_timestamp"), F.sum(F.col("crc_ok").cast("int")), F.max("offset"),
+            ).collect()
+
+        def job() -> None:
+            jobs.stats(spark, store)
+
+        variants = {"scan": bare, "stats": job}
+        for work in variants.values():
+            work()  # (the JIT's first compilation, the workers' start)
+        runs: dict[str, list[float]] = {name: [] for name in variants}
+        # CPU seconds of every process of the query (the JVM, Python
+        # workers, this driver): less disturbed by other work on the
+        # machine than the elapsed time.
+        cpus: dict[str, list[float]] = {name: [] for name in variants}
+        for run in range(args.runs):
+            names = list(variants) if run % 2 == 0 else list(variants)[::-1]
+            for name in names:
+                cpu_before = sum(_descendants_cpu().values()) + time.process_time()
+                started = time.perf_counter()
+                variants[name]()
+                runs[name].append(time.perf_counter() - started)
+                cpus[name].append(
+                    sum(_descendants_cpu().values()) + time.process_time() - cpu_before
+                )
+            _progress(
+                f"run {run + 1}: scan {runs['scan'][-1]:.2f} s ({cpus['scan'][-1]:.2f} s CPU), "
+                f"stats {runs['stats'][-1]:.2f} s ({cpus['stats'][-1]:.2f} s CPU)"
+            )
+        spark.stop()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    scan_s = statistics.median(runs["scan"])
+    stats_s = statistics.median(runs["stats"])
+    return {
+        "benchmark": "stats",
+        "machine": machine_info(),
+        "reader": args.reader,
+        "records": count,
+        "store_mib": args.size / (1 << 20),
+        "runs": args.runs,
+        "scan_seconds": scan_s,
+        "stats_seconds": stats_s,
+        "stats_over_scan": stats_s / scan_s,
+        "scan_runs_s": [round(t, 3) for t in runs["scan"]],
+        "stats_runs_s": [round(t, 3) for t in runs["stats"]],
+        "scan_cpu_s": statistics.median(cpus["scan"]),
+        "stats_cpu_s": statistics.median(cpus["stats"]),
+        "stats_over_scan_cpu": statistics.median(cpus["stats"]) / statistics.median(cpus["scan"]),
+    }
+
+
 # One process of C{bench puts}: only the store's public API, so that it runs
 # in any checkout (this one, or the one given with --against).
 _PUTS_CHILD = r"""
@@ -2031,6 +2111,14 @@ def main(argv: list[str] | None = None) -> None:
         help="timed queries per Spark run: the first (fresh JVM) and the median of the "
         "others (warm) are reported (2)",
     )
+    stats_bench = commands.add_parser(
+        "stats", help="the stats job against a bare scan of its columns, Spark local[2]"
+    )
+    stats_bench.add_argument("--size", type=int, default=160 << 20, help="store bytes (160 MiB)")
+    stats_bench.add_argument("--body-size", type=int, default=200, help="message body bytes")
+    stats_bench.add_argument("--runs", type=int, default=5)
+    stats_bench.add_argument("--reader", choices=["jvm", "python"], default="jvm")
+    stats_bench.add_argument("--dir", type=_existing_dir, default=None, help="where to create the store")
     puts = commands.add_parser(
         "puts",
         help="put, put_batch of 32 and store check: this checkout against another "
@@ -2227,6 +2315,18 @@ def main(argv: list[str] | None = None) -> None:
             f"{100 * result['local2_s3_fraction_of_local']:.0f}%, HTTP "
             f"{100 * result['local2_http_fraction_of_local']:.0f}% of local "
             f"({result['local2_local_mb_per_s']:,.0f} MB/s); median of {args.runs}",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "stats":
+        result = _stats_bench(args)
+        print(
+            f"stats {result['stats_seconds']:.2f} s = {result['stats_over_scan']:.2f}x a bare scan "
+            f"of its columns ({result['scan_seconds']:.2f} s); CPU "
+            f"{result['stats_over_scan_cpu']:.2f}x ({result['stats_cpu_s']:.2f} s, "
+            f"{result['scan_cpu_s']:.2f} s); {result['records']:,} records, "
+            f"{result['reader']} reader",
             file=sys.stderr,
         )
         print(json.dumps(result))

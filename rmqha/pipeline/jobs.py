@@ -12,7 +12,8 @@ C{python -m rmqha.pipeline.jobs JOB ...} or with C{spark-submit}:
                                  and store-born latency percentiles; stats.json
                                  and stats.png
     export DIR OUT [--format F]  the records to Parquet (or ORC / JSON),
-                                 partitioned by topic
+                                 partitioned by topic and store date (UTC):
+                                 OUT/topic=NAME/date=YYYY-MM-DD/
            [--incremental]       only those added since the last such run
                                  (a stream checkpointed in OUT/_checkpoint)
     verify MASTER SLAVE          is the slave's store a prefix of the master's?
@@ -39,10 +40,12 @@ import os
 import re
 import socket
 import sys
+import threading
 import traceback
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import IO, Any, Mapping, NoReturn, Sequence
+from typing import IO, Any, Iterator, Mapping, NoReturn, Sequence
 from urllib.parse import urlsplit
 
 from rmqha.store._record import (
@@ -54,9 +57,10 @@ from rmqha.pipeline.stores import (
 )
 
 __all__ = [
-    "stats", "export", "verify", "verify_local", "VerifyResult", "CompareError", "check_inputs",
+    "stats", "export", "export_frame", "EXPORT_PARTITIONS", "verify", "verify_local",
+    "VerifyResult", "CompareError", "check_inputs",
     "BadCrc", "DamageFound",
-    "error_line", "main",
+    "Progress", "error_line", "main",
 ]
 
 #: Bytes per block compared by one verify task, and hashed at once.
@@ -128,50 +132,22 @@ def stats(
     percentiles of body size and of store − born latency (ms).  Written as
     C{stats.json} and C{stats.png} into C{out_dir} when given.
     C{options} go to the data source (C{--option}).
+
+    One pass over the store (L{_summaries}): one query aggregates per
+    topic and minute, with KLL sketches for the percentiles, and merges
+    that small result per topic and minute, hour and day, and per topic;
+    the span (the per-topic rows' first and last store timestamps) then
+    picks which of the three series is shown.
     """
-    from pyspark.sql import functions as F
-
-    df = _load(spark, store_dir, STATS_COLUMNS, **(options or {}))
-    span = df.agg(F.min("store_timestamp"), F.max("store_timestamp")).first()
-    bucket = time_bucket(span[0] or 0, span[1] or 0)
-    time = F.date_format(
-        F.date_trunc(bucket, F.timestamp_millis("store_timestamp")), _BUCKET_FORMATS[bucket]
-    )
-    latency = F.col("store_timestamp") - F.col("born_timestamp")
-
-    def summary(*keys: Any) -> list[Any]:
-        rows: list[Any] = (
-            df.groupBy(*keys)
-            .agg(
-                F.count("*").alias("messages"),
-                F.sum("size").alias("bytes"),
-                F.percentile_approx("body_size", _PERCENTILES, 10000).alias("body_size"),
-                F.percentile_approx(latency, _PERCENTILES, 10000).alias("latency_ms"),
-                F.min("offset").alias("first_offset"),
-                F.max("offset").alias("last_offset"),
-                F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
-                F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad_crc_offset"),
-            )
-            .orderBy(*keys)
-            .collect()
-        )
-        return rows
-
-    def row(r: Any) -> dict[str, Any]:
-        d: dict[str, Any] = r.asDict()
-        for name in ("body_size", "latency_ms"):
-            values = d.pop(name) or [None] * len(_PERCENTILES)
-            for p, v in zip(_PERCENTILES, values):
-                d[f"{name}_p{int(p * 100)}"] = v
-        return d
-
-    previous = spark.conf.get("spark.sql.session.timeZone")
-    spark.conf.set("spark.sql.session.timeZone", "UTC")
-    try:
-        series = [row(r) for r in summary("topic", time.alias("time"))]
-        topics = [row(r) for r in summary("topic")]
-    finally:
-        spark.conf.set("spark.sql.session.timeZone", previous)
+    groups = _summaries(_load(spark, store_dir, STATS_COLUMNS, **(options or {})))
+    topics = groups[None]
+    first = min((t.pop("first_store_ms") for t in topics), default=None)
+    last = max((t.pop("last_store_ms") for t in topics), default=None)
+    bucket = time_bucket(first or 0, last or 0)
+    series = groups[bucket]
+    for row in series:
+        row.pop("first_store_ms")
+        row.pop("last_store_ms")
     firsts = [t["first_bad_crc_offset"] for t in topics if t["first_bad_crc_offset"] is not None]
     result = {
         "store": resolve(store_dir).uri,
@@ -206,12 +182,6 @@ def stats(
     return result
 
 
-#: How each time bucket is written in C{stats.json} (Spark date patterns).
-_BUCKET_FORMATS = {
-    "minute": "yyyy-MM-dd'T'HH:mm'Z'",
-    "hour": "yyyy-MM-dd'T'HH:00'Z'",
-    "day": "yyyy-MM-dd",
-}
 #: At most this many topics get their own panel in C{stats.png}; the rest
 #: are summed into one last panel.
 _CHART_TOPICS = 12
@@ -229,6 +199,140 @@ def time_bucket(first_ms: int, last_ms: int) -> str:
     if span <= 4 * 24 * 3600 * 1000:
         return "hour"
     return "day"
+
+
+#: Milliseconds per time bucket, and how a bucket's start is written in
+#: C{stats.json} (UTC).
+_BUCKETS = {
+    "minute": (60_000, "%Y-%m-%dT%H:%MZ"),
+    "hour": (3_600_000, "%Y-%m-%dT%H:00Z"),
+    "day": (86_400_000, "%Y-%m-%d"),
+}
+
+
+def _summaries(df: Any) -> dict[str | None, list[dict[str, Any]]]:
+    """
+    The stats of C{df} (L{STATS_COLUMNS}) in one Spark query that reads
+    the store once: an aggregation per topic and minute (counts, sums,
+    first and last offsets and store timestamps, and a KLL sketch of body
+    sizes and one of latencies: L{_SKETCH_K}), then, over that small
+    result, one aggregation over the grouping sets (topic, minute),
+    (topic, hour), (topic, day) and (topic) that merges the sketches and
+    reads the percentiles from them.  Returned by bucket (C{None}: per
+    topic), each list sorted by topic and time, each row a dict with the
+    bucket's start as C{time} (UTC, L{_BUCKETS}) and the group's first and
+    last store timestamps (ms; popped by L{stats}).
+    """
+    import datetime
+
+    from pyspark.sql import functions as F
+
+    stored = F.unix_millis("store_timestamp")
+    minutes = (
+        df.select(
+            "topic", "offset", "size", "body_size", "crc_ok",
+            stored.alias("stored"),
+            (stored - F.unix_millis("born_timestamp")).alias("latency"),
+            F.floor(stored / _BUCKETS["minute"][0]).alias("minute"),
+        )
+        .groupBy("topic", "minute")
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum("size").alias("bytes"),
+            F.kll_sketch_agg_bigint("body_size", _SKETCH_K).alias("body_size"),
+            F.kll_sketch_agg_bigint("latency", _SKETCH_K).alias("latency_ms"),
+            F.min("offset").alias("first_offset"),
+            F.max("offset").alias("last_offset"),
+            F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
+            F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad_crc_offset"),
+            F.min("stored").alias("first_store_ms"),
+            F.max("stored").alias("last_store_ms"),
+        )
+    )
+    names = list(_BUCKETS)
+    per = {name: _BUCKETS[name][0] // _BUCKETS["minute"][0] for name in names}
+    keyed = minutes.select(
+        "*", *(F.floor(F.col("minute") / per[n]).alias(n) for n in names if n != "minute")
+    )
+    ranks = F.array(*(F.lit(p) for p in _PERCENTILES))
+    sets = [["topic", name] for name in names] + [["topic"]]
+    rows = (
+        keyed.groupingSets(sets, "topic", *names)
+        .agg(
+            F.grouping_id().alias("grouping"),
+            F.sum("messages").alias("messages"),
+            F.sum("bytes").alias("bytes"),
+            F.kll_merge_agg_bigint("body_size", _SKETCH_K).alias("body_size"),
+            F.kll_merge_agg_bigint("latency_ms", _SKETCH_K).alias("latency_ms"),
+            F.min("first_offset").alias("first_offset"),
+            F.max("last_offset").alias("last_offset"),
+            F.sum("bad_crc").alias("bad_crc"),
+            F.min("first_bad_crc_offset").alias("first_bad_crc_offset"),
+            F.min("first_store_ms").alias("first_store_ms"),
+            F.max("last_store_ms").alias("last_store_ms"),
+        )
+        .select(
+            "grouping", "topic", *names, "messages", "bytes",
+            _quantiles("body_size", ranks), _quantiles("latency_ms", ranks),
+            "first_offset", "last_offset", "bad_crc", "first_bad_crc_offset",
+            "first_store_ms", "last_store_ms",
+        )
+        .collect()
+    )
+    # grouping_id's bits: 1 for each grouping column not grouped by, the
+    # first (topic, always grouped by) the highest bit.
+    every = (1 << len(names)) - 1
+    which: dict[int, str | None] = {
+        every & ~(1 << (len(names) - 1 - i)): name for i, name in enumerate(names)
+    }
+    which[every] = None
+    out: dict[str | None, list[tuple[Any, dict[str, Any]]]] = {k: [] for k in [*names, None]}
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+    for r in rows:
+        d: dict[str, Any] = r.asDict()
+        bucket = which[d.pop("grouping")]
+        keys = {name: d.pop(name) for name in names}
+        row: dict[str, Any] = {"topic": d.pop("topic")}
+        key = None
+        if bucket is not None:
+            key = keys[bucket]
+            if key is None:
+                continue  # no store timestamp (garbage): in the totals only
+            ms, pattern = _BUCKETS[bucket]
+            try:
+                row["time"] = (epoch + datetime.timedelta(milliseconds=key * ms)).strftime(pattern)
+            except (OverflowError, ValueError):
+                continue  # past year 9999 (garbage): in the totals only
+        row.update(d)
+        for name in ("body_size", "latency_ms"):
+            values = row.pop(name) or [None] * len(_PERCENTILES)
+            for p, v in zip(_PERCENTILES, values):
+                row[f"{name}_p{int(p * 100)}"] = v
+        out[bucket].append(((row["topic"], key), row))
+    return {
+        bucket: [row for _, row in sorted(found, key=lambda kr: (kr[0][0], kr[0][1] or 0))]
+        for bucket, found in out.items()
+    }
+
+
+#: The KLL sketches' k (stats' percentiles): a rank error of at most about
+#: 0.01 % of a group's records (99 % confidence), percentile_approx's at
+#: accuracy 10,000; exact for groups of up to k records.
+_SKETCH_K = 32768
+
+
+def _quantiles(name: str, ranks: Any) -> Any:
+    """
+    The percentiles C{ranks} of the merged KLL sketch C{name} (null when it
+    holds no value: every latency of the group unknown).
+    """
+    from pyspark.sql import functions as F
+
+    sketch = F.col(name)
+    return (
+        F.when(F.kll_sketch_get_n_bigint(sketch) > 0, F.kll_sketch_get_quantile_bigint(sketch, ranks))
+        .alias(name)
+    )
 
 
 def _chart(result: dict[str, Any]) -> bytes:
@@ -293,8 +397,11 @@ def export(
     warn: Any = None,
 ) -> int:
     """
-    Write every record to C{out} in C{fmt}, partitioned by topic (one
-    C{topic=NAME} directory each).  C{out} is a path (a relative one is
+    Write every record to C{out} in C{fmt}, partitioned by topic and by
+    the UTC date of its store timestamp (C{topic=NAME/date=YYYY-MM-DD}
+    directories, L{export_frame}: a C{date} column read back from the
+    directory names; a record without a store timestamp in
+    C{date=__HIVE_DEFAULT_PARTITION__}).  C{out} is a path (a relative one is
     made absolute here, on the driver) or any URI Spark writes
     (C{file:}, C{hdfs:}, C{s3a:}, ...); it must not exist.  Spark writes
     into a new temporary sibling (C{.NAME.export-XXXXXXXX}) that is renamed
@@ -327,10 +434,10 @@ def export(
     if fs.exists(partial):  # pragma: no cover (a 32-bit collision)
         raise ValueError(f"{partial} exists; not writing into it")
     try:
-        df = _load(spark, store_dir, **(options or {}))
+        df = export_frame(_load(spark, store_dir, **(options or {})))
         written, damage = _write_counted(df, fmt, partial)
         if written == 0:
-            # Partitioned by topic, no row writes no file, and Spark
+            # Partitioned, no row writes no file, and Spark
             # cannot read the export back (UNABLE_TO_INFER_SCHEMA): write
             # one empty file that carries the schema instead (Parquet,
             # ORC; a JSON file has none to carry).
@@ -357,6 +464,22 @@ def export(
         fs.delete(partial)
         raise
     return visible
+
+
+#: The directories of an export, outermost first (L{export_frame}).
+EXPORT_PARTITIONS = ("topic", "date")
+
+
+def export_frame(df: Any) -> Any:
+    """
+    C{df} with the C{date} column an export is partitioned by besides
+    C{topic}: the store timestamp's date in UTC (whatever the session's
+    time zone: computed from the instant's epoch milliseconds).
+    """
+    from pyspark.sql import functions as F
+
+    day = F.floor(F.unix_millis("store_timestamp") / 86_400_000).cast("int")
+    return df.withColumn("date", F.date_from_unix_date(day))
 
 
 def output_location(out: str) -> str:
@@ -438,7 +561,7 @@ def _output_fs(spark: Any, uri: str) -> _HadoopFS:
 
 def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, BadCrc]:
     """
-    Write C{df} to C{uri} by topic; return the rows the executors wrote
+    Write C{df} to C{uri} by topic and date; return the rows the executors wrote
     and the records among them with a bad body CRC (an observation of the
     written DataFrame: counted in the tasks).
     """
@@ -452,7 +575,7 @@ def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, BadCrc]:
         F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
         F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad"),
     )
-    observed.write.partitionBy("topic").format(fmt).save(uri)
+    observed.write.partitionBy(*EXPORT_PARTITIONS).format(fmt).save(uri)
     seen = observation.get
     return int(seen["rows"]), BadCrc(int(seen["bad_crc"] or 0), seen["first_bad"])
 
@@ -529,18 +652,10 @@ class IncrementalResult:
                 "nothing new since the last run"
             )
         return (
-            f"exported {self.rows:,} new records to {out} ({fmt}, by topic, incremental): "
+            f"exported {self.rows:,} new records to {out} ({fmt}, by topic and date, incremental): "
             f"offsets {self.start}..{self.end} in {self.batches} batch"
             f"{'' if self.batches == 1 else 'es'}"
         )
-
-
-def _export_layout(df: Any) -> tuple[Any, tuple[str, ...]]:
-    """
-    The frame an export writes and its partition columns (L{export}'s
-    layout: by topic).
-    """
-    return df, ("topic",)
 
 
 def export_incremental(
@@ -601,7 +716,7 @@ def export_incremental(
     reader = spark.readStream.format("rmqha")
     for key, value in options.items():
         reader = reader.option(key, value)
-    frame, columns = _export_layout(reader.load(location))
+    frame, columns = export_frame(reader.load(location)), EXPORT_PARTITIONS
     # Every batch's progress, to count the rows (Spark keeps 100).
     retention = "spark.sql.streaming.numRecentProgressUpdates"
     kept = spark.conf.get(retention, None)
@@ -1477,7 +1592,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     jobs.required = True
     for name, help_text in [
         ("stats", "per topic and time bucket: counts, bytes, percentiles; JSON, PNG"),
-        ("export", "records to Parquet (ORC, JSON) partitioned by topic"),
+        ("export", "records to Parquet (ORC, JSON) partitioned by topic and date"),
         ("verify", "is a slave's store a byte-for-byte prefix of the master's?"),
     ]:
         job = jobs.add_parser(name, help=help_text)
@@ -1498,8 +1613,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="a data source option for every store read (repeatable): splitBytes=16m",
         )
         job.add_argument(
+            "--verbose", action="store_true",
+            help="show Spark's own log (its start-up, warnings and errors) and progress bar "
+            "on stderr",
+        )
+        job.add_argument(
             "--debug", action="store_true",
-            help="on failure, print the full trace (and Spark's warnings), not one line",
+            help="on failure, print the full trace, not one line (implies --verbose)",
+        )
+        job.add_argument(
+            "--progress", action="store_true",
+            help="a line per running stage on stderr every 2 s (the default when stderr "
+            "is a terminal)",
         )
         if name == "verify":
             job.add_argument("master_dir", help="the master's store root")
@@ -1571,16 +1696,28 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
     from rmqha.pipeline.source import spark_session
 
     check_inputs(args)
-    options = dict(args.option)
+    # Spark's own log (warnings, each failed task's trace) and progress
+    # bar only with --verbose (or --debug): otherwise stdout is the answer,
+    # stderr our lines, and a failure one line.
+    verbose = bool(args.verbose or args.debug)
     spark = spark_session(
         args.spark_master,
         app_name=f"rmqha {args.job}",
         conf=dict(args.conf),
         py_files=args.py_files or (),
+        quiet=not verbose,
+        console_progress=verbose,
     )
-    # Spark's own warnings and errors (each failed task's trace, and the
-    # job's) only with --debug: otherwise a failure is one line.
-    spark.sparkContext.setLogLevel("WARN" if args.debug else "FATAL")
+    shown = args.progress or (not verbose and err.isatty())
+    with Progress(spark.sparkContext.statusTracker(), args.job, err).running(shown):
+        return _job(args, spark, out, err)
+
+
+def _job(args: argparse.Namespace, spark: Any, out: IO[str], err: IO[str]) -> int:
+    """
+    L{run}'s job on C{spark}.
+    """
+    options = dict(args.option)
     if args.job == "stats":
         result = stats(spark, args.dir, args.out, options)
         shown = ("store", "messages", "bytes", "bad_crc", "first_bad_crc_offset", "topics")
@@ -1614,7 +1751,7 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
         except DamageFound as e:
             print(f"rmqha pipeline: error: {e}", file=err)
             return 1
-        out.write(f"exported {count:,} records to {target} ({args.format}, by topic)\n")
+        out.write(f"exported {count:,} records to {target} ({args.format}, by topic and date)\n")
         return 0
     result_v = verify(
         spark, args.master_dir, args.slave_dir, options
@@ -1622,6 +1759,70 @@ def run(args: argparse.Namespace, out: IO[str], err: IO[str] | None = None) -> i
     for line in result_v.lines():
         out.write(line + "\n")
     return 0 if result_v.consistent else 1
+
+
+class Progress:
+    """
+    A line on stderr for each running stage of the job whose tasks moved
+    (C{rmqha pipeline: stats: stage 3: 5/12 tasks done, 2 running}), from
+    PySpark's status tracker polled every C{interval} seconds by a daemon
+    thread (L{running}): no SparkListener, nothing in the JVM.
+    """
+
+    def __init__(self, tracker: Any, job: str, err: IO[str], interval: float = 2.0) -> None:
+        self._tracker = tracker
+        self._job = job
+        self._err = err
+        self._interval = interval
+        self._seen: dict[int, tuple[int, int, int, int]] = {}
+
+    def poll(self) -> None:
+        """
+        One look at the running stages: a line for each new or moved one.
+        """
+        for stage in sorted(self._tracker.getActiveStageIds()):
+            info = self._tracker.getStageInfo(stage)
+            if info is None:
+                continue  # (finished meanwhile)
+            state = (
+                info.numCompletedTasks, info.numTasks, info.numActiveTasks, info.numFailedTasks
+            )
+            if self._seen.get(stage) == state:
+                continue
+            self._seen[stage] = state
+            done, total, active, failed = state
+            line = f"rmqha pipeline: {self._job}: stage {stage}: {done}/{total} tasks done"
+            if active:
+                line += f", {active} running"
+            if failed:
+                line += f", {failed} failed"
+            print(line, file=self._err, flush=True)
+
+    @contextmanager
+    def running(self, shown: bool) -> Iterator[None]:
+        """
+        Poll while the block runs (when C{shown}); stopped and joined on
+        leaving, whatever the block did.
+        """
+        if not shown:
+            yield
+            return
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.wait(self._interval):
+                try:
+                    self.poll()
+                except Exception:  # (the JVM going away at the end: no line)
+                    return
+
+        thread = threading.Thread(target=loop, name="rmqha pipeline progress", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 class _Parser(argparse.ArgumentParser):

@@ -58,10 +58,12 @@ __all__ = [
     "schema_ddl",
 ]
 
-#: The DataFrame schema, as Spark DDL (timestamps are RocketMQ's epoch ms).
+#: The DataFrame schema, as Spark DDL.  The timestamps are Spark's
+#: C{timestamp} (an instant; Arrow microseconds, UTC) from RocketMQ's epoch
+#: milliseconds (L{_instants}).
 SCHEMA_DDL = (
     "offset long, size int, topic string, queue_id int, queue_offset long, "
-    "flag int, sysflag int, born_timestamp long, store_timestamp long, "
+    "flag int, sysflag int, born_timestamp timestamp, store_timestamp timestamp, "
     "born_host string, store_host string, reconsume_times int, "
     "prepared_tx_offset long, properties map<string,string>, tags string, "
     "keys string, body binary, body_size int, crc_ok boolean"
@@ -347,8 +349,8 @@ def arrow_schema() -> Any:
             ("queue_offset", pa.int64()),
             ("flag", pa.int32()),
             ("sysflag", pa.int32()),
-            ("born_timestamp", pa.int64()),
-            ("store_timestamp", pa.int64()),
+            ("born_timestamp", pa.timestamp("us", tz="UTC")),
+            ("store_timestamp", pa.timestamp("us", tz="UTC")),
             ("born_host", pa.string()),
             ("store_host", pa.string()),
             ("reconsume_times", pa.int32()),
@@ -717,8 +719,8 @@ def _column_batch(pa: Any, schema: Any, rows: int, buffers: tuple[Any, ...], bod
         "queue_offset": lambda: fixed(pa.int64(), queue_offset),
         "flag": lambda: fixed(pa.int32(), flag),
         "sysflag": lambda: fixed(pa.int32(), sysflag),
-        "born_timestamp": lambda: fixed(pa.int64(), born),
-        "store_timestamp": lambda: fixed(pa.int64(), store),
+        "born_timestamp": lambda: _instants(pa, fixed(pa.int64(), born)),
+        "store_timestamp": lambda: _instants(pa, fixed(pa.int64(), store)),
         "born_host": lambda: text(born_offsets, born_host),
         "store_host": lambda: text(store_offsets, store_host),
         "reconsume_times": lambda: fixed(pa.int32(), reconsume),
@@ -757,9 +759,35 @@ def _batch(
                     pa.array(values, pa.string()),
                 )
             )
+        elif field.name in ("born_timestamp", "store_timestamp"):
+            arrays.append(_instants(pa, pa.array(columns[field.name], pa.int64())))
         else:
             arrays.append(pa.array(columns[field.name], field.type))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+#: The epoch milliseconds a timestamp column holds: those whose
+#: microseconds fit Arrow's (and Spark's) int64 (about 292,000 years
+#: either side of 1970); a record's field outside is garbage, and null.
+_MILLIS_RANGE = (-(2**63) // 1000 + 1, (2**63 - 1) // 1000)
+
+
+def _instants(pa: Any, millis: Any) -> Any:
+    """
+    A column of epoch milliseconds (int64, as RocketMQ stores them) as
+    Arrow's C{timestamp("us", "UTC")}: Spark's C{timestamp} type, which its
+    Python data source takes only in microseconds.  One multiplication per
+    batch; a value whose microseconds would overflow (L{_MILLIS_RANGE}) is
+    null.
+    """
+    import pyarrow.compute as pc
+
+    kind = pa.timestamp("us", tz="UTC")
+    low, high = pc.min_max(millis).values()
+    if len(millis) and not (_MILLIS_RANGE[0] <= low.as_py() and high.as_py() <= _MILLIS_RANGE[1]):
+        outside = pc.or_(pc.less(millis, _MILLIS_RANGE[0]), pc.greater(millis, _MILLIS_RANGE[1]))
+        millis = pc.if_else(outside, pa.scalar(None, pa.int64()), millis)
+    return pc.multiply(millis, 1000).view(kind)
 
 
 def scan(

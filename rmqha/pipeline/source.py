@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import sys
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit
 
@@ -338,6 +339,8 @@ def spark_session(
     app_name: str = "rmqha",
     conf: Mapping[str, str] | None = None,
     py_files: Sequence[str] = (),
+    quiet: bool = False,
+    console_progress: bool = False,
 ) -> Any:
     """
     A SparkSession with the C{rocketmq-commitlog} source registered.
@@ -358,6 +361,16 @@ def spark_session(
     goes on C{spark.jars}, after any given; without it, one line on
     stderr says why.  A local master's JVM runs the parallel (throughput)
     collector unless C{spark.driver.extraJavaOptions} names one.
+
+    @param quiet: Spark says nothing on stderr but fatal errors (the
+        jobs without C{--verbose}): when this call starts the driver's JVM,
+        it gets L{_QUIET_LOG4J} (unless C{spark.driver.extraJavaOptions}
+        names a log4j configuration), and the lines the JVM prints itself,
+        not through log4j (L{_JVM_NOISE}), are left out of its stderr;
+        a JVM already running (C{spark-submit}, a session made before) is
+        set to log fatal errors only.  Otherwise Spark logs its warnings.
+    @param console_progress: Spark's own progress bar on stderr
+        (C{spark.ui.showConsoleProgress}; the jobs' C{--verbose}).
     """
     from pyspark.sql import SparkSession
 
@@ -385,9 +398,16 @@ def spark_session(
     for path in py_files:
         if not urlsplit(path).scheme and not os.path.isfile(path):
             raise ValueError(f"--py-files {path}: no such file")
+    fresh = not submitted and not _jvm_started()
+    if quiet and fresh:
+        options = settings.get("spark.driver.extraJavaOptions", "")
+        if "log4j.configurationFile" not in options:
+            settings["spark.driver.extraJavaOptions"] = (
+                f"{options} -Dlog4j.configurationFile=file:{_QUIET_LOG4J}".strip()
+            )
     builder = (
         SparkSession.builder.appName(app_name)
-        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.ui.showConsoleProgress", "true" if console_progress else "false")
         .config("spark.ui.enabled", "false")
     )
     if master is not None:
@@ -406,14 +426,76 @@ def spark_session(
     if jar is not None:
         jars = [j for j in settings.get("spark.jars", "").split(",") if j]
         builder = builder.config("spark.jars", ",".join([*jars, jar]))
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    with _filtered_stderr(quiet and fresh):
+        spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("FATAL" if quiet else "WARN")
     if not (spark.sparkContext.master or "").startswith("local"):
         spark.sparkContext.addPyFile(package_zip())
     for path in py_files:
         spark.sparkContext.addPyFile(path if urlsplit(path).scheme else os.path.abspath(path))
     spark.dataSource.register(CommitLogDataSource)
     return spark
+
+
+#: The log4j2 settings of a quiet driver JVM (L{spark_session}).
+_QUIET_LOG4J = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
+#: What the JVM and the libraries in it print on stderr themselves, not
+#: through log4j: left out when quiet.  (Spark 4 starts the JVM with the
+#: incubating vector module, and DataSketches -- stats' percentiles --
+#: says it cannot use off-heap memory on Java 17.)
+_JVM_NOISE = re.compile(
+    rb"WARNING: Using incubator modules: "
+    rb"|Warning: Java versions > Java 11 can only operate in restricted mode"
+)
+
+
+def _jvm_started() -> bool:
+    """
+    Whether this process already has Spark's JVM (a session made before).
+    """
+    from pyspark import SparkContext
+
+    return SparkContext._gateway is not None
+
+
+@contextmanager
+def _filtered_stderr(active: bool) -> Iterator[None]:
+    """
+    While active, file descriptor 2 is a pipe, so that a process started
+    meanwhile (the driver's JVM, and the Python workers it starts later)
+    writes its stderr there: a daemon thread copies each line to the real
+    stderr, leaving out L{_JVM_NOISE}.  This process's own stderr is
+    restored on leaving.
+    """
+    if not active:
+        yield
+        return
+    import threading
+
+    sys.stderr.flush()
+    try:
+        real = os.dup(2)  # (kept open: the copying thread writes to it)
+    except OSError:  # no stderr at all: nothing to keep quiet
+        yield
+        return
+    read_end, write_end = os.pipe()
+    threading.Thread(
+        target=_copy_lines, args=(read_end, real), name="rmqha JVM stderr", daemon=True
+    ).start()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(real, 2)
+
+
+def _copy_lines(source: int, target: int) -> None:
+    with os.fdopen(source, "rb") as lines:
+        for line in lines:
+            if not _JVM_NOISE.match(line):
+                os.write(target, line)
 
 
 _jar_said = False
@@ -442,12 +524,27 @@ def _reader_jar() -> str | None:
 _package_zip: str | None = None
 
 
+def _compiled_codec() -> str | None:
+    """
+    The compiled codec's file this interpreter loaded, if any (not with
+    C{RMQHA_PURE}: then the executors run the pure codec too).
+    """
+    from rmqha.store import _record
+
+    accel = _record._accel
+    where = getattr(accel, "__file__", None)
+    return os.path.abspath(where) if where and os.path.isfile(where) else None
+
+
 def package_zip() -> str:
     """
-    The running rmqha package (its files only: no C{__pycache__}, no
-    compiled modules; rmqha is pure Python) as a zip for
-    C{addPyFile}, made once per process in a temporary directory removed
-    at exit.
+    The running rmqha package (its files only: no C{__pycache__}) as a
+    zip for C{addPyFile}, made once per process in a temporary directory
+    removed at exit.  The compiled codec goes in when this interpreter
+    has one (the module built for its extension suffix, with the
+    manifest of its SHA-256, L{rmqha.store._native.MANIFEST}): executors
+    with the same Python version and platform load it from the zip
+    (L{rmqha.store._native}), others run the pure-Python codec.
     """
     global _package_zip
     if _package_zip is None:
@@ -462,13 +559,24 @@ def package_zip() -> str:
         directory = tempfile.mkdtemp(prefix="rmqha-ship-")
         atexit.register(shutil.rmtree, directory, True)
         path = os.path.join(directory, "rmqha-package.zip")
+        compiled = _compiled_codec()
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
             for here, dirs, files in os.walk(package):
                 dirs[:] = sorted(d for d in dirs if d != "__pycache__")
                 for name in sorted(files):
-                    if name.endswith((".pyc", ".pyo", ".so")):
-                        continue
+                    if name.endswith((".pyc", ".pyo", ".so", ".jar")):
+                        continue  # (the JVM span reader's jar: on spark.jars)
                     full = os.path.join(here, name)
                     z.write(full, os.path.relpath(full, top))
+            if compiled is not None:
+                import hashlib
+
+                from rmqha.store._native import MANIFEST
+
+                with open(compiled, "rb") as f:
+                    data = f.read()
+                member = f"rmqha/store/{os.path.basename(compiled)}"
+                z.writestr(member, data)
+                z.writestr(MANIFEST, f"{hashlib.sha256(data).hexdigest()}  {member}\n")
         _package_zip = path
     return _package_zip

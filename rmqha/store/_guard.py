@@ -28,9 +28,10 @@ __all__ = ["AVAILABLE", "add", "remove", "fault", "faults"]
 
 
 def _load() -> Any:
-    try:
-        from rmqha.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:
+    from rmqha.store import _native
+
+    _speedups = _native.load()
+    if _speedups is None:
         return None
     # (A stale build from before the guard has the codec but not this.)
     return _speedups if hasattr(_speedups, "guard_add") else None

@@ -1307,16 +1307,15 @@ def record_json(record: Record) -> dict[str, Any]:
 
 def _load_accelerator() -> Any:
     """
-    C{rmqha.store._speedups} (built by pip from C{_speedups.c}), unless
+    C{rmqha.store._speedups} (built by pip from C{_speedups.c}; from the
+    zip a Spark driver ships, too: L{rmqha.store._native}), unless
     C{RMQHA_PURE} is set to anything but C{0} or it was not built.
     """
     if os.environ.get("RMQHA_PURE", "0") not in ("", "0"):
         return None
-    try:
-        from rmqha.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return _speedups
+    from rmqha.store import _native
+
+    return _native.load()
 
 
 #: The compiled hot loops (L{RecordEncoder.encode}, L{check_record},

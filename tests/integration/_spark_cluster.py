@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Any
 
 from tools.processes import free_ports
 
@@ -256,12 +257,21 @@ for argv in json.loads(sys.argv[1]):
         except SystemExit as e:
             status = e.code
     results.append({"returncode": status, "stdout": out.getvalue(), "stderr": err.getvalue()})
+# Which codec the executors ran: the compiled one, loaded from the shipped zip?
+from pyspark.sql import SparkSession
+session = SparkSession.getActiveSession()
+codec = None if session is None else (
+    session.sparkContext.parallelize(range(4), 4)
+    .map(lambda _: __import__("rmqha.store._record", fromlist=["_record"]).ACCELERATED)
+    .collect()
+)
+print("CODEC " + json.dumps(codec), flush=True)
 print("RESULTS " + json.dumps(results), flush=True)
 """
 
 
 def python_jobs(
-    argvs: list[list[str]], cwd: str, timeout: float = 600
+    argvs: list[list[str]], cwd: str, timeout: float = 600, driver: dict[str, Any] | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
     """
     Each C{argv} through C{rmqha.pipeline.jobs.main} (the entry point of
@@ -269,7 +279,9 @@ def python_jobs(
     C{cwd}: the jobs share a SparkSession and its executors, so the JVMs
     start once, not once per job.  Each result is that job's exit status
     and what it printed (Python's stdout and stderr; Spark's own log goes
-    to the process's stderr, not into a job's).
+    to the process's stderr, not into a job's: C{driver["stderr"]} when
+    C{driver} is given, and C{driver["codec"]} whether four executor tasks
+    ran the compiled codec after the jobs).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -280,6 +292,10 @@ def python_jobs(
         [sys.executable, "-c", _JOBS_SCRIPT, json.dumps(argvs)],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
     )
+    if driver is not None:
+        driver["stderr"] = done.stderr
+        codec = [line for line in done.stdout.splitlines() if line.startswith("CODEC ")]
+        driver["codec"] = json.loads(codec[-1][len("CODEC "):]) if codec else None
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULTS ")]
     if done.returncode != 0 or not lines:
         raise AssertionError(f"the driver failed ({done.returncode}): {done.stderr[-3000:]}")

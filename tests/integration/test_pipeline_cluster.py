@@ -112,6 +112,9 @@ class Cluster:
         self.done: dict[str, subprocess.CompletedProcess[str]] = {}
         #: Puts into the live master before and after the jobs ran.
         self.puts = (0, 0)
+        #: The driver process's own stderr (not a job's), and the codec
+        #: its executors ran (L{python_jobs}).
+        self.driver: dict[str, Any] = {}
 
     def argv(self, *argv: str) -> list[str]:
         job, *rest = argv
@@ -255,7 +258,10 @@ def _run_jobs(cluster: Cluster) -> None:
         jobs["stats live"] = ("stats", sources.master)
         jobs["verify live"] = ("verify", sources.master, sources.slave)
         puts_before = sources.puts
-        results = python_jobs([cluster.argv(*argv) for argv in jobs.values()], cwd=cluster.root)
+        results = python_jobs(
+            [cluster.argv(*argv) for argv in jobs.values()], cwd=cluster.root,
+            driver=cluster.driver,
+        )
         cluster.puts = (puts_before, sources.puts)
     finally:
         sources.stop()
@@ -331,7 +337,7 @@ def test_stats_export_verify_equal_local(cluster: Cluster) -> None:
 
     done = cluster.done["export"]
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == f"exported 1,000 records to file://{cluster.root}/exported (parquet, by topic)\n"
+    assert done.stdout == f"exported 1,000 records to file://{cluster.root}/exported (parquet, by topic and date)\n"
     from tests._spark import spark
 
     here = spark().read.parquet(os.path.join(cluster.root, "exported"))
@@ -346,6 +352,29 @@ def test_stats_export_verify_equal_local(cluster: Cluster) -> None:
 
     done = cluster.done["verify"]
     assert (done.returncode, done.stdout.split(":")[0]) == (0, "consistent"), done.stderr[-3000:]
+
+
+def test_quiet_driver(cluster: Cluster) -> None:
+    """
+    The jobs' driver process (the entry point of C{python -m
+    rmqha.pipeline.jobs}, no C{--verbose}) writes nothing on its stderr
+    besides the jobs' own lines: no JVM or log4j start-up lines, no Spark
+    warning or error -- failed tasks included.
+    """
+    assert cluster.driver["stderr"] == "", cluster.driver["stderr"][-3000:]
+
+
+def test_executors_run_the_compiled_codec(cluster: Cluster) -> None:
+    """
+    The executors, whose Python lacks rmqha, run the compiled codec the
+    driver shipped in its zip (loaded from it: L{rmqha.store._native}),
+    not the pure-Python one, when the driver has it.
+    """
+    from rmqha.store import _record
+
+    if not _record.ACCELERATED:
+        pytest.skip("the driver has no compiled codec to ship")
+    assert cluster.driver["codec"] == [True] * 4, cluster.driver
 
 
 def _needs_hidden(cluster: Cluster) -> None:

@@ -99,7 +99,10 @@ final class RecordFilter implements Serializable {
     if (none
         || !offset.accepts(off)
         || !queueId.accepts(queue)
-        || !storeTime.accepts(storeMs * 1000L)) {
+        // A store time out of Spark's range is a null column: no comparison holds.
+        || (storeTime.any()
+            && (storeMs < SpanDecoder.MIN_MS || storeMs > SpanDecoder.MAX_MS
+                || !storeTime.accepts(storeMs * 1000L)))) {
       return false;
     }
     if (topics.isEmpty()) {

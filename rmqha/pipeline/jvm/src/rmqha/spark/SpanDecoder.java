@@ -431,6 +431,19 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
    * commit-log offset `offset`), or Long.MIN_VALUE when b holds no record
    * header there (a BLANK, zeros, damage).
    */
+  /** Epoch ms whose microseconds fit a long (rmqha.pipeline.scan._instants' bounds). */
+  static final long MIN_MS = Long.MIN_VALUE / 1000; // truncated toward zero: fits
+  static final long MAX_MS = Long.MAX_VALUE / 1000;
+
+  /** Epoch ms as Spark's microseconds; null where they do not fit (garbage), as in Python. */
+  private static void putInstant(WritableColumnVector v, int row, long ms) {
+    if (ms < MIN_MS || ms > MAX_MS) {
+      v.putNull(row);
+    } else {
+      v.putLong(row, ms * 1000L);
+    }
+  }
+
   static long storeTimestampAt(ByteBuffer b, long offset) {
     if (b.limit() < 76 || !isRecordStart(b, 0, offset, Integer.MAX_VALUE)) {
       return Long.MIN_VALUE;
@@ -623,8 +636,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     if ((v = vector[FLAG]) != null) v.putInt(row, b.getInt(r + 16));
     if ((v = vector[SYSFLAG]) != null) v.putInt(row, sysflag);
     // Spark's timestamps are microseconds since the epoch; RocketMQ's ms.
-    if ((v = vector[BORN_TIMESTAMP]) != null) v.putLong(row, b.getLong(r + 40) * 1000L);
-    if ((v = vector[STORE_TIMESTAMP]) != null) v.putLong(row, b.getLong(storeTimestampAt) * 1000L);
+    if ((v = vector[BORN_TIMESTAMP]) != null) putInstant(v, row, b.getLong(r + 40));
+    if ((v = vector[STORE_TIMESTAMP]) != null) putInstant(v, row, b.getLong(storeTimestampAt));
     if ((v = vector[BORN_HOST]) != null) putHost(v, row, bornAt, bornV6);
     if ((v = vector[STORE_HOST]) != null) putHost(v, row, storeAt, storeV6);
     if ((v = vector[RECONSUME_TIMES]) != null) v.putInt(row, b.getInt(middle));
