@@ -26,23 +26,26 @@ from rmqha.store.commitlog import CommitLog
 
 from tests._helpers import make_message, rewrite, segment_path, xor_byte, zero_from
 from tests._spark import spark, why_no_spark
-from tests.test_pipeline import forged_record_store, random_store, store_rows
+from tests.test_pipeline import forged_record_store, random_store
+from tests.test_pipeline import store_rows as store_instants
 
 pytestmark = pytest.mark.spark
 
 
+def store_rows(path: str) -> list[dict[str, object]]:
+    """
+    The store's records as rows (L{tests.test_pipeline.store_rows}) with
+    the timestamps as epoch milliseconds, as the commit log stores them:
+    the form every comparison here uses (L{df_rows}, L{rows_of}).
+    """
+    return rows_of([store_instants(path)])
+
+
 def df_rows(df: object) -> list[dict[str, object]]:
-    rows = []
-    for row in as_millis(df).orderBy("offset").collect():
-        d = row.asDict()
-        d["properties"] = sorted((d["properties"] or {}).items())
-        d["body"] = None if d["body"] is None else bytes(d["body"])
-        for name in ("born_timestamp", "store_timestamp"):
-            # (PySpark gives a timestamp as a naive datetime in local time.)
-            if isinstance(d.get(name), datetime.datetime):
-                d[name] = d[name].astimezone(datetime.timezone.utc)
-        rows.append(d)
-    return rows
+    """
+    A DataFrame's rows in offset order, in L{rows_of}'s form.
+    """
+    return rows_of([[row.asDict() for row in as_millis(df).orderBy("offset").collect()]])
 
 
 class DataSourceTests(SynchronousTestCase):
@@ -422,7 +425,7 @@ class JobTests(SynchronousTestCase):
         from rmqha.pipeline.jobs import export
 
         path = random_store(self, 150, 64 * 1024, seed=24)
-        rows = store_rows(path)
+        rows = store_instants(path)
         parent = os.path.abspath(self.mktemp())
         os.makedirs(parent)
         out = os.path.join(parent, "relative")
@@ -445,6 +448,7 @@ class JobTests(SynchronousTestCase):
             sorted((r["topic"], r["date"].isoformat()) for r in whole.select("topic", "date").distinct().collect()),
             sorted(dates),
         )
+        rows = store_rows(path)
         back = whole.select(*store_rows_columns())
         self.assertEqual(df_rows(back), rows)
         self.assertEqual(export(spark(), path, "file://" + parent + "/uri", "json"), 150)
@@ -568,7 +572,7 @@ class JobTests(SynchronousTestCase):
             result = stats(spark(), path)
             self.assertEqual(result["bucket"], bucket)
             groups: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
-            for r in store_rows(path):
+            for r in store_instants(path):
                 time = r["store_timestamp"].strftime(pattern)  # type: ignore[attr-defined]
                 groups[(str(r["topic"]), time)].append(int(r["body_size"]))  # type: ignore[call-overload]
             self.assertEqual(
@@ -845,6 +849,16 @@ class StreamTests(SynchronousTestCase):
 
         return df_rows(read_store(spark(), path))
 
+    def exported(self, out: str) -> list[dict[str, object]]:
+        """
+        The rows of an export (its partition columns: topic back in its
+        place, date dropped).
+        """
+        from rmqha.pipeline.scan import SCHEMA_DDL
+
+        names = [part.split(" ", 1)[0] for part in SCHEMA_DDL.split(", ")]
+        return df_rows(spark().read.parquet(out).select(*names))
+
     def stream(self, path: str, **options: str) -> Any:
         reader = spark().readStream.format("rmqha")
         for key, value in options.items():
@@ -1006,10 +1020,10 @@ class StreamTests(SynchronousTestCase):
         self.assertEqual((second.start, second.end), (first.end, more[-1].next_offset))
         self.assertEqual(
             second.line(out, "parquet"),
-            f"exported 25 new records to {out} (parquet, by topic, incremental): "
+            f"exported 25 new records to {out} (parquet, by topic and date, incremental): "
             f"offsets {first.end}..{more[-1].next_offset} in 1 batch",
         )
-        self.assertEqual(df_rows(spark().read.parquet(out)), self.batch(path))
+        self.assertEqual(self.exported(out), self.batch(path))
         printed = io.StringIO()
         with redirect_stdout(printed):  # the command, on the shared session
             self.assertEqual(main(["export", path, out, "--incremental"]), 0)
@@ -1044,7 +1058,7 @@ class StreamTests(SynchronousTestCase):
         lossy = export_incremental(spark(), path, out, options={"failOnDataLoss": "false"})
         left = self.batch(path)
         self.assertEqual(lossy.rows, len(left))
-        self.assertEqual(df_rows(spark().read.parquet(out))[35:], left)
+        self.assertEqual(self.exported(out)[35:], left)
 
 
 class _Broker(http.server.BaseHTTPRequestHandler):
@@ -1857,10 +1871,6 @@ def rows_of(rows: Any) -> list[dict[str, object]]:
                 row["properties"] = sorted(items)
             if row.get("body") is not None:
                 row["body"] = bytes(row["body"])
-            for name in ("born_timestamp", "store_timestamp"):
-                # (Arrow gives a UTC datetime, PySpark a naive local one.)
-                if isinstance(row.get(name), datetime.datetime):
-                    row[name] = row[name].astimezone(datetime.timezone.utc)
             out.append(row)
     return out
 
@@ -1986,6 +1996,29 @@ class RmqhaSourceTests(SynchronousTestCase):
         ).collect()
         self.assertEqual([r.s for r in rows], [1700000000123, 1700000001500])
         self.assertEqual([r.b for r in rows], [r["born_timestamp"] for r in store_rows(path)])
+
+    def test_garbage_timestamps_are_null(self) -> None:
+        """
+        A born time whose microseconds do not fit 64 bits (garbage) is a
+        null timestamp, as the Python reader gives it (not a wrapped-around
+        instant); the extremes that fit are kept; a pushed store-time
+        filter reads such records without failing.
+        """
+        from tests._helpers import make_message
+
+        low, high = -(2**63) // 1000 + 1, (2**63 - 1) // 1000
+        path = self.mktemp()
+        log = CommitLog.open(path, segment_size=1 << 20)
+        for born in (1_700_000_000_123, -(2**63), 2**62, low - 1, low, high, high + 1):
+            log.put(make_message(born_timestamp=born))
+        log.close()
+        rows = self.read(path).selectExpr("unix_millis(born_timestamp) AS b").collect()
+        self.assertEqual(
+            [r.b for r in rows], [1_700_000_000_123, None, None, None, low, high, None]
+        )
+        self.assertEqual(
+            self.read(path).where("store_timestamp > timestamp_millis(0)").count(), 7
+        )
 
     def test_sql(self) -> None:
         """
