@@ -329,6 +329,34 @@ class PlanTests(SynchronousTestCase):
         e = self.assertRaises(PlanError, plan, "empty")
         self.assertIn("no commitlog directory", str(e))
 
+    def test_segments_one_after_another(self) -> None:
+        """
+        A segment missing between two others, or files that overlap, fail
+        the plan naming the offsets (the rows after a hole were read past
+        silently before), in the JVM reader's words.
+        """
+        import shutil
+
+        from rmqha.pipeline.scan import PlanError
+        from tests._helpers import segment_path
+
+        path = random_store(self, 60, 4096, seed=24)
+        middle = segment_path(path, 4096)
+        os.rename(middle, middle + ".moved")
+        e = self.assertRaises(PlanError, plan, path)
+        self.assertIn(
+            "missing segment: no segment file holds offsets 4096..8192 (between "
+            f"{os.path.basename(segment_path(path, 0))} and "
+            f"{os.path.basename(segment_path(path, 8192))}; segments are 4096 bytes): "
+            "the store is incomplete",
+            str(e),
+        )
+        os.rename(middle + ".moved", middle)
+        self.assertTrue(plan(path))
+        shutil.copyfile(segment_path(path, 0), segment_path(path, 2048))
+        e = self.assertRaises(PlanError, plan, path)
+        self.assertIn("segment files overlap", str(e))
+
 
 class ProjectionTests(SynchronousTestCase):
     """

@@ -2099,6 +2099,16 @@ class RmqhaSourceTests(SynchronousTestCase):
             self.error(lambda: self.read(path).count()),
             f"{middle}: a directory, not a segment file",
         )
+        os.rmdir(middle)
+        os.rename(middle + ".moved", middle)
+        # A file named as if segments were 2048 bytes, among 4096-byte ones.
+        shutil.copyfile(segment_path(path, 0), segment_path(path, 2048))
+        self.assertEqual(
+            self.error(lambda: self.read(path).count()),
+            f"{directory}: segment files overlap: {os.path.basename(segment_path(path, 2048))} "
+            f"starts before {os.path.basename(segment_path(path, 0))}'s 4096 bytes end "
+            "(at 4096): not one commit log",
+        )
 
     def test_pushed_filters_are_shown_and_prune_spans(self) -> None:
         """

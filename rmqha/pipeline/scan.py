@@ -246,6 +246,30 @@ def _followed_by_record(
     return is_record_start(follow, 0, base + after, size - after)
 
 
+def contiguous(store: Store, segments: Sequence[Segment]) -> None:
+    """
+    Refuse a store whose segment files are not one after another at the
+    segment size (the largest file's): a segment missing between two
+    others would have its rows read past silently.  The JVM reader's
+    C{HadoopStore.segments} says the same, in the same words.
+
+    @raise PlanError: naming the store and the offsets no file holds.
+    """
+    size = max((s.size for s in segments), default=0)
+    for a, b in zip(segments, segments[1:]):
+        if b.base > a.base + size:
+            raise PlanError(
+                f"{store}: missing segment: no segment file holds offsets {a.base + size}.."
+                f"{b.base} (between {a.name} and {b.name}; segments are {size} bytes): "
+                "the store is incomplete"
+            )
+        if b.base < a.base + size:
+            raise PlanError(
+                f"{store}: segment files overlap: {b.name} starts before {a.name}'s "
+                f"{size} bytes end (at {a.base + size}): not one commit log"
+            )
+
+
 def plan(
     store: "Store | str",
     split_bytes: int = DEFAULT_SPLIT_BYTES,
@@ -265,7 +289,9 @@ def plan(
         raise PlanError(f"split size {split_bytes} must be positive")
     store = resolve(store)
     spans: list[Span] = []
-    for segment in store.segments():
+    segments = store.segments()
+    contiguous(store, segments)
+    for segment in segments:
         base, size = segment.base, segment.size
         if end_offset is not None and base >= end_offset:
             break

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_pipeline_spark.ShippingTests -*-
+# -*- test-case-name: tests.test_pipeline_spark -*-
 """
 The compiled codec, C{rmqha.store._speedups}: imported as any extension
 module, or -- when rmqha itself was imported from a zip, as a Spark

@@ -39,32 +39,34 @@ from tests.integration._netns_scenario import _run
 TABLE = "rmqha_failover"
 #: Seconds each cut lasts.
 WINDOW = 6.0
-#: A PUT_OK answered this long after a cut may have been acknowledged
-#: before it (its answer was on its way).
-IN_FLIGHT = 0.3
+def _held(group: Any, slaves: Sequence[int]) -> int:
+    """
+    The most any of C{slaves} holds (max offset): asked at the end of a
+    window, before the heal, it is what reached a slave before the cut
+    (nothing crosses a cut link; what was already in a slave's socket
+    buffer is in by then).
+    """
+    ends = [s["max_offset"] for s in map(group.status, slaves) if s is not None]
+    return max(ends, default=0)
 
 
-def _cut(master_host: str, ha_port: int, master_uid: int, slave_uids: Sequence[int]) -> None:
-    slaves = ", ".join(str(uid) for uid in slave_uids)
-    _run("nft", "-f", "-", stdin=(
-        f"table inet {TABLE} {{\n"
-        "  chain out { type filter hook output priority 0; policy accept;\n"
-        f"    meta skuid {{ {slaves} }} ip daddr {master_host} tcp dport {ha_port} counter drop\n"
-        f"    meta skuid {master_uid} tcp sport {ha_port} counter drop\n"
-        "  }\n"
-        "}\n"
-    ))
-
-
-def _heal() -> None:
-    _run("nft", "delete", "table", "inet", TABLE)
-
-
-def _window(puts: Sequence[Put], start: float, end: float) -> dict[str, Any]:
-    inside = [p for p in puts if start + IN_FLIGHT < p.answered <= end]
+def _window(puts: Sequence[Put], start: float, end: float, held: int) -> dict[str, Any]:
+    """
+    The answers of the puts answered in the window, and the PUT_OKs that
+    break the floor: one for a put sent after the cut (it cannot have
+    reached a slave), or for a record no slave holds.  (A put sent before
+    the cut, copied to a slave before it, may be answered PUT_OK at any
+    time after: not a breach, however loaded the machine.  Until issue
+    27's session this counted every PUT_OK answered 0.3 s into the window,
+    which a starved producer process could fail.)
+    """
+    inside = [p for p in puts if start < p.answered <= end]
     return {
         "answers": dict(Counter(p.status for p in inside)),
-        "put_ok": sum(1 for p in inside if p.ok),
+        "put_ok": sum(
+            1 for p in inside
+            if p.ok and (p.sent > start or p.next_offset is None or p.next_offset > held)
+        ),
     }
 
 
@@ -95,7 +97,7 @@ def _scenario(directory: str, work: str) -> int:
             start = time.monotonic()
             time.sleep(WINDOW)
             end = time.monotonic()
-            result["both_cut"] = _window(load.puts(), start, end)
+            result["both_cut"] = _window(load.puts(), start, end, _held(group, slaves))
             result["both_cut"]["master_after"] = group.masters()
             result["nft_dropped_packets"] = _dropped()
             _heal()
@@ -109,7 +111,9 @@ def _scenario(directory: str, work: str) -> int:
             start = time.monotonic()
             time.sleep(WINDOW)
             end = time.monotonic()
-            result["dead_and_cut"] = _window(load.puts(), start, end)
+            result["dead_and_cut"] = _window(
+                load.puts(), start, end, _held(group, [slaves[1]])
+            )
             _heal()
             group.start(slaves[0])
             wait_in_sync(group, master, 3, timeout=60)

@@ -159,13 +159,13 @@ def test_spark_reads_and_verifies_s3(s3: dict[str, Any], tmp_path: Any) -> None:
     """
     from rmqha.pipeline.jobs import verify
     from tests._spark import spark
-    from tests.test_pipeline_spark import df_rows
+    from tests.test_pipeline_spark import df_rows, store_rows as store_rows_ms
 
     local = make_store(str(tmp_path / "store"), 300, seed=3)
     upload(s3, local, "spark")
     uri = f"s3://{s3['credentials']}@{BUCKET}/spark?{s3['query']}"
     df = spark().read.format("rocketmq-commitlog").option("splitBytes", "16k").load(uri)
-    assert df_rows(df) == store_rows(local)
+    assert df_rows(df) == store_rows_ms(local)
     assert verify(spark(), local, uri).consistent
 
     damaged = str(tmp_path / "damaged")

@@ -121,11 +121,16 @@ final class HadoopStore implements SegmentStore {
     for (int i = 1; i < found.size(); i++) {
       Segment a = found.get(i - 1);
       Segment b = found.get(i);
-      if (b.base != a.base + size) {
+      if (b.base > a.base + size) {
         throw new StoreReadError(
             directory + ": missing segment: no segment file holds offsets " + (a.base + size)
                 + ".." + b.base + " (between " + a.name + " and " + b.name
                 + "; segments are " + size + " bytes): the store is incomplete");
+      }
+      if (b.base < a.base + size) {
+        throw new StoreReadError(
+            directory + ": segment files overlap: " + b.name + " starts before " + a.name
+                + "'s " + size + " bytes end (at " + (a.base + size) + "): not one commit log");
       }
     }
     return found;
