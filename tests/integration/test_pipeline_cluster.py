@@ -447,3 +447,54 @@ def test_s3_and_live_broker_sources(cluster: Cluster) -> None:
     assert (done.returncode, done.stdout.split(":")[0]) == (0, "consistent"), (
         done.stdout, done.stderr[-3000:]
     )
+
+
+def test_plain_session_local_and_on_the_cluster(cluster: Cluster, tmp_path: Any) -> None:
+    """
+    A Spark application with nothing of rmqha but the jar C{rmqha pipeline
+    jar} prints (rmqha's Python cannot be imported in it; the workers'
+    Python lacks it too): plain C{SparkSession.builder} sessions with that
+    jar on C{spark.jars}, on C{local[1]} and then on the standalone
+    cluster, read the store by C{format("rmqha")} (every record, in
+    partitions), with a topic and queue filter pushed to the source (shown
+    in the plan), by SQL (C{CREATE TABLE ... USING rmqha}), and as a
+    stream into a Parquet sink run twice -- stopped after the first run,
+    restarted from its checkpoint when the store has grown -- whose sink
+    then holds every record once.
+    """
+    from tests.test_pipeline import store_rows
+
+    store = os.path.join(cluster.root, "store")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
+    env.pop("PYTHONPATH", None)
+    env["SPARK_LOCAL_IP"] = "127.0.0.1"
+    env["SPARK_LOCAL_HOSTNAME"] = "localhost"
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    printed = subprocess.run(
+        [sys.executable, "-m", "rmqha.cli", "pipeline", "jar"],
+        capture_output=True, text=True, env={**env, "PYTHONPATH": here}, check=True,
+    ).stdout.split()
+    assert len(printed) == 1 and printed[0].endswith(".jar"), printed
+    settings = [SETTINGS[i + 1] for i, s in enumerate(SETTINGS) if s == "--conf"]
+    work = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, os.path.join(here, "tests", "integration", "_plain_session.py"),
+         printed[0], store, work, f"local[1],{cluster.cluster.url}", *settings],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = [
+        json.loads(line[len("RESULT "):])
+        for line in done.stdout.splitlines() if line.startswith("RESULT ")
+    ]
+    assert [r["master"] for r in results] == ["local[1]", cluster.cluster.url], done.stdout
+    rows = store_rows(store)
+    ours = sum(1 for r in rows if r["topic"] == "orders" and r["queue_id"] in (0, 1))
+    for r in results:
+        assert r["rows"] == len(rows) == 1000, r
+        assert r["partitions"] > 2, r
+        assert r["pushed"] == ours, r
+        assert "PushedFilters: [" in r["plan"] and "topic = 'orders'" in r["plan"], r["plan"]
+        assert r["sql"] == sum(1 for x in rows if x["queue_id"] in (0, 1)), r
+        assert (r["stream_rows"], r["stream_offsets"]) == (len(rows), len(rows)), r
+        assert r["first_run"] > 0 and r["first_run"] + r["second_run"] == len(rows), r
