@@ -39,6 +39,22 @@ from tests.integration._netns_scenario import _run
 TABLE = "rmqha_failover"
 #: Seconds each cut lasts.
 WINDOW = 6.0
+def _cut(master_host: str, ha_port: int, master_uid: int, slave_uids: Sequence[int]) -> None:
+    slaves = ", ".join(str(uid) for uid in slave_uids)
+    _run("nft", "-f", "-", stdin=(
+        f"table inet {TABLE} {{\n"
+        "  chain out { type filter hook output priority 0; policy accept;\n"
+        f"    meta skuid {{ {slaves} }} ip daddr {master_host} tcp dport {ha_port} counter drop\n"
+        f"    meta skuid {master_uid} tcp sport {ha_port} counter drop\n"
+        "  }\n"
+        "}\n"
+    ))
+
+
+def _heal() -> None:
+    _run("nft", "delete", "table", "inet", TABLE)
+
+
 def _held(group: Any, slaves: Sequence[int]) -> int:
     """
     The most any of C{slaves} holds (max offset): asked at the end of a
