@@ -970,6 +970,118 @@ def _spark_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _source_scan(store: str, session: str, queries: int) -> None:
+    """
+    The rmqha data source's scans in one fresh C{local[2]} session, printed
+    as one JSON line: C{session} C{helper} is L{spark_session} and
+    L{read_store} (the JVM reader as the jobs use it); C{plain} a plain
+    C{SparkSession.builder} with only the jar on C{spark.jars} and
+    C{spark.read.format("rmqha")}.  Each query writes every column of
+    every row to Spark's C{noop} sink (the whole scan, no output): the
+    store, and the store filtered to one topic of four (a pushed filter).
+    After a warm-up, the median of C{queries} of each, alternating.
+    """
+    from pyspark.sql import SparkSession
+
+    from rmqha.pipeline._jar import ensure_jar
+    from rmqha.pipeline.source import read_store, spark_session
+
+    if session == "helper":
+        spark = spark_session("local[2]", app_name="rmqha bench source")
+
+        def load() -> Any:
+            return read_store(spark, store)
+    else:
+        jar, why = ensure_jar()
+        if jar is None:
+            raise SystemExit(f"bench: no jar: {why}")
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        spark = (
+            SparkSession.builder.master("local[2]").config("spark.jars", jar)
+            .config("spark.ui.enabled", "false").getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+
+        def load() -> Any:
+            return spark.read.format("rmqha").load(store)
+
+    def timed(where: str | None) -> float:
+        df = load() if where is None else load().where(where)
+        started = time.perf_counter()
+        df.write.format("noop").mode("overwrite").save()
+        return time.perf_counter() - started
+
+    timed(None)
+    timed("topic = 'orders'")
+    scans: list[float] = []
+    filtered: list[float] = []
+    for _ in range(queries):
+        scans.append(timed(None))
+        filtered.append(timed("topic = 'orders'"))
+    records = load().count()
+    print(json.dumps({
+        "scan_seconds": statistics.median(scans),
+        "topic_seconds": statistics.median(filtered),
+        "records": records,
+    }), flush=True)
+    spark.stop()
+
+
+def _source_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    C{format("rmqha")} from a session the user built (plain
+    C{SparkSession.builder} + the jar) against the JVM reader as the jobs
+    use it (L{spark_session}, L{read_store}), and a topic filter on one
+    topic of four against the unfiltered scan: fresh JVMs each, the two
+    sessions alternating, one store.
+    """
+    from rmqha.cli import fill
+
+    root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+    store = os.path.join(root, "store")
+    try:
+        _progress(f"filling a {args.size / (1 << 20):.0f} MiB store, 4 topics ...")
+        count = args.size // (args.body_size + 130) + 1
+        with CommitLog.open(store, segment_size=args.segment_size) as log:
+            fill(log, count, args.body_size, ["orders", "payments", "audit", "metrics"], 8)
+        _raw_read_all(store)
+        runs: dict[str, list[dict[str, Any]]] = {"helper": [], "plain": []}
+        for run in range(args.runs):
+            for session in ("helper", "plain") if run % 2 == 0 else ("plain", "helper"):
+                process = _spawn("_source-scan", store, session, "--queries", str(args.queries))
+                result = _json_line(process)
+                process.wait()
+                runs[session].append(result)
+                _progress(
+                    f"run {run + 1}: {session}: scan {result['scan_seconds']:.2f} s, "
+                    f"one topic of four {result['topic_seconds']:.2f} s"
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    def median(session: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[session])
+
+    return {
+        "benchmark": "source",
+        "machine": machine_info(),
+        "runs": args.runs,
+        "queries": args.queries,
+        "store_bytes": args.size,
+        "records": runs["plain"][0]["records"],
+        "helper_scan_seconds": median("helper", "scan_seconds"),
+        "plain_scan_seconds": median("plain", "scan_seconds"),
+        "plain_topic_seconds": median("plain", "topic_seconds"),
+        "helper_topic_seconds": median("helper", "topic_seconds"),
+        # >= 0.95 wanted: the user's own session as fast as the jobs' one.
+        "plain_fraction_of_helper": median("helper", "scan_seconds")
+        / median("plain", "scan_seconds"),
+        # >= 3 wanted: one topic of four, pushed, against the whole scan.
+        "topic_speedup": median("plain", "scan_seconds") / median("plain", "topic_seconds"),
+        "runs_s": {k: [round(r["scan_seconds"], 2) for r in v] for k, v in runs.items()},
+    }
+
+
 def _stats_bench(args: argparse.Namespace) -> dict[str, Any]:
     """
     The C{stats} job against a bare scan of the same columns
@@ -2111,6 +2223,17 @@ def main(argv: list[str] | None = None) -> None:
         help="timed queries per Spark run: the first (fresh JVM) and the median of the "
         "others (warm) are reported (2)",
     )
+    source_bench = commands.add_parser(
+        "source",
+        help="format('rmqha') from a plain session vs the jobs' session; a topic filter vs "
+        "the whole scan (Spark local[2])",
+    )
+    source_bench.add_argument("--size", type=int, default=400 << 20, help="store bytes (400 MiB)")
+    source_bench.add_argument("--body-size", type=int, default=1024, help="message body bytes")
+    source_bench.add_argument("--segment-size", type=int, default=128 << 20)
+    source_bench.add_argument("--runs", type=int, default=3)
+    source_bench.add_argument("--queries", type=int, default=3)
+    source_bench.add_argument("--dir", type=_existing_dir, default=None, help="where to create the store")
     stats_bench = commands.add_parser(
         "stats", help="the stats job against a bare scan of its columns, Spark local[2]"
     )
@@ -2186,6 +2309,7 @@ def main(argv: list[str] | None = None) -> None:
     failover.add_argument("--dir", type=_existing_dir, default=None, help="where the stores go")
     for name, params in [
         ("_spark-scan", ["store", "master"]),
+        ("_source-scan", ["store", "session"]),
         ("_serve-master", ["store"]),
         ("_run-slave", ["store", "port", "target", "throttle", "seconds"]),
         ("_raw-receive", ["path"]),
@@ -2194,6 +2318,8 @@ def main(argv: list[str] | None = None) -> None:
         helper = commands.add_parser(name)
         for param in params:
             helper.add_argument(param)
+        if name == "_source-scan":
+            helper.add_argument("--queries", type=int, default=3)
         if name == "_spark-scan":
             helper.add_argument("--bodies", default="true")
             helper.add_argument("--split-bytes", default=None)
@@ -2213,6 +2339,20 @@ def main(argv: list[str] | None = None) -> None:
             args.store, int(args.port), int(args.target), float(args.throttle),
             float(args.seconds), args.tls, args.checked, args.segment_size,
         )
+    if args.benchmark == "_source-scan":
+        return _source_scan(args.store, args.session, args.queries)
+    if args.benchmark == "source":
+        result = _source_bench(args)
+        print(
+            f"source: format('rmqha') from a plain session {result['plain_scan_seconds']:.2f} s = "
+            f"{100 * result['plain_fraction_of_helper']:.0f}% of the jobs' session's speed "
+            f"({result['helper_scan_seconds']:.2f} s); one topic of four "
+            f"{result['plain_topic_seconds']:.2f} s = {result['topic_speedup']:.1f}x faster than "
+            f"the whole scan; {result['records']:,} records, median of {args.runs}",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "_spark-scan":
         return _spark_scan(
             args.store, args.master, args.bodies, args.split_bytes, args.prune, args.reader,
