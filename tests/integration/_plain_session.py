@@ -1,12 +1,12 @@
 """
-A Spark application that knows nothing of rmqha's Python: run as a
-script by L{tests.integration.test_pipeline_cluster}, it makes plain
-C{SparkSession.builder} sessions with only the jar C{rmqha pipeline jar}
-printed on C{spark.jars}, one per master given (a local one, then the
-standalone cluster's, in one process: one JVM start), and through each
-reads a store by C{format("rmqha")}, with pushed filters, by SQL, and as
-a stream into a Parquet sink run twice over a store that grows between
-the runs.  Prints one JSON line per master.
+A Spark application that knows nothing of rmqha's Python, run as a script
+by L{tests.integration.test_pipeline_cluster} against the standalone
+cluster: it makes plain C{SparkSession.builder} sessions with only the jar
+C{rmqha pipeline jar} printed on C{spark.jars}, one per master given (in
+one process), and through each reads a store by C{format("rmqha")}, with
+pushed filters, by SQL, and as a stream into a Parquet sink run twice
+over a store that grows between the runs.  Prints one JSON line per
+master.
 
     python _plain_session.py JAR STORE WORK MASTER[,MASTER...] [KEY=VALUE...]
 """

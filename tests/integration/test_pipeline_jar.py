@@ -1,8 +1,9 @@
 """
 C{setup.py build_py} puts the rmqha data source's jar in the build (what
-a wheel holds).  (A plain session with only that jar, local and on a
-standalone cluster, in a process that cannot import rmqha:
-L{tests.integration.test_pipeline_cluster}.)
+a wheel holds).  (A plain session with only that jar, on a standalone
+cluster, in a process that cannot import rmqha:
+L{tests.integration.test_pipeline_cluster}; a local session reads by
+C{format("rmqha")} and SQL in L{tests.test_pipeline_spark}.)
 
 Marked C{spark}; starts no JVM but javac's.
 """
