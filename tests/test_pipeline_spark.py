@@ -1999,6 +1999,26 @@ class RmqhaSourceTests(SynchronousTestCase):
         self.assertEqual([r.s for r in rows], [1700000000123, 1700000001500])
         self.assertEqual([r.b for r in rows], [r["born_timestamp"] for r in store_rows(path)])
 
+    def test_pushed_topic_as_the_row_shows_it(self) -> None:
+        """
+        A pushed topic filter matches a record by its topic as the row
+        shows it: a stored topic of invalid UTF-8 (shown with U+FFFD) is
+        matched by its shown form, and by no valid topic's bytes.
+        """
+        from pyspark.sql import functions as F
+
+        path = os.path.abspath(hostile_store(self))
+        df = self.read(path)
+        shown = sorted({r.topic for r in df.select("topic").collect()})
+        weird = [t for t in shown if "\ufffd" in t]
+        plain = [t for t in shown if "\ufffd" not in t]
+        self.assertTrue(weird and plain, shown)
+        every = [r.topic for r in df.select("topic").collect()]
+        for topic in (weird[0], plain[0]):
+            pushed = df.where(F.col("topic") == topic)
+            self.assertIn("PushedFilters: [topic = ", pushed._jdf.queryExecution().executedPlan().toString())
+            self.assertEqual(pushed.count(), every.count(topic), topic)
+
     def test_garbage_timestamps_are_null(self) -> None:
         """
         A born time whose microseconds do not fit 64 bits (garbage) is a

@@ -81,11 +81,56 @@ final class RecordFilter implements Serializable {
   final List<byte[][]> topics = new ArrayList<>();
   /** A condition nothing passes (= null, IN of nulls only). */
   boolean none;
+  /**
+   * Whether a wanted topic holds U+FFFD, which a stored topic of invalid
+   * UTF-8 shows as (only then is a record's topic decoded to compare).
+   */
+  boolean replacementWanted;
+
+  /**
+   * Is the topic b[at, +length) in {@code set}, as the row shows it?  Its
+   * bytes are compared where they lie, with no copy (a wanted topic is
+   * valid UTF-8: equal bytes are the same string); only when no bytes
+   * match, the topic is not valid UTF-8 and a wanted one holds U+FFFD is
+   * it decoded with replacements, as the row is.
+   */
+  private boolean topicIn(byte[][] set, ByteBuffer b, int at, int length) {
+    for (byte[] t : set) {
+      if (t.length == length && sameBytes(t, b, at)) {
+        return true;
+      }
+    }
+    if (!replacementWanted) {
+      return false;
+    }
+    byte[] topic = new byte[length];
+    b.get(at, topic, 0, length);
+    if (SpanDecoder.Utf8.valid(topic, 0, length)) {
+      return false;
+    }
+    byte[] shown = SpanDecoder.Utf8.replaced(topic, 0, length);
+    for (byte[] t : set) {
+      if (Arrays.equals(t, shown)) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  private static boolean sameBytes(byte[] t, ByteBuffer b, int at) {
+    for (int i = 0; i < t.length; i++) {
+      if (t[i] != b.get(at + i)) {
+        return false;
+      }
+    }
+    return true;
+  }
 
   void topicIn(String[] names) {
     byte[][] set = new byte[names.length][];
     for (int i = 0; i < names.length; i++) {
       set[i] = names[i].getBytes(StandardCharsets.UTF_8);
+      replacementWanted |= names[i].indexOf('\uFFFD') >= 0;
     }
     topics.add(set);
   }
@@ -108,20 +153,8 @@ final class RecordFilter implements Serializable {
     if (topics.isEmpty()) {
       return true;
     }
-    byte[] topic = new byte[topicLength];
-    b.get(topicAt, topic, 0, topicLength);
-    if (!SpanDecoder.Utf8.valid(topic, 0, topicLength)) {
-      topic = SpanDecoder.Utf8.replaced(topic, 0, topicLength); // as the row shows it
-    }
     for (byte[][] set : topics) {
-      boolean found = false;
-      for (byte[] t : set) {
-        if (Arrays.equals(t, topic)) {
-          found = true;
-          break;
-        }
-      }
-      if (!found) {
+      if (!topicIn(set, b, topicAt, topicLength)) {
         return false;
       }
     }
