@@ -359,32 +359,3 @@ class OptionalBuildTests(SynchronousTestCase):
         self.assertIn("rmqha.store._speedups was not built", line)
         self.assertIn("No such file or directory", line)
         self.assertIn("pure-Python codec", line)
-
-
-class SparkSchedulingTests(SynchronousTestCase):
-    """
-    tests/conftest.py runs every test file that starts the shared local
-    SparkSession on one pytest-xdist worker.
-    """
-
-    def test_every_local_spark_file_is_listed(self) -> None:
-        """
-        The files importing the shared session (C{tests._spark.spark}) are
-        exactly C{LOCAL_SPARK_FILES}: a new one left out would start a
-        second session on the other worker.
-        """
-        import re
-
-        from tests import conftest
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        found = set()
-        for directory in ("tests", os.path.join("tests", "integration")):
-            for name in sorted(os.listdir(os.path.join(root, directory))):
-                if not (name.startswith("test_") and name.endswith(".py")):
-                    continue
-                with open(os.path.join(root, directory, name)) as f:
-                    text = f.read()
-                if re.search(r"from tests\._spark import [^\n]*\bspark\b", text):
-                    found.add(f"{directory}/{name}".replace(os.sep, "/"))
-        self.assertEqual(found, set(conftest.LOCAL_SPARK_FILES))
