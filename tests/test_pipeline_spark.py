@@ -1060,6 +1060,43 @@ class StreamTests(SynchronousTestCase):
         self.assertEqual(lossy.rows, len(left))
         self.assertEqual(self.exported(out)[35:], left)
 
+    def test_export_incremental_counts_damage(self) -> None:
+        """
+        Records with a bad body CRC are exported as they are and counted
+        in the run that exports them (a warning on stderr, exit 0); with
+        C{--fail-on-damage} the run says so as an error, exit 1 (its sink
+        has committed them); a later run without new damage is quiet.
+        """
+        from rmqha.pipeline.jobs import export_incremental, main
+
+        path, out = self.mktemp(), os.path.abspath(self.mktemp())
+        log = CommitLog.open(path, segment_size=4096)
+        self.addCleanup(log.close)
+        first = self.put(log, 6)
+        # (A v1 record with IPv4 hosts: its body starts 88 bytes in.)
+        xor_byte(segment_path(path, 0), first[2].offset + 90)
+        added = export_incremental(spark(), path, out)
+        self.assertEqual((added.rows, added.bad.bad_crc, added.bad.first_offset),
+                         (6, 1, first[2].offset))
+        more = self.put(log, 4)
+        xor_byte(segment_path(path, more[1].offset - more[1].offset % 4096),
+                 more[1].offset % 4096 + 90)
+        printed, errors = io.StringIO(), io.StringIO()
+        with redirect_stdout(printed), redirect_stderr(errors):
+            self.assertEqual(main(["export", path, out, "--incremental", "--fail-on-damage"]), 1)
+        self.assertIn("exported 4 new records", printed.getvalue())
+        self.assertEqual(
+            errors.getvalue(),
+            f"rmqha pipeline: error: 1 record(s) of {path} with a body that does not match its "
+            f"CRC (crc_ok false), the first at offset {more[1].offset}: 'rmqha store check' "
+            "says where, 'rmqha store repair' mends them from a replica\n",
+        )
+        self.put(log, 2)
+        errors = io.StringIO()
+        with redirect_stdout(io.StringIO()), redirect_stderr(errors):
+            self.assertEqual(main(["export", path, out, "--incremental", "--fail-on-damage"]), 0)
+        self.assertEqual(errors.getvalue(), "")
+
 
 class _Broker(http.server.BaseHTTPRequestHandler):
     """

@@ -559,6 +559,21 @@ def _output_fs(spark: Any, uri: str) -> _HadoopFS:
     return _HadoopFS(spark, uri)
 
 
+def _quality_metrics() -> list[Any]:
+    """
+    What an export observes of the rows it writes: C{rows}, C{bad_crc}
+    (records whose body does not match its CRC) and C{first_bad} (the
+    first such record's offset).
+    """
+    from pyspark.sql import functions as F
+
+    return [
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
+        F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad"),
+    ]
+
+
 def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, BadCrc]:
     """
     Write C{df} to C{uri} by topic and date; return the rows the executors wrote
@@ -569,12 +584,7 @@ def _write_counted(df: Any, fmt: str, uri: str) -> tuple[int, BadCrc]:
     from pyspark.sql import functions as F
 
     observation = Observation("rmqha export")
-    observed = df.observe(
-        observation,
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.when(F.col("crc_ok"), 0).otherwise(1)).alias("bad_crc"),
-        F.min(F.when(~F.col("crc_ok"), F.col("offset"))).alias("first_bad"),
-    )
+    observed = df.observe(observation, *_quality_metrics())
     observed.write.partitionBy(*EXPORT_PARTITIONS).format(fmt).save(uri)
     seen = observation.get
     return int(seen["rows"]), BadCrc(int(seen["bad_crc"] or 0), seen["first_bad"])
@@ -632,6 +642,10 @@ INCREMENTAL_CHECKPOINT = "_checkpoint"
 _INCREMENTAL_MARK = "rmqha-export.json"
 
 
+#: The name of an incremental export's observed metrics.
+_INCREMENTAL_QUALITY = "rmqha export quality"
+
+
 @dataclass
 class IncrementalResult:
     """
@@ -644,6 +658,8 @@ class IncrementalResult:
     start: int | None
     end: int | None
     batches: int
+    #: The records among them whose body does not match its CRC.
+    bad: BadCrc = field(default_factory=lambda: BadCrc(0, None))
 
     def line(self, out: str, fmt: str) -> str:
         if self.start is None or self.end is None or self.end <= self.start:
@@ -717,6 +733,9 @@ def export_incremental(
     for key, value in options.items():
         reader = reader.option(key, value)
     frame, columns = export_frame(reader.load(location)), EXPORT_PARTITIONS
+    # Each batch's bad-CRC records, counted as its rows are written
+    # (progress["observedMetrics"]).
+    frame = frame.observe(_INCREMENTAL_QUALITY, *_quality_metrics())
     # Every batch's progress, to count the rows (Spark keeps 100).
     retention = "spark.sql.streaming.numRecentProgressUpdates"
     kept = spark.conf.get(retention, None)
@@ -734,19 +753,28 @@ def export_incremental(
             spark.conf.set(retention, kept)
     query.awaitTermination()
     rows, start, end, batches = 0, None, None, 0
+    bad, first_bad = 0, None
     for progress in query.recentProgress:
         source = progress["sources"][0]
         if _stream_offset(source["endOffset"]) is None:
             continue
         rows += int(progress["numInputRows"])
         batches += 1
+        # (A progress is a dict; its observed metrics, a dict of Rows.)
+        metrics = progress["observedMetrics"] if "observedMetrics" in progress else {}
+        row = (metrics or {}).get(_INCREMENTAL_QUALITY)
+        seen: dict[str, Any] = row.asDict() if row is not None else {}
+        bad += int(seen.get("bad_crc") or 0)
+        if seen.get("first_bad") is not None:
+            first = int(seen["first_bad"])
+            first_bad = first if first_bad is None else min(first_bad, first)
         end = _stream_offset(source["endOffset"])
         if start is None:
             # (A query's first batch has none: the stream's first offset.)
             start = _stream_offset(source["startOffset"])
             if start is None:
                 start = _stream_offset(_read_text(fs, f"{checkpoint}/sources/0/initial.json"))
-    return IncrementalResult(rows, start, end, batches)
+    return IncrementalResult(rows, start, end, batches, BadCrc(bad, first_bad))
 
 
 def _stream_offset(value: Any) -> int | None:
@@ -1635,7 +1663,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             job.add_argument(
                 "--fail-on-damage", action="store_true",
                 help="records whose body does not match its CRC are an error (exit 1; "
-                "export publishes nothing), not a warning",
+                "export publishes nothing; export --incremental has committed them), not a "
+                "warning",
             )
         if name == "stats":
             job.add_argument("--out", default=None, help="write stats.json and stats.png here")
@@ -1736,6 +1765,15 @@ def _job(args: argparse.Namespace, spark: Any, out: IO[str], err: IO[str]) -> in
         target = output_location(args.out)
         added = export_incremental(spark, args.dir, target, args.format, options)
         out.write(added.line(target, args.format) + "\n")
+        if added.bad.bad_crc:
+            # (The sink has committed them: an incremental run cannot
+            # withdraw them; --fail-on-damage makes it exit 1 saying so.)
+            print(
+                f"rmqha pipeline: {'error' if args.fail_on_damage else 'warning'}: "
+                f"{added.bad.line(args.dir)}", file=err,
+            )
+            if args.fail_on_damage:
+                return 1
         return 0
     if args.job == "export":
         target = output_location(args.out)
