@@ -391,7 +391,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
         p += 3;
         continue;
       }
-      if (!isRecordStart(m, p, base, length)) {
+      if (!Planner.isRecordStart(m, p, base, length, length)) {
         continue;
       }
       long after = p + (long) m.getInt(p);
@@ -402,24 +402,11 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
       int magic = m.getInt((int) after + 4);
       if ((magic == BLANK_MAGIC && after + follower == length)
           || (follower == 0 && magic == 0)
-          || isRecordStart(m, (int) after, base, length)) {
+          || Planner.isRecordStart(m, (int) after, base, length, length)) {
         return base + p;
       }
     }
     return -1;
-  }
-
-  /** rmqha.store._record.is_record_start over m (whose byte 0 is at offset base). */
-  private static boolean isRecordStart(ByteBuffer m, int p, long base, int size) {
-    if (p < 0 || (long) p + PHYSICALOFFSET_AT + 8 > size) {
-      return false;
-    }
-    int total = m.getInt(p);
-    int magic = m.getInt(p + 4);
-    if ((magic != MAGIC_V1 && magic != MAGIC_V2) || total < MIN_FIXED || total > size - p) {
-      return false;
-    }
-    return m.getLong(p + PHYSICALOFFSET_AT) == base + p;
   }
 
   private boolean zeroOrShort(long available) {
@@ -445,7 +432,8 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
   }
 
   static long storeTimestampAt(ByteBuffer b, long offset) {
-    if (b.limit() < 76 || !isRecordStart(b, 0, offset, Integer.MAX_VALUE)) {
+    if (b.limit() < 76
+        || !Planner.isRecordStart(b, 0, offset, Integer.MAX_VALUE, Integer.MAX_VALUE)) {
       return Long.MIN_VALUE;
     }
     int sysflag = b.getInt(36);
