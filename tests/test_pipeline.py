@@ -804,5 +804,6 @@ class ProgressTests(SynchronousTestCase):
         self.assertEqual(err.getvalue(), "rmqha pipeline: export: stage 1: 0/2 tasks done, 1 running\n")
         polls = tracker.polls
         with Progress(tracker, "export", err, interval=0.01).running(False):
-            time.sleep(0.05)
+            # (No thread at all, rather than a wait to see none poll.)
+            self.assertEqual(threading.active_count(), before)
         self.assertEqual(tracker.polls, polls)
