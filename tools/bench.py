@@ -1082,6 +1082,189 @@ def _source_bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _paced_master(store: str, http_port: str, rate: str, seconds: str, body_size: str) -> None:
+    """
+    A master broker as C{twistd rmqha} builds it (L{build_service}: the
+    admin HTTP port on 127.0.0.1:C{http_port}, serving its commit log),
+    putting C{rate} messages a second of C{body_size} bytes (four topics)
+    through L{Broker.put} for C{seconds} seconds, in steps of 5 ms; prints
+    C{{"t": time.time(), "end": max_offset, "puts": n}} every 50 ms, then
+    C{{"done": true, ...}}.
+    """
+    import random
+
+    from twisted.internet import reactor
+    from twisted.internet.task import LoopingCall
+
+    from rmqha.assemble import build_service
+    from rmqha.broker import Role
+    from rmqha.settings import BrokerSettings
+
+    settings = BrokerSettings(
+        role=Role.MASTER, store_dir=store, ha_listen="tcp:0:interface=127.0.0.1",
+        http=f"tcp:{http_port}:interface=127.0.0.1", serve_commitlog=4 << 30,
+        segment_size=256 << 20,
+    )
+    top = build_service(settings, reactor)
+    broker: Any = top
+    per_second, size, duration = float(rate), int(body_size), float(seconds)
+    pool = random.Random(0).randbytes(1 << 16)
+    topics = ["orders", "payments", "audit", "metrics"]
+    state: dict[str, Any] = {"puts": 0, "failed": 0, "start": 0.0}
+
+    def put() -> None:
+        now = time.monotonic()
+        due = int((now - state["start"]) * per_second)
+        while state["puts"] < due:
+            i = state["puts"]
+            start = (i * 131) % (len(pool) - size)
+            d = broker.put(Message(
+                topic=topics[i % 4], body=pool[start:start + size], queue_id=i % 8,
+                properties={"KEYS": f"k{i}"},
+            ))
+            d.addErrback(lambda f: state.__setitem__("failed", state["failed"] + 1))
+            state["puts"] += 1
+        if now - state["start"] >= duration:
+            pacer.stop()
+            print(json.dumps({"done": True, **report()}), flush=True)
+            reactor.stop()
+
+    def report() -> dict[str, Any]:
+        return {"t": time.time(), "end": broker.commitlog.max_offset, "puts": state["puts"],
+                "failed": state["failed"]}
+
+    def tick() -> None:
+        print(json.dumps(report()), flush=True)
+
+    pacer = LoopingCall(put)
+    ticker = LoopingCall(tick)
+
+    def go() -> None:
+        state["start"] = time.monotonic()
+        print(json.dumps({"started": True, **report()}), flush=True)
+        pacer.start(0.005)
+        ticker.start(0.05)
+
+    top.startService()
+    reactor.callLater(0.2, go)
+    reactor.addSystemEventTrigger("before", "shutdown", top.stopService)
+    reactor.run()
+
+
+def _stream_bench(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    C{readStream.format("rmqha")} following a live master that takes
+    C{--rate} puts a second (L{_paced_master}), from its store directory
+    and from its admin HTTP (C{rmqha+http://}), each into a Parquet file
+    sink partitioned as C{export} does, with back-to-back micro-batches:
+    the lag of every batch (from when its first record was written to
+    when the batch was committed), the rows/s the query kept up with,
+    and the backlog left at the end.  One C{local[2]} session (the jobs'
+    one), one master per source, in turn.
+    """
+
+    from rmqha.pipeline import jobs
+    from rmqha.pipeline.source import spark_session
+    from tools.processes import free_ports
+
+    spark = spark_session("local[2]", quiet=True)
+    spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
+    results: dict[str, Any] = {}
+    for where in args.sources.split(","):
+        root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
+        (http_port,) = free_ports(1)
+        store = os.path.join(root, "store")
+        master = _spawn(
+            "_paced-master", store, str(http_port), str(args.rate), str(args.seconds + 15),
+            str(args.body_size),
+        )
+        timeline: list[tuple[float, int]] = []
+        writer: dict[str, Any] = {}
+        try:
+            first = _json_line(master)
+            timeline.append((first["t"], first["end"]))
+            writer.update(first)
+            import threading
+
+            def follow() -> None:
+                assert master.stdout is not None
+                for line in master.stdout:
+                    report = json.loads(line)
+                    timeline.append((report["t"], report["end"]))
+                    writer["last"] = report
+
+            threading.Thread(target=follow, daemon=True).start()
+            time.sleep(2)  # a backlog of records to start from
+            source = store if where == "store" else f"rmqha+http://127.0.0.1:{http_port}"
+            frame = jobs.export_frame(
+                spark.readStream.format("rmqha").option("startingOffsets", "latest").load(source)
+            )
+            query = (
+                frame.writeStream.format("parquet").partitionBy(*jobs.EXPORT_PARTITIONS)
+                .option("path", os.path.join(root, "out"))
+                .option("checkpointLocation", os.path.join(root, "checkpoint"))
+                .start()
+            )
+            _progress(f"stream from the {where}: following {args.rate:,} puts/s for "
+                      f"{args.seconds:.0f} s ...")
+            time.sleep(args.seconds)
+            query.stop()
+            progress = list(query.recentProgress)
+            writer_end = timeline[-1][1]
+        finally:
+            master.terminate()
+            master.wait()
+            shutil.rmtree(root, ignore_errors=True)
+        lags: list[float] = []
+        each: list[tuple[int, float, float]] = []
+        rows = 0
+        batches = 0
+        last_end = None
+        import datetime
+
+        for p in progress:
+            source_progress = p["sources"][0]
+            start = jobs._stream_offset(source_progress["startOffset"])
+            end = jobs._stream_offset(source_progress["endOffset"])
+            if start is None or end is None or end == start:
+                continue
+            began = datetime.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00"))
+            committed = began.timestamp() + p["batchDuration"] / 1000
+            # When the batch's first record was not yet written: the last
+            # report of the writer whose end was at most the batch's start.
+            written = max((t for t, e in timeline if e <= start), default=timeline[0][0])
+            lags.append(committed - written)
+            each.append((int(p["numInputRows"]), p["batchDuration"] / 1000, committed - written))
+            rows += int(p["numInputRows"])
+            batches += 1
+            last_end = end
+        steady = lags[1:] or lags
+        results[where] = {
+            "batches": batches,
+            "rows": rows,
+            "rows_per_s": rows / args.seconds,
+            "lag_median_s": statistics.median(steady) if steady else None,
+            "lag_max_s": max(steady) if steady else None,
+            "backlog_bytes_at_stop": (writer_end - last_end) if last_end is not None else None,
+            # What the master really took: puts/s from its first to its last report.
+            "writer_puts_per_s": (writer["last"]["puts"] - writer["puts"])
+            / (writer["last"]["t"] - writer["t"]),
+            "writer_failed": writer["last"]["failed"],
+            # (rows, seconds, lag) of every batch.
+            "batches_each": [(n, round(d, 2), round(lag, 2)) for n, d, lag in each],
+        }
+        _progress(f"  {where}: {results[where]}")
+    spark.stop()
+    return {
+        "benchmark": "stream",
+        "machine": machine_info(),
+        "rate": args.rate,
+        "seconds": args.seconds,
+        "body_size": args.body_size,
+        **results,
+    }
+
+
 def _stats_bench(args: argparse.Namespace) -> dict[str, Any]:
     """
     The C{stats} job against a bare scan of the same columns
@@ -1622,9 +1805,17 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
             "http": f"rmqha+http://127.0.0.1:{http_port}",
         }
         _raw_read_all(store)
-        variants = [
-            (reader, source) for reader in ("raw", "plain", "local[2]") for source in sources
-        ]
+        readers = args.readers.split(",")
+        cluster = None
+        if "cluster" in readers:
+            # A standalone master and two workers of one core each, on
+            # loopback, as the suite's cluster tests start them.
+            from tests.integration._spark_cluster import SparkCluster
+
+            cluster = SparkCluster(tempfile.mkdtemp(prefix="cluster-", dir=root))
+            _progress("starting a Spark standalone cluster (a master, two workers) ...")
+            cluster.start([[], []])
+        variants = [(reader, source) for reader in readers for source in sources]
         runs: dict[str, list[dict[str, Any]]] = {f"{r} {s}": [] for r, s in variants}
         for run in range(args.runs):
             for reader, source in variants if run % 2 == 0 else variants[::-1]:
@@ -1632,6 +1823,16 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
                     result = _raw_scan(sources[source])
                 elif reader == "plain":
                     result = _plain_scan(sources[source], args.bodies == "true")
+                elif reader == "cluster":
+                    # The JVM reader where it reads the source (local files,
+                    # a live broker), the Python source for s3://.
+                    assert cluster is not None
+                    process = _spawn(
+                        "_spark-scan", sources[source], cluster.url, "--bodies", args.bodies,
+                        "--reader", "python" if source == "s3" else "jvm",
+                    )
+                    result = _json_line(process)
+                    process.wait()
                 else:
                     process = _spawn(
                         "_spark-scan", sources[source], reader, "--bodies", args.bodies
@@ -1646,6 +1847,8 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
                     + (f"{result['records']:,} records)" if "records" in result else "not decoded)")
                 )
     finally:
+        if cluster is not None:
+            cluster.stop()
         for process in processes:
             process.terminate()
         for process in processes:
@@ -1674,12 +1877,12 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
                 kind: round(statistics.median(r["cpu_s"][kind] for r in results), 2)
                 for kind in results[0]["cpu_s"]
             }
-    for reader in ("plain", "local2"):
+    for reader in [r.replace("[", "").replace("]", "") for r in readers if r != "raw"]:
         for source in ("s3", "http"):
             out[f"{reader}_{source}_fraction_of_local"] = (
                 out[f"{reader}_{source}_mb_per_s"] / out[f"{reader}_local_mb_per_s"]
             )
-    for source in ("s3", "http"):
+    for source in ("s3", "http") if "raw" in readers and "plain" in readers else ():
         # The server's own ceiling against what the target asks (70 % of
         # the plain reader's local figure), and how near the reader gets.
         out[f"raw_{source}_fraction_of_plain_local"] = (
@@ -1688,8 +1891,9 @@ def _sources_bench(args: argparse.Namespace) -> dict[str, Any]:
         out[f"plain_{source}_fraction_of_raw"] = (
             out[f"plain_{source}_mb_per_s"] / out[f"raw_{source}_mb_per_s"]
         )
-    out["store_bytes"] = runs["plain local"][0]["bytes"]
-    out["records"] = runs["plain local"][0]["records"]
+    some = next(name for name in runs if not name.startswith("raw"))
+    out["store_bytes"] = runs[some][0]["bytes"]
+    out["records"] = runs[some][0]["records"]
     return out
 
 
@@ -2234,6 +2438,16 @@ def main(argv: list[str] | None = None) -> None:
     source_bench.add_argument("--runs", type=int, default=3)
     source_bench.add_argument("--queries", type=int, default=3)
     source_bench.add_argument("--dir", type=_existing_dir, default=None, help="where to create the store")
+    stream_bench = commands.add_parser(
+        "stream",
+        help="readStream.format('rmqha') following a master taking --rate puts/s: lag per "
+        "micro-batch, from its store and from its HTTP",
+    )
+    stream_bench.add_argument("--rate", type=int, default=20_000, help="puts/s (20,000)")
+    stream_bench.add_argument("--seconds", type=float, default=60.0)
+    stream_bench.add_argument("--body-size", type=int, default=1024)
+    stream_bench.add_argument("--sources", default="store,http", help="store,http")
+    stream_bench.add_argument("--dir", type=_existing_dir, default=None, help="where the stores go")
     stats_bench = commands.add_parser(
         "stats", help="the stats job against a bare scan of its columns, Spark local[2]"
     )
@@ -2291,6 +2505,12 @@ def main(argv: list[str] | None = None) -> None:
         "--http-rate", default="4g", help="the broker's --serve-commitlog rate (default 4g)"
     )
     sources.add_argument("--bodies", choices=["true", "false"], default="true")
+    sources.add_argument(
+        "--readers", default="raw,plain,local[2]",
+        help="which readers, of raw (the sources' own ceiling), plain (rmqha's reader in this "
+        "process), local[2] (Spark, the Python source) and cluster (a Spark standalone cluster "
+        "of two one-core workers, the JVM reader where it reads the source)",
+    )
     failover = commands.add_parser(
         "failover",
         help="kill -9 the master of a 3-node failover group under HTTP load: unavailability "
@@ -2310,6 +2530,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, params in [
         ("_spark-scan", ["store", "master"]),
         ("_source-scan", ["store", "session"]),
+        ("_paced-master", ["store", "http_port", "rate", "seconds", "body_size"]),
         ("_serve-master", ["store"]),
         ("_run-slave", ["store", "port", "target", "throttle", "seconds"]),
         ("_raw-receive", ["path"]),
@@ -2339,6 +2560,22 @@ def main(argv: list[str] | None = None) -> None:
             args.store, int(args.port), int(args.target), float(args.throttle),
             float(args.seconds), args.tls, args.checked, args.segment_size,
         )
+    if args.benchmark == "_paced-master":
+        return _paced_master(args.store, args.http_port, args.rate, args.seconds, args.body_size)
+    if args.benchmark == "stream":
+        result = _stream_bench(args)
+        print(
+            "stream: " + "; ".join(
+                f"from the {w}: lag median {result[w]['lag_median_s'] or 0:.2f} s, max "
+                f"{result[w]['lag_max_s'] or 0:.2f} s, {result[w]['rows_per_s']:,.0f} rows/s over "
+                f"{result[w]['batches']} batches, {result[w]['backlog_bytes_at_stop'] or 0:,} bytes "
+                "behind at the stop"
+                for w in args.sources.split(",")
+            ) + f" (the master taking {args.rate:,} puts/s)",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
+        return None
     if args.benchmark == "_source-scan":
         return _source_scan(args.store, args.session, args.queries)
     if args.benchmark == "source":
@@ -2441,22 +2678,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.benchmark == "sources":
         result = _sources_bench(args)
         print(
-            f"sources: raw ceilings: S3 {result['raw_s3_mb_per_s']:,.0f} MB/s "
-            f"({100 * result['raw_s3_fraction_of_plain_local']:.0f}% of the plain reader's "
-            f"local), HTTP {result['raw_http_mb_per_s']:,.0f} MB/s "
-            f"({100 * result['raw_http_fraction_of_plain_local']:.0f}%)",
+            "sources: " + "; ".join(
+                f"{reader}: S3 {100 * result[f'{key}_s3_fraction_of_local']:.0f}%, HTTP "
+                f"{100 * result[f'{key}_http_fraction_of_local']:.0f}% of local "
+                f"({result[f'{key}_local_mb_per_s']:,.0f} MB/s)"
+                for reader in args.readers.split(",") if reader != "raw"
+                for key in [reader.replace("[", "").replace("]", "")]
+            ) + f"; median of {args.runs}",
             file=sys.stderr,
         )
-        print(
-            "sources: plain reader: S3 "
-            f"{100 * result['plain_s3_fraction_of_local']:.0f}%, HTTP "
-            f"{100 * result['plain_http_fraction_of_local']:.0f}% of local "
-            f"({result['plain_local_mb_per_s']:,.0f} MB/s); Spark local[2]: S3 "
-            f"{100 * result['local2_s3_fraction_of_local']:.0f}%, HTTP "
-            f"{100 * result['local2_http_fraction_of_local']:.0f}% of local "
-            f"({result['local2_local_mb_per_s']:,.0f} MB/s); median of {args.runs}",
-            file=sys.stderr,
-        )
+        if "raw_s3_fraction_of_plain_local" in result:
+            print(
+                f"sources: raw ceilings: S3 {result['raw_s3_mb_per_s']:,.0f} MB/s "
+                f"({100 * result['raw_s3_fraction_of_plain_local']:.0f}% of the plain reader's "
+                f"local), HTTP {result['raw_http_mb_per_s']:,.0f} MB/s "
+                f"({100 * result['raw_http_fraction_of_plain_local']:.0f}%)",
+                file=sys.stderr,
+            )
         print(json.dumps(result))
         return None
     if args.benchmark == "stats":
