@@ -203,6 +203,26 @@ class TLSConversationTests(SynchronousTestCase):
         self.assertIsNone(self.connection.server.negotiatedProtocol)
         self.assertEqual(len(master.slaves()), 1)
 
+    def test_slave_certificate_from_certs_issue(self) -> None:
+        """
+        A slave certificate issued later from the CA C{certs init} wrote
+        (C{rmqha certs issue}, client use only) is accepted by the master
+        of that set, by name in the allowlist, and the slave replicates.
+        """
+        d = self.mktemp()
+        certs.init(d, "master", ["s1"])
+        issued = certs.issue_from(d, "s3", server=False, client=True, days=30)
+        ca = f"{d}/ca.pem"
+        policy = PeerPolicy(require_client_cert=True, allowed_peers=frozenset({"s3"}))
+        master, _, log = self.converse(
+            TLSFiles(f"{d}/master.pem", f"{d}/master.key", ca),
+            TLSFiles(issued.cert, issued.key, ca),
+            policy,
+        )
+        self.assertEqual(self.replica.max_offset, self.source.max_offset, log)
+        (status,) = master.slaves()
+        self.assertEqual(status.identity, "s3")
+
     def test_site_behind_limiter_negotiates_http_1_1(self) -> None:
         """
         The admin port (a C{Site} behind the connection limiter) selects
