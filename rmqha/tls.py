@@ -74,6 +74,7 @@ __all__ = [
     "parse_ssl_listen",
     "client_endpoint",
     "certificate_names",
+    "certificate_expiry",
     "describe_failure",
     "describe_refusal",
     "ServerTLSFactory",
@@ -181,6 +182,28 @@ def certificate_names(certificate: x509.Certificate) -> list[str]:
             for attribute in certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
         ]
     return names
+
+
+def certificate_expiry(files: TLSFiles) -> dict[str, tuple[str, float]]:
+    """
+    When the certificates this broker uses stop being valid, for
+    C{/metrics}: C{{"certificate": (path, t), "ca": (path, t)}} for the
+    C{--tls-cert} and C{--tls-ca} files that are set and readable, C{t}
+    the earliest not-after time in the file (a chain or a CA bundle stops
+    working at its first expiry), in Unix seconds.  Read once, at start,
+    like the files themselves: a file replaced on disk counts after a
+    restart.
+    """
+    found = {}
+    for kind, path, flag in (("certificate", files.cert, "--tls-cert"), ("ca", files.ca, "--tls-ca")):
+        if path is None:
+            continue
+        try:
+            certificates = _load_certificates(path, flag)
+        except TLSError:
+            continue
+        found[kind] = (path, min(c.not_valid_after_utc.timestamp() for c in certificates))
+    return found
 
 
 @dataclass(frozen=True)
