@@ -470,8 +470,11 @@ class _ServerTLSProtocol(TLSProtocol):
     factory: "ServerTLSFactory"
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        failure = self._reason or reason
-        if not self._handshakeDone and failure.check(SSL.Error):
+        # (Twisted's private state: the TLS error that ended the connection
+        # and whether the handshake was done; read defensively, pinned by
+        # tests/test_private_internals.py.)
+        failure = getattr(self, "_reason", None) or reason
+        if not getattr(self, "_handshakeDone", True) and failure.check(SSL.Error):
             self.factory.handshake_failed(self, failure)
         TLSProtocol.connectionLost(self, reason)
 
