@@ -486,11 +486,17 @@ class ServerTLSFactory(TLSFactory):
     (L{describe_refusal}); the application protocol is told only that its
     connection was lost.
 
+    At most L{LOG_BURST} such lines per L{LOG_WINDOW} seconds per port
+    (a flood of bad clients must not fill the disk); the next line after
+    a window with more says how many went unlogged.
+
     @ivar handshake_failures: handshakes that failed so far.
     """
 
     protocol = _ServerTLSProtocol
     _log = Logger()
+    LOG_BURST = 10
+    LOG_WINDOW = 10.0
 
     def __init__(
         self,
@@ -506,18 +512,32 @@ class ServerTLSFactory(TLSFactory):
         super().__init__(creator, False, wrapped, clock=clock)
         self.name = name
         self.handshake_failures = 0
+        self._log_clock = clock
+        self._window_start: float | None = None
+        self._logged = 0
+        self._unlogged = 0
 
     def handshake_failed(self, protocol: TLSMemoryBIOProtocol, reason: Failure) -> None:
         self.handshake_failures += 1
+        now = self._log_clock.seconds()
+        if self._window_start is None or now - self._window_start >= self.LOG_WINDOW:
+            self._window_start, self._logged = now, 0
+        if self._logged >= self.LOG_BURST:
+            self._unlogged += 1
+            return
+        self._logged += 1
         peer = getattr(protocol.transport, "getPeer", lambda: None)()
         host = str(getattr(peer, "host", peer))
         port = getattr(peer, "port", None)
         shown = f"[{host}]" if ":" in host else host
+        unlogged, self._unlogged = self._unlogged, 0
         self._log.warn(
-            "TLS handshake from {peer} on {port} failed: {why}",
+            "TLS handshake from {peer} on {port} failed: {why}"
+            + (" ({unlogged} more failed on this port and were not logged)" if unlogged else ""),
             peer=shown if port is None else f"{shown}:{port}",
             port=self.name,
             why=describe_refusal(reason, protocol),
+            unlogged=unlogged,
         )
 
 

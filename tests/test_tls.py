@@ -408,6 +408,54 @@ class TLSConversationTests(SynchronousTestCase):
         self.assertTrue(line.endswith("UTC (certificate verify failed)"), line)
 
 
+class HandshakeFailureLogTests(SynchronousTestCase):
+    """
+    L{ServerTLSFactory}'s warnings about failed handshakes are bounded.
+    """
+
+    def test_burst_then_count(self) -> None:
+        """
+        At most C{LOG_BURST} lines per C{LOG_WINDOW} seconds on one port,
+        each naming the peer; the first line of a later window says how
+        many failures went unlogged.  Every failure is counted.
+        """
+        from OpenSSL import SSL
+        from twisted.internet.protocol import Factory, Protocol
+        from twisted.python.failure import Failure
+
+        from rmqha.testing import SLAVE_ADDRESS
+
+        clock = Clock()
+        files = PKI(self.mktemp()).master()
+        port = ServerTLSFactory(
+            server_context(TLSFiles(files.cert, files.key), PeerPolicy()),
+            Factory.forProtocol(Protocol),
+            clock,
+            name="the HA port",
+        )
+
+        class Connection:
+            transport = iosim.FakeTransport(Protocol(), isServer=True, peerAddress=SLAVE_ADDRESS)
+
+        failure = Failure(SSL.Error([("SSL routines", "", "http request")]))
+        with capturedLogs() as events:
+            for _ in range(port.LOG_BURST + 5):
+                port.handshake_failed(Connection(), failure)  # type: ignore[arg-type]
+            clock.advance(port.LOG_WINDOW)
+            port.handshake_failed(Connection(), failure)  # type: ignore[arg-type]
+        lines = [formatEvent(e) for e in events]
+        self.assertEqual(len(lines), port.LOG_BURST + 1)
+        self.assertEqual(
+            lines[0],
+            "TLS handshake from 127.0.0.1:50000 on the HA port failed: the client spoke plain "
+            "HTTP to this TLS port (use https://) (http request)",
+        )
+        self.assertTrue(
+            lines[-1].endswith("(5 more failed on this port and were not logged)"), lines[-1]
+        )
+        self.assertEqual(port.handshake_failures, port.LOG_BURST + 6)
+
+
 class _SizedFakeTransport(iosim.FakeTransport):
     """
     An iosim transport with a read size attribute, like a TCP transport
