@@ -17,7 +17,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from twisted.internet.interfaces import IAddress, IHandshakeListener, IReactorTime
+from twisted.internet.interfaces import (
+    IAddress,
+    IHandshakeListener,
+    IProtocolNegotiationFactory,
+    IReactorTime,
+)
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
@@ -127,10 +132,13 @@ class _Refused(Protocol):
         transport.abortConnection()
 
 
+@implementer(IProtocolNegotiationFactory)
 class LimitedFactory(WrappingFactory[_Counted]):
     """
     A port's factory, bounded in connections per port and per host, and
-    by a budget shared with the other ports.
+    by a budget shared with the other ports.  Under TLS it offers the
+    wrapped factory's application protocols for ALPN (a C{Site}'s
+    C{http/1.1}), as the wrapped factory would without it.
 
     @ivar refused: connections refused so far.
     """
@@ -172,6 +180,16 @@ class LimitedFactory(WrappingFactory[_Counted]):
     @property
     def connections(self) -> int:
         return self._count
+
+    def acceptableProtocols(self) -> list[bytes]:
+        """
+        The wrapped factory's ALPN protocols (L{IProtocolNegotiationFactory}),
+        or none when it names none (the TLS layer then selects nothing).
+        """
+        negotiating = IProtocolNegotiationFactory(self.wrappedFactory, None)
+        if negotiating is None:
+            return []
+        return list(negotiating.acceptableProtocols())
 
     def buildProtocol(self, addr: IAddress | None) -> Protocol | None:  # type: ignore[override]
         host = str(getattr(addr, "host", addr))

@@ -10,6 +10,10 @@ EC P-256 keys; the master's certificate is for its name, C{localhost} and
 127.0.0.1 / ::1 (server auth); each slave's certificate carries its name as
 CN and DNS name (client auth), which is what C{--tls-allowed-peers} matches.
 
+C{rmqha certs issue DIR NAME}: one more key pair from the CA in DIR
+(L{issue_from}), for a new node, an operator's client or a certificate
+replacing one about to expire.
+
 C{rmqha certs init --group NAME --nodes a,b,c DIR}: what a failover group
 needs (L{init_group}, docs/failover.md, "Who counts"):
 
@@ -42,6 +46,9 @@ __all__ = [
     "init",
     "init_group",
     "issue",
+    "issue_from",
+    "IssuedFiles",
+    "load_ca",
     "make_ca",
     "write_pair",
     "write_secret",
@@ -335,3 +342,118 @@ def init_group(directory: str, group: str, node_ids: Sequence[str]) -> GroupSet:
             written += nodes[node_id]
         written.append(write_secret(secret_path))
     return GroupSet(ca_path, nodes, secret_path)
+
+
+def load_ca(directory: str) -> Issued:
+    """
+    The CA in C{directory} as L{init} or L{init_group} wrote it:
+    C{ca.pem} and its unencrypted key C{ca.key}.
+
+    @raise ValueError: one line naming the file that is missing, unreadable
+        or not what it should be.
+    """
+    if not os.path.isdir(directory):
+        raise ValueError(f"{directory}: no such directory (the CA's, as certs init wrote it)")
+    cert_path = os.path.join(directory, "ca.pem")
+    key_path = os.path.join(directory, "ca.key")
+    data = {}
+    for path in (cert_path, key_path):
+        try:
+            with open(path, "rb") as f:
+                data[path] = f.read()
+        except OSError as e:
+            raise ValueError(f"{path}: {e.strerror} (the CA's, as certs init wrote it)") from None
+    try:
+        certificate = x509.load_pem_x509_certificate(data[cert_path])
+    except ValueError:
+        raise ValueError(f"{cert_path}: not a PEM certificate") from None
+    try:
+        key = serialization.load_pem_private_key(data[key_path], password=None)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{key_path}: not an unencrypted PEM private key ({e})") from None
+    try:
+        constraints = certificate.extensions.get_extension_for_class(x509.BasicConstraints)
+        is_ca = constraints.value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise ValueError(f"{cert_path}: not a CA certificate (no CA basic constraint)")
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
+        raise ValueError(f"{key_path} is not the key of {cert_path}")
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{key_path}: not an EC key (certs init writes EC P-256)")
+    return Issued(key, certificate)
+
+
+@dataclass(frozen=True)
+class IssuedFiles:
+    """
+    What L{issue_from} wrote, and the certificate.
+    """
+
+    cert: str
+    key: str
+    certificate: x509.Certificate
+    #: The CA's certificate.
+    ca: x509.Certificate
+
+
+def issue_from(
+    ca_directory: str,
+    name: str,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    server: bool = True,
+    client: bool = True,
+    days: int = 825,
+    out_directory: str | None = None,
+    stem: str | None = None,
+) -> IssuedFiles:
+    """
+    One more key pair signed by the CA in C{ca_directory} (L{load_ca}):
+    C{STEM.pem} and C{STEM.key} (0600) in C{out_directory} (default: the
+    CA's), new files only.
+
+    @param name: the certificate's CN and first name: a DNS SAN (what
+        allowlists and node ids match), or an IP SAN if it is an address.
+    @param stem: the files' name (default C{name}).
+    @raise ValueError: one line: a bad name, address or validity, the CA
+        unusable, or a file that exists already (nothing is overwritten).
+    """
+    _check_names([name, *dns_names], "the names")
+    addresses = list(ip_addresses)
+    dns = [name, *dns_names]
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        pass
+    else:
+        dns.remove(name)
+        if name not in addresses:
+            addresses.insert(0, name)
+    for address in addresses:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise ValueError(f"{address!r} is not an IP address") from None
+    if days < 1:
+        raise ValueError(f"a validity of {days} days: give at least 1")
+    if not (server or client):
+        raise ValueError("a certificate for neither server nor client use is no use")
+    stem = stem or name
+    _check_names([stem], "the file name")
+    ca = load_ca(ca_directory)
+    directory = ca_directory if out_directory is None else out_directory
+    if not os.path.isdir(directory):
+        raise ValueError(f"{directory}: no such directory")
+    paths = [os.path.join(directory, stem + suffix) for suffix in (".pem", ".key")]
+    existing = [path for path in paths if os.path.lexists(path)]
+    if existing:
+        raise ValueError(
+            f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}; not "
+            "overwriting (give another name or --stem)"
+        )
+    issued = issue(ca, name, dns, addresses, server=server, client=client, days=days)
+    cert_path, key_path = write_pair(issued, directory, stem)
+    return IssuedFiles(cert_path, key_path, issued.certificate, ca.certificate)

@@ -223,6 +223,37 @@ def _build_parser() -> argparse.ArgumentParser:
         help="with --group: the comma-separated node ids (--node-id of each node)",
     )
     init.set_defaults(run=_certs_init)
+    issue = certs_actions.add_parser(
+        "issue",
+        help="one more key pair signed by the CA in DIR (a new node, an operator's "
+        "client, a replacement before expiry; docs/tls.md)",
+    )
+    issue.add_argument("dir", help="the CA's directory: ca.pem and ca.key, as certs init wrote them")
+    issue.add_argument(
+        "name",
+        help="the certificate's name: CN and first DNS name (what --tls-allowed-peers, "
+        "--http-allowed-peers and node ids match), or an IP address",
+    )
+    issue.add_argument("--dns", default=None, help="comma-separated further DNS names")
+    issue.add_argument(
+        "--ip", default=None, help="comma-separated IP addresses (e.g. 127.0.0.1,::1)"
+    )
+    issue.add_argument(
+        "--usage", choices=("both", "server", "client"), default="both",
+        help="extended key usage: server, client, or both (default: both, what "
+        "certs init gives every broker, which serves and dials)",
+    )
+    issue.add_argument(
+        "--days", type=_nonnegative("--days"), default=825,
+        help="validity in days from five minutes ago (default 825)",
+    )
+    issue.add_argument(
+        "--out", default=None, help="where the pair goes (default: DIR; must exist)"
+    )
+    issue.add_argument(
+        "--stem", default=None, help="file names: STEM.pem and STEM.key (default: NAME)"
+    )
+    issue.set_defaults(run=_certs_issue)
 
     cluster = commands.add_parser(
         "cluster", help="a failover group: status, switchover (docs/failover.md)"
@@ -384,6 +415,44 @@ def _certs_init(args: argparse.Namespace, out: IO[str]) -> int:
         f"--store-dir slave-{first}-store --master 127.0.0.1:10912 --tls-ca {d}/ca.pem "
         f"--tls-cert {d}/slave-{first}.pem --tls-key {d}/slave-{first}.key\n"
     )
+    return 0
+
+
+def _certs_issue(args: argparse.Namespace, out: IO[str]) -> int:
+    from cryptography import x509
+
+    from rmqha import certs
+
+    def split(text: str | None) -> list[str]:
+        return [n.strip() for n in text.split(",")] if text else []
+
+    written = certs.issue_from(
+        args.dir,
+        args.name,
+        split(args.dns),
+        split(args.ip),
+        server=args.usage in ("both", "server"),
+        client=args.usage in ("both", "client"),
+        days=args.days,
+        out_directory=args.out,
+        stem=args.stem,
+    )
+    certificate = written.certificate
+    san = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = [str(n) for n in san.get_values_for_type(x509.DNSName)]
+    names += [str(a) for a in san.get_values_for_type(x509.IPAddress)]
+    usage = {"both": "server and client", "server": "server", "client": "client"}[args.usage]
+    ends = certificate.not_valid_after_utc
+    out.write(f"certificate     {written.cert}  {written.key}\n")
+    out.write(f"names           {', '.join(names)}\n")
+    out.write(f"usage           TLS {usage}\n")
+    out.write(f"valid until     {ends:%Y-%m-%d %H:%M} UTC\n")
+    ca_ends = written.ca.not_valid_after_utc
+    if ends > ca_ends:
+        out.write(
+            f"note: the CA expires first, {ca_ends:%Y-%m-%d %H:%M} UTC: the certificate "
+            "stops verifying then\n"
+        )
     return 0
 
 

@@ -15,7 +15,16 @@ are passed as C{cryptography} objects (pyOpenSSL deprecates its own).
 
 Why a handshake failed is kept per connection (L{describe_failure}), so a
 slave logs one line naming the reason: wrong name, unknown CA, expired,
-no client certificate, refused by the master.
+no client certificate, refused by the master.  A listening port logs each
+handshake that fails as one warning naming the peer, the port and the
+reason (L{ServerTLSFactory}, L{describe_refusal}).
+
+Every listening port negotiates ALPN as Twisted does (the application
+protocols the port's factory offers, a C{Site}'s C{http/1.1}), except that
+when it offers none, or none the client offers, no protocol is selected
+and the handshake goes on (OpenSSL's C{s_server} and Python's C{ssl} do
+the same): Twisted's callback answers an empty name, which OpenSSL turns
+into an "internal error" alert to every client that offers ALPN.
 """
 
 from __future__ import annotations
@@ -39,18 +48,23 @@ from service_identity.pyopenssl import extract_patterns
 from twisted.internet import ssl
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet import defer
+from twisted.internet.protocol import connectionDone
 from twisted.internet.endpoints import HostnameEndpoint, SSL4ServerEndpoint
 from twisted.internet.interfaces import (
     IListeningPort,
     IOpenSSLClientConnectionCreator,
     IProtocolFactory,
+    IProtocolNegotiationFactory,
     IReactorTCP,
+    IReactorTime,
     IStreamClientEndpoint,
 )
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from rmqha._tlsbio import TLSFactory
+from rmqha._tlsbio import TLSFactory, TLSProtocol
 
 __all__ = [
     "TLSError",
@@ -60,7 +74,10 @@ __all__ = [
     "parse_ssl_listen",
     "client_endpoint",
     "certificate_names",
+    "certificate_expiry",
     "describe_failure",
+    "describe_refusal",
+    "ServerTLSFactory",
     "split_description",
     "ExposureWarning",
     "exposure_warning",
@@ -167,6 +184,28 @@ def certificate_names(certificate: x509.Certificate) -> list[str]:
     return names
 
 
+def certificate_expiry(files: TLSFiles) -> dict[str, tuple[str, float]]:
+    """
+    When the certificates this broker uses stop being valid, for
+    C{/metrics}: C{{"certificate": (path, t), "ca": (path, t)}} for the
+    C{--tls-cert} and C{--tls-ca} files that are set and readable, C{t}
+    the earliest not-after time in the file (a chain or a CA bundle stops
+    working at its first expiry), in Unix seconds.  Read once, at start,
+    like the files themselves: a file replaced on disk counts after a
+    restart.
+    """
+    found = {}
+    for kind, path, flag in (("certificate", files.cert, "--tls-cert"), ("ca", files.ca, "--tls-ca")):
+        if path is None:
+            continue
+        try:
+            certificates = _load_certificates(path, flag)
+        except TLSError:
+            continue
+        found[kind] = (path, min(c.not_valid_after_utc.timestamp() for c in certificates))
+    return found
+
+
 @dataclass(frozen=True)
 class PeerPolicy:
     """
@@ -237,8 +276,10 @@ def split_description(description: str) -> tuple[str, list[str], dict[str, str]]
 
 def server_context(files: TLSFiles, policy: PeerPolicy) -> ssl.CertificateOptions:
     """
-    The master's TLS settings: its key pair, TLS 1.2 at least, and, when
-    C{policy} requires it, client certificates from C{files.ca}.
+    A listening port's TLS settings: its key pair, TLS 1.2 at least, and,
+    when C{policy} requires it, client certificates from C{files.ca}; ALPN
+    that never fails a handshake, and why a client's certificate failed
+    verification kept for L{describe_refusal} (L{_ServerOptions}).
     """
     if files.cert is None or files.key is None:
         raise TLSError("a TLS master needs --tls-cert and --tls-key")
@@ -257,13 +298,72 @@ def server_context(files: TLSFiles, policy: PeerPolicy) -> ssl.CertificateOption
         )
     # cryptography objects work at runtime (the stubs say pyOpenSSL's, which
     # pyOpenSSL itself now deprecates).
-    return ssl.CertificateOptions(
+    return _ServerOptions(
         privateKey=key,
         certificate=certificate,  # type: ignore[arg-type]
         extraCertChain=chain or None,  # type: ignore[arg-type]
         raiseMinimumTo=ssl.TLSVersion.TLSv1_2,
         **options,
     )
+
+
+class _ServerOptions(ssl.CertificateOptions):
+    """
+    L{ssl.CertificateOptions} for a listening port, with two changes:
+
+        - ALPN selects the first of the port factory's protocols
+          (L{IProtocolNegotiationFactory}, through any wrapping factory
+          that passes them on) that the client offers, or nothing,
+          without failing the handshake (L{_select_protocol});
+        - each connection records why the client's certificate failed
+          verification, in words (OpenSSL's error only says "certificate
+          verify failed").
+    """
+
+    _alpn_context: Any = None
+
+    def getContext(self) -> SSL.Context:
+        context = super().getContext()
+        if context is not self._alpn_context:
+            # (Twisted set its own callback when it made the context.)
+            context.set_alpn_select_callback(_select_protocol)
+            self._alpn_context = context
+        return context
+
+    def serverConnectionForTLS(self, tlsProtocol: TLSMemoryBIOProtocol) -> SSL.Connection:
+        connection = super().serverConnectionForTLS(tlsProtocol)
+        mode = connection.get_context().get_verify_mode()
+        if mode & SSL.VERIFY_PEER:
+            protocol = weakref.ref(tlsProtocol)
+
+            def verify(conn: SSL.Connection, cert: Any, errno: int, depth: int, ok: int) -> bool:
+                if not ok:
+                    target = protocol()
+                    if target is not None and target not in _verify_errors:
+                        try:
+                            why = _chain_error(errno, cert.to_cryptography(), "the client's")
+                        except Exception:
+                            why = f"the client's certificate failed verification (OpenSSL error {errno})"
+                        _verify_errors[target] = why
+                return bool(ok)
+
+            connection.set_verify(mode, verify)
+        return connection
+
+
+def _select_protocol(connection: SSL.Connection, offered: list[bytes]) -> Any:
+    """
+    The ALPN choice of a listening port: the first protocol its factory
+    offers that the client offers too, else none (the handshake goes on,
+    and the application speaks its own protocol).
+    """
+    tls_protocol = connection.get_app_data()
+    negotiating = IProtocolNegotiationFactory(tls_protocol.factory.wrappedFactory, None)
+    if negotiating is not None:
+        for name in negotiating.acceptableProtocols():
+            if name in offered:
+                return name
+    return SSL.NO_OVERLAPPING_PROTOCOLS
 
 
 def parse_ssl_listen(description: str, flag: str = "--ha-listen") -> tuple[int, str, int]:
@@ -311,8 +411,18 @@ def server_endpoint(
     """
     port, interface, backlog = parse_ssl_listen(description, flag)
     return _TLSServerEndpoint(
-        reactor, port, server_context(files, policy), backlog=backlog, interface=interface
+        reactor,
+        port,
+        server_context(files, policy),
+        backlog=backlog,
+        interface=interface,
+        name=_PORT_NAMES.get(flag, f"the port of {flag}"),
     )
+
+
+#: The listening ports by the flag their description came from, in log
+#: lines.
+_PORT_NAMES = {"--ha-listen": "the HA port", "--http": "the admin HTTP port"}
 
 
 class _TLSServerEndpoint(SSL4ServerEndpoint):
@@ -328,23 +438,107 @@ class _TLSServerEndpoint(SSL4ServerEndpoint):
         context: ssl.CertificateOptions,
         backlog: int = 50,
         interface: str = "",
+        name: str = "the HA port",
     ) -> None:
         SSL4ServerEndpoint.__init__(
             self, reactor, port, context, backlog=backlog, interface=interface
         )
         self._tls_reactor: Any = reactor
         self._tls_listen = (port, context, backlog, interface)
+        self._tls_name = name
 
     def listen(self, protocolFactory: IProtocolFactory) -> "defer.Deferred[IListeningPort]":
         return defer.execute(self._listen, protocolFactory)
 
     def _listen(self, protocolFactory: IProtocolFactory) -> IListeningPort:
         port, context, backlog, interface = self._tls_listen
-        factory = TLSFactory(context, False, protocolFactory, clock=self._tls_reactor)
+        factory = ServerTLSFactory(
+            context, protocolFactory, clock=self._tls_reactor, name=self._tls_name
+        )
         listening: IListeningPort = self._tls_reactor.listenTCP(port, factory, backlog, interface)
         # (What reactor.listenSSL marks its ports with.)
         listening._type = "TLS"  # type: ignore[attr-defined]
         return listening
+
+
+class _ServerTLSProtocol(TLSProtocol):
+    """
+    L{TLSProtocol} on a listening port: a handshake that fails is
+    reported to the factory (L{ServerTLSFactory.handshake_failed}).
+    """
+
+    factory: "ServerTLSFactory"
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        # (Twisted's private state: the TLS error that ended the connection
+        # and whether the handshake was done; read defensively, pinned by
+        # tests/test_private_internals.py.)
+        failure = getattr(self, "_reason", None) or reason
+        if not getattr(self, "_handshakeDone", True) and failure.check(SSL.Error):
+            self.factory.handshake_failed(self, failure)
+        TLSProtocol.connectionLost(self, reason)
+
+
+class ServerTLSFactory(TLSFactory):
+    """
+    rmqha's TLS layer on a listening port: a handshake that fails is one
+    warning naming the peer's address, the port and the reason in words
+    (L{describe_refusal}); the application protocol is told only that its
+    connection was lost.
+
+    At most L{LOG_BURST} such lines per L{LOG_WINDOW} seconds per port
+    (a flood of bad clients must not fill the disk); the next line after
+    a window with more says how many went unlogged.
+
+    @ivar handshake_failures: handshakes that failed so far.
+    """
+
+    protocol = _ServerTLSProtocol
+    _log = Logger()
+    LOG_BURST = 10
+    LOG_WINDOW = 10.0
+
+    def __init__(
+        self,
+        creator: Any,
+        wrapped: IProtocolFactory,
+        clock: IReactorTime,
+        name: str = "the HA port",
+    ) -> None:
+        """
+        @param creator: the server's TLS settings (L{server_context}).
+        @param name: the port in log lines (C{"the HA port"}).
+        """
+        super().__init__(creator, False, wrapped, clock=clock)
+        self.name = name
+        self.handshake_failures = 0
+        self._log_clock = clock
+        self._window_start: float | None = None
+        self._logged = 0
+        self._unlogged = 0
+
+    def handshake_failed(self, protocol: TLSMemoryBIOProtocol, reason: Failure) -> None:
+        self.handshake_failures += 1
+        now = self._log_clock.seconds()
+        if self._window_start is None or now - self._window_start >= self.LOG_WINDOW:
+            self._window_start, self._logged = now, 0
+        if self._logged >= self.LOG_BURST:
+            self._unlogged += 1
+            return
+        self._logged += 1
+        peer = getattr(protocol.transport, "getPeer", lambda: None)()
+        host = str(getattr(peer, "host", peer))
+        port = getattr(peer, "port", None)
+        shown = f"[{host}]" if ":" in host else host
+        unlogged, self._unlogged = self._unlogged, 0
+        self._log.warn(
+            "TLS handshake from {peer} on {port} failed: {why}"
+            + (" ({unlogged} more failed on this port and were not logged)" if unlogged else ""),
+            peer=shown if port is None else f"{shown}:{port}",
+            port=self.name,
+            why=describe_refusal(reason, protocol),
+            unlogged=unlogged,
+        )
 
 
 # Why each connection's certificate verification failed, kept until the
@@ -355,7 +549,6 @@ _VERIFY_REASONS = {
     7: "has a bad signature",
     23: "has been revoked",
     24: "is signed by a certificate that is not a CA",
-    26: "is not meant for a TLS server (extended key usage)",
 }
 
 
@@ -421,26 +614,36 @@ class _VerifyingCreator:
         return connection
 
 
-def _chain_error(errno: int, certificate: x509.Certificate) -> str:
+def _chain_error(errno: int, certificate: x509.Certificate, whose: str = "the master's") -> str:
+    """
+    Why OpenSSL's verification of a peer's chain failed, in words.
+
+    @param whose: C{"the master's"} (a slave verifying its master) or
+        C{"the client's"} (a port verifying a client).
+    """
     if errno in (9, 10):
         state = "has expired" if errno == 10 else "is not valid yet"
         return (
-            f"the master's certificate ({certificate.subject.rfc4514_string()}) "
+            f"{whose} certificate ({certificate.subject.rfc4514_string()}) "
             f"{state}: valid {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} to "
             f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
         )
     if errno in (18, 19):
         return (
-            f"the master's certificate chain ends at "
+            f"{whose} certificate chain ends at "
             f"{certificate.subject.rfc4514_string()}, which is not in --tls-ca"
         )
     if errno in (2, 20, 21):
         return (
-            f"the master's certificate (issuer {certificate.issuer.rfc4514_string()}) "
+            f"{whose} certificate (issuer {certificate.issuer.rfc4514_string()}) "
             "is not signed by a CA in --tls-ca"
         )
-    reason = _VERIFY_REASONS.get(errno, f"failed verification (OpenSSL error {errno})")
-    return f"the master's certificate ({certificate.subject.rfc4514_string()}) {reason}"
+    if errno == 26:
+        use = "server" if whose == "the master's" else "client"
+        reason = f"is not meant for a TLS {use} (extended key usage)"
+    else:
+        reason = _VERIFY_REASONS.get(errno, f"failed verification (OpenSSL error {errno})")
+    return f"{whose} certificate ({certificate.subject.rfc4514_string()}) {reason}"
 
 
 def client_endpoint(
@@ -545,6 +748,68 @@ def describe_failure(reason: Failure, transport: object, handshake_done: bool) -
         "the TLS handshake did not complete (is the master serving TLS on "
         f"this port?): {reason.getErrorMessage()}"
     )
+
+
+#: A listening port's handshake failures as OpenSSL words them (lower
+#: case), and what they mean; the first match wins.
+_REFUSALS = (
+    (("peer did not return a certificate", "certificate required"),
+     "the client presented no certificate (this port requires one signed by --tls-ca)"),
+    (("http request", "https proxy request"),
+     "the client spoke plain HTTP to this TLS port (use https://)"),
+    (("wrong version number", "packet length too long", "unknown protocol", "record layer"),
+     "the client does not speak TLS (plain TCP?)"),
+    (("unsupported protocol", "no protocols available", "protocol version"),
+     "the client offers no TLS version this port accepts (TLS 1.2 or later)"),
+    (("no shared cipher", "no suitable signature algorithm"),
+     "the client offers no cipher this port accepts"),
+    (("alert unknown ca",),
+     "the client refused this broker's certificate: it does not trust the CA that signed it"),
+    (("alert certificate expired",),
+     "the client refused this broker's certificate as expired"),
+    (("alert bad certificate", "alert certificate unknown", "alert unsupported certificate"),
+     "the client refused this broker's certificate"),
+    (("no application protocol",),
+     "the client and this port have no application protocol in common (ALPN)"),
+    (("alert",), "the client ended the handshake with an alert"),
+)
+
+
+def describe_refusal(reason: Failure, transport: object) -> str:
+    """
+    Why a client's TLS handshake with a listening port failed, in words,
+    followed by OpenSSL's own words: C{"the client's certificate (issuer
+    O=other) is not signed by a CA in --tls-ca (certificate verify
+    failed)"}.
+
+    @param transport: the connection's TLS protocol (what verification
+        failures are recorded under).
+    """
+    openssl = _openssl_words(reason)
+    recorded = _verify_errors.get(transport)
+    if recorded is not None:
+        words = recorded
+    else:
+        text = openssl.lower()
+        words = "TLS failed"
+        for needles, meaning in _REFUSALS:
+            if any(needle in text for needle in needles):
+                words = meaning
+                break
+    return f"{words} ({openssl})" if openssl else words
+
+
+def _openssl_words(reason: Failure) -> str:
+    """
+    The reasons in an C{SSL.Error} (a list of C{(library, function,
+    reason)}), joined; its text when it is not such a list.
+    """
+    args = getattr(reason.value, "args", ())
+    if args and isinstance(args[0], list):
+        words = [str(entry[-1]) for entry in args[0] if isinstance(entry, tuple) and entry]
+        if words:
+            return "; ".join(words)
+    return str(reason.value)
 
 
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}

@@ -757,3 +757,61 @@ class CoordinatorHiddenTests(AdminTestCase):
         """
         failover = self.status(_CertifiedTransport(self.certificate), peer_policy=self.policy)
         self.assertEqual(failover, _Coordinator().status())
+
+
+class TLSExpiryMetricsTests(AdminTestCase):
+    """
+    When the broker's certificate and CA expire, in /metrics.
+    """
+
+    def test_certificate_and_ca_expiry(self) -> None:
+        """
+        C{rmqha_tls_certificate_expiry_timestamp_seconds} has one sample
+        for C{--tls-cert} (kind certificate) and one for C{--tls-ca} (kind
+        ca), each the file's not-after time in Unix seconds, with the
+        file's path; a broker without TLS files has none.
+        """
+        import attrs
+
+        from rmqha import certs
+
+        name = "rmqha_tls_certificate_expiry_timestamp_seconds"
+        plain = self.broker(Role.MASTER)
+        _, data, _ = request(AdminRoot(plain), b"GET", b"/metrics")
+        self.assertIn(f"# TYPE {name} gauge", data.decode())
+        self.assertNotIn(name + "{", data.decode())
+
+        d = self.mktemp()
+        written = certs.init(d, "master", ["s1"])
+        issued = certs.issue_from(d, "m2", days=40)
+        broker = self.broker(Role.MASTER)
+        from rmqha.tls import PeerPolicy, TLSFiles, server_endpoint
+
+        files = TLSFiles(issued.cert, issued.key, written.ca)
+        broker.settings = attrs.evolve(
+            broker.settings,
+            ha_listen=server_endpoint(
+                MemoryReactorClock(), "ssl:0", files, PeerPolicy(require_client_cert=True)
+            ),
+            tls_cert=files.cert,
+            tls_key=files.key,
+            tls_ca=files.ca,
+            tls_require_client_cert=True,
+        )
+        _, data, _ = request(AdminRoot(broker), b"GET", b"/metrics")
+        samples = [
+            (labels, float(value))
+            for labels, value in (
+                line.rsplit(" ", 1) for line in data.decode().splitlines()
+                if line.startswith(name + "{")
+            )
+        ]
+        self.assertEqual(
+            samples,
+            [
+                (f'{name}{{file="{written.ca}",kind="ca"}}',
+                 issued.ca.not_valid_after_utc.timestamp()),
+                (f'{name}{{file="{issued.cert}",kind="certificate"}}',
+                 issued.certificate.not_valid_after_utc.timestamp()),
+            ],
+        )

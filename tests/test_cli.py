@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -628,6 +629,134 @@ class CertsInitTests(SynchronousTestCase):
         self.assertEqual(
             master.subOptions.settings.ha_listen, "ssl:10912:interface=127.0.0.1"
         )
+
+
+class CertsIssueTests(SynchronousTestCase):
+    """
+    C{rmqha certs issue}: one more key pair from an existing CA.
+    """
+
+    def run_cli(self, *argv: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        status = main(list(argv), stdout=out, stderr=err)
+        return status, out.getvalue(), err.getvalue()
+
+    def setUp(self) -> None:
+        self.d = self.mktemp()
+        self.assertEqual(self.run_cli("certs", "init", self.d)[0], 0)
+
+    def load(self, name: str) -> Any:
+        from cryptography import x509
+
+        with open(os.path.join(self.d, name), "rb") as f:
+            return x509.load_pem_x509_certificate(f.read())
+
+    def test_issues_what_was_asked(self) -> None:
+        """
+        The new certificate is signed by the CA in DIR, carries the name
+        (CN and first DNS name), the extra DNS names and addresses, only
+        the usage asked for and the validity asked for; its key is 0600;
+        the output says where, for what and until when.
+        """
+        import datetime
+
+        from cryptography import x509
+        from cryptography.x509.oid import ExtendedKeyUsageOID as EKU, NameOID
+
+        status, out, err = self.run_cli(
+            "certs", "issue", self.d, "ops", "--dns", "ops.example", "--ip", "10.0.0.3,::1",
+            "--usage", "client", "--days", "30",
+        )
+        self.assertEqual((status, err), (0, ""))
+        cert = self.load("ops.pem")
+        cert.verify_directly_issued_by(self.load("ca.pem"))
+        self.assertEqual(cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value, "ops")
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        self.assertEqual(san.get_values_for_type(x509.DNSName), ["ops", "ops.example"])
+        self.assertEqual([str(a) for a in san.get_values_for_type(x509.IPAddress)],
+                         ["10.0.0.3", "::1"])
+        self.assertEqual(
+            list(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value),
+            [EKU.CLIENT_AUTH],
+        )
+        self.assertEqual(
+            cert.not_valid_after_utc - cert.not_valid_before_utc, datetime.timedelta(days=30)
+        )
+        self.assertEqual(os.stat(os.path.join(self.d, "ops.key")).st_mode & 0o777, 0o600)
+        self.assertIn(f"certificate     {self.d}/ops.pem  {self.d}/ops.key", out)
+        self.assertIn("names           ops, ops.example, 10.0.0.3, ::1", out)
+        self.assertIn("usage           TLS client", out)
+        self.assertIn(f"valid until     {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC", out)
+        status, _, _ = self.run_cli("certs", "issue", self.d, "web", "--usage", "server",
+                                    "--out", self.d, "--stem", "web-2")
+        self.assertEqual(status, 0)
+        self.assertEqual(
+            list(self.load("web-2.pem").extensions.get_extension_for_class(
+                x509.ExtendedKeyUsage).value),
+            [EKU.SERVER_AUTH],
+        )
+
+    def test_default_is_a_broker_certificate(self) -> None:
+        """
+        Without C{--usage} the certificate is for server and client use,
+        as C{certs init} gives every broker; an IP address as the name
+        goes into the IP names.
+        """
+        from cryptography import x509
+        from cryptography.x509.oid import ExtendedKeyUsageOID as EKU
+
+        self.assertEqual(self.run_cli("certs", "issue", self.d, "10.0.0.9")[0], 0)
+        cert = self.load("10.0.0.9.pem")
+        self.assertEqual(
+            set(cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value),
+            {EKU.SERVER_AUTH, EKU.CLIENT_AUTH},
+        )
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        self.assertEqual(san.get_values_for_type(x509.DNSName), [])
+        self.assertEqual([str(a) for a in san.get_values_for_type(x509.IPAddress)], ["10.0.0.9"])
+
+    def test_refusals_are_one_line(self) -> None:
+        """
+        An existing file is never overwritten (named; the files are left
+        as they were); a missing CA directory, a missing CA key, a key
+        that is not the CA's, bad names and addresses: each one line
+        naming the thing, exit status 1, nothing written.
+        """
+        with open(os.path.join(self.d, "slave-slave.pem"), "rb") as f:
+            before = f.read()
+        other = self.mktemp()
+        self.assertEqual(self.run_cli("certs", "init", other)[0], 0)
+        nokey = self.mktemp()
+        os.makedirs(nokey)
+        with open(os.path.join(nokey, "ca.pem"), "wb") as f:
+            with open(os.path.join(self.d, "ca.pem"), "rb") as g:
+                f.write(g.read())
+        mismatched = self.mktemp()
+        os.makedirs(mismatched)
+        for name, source in (("ca.pem", self.d), ("ca.key", other)):
+            with open(os.path.join(mismatched, name), "wb") as f:
+                with open(os.path.join(source, name), "rb") as g:
+                    f.write(g.read())
+        before_listing = sorted(os.listdir(self.d))
+        for argv, needle in [
+            ((self.d, "x", "--stem", "slave-slave"),
+             f"{self.d}/slave-slave.pem, {self.d}/slave-slave.key exist; not overwriting"),
+            (("/nonexistent-ca", "x"), "/nonexistent-ca: no such directory"),
+            ((nokey, "x"), f"{nokey}/ca.key: No such file or directory"),
+            ((mismatched, "x"), f"{mismatched}/ca.key is not the key of {mismatched}/ca.pem"),
+            ((self.d, "a/b"), "'a/b' is not a usable certificate name"),
+            ((self.d, "x", "--ip", "10.0.0"), "'10.0.0' is not an IP address"),
+            ((self.d, "x", "--days", "0"), "a validity of 0 days"),
+            ((self.d, "x", "--out", "/nonexistent-out"), "/nonexistent-out: no such directory"),
+        ]:
+            status, _, err = self.run_cli("certs", "issue", *argv)
+            self.assertEqual(status, 1, argv)
+            self.assertIn(needle, err, argv)
+            self.assertEqual(err.count("\n"), 1, err)
+        self.assertEqual(sorted(os.listdir(self.d)), before_listing)
+        self.assertEqual(os.listdir(nokey), ["ca.pem"])
+        with open(os.path.join(self.d, "slave-slave.pem"), "rb") as f:
+            self.assertEqual(f.read(), before)
 
 
 def _umask() -> int:

@@ -126,6 +126,24 @@ class LimitedFactoryTests(SynchronousTestCase):
         refused.makeConnection(transport)
         self.assertTrue(transport.disconnecting)
 
+    def test_passes_on_alpn_protocols(self) -> None:
+        """
+        The limiter offers TLS the wrapped factory's ALPN protocols (a
+        C{Site}'s C{http/1.1}, C{h2} first when HTTP/2 is installed), and
+        none when the wrapped factory names none: without it, TLS sees no
+        protocol to select for the admin port's clients that offer ALPN.
+        """
+        from twisted.internet.interfaces import IProtocolNegotiationFactory
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+
+        site = Site(Resource())
+        limited = LimitedFactory(site, self.clock, name="HTTP")
+        self.assertTrue(IProtocolNegotiationFactory.providedBy(limited))
+        self.assertEqual(limited.acceptableProtocols(), site.acceptableProtocols())
+        self.assertIn(b"http/1.1", limited.acceptableProtocols())
+        self.assertEqual(self.limited().acceptableProtocols(), [])
+
     def test_refusals_logged_at_a_bounded_rate(self) -> None:
         """
         A flood of refused connections logs one line per interval, which

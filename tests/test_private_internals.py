@@ -66,6 +66,20 @@ class TLSFastPathTests(SynchronousTestCase):
         self.assertFalse(lib.SSL_set_mode(connection._ssl, 0) & partial)
 
 
+class TLSHandshakeStateTests(SynchronousTestCase):
+    """
+    L{rmqha.tls.ServerTLSFactory} tells a failed handshake from a closed
+    connection by Twisted's private C{_handshakeDone} and C{_reason} on
+    its TLS protocol; renamed, failed handshakes would go unlogged.
+    """
+
+    def test_handshake_state_it_reads(self) -> None:
+        from twisted.protocols.tls import TLSMemoryBIOProtocol
+
+        self.assertIs(TLSMemoryBIOProtocol._handshakeDone, False)  # type: ignore[attr-defined]
+        self.assertIsNone(TLSMemoryBIOProtocol._reason)  # type: ignore[attr-defined]
+
+
 class AdminChannelTests(SynchronousTestCase):
     """
     The admin port's channel (L{rmqha.admin}) reads Twisted's HTTPChannel

@@ -34,6 +34,7 @@ from rmqha.tls import (
     certificate_names,
     exposure_warning,
     plain_master_warning,
+    ServerTLSFactory,
     server_context,
     split_description,
 )
@@ -90,39 +91,59 @@ class TLSConversationTests(SynchronousTestCase):
         slave_has_cert: bool = True,
         client_transport: Any = None,
         limited: bool = False,
+        alpn: list[bytes] | None = None,
     ) -> tuple[MasterFactory, SlaveFactory, list[str]]:
         """
-        Connect, pump until quiet; return both factories and the log.
+        Connect, pump until quiet; return both factories and the log
+        (each line prefixed with its level, C{"warn: ..."}).
 
         @param limited: a connection limiter sits between TLS and the
             master, as on a broker's HA port.
+        @param alpn: the slave offers these protocols (ALPN).
         """
         master = MasterFactory(self.source, self.clock, peer_policy=policy)
         slave = SlaveFactory(self.replica, self.clock)
         inner: Any = LimitedFactory(master, self.clock, name="HA") if limited else master
+        # The master's side as on a listening port (rmqha.tls.server_endpoint).
+        port = ServerTLSFactory(server_context(master_files, policy), inner, self.clock)
         options: dict[str, Any] = {}
         if slave_has_cert:
             key, cert, _ = slave_files.key_pair()
             options.update(privateKey=key, certificate=cert)
         creator = _VerifyingCreator(
             ssl.optionsForClientTLS(
-                server_name, trustRoot=slave_files.trust_root(), extraCertificateOptions=options
+                server_name,
+                trustRoot=slave_files.trust_root(),
+                extraCertificateOptions=options,
+                acceptableProtocols=alpn,
             ),
             server_name,
         )
         with capturedLogs() as events:
             connection = connect_in_memory(
-                inner,
+                port,
                 slave,
                 self.clock,
-                master_tls=server_context(master_files, policy),
                 slave_tls=creator,
                 slave_transport=client_transport,
             )
             connection.slave.send_report()
             connection.flush()
             self.addCleanup(self._hang_up, connection)
-        return master, slave, [formatEvent(e) for e in events]
+        self.connection = connection
+        return master, slave, [f"{e['log_level'].name}: {formatEvent(e)}" for e in events]
+
+    def assertRefusedByMaster(self, log: list[str], why: str) -> None:
+        """
+        The master logged the refused handshake as one warning naming the
+        slave's address, the port and C{why}, and never said the slave
+        connected.
+        """
+        lines = [line for line in log if "TLS handshake from" in line]
+        self.assertEqual(
+            lines, [f"warn: TLS handshake from 127.0.0.1:50000 on the HA port failed: {why}"]
+        )
+        self.assertFalse([line for line in log if "slave 127.0.0.1:50000" in line], log)
 
     def _hang_up(self, connection: MemoryConnection) -> None:
         connection.hang_up()
@@ -166,6 +187,73 @@ class TLSConversationTests(SynchronousTestCase):
         self.assertEqual(self.replica.max_offset, self.source.max_offset)
         (status,) = master.slaves()
         self.assertEqual((status.transport, status.identity), ("tls", "slave-1"))
+
+    def test_slave_offering_alpn(self) -> None:
+        """
+        A client offering ALPN (as curl, browsers and Python's C{ssl} do)
+        is served on the HA port, whose factory offers no protocol,
+        directly or behind the connection limiter: no protocol is
+        selected and the handshake succeeds (Twisted's callback would
+        answer an empty name: OpenSSL's "internal error" alert).
+        """
+        master, _, log = self.converse(
+            self.pki.master(), self.pki.slave("slave-1"), limited=True, alpn=[b"h2", b"http/1.1"]
+        )
+        self.assertEqual(self.replica.max_offset, self.source.max_offset, log)
+        self.assertIsNone(self.connection.server.negotiatedProtocol)
+        self.assertEqual(len(master.slaves()), 1)
+
+    def test_slave_certificate_from_certs_issue(self) -> None:
+        """
+        A slave certificate issued later from the CA C{certs init} wrote
+        (C{rmqha certs issue}, client use only) is accepted by the master
+        of that set, by name in the allowlist, and the slave replicates.
+        """
+        d = self.mktemp()
+        certs.init(d, "master", ["s1"])
+        issued = certs.issue_from(d, "s3", server=False, client=True, days=30)
+        ca = f"{d}/ca.pem"
+        policy = PeerPolicy(require_client_cert=True, allowed_peers=frozenset({"s3"}))
+        master, _, log = self.converse(
+            TLSFiles(f"{d}/master.pem", f"{d}/master.key", ca),
+            TLSFiles(issued.cert, issued.key, ca),
+            policy,
+        )
+        self.assertEqual(self.replica.max_offset, self.source.max_offset, log)
+        (status,) = master.slaves()
+        self.assertEqual(status.identity, "s3")
+
+    def test_site_behind_limiter_negotiates_http_1_1(self) -> None:
+        """
+        The admin port (a C{Site} behind the connection limiter) selects
+        the first of the Site's protocols the client offers: C{http/1.1}
+        for curl's or a browser's C{h2, http/1.1} (C{h2} when HTTP/2 is
+        installed), and the handshake succeeds.
+        """
+        from twisted.internet.protocol import Factory, Protocol
+        from twisted.web.resource import Resource
+        from twisted.web.server import Site
+
+        site = Site(Resource())
+        files = self.pki.master()
+        port = ServerTLSFactory(
+            server_context(TLSFiles(files.cert, files.key), PeerPolicy()),
+            LimitedFactory(site, self.clock, name="HTTP"),
+            self.clock,
+            name="the admin HTTP port",
+        )
+        creator = ssl.optionsForClientTLS(
+            "master", trustRoot=files.trust_root(), acceptableProtocols=[b"h2", b"http/1.1"]
+        )
+        with capturedLogs() as events:
+            connection = connect_in_memory(
+                port, Factory.forProtocol(Protocol), self.clock, slave_tls=creator
+            )
+            connection.flush()
+        self.addCleanup(self._hang_up, connection)
+        self.assertEqual([formatEvent(e) for e in events if "TLS" in formatEvent(e)], [])
+        self.assertEqual(connection.client.negotiatedProtocol, site.acceptableProtocols()[0])
+        self.assertEqual(connection.server.negotiatedProtocol, site.acceptableProtocols()[0])
 
     def test_socket_read_size_adapts_under_tls(self) -> None:
         """
@@ -215,6 +303,11 @@ class TLSConversationTests(SynchronousTestCase):
         )
         self.assertNothingReplicated(slave, master)
         self.assertIn("the master requires a client certificate", " ".join(log))
+        self.assertRefusedByMaster(
+            log,
+            "the client presented no certificate (this port requires one signed by "
+            "--tls-ca) (peer did not return a certificate)",
+        )
 
     def test_peer_not_in_allowlist(self) -> None:
         """
@@ -240,6 +333,11 @@ class TLSConversationTests(SynchronousTestCase):
         master, slave, log = self.converse(self.pki.master(), files)
         self.assertNothingReplicated(slave, master)
         self.assertIn("not signed by a CA it trusts", " ".join(log))
+        self.assertRefusedByMaster(
+            log,
+            "the client's certificate (issuer CN=rmqha test CA,O=rmqha) is not signed by a "
+            "CA in --tls-ca (certificate verify failed)",
+        )
 
     def test_master_from_unknown_ca(self) -> None:
         """
@@ -251,6 +349,11 @@ class TLSConversationTests(SynchronousTestCase):
         master, slave, log = self.converse(self.pki.master(), rogue_slave)
         self.assertNothingReplicated(slave, master)
         self.assertIn("which is not in --tls-ca", " ".join(log))
+        self.assertRefusedByMaster(
+            log,
+            "the client refused this broker's certificate: it does not trust the CA "
+            "that signed it (tlsv1 alert unknown ca)",
+        )
 
     def test_wrong_server_name(self) -> None:
         """
@@ -299,6 +402,58 @@ class TLSConversationTests(SynchronousTestCase):
         )
         self.assertNothingReplicated(slave, master)
         self.assertIn("the master refused this slave's certificate: it has expired", " ".join(log))
+        (line,) = [line for line in log if "TLS handshake from" in line]
+        self.assertIn("on the HA port failed: the client's certificate (CN=slave-1,O=rmqha) "
+                      "has expired: valid", line)
+        self.assertTrue(line.endswith("UTC (certificate verify failed)"), line)
+
+
+class HandshakeFailureLogTests(SynchronousTestCase):
+    """
+    L{ServerTLSFactory}'s warnings about failed handshakes are bounded.
+    """
+
+    def test_burst_then_count(self) -> None:
+        """
+        At most C{LOG_BURST} lines per C{LOG_WINDOW} seconds on one port,
+        each naming the peer; the first line of a later window says how
+        many failures went unlogged.  Every failure is counted.
+        """
+        from OpenSSL import SSL
+        from twisted.internet.protocol import Factory, Protocol
+        from twisted.python.failure import Failure
+
+        from rmqha.testing import SLAVE_ADDRESS
+
+        clock = Clock()
+        files = PKI(self.mktemp()).master()
+        port = ServerTLSFactory(
+            server_context(TLSFiles(files.cert, files.key), PeerPolicy()),
+            Factory.forProtocol(Protocol),
+            clock,
+            name="the HA port",
+        )
+
+        class Connection:
+            transport = iosim.FakeTransport(Protocol(), isServer=True, peerAddress=SLAVE_ADDRESS)
+
+        failure = Failure(SSL.Error([("SSL routines", "", "http request")]))
+        with capturedLogs() as events:
+            for _ in range(port.LOG_BURST + 5):
+                port.handshake_failed(Connection(), failure)  # type: ignore[arg-type]
+            clock.advance(port.LOG_WINDOW)
+            port.handshake_failed(Connection(), failure)  # type: ignore[arg-type]
+        lines = [formatEvent(e) for e in events]
+        self.assertEqual(len(lines), port.LOG_BURST + 1)
+        self.assertEqual(
+            lines[0],
+            "TLS handshake from 127.0.0.1:50000 on the HA port failed: the client spoke plain "
+            "HTTP to this TLS port (use https://) (http request)",
+        )
+        self.assertTrue(
+            lines[-1].endswith("(5 more failed on this port and were not logged)"), lines[-1]
+        )
+        self.assertEqual(port.handshake_failures, port.LOG_BURST + 6)
 
 
 class _SizedFakeTransport(iosim.FakeTransport):

@@ -25,6 +25,7 @@ from rmqha.broker import Broker
 from rmqha.ha.masterside import MasterSideStatus
 from rmqha.ha.replica import ReplicaStatus
 from rmqha.store.scrub import ScrubStatus
+from rmqha.tls import certificate_expiry
 
 __all__ = ["BrokerCollector", "MetricsResource"]
 
@@ -44,6 +45,8 @@ class BrokerCollector(Collector):
         self._broker = broker
         self._served = served
         self._failover = failover
+        # (The TLS files as loaded at start.)
+        self._expiry = certificate_expiry(broker.settings.tls_files)
 
     def collect(self) -> Iterator[Metric]:
         view = broker_status(self._broker, self._failover)
@@ -60,6 +63,7 @@ class BrokerCollector(Collector):
             value=self._served.bytes_served if self._served else 0,
         )
         yield from _scrub_metrics(view.scrub)
+        yield _tls_expiry(self._expiry)
         if view.failover is not None:
             yield from _failover_metrics(view.failover.coordinator)
         if view.master is not None:
@@ -201,6 +205,22 @@ def _scrub_metrics(scrub: ScrubStatus) -> Iterator[Metric]:
         "rmqha_scrub_passes", "scrub passes finished (every record checked once)",
         value=scrub.passes,
     )
+
+
+def _tls_expiry(expiry: Mapping[str, tuple[str, float]]) -> GaugeMetricFamily:
+    """
+    When this broker's TLS certificate (C{--tls-cert}) and CA
+    (C{--tls-ca}) expire: no sample for a file not set.
+    """
+    metric = GaugeMetricFamily(
+        "rmqha_tls_certificate_expiry_timestamp_seconds",
+        "when the certificate (--tls-cert, kind=certificate) or the CA (--tls-ca, kind=ca) "
+        "this broker uses stops being valid: the earliest not-after in the file, Unix seconds",
+        labels=["kind", "file"],
+    )
+    for kind, (path, not_after) in sorted(expiry.items()):
+        metric.add_metric([kind, path], not_after)
+    return metric
 
 
 def _checksum_failures(count: int) -> CounterMetricFamily:

@@ -478,7 +478,10 @@ class MasterConnection(Protocol):
         IConsumer(self.transport).registerProducer(self, True)
         self.factory.connections.add(self)
         self._housekeeping.start()
-        self._log.info("slave {peer} connected", peer=self.peer)
+        if not self.tls:
+            # (Under TLS a peer counts as connected once its handshake is
+            # done: a failed one is the TLS layer's warning, not ours.)
+            self._log.info("slave {peer} connected", peer=self.peer)
 
     def handshakeCompleted(self) -> None:
         """
@@ -498,7 +501,7 @@ class MasterConnection(Protocol):
             return
         self._state = _State.AWAITING_REPORT
         self._log.info(
-            "slave {peer} verified by TLS as {identity}",
+            "slave {peer} connected, verified by TLS as {identity}",
             peer=self.peer,
             identity=identity or "(no client certificate)",
         )
@@ -701,6 +704,10 @@ class MasterConnection(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._state is _State.AUTHENTICATING and self._authentication is not None:
             self._authentication.lost()
+        elif self._state is _State.HANDSHAKING:
+            # Never connected as a slave: a failed handshake is the TLS
+            # layer's warning (rmqha.tls.ServerTLSFactory).
+            pass
         elif self._state is not _State.CLOSED:
             self._log.info(
                 "slave {peer} disconnected: {reason}",

@@ -178,3 +178,103 @@ async def test_huge_body_refused_over_tcp(tmp_path: Any) -> None:
         assert broker.commitlog.max_offset == 0
     finally:
         await broker.stopService()
+
+
+def _python_https(port: int, files: TLSFiles, path: str) -> tuple[str | None, int, bytes]:
+    """
+    C{GET path} with Python's default TLS client context offering ALPN
+    (C{h2}, C{http/1.1}) as browsers do: C{(selected protocol, status,
+    body)}.  Blocking: run in a thread.
+    """
+    import socket
+    import ssl
+
+    context = ssl.create_default_context(cafile=files.ca)
+    assert files.cert is not None and files.key is not None
+    context.load_cert_chain(files.cert, files.key)
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            selected = tls.selected_alpn_protocol()
+            if path:
+                tls.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
+                )
+            data = b""
+            while path:
+                chunk = tls.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    if not path:
+        return selected, 0, b""
+    head, _, body = data.partition(b"\r\n\r\n")
+    return selected, int(head.split()[1]), body
+
+
+@pytest_twisted.ensureDeferred
+async def test_clients_offering_alpn(tmp_path: Any) -> None:
+    """
+    Clients that offer ALPN, as curl, browsers, Prometheus and Python's
+    C{ssl} do by default, are served on every TLS port: the admin port
+    answers Python's default context (C{h2}, C{http/1.1} offered:
+    C{http/1.1} selected) and curl with its default options (where curl
+    is installed) with 200; the HA port, which offers no protocol,
+    completes a handshake selecting none.  Nothing is logged as a failed
+    handshake.
+    """
+    import shutil
+
+    from twisted.internet import reactor, threads, utils
+    from twisted.logger import formatEvent, globalLogPublisher
+
+    pki = _pki(str(tmp_path / "pki"))
+    events: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        events.append(formatEvent(event))
+
+    http_policy = PeerPolicy(
+        require_client_cert=True,
+        allowed_peers=frozenset({"ops"}),
+        allowlist_flag="--http-allowed-peers",
+    )
+    ha_policy = PeerPolicy(require_client_cert=True)
+    broker: Broker = make_broker(
+        reactor,
+        str(tmp_path / "master"),
+        Role.MASTER,
+        SEGMENT,
+        ha_listen=server_endpoint(reactor, "ssl:0:interface=127.0.0.1", pki["master"], ha_policy),
+        http=server_endpoint(
+            reactor, "ssl:0:interface=127.0.0.1", pki["master"], http_policy, "--http"
+        ),
+        http_peer_policy=http_policy,
+    )
+    globalLogPublisher.addObserver(observe)
+    broker.startService()
+    try:
+        port = (await broker.getServiceNamed("http").address()).port
+        ha_port = (await broker.ha_address()).port
+        selected, code, body = await threads.deferToThread(
+            _python_https, port, pki["ops"], "/status"
+        )
+        assert (selected, code, json.loads(body)["role"]) == ("http/1.1", 200, "ASYNC_MASTER")
+        curl = shutil.which("curl")
+        if curl is not None:
+            ops = pki["ops"]
+            out, err, status = await utils.getProcessOutputAndValue(
+                curl,
+                [
+                    "-sS", "-o", "/dev/null", "-w", "%{http_code} %{http_version}",
+                    "--cacert", str(ops.ca), "--cert", str(ops.cert), "--key", str(ops.key),
+                    f"https://127.0.0.1:{port}/status",
+                ],
+            )
+            assert (status, out, err) == (0, b"200 1.1", b"")
+        selected, _, _ = await threads.deferToThread(_python_https, ha_port, pki["slave-1"], "")
+        assert selected is None
+        assert not [e for e in events if "TLS handshake from" in e], events
+    finally:
+        globalLogPublisher.removeObserver(observe)
+        await broker.stopService()

@@ -67,10 +67,12 @@ CASES = {
                      error="which is not in --tls-ca"),
     "wrong server name": dict(server_name="other.example",
                               error="the master's certificate is not for other.example"),
-    "no client certificate": dict(slave_cert=False,
-                                  error="the master requires a client certificate"),
+    "no client certificate": dict(
+        slave_cert=False, error="the master requires a client certificate",
+        master_log="on the HA port failed: the client presented no certificate"),
     "client certificate from another CA": dict(
-        slave="rogue-slave", error="not signed by a CA it trusts"),
+        slave="rogue-slave", error="not signed by a CA it trusts",
+        master_log="on the HA port failed: the client's certificate (issuer CN=rogue CA"),
     "not in the allowlist": dict(slave="intruder",
                                  error="the master closed the connection after the TLS handshake",
                                  master_log="none of them in --tls-allowed-peers"),
