@@ -20,7 +20,8 @@ from typing import Any, Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.address import IPv4Address
-from twisted.internet.testing import StringTransport
+from twisted.internet.defer import succeed
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 import rmqha
@@ -29,8 +30,11 @@ from rmqha.admin.metrics import MAX_SLAVE_SERIES
 from rmqha.broker import Broker, Role
 from rmqha.ha._wire import encode_identify
 from rmqha.ha.group import PutStatus
+from rmqha.settings import BrokerSettings
 from rmqha.store import _record
+from rmqha.store.commitlog import CommitLog
 
+from tests._helpers import fixed_clock
 from tests.test_admin import AdminTestCase, request
 from tests.test_coordinator import _Group
 
@@ -66,6 +70,25 @@ def series(samples: dict[tuple[str, Any], float], name: str) -> dict[str, float]
     return {dict(labels)["replica"]: v for (n, labels), v in samples.items() if n == name}
 
 
+def started_broker(case: SynchronousTestCase, role: Role, **settings: Any) -> Broker:
+    """
+    A broker of C{role} on a L{MemoryReactorClock} (flushes run inline),
+    stopped at the end of C{case}.
+    """
+    reactor = MemoryReactorClock()
+    reactor.advance(1700000000)
+    store = case.mktemp()
+    broker = Broker(
+        BrokerSettings(role=role, ha_listen="tcp:0", **settings),
+        reactor=reactor,
+        open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+        run_in_thread=lambda f: succeed(f()),
+    )
+    broker.startService()
+    case.addCleanup(broker.stopService)
+    return broker
+
+
 class SlaveSeriesTests(AdminTestCase):
     """
     A master's per-slave series: labelled by the replica, one per replica,
@@ -73,7 +96,7 @@ class SlaveSeriesTests(AdminTestCase):
     """
 
     def setUp(self) -> None:
-        self.master = self.broker(Role.MASTER)
+        self.master = started_broker(self, Role.MASTER)
         self.root = AdminRoot(self.master)
 
     def lose(self, connection: Any) -> None:
@@ -153,7 +176,9 @@ class SlaveSeriesTests(AdminTestCase):
         """
         C{rmqha_slave_lag_seconds}: 0 while the slave has acknowledged the
         log's end; then the time since it last held all the log then held
-        -- an ack of what it had does not reset it, one of the end does.
+        -- from the first put after its ack of the end (not from that
+        ack: an idle slave is not behind), moved on by an ack of what the
+        log held at its previous ack, back to 0 by an ack of the end.
         """
         reactor = self.master.reactor
         self.assertIs(self.successResultOf(self.master.put(_message())).status, PutStatus.PUT_OK)
@@ -161,13 +186,20 @@ class SlaveSeriesTests(AdminTestCase):
         slave = self.connect(40001, "s", ack=first_end)
         lag = lambda: series(scrape(self.root), "rmqha_slave_lag_seconds")["s"]  # noqa: E731
         self.assertEqual(lag(), 0)
+        reactor.advance(4)  # (idle)
+        self.successResultOf(self.master.put(_message()))
         reactor.advance(1)
         self.successResultOf(self.master.put(_message()))
+        third_end = self.master.commitlog.max_offset
         reactor.advance(5)
         self.assertEqual(lag(), 6)
-        slave.dataReceived(first_end.to_bytes(8, "big"))  # (a heartbeat)
+        slave.dataReceived(first_end.to_bytes(8, "big"))  # (a heartbeat: no news)
         reactor.advance(1)
         self.assertEqual(lag(), 7)
+        self.successResultOf(self.master.put(_message()))
+        slave.dataReceived(third_end.to_bytes(8, "big"))  # (the end at its last ack)
+        reactor.advance(1)
+        self.assertEqual(lag(), 2)
         slave.dataReceived(self.master.commitlog.max_offset.to_bytes(8, "big"))
         self.assertEqual(lag(), 0)
 
@@ -233,22 +265,7 @@ class BrokerFiguresTests(AdminTestCase):
         A SYNC_MASTER with minInSyncReplicas 2 counts itself alone until a
         slave acknowledges the log's end; an ASYNC_MASTER's floor is 1.
         """
-        from rmqha.settings import BrokerSettings
-        from rmqha.store.commitlog import CommitLog
-        from twisted.internet.testing import MemoryReactorClock
-
-        from tests._helpers import fixed_clock
-
-        reactor = MemoryReactorClock()
-        store = self.mktemp()
-        broker = Broker(
-            BrokerSettings(role=Role.SYNC_MASTER, ha_listen="tcp:0", in_sync_replicas=2,
-                           min_in_sync_replicas=2),
-            reactor=reactor,
-            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
-        )
-        broker.startService()
-        self.addCleanup(broker.stopService)
+        broker = started_broker(self, Role.SYNC_MASTER, in_sync_replicas=2, min_in_sync_replicas=2)
         root = AdminRoot(broker)
         samples = scrape(root)
         self.assertEqual(

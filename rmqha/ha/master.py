@@ -822,7 +822,7 @@ class MasterConnection(Protocol):
         if offset >= max_offset:
             self._caught_up_at = now
         elif self.ack_offset is not None and offset >= self._end_at_last_ack:
-            self._caught_up_at = self._last_ack_at
+            self._caught_up_at = max(self._caught_up_at or 0.0, self._last_ack_at)
         elif self._caught_up_at is None:
             # Behind from its first ack: at least since it connected.
             self._caught_up_at = self.connected_since
@@ -863,8 +863,10 @@ class MasterConnection(Protocol):
         """
         Replication lag in time: 0 while the slave has acknowledged
         C{max_offset}, the log's end; otherwise the seconds since it last
-        held everything the log then held (Kafka's time since the replica
-        was last caught up; behind since it connected: since then).
+        held everything the log then held: since the log grew past its
+        ack of the end, or since an ack reaching the end as it was at its
+        previous ack (Kafka's time since the replica was last caught up),
+        or, behind from its first ack, since it connected.
         C{None} before its first ack.
         """
         if self.ack_offset is None or self._caught_up_at is None:
@@ -903,7 +905,11 @@ class MasterConnection(Protocol):
         """
         if self._owed_since is None:
             # (An ack is owed from now: see delivers_acks.)
-            self._owed_since = self.factory.clock.seconds()
+            self._owed_since = now = self.factory.clock.seconds()
+            if self.ack_offset is not None:
+                # It had acknowledged the log's end: it held all the log
+                # until now (lag_seconds).
+                self._caught_up_at = now
         if self._transfer is not None:
             self._transfer.data_available()
 
