@@ -392,6 +392,30 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+class DashboardTests(SynchronousTestCase):
+    def test_shape(self) -> None:
+        """
+        The dashboard is one Grafana JSON model: unique panel ids, within
+        the 24-column grid, every query on the C{datasource} variable.
+        """
+        with open(DASHBOARD) as f:
+            dashboard = json.load(f)
+        self.assertEqual(dashboard["uid"], "rmqha")
+        panels = dashboard["panels"]
+        ids = [p["id"] for p in panels]
+        self.assertEqual(len(ids), len(set(ids)))
+        for panel in panels:
+            grid = panel["gridPos"]
+            self.assertLessEqual(grid["x"] + grid["w"], 24, panel["title"])
+            if panel["type"] == "row":
+                continue
+            self.assertTrue(panel["targets"], panel["title"])
+            for target in [panel, *panel["targets"]]:
+                self.assertEqual(target["datasource"]["uid"], "${datasource}", panel["title"])
+        variables = [v["name"] for v in dashboard["templating"]["list"]]
+        self.assertEqual(variables, ["datasource", "job", "instance"])
+
+
 class MetricNamesTests(SynchronousTestCase):
     def test_metric_names(self) -> None:
         """
