@@ -27,9 +27,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from twisted.web.server import Request
 
+import rmqha
 from rmqha.admin.commitlog import CommitLogServer
 from rmqha.admin.resource import AdminResource
-import rmqha
 from rmqha.admin.view import DiskSpace, FailoverSource, PutFigures, broker_status
 from rmqha.broker import Broker
 from rmqha.ha.master import SlaveStatus
