@@ -119,7 +119,10 @@ SYSTEM_TOOLS = {
     "nft": ("nftables", "tests/integration/test_netns.py shapes traffic with ip, tc and nft"),
     "etcd": ("etcd-server", "the failover tests start their own etcd members"),
     "etcdctl": ("etcd-client", "the failover tests start their own etcd members"),
+    "promtool": ("prometheus", "tests/test_monitoring.py checks and unit-tests the alert rules with promtool"),
 }
+#: Packages whose installation would start a system service, and its unit.
+SERVICES = {"etcd-server": "etcd", "prometheus": "prometheus"}
 POLICY_RC_D = "/usr/sbin/policy-rc.d"
 
 
@@ -129,10 +132,12 @@ def ensure_test_tools() -> None:
     with apt-get, install the packages that are missing, saying so first;
     anywhere else those tests skip, saying why.
 
-    Debian's etcd-server would start a system etcd on port 2379: while
+    Debian's etcd-server would start a system etcd on port 2379, and its
+    prometheus (for promtool) a Prometheus server on 9090: while
     installing, a temporary policy-rc.d (only if there is none) keeps
-    package scripts from starting services, and the unit is disabled
-    afterwards; the tests start their own members on free ports.
+    package scripts from starting services, and their units
+    (L{SERVICES}) are disabled afterwards; the tests start their own etcd
+    members on free ports and run no Prometheus server.
     """
     if sys.platform != "linux" or os.geteuid() != 0 or shutil.which("apt-get") is None:
         return
@@ -154,8 +159,8 @@ def ensure_test_tools() -> None:
             argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
 
-    etcd = "etcd-server" in packages
-    policy = etcd and not os.path.exists(POLICY_RC_D)
+    services = [SERVICES[package] for package in packages if package in SERVICES]
+    policy = bool(services) and not os.path.exists(POLICY_RC_D)
     if policy:
         with open(POLICY_RC_D, "w") as f:
             f.write("#!/bin/sh\n# dev.py: no service starts while it installs packages\nexit 101\n")
@@ -171,8 +176,9 @@ def ensure_test_tools() -> None:
             os.remove(POLICY_RC_D)
     if status:
         _say("could not install them: the tests that need them will be skipped")
-    elif etcd and shutil.which("systemctl") is not None:
-        quietly(["systemctl", "disable", "etcd"])
+    elif services and shutil.which("systemctl") is not None:
+        for unit in services:
+            quietly(["systemctl", "disable", unit])
 
 
 def run(argv: list[str]) -> int:

@@ -98,7 +98,7 @@ class DevTests(SynchronousTestCase):
         As root with tools missing, dev.py prints the apt-get command and
         why, before running it.
         """
-        _, _, calls = self.apt_get(present=("etcd", "etcdctl"))
+        _, _, calls = self.apt_get(present=("etcd", "etcdctl", "promtool"))
         ((before, argv, policy),) = calls
         self.assertEqual(argv[:2], ["apt-get", "install"])
         self.assertIn("apt-get install", before)
@@ -113,7 +113,7 @@ class DevTests(SynchronousTestCase):
         not start a system etcd on 2379 (removed afterwards), and the unit
         disabled.
         """
-        _, said, calls = self.apt_get(present=("ip", "tc", "nft"))
+        _, said, calls = self.apt_get(present=("ip", "tc", "nft", "promtool"))
         (before, install, policy), (_, disable, _) = calls
         self.assertEqual(install[-2:], ["etcd-client", "etcd-server"])
         self.assertIn("etcd members", before)
@@ -133,8 +133,29 @@ class DevTests(SynchronousTestCase):
         """
         With every tool present nothing runs and nothing is said.
         """
-        _, said, calls = self.apt_get(present=("ip", "tc", "nft", "etcd", "etcdctl"))
+        _, said, calls = self.apt_get(present=("ip", "tc", "nft", "etcd", "etcdctl", "promtool"))
         self.assertEqual((calls, said.getvalue()), ([], ""))
+
+    def test_installs_promtool_without_starting_prometheus(self) -> None:
+        """
+        promtool comes from Debian's prometheus package, whose
+        installation would start a Prometheus server on 9090: it is
+        installed under the temporary policy-rc.d, saying why first, and
+        its unit disabled, as etcd's is.
+        """
+        _, said, calls = self.apt_get(present=("ip", "tc", "nft"))
+        (before, install, policy), *disables = calls
+        self.assertEqual(install[-3:], ["etcd-client", "etcd-server", "prometheus"])
+        self.assertIn("alert rules with promtool", before)
+        self.assertTrue(policy)
+        self.assertEqual(
+            [argv for _, argv, _ in disables],
+            [["systemctl", "disable", "etcd"], ["systemctl", "disable", "prometheus"]],
+        )
+        _, _, calls = self.apt_get(present=("ip", "tc", "nft", "etcd", "etcdctl"))
+        (_, install, policy), (_, disable, _) = calls
+        self.assertEqual((install[-1], policy), ("prometheus", True))
+        self.assertEqual(disable, ["systemctl", "disable", "prometheus"])
 
 
 class AcceleratorBuildTests(SynchronousTestCase):

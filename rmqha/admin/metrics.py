@@ -2,11 +2,20 @@
 """
 C{GET /metrics}: the broker's figures as Prometheus text, read at scrape
 time.
+
+Label sets are bounded: a master's per-slave series are labelled by the
+replica (its id, stable across reconnections; docs/admin.md), at most
+L{MAX_SLAVE_SERIES} of them, whatever connects; a gone slave's series
+end with its connection (the collector reads the connections at each
+scrape and keeps nothing).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+import platform
+from typing import Any, Iterable, Iterator, Mapping
+
+import twisted
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -18,16 +27,24 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from twisted.web.server import Request
 
+import rmqha
 from rmqha.admin.commitlog import CommitLogServer
 from rmqha.admin.resource import AdminResource
-from rmqha.admin.view import FailoverSource, PutFigures, broker_status
+from rmqha.admin.view import DiskSpace, FailoverSource, PutFigures, broker_status
 from rmqha.broker import Broker
+from rmqha.ha.master import SlaveStatus
 from rmqha.ha.masterside import MasterSideStatus
 from rmqha.ha.replica import ReplicaStatus
+from rmqha.store import _record
 from rmqha.store.scrub import ScrubStatus
 from rmqha.tls import certificate_expiry
 
-__all__ = ["BrokerCollector", "MetricsResource"]
+__all__ = ["BrokerCollector", "MetricsResource", "MAX_SLAVE_SERIES", "build_info", "slave_label"]
+
+#: At most this many replicas get per-slave series on a master (the rest
+#: are counted by C{rmqha_slaves_unlisted}): peers that connect many times,
+#: or declare many ids, cannot grow C{/metrics} past it.
+MAX_SLAVE_SERIES = 32
 
 
 class BrokerCollector(Collector):
@@ -50,6 +67,11 @@ class BrokerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         view = broker_status(self._broker, self._failover)
+        yield build_info()
+        yield GaugeMetricFamily(
+            "rmqha_is_master", "1 while this broker's role is a master's",
+            value=int(view.role.is_master),
+        )
         store = view.store
         for name, value, text in [
             ("rmqha_commitlog_min_offset", store.min_offset, "oldest offset held"),
@@ -64,6 +86,7 @@ class BrokerCollector(Collector):
         )
         yield from _scrub_metrics(view.scrub)
         yield _tls_expiry(self._expiry)
+        yield from _disk_metrics(view.disk)
         if view.failover is not None:
             yield from _failover_metrics(view.failover.coordinator)
         if view.master is not None:
@@ -90,20 +113,85 @@ def _master_metrics(puts: PutFigures, master: MasterSideStatus) -> Iterator[Metr
         sum_value=puts.replication_wait_total,
     )
     yield CounterMetricFamily("rmqha_put_bytes", "record bytes put", value=puts.put_bytes)
+    yield GaugeMetricFamily(
+        "rmqha_in_sync_replicas",
+        "copies a put would count now, the master's included",
+        value=master.in_sync_replicas,
+    )
+    yield GaugeMetricFamily(
+        "rmqha_min_in_sync_replicas",
+        "copies every PUT_OK needs (minInSyncReplicas on a SYNC_MASTER, 1 on an ASYNC one)",
+        value=master.min_in_sync_replicas,
+    )
     slaves = master.slaves
     yield GaugeMetricFamily("rmqha_slaves_connected", "connected slaves", value=len(slaves))
-    ack = GaugeMetricFamily("rmqha_slave_ack_offset", "slave's acknowledged offset", labels=["peer"])
-    lag = GaugeMetricFamily("rmqha_slave_lag_bytes", "master max offset minus slave ack", labels=["peer"])
-    rate = GaugeMetricFamily("rmqha_slave_bytes_per_second", "slave ack rate", labels=["peer"])
-    for s in slaves:
+    listed = listed_slaves(slaves)
+    yield GaugeMetricFamily(
+        "rmqha_slaves_unlisted",
+        "connected slaves without per-slave series (another connection of the same "
+        f"replica, or past {MAX_SLAVE_SERIES} replicas)",
+        value=len(slaves) - len(listed),
+    )
+    info = GaugeMetricFamily(
+        "rmqha_slave_info",
+        "1 per listed slave: its connection's address and how it is connected",
+        labels=["replica", "peer", "transport", "framing", "identity", "authenticated"],
+    )
+    ack = GaugeMetricFamily("rmqha_slave_ack_offset", "slave's acknowledged offset", labels=["replica"])
+    lag = GaugeMetricFamily("rmqha_slave_lag_bytes", "master max offset minus slave ack", labels=["replica"])
+    lag_seconds = GaugeMetricFamily(
+        "rmqha_slave_lag_seconds",
+        "seconds since the slave last held all the master's log then held (0: caught up)",
+        labels=["replica"],
+    )
+    rate = GaugeMetricFamily("rmqha_slave_bytes_per_second", "slave ack rate", labels=["replica"])
+    for replica, s in listed:
+        info.add_metric(
+            [replica, s.peer, s.transport, s.framing, s.identity or "",
+             "true" if s.authenticated else "false"],
+            1,
+        )
         if s.ack_offset is not None and s.lag_bytes is not None:
-            ack.add_metric([s.peer], s.ack_offset)
-            lag.add_metric([s.peer], s.lag_bytes)
-        rate.add_metric([s.peer], s.bytes_per_s)
+            ack.add_metric([replica], s.ack_offset)
+            lag.add_metric([replica], s.lag_bytes)
+        if s.lag_seconds is not None:
+            lag_seconds.add_metric([replica], s.lag_seconds)
+        rate.add_metric([replica], s.bytes_per_s)
+    yield info
     yield ack
     yield lag
+    yield lag_seconds
     yield rate
     yield _checksum_failures(master.checksum_failures)
+
+
+def slave_label(slave: SlaveStatus) -> str:
+    """
+    The C{replica} label of a slave's series: the replica id it declared
+    or proved (stable: it lives in the slave's store), else the name in
+    its TLS certificate, else -- a RocketMQ slave, which says nothing of
+    itself -- its address.
+    """
+    return slave.replica_id or slave.identity or slave.peer
+
+
+def listed_slaves(slaves: Iterable[SlaveStatus]) -> list[tuple[str, SlaveStatus]]:
+    """
+    The slaves that get per-slave series, with their label, by label: one
+    connection per label -- the proven one, else one that has
+    acknowledged, else the oldest -- and at most L{MAX_SLAVE_SERIES}
+    labels, chosen in the same order (a replica that proved its id, then
+    those replicating longest).
+    """
+
+    def rank(s: SlaveStatus) -> tuple[bool, bool, float, str]:
+        return (not s.authenticated, s.ack_offset is None, s.connected_since, s.peer)
+
+    best: dict[str, SlaveStatus] = {}
+    for s in sorted(slaves, key=rank):
+        best.setdefault(slave_label(s), s)
+    kept = sorted(best.items(), key=lambda item: rank(item[1]))[:MAX_SLAVE_SERIES]
+    return sorted(kept, key=lambda item: item[0])
 
 
 def _replica_metrics(replica: ReplicaStatus) -> Iterator[Metric]:
@@ -163,6 +251,16 @@ def _failover_metrics(status: Mapping[str, Any]) -> Iterator[Metric]:
     """
     Failover mode's figures (docs/failover.md).
     """
+    info = GaugeMetricFamily(
+        "rmqha_failover_info", "1: this node's group and node id", labels=["group", "node_id"]
+    )
+    info.add_metric([str(status["group"]), str(status["node_id"])], 1)
+    yield info
+    yield GaugeMetricFamily(
+        "rmqha_failover_has_master",
+        "1 while the coordinator names a master of the group (as this node last read it)",
+        value=int(status["master"] is not None),
+    )
     yield GaugeMetricFamily(
         "rmqha_failover_is_master", "1 while this node is the elected master",
         value=int(status["is_master"]),
@@ -184,7 +282,9 @@ def _failover_metrics(status: Mapping[str, Any]) -> Iterator[Metric]:
         value=int(status["coordinator_error"] is None),
     )
     events = CounterMetricFamily(
-        "rmqha_failover_events", "elections won, step-downs, leases lost", labels=["event"]
+        "rmqha_failover_events",
+        "elections won, step-downs, leases lost, campaigns lost, epoch changes seen",
+        labels=["event"],
     )
     for event, count in sorted(status["counts"].items()):
         events.add_metric([event], count)
@@ -221,6 +321,44 @@ def _tls_expiry(expiry: Mapping[str, tuple[str, float]]) -> GaugeMetricFamily:
     for kind, (path, not_after) in sorted(expiry.items()):
         metric.add_metric([kind, path], not_after)
     return metric
+
+
+def _disk_metrics(disk: DiskSpace | None) -> Iterator[Metric]:
+    if disk is None:
+        return
+    yield GaugeMetricFamily(
+        "rmqha_store_filesystem_free_bytes",
+        "bytes the broker may still write on the store's file system",
+        value=disk.free_bytes,
+    )
+    yield GaugeMetricFamily(
+        "rmqha_store_filesystem_size_bytes", "size of the store's file system",
+        value=disk.size_bytes,
+    )
+
+
+def build_info() -> GaugeMetricFamily:
+    """
+    C{rmqha_build_info}: 1, labelled with what runs -- rmqha's version,
+    Python's and Twisted's, and the record codec (C{compiled}, or
+    C{pure}: not built, or C{RMQHA_PURE=1}; 4.5-5x slower).
+    """
+    info = GaugeMetricFamily(
+        "rmqha_build_info",
+        "1: the versions running and the record codec in use",
+        labels=["version", "python_version", "python_implementation", "twisted_version", "codec"],
+    )
+    info.add_metric(
+        [
+            rmqha.__version__,
+            platform.python_version(),
+            platform.python_implementation(),
+            twisted.__version__,
+            "compiled" if _record._accel is not None else "pure",
+        ],
+        1,
+    )
+    return info
 
 
 def _checksum_failures(count: int) -> CounterMetricFamily:

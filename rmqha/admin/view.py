@@ -18,6 +18,7 @@ the broker's parts; they never import it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, Protocol
@@ -32,6 +33,8 @@ from rmqha.store.service import StoreStatus
 
 __all__ = [
     "BrokerStatus",
+    "DiskSpace",
+    "disk_space",
     "PutFigures",
     "FailoverStatus",
     "broker_status",
@@ -61,6 +64,30 @@ class PutFigures:
     statuses: Mapping[PutStatus, int]
     replication_wait: tuple[tuple[str, int], ...]
     replication_wait_total: float
+
+
+@dataclass(frozen=True)
+class DiskSpace:
+    """
+    The file system the store is on (C{statvfs}): C{free_bytes} is what
+    the broker's user may still write (C{f_bavail}, reserved blocks not
+    counted), C{size_bytes} its size.
+    """
+
+    free_bytes: int
+    size_bytes: int
+
+
+def disk_space(directory: str) -> DiskSpace | None:
+    """
+    The space of the file system C{directory} is on, or C{None} when it
+    cannot be read (the directory gone).
+    """
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    return DiskSpace(st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
 
 
 @dataclass(frozen=True)
@@ -94,6 +121,8 @@ class BrokerStatus:
     @ivar problem: on a slave, why it is not replicating; on a master, why
         it refuses every put; or C{None} (L{Broker.problem}).
     @ivar failover: in failover mode, the coordinator's view.
+    @ivar disk: the store's file system (not in C{/status}: it changes
+        between two reads).
     """
 
     role: Role
@@ -105,6 +134,7 @@ class BrokerStatus:
     replica: ReplicaStatus | None = None
     master_endpoint: str | None = None
     failover: FailoverStatus | None = None
+    disk: DiskSpace | None = None
 
     def as_json(self) -> dict[str, Any]:
         """
@@ -126,6 +156,7 @@ class BrokerStatus:
                     "peer": s.peer,
                     "ack_offset": s.ack_offset,
                     "lag_bytes": s.lag_bytes,
+                    "lag_seconds": None if s.lag_seconds is None else round(s.lag_seconds, 3),
                     "bytes_per_s": round(s.bytes_per_s, 1),
                     "connected_since": s.connected_since,
                     "transport": s.transport,
@@ -138,6 +169,10 @@ class BrokerStatus:
                 }
                 for s in sorted(self.master.slaves, key=lambda s: s.peer)
             ]
+            # The copies a put would count now, and the copies a PUT_OK
+            # needs (docs/sync.md).
+            result["in_sync_replicas"] = self.master.in_sync_replicas
+            result["min_in_sync_replicas"] = self.master.min_in_sync_replicas
             # Why every put is refused (a segment file changed under the
             # store: docs/store.md), or null.
             result["problem"] = self.problem
@@ -202,6 +237,7 @@ def broker_status(broker: Broker, failover: FailoverSource | None = None) -> Bro
             auth.mode if auth is not None else _INSECURE,
         )
     waits = broker.put_path.replication_wait
+    commitlog = broker.store.commitlog
     return BrokerStatus(
         role=role,
         store=broker.store.status(),
@@ -218,6 +254,7 @@ def broker_status(broker: Broker, failover: FailoverSource | None = None) -> Bro
         replica=replica,
         master_endpoint=endpoint,
         failover=failover_status,
+        disk=disk_space(commitlog.store_dir) if commitlog is not None else None,
     )
 
 

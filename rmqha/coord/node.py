@@ -133,8 +133,16 @@ class Coordinator(Service):
         self.note: str | None = None
         #: The coordinator's last error, or None while it answers.
         self.dcs_error: str | None = None
-        #: Elections this node won, leases lost, step-downs.
-        self.counts = {"elected": 0, "stepped_down": 0, "lease_lost": 0, "campaigns_lost": 0}
+        #: Elections this node won, leases lost, step-downs, and the
+        #: changes of the group's epoch it saw after its first sight of a
+        #: master (failovers and switchovers, for monitoring).
+        self.counts = {
+            "elected": 0,
+            "stepped_down": 0,
+            "lease_lost": 0,
+            "campaigns_lost": 0,
+            "epoch_changes": 0,
+        }
         self._loop: LoopingCall | None = None
         self._watch: IWatch | None = None
         self._fence: IDelayedCall | None = None
@@ -475,6 +483,8 @@ class Coordinator(Service):
     def _note_election(self, epoch: int, master: str | None, why: str) -> None:
         if self.election is not None and self.election.epoch == epoch and self.election.master == master:
             return
+        if self.election is not None and self.election.epoch != epoch:
+            self.counts["epoch_changes"] += 1
         history = self.election.history[-9:] if self.election is not None else []
         entry = {"epoch": epoch, "master": master, "at": self._wall(), "why": why}
         self.election = Election(epoch, master, entry["at"], why, [*history, entry])  # type: ignore[arg-type]

@@ -544,6 +544,29 @@ class HAService:
             return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
         return self.group.wait_for(end, append)
 
+    @property
+    def min_in_sync_replicas(self) -> int:
+        """
+        The copies every C{PUT_OK} needs, the master's included:
+        C{minInSyncReplicas} on a SYNC_MASTER, 1 on an ASYNC_MASTER
+        (whose puts never wait).
+        """
+        return self._min_in_sync_replicas if self.sync else 1
+
+    def in_sync_replicas(self) -> int:
+        """
+        The copies a put ending at the log's end would count now, the
+        master's included: in failover mode the in-sync set's members;
+        otherwise the master and each replica whose link delivers acks
+        within C{slaveFallbehindMax} of the end (as L{wait_for} counts
+        them).  For monitoring: below L{min_in_sync_replicas}, SYNC puts
+        are refused.
+        """
+        if self.in_sync is not None:
+            return len(self.in_sync.effective)
+        oldest = self._appended.max_offset - self._fallbehind_max
+        return 1 + sum(1 for ack in self.acks.live_acks() if ack > oldest)
+
     def _answer(self, status: PutStatus, append: AppendResult | None) -> Deferred[Any]:
         return succeed(status if append is None else self.group.finish(status, append))
 

@@ -100,6 +100,10 @@ class SlaveStatus:
     #: Failover: the slave proved its node id (C{replica_id}) as the group
     #: requires (the group secret, or a verified certificate naming it).
     authenticated: bool = False
+    #: Seconds since the slave last held everything the master's log held
+    #: (0 while it has acknowledged the log's end; C{None} before its
+    #: first ack): L{MasterConnection.lag_seconds}.
+    lag_seconds: float | None = None
 
 
 class _State(enum.Enum):
@@ -461,6 +465,12 @@ class MasterConnection(Protocol):
         # Since when an ack has been owed (the master's log ended past the
         # last ack), or None: see delivers_acks.
         self._owed_since: float | None = None
+        # Replication lag in time (lag_seconds): when the slave last held
+        # all the master's log then held, and the log's end at its last ack
+        # and when that ack came.
+        self._caught_up_at: float | None = None
+        self._end_at_last_ack = 0
+        self._last_ack_at = 0.0
 
     # -- Protocol ----------------------------------------------------------
 
@@ -813,6 +823,17 @@ class MasterConnection(Protocol):
 
     def _record_ack(self, offset: int) -> None:
         now = self.factory.clock.seconds()
+        max_offset = self.factory.commitlog.max_offset
+        # (Kafka's last-caught-up time: an ack reaching the log's end as it
+        # was at the previous ack means the slave held, then, all of it.)
+        if offset >= max_offset:
+            self._caught_up_at = now
+        elif self.ack_offset is not None and offset >= self._end_at_last_ack:
+            self._caught_up_at = max(self._caught_up_at or 0.0, self._last_ack_at)
+        elif self._caught_up_at is None:
+            # Behind from its first ack: at least since it connected.
+            self._caught_up_at = self.connected_since
+        self._end_at_last_ack, self._last_ack_at = max_offset, now
         self.ack_offset = offset
         # (An ack short of the log's end owes the rest from now: a link
         # that keeps acking, however far behind, delivers acks.)
@@ -845,6 +866,22 @@ class MasterConnection(Protocol):
             return True
         return now - owed <= timeout
 
+    def lag_seconds(self, now: float, max_offset: int) -> float | None:
+        """
+        Replication lag in time: 0 while the slave has acknowledged
+        C{max_offset}, the log's end; otherwise the seconds since it last
+        held everything the log then held: since the log grew past its
+        ack of the end, or since an ack reaching the end as it was at its
+        previous ack (Kafka's time since the replica was last caught up),
+        or, behind from its first ack, since it connected.
+        C{None} before its first ack.
+        """
+        if self.ack_offset is None or self._caught_up_at is None:
+            return None
+        if self.ack_offset >= max_offset:
+            return 0.0
+        return max(0.0, now - self._caught_up_at)
+
     # -- IPushProducer -----------------------------------------------------
 
     def pauseProducing(self) -> None:
@@ -875,7 +912,11 @@ class MasterConnection(Protocol):
         """
         if self._owed_since is None:
             # (An ack is owed from now: see delivers_acks.)
-            self._owed_since = self.factory.clock.seconds()
+            self._owed_since = now = self.factory.clock.seconds()
+            if self.ack_offset is not None:
+                # It had acknowledged the log's end: it held all the log
+                # until now (lag_seconds).
+                self._caught_up_at = now
         if self._transfer is not None:
             self._transfer.data_available()
 
@@ -920,6 +961,7 @@ class MasterConnection(Protocol):
             framing="checked" if self.checked else "classic",
             replica_id=self.replica_id,
             authenticated=self.factory.auth is not None and self.failover_node is not None,
+            lag_seconds=self.lag_seconds(self.factory.clock.seconds(), max_offset),
         )
 
     def refuse(self, why: str, **fields: Any) -> None:

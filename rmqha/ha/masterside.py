@@ -46,10 +46,16 @@ class MasterSideStatus:
     @ivar slaves: each connected slave (in no particular order).
     @ivar checksum_failures: checked-framing reports that failed their
         CRC, all slaves together.
+    @ivar in_sync_replicas: the copies a put would count now, the
+        master's included (L{HAService.in_sync_replicas}).
+    @ivar min_in_sync_replicas: the copies every C{PUT_OK} needs
+        (L{HAService.min_in_sync_replicas}).
     """
 
     slaves: tuple[SlaveStatus, ...] = ()
     checksum_failures: int = 0
+    in_sync_replicas: int = 1
+    min_in_sync_replicas: int = 1
 
 
 class MasterSide(Service):
@@ -215,4 +221,9 @@ class MasterSide(Service):
         factory = self.factory
         if factory is None:
             return MasterSideStatus()
-        return MasterSideStatus(tuple(factory.slaves()), factory.checksum_failures)
+        return MasterSideStatus(
+            tuple(factory.slaves()),
+            factory.checksum_failures,
+            self.ha.in_sync_replicas(),
+            self.ha.min_in_sync_replicas,
+        )
