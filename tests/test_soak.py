@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import math
 import os
-import re
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -240,23 +239,3 @@ class ChartTests(SynchronousTestCase):
         """
         self.assertEqual(soak._chart(_samples([38.0] * 3, [26.5] * 3), _NAMES)[:8], b"\x89PNG\r\n\x1a\n")
 
-
-class HelpTests(SynchronousTestCase):
-    """
-    C{--help} is plain text.
-    """
-
-    def test_no_markup(self) -> None:
-        """
-        The docstring's epytext (C{C{...}}, C{L{...}}) is not shown as it
-        is; its words are.
-        """
-        out = io.StringIO()
-        self.patch(sys, "stdout", out)
-        error = self.assertRaises(SystemExit, soak.main, ["--help"])
-        self.assertEqual(error.code, 0)
-        text = out.getvalue()
-        self.assertIsNone(re.search(r"[A-Z]\{", text), text)
-        self.assertIn("(twistd rmqha processes on loopback)", text)
-        self.assertIn("then\nsoak.json", text)
-        self.assertIn("--segment-size", text)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +44,7 @@ import uuid
 from typing import Any
 
 from rmqha.store._prefault import AHEAD
+from tools._help import plain
 from tools.processes import free_ports, twistd_command
 
 __all__ = ["main", "run", "grows", "beyond", "verdicts", "check_out"]
@@ -365,18 +365,10 @@ def _figure(samples: list[dict[str, Any]], names: list[str]) -> Any:
     return fig
 
 
-def _plain(text: str) -> str:
-    """
-    C{text} (a docstring) without its epytext markup (C{C{...}},
-    C{L{...}}, ...): for C{--help}.
-    """
-    return re.sub(r"\b[BCILU]\{([^{}]*)\}", r"\1", text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tools.soak",
-        description=_plain(__doc__ or ""),
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
