@@ -59,6 +59,7 @@ from typing import Any, Callable
 from rmqha.ha._wire import CONTROL_HELLO, encode_code, encode_digest_request
 from rmqha.cli import _Parser, _UsageError, fill
 from rmqha.store.commitlog import CommitLog
+from tools._help import plain
 from tools.processes import twistd_command
 
 __all__ = ["main", "run", "SCENARIOS", "Sizes", "FULL", "QUICK"]
@@ -580,7 +581,7 @@ def _checkout(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m tools.abuse", description=__doc__,
+    parser = _Parser(prog="python -m tools.abuse", description=plain(__doc__),
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", type=_scenarios, default=list(SCENARIOS),
                         help=f"comma-separated, from {','.join(SCENARIOS)} (default: all)")

@@ -76,6 +76,7 @@ from rmqha.ha._wire import (
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.auth import GroupAuth, MasterHandshake, SlaveHandshake
 from rmqha.ha.slave import SlaveFactory
+from tools._help import plain
 
 __all__ = ["main", "run"]
 
@@ -431,7 +432,10 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.fuzz", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.fuzz", description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--cases", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)

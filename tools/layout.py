@@ -39,6 +39,8 @@ import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from tools._help import plain
+
 PACKAGES = ("rmqha", "tools")
 
 
@@ -438,7 +440,7 @@ def splice(text: str, section: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.layout", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.layout", description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("--root", default=".", help="a checkout (default: the current directory)")
     parser.add_argument("--top", type=int, default=10, help="how many of the longest functions (default 10)")
     mode = parser.add_mutually_exclusive_group()

@@ -2,14 +2,24 @@
 """
 C{python -m tools.soak --minutes N [--out DIR]}: a master and two slaves
 (C{twistd rmqha} processes on loopback) under steady load for N minutes,
-sampling every second each process's RSS and open files, and each slave's
-lag; then C{soak.json} (every sample, and a verdict per series) and
-C{soak.png} (the three series over time) in C{--out}.
+sampling every second each process's resident memory (its heap and its
+mapped files apart) and open files, and each slave's lag; then
+C{soak.json} (every sample, and a verdict per series) and C{soak.png}
+(the series over time) in C{--out}.
 
-A series "grows" when the mean of its last fifth exceeds the mean of its
-second fifth (the first is warm-up) by more than its allowance (RSS: 16 MiB
-and 20 %; open files: 4; lag: 8 MiB).  The exit status is 1 if anything
-grows or a process died.
+Verdicts (docs/reliability.md, "Soak"):
+
+  - heap (anonymous RSS), open files, lag: a series "grows" when the
+    least-squares line over the second half of the run (the first half is
+    warm-up) rises across that half by more than an allowance (heap: 4 MiB
+    and 10 %; open files: 4; lag: 8 MiB);
+  - mapped files (file-backed RSS): the written pages of the segment being
+    filled count here, so it rises by design up to the segment size and
+    drops at the roll; it "grows" when its range (max - min) exceeds one
+    segment plus the pages pre-faulted ahead of the put position plus
+    8 MiB.
+
+The exit status is 1 if anything grows or a process died.
 
 The stores live in a new temporary directory, removed at the end (nothing
 else is deleted).  C{--out} may exist, but not with a C{soak.json} or
@@ -30,19 +40,33 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from typing import Any
 
+from rmqha.store._prefault import AHEAD
+from tools._help import plain
 from tools.processes import free_ports, twistd_command
 
-__all__ = ["main", "run", "grows", "check_out"]
+__all__ = ["main", "run", "grows", "beyond", "verdicts", "check_out"]
 
 _OUTPUTS = ("soak.json", "soak.png")
 
 
 
-def _rss(pid: int) -> int:
-    with open(f"/proc/{pid}/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def _rss(pid: int) -> dict[str, int]:
+    """
+    The resident set of process C{pid} in bytes, from C{/proc/PID/status}:
+    C{"anon"} (the heap: Python's objects, the allocator's arenas, the
+    C library's) and C{"file"} (pages of mapped files: the libraries, and
+    the store's mapped segments, C{RssFile} + C{RssShmem}).
+    """
+    fields: dict[str, int] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name in ("RssAnon", "RssFile", "RssShmem"):
+                fields[name] = int(value.split()[0]) * 1024
+    return {"anon": fields["RssAnon"], "file": fields["RssFile"] + fields["RssShmem"]}
 
 
 def _open_files(pid: int) -> int:
@@ -55,17 +79,67 @@ def _get(port: int, path: str) -> dict[str, Any]:
         return answer
 
 
+#: The heap's allowance (L{grows}): 4 MiB and 10 %.
+HEAP_ALLOWANCE = (4 << 20, 0.10)
+#: Open files' allowance (L{grows}).
+FDS_ALLOWANCE = 4
+#: A slave's lag's allowance (L{grows}), bytes.
+LAG_ALLOWANCE = 8 << 20
+#: What the mapped-file RSS may range over beyond one segment (L{beyond}):
+#: the pages pre-faulted ahead of the put position (up to 2 x C{AHEAD},
+#: rmqha/store/_prefault.py) and 8 MiB.
+MAPPED_SLACK = 2 * AHEAD + (8 << 20)
+
+
 def grows(values: list[float], absolute: float, relative: float = 0.0) -> bool:
     """
-    Whether the last fifth of C{values} is above the second fifth by more
-    than C{absolute} and (when given) C{relative} of it.
+    Whether C{values} (one a second) grow after their warm-up: whether the
+    least-squares line through their second half rises across that half
+    by more than C{absolute} and (when given) C{relative} of where the
+    line starts.  The first half is warm-up (caches, allocator arenas and
+    buffers filling up to their bound), whatever it does; fewer than 10
+    values are not judged.
     """
     if len(values) < 10:
         return False
-    fifth = len(values) // 5
-    early = sum(values[fifth : 2 * fifth]) / fifth
-    late = sum(values[-fifth:]) / fifth
-    return late - early > absolute and (not relative or late > early * (1 + relative))
+    half = values[len(values) // 2 :]
+    n = len(half)
+    mean_x = (n - 1) / 2
+    mean_y = sum(half) / n
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in enumerate(half)) / sum(
+        (x - mean_x) ** 2 for x in range(n)
+    )
+    rise = slope * (n - 1)
+    start = mean_y - slope * mean_x
+    return rise > absolute and (not relative or rise > relative * start)
+
+
+def beyond(values: list[float], bound: float) -> bool:
+    """
+    Whether C{values} range (max - min) over more than C{bound}: for a
+    series that rises and falls by design (a segment's mapped pages),
+    where a trend means nothing but the range has a known bound.
+    """
+    return bool(values) and max(values) - min(values) > bound
+
+
+def verdicts(samples: list[dict[str, Any]], names: list[str], segment_size: int) -> dict[str, bool]:
+    """
+    The soak's verdict per series of C{samples} (processes C{names}, the
+    first the master, with segments of C{segment_size} bytes): C{True}
+    where it grows (L{grows}, L{beyond}).
+    """
+    found = {}
+    for name in names:
+        found[f"{name}_heap"] = grows([s[f"{name}_rss_anon"] for s in samples], *HEAP_ALLOWANCE)
+        found[f"{name}_mapped"] = beyond(
+            [s[f"{name}_rss_file"] for s in samples], segment_size + MAPPED_SLACK
+        )
+        found[f"{name}_fds"] = grows([s[f"{name}_fds"] for s in samples], FDS_ALLOWANCE)
+    for name in names[1:]:
+        lags = [s["lag"][name] for s in samples if s["lag"].get(name) is not None]
+        found[f"{name}_lag"] = grows(lags, LAG_ALLOWANCE)
+    return found
 
 
 def run(
@@ -114,6 +188,8 @@ def run(
                 next_at = time.monotonic()
 
     samples: list[dict[str, Any]] = []
+    ids: dict[str, str] = {}
+    max_offset = 0
     try:
         start(
             "master", "--role", "master",
@@ -121,6 +197,12 @@ def run(
             "--http", f"tcp:{http}:interface=127.0.0.1",
         )
         for name in ("slave1", "slave2"):
+            # A known replica id (a slave keeps the one in its store), so
+            # that /status says which slave each lag is.
+            ids[name] = str(uuid.uuid4())
+            os.makedirs(os.path.join(root, name, "rmqha"))
+            with open(os.path.join(root, name, "rmqha", "replica-id"), "w") as id_file:
+                id_file.write(ids[name] + "\n")
             start(name, "--role", "slave", "--master", f"127.0.0.1:{ha}")
         deadline = time.monotonic() + 30
         while True:
@@ -141,11 +223,15 @@ def run(
             for name, process in processes.items():
                 if process.poll() is not None:
                     raise RuntimeError(f"{name} exited with status {process.returncode}")
-                sample[f"{name}_rss"] = _rss(process.pid)
+                rss = _rss(process.pid)
+                sample[f"{name}_rss"] = rss["anon"] + rss["file"]
+                sample[f"{name}_rss_anon"] = rss["anon"]
+                sample[f"{name}_rss_file"] = rss["file"]
                 sample[f"{name}_fds"] = _open_files(process.pid)
             status = _get(http, "/status")
-            lags = sorted(s["lag_bytes"] or 0 for s in status.get("slaves", []))
-            sample["lag"] = lags
+            max_offset = status["max_offset"]
+            lags = {s.get("replica_id"): s["lag_bytes"] for s in status.get("slaves", [])}
+            sample["lag"] = {name: lags.get(ids[name]) for name in ids}
             samples.append(sample)
         stop.set()
         producer.join()
@@ -160,17 +246,14 @@ def run(
             except subprocess.TimeoutExpired:
                 process.kill()
         shutil.rmtree(root, ignore_errors=True)
-    verdicts = {}
-    for name in processes:
-        verdicts[f"{name}_rss"] = grows([s[f"{name}_rss"] for s in samples], 16 << 20, 0.2)
-        verdicts[f"{name}_fds"] = grows([s[f"{name}_fds"] for s in samples], 4)
-    verdicts["lag"] = grows([max(s["lag"] or [0]) for s in samples], 8 << 20)
+    judged = verdicts(samples, list(processes), segment_size)
     summary = {
         "seconds": seconds,
         "messages": sent["ok"],
         "errors": sent["errors"],
-        "grows": verdicts,
-        "ok": not any(verdicts.values()),
+        "segments_filled": max_offset // segment_size,
+        "grows": judged,
+        "ok": not any(judged.values()),
         "samples": samples,
     }
     files = {
@@ -202,7 +285,32 @@ def check_out(out: str) -> None:
         )
 
 
+#: Each process's line style: its own colour, dash and marker, so that
+#: two processes with the same values (the slaves, often) are both seen.
+_STYLES = {
+    "master": {"color": "tab:blue", "linestyle": "-", "marker": "o"},
+    "slave1": {"color": "tab:orange", "linestyle": "--", "marker": "^"},
+    "slave2": {"color": "tab:green", "linestyle": ":", "marker": "v"},
+}
+
+_UNITS = (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+
+
+def lag_unit(peak: float) -> tuple[str, int]:
+    """
+    The unit the lag is drawn in for a largest lag of C{peak} bytes: the
+    largest of GiB, MiB and KiB that C{peak} reaches, else bytes.
+    """
+    for unit, size in _UNITS:
+        if peak >= size:
+            return unit, size
+    return "bytes", 1
+
+
 def _chart(samples: list[dict[str, Any]], names: list[str]) -> bytes:
+    """
+    L{_figure} as PNG.
+    """
     import io
 
     import matplotlib
@@ -210,32 +318,65 @@ def _chart(samples: list[dict[str, Any]], names: list[str]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    t = [s["t"] for s in samples]
-    fig, (rss, fds, lag) = plt.subplots(3, 1, figsize=(10, 8), dpi=100, sharex=True)
-    for name in names:
-        rss.plot(t, [s[f"{name}_rss"] / (1 << 20) for s in samples], label=name)
-        fds.plot(t, [s[f"{name}_fds"] for s in samples], label=name)
-    for i in range(2):
-        lag.plot(t, [(s["lag"][i] if len(s["lag"]) > i else 0) / (1 << 20) for s in samples],
-                 label=f"slave {i + 1}")
-    rss.set_ylabel("RSS (MiB)")
-    fds.set_ylabel("open files")
-    lag.set_ylabel("lag (MiB)")
-    lag.set_xlabel("seconds")
-    for ax in (rss, fds, lag):
-        ax.legend(loc="upper left", fontsize="small")
-    fig.tight_layout()
+    fig = _figure(samples, names)
     png = io.BytesIO()
     fig.savefig(png, format="png")
     plt.close(fig)
     return png.getvalue()
 
 
+def _figure(samples: list[dict[str, Any]], names: list[str]) -> Any:
+    """
+    The soak's series over time, one panel each: heap and mapped-file
+    RSS (MiB) and open files per process, lag per slave (in L{lag_unit};
+    a sample without a known lag is a gap, not a zero).  Each process has
+    its own style (L{_STYLES}), markers staggered between processes.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] for s in samples]
+    lags = [v for s in samples for v in s["lag"].values() if v is not None]
+    unit, size = lag_unit(max(lags, default=0))
+    every = max(len(names), len(samples) // 15)
+    fig, (heap, mapped, fds, lag) = plt.subplots(4, 1, figsize=(10, 10), dpi=100, sharex=True)
+    for i, name in enumerate(names):
+        style = {
+            **_STYLES.get(name, {}), "label": name, "markersize": 4,
+            "markevery": (i * every // len(names), every),
+        }
+        heap.plot(t, [s[f"{name}_rss_anon"] / (1 << 20) for s in samples], **style)
+        mapped.plot(t, [s[f"{name}_rss_file"] / (1 << 20) for s in samples], **style)
+        fds.plot(t, [s[f"{name}_fds"] for s in samples], **style)
+        if i:
+            values = [s["lag"].get(name) for s in samples]
+            lag.plot(t, [float("nan") if v is None else v / size for v in values], **style)
+    heap.set_ylabel("heap RSS (MiB)")
+    mapped.set_ylabel("mapped-file RSS (MiB)")
+    fds.set_ylabel("open files")
+    lag.set_ylabel(f"lag ({unit})")
+    lag.set_xlabel("seconds")
+    for ax in (heap, mapped, fds, lag):
+        # (Outside the panel: never over a line.)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    fig.tight_layout()
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.soak", description=__doc__)
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--rate", type=int, default=500, help="messages per second")
-    parser.add_argument("--segment-size", type=int, default=64 << 20)
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.soak",
+        description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--minutes", type=float, default=10.0, help="how long (default 10)")
+    parser.add_argument("--rate", type=int, default=500, help="messages per second (default 500)")
+    parser.add_argument(
+        "--segment-size", type=int, default=64 << 20,
+        help="the commit log's segment size in bytes (default 64 MiB)",
+    )
     parser.add_argument("--out", default="soak-out", help="where soak.json and soak.png go")
     args = parser.parse_args(argv)
     try:

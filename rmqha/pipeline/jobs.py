@@ -337,9 +337,7 @@ def _quantiles(name: str, ranks: Any) -> Any:
 
 def _chart(result: dict[str, Any]) -> bytes:
     """
-    Messages per time bucket as PNG: one panel per topic (largest first,
-    all on the same time axis, none hidden behind another); past
-    L{_CHART_TOPICS}, the remaining topics are summed into a last panel.
+    L{_chart_figure} as PNG.
     """
     import io
 
@@ -348,38 +346,100 @@ def _chart(result: dict[str, Any]) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bucket = result["bucket"]
-    times = sorted({h["time"] for h in result["series"]})
+    fig = _chart_figure(result)
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
+    plt.close(fig)
+    return png.getvalue()
+
+
+def _chart_panels(result: dict[str, Any]) -> list[tuple[str, list[tuple[str, int]]]]:
+    """
+    What C{stats.png} shows, from C{stats.json}'s C{result}: one panel per
+    topic (largest first), past L{_CHART_TOPICS} the remaining topics summed
+    into a last panel; each panel its (bucket start, messages) pairs, one
+    per row of C{result["series"]} (the sum of the rows of the same bucket
+    in the last panel), sorted by time, and nothing else: a bucket without
+    a row has no pair.
+    """
     ordered = [t["topic"] for t in sorted(result["topics"], key=lambda t: -t["messages"])]
     panels: list[tuple[str, set[str]]] = [(t, {t}) for t in ordered[:_CHART_TOPICS]]
     if len(ordered) > _CHART_TOPICS:
         rest = ordered[_CHART_TOPICS:]
         panels.append((f"{len(rest)} other topics", set(rest)))
+    out: list[tuple[str, list[tuple[str, int]]]] = []
+    for label, topics in panels:
+        counts: dict[str, int] = {}
+        for row in result["series"]:
+            if row["topic"] in topics:
+                counts[row["time"]] = counts.get(row["time"], 0) + row["messages"]
+        out.append((label, sorted(counts.items(), key=lambda tc: _bucket_start(tc[0]))))
+    return out
+
+
+def _bucket_start(time: str) -> Any:
+    """
+    The start of the bucket C{stats.json} writes as C{time} (L{_BUCKETS}),
+    as an aware UTC C{datetime}.  (Not C{strptime}: C{%Y} there wants four
+    digits, and a store with garbage timestamps has years below 1000.)
+    """
+    import datetime
+
+    found = re.fullmatch(r"(\d+)-(\d\d)-(\d\d)(?:T(\d\d):(\d\d)Z)?", time)
+    if found is None:
+        raise ValueError(f"stats.json time {time!r} is not a bucket start")
+    year, month, day, hour, minute = (int(g or 0) for g in found.groups())
+    return datetime.datetime(year, month, day, hour, minute, tzinfo=datetime.timezone.utc)
+
+
+def _chart_figure(result: dict[str, Any]) -> Any:
+    """
+    Messages per time bucket (L{_chart_panels}) as a matplotlib figure:
+    one panel per topic, all on the same true time axis (UTC), none
+    hidden behind another.  Each row of the series is one bar spanning its
+    bucket; a bucket with no row has no bar, so an hour that stored nothing
+    reads as empty (zero, which is true: no record was stored in it), and
+    no line joins two buckets across the empty ones between them, as if
+    there were values there.
+    """
+    import datetime
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    bucket = result["bucket"]
+    width = datetime.timedelta(milliseconds=_BUCKETS[bucket][0])
+    panels = _chart_panels(result)
     rows = max(1, len(panels))
     fig, axes = plt.subplots(
         rows, 1, figsize=(10, 1.2 + 1.6 * rows), dpi=100, sharex=True, squeeze=False
     )
-    for ax, (label, topics) in zip(axes[:, 0], panels):
-        counts: dict[str, int] = {}
-        for h in result["series"]:
-            if h["topic"] in topics:
-                counts[h["time"]] = counts.get(h["time"], 0) + h["messages"]
-        ax.plot(range(len(times)), [counts.get(t, 0) for t in times], marker=".")
+    starts = [_bucket_start(t) for _, bars in panels for t, _ in bars]
+    for ax, (label, bars) in zip(axes[:, 0], panels):
+        ax.bar(
+            [_bucket_start(t) for t, _ in bars], [n for _, n in bars],
+            width=width, align="edge", color="tab:blue", edgecolor="white", linewidth=0.5,
+        )
         ax.set_ylabel("messages", fontsize="small")
         ax.set_title(label, fontsize="small", loc="left")
     bottom = axes[-1, 0]
-    step = max(1, len(times) // 24)  # at most ~24 labels
-    bottom.set_xticks(range(0, len(times), step))
-    bottom.set_xticklabels(
-        [t.replace("T", " ").rstrip("Z") for t in times[::step]], rotation=45, ha="right"
-    )
-    bottom.set_xlabel(f"store time (UTC), per {bucket}")
+    if starts:
+        bottom.set_xlim(min(starts), max(starts) + width)
+        # (matplotlib.dates is not annotated.)
+        locator = mdates.AutoDateLocator(tz=datetime.timezone.utc)  # type: ignore[no-untyped-call]
+        bottom.xaxis.set_major_locator(locator)
+        bottom.xaxis.set_major_formatter(
+            mdates.ConciseDateFormatter(  # type: ignore[no-untyped-call]
+                locator, tz=datetime.timezone.utc
+            )
+        )
+    bottom.set_xlabel(f"store time (UTC), messages per {bucket}")
     fig.suptitle(f"{result['store']}: {result['messages']:,} messages per {bucket}")
     fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png")
-    plt.close(fig)
-    return png.getvalue()
+    return fig
 
 
 # -- export ----------------------------------------------------------------
