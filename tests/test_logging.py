@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.endpoints import SSL4ServerEndpoint
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
@@ -60,12 +61,17 @@ class _Formatted(list[str]):
         return iter([formatEvent(e) for e in self._events])
 
 
-def started_broker(case: SynchronousTestCase, settings: BrokerSettings, http: str | None = None) -> Broker:
+def started_broker(
+    case: SynchronousTestCase,
+    settings: BrokerSettings,
+    http: str | None = None,
+    reactor: MemoryReactorClock | None = None,
+) -> Broker:
     """
     A broker of C{settings} on a memory reactor, started (and stopped at
     the end of the test); with an admin port on C{http}.
     """
-    reactor = MemoryReactorClock()
+    reactor = reactor or MemoryReactorClock()
     store = os.path.abspath(case.mktemp())
     broker = Broker(
         settings,
@@ -195,6 +201,20 @@ class StartupLineTests(SynchronousTestCase):
         self.assertTrue(line.endswith("coordinator: none (fixed role)"), line)
         # Reading the ports left them stoppable (their Deferreds unchanged).
         self.successResultOf(broker.stopService())
+
+    def test_tls_port(self) -> None:
+        """
+        A port serving TLS is marked so.
+        """
+        reactor = MemoryReactorClock()
+        lines = captured(self)
+        started_broker(
+            self,
+            BrokerSettings(role=Role.MASTER, ha_listen=SSL4ServerEndpoint(reactor, 10912, None)),
+            reactor=reactor,
+        )
+        (line,) = [line for line in lines if " started: " in line]
+        self.assertIn("listening on HA 0.0.0.0:10912 (TLS) (open-files limit 4096);", line)
 
     def test_slave(self) -> None:
         """
