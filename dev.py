@@ -119,6 +119,8 @@ SYSTEM_TOOLS = {
     "nft": ("nftables", "tests/integration/test_netns.py shapes traffic with ip, tc and nft"),
     "etcd": ("etcd-server", "the failover tests start their own etcd members"),
     "etcdctl": ("etcd-client", "the failover tests start their own etcd members"),
+    "systemd-analyze": ("systemd", "tests/integration/test_deploy.py verifies the systemd unit"),
+    "systemd-sysusers": ("systemd", "tests/integration/test_deploy.py verifies the systemd unit"),
 }
 POLICY_RC_D = "/usr/sbin/policy-rc.d"
 

@@ -113,7 +113,9 @@ class DevTests(SynchronousTestCase):
         not start a system etcd on 2379 (removed afterwards), and the unit
         disabled.
         """
-        _, said, calls = self.apt_get(present=("ip", "tc", "nft"))
+        _, said, calls = self.apt_get(
+            present=("ip", "tc", "nft", "systemd-analyze", "systemd-sysusers")
+        )
         (before, install, policy), (_, disable, _) = calls
         self.assertEqual(install[-2:], ["etcd-client", "etcd-server"])
         self.assertIn("etcd members", before)
@@ -133,7 +135,9 @@ class DevTests(SynchronousTestCase):
         """
         With every tool present nothing runs and nothing is said.
         """
-        _, said, calls = self.apt_get(present=("ip", "tc", "nft", "etcd", "etcdctl"))
+        _, said, calls = self.apt_get(
+            present=("ip", "tc", "nft", "etcd", "etcdctl", "systemd-analyze", "systemd-sysusers")
+        )
         self.assertEqual((calls, said.getvalue()), ([], ""))
 
 
