@@ -9,6 +9,10 @@ Settings come from RocketMQ's defaults, then C{--config broker.conf}, then
 the command line, each overriding the one before.  A bad value is a usage
 error naming the flag or the C{broker.conf} key it came from.
 
+C{--log-file PATH} (with C{--log-rotate-size}, C{--log-keep}) is the
+process's, not the broker's: twistd's log, rotated by size
+(L{rmqha.logfile}).
+
 This module only turns the command line and the broker.conf into a
 L{BrokerSettings} (L{rmqha.settings}, where every setting, its flag and
 its key are declared, and whence the options below are generated);
@@ -23,7 +27,6 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.logger import Logger
 from twisted.python import usage
-
 from twisted.python.logfile import LogFile
 
 from rmqha._units import parse_size
