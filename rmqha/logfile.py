@@ -2,7 +2,8 @@
 """
 The broker's log file, rotated by size with Twisted's own
 L{twisted.python.logfile.LogFile}: C{twistd rmqha --log-file PATH
-[--log-rotate-size 10m] [--log-keep 10]} (docs/operations.md, "Logging").
+[--log-rotate-size 10m] [--log-keep 10]} (docs/operations.md, "Logging");
+SIGUSR1 rotates it at once, as twistd's own.
 
 twistd's own C{--logfile PATH} rotates at 1,000,000 bytes too, but keeps
 every rotated file (C{PATH.1}, C{PATH.2}, ... without end) and cannot be
@@ -16,7 +17,8 @@ it through twistd's C{--logger} option, which names a factory
 from __future__ import annotations
 
 import os
-from typing import Any
+import signal
+from typing import Any, Callable
 
 from twisted.logger import ILogObserver, textFileLogObserver
 from twisted.python.logfile import LogFile
@@ -28,6 +30,7 @@ __all__ = [
     "check_twistd_logging",
     "hand_to_twistd",
     "open_log_file",
+    "rotate_on_usr1",
     "twistd_observer",
 ]
 
@@ -43,7 +46,7 @@ TWISTD_LOGGER = f"{__name__}.twistd_observer"
 
 # The observer C{twistd --logger} asks for: set once, when twistd parses
 # C{rmqha}'s options in this process, read by twistd right after.
-_handed: list[ILogObserver] = []
+_handed: list[tuple[ILogObserver, LogFile]] = []
 
 
 class LogFileSettings:
@@ -107,9 +110,9 @@ def check_twistd_logging(parent: Any) -> None:
             )
 
 
-def hand_to_twistd(parent: Any, observer: ILogObserver) -> None:
+def hand_to_twistd(parent: Any, log_file: LogFile) -> None:
     """
-    Have twistd log to C{observer}: name L{twistd_observer} as its
+    Have twistd log to C{log_file}: name L{twistd_observer} as its
     C{--logger} (twistd resolves the name after the plugin's options are
     parsed).
 
@@ -117,16 +120,41 @@ def hand_to_twistd(parent: Any, observer: ILogObserver) -> None:
     @raise ValueError: L{check_twistd_logging}.
     """
     check_twistd_logging(parent)
-    _handed[:] = [observer]
+    _handed[:] = [(file_observer(log_file), log_file)]
     parent["logger"] = TWISTD_LOGGER
+
+
+def rotate_on_usr1(log_file: LogFile, call: Callable[[Callable[[], None]], None]) -> None:
+    """
+    Rotate C{log_file} at once on SIGUSR1, as twistd does its own
+    C{--logfile} (unless the signal has a handler already): C{call} runs
+    the rotation outside the signal handler (the reactor's
+    C{callFromThread}).
+    """
+    if signal.getsignal(signal.SIGUSR1) not in (None, signal.SIG_DFL):
+        return
+
+    def rotate(signum: int, frame: Any) -> None:
+        call(log_file.rotate)
+
+    signal.signal(signal.SIGUSR1, rotate)
 
 
 def twistd_observer() -> ILogObserver:
     """
-    C{twistd --logger} factory: the observer of C{rmqha --log-file}.
+    C{twistd --logger} factory: the observer of C{rmqha --log-file}, which
+    SIGUSR1 rotates from now on.
     """
     if not _handed:
         raise RuntimeError(
             f"{TWISTD_LOGGER} is set by 'twistd rmqha --log-file PATH', not given by hand"
         )
-    return _handed[0]
+    observer, log_file = _handed[0]
+
+    def from_reactor(f: Callable[[], None]) -> None:
+        from twisted.internet import reactor
+
+        reactor.callFromThread(f)  # type: ignore[attr-defined]
+
+    rotate_on_usr1(log_file, from_reactor)
+    return observer

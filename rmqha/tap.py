@@ -37,7 +37,6 @@ from rmqha.logfile import (
     DEFAULT_LOG_ROTATE_SIZE,
     LogFileSettings,
     check_twistd_logging,
-    file_observer,
     hand_to_twistd,
     open_log_file,
 )
@@ -190,7 +189,7 @@ class Options(usage.Options):
             check_twistd_logging(self.parent)  # (before the file is created)
         log_file = open_log_file(settings)
         if self.parent is not None:
-            hand_to_twistd(self.parent, file_observer(log_file))
+            hand_to_twistd(self.parent, log_file)
         return log_file
 
     def _group_secret(self, settings: BrokerSettings, conf: dict[str, str]) -> bytes | None:

@@ -7,6 +7,7 @@ for), the start-up line, and the log file rotated by size
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 from twisted.internet.address import IPv4Address
@@ -29,6 +30,7 @@ from rmqha.logfile import (
     LogFileSettings,
     file_observer,
     open_log_file,
+    rotate_on_usr1,
     twistd_observer,
 )
 from rmqha.settings import BrokerSettings, SettingsError
@@ -341,7 +343,10 @@ class LogFileTests(SynchronousTestCase):
         config.parseOptions(["-n", "rmqha", "--store-dir", store, "--log-file", self.path])
         self.addCleanup(config.subOptions.log_file.close)
         self.assertIs(config["logger"], twistd_observer)
+        self.addCleanup(signal.signal, signal.SIGUSR1, signal.getsignal(signal.SIGUSR1))
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
         observer = config["logger"]()
+        self.assertNotEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)
         Logger(observer=observer).info("hello {who}", who="operator")
         config.subOptions.log_file.flush()
         with open(self.path) as f:
@@ -355,3 +360,28 @@ class LogFileTests(SynchronousTestCase):
         self.assertIn("--log-file and twistd's --logfile both say where to log: give one", str(e))
         self.assertFalse(os.path.exists(other))
         self.assertEqual(TWISTD_LOGGER, "rmqha.logfile.twistd_observer")
+
+    def test_usr1_rotates(self) -> None:
+        """
+        SIGUSR1 rotates the log file at once (outside the signal handler),
+        as twistd's own; a handler already there is left alone.
+        """
+        self.addCleanup(signal.signal, signal.SIGUSR1, signal.getsignal(signal.SIGUSR1))
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        log_file = open_log_file(LogFileSettings(self.path, 1024 * 1024, 3))
+        self.addCleanup(log_file.close)
+        log_file.write("before\n")
+        calls: list[Any] = []
+        rotate_on_usr1(log_file, calls.append)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        self.assertEqual(calls, [log_file.rotate])
+        calls[0]()
+        log_file.write("after\n")
+        log_file.flush()
+        with open(self.path + ".1") as f:
+            self.assertEqual(f.read(), "before\n")
+        with open(self.path) as f:
+            self.assertEqual(f.read(), "after\n")
+        mine = signal.getsignal(signal.SIGUSR1)
+        rotate_on_usr1(log_file, calls.append)
+        self.assertIs(signal.getsignal(signal.SIGUSR1), mine)
