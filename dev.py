@@ -120,6 +120,8 @@ SYSTEM_TOOLS = {
     "etcd": ("etcd-server", "the failover tests start their own etcd members"),
     "etcdctl": ("etcd-client", "the failover tests start their own etcd members"),
     "promtool": ("prometheus", "tests/test_monitoring.py checks and unit-tests the alert rules with promtool"),
+    "systemd-analyze": ("systemd", "tests/integration/test_deploy.py verifies the systemd unit"),
+    "systemd-sysusers": ("systemd", "tests/integration/test_deploy.py verifies the systemd unit"),
 }
 #: Packages whose installation would start a system service, and its unit.
 SERVICES = {"etcd-server": "etcd", "prometheus": "prometheus"}

@@ -200,6 +200,7 @@ def build_service(
             settings.http_peer_policy,
             serve_commitlog=settings.serve_commitlog,
             failover=coordinator,
+            access_log=settings.http_access_log,
         ).setServiceParent(broker)  # type: ignore[no-untyped-call]
     return top
 

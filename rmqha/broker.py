@@ -238,6 +238,9 @@ class Broker(MultiService):
         if side is not None:
             side.startService()
         self.ports.start()
+        from rmqha.startup import startup_line
+
+        self._log.info("{line}", line=startup_line(self))
 
     def _listen(self) -> None:
         ports, settings = self.ports, self.settings

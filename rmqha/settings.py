@@ -459,6 +459,13 @@ class BrokerSettings:
         key="serveCommitLog",
         parse=lambda t: parse_rate(t, "commit-log rate"),
     )
+    http_access_log: bool = _setting(
+        False,
+        "with --http: log a line per admin HTTP request (Combined Log Format) "
+        "into the broker's log (default: none; every POST would be a line)",
+        key="httpAccessLog",
+        switch=True,
+    )
 
     # -- RocketMQ's HA settings
     batch_size: int = _setting(
@@ -1029,6 +1036,8 @@ def _http(s: BrokerSettings) -> None:
     """
     if s.http is None and s.serve_commitlog:
         raise SettingsError("--serve-commitlog (serveCommitLog) needs --http")
+    if s.http is None and s.http_access_log:
+        raise SettingsError("--http-access-log (httpAccessLog) needs --http")
     if s.http is None or not s.http.startswith("ssl:"):
         if s.http_allowed_peers is not None:
             raise SettingsError("--http-allowed-peers needs --http ssl:PORT")

@@ -9,6 +9,10 @@ Settings come from RocketMQ's defaults, then C{--config broker.conf}, then
 the command line, each overriding the one before.  A bad value is a usage
 error naming the flag or the C{broker.conf} key it came from.
 
+C{--log-file PATH} (with C{--log-rotate-size}, C{--log-keep}) is the
+process's, not the broker's: twistd's log, rotated by size
+(L{rmqha.logfile}).
+
 This module only turns the command line and the broker.conf into a
 L{BrokerSettings} (L{rmqha.settings}, where every setting, its flag and
 its key are declared, and whence the options below are generated);
@@ -23,9 +27,19 @@ from typing import Any
 from twisted.application.service import IService
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.python.logfile import LogFile
 
+from rmqha._units import parse_size
 from rmqha.assemble import Fatal, build_service, check_files, group_auth
 from rmqha.ha.auth import GroupAuth, load_group_secret
+from rmqha.logfile import (
+    DEFAULT_LOG_KEEP,
+    DEFAULT_LOG_ROTATE_SIZE,
+    LogFileSettings,
+    check_twistd_logging,
+    hand_to_twistd,
+    open_log_file,
+)
 from rmqha.settings import (
     GROUP_SECRET_ENV,
     BrokerSettings,
@@ -97,9 +111,31 @@ class Options(usage.Options):
     )
 
     optFlags = [[d.flag, None, d.help_line] for d in declarations() if d.switch and d.flag]
-    optParameters = [["config", None, None, "a RocketMQ broker.conf to read settings from"]] + [
-        [d.flag, None, None, d.help_line] for d in declarations() if not d.switch and d.flag
-    ]
+    optParameters = (
+        [["config", None, None, "a RocketMQ broker.conf to read settings from"]]
+        + [[d.flag, None, None, d.help_line] for d in declarations() if not d.switch and d.flag]
+        + [
+            [
+                "log-file",
+                None,
+                None,
+                "log to this file, rotated by size (instead of twistd's --logfile, which "
+                "keeps every rotated file)",
+            ],
+            [
+                "log-rotate-size",
+                None,
+                None,
+                "with --log-file: rotate it to FILE.1 at this size, e.g. 10m (10m)",
+            ],
+            [
+                "log-keep",
+                None,
+                None,
+                f"with --log-file: rotated files kept, FILE.1..FILE.N ({DEFAULT_LOG_KEEP})",
+            ],
+        ]
+    )
 
     def parseOptions(self, options: list[str] | None = None) -> None:
         try:
@@ -124,9 +160,37 @@ class Options(usage.Options):
                 raise ValueError("--store-dir (or storePathRootDir) is required")
             check_files(settings)
             self.group_secret = self._group_secret(settings, conf)
+            self.log_file = self._log_file()
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
         self.settings = settings
+
+    def _log_file(self) -> LogFile | None:
+        """
+        C{--log-file}: the file opened now (a bad path is a usage error),
+        and, under twistd, handed to it as its log.
+        """
+        path = self["log-file"]
+        if path is None:
+            for flag in ("log-rotate-size", "log-keep"):
+                if self[flag] is not None:
+                    raise ValueError(f"--{flag} needs --log-file")
+            return None
+        size, keep = DEFAULT_LOG_ROTATE_SIZE, DEFAULT_LOG_KEEP
+        if self["log-rotate-size"] is not None:
+            size = parse_size(self["log-rotate-size"], "--log-rotate-size")
+        if self["log-keep"] is not None:
+            text = self["log-keep"].strip()
+            if not text.isdigit():
+                raise ValueError(f"--log-keep {self['log-keep']!r} is not a number of files")
+            keep = int(text)
+        settings = LogFileSettings(path, size, keep)
+        if self.parent is not None:
+            check_twistd_logging(self.parent)  # (before the file is created)
+        log_file = open_log_file(settings)
+        if self.parent is not None:
+            hand_to_twistd(self.parent, log_file)
+        return log_file
 
     def _group_secret(self, settings: BrokerSettings, conf: dict[str, str]) -> bytes | None:
         """

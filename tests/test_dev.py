@@ -113,7 +113,9 @@ class DevTests(SynchronousTestCase):
         not start a system etcd on 2379 (removed afterwards), and the unit
         disabled.
         """
-        _, said, calls = self.apt_get(present=("ip", "tc", "nft", "promtool"))
+        _, said, calls = self.apt_get(
+            present=("ip", "tc", "nft", "promtool", "systemd-analyze", "systemd-sysusers")
+        )
         (before, install, policy), (_, disable, _) = calls
         self.assertEqual(install[-2:], ["etcd-client", "etcd-server"])
         self.assertIn("etcd members", before)
@@ -133,7 +135,12 @@ class DevTests(SynchronousTestCase):
         """
         With every tool present nothing runs and nothing is said.
         """
-        _, said, calls = self.apt_get(present=("ip", "tc", "nft", "etcd", "etcdctl", "promtool"))
+        _, said, calls = self.apt_get(
+            present=(
+                "ip", "tc", "nft", "etcd", "etcdctl", "promtool", "systemd-analyze",
+                "systemd-sysusers",
+            )
+        )
         self.assertEqual((calls, said.getvalue()), ([], ""))
 
     def test_installs_promtool_without_starting_prometheus(self) -> None:
@@ -143,7 +150,9 @@ class DevTests(SynchronousTestCase):
         installed under the temporary policy-rc.d, saying why first, and
         its unit disabled, as etcd's is.
         """
-        _, said, calls = self.apt_get(present=("ip", "tc", "nft"))
+        _, said, calls = self.apt_get(
+            present=("ip", "tc", "nft", "systemd-analyze", "systemd-sysusers")
+        )
         (before, install, policy), *disables = calls
         self.assertEqual(install[-3:], ["etcd-client", "etcd-server", "prometheus"])
         self.assertIn("alert rules with promtool", before)
@@ -152,7 +161,9 @@ class DevTests(SynchronousTestCase):
             [argv for _, argv, _ in disables],
             [["systemctl", "disable", "etcd"], ["systemctl", "disable", "prometheus"]],
         )
-        _, _, calls = self.apt_get(present=("ip", "tc", "nft", "etcd", "etcdctl"))
+        _, _, calls = self.apt_get(
+            present=("ip", "tc", "nft", "etcd", "etcdctl", "systemd-analyze", "systemd-sysusers")
+        )
         (_, install, policy), (_, disable, _) = calls
         self.assertEqual((install[-1], policy), ("prometheus", True))
         self.assertEqual(disable, ["systemctl", "disable", "prometheus"])

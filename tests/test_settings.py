@@ -253,8 +253,9 @@ class DeclarationTests(SynchronousTestCase):
 
     def test_every_flag_is_an_option(self) -> None:
         """
-        twistd's options are the declared flags (plus --config), each help
-        line naming its broker.conf key.
+        twistd's options are the declared flags (plus --config and the
+        process's log file options), each help line naming its broker.conf
+        key.
         """
         parameters = {p[0]: p[3] for p in Options.optParameters}
         switches = {f[0]: f[2] for f in Options.optFlags}
@@ -267,7 +268,8 @@ class DeclarationTests(SynchronousTestCase):
                 self.assertIn(f"[{d.key}", where[d.flag])
         self.assertEqual(
             set(parameters) | set(switches),
-            {d.flag for d in declarations() if d.flag} | {"config"},
+            {d.flag for d in declarations() if d.flag}
+            | {"config", "log-file", "log-rotate-size", "log-keep"},
         )
 
     def test_keys_are_unique(self) -> None:

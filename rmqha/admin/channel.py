@@ -274,7 +274,10 @@ class AdminChannel(HTTPChannel):
 class AdminSite(Site):
     """
     The admin C{Site}: L{AdminChannel}s (HTTP/1.1 only) making
-    L{AdminRequest}s.
+    L{AdminRequest}s, with no access log unless asked for.
+
+    @ivar access_log: write a line per request (Twisted's Combined Log
+        Format) to the process's log.
     """
 
     protocol = AdminChannel  # type: ignore[assignment]
@@ -288,12 +291,22 @@ class AdminSite(Site):
         header_timeout: float | None,
         idle_timeout: float | None,
         peer_policy: PeerPolicy | None,
+        *,
+        access_log: bool = False,
     ) -> None:
         Site.__init__(self, resource, timeout=idle_timeout, reactor=reactor)
+        self.access_log = access_log
         self.max_body = max_body
         self.header_timeout = header_timeout
         self.peer_policy = peer_policy
         self.noisy = False
+
+    def startFactory(self) -> None:
+        # Off, neither the log file nor the once-a-second timestamp timer
+        # that HTTPFactory keeps for it (so no line is written: log()
+        # finds no file).
+        if self.access_log:
+            Site.startFactory(self)
 
     def buildProtocol(self, addr: Any) -> Any:
         channel = Site.buildProtocol(self, addr)

@@ -115,6 +115,7 @@ def make_site(
     peer_policy: PeerPolicy | None = None,
     serve_commitlog: int = 0,
     failover: FailoverSource | None = None,
+    access_log: bool = False,
 ) -> Site:
     """
     The admin interface of C{broker} as the factory its HTTP port serves
@@ -131,6 +132,9 @@ def make_site(
     @param serve_commitlog: bytes per second at which C{/commitlog}
         serves segment files to all readers together; 0: not served.
     @param failover: the broker's failover coordinator, if any.
+    @param access_log: log a line per request (Combined Log Format) into
+        the process's log; off, no request is logged (an access log of
+        every put would dwarf the broker's own lines).
     """
     clock = reactor if reactor is not None else broker.reactor
     served = CommitLogServer(serve_commitlog, clock) if serve_commitlog > 0 else None
@@ -141,6 +145,7 @@ def make_site(
         header_timeout,
         idle_timeout,
         peer_policy,
+        access_log=access_log,
     )
 
 
@@ -160,10 +165,12 @@ class AdminService(Port):
         peer_policy: PeerPolicy | None = None,
         serve_commitlog: int = 0,
         failover: FailoverSource | None = None,
+        access_log: bool = False,
     ) -> None:
         """
         @param failover: the broker's failover coordinator, if any
             (L{make_site}).
+        @param access_log: log every request (L{make_site}).
         @param where: a Twisted server endpoint description (plain TCP
             beyond loopback is warned about), or an endpoint
             (L{rmqha.tls.server_endpoint} for TLS requiring client
@@ -177,6 +184,7 @@ class AdminService(Port):
         self.peer_policy = peer_policy
         self.serve_commitlog = serve_commitlog
         self.failover = failover
+        self.access_log = access_log
         self.setName("http")  # type: ignore[no-untyped-call]
 
     def listen(self, limited: Any) -> None:
@@ -195,5 +203,6 @@ class AdminService(Port):
             peer_policy=self.peer_policy,
             serve_commitlog=self.serve_commitlog,
             failover=self.failover,
+            access_log=self.access_log,
         )
         self.port = listen(self.broker.reactor, "http", self.where, limited("HTTP", site))
