@@ -16,7 +16,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.internet.protocol import Factory
 
-__all__ = ["ListenFailed", "listen", "OpenedLater", "Port"]
+__all__ = ["ListenFailed", "listen", "listened_address", "OpenedLater", "Port"]
 
 
 class ListenFailed(Exception):
@@ -132,7 +132,28 @@ class Port(Service):
         Fires with the address listened on (for C{tcp:0}).
         """
         assert self.port is not None
-        d: Deferred[Any] | None = self.port._waitingForPort
-        assert d is not None
-        return d.addCallback(lambda port: port.getHost())
+        return listened_address(self.port)
 
+
+def listened_address(service: StreamServerEndpointService) -> Deferred[Any]:
+    """
+    A new L{Deferred} firing with the address C{service} listens on (or
+    its failure to listen), leaving what the service's own C{Deferred}
+    holds -- the listening port, which C{stopService} stops -- unchanged.
+    (Chaining C{getHost} onto that one would leave an address there:
+    C{stopService} would then fail and the port stay open.)
+    """
+    waiting: Deferred[Any] | None = service._waitingForPort
+    assert waiting is not None
+    address: Deferred[Any] = Deferred()
+
+    def listened(port: Any) -> Any:
+        address.callback(port.getHost())
+        return port
+
+    def failed(reason: Any) -> Any:
+        address.errback(reason)
+        return reason
+
+    waiting.addCallbacks(listened, failed)
+    return address

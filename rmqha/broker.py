@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from rmqha._limits import raise_fd_limit
-from rmqha._ports import ListenFailed
+from rmqha._ports import ListenFailed, listened_address
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import DEFAULT_MAX_UNFLUSHED, Role
@@ -311,9 +311,7 @@ class Broker(MultiService):
     def ha_address(self) -> Deferred[Any]:
         """On a master, fires with the address its HA port listens on."""
         assert isinstance(self.ha_service, StreamServerEndpointService)
-        d = self.ha_service._waitingForPort
-        assert d is not None
-        return d.addCallback(lambda port: port.getHost())
+        return listened_address(self.ha_service)
 
     def put(self, message: Message) -> Deferred[PutMessageResult]:
         """

@@ -8,6 +8,7 @@ from __future__ import annotations
 import resource
 from typing import Any
 
+from twisted.application.internet import StreamServerEndpointService
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import succeed
 from twisted.internet.error import ConnectionDone
@@ -244,3 +245,41 @@ class BrokerLimitTests(SynchronousTestCase):
         self.assertEqual(budget.total, 512 - FD_RESERVE)
         self.assertTrue(all(f.budget is budget and f.max_per_peer == 3 for f in factories))
         self.assertTrue(any("at most 448 connections in all" in formatEvent(e) for e in events))
+
+    def test_stopped_after_its_address_was_asked(self) -> None:
+        """
+        Asking a master for its HA address (L{Broker.ha_address}) leaves
+        the listening port where the service stops it: a later
+        C{stopService} stops listening and succeeds (it called
+        C{stopListening} on the address, and failed, leaving the port
+        open).
+        """
+        reactor = MemoryReactorClock()
+        store = self.mktemp()
+        broker = Broker(
+            BrokerSettings(role=Role.MASTER, ha_listen="tcp:0:interface=127.0.0.1"),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            run_in_thread=lambda f: succeed(f()),
+        )
+        broker.startService()
+        service = broker.ha_service
+        assert isinstance(service, StreamServerEndpointService)
+        waiting = service._waitingForPort
+        assert waiting is not None
+
+        def held() -> Any:
+            # (What the service's Deferred holds, left there:
+            # successResultOf would take it out.)
+            now: list[Any] = []
+            waiting.addCallback(lambda result: now.append(result) or result)
+            return now[0]
+
+        port = held()
+        self.assertEqual(self.successResultOf(broker.ha_address()), port.getHost())
+        self.assertIs(held(), port)
+        stopped: list[object] = []
+        port.stopListening = lambda: stopped.append(port)
+        self.addCleanup(broker.stopService)
+        self.successResultOf(service.stopService())
+        self.assertEqual(stopped, [port])
