@@ -302,7 +302,7 @@ def _on_cluster(args: argparse.Namespace, work: Callable[[Any, Any], Any]) -> An
 def _cluster_status(args: argparse.Namespace, out: IO[str]) -> int:
     from rmqha.coord.cluster import render, status
 
-    state = _on_cluster(args, lambda reactor, dcs: status(dcs))
+    state = _on_cluster(args, lambda reactor, dcs: status(dcs, reactor))
     if args.json:
         out.write(json.dumps(state, indent=2) + "\n")
     else:

@@ -607,6 +607,84 @@ class ClusterCommandTests(_Group):
         self.assertIsNone(self.successResultOf(dcs.load()).switchover)
 
 
+class ClusterStatusTests(_Group):
+    """
+    What C{rmqha cluster status} proves about a group (docs/failover.md,
+    "Operating it"): who is not reporting, and a group nobody is in.
+    """
+
+    def status(self, dcs: MemoryDCS, window: float = 1.0) -> dict[str, Any]:
+        from twisted.internet.defer import ensureDeferred
+
+        from rmqha.coord.cluster import status
+
+        d = ensureDeferred(status(dcs, self.clock, window))
+        self.elapse(window)
+        return self.successResultOf(d)
+
+    def test_dead_master_marked_not_reporting(self) -> None:
+        """
+        While a crashed master's keys outlive it (until its lease
+        expires), status marks it NOT REPORTING -- its member key was not
+        rewritten while the live ones were, every renew interval -- in the
+        headline and its row; the live members are not marked; before the
+        crash nobody was.
+        """
+        from rmqha.coord.cluster import render
+
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        dcs = MemoryDCS(self.store, "g")
+        before = self.status(dcs)
+        self.assertEqual([m["reporting"] for m in before["members"]], [True, True, True])
+        self.assertNotIn("NOT REPORTING", render("g", before))
+        master = self.master()
+        assert master is not None
+        name = master.coordinator.settings.node_id
+        self.crash(master)
+        state = self.status(dcs)
+        self.assertEqual(state["master"]["node_id"], name)  # (its lease lives on)
+        self.assertIs(state["master"]["reporting"], False)
+        self.assertEqual(
+            {m["node_id"]: m["reporting"] for m in state["members"]},
+            {n: n != name for n in "abc"},
+        )
+        text = render("g", state)
+        self.assertIn(
+            f"master {name} ({name}:10912; NOT REPORTING for 1 s: dead or cut off from the "
+            "coordinator; its keys go when its lease expires)",
+            text,
+        )
+        (row,) = [line for line in text.splitlines() if line.startswith(f"{name} ")]
+        self.assertIn("NOT REPORTING for 1 s: master", row)
+
+    def test_unknown_group_named(self) -> None:
+        """
+        A group no node is registered in (a mistyped --group): status says
+        so and names the groups there are, at once (nothing to watch); if
+        they cannot be listed, it says so without the list.
+        """
+        from rmqha.coord.cluster import render
+
+        self.node("a")
+        self.elapse(1)
+        dcs = MemoryDCS(self.store, "broker-x")
+        state = self.status(dcs, window=0)
+        self.assertEqual((state["members"], state["groups"]), ([], ["g"]))
+        self.assertIn(
+            "no node of group broker-x is registered in etcd (groups there: g)",
+            render("broker-x", state),
+        )
+        self.patch(dcs, "groups", lambda: fail(DCSError("etcd: permission denied")))
+        state = self.status(dcs, window=0)
+        self.assertIsNone(state["groups"])
+        self.assertEqual(
+            render("broker-x", state).splitlines()[1],
+            "no node of group broker-x is registered in etcd",
+        )
+
+
 class TooFewTests(_Group):
     def test_too_few_replicas_not_stored(self) -> None:
         """
