@@ -144,7 +144,7 @@ def render(group: str, state: dict[str, Any]) -> str:
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
+    for row in rows if len(rows) > 1 else []:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
     missing = [n for n in state["in_sync"] if n not in {m["node_id"] for m in state["members"]}]
     if missing:
