@@ -64,7 +64,9 @@ class _Group(_InMemory):
         campaign succeeds in the DCS but fails at the node, as a request
         that timed out under load does (the wins are in C{self.lost_wins}).
         """
-        broker = self.coordinated_broker(node_id, settings.pop("min_in_sync_replicas", 2))
+        broker = self.coordinated_broker(
+            node_id, settings.pop("min_in_sync_replicas", 2), settings.pop("segment", SEGMENT)
+        )
         dcs = MemoryDCS(self.store, "g")
         if lose_campaign_answer:
             self._lose_campaign_answer(dcs, node_id)
@@ -81,10 +83,13 @@ class _Group(_InMemory):
         node = self.nodes[node_id] = _Node(broker, dcs, coordinator)
         return node
 
-    def coordinated_broker(self, node_id: str, min_in_sync_replicas: int = 2) -> Broker:
+    def coordinated_broker(
+        self, node_id: str, min_in_sync_replicas: int = 2, segment: int | None = SEGMENT
+    ) -> Broker:
         """
         A started broker as a coordinator finds it: standing by, with an
-        epoch file, declaring C{node_id}.
+        epoch file, declaring C{node_id}; its store's segment size is
+        C{segment} (C{None}: not configured).
         """
         store = self.mktemp()
         broker = Broker(
@@ -95,7 +100,7 @@ class _Group(_InMemory):
                 min_in_sync_replicas=min_in_sync_replicas,
             ),
             reactor=self.clock,
-            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            open_commitlog=lambda: CommitLog.open(store, segment_size=segment, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 0.1,
             fd_limit=lambda: 4096,
@@ -243,6 +248,27 @@ class ElectionTests(_Group):
             self.assertEqual(
                 self.nodes[name].broker.commitlog.max_offset, master.broker.commitlog.max_offset
             )
+
+    def test_empty_node_adopts_the_masters_segment_size(self) -> None:
+        """
+        A node with an empty store and no segment size configured joins
+        a group whose master has other segments: as a failover slave it
+        takes the master's size (before its epochs are compared), copies
+        the log and enters the in-sync set.
+        """
+        self.node("a")
+        self.elapse(2)
+        a = self.master()
+        assert a is not None and a.id == "a"
+        b = self.node("b", segment=None)
+        self.elapse(2)
+        self.assertEqual(b.broker.commitlog.segment_size, SEGMENT)
+        d = self.put(a.broker)
+        self.elapse(0.5)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        self.assertEqual(b.broker.commitlog.max_offset, a.broker.commitlog.max_offset)
+        self.assertEqual(self.successResultOf(a.dcs.load()).in_sync, InSync(1, ("a", "b")))
+        self.assertIsNone(b.broker.problem)
 
     def test_put_waits_for_every_in_sync_member(self) -> None:
         """
