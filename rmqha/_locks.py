@@ -3,8 +3,9 @@ The one way rmqha keeps two processes off one directory: the POSIX
 record lock (C{fcntl.lockf}) RocketMQ takes on C{<store>/lock} -- Java's
 C{FileChannel.tryLock} is one, so a store's lock excludes a running Apache
 RocketMQ broker too.  Every command that writes a directory takes it for
-its lifetime (docs/cli.md, "Directories a command writes"): a broker and
-C{store repair} on the store, C{demo} on its C{--dir}.
+its lifetime (docs/cli.md, "Directories a command writes"): a broker,
+C{store fill} and C{store repair} on the store, C{demo} on its C{--dir},
+C{pipeline export --incremental} on a local C{OUT}.
 
 A lock dies with its process (a crash, C{kill -9}): nothing to clean up.
 POSIX locks belong to the process, not to the descriptor: a second lock
