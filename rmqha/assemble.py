@@ -121,6 +121,7 @@ def build_service(
     *,
     group_secret: bytes | None = None,
     one_line_errors: bool = False,
+    listen_now: bool = False,
 ) -> IService:
     """
     The service tree for C{settings}: a L{Broker} (with its admin HTTP
@@ -133,6 +134,11 @@ def build_service(
     @param one_line_errors: an operator's problem (the store cannot be
         opened, a port cannot be listened on) is a L{Fatal} of one line,
         as twistd shows it, instead of the exception.
+    @param listen_now: with C{one_line_errors}, listen on the broker's
+        ports now, not when the tree is started: under twistd, before it
+        starts logging, so that a port in use is twistd's only output (one
+        line on stderr, exit status 1) instead of following its start-up
+        lines.
     @raise ValueError: the settings have no C{store_dir}.
     """
     if reactor is None:
@@ -202,6 +208,9 @@ def build_service(
             failover=coordinator,
             access_log=settings.http_access_log,
         ).setServiceParent(broker)  # type: ignore[no-untyped-call]
+    if listen_now:
+        assert isinstance(broker, _TwistdBroker), "listen_now needs one_line_errors"
+        broker.listen_now()
     return top
 
 
@@ -294,6 +303,17 @@ class _TwistdBroker(Broker):
         # name this class).
         self._log = Logger(namespace="rmqha.broker.Broker", source=self)
         self._port_flags = ports
+
+    def listen_now(self) -> None:
+        """
+        Listen on every port now (twistd's C{makeService}, which runs with
+        the privileges C{privilegedStartService} has); starting the
+        broker then finds them open.
+
+        @raise Fatal: one line naming the port, its flag and why.
+        """
+        with _one_line(self._port_flags):
+            self._listen()
 
     def privilegedStartService(self) -> None:
         with _one_line(self._port_flags):

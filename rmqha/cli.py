@@ -333,12 +333,14 @@ def _on_cluster(args: argparse.Namespace, work: Callable[[Any, Any], Any]) -> An
 def _cluster_status(args: argparse.Namespace, out: IO[str]) -> int:
     from rmqha.coord.cluster import render, status
 
-    state = _on_cluster(args, lambda reactor, dcs: status(dcs))
+    state = _on_cluster(args, lambda reactor, dcs: status(dcs, reactor))
     if args.json:
         out.write(json.dumps(state, indent=2) + "\n")
     else:
         out.write(render(args.group, state) + "\n")
-    return 0 if state["master"] is not None else 1
+    master = state["master"]
+    # (1 without a master, or with one that has stopped reporting.)
+    return 0 if master is not None and master["reporting"] is not False else 1
 
 
 def _cluster_switchover(args: argparse.Namespace, out: IO[str]) -> int:

@@ -14,7 +14,9 @@ The demo deletes only what it created: without C{--dir} it works in a new
 temporary directory and removes it at the end; C{--dir DIR} must be new,
 empty, or a directory an earlier demo made (it holds the L{MARKER} file),
 and of that only the two stores are replaced, after checking that they
-hold nothing but store files.
+hold nothing but store files.  A C{--dir} is locked for the whole run
+(L{rmqha._locks.lock_directory}): a second demo there refuses in one line
+naming the first one's pid, before it changes anything.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import deferLater, react
 
 from rmqha._files import compare_stores
+from rmqha._locks import DIRECTORY_LOCK, lock_directory
 from rmqha.broker import Broker
 from rmqha.ha.config import Role
 from rmqha.store._record import Message
@@ -85,42 +88,73 @@ def _store_files(store: str) -> tuple[list[str], list[str]]:
     return files, directories
 
 
-def prepare_directory(directory: str) -> None:
+def prepare_directory(directory: str) -> int:
     """
     Make C{directory} ready for a demo run, deleting only what an earlier
-    demo wrote there: create it (or take it if empty) and mark it with
-    L{MARKER}; in a marked directory, remove the two stores of the last
-    run (C{master/} and C{slave/}, if they hold only store files).  Other
-    files in it are left alone.
+    demo wrote there: create it (or take it if empty), lock it
+    (L{rmqha._locks.lock_directory}) and mark it with L{MARKER}; in a
+    marked directory, remove the two stores of the last run (C{master/}
+    and C{slave/}, if they hold only store files).  Other files in it are
+    left alone.
 
+    @return: the lock's descriptor: the directory is the caller's until
+        it closes it (or ends).
     @raise DemoDirectoryError: C{directory} is not a directory, or is not
-        empty and not marked, or a store holds something else.
+        empty and not marked, or a store holds something else (nothing
+        was changed).
+    @raise rmqha._locks.InUseError: another demo runs in it (nothing was
+        changed).
     """
     marker = os.path.join(directory, MARKER)
     if os.path.lexists(directory) and not os.path.isdir(directory):
         raise DemoDirectoryError(f"--dir {directory} exists and is not a directory")
-    if os.path.isdir(directory) and os.listdir(directory) and not os.path.isfile(marker):
+    if _holds_files(directory) and not os.path.isfile(marker):
         raise DemoDirectoryError(
             f"--dir {directory} is not empty and not an earlier demo's (no {MARKER} "
             "file); the demo writes only into a new or empty directory"
         )
+    lock = _lock(directory)
+    try:
+        stores = [os.path.join(directory, n) for n in _STORES]
+        for store in stores:
+            if os.path.islink(store) or (os.path.lexists(store) and not os.path.isdir(store)):
+                raise DemoDirectoryError(
+                    f"{store} is not a directory the demo made; not deleting it"
+                )
+        # Every check before the first deletion: a refusal deletes nothing.
+        found = [_store_files(s) for s in stores if os.path.lexists(s)]
+        for files, directories in found:
+            for path in files:
+                os.unlink(path)
+            for path in directories:
+                os.rmdir(path)
+        with open(marker, "w") as f:
+            f.write(
+                "Written by `rmqha demo`: a later `rmqha demo --dir` here replaces "
+                "master/ and slave/ (store files only) and nothing else.\n"
+            )
+    except BaseException:
+        os.close(lock)
+        raise
+    return lock
+
+
+def _holds_files(directory: str) -> bool:
+    """
+    Whether C{directory} exists and holds anything but a lock file.
+    """
+    return os.path.isdir(directory) and bool(set(os.listdir(directory)) - {DIRECTORY_LOCK})
+
+
+def _lock(directory: str) -> int:
+    """
+    Create C{directory} if needed and take its lock for this run.
+
+    @raise rmqha._locks.InUseError: another process holds it (C{DIR is in
+        use by another rmqha (pid N)}).
+    """
     os.makedirs(directory, exist_ok=True)
-    stores = [os.path.join(directory, n) for n in _STORES]
-    for store in stores:
-        if os.path.islink(store) or (os.path.lexists(store) and not os.path.isdir(store)):
-            raise DemoDirectoryError(f"{store} is not a directory the demo made; not deleting it")
-    # Every check before the first deletion: a refusal deletes nothing.
-    found = [_store_files(s) for s in stores if os.path.lexists(s)]
-    for files, directories in found:
-        for path in files:
-            os.unlink(path)
-        for path in directories:
-            os.rmdir(path)
-    with open(marker, "w") as f:
-        f.write(
-            "Written by `rmqha demo`: a later `rmqha demo --dir` here replaces "
-            "master/ and slave/ (store files only) and nothing else.\n"
-        )
+    return lock_directory(directory)
 
 
 def _mib(n: float) -> str:
@@ -226,8 +260,9 @@ def run_demo(
         scratch = tempfile.mkdtemp(prefix="rmqha-demo-")
         out.write(f"stores in {scratch} (removed at the end; --dir DIR keeps them)\n")
         where = scratch
+        lock = None
     else:
-        prepare_directory(directory)
+        lock = prepare_directory(directory)
         scratch, where = None, directory
     status: list[int] = []
 
@@ -246,6 +281,8 @@ def run_demo(
         if scratch is not None:
             # Made by mkdtemp above, so all of it is the demo's.
             shutil.rmtree(scratch, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)
     return status[0] if status else 1
 
 
@@ -286,14 +323,15 @@ def run_failover_demo(
     if directory is None:
         scratch = where = tempfile.mkdtemp(prefix="rmqha-failover-demo-")
         out.write(f"stores in {scratch} (removed at the end; --dir DIR keeps them)\n")
+        lock = None
     else:
         if os.path.lexists(directory) and (
-            not os.path.isdir(directory) or os.listdir(directory)
+            not os.path.isdir(directory) or _holds_files(directory)
         ):
             raise DemoDirectoryError(
                 f"--dir {directory}: the failover demo writes only into a new or empty directory"
             )
-        os.makedirs(directory, exist_ok=True)
+        lock = _lock(directory)
         scratch, where = None, directory
     started = time.monotonic()
 
@@ -356,3 +394,5 @@ def run_failover_demo(
         if scratch is not None:
             # Made by mkdtemp above, so all of it is the demo's.
             shutil.rmtree(scratch, ignore_errors=True)
+        if lock is not None:
+            os.close(lock)

@@ -20,6 +20,7 @@ from twisted.logger import Logger
 
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
 from rmqha.ha.masterside import MasterSide
+from rmqha.ha.replica import Replica
 from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import AppendResult
@@ -62,6 +63,16 @@ class NotMasterError(NotStoredError):
 
     def __init__(self, text: str) -> None:
         super().__init__(PutStatus.SERVICE_NOT_AVAILABLE, text)
+
+
+def _slave_refusal(side: object) -> str:
+    """
+    Why a put on a slave is refused, naming the master where the slave
+    knows it (its C{--master}, or the elected master it follows).
+    """
+    if isinstance(side, Replica):
+        return f"this node is a slave; the master is at {side.master_address} (its HA address)"
+    return "messages are put on the master, this is a slave"
 
 
 class PutPath:
@@ -115,7 +126,7 @@ class PutPath:
         """
         if not isinstance(side, MasterSide) or side.factory is None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
-            raise NotMasterError("messages are put on the master, this is a slave")
+            raise NotMasterError(_slave_refusal(side))
         refusal = side.fence.refusing()
         if refusal is not None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1

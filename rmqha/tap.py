@@ -219,5 +219,14 @@ class Options(usage.Options):
 def makeService(options: Options) -> IService:
     """
     The service tree for C{options} (L{rmqha.assemble.build_service}).
+    Under twistd (C{options} are its subcommand's: they have a C{parent})
+    the ports are listened on here, before twistd starts logging, so that
+    a port in use is one line and nothing else; elsewhere (tests, an
+    embedder) when the tree starts.
     """
-    return build_service(options.settings, group_secret=options.group_secret, one_line_errors=True)
+    return build_service(
+        options.settings,
+        group_secret=options.group_secret,
+        one_line_errors=True,
+        listen_now=options.parent is not None,
+    )

@@ -57,6 +57,9 @@ class DCSContractMixin:
           bug could.
     """
 
+    #: Whether this client may read all of C{/rmqha/} (C{groups()}).
+    lists_groups = True
+
     def make_dcs(self) -> Any:
         raise NotImplementedError
 
@@ -247,6 +250,27 @@ class DCSContractMixin:
                 "a": Member("a", "127.0.0.1:1", role="master", offset=20),
                 "b": Member("b", "127.0.0.1:2", role="slave", epoch=3),
             }
+
+        return self.run_scenario(scenario)
+
+    def test_groups(self) -> Any:
+        """
+        C{groups()} names the groups with a key under C{/rmqha/}: this
+        one once a node is in it; a client that may read only its groups'
+        keys gets a L{DCSError} (C{cluster status} then names none).
+        """
+        async def scenario() -> None:
+            a = self.make_dcs()
+            lease = await a.grant(5)
+            await a.touch_member(Member("a", "127.0.0.1:1"), lease)
+            if not self.lists_groups:
+                try:
+                    await a.groups()
+                except DCSError:
+                    return
+                raise AssertionError("groups() listed what this client may not read")
+            groups = await a.groups()
+            assert a.group in groups and groups == sorted(set(groups)), groups
 
         return self.run_scenario(scenario)
 

@@ -217,7 +217,7 @@ class SlaveAdminTests(AdminTestCase):
     def test_status_and_refused_put(self) -> None:
         """
         A slave's status names its master and whether it is connected; a
-        put is refused with 503 SERVICE_NOT_AVAILABLE.
+        put is refused with 503 SERVICE_NOT_AVAILABLE naming the master.
         """
         root = AdminRoot(self.broker(Role.SLAVE))
         code, data, _ = request(root, b"GET", b"/status")
@@ -232,6 +232,11 @@ class SlaveAdminTests(AdminTestCase):
         code, data, _ = request(root, b"POST", b"/topics/Orders/messages", b"x")
         self.assertEqual(code, 503)
         self.assertEqual(json.loads(data)["status"], "SERVICE_NOT_AVAILABLE")
+        # (It names the master it was given, as HOST:PORT.)
+        self.assertIn(
+            "this node is a slave; the master is at 127.0.0.1:10912 (its HA address)",
+            json.loads(data)["error"],
+        )
         code, data, _ = request(root, b"GET", b"/metrics")
         self.assertIn("rmqha_master_connected 0.0", data.decode())
         self.assertIn("rmqha_checksum_failures_total 0.0", data.decode())

@@ -801,3 +801,32 @@ class ClusterSpecTests(SynchronousTestCase):
                 self.assertTrue(err.startswith("rmqha cluster: error: "), err)
                 self.assertIn(words, err)
                 self.assertNotIn("s3cret", err)
+
+    def test_status_exit_says_whether_a_master_reports(self) -> None:
+        """
+        C{cluster status} exits 0 with a master that reports, 1 with none
+        or with one that stopped reporting (dead: its keys outlive it).
+        """
+        import rmqha.cli
+        from rmqha.coord.cluster import describe
+        from rmqha.coord.dcs import ClusterView, Leader, Member
+
+        view = ClusterView(
+            leader=Leader("a", 1, "a:10912", None), epoch=1, epoch_revision=1, in_sync=None,
+            members={"a": Member("a", "a:10912", role="master")}, switchover=None, revision=5,
+        )
+        for silent, expected in [(frozenset(), 0), (frozenset({"a"}), 1)]:
+            state = describe(view, silent, 1.0)
+            self.patch(rmqha.cli, "_on_cluster", lambda args, work: state)
+            status, out, _ = self.run_cli(
+                "cluster", "status", "--coordinator", "etcd:http://127.0.0.1:1", "--group", "g"
+            )
+            self.assertEqual(status, expected, out)
+        state = describe(view.__class__(None, 0, 0, None, {}, None, 1))
+        self.patch(rmqha.cli, "_on_cluster", lambda args, work: state)
+        self.assertEqual(
+            self.run_cli(
+                "cluster", "status", "--coordinator", "etcd:http://127.0.0.1:1", "--group", "g"
+            )[0],
+            1,
+        )

@@ -64,7 +64,9 @@ class _Group(_InMemory):
         campaign succeeds in the DCS but fails at the node, as a request
         that timed out under load does (the wins are in C{self.lost_wins}).
         """
-        broker = self.coordinated_broker(node_id, settings.pop("min_in_sync_replicas", 2))
+        broker = self.coordinated_broker(
+            node_id, settings.pop("min_in_sync_replicas", 2), settings.pop("segment", SEGMENT)
+        )
         dcs = MemoryDCS(self.store, "g")
         if lose_campaign_answer:
             self._lose_campaign_answer(dcs, node_id)
@@ -81,10 +83,13 @@ class _Group(_InMemory):
         node = self.nodes[node_id] = _Node(broker, dcs, coordinator)
         return node
 
-    def coordinated_broker(self, node_id: str, min_in_sync_replicas: int = 2) -> Broker:
+    def coordinated_broker(
+        self, node_id: str, min_in_sync_replicas: int = 2, segment: int | None = SEGMENT
+    ) -> Broker:
         """
         A started broker as a coordinator finds it: standing by, with an
-        epoch file, declaring C{node_id}.
+        epoch file, declaring C{node_id}; its store's segment size is
+        C{segment} (C{None}: not configured).
         """
         store = self.mktemp()
         broker = Broker(
@@ -95,7 +100,7 @@ class _Group(_InMemory):
                 min_in_sync_replicas=min_in_sync_replicas,
             ),
             reactor=self.clock,
-            open_commitlog=lambda: CommitLog.open(store, segment_size=SEGMENT, clock=fixed_clock),
+            open_commitlog=lambda: CommitLog.open(store, segment_size=segment, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
             retry_policy=lambda attempt: 0.1,
             fd_limit=lambda: 4096,
@@ -243,6 +248,27 @@ class ElectionTests(_Group):
             self.assertEqual(
                 self.nodes[name].broker.commitlog.max_offset, master.broker.commitlog.max_offset
             )
+
+    def test_empty_node_adopts_the_masters_segment_size(self) -> None:
+        """
+        A node with an empty store and no segment size configured joins
+        a group whose master has other segments: as a failover slave it
+        takes the master's size (before its epochs are compared), copies
+        the log and enters the in-sync set.
+        """
+        self.node("a")
+        self.elapse(2)
+        a = self.master()
+        assert a is not None and a.id == "a"
+        b = self.node("b", segment=None)
+        self.elapse(2)
+        self.assertEqual(b.broker.commitlog.segment_size, SEGMENT)
+        d = self.put(a.broker)
+        self.elapse(0.5)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        self.assertEqual(b.broker.commitlog.max_offset, a.broker.commitlog.max_offset)
+        self.assertEqual(self.successResultOf(a.dcs.load()).in_sync, InSync(1, ("a", "b")))
+        self.assertIsNone(b.broker.problem)
 
     def test_put_waits_for_every_in_sync_member(self) -> None:
         """
@@ -605,6 +631,84 @@ class ClusterCommandTests(_Group):
         )
         self.assertIn("not in the in-sync set (a)", str(failure.value))
         self.assertIsNone(self.successResultOf(dcs.load()).switchover)
+
+
+class ClusterStatusTests(_Group):
+    """
+    What C{rmqha cluster status} proves about a group (docs/failover.md,
+    "Operating it"): who is not reporting, and a group nobody is in.
+    """
+
+    def status(self, dcs: MemoryDCS, window: float = 1.0) -> dict[str, Any]:
+        from twisted.internet.defer import ensureDeferred
+
+        from rmqha.coord.cluster import status
+
+        d = ensureDeferred(status(dcs, self.clock, window))
+        self.elapse(window)
+        return self.successResultOf(d)
+
+    def test_dead_master_marked_not_reporting(self) -> None:
+        """
+        While a crashed master's keys outlive it (until its lease
+        expires), status marks it NOT REPORTING -- its member key was not
+        rewritten while the live ones were, every renew interval -- in the
+        headline and its row; the live members are not marked; before the
+        crash nobody was.
+        """
+        from rmqha.coord.cluster import render
+
+        for name in "abc":
+            self.node(name)
+        self.elapse(2)
+        dcs = MemoryDCS(self.store, "g")
+        before = self.status(dcs)
+        self.assertEqual([m["reporting"] for m in before["members"]], [True, True, True])
+        self.assertNotIn("NOT REPORTING", render("g", before))
+        master = self.master()
+        assert master is not None
+        name = master.coordinator.settings.node_id
+        self.crash(master)
+        state = self.status(dcs)
+        self.assertEqual(state["master"]["node_id"], name)  # (its lease lives on)
+        self.assertIs(state["master"]["reporting"], False)
+        self.assertEqual(
+            {m["node_id"]: m["reporting"] for m in state["members"]},
+            {n: n != name for n in "abc"},
+        )
+        text = render("g", state)
+        self.assertIn(
+            f"master {name} ({name}:10912; NOT REPORTING for 1 s: dead or cut off from the "
+            "coordinator; its keys go when its lease expires)",
+            text,
+        )
+        (row,) = [line for line in text.splitlines() if line.startswith(f"{name} ")]
+        self.assertIn("NOT REPORTING for 1 s: master", row)
+
+    def test_unknown_group_named(self) -> None:
+        """
+        A group no node is registered in (a mistyped --group): status says
+        so and names the groups there are, at once (nothing to watch); if
+        they cannot be listed, it says so without the list.
+        """
+        from rmqha.coord.cluster import render
+
+        self.node("a")
+        self.elapse(1)
+        dcs = MemoryDCS(self.store, "broker-x")
+        state = self.status(dcs, window=0)
+        self.assertEqual((state["members"], state["groups"]), ([], ["g"]))
+        self.assertIn(
+            "no node of group broker-x is registered in etcd (groups there: g)",
+            render("broker-x", state),
+        )
+        self.patch(dcs, "groups", lambda: fail(DCSError("etcd: permission denied")))
+        state = self.status(dcs, window=0)
+        self.assertIsNone(state["groups"])
+        self.assertEqual(
+            render("broker-x", state).splitlines()[1],
+            "no node of group broker-x is registered in etcd",
+        )
 
 
 class TooFewTests(_Group):

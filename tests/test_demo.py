@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 import tempfile
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha import demo
 from rmqha.cli import main
+from rmqha._locks import DIRECTORY_LOCK
 from rmqha.demo import compare_stores
+
+from tests.test_locks import hold
 
 
 class CompareStoresTests(SynchronousTestCase):
@@ -124,7 +129,9 @@ class DemoDirectoryTests(SynchronousTestCase):
         d = self.mktemp()
         status, _, err = self.run_cli("--dir", d)
         self.assertEqual((status, err), (0, ""))
-        self.assertEqual(sorted(os.listdir(d)), [demo.MARKER, "master", "slave"])
+        self.assertEqual(
+            sorted(os.listdir(d)), [demo.MARKER, DIRECTORY_LOCK, "master", "slave"]
+        )
 
     def test_rerun_replaces_only_the_stores(self) -> None:
         """
@@ -141,7 +148,10 @@ class DemoDirectoryTests(SynchronousTestCase):
         status, _, err = self.run_cli("--dir", d)
         self.assertEqual((status, err), (0, ""))
         self.assertFalse(os.path.exists(stale))
-        self.assertEqual(sorted(os.listdir(d)), [demo.MARKER, "master", "notes.txt", "slave"])
+        self.assertEqual(
+            sorted(os.listdir(d)),
+            [demo.MARKER, DIRECTORY_LOCK, "master", "notes.txt", "slave"],
+        )
         self.assertEqual(self.runs, [d, d])
 
     def test_rerun_refuses_foreign_files_in_a_store(self) -> None:
@@ -161,6 +171,76 @@ class DemoDirectoryTests(SynchronousTestCase):
         self.assertIn(foreign, err)
         self.assertTrue(os.path.exists(foreign))
         self.assertEqual(sorted(os.listdir(os.path.join(d, "master", "commitlog"))), before)
+
+    def tree(self, d: str) -> dict[str, bytes]:
+        found = {}
+        for parent, _, names in os.walk(d):
+            for name in names:
+                with open(os.path.join(parent, name), "rb") as f:
+                    found[os.path.relpath(os.path.join(parent, name), d)] = f.read()
+        return found
+
+    def test_second_demo_refused_touching_nothing(self) -> None:
+        """
+        While another process runs a demo in C{--dir D} (holds D's lock),
+        a second refuses in one line naming D and the first's pid, exit 1,
+        before it deletes or writes anything (it used to delete the first
+        one's live stores); once the first ends, even killed, D is free.
+        """
+        d = os.path.abspath(self.mktemp())
+        self.assertEqual(self.run_cli("--dir", d)[0], 0)
+        before = self.tree(d)
+        first = hold(self, os.path.join(d, DIRECTORY_LOCK))
+        status, out, err = self.run_cli("--dir", d)
+        self.assertEqual(
+            (status, out, err),
+            (1, "", f"rmqha: error: {d} is in use by another rmqha (pid {first.pid})\n"),
+        )
+        self.assertEqual(self.tree(d), before)
+        self.assertEqual(self.runs, [d])
+        first.kill()
+        first.wait(timeout=60)
+        self.assertEqual(self.run_cli("--dir", d)[0], 0)
+        self.assertEqual(self.runs, [d, d])
+
+    def test_directory_locked_for_the_whole_run(self) -> None:
+        """
+        The demo holds its C{--dir}'s lock while it runs (another process
+        is refused, naming this one) and lets it go at the end.
+        """
+        seen: list[str] = []
+        fake = demo._demo
+
+        async def probing(reactor, directory, *rest):  # type: ignore[no-untyped-def]
+            seen.append(self.try_lock(directory))
+            return await fake(reactor, directory, *rest)
+
+        self.patch(demo, "_demo", probing)
+        d = os.path.abspath(self.mktemp())
+        self.assertEqual(self.run_cli("--dir", d)[0], 0)
+        self.assertEqual(seen, [f"{d} is in use by another rmqha (pid {os.getpid()})"])
+        self.assertEqual(self.try_lock(d), "free")
+
+    def try_lock(self, d: str) -> str:
+        """
+        What another process taking C{d}'s lock meets.
+        """
+        script = (
+            "import sys\n"
+            "from rmqha._locks import InUseError, lock_directory\n"
+            "try:\n"
+            "    lock_directory(sys.argv[1])\n"
+            "    print('free')\n"
+            "except InUseError as e:\n"
+            "    print(e)\n"
+        )
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(demo.__file__)))
+        done = subprocess.run(
+            [sys.executable, "-c", script, d], env=env, capture_output=True, text=True,
+            timeout=60, check=True,
+        )
+        return done.stdout.strip()
 
     def test_no_dir_uses_a_temporary_directory_it_removes(self) -> None:
         """

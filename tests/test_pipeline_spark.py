@@ -1060,6 +1060,20 @@ class StreamTests(SynchronousTestCase):
         self.assertEqual(lossy.rows, len(left))
         self.assertEqual(self.exported(out)[35:], left)
 
+        # Another run at the same time (holding OUT's lock, which the runs
+        # above let go): refused in one line naming OUT and the other's
+        # pid, before its stream starts (it exports nothing).
+        from tests.test_locks import hold
+
+        other = hold(self, os.path.join(out, "_checkpoint", ".rmqha.lock"))
+        self.put(log, 1)
+        batches = os.path.join(out, "_checkpoint", "offsets")
+        before = sorted(os.listdir(batches))
+        with self.assertRaises(ValueError) as raised:
+            export_incremental(spark(), path, out)
+        self.assertEqual(str(raised.exception), f"{out} is in use by another rmqha (pid {other.pid})")
+        self.assertEqual(sorted(os.listdir(batches)), before)
+
     def test_export_incremental_counts_damage(self) -> None:
         """
         Records with a bad body CRC are exported as they are and counted

@@ -381,10 +381,100 @@ class SlaveBrokerTests(SynchronousTestCase):
         lines = [formatEvent(e) for e in events if "segments of" in formatEvent(e)]
         self.assertEqual(len(lines), 1)
         self.assertIn(f"segments of {4 * SEGMENT} bytes", lines[0])
-        self.assertIn(f"this slave's store {SEGMENT}", lines[0])
+        self.assertIn(f"this slave's store {SEGMENT}, as configured", lines[0])
+        # (Empty, but its size was configured: the operator is told how.)
+        self.assertIn("its store is empty: configure", lines[0])
         self.assertNotIn("corrupt", lines[0])
         assert broker.problem is not None
         self.assertIn("mappedFileSizeCommitLog", broker.problem)
+
+    def test_empty_store_adopts_the_masters_segment_size(self) -> None:
+        """
+        An empty store whose segment size nobody configured takes the
+        master's (said in one line) and replicates: the segment file the
+        master's bytes go into has the master's size, and a restart keeps
+        it (the files decide).
+        """
+        broker, reactor, endpoint = self.broker(segment=None)
+        with capturedLogs() as events:
+            broker.startService()
+            client, _ = endpoint.connected[0]
+            client.dataReceived(encode_control_info(0, 0, 4 * SEGMENT, FEATURE_CHECKED_FRAMING))
+        assert broker.ha_service is not None
+        self.assertTrue(broker.ha_service.running)
+        self.assertIsNone(broker.problem)
+        lines = [formatEvent(e) for e in events if "adopting" in formatEvent(e)]
+        self.assertEqual(
+            lines,
+            [
+                "store is empty: adopting master 127.0.0.1:10912's segment size "
+                f"256 KiB ({4 * SEGMENT} bytes)"
+            ],
+        )
+        commitlog = broker.commitlog
+        assert commitlog is not None
+        self.assertEqual(commitlog.segment_size, 4 * SEGMENT)
+        master = CommitLog.open(self.mktemp(), segment_size=4 * SEGMENT, clock=fixed_clock)
+        end = master.put(make_message()).next_offset
+        commitlog.append_at(0, master.read(0, end))
+        master.close()
+        self.stop(broker)
+        (name,) = os.listdir(os.path.join(self.store, "commitlog"))
+        self.assertEqual(os.path.getsize(os.path.join(self.store, "commitlog", name)), 4 * SEGMENT)
+        reopened = CommitLog.open(self.store, clock=fixed_clock)
+        self.addCleanup(reopened.close)
+        self.assertEqual((reopened.segment_size, reopened.max_offset), (4 * SEGMENT, end))
+
+    def test_empty_segment_file_is_quarantined_not_deleted(self) -> None:
+        """
+        An empty store holding a segment file with no record in it (its
+        own size, made before a crash) moves the file into quarantine, its
+        bytes untouched, before it adopts the master's size.
+        """
+        commitlog_dir = os.path.join(self.store, "commitlog")
+        os.makedirs(commitlog_dir)
+        content = b"\0" * (SEGMENT - 1) + b"x"  # (no record; not all zeros either)
+        with open(os.path.join(commitlog_dir, "0" * 20), "wb") as f:
+            f.write(content)
+        broker, reactor, endpoint = self.broker(segment=None)
+        with capturedLogs() as events:
+            broker.startService()
+            self.addCleanup(self.stop, broker)
+            client, _ = endpoint.connected[0]
+            client.dataReceived(encode_control_info(0, 0, 4 * SEGMENT, FEATURE_CHECKED_FRAMING))
+        assert broker.ha_service is not None and broker.commitlog is not None
+        self.assertTrue(broker.ha_service.running)
+        self.assertEqual(broker.commitlog.segment_size, 4 * SEGMENT)
+        self.assertEqual(os.listdir(commitlog_dir), [])
+        quarantine = os.path.join(self.store, "rmqha", "quarantine")
+        (kept,) = [n for n in os.listdir(quarantine) if n.endswith(".segment")]
+        with open(os.path.join(quarantine, kept), "rb") as f:
+            self.assertEqual(f.read(), content)
+        (line,) = [formatEvent(e) for e in events if "adopting" in formatEvent(e)]
+        self.assertIn("its empty segment files are in quarantine: ", line)
+        self.assertIn(kept, line)
+
+    def test_store_with_records_still_halts(self) -> None:
+        """
+        A store holding a record keeps its segment size, configured or
+        not: a master with another one halts replication, as before.
+        """
+        log = CommitLog.open(self.store, segment_size=SEGMENT, clock=fixed_clock)
+        log.put(make_message())
+        log.close()
+        broker, reactor, endpoint = self.broker(segment=None)
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        client, _ = endpoint.connected[0]
+        client.dataReceived(encode_control_info(0, 0, 4 * SEGMENT, FEATURE_CHECKED_FRAMING))
+        assert broker.ha_service is not None and broker.commitlog is not None
+        self.assertFalse(broker.ha_service.running)
+        self.assertEqual(broker.commitlog.segment_size, SEGMENT)
+        assert broker.problem is not None
+        self.assertIn(
+            f"this slave's store {SEGMENT}: a slave's segment size must be its master's",
+            broker.problem,
+        )
 
     def test_unreachable_master_says_so(self) -> None:
         """

@@ -13,7 +13,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
-from rmqha.coord.dcs import IDCS, ClusterView, Switchover
+from rmqha.coord.dcs import IDCS, ClusterView, DCSError, Switchover
+from rmqha.coord.failover import DEFAULT_RENEW_INTERVAL
 
 
 class ClusterError(Exception):
@@ -22,11 +23,24 @@ class ClusterError(Exception):
     """
 
 
-def describe(view: ClusterView) -> dict[str, Any]:
+#: How long C{cluster status} watches the members' reports: twice the
+#: default renew interval, at which every live node rewrites its member
+#: key (docs/failover.md, "Operating it").
+REPORT_WINDOW = 2 * DEFAULT_RENEW_INTERVAL
+
+
+def describe(
+    view: ClusterView, silent: frozenset[str] = frozenset(), window: float | None = None
+) -> dict[str, Any]:
     """
     A group's state as JSON-able data: the master, the epoch, the in-sync
     set, and every member with its lag behind the master (from the
     offsets members publish about twice a second).
+
+    @param silent: the members whose key was not rewritten during the
+        C{window} seconds before C{view} was read (see L{status}).
+    @param window: how long the reports were watched, or C{None}: not
+        watched (every member's C{reporting} is then C{None}).
     """
     leader = view.leader
     in_sync = view.in_sync
@@ -48,6 +62,7 @@ def describe(view: ClusterView) -> dict[str, Any]:
                 "ha": member.ha,
                 "http": member.http,
                 "state": member.state,
+                "reporting": None if window is None else node_id not in silent,
             }
         )
     return {
@@ -55,7 +70,14 @@ def describe(view: ClusterView) -> dict[str, Any]:
         "epoch": None if view.malformed_key("epoch") is not None else view.epoch,
         "master": None
         if leader is None
-        else {"node_id": leader.node_id, "epoch": leader.epoch, "ha": leader.ha, "http": leader.http},
+        else {
+            "node_id": leader.node_id,
+            "epoch": leader.epoch,
+            "ha": leader.ha,
+            "http": leader.http,
+            "reporting": None if window is None else leader.node_id not in silent,
+        },
+        "report_window": window,
         "in_sync": sorted(members_in_sync),
         "switchover": None
         if view.switchover is None
@@ -74,11 +96,38 @@ def render(group: str, state: dict[str, Any]) -> str:
     """
     master = state["master"]
     epoch = "unknown" if state["epoch"] is None else state["epoch"]
+    window = state.get("report_window")
+    silence = f"NOT REPORTING for {window:g} s" if window is not None else ""
     lines = [
         f"group {group}: epoch {epoch}, "
-        + (f"master {master['node_id']} ({master['ha']})" if master else "NO MASTER")
+        + (
+            f"master {master['node_id']} ({master['ha']}"
+            + (
+                f"; {silence}: dead or cut off from the coordinator; its keys go when "
+                "its lease expires"
+                if master.get("reporting") is False
+                else ""
+            )
+            + ")"
+            if master
+            else "NO MASTER"
+        )
         + (f", switchover to {state['switchover']['target']} pending" if state["switchover"] else "")
     ]
+    if not state["members"]:
+        groups = state.get("groups")
+        lines.append(
+            f"no node of group {group} is registered in etcd"
+            + (
+                ""
+                if groups is None
+                else (
+                    f" (groups there: {', '.join(groups)})"
+                    if groups
+                    else " (it holds no group at all)"
+                )
+            )
+        )
     rows = [("NODE", "ROLE", "EPOCH", "OFFSET", "LAG", "IN-SYNC", "STATE")]
     for m in state["members"]:
         rows.append(
@@ -89,11 +138,13 @@ def render(group: str, state: dict[str, Any]) -> str:
                 str(m["offset"]),
                 "-" if m["lag_bytes"] is None else str(m["lag_bytes"]),
                 "yes" if m["in_sync"] else "no",
-                m["state"] + ("" if m["electable"] else " (not electable)"),
+                (f"{silence}: " if m.get("reporting") is False else "")
+                + m["state"]
+                + ("" if m["electable"] else " (not electable)"),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for row in rows:
+    for row in rows if len(rows) > 1 else []:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
     missing = [n for n in state["in_sync"] if n not in {m["node_id"] for m in state["members"]}]
     if missing:
@@ -106,8 +157,37 @@ def render(group: str, state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-async def status(dcs: IDCS) -> dict[str, Any]:
-    return describe(await dcs.load())
+async def status(
+    dcs: IDCS, clock: IReactorTime | None = None, window: float = REPORT_WINDOW
+) -> dict[str, Any]:
+    """
+    The group's state (L{describe}), read twice C{window} seconds apart
+    on C{clock}: a live node rewrites its member key every renew interval
+    (0.5 s by default), so a member whose key did not change meanwhile is
+    marked as not reporting -- dead, or cut off from the coordinator --
+    though its keys stay until its lease expires.  Without C{clock}, one
+    read, nothing marked.  A group with no member also names the groups
+    there are (C{groups}: C{None} if they cannot be listed).
+    """
+    view = await dcs.load()
+    silent: frozenset[str] = frozenset()
+    watched = None
+    if clock is not None and window > 0 and view.members:
+        await _sleep(clock, window)
+        first, view = view, await dcs.load()
+        silent = frozenset(
+            node_id
+            for node_id, member in view.members.items()
+            if node_id in first.members and first.members[node_id].revision == member.revision
+        )
+        watched = window
+    state = describe(view, silent, watched)
+    if not view.members:
+        try:
+            state["groups"] = await dcs.groups()
+        except DCSError:
+            state["groups"] = None
+    return state
 
 
 async def switchover(

@@ -37,6 +37,7 @@ from twisted.internet.defer import Deferred
 from zope.interface import Attribute, Interface
 
 __all__ = [
+    "ROOT",
     "DCSError",
     "LeaseLost",
     "Lease",
@@ -54,7 +55,19 @@ __all__ = [
     "decode",
     "in_sync_members",
     "read_group",
+    "group_names",
 ]
+
+#: Where every group's prefix lives: C{/rmqha/<group>/}.
+ROOT = "/rmqha/"
+
+
+def group_names(keys: Iterable[str]) -> list[str]:
+    """
+    The groups C{keys} (whole keys) belong to, sorted, once each.
+    """
+    return sorted({k[len(ROOT):].split("/", 1)[0] for k in keys if k.startswith(ROOT) and "/" in k[len(ROOT):]})
+
 
 #: The most malformed keys a L{ClusterView} lists (the group's own keys
 #: first, then members); L{ClusterView.malformed_total} counts them all.
@@ -400,6 +413,16 @@ class IDCS(Interface):
         A linearizable read of every key of the group (through
         L{read_group}: a key whose value cannot be read is skipped and
         listed in the view's C{malformed}, never an error).
+        """
+
+    def groups() -> Deferred[list[str]]:
+        """
+        The groups that have a key under the service's C{/rmqha/} prefix,
+        sorted (for an operator's hint: C{cluster status} on a group with
+        no node names those there are).
+
+        @raise DCSError: they cannot be listed (a user whose role reaches
+            only its own group's prefix, say).
         """
 
     def campaign(

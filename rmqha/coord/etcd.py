@@ -71,6 +71,7 @@ from twisted.web.iweb import (
 from zope.interface import implementer
 
 from rmqha.coord.dcs import (
+    ROOT,
     ClusterView,
     DCSError,
     IDCS,
@@ -83,6 +84,7 @@ from rmqha.coord.dcs import (
     StoredKey,
     Switchover,
     encode,
+    group_names,
     in_sync_members,
     read_group,
 )
@@ -716,7 +718,7 @@ class EtcdDCS:
         self._timeout = timeout
         self._max_body = max_body
         self._max_line = max_line
-        self._prefix = f"/rmqha/{group}/".encode()
+        self._prefix = f"{ROOT}{group}/".encode()
         self._raft_term = 0
         self._cluster_id: int | None = None
         self._watches: set[_Watch] = set()
@@ -829,6 +831,25 @@ class EtcdDCS:
                 return view_from_range(self._prefix, answer)
             except _Bad as e:
                 raise DCSError(f"etcd {url}: {e}") from None
+
+        return Deferred.fromCoroutine(run())
+
+    def groups(self) -> Deferred[list[str]]:
+        async def run() -> list[str]:
+            root = ROOT.encode()
+            url, answer = await self._call(
+                "/v3/kv/range",
+                {"key": _b64(root), "range_end": _b64(prefix_range(root)), "keys_only": True},
+                retry=True,
+            )
+            kvs = answer.get("kvs", [])
+            try:
+                if not isinstance(kvs, list) or not all(isinstance(kv, dict) for kv in kvs):
+                    raise _Bad("kvs is not a list of objects")
+                keys = [_unb64(kv.get("key"), "a key").decode("utf-8", "replace") for kv in kvs]
+            except _Bad as e:
+                raise DCSError(f"etcd {url}: {e}") from None
+            return group_names(keys)
 
         return Deferred.fromCoroutine(run())
 

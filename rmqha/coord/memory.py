@@ -17,6 +17,7 @@ from zope.interface import implementer
 
 from rmqha.coord.dcs import (
     IDCS,
+    ROOT,
     ClusterView,
     DCSError,
     InSync,
@@ -28,6 +29,7 @@ from rmqha.coord.dcs import (
     StoredKey,
     Switchover,
     encode,
+    group_names,
     in_sync_members,
     read_group,
 )
@@ -189,7 +191,7 @@ class MemoryDCS:
     def __init__(self, store: MemoryStore, group: str) -> None:
         self.store = store
         self.group = group
-        self.prefix = f"/rmqha/{group}/"
+        self.prefix = f"{ROOT}{group}/"
         self.reachable = True
         #: Requests made, by method (for tests).
         self.calls: dict[str, int] = {}
@@ -244,6 +246,9 @@ class MemoryDCS:
             if key.startswith(self.prefix)
         ]
         return read_group(self.prefix, keys, self.store.revision)
+
+    def groups(self) -> Deferred[list[str]]:
+        return self._call("groups", lambda: group_names(self.store.keys))
 
     # -- transactions --------------------------------------------------------
 

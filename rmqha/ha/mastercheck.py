@@ -75,6 +75,16 @@ __all__ = [
 EPOCH_VERIFY_WINDOW = 1024 * 1024
 
 
+def _size_text(size: int) -> str:
+    """
+    C{size} bytes as an operator writes it (C{16 MiB}), exact.
+    """
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size % unit == 0:
+            return f"{size // unit} {name} ({size} bytes)"
+    return f"{size} bytes"
+
+
 class Halt(Exception):
     """
     A check found something only an operator can fix (not a divergence):
@@ -377,14 +387,9 @@ class MasterCheck:
             self.check_master_identity(info)
             self._learnt(MasterKind.RMQHA)
             self._set_framing(info.checked_framing, bool(info.features & FEATURE_IDENTIFY))
-            ours = self._commitlog.segment_size
-            if info.segment_size != ours:
-                raise Halt(
-                    f"master {master} uses segments of {info.segment_size} bytes "
-                    f"(mappedFileSizeCommitLog) and this slave's store {ours}: a "
-                    "slave's segment size must be its master's (start the slave "
-                    f"on an empty store with --segment-size {info.segment_size})"
-                )
+            if info.segment_size != self._commitlog.segment_size:
+                if not await self._adopt_segment_size(info.segment_size):
+                    return None
             window = TAIL_WINDOW
             if self.epochs is not None:
                 shared = bool(self.epochs.entries)
@@ -404,6 +409,51 @@ class MasterCheck:
             )
         finally:
             control.close()
+
+    async def _adopt_segment_size(self, size: int) -> bool:
+        """
+        The master's segments are C{size} bytes, this log's are not: an
+        empty log whose size nobody configured takes the master's
+        (replication stopped meanwhile; a segment file holding no record
+        is quarantined, L{CommitLog.adopt_segment_size}).
+
+        @return: C{False} if the replica was stopped meanwhile.
+        @raise Halt: the log holds records, or its size was configured.
+        """
+        master = self.master
+        commitlog = self._commitlog
+        ours = commitlog.segment_size
+        configured = commitlog.configured_segment_size
+        if commitlog.has_data():
+            raise Halt(
+                f"master {master} uses segments of {size} bytes "
+                f"(mappedFileSizeCommitLog) and this slave's store {ours}: a "
+                "slave's segment size must be its master's (start the slave "
+                f"on an empty store with --segment-size {size})"
+            )
+        if configured is not None:
+            raise Halt(
+                f"master {master} uses segments of {size} bytes "
+                f"(mappedFileSizeCommitLog) and this slave's store {ours}, as "
+                "configured (--segment-size): a slave's segment size must be its "
+                f"master's (its store is empty: configure {size}, or no size, and "
+                "it adopts the master's)"
+            )
+        if not await self._host.stop_to_repair():
+            return False
+        commitlog = self._commitlog
+        kept = await self._store.exclusive(lambda: commitlog.adopt_segment_size(size))
+        self._log.info(
+            "store is empty: adopting master {master}'s segment size {size}{kept}",
+            master=master,
+            size=_size_text(size),
+            kept=(
+                f" (its empty segment files are in quarantine: {', '.join(kept)})"
+                if kept
+                else ""
+            ),
+        )
+        return True
 
     async def _cut_to_common_epoch(
         self, client: ControlClient, info: MasterInfo, slave_end: int

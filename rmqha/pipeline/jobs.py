@@ -800,18 +800,23 @@ def export_incremental(
     retention = "spark.sql.streaming.numRecentProgressUpdates"
     kept = spark.conf.get(retention, None)
     spark.conf.set(retention, "1000000")
+    lock = _lock_incremental(out, checkpoint)
     try:
-        query = (
-            frame.writeStream.format(fmt).partitionBy(*columns)
-            .option("path", out).option("checkpointLocation", checkpoint)
-            .trigger(availableNow=True).start()
-        )
+        try:
+            query = (
+                frame.writeStream.format(fmt).partitionBy(*columns)
+                .option("path", out).option("checkpointLocation", checkpoint)
+                .trigger(availableNow=True).start()
+            )
+        finally:
+            if kept is None:
+                spark.conf.unset(retention)
+            else:
+                spark.conf.set(retention, kept)
+        query.awaitTermination()
     finally:
-        if kept is None:
-            spark.conf.unset(retention)
-        else:
-            spark.conf.set(retention, kept)
-    query.awaitTermination()
+        if lock is not None:
+            os.close(lock)
     rows, start, end, batches = 0, None, None, 0
     bad, first_bad = 0, None
     for progress in query.recentProgress:
@@ -835,6 +840,27 @@ def export_incremental(
             if start is None:
                 start = _stream_offset(_read_text(fs, f"{checkpoint}/sources/0/initial.json"))
     return IncrementalResult(rows, start, end, batches, BadCrc(bad, first_bad))
+
+
+def _lock_incremental(out: str, checkpoint: str) -> int | None:
+    """
+    Lock a local C{out} for one incremental run (C{.rmqha.lock} in its
+    checkpoint: L{rmqha._locks.lock_file}), since two runs at once would
+    both advance its checkpoint; C{None} for an C{out} elsewhere (an
+    object store has no POSIX lock: docs/cli.md).
+
+    @raise ValueError: another process holds it (one line, its pid).
+    """
+    from rmqha._locks import DIRECTORY_LOCK, InUseError, lock_file
+
+    if urlsplit(checkpoint).scheme != "file":
+        return None
+    try:
+        return lock_file(
+            os.path.join(urlsplit(checkpoint).path, DIRECTORY_LOCK), urlsplit(out).path
+        )
+    except InUseError as e:
+        raise ValueError(str(e)) from None
 
 
 def _stream_offset(value: Any) -> int | None:

@@ -28,7 +28,9 @@ from rmqha.store._record import ReplicaValidator, RecordError, read_header
 from rmqha.store._segments import (
     _Segment,
     _ZERO_CHUNK,
+    _check_segment_size,
     _quarantine_bytes,
+    _quarantine_segment,
     _zero_after,
     detach_segments,
 )
@@ -355,6 +357,41 @@ class ReplicaTail:
             self._discard_empty_segments()
         # The log now starts here: nothing before it is owed to disk.
         self._record_end = self._flusher.flushed = offset
+
+    def adopt_segment_size(self, size: int) -> list[str]:
+        """
+        An empty log (no record) takes C{size} as its segment size: a
+        slave's must be its master's.  A segment file the log holds but
+        never wrote a record to (its creation outlived by a crash) is
+        moved into C{<store>/rmqha/quarantine/}, bytes untouched: nothing
+        proves it holds only zeros (a clean shutdown is not read past its
+        first bytes), so it is kept, not deleted.
+
+        @return: the quarantined files' paths.
+        @raise ValueError: the log holds a record, or C{size} is not a
+            segment size.
+        """
+        self._check_writable()
+        if self.has_data():
+            raise ValueError(
+                f"{self.store_dir}: the commit log holds records; its segment size "
+                f"{self.segment_size} cannot change"
+            )
+        _check_segment_size(size)
+        kept = []
+        if self._segments:
+            self._release_prefault()
+            for segment in self._segments:
+                segment.close()
+                info: dict[str, object] = {
+                    "reason": f"an empty store adopting its master's segment size {size}",
+                }
+                kept.append(_quarantine_segment(self.store_dir, segment, info, self._clock))
+            self._segments.clear()  # (the same list: the parts share it)
+            self._flusher.flushed = self._record_end = 0
+        self.segment_size = self._validator.segment_size = size
+        self._put_ready_at = -1
+        return kept
 
     def _discard_empty_segments(self) -> None:
         self._release_prefault()

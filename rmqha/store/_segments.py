@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import enum
 import errno
-import fcntl
 import json
 import mmap
 import os
@@ -18,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from rmqha._locks import InUseError, lock_file
 from rmqha.store import _guard
 from rmqha.store._record import (
     is_message_magic,
@@ -296,20 +296,17 @@ def _lock(path: str) -> int:
     """
     Take the POSIX record lock RocketMQ takes on C{<store>/lock} (Java's
     C{FileChannel.tryLock} is an C{fcntl} lock, so this excludes a running
-    broker too).
+    broker too): L{rmqha._locks.lock_file}, the one lock every command
+    that writes a directory takes.
     """
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        os.close(fd)
-        if e.errno in (errno.EACCES, errno.EAGAIN):
-            raise StoreLockedError(
-                f"{os.path.dirname(path)} is in use by another process "
-                f"(lock held on {path})"
-            ) from None
-        raise
-    return fd
+        return lock_file(path)
+    except InUseError as e:
+        # (Perhaps a RocketMQ broker: "another process".)
+        holder = f"pid {e.pid}; " if e.pid is not None else ""
+        raise StoreLockedError(
+            f"{e.directory} is in use by another process ({holder}lock held on {path})"
+        ) from None
 
 
 #: The most buffers one C{pwritev} takes (Linux's C{IOV_MAX}).

@@ -156,6 +156,11 @@ class CommitLog(ReplicaTail, SegmentRolling):
         self.store_dir = store_dir
         self.commitlog_dir = commitlog_dir
         self.segment_size = segment_size
+        #: The segment size L{open} was told (C{--segment-size}), or
+        #: C{None}: the files decided it, or nothing did (an empty store
+        #: takes L{DEFAULT_SEGMENT_SIZE}, or its master's:
+        #: L{adopt_segment_size}).
+        self.configured_segment_size: int | None = None
         self.read_only = read_only
         self.flush_disk_type = flush_disk_type
         self.recovery = recovery
@@ -249,6 +254,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
             commitlog_dir or os.path.join(store_dir, "commitlog")
         )
         encoder = RecordEncoder(store_host, max_message_size)
+        configured = segment_size
         lock_fd, segments, segment_size, recovery = lock_and_recover(
             store_dir,
             commitlog_dir,
@@ -270,6 +276,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
             lock_fd,
             recovery,
         )
+        self.configured_segment_size = configured
         log_recovery(self._log, commitlog_dir, segment_size, read_only, recovery)
         # A file cut while recovery read it (the SIGBUS guard gave zeros
         # there): refuse, naming it, rather than trust what was read.

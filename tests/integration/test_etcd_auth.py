@@ -113,6 +113,8 @@ class TestEtcdContractWithAuth(DCSContractMixin):
     role allows only the groups' prefix.
     """
 
+    lists_groups = False
+
     @pytest.fixture(autouse=True)
     def _cluster(self, secured: tuple[EtcdCluster, dict[str, str]], clients: list[EtcdDCS]) -> None:
         self.cluster, self.files = secured

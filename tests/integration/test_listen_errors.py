@@ -34,8 +34,11 @@ def run_twistd(tmp_path: Any, *options: str) -> tuple[int, str, str]:
     done = subprocess.run(
         twistd_command(store, log, *options), capture_output=True, text=True, timeout=60
     )
-    with open(log) as f:
-        text = f.read() + done.stdout + done.stderr
+    # (A port in use stops twistd before it opens its log file.)
+    text = done.stdout + done.stderr
+    if os.path.exists(log):
+        with open(log) as f:
+            text = f.read() + text
     return done.returncode, text, store
 
 
@@ -120,4 +123,29 @@ def test_daemon_reports_the_line(tmp_path: Any, busy_port: int) -> None:
     while os.path.exists(pidfile) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(pidfile)
+    assert not os.path.exists(store)
+
+
+def test_nodaemon_output_is_the_one_line(tmp_path: Any, busy_port: int) -> None:
+    """
+    C{twistd -n rmqha} logging to the terminal: a port in use is all it
+    prints -- one line on stderr, not after twistd's "starting up" and
+    "reactor class" lines (the ports are listened on in C{makeService},
+    before twistd starts logging) -- exit status 1, nothing of the store.
+    """
+    store = str(tmp_path / "store")
+    done = subprocess.run(
+        [
+            sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+            "-n", "--pidfile", "", "rmqha", "--store-dir", store,
+            "--ha-listen", f"tcp:{busy_port}:interface=127.0.0.1",
+        ],
+        capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (
+        1,
+        "",
+        f"twistd rmqha: cannot listen on tcp:{busy_port}:interface=127.0.0.1 (--ha-listen): "
+        "Address already in use\n",
+    )
     assert not os.path.exists(store)
