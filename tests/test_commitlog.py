@@ -15,6 +15,7 @@ import sys
 import zlib
 
 from hypothesis import HealthCheck, given, settings, strategies as st
+from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
@@ -1639,6 +1640,47 @@ class PartsTests(SynchronousTestCase):
             "record_start_at_or_before", "records", "segments", "truncate_replica",
         ]:
             self.assertTrue(hasattr(CommitLog, name), name)
+
+    def test_empty_segments_discarded_only_when_zeros(self) -> None:
+        """
+        An empty log (no record) starting at another segment boundary
+        removes its segment file only when the file holds only zeros; a
+        file with a non-zero byte past where recovery looked (it reads an
+        empty segment no further than its first bytes) is moved into
+        quarantine, bytes untouched, and the move logged.
+        """
+        for garbage in (False, True):
+            log = open_store(self, segment_size=SEGMENT)
+            log.append_at(0, replica_records(0, 400))
+            log.truncate_replica(0)
+            path = segment_path(log.store_dir, 0)
+            log.close()
+            if garbage:
+                with open(path, "r+b") as f:
+                    f.seek(300)
+                    f.write(b"\x07not a record")
+            with open(path, "rb") as f:
+                before = f.read()
+            log = CommitLog.open(log.store_dir, segment_size=SEGMENT, clock=fixed_clock)
+            self.addCleanup(log.close)
+            self.assertEqual(log.max_offset, 0)
+            with capturedLogs() as events:
+                log.append_at(3 * SEGMENT, replica_records(3 * SEGMENT, 400))
+            self.assertFalse(os.path.exists(path))
+            quarantine = os.path.join(log.store_dir, "rmqha", "quarantine")
+            # (truncate_replica quarantined the cut bytes: *.bin; segments
+            # moved whole are *.segment.)
+            kept = [n for n in sorted(os.listdir(quarantine)) if ".segment" in n]
+            moved = [e for e in events if "into quarantine" in formatEvent(e)]
+            if not garbage:
+                self.assertEqual((kept, moved), ([], []))
+                continue
+            self.assertEqual(len(kept), 2, kept)  # the file and its sidecar
+            (segment,) = [n for n in kept if n.endswith(".segment")]
+            with open(os.path.join(quarantine, segment), "rb") as f:
+                self.assertEqual(f.read(), before)
+            self.assertEqual(len(moved), 1)
+            self.assertIn(path, formatEvent(moved[0]))
 
     def test_parts_follow_discarded_segments(self) -> None:
         """

@@ -394,9 +394,71 @@ class ReplicaTail:
         return kept
 
     def _discard_empty_segments(self) -> None:
+        """
+        An empty log's segment files (no record), before it starts at
+        another boundary: one proven to hold only zeros is removed, any
+        other moved into quarantine, bytes untouched (recovery reads a
+        cleanly closed segment no further than its first bytes: "no
+        record" does not prove "nothing").
+        """
         self._release_prefault()
         for segment in self._segments:
             segment.close()
-            os.unlink(segment.path)
+            if _holds_only_zeros(segment.path, _ZERO_PROOF_LIMIT):
+                os.unlink(segment.path)
+                continue
+            where = _quarantine_segment(
+                self.store_dir, segment,
+                {"reason": "an empty log starting at another segment boundary: a file "
+                 "with non-zero bytes and no record"},
+                self._clock,
+            )
+            self._log.warn(
+                "moved {path} into quarantine ({where}): the log starts at another "
+                "segment boundary and the file, holding no record, is not all zeros",
+                path=segment.path, where=where,
+            )
         self._segments.clear()  # (the same list: the parts share it)
         self._flusher.flushed = self._record_end = 0
+
+
+#: At most this many bytes of a file's data are read to prove it all zeros
+#: (holes are zeros without a read): past it, the file is kept.
+_ZERO_PROOF_LIMIT = 64 << 20
+
+
+def _holds_only_zeros(path: str, limit: int) -> bool:
+    """
+    Whether the file at C{path} holds only zero bytes, reading at most
+    C{limit} bytes of its data (C{SEEK_DATA}/C{SEEK_HOLE} skip its holes);
+    C{False} past the limit, or when it cannot be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        position, read = 0, 0
+        while position < size:
+            try:
+                start = os.lseek(fd, position, os.SEEK_DATA)
+            except OSError:
+                return True  # (ENXIO: no data after position, holes only)
+            stop = os.lseek(fd, start, os.SEEK_HOLE)
+            while start < stop:
+                chunk = os.pread(fd, min(len(_ZERO_CHUNK), stop - start), start)
+                if not chunk:
+                    return True  # (the file shrank: nothing more to read)
+                if chunk != _ZERO_CHUNK[: len(chunk)]:
+                    return False
+                start += len(chunk)
+                read += len(chunk)
+                if read > limit:
+                    return False
+            position = stop
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
