@@ -683,7 +683,7 @@ class ClusterStatusTests(_Group):
             text,
         )
         (row,) = [line for line in text.splitlines() if line.startswith(f"{name} ")]
-        self.assertIn("NOT REPORTING for 1 s: master", row)
+        self.assertIn("NOT REPORTING for 1 s; master", row)
 
     def test_unknown_group_named(self) -> None:
         """

@@ -138,9 +138,12 @@ def render(group: str, state: dict[str, Any]) -> str:
                 str(m["offset"]),
                 "-" if m["lag_bytes"] is None else str(m["lag_bytes"]),
                 "yes" if m["in_sync"] else "no",
-                (f"{silence}: " if m.get("reporting") is False else "")
-                + m["state"]
-                + ("" if m["electable"] else " (not electable)"),
+                "; ".join(
+                    part for part in (
+                        silence if m.get("reporting") is False else "",
+                        m["state"] + ("" if m["electable"] else " (not electable)"),
+                    ) if part.strip()
+                ),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]

@@ -300,16 +300,23 @@ async def test_cluster_commands_over_tls_with_a_user(tmp_path: Any, clients: lis
                 capture_output=True, text=True, timeout=30, env={**environ, **(env or {})},
             )
 
+        # (No node runs: nobody rewrites a's member key while status
+        # watches it, so a is NOT REPORTING and the status exits 1 --
+        # having read the group through TLS and the user.)
         done = rmqha("status", "--coordinator", spec, "--json")
-        assert done.returncode == 0, done.stderr
+        assert (done.returncode, done.stderr) == (1, "")
         state = json.loads(done.stdout)
         assert state["master"]["node_id"] == "a" and state["epoch"] == 1
+        assert state["master"]["reporting"] is False
         done = rmqha(
             "status", "--coordinator", f"{cluster.spec},{tls},user=node",
             env={"RMQHA_ETCD_PASSWORD": "node-pw"},
         )
-        assert done.returncode == 0, done.stderr
-        assert "master a (127.0.0.1:10911)" in done.stdout
+        assert (done.returncode, done.stderr) == (1, "")
+        assert "master a (127.0.0.1:10911; NOT REPORTING for 1 s" in done.stdout
+        assert done.stdout.splitlines()[-1].split() == [
+            "a", "master", "1", "0", "0", "no", "NOT", "REPORTING", "for", "1", "s"
+        ]
         done = rmqha("switchover", "--coordinator", spec, "--to", "zz")
         assert done.returncode == 1
         assert done.stderr.strip().splitlines() == [
