@@ -1147,6 +1147,12 @@ class _Broker(http.server.BaseHTTPRequestHandler):
             ]
             self.answer(200, json.dumps({"segments": segments, "max_offset": script["max"]}).encode())
             return
+        held = script.get("hold", {}).get(self.headers.get("Range"))
+        if held is not None:
+            # (The test sees the request arrive, and lets it be answered.)
+            arrived, answer = held
+            arrived.set()
+            answer.wait(30)
         base = int(self.path.rsplit("/", 1)[-1])
         data = script["segments"][base]
         first, last = (int(n) for n in self.headers["Range"][len("bytes="):].split("-"))
@@ -1217,6 +1223,86 @@ class JvmHttpStoreTests(SynchronousTestCase):
         self.assertEqual(bytes(reader.read(1000, 100).array()), self.script["segments"][0][1000:])
         self.assertEqual(self.script["requests"][-1], ("/commitlog/" + f"{0:020d}", "bytes=1000-1023"))
         self.assertEqual(reader.window(), 8 << 20)
+
+    def test_reads_ahead_to_where_the_reading_ends(self) -> None:
+        """
+        An input told where its caller's reading ends reads the next range
+        (the same length, right after the last, cut at that end) while the
+        caller decodes one: the next read takes it (no second request); a
+        read elsewhere drops it; an input not told reads only what is asked.
+        """
+        store = self.store()
+        segment = list(store.segments())[0]
+        data = self.script["segments"][0]
+        name = f"/commitlog/{0:020d}"
+        import threading
+
+        arrived, answer = threading.Event(), threading.Event()
+        self.script["hold"] = {"bytes=100-199": (arrived, answer)}
+        reader = store.open(segment)
+        reader.readingTo(250)
+        # (As a span decoder asks: windows, the last cut at the end.)
+        got = [bytes(reader.read(0, 100).array())]
+        # The next range is asked for before the caller asks for it.
+        self.assertTrue(arrived.wait(30))
+        answer.set()
+        got += [bytes(reader.read(at, n).array()) for at, n in ((100, 100), (200, 50))]
+        self.assertEqual(got, [data[0:100], data[100:200], data[200:250]])
+        self.assertEqual(
+            self.script["requests"][-3:],
+            [(name, "bytes=0-99"), (name, "bytes=100-199"), (name, "bytes=200-249")],
+        )
+        reader.close()
+        arrived, answer = threading.Event(), threading.Event()
+        self.script["hold"] = {"bytes=100-199": (arrived, answer)}
+        reader = store.open(segment)
+        reader.readingTo(510)
+        self.assertEqual(bytes(reader.read(0, 100).array()), data[0:100])
+        self.assertTrue(arrived.wait(30))
+        # A read elsewhere (the range read ahead is not it: dropped), and
+        # none after it (the reading ends at 510).
+        self.assertEqual(bytes(reader.read(500, 10).array()), data[500:510])
+        answer.set()
+        reader.close()
+        self.assertEqual(self.script["requests"][-1], (name, "bytes=500-509"))
+        del self.script["requests"][:]
+        plain = store.open(segment)
+        self.assertEqual(bytes(plain.read(0, 100).array()), data[0:100])
+        self.assertEqual(bytes(plain.read(100, 100).array()), data[100:200])
+        self.assertEqual(self.script["requests"], [(name, "bytes=0-99"), (name, "bytes=100-199")])
+
+    def test_certificate_must_name_the_host(self) -> None:
+        """
+        Over TLS, a broker whose certificate (signed by the CA given) does
+        not name the host asked for is refused: one line saying TLS, no
+        request made.
+        """
+        import ssl
+        import threading
+
+        from rmqha import certs
+
+        directory = self.mktemp()
+        os.makedirs(directory)
+        ca = certs.make_ca()
+        ca_path, _ = certs.write_pair(ca, directory, "ca")
+        cert, key = certs.write_pair(
+            certs.issue(ca, "elsewhere", ["elsewhere.example"], server=True), directory, "broker"
+        )
+        handler = type("Handler", (_Broker,), {"script": self.script})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.addCleanup(server.server_close)
+        self.addCleanup(server.shutdown)
+        location = f"rmqha+https://127.0.0.1:{server.server_address[1]}"
+        del self.script.setdefault("requests", [])[:]
+        line = self.error(lambda: self.store(location, tlsCa=ca_path).segments())
+        self.assertTrue(line.startswith(f"{location}/commitlog: TLS: "), line)
+        self.assertEqual(self.script["requests"], [])
 
     def test_refused_answers(self) -> None:
         """

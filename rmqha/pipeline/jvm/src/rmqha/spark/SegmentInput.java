@@ -26,4 +26,10 @@ public interface SegmentInput extends Closeable {
    * heap cost memory (a few MiB).
    */
   int window();
+
+  /**
+   * The caller reads no byte at or past `end` (its span ends there): an
+   * input that reads ahead stops there.
+   */
+  default void readingTo(long end) {}
 }

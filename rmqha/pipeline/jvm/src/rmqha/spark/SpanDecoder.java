@@ -209,6 +209,7 @@ final class SpanDecoder implements PartitionReader<ColumnarBatch> {
     try {
       position = span.start;
       end = Math.min(span.end, channel.size());
+      channel.readingTo(end);
       map = null;
       mapLen = 0;
       if (end > position) {
