@@ -110,7 +110,7 @@ def _fd_limit(broker: Broker) -> str:
     budget = broker.ports.budget
     if budget is None:
         return ""
-    return f" (open-files limit {budget.total + FD_RESERVE})"
+    return f"; open-files limit {budget.total + FD_RESERVE}"
 
 
 def startup_line(broker: Broker) -> str:

@@ -196,7 +196,7 @@ class StartupLineTests(SynchronousTestCase):
         self.assertIn("started: role SYNC_MASTER;", line)
         self.assertIn(f"store {log.store_dir} (commit log {log.commitlog_dir}, 65536-byte segments, "
                       "ASYNC_FLUSH);", line)
-        self.assertIn("listening on HA 0.0.0.0:10912, HTTP 0.0.0.0:8080 (open-files limit 4096);",
+        self.assertIn("listening on HA 0.0.0.0:10912, HTTP 0.0.0.0:8080; open-files limit 4096;",
                       line)
         self.assertIn("in-sync replicas 3 (min 2), slave timeout 2500 ms, "
                       "fall-behind max 268435456 bytes;", line)
@@ -216,7 +216,7 @@ class StartupLineTests(SynchronousTestCase):
             reactor=reactor,
         )
         (line,) = [line for line in lines if " started: " in line]
-        self.assertIn("listening on HA 0.0.0.0:10912 (TLS) (open-files limit 4096);", line)
+        self.assertIn("listening on HA 0.0.0.0:10912 (TLS); open-files limit 4096;", line)
 
     def test_slave(self) -> None:
         """
@@ -226,7 +226,7 @@ class StartupLineTests(SynchronousTestCase):
             BrokerSettings(role=Role.SLAVE, master_endpoint="tcp:host=10.0.0.5:port=10912")
         )
         self.assertIn("started: role SLAVE of tcp:host=10.0.0.5:port=10912;", line)
-        self.assertIn("listening on no port (open-files limit 4096);", line)
+        self.assertIn("listening on no port; open-files limit 4096;", line)
 
     def test_failover(self) -> None:
         """
