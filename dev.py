@@ -167,20 +167,31 @@ def ensure_test_tools() -> None:
         with open(POLICY_RC_D, "w") as f:
             f.write("#!/bin/sh\n# dev.py: no service starts while it installs packages\nexit 101\n")
         os.chmod(POLICY_RC_D, 0o755)
+    failed: list[str] = []
     try:
         status = quietly(install)
         if status:
             # A fresh machine may have no package lists yet.
             quietly(["apt-get", "update", "-q"])
             status = quietly(install)
+        if status and len(packages) > 1:
+            # One package that cannot be installed must not keep the
+            # others out (and their tests skipped): one at a time.
+            failed = [p for p in packages if quietly([*install[:-len(packages)], p])]
+        elif status:
+            failed = packages
     finally:
         if policy:
             os.remove(POLICY_RC_D)
-    if status:
-        _say("could not install them: the tests that need them will be skipped")
-    elif services and shutil.which("systemctl") is not None:
-        for unit in services:
-            quietly(["systemctl", "disable", unit])
+    if failed:
+        _say(
+            f"could not install {' '.join(failed)}: the tests that need "
+            f"{'it' if len(failed) == 1 else 'them'} will be skipped"
+        )
+    if services and shutil.which("systemctl") is not None:
+        for package, unit in SERVICES.items():
+            if package in packages and package not in failed:
+                quietly(["systemctl", "disable", unit])
 
 
 def run(argv: list[str]) -> int:

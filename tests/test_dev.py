@@ -127,9 +127,53 @@ class DevTests(SynchronousTestCase):
         If apt-get fails (after an update), dev.py says the tests will be
         skipped, and leaves no policy-rc.d behind.
         """
-        _, said, calls = self.apt_get(status=100)
-        self.assertEqual([argv[1] for _, argv, _ in calls], ["install", "update", "install"])
-        self.assertIn("will be skipped", said.getvalue())
+        dev, said, calls = self.apt_get(status=100)
+        packages = sorted({package for package, _ in dev.SYSTEM_TOOLS.values()})
+        self.assertEqual(
+            [argv[1:] for _, argv, _ in calls][:3],
+            [calls[0][1][1:], ["update", "-q"], calls[0][1][1:]],
+        )
+        # Then one package at a time: each named as failed.
+        self.assertEqual([argv[-1] for _, argv, _ in calls[3:]], packages)
+        self.assertIn(f"could not install {' '.join(packages)}: the tests that need them "
+                      "will be skipped", said.getvalue())
+        # (No unit disabled: nothing was installed.)
+        self.assertNotIn("systemctl", [argv[0] for _, argv, _ in calls])
+
+    def test_one_package_failing_keeps_the_others(self) -> None:
+        """
+        When the packages together cannot be installed, each is tried on
+        its own: the others are installed (and their units disabled), the
+        one that failed is named.
+        """
+        dev = load_dev()
+        said = io.StringIO()
+        calls: list[list[str]] = []
+        policy = self.mktemp()
+        self.patch(dev, "POLICY_RC_D", policy)
+
+        def call(argv: list[str], **kwargs: object) -> int:
+            calls.append(argv)
+            # (apt-get fails whenever systemd is among what it installs.)
+            return 100 if argv[0] == "apt-get" and "systemd" in argv else 0
+
+        def which(name: str) -> str | None:
+            return f"/usr/bin/{name}" if name in ("apt-get", "systemctl") else None
+
+        self.patch(sys, "stdout", said)
+        self.patch(dev.sys, "platform", "linux")
+        self.patch(dev.os, "geteuid", lambda: 0)
+        self.patch(dev.shutil, "which", which)
+        self.patch(dev.subprocess, "call", call)
+        dev.ensure_test_tools()
+        singles = [argv[-1] for argv in calls[3:] if argv[:2] == ["apt-get", "install"]]
+        self.assertEqual(singles, sorted({p for p, _ in dev.SYSTEM_TOOLS.values()}))
+        self.assertIn("could not install systemd: the tests that need it will be skipped",
+                      said.getvalue())
+        self.assertEqual(
+            [argv for argv in calls if argv[0] == "systemctl"],
+            [["systemctl", "disable", "etcd"], ["systemctl", "disable", "prometheus"]],
+        )
 
     def test_nothing_missing(self) -> None:
         """
