@@ -263,7 +263,19 @@ class Replica(Service):
         if state is ReplicaState.REPLICATING and not service.running:
             service.startService()
 
+    @property
+    def replicating(self) -> bool:
+        """
+        The connection service runs (L{CheckHost.replicating
+        <rmqha.ha.mastercheck.CheckHost.replicating>}).
+        """
+        service = self.client_service
+        return service is not None and bool(service.running)
+
     def _stop_replicating(self) -> Deferred[None]:
+        if self.slave_factory is not None:
+            # (A probe connection kept for a service that will not start.)
+            self.slave_factory.drop_kept()
         service = self.client_service
         if service is not None and service.running:
             stopping = service.stopService()
@@ -329,6 +341,7 @@ class Replica(Service):
         )
         # (What the last probe found: it may change at the next one.)
         factory.checked = bool(self._checks.checked)
+        factory.probe_first = self._checks.probe_first
         self.store.flush_observers.append(factory.flushed)
         # This slave's own segment file changed under it: no more appends.
         self._unobserve_damage = commitlog.observe_damage(self._store_damaged)
@@ -339,6 +352,7 @@ class Replica(Service):
 
     def _forget_factory(self) -> None:
         assert self.slave_factory is not None
+        self.slave_factory.drop_kept()
         if self.slave_factory.flushed in self.store.flush_observers:
             self.store.flush_observers.remove(self.slave_factory.flushed)
         self._unobserve_damage()
@@ -588,6 +602,8 @@ class Replica(Service):
 
     async def _act_on(self, divergence: Divergence | None) -> None:
         if not self.running or self.state is ReplicaState.HALTED:
+            if self.slave_factory is not None:
+                self.slave_factory.drop_kept()
             return  # (halted meanwhile: this log is damaged)
         checks = self._checks
         if divergence is None:
