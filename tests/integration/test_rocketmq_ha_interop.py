@@ -783,7 +783,7 @@ async def test_rmqha_slave_gets_last_file(
         assert same, "the replica's records differ from the master's"
 
 
-def classic(connections: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def classic(connections: list[dict[str, Any]], probing: bool = False) -> list[dict[str, Any]]:
     """
     The replication connections RocketMQ's master saw, each checked to be
     an rmqha slave's probe kept: it opens with 8 bytes of -1 (the probe),
@@ -791,10 +791,17 @@ def classic(connections: list[dict[str, Any]]) -> list[dict[str, Any]]:
     master sends nothing and waits -- and goes on with the slave's real
     report on the same connection, which RocketMQ takes as the request
     offset.  No connection is a probe closed unanswered.
+
+    @param probing: the last connection may still have been waiting for
+        the end of its probe when the master stopped (the slave
+        reconnects again and again); it is left out.
     """
     from rmqha.ha._wire import CONTROL_PROBE
 
     assert connections, "RocketMQ's master saw no connection"
+    if probing and connections[-1]["reports"] == [CONTROL_PROBE]:
+        assert not connections[-1]["closed"], connections[-1]
+        connections = connections[:-1]
     for connection in connections:
         reports = connection["reports"]
         assert reports[0] == CONTROL_PROBE, connection
@@ -896,7 +903,7 @@ async def test_rmqha_slave_ahead_of_java_master(tmp_path: Any, peer: list[str]) 
         await slave.stopService()
         await java.stop(reactor)
     assert code == 0, java.log_tail()
-    connections = classic(java.result["connections"])
+    connections = classic(java.result["connections"], probing=True)
     assert_probe_invisible(java, drops=True)
     assert len(connections) >= 2
     for connection in connections[:-1]:
