@@ -367,6 +367,11 @@ class ControlClient(Protocol):
 
     def handshakeCompleted(self) -> None:
         self._handshake_done = True
+        if self._successor is not None:
+            # (ClientService's proxy forwards it to the slave connection.)
+            completed = getattr(self._successor, "handshakeCompleted", None)
+            if completed is not None:
+                completed()
 
     @property
     def tls_handshake_done(self) -> bool:

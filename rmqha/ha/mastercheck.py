@@ -319,6 +319,7 @@ class MasterCheck:
             factory.checked = checked
             factory.identity = self.identity
             factory.probe_first = self.probe_first
+            factory.probe_wait = min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
 
     def _classic(self, why: str, probe_first: bool = False) -> None:
         """

@@ -56,6 +56,7 @@ from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
     DEFAULT_MAX_UNFLUSHED,
     DEFAULT_PROBE_TIMEOUT,
+    PROBE_FIRST_TIMEOUT,
     HAConfig,
     MasterKind,
     OnDivergence,
@@ -205,6 +206,7 @@ class Replica(Service):
         self._retry_policy = retry_policy
         self._max_unflushed = max_unflushed
         self._auth = auth
+        self._probe_timeout = probe_timeout
         self.state = ReplicaState.STOPPED
         self.failed_checks = 0
         self._problem: str | None = None
@@ -342,6 +344,7 @@ class Replica(Service):
         # (What the last probe found: it may change at the next one.)
         factory.checked = bool(self._checks.checked)
         factory.probe_first = self._checks.probe_first
+        factory.probe_wait = min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
         self.store.flush_observers.append(factory.flushed)
         # This slave's own segment file changed under it: no more appends.
         self._unobserve_damage = commitlog.observe_damage(self._store_damaged)

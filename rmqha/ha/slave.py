@@ -17,7 +17,7 @@ frame and report, so a byte damaged on the way is never written or acked.
 With a master taken for RocketMQ's (L{SlaveFactory.probe_first}), every
 connection is also its own probe: it opens with PROBE (8 bytes of -1,
 which a RocketMQ master takes for "no report yet" and waits on), waits
-L{PROBE_FIRST_TIMEOUT} for an answer, and goes on with its real report on
+L{SlaveFactory.probe_wait} (0.5 s) for an answer, and goes on with its real report on
 the same connection; an answer means the master speaks the rmqha
 extension now, and the slave checks it again.  The first such connection
 is the check's own probe, handed over (L{SlaveFactory.keep}).
@@ -205,7 +205,7 @@ class SlaveConnection(Protocol):
             self._probe = "waiting"
             send_now(self.transport, [encode_code(CONTROL_PROBE)])
             self._probe_timer = self.factory.clock.callLater(
-                PROBE_FIRST_TIMEOUT, self._probe_unanswered
+                self.factory.probe_wait, self._probe_unanswered
             )
             return
         if self._probe == "waiting":
@@ -235,7 +235,7 @@ class SlaveConnection(Protocol):
 
     def _probe_unanswered(self) -> None:
         """
-        The master sent nothing for L{PROBE_FIRST_TIMEOUT} after PROBE: a
+        The master sent nothing for L{SlaveFactory.probe_wait} after PROBE: a
         RocketMQ master, waiting with its request offset at -1; the real
         report follows on this connection, and the master starts there.
         """
@@ -753,6 +753,9 @@ class SlaveFactory(Factory):
         #: The master is taken for RocketMQ's, not known for sure: every
         #: connection opens with its own probe (the module's docstring).
         self.probe_first = False
+        #: Seconds a connection's own probe waits for an answer before
+        #: the real report follows (the check's first timeout).
+        self.probe_wait = PROBE_FIRST_TIMEOUT
         #: The check's probe connection, kept open for the next
         #: connection (L{keep}); a connection being built on it.
         self.kept: ControlClient | None = None
