@@ -23,7 +23,12 @@ verifies, and the master's list is adopted when replication starts.
 While REPLICATING, a connection that ends suspiciously (before the master
 sent anything, or on an offset mismatch) checks again without stopping
 replication; a failed re-check retries after the back-off, replication
-left running.  L{Replica._to} is the only place the state changes: the
+left running.  Against a master taken for RocketMQ's (silent to the
+probe) the probe's connection is kept and handed to the connection
+service (its next connection is made on it: the real report follows the
+-1, and a RocketMQ master never sees a probe closed unanswered), and each
+later connection probes in place instead of a separate re-check
+(L{rmqha.ha.slave}).  L{Replica._to} is the only place the state changes: the
 checks and repairs raise, or ask this service (their L{CheckHost
 <rmqha.ha.mastercheck.CheckHost>}) to stop replicating and enter
 REPAIRING.
