@@ -467,6 +467,23 @@ class SlaveBrokerTests(SynchronousTestCase):
         self.assertEqual(len(endpoint.connected), 2)
         self.assertEqual(replication_of(broker).master_kind, "rocketmq")
 
+    def test_in_place_probe_waits_the_first_timeout(self) -> None:
+        """
+        A connection's own probe waits as long as the check's first
+        timeout: 0.5 s, or a shorter C{--probe-timeout}.
+        """
+        broker, reactor, endpoint = self.broker(probe_timeout=0.2)
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        reactor.advance(0.2)
+        self.assertEqual(replication_of(broker).master_kind, "rocketmq")
+        self.lose(endpoint)
+        reactor.advance(1.0)
+        _, transport = endpoint.connected[-1]
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
+        reactor.advance(0.2)
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE) + encode_report(0))
+
     def test_answered_replication_probe_checks_again(self) -> None:
         """
         A master taken for RocketMQ's (silent at the first probe, say a
