@@ -28,8 +28,8 @@ probe) the probe's connection is kept and handed to the connection
 service (its next connection is made on it: the real report follows the
 -1, and a RocketMQ master never sees a probe closed unanswered), and each
 later connection probes in place instead of a separate re-check
-(L{rmqha.ha.slave}).  L{Replica._to} is the only place the state changes: the
-checks and repairs raise, or ask this service (their L{CheckHost
+(L{rmqha.ha.slave}).  L{Replica._to} is the only place the state
+changes: the checks and repairs raise, or ask this service (their L{CheckHost
 <rmqha.ha.mastercheck.CheckHost>}) to stop replicating and enter
 REPAIRING.
 

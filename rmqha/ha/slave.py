@@ -17,10 +17,10 @@ frame and report, so a byte damaged on the way is never written or acked.
 With a master taken for RocketMQ's (L{SlaveFactory.probe_first}), every
 connection is also its own probe: it opens with PROBE (8 bytes of -1,
 which a RocketMQ master takes for "no report yet" and waits on), waits
-L{SlaveFactory.probe_wait} (0.5 s) for an answer, and goes on with its real report on
-the same connection; an answer means the master speaks the rmqha
-extension now, and the slave checks it again.  The first such connection
-is the check's own probe, handed over (L{SlaveFactory.keep}).
+L{SlaveFactory.probe_wait} (0.5 s) for an answer, and goes on with its
+real report on the same connection; an answer means the master speaks
+the rmqha extension now, and the slave checks it again.  The first such
+connection is the check's own probe, handed over (L{SlaveFactory.keep}).
 """
 
 from __future__ import annotations
