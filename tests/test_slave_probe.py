@@ -14,6 +14,7 @@ from typing import Any
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import capturedLogs, formatEvent
@@ -34,13 +35,20 @@ from rmqha.ha._wire import (
 from rmqha.broker import Broker, Role
 from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
-from rmqha.ha.control import CheckFailed, probe
+from rmqha.ha.control import CheckFailed, SilentMaster, probe
 from rmqha.ha.divergence import MASTER_KIND_PATH, read_master_kind, write_master_kind
 from rmqha.ha.master import MasterFactory
 from rmqha.ha.slave import SlaveFactory, make_slave_service
 
 from rmqha.testing import StringEndpoint
-from tests._helpers import fixed_clock, make_message, open_store, replication_of, settings_and_runtime
+from tests._helpers import (
+    fixed_clock,
+    make_message,
+    open_store,
+    replica_of,
+    replication_of,
+    settings_and_runtime,
+)
 
 SEGMENT = 64 * 1024
 #: A TLS alert record (fatal, protocol_version): what a TLS server sends
@@ -118,6 +126,55 @@ class ProbeTimeoutTests(SynchronousTestCase):
         self.assertTrue(transport.disconnecting)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
+    def test_silence_kept_open_with_keep(self) -> None:
+        """
+        With C{keep}, silence within the first timeout gives a
+        L{SilentMaster} whose connection stays open (a RocketMQ master is
+        waiting on it), no timer left; handed over, the new protocol is
+        connected to the same transport, writes on it, and gets its bytes
+        and its end.
+        """
+        d = Deferred.fromCoroutine(
+            probe(self.clock, self.endpoint, timeout=3.0, first_timeout=0.5, keep=True)
+        )
+        client, transport = self.endpoint.connected[-1]
+        self.clock.advance(0.5)
+        silent = self.successResultOf(d)
+        assert isinstance(silent, SilentMaster)
+        self.assertIs(silent.client, client)
+        self.assertFalse(transport.disconnecting)
+        self.assertTrue(client.reusable)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        successor = _Recorder()
+        client.hand_over(successor)
+        self.assertFalse(client.reusable)
+        self.assertIs(successor.transport, transport)
+        successor.transport.write(encode_report(0))
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE) + encode_report(0))
+        client.dataReceived(b"frame")
+        client.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(successor.received, [b"frame"])
+        self.assertTrue(successor.lost)
+        self.assertRaises(RuntimeError, client.hand_over, _Recorder())
+
+    def test_late_bytes_spoil_the_kept_connection(self) -> None:
+        """
+        Bytes after the verdict, before the hand-over (a stalled rmqha
+        master answering late): the connection is not reused but closed,
+        and never handed over.
+        """
+        d = Deferred.fromCoroutine(
+            probe(self.clock, self.endpoint, timeout=3.0, first_timeout=0.5, keep=True)
+        )
+        client, transport = self.endpoint.connected[-1]
+        self.clock.advance(0.5)
+        silent = self.successResultOf(d)
+        assert isinstance(silent, SilentMaster)
+        client.dataReceived(encode_control_info(0, 100, SEGMENT, 1))
+        self.assertFalse(client.reusable)
+        self.assertTrue(transport.disconnecting)
+        self.assertRaises(RuntimeError, client.hand_over, _Recorder())
+
     def test_first_bytes_extend_to_timeout(self) -> None:
         """
         Part of an INFO within the first timeout: the master speaks the
@@ -157,6 +214,22 @@ class ProbeTimeoutTests(SynchronousTestCase):
         self.assertIn("closed the connection without answering", failure.getErrorMessage())
         self.assertIn("--tls-ca", failure.getErrorMessage())
         self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class _Recorder(Protocol):
+    """
+    A protocol that keeps what it receives.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        self.lost = False
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received.append(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.lost = True
 
 
 class MasterKindFileTests(SynchronousTestCase):
@@ -286,7 +359,8 @@ class SlaveBrokerTests(SynchronousTestCase):
         """
         A master never seen speaking the extension and silent for 0.5 s
         (not the whole 3 s probe timeout) is taken for RocketMQ, said once
-        as a warning, and remembered; replication starts classically.
+        as a warning, and remembered; replication starts classically, on
+        the probe's own connection.
         """
         broker, reactor, endpoint = self.broker()
         with capturedLogs() as events:
@@ -301,36 +375,167 @@ class SlaveBrokerTests(SynchronousTestCase):
         self.assertFalse(replication_of(broker).checked)
         text = "\n".join(formatEvent(e) for e in events)
         self.assertEqual(text.count("replicating classically"), 1)
+        self.assertEqual(len(endpoint.connected), 1)
 
-    def test_classic_connection_lost_probes_again(self) -> None:
+    def test_probe_kept_as_the_replication_connection(self) -> None:
+        """
+        The probe a RocketMQ master did not answer is not closed (the
+        master would log two ERROR lines): the slave's real report follows
+        the -1 on the same connection -- a RocketMQ master takes the first
+        non-negative report after its "none yet" -1 as the request
+        offset -- and the master's frames on it are replicated.
+        """
+        log = CommitLog.open(self.store, segment_size=SEGMENT, clock=fixed_clock)
+        log.put(make_message(b"first"))
+        ours = log.max_offset
+        log.close()
+        broker, reactor, endpoint = self.broker()
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        (probe_client, transport), = endpoint.connected
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
+        reactor.advance(0.5)
+        self.assertFalse(transport.disconnecting)
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE) + encode_report(ours))
+        self.assertEqual(len(endpoint.connected), 1)
+        factory = replica_of(broker).slave_factory
+        assert factory is not None
+        self.assertEqual(factory.connections_made, 1)
+        self.assertIsNone(factory.kept)
+        # The master's frame on that connection is replicated and acked.
+        master = CommitLog.open(self.mktemp(), segment_size=SEGMENT, clock=fixed_clock)
+        self.addCleanup(master.close)
+        master.put(make_message(b"first"))
+        second = master.put(make_message(b"second"))
+        body = master.read(ours, second.next_offset)
+        transport.clear()
+        probe_client.dataReceived(struct.pack(">qi", ours, len(body)) + body)
+        assert broker.commitlog is not None
+        self.assertEqual(broker.commitlog.max_offset, second.next_offset)
+        self.assertEqual(transport.value(), encode_report(second.next_offset))
+        # Its end is the replication connection's: reconnection follows.
+        transport.loseConnection()
+        self._lost.add(probe_client)
+        probe_client.connectionLost(Failure(ConnectionDone()))
+        self.assertIsNone(factory.connection)
+
+    def test_remembered_rocketmq_master_probed_on_one_connection(self) -> None:
+        """
+        A master remembered as RocketMQ's is still probed (it may have been
+        upgraded), on the connection replication then uses: no connection
+        is ever given up on.
+        """
+        write_master_kind(self.store, "127.0.0.1:10912", "rocketmq", 12.0)
+        broker, reactor, endpoint = self.broker()
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        reactor.advance(0.5)
+        (_, transport), = endpoint.connected
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE) + encode_report(0))
+        self.assertFalse(transport.disconnecting)
+
+    def lose(self, endpoint: StringEndpoint, index: int = -1) -> None:
+        client, transport = endpoint.connected[index]
+        transport.loseConnection()
+        self._lost.add(client)
+        client.connectionLost(Failure(ConnectionDone()))
+
+    def test_reconnection_probes_in_place(self) -> None:
+        """
+        After the connection to a master taken for RocketMQ's ends, no
+        separate probe connection is made (it would be given up on while
+        replication reconnects): the next replication connection is its
+        own probe -- -1 first, the real report once the master stayed
+        silent for 0.5 s -- and nothing on it is closed.
+        """
+        broker, reactor, endpoint = self.broker()
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        reactor.advance(0.5)
+        self.lose(endpoint)
+        self.assertEqual(len(endpoint.connected), 1)  # no check, no probe
+        reactor.advance(1.0)  # the replication connection's retry
+        self.assertEqual(len(endpoint.connected), 2)
+        _, transport = endpoint.connected[-1]
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
+        # The heartbeat timer (0.2 s here) sends no report meanwhile.
+        reactor.advance(0.4)
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
+        reactor.advance(0.1)
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE) + encode_report(0))
+        self.assertFalse(transport.disconnecting)
+        self.assertEqual(len(endpoint.connected), 2)
+        self.assertEqual(replication_of(broker).master_kind, "rocketmq")
+
+    def test_in_place_probe_waits_the_first_timeout(self) -> None:
+        """
+        A connection's own probe waits as long as the check's first
+        timeout: 0.5 s, or a shorter C{--probe-timeout}.
+        """
+        broker, reactor, endpoint = self.broker(probe_timeout=0.2)
+        broker.startService()
+        self.addCleanup(self.stop, broker)
+        reactor.advance(0.2)
+        self.assertEqual(replication_of(broker).master_kind, "rocketmq")
+        self.lose(endpoint)
+        reactor.advance(1.0)
+        _, transport = endpoint.connected[-1]
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
+        reactor.advance(0.2)
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE) + encode_report(0))
+
+    def test_answered_replication_probe_checks_again(self) -> None:
         """
         A master taken for RocketMQ's (silent at the first probe, say a
-        stalled rmqha master) is probed again after a classic connection
-        ends; answering, it is remembered as rmqha and the next
-        replication connection asks for checked framing: it does not stay
-        classic across reconnects.
+        stalled rmqha master) that answers a replication connection's
+        probe speaks the extension: that connection is closed, not read
+        as frames; the master is checked again, remembered as rmqha, and
+        the next replication connection asks for checked framing: it
+        does not stay classic across reconnects.
         """
         broker, reactor, endpoint = self.broker()
         broker.startService()
         self.addCleanup(self.stop, broker)
         reactor.advance(0.5)
         self.assertEqual(replication_of(broker).master_kind, "rocketmq")
+        self.lose(endpoint)
+        reactor.advance(1.0)
         replication, transport = endpoint.connected[-1]
-        self.assertEqual(transport.value(), encode_report(0))
-        replication.dataReceived(struct.pack(">qi", 0, 0))  # a heartbeat
-        transport.loseConnection()
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))
+        with capturedLogs() as events:
+            replication.dataReceived(encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING))
+        self.assertTrue(transport.disconnecting or transport.disconnected)
+        self.assertEqual(transport.value(), encode_code(CONTROL_PROBE))  # no report
+        text = "\n".join(formatEvent(e) for e in events)
+        self.assertIn("answered the rmqha probe on a replication connection: checking it again", text)
         self._lost.add(replication)
         replication.connectionLost(Failure(ConnectionDone()))
         probe_client, probe_transport = endpoint.connected[-1]
+        self.assertIsNot(probe_client, replication)
         self.assertEqual(probe_transport.value(), encode_code(CONTROL_PROBE))
-        probe_client.dataReceived(
-            encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING)
-        )
+        probe_client.dataReceived(encode_control_info(0, 0, SEGMENT, FEATURE_CHECKED_FRAMING))
         self.assertEqual(replication_of(broker).master_kind, "rmqha")
         self.assertEqual(self.remembered(), "rmqha")
         reactor.advance(1.0)  # the replication connection's retry
         _, transport = endpoint.connected[-1]
         self.assertEqual(transport.value()[:8], encode_code(CHECKED_HELLO))
+
+    def test_kept_probe_closed_on_stop(self) -> None:
+        """
+        A slave stopped between the verdict and replication closes the
+        kept connection (a stopping slave's connection ends anyway).
+        """
+        broker, reactor, endpoint = self.broker()
+        broker.startService()
+        replica = replica_of(broker)
+        factory = replica.slave_factory
+        assert factory is not None
+        client, transport = endpoint.connected[0]
+        # (The verdict's moment, as the check hands the connection over.)
+        factory.keep(client)
+        self.stop(broker)
+        self.assertIsNone(factory.kept)
+        self.assertTrue(transport.disconnecting)
 
     def test_master_kind_rocketmq_skips_the_probe(self) -> None:
         """

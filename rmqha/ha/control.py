@@ -32,6 +32,7 @@ from twisted.internet.interfaces import (
     IDelayedCall,
     IHandshakeListener,
     INegotiated,
+    IProtocol,
     IReactorTime,
     IStreamClientEndpoint,
     ITransport,
@@ -114,6 +115,7 @@ __all__ = [
     "MasterUnreachable",
     "PeerBudget",
     "probe",
+    "SilentMaster",
     "range_digest",
     "read_range_digest",
     "log_digest",
@@ -353,6 +355,9 @@ class ControlClient(Protocol):
         self._handshake_done = False
         #: Nothing received yet.
         self.silent = True
+        #: The protocol this connection was handed over to (L{hand_over}):
+        #: it gets everything the transport delivers from then on.
+        self._successor: IProtocol | None = None
 
     def connectionMade(self) -> None:
         if self._handshake is not None:
@@ -362,6 +367,51 @@ class ControlClient(Protocol):
 
     def handshakeCompleted(self) -> None:
         self._handshake_done = True
+        if self._successor is not None:
+            # (ClientService's proxy forwards it to the slave connection.)
+            completed = getattr(self._successor, "handshakeCompleted", None)
+            if completed is not None:
+                completed()
+
+    @property
+    def tls_handshake_done(self) -> bool:
+        """
+        The TLS handshake of this connection finished (C{False} on plain
+        TCP).
+        """
+        return self._handshake_done
+
+    @property
+    def reusable(self) -> bool:
+        """
+        The master has sent nothing on this probe and the connection is
+        open: a RocketMQ master is still waiting for this slave's first
+        real report (L{hand_over}).
+        """
+        return (
+            self.silent
+            and not self._closed
+            and self._successor is None
+            and self.transport is not None
+            and not getattr(self.transport, "disconnecting", False)
+        )
+
+    def hand_over(self, protocol: IProtocol) -> None:
+        """
+        Make C{protocol} the owner of this connection: it is connected to
+        this transport now (C{makeConnection}) and gets whatever the
+        transport delivers from then on, its end included.  A RocketMQ
+        master took the probe's -1 for "no report yet" and waits, so the
+        next 8 bytes sent are taken as the slave's request offset: the
+        slave goes on as a classic slave on the probe's own connection,
+        and the master sees no connection closed unanswered.
+
+        @raise RuntimeError: the connection is not L{reusable}.
+        """
+        if not self.reusable:
+            raise RuntimeError("the probe connection cannot be handed over")
+        self._successor = protocol
+        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
 
     @property
     def authenticating(self) -> bool:
@@ -407,6 +457,9 @@ class ControlClient(Protocol):
         return frozenset(ids or ())
 
     def dataReceived(self, data: bytes) -> None:
+        if self._successor is not None:
+            self._successor.dataReceived(data)
+            return
         self.silent = False
         try:
             if self.authenticating:
@@ -554,6 +607,9 @@ class ControlClient(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._closed = True
+        if self._successor is not None:
+            self._successor.connectionLost(reason)
+            return
         if self.silent and INegotiated.providedBy(self.transport):
             why = "TLS connection to the master failed: " + describe_failure(
                 reason, self.transport, self._handshake_done
@@ -575,6 +631,19 @@ class ControlClient(Protocol):
         self._fail_waiters(failure)
 
 
+@dataclass(frozen=True)
+class SilentMaster:
+    """
+    L{probe}'s verdict on a master that sent nothing to the probe within
+    its first timeout, the connection kept open (C{keep=True}): a RocketMQ
+    master, waiting for this slave's first real report.  C{client}'s
+    connection is L{ControlClient.reusable}: hand it over to the
+    replication connection (L{ControlClient.hand_over}), or close it.
+    """
+
+    client: ControlClient
+
+
 async def probe(
     clock: IReactorTime,
     endpoint: IStreamClientEndpoint,
@@ -583,13 +652,17 @@ async def probe(
     hello: int = CONTROL_PROBE,
     auth: GroupAuth | None = None,
     expected_master: str | None = None,
-) -> tuple[ControlClient, MasterInfo] | None:
+    keep: bool = False,
+) -> tuple[ControlClient, MasterInfo] | SilentMaster | None:
     """
     A control session with the master, or C{None} when the master does not
     speak the extension: it answered the hello with something other than
     INFO, or sent nothing for C{first_timeout} seconds (default
     C{timeout}) while keeping the connection open (a RocketMQ master,
-    waiting for a first report).
+    waiting for a first report).  With C{keep}, that silence gives a
+    L{SilentMaster} holding the connection, open, instead of C{None}: a
+    RocketMQ master then never sees a connection closed unanswered (it
+    logs two ERROR lines for each).
 
     An rmqha master answers the probe at once; one that refuses it (older
     than the probe) is asked again with C{CONTROL_HELLO}.
@@ -627,7 +700,7 @@ async def probe(
         if hello == CONTROL_HELLO:
             raise CheckFailed("control session: the master refused the control hello") from None
         return await probe(
-            clock, endpoint, timeout, first_timeout, CONTROL_HELLO, auth, expected_master
+            clock, endpoint, timeout, first_timeout, CONTROL_HELLO, auth, expected_master, keep
         )
     except NotMasterAnswer as e:
         client.close()
@@ -639,6 +712,8 @@ async def probe(
         client.close()
         raise
     except (defer.TimeoutError, CancelledError):
+        if keep and client.reusable:
+            return SilentMaster(client)
         client.close()
         if client.silent:
             return None

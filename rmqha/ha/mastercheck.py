@@ -46,6 +46,7 @@ from rmqha.ha.control import (
     CheckFailed,
     ControlClient,
     MasterInfo,
+    SilentMaster,
     log_digest,
     probe,
 )
@@ -144,6 +145,13 @@ class CheckHost(Protocol):
         The replication connection's factory, told how to talk.
         """
 
+    @property
+    def replicating(self) -> bool:
+        """
+        The replication connection service runs (a check while it does
+        cannot hand its probe connection over to it).
+        """
+
     async def stop_to_repair(self) -> bool:
         """
         Stop replicating and enter REPAIRING: C{False} if the replica was
@@ -225,6 +233,9 @@ class MasterCheck:
         self._master_epochs: list[Entry] | None = None
         self.checked: bool | None = None
         self.identity: str | None = None
+        #: The master is taken for RocketMQ's without being known to be:
+        #: every replication connection probes (L{SlaveFactory.probe_first}).
+        self.probe_first = False
         self._classic_logged = False
 
     @property
@@ -307,8 +318,16 @@ class MasterCheck:
         if factory is not None:
             factory.checked = checked
             factory.identity = self.identity
+            factory.probe_first = self.probe_first
+            factory.probe_wait = min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
 
-    def _classic(self, why: str) -> None:
+    def _classic(self, why: str, probe_first: bool = False) -> None:
+        """
+        Replicate classically (C{why}); with C{probe_first}, every
+        replication connection probes first (a master taken for
+        RocketMQ's, not configured as one).
+        """
+        self.probe_first = probe_first
         self._set_framing(False)
         if not self._classic_logged:
             self._classic_logged = True
@@ -336,6 +355,7 @@ class MasterCheck:
             self._learnt(MasterKind.ROCKETMQ)
             self._classic(f"master {master} is a RocketMQ master (--master-kind rocketmq)")
             return None
+        self.probe_first = False
         if self._on_divergence is None and self.epochs is None:
             return None
         # Where this log ends, taken before the master's offsets are: the
@@ -347,6 +367,11 @@ class MasterCheck:
         # A master that must answer is given the whole probe timeout;
         # otherwise silence for the first timeout means RocketMQ.
         first = None if sticky else min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
+        # Where silence means RocketMQ, the probe's connection is kept:
+        # a RocketMQ master waits on it (the -1 is its "no report yet")
+        # and replication goes on there, so it never sees a connection
+        # closed unanswered (two ERROR lines in its log).
+        keep = not sticky and self.epochs is None
         try:
             session = await probe(
                 self._reactor,
@@ -355,10 +380,20 @@ class MasterCheck:
                 first_timeout=first,
                 auth=self._auth,
                 expected_master=self.expected_master,
+                keep=keep,
             )
         except AuthFailed as e:
             # (Not to be followed, as a master without epochs is not.)
             raise Refused(f"master {master}: {e}") from None
+        if isinstance(session, SilentMaster):
+            self._learnt(MasterKind.ROCKETMQ)
+            self._classic(
+                f"master {master} does not answer the rmqha control extension "
+                "(a RocketMQ master?)",
+                probe_first=True,
+            )
+            self._hand_over(session.client)
+            return None
         if session is None:
             if self.epochs is not None:
                 raise Refused(
@@ -409,6 +444,19 @@ class MasterCheck:
             )
         finally:
             control.close()
+
+    def _hand_over(self, client: ControlClient) -> None:
+        """
+        Give the silent master's probe connection to the replication
+        connection service, which makes its next connection on it; closed
+        when there is no service to take it, or one already running (a
+        check while replicating: its own connections probe).
+        """
+        factory = self._host.slave_factory
+        if factory is None or self._host.replicating or not self._host.running:
+            client.close()
+            return
+        factory.keep(client)
 
     async def _adopt_segment_size(self, size: int) -> bool:
         """

@@ -23,8 +23,13 @@ verifies, and the master's list is adopted when replication starts.
 While REPLICATING, a connection that ends suspiciously (before the master
 sent anything, or on an offset mismatch) checks again without stopping
 replication; a failed re-check retries after the back-off, replication
-left running.  L{Replica._to} is the only place the state changes: the
-checks and repairs raise, or ask this service (their L{CheckHost
+left running.  Against a master taken for RocketMQ's (silent to the
+probe) the probe's connection is kept and handed to the connection
+service (its next connection is made on it: the real report follows the
+-1, and a RocketMQ master never sees a probe closed unanswered), and each
+later connection probes in place instead of a separate re-check
+(L{rmqha.ha.slave}).  L{Replica._to} is the only place the state
+changes: the checks and repairs raise, or ask this service (their L{CheckHost
 <rmqha.ha.mastercheck.CheckHost>}) to stop replicating and enter
 REPAIRING.
 
@@ -56,6 +61,7 @@ from rmqha.ha.config import (
     DEFAULT_HA_CONFIG,
     DEFAULT_MAX_UNFLUSHED,
     DEFAULT_PROBE_TIMEOUT,
+    PROBE_FIRST_TIMEOUT,
     HAConfig,
     MasterKind,
     OnDivergence,
@@ -205,6 +211,7 @@ class Replica(Service):
         self._retry_policy = retry_policy
         self._max_unflushed = max_unflushed
         self._auth = auth
+        self._probe_timeout = probe_timeout
         self.state = ReplicaState.STOPPED
         self.failed_checks = 0
         self._problem: str | None = None
@@ -263,7 +270,19 @@ class Replica(Service):
         if state is ReplicaState.REPLICATING and not service.running:
             service.startService()
 
+    @property
+    def replicating(self) -> bool:
+        """
+        The connection service runs (L{CheckHost.replicating
+        <rmqha.ha.mastercheck.CheckHost.replicating>}).
+        """
+        service = self.client_service
+        return service is not None and bool(service.running)
+
     def _stop_replicating(self) -> Deferred[None]:
+        if self.slave_factory is not None:
+            # (A probe connection kept for a service that will not start.)
+            self.slave_factory.drop_kept()
         service = self.client_service
         if service is not None and service.running:
             stopping = service.stopService()
@@ -329,6 +348,8 @@ class Replica(Service):
         )
         # (What the last probe found: it may change at the next one.)
         factory.checked = bool(self._checks.checked)
+        factory.probe_first = self._checks.probe_first
+        factory.probe_wait = min(PROBE_FIRST_TIMEOUT, self._probe_timeout)
         self.store.flush_observers.append(factory.flushed)
         # This slave's own segment file changed under it: no more appends.
         self._unobserve_damage = commitlog.observe_damage(self._store_damaged)
@@ -339,6 +360,7 @@ class Replica(Service):
 
     def _forget_factory(self) -> None:
         assert self.slave_factory is not None
+        self.slave_factory.drop_kept()
         if self.slave_factory.flushed in self.store.flush_observers:
             self.store.flush_observers.remove(self.slave_factory.flushed)
         self._unobserve_damage()
@@ -588,6 +610,8 @@ class Replica(Service):
 
     async def _act_on(self, divergence: Divergence | None) -> None:
         if not self.running or self.state is ReplicaState.HALTED:
+            if self.slave_factory is not None:
+                self.slave_factory.drop_kept()
             return  # (halted meanwhile: this log is damaged)
         checks = self._checks
         if divergence is None:

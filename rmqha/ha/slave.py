@@ -13,6 +13,14 @@ back-off, so the slave reports again and the master restarts from there.
 With a master that offered it (L{SlaveFactory.checked}, learnt from its
 control INFO), the connection uses checked framing: a CRC-32 on every
 frame and report, so a byte damaged on the way is never written or acked.
+
+With a master taken for RocketMQ's (L{SlaveFactory.probe_first}), every
+connection is also its own probe: it opens with PROBE (8 bytes of -1,
+which a RocketMQ master takes for "no report yet" and waits on), waits
+L{SlaveFactory.probe_wait} (0.5 s) for an answer, and goes on with its
+real report on the same connection; an answer means the master speaks
+the rmqha extension now, and the slave checks it again.  The first such
+connection is the check's own probe, handed over (L{SlaveFactory.keep}).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamClientEndpoint,
 )
+from twisted.internet.defer import succeed
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -43,6 +52,7 @@ from rmqha._timers import IdleTimer
 from rmqha._files import write_atomically
 from rmqha.ha._wire import (
     CHECKED_HELLO,
+    CONTROL_PROBE,
     ChecksumError,
     MasterClosing,
     ProtocolError,
@@ -54,7 +64,8 @@ from rmqha.ha._wire import (
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import CorruptReplicaError, StoreDamagedError, StoreError
 from rmqha.ha.auth import HANDSHAKE_TIMEOUT, AuthError, GroupAuth, SlaveHandshake
-from rmqha.ha.config import DEFAULT_HA_CONFIG, HAConfig
+from rmqha.ha.config import DEFAULT_HA_CONFIG, PROBE_FIRST_TIMEOUT, HAConfig
+from rmqha.ha.control import ControlClient
 from rmqha._sockets import send_now, set_tcp_no_delay
 from rmqha.tls import PLAIN_SLAVE_TLS_MASTER_HINT, describe_failure, looks_like_tls
 
@@ -117,6 +128,16 @@ class SlaveConnection(Protocol):
         )
         self._handshake_timer: IDelayedCall | None = None
         self._hello_sent = False
+        #: The probe in place (a master taken for RocketMQ's): C{"send"}
+        #: (PROBE goes before the first report), C{"waiting"} (sent; the
+        #: report waits for the master's silence), C{"silent"} (the
+        #: master did not answer: classic, on this connection), or
+        #: C{None} (no probe on this connection).  A connection handed
+        #: over from the check's probe starts C{"silent"}.
+        self._probe: str | None = None
+        if factory.probe_first:
+            self._probe = "silent" if factory.adopting else "send"
+        self._probe_timer: IDelayedCall | None = None
         self._closed = False
         # The socket transport whose read size adapts (under TLS, the one
         # beneath the TLS layer), and the plaintext of this turn's read.
@@ -179,6 +200,16 @@ class SlaveConnection(Protocol):
                     HANDSHAKE_TIMEOUT, self._handshake_timed_out
                 )
             return
+        if self._probe == "send":
+            # (Through the same send path as a report: TCP_NODELAY, now.)
+            self._probe = "waiting"
+            send_now(self.transport, [encode_code(CONTROL_PROBE)])
+            self._probe_timer = self.factory.clock.callLater(
+                self.factory.probe_wait, self._probe_unanswered
+            )
+            return
+        if self._probe == "waiting":
+            return  # (the real report follows the master's silence)
         offset = self.factory.commitlog.record_end
         report = encode_report(offset, self.checked)
         if not self._hello_sent:
@@ -201,6 +232,22 @@ class SlaveConnection(Protocol):
             )
         self._reported = offset
         self._last_report = self.factory.clock.seconds()
+
+    def _probe_unanswered(self) -> None:
+        """
+        The master sent nothing for L{SlaveFactory.probe_wait} after PROBE: a
+        RocketMQ master, waiting with its request offset at -1; the real
+        report follows on this connection, and the master starts there.
+        """
+        self._probe_timer = None
+        if self._probe == "waiting" and not self._closed:
+            self._probe = "silent"
+            self.send_report()
+
+    def _stop_probe_timer(self) -> None:
+        if self._probe_timer is not None and self._probe_timer.active():
+            self._probe_timer.cancel()
+        self._probe_timer = None
 
     def handshakeCompleted(self) -> None:
         self._handshake_done = True
@@ -251,6 +298,23 @@ class SlaveConnection(Protocol):
             self._drop("{hint}", hint=PLAIN_SLAVE_TLS_MASTER_HINT)
             return
         self._last_read = self.factory.clock.seconds()
+        if self._probe == "waiting":
+            # A RocketMQ master says nothing before a real report: this
+            # one answered the probe, so it speaks the rmqha extension now
+            # (upgraded, or stalled when the check took it for
+            # RocketMQ's).  Not frames: check it again (the replica does,
+            # on this connection's end), then replicate as it says.
+            self._received = self._suspicious = True
+            self._probe = None
+            self._stop_probe_timer()
+            self._log.info(
+                "master {master} answered the rmqha probe on a replication "
+                "connection: checking it again",
+                master=_address(self.transport.getPeer()),  # type: ignore[union-attr]
+            )
+            self._closed = True
+            self.transport.abortConnection()  # type: ignore[union-attr]
+            return
         if self._handshake is not None and not self._handshake.done:
             # (Until the handshake is over, nothing came from the master:
             # a refused node backs off and checks its master again.)
@@ -562,6 +626,7 @@ class SlaveConnection(Protocol):
         """
         self._log.warn("dropping the connection to the master: " + why, **fields)
         self._closed = True
+        self._stop_probe_timer()
         self._end_handshake()
         self.transport.abortConnection()  # type: ignore[union-attr]
 
@@ -586,13 +651,20 @@ class SlaveConnection(Protocol):
             # The master closed it before a single frame (not even a
             # heartbeat), without saying why: counted, for the problem.
             self.factory.closed_by_master(self.factory.commitlog.record_end)
-        if not self._received or self._suspicious or not self.checked:
+        if self._probe is not None and not self._suspicious:
+            # A master taken for RocketMQ's, which did not answer this
+            # connection's probe: the next connection probes again itself
+            # (a separate check would be one more probe connection, given
+            # up on while replication reconnects: two ERROR lines in a
+            # RocketMQ master's log each time).
+            pass
+        elif not self._received or self._suspicious or not self.checked:
             # (Also a master that did not confirm checked framing; and,
-            # after a classic connection, the master is asked again
-            # whether it speaks the extension: one taken for a RocketMQ
-            # master while it stalled does not stay classic.)
+            # after a classic connection to a master not probed on it,
+            # the master is asked again whether it speaks the extension.)
             self.factory.suspect()
         self._closed = True
+        self._stop_probe_timer()
         self._end_handshake()
         self._report_timer.stop()
         self._housekeeping.stop()
@@ -678,6 +750,62 @@ class SlaveFactory(Factory):
         #: without saying why, and the record end they were at.
         self.closed_without_frame = 0
         self.closed_at: int | None = None
+        #: The master is taken for RocketMQ's, not known for sure: every
+        #: connection opens with its own probe (the module's docstring).
+        self.probe_first = False
+        #: Seconds a connection's own probe waits for an answer before
+        #: the real report follows (the check's first timeout).
+        self.probe_wait = PROBE_FIRST_TIMEOUT
+        #: The check's probe connection, kept open for the next
+        #: connection (L{keep}); a connection being built on it.
+        self.kept: ControlClient | None = None
+        self.adopting = False
+
+    def keep(self, client: ControlClient) -> None:
+        """
+        The check's probe found a silent master and kept its connection
+        open: the next connection is made on it (no new connection; the
+        probe already sent, the real report goes next).  A connection kept
+        before and not used is closed.
+        """
+        self.drop_kept()
+        self.kept = client
+
+    def drop_kept(self) -> None:
+        """
+        Close the kept probe connection, if one is left unused.
+        """
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept.close()
+
+    def adopt_kept(self, protocolFactory: Any) -> Any | None:
+        """
+        A protocol from C{protocolFactory} (the connection service's
+        wrapper of this factory) connected on the kept probe connection,
+        or C{None} when there is none still open and silent.
+        """
+        kept, self.kept = self.kept, None
+        if kept is None:
+            return None
+        if not kept.reusable or kept.transport is None:
+            kept.close()
+            return None
+        self.adopting = True
+        try:
+            protocol = protocolFactory.buildProtocol(kept.transport.getPeer())
+        finally:
+            self.adopting = False
+        if protocol is None:
+            kept.close()
+            return None
+        connection = self.connection
+        kept.hand_over(protocol)
+        if kept.tls_handshake_done and self.connection is not connection:
+            # (The TLS handshake was the probe's.)
+            assert self.connection is not None
+            self.connection.handshakeCompleted()
+        return protocol
 
     def buildProtocol(self, addr: IAddress | None) -> SlaveConnection:
         return SlaveConnection(self)
@@ -756,6 +884,11 @@ class _RememberingEndpoint:
         self._factory = factory
 
     def connect(self, protocolFactory: Any) -> Any:
+        adopted = self._factory.adopt_kept(protocolFactory)
+        if adopted is not None:
+            self._factory.connect_failure = None
+            return succeed(adopted)
+
         def connected(protocol: Any) -> Any:
             self._factory.connect_failure = None
             return protocol

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import datetime
 import os
+import struct
 from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import formatEvent, globalLogPublisher
 
 from rmqha import certs
 from rmqha.broker import Broker, Role
 from rmqha.store._record import Message
+from rmqha.store.commitlog import CommitLog
 from rmqha.tls import PeerPolicy, TLSFiles, client_endpoint, server_endpoint
 
 from tests._helpers import replica_of, replication_of
@@ -215,3 +218,81 @@ async def test_plain_slave_tls_master_gets_a_hint(tmp_path: Any) -> None:
         if slave is not None:
             await slave.stopService()
         await master.stopService()
+
+
+class _SilentMaster(Protocol):
+    """
+    A RocketMQ 4.9 master as its slave sees it behind a TLS terminator: it
+    sends nothing while the request offset is -1 (the probe's value), takes
+    the first other report as the request offset and sends its log from
+    there, then a heartbeat; it records every report.
+    """
+
+    def __init__(self, log: bytes, connections: list["_SilentMaster"]) -> None:
+        self.log = log
+        self.reports: list[int] = []
+        self._buffer = b""
+        self.lost = False
+        connections.append(self)
+
+    def dataReceived(self, data: bytes) -> None:
+        self._buffer += data
+        while len(self._buffer) >= 8:
+            (value,) = struct.unpack(">q", self._buffer[:8])
+            self._buffer = self._buffer[8:]
+            self.reports.append(value)
+            if [r for r in self.reports if r != -1] == [value] and value != -1:
+                body = self.log[value:]
+                assert self.transport is not None
+                self.transport.write(
+                    struct.pack(">qi", value, len(body)) + body
+                    + struct.pack(">qi", len(self.log), 0)
+                )
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.lost = True
+
+
+@pytest_twisted.ensureDeferred
+async def test_probe_kept_over_tls(tmp_path: Any) -> None:
+    """
+    A master silent to the probe behind TLS (a RocketMQ master behind a
+    TLS terminator): the slave replicates on the probe's own TLS
+    connection -- one connection, the -1 then the real report, never
+    closed -- and catches up.
+    """
+    from twisted.internet import reactor
+
+    pki = _pki(str(tmp_path / "pki"))
+    source = CommitLog.open(str(tmp_path / "source"), segment_size=SEGMENT, clock=lambda: 1.0)
+    for i in range(20):
+        source.put(Message("TLSTopic", os.urandom(500), queue_id=i % 4))
+    log = source.read(0, source.max_offset)
+    source.close()
+    connections: list[_SilentMaster] = []
+    master_files = pki["master"]
+    port = await server_endpoint(
+        reactor, "ssl:0:interface=127.0.0.1", TLSFiles(master_files.cert, master_files.key),
+        PeerPolicy(),
+    ).listen(Factory.forProtocol(lambda: _SilentMaster(log, connections)))
+    slave = None
+    try:
+        slave = _broker(
+            reactor,
+            str(tmp_path / "slave"),
+            Role.SLAVE,
+            master_endpoint=client_endpoint(
+                reactor, "127.0.0.1", port.getHost().port, pki["slave-1"], "master"
+            ),
+        )
+        slave.startService()
+        await until(reactor, lambda: slave.commitlog.max_offset == len(log), "the slave to catch up")
+        assert replication_of(slave).master_kind == "rocketmq"
+        (connection,) = connections
+        assert connection.reports[:2] == [-1, 0], connection.reports
+        assert not connection.lost
+        assert replication_of(slave).connections_made == 1
+    finally:
+        if slave is not None:
+            await slave.stopService()
+        await port.stopListening()
