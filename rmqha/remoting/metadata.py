@@ -29,6 +29,7 @@ Three layers, the lower ones with no I/O:
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -61,7 +62,11 @@ __all__ = [
     "DelayOffsetTable",
     "MetadataLimits",
     "MetadataFile",
+    "TopicFilterType",
     "CONFIG_DIR",
+    "decode_table",
+    "load_file",
+    "save_file",
     "validate_topic_name",
     "validate_group_name",
     "BrokerMetadata",
@@ -304,9 +309,11 @@ def _quote(s: str) -> str:
             out.append('\\"')
         elif ch == "\\":
             out.append("\\\\")
-        elif o < 0x20 or o == 0x7F:
+        elif o < 0x20:
             short = {8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}.get(o)
             out.append(short if short else "\\u%04X" % o)
+        elif 0x7F <= o < 0xA0 or o in (0x2028, 0x2029):
+            out.append("\\u%04X" % o)
         else:
             out.append(ch)
     out.append('"')
@@ -353,6 +360,9 @@ def _dump(value: JSONValue, pretty: bool, indent: int, out: list[str]) -> None:
         out.append("}")
     elif isinstance(value, (list, tuple)):
         # ListSerializer: every item on its own line when pretty.
+        if not value:
+            out.append("[]")
+            return
         out.append("[")
         for i, item in enumerate(value):
             if i:
@@ -383,6 +393,7 @@ def dump_fastjson(value: JSONValue, *, pretty: bool = False) -> str:
 # --- iteration order of java.util.concurrent.ConcurrentHashMap -------------
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _java_string_hash(s: str) -> int:
     h = 0
     data = s.encode("utf-16-be", "surrogatepass")
@@ -391,35 +402,42 @@ def _java_string_hash(s: str) -> int:
     return h
 
 
-def _java_int_hash(i: int) -> int:
-    return i & 0xFFFFFFFF
-
-
-def _chm_table_size(count: int, initial: int) -> int:
-    # A table doubles once its count reaches 3/4 of its size (sizeCtl).
-    n = initial
-    while count >= n - (n >> 2):
-        n <<= 1
-    return n
-
-
 K = TypeVar("K", str, int)
 
 
 def _chm_order(keys: Iterable[K], initial: int) -> list[K]:
     """
-    C{keys} in the order a C{ConcurrentHashMap} whose table started at
-    C{initial} buckets iterates them: by bucket (the spread Java hash,
-    masked), keys sharing a bucket in their given (insertion) order.
+    C{keys} in the order a C{java.util.concurrent.ConcurrentHashMap} whose
+    table starts with C{initial} buckets iterates them after they were put
+    in the given order: by bucket (the spread Java hash, masked), a bucket
+    in insertion order, and each doubling of the table (at 3/4 full)
+    splitting a bucket as C{ConcurrentHashMap.transfer} does (the nodes
+    before the last run of one destination reversed).  Buckets turned
+    into trees (8 keys in one bucket) are not modelled.
     """
-    ks = list(keys)
-    mask = _chm_table_size(len(ks), initial) - 1
-
-    def bucket(k: K) -> int:
-        h = _java_string_hash(k) if isinstance(k, str) else _java_int_hash(k)
-        return ((h ^ (h >> 16)) & 0x7FFFFFFF) & mask
-
-    return sorted(ks, key=bucket)
+    n = initial
+    bins: list[list[tuple[int, K]]] = [[] for _ in range(n)]
+    count = 0
+    for k in keys:
+        h = _java_string_hash(k) if isinstance(k, str) else k & 0xFFFFFFFF
+        h = (h ^ (h >> 16)) & 0x7FFFFFFF
+        bins[h & (n - 1)].append((h, k))
+        count += 1
+        while count >= n - (n >> 2):
+            grown: list[list[tuple[int, K]]] = [[] for _ in range(2 * n)]
+            for i, b in enumerate(bins):
+                if not b:
+                    continue
+                run_bit, last = b[0][0] & n, 0
+                for j in range(1, len(b)):
+                    if b[j][0] & n != run_bit:
+                        run_bit, last = b[j][0] & n, j
+                lo = [node for node in reversed(b[:last]) if not node[0] & n]
+                hi = [node for node in reversed(b[:last]) if node[0] & n]
+                (hi if run_bit else lo).extend(b[last:])
+                grown[i], grown[i + n] = lo, hi
+            bins, n = grown, 2 * n
+    return [k for b in bins for _, k in b]
 
 
 # Bucket counts the genuine tables start with: TopicConfigManager's and
