@@ -172,7 +172,7 @@ class _Parser:
             return self.object(depth + 1)
         if c == "[":
             return self.array(depth + 1)
-        if c in "\"'":
+        if c and c in "\"'":
             return self.string(c)
         if c == "-" or c.isdigit():
             return self.number()
@@ -192,7 +192,7 @@ class _Parser:
             raise self.fail("bad number")
         self.pos = m.end()
         token = m.group()
-        if self.pos < len(self.text) and self.text[self.pos] in "LSB":
+        if self.text[self.pos : self.pos + 1] in ("L", "S", "B"):
             # fastjson's WriteClassName suffixes (1L): read, never written here.
             self.pos += 1
         if "." in token or "e" in token or "E" in token:
@@ -201,6 +201,7 @@ class _Parser:
 
     def string(self, quote: str) -> str:
         text, plain = self.text, _PLAIN[quote]
+        start = self.pos
         self.pos += 1
         parts: list[str] = []
         while True:
@@ -213,7 +214,11 @@ class _Parser:
             c = text[self.pos]
             if c == quote:
                 self.pos += 1
-                return "".join(parts)
+                joined = "".join(parts)
+                if "\\u" in text[start : self.pos]:
+                    # \\uD83D\\uDE00 is one character; a lone half stays.
+                    joined = joined.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+                return joined
             if c != "\\":
                 raise self.fail(f"control character {c!r} in a string")
             self.pos += 1
@@ -229,11 +234,10 @@ class _Parser:
                 self.pos += 3
             else:
                 raise self.fail(f"bad escape {e!r} in a string")
-        # (surrogate pairs from \\u escapes are joined by the caller's encode)
 
     def key(self) -> str | int:
         c = self.peek()
-        if c in "\"'":
+        if c and c in "\"'":
             return self.string(c)
         if c == "-" or c.isdigit():
             number = self.number()
@@ -265,7 +269,7 @@ class _Parser:
             self.pos += 1
             result[k] = self.value(depth)
             c = self.peek()
-            if c not in ",}":
+            if not c or c not in ",}":
                 raise self.fail("expected ',' or '}'" if c else "unexpected end of text")
 
     def array(self, depth: int) -> list[JSONValue]:
@@ -283,7 +287,7 @@ class _Parser:
                 return result
             result.append(self.value(depth))
             c = self.peek()
-            if c not in ",]":
+            if not c or c not in ",]":
                 raise self.fail("expected ',' or ']'" if c else "unexpected end of text")
 
 
@@ -312,7 +316,8 @@ def _quote(s: str) -> str:
         elif o < 0x20:
             short = {8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}.get(o)
             out.append(short if short else "\\u%04X" % o)
-        elif 0x7F <= o < 0xA0 or o in (0x2028, 0x2029):
+        elif 0x7F <= o < 0xA0 or o in (0x2028, 0x2029) or 0xD800 <= o <= 0xDFFF:
+            # (a lone surrogate, which UTF-8 cannot hold, escaped too)
             out.append("\\u%04X" % o)
         else:
             out.append(ch)
@@ -495,6 +500,12 @@ def _object(v: JSONValue, where: str) -> dict[Any, JSONValue]:
     if not isinstance(v, dict):
         raise MetadataFormatError(f"{where} is not a JSON object")
     return v
+
+
+def _member(obj: Mapping[Any, JSONValue], key: str) -> JSONValue:
+    # A missing or null member is an empty one (fastjson leaves nulls out).
+    v = obj.get(key)
+    return {} if v is None else v
 
 
 def _extra(obj: Mapping[Any, JSONValue], known: Iterable[str]) -> dict[str, JSONValue]:
@@ -755,10 +766,10 @@ class TopicTable:
     @classmethod
     def from_json(cls, v: JSONValue, limits: MetadataLimits) -> TopicTable:
         obj = _object(v, "the topic table")
-        table = _object(obj.get("topicConfigTable") or {}, "topicConfigTable")
+        table = _object(_member(obj, "topicConfigTable"), "topicConfigTable")
         _cap(len(table), limits.max_topics, "topics")
         return cls(
-            data_version=DataVersion.from_json(obj.get("dataVersion") or {}),
+            data_version=DataVersion.from_json(_member(obj, "dataVersion")),
             topics={str(k): TopicConfig.from_json(t, str(k)) for k, t in table.items()},
             extra=_extra(obj, ("dataVersion", "topicConfigTable")),
         )
@@ -782,10 +793,10 @@ class GroupTable:
     @classmethod
     def from_json(cls, v: JSONValue, limits: MetadataLimits) -> GroupTable:
         obj = _object(v, "the subscription group table")
-        table = _object(obj.get("subscriptionGroupTable") or {}, "subscriptionGroupTable")
+        table = _object(_member(obj, "subscriptionGroupTable"), "subscriptionGroupTable")
         _cap(len(table), limits.max_groups, "subscription groups")
         return cls(
-            data_version=DataVersion.from_json(obj.get("dataVersion") or {}),
+            data_version=DataVersion.from_json(_member(obj, "dataVersion")),
             groups={str(k): SubscriptionGroupConfig.from_json(g, str(k)) for k, g in table.items()},
             extra=_extra(obj, ("dataVersion", "subscriptionGroupTable")),
         )
@@ -828,7 +839,7 @@ class ConsumerOffsetTable:
     @classmethod
     def from_json(cls, v: JSONValue, limits: MetadataLimits) -> ConsumerOffsetTable:
         obj = _object(v, "the consumer offset table")
-        table = _object(obj.get("offsetTable") or {}, "offsetTable")
+        table = _object(_member(obj, "offsetTable"), "offsetTable")
         _cap(len(table), limits.max_offset_keys, "consumer offset keys")
         offsets: dict[str, dict[int, int]] = {}
         entries = 0
@@ -859,7 +870,7 @@ class DelayOffsetTable:
     @classmethod
     def from_json(cls, v: JSONValue, limits: MetadataLimits) -> DelayOffsetTable:
         obj = _object(v, "the delay offset table")
-        offsets = _offset_map(obj.get("offsetTable") or {}, "delay offsets", limits.max_delay_levels)
+        offsets = _offset_map(_member(obj, "offsetTable"), "delay offsets", limits.max_delay_levels)
         return cls(offsets=offsets, extra=_extra(obj, ("offsetTable",)))
 
 
