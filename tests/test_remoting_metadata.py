@@ -400,6 +400,23 @@ class FileTests(SynchronousTestCase):
             self.assertEqual(len(logged.lines), 1)
             self.assertIn(f"loaded {path}.bak instead", logged.lines[0])
 
+    def test_unusable_file_not_copied_over_good_bak(self) -> None:
+        """
+        After a load that fell back to the .bak, the next save does not
+        copy the unusable file over that good .bak; later saves do keep
+        the previous content as usual.
+        """
+        path = self.path(MetadataFile.DELAY_OFFSETS)
+        write(path, "{broken")
+        write(path + ".bak", '{"offsetTable":{1:5}}')
+        m = BrokerMetadata.load(self.store, self.clock)
+        m.update_delay_offset(1, 6)
+        m.persist_dirty()
+        self.assertEqual(read(path + ".bak"), '{"offsetTable":{1:5}}')
+        m.update_delay_offset(1, 7)
+        m.persist_dirty()
+        self.assertEqual(parse_fastjson(read(path + ".bak")), {"offsetTable": {1: 6}})
+
     def test_no_usable_file_is_an_error(self) -> None:
         """
         An unparsable file without a usable .bak stops the load with one

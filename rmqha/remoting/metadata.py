@@ -943,12 +943,17 @@ def load_file(path: str, which: MetadataFile, limits: MetadataLimits) -> _Table 
         tables, forgetting every topic and offset; rmqha refuses to start
         instead), or a file is bigger than C{limits.max_text_bytes}.
     """
+    return _load_file(path, which, limits)[0]
+
+
+def _load_file(path: str, which: MetadataFile, limits: MetadataLimits) -> tuple[_Table | None, bool]:
+    """L{load_file}, and whether the table came from the C{.bak}."""
     bak = path + ".bak"
     problem: str | None = None
     try:
         text = _read_text(path, limits)
         if text is not None:
-            return decode_table(which, text, limits)
+            return decode_table(which, text, limits), False
         why = "missing" if not os.path.exists(path) else "empty"
     except MetadataFileError:
         raise
@@ -965,27 +970,28 @@ def load_file(path: str, which: MetadataFile, limits: MetadataLimits) -> _Table 
     if table is None:
         if problem is not None:
             raise MetadataFileError(f"{path} is {why} and there is no {bak} to fall back on")
-        return None
+        return None, False
     _log.warn("{path} is {why}: loaded {bak} instead", path=path, why=why, bak=bak)
-    return table
+    return table, True
 
 
 def save_file(path: str, text: str, *, keep_backup: bool = True) -> None:
     """
     Replace C{path} with C{text} as C{MixAll.string2File} does, but
-    crash-safe: the old content (when C{keep_backup} and there is some)
-    goes to C{path.bak} first, then the new content replaces C{path}; each
-    write is a temporary file, fsynced and renamed (L{write_atomically}),
-    so a crash at any point leaves C{path} or C{path.bak} whole.
+    crash-safe: the old content (when C{keep_backup}, and it is non-empty
+    UTF-8) goes to C{path.bak} first, then the new content replaces
+    C{path}; each write is a temporary file, fsynced and renamed
+    (L{write_atomically}), so a crash at any point leaves C{path} or
+    C{path.bak} whole.  C{keep_backup=False} is for an old file known to be
+    unusable: it must not replace a good C{.bak}.
     """
     if keep_backup:
         try:
             with open(path, "rb") as f:
-                old = f.read()
-        except FileNotFoundError:
-            old = b""
-        if old:
-            old_text = old.decode("utf-8", "surrogateescape")
+                old_text = f.read().decode("utf-8")
+        except (FileNotFoundError, UnicodeDecodeError):
+            old_text = ""
+        if old_text:
             write_atomically(path + ".bak", lambda f: f.write(old_text))
     write_atomically(path, lambda f: f.write(text))
 
@@ -1035,6 +1041,9 @@ class BrokerMetadata:
         self._delay: dict[int, int] = {}
         self._delay_extra: Mapping[str, JSONValue] = {}
         self._dirty: set[MetadataFile] = set()
+        # Files found unusable at load (their .bak was used): not copied
+        # over that .bak at the next save.
+        self._unusable: set[MetadataFile] = set()
 
     # -- files ---------------------------------------------------------------
 
@@ -1057,7 +1066,9 @@ class BrokerMetadata:
         """
         self = cls(store_dir, clock, limits)
         for which in MetadataFile:
-            table = load_file(self.path(which), which, limits)
+            table, from_backup = _load_file(self.path(which), which, limits)
+            if from_backup:
+                self._unusable.add(which)
             if table is not None:
                 self._adopt(table)
         return self
@@ -1103,7 +1114,8 @@ class BrokerMetadata:
         @raise OSError: it could not be written; the table stays dirty.
         """
         self._dirty.add(which)
-        save_file(self.path(which), self.encode(which, pretty=True))
+        save_file(self.path(which), self.encode(which, pretty=True), keep_backup=which not in self._unusable)
+        self._unusable.discard(which)
         self._dirty.discard(which)
 
     def persist_dirty(self, only: Iterable[MetadataFile] | None = None) -> list[MetadataFile]:
