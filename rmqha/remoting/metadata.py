@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import json
 import os
 import re
 from dataclasses import dataclass, field, replace
@@ -123,7 +124,13 @@ JSONValue = Any
 """A decoded value: C{dict} (keys C{str}, or C{int} where the text had an
 unquoted integer key), C{list}, C{str}, C{int}, C{float}, C{bool}, C{None}."""
 
-_WS = " \t\n\r\f\b"
+_WS_RUN = re.compile(r"[ \t\n\r\f\b]*")
+_INT_PAIR = re.compile(r"(-?[0-9]+)[ \t\n\r]*:[ \t\n\r]*(-?[0-9]+)")
+_FLAT_INT_MAP = re.compile(
+    r"\{[ \t\n\r]*(?:-?[0-9]+[ \t\n\r]*:[ \t\n\r]*-?[0-9]+[ \t\n\r]*"
+    r"(?:,[ \t\n\r]*-?[0-9]+[ \t\n\r]*:[ \t\n\r]*-?[0-9]+[ \t\n\r]*)*)?\}"
+)
+_scanstring: Callable[[str, int, bool], tuple[str, int]] = json.decoder.scanstring  # type: ignore[attr-defined]
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _IDENT = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 _PLAIN = {'"': re.compile(r'[^"\\\x00-\x1f]*'), "'": re.compile(r"[^'\\\x00-\x1f]*")}
@@ -151,10 +158,9 @@ class _Parser:
         return MetadataFormatError(f"line {line} column {column}: {what}")
 
     def skip(self) -> None:
-        text, pos, n = self.text, self.pos, len(self.text)
-        while pos < n and text[pos] in _WS:
-            pos += 1
-        self.pos = pos
+        m = _WS_RUN.match(self.text, self.pos)
+        assert m is not None
+        self.pos = m.end()
 
     def peek(self) -> str:
         self.skip()
@@ -169,6 +175,11 @@ class _Parser:
     def value(self, depth: int) -> JSONValue:
         c = self.peek()
         if c == "{":
+            # Fast path for the bulk of an offsets file: {0:120,1:118}.
+            m = _FLAT_INT_MAP.match(self.text, self.pos)
+            if m is not None:
+                self.pos = m.end()
+                return {int(k): int(v) for k, v in _INT_PAIR.findall(m.group())}
             return self.object(depth + 1)
         if c == "[":
             return self.array(depth + 1)
@@ -200,6 +211,16 @@ class _Parser:
         return int(token)
 
     def string(self, quote: str) -> str:
+        if quote == '"':
+            # Standard JSON strings through the json module's C scanner;
+            # fastjson's extra escapes (\\x41, \\') take the slow path.
+            try:
+                value, end = _scanstring(self.text, self.pos + 1, True)
+            except ValueError:
+                pass
+            else:
+                self.pos = end
+                return str(value)
         text, plain = self.text, _PLAIN[quote]
         start = self.pos
         self.pos += 1
@@ -305,7 +326,12 @@ def parse_fastjson(text: str, *, max_depth: int = 32) -> JSONValue:
     return _Parser(text, max_depth).document()
 
 
+_NEEDS_ESCAPE = re.compile('[\x00-\x1f"\\\\\x7f-\x9f\u2028\u2029\ud800-\udfff]')
+
+
 def _quote(s: str) -> str:
+    if _NEEDS_ESCAPE.search(s) is None:
+        return '"' + s + '"'
     out = ['"']
     for ch in s:
         o = ord(ch)
@@ -338,6 +364,10 @@ def _dump(value: JSONValue, pretty: bool, indent: int, out: list[str]) -> None:
         out.append(repr(value))
     elif isinstance(value, str):
         out.append(_quote(value))
+    elif isinstance(value, dict) and value and all(type(k) is int and type(v) is int for k, v in value.items()):
+        # The bulk of an offsets file, formatted by the general case below.
+        out.append("{" + ",".join(f"{k}:{v}" for k, v in value.items()))
+        out.append("\n" + "\t" * indent + "}" if pretty else "}")
     elif isinstance(value, dict):
         # MapSerializer (and, for string keys, JavaBeanSerializer, which
         # prints the same): a new line before a string key, none before
@@ -420,10 +450,17 @@ def _chm_order(keys: Iterable[K], initial: int) -> list[K]:
     before the last run of one destination reversed).  Buckets turned
     into trees (8 keys in one bucket) are not modelled.
     """
+    ks = list(keys)
+    final = initial
+    while len(ks) >= final - (final >> 2):
+        final <<= 1
+    if ks and isinstance(ks[0], int) and min(ks) >= 0 and max(ks) < final:
+        # Small non-negative ints hash to themselves, one to a bucket.
+        return sorted(ks)
     n = initial
     bins: list[list[tuple[int, K]]] = [[] for _ in range(n)]
     count = 0
-    for k in keys:
+    for k in ks:
         h = _java_string_hash(k) if isinstance(k, str) else k & 0xFFFFFFFF
         h = (h ^ (h >> 16)) & 0x7FFFFFFF
         bins[h & (n - 1)].append((h, k))
