@@ -33,6 +33,8 @@ from rmqha.remoting.metadata import (
     SubscriptionGroupConfig,
     TopicConfig,
     TopicTable,
+    builtin_groups,
+    builtin_topics,
     decode_table,
     dump_fastjson,
     load_file,
@@ -265,6 +267,44 @@ class RecordTests(SynchronousTestCase):
         self.assertEqual(v.next_version(1234), DataVersion(timestamp=1234, counter=42))
         self.assertTrue(v.same(DataVersion(5, 41, extra={"stateVersion": 3})))
         self.assertFalse(v.same(DataVersion(5, 42)))
+
+
+class BuiltinTests(SynchronousTestCase):
+    def test_builtin_topics_and_groups(self) -> None:
+        """
+        The built-in topics and groups are 4.9.8's for the default
+        BrokerConfig (those in the genuine fixture, written from the
+        managers' constructors); the options change them as there.
+        """
+        genuine = decode_table(MetadataFile.TOPICS, fixture("topics.json"))
+        assert isinstance(genuine, TopicTable)
+        expected = {k: v for k, v in genuine.topics.items() if k not in ("TopicTest", "OrderTopic")}
+        self.assertEqual(builtin_topics("DefaultCluster", "broker-a"), expected)
+        groups = decode_table(MetadataFile.SUBSCRIPTION_GROUPS, fixture("subscriptionGroup.json"))
+        assert isinstance(groups, GroupTable)
+        self.assertEqual(builtin_groups(), {k: v for k, v in groups.groups.items() if k.isupper() or "-" in k})
+        other = builtin_topics("C", "b", auto_create_topic_enable=False, cluster_topic_enable=False,
+                               broker_topic_enable=False, trace_topic_enable=True)
+        self.assertNotIn("TBW102", other)
+        self.assertEqual((other["C"].perm, other["b"].perm), (1, 1))
+        self.assertIn("RMQ_SYS_TRACE_TOPIC", other)
+        self.assertIn("C_REPLY_TOPIC", other)
+
+    def test_add_builtins(self) -> None:
+        """
+        Built-ins fill what the files lack; a file's entry wins; versions
+        stay and nothing is written.
+        """
+        store = self.mktemp()
+        write(os.path.join(store, "config", "topics.json"),
+              '{"dataVersion":{"counter":4,"timestamp":9},"topicConfigTable":{"TBW102":{"perm":6}}}')
+        m = BrokerMetadata.load(store, Clock())
+        m.add_builtins(builtin_topics("DefaultCluster", "broker-a"), builtin_groups())
+        self.assertEqual(m.topics["TBW102"].perm, 6)
+        self.assertEqual(m.topics["SCHEDULE_TOPIC_XXXX"].read_queue_nums, 18)
+        self.assertIn("TOOLS_CONSUMER", m.groups)
+        self.assertEqual(m.topics_version, DataVersion(9, 4))
+        self.assertEqual(m.dirty, frozenset())
 
 
 class _Logged:

@@ -70,6 +70,8 @@ __all__ = [
     "save_file",
     "validate_topic_name",
     "validate_group_name",
+    "builtin_topics",
+    "builtin_groups",
     "BrokerMetadata",
     "MetadataFlusher",
 ]
@@ -717,6 +719,56 @@ class SubscriptionGroupConfig:
 
 
 # ---------------------------------------------------------------------------
+# what a genuine broker adds to its tables at start
+
+
+def builtin_topics(
+    cluster_name: str,
+    broker_name: str,
+    *,
+    auto_create_topic_enable: bool = True,
+    default_topic_queue_nums: int = 8,
+    cluster_topic_enable: bool = True,
+    broker_topic_enable: bool = True,
+    trace_topic_enable: bool = False,
+    msg_trace_topic_name: str = "RMQ_SYS_TRACE_TOPIC",
+) -> dict[str, TopicConfig]:
+    """
+    The topics C{TopicConfigManager}'s constructor puts in the table before
+    C{topics.json} is loaded over them, for the given C{BrokerConfig}
+    values (keyword defaults are 4.9.8's): C{TBW102} is the template a
+    producer's unknown topic is created from.
+    """
+    topics = [TopicConfig("SELF_TEST_TOPIC", 1, 1)]
+    if auto_create_topic_enable:
+        topics.append(
+            TopicConfig("TBW102", default_topic_queue_nums, default_topic_queue_nums, PERM_INHERIT | PERM_READ | PERM_WRITE)
+        )
+    topics.append(TopicConfig("BenchmarkTest", 1024, 1024))
+    rw = PERM_READ | PERM_WRITE
+    topics.append(TopicConfig(cluster_name, perm=PERM_INHERIT | (rw if cluster_topic_enable else 0)))
+    topics.append(TopicConfig(broker_name, 1, 1, PERM_INHERIT | (rw if broker_topic_enable else 0)))
+    topics.append(TopicConfig("OFFSET_MOVED_EVENT", 1, 1))
+    topics.append(TopicConfig("SCHEDULE_TOPIC_XXXX", 18, 18))
+    if trace_topic_enable:
+        topics.append(TopicConfig(msg_trace_topic_name, 1, 1))
+    topics.append(TopicConfig(f"{cluster_name}_REPLY_TOPIC", 1, 1))
+    return {t.topic_name: t for t in topics}
+
+
+def builtin_groups() -> dict[str, SubscriptionGroupConfig]:
+    """
+    The groups C{SubscriptionGroupManager.init} puts in the table before
+    C{subscriptionGroup.json} is loaded over them (all with the defaults).
+    """
+    names = (
+        "TOOLS_CONSUMER", "FILTERSRV_CONSUMER", "SELF_TEST_C_GROUP", "CID_ONS-HTTP-PROXY",
+        "CID_ONSAPI_PULL", "CID_ONSAPI_PERMISSION", "CID_ONSAPI_OWNER",
+    )
+    return {name: SubscriptionGroupConfig(name) for name in names}
+
+
+# ---------------------------------------------------------------------------
 # limits and names
 
 
@@ -1171,6 +1223,22 @@ class BrokerMetadata:
     def dirty(self) -> frozenset[MetadataFile]:
         """The tables changed in memory and not yet written."""
         return frozenset(self._dirty)
+
+    def add_builtins(
+        self,
+        topics: Mapping[str, TopicConfig],
+        groups: Mapping[str, SubscriptionGroupConfig],
+    ) -> None:
+        """
+        Add the built-in topics and groups (L{builtin_topics},
+        L{builtin_groups}) the tables lack, as a genuine broker has them
+        before its files load over them: an entry of the file wins, the
+        data versions stay, nothing is written until the next change.
+        """
+        for name, topic in topics.items():
+            self._topics.setdefault(name, topic)
+        for name, group in groups.items():
+            self._groups.setdefault(name, group)
 
     # -- topics --------------------------------------------------------------
 
