@@ -1,0 +1,1 @@
+"""RocketMQ's remoting protocol and the broker metadata it serves."""
