@@ -154,6 +154,27 @@ def attr_evolve(command: RemotingCommand, **changes: object) -> RemotingCommand:
     return attrs.evolve(command, **changes)  # type: ignore[misc]
 
 
+class FastjsonEscapeTests(SynchronousTestCase):
+    """
+    Strings are escaped as fastjson escapes them.
+    """
+
+    def test_escapes(self) -> None:
+        """
+        Short escapes for quote, backslash, \\b \\t \\n \\f \\r; upper-case
+        \\uXXXX for other control characters (a send's property separators
+        \\x01 \\x02), DEL..U+009F, U+2028/9; slash and other text as is.
+        """
+        text = 'a"b\\c\b\t\n\f\r\x01\x02\x1f\x7f\x85\u2028\u2029 /é中'
+        data = encode(RemotingCommand(code=1, remark=text))
+        self.assertIn(
+            b'"remark":"a\\"b\\\\c\\b\\t\\n\\f\\r\\u0001\\u0002\\u001F\\u007F\\u0085'
+            b'\\u2028\\u2029 /' + "é中".encode() + b'"',
+            data,
+        )
+        self.assertEqual(decode_frame(data).remark, text)
+
+
 class JavaHashMapOrderTests(SynchronousTestCase):
     """
     L{java_hashmap_order} reproduces Java's iteration order.

@@ -281,8 +281,19 @@ def _ordered_items(ext: Mapping[str, str], order: ExtOrder) -> list[tuple[str, s
     return list(ext.items())
 
 
+# fastjson's escapes (SerializeWriter.writeStringWithDoubleQuote, default
+# features): the short forms for " \\ \b \t \n \f \r, \uXXXX in upper case
+# for the other control characters, DEL to U+009F, U+2028 and U+2029; the
+# rest as is.
+_ESCAPES = {c: f"\\u{c:04X}" for c in [*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029]}
+_ESCAPES.update(
+    {ord(c): "\\" + e for c, e in zip('"\\\b\t\n\f\r', '"\\btnfr')}
+)
+
+
 def _json_string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    return '"' + text.translate(_ESCAPES) + '"'
+
 
 
 def _json_header(command: RemotingCommand, order: ExtOrder) -> bytes:
