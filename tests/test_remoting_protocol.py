@@ -505,3 +505,42 @@ class ClientTests(SynchronousTestCase):
         client.startService()
         self.assertEqual(reactor.tcpClients[0][:2], ("192.0.2.1", 10911))
         client.stopService()
+
+
+class TLSTests(SynchronousTestCase):
+    """
+    The protocol under rmqha's TLS layer, as a TLS remoting port and
+    client would run it.
+    """
+
+    def test_request_over_tls(self) -> None:
+        """
+        A request and its response cross an in-memory TLS connection
+        (the server side as on a listening port, the client verifying the
+        server's certificate).
+        """
+        from twisted.internet import ssl
+
+        from rmqha.tls import PeerPolicy, ServerTLSFactory, TLSFiles, _VerifyingCreator, server_context
+        from tests.test_tls import PKI
+
+        clock = Clock()
+        pki = PKI(self.mktemp())
+        server_files = pki.master()
+        handler = Dispatcher(
+            {RequestCode.GET_MAX_OFFSET: lambda c, p: make_response(c, 0, ext_fields={"offset": "7"})}
+        )
+        port = ServerTLSFactory(
+            server_context(TLSFiles(server_files.cert, server_files.key, None), PeerPolicy()), RemotingFactory(handler, clock), clock
+        )
+        creator = _VerifyingCreator(
+            ssl.optionsForClientTLS("master", trustRoot=server_files.trust_root()), "master"
+        )
+        connection = connect_in_memory(port, RemotingFactory(NO_HANDLER, clock), clock, slave_tls=creator)
+        d = connection.slave.request(_request(), timeout=5)
+        connection.flush()
+        self.assertEqual(self.successResultOf(d).ext_fields, {"offset": "7"})
+        connection.hang_up()
+        connection.flush()
+        for call in clock.getDelayedCalls():
+            call.cancel()
