@@ -464,6 +464,8 @@ class MalformedTests(SynchronousTestCase):
         (command,) = _decode_all(_frame(_binary(ext=ext), kind=1))
         self.assertIsNone(command.remark)
         self.assertEqual(command.ext_fields, {"a": "b"})
+        (command,) = _decode_all(_frame(_binary(ext=b"\x00\x00\x00\x00\x00\x01v"), kind=1))
+        self.assertIsNone(command.ext_fields)
 
     def test_decode_frame_length_mismatch(self) -> None:
         """

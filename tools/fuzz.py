@@ -378,8 +378,12 @@ def _remoting_case(rng: random.Random, corpus: _Corpus) -> None:
             while (command := decoder.next_command()) is not None:
                 again = FrameDecoder()
                 again.feed(encode(command))
-                if again.next_command() != command:
-                    raise AssertionError("a decoded command does not survive encoding")
+                back = again.next_command()
+                if back != command:
+                    raise AssertionError(
+                        f"a decoded command does not survive encoding: {command!r:.300} "
+                        f"comes back as {back!r:.300}"
+                    )
         except RemotingError:
             return
         if decoder.buffered > fed:

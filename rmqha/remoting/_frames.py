@@ -549,7 +549,7 @@ def _command_from_binary(header: bytes, body: bytes) -> RemotingCommand:
         opaque=opaque,
         flag=flag,
         remark=remark,
-        ext_fields=ext,
+        ext_fields=ext or None,  # all entries null: none, as encode writes it
         body=body,
         serialize_type=SerializeType.ROCKETMQ,
     )
