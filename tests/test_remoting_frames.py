@@ -584,3 +584,42 @@ class CustomHeaderTests(SynchronousTestCase):
         for kind in SerializeType:
             (decoded,) = _decode_all(encode(command, kind))
             self.assertEqual(header_from_ext_fields(_GetMaxOffsetHeader, decoded.ext_fields), header)
+
+
+class CodesTests(SynchronousTestCase):
+    """
+    The numbers of L{rmqha.remoting.codes} are RocketMQ 4.9.8's.
+    """
+
+    def test_codes(self) -> None:
+        """
+        A sample of request and response codes (RequestCode.java,
+        ResponseCode.java), the language bytes in declaration order, the
+        serialize type bytes.
+        """
+        self.assertEqual(
+            [
+                RequestCode.GET_ALL_TOPIC_CONFIG,
+                RequestCode.GET_ALL_CONSUMER_OFFSET,
+                RequestCode.GET_ALL_DELAY_OFFSET,
+                RequestCode.REGISTER_BROKER,
+                RequestCode.UNREGISTER_BROKER,
+                RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+                RequestCode.QUERY_DATA_VERSION,
+                RequestCode.GET_BROKER_RUNTIME_INFO,
+                RequestCode.UPDATE_AND_CREATE_TOPIC,
+            ],
+            [21, 43, 45, 103, 104, 201, 322, 28, 17],
+        )
+        self.assertEqual(
+            [ResponseCode.SUCCESS, ResponseCode.SYSTEM_ERROR, ResponseCode.SYSTEM_BUSY,
+             ResponseCode.REQUEST_CODE_NOT_SUPPORTED, ResponseCode.TOPIC_NOT_EXIST,
+             ResponseCode.PULL_NOT_FOUND, ResponseCode.FLOW_CONTROL],
+            [0, 1, 2, 3, 17, 19, 215],
+        )
+        self.assertEqual(
+            [c.name for c in LanguageCode],
+            "JAVA CPP DOTNET PYTHON DELPHI ERLANG RUBY OTHER HTTP GO PHP OMS RUST".split(),
+        )
+        self.assertEqual([int(c) for c in LanguageCode], list(range(13)))
+        self.assertEqual((SerializeType.JSON, SerializeType.ROCKETMQ), (0, 1))
