@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_fuzz -*-
 """
-C{python -m tools.fuzz [--cases N] [--seed S]}: hostile input against
+C{python -m tools.fuzz [--cases N] [--seed S] [--target NAME]...}: hostile input against
 every parser a peer or a disk can reach.
 
 Each case draws a target and an input, random or a mutation of a valid

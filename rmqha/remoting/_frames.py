@@ -688,7 +688,8 @@ class FrameDecoder:
         if available < 4 + length:
             self._compact()
             return None
-        rest = bytes(buffer[offset + 8 : offset + 4 + length])
+        with memoryview(buffer) as view:  # one copy, not two
+            rest = bytes(view[offset + 8 : offset + 4 + length])
         self._offset = offset + 4 + length
         self._checked = False
         return _decode(rest, length, second, self.max_header_size)
