@@ -544,3 +544,29 @@ class TLSTests(SynchronousTestCase):
         connection.flush()
         for call in clock.getDelayedCalls():
             call.cancel()
+
+
+class BackpressureTests(_Case):
+    """
+    The peer's requests are not read while our answers cannot be written.
+    """
+
+    def test_paused_while_writes_back_up(self) -> None:
+        """
+        The protocol is the transport's push producer: paused by the
+        transport (its write buffer is full), it stops the transport
+        reading; resumed, it reads again; twice either way is once.
+        """
+        self.assertTrue(self.transport.streaming)
+        producer = self.transport.producer
+        self.assertIs(producer, self.protocol.read_pause)
+        producer.pauseProducing()
+        producer.pauseProducing()
+        self.assertEqual(self.transport.producerState, "paused")
+        producer.resumeProducing()
+        self.assertEqual(self.transport.producerState, "producing")
+        producer.resumeProducing()
+        self.assertEqual(self.transport.producerState, "producing")
+        producer.stopProducing()
+        self.protocol.connectionLost(Failure(ConnectionError()))
+        self.assertIsNone(self.protocol.read_pause)

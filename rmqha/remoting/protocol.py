@@ -15,6 +15,9 @@ does:
   does a request the handler answers with C{None} (long polling);
 - a response (flag bit 0) completes the pending request with its opaque;
   one that matches none is logged and dropped;
+- while the transport cannot write our answers out as fast as the peer
+  asks, the peer's requests are not read (the protocol is the
+  transport's push producer of answers, L{_ReadPause});
 - a malformed frame closes the connection with one log line naming the
   peer and what is wrong; a lost connection fails every pending request
   with L{ConnectionClosedError}.
@@ -30,7 +33,13 @@ from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred
 from twisted.internet.endpoints import clientFromString
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IAddress,
+    IDelayedCall,
+    IPushProducer,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -180,6 +189,34 @@ def add_deadline(
     return d.addTimeout(timeout, clock, onTimeoutCancel=timed_out)
 
 
+@implementer(IPushProducer)
+class _ReadPause:
+    """
+    Registered with a connection's transport as its producer: when the
+    transport cannot write out what we answered as fast as the peer asks,
+    it pauses us, and we stop reading the peer's requests until it has
+    caught up.  A peer that sends requests and never reads the answers
+    then fills its own socket buffers, not our memory.
+    """
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.paused = False
+
+    def pauseProducing(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self._transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        if self.paused:
+            self.paused = False
+            self._transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.paused = False
+
+
 @attrs.define
 class _Pending:
     deferred: "Deferred[RemotingCommand]"
@@ -222,12 +259,17 @@ class RemotingProtocol(Protocol):
         self._next_opaque = 0
         self._open = False
         self.peer: IAddress | None = None
+        self.read_pause: _ReadPause | None = None
 
     # -- Protocol --------------------------------------------------------------
 
     def connectionMade(self) -> None:
         self._open = True
-        self.peer = self.transport.getPeer() if self.transport is not None else None
+        transport = self.transport
+        self.peer = transport.getPeer() if transport is not None else None
+        if transport is not None and hasattr(transport, "registerProducer"):
+            self.read_pause = _ReadPause(transport)
+            transport.registerProducer(self.read_pause, True)
 
     def dataReceived(self, data: bytes) -> None:
         if not self._open:
@@ -251,6 +293,8 @@ class RemotingProtocol(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._open = False
+        # (The closed transport has let go of its producer.)
+        self.read_pause = None
         pending, self._pending = self._pending, {}
         for opaque, waiter in pending.items():
             waiter.deferred.errback(
