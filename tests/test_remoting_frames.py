@@ -383,7 +383,7 @@ class MalformedTests(SynchronousTestCase):
         for header, text in [
             (b"{", "does not parse"),
             (b"\xff{}", "not UTF-8"),
-            (b"[1]", "a list, not an object"),
+            (b"[1]", "JSON header is an array, not an object"),
             (b'{"code":NaN}', "does not parse"),
             (b"[" * 100000 + b"]" * 100000, "nests too deeply"),
             (b'{"code":' + b"9" * 5000 + b"}", "does not parse"),
@@ -397,14 +397,14 @@ class MalformedTests(SynchronousTestCase):
         string; extFields an object of strings or numbers.
         """
         for header, text in [
-            (b'{"code":"30"}', "'code' is str"),
-            (b'{"code":true}', "'code' is bool"),
-            (b'{"opaque":1.5}', "'opaque' is _JSONFloat '1.5'"),
+            (b'{"code":"30"}', """'code' is string "30", not an integer"""),
+            (b'{"code":true}', "'code' is boolean true, not an integer"),
+            (b'{"opaque":1.5}', "'opaque' is number 1.5, not an integer"),
             (b'{"flag":2147483648}', "'flag' 2147483648 is outside"),
-            (b'{"remark":3}', "'remark' is int"),
-            (b'{"extFields":[]}', "'extFields' is list"),
-            (b'{"extFields":{"a":{}}}', "extFields value of 'a' is a JSON dict"),
-            (b'{"language":[]}', "'language' is list"),
+            (b'{"remark":3}', "'remark' is number 3, not a string"),
+            (b'{"extFields":[]}', "'extFields' is an array, not an object"),
+            (b'{"extFields":{"a":{}}}', "extFields value of 'a' is an object, not a string"),
+            (b'{"language":[]}', "'language' is an array, not a language name"),
         ]:
             self.assertRefused(_frame(header), HeaderFieldError, text)
 

@@ -375,6 +375,26 @@ def encode(
 # -- decoding ------------------------------------------------------------------
 
 
+def _json_kind(value: Any) -> str:
+    """
+    A parsed JSON value in words, for errors: C{string "30"}, C{number 1.5},
+    C{an array}...
+    """
+    if isinstance(value, _JSONFloat):
+        return f"number {str(value)[:40]}"
+    if isinstance(value, str):
+        return f"string {json.dumps(value[:40])}"
+    if value is True or value is False:
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, int):
+        return f"number {str(value)[:40]}"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return "null"
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -385,7 +405,7 @@ def _json_int(obj: Mapping[str, Any], name: str, default: int, bounds: tuple[int
         return default
     if type(value) is not int:
         raise HeaderFieldError(
-            f"header field {name!r} is {type(value).__name__} {value!r:.40}, not an integer"
+            f"header field {name!r} is {_json_kind(value)}, not an integer"
         )
     if not bounds[0] <= value <= bounds[1]:
         raise HeaderFieldError(f"header field {name!r} {value} is outside {bounds[0]}..{bounds[1]}")
@@ -405,7 +425,7 @@ def _language(value: Any) -> LanguageCode:
         except ValueError:
             return LanguageCode.OTHER
     raise HeaderFieldError(
-        f"header field 'language' is {type(value).__name__} {value!r:.40}, not a language name"
+        f"header field 'language' is {_json_kind(value)}, not a language name"
     )
 
 
@@ -420,7 +440,7 @@ def _ext_value(key: str, value: Any) -> str | None:
         return str(value)
     # (Floats arrive as their JSON text: see parse_float below.)
     raise HeaderFieldError(
-        f"extFields value of {key!r} is a JSON {type(value).__name__}, not a string or number"
+        f"extFields value of {key!r} is {_json_kind(value)}, not a string or number"
     )
 
 
@@ -438,7 +458,7 @@ def _decode_json_header(header: bytes) -> dict[str, Any]:
     except ValueError as e:
         raise JSONHeaderError(f"JSON header does not parse: {e}") from None
     if not isinstance(obj, dict):
-        raise JSONHeaderError(f"JSON header is a {type(obj).__name__}, not an object")
+        raise JSONHeaderError(f"JSON header is {_json_kind(obj)}, not an object")
     return obj
 
 
@@ -455,14 +475,14 @@ def _command_from_json(header: bytes, body: bytes) -> RemotingCommand:
     remark = obj.get("remark")
     if remark is not None and (not isinstance(remark, str) or isinstance(remark, _JSONFloat)):
         raise HeaderFieldError(
-            f"header field 'remark' is {type(remark).__name__} {remark!r:.40}, not a string"
+            f"header field 'remark' is {_json_kind(remark)}, not a string"
         )
     raw_ext = obj.get("extFields")
     ext: dict[str, str] | None = None
     if raw_ext is not None:
         if not isinstance(raw_ext, dict):
             raise HeaderFieldError(
-                f"header field 'extFields' is {type(raw_ext).__name__}, not an object"
+                f"header field 'extFields' is {_json_kind(raw_ext)}, not an object"
             )
         ext = {}
         for key, value in raw_ext.items():
