@@ -313,6 +313,19 @@ class RequestingTests(_Case):
         self.failureResultOf(d)
         self.assertEqual(self.protocol.pending, 0)
 
+    def test_cancelled_after_arrival(self) -> None:
+        """
+        A request cancelled (or timed out) after its response arrived but
+        before it was delivered stays cancelled, without an error.
+        """
+        d = self.protocol.request(_request())
+        (sent,) = _written(self.transport)
+        self.respond(sent)
+        d.cancel()
+        self.clock.advance(0)
+        self.failureResultOf(d)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
     def test_oneway(self) -> None:
         """
         A oneway request goes out with flag bit 1 and waits for nothing.

@@ -397,7 +397,9 @@ class RemotingProtocol(Protocol):
 
         def deliver() -> None:
             self._deliveries.discard(call)
-            waiter.deferred.callback(response)
+            # Cancelled (or timed out) since it arrived: too late.
+            if not waiter.deferred.called:
+                waiter.deferred.callback(response)
 
         # From the next turn, so that a callback cannot re-enter the protocol.
         call = self.clock.callLater(0, deliver)
