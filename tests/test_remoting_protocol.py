@@ -176,6 +176,19 @@ class ServingTests(_Case):
         self.assertEqual(answer.remark, "KeyError: 'no such topic'")
         self.assertEqual(len(self.flushLoggedErrors(KeyError)), 1)
 
+    def test_handler_answers_garbage(self) -> None:
+        """
+        A handler answering something that is not a command is a
+        SYSTEM_ERROR too, not an exception out of dataReceived.
+        """
+        self.protocol = self.connect()
+        self.protocol.dataReceived(encode(_request(code=RequestCode.PULL_MESSAGE)))
+        self.handling[0].callback("not a command")  # type: ignore[arg-type]
+        (answer,) = _written(self.transport)
+        self.assertEqual(answer.code, ResponseCode.SYSTEM_ERROR)
+        self.assertEqual(answer.remark, "TypeError: the handler answered str, not a RemotingCommand")
+        self.assertEqual(len(self.flushLoggedErrors(TypeError)), 1)
+
     def test_deferred_answer(self) -> None:
         """
         A Deferred answer goes out when it fires; a failed one is

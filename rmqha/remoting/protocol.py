@@ -445,7 +445,11 @@ class RemotingProtocol(Protocol):
 
         handling.addBoth(done).addBoth(self._answer, request)
 
-    def _answer(self, result: RemotingCommand | None | Failure, request: RemotingCommand) -> None:
+    def _answer(self, result: object, request: RemotingCommand) -> None:
+        if result is not None and not isinstance(result, (RemotingCommand, Failure)):
+            result = Failure(
+                TypeError(f"the handler answered {type(result).__name__}, not a RemotingCommand")
+            )
         if isinstance(result, Failure):
             if result.check(CancelledError) and not self._open:
                 return
