@@ -377,19 +377,20 @@ class RequestingTests(_Case):
         self.failureResultOf(self.protocol.request(_request()), ConnectionClosedError)
         self.assertRaises(ConnectionClosedError, self.protocol.send_oneway, _request())
 
-    def test_response_lost_with_connection(self) -> None:
+    def test_response_then_connection_lost(self) -> None:
         """
-        A response received but not yet delivered when the connection goes
-        is not delivered (the request fails instead).
+        A response that arrived before the connection was lost is still
+        delivered (on the next turn); the requests still waiting fail.
         """
-        d = self.protocol.request(_request())
-        (sent,) = _written(self.transport)
-        self.respond(sent)
+        answered = self.protocol.request(_request())
+        waiting = self.protocol.request(_request())
+        sent, _ = _written(self.transport)
+        self.respond(sent, remark="made it")
         self.protocol.connectionLost(Failure(ConnectionError()))
-        self.assertEqual(self.clock.getDelayedCalls(), [])
-        self.assertNoResult(d)
-        d.cancel()
-        self.failureResultOf(d)
+        self.failureResultOf(waiting, ConnectionClosedError)
+        self.assertNoResult(answered)
+        self.clock.advance(0)
+        self.assertEqual(self.successResultOf(answered).remark, "made it")
 
     def test_opaque_wraps(self) -> None:
         """

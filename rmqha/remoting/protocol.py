@@ -35,7 +35,6 @@ from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import (
     IAddress,
-    IDelayedCall,
     IPushProducer,
     IReactorTime,
     IStreamClientEndpoint,
@@ -255,7 +254,6 @@ class RemotingProtocol(Protocol):
         self._decoder = FrameDecoder(max_frame_size, max_header_size)
         self._pending: dict[int, _Pending] = {}
         self._in_flight: set[Deferred[RemotingCommand | None]] = set()
-        self._deliveries: set[IDelayedCall] = set()
         self._next_opaque = 0
         self._open = False
         self.peer: IAddress | None = None
@@ -305,9 +303,8 @@ class RemotingProtocol(Protocol):
             )
         for handling in list(self._in_flight):
             handling.cancel()
-        for call in self._deliveries:
-            call.cancel()
-        self._deliveries.clear()
+        # Responses that arrived before the end are still delivered, on
+        # the next turn as always.
 
     # -- requests of ours ------------------------------------------------------
 
@@ -396,14 +393,12 @@ class RemotingProtocol(Protocol):
             return
 
         def deliver() -> None:
-            self._deliveries.discard(call)
             # Cancelled (or timed out) since it arrived: too late.
             if not waiter.deferred.called:
                 waiter.deferred.callback(response)
 
         # From the next turn, so that a callback cannot re-enter the protocol.
-        call = self.clock.callLater(0, deliver)
-        self._deliveries.add(call)
+        self.clock.callLater(0, deliver)
 
     # -- requests of the peer --------------------------------------------------
 
