@@ -79,3 +79,32 @@ class FuzzTests(SynchronousTestCase):
         self.assertRaises(
             AssertionError, lambda: [fuzz._auth_case(rng, corpus) for _ in range(300)]
         )
+
+
+class RemotingTargetTests(SynchronousTestCase):
+    def test_only_remoting(self) -> None:
+        """
+        C{only} runs just the named targets; the remoting ones are clean;
+        an unknown name is refused.
+        """
+        result = fuzz.run(400, seed=2, only=["remoting", "remoting-protocol"])
+        self.assertEqual(result["failures"], [])
+        self.assertEqual(set(result["per_target"]), {"remoting", "remoting-protocol"})
+        self.assertRaises(ValueError, fuzz.run, 1, 1, None, ["nope"])
+
+    def test_remoting_target_catches_a_stray_exception(self) -> None:
+        """
+        The C{remoting} target fails when the decoder lets an error of
+        another type out (here: a KeyError from the binary header).
+        """
+        from rmqha.remoting import _frames
+
+        def broken(header: bytes, body: bytes) -> object:
+            raise KeyError("stray")
+
+        self.patch(_frames, "_command_from_binary", broken)
+        corpus = fuzz._Corpus(random.Random(3))
+        rng = random.Random(5)
+        self.assertRaises(
+            KeyError, lambda: [fuzz._remoting_case(rng, corpus) for _ in range(200)]
+        )

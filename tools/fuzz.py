@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_fuzz -*-
 """
-C{python -m tools.fuzz [--cases N] [--seed S]}: hostile input against
+C{python -m tools.fuzz [--cases N] [--seed S] [--target NAME]...}: hostile input against
 every parser a peer or a disk can reach.
 
 Each case draws a target and an input, random or a mutation of a valid
@@ -24,6 +24,13 @@ refuses it with its documented error:
   (L{rmqha.ha.auth}) on mutated conversations in random chunks
   (L{ProtocolError} only; a side accepts only the exact messages of the
   valid conversation, and holds at most one message and one chunk);
+- C{remoting}: the remoting L{FrameDecoder} on mutated streams of JSON
+  and binary frames in random chunks (L{RemotingError} only; it holds at
+  most what it was given; a command it returns encodes again and decodes
+  to itself);
+- C{remoting-protocol}: a whole L{RemotingProtocol} fed mutated frames: it
+  serves what is whole, and closes the connection with exactly one log
+  line for anything malformed, never raising;
 - C{slave}: a whole L{SlaveConnection} over a real commit log fed mutated
   frames: it may append good records and must drop the connection with one
   log line for anything else, never acknowledging a record that differs
@@ -76,6 +83,9 @@ from rmqha.ha._wire import (
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.auth import GroupAuth, MasterHandshake, SlaveHandshake
 from rmqha.ha.slave import SlaveFactory
+from rmqha.remoting._frames import FrameDecoder, RemotingCommand, RemotingError, encode, make_response
+from rmqha.remoting.codes import LanguageCode, SerializeType
+from rmqha.remoting.protocol import Dispatcher, RemotingProtocol
 from tools._help import plain
 
 __all__ = ["main", "run"]
@@ -331,6 +341,102 @@ class _SlaveTarget:
             log.close()
 
 
+def _remoting_frames(rng: random.Random) -> bytes:
+    """
+    A valid stream of one to four remoting frames, JSON or binary.
+    """
+    frames = []
+    for _ in range(rng.randint(1, 4)):
+        ext = {
+            rng.choice(["topic", "queueId", "bname", "a", "properties", "\u00e9"]): rng.choice(
+                ["TopicTest", "0", "broker-a", "", "k\x01v\x02", "\u4e2d" * 3]
+            )
+            for _ in range(rng.randint(0, 5))
+        }
+        command = RemotingCommand(
+            code=rng.choice([10, 11, 21, 30, 103, 310, 9999]),
+            language=rng.choice(list(LanguageCode)),
+            opaque=rng.randrange(1 << 31),
+            flag=rng.choice([0, 1, 2]),
+            remark=rng.choice([None, "", "error text"]),
+            ext_fields=rng.choice([None, ext]),
+            body=rng.randbytes(rng.choice([0, 3, 100])),
+            serialize_type=rng.choice(list(SerializeType)),
+        )
+        frames.append(encode(command))
+    return b"".join(frames)
+
+
+def _remoting_case(rng: random.Random, corpus: _Corpus) -> None:
+    stream = rng.randbytes(rng.randint(0, 64)) if rng.random() < 0.1 else _mutate(rng, _remoting_frames(rng))
+    decoder = FrameDecoder(max_frame_size=rng.choice([1 << 24, 4096]))
+    fed = 0
+    for chunk in _chunks(rng, stream):
+        fed += len(chunk)
+        try:
+            decoder.feed(chunk)
+            while (command := decoder.next_command()) is not None:
+                again = FrameDecoder()
+                again.feed(encode(command))
+                back = again.next_command()
+                if back != command:
+                    raise AssertionError(
+                        f"a decoded command does not survive encoding: {command!r:.300} "
+                        f"comes back as {back!r:.300}"
+                    )
+        except RemotingError:
+            return
+        if decoder.buffered > fed:
+            raise AssertionError("the remoting decoder holds more than it was given")
+
+
+class _RemotingProtocolTarget:
+    """
+    A remoting connection fed mutated frames, counting its log lines.
+    """
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.handler = Dispatcher(
+            {code: self._serve for code in (10, 11, 21, 30, 103, 310)}
+        )
+        globalLogPublisher.addObserver(self._observe)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _serve(command: RemotingCommand, peer: Any) -> RemotingCommand:
+        return make_response(command, 0, ext_fields=command.ext_fields, body=command.body)
+
+    def _observe(self, event: dict[str, Any]) -> None:
+        if event.get("log_level") in (LogLevel.warn, LogLevel.error, LogLevel.critical):
+            self.lines.append(str(event.get("log_format")))
+
+    def close(self) -> None:
+        globalLogPublisher.removeObserver(self._observe)  # type: ignore[arg-type]
+
+    def case(self, rng: random.Random, corpus: _Corpus) -> None:
+        clock = Clock()
+        protocol = RemotingProtocol(self.handler, clock, max_pending=4)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        waiting = [protocol.request(RemotingCommand(code=30)) for _ in range(rng.randint(0, 3))]
+        del self.lines[:]
+        for chunk in _chunks(rng, _mutate(rng, _remoting_frames(rng))):
+            protocol.dataReceived(chunk)
+        clock.advance(0)
+        malformed = [line for line in self.lines if "malformed" in line]
+        if len(malformed) != (1 if transport.disconnecting else 0) or len(self.lines) != len(malformed):
+            raise AssertionError(f"unexpected log lines {self.lines!r}")
+        answers = FrameDecoder()
+        answers.feed(transport.value())
+        while answers.next_command() is not None:
+            pass
+        protocol.connectionLost()
+        for d in waiting:
+            d.addErrback(lambda failure: None)
+        if clock.getDelayedCalls():
+            raise AssertionError("the remoting protocol left calls on the clock")
+
+
 def _codec_answers(
     data: bytes, pos: int, checks: tuple[bool, bool], cuts: list[int]
 ) -> list[Any]:
@@ -385,14 +491,21 @@ def _codec_case(rng: random.Random, corpus: _Corpus) -> None:
         raise AssertionError("the compiled codec answers differently from the pure one")
 
 
-def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+def run(
+    cases: int,
+    seed: int,
+    progress: Callable[[str], None] | None = None,
+    only: list[str] | None = None,
+) -> dict[str, Any]:
     """
-    Run C{cases} cases; the counts per target and any failures.
+    Run C{cases} cases (of the targets named in C{only}, default all); the
+    counts per target and any failures.
     """
     rng = random.Random(seed)
     corpus = _Corpus(rng)
     directory = tempfile.mkdtemp(prefix="rmqha-fuzz-")
     slave = _SlaveTarget(directory)
+    remoting = _RemotingProtocolTarget()
     targets: list[tuple[str, Callable[[random.Random, _Corpus], None], float]] = [
         ("report", _report_case, 0.3),
         ("transfer", _transfer_case, 0.3),
@@ -400,7 +513,14 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
         ("codec", _codec_case, 0.05),
         ("auth", _auth_case, 0.05),
         ("slave", slave.case, 0.02),
+        ("remoting", _remoting_case, 0.15),
+        ("remoting-protocol", remoting.case, 0.02),
     ]
+    if only:
+        unknown = set(only) - {name for name, _, _ in targets}
+        if unknown:
+            raise ValueError(f"unknown fuzz target(s): {', '.join(sorted(unknown))}")
+        targets = [t for t in targets if t[0] in only]
     counts = {name: 0 for name, _, _ in targets}
     failures: list[str] = []
     rss_before = _rss()
@@ -418,6 +538,7 @@ def run(cases: int, seed: int, progress: Callable[[str], None] | None = None) ->
                 progress(f"{i:,} cases, {len(failures)} failures, RSS {_rss() >> 20} MiB")
     finally:
         slave.close()
+        remoting.close()
         shutil.rmtree(directory, ignore_errors=True)
     return {
         "cases": cases,
@@ -438,8 +559,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--cases", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--target", action="append", metavar="NAME",
+        help="run only this target (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
-    result = run(args.cases, args.seed, lambda text: print(text, file=sys.stderr, flush=True))
+    try:
+        result = run(
+            args.cases, args.seed, lambda text: print(text, file=sys.stderr, flush=True), args.target
+        )
+    except ValueError as e:
+        parser.error(str(e))
     print(json.dumps(result))
     return 1 if result["failures"] else 0
 

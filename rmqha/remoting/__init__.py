@@ -1,1 +1,5 @@
-"""RocketMQ's remoting protocol and the broker metadata it serves."""
+"""
+RocketMQ's remoting protocol: the length-prefixed C{RemotingCommand} frames
+that NameServers, brokers, admin tools and clients exchange, and the broker
+metadata (topics, groups, offsets) they carry (docs/remoting.md).
+"""

@@ -1,0 +1,597 @@
+# -*- test-case-name: tests.test_remoting_protocol -*-
+"""
+RocketMQ's remoting protocol over Twisted: a L{RemotingProtocol} on the
+codec of L{rmqha.remoting._frames}, and a L{RemotingClient} that keeps a
+connection to one address.
+
+Both ends of a remoting connection send requests (a broker asks its
+clients too), so one protocol does both, as C{NettyRemotingAbstract}
+does:
+
+- a request goes to the L{IRemotingHandler} the protocol was built with;
+  a code it does not take is answered REQUEST_CODE_NOT_SUPPORTED, even a
+  oneway one; what it answers goes back with the request's opaque and
+  serialize type and flag bit 0 set; a oneway request gets no answer, nor
+  does a request the handler answers with C{None} (long polling);
+- a response (flag bit 0) completes the pending request with its opaque;
+  one that matches none is logged and dropped;
+- while the transport cannot write our answers out as fast as the peer
+  asks, the peer's requests are not read (the protocol is the
+  transport's push producer of answers, L{_ReadPause});
+- a malformed frame closes the connection with one log line naming the
+  peer and what is wrong; a lost connection fails every pending request
+  with L{ConnectionClosedError}.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final, TypeAlias
+
+import attrs
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.service import Service
+from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred
+from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import (
+    IAddress,
+    IPushProducer,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import Interface, implementer
+
+from rmqha.remoting._frames import (
+    FLAG_ONEWAY,
+    FLAG_RESPONSE,
+    MAX_FRAME_SIZE,
+    MAX_HEADER_SIZE,
+    FrameDecoder,
+    RemotingCommand,
+    RemotingError,
+    encode,
+    make_response,
+)
+from rmqha.remoting.codes import RequestCode, ResponseCode, SerializeType
+
+__all__ = [
+    "IRemotingHandler",
+    "Answer",
+    "Dispatcher",
+    "NO_HANDLER",
+    "RemotingRequestError",
+    "ConnectionClosedError",
+    "TooManyPendingError",
+    "RequestTimeoutError",
+    "RemotingProtocol",
+    "RemotingFactory",
+    "RemotingClient",
+    "format_peer",
+]
+
+#: What a handler answers: a response, nothing (no answer is sent), or a
+#: Deferred of either.
+Answer: TypeAlias = "RemotingCommand | None | Deferred[RemotingCommand | None]"
+
+#: Requests of ours waiting for a response, per connection.
+MAX_PENDING: Final = 1024
+#: Requests of the peer being handled at once, per connection; more are
+#: answered SYSTEM_BUSY, as a Java server with a full executor does.
+MAX_IN_FLIGHT: Final = 256
+_OPAQUE_LIMIT = 1 << 31
+
+
+class IRemotingHandler(Interface):
+    """
+    What serves the requests arriving on remoting connections.
+    """
+
+    def handles(code: int) -> bool:
+        """
+        Whether requests with C{code} are served here (any other is
+        answered REQUEST_CODE_NOT_SUPPORTED without calling L{handle}).
+        """
+
+    def handle(command: RemotingCommand, peer: IAddress | None) -> Answer:
+        """
+        Serve one request from C{peer}: the response, C{None} for no
+        response, or a Deferred of either.  The protocol sets the
+        response's opaque, flag bit 0 and serialize type; an exception or
+        a failed Deferred is answered SYSTEM_ERROR.
+        """
+
+
+_Serve: TypeAlias = Callable[[RemotingCommand, "IAddress | None"], Answer]
+
+
+@implementer(IRemotingHandler)
+class Dispatcher:
+    """
+    An L{IRemotingHandler} serving each code with its own function.
+    """
+
+    def __init__(self, handlers: Mapping[int, _Serve]) -> None:
+        self._handlers = dict(handlers)
+
+    def handles(self, code: int) -> bool:
+        return code in self._handlers
+
+    def handle(self, command: RemotingCommand, peer: IAddress | None) -> Answer:
+        return self._handlers[command.code](command, peer)
+
+
+#: Serves nothing: every request is answered REQUEST_CODE_NOT_SUPPORTED.
+NO_HANDLER: Final = Dispatcher({})
+
+
+class RemotingRequestError(Exception):
+    """
+    A request of ours got no response.
+    """
+
+
+class ConnectionClosedError(RemotingRequestError):
+    """
+    The connection closed (or was never there) before the response came.
+    """
+
+
+class TooManyPendingError(RemotingRequestError):
+    """
+    Too many requests are already waiting on the connection.
+    """
+
+
+class RequestTimeoutError(RemotingRequestError):
+    """
+    The response did not come in time; a late one is dropped.
+    """
+
+
+def format_peer(peer: IAddress | None) -> str:
+    """
+    C{host:port} of an address, or what it says of itself.
+    """
+    host, port = getattr(peer, "host", None), getattr(peer, "port", None)
+    if host is None or port is None:
+        return str(peer)
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def _code_name(code: int) -> str:
+    try:
+        return f"{RequestCode(code).name} ({code})"
+    except ValueError:
+        return f"code {code}"
+
+
+def _describe(failure: Failure) -> str:
+    return f"{type(failure.value).__name__}: {failure.value}"
+
+
+def add_deadline(
+    d: "Deferred[RemotingCommand]", timeout: float, clock: IReactorTime, what: str
+) -> "Deferred[RemotingCommand]":
+    """
+    Fail C{d} with L{RequestTimeoutError} (cancelling what it waits on)
+    unless it fires within C{timeout} seconds on C{clock}.
+    """
+
+    def timed_out(result: Any, seconds: float) -> Any:
+        if isinstance(result, Failure) and result.check(CancelledError):
+            raise RequestTimeoutError(f"no response to {what} within {seconds:g} s")
+        return result
+
+    return d.addTimeout(timeout, clock, onTimeoutCancel=timed_out)
+
+
+@implementer(IPushProducer)
+class _ReadPause:
+    """
+    Registered with a connection's transport as its producer: when the
+    transport cannot write out what we answered as fast as the peer asks,
+    it pauses us, and we stop reading the peer's requests until it has
+    caught up.  A peer that sends requests and never reads the answers
+    then fills its own socket buffers, not our memory.
+    """
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        self.paused = False
+
+    def pauseProducing(self) -> None:
+        if not self.paused:
+            self.paused = True
+            self._transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        if self.paused:
+            self.paused = False
+            self._transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.paused = False
+
+
+@attrs.define
+class _Pending:
+    deferred: "Deferred[RemotingCommand]"
+    code: int
+
+
+class RemotingProtocol(Protocol):
+    """
+    One remoting connection, either side.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        handler: IRemotingHandler,
+        clock: IReactorTime,
+        *,
+        max_frame_size: int = MAX_FRAME_SIZE,
+        max_header_size: int = MAX_HEADER_SIZE,
+        max_pending: int = MAX_PENDING,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        serialize_type: SerializeType = SerializeType.JSON,
+    ) -> None:
+        """
+        @param clock: where responses are delivered from (the next turn,
+            never inside C{dataReceived}) and request deadlines run.
+        @param serialize_type: how requests of ours and our error answers
+            are encoded (RocketMQ's default: JSON).
+        """
+        self.handler = handler
+        self.clock = clock
+        self.serialize_type = serialize_type
+        self.max_pending = max_pending
+        self.max_in_flight = max_in_flight
+        self._decoder = FrameDecoder(max_frame_size, max_header_size)
+        self._pending: dict[int, _Pending] = {}
+        self._in_flight: set[Deferred[RemotingCommand | None]] = set()
+        self._next_opaque = 0
+        self._open = False
+        self.peer: IAddress | None = None
+        self.read_pause: _ReadPause | None = None
+
+    # -- Protocol --------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self._open = True
+        transport = self.transport
+        self.peer = transport.getPeer() if transport is not None else None
+        if transport is not None and hasattr(transport, "registerProducer"):
+            self.read_pause = _ReadPause(transport)
+            transport.registerProducer(self.read_pause, True)
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._open:
+            return
+        try:
+            self._decoder.feed(data)
+            while self._open and (command := self._decoder.next_command()) is not None:
+                if command.is_response:
+                    self._received_response(command)
+                else:
+                    self._received_request(command)
+        except RemotingError as e:
+            self._log.warn(
+                "remoting peer {peer} sent a malformed frame: {error}; closing the connection",
+                peer=format_peer(self.peer),
+                error=e,
+            )
+            self._open = False
+            if self.transport is not None:
+                self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._open = False
+        # (The closed transport has let go of its producer.)
+        self.read_pause = None
+        pending, self._pending = self._pending, {}
+        for opaque, waiter in pending.items():
+            waiter.deferred.errback(
+                ConnectionClosedError(
+                    f"connection to {format_peer(self.peer)} closed while "
+                    f"{_code_name(waiter.code)} (opaque {opaque}) waited for its response"
+                )
+            )
+        for handling in list(self._in_flight):
+            handling.cancel()
+        # Responses that arrived before the end are still delivered, on
+        # the next turn as always.
+
+    # -- requests of ours ------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """
+        How many requests of ours wait for a response.
+        """
+        return len(self._pending)
+
+    def _opaque(self) -> int:
+        while True:
+            opaque = self._next_opaque
+            self._next_opaque = (opaque + 1) % _OPAQUE_LIMIT
+            if opaque not in self._pending:
+                return opaque
+
+    def request(
+        self, command: RemotingCommand, timeout: float | None = None
+    ) -> "Deferred[RemotingCommand]":
+        """
+        Send C{command} as a request (with an opaque of this connection's)
+        and wait for its response.  Cancelling stops the waiting; a late
+        response is then dropped.
+
+        @param timeout: fail with L{RequestTimeoutError} after this many
+            seconds on the protocol's clock.
+        @return: fires with the response, whatever its code; fails with
+            L{ConnectionClosedError}, L{TooManyPendingError} or
+            L{RequestTimeoutError}.
+        """
+        if not self._open or self.transport is None:
+            return fail(
+                ConnectionClosedError(
+                    f"no connection to {format_peer(self.peer)} for {_code_name(command.code)}"
+                )
+            )
+        if len(self._pending) >= self.max_pending:
+            return fail(
+                TooManyPendingError(
+                    f"{len(self._pending)} requests already wait for {format_peer(self.peer)}; "
+                    f"{_code_name(command.code)} not sent"
+                )
+            )
+        opaque = self._opaque()
+        outgoing = attrs.evolve(
+            command, opaque=opaque, flag=command.flag & ~(FLAG_RESPONSE | FLAG_ONEWAY)
+        )
+        data = encode(outgoing, self.serialize_type)
+
+        def withdraw(d: Deferred[RemotingCommand]) -> None:
+            self._pending.pop(opaque, None)
+
+        d: Deferred[RemotingCommand] = Deferred(canceller=withdraw)
+        self._pending[opaque] = _Pending(d, command.code)
+        self.transport.write(data)
+        if timeout is not None:
+            add_deadline(d, timeout, self.clock, f"{_code_name(command.code)} from {format_peer(self.peer)}")
+        return d
+
+    def send_oneway(self, command: RemotingCommand) -> None:
+        """
+        Send C{command} as a oneway request: flag bit 1, nothing awaited.
+
+        @raise ConnectionClosedError: the connection is closed.
+        """
+        if not self._open or self.transport is None:
+            raise ConnectionClosedError(
+                f"no connection to {format_peer(self.peer)} for {_code_name(command.code)}"
+            )
+        outgoing = attrs.evolve(
+            command, opaque=self._opaque(), flag=(command.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
+        )
+        self.transport.write(encode(outgoing, self.serialize_type))
+
+    def _received_response(self, response: RemotingCommand) -> None:
+        waiter = self._pending.pop(response.opaque, None)
+        if waiter is None:
+            self._log.info(
+                "remoting peer {peer} answered opaque {opaque} (code {code}), which no "
+                "request waits for (timed out or never sent): dropped",
+                peer=format_peer(self.peer),
+                opaque=response.opaque,
+                code=response.code,
+            )
+            return
+
+        def deliver() -> None:
+            # Cancelled (or timed out) since it arrived: too late.
+            if not waiter.deferred.called:
+                waiter.deferred.callback(response)
+
+        # From the next turn, so that a callback cannot re-enter the protocol.
+        self.clock.callLater(0, deliver)
+
+    # -- requests of the peer --------------------------------------------------
+
+    def _received_request(self, request: RemotingCommand) -> None:
+        if not self.handler.handles(request.code):
+            # Answered even when oneway, in the server's default type, as
+            # NettyRemotingAbstract.processRequestCommand does.
+            self._write(
+                attrs.evolve(
+                    make_response(
+                        request,
+                        ResponseCode.REQUEST_CODE_NOT_SUPPORTED,
+                        f" request type {request.code} not supported",
+                    ),
+                    serialize_type=self.serialize_type,
+                )
+            )
+            return
+        if len(self._in_flight) >= self.max_in_flight:
+            if not request.is_oneway:
+                self._write(
+                    make_response(
+                        request,
+                        ResponseCode.SYSTEM_BUSY,
+                        "[OVERLOAD]system busy, start flow control for a while",
+                    )
+                )
+            return
+        serve: Callable[..., Any] = self.handler.handle
+        handling: Deferred[RemotingCommand | None] = maybeDeferred(serve, request, self.peer)
+        if handling.called:
+            handling.addBoth(self._answer, request)
+            return
+        self._in_flight.add(handling)
+
+        def done(result: Any) -> Any:
+            self._in_flight.discard(handling)
+            return result
+
+        handling.addBoth(done).addBoth(self._answer, request)
+
+    def _answer(self, result: object, request: RemotingCommand) -> None:
+        if result is not None and not isinstance(result, (RemotingCommand, Failure)):
+            result = Failure(
+                TypeError(f"the handler answered {type(result).__name__}, not a RemotingCommand")
+            )
+        if isinstance(result, Failure):
+            if result.check(CancelledError) and not self._open:
+                return
+            self._log.failure(
+                "serving {code} from {peer} failed",
+                result,
+                code=_code_name(request.code),
+                peer=format_peer(self.peer),
+            )
+            result = make_response(request, ResponseCode.SYSTEM_ERROR, _describe(result))
+        if result is None or request.is_oneway:
+            return
+        self._write(
+            attrs.evolve(
+                result,
+                opaque=request.opaque,
+                flag=result.flag | FLAG_RESPONSE,
+                serialize_type=request.serialize_type,
+            )
+        )
+
+    def _write(self, response: RemotingCommand) -> None:
+        if not self._open or self.transport is None:
+            return
+        try:
+            data = encode(response)
+        except ValueError as e:
+            self._log.error(
+                "answer to {peer} (opaque {opaque}) cannot be encoded: {error}",
+                peer=format_peer(self.peer),
+                opaque=response.opaque,
+                error=e,
+            )
+            data = encode(
+                attrs.evolve(
+                    response,
+                    code=ResponseCode.SYSTEM_ERROR,
+                    remark=f"answer cannot be encoded: {e}",
+                    ext_fields=None,
+                    body=b"",
+                )
+            )
+        self.transport.write(data)
+
+
+class RemotingFactory(Factory):
+    """
+    Builds L{RemotingProtocol}s sharing one handler, clock and limits.
+    """
+
+    def __init__(self, handler: IRemotingHandler, clock: IReactorTime, **options: Any) -> None:
+        self.handler = handler
+        self.clock = clock
+        self.options = options
+
+    def buildProtocol(self, addr: IAddress | None) -> RemotingProtocol:
+        protocol = RemotingProtocol(self.handler, self.clock, **self.options)
+        protocol.factory = self
+        return protocol
+
+
+class RemotingClient(Service):
+    """
+    A remoting connection to one address, kept open (reconnecting with
+    back-off through L{ClientService}) while the service runs.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        reactor: Any,
+        endpoint: str | IStreamClientEndpoint,
+        handler: IRemotingHandler = NO_HANDLER,
+        *,
+        clock: IReactorTime | None = None,
+        retry_policy: Callable[[int], float] | None = None,
+        **options: Any,
+    ) -> None:
+        """
+        @param endpoint: a client endpoint description (C{tcp:host:port},
+            C{tls:host:port:...}) or an endpoint, e.g.
+            L{rmqha.tls.client_endpoint}'s.
+        @param handler: serves the requests the peer sends us.
+        @param clock: request deadlines and reconnection delays (default:
+            C{reactor}).
+        @param options: L{RemotingProtocol} limits.
+        """
+        self.clock: IReactorTime = clock if clock is not None else reactor
+        self.endpoint = (
+            clientFromString(reactor, endpoint) if isinstance(endpoint, str) else endpoint
+        )
+        self.name = endpoint if isinstance(endpoint, str) else str(endpoint)
+        self.factory = RemotingFactory(handler, self.clock, **options)
+        self._service = ClientService(
+            self.endpoint,
+            self.factory,
+            retryPolicy=retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0),
+            clock=self.clock,
+        )
+
+    def startService(self) -> None:
+        Service.startService(self)
+        self._service.startService()
+
+    def stopService(self) -> "Deferred[None]":
+        Service.stopService(self)
+        return self._service.stopService()
+
+    def _connection(self, what: str) -> "Deferred[Any]":
+        # (Fires with ClientService's proxy of the RemotingProtocol.)
+        if not self.running:
+            return fail(ConnectionClosedError(f"the client of {self.name} is stopped; {what} not sent"))
+
+        def refused(failure: Failure) -> Failure:
+            if failure.check(CancelledError):
+                return failure
+            return Failure(
+                ConnectionClosedError(f"cannot connect to {self.name} for {what}: {_describe(failure)}")
+            )
+
+        d: Deferred[Any] = self._service.whenConnected(failAfterFailures=1)
+        return d.addErrback(refused)
+
+    def request(self, command: RemotingCommand, timeout: float) -> "Deferred[RemotingCommand]":
+        """
+        Send a request and wait for its response, connecting first if
+        need be; the connection attempt counts against C{timeout} too.
+
+        @return: fires with the response; fails with
+            L{RequestTimeoutError}, L{ConnectionClosedError} (no
+            connection, or it closed before the response) or
+            L{TooManyPendingError}.
+        """
+        what = _code_name(command.code)
+        d: Deferred[RemotingCommand] = self._connection(what).addCallback(
+            lambda protocol: protocol.request(command)
+        )
+        return add_deadline(d, timeout, self.clock, f"{what} from {self.name}")
+
+    def oneway(self, command: RemotingCommand) -> "Deferred[None]":
+        """
+        Send a oneway request, connecting first if need be.
+
+        @return: fires once it is written; fails with
+            L{ConnectionClosedError} if no connection could be made.
+        """
+        return self._connection(_code_name(command.code)).addCallback(
+            lambda protocol: protocol.send_oneway(command)
+        )
