@@ -12,6 +12,11 @@ In memory, on a L{Clock}, no sockets:
       the bytes (L{MemoryConnection.flush}) and hangs up.
     - L{StringEndpoint}: a client endpoint whose connections are
       L{StringTransport}s, or that refuses them.
+    - L{FakeNameServer}: a RocketMQ NameServer in memory (registration,
+      routes, cluster info) for tests and the demo, reached in memory
+      (L{FakeNameServer.client_endpoint}) or on a real port
+      (L{FakeNameServer.listen}, port 0).  Not for production: users run
+      RocketMQ's own NameServer.
 
 Only in-memory fakes: no process, socket or thread.  rmqha's own
 real-process harnesses (a fault-injecting TCP proxy, etcd members, a
@@ -52,9 +57,12 @@ from zope.interface import implementer
 from rmqha._tlsbio import TLSFactory
 
 __all__ = [
+    "FakeNameServer",
     "Fault",
     "MASTER_ADDRESS",
     "MemoryConnection",
+    "MemoryNameServerEndpoint",
+    "NameServerRegistration",
     "SLAVE_ADDRESS",
     "StringEndpoint",
     "connect_in_memory",
@@ -263,3 +271,11 @@ class StringEndpoint:
         protocol.makeConnection(transport)
         self.connected.append((protocol, transport))
         return succeed(protocol)
+
+
+# (At the end: the fake builds its in-memory connections with the above.)
+from rmqha._fakenamesrv import (  # noqa: E402
+    FakeNameServer,
+    MemoryNameServerEndpoint,
+    Registration as NameServerRegistration,
+)
