@@ -1,0 +1,332 @@
+# -*- test-case-name: tests.test_registration -*-
+"""
+A broker's registration with its NameServers, as RocketMQ 4.9.8's
+C{BrokerController.registerBrokerAll} and C{BrokerOuterAPI}: REGISTER_BROKER
+with the topic table (C{TopicConfigSerializeWrapper}, its DataVersion
+included) to every NameServer at start and every 30 s, each request with
+its own deadline, one NameServer down never holding up the others;
+UNREGISTER_BROKER to each on a clean stop; at once again when the role
+changes (L{NameServerRegistration.role_changed}).
+
+The first NameServer to answer gives the master's addresses: its
+C{masterAddr} (what a slave syncs its metadata from) and its
+C{haServerAddr}, which a slave started without C{--master} follows
+(C{updateMasterHAServerAddrPeriodically}): L{NameServerRegistration}
+calls C{on_master_ha} each time it changes.
+
+Each NameServer is reached over one long-lived connection
+(L{RemotingClient}, reconnecting): a NameServer drops a broker whose
+registering connection closes.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import attrs
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from rmqha.remoting._frames import (
+    CustomHeaderError,
+    RemotingCommand,
+    header_from_ext_fields,
+    header_to_ext_fields,
+)
+from rmqha.remoting.codes import RequestCode, ResponseCode
+from rmqha.remoting.metadata import TopicTable
+from rmqha.remoting.namesrv import (
+    RegisterBodyError,
+    RegisterBrokerBody,
+    RegisterBrokerRequestHeader,
+    RegisterBrokerResponseHeader,
+    RegisterBrokerResult,
+    UnregisterBrokerRequestHeader,
+    body_crc32,
+    decode_kv_table,
+    encode_register_body,
+)
+from rmqha.remoting.protocol import RemotingClient
+
+__all__ = [
+    "BrokerIdentity",
+    "NameServerRegistration",
+    "REGISTER_INTERVAL",
+    "REGISTER_TIMEOUT",
+    "UNREGISTER_TIMEOUT",
+    "default_broker_name",
+    "local_address",
+]
+
+#: C{registerNameServerPeriod}: seconds between registrations.
+REGISTER_INTERVAL: Final = 30.0
+#: C{registerBrokerTimeoutMills}: each REGISTER_BROKER's deadline.
+REGISTER_TIMEOUT: Final = 6.0
+#: C{BrokerOuterAPI.unregisterBroker}'s deadline.
+UNREGISTER_TIMEOUT: Final = 3.0
+
+
+def default_broker_name() -> str:
+    """C{BrokerConfig.brokerName}'s default: the local host name."""
+    return socket.gethostname() or "DEFAULT_BROKER"
+
+
+def local_address() -> str:
+    """
+    C{brokerIP1}'s default, roughly C{RemotingUtil.getLocalAddress}: the
+    address the host name resolves to, else 127.0.0.1.
+    """
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+@attrs.frozen
+class BrokerIdentity:
+    """
+    Who registers: C{brokerClusterName}, C{brokerName}, C{brokerId} (0: the
+    master), C{brokerAddr} (brokerIP1:listenPort) and C{haServerAddr}
+    (brokerIP2:haListenPort).
+    """
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    broker_addr: str
+    ha_server_addr: str
+
+
+def _describe(failure: Failure) -> str:
+    return f"{type(failure.value).__name__}: {failure.value}"
+
+
+class NameServerRegistration(Service):
+    """
+    Registers a broker with every NameServer while it runs.
+
+    @ivar identity: who registers (its C{broker_id} changes with the role).
+    @ivar master_addr: the master's remoting address from the newest
+        answer (C{None} for a master, or while the NameServer knows none).
+    @ivar master_ha_addr: the newest master HA address a NameServer gave.
+    @ivar last_result: the newest answer taken, or C{None}.
+    @ivar registrations: how many rounds got at least one answer.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        reactor: Any,
+        namesrv: Sequence[str | IStreamClientEndpoint],
+        identity: BrokerIdentity,
+        topics: Callable[[], TopicTable],
+        *,
+        clock: IReactorTime | None = None,
+        interval: float = REGISTER_INTERVAL,
+        timeout: float = REGISTER_TIMEOUT,
+        compressed: bool = False,
+        on_master_ha: Callable[[str], object] | None = None,
+        retry_policy: Callable[[int], float] | None = None,
+    ) -> None:
+        """
+        @param namesrv: each NameServer: C{host:port} or a client endpoint.
+        @param topics: the topic table to register, read at each round
+            (the broker's C{metadata.table(MetadataFile.TOPICS)}).
+        @param compressed: send the body compressed (C{compressedRegister}).
+        @param on_master_ha: called with the master's C{haServerAddr} each
+            time a NameServer's answer gives a new one.
+        """
+        from rmqha.settings import master_description, parse_host_port
+
+        if not namesrv:
+            raise ValueError("no NameServer to register with")
+        self.clock: IReactorTime = clock if clock is not None else reactor
+        self.identity = identity
+        self.topics = topics
+        self.interval = interval
+        self.timeout = timeout
+        self.compressed = compressed
+        self.on_master_ha = on_master_ha
+        self.master_addr: str | None = None
+        self.master_ha_addr: str | None = None
+        self.last_result: RegisterBrokerResult | None = None
+        self.registrations = 0
+        self.clients: list[RemotingClient] = []
+        for address in namesrv:
+            endpoint = (
+                master_description(*parse_host_port(address, "NameServer address"))
+                if isinstance(address, str)
+                else address
+            )
+            client = RemotingClient(reactor, endpoint, clock=self.clock, retry_policy=retry_policy)
+            if isinstance(address, str):
+                client.name = address
+            self.clients.append(client)
+        self._loop: LoopingCall | None = None
+
+    # -- the service ---------------------------------------------------------
+
+    def startService(self) -> None:
+        Service.startService(self)
+        for client in self.clients:
+            client.startService()
+        loop = LoopingCall(self._round)
+        loop.clock = self.clock
+        self._loop = loop
+        loop.start(self.interval, now=True)
+
+    def _round(self) -> None:
+        # (Failures are logged per NameServer; the loop never stops.)
+        self.register()
+
+    def stopService(self) -> Deferred[None]:
+        """
+        Stop registering, unregister from every NameServer (each within
+        L{UNREGISTER_TIMEOUT}), then close the connections.
+        """
+        Service.stopService(self)
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        d: Deferred[Any] = self.unregister()
+
+        def close(_: object) -> Deferred[Any]:
+            return DeferredList([c.stopService() for c in self.clients], consumeErrors=True)
+
+        return d.addBoth(close).addCallback(lambda _: None)
+
+    # -- registering -------------------------------------------------------------
+
+    def role_changed(self, broker_id: int) -> Deferred[list[RegisterBrokerResult]]:
+        """
+        The broker's role changed: register at once as C{broker_id} (0 for
+        a master), not after the next period.
+        """
+        self.identity = attrs.evolve(self.identity, broker_id=broker_id)
+        if not self.running:
+            return succeed([])
+        return self.register()
+
+    def _register_command(self) -> RemotingCommand:
+        i = self.identity
+        body = encode_register_body(RegisterBrokerBody(self.topics()), compressed=self.compressed)
+        header = RegisterBrokerRequestHeader(
+            broker_name=i.broker_name,
+            broker_addr=i.broker_addr,
+            cluster_name=i.cluster_name,
+            ha_server_addr=i.ha_server_addr,
+            broker_id=i.broker_id,
+            compressed=self.compressed,
+            body_crc32=body_crc32(body),
+        )
+        return RemotingCommand(
+            RequestCode.REGISTER_BROKER, ext_fields=header_to_ext_fields(header), body=body
+        )
+
+    def register(self) -> Deferred[list[RegisterBrokerResult]]:
+        """
+        One round: REGISTER_BROKER to every NameServer at once, each within
+        C{timeout}; a failure is logged and does not affect the others.
+        The first answer (in the order they arrive) gives the master's
+        addresses.
+
+        @return: fires with the answers, in the order they arrived.
+        """
+        command = self._register_command()
+        results: list[RegisterBrokerResult] = []
+
+        def answered(response: RemotingCommand, client: RemotingClient) -> None:
+            if response.code != ResponseCode.SUCCESS:
+                raise RuntimeError(f"answered code {response.code}: {response.remark}")
+            try:
+                header = header_from_ext_fields(RegisterBrokerResponseHeader, response.ext_fields)
+                kv = decode_kv_table(response.body)
+            except (CustomHeaderError, RegisterBodyError) as e:
+                raise RuntimeError(f"answered something unreadable: {e}") from None
+            results.append(RegisterBrokerResult(header.ha_server_addr, header.master_addr, kv))
+
+        def failed(failure: Failure, client: RemotingClient) -> None:
+            self._log.warn(
+                "registering broker {name} (id {id}) with NameServer {ns} failed: {why}",
+                name=self.identity.broker_name,
+                id=self.identity.broker_id,
+                ns=client.name,
+                why=_describe(failure),
+            )
+
+        waits = [
+            client.request(command, self.timeout)
+            .addCallback(answered, client)
+            .addErrback(failed, client)
+            for client in self.clients
+        ]
+
+        def done(_: object) -> list[RegisterBrokerResult]:
+            if results:
+                self.registrations += 1
+                self._take(results[0])
+            return results
+
+        return DeferredList(waits, consumeErrors=True).addCallback(done)
+
+    def _take(self, result: RegisterBrokerResult) -> None:
+        # As BrokerController.doRegisterBrokerAll: the HA address only when
+        # one is given; the master's address always (null for a master).
+        self.last_result = result
+        self.master_addr = result.master_addr
+        ha = result.ha_server_addr
+        if ha is not None and ha != self.master_ha_addr:
+            self._log.info(
+                "the NameServer names {ha} as the master's HA address (was {old})",
+                ha=ha,
+                old=self.master_ha_addr,
+            )
+            self.master_ha_addr = ha
+            if self.on_master_ha is not None:
+                try:
+                    self.on_master_ha(ha)
+                except Exception:
+                    self._log.failure("following the master at {ha} failed", ha=ha)
+
+    def unregister(self) -> Deferred[list[Any]]:
+        """
+        UNREGISTER_BROKER to every NameServer, each within
+        L{UNREGISTER_TIMEOUT}; failures are logged.
+        """
+        i = self.identity
+        header = UnregisterBrokerRequestHeader(i.broker_name, i.broker_addr, i.cluster_name, i.broker_id)
+        command = RemotingCommand(
+            RequestCode.UNREGISTER_BROKER, ext_fields=header_to_ext_fields(header)
+        )
+
+        def failed(failure: Failure, client: RemotingClient) -> None:
+            self._log.warn(
+                "unregistering broker {name} from NameServer {ns} failed: {why}",
+                name=i.broker_name,
+                ns=client.name,
+                why=_describe(failure),
+            )
+
+        def checked(response: RemotingCommand) -> None:
+            if response.code != ResponseCode.SUCCESS:
+                raise RuntimeError(f"answered code {response.code}: {response.remark}")
+
+        waits: list[Deferred[Any]] = []
+        for client in self.clients:
+            # (The client may be stopped already: nothing is sent then.)
+            if not client.running:
+                continue
+            waits.append(
+                client.request(command, UNREGISTER_TIMEOUT)
+                .addCallback(checked)
+                .addErrback(failed, client)
+            )
+        return DeferredList(waits, consumeErrors=True)
+

@@ -1,0 +1,232 @@
+"""
+rmqha.remoting.registration: a broker's registration with its NameServers
+(in memory, against rmqha.testing.FakeNameServer, on a Clock).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
+from twisted.trial.unittest import SynchronousTestCase
+
+from rmqha.remoting._frames import FrameDecoder, RemotingCommand
+from rmqha.remoting.codes import RequestCode
+from rmqha.remoting.metadata import BrokerMetadata, MetadataFile, TopicConfig
+from rmqha.remoting.namesrv import body_crc32, decode_register_body
+from rmqha.remoting.registration import BrokerIdentity, NameServerRegistration
+from rmqha.testing import FakeNameServer, StringEndpoint
+
+_MASTER = BrokerIdentity("C", "broker-a", 0, "10.0.0.1:10911", "10.0.0.1:10912")
+_SLAVE = BrokerIdentity("C", "broker-a", 1, "10.0.0.2:10911", "10.0.0.2:10912")
+
+
+class _Logged:
+    def __init__(self, case: SynchronousTestCase) -> None:
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def texts(self) -> list[str]:
+        from twisted.logger import formatEvent
+
+        return [formatEvent(e) for e in self.events]
+
+
+class RegistrationTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.metadata = BrokerMetadata(self.mktemp(), self.clock)
+        self.metadata.update_topic(TopicConfig("TopicTest", 4, 4), persist=False)
+        self.ns = FakeNameServer(self.clock)
+        self.others: list[FakeNameServer] = []
+
+    def registration(
+        self, identity: BrokerIdentity = _MASTER, servers: list[Any] | None = None, **kw: Any
+    ) -> NameServerRegistration:
+        metadata = self.metadata
+        registration = NameServerRegistration(
+            None,
+            servers or [self.ns.client_endpoint(self.clock)],
+            identity,
+            lambda: metadata.table(MetadataFile.TOPICS),  # type: ignore[arg-type,return-value]
+            clock=self.clock,
+            **kw,
+        )
+        return registration
+
+    def settle(self, *servers: FakeNameServer) -> None:
+        for _ in range(5):
+            self.clock.advance(0)
+            for ns in servers or (self.ns,):
+                ns.flush()
+
+    def test_every_30s_with_header_and_body(self) -> None:
+        """
+        REGISTER_BROKER at start and every 30 s, with the identity in the
+        header, the body's CRC, and the topic table (DataVersion included)
+        as the body; a change of the table goes out in the next round.
+        """
+        registration = self.registration()
+        registration.startService()
+        self.settle()
+        self.assertEqual(len(self.ns.registrations), 1)
+        taken = self.ns.registrations[0]
+        self.assertEqual(
+            (taken.header.cluster_name, taken.header.broker_name, taken.header.broker_id,
+             taken.header.broker_addr, taken.header.ha_server_addr, taken.header.compressed),
+            ("C", "broker-a", 0, "10.0.0.1:10911", "10.0.0.1:10912", False),
+        )
+        self.assertEqual(taken.body.topics, self.metadata.table(MetadataFile.TOPICS))
+        self.assertEqual(self.ns.topic_names(), {"TopicTest"})
+        self.clock.advance(29)
+        self.settle()
+        self.assertEqual(len(self.ns.registrations), 1)
+        self.metadata.update_topic(TopicConfig("Second", 2, 2), persist=False)
+        self.clock.advance(1)
+        self.settle()
+        self.assertEqual(len(self.ns.registrations), 2)
+        self.assertEqual(self.ns.topic_names(), {"TopicTest", "Second"})
+        self.assertEqual(registration.registrations, 2)
+        registration.stopService()
+        self.settle()
+
+    def test_body_on_the_wire(self) -> None:
+        """
+        The frame's body parses back to the table, its crc32 matches the
+        header; compressed when asked.
+        """
+        endpoint = StringEndpoint()
+        registration = self.registration(servers=[endpoint], compressed=True)
+        registration.startService()
+        self.clock.advance(0)
+        protocol, transport = endpoint.connected[0]
+        decoder = FrameDecoder()
+        decoder.feed(transport.value())
+        command = decoder.next_command()
+        assert command is not None
+        self.assertEqual(command.code, RequestCode.REGISTER_BROKER)
+        self.assertEqual(command.version, 409)
+        self.assertEqual(command.ext("compressed"), "true")
+        self.assertEqual(command.ext("bodyCrc32"), str(body_crc32(command.body)))
+        self.assertEqual(
+            decode_register_body(command.body, True).topics.topics["TopicTest"],
+            TopicConfig("TopicTest", 4, 4),
+        )
+
+    def test_one_down_one_silent(self) -> None:
+        """
+        A NameServer that refuses connections and one that never answers
+        do not stop the registration with the third; each failure is one
+        log line naming the NameServer; the one that comes back gets the
+        next round.
+        """
+        logged = _Logged(self)
+        down = FakeNameServer(self.clock)
+        down.up = False
+        silent = StringEndpoint()
+        registration = self.registration(
+            servers=[down.client_endpoint(self.clock), silent, self.ns.client_endpoint(self.clock)],
+            retry_policy=lambda n: 1.0,
+        )
+        out: list[Any] = []
+        registration.startService()
+        self.settle(self.ns, down)
+        self.assertEqual(len(self.ns.registrations), 1)
+        self.clock.advance(6)
+        self.settle(self.ns, down)
+        failures = [t for t in logged.texts() if "failed" in t]
+        self.assertEqual(len(failures), 2, failures)
+        self.assertTrue(any("refused" in t.lower() for t in failures), failures)
+        self.assertTrue(any("within 6 s" in t for t in failures), failures)
+        down.up = True
+        self.clock.advance(24)
+        self.settle(self.ns, down)
+        self.clock.advance(1)
+        self.settle(self.ns, down)
+        self.assertEqual(len(down.registrations), 1)
+        self.assertEqual(len(self.ns.registrations), 2)
+        registration.register().addBoth(out.append)
+        self.settle(self.ns, down)
+        self.clock.advance(6)
+        self.assertEqual(len(out[0]), 2)
+
+    def test_unregister_on_stop(self) -> None:
+        registration = self.registration()
+        registration.startService()
+        self.settle()
+        self.assertEqual(self.ns.brokers("broker-a"), {0: "10.0.0.1:10911"})
+        stopped: list[Any] = []
+        registration.stopService().addBoth(stopped.append)
+        self.settle()
+        self.assertEqual(stopped, [None])
+        self.assertEqual(len(self.ns.unregistrations), 1)
+        self.assertEqual(self.ns.brokers("broker-a"), {})
+        self.clock.advance(60)
+        self.settle()
+        self.assertEqual(len(self.ns.registrations), 1)
+
+    def test_slave_follows_ha_server_addr(self) -> None:
+        """
+        A slave learns the master's haServerAddr and masterAddr from the
+        answer, is told of a new one once (not every round), and of the
+        change when another master registers.
+        """
+        followed: list[str] = []
+        master = self.registration(_MASTER)
+        slave = self.registration(_SLAVE, on_master_ha=followed.append)
+        slave.startService()
+        self.settle()
+        self.assertEqual((followed, slave.master_addr), ([], None))
+        master.startService()
+        self.settle()
+        self.clock.advance(30)
+        self.settle()
+        self.assertEqual(followed, ["10.0.0.1:10912"])
+        self.assertEqual(slave.master_addr, "10.0.0.1:10911")
+        self.clock.advance(30)
+        self.settle()
+        self.assertEqual(followed, ["10.0.0.1:10912"])
+        # Another master takes over broker-a: its own registration, then the slave's next round.
+        master.stopService()
+        other = self.registration(BrokerIdentity("C", "broker-a", 0, "10.0.0.3:10911", "10.0.0.3:10912"))
+        other.startService()
+        self.settle()
+        self.clock.advance(30)
+        self.settle()
+        self.assertEqual(followed, ["10.0.0.1:10912", "10.0.0.3:10912"])
+        self.assertEqual(slave.master_addr, "10.0.0.3:10911")
+
+    def test_role_change_registers_at_once(self) -> None:
+        """
+        A promotion registers at once as brokerId 0 (the NameServer moves
+        the address from id 1 to 0); a demotion as the slave's own id.
+        """
+        registration = self.registration(_SLAVE)
+        registration.startService()
+        self.settle()
+        self.assertEqual(self.ns.brokers("broker-a"), {1: "10.0.0.2:10911"})
+        self.assertEqual(self.ns.topic_names(), set())
+        self.clock.advance(5)
+        registration.role_changed(0)
+        self.settle()
+        self.assertEqual(self.ns.brokers("broker-a"), {0: "10.0.0.2:10911"})
+        self.assertEqual(self.ns.topic_names(), {"TopicTest"})
+        registration.role_changed(1)
+        self.settle()
+        self.assertEqual(self.ns.brokers("broker-a"), {1: "10.0.0.2:10911"})
+        self.assertEqual(len(self.ns.registrations), 3)
+
+    def test_error_answer_logged(self) -> None:
+        """A NameServer's error answer is a logged failure, not a result."""
+        logged = _Logged(self)
+        registration = self.registration()
+        bad = RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields={"brokerName": "x"})
+        registration._register_command = lambda: bad  # type: ignore[method-assign]
+        out: list[Any] = []
+        registration.startService()
+        registration.register().addBoth(out.append)
+        self.settle()
+        self.assertEqual(out, [[]])
+        self.assertTrue(any("answered code 1" in t and "brokerAddr" in t for t in logged.texts()))
