@@ -225,6 +225,18 @@ def _group_name(text: str) -> str:
     return name
 
 
+def _namesrv(text: str) -> tuple[str, ...]:
+    from rmqha.remoting.namesrv import parse_namesrv_addr
+
+    return parse_namesrv_addr(text)
+
+
+def _broker_id(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"{text!r} is not a broker id (0 or more)")
+    return int(text)
+
+
 def _lease_ttl(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 2:
         raise ValueError(f"{text!r} is not a lease TTL of 2 seconds or more")
@@ -615,6 +627,41 @@ class BrokerSettings:
         parse=_name,
     )
 
+    # -- NameServers (docs/remoting.md, "NameServers")
+    namesrv: tuple[str, ...] | None = _setting(
+        None,
+        "NameServers HOST:PORT[;HOST:PORT...] to register with every 30 s (a slave "
+        "without --master follows the master they name)",
+        key="namesrvAddr",
+        parse=_namesrv,
+    )
+    cluster: str = _setting(
+        "DefaultCluster",
+        "with --namesrv: the cluster's name (DefaultCluster)",
+        key="brokerClusterName",
+        parse=_group_name,
+    )
+    broker_id: int = _setting(
+        0,
+        "with --namesrv: the id a slave registers as, 1 or more (a master registers as 0)",
+        key="brokerId",
+        parse=_broker_id,
+    )
+    broker_ip1: str | None = _setting(
+        None,
+        "with --namesrv: the address clients reach the remoting port at (default: "
+        "the host name's address)",
+        key="brokerIP1",
+        parse=_name,
+    )
+    broker_ip2: str | None = _setting(
+        None,
+        "with --namesrv: the address slaves reach --ha-listen at, registered as "
+        "haServerAddr (default: --broker-ip1)",
+        key="brokerIP2",
+        parse=_name,
+    )
+
     # -- failover
     coordinator: str | None = _setting(
         None,
@@ -626,7 +673,11 @@ class BrokerSettings:
         parse=_coordinator,
     )
     group: str | None = _setting(
-        None, "with --coordinator: the group's name", key="brokerName", parse=_group_name
+        None,
+        "the broker's name: with --coordinator the group's name; with --namesrv "
+        "the brokerName registered (default: the host name)",
+        key="brokerName",
+        parse=_group_name,
     )
     node_id: str | None = _setting(
         None,
@@ -916,10 +967,27 @@ def _fixed_roles(s: BrokerSettings) -> None:
     if s.role is Role.SLAVE:
         if s.master and s.master_endpoint:
             raise SettingsError("give --master or --master-endpoint, not both")
-        if not (s.master or s.master_endpoint):
+        if not (s.master or s.master_endpoint or s.namesrv):
             raise SettingsError(
-                "a slave needs --master HOST:PORT (or haMasterAddress, or --master-endpoint)"
+                "a slave needs --master HOST:PORT (or haMasterAddress, or "
+                "--master-endpoint, or --namesrv to learn it from the NameServers)"
             )
+
+
+def _namesrv_identity(s: BrokerSettings) -> None:
+    """
+    With NameServers: a slave registers with its own id, 1 or more (a
+    genuine broker refuses to start otherwise); a failover node registers
+    as 0 once elected and with its id as a slave.
+    """
+    if s.namesrv is None:
+        return
+    if (s.failover or s.role is Role.SLAVE) and s.broker_id < 1:
+        who = "--coordinator" if s.failover else "a slave"
+        raise SettingsError(
+            f"--broker-id (brokerId) {s.broker_id}: with --namesrv, {who} needs its own "
+            "brokerId, 1 or more (the id it registers as a slave; a master registers as 0)"
+        )
 
 
 def _failover(s: BrokerSettings) -> None:
@@ -1055,6 +1123,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
     _ha_config,
     _probe_needed,
     _fixed_roles,
+    _namesrv_identity,
     _failover,
     _group_auth,
     _tls,
@@ -1068,7 +1137,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
 #: server and client settings): accepted without a word.
 ROCKETMQ_KEYS = frozenset(
     """
-    brokerClusterName brokerId brokerIP1 brokerIP2 namesrvAddr listenPort
+    listenPort
     deleteWhen fileReservedTime autoCreateTopicEnable autoCreateSubscriptionGroup
     storePathConsumeQueue storePathIndex storeCheckpoint abortFile
     mappedFileSizeConsumeQueue mapedFileSizeConsumeQueue mapedFileSizeCommitLog
@@ -1090,8 +1159,8 @@ ROCKETMQ_KEYS = frozenset(
 
 #: Keys whose misspelling would start a broker with another role, or on
 #: another store, than the file means: an unknown key nearest one of them
-#: is an error, not a warning.  (C{brokerId} is not one: rmqha reads
-#: C{brokerRole}, not C{brokerId}.)
+#: is an error, not a warning.  (C{brokerId} is not one: the role comes
+#: from C{brokerRole}; C{brokerId} is only what a slave registers as.)
 CRITICAL_KEYS = frozenset(
     [
         "brokerRole",

@@ -171,6 +171,33 @@ class RuleTests(SynchronousTestCase):
                      master_endpoint="tcp:h:1")
         BrokerSettings(role=Role.SLAVE, master="tcp:host=h:port=1")
 
+    def test_namesrv(self) -> None:
+        """
+        With --namesrv a slave may leave its master to the NameServers, and
+        registers with its own brokerId (1 or more), as a failover node
+        does; the NameServer list and identity come from broker.conf's
+        RocketMQ keys.
+        """
+        BrokerSettings(role=Role.SLAVE, namesrv=("h:9876",), broker_id=1)
+        self.refused("--broker-id (brokerId) 0: with --namesrv, a slave needs its own brokerId",
+                     role=Role.SLAVE, namesrv=("h:9876",))
+        self.refused("--coordinator needs its own brokerId", namesrv=("h:9876",), **FAILOVER)
+        BrokerSettings(namesrv=("h:9876",))
+        settings = BrokerSettings.from_sources(
+            {"broker-ip1": "10.0.0.1"},
+            {"namesrvAddr": "a:9876;b:9876", "brokerClusterName": "Prod", "brokerId": "2",
+             "brokerName": "broker-a", "brokerRole": "SLAVE", "brokerIP2": "10.1.0.1"},
+        )
+        self.assertEqual(
+            (settings.namesrv, settings.cluster, settings.broker_id, settings.group,
+             settings.broker_ip1, settings.broker_ip2),
+            (("a:9876", "b:9876"), "Prod", 2, "broker-a", "10.0.0.1", "10.1.0.1"),
+        )
+        e = self.assertRaises(SettingsError, BrokerSettings.from_sources, {"namesrv": "a:9876;b"})
+        self.assertEqual(str(e), "--namesrv: NameServer address 'b' is not HOST:PORT")
+        e = self.assertRaises(SettingsError, BrokerSettings.from_sources, {}, {"brokerId": "-1"}, "b.conf")
+        self.assertIn("brokerId in b.conf: '-1' is not a broker id", str(e))
+
     def test_failover_only(self) -> None:
         """
         Failover settings without a coordinator are refused.
