@@ -41,6 +41,8 @@ from rmqha.ha.replica import Replica, ReplicaState
 from rmqha.ha.roles import RoleMachine
 from rmqha.listening import BrokerPorts
 from rmqha.puts import NotMasterError, NotStoredError, PutPath
+from rmqha.remoting.registration import NameServerRegistration
+from rmqha.remoting.registration import for_broker as registration_for
 from rmqha.roleservices import RoleServices, default_max_cut
 from rmqha.store.scrub import ScrubService
 from rmqha.store.service import CommitLogService
@@ -139,6 +141,11 @@ class Broker(MultiService):
             lambda: self.store.commitlog, reactor, rate=settings.scrub_rate,
             slave=lambda: self.roles.is_slave,
         )
+        #: The registration with --namesrv's NameServers (docs/remoting.md,
+        #: "NameServers"), or C{None}.
+        self.registration: NameServerRegistration | None = None
+        if settings.namesrv:
+            self.registration = registration_for(self, reactor)
         for name, part in (("store", self.store), ("scrub", self.scrub)):
             part.setName(name)  # type: ignore[no-untyped-call]
             part.setServiceParent(self)  # type: ignore[no-untyped-call]
@@ -184,7 +191,7 @@ class Broker(MultiService):
         self._check_running()
         if epoch is not None and self.role_services.epochs is None:
             raise ValueError(f"epoch {epoch} given to a broker without an epoch file")
-        return self.roles.promote(role, epoch, fence)
+        return self.roles.promote(role, epoch, fence).addCallback(self._register_role)
 
     def become_slave(
         self, master_endpoint: str | IStreamClientEndpoint, leader: tuple[str, int] | None = None
@@ -194,14 +201,43 @@ class Broker(MultiService):
         same open store: see L{RoleMachine.follow}.
         """
         self._check_running()
-        return self.roles.follow(master_endpoint, leader)
+        return self.roles.follow(master_endpoint, leader).addCallback(self._register_role)
 
     def stand_by(self) -> Deferred[None]:
         """
         Be neither a master nor a replicating slave (failover mode): see
         L{RoleMachine.stand_by}.
         """
-        return self.roles.stand_by()
+        return self.roles.stand_by().addCallback(self._register_role)
+
+    def _register_role(self, result: None) -> None:
+        # A new role is registered at once, not after the next period: a
+        # master as brokerId 0, anything else with its --broker-id.
+        if self.registration is not None:
+            broker_id = 0 if self.roles.role.is_master else self.settings.broker_id
+            self.registration.role_changed(broker_id)
+
+    def follow_namesrv_master(self, ha_server_addr: str) -> Deferred[None] | None:
+        """
+        A slave started without C{--master} follows the master's HA address
+        its NameServers name, and re-points when it changes (RocketMQ's
+        C{updateMasterHAServerAddrPeriodically}); over TLS with
+        C{--tls-ca}.  Nothing while the broker is not running.
+        """
+        if not self.running:
+            return None
+        from rmqha.settings import master_description, parse_host_port
+        from rmqha.tls import client_endpoint
+
+        host, port = parse_host_port(ha_server_addr, "haServerAddr")
+        files = self.settings.tls_files
+        endpoint: str | IStreamClientEndpoint = (
+            client_endpoint(self.reactor, host, port, files, self.settings.tls_server_name)
+            if files.ca is not None
+            else master_description(host, port)
+        )
+        self._log.info("following the master the NameServers name: {ha}", ha=ha_server_addr)
+        return self.become_slave(endpoint)
 
     def _check_running(self) -> None:
         if not self.running:
@@ -238,6 +274,8 @@ class Broker(MultiService):
         if side is not None:
             side.startService()
         self.ports.start()
+        if self.registration is not None:
+            self.registration.startService()
         from rmqha.startup import startup_line
 
         self._log.info("{line}", line=startup_line(self))
@@ -249,11 +287,15 @@ class Broker(MultiService):
 
     def stopService(self) -> Deferred[None]:
         """
-        Stop the ports, then the role, then the scrub (it reads the
-        store's files), then close the store cleanly.
+        Unregister from the NameServers, stop the ports, then the role,
+        then the scrub (it reads the store's files), then close the store
+        cleanly.
         """
         Service.stopService(self)
         d: Deferred[Any] = succeed(None)
+        if self.registration is not None and self.registration.running:
+            # (Unregistered first: clients stop being sent here.)
+            d = self.registration.stopService()
         for service in self.ports.close():
             d.addBoth(_stop_after, service)
         # (The role last: a change under way finishes its step first.)

@@ -91,6 +91,8 @@ def _role(broker: Broker) -> str:
         )
     if broker.role.is_master:
         return f"role {broker.role.value}"
+    if broker.roles.endpoint_text() is None and broker.registration is not None:
+        return "role SLAVE of the master its NameServers name (none yet)"
     return f"role SLAVE of {broker.roles.endpoint_text()}"
 
 

@@ -230,3 +230,91 @@ class RegistrationTests(SynchronousTestCase):
         self.settle()
         self.assertEqual(out, [[]])
         self.assertTrue(any("answered code 1" in t and "brokerAddr" in t for t in logged.texts()))
+
+
+class BrokerRegistrationTests(SynchronousTestCase):
+    """
+    A Broker with --namesrv: registered at start and on every role change,
+    unregistered at stop; a slave without --master follows the master the
+    NameServer names and re-points when it changes.
+    """
+
+    def setUp(self) -> None:
+        from twisted.internet.testing import MemoryReactorClock
+
+        self.clock = MemoryReactorClock()
+        self.ns = FakeNameServer(self.clock)
+
+    def broker(self, ip: str, **values: Any) -> Any:
+        from twisted.internet.defer import succeed
+
+        from rmqha.broker import Broker
+        from rmqha.remoting.protocol import RemotingClient
+        from rmqha.settings import BrokerSettings
+        from rmqha.store.commitlog import CommitLog
+        from tests._helpers import fixed_clock
+
+        store = self.mktemp()
+        settings = BrokerSettings(
+            ha_listen="tcp:10912", scrub_rate=0, namesrv=("127.0.0.1:9876",), group="broker-a",
+            broker_ip1=ip, **values,
+        )
+        broker = Broker(
+            settings,
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            run_in_thread=lambda f: succeed(f()),
+            retry_policy=lambda attempt: 1.0,
+            fd_limit=lambda: 4096,
+        )
+        registration = broker.registration
+        assert registration is not None
+        # The NameServer in memory instead of 127.0.0.1:9876.
+        registration.clients = [RemotingClient(None, self.ns.client_endpoint(self.clock), clock=self.clock)]
+        broker.startService()
+        self.settle()
+        return broker
+
+    def settle(self) -> None:
+        for _ in range(5):
+            self.clock.advance(0)
+            self.ns.flush()
+
+    def test_slave_follows_and_repoints(self) -> None:
+        from rmqha.ha.config import Role
+
+        master = self.broker("10.0.0.1")
+        self.assertEqual(self.ns.brokers("broker-a"), {0: "10.0.0.1:10911"})
+        self.assertEqual(self.ns.registrations[0].header.ha_server_addr, "10.0.0.1:10912")
+        slave = self.broker("10.0.0.2", role=Role.SLAVE, broker_id=1)
+        self.assertEqual(self.ns.brokers("broker-a"), {0: "10.0.0.1:10911", 1: "10.0.0.2:10911"})
+        self.assertEqual(slave.master_endpoint, "tcp:host=10.0.0.1:port=10912")
+        assert slave.registration is not None
+        self.assertEqual(slave.registration.master_addr, "10.0.0.1:10911")
+        # The master goes; another registers as broker-a's master.
+        stopped = master.stopService()
+        self.settle()
+        self.successResultOf(stopped)
+        self.assertEqual(self.ns.brokers("broker-a"), {1: "10.0.0.2:10911"})
+        other = self.broker("10.0.0.3")
+        self.clock.advance(30)
+        self.settle()
+        self.assertEqual(slave.master_endpoint, "tcp:host=10.0.0.3:port=10912")
+        # The slave promoted: registered as 0 at once, its address moved.
+        promoted = slave.become_master(Role.ASYNC_MASTER)
+        self.settle()
+        self.successResultOf(promoted)
+        self.assertEqual(self.ns.brokers("broker-a")[0], "10.0.0.2:10911")
+        self.assertNotIn(1, self.ns.brokers("broker-a"))
+        for broker in (slave, other):
+            d = broker.stopService()
+            self.settle()
+            self.successResultOf(d)
+        self.assertEqual(self.ns.brokers("broker-a"), {})
+
+    def test_slave_with_master_does_not_follow(self) -> None:
+        from rmqha.ha.config import Role
+
+        self.broker("10.0.0.1")
+        slave = self.broker("10.0.0.2", role=Role.SLAVE, broker_id=1, master="tcp:host=10.9.9.9:port=1")
+        self.assertEqual(slave.master_endpoint, "tcp:host=10.9.9.9:port=1")

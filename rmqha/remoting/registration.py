@@ -61,7 +61,9 @@ __all__ = [
     "REGISTER_TIMEOUT",
     "UNREGISTER_TIMEOUT",
     "default_broker_name",
+    "for_broker",
     "local_address",
+    "port_of",
 ]
 
 #: C{registerNameServerPeriod}: seconds between registrations.
@@ -330,3 +332,65 @@ class NameServerRegistration(Service):
             )
         return DeferredList(waits, consumeErrors=True)
 
+
+
+def port_of(description: object, default: int) -> int:
+    """
+    The port of a server endpoint description (C{tcp:10911},
+    C{ssl:10912:privateKey=...}, C{tcp:port=10911}), else C{default}
+    (an endpoint object, or none given).
+    """
+    if not isinstance(description, str):
+        return default
+    for part in description.split(":")[1:]:
+        value = part[len("port="):] if part.startswith("port=") else part
+        if value.isdigit():
+            return int(value)
+    return default
+
+
+def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
+    """
+    The registration of a L{rmqha.broker.Broker} with its C{--namesrv}:
+    C{brokerAddr} is C{brokerIP1:listenPort}, C{haServerAddr}
+    C{brokerIP2:haListenPort} (a failover node's C{--advertise}); a fixed
+    master registers as 0, a slave or failover node with C{--broker-id}
+    (the role changes it: L{rmqha.broker.Broker}); the topic table is the
+    broker's C{metadata}'s.  A slave without C{--master} follows the
+    master's HA address the answers give (L{rmqha.broker.Broker.follow_namesrv_master}).
+    """
+    from rmqha.remoting.metadata import DataVersion, MetadataFile
+
+    s = broker.settings
+    assert s.namesrv is not None
+    ip1 = s.broker_ip1 or local_address()
+    ip2 = s.broker_ip2 or ip1
+    # (listenPort: the broker's remoting port, --listen.)
+    remoting_port = port_of(getattr(s, "listen", None), 10911)
+    if s.failover and s.advertise:
+        ha_server_addr = s.advertise
+    else:
+        ha_server_addr = f"{ip2}:{port_of(s.ha_listen, 10912)}"
+    identity = BrokerIdentity(
+        cluster_name=s.cluster,
+        broker_name=s.group or default_broker_name(),
+        broker_id=0 if s.role.is_master and not s.failover else s.broker_id,
+        broker_addr=f"{ip1}:{remoting_port}",
+        ha_server_addr=ha_server_addr,
+    )
+
+    def topics() -> TopicTable:
+        metadata = getattr(broker, "metadata", None)
+        if metadata is None:
+            return TopicTable(DataVersion(timestamp=0), {})
+        table: TopicTable = metadata.table(MetadataFile.TOPICS)
+        return table
+
+    follows = not s.failover and not s.role.is_master and s.master_address is None
+    return NameServerRegistration(
+        reactor,
+        s.namesrv,
+        identity,
+        topics,
+        on_master_ha=broker.follow_namesrv_master if follows else None,
+    )
