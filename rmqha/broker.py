@@ -43,6 +43,7 @@ from rmqha.listening import BrokerPorts
 from rmqha.puts import NotMasterError, NotStoredError, PutPath
 from rmqha.remoting.registration import NameServerRegistration
 from rmqha.remoting.registration import for_broker as registration_for
+from rmqha.remoting.registration import start_for_broker as start_registration
 from rmqha.roleservices import RoleServices, default_max_cut
 from rmqha.store.scrub import ScrubService
 from rmqha.store.service import CommitLogService
@@ -274,8 +275,7 @@ class Broker(MultiService):
         if side is not None:
             side.startService()
         self.ports.start()
-        if self.registration is not None:
-            self.registration.startService()
+        start_registration(self)
         from rmqha.startup import startup_line
 
         self._log.info("{line}", line=startup_line(self))

@@ -318,3 +318,15 @@ class BrokerRegistrationTests(SynchronousTestCase):
         self.broker("10.0.0.1")
         slave = self.broker("10.0.0.2", role=Role.SLAVE, broker_id=1, master="tcp:host=10.9.9.9:port=1")
         self.assertEqual(slave.master_endpoint, "tcp:host=10.9.9.9:port=1")
+
+
+class PortOfTests(SynchronousTestCase):
+    def test_port_of(self) -> None:
+        from rmqha.remoting.registration import port_of
+
+        self.assertEqual(port_of("tcp:10912", 1), 10912)
+        self.assertEqual(port_of("ssl:20912:privateKey=k.pem", 1), 20912)
+        self.assertEqual(port_of("tcp:port=30912:interface=127.0.0.1", 1), 30912)
+        self.assertEqual(port_of("tcp:0:interface=127.0.0.1", 1), 0)
+        self.assertEqual(port_of(None, 10911), 10911)
+        self.assertEqual(port_of(object(), 10911), 10911)

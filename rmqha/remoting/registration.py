@@ -64,6 +64,7 @@ __all__ = [
     "for_broker",
     "local_address",
     "port_of",
+    "start_for_broker",
 ]
 
 #: C{registerNameServerPeriod}: seconds between registrations.
@@ -394,3 +395,29 @@ def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
         topics,
         on_master_ha=broker.follow_namesrv_master if follows else None,
     )
+
+
+def start_for_broker(broker: Any) -> None:
+    """
+    Start a running broker's registration.  A master whose HA port was
+    given as port 0 registers the port it got (its C{haServerAddr} is
+    known once the port listens).
+    """
+    registration: NameServerRegistration | None = broker.registration
+    if registration is None:
+        return
+    host, _, port = registration.identity.ha_server_addr.rpartition(":")
+    if port != "0" or not broker.role.is_master or broker.ha_service is None:
+        registration.startService()
+        return
+
+    def listened(address: Any) -> None:
+        registration.identity = attrs.evolve(
+            registration.identity, ha_server_addr=f"{host}:{address.port}"
+        )
+
+    def start(_: object) -> None:
+        if broker.running:
+            registration.startService()
+
+    broker.ha_address().addCallback(listened).addBoth(start)

@@ -1,0 +1,69 @@
+"""
+Real sockets on 127.0.0.1 (pytest-twisted, the global reactor): a master
+and a slave L{Broker} in this process register with a FakeNameServer
+listening on port 0; the slave, started without --master, finds its
+master through it and replicates byte-identically; both unregister at
+stop.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest_twisted
+
+from rmqha.broker import Broker, Role
+from rmqha.store._record import Message
+from rmqha.testing import FakeNameServer
+
+from tests.integration._support import make_broker, store_digest, until
+
+SEGMENT = 256 * 1024
+
+
+@pytest_twisted.ensureDeferred
+async def test_slave_finds_master_through_namesrv(tmp_path: Any) -> None:
+    from twisted.internet import reactor
+
+    namesrv = FakeNameServer(reactor)
+    port = await namesrv.listen(reactor, "tcp:0:interface=127.0.0.1")
+    address = f"127.0.0.1:{port.getHost().port}"
+    # (Both on one host: their listenPort is the same, so the slave gets
+    # another brokerIP1, or the NameServer would take it for the master
+    # re-registering under another id.)
+    common: dict[str, Any] = dict(namesrv=(address,), group="broker-a")
+    master: Broker = make_broker(
+        reactor, str(tmp_path / "master"), Role.MASTER, SEGMENT,
+        ha_listen="tcp:0:interface=127.0.0.1", broker_ip1="127.0.0.1", **common,
+    )
+    slave: Broker | None = None
+    master.startService()
+    try:
+        for i in range(300):
+            await master.put(Message("NsTopic", os.urandom(1000), queue_id=i % 4))
+        ha_port = (await master.ha_address()).port
+        await until(reactor, lambda: 0 in namesrv.brokers("broker-a"), "the master to register", 10)
+        assert namesrv.registrations[-1].header.ha_server_addr == f"127.0.0.1:{ha_port}"
+        slave = make_broker(
+            reactor, str(tmp_path / "slave"), Role.SLAVE, SEGMENT, broker_id=1, broker_ip1="127.0.0.2", **common
+        )
+        slave.startService()
+        await until(
+            reactor,
+            lambda: slave.store.commitlog is not None
+            and slave.commitlog.max_offset == master.commitlog.max_offset,
+            "the slave to catch up through the NameServer",
+            20,
+        )
+        assert slave.master_endpoint == f"tcp:host=127.0.0.1:port={ha_port}"
+        assert namesrv.brokers("broker-a") == {0: "127.0.0.1:10911", 1: "127.0.0.2:10911"}
+        assert slave.registration is not None and slave.registration.master_addr == "127.0.0.1:10911"
+    finally:
+        if slave is not None:
+            await slave.stopService()
+        await master.stopService()
+        await port.stopListening()
+    assert store_digest(str(tmp_path / "slave")) == store_digest(str(tmp_path / "master"))
+    assert namesrv.brokers("broker-a") == {}
+    assert len(namesrv.unregistrations) == 2
