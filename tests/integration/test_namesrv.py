@@ -67,3 +67,58 @@ async def test_slave_finds_master_through_namesrv(tmp_path: Any) -> None:
     assert store_digest(str(tmp_path / "slave")) == store_digest(str(tmp_path / "master"))
     assert namesrv.brokers("broker-a") == {}
     assert len(namesrv.unregistrations) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_twistd_brokers_through_namesrv(tmp_path: Any) -> None:
+    """
+    Two C{twistd rmqha} processes with --namesrv: the master (HA port 0)
+    registers the port it got; the slave, started without --master, finds
+    it through the NameServer and copies the master's log byte-identically;
+    both unregister when stopped (SIGTERM).
+    """
+    import signal
+    import subprocess
+
+    from twisted.internet import reactor
+
+    from rmqha.store.commitlog import CommitLog
+    from tools.processes import twistd_command
+
+    master_store, slave_store = str(tmp_path / "master"), str(tmp_path / "slave")
+    log = CommitLog.open(master_store, segment_size=SEGMENT)
+    for i in range(400):
+        log.put(Message("NsTopic", os.urandom(1000), queue_id=i % 4))
+    log.close()
+    namesrv = FakeNameServer(reactor)
+    port = await namesrv.listen(reactor, "tcp:0:interface=127.0.0.1")
+    common = ["--namesrv", f"127.0.0.1:{port.getHost().port}", "--group", "broker-a"]
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        processes.append(subprocess.Popen(twistd_command(
+            master_store, str(tmp_path / "master.log"), "--role", "master",
+            "--ha-listen", "tcp:0:interface=127.0.0.1", "--broker-ip1", "127.0.0.1", *common,
+        )))
+        await until(reactor, lambda: 0 in namesrv.brokers("broker-a"), "the master to register", 30)
+        processes.append(subprocess.Popen(twistd_command(
+            slave_store, str(tmp_path / "slave.log"), "--role", "slave", "--segment-size", "256k",
+            "--broker-id", "1", "--broker-ip1", "127.0.0.2", *common,
+        )))
+        await until(reactor, lambda: 1 in namesrv.brokers("broker-a"), "the slave to register", 30)
+        await until(
+            reactor,
+            lambda: os.path.isdir(os.path.join(slave_store, "commitlog"))
+            and store_digest(slave_store) == store_digest(master_store),
+            "the slave to copy the master's log",
+            30,
+        )
+    finally:
+        for process in reversed(processes):
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+        await port.stopListening()
+    assert namesrv.brokers("broker-a") == {}
+    assert len(namesrv.unregistrations) == 2
+    with open(str(tmp_path / "slave.log")) as f:
+        slave_log = f.read()
+    assert "following the master the NameServers name: 127.0.0.1:" in slave_log
