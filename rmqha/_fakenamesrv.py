@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.interfaces import (
@@ -22,8 +23,6 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.defer import fail, succeed
-from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from zope.interface import implementer
 
@@ -35,7 +34,7 @@ from rmqha.remoting._frames import (
     make_response,
 )
 from rmqha.remoting.codes import RequestCode, ResponseCode
-from rmqha.remoting.metadata import DataVersion, JSONValue, TopicConfig, dump_fastjson
+from rmqha.remoting.metadata import DataVersion, JSONValue, TopicConfig, TopicTable, dump_fastjson
 from rmqha.remoting.namesrv import (
     MASTER_ID,
     GetRouteInfoRequestHeader,
@@ -49,7 +48,7 @@ from rmqha.remoting.namesrv import (
 )
 from rmqha.remoting.protocol import Dispatcher, RemotingFactory
 
-__all__ = ["FakeNameServer", "Registration", "MemoryNameServerEndpoint"]
+__all__ = ["FakeNameServer", "RegistrationRecord", "MemoryNameServerEndpoint"]
 
 #: Below it, C{GET_ROUTEINFO_BY_TOPIC} is answered with unquoted integer
 #: keys (C{MQVersion.Version.V4_9_4.ordinal()}).
@@ -57,7 +56,7 @@ _STANDARD_JSON_VERSION = 401
 
 
 @dataclasses.dataclass(frozen=True)
-class Registration:
+class RegistrationRecord:
     """
     One REGISTER_BROKER the fake took: its header and decoded body.
     """
@@ -123,7 +122,7 @@ class FakeNameServer:
         self.broker_addr: dict[str, _BrokerData] = {}
         self.topic_queues: dict[str, dict[str, _QueueData]] = {}
         self.live: dict[str, _Live] = {}
-        self.registrations: list[Registration] = []
+        self.registrations: list[RegistrationRecord] = []
         self.unregistrations: list[UnregisterBrokerRequestHeader] = []
         self.up = True
         self.handler = Dispatcher(
@@ -187,10 +186,8 @@ class FakeNameServer:
             except RegisterBodyError as e:
                 return make_response(request, ResponseCode.SYSTEM_ERROR, f"Failed to decode RegisterBrokerBody: {e}")
         else:
-            from rmqha.remoting.metadata import TopicTable
-
             body = RegisterBrokerBody(TopicTable(DataVersion(timestamp=0), {}))
-        self.registrations.append(Registration(header, body))
+        self.registrations.append(RegistrationRecord(header, body))
         ha, master = self.register_broker(header, body)
         ext = header_to_ext_fields(RegisterBrokerResponseHeader(ha, master))
         return make_response(request, ResponseCode.SUCCESS, None, ext_fields=ext)

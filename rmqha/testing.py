@@ -18,7 +18,8 @@ In memory, on a L{Clock}, no sockets:
       (L{FakeNameServer.listen}, port 0).  Not for production: users run
       RocketMQ's own NameServer.
 
-Only in-memory fakes: no process, socket or thread.  rmqha's own
+Only fakes: no process or thread, and no socket unless asked for
+(L{FakeNameServer.listen}).  rmqha's own
 real-process harnesses (a fault-injecting TCP proxy, etcd members, a
 failover group of C{twistd} nodes) are developer tools in a checkout's
 C{tools/} (docs/development.md), not part of the package.
@@ -62,7 +63,7 @@ __all__ = [
     "MASTER_ADDRESS",
     "MemoryConnection",
     "MemoryNameServerEndpoint",
-    "NameServerRegistration",
+    "RegistrationRecord",
     "SLAVE_ADDRESS",
     "StringEndpoint",
     "connect_in_memory",
@@ -277,5 +278,5 @@ class StringEndpoint:
 from rmqha._fakenamesrv import (  # noqa: E402
     FakeNameServer,
     MemoryNameServerEndpoint,
-    Registration as NameServerRegistration,
+    RegistrationRecord,
 )
