@@ -145,7 +145,9 @@ class FakeNameServerTests(SynchronousTestCase):
     def test_down_refuses(self) -> None:
         self.ns.up = False
         out: list[Any] = []
-        client = RemotingClient(None, self.ns.client_endpoint(self.clock), clock=self.clock)
+        client = RemotingClient(
+            None, self.ns.client_endpoint(self.clock), clock=self.clock, retry_policy=lambda n: 1.0
+        )
         client.startService()
         self.addCleanup(client.stopService)
         client.request(RemotingCommand(RequestCode.GET_BROKER_CLUSTER_INFO), 3).addErrback(out.append)
