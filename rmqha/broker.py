@@ -41,6 +41,7 @@ from rmqha.ha.replica import Replica, ReplicaState
 from rmqha.ha.roles import RoleMachine
 from rmqha.listening import BrokerPorts
 from rmqha.puts import NotMasterError, NotStoredError, PutPath
+from rmqha.remoting.metadata import BrokerMetadata, MetadataError, MetadataFlusher
 from rmqha.roleservices import RoleServices, default_max_cut
 from rmqha.store.scrub import ScrubService
 from rmqha.store.service import CommitLogService
@@ -142,6 +143,27 @@ class Broker(MultiService):
         for name, part in (("store", self.store), ("scrub", self.scrub)):
             part.setName(name)  # type: ignore[no-untyped-call]
             part.setServiceParent(self)  # type: ignore[no-untyped-call]
+        self._metadata: BrokerMetadata | None = None
+        #: Writes the metadata's offsets every 5 s and at stop, while running.
+        self.metadata_flusher: MetadataFlusher | None = None
+        if settings.listen is not None:
+            from rmqha.remoting.broker import RemotingPort
+
+            RemotingPort(self, settings.listen).setServiceParent(self)  # type: ignore[no-untyped-call]
+
+    @property
+    def metadata(self) -> BrokerMetadata:
+        """
+        The store's RocketMQ metadata (C{<store>/config/*.json}: topics,
+        consumer and delay offsets, subscription groups), loaded when the
+        broker starts: read it through the broker at each use (a new
+        object at each start).
+
+        @raise RuntimeError: the broker has not started.
+        """
+        if self._metadata is None:
+            raise RuntimeError("the broker is not running: its metadata is not loaded")
+        return self._metadata
 
     @property
     def role(self) -> Role:
@@ -221,6 +243,14 @@ class Broker(MultiService):
         except BaseException:
             self.ports.shut(self.roles)
             raise
+        try:
+            self._metadata = BrokerMetadata.load(self.commitlog.store_dir, self.reactor)
+        except (MetadataError, OSError):
+            self.ports.shut(self.roles)
+            self.store.stopService()
+            raise
+        self.metadata_flusher = MetadataFlusher(self._metadata, self.reactor)
+        self.metadata_flusher.startService()
         self.scrub.startService()
         # (Not MultiService's: the store and the scrub are started.)
         Service.startService(self)
@@ -258,9 +288,16 @@ class Broker(MultiService):
             d.addBoth(_stop_after, service)
         # (The role last: a change under way finishes its step first.)
         d.addBoth(lambda _: self.roles.stop())
+        d.addBoth(lambda _: self._stop_flusher())
         d.addBoth(lambda _: self.scrub.stopService())
         d.addBoth(lambda _: self.store.stopService())
         return d
+
+    def _stop_flusher(self) -> None:
+        # (Writes what is dirty: the consumer and delay offsets.)
+        flusher, self.metadata_flusher = self.metadata_flusher, None
+        if flusher is not None and flusher.running:
+            flusher.stopService()
 
     @property
     def commitlog(self) -> CommitLog:

@@ -438,6 +438,16 @@ class BrokerSettings:
     master_endpoint: str | IStreamClientEndpoint | None = _setting(
         None, "slave: the master as any Twisted client endpoint description"
     )
+    listen: str | IStreamServerEndpoint | None = _setting(
+        None,
+        "RocketMQ remoting port (topic config, offsets, runtime info for a "
+        "NameServer, a slave, mqadmin) on this port or Twisted server endpoint, "
+        "e.g. tcp:10911, or ssl:PORT for TLS with --tls-cert/--tls-key "
+        "(default: none, unlike RocketMQ's 10911; docs/remoting.md)",
+        key="listenPort",
+        parse=_listen_endpoint,
+        parse_key=_port_endpoint,
+    )
     http: str | None = _setting(
         None,
         "admin HTTP (/status, /metrics, produce) on this port or Twisted server "
@@ -1029,6 +1039,18 @@ def _tls(s: BrokerSettings) -> None:
             )
 
 
+def _listen(s: BrokerSettings) -> None:
+    """
+    C{--listen ssl:…} serves the remoting port over TLS with this broker's
+    key pair (and the HA port's client-certificate policy).
+    """
+    if isinstance(s.listen, str) and s.listen.startswith("ssl:") and (s.tls_cert is None or s.tls_key is None):
+        raise SettingsError(
+            f"--listen {s.listen}: the remoting port serves TLS with this broker's "
+            "key pair; give --tls-cert and --tls-key"
+        )
+
+
 def _http(s: BrokerSettings) -> None:
     """
     C{--http ssl:…} serves the admin port over TLS with this broker's key
@@ -1058,6 +1080,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
     _failover,
     _group_auth,
     _tls,
+    _listen,
     _http,
 ]
 
@@ -1068,7 +1091,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
 #: server and client settings): accepted without a word.
 ROCKETMQ_KEYS = frozenset(
     """
-    brokerClusterName brokerId brokerIP1 brokerIP2 namesrvAddr listenPort
+    brokerClusterName brokerId brokerIP1 brokerIP2 namesrvAddr
     deleteWhen fileReservedTime autoCreateTopicEnable autoCreateSubscriptionGroup
     storePathConsumeQueue storePathIndex storeCheckpoint abortFile
     mappedFileSizeConsumeQueue mapedFileSizeConsumeQueue mapedFileSizeCommitLog
