@@ -29,6 +29,7 @@ from rmqha.remoting.metadata import (
     MetadataFile,
     SubscriptionGroupConfig,
     TopicTable,
+    builtin_topics,
     decode_table,
     parse_fastjson,
 )
@@ -137,6 +138,12 @@ class TableTests(_BrokerCase):
         # Compact fastjson, TopicConfigSerializeWrapper's field order.
         self.assertTrue(response.body.startswith(b'{"dataVersion":{"counter":1,'), response.body)
         self.assertIn(b'"topicConfigTable":{"Orders":{"order":false,"perm":6,', response.body)
+        # Built-in topics added (with no new version) are answered too.
+        broker.metadata.add_builtins(builtin_topics("DefaultCluster", "broker-a"), {})
+        response = connection.ask(RequestCode.GET_ALL_TOPIC_CONFIG)
+        table = decode_table(MetadataFile.TOPICS, response.body.decode())
+        assert isinstance(table, TopicTable)
+        self.assertIn("TBW102", table.topics)
 
     def test_offsets_and_groups(self) -> None:
         broker = self.start()

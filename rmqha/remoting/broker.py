@@ -149,7 +149,7 @@ class BrokerRemoting:
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
         self.boot_millis = int(broker.reactor.seconds() * 1000)
-        self._topics_cache: tuple[tuple[int, int], bytes] | None = None
+        self._topics_cache: tuple[tuple[int, int, int], bytes] | None = None
 
     @property
     def metadata(self) -> BrokerMetadata:
@@ -177,7 +177,8 @@ class BrokerRemoting:
         """
         metadata = self.metadata
         version = metadata.topics_version
-        key = (version.timestamp, version.counter)
+        # (The count too: add_builtins adds topics without a new version.)
+        key = (version.timestamp, version.counter, len(metadata.topics))
         if self._topics_cache is None or self._topics_cache[0] != key:
             self._topics_cache = (key, metadata.encode(MetadataFile.TOPICS).encode("utf-8"))
         return make_response(request, ResponseCode.SUCCESS, body=self._topics_cache[1])
