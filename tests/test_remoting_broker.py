@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import attrs
+
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import fail
 from twisted.internet.error import CannotListenError
@@ -426,3 +428,30 @@ class SettingsTests(SynchronousTestCase):
         self.assertEqual(str(e), "listenPort in b.conf: 'x' is not a port")
         e = self.assertRaises(SettingsError, BrokerSettings.from_sources, {"listen": "ssl:10911"})
         self.assertIn("give --tls-cert and --tls-key", str(e))
+
+
+class TLSTests(SynchronousTestCase):
+    def test_ssl_listen(self) -> None:
+        """
+        C{--listen ssl:PORT} serves TLS with the broker's key pair: the
+        port listens on a TLS endpoint of the C{--tls-*} files.
+        """
+        from twisted.internet.endpoints import SSL4ServerEndpoint
+
+        from rmqha.assemble import check_files
+        from tests.test_tls import PKI
+
+        files = PKI(self.mktemp()).master()
+        settings = BrokerSettings(
+            store_dir=self.mktemp(),
+            ha_listen="ssl:0:interface=127.0.0.1",
+            listen="ssl:0:interface=127.0.0.1",
+            tls_cert=files.cert,
+            tls_key=files.key,
+        )
+        check_files(settings)
+        service = build_service(settings, MemoryReactorClock())
+        (port,) = [s for s in service if isinstance(s, RemotingPort)]  # type: ignore[attr-defined]
+        self.assertIsInstance(port.where, SSL4ServerEndpoint)
+        e = self.assertRaises(ValueError, check_files, attrs.evolve(settings, listen="ssl:0:certKey=x"))
+        self.assertIn("--listen", str(e))
