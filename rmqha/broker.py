@@ -38,9 +38,10 @@ from rmqha.ha.interfaces import IFence
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica, ReplicaState
-from rmqha.ha.roles import RoleMachine
+from rmqha.ha.roles import RoleMachine, RoleState
 from rmqha.listening import BrokerPorts
 from rmqha.puts import NotMasterError, NotStoredError, PutPath
+from rmqha.remoting.sync import MetadataSync
 from rmqha.roleservices import RoleServices, default_max_cut
 from rmqha.store.scrub import ScrubService
 from rmqha.store.service import CommitLogService
@@ -139,9 +140,35 @@ class Broker(MultiService):
             lambda: self.store.commitlog, reactor, rate=settings.scrub_rate,
             slave=lambda: self.roles.is_slave,
         )
+        #: The slave's metadata sync (L{attach_metadata_sync}), or C{None}.
+        self.metadata_sync: MetadataSync | None = None
+        self.roles.listeners.append(self._role_state)
         for name, part in (("store", self.store), ("scrub", self.scrub)):
             part.setName(name)  # type: ignore[no-untyped-call]
             part.setServiceParent(self)  # type: ignore[no-untyped-call]
+
+    def attach_metadata_sync(self, sync: MetadataSync) -> None:
+        """
+        Run C{sync} (on this broker's L{rmqha.remoting.metadata.BrokerMetadata})
+        while the broker runs: it syncs while the role is a replicating
+        slave's, stops at any role change, and is told the master's
+        remoting address of C{--master-remoting} if given (a NameServer's
+        C{masterAddr} may replace it later:
+        L{MetadataSync.set_master_address}).  Call it before or after
+        starting the broker.
+        """
+        if self.metadata_sync is not None:
+            raise ValueError("a metadata sync is attached already")
+        self.metadata_sync = sync
+        if self.settings.master_remoting is not None:
+            sync.set_master_address(self.settings.master_remoting)
+        sync.set_slave(bool(self.running) and self.roles.state is RoleState.SLAVE)
+        if self.running:
+            sync.startService()
+
+    def _role_state(self, state: RoleState) -> None:
+        if self.metadata_sync is not None:
+            self.metadata_sync.set_slave(state is RoleState.SLAVE)
 
     @property
     def role(self) -> Role:
@@ -238,6 +265,8 @@ class Broker(MultiService):
         if side is not None:
             side.startService()
         self.ports.start()
+        if self.metadata_sync is not None:
+            self.metadata_sync.startService()
         from rmqha.startup import startup_line
 
         self._log.info("{line}", line=startup_line(self))
@@ -254,6 +283,8 @@ class Broker(MultiService):
         """
         Service.stopService(self)
         d: Deferred[Any] = succeed(None)
+        if self.metadata_sync is not None and self.metadata_sync.running:
+            d.addBoth(_stop_after, self.metadata_sync)
         for service in self.ports.close():
             d.addBoth(_stop_after, service)
         # (The role last: a change under way finishes its step first.)
