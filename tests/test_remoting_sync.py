@@ -436,6 +436,27 @@ class FailureTests(_Case):
         self.assertEqual(self.sync.status().last_success, self.clock.seconds())
         self.assertTrue(any("succeeds again" in formatEvent(e) for e in self.events))
 
+    def test_changing_kinds_logged_once(self) -> None:
+        """
+        A step failing by turns in different ways (a master going down
+        fails with connection, then timeout) is one failure: logged once,
+        counted by kind.
+        """
+        turn = [0]
+
+        def flaky(command: RemotingCommand) -> Answer:
+            turn[0] += 1
+            if turn[0] % 2:
+                return Deferred()
+            return make_response(command, ResponseCode.SYSTEM_BUSY, "busy")
+
+        self.master.answer[RequestCode.GET_ALL_TOPIC_CONFIG] = flaky
+        self.start_slave()
+        self.advance(3 + 10 * 5)
+        failures = self.sync.status().failures
+        self.assertEqual(failures, {("topics", "timeout"): 3, ("topics", "refused"): 3})
+        self.assertEqual(len(self.warnings("GET_ALL_TOPIC_CONFIG")), 1)
+
     def test_write_failure(self) -> None:
         """
         A table that cannot be written is a failure of kind write.

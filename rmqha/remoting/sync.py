@@ -392,7 +392,7 @@ class MetadataSync(Service):
         now = self.clock.seconds()
         current = self._failing.get(table)
         text = f"{table.code.name} ({int(table.code)}) from {master}"
-        if current is None or current.kind != kind:
+        if current is None:
             self._failing[table] = SyncFailure(kind, message, since=now, logged_at=now)
             self._log.warn(
                 "metadata sync: {what} failed ({kind}): {error}; the slave's {table} stay as they "
@@ -401,8 +401,10 @@ class MetadataSync(Service):
                 relog=self.relog_interval,
             )
             return
+        # (Whatever the kind now: a master that is down fails by turns
+        # with "connection" and "timeout", and is one failure going on.)
         current.count += 1
-        current.message = message
+        current.kind, current.message = kind, message
         if now - current.logged_at >= self.relog_interval:
             current.logged_at = now
             self._log.warn(
