@@ -472,3 +472,17 @@ class FailureTests(_Case):
         kinds = {kind for (_, kind) in self.sync.status().failures}
         self.assertEqual(kinds, {"write"})
         self.assertEqual(len(self.warnings("cannot write")), 4)
+
+
+class DefaultClientTests(SynchronousTestCase):
+    def test_plain_tcp(self) -> None:
+        """
+        The default client dials C{host:port} over plain TCP (IPv6 too).
+        """
+        from twisted.internet.testing import MemoryReactorClock
+
+        from rmqha.remoting.sync import remoting_client
+
+        build = remoting_client(MemoryReactorClock())
+        self.assertEqual(build("192.0.2.1:10911").name, "tcp:host=192.0.2.1:port=10911")
+        self.assertEqual(build("[::1]:10911").name, r"tcp:host=\:\:1:port=10911")
