@@ -6,7 +6,6 @@ encode to, over in-memory connections on a L{Clock}.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Callable
 

@@ -208,7 +208,6 @@ class MetadataSync(Service):
         self._first: IDelayedCall | None = None
         self._loop: LoopingCall | None = None
         self._syncing: Deferred[None] | None = None
-        self._step: Deferred[RemotingCommand] | None = None
         self.last_success: float | None = None
         self.last_attempt: float | None = None
         self.syncs = 0
@@ -320,26 +319,21 @@ class MetadataSync(Service):
             self._client.startService()
         client = self._client
         ok = True
-        try:
-            for table in SyncTable:
-                if self.master != master or self._client is not client:
-                    # Re-pointed meanwhile: the next tick syncs from the new one.
-                    return
-                # Each step from a turn of its own: a failure can reach
-                # us from inside ClientService's state machine (a refused
-                # connection), which must not be re-entered.
-                await deferLater(self.clock, 0, lambda: None)
-                if self.master != master or self._client is not client:
-                    return
-                try:
-                    await self._step_once(client, table)
-                except _StepFailed as e:
-                    ok = False
-                    self._failed(table, master, e.kind, str(e))
-                else:
-                    self._recovered(table)
-        finally:
-            self._step = None
+        for table in SyncTable:
+            # Each step from a turn of its own: a failure can reach us from
+            # inside ClientService's state machine (a refused connection),
+            # which must not be re-entered.
+            await deferLater(self.clock, 0, lambda: None)
+            if self.master != master or self._client is not client:
+                # Re-pointed meanwhile: the next tick syncs from the new one.
+                return
+            try:
+                await self._step_once(client, table)
+            except _StepFailed as e:
+                ok = False
+                self._failed(table, master, e.kind, str(e))
+            else:
+                self._recovered(table)
         self.syncs += 1
         now = self.clock.seconds()
         self.last_attempt = now
@@ -349,7 +343,7 @@ class MetadataSync(Service):
 
     async def _step_once(self, client: RemotingClient, table: SyncTable) -> None:
         request = RemotingCommand(code=int(table.code))
-        d = self._step = client.request(request, self.timeout)
+        d = client.request(request, self.timeout)
         try:
             response = await d
         except RequestTimeoutError as e:
