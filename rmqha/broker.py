@@ -38,10 +38,11 @@ from rmqha.ha.interfaces import IFence
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica, ReplicaState
-from rmqha.ha.roles import RoleMachine
+from rmqha.ha.roles import RoleMachine, RoleState
 from rmqha.listening import BrokerPorts
 from rmqha.puts import NotMasterError, NotStoredError, PutPath
 from rmqha.remoting.metadata import BrokerMetadata, MetadataError, MetadataFlusher
+from rmqha.remoting.sync import MetadataSync
 from rmqha.roleservices import RoleServices, default_max_cut
 from rmqha.store.scrub import ScrubService
 from rmqha.store.service import CommitLogService
@@ -140,6 +141,11 @@ class Broker(MultiService):
             lambda: self.store.commitlog, reactor, rate=settings.scrub_rate,
             slave=lambda: self.roles.is_slave,
         )
+        #: The slave's metadata sync (L{attach_metadata_sync}), or C{None}.
+        self.metadata_sync: MetadataSync | None = None
+        #: The sync is the broker's own (made at start for --master-remoting).
+        self._own_sync = False
+        self.roles.listeners.append(self._role_state)
         for name, part in (("store", self.store), ("scrub", self.scrub)):
             part.setName(name)  # type: ignore[no-untyped-call]
             part.setServiceParent(self)  # type: ignore[no-untyped-call]
@@ -164,6 +170,29 @@ class Broker(MultiService):
         if self._metadata is None:
             raise RuntimeError("the broker is not running: its metadata is not loaded")
         return self._metadata
+
+    def attach_metadata_sync(self, sync: MetadataSync) -> None:
+        """
+        Run C{sync} (on this broker's L{rmqha.remoting.metadata.BrokerMetadata})
+        while the broker runs: it syncs while the role is a replicating
+        slave's, stops at any role change, and is told the master's
+        remoting address of C{--master-remoting} if given (a NameServer's
+        C{masterAddr} may replace it later:
+        L{MetadataSync.set_master_address}).  Call it before or after
+        starting the broker.
+        """
+        if self.metadata_sync is not None:
+            raise ValueError("a metadata sync is attached already")
+        self.metadata_sync = sync
+        if self.settings.master_remoting is not None:
+            sync.set_master_address(self.settings.master_remoting)
+        sync.set_slave(bool(self.running) and self.roles.state is RoleState.SLAVE)
+        if self.running:
+            sync.startService()
+
+    def _role_state(self, state: RoleState) -> None:
+        if self.metadata_sync is not None:
+            self.metadata_sync.set_slave(state is RoleState.SLAVE)
 
     @property
     def role(self) -> Role:
@@ -251,6 +280,18 @@ class Broker(MultiService):
             raise
         self.metadata_flusher = MetadataFlusher(self._metadata, self.reactor)
         self.metadata_flusher.startService()
+        if self.settings.master_remoting is not None and (
+            self.metadata_sync is None or self._own_sync
+        ):
+            # --master-remoting: the sync of this start's metadata (a new
+            # object at each start), over plain TCP.
+            from rmqha.remoting.sync import remoting_client
+
+            self.metadata_sync = None
+            self.attach_metadata_sync(
+                MetadataSync(self._metadata, self.reactor, remoting_client(self.reactor))
+            )
+            self._own_sync = True
         self.scrub.startService()
         # (Not MultiService's: the store and the scrub are started.)
         Service.startService(self)
@@ -268,6 +309,8 @@ class Broker(MultiService):
         if side is not None:
             side.startService()
         self.ports.start()
+        if self.metadata_sync is not None:
+            self.metadata_sync.startService()
         from rmqha.startup import startup_line
 
         self._log.info("{line}", line=startup_line(self))
@@ -284,6 +327,8 @@ class Broker(MultiService):
         """
         Service.stopService(self)
         d: Deferred[Any] = succeed(None)
+        if self.metadata_sync is not None and self.metadata_sync.running:
+            d.addBoth(_stop_after, self.metadata_sync)
         for service in self.ports.close():
             d.addBoth(_stop_after, service)
         # (The role last: a change under way finishes its step first.)

@@ -199,6 +199,11 @@ def _master_address(text: str) -> str:
     return master_description(*parse_host_port(text.strip(), "address"))
 
 
+def _host_port(text: str) -> str:
+    host, port = parse_host_port(text.strip(), "address")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _advertised(text: str) -> str:
     host, port = parse_host_port(text.strip(), "address")
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -447,6 +452,14 @@ class BrokerSettings:
         key="listenPort",
         parse=_listen_endpoint,
         parse_key=_port_endpoint,
+    )
+    master_remoting: str | None = _setting(
+        None,
+        "slave: the master's remoting address HOST:PORT (its listenPort, e.g. "
+        "10911), to copy its topics, offsets and subscription groups from every 10 s",
+        key="masterRemotingAddress",
+        key_note=", rmqha's",
+        parse=_host_port,
     )
     http: str | None = _setting(
         None,
@@ -923,6 +936,10 @@ def _fixed_roles(s: BrokerSettings) -> None:
             raise SettingsError(f"--{name} ({key}) is for failover groups: give --coordinator")
     if s.max_cut is not None:
         raise SettingsError("--max-cut (haMaxCut) is for failover mode: give --coordinator")
+    if s.master_remoting is not None and s.role is not Role.SLAVE:
+        raise SettingsError(
+            "--master-remoting (masterRemotingAddress) is for slaves: a master syncs from no one"
+        )
     if s.role is Role.SLAVE:
         if s.master and s.master_endpoint:
             raise SettingsError("give --master or --master-endpoint, not both")
@@ -951,7 +968,7 @@ def _failover(s: BrokerSettings) -> None:
             "with --coordinator, --role says how the node acts once elected: "
             "SYNC_MASTER or ASYNC_MASTER (every node starts as a slave)"
         )
-    for name in ("master", "master-endpoint"):
+    for name in ("master", "master-endpoint", "master-remoting"):
         if getattr(s, name.replace("-", "_")):
             raise SettingsError(f"--{name}: with --coordinator the election decides the master")
     for name in ("group", "node-id", "advertise"):

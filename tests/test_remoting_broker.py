@@ -455,3 +455,55 @@ class TLSTests(SynchronousTestCase):
         self.assertIsInstance(port.where, SSL4ServerEndpoint)
         e = self.assertRaises(ValueError, check_files, attrs.evolve(settings, listen="ssl:0:certKey=x"))
         self.assertIn("--listen", str(e))
+
+
+class MasterRemotingTests(_BrokerCase):
+    """
+    A slave started with C{--master-remoting} runs its own metadata sync
+    (L{rmqha.remoting.sync.MetadataSync}) from its start: 3 s later it
+    asks the master's remoting port for its tables and keeps them in its
+    own C{config/*.json}.
+    """
+
+    def test_slave_copies_the_masters_topics(self) -> None:
+        from twisted.test.iosim import FakeTransport, connect
+
+        master = self.start(Role.MASTER)
+        created = self.connect().ask(RequestCode.UPDATE_AND_CREATE_TOPIC, _CREATE)
+        self.assertEqual(created.code, ResponseCode.SUCCESS)
+        slave_reactor = MemoryReactorClock()
+        slave_reactor.advance(1_700_000_000)
+        slave_store = self.mktemp()
+        slave = Broker(
+            BrokerSettings(
+                role=Role.SLAVE,
+                ha_listen="tcp:0",
+                master_endpoint="tcp:host=127.0.0.1:port=10912",
+                master_remoting="127.0.0.1:10911",
+            ),
+            reactor=slave_reactor,
+            open_commitlog=lambda: CommitLog.open(slave_store, segment_size=64 * 1024, clock=fixed_clock),
+        )
+        slave.startService()
+        self.addCleanup(lambda: slave.running and slave.stopService())
+        self.assertIsNotNone(slave.metadata_sync)
+        self.assertNotIn("Orders", slave.metadata.topics)
+        before = len(slave_reactor.tcpClients)
+        slave_reactor.advance(3)
+        # The sync dialled the master's remoting address: join the two.
+        dialled = slave_reactor.tcpClients[before:]
+        self.assertEqual([(host, port) for host, port, *_ in dialled], [("127.0.0.1", 10911)])
+        client = dialled[0][2].buildProtocol(IPv4Address("TCP", "127.0.0.1", 10911))
+        server = self.remoting_factory().buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+        pump = connect(
+            server, FakeTransport(server, isServer=True),
+            client, FakeTransport(client, isServer=False),
+        )
+        for _ in range(20):
+            pump.flush()
+            slave_reactor.advance(0.1)
+            self.reactor.advance(0.1)
+        self.assertIn("Orders", slave.metadata.topics)
+        with open(os.path.join(slave_store, "config", "topics.json")) as f:
+            self.assertIn('"Orders"', f.read())
+        self.assertEqual(master.metadata.topics["Orders"], slave.metadata.topics["Orders"])
