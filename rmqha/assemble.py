@@ -33,6 +33,7 @@ from rmqha.coord.failover import FailoverSettings
 from rmqha.coord.node import Coordinator
 from rmqha.ha.auth import GroupAuth, load_group_secret
 from rmqha.ha.epochs import EpochFile, EpochFileError
+from rmqha.remoting.metadata import MetadataError
 from rmqha.settings import BrokerSettings, master_description, parse_host_port
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreError
@@ -80,6 +81,9 @@ def check_files(settings: BrokerSettings) -> None:
     if settings.http is not None and settings.http.startswith("ssl:"):
         parse_ssl_listen(settings.http, "--http")
         server_context(files, settings.http_peer_policy)
+    if isinstance(settings.listen, str) and settings.listen.startswith("ssl:"):
+        parse_ssl_listen(settings.listen, "--listen")
+        server_context(files, settings.peer_policy)
 
 
 def group_auth(settings: BrokerSettings, secret: bytes | None) -> GroupAuth | None:
@@ -165,7 +169,11 @@ def build_service(
             raise Fatal(f"twistd rmqha: cannot open the store: {e}") from None
 
     files = settings.tls_files
-    ports = {"ha": f"{settings.ha_listen} (--ha-listen)", "http": f"{settings.http} (--http)"}
+    ports = {
+        "ha": f"{settings.ha_listen} (--ha-listen)",
+        "http": f"{settings.http} (--http)",
+        "remoting": f"{settings.listen} (--listen)",
+    }
     built = settings
     if settings.role.is_master and files.cert is not None and isinstance(settings.ha_listen, str):
         built = attrs.evolve(
@@ -180,6 +188,11 @@ def build_service(
             master_endpoint=client_endpoint(
                 reactor, keywords["host"], int(keywords["port"]), files, settings.tls_server_name
             ),
+        )
+    if isinstance(settings.listen, str) and settings.listen.startswith("ssl:"):
+        built = attrs.evolve(
+            built,
+            listen=server_endpoint(reactor, settings.listen, files, settings.peer_policy, "--listen"),
         )
     http: Any = settings.http
     if http is not None and http.startswith("ssl:"):
@@ -289,6 +302,8 @@ def _one_line(ports: dict[str, str]) -> Iterator[None]:
         raise Fatal(
             f"twistd rmqha: cannot listen on {ports.get(e.port, e.description)}: {e.reason}"
         ) from None
+    except MetadataError as e:
+        raise Fatal(f"twistd rmqha: cannot load the broker's metadata: {e}") from None
 
 
 class _TwistdBroker(Broker):

@@ -38,12 +38,14 @@ from rmqha.ha.interfaces import IFence
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica, ReplicaState
-from rmqha.ha.roles import RoleMachine
+from rmqha.ha.roles import RoleMachine, RoleState
 from rmqha.listening import BrokerPorts
 from rmqha.puts import NotMasterError, NotStoredError, PutPath
+from rmqha.remoting.metadata import BrokerMetadata, MetadataError, MetadataFlusher
 from rmqha.remoting.registration import NameServerRegistration
 from rmqha.remoting.registration import for_broker as registration_for
 from rmqha.remoting.registration import start_for_broker as start_registration
+from rmqha.remoting.sync import MetadataSync
 from rmqha.roleservices import RoleServices, default_max_cut
 from rmqha.store.scrub import ScrubService
 from rmqha.store.service import CommitLogService
@@ -142,6 +144,11 @@ class Broker(MultiService):
             lambda: self.store.commitlog, reactor, rate=settings.scrub_rate,
             slave=lambda: self.roles.is_slave,
         )
+        #: The slave's metadata sync (L{attach_metadata_sync}), or C{None}.
+        self.metadata_sync: MetadataSync | None = None
+        #: The sync is the broker's own (made at start for --master-remoting).
+        self._own_sync = False
+        self.roles.listeners.append(self._role_state)
         #: The registration with --namesrv's NameServers (docs/remoting.md,
         #: "NameServers"), or C{None}.
         self.registration: NameServerRegistration | None = None
@@ -150,6 +157,50 @@ class Broker(MultiService):
         for name, part in (("store", self.store), ("scrub", self.scrub)):
             part.setName(name)  # type: ignore[no-untyped-call]
             part.setServiceParent(self)  # type: ignore[no-untyped-call]
+        self._metadata: BrokerMetadata | None = None
+        #: Writes the metadata's offsets every 5 s and at stop, while running.
+        self.metadata_flusher: MetadataFlusher | None = None
+        if settings.listen is not None:
+            from rmqha.remoting.broker import RemotingPort
+
+            RemotingPort(self, settings.listen).setServiceParent(self)  # type: ignore[no-untyped-call]
+
+    @property
+    def metadata(self) -> BrokerMetadata:
+        """
+        The store's RocketMQ metadata (C{<store>/config/*.json}: topics,
+        consumer and delay offsets, subscription groups), loaded when the
+        broker starts: read it through the broker at each use (a new
+        object at each start).
+
+        @raise RuntimeError: the broker has not started.
+        """
+        if self._metadata is None:
+            raise RuntimeError("the broker is not running: its metadata is not loaded")
+        return self._metadata
+
+    def attach_metadata_sync(self, sync: MetadataSync) -> None:
+        """
+        Run C{sync} (on this broker's L{rmqha.remoting.metadata.BrokerMetadata})
+        while the broker runs: it syncs while the role is a replicating
+        slave's, stops at any role change, and is told the master's
+        remoting address of C{--master-remoting} if given (a NameServer's
+        C{masterAddr} may replace it later:
+        L{MetadataSync.set_master_address}).  Call it before or after
+        starting the broker.
+        """
+        if self.metadata_sync is not None:
+            raise ValueError("a metadata sync is attached already")
+        self.metadata_sync = sync
+        if self.settings.master_remoting is not None:
+            sync.set_master_address(self.settings.master_remoting)
+        sync.set_slave(bool(self.running) and self.roles.state is RoleState.SLAVE)
+        if self.running:
+            sync.startService()
+
+    def _role_state(self, state: RoleState) -> None:
+        if self.metadata_sync is not None:
+            self.metadata_sync.set_slave(state is RoleState.SLAVE)
 
     @property
     def role(self) -> Role:
@@ -218,6 +269,15 @@ class Broker(MultiService):
             broker_id = 0 if self.roles.role.is_master else self.settings.broker_id
             self.registration.role_changed(broker_id)
 
+    def namesrv_master_addr(self, address: str | None) -> None:
+        """
+        The master's remoting address from the NameServers' newest answer
+        (C{None}: none known), for the metadata sync, as RocketMQ's
+        C{slaveSynchronize.setMasterAddr}.
+        """
+        if self.metadata_sync is not None:
+            self.metadata_sync.set_master_address(address)
+
     def follow_namesrv_master(self, ha_server_addr: str) -> Deferred[None] | None:
         """
         A slave started without C{--master} follows the master's HA address
@@ -258,6 +318,30 @@ class Broker(MultiService):
         except BaseException:
             self.ports.shut(self.roles)
             raise
+        try:
+            self._metadata = BrokerMetadata.load(self.commitlog.store_dir, self.reactor)
+        except (MetadataError, OSError):
+            self.ports.shut(self.roles)
+            self.store.stopService()
+            raise
+        self.metadata_flusher = MetadataFlusher(self._metadata, self.reactor)
+        self.metadata_flusher.startService()
+        if (self.settings.master_remoting is not None or self.settings.namesrv) and (
+            self.metadata_sync is None or self._own_sync
+        ):
+            # --master-remoting (or the NameServers' masterAddr): the sync
+            # of this start's metadata (a new object at each start), over
+            # plain TCP.
+            from rmqha.remoting.sync import remoting_client
+
+            self.metadata_sync = None
+            self.attach_metadata_sync(
+                MetadataSync(self._metadata, self.reactor, remoting_client(self.reactor))
+            )
+            self._own_sync = True
+            if self.registration is not None and self.settings.master_remoting is None:
+                # (A restart: the address the NameServers gave before.)
+                self.namesrv_master_addr(self.registration.master_addr)
         self.scrub.startService()
         # (Not MultiService's: the store and the scrub are started.)
         Service.startService(self)
@@ -275,6 +359,8 @@ class Broker(MultiService):
         if side is not None:
             side.startService()
         self.ports.start()
+        if self.metadata_sync is not None:
+            self.metadata_sync.startService()
         start_registration(self)
         from rmqha.startup import startup_line
 
@@ -296,13 +382,22 @@ class Broker(MultiService):
         if self.registration is not None and self.registration.running:
             # (Unregistered first: clients stop being sent here.)
             d = self.registration.stopService()
+        if self.metadata_sync is not None and self.metadata_sync.running:
+            d.addBoth(_stop_after, self.metadata_sync)
         for service in self.ports.close():
             d.addBoth(_stop_after, service)
         # (The role last: a change under way finishes its step first.)
         d.addBoth(lambda _: self.roles.stop())
+        d.addBoth(lambda _: self._stop_flusher())
         d.addBoth(lambda _: self.scrub.stopService())
         d.addBoth(lambda _: self.store.stopService())
         return d
+
+    def _stop_flusher(self) -> None:
+        # (Writes what is dirty: the consumer and delay offsets.)
+        flusher, self.metadata_flusher = self.metadata_flusher, None
+        if flusher is not None and flusher.running:
+            flusher.stopService()
 
     @property
     def commitlog(self) -> CommitLog:

@@ -199,6 +199,11 @@ def _master_address(text: str) -> str:
     return master_description(*parse_host_port(text.strip(), "address"))
 
 
+def _host_port(text: str) -> str:
+    host, port = parse_host_port(text.strip(), "address")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def _advertised(text: str) -> str:
     host, port = parse_host_port(text.strip(), "address")
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -449,6 +454,24 @@ class BrokerSettings:
     )
     master_endpoint: str | IStreamClientEndpoint | None = _setting(
         None, "slave: the master as any Twisted client endpoint description"
+    )
+    listen: str | IStreamServerEndpoint | None = _setting(
+        None,
+        "RocketMQ remoting port (topic config, offsets, runtime info for a "
+        "NameServer, a slave, mqadmin) on this port or Twisted server endpoint, "
+        "e.g. tcp:10911, or ssl:PORT for TLS with --tls-cert/--tls-key "
+        "(default: none, unlike RocketMQ's 10911; docs/remoting.md)",
+        key="listenPort",
+        parse=_listen_endpoint,
+        parse_key=_port_endpoint,
+    )
+    master_remoting: str | None = _setting(
+        None,
+        "slave: the master's remoting address HOST:PORT (its listenPort, e.g. "
+        "10911), to copy its topics, offsets and subscription groups from every 10 s",
+        key="masterRemotingAddress",
+        key_note=", rmqha's",
+        parse=_host_port,
     )
     http: str | None = _setting(
         None,
@@ -964,6 +987,10 @@ def _fixed_roles(s: BrokerSettings) -> None:
             raise SettingsError(f"--{name} ({key}) is for failover groups: give --coordinator")
     if s.max_cut is not None:
         raise SettingsError("--max-cut (haMaxCut) is for failover mode: give --coordinator")
+    if s.master_remoting is not None and s.role is not Role.SLAVE:
+        raise SettingsError(
+            "--master-remoting (masterRemotingAddress) is for slaves: a master syncs from no one"
+        )
     if s.role is Role.SLAVE:
         if s.master and s.master_endpoint:
             raise SettingsError("give --master or --master-endpoint, not both")
@@ -1009,7 +1036,7 @@ def _failover(s: BrokerSettings) -> None:
             "with --coordinator, --role says how the node acts once elected: "
             "SYNC_MASTER or ASYNC_MASTER (every node starts as a slave)"
         )
-    for name in ("master", "master-endpoint"):
+    for name in ("master", "master-endpoint", "master-remoting"):
         if getattr(s, name.replace("-", "_")):
             raise SettingsError(f"--{name}: with --coordinator the election decides the master")
     for name in ("group", "node-id", "advertise"):
@@ -1097,6 +1124,18 @@ def _tls(s: BrokerSettings) -> None:
             )
 
 
+def _listen(s: BrokerSettings) -> None:
+    """
+    C{--listen ssl:…} serves the remoting port over TLS with this broker's
+    key pair (and the HA port's client-certificate policy).
+    """
+    if isinstance(s.listen, str) and s.listen.startswith("ssl:") and (s.tls_cert is None or s.tls_key is None):
+        raise SettingsError(
+            f"--listen {s.listen}: the remoting port serves TLS with this broker's "
+            "key pair; give --tls-cert and --tls-key"
+        )
+
+
 def _http(s: BrokerSettings) -> None:
     """
     C{--http ssl:…} serves the admin port over TLS with this broker's key
@@ -1127,6 +1166,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
     _failover,
     _group_auth,
     _tls,
+    _listen,
     _http,
 ]
 
@@ -1137,7 +1177,6 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
 #: server and client settings): accepted without a word.
 ROCKETMQ_KEYS = frozenset(
     """
-    listenPort
     deleteWhen fileReservedTime autoCreateTopicEnable autoCreateSubscriptionGroup
     storePathConsumeQueue storePathIndex storeCheckpoint abortFile
     mappedFileSizeConsumeQueue mapedFileSizeConsumeQueue mapedFileSizeCommitLog

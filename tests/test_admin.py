@@ -820,3 +820,66 @@ class TLSExpiryMetricsTests(AdminTestCase):
                  issued.certificate.not_valid_after_utc.timestamp()),
             ],
         )
+
+
+class MetadataSyncAdminTests(AdminTestCase):
+    """
+    The slave's metadata sync in /status and /metrics.
+    """
+
+    def test_last_sync_and_failures(self) -> None:
+        """
+        /status shows the last complete sync, its age and the failing
+        steps; /metrics the same as series labelled by table and kind.
+        """
+        from rmqha.remoting.codes import RequestCode, ResponseCode
+        from rmqha.remoting._frames import make_response
+        from rmqha.remoting.metadata import BrokerMetadata, TopicConfig
+        from rmqha.remoting.protocol import RemotingClient
+        from rmqha.remoting.sync import MetadataSync
+        from tests.test_remoting_sync import _FakeMaster, _MasterEndpoint
+
+        broker = self.broker(Role.SLAVE)
+        clock = broker.reactor
+        root = AdminRoot(broker)
+        self.assertNotIn("metadata_sync", json.loads(request(root, b"GET", b"/status")[1]))
+        master = _FakeMaster(BrokerMetadata(self.mktemp(), clock))
+        master.metadata.update_topic(TopicConfig("Orders"))
+        endpoint = _MasterEndpoint(master, clock)
+        sync = MetadataSync(
+            BrokerMetadata(self.mktemp(), clock), clock,
+            lambda address: RemotingClient(None, endpoint, clock=clock),
+        )
+        sync.set_master_address("192.0.2.1:10911")
+        broker.attach_metadata_sync(sync)
+
+        def advance(seconds: float) -> None:
+            for _ in range(int(seconds * 2)):
+                clock.advance(0.5)
+                for _ in range(4):
+                    for connection in endpoint.connections:
+                        connection.flush()
+
+        advance(3)
+        synced_at = clock.seconds()
+        master.answer[RequestCode.GET_ALL_DELAY_OFFSET] = lambda c: make_response(
+            c, ResponseCode.SYSTEM_ERROR, "disk on fire"
+        )
+        advance(12)
+        shown = json.loads(request(root, b"GET", b"/status")[1])["metadata_sync"]
+        self.assertEqual(shown["master"], "192.0.2.1:10911")
+        self.assertTrue(shown["active"])
+        self.assertEqual(shown["last_success"], synced_at)
+        self.assertEqual(shown["last_success_age_seconds"], 12)
+        self.assertEqual((shown["syncs"], shown["complete_syncs"]), (2, 1))
+        self.assertEqual(
+            shown["failures"], [{"table": "delay_offsets", "kind": "refused", "count": 1}]
+        )
+        self.assertIn("disk on fire", shown["failing"]["delay_offsets"]["error"])
+        text = request(root, b"GET", b"/metrics")[1].decode()
+        self.assertIn("rmqha_metadata_sync_active 1.0", text)
+        self.assertIn("rmqha_metadata_sync_last_success_timestamp_seconds 1.700000003e+09", text)
+        self.assertEqual(synced_at, 1_700_000_003)
+        self.assertIn("rmqha_metadata_sync_last_success_age_seconds 12.0", text)
+        self.assertIn('rmqha_metadata_sync_failures_total{kind="refused",table="delay_offsets"} 1.0', text)
+        self.assertIn("rmqha_metadata_sync_runs_total 2.0", text)

@@ -253,6 +253,29 @@ class MachineTests(SynchronousTestCase):
         self.assertIs(machine.role, Role.ASYNC_MASTER)
         self.assertEqual(host.promotions, [(True, 9)])
 
+    def test_listeners(self) -> None:
+        """
+        Listeners hear every state the machine takes, the changing one
+        included; one that raises is logged and the others still hear.
+        """
+        machine, host = self.machine(RoleState.SLAVE)
+        heard: list[RoleState] = []
+
+        def broken(state: RoleState) -> None:
+            raise RuntimeError("boom")
+
+        machine.listeners += [broken, heard.append]
+        self.successResultOf(machine.promote(Role.SYNC_MASTER, epoch=7))
+        self.successResultOf(machine.follow("new-master", ("b", 7)))
+        self.successResultOf(machine.stand_by())
+        self.successResultOf(machine.stop())
+        self.assertEqual(
+            heard,
+            [RoleState.CHANGING, RoleState.MASTER, RoleState.CHANGING, RoleState.SLAVE,
+             RoleState.CHANGING, RoleState.STANDBY, RoleState.STOPPED],
+        )
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 7)
+
     def test_stop_waits_for_the_running_step(self) -> None:
         """
         stop() while a promotion flushes: the flush finishes, the waiting

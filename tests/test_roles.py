@@ -25,6 +25,10 @@ from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import PutStatus
 from rmqha.ha.replica import Replica, ReplicaState
 
+from rmqha.remoting.metadata import BrokerMetadata
+from rmqha.remoting.protocol import RemotingClient
+from rmqha.remoting.sync import MetadataSync
+from rmqha.testing import StringEndpoint
 from tests._helpers import fixed_clock
 
 SEGMENT = 64 * 1024
@@ -69,14 +73,14 @@ class _InMemory(SynchronousTestCase):
         self.endpoints: list[_BrokerEndpoint] = []
 
     def broker(
-        self, role: Role, master: Broker | None = None, segment: int = SEGMENT
+        self, role: Role, master: Broker | None = None, segment: int = SEGMENT, **more: Any
     ) -> Broker:
         store = self.mktemp()
         endpoint = None
         if master is not None:
             endpoint = self.endpoint(master)
         broker = Broker(
-            BrokerSettings(role=role, ha_listen="tcp:0", master_endpoint=endpoint, scrub_rate=0),  # type: ignore[arg-type]
+            BrokerSettings(role=role, ha_listen="tcp:0", master_endpoint=endpoint, scrub_rate=0, **more),  # type: ignore[arg-type]
             reactor=self.clock,
             open_commitlog=lambda: CommitLog.open(store, segment_size=segment, clock=fixed_clock),
             run_in_thread=lambda f: succeed(f()),
@@ -179,6 +183,37 @@ class RoleSwitchTests(_InMemory):
         self.switch(a.become_slave(self.endpoint(b)))  # type: ignore[arg-type]
         self.assertTrue(a.scrub.slave)
         self.stop(a, b)
+
+    def test_metadata_sync_follows_the_role(self) -> None:
+        """
+        An attached metadata sync runs while the broker is a slave (from
+        --master-remoting's address), stops at a promotion and starts
+        again at a demotion; it stops with the broker.
+        """
+        a = self.broker(Role.MASTER)
+        b = self.broker(Role.SLAVE, master=a, master_remoting="127.0.0.1:10911")
+        self.settle()
+        addresses: list[str] = []
+
+        def client(address: str) -> RemotingClient:
+            addresses.append(address)
+            return RemotingClient(None, StringEndpoint(refuse=True), clock=self.clock)
+
+        sync = MetadataSync(BrokerMetadata(self.mktemp(), self.clock), self.clock, client)
+        b.attach_metadata_sync(sync)
+        self.assertTrue(sync.running and sync.active)
+        for _ in range(60):
+            self.clock.advance(0.5)
+        self.assertEqual(addresses, ["127.0.0.1:10911"])
+        self.assertGreaterEqual(sync.status().syncs, 1)
+        self.switch(b.become_master())
+        self.assertFalse(sync.active)
+        self.switch(a.become_slave(self.endpoint(b)))  # type: ignore[arg-type]
+        self.switch(b.become_slave(self.endpoint(a)))  # type: ignore[arg-type]
+        self.assertTrue(sync.active)
+        self.stop(a, b)
+        self.assertFalse(sync.running or sync.active)
+        self.flushLoggedErrors()
 
     def test_switch_needs_a_running_broker(self) -> None:
         """

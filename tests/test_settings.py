@@ -336,6 +336,29 @@ class DeclarationTests(SynchronousTestCase):
         )
         self.assertTrue(str(e).startswith("slaveTimeout in b.conf: "), str(e))
 
+    def test_master_remoting(self) -> None:
+        """
+        A slave's --master-remoting / masterRemotingAddress: HOST:PORT
+        (the metadata sync's master), for slaves with fixed roles only.
+        """
+        s = BrokerSettings.from_sources(
+            {"role": "slave", "master": "h:10912"}, {"masterRemotingAddress": " h:10911 "}, "b.conf"
+        )
+        self.assertEqual(s.master_remoting, "h:10911")
+        s = BrokerSettings.from_sources({"role": "slave", "master": "h:1", "master-remoting": "::1:10911"})
+        self.assertEqual(s.master_remoting, "[::1]:10911")
+        e = self.assertRaises(
+            SettingsError, BrokerSettings.from_sources,
+            {"role": "slave", "master": "h:1", "master-remoting": "h"},
+        )
+        self.assertIn("--master-remoting", str(e))
+        for needle, values in (
+            ("--master-remoting (masterRemotingAddress) is for slaves", {"master_remoting": "h:1"}),
+            ("--master-remoting: with --coordinator", {**FAILOVER, "master_remoting": "h:1"}),
+        ):
+            e = self.assertRaises(SettingsError, BrokerSettings, **values)
+            self.assertIn(needle, str(e))
+
     def test_failover_defaults(self) -> None:
         """
         From the command line, a failover node's role defaults to

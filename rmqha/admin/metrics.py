@@ -35,6 +35,7 @@ from rmqha.broker import Broker
 from rmqha.ha.master import SlaveStatus
 from rmqha.ha.masterside import MasterSideStatus
 from rmqha.ha.replica import ReplicaStatus
+from rmqha.remoting.sync import SyncStatus
 from rmqha.store import _record
 from rmqha.store.scrub import ScrubStatus
 from rmqha.tls import certificate_expiry
@@ -89,6 +90,8 @@ class BrokerCollector(Collector):
         yield from _disk_metrics(view.disk)
         if view.failover is not None:
             yield from _failover_metrics(view.failover.coordinator)
+        if view.metadata_sync is not None:
+            yield from _metadata_sync_metrics(view.metadata_sync, view.taken_at)
         if view.master is not None:
             yield from _master_metrics(view.puts, view.master)
         elif view.replica is not None:
@@ -289,6 +292,39 @@ def _failover_metrics(status: Mapping[str, Any]) -> Iterator[Metric]:
     for event, count in sorted(status["counts"].items()):
         events.add_metric([event], count)
     yield events
+
+
+def _metadata_sync_metrics(sync: SyncStatus, now: float) -> Iterator[Metric]:
+    """
+    The slave's metadata sync (docs/remoting.md, "The slave's metadata
+    sync"): no last-success samples before the first complete sync.
+    """
+    yield GaugeMetricFamily(
+        "rmqha_metadata_sync_active", "1 while this slave copies its master's metadata",
+        value=int(sync.active),
+    )
+    last = GaugeMetricFamily(
+        "rmqha_metadata_sync_last_success_timestamp_seconds",
+        "when the last sync whose four steps all succeeded ended, Unix seconds",
+    )
+    age = GaugeMetricFamily(
+        "rmqha_metadata_sync_last_success_age_seconds",
+        "seconds since the last sync whose four steps all succeeded",
+    )
+    if sync.last_success is not None:
+        last.add_metric([], sync.last_success)
+        age.add_metric([], sync.age(now) or 0.0)
+    yield last
+    yield age
+    yield CounterMetricFamily("rmqha_metadata_sync_runs", "syncs run", value=sync.syncs)
+    failures = CounterMetricFamily(
+        "rmqha_metadata_sync_failures",
+        "failed sync steps by table and kind (connection, timeout, refused, bad_body, write)",
+        labels=["table", "kind"],
+    )
+    for (table, kind), count in sorted(sync.failures.items()):
+        failures.add_metric([table, kind], count)
+    yield failures
 
 
 def _scrub_metrics(scrub: ScrubStatus) -> Iterator[Metric]:

@@ -28,6 +28,7 @@ from rmqha.ha.config import Role
 from rmqha.ha.group import PutStatus
 from rmqha.ha.masterside import MasterSideStatus
 from rmqha.ha.replica import ReplicaStatus
+from rmqha.remoting.sync import SyncStatus
 from rmqha.store.scrub import ScrubStatus
 from rmqha.store.service import StoreStatus
 
@@ -123,6 +124,9 @@ class BrokerStatus:
     @ivar failover: in failover mode, the coordinator's view.
     @ivar disk: the store's file system (not in C{/status}: it changes
         between two reads).
+    @ivar metadata_sync: the slave's metadata sync, when the broker has
+        one (L{rmqha.remoting.sync}); C{taken_at}: the clock's time of the
+        snapshot, for its age.
     """
 
     role: Role
@@ -135,6 +139,8 @@ class BrokerStatus:
     master_endpoint: str | None = None
     failover: FailoverStatus | None = None
     disk: DiskSpace | None = None
+    metadata_sync: SyncStatus | None = None
+    taken_at: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
         """
@@ -197,6 +203,10 @@ class BrokerStatus:
             result["problem"] = self.problem
         if self.failover is not None:
             result["failover"] = self.failover.as_json()
+        if self.metadata_sync is not None:
+            # The slave's copy of the master's topics, offsets and groups
+            # (docs/remoting.md, "The slave's metadata sync").
+            result["metadata_sync"] = self.metadata_sync.as_json(self.taken_at)
         return result
 
 
@@ -255,6 +265,8 @@ def broker_status(broker: Broker, failover: FailoverSource | None = None) -> Bro
         master_endpoint=endpoint,
         failover=failover_status,
         disk=disk_space(commitlog.store_dir) if commitlog is not None else None,
+        metadata_sync=broker.metadata_sync.status() if broker.metadata_sync is not None else None,
+        taken_at=broker.reactor.seconds(),
     )
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any, Protocol as TypingProtocol
+from typing import Any, Callable, Protocol as TypingProtocol
 
 from twisted.application.service import IService
 from twisted.internet.defer import Deferred, succeed
@@ -131,6 +131,9 @@ class RoleMachine:
         self._running: _Input | None = None
         self._waiting: tuple[_Input, Deferred[None]] | None = None
         self._stopping: Deferred[None] | None = None
+        #: Called with the new L{RoleState} whenever it changes (the
+        #: broker's metadata sync follows the slave role with it).
+        self.listeners: list[Callable[[RoleState], None]] = []
 
     # -- what the rest of the broker reads -----------------------------------
 
@@ -157,6 +160,14 @@ class RoleMachine:
             self.state = RoleState.MASTER
         else:
             self.state = RoleState.SLAVE
+        self._tell()
+
+    def _tell(self) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(self.state)
+            except Exception:
+                self._log.failure("a listener of the role state failed")
 
     # -- inputs -------------------------------------------------------------------
 
@@ -244,6 +255,7 @@ class RoleMachine:
         old_state, old = self.state, self.service
         re_election = wanted.kind == "promote" and old_state is RoleState.MASTER
         self.state = RoleState.CHANGING
+        self._tell()
         if not re_election:
             self.service = None
             if old is not None:
@@ -316,6 +328,7 @@ class RoleMachine:
         self.state = state
         if state is RoleState.STANDBY:
             self.role = Role.SLAVE
+        self._tell()
         if message is not None:
             self._log.info(message, master=self.endpoint_text(), role=self.role.value)
 
@@ -348,4 +361,5 @@ class RoleMachine:
     def _stop_now(self) -> Deferred[None]:
         service, self.service = self.service, None
         self.state = RoleState.STOPPED
+        self._tell()
         return _stopped(service) if service is not None else succeed(None)

@@ -136,6 +136,7 @@ class NameServerRegistration(Service):
         timeout: float = REGISTER_TIMEOUT,
         compressed: bool = False,
         on_master_ha: Callable[[str], object] | None = None,
+        on_master_addr: Callable[[str | None], object] | None = None,
         retry_policy: Callable[[int], float] | None = None,
     ) -> None:
         """
@@ -145,6 +146,8 @@ class NameServerRegistration(Service):
         @param compressed: send the body compressed (C{compressedRegister}).
         @param on_master_ha: called with the master's C{haServerAddr} each
             time a NameServer's answer gives a new one.
+        @param on_master_addr: called with the C{masterAddr} of every answer
+            taken (C{None} included), as C{SlaveSynchronize.setMasterAddr}.
         """
         from rmqha.settings import master_description, parse_host_port
 
@@ -157,6 +160,7 @@ class NameServerRegistration(Service):
         self.timeout = timeout
         self.compressed = compressed
         self.on_master_ha = on_master_ha
+        self.on_master_addr = on_master_addr
         self.master_addr: str | None = None
         self.master_ha_addr: str | None = None
         self.last_result: RegisterBrokerResult | None = None
@@ -284,6 +288,13 @@ class NameServerRegistration(Service):
         # one is given; the master's address always (null for a master).
         self.last_result = result
         self.master_addr = result.master_addr
+        if self.on_master_addr is not None:
+            try:
+                self.on_master_addr(result.master_addr)
+            except Exception:
+                self._log.failure(
+                    "taking the master's address {addr} failed", addr=result.master_addr
+                )
         ha = result.ha_server_addr
         if ha is not None and ha != self.master_ha_addr:
             self._log.info(
@@ -350,15 +361,19 @@ def port_of(description: object, default: int) -> int:
     return default
 
 
+
 def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
     """
     The registration of a L{rmqha.broker.Broker} with its C{--namesrv}:
-    C{brokerAddr} is C{brokerIP1:listenPort}, C{haServerAddr}
-    C{brokerIP2:haListenPort} (a failover node's C{--advertise}); a fixed
-    master registers as 0, a slave or failover node with C{--broker-id}
-    (the role changes it: L{rmqha.broker.Broker}); the topic table is the
-    broker's C{metadata}'s.  A slave without C{--master} follows the
-    master's HA address the answers give (L{rmqha.broker.Broker.follow_namesrv_master}).
+    C{brokerAddr} is C{brokerIP1:} the C{--listen} port (10911 without
+    one), C{haServerAddr} C{brokerIP2:} the C{--ha-listen} port (a
+    failover node's C{--advertise}); a fixed master registers as 0, a
+    slave or failover node with C{--broker-id} (the role changes it:
+    L{rmqha.broker.Broker}); the topic table is the broker's
+    C{metadata}'s.  A slave without C{--master} follows the master's HA
+    address the answers give (C{Broker.follow_namesrv_master}); the
+    answers' C{masterAddr} goes to the broker's metadata sync
+    (C{Broker.namesrv_master_addr}) unless C{--master-remoting} names it.
     """
     from rmqha.remoting.metadata import DataVersion, MetadataFile
 
@@ -366,8 +381,6 @@ def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
     assert s.namesrv is not None
     ip1 = s.broker_ip1 or local_address()
     ip2 = s.broker_ip2 or ip1
-    # (listenPort: the broker's remoting port, --listen.)
-    remoting_port = port_of(getattr(s, "listen", None), 10911)
     if s.failover and s.advertise:
         ha_server_addr = s.advertise
     else:
@@ -376,15 +389,16 @@ def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
         cluster_name=s.cluster,
         broker_name=s.group or default_broker_name(),
         broker_id=0 if s.role.is_master and not s.failover else s.broker_id,
-        broker_addr=f"{ip1}:{remoting_port}",
+        broker_addr=f"{ip1}:{port_of(s.listen, 10911)}",
         ha_server_addr=ha_server_addr,
     )
 
     def topics() -> TopicTable:
-        metadata = getattr(broker, "metadata", None)
-        if metadata is None:
+        try:
+            table: TopicTable = broker.metadata.table(MetadataFile.TOPICS)
+        except RuntimeError:
+            # (Not running: its metadata is not loaded.)
             return TopicTable(DataVersion(timestamp=0), {})
-        table: TopicTable = metadata.table(MetadataFile.TOPICS)
         return table
 
     follows = not s.failover and not s.role.is_master and s.master_address is None
@@ -394,30 +408,54 @@ def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
         identity,
         topics,
         on_master_ha=broker.follow_namesrv_master if follows else None,
+        on_master_addr=broker.namesrv_master_addr if s.master_remoting is None else None,
     )
+
+
+def _with_port(address: str, port: int) -> str:
+    host, _, _ = address.rpartition(":")
+    return f"{host}:{port}"
 
 
 def start_for_broker(broker: Any) -> None:
     """
-    Start a running broker's registration.  A master whose HA port was
-    given as port 0 registers the port it got (its C{haServerAddr} is
-    known once the port listens).
+    Start a running broker's registration.  A port given as 0 (the
+    remoting port's, a master's HA port's) is registered as the port it
+    got, once it listens.
     """
+    from rmqha._ports import listened_address
+
     registration: NameServerRegistration | None = broker.registration
     if registration is None:
         return
-    host, _, port = registration.identity.ha_server_addr.rpartition(":")
-    if port != "0" or not broker.role.is_master or broker.ha_service is None:
+    waits: list[Deferred[Any]] = []
+    identity = registration.identity
+    remoting = broker.namedServices.get("remoting")
+    remoting_port = getattr(remoting, "port", None)
+    if identity.broker_addr.endswith(":0") and remoting_port is not None:
+
+        def remoting_listened(address: Any) -> None:
+            registration.identity = attrs.evolve(
+                registration.identity,
+                broker_addr=_with_port(registration.identity.broker_addr, address.port),
+            )
+
+        waits.append(listened_address(remoting_port).addCallback(remoting_listened))
+    if identity.ha_server_addr.endswith(":0") and broker.role.is_master and broker.ha_service is not None:
+
+        def ha_listened(address: Any) -> None:
+            registration.identity = attrs.evolve(
+                registration.identity,
+                ha_server_addr=_with_port(registration.identity.ha_server_addr, address.port),
+            )
+
+        waits.append(broker.ha_address().addCallback(ha_listened))
+    if not waits:
         registration.startService()
         return
-
-    def listened(address: Any) -> None:
-        registration.identity = attrs.evolve(
-            registration.identity, ha_server_addr=f"{host}:{address.port}"
-        )
 
     def start(_: object) -> None:
         if broker.running:
             registration.startService()
 
-    broker.ha_address().addCallback(listened).addBoth(start)
+    DeferredList(waits, consumeErrors=True).addBoth(start)

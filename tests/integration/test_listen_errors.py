@@ -42,11 +42,11 @@ def run_twistd(tmp_path: Any, *options: str) -> tuple[int, str, str]:
     return done.returncode, text, store
 
 
-@pytest.mark.parametrize("role", ["master", "slave"])
+@pytest.mark.parametrize("role", ["master", "slave", "remoting"])
 def test_port_in_use_exits_with_one_line(tmp_path: Any, busy_port: int, role: str) -> None:
     """
-    The HA port (a master) or the admin port (a slave, given as a bare
-    port) in use: twistd exits non-zero with one line naming the endpoint,
+    The HA port (a master), the admin port (a slave, given as a bare
+    port) or the remoting port (C{--listen}) in use: twistd exits non-zero with one line naming the endpoint,
     the flag and the error, no traceback, and the store directory was
     never created (so no abort marker either).
     """
@@ -55,6 +55,12 @@ def test_port_in_use_exits_with_one_line(tmp_path: Any, busy_port: int, role: st
         expected = (
             f"twistd rmqha: cannot listen on tcp:{busy_port}:interface=127.0.0.1 "
             "(--ha-listen): Address already in use"
+        )
+    elif role == "remoting":
+        flags = ("--ha-listen", "tcp:0", "--listen", f"tcp:{busy_port}:interface=127.0.0.1")
+        expected = (
+            f"twistd rmqha: cannot listen on tcp:{busy_port}:interface=127.0.0.1 "
+            "(--listen): Address already in use"
         )
     else:
         flags = ("--role", "slave", "--master", "127.0.0.1:1", "--http", str(busy_port))

@@ -1,0 +1,378 @@
+# -*- test-case-name: tests.test_remoting_broker -*-
+"""
+A broker's remoting port: what a NameServer, a slave and an admin tool
+ask a broker for now (docs/remoting.md, "The broker's remoting port").
+
+L{broker_handler} is the table of request codes served, on a
+L{Dispatcher} (every other code is answered REQUEST_CODE_NOT_SUPPORTED
+by the protocol); L{RemotingPort} listens on C{--listen} (C{listenPort})
+through the broker's listening helper and connection limits, as the HA
+and admin HTTP ports do.
+
+Each answer is built from the broker at the time of the request (its
+L{BrokerMetadata}, its commit log), so a handler holds nothing of its
+own but the encoded topic table of the last data version asked for.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final
+
+from twisted.internet.interfaces import IAddress, IStreamServerEndpoint
+from twisted.logger import Logger
+
+from rmqha._ports import Port, listen
+from rmqha.remoting._frames import RemotingCommand, java_hashmap_order, make_response
+from rmqha.remoting.codes import VERSION_4_9_8, RequestCode, ResponseCode
+from rmqha.remoting.metadata import (
+    TOPIC_MAX_LENGTH,
+    BrokerMetadata,
+    DataVersion,
+    MetadataError,
+    MetadataFile,
+    TopicConfig,
+    TopicFilterType,
+    dump_fastjson,
+    parse_fastjson,
+)
+from rmqha.remoting.protocol import Answer, Dispatcher, RemotingFactory, format_peer
+
+if TYPE_CHECKING:
+    from rmqha.broker import Broker
+
+__all__ = [
+    "SERVED",
+    "SYSTEM_TOPICS",
+    "BrokerRemoting",
+    "broker_handler",
+    "RemotingPort",
+    "human_bytes",
+    "format_runtime",
+]
+
+#: The request codes a broker's remoting port answers.
+SERVED: Final = (
+    RequestCode.UPDATE_AND_CREATE_TOPIC,
+    RequestCode.GET_ALL_TOPIC_CONFIG,
+    RequestCode.GET_BROKER_RUNTIME_INFO,
+    RequestCode.GET_ALL_CONSUMER_OFFSET,
+    RequestCode.GET_ALL_DELAY_OFFSET,
+    RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
+    RequestCode.QUERY_DATA_VERSION,
+)
+
+#: C{TopicValidator}'s system topics (4.9.8), which UPDATE_AND_CREATE_TOPIC
+#: refuses, as do topics starting C{rmq_sys_}.
+SYSTEM_TOPICS: Final = frozenset(
+    {
+        "TBW102",
+        "SCHEDULE_TOPIC_XXXX",
+        "BenchmarkTest",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRACE_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+    }
+)
+_SYSTEM_TOPIC_PREFIX = "rmq_sys_"
+_TOPIC_PATTERN = "^[%|a-zA-Z0-9_-]+$"
+_TOPIC_CHARS = frozenset("%|abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+
+
+class _HeaderError(Exception):
+    """
+    A custom header field is missing or not of its type (Java's
+    C{decodeCommandCustomHeader} throws, and the request is answered
+    SYSTEM_ERROR).
+    """
+
+
+def _required(request: RemotingCommand, name: str) -> str:
+    value = request.ext(name)
+    if value is None:
+        raise _HeaderError(f"the custom field <{name}> is null")
+    return value
+
+
+def _java_int(request: RemotingCommand, name: str, text: str) -> int:
+    # Integer.parseInt: an optional sign and decimal digits, in range.
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 11:
+        raise _HeaderError(f"the custom field <{name}> is not an int: {text[:40]!r}")
+    value = int(text)
+    if not _INT32[0] <= value <= _INT32[1]:
+        raise _HeaderError(f"the custom field <{name}> is not an int: {text[:40]!r}")
+    return value
+
+
+def human_bytes(count: int) -> str:
+    """
+    C{MixAll.humanReadableByteCount(count, false)}: C{"512 B"},
+    C{"1.5 KiB"}, C{"2.0 GiB"}.
+    """
+    if count < 1024:
+        return f"{count} B"
+    exp = min(int(math.log(count) / math.log(1024)), 6)
+    return f"{count / 1024 ** exp:.1f} {'KMGTPE'[exp - 1]}iB"
+
+
+def format_runtime(millis: int) -> str:
+    """
+    C{StoreStatsService.getFormatRuntime}: C{"[ 0 days, 1 hours, 2
+    minutes, 3 seconds ]"}.
+    """
+    millis = max(0, millis)
+    day, hour, minute, second = 86_400_000, 3_600_000, 60_000, 1000
+    return (
+        f"[ {millis // day:,} days, {millis % day // hour} hours, "
+        f"{millis % hour // minute} minutes, {millis % minute // second} seconds ]"
+    )
+
+
+class BrokerRemoting:
+    """
+    The requests a broker answers on its remoting port, each a method
+    taking the request and the peer; L{handlers} maps codes to them.
+
+    @ivar boot_millis: when the broker started, ms since the epoch (its
+        C{bootTimestamp}).
+    """
+
+    _log = Logger(namespace="rmqha.remoting.broker")
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self.boot_millis = int(broker.reactor.seconds() * 1000)
+        self._topics_cache: tuple[tuple[int, int, int], bytes] | None = None
+
+    @property
+    def metadata(self) -> BrokerMetadata:
+        return self._broker.metadata
+
+    def handlers(self) -> Mapping[int, Callable[[RemotingCommand, "IAddress | None"], Answer]]:
+        return {
+            RequestCode.UPDATE_AND_CREATE_TOPIC: self.update_and_create_topic,
+            RequestCode.GET_ALL_TOPIC_CONFIG: self.get_all_topic_config,
+            RequestCode.GET_BROKER_RUNTIME_INFO: self.get_broker_runtime_info,
+            RequestCode.GET_ALL_CONSUMER_OFFSET: self.get_all_consumer_offset,
+            RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
+            RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_subscription_group,
+            RequestCode.QUERY_DATA_VERSION: self.query_data_version,
+        }
+
+    # -- the tables ------------------------------------------------------------
+
+    def get_all_topic_config(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        """
+        Code 21: C{TopicConfigSerializeWrapper} (C{topicConfigTable} and
+        C{dataVersion}), compact fastjson as C{TopicConfigManager.encode}
+        writes it.  The encoding is kept for its data version: a slave
+        asking every 10 s costs one encoding per change.
+        """
+        metadata = self.metadata
+        version = metadata.topics_version
+        # (The count too: add_builtins adds topics without a new version.)
+        key = (version.timestamp, version.counter, len(metadata.topics))
+        if self._topics_cache is None or self._topics_cache[0] != key:
+            self._topics_cache = (key, metadata.encode(MetadataFile.TOPICS).encode("utf-8"))
+        return make_response(request, ResponseCode.SUCCESS, body=self._topics_cache[1])
+
+    def get_all_consumer_offset(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        """Code 43: C{{"offsetTable":{"topic@group":{0:120}}}}."""
+        return self._table(request, MetadataFile.CONSUMER_OFFSETS)
+
+    def get_all_delay_offset(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        """Code 45: C{{"offsetTable":{1:0,2:15}}}."""
+        return self._table(request, MetadataFile.DELAY_OFFSETS)
+
+    def get_all_subscription_group(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        """Code 201: C{SubscriptionGroupWrapper}."""
+        return self._table(request, MetadataFile.SUBSCRIPTION_GROUPS)
+
+    def _table(self, request: RemotingCommand, which: MetadataFile) -> RemotingCommand:
+        return make_response(request, ResponseCode.SUCCESS, body=self.metadata.encode(which).encode("utf-8"))
+
+    def query_data_version(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        """
+        Code 322, as a NameServer answers it (a genuine broker does not
+        serve it): C{changed} says whether the body's C{DataVersion}
+        differs from this broker's topic table's, and the body is the
+        broker's; a request without a body is C{changed}.
+        """
+        ours = self.metadata.topics_version
+        changed = True
+        if request.body:
+            try:
+                theirs = DataVersion.from_json(
+                    parse_fastjson(request.body.decode("utf-8", "strict"), max_depth=4)
+                )
+            except (MetadataError, UnicodeDecodeError) as e:
+                return make_response(
+                    request, ResponseCode.SYSTEM_ERROR, f"the body is not a DataVersion: {e}"
+                )
+            changed = not theirs.same(ours)
+        return make_response(
+            request,
+            ResponseCode.SUCCESS,
+            ext_fields={"changed": "true" if changed else "false"},
+            body=dump_fastjson(ours.to_json()).encode("utf-8"),
+        )
+
+    # -- UPDATE_AND_CREATE_TOPIC -----------------------------------------------
+
+    def update_and_create_topic(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        """
+        Code 17 (C{AdminBrokerProcessor.updateAndCreateTopic}): the topic of
+        the C{CreateTopicRequestHeader} created or replaced, the topic
+        table's data version moved on and C{config/topics.json} written
+        before the answer.  A slave takes it too, as 4.9.8's does (its next
+        sync from the master replaces the table).
+        """
+        try:
+            topic = _required(request, "topic")
+            _required(request, "defaultTopic")
+            read = _java_int(request, "readQueueNums", _required(request, "readQueueNums"))
+            write = _java_int(request, "writeQueueNums", _required(request, "writeQueueNums"))
+            perm = _java_int(request, "perm", _required(request, "perm"))
+            filter_type = _required(request, "topicFilterType")
+            _required(request, "order")
+            sys_flag_text = request.ext("topicSysFlag")
+            sys_flag = 0 if sys_flag_text is None else _java_int(request, "topicSysFlag", sys_flag_text)
+        except _HeaderError as e:
+            return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
+        refusal = _topic_refusal(topic)
+        if refusal is not None:
+            return make_response(request, ResponseCode.SYSTEM_ERROR, refusal)
+        if filter_type not in (t.value for t in TopicFilterType):
+            return make_response(
+                request,
+                ResponseCode.SYSTEM_ERROR,
+                f"topicFilterType {filter_type[:40]!r} is not SINGLE_TAG or MULTI_TAG",
+            )
+        config = TopicConfig(
+            topic_name=topic,
+            read_queue_nums=read,
+            write_queue_nums=write,
+            perm=perm,
+            topic_filter_type=filter_type,
+            topic_sys_flag=sys_flag,
+        )
+        metadata = self.metadata
+        try:
+            metadata.update_topic(config, persist=False)
+        except MetadataError as e:
+            return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
+        self._log.info(
+            "topic {topic} created or updated by {peer} (read {read}, write {write}, perm {perm})",
+            topic=topic,
+            peer=format_peer(peer),
+            read=read,
+            write=write,
+            perm=perm,
+        )
+        try:
+            metadata.persist(MetadataFile.TOPICS)
+        except OSError as e:
+            self._log.error(
+                "cannot write {path}: {error}", path=metadata.path(MetadataFile.TOPICS), error=e
+            )
+            return make_response(
+                request,
+                ResponseCode.SYSTEM_ERROR,
+                f"topic {topic} is updated in memory but {metadata.path(MetadataFile.TOPICS)} "
+                f"could not be written: {e}",
+            )
+        return make_response(request, ResponseCode.SUCCESS)
+
+    # -- GET_BROKER_RUNTIME_INFO -----------------------------------------------
+
+    def runtime_info(self) -> dict[str, str]:
+        """
+        The entries of C{prepareRuntimeInfo} rmqha knows, by their 4.9.8
+        names (what C{mqadmin brokerStatus} prints).
+        """
+        broker = self._broker
+        now = int(broker.reactor.seconds() * 1000)
+        info = {
+            "brokerVersionDesc": "V4_9_8",
+            "brokerVersion": str(VERSION_4_9_8),
+            "bootTimestamp": str(self.boot_millis),
+            "runtime": format_runtime(now - self.boot_millis),
+            "putMessageTimesTotal": str(broker.put_path.puts),
+        }
+        commitlog = broker.store.commitlog
+        if commitlog is not None:
+            info["commitLogMinOffset"] = str(commitlog.min_offset)
+            info["commitLogMaxOffset"] = str(commitlog.max_offset)
+            info["remainHowManyDataToFlush"] = human_bytes(
+                max(0, commitlog.max_offset - commitlog.flushed_offset)
+            )
+            try:
+                fs = os.statvfs(commitlog.store_dir)
+            except OSError:
+                pass
+            else:
+                total, free = fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize
+                info["commitLogDirCapacity"] = f"Total : {human_bytes(total)}, Free : {human_bytes(free)}."
+                if total > 0:
+                    info["commitLogDiskRatio"] = repr((total - free) / total)
+        return info
+
+    def get_broker_runtime_info(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        """
+        Code 28: a C{KVTable} (C{{"table":{...}}}), the keys in the
+        order of the Java C{HashMap} that holds them.
+        """
+        info = self.runtime_info()
+        table: dict[str | int, Any] = {k: info[k] for k in java_hashmap_order(info)}
+        body = dump_fastjson({"table": table}).encode("utf-8")
+        return make_response(request, ResponseCode.SUCCESS, body=body)
+
+
+def _topic_refusal(topic: str) -> str | None:
+    """
+    C{TopicValidator.validateTopic} and C{isSystemTopic}: the remark of
+    4.9.8's refusal, or C{None}.
+    """
+    if not topic.strip():
+        return "The specified topic is blank."
+    if not set(topic) <= _TOPIC_CHARS:
+        return f"The specified topic contains illegal characters, allowing only {_TOPIC_PATTERN}"
+    if len(topic) > TOPIC_MAX_LENGTH:
+        return "The specified topic is longer than topic max length."
+    if topic in SYSTEM_TOPICS or topic.startswith(_SYSTEM_TOPIC_PREFIX):
+        return f"The topic[{topic}] is conflict with system topic."
+    return None
+
+
+def broker_handler(broker: Broker) -> Dispatcher:
+    """
+    The L{Dispatcher} of a broker's remoting port.
+    """
+    return Dispatcher(BrokerRemoting(broker).handlers())
+
+
+class RemotingPort(Port):
+    """
+    The broker's remoting port (C{--listen}), a L{Port} child of its
+    L{rmqha.broker.Broker}: listened on before the store is opened, behind
+    the connection limiter (C{"remoting"}), started after the role.
+    """
+
+    def __init__(self, broker: Broker, where: str | IStreamServerEndpoint) -> None:
+        self.broker = broker
+        self.where = where
+        self.setName("remoting")  # type: ignore[no-untyped-call]
+
+    def listen(self, limited: Any) -> None:
+        if self.port is not None:
+            return
+        factory = RemotingFactory(broker_handler(self.broker), self.broker.reactor)
+        factory.noisy = False
+        self.port = listen(self.broker.reactor, "remoting", self.where, limited("remoting", factory))
