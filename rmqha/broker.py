@@ -187,8 +187,15 @@ class Broker(MultiService):
         remoting address of C{--master-remoting} if given (a NameServer's
         C{masterAddr} may replace it later:
         L{MetadataSync.set_master_address}).  Call it before or after
-        starting the broker.
+        starting the broker.  It replaces the sync a broker given
+        C{--master-remoting} made for itself.
         """
+        if self.metadata_sync is not None and self._own_sync:
+            # (The broker's own, for --master-remoting: the given one
+            # replaces it.)
+            own, self.metadata_sync, self._own_sync = self.metadata_sync, None, False
+            if own.running:
+                own.stopService()
         if self.metadata_sync is not None:
             raise ValueError("a metadata sync is attached already")
         self.metadata_sync = sync
@@ -334,7 +341,6 @@ class Broker(MultiService):
             # plain TCP.
             from rmqha.remoting.sync import remoting_client
 
-            self.metadata_sync = None
             self.attach_metadata_sync(
                 MetadataSync(self._metadata, self.reactor, remoting_client(self.reactor))
             )
