@@ -291,6 +291,9 @@ class BrokerRegistrationTests(SynchronousTestCase):
         self.assertEqual(slave.master_endpoint, "tcp:host=10.0.0.1:port=10912")
         assert slave.registration is not None
         self.assertEqual(slave.registration.master_addr, "10.0.0.1:10911")
+        # The metadata sync is the broker's own, towards the masterAddr given.
+        self.assertEqual(slave.metadata_sync.master, "10.0.0.1:10911")
+        self.assertIsNone(master.metadata_sync.master)
         # The master goes; another registers as broker-a's master.
         stopped = master.stopService()
         self.settle()
@@ -300,6 +303,7 @@ class BrokerRegistrationTests(SynchronousTestCase):
         self.clock.advance(30)
         self.settle()
         self.assertEqual(slave.master_endpoint, "tcp:host=10.0.0.3:port=10912")
+        self.assertEqual(slave.metadata_sync.master, "10.0.0.3:10911")
         # The slave promoted: registered as 0 at once, its address moved.
         promoted = slave.become_master(Role.ASYNC_MASTER)
         self.settle()
@@ -313,11 +317,19 @@ class BrokerRegistrationTests(SynchronousTestCase):
         self.assertEqual(self.ns.brokers("broker-a"), {})
 
     def test_slave_with_master_does_not_follow(self) -> None:
+        """
+        --master and --master-remoting win over what the NameServer says.
+        """
         from rmqha.ha.config import Role
 
-        self.broker("10.0.0.1")
-        slave = self.broker("10.0.0.2", role=Role.SLAVE, broker_id=1, master="tcp:host=10.9.9.9:port=1")
+        self.broker("10.0.0.1", listen="tcp:20911")
+        self.assertEqual(self.ns.brokers("broker-a"), {0: "10.0.0.1:20911"})
+        slave = self.broker(
+            "10.0.0.2", role=Role.SLAVE, broker_id=1, master="tcp:host=10.9.9.9:port=1",
+            master_remoting="10.9.9.9:2",
+        )
         self.assertEqual(slave.master_endpoint, "tcp:host=10.9.9.9:port=1")
+        self.assertEqual(slave.metadata_sync.master, "10.9.9.9:2")
 
 
 class PortOfTests(SynchronousTestCase):

@@ -2,8 +2,9 @@
 Real sockets on 127.0.0.1 (pytest-twisted, the global reactor): a master
 and a slave L{Broker} in this process register with a FakeNameServer
 listening on port 0; the slave, started without --master, finds its
-master through it and replicates byte-identically; both unregister at
-stop.
+master through it, replicates byte-identically and syncs the master's
+topics from the remoting address the NameServer names; both unregister
+at stop.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import pytest_twisted
 
 from rmqha.broker import Broker, Role
+from rmqha.remoting.metadata import TopicConfig
 from rmqha.store._record import Message
 from rmqha.testing import FakeNameServer
 
@@ -35,16 +37,20 @@ async def test_slave_finds_master_through_namesrv(tmp_path: Any) -> None:
     common: dict[str, Any] = dict(namesrv=(address,), group="broker-a")
     master: Broker = make_broker(
         reactor, str(tmp_path / "master"), Role.MASTER, SEGMENT,
-        ha_listen="tcp:0:interface=127.0.0.1", broker_ip1="127.0.0.1", **common,
+        ha_listen="tcp:0:interface=127.0.0.1", listen="tcp:0:interface=127.0.0.1",
+        broker_ip1="127.0.0.1", **common,
     )
     slave: Broker | None = None
     master.startService()
     try:
+        master.metadata.update_topic(TopicConfig("NsTopic", 4, 4))
         for i in range(300):
             await master.put(Message("NsTopic", os.urandom(1000), queue_id=i % 4))
         ha_port = (await master.ha_address()).port
         await until(reactor, lambda: 0 in namesrv.brokers("broker-a"), "the master to register", 10)
         assert namesrv.registrations[-1].header.ha_server_addr == f"127.0.0.1:{ha_port}"
+        remoting_addr = namesrv.brokers("broker-a")[0]
+        assert remoting_addr != "127.0.0.1:0"
         slave = make_broker(
             reactor, str(tmp_path / "slave"), Role.SLAVE, SEGMENT, broker_id=1, broker_ip1="127.0.0.2", **common
         )
@@ -57,8 +63,12 @@ async def test_slave_finds_master_through_namesrv(tmp_path: Any) -> None:
             20,
         )
         assert slave.master_endpoint == f"tcp:host=127.0.0.1:port={ha_port}"
-        assert namesrv.brokers("broker-a") == {0: "127.0.0.1:10911", 1: "127.0.0.2:10911"}
-        assert slave.registration is not None and slave.registration.master_addr == "127.0.0.1:10911"
+        assert namesrv.brokers("broker-a") == {0: remoting_addr, 1: "127.0.0.2:10911"}
+        assert slave.registration is not None and slave.registration.master_addr == remoting_addr
+        # The slave's metadata sync goes to the master's remoting port the
+        # NameServer named (3 s after it became a slave, as 4.9.8).
+        assert slave.metadata_sync is not None and slave.metadata_sync.master == remoting_addr
+        await until(reactor, lambda: "NsTopic" in slave.metadata.topics, "the slave to sync the topics", 10)
     finally:
         if slave is not None:
             await slave.stopService()
