@@ -234,16 +234,16 @@ def main(args: list[str]) -> int:
 
 def parallel() -> list[str]:
     """
-    The whole suite's pytest-xdist options: one worker per core, at most
-    2 (the CI machine's), each test file on one worker (a file's
+    The whole suite's pytest-xdist options: one worker per core plus one,
+    at most 3 (2 cores: 3 workers), each test file on one worker (a file's
     module-scoped etcd members, Spark sessions and stores stay together).
-    Most of the suite's time is spent waiting (elections, leases, real
-    processes starting), so two workers take it from ~8 to ~5 minutes on
-    2 cores (docs/development.md).  C{RMQHA_TEST_WORKERS=0} runs it in one
-    process.
+    Much of the suite's time is spent waiting (elections, leases, real
+    processes starting, a soak's minutes): a third worker fills two
+    cores' idle time (docs/development.md).  C{RMQHA_TEST_WORKERS=0} runs
+    it in one process, C{RMQHA_TEST_WORKERS=N} on N workers.
     """
     workers = os.environ.get("RMQHA_TEST_WORKERS")
-    count = int(workers) if workers else min(2, os.cpu_count() or 1)
+    count = int(workers) if workers else min(3, (os.cpu_count() or 1) + 1)
     if count <= 1:
         return []
     return ["-n", str(count), "--dist", "loadfile"]
