@@ -342,3 +342,57 @@ class PortOfTests(SynchronousTestCase):
         self.assertEqual(port_of("tcp:0:interface=127.0.0.1", 1), 0)
         self.assertEqual(port_of(None, 10911), 10911)
         self.assertEqual(port_of(object(), 10911), 10911)
+
+
+class SeekMasterTests(SynchronousTestCase):
+    """
+    A slave that follows the NameServers' master, started before its
+    master registered, registers again after 1 s, 2 s, 4 s ... (up to
+    the 30 s period) until a NameServer names a master: it finds one
+    within seconds of the master's registration, not at its next period.
+    """
+
+    # (RegistrationTests' fixtures, not its tests.)
+    setUp = RegistrationTests.setUp
+    registration = RegistrationTests.registration
+    settle = RegistrationTests.settle
+
+    def test_slave_before_master(self) -> None:
+        followed: list[str] = []
+        slave = self.registration(_SLAVE, on_master_ha=followed.append)
+        slave.startService()
+        self.addCleanup(slave.stopService)
+        self.settle()
+        rounds = [slave.registrations]
+        for step in (1, 2, 4):
+            self.clock.advance(step)
+            self.settle()
+            rounds.append(slave.registrations)
+        self.assertEqual(rounds, [1, 2, 3, 4])  # seeking: 1 s, 2 s, 4 s later
+        self.assertEqual(followed, [])
+        master = self.registration(_MASTER)
+        master.startService()
+        self.addCleanup(master.stopService)
+        self.settle()
+        self.clock.advance(8)  # the next early round, 15 s into the slave's period
+        self.settle()
+        self.assertEqual(followed, ["10.0.0.1:10912"])
+        # Found: no more early rounds, only the period's.
+        before = slave.registrations
+        self.clock.advance(14)
+        self.settle()
+        self.assertEqual(slave.registrations, before)
+
+    def test_not_for_a_master_or_a_slave_with_one(self) -> None:
+        """
+        A master, or a slave given its master (no C{on_master_ha}),
+        registers on the period only.
+        """
+        for identity in (_MASTER, _SLAVE):
+            registration = self.registration(identity)
+            registration.startService()
+            self.addCleanup(registration.stopService)
+            self.settle()
+            self.clock.advance(29)
+            self.settle()
+            self.assertEqual(registration.registrations, 1)

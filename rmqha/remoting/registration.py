@@ -28,7 +28,7 @@ from typing import Any, Final
 import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -69,6 +69,10 @@ __all__ = [
 
 #: C{registerNameServerPeriod}: seconds between registrations.
 REGISTER_INTERVAL: Final = 30.0
+#: A slave that follows the NameServers' master but was named none yet
+#: registers again after this many seconds, doubling up to the interval:
+#: started before its master, it finds it within seconds, not 30.
+SEEK_MASTER_FIRST: Final = 1.0
 #: C{registerBrokerTimeoutMills}: each REGISTER_BROKER's deadline.
 REGISTER_TIMEOUT: Final = 6.0
 #: C{BrokerOuterAPI.unregisterBroker}'s deadline.
@@ -177,6 +181,9 @@ class NameServerRegistration(Service):
                 client.name = address
             self.clients.append(client)
         self._loop: LoopingCall | None = None
+        #: The next early round of a slave seeking its master, and its delay.
+        self._seek: IDelayedCall | None = None
+        self._seek_delay = SEEK_MASTER_FIRST
 
     # -- the service ---------------------------------------------------------
 
@@ -202,6 +209,9 @@ class NameServerRegistration(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
+        if self._seek is not None and self._seek.active():
+            self._seek.cancel()
+        self._seek = None
         d: Deferred[Any] = self.unregister()
 
         def close(_: object) -> Deferred[Any]:
@@ -279,9 +289,34 @@ class NameServerRegistration(Service):
             if results:
                 self.registrations += 1
                 self._take(results[0])
+            self._seek_master()
             return results
 
         return DeferredList(waits, consumeErrors=True).addCallback(done)
+
+    def _seek_master(self) -> None:
+        """
+        A slave following the NameServers' master (C{on_master_ha}) that
+        was named none yet registers again soon: after
+        L{SEEK_MASTER_FIRST} s, doubling up to the interval.
+        """
+        if (
+            self.on_master_ha is None
+            or self.master_ha_addr is not None
+            or not self.running
+            or (self._seek is not None and self._seek.active())
+        ):
+            return
+        delay, self._seek_delay = self._seek_delay, min(self._seek_delay * 2, self.interval)
+        if delay >= self.interval:
+            return  # (the periodic round is as soon)
+
+        def again() -> None:
+            self._seek = None
+            if self.running and self.master_ha_addr is None:
+                self.register()
+
+        self._seek = self.clock.callLater(delay, again)
 
     def _take(self, result: RegisterBrokerResult) -> None:
         # As BrokerController.doRegisterBrokerAll: the HA address only when

@@ -109,11 +109,13 @@ async def test_twistd_brokers_through_namesrv(tmp_path: Any) -> None:
             master_store, str(tmp_path / "master.log"), "--role", "master",
             "--ha-listen", "tcp:0:interface=127.0.0.1", "--broker-ip1", "127.0.0.1", *common,
         )))
-        await until(reactor, lambda: 0 in namesrv.brokers("broker-a"), "the master to register", 30)
+        # (Both at once: the slave, named no master at first, registers
+        # again after 1, 2, 4 ... s until it is.)
         processes.append(subprocess.Popen(twistd_command(
             slave_store, str(tmp_path / "slave.log"), "--role", "slave", "--segment-size", "256k",
             "--broker-id", "1", "--broker-ip1", "127.0.0.2", *common,
         )))
+        await until(reactor, lambda: 0 in namesrv.brokers("broker-a"), "the master to register", 30)
         await until(reactor, lambda: 1 in namesrv.brokers("broker-a"), "the slave to register", 30)
         await until(
             reactor,
