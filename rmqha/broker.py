@@ -331,6 +331,16 @@ class Broker(MultiService):
             self.ports.shut(self.roles)
             self.store.stopService()
             raise
+        # The topics and groups a genuine broker has before its files load
+        # over them (TBW102, the cluster's and the broker's own topic, the
+        # tools' groups): a file's entry wins, nothing is written for them.
+        from rmqha.remoting.metadata import builtin_groups, builtin_topics
+        from rmqha.remoting.registration import default_broker_name
+
+        self._metadata.add_builtins(
+            builtin_topics(self.settings.cluster, self.settings.group or default_broker_name()),
+            builtin_groups(),
+        )
         self.metadata_flusher = MetadataFlusher(self._metadata, self.reactor)
         self.metadata_flusher.startService()
         if (self.settings.master_remoting is not None or self.settings.namesrv) and (

@@ -31,10 +31,12 @@ from rmqha.remoting.metadata import (
     MetadataFile,
     SubscriptionGroupConfig,
     TopicTable,
+    builtin_groups,
     builtin_topics,
     decode_table,
     parse_fastjson,
 )
+from rmqha.remoting.registration import default_broker_name
 from rmqha.settings import BrokerSettings, SettingsError
 from rmqha.store.commitlog import CommitLog
 from tests._helpers import fixed_clock
@@ -133,19 +135,21 @@ class TableTests(_BrokerCase):
         self.assertEqual(response.code, ResponseCode.SUCCESS)
         table = decode_table(MetadataFile.TOPICS, response.body.decode())
         assert isinstance(table, TopicTable)
-        self.assertEqual(list(table.topics), ["Orders"])
+        # Orders, and the built-in topics a broker has from its start.
+        builtins = builtin_topics("DefaultCluster", broker.settings.group or default_broker_name())
+        self.assertEqual(set(table.topics), {"Orders", *builtins})
+        self.assertEqual({n: table.topics[n] for n in builtins}, builtins)
         topic = table.topics["Orders"]
         self.assertEqual((topic.read_queue_nums, topic.write_queue_nums, topic.perm), (4, 4, 6))
         self.assertTrue(table.data_version.same(broker.metadata.topics_version))
         # Compact fastjson, TopicConfigSerializeWrapper's field order.
         self.assertTrue(response.body.startswith(b'{"dataVersion":{"counter":1,'), response.body)
-        self.assertIn(b'"topicConfigTable":{"Orders":{"order":false,"perm":6,', response.body)
-        # Built-in topics added (with no new version) are answered too.
-        broker.metadata.add_builtins(builtin_topics("DefaultCluster", "broker-a"), {})
-        response = connection.ask(RequestCode.GET_ALL_TOPIC_CONFIG)
-        table = decode_table(MetadataFile.TOPICS, response.body.decode())
-        assert isinstance(table, TopicTable)
-        self.assertIn("TBW102", table.topics)
+        self.assertIn(b'"Orders":{"order":false,"perm":6,', response.body)
+        # topics.json holds the whole table, as a genuine broker's does.
+        with open(os.path.join(self.store, "config", "topics.json")) as f:
+            written = decode_table(MetadataFile.TOPICS, f.read())
+        assert isinstance(written, TopicTable)
+        self.assertEqual(set(written.topics), {"Orders", *builtins})
 
     def test_offsets_and_groups(self) -> None:
         broker = self.start()
@@ -168,7 +172,7 @@ class TableTests(_BrokerCase):
         response = connection.ask(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
         groups = decode_table(MetadataFile.SUBSCRIPTION_GROUPS, response.body.decode())
         assert isinstance(groups, GroupTable)
-        self.assertEqual(list(groups.groups), ["G1"])
+        self.assertEqual(set(groups.groups), {"G1", *builtin_groups()})
         self.assertTrue(groups.data_version.same(broker.metadata.groups_version))
 
     def test_slave_answers_too(self) -> None:
@@ -287,7 +291,7 @@ class CreateTopicTests(_BrokerCase):
         del missing["defaultTopic"]
         response = connection.ask(RequestCode.UPDATE_AND_CREATE_TOPIC, missing)
         self.assertEqual(response.remark, "the custom field <defaultTopic> is null")
-        self.assertEqual(broker.metadata.topics, {})
+        self.assertNotIn("Orders", broker.metadata.topics)
         self.assertFalse(os.path.exists(os.path.join(self.store, "config", "topics.json")))
 
     def test_unwritable(self) -> None:
