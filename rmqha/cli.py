@@ -8,6 +8,7 @@ The C{rmqha} command: operator tools for a store.
     rmqha store dump DIR [--from OFFSET] [--limit N]
     rmqha store fill DIR --count N --body-size BYTES [--topics a,b] [--segment-size BYTES]
     rmqha demo [--dir DIR] [--count N] [--live N] [--segment-size BYTES]
+    rmqha admin topics|broker-status|consumer-offsets --broker HOST:PORT [--json]
 
 Every inspection command opens the store read-only: it never modifies a
 store, and works on one a broker has open.  C{repair} is the one that
@@ -284,6 +285,28 @@ def _build_parser() -> argparse.ArgumentParser:
             )
             action.set_defaults(run=_cluster_switchover)
 
+    admin = commands.add_parser(
+        "admin", help="ask a broker (genuine or rmqha) over remoting (docs/remoting.md)"
+    )
+    admin_actions = admin.add_subparsers(dest="action", metavar="ACTION", parser_class=_Parser)
+    admin_actions.required = True
+    for name, text in [
+        ("topics", "every topic: read and write queues, perm (mqadmin topicList)"),
+        ("broker-status", "the broker's runtime info, key : value (mqadmin brokerStatus)"),
+        ("consumer-offsets", "topic@group queue offset for every committed offset"),
+    ]:
+        action = admin_actions.add_parser(name, help=text)
+        action.add_argument(
+            "--broker", required=True, type=_broker_address, metavar="HOST:PORT",
+            help="the broker's remoting address (its listenPort)",
+        )
+        action.add_argument(
+            "--timeout", type=_positive_seconds, default=3.0,
+            help="seconds to wait for the connection and the answer (default 3)",
+        )
+        action.add_argument("--json", action="store_true", help="print JSON")
+        action.set_defaults(run=_admin)
+
     from rmqha.pipeline.jobs import add_arguments
 
     pipeline = commands.add_parser(
@@ -353,6 +376,156 @@ def _cluster_switchover(args: argparse.Namespace, out: IO[str]) -> int:
         f"{result['master']} is the master at epoch {result['epoch']} "
         f"(took {result['seconds']} s)\n"
     )
+    return 0
+
+
+def _broker_address(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"--broker {text!r} is not HOST:PORT")
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--timeout {text!r} is not a positive number of seconds")
+    return value
+
+
+def _broker_endpoint(address: str) -> str:
+    host, _, port = address.rpartition(":")
+    if host.startswith("["):
+        return "tcp6:host=" + host[1:-1].replace(":", "\\:") + f":port={port}"
+    return f"tcp:host={host}:port={port}"
+
+
+_ADMIN_CODES = {"topics": 21, "broker-status": 28, "consumer-offsets": 43}
+
+
+async def admin_query(client: Any, address: str, action: str, timeout: float) -> dict[str, Any]:
+    """
+    Ask the broker at C{address} through C{client} (a running
+    L{rmqha.remoting.protocol.RemotingClient}) for what C{action}
+    (C{topics}, C{broker-status}, C{consumer-offsets}) shows, parsed into
+    plain JSON-ready data.
+
+    @raise _CommandError: no connection, no answer in time, an answer
+        other than SUCCESS, or a body that does not parse: one line.
+    """
+    from rmqha.remoting._frames import RemotingCommand
+    from rmqha.remoting.codes import RequestCode, ResponseCode
+    from rmqha.remoting.metadata import (
+        ConsumerOffsetTable,
+        MetadataError,
+        MetadataFile,
+        TopicTable,
+        decode_table,
+    )
+    from rmqha.remoting.namesrv import decode_kv_table
+    from rmqha.remoting.protocol import RemotingRequestError
+
+    code = RequestCode(_ADMIN_CODES[action])
+    what = f"{code.name} ({int(code)})"
+    try:
+        response = await client.request(RemotingCommand(code=int(code)), timeout)
+    except RemotingRequestError as e:
+        raise _CommandError(f"broker {address}: {e}") from None
+    if response.code != ResponseCode.SUCCESS:
+        try:
+            name = ResponseCode(response.code).name
+        except ValueError:
+            name = "code"
+        raise _CommandError(
+            f"broker {address} answered {what} with {name} ({response.code}): "
+            f"{response.remark or 'no remark'}"
+        )
+    try:
+        text = (response.body or b"").decode("utf-8")
+        if action == "broker-status":
+            return dict(sorted(decode_kv_table(response.body or b"").items()))
+        if action == "topics":
+            table = decode_table(MetadataFile.TOPICS, text)
+            assert isinstance(table, TopicTable)
+            return {
+                name: {
+                    "readQueueNums": t.read_queue_nums,
+                    "writeQueueNums": t.write_queue_nums,
+                    "perm": t.perm,
+                }
+                for name, t in sorted(table.topics.items())
+            }
+        offsets = decode_table(MetadataFile.CONSUMER_OFFSETS, text)
+        assert isinstance(offsets, ConsumerOffsetTable)
+        return {
+            key: {str(q): queues[q] for q in sorted(queues)}
+            for key, queues in sorted(offsets.offsets.items())
+        }
+    except UnicodeDecodeError as e:
+        raise _CommandError(
+            f"broker {address}: the body of {what} is not UTF-8 at byte {e.start}"
+        ) from None
+    except (MetadataError, ValueError) as e:
+        raise _CommandError(f"broker {address}: the body of {what} does not parse: {e}") from None
+
+
+def render_admin(action: str, data: dict[str, Any]) -> str:
+    """
+    The text C{rmqha admin ACTION} prints for L{admin_query}'s C{data}.
+    """
+    lines: list[str] = []
+    if action == "topics":
+        lines.append(f"{'#Topic':<48} {'#Read':>6} {'#Write':>6} {'#Perm':>5}")
+        for name, t in data.items():
+            lines.append(
+                f"{name:<48} {t['readQueueNums']:>6} {t['writeQueueNums']:>6} {t['perm']:>5}"
+            )
+    elif action == "broker-status":
+        # As mqadmin brokerStatus prints its TreeMap.
+        lines.extend(f"{key:<32}: {value}" for key, value in data.items())
+    else:
+        for key, queues in data.items():
+            lines.extend(f"{key} {queue} {offset}" for queue, offset in queues.items())
+    return "".join(line + "\n" for line in lines)
+
+
+def _admin(args: argparse.Namespace, out: IO[str]) -> int:
+    from twisted.internet import reactor
+    from twisted.internet.defer import ensureDeferred
+    from twisted.internet.task import deferLater
+
+    from rmqha.remoting.protocol import RemotingClient
+
+    client = RemotingClient(reactor, _broker_endpoint(args.broker))
+    outcome: list[Any] = []
+
+    async def run() -> None:
+        client.startService()
+        try:
+            outcome.append(("ok", await admin_query(client, args.broker, args.action, args.timeout)))
+        except _CommandError as e:
+            outcome.append(("error", str(e)))
+        finally:
+            # (Not from inside ClientService's own failure callbacks: it
+            # refuses a reentrant stop.)
+            await deferLater(reactor, 0, lambda: None)
+            await client.stopService()
+            reactor.stop()
+
+    reactor.callWhenRunning(lambda: ensureDeferred(run()))
+    reactor.run()
+    kind, value = outcome[0] if outcome else ("error", "interrupted")
+    if kind == "error":
+        raise _CommandError(value)
+    if args.json:
+        out.write(json.dumps(value, indent=2) + "\n")
+    else:
+        assert isinstance(value, dict)
+        out.write(render_admin(args.action, value))
     return 0
 
 
