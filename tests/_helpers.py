@@ -432,3 +432,22 @@ def settings_and_runtime(options: dict[str, Any], **defaults: Any) -> tuple[Any,
     settings = {**defaults, **{k: v for k, v in options.items() if k in names}}
     runtime = {k: v for k, v in options.items() if k not in names}
     return BrokerSettings(**settings), runtime
+
+
+class LoggedEvents:
+    """
+    Every event logged through Twisted's global log publisher while
+    C{case} runs (observer removed at its cleanup).
+    """
+
+    def __init__(self, case: SynchronousTestCase) -> None:
+        from twisted.logger import globalLogPublisher
+
+        self.events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(self.events.append)
+        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def texts(self) -> list[str]:
+        from twisted.logger import formatEvent
+
+        return [formatEvent(e) for e in self.events]

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.task import Clock
-from twisted.logger import globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.remoting._frames import FrameDecoder, RemotingCommand
@@ -18,20 +17,10 @@ from rmqha.remoting.namesrv import body_crc32, decode_register_body
 from rmqha.remoting.registration import BrokerIdentity, NameServerRegistration
 from rmqha.testing import FakeNameServer, StringEndpoint
 
+from tests._helpers import LoggedEvents
+
 _MASTER = BrokerIdentity("C", "broker-a", 0, "10.0.0.1:10911", "10.0.0.1:10912")
 _SLAVE = BrokerIdentity("C", "broker-a", 1, "10.0.0.2:10911", "10.0.0.2:10912")
-
-
-class _Logged:
-    def __init__(self, case: SynchronousTestCase) -> None:
-        self.events: list[dict[str, Any]] = []
-        globalLogPublisher.addObserver(self.events.append)
-        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
-
-    def texts(self) -> list[str]:
-        from twisted.logger import formatEvent
-
-        return [formatEvent(e) for e in self.events]
 
 
 class RegistrationTests(SynchronousTestCase):
@@ -122,7 +111,7 @@ class RegistrationTests(SynchronousTestCase):
         log line naming the NameServer; the one that comes back gets the
         next round.
         """
-        logged = _Logged(self)
+        logged = LoggedEvents(self)
         down = FakeNameServer(self.clock)
         down.up = False
         silent = StringEndpoint()
@@ -220,7 +209,7 @@ class RegistrationTests(SynchronousTestCase):
 
     def test_error_answer_logged(self) -> None:
         """A NameServer's error answer is a logged failure, not a result."""
-        logged = _Logged(self)
+        logged = LoggedEvents(self)
         registration = self.registration()
         bad = RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields={"brokerName": "x"})
         registration._register_command = lambda: bad  # type: ignore[method-assign]

@@ -13,7 +13,6 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IAddress
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -31,6 +30,8 @@ from rmqha.remoting.protocol import (
 )
 from rmqha.testing import StringEndpoint, connect_in_memory
 
+from tests._helpers import LoggedEvents
+
 _PEER = "192.0.2.7:40000"
 
 
@@ -44,22 +45,10 @@ def _written(transport: StringTransport) -> list[RemotingCommand]:
     return out
 
 
-class _Log:
-    def __init__(self, case: SynchronousTestCase) -> None:
-        self.events: list[dict[str, Any]] = []
-        globalLogPublisher.addObserver(self.events.append)
-        case.addCleanup(globalLogPublisher.removeObserver, self.events.append)
-
-    def texts(self) -> list[str]:
-        from twisted.logger import formatEvent
-
-        return [formatEvent(e) for e in self.events]
-
-
 class _Case(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
-        self.log = _Log(self)
+        self.log = LoggedEvents(self)
         self.served: list[RemotingCommand] = []
         self.handling: list[Deferred[RemotingCommand | None]] = []
 
