@@ -1,0 +1,41 @@
+"""
+rmqha's RocketMQ client over the remoting protocol, on Twisted: a
+L{Producer} (SYNC sends and batches, NameServer routing, the Java
+producer's retries), usable against rmqha brokers and genuine 4.9 ones.
+See docs/client.md.
+"""
+
+from rmqha.client._codec import (
+    Message,
+    MessageQueue,
+    SendError,
+    SendReplyError,
+    SendResult,
+    SendStatus,
+    UniqueIdFactory,
+)
+from rmqha.client._routes import NameServerError, NoRouteError
+from rmqha.client.producer import (
+    DEFAULT_RETRY_CODES,
+    Producer,
+    ProducerBusyError,
+    QueueSelector,
+    SendFailedError,
+)
+
+__all__ = [
+    "DEFAULT_RETRY_CODES",
+    "Message",
+    "MessageQueue",
+    "NameServerError",
+    "NoRouteError",
+    "Producer",
+    "ProducerBusyError",
+    "QueueSelector",
+    "SendError",
+    "SendFailedError",
+    "SendReplyError",
+    "SendResult",
+    "SendStatus",
+    "UniqueIdFactory",
+]

@@ -1,0 +1,615 @@
+# -*- test-case-name: tests.test_client_codec -*-
+"""
+What a RocketMQ 4.9.8 producer puts on the wire and reads back, sans-IO
+(no Twisted import): messages and their properties string, the
+SEND_MESSAGE_V2 header with its one-letter names, a batch body as
+C{MessageDecoder.encodeMessages} writes it, the unique message id of
+C{MessageClientIDSetter}, the send reply as C{MQClientAPIImpl.processSendResponse}
+reads it, and routes (C{TopicRouteData}) as the NameServer sends them,
+standard JSON or fastjson's unquoted integer keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import random
+import re
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timezone
+from typing import Final
+
+from rmqha.remoting._frames import (
+    CustomHeaderError,
+    Int32,
+    RemotingCommand,
+    header_from_ext_fields,
+    java_hashmap_order,
+)
+from rmqha.remoting.codes import ResponseCode
+from rmqha.remoting.metadata import PERM_WRITE, MetadataFormatError, parse_fastjson
+
+__all__ = [
+    "Message",
+    "MessageQueue",
+    "SendStatus",
+    "SendResult",
+    "SendMessageRequestHeaderV2",
+    "SendMessageResponseHeader",
+    "QueueData",
+    "BrokerData",
+    "TopicRoute",
+    "RouteError",
+    "SendError",
+    "SendReplyError",
+    "UniqueIdFactory",
+    "properties_string",
+    "encode_batch",
+    "compress_body",
+    "parse_route",
+    "publish_queues",
+    "default_route_for",
+    "check_message",
+    "send_result",
+]
+
+#: C{MessageConst}'s property names.
+PROPERTY_KEYS: Final = "KEYS"
+PROPERTY_TAGS: Final = "TAGS"
+PROPERTY_WAIT: Final = "WAIT"
+PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
+PROPERTY_DELAY: Final = "DELAY"
+PROPERTY_MSG_REGION: Final = "MSG_REGION"
+PROPERTY_TRACE_ON: Final = "TRACE_ON"
+#: C{MessageConst.STRING_HASH_SET}: names a user property may not take.
+RESERVED_PROPERTIES: Final = frozenset(
+    "TRACE_ON MSG_REGION KEYS TAGS WAIT DELAY RETRY_TOPIC REAL_TOPIC REAL_QID TRAN_MSG "
+    "PGROUP MIN_OFFSET MAX_OFFSET BUYER_ID ORIGIN_MESSAGE_ID TRANSFER_FLAG CORRECTION_FLAG "
+    "MQ2_FLAG RECONSUME_TIME UNIQ_KEY MAX_RECONSUME_TIMES CONSUME_START_TIME INSTANCE_ID "
+    "CORRELATION_ID REPLY_TO_CLIENT TTL ARRIVE_TIME PUSH_REPLY_TIME CLUSTER MSG_TYPE "
+    "INNER_MULTI_QUEUE_OFFSET".split()
+)
+NAME_VALUE_SEPARATOR: Final = "\x01"
+PROPERTY_SEPARATOR: Final = "\x02"
+
+#: C{TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC}: the topic whose route a
+#: producer borrows for a topic the NameServers do not know.
+AUTO_CREATE_TOPIC_KEY: Final = "TBW102"
+#: C{MessageSysFlag}.
+COMPRESSED_FLAG: Final = 0x1
+COMPRESSION_ZLIB_TYPE: Final = 0x3 << 8
+TRANSACTION_PREPARED_TYPE: Final = 0x1 << 2
+#: C{DefaultMQProducer.compressMsgBodyOverHowmuch} and the zlib level of
+#: C{DefaultMQProducerImpl.compressLevel}.
+COMPRESS_OVER: Final = 4 * 1024
+COMPRESS_LEVEL: Final = 5
+#: C{DefaultMQProducer.maxMessageSize}.
+MAX_MESSAGE_SIZE: Final = 4 * 1024 * 1024
+#: C{Validators}: topic names.
+TOPIC_MAX_LENGTH: Final = 127
+_TOPIC_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+\Z")
+#: C{TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET}.
+NOT_ALLOWED_SEND_TOPICS: Final = frozenset(
+    {
+        "SCHEDULE_TOPIC_XXXX",
+        "RMQ_SYS_TRANS_HALF_TOPIC",
+        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
+        "TRANS_CHECK_MAX_TIME_TOPIC",
+        "SELF_TEST_TOPIC",
+        "OFFSET_MOVED_EVENT",
+    }
+)
+_MASTER_ID: Final = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MessageQueue:
+    """C{MessageQueue}: one queue of a topic on one broker (by name)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}:{self.queue_id}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """
+    A message to send, as C{new Message(topic, tags, keys, flag, body,
+    waitStoreMsgOK)} builds it.
+
+    @ivar keys: C{KEYS}, joined with spaces (C{MessageConst.KEY_SEPARATOR}).
+    @ivar properties: user properties (names of L{RESERVED_PROPERTIES}
+        refused, as C{putUserProperty} does).
+    @ivar wait_store_msg_ok: the C{WAIT} property: the broker answers a
+        SYNC master's send once the slave has it (C{true}, the default).
+    @ivar unique_id: C{UNIQ_KEY}; the producer makes one when it is C{None}.
+    @ivar delay_level: C{DELAY} (C{setDelayTimeLevel}; 1-18 on a default
+        broker): delivered after that level's delay; 0 at once.
+    """
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: str | Sequence[str] | None = None
+    flag: int = 0
+    properties: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    wait_store_msg_ok: bool = True
+    unique_id: str | None = None
+    delay_level: int = 0
+
+    def property_map(self) -> dict[str, str]:
+        """
+        The properties as the Java message holds them, in the order it
+        put them in its C{HashMap}: TAGS, KEYS, WAIT, the user's, UNIQ_KEY.
+        """
+        props: dict[str, str] = {}
+        if self.tags:
+            props[PROPERTY_TAGS] = self.tags
+        keys = self.keys if isinstance(self.keys, str) or self.keys is None else " ".join(self.keys)
+        if keys:
+            props[PROPERTY_KEYS] = keys
+        props[PROPERTY_WAIT] = "true" if self.wait_store_msg_ok else "false"
+        props.update(self.properties)
+        if self.delay_level > 0:
+            props[PROPERTY_DELAY] = str(self.delay_level)
+        if self.unique_id is not None:
+            props[PROPERTY_UNIQ_KEY] = self.unique_id
+        return props
+
+
+def check_message(message: Message, max_size: int = MAX_MESSAGE_SIZE) -> None:
+    """
+    C{Validators.checkMessage} and C{putUserProperty}'s checks.
+
+    @raise ValueError: one line naming the topic and what is wrong.
+    """
+    topic = message.topic
+    if not topic.strip():
+        raise ValueError("the topic is blank")
+    if len(topic) > TOPIC_MAX_LENGTH:
+        raise ValueError(f"topic {topic[:40]!r}... is longer than {TOPIC_MAX_LENGTH} characters")
+    if not _TOPIC_CHARS.match(topic):
+        raise ValueError(f"topic {topic!r} has characters outside ^[%|a-zA-Z0-9_-]+$")
+    if topic in NOT_ALLOWED_SEND_TOPICS:
+        raise ValueError(f"topic {topic!r} is a system topic messages cannot be sent to")
+    if message.delay_level < 0:
+        raise ValueError(f"the message to topic {topic!r} has delay level {message.delay_level}")
+    if not message.body:
+        raise ValueError(f"the message to topic {topic!r} has an empty body")
+    if len(message.body) > max_size:
+        raise ValueError(
+            f"the message to topic {topic!r} has a {len(message.body)}-byte body (at most {max_size})"
+        )
+    for name, value in message.properties.items():
+        if name in RESERVED_PROPERTIES:
+            raise ValueError(f"property {name!r} is used by RocketMQ itself; choose another name")
+        if not name.strip() or not value.strip():
+            raise ValueError(f"property {name!r}={value!r}: neither name nor value may be blank")
+        if NAME_VALUE_SEPARATOR in name + value or PROPERTY_SEPARATOR in name + value:
+            raise ValueError(f"property {name!r} contains the separators \\x01 or \\x02")
+
+
+def properties_string(props: Mapping[str, str]) -> str:
+    """
+    C{MessageDecoder.messageProperties2String}: C{name\\x01value} joined
+    by C{\\x02}, no trailing separator, in the iteration order of the Java
+    C{HashMap} the properties were put into in C{props}' order.
+    """
+    return PROPERTY_SEPARATOR.join(
+        f"{name}{NAME_VALUE_SEPARATOR}{props[name]}" for name in java_hashmap_order(props)
+    )
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """C{MessageDecoder.string2messageProperties}."""
+    props: dict[str, str] = {}
+    for item in text.split(PROPERTY_SEPARATOR):
+        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
+        if sep:
+            props[name] = value
+    return props
+
+
+_BATCH_ITEM = struct.Struct(">iiiii")
+
+
+def encode_batch(items: Iterable[tuple[bytes, int, str]]) -> bytes:
+    """
+    C{MessageDecoder.encodeMessages}: for each C{(body, flag, properties
+    string)}, int32 total size, int32 0 (magic code), int32 0 (body CRC),
+    int32 flag, int32 body length + body, int16 properties length +
+    properties (UTF-8).
+
+    @raise ValueError: a properties string longer than 32767 bytes.
+    """
+    parts: list[bytes] = []
+    for body, flag, props in items:
+        data = props.encode("utf-8")
+        if len(data) > 0x7FFF:
+            raise ValueError(f"the properties of a batch item are {len(data)} bytes (at most 32767)")
+        size = 20 + len(body) + 2 + len(data)
+        parts.append(_BATCH_ITEM.pack(size, 0, 0, flag, len(body)))
+        parts.append(body)
+        parts.append(struct.pack(">h", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def decode_batch(data: bytes) -> list[tuple[bytes, int, str]]:
+    """
+    The items of an L{encode_batch} body (what a broker reads).
+
+    @raise ValueError: an item that does not fit.
+    """
+    items = []
+    at = 0
+    while at < len(data):
+        if at + 20 > len(data):
+            raise ValueError(f"batch item at byte {at} is cut short")
+        size, _, _, flag, body_len = _BATCH_ITEM.unpack_from(data, at)
+        end = at + size
+        if size < 22 or end > len(data) or 20 + body_len + 2 > size:
+            raise ValueError(f"batch item at byte {at} has size {size}, body length {body_len}")
+        body = data[at + 20 : at + 20 + body_len]
+        (props_len,) = struct.unpack_from(">h", data, at + 20 + body_len)
+        props = data[at + 22 + body_len : at + 22 + body_len + props_len]
+        if 22 + body_len + props_len != size:
+            raise ValueError(f"batch item at byte {at} has size {size}, not {22 + body_len + props_len}")
+        items.append((body, flag, props.decode("utf-8")))
+        at = end
+    return items
+
+
+def compress_body(body: bytes, over: int = COMPRESS_OVER) -> tuple[bytes, int]:
+    """
+    C{tryToCompressMessage}: a body of C{over} bytes or more deflated
+    (zlib stream, level 5, as C{ZlibCompressor}), with the sysFlag bits it
+    sets (COMPRESSED plus the ZLIB compression type); else as it is, 0.
+    """
+    if len(body) >= over:
+        return zlib.compress(body, COMPRESS_LEVEL), COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
+    return body, 0
+
+
+def _wire(name: str) -> dict[str, str]:
+    return {"wire": name}
+
+
+@dataclasses.dataclass(frozen=True)
+class SendMessageRequestHeaderV2:
+    """
+    C{SendMessageRequestHeaderV2}, the header of SEND_MESSAGE_V2 (310) and
+    SEND_BATCH_MESSAGE (320), with its one-letter names.
+    """
+
+    producer_group: str = dataclasses.field(metadata=_wire("a"))
+    topic: str = dataclasses.field(metadata=_wire("b"))
+    default_topic: str = dataclasses.field(metadata=_wire("c"))
+    default_topic_queue_nums: Int32 = dataclasses.field(metadata=_wire("d"))
+    queue_id: Int32 = dataclasses.field(metadata=_wire("e"))
+    sys_flag: Int32 = dataclasses.field(metadata=_wire("f"))
+    born_timestamp: int = dataclasses.field(metadata=_wire("g"))
+    flag: Int32 = dataclasses.field(metadata=_wire("h"))
+    properties: str | None = dataclasses.field(default=None, metadata=_wire("i"))
+    reconsume_times: Int32 | None = dataclasses.field(default=None, metadata=_wire("j"))
+    unit_mode: bool = dataclasses.field(default=False, metadata=_wire("k"))
+    max_reconsume_times: Int32 | None = dataclasses.field(default=None, metadata=_wire("l"))
+    batch: bool = dataclasses.field(default=False, metadata=_wire("m"))
+    broker_name: str | None = dataclasses.field(default=None, metadata=_wire("n"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SendMessageResponseHeader:
+    """C{SendMessageResponseHeader}: what a stored send is answered."""
+
+    msg_id: str = dataclasses.field(metadata=_wire("msgId"))
+    queue_id: Int32 = dataclasses.field(metadata=_wire("queueId"))
+    queue_offset: int = dataclasses.field(metadata=_wire("queueOffset"))
+    transaction_id: str | None = dataclasses.field(default=None, metadata=_wire("transactionId"))
+
+
+class SendStatus(enum.Enum):
+    """
+    C{SendStatus}: every one means the broker stored the message; all but
+    SEND_OK say a SYNC guarantee was not met in time.
+    """
+
+    SEND_OK = ResponseCode.SUCCESS
+    FLUSH_DISK_TIMEOUT = ResponseCode.FLUSH_DISK_TIMEOUT
+    FLUSH_SLAVE_TIMEOUT = ResponseCode.FLUSH_SLAVE_TIMEOUT
+    SLAVE_NOT_AVAILABLE = ResponseCode.SLAVE_NOT_AVAILABLE
+
+
+@dataclasses.dataclass(frozen=True)
+class SendResult:
+    """
+    C{SendResult}.
+
+    @ivar msg_id: the message's C{UNIQ_KEY} (a batch: its items', joined
+        with commas).
+    @ivar offset_msg_id: the broker's id: store host and commit-log offset
+        in hex (a batch: comma-joined).
+    @ivar queue_offset: the (first) message's index in its queue.
+    @ivar broker_addr: where it was sent.
+    """
+
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    queue: MessageQueue
+    queue_offset: int
+    transaction_id: str | None = None
+    region_id: str = "DefaultRegion"
+    trace_on: bool = True
+    broker_addr: str = ""
+
+
+class SendError(Exception):
+    """
+    A send that failed; the text is one line naming the topic, and the
+    broker and response code where there is one.
+    """
+
+
+class SendReplyError(SendError):
+    """
+    A broker answered a send with a code that is not a "stored" one
+    (C{MQBrokerException}), or with a header a client cannot read.
+
+    @ivar code: the response code (-1: an unreadable success reply).
+    """
+
+    def __init__(self, code: int, remark: str | None, broker: str, topic: str) -> None:
+        self.code = code
+        self.remark = remark
+        self.broker = broker
+        self.topic = topic
+        try:
+            name = f"{ResponseCode(code).name} ({code})"
+        except ValueError:
+            name = f"code {code}"
+        text = f"broker {broker} answered a send to topic {topic!r} with {name}"
+        if remark:
+            text += ": " + " ".join(remark.split())[:300]
+        super().__init__(text)
+
+
+def send_result(
+    response: RemotingCommand, queue: MessageQueue, unique_id: str, broker: str
+) -> SendResult:
+    """
+    C{MQClientAPIImpl.processSendResponse}: the result of a stored send
+    (codes 0, 10, 11, 12).
+
+    @param queue: the queue asked for; its id is replaced by the broker's.
+    @param broker: C{name (address)}, for errors.
+    @raise SendReplyError: any other code (with the broker's remark), or a
+        stored reply without C{msgId}/C{queueId}/C{queueOffset} (code -1).
+    """
+    try:
+        status = SendStatus(response.code)
+    except ValueError:
+        raise SendReplyError(response.code, response.remark, broker, queue.topic) from None
+    try:
+        header = header_from_ext_fields(SendMessageResponseHeader, response.ext_fields)
+    except CustomHeaderError as e:
+        raise SendReplyError(-1, f"unreadable reply header: {e}", broker, queue.topic) from None
+    ext = response.ext_fields or {}
+    return SendResult(
+        status=status,
+        msg_id=unique_id,
+        offset_msg_id=header.msg_id,
+        queue=dataclasses.replace(queue, queue_id=header.queue_id),
+        queue_offset=header.queue_offset,
+        transaction_id=header.transaction_id,
+        region_id=ext.get(PROPERTY_MSG_REGION) or "DefaultRegion",
+        trace_on=ext.get(PROPERTY_TRACE_ON) != "false",
+        broker_addr=broker,
+    )
+
+
+class UniqueIdFactory:
+    """
+    C{MessageClientIDSetter.createUniqID}: 32 upper-case hex digits of the
+    client's IPv4 address (4 bytes), its pid (2), a per-instance number
+    (4; Java: its class loader's hash code), the milliseconds since the
+    start of the current month (4) and a counter (2).
+
+    The month starts in UTC here (Java: in the JVM's time zone); the
+    format, and the IP and pid a broker's tools read from it, are Java's.
+    """
+
+    def __init__(
+        self, ip: bytes = b"\x7f\x00\x00\x01", pid: int | None = None, instance: int | None = None
+    ) -> None:
+        if len(ip) not in (4, 16):
+            raise ValueError(f"the IP for message ids is {len(ip)} bytes, not 4 or 16")
+        pid = os.getpid() if pid is None else pid
+        instance = random.getrandbits(32) if instance is None else instance
+        self._prefix = (ip + struct.pack(">HI", pid & 0xFFFF, instance & 0xFFFFFFFF)).hex().upper()
+        self._counter = 0
+        self._month_start = 0.0
+        self._next_month = 0.0
+
+    def _months(self, now: float) -> None:
+        t = datetime.fromtimestamp(now, timezone.utc)
+        start = t.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = start.replace(year=start.year + 1, month=1) if start.month == 12 else start.replace(month=start.month + 1)
+        self._month_start, self._next_month = start.timestamp(), nxt.timestamp()
+
+    def create(self, now: float | None = None) -> str:
+        """A new id at C{now} (seconds since the epoch)."""
+        now = time.time() if now is None else now
+        if now >= self._next_month or now < self._month_start:
+            self._months(now)
+        diff = int((now - self._month_start) * 1000)
+        counter, self._counter = self._counter, (self._counter + 1) & 0xFFFF
+        return self._prefix + struct.pack(">IH", diff & 0xFFFFFFFF, counter).hex().upper()
+
+
+# -- routes ---------------------------------------------------------------------
+
+
+class RouteError(ValueError):
+    """A route body that cannot be read, naming why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueData:
+    """C{QueueData}: one broker's queues of a topic."""
+
+    broker_name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    perm: int
+    topic_sys_flag: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BrokerData:
+    """C{BrokerData}: a broker name's addresses by brokerId (0: master)."""
+
+    cluster: str
+    broker_name: str
+    addrs: Mapping[int, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class TopicRoute:
+    """C{TopicRouteData}, queue and broker data sorted by broker name."""
+
+    queue_datas: tuple[QueueData, ...]
+    broker_datas: tuple[BrokerData, ...]
+    order_topic_conf: str | None = None
+
+    def master_addr(self, broker_name: str) -> str | None:
+        """C{findBrokerAddressInPublish}: the master's address, or None."""
+        for b in self.broker_datas:
+            if b.broker_name == broker_name:
+                return b.addrs.get(_MASTER_ID)
+        return None
+
+    def addresses(self) -> set[str]:
+        """Every broker address the route names."""
+        return {a for b in self.broker_datas for a in b.addrs.values()}
+
+
+def _int(obj: Mapping[object, object], key: str, where: str, default: int | None = None) -> int:
+    value = obj.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RouteError(f"{where}: {key} is {value!r}, not an integer")
+    return value
+
+
+def _str(obj: Mapping[object, object], key: str, where: str) -> str:
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise RouteError(f"{where}: {key} is {value!r}, not a string")
+    return value
+
+
+def parse_route(data: bytes) -> TopicRoute:
+    """
+    A GET_ROUTEINFO_BY_TOPIC body: standard JSON (a 4.9.4+ NameServer
+    answering a 4.9.4+ client) or fastjson with unquoted integer keys in
+    C{brokerAddrs} (older NameServers, or older clients).
+
+    @raise RouteError: naming what is wrong.
+    """
+    try:
+        doc = parse_fastjson(data.decode("utf-8"))
+    except (UnicodeDecodeError, MetadataFormatError) as e:
+        raise RouteError(f"the route does not parse: {e}") from None
+    if not isinstance(doc, dict):
+        raise RouteError("the route is not a JSON object")
+    queues, brokers = doc.get("queueDatas") or [], doc.get("brokerDatas") or []
+    if not isinstance(queues, list) or not isinstance(brokers, list):
+        raise RouteError("the route's queueDatas or brokerDatas is not a list")
+    qds = []
+    for i, q in enumerate(queues):
+        where = f"queueDatas[{i}]"
+        if not isinstance(q, dict):
+            raise RouteError(f"{where} is not an object")
+        qds.append(
+            QueueData(
+                _str(q, "brokerName", where),
+                _int(q, "readQueueNums", where),
+                _int(q, "writeQueueNums", where),
+                _int(q, "perm", where),
+                _int(q, "topicSysFlag", where, 0),
+            )
+        )
+    bds = []
+    for i, b in enumerate(brokers):
+        where = f"brokerDatas[{i}]"
+        if not isinstance(b, dict):
+            raise RouteError(f"{where} is not an object")
+        raw = b.get("brokerAddrs") or {}
+        if not isinstance(raw, dict):
+            raise RouteError(f"{where}: brokerAddrs is not an object")
+        addrs: dict[int, str] = {}
+        for k, v in raw.items():
+            try:
+                broker_id = int(k)
+            except ValueError:
+                raise RouteError(f"{where}: brokerAddrs key {k!r} is not a brokerId") from None
+            if not isinstance(v, str):
+                raise RouteError(f"{where}: the address of brokerId {k} is {v!r}, not a string")
+            addrs[broker_id] = v
+        cluster = b.get("cluster")
+        bds.append(
+            BrokerData(cluster if isinstance(cluster, str) else "", _str(b, "brokerName", where), addrs)
+        )
+    conf = doc.get("orderTopicConf")
+    return TopicRoute(
+        tuple(sorted(qds, key=lambda q: q.broker_name)),
+        tuple(sorted(bds, key=lambda b: b.broker_name)),
+        conf if isinstance(conf, str) and conf else None,
+    )
+
+
+def publish_queues(topic: str, route: TopicRoute) -> list[MessageQueue]:
+    """
+    C{MQClientInstance.topicRouteData2TopicPublishInfo}: the queues a
+    producer writes to.  With C{orderTopicConf} (C{"broker-a:4;broker-b:4"}),
+    those; else every writable queue data's C{writeQueueNums} queues, of
+    brokers (in name order) whose master (brokerId 0) the route names.
+    """
+    queues: list[MessageQueue] = []
+    if route.order_topic_conf:
+        for item in route.order_topic_conf.split(";"):
+            name, _, nums = item.partition(":")
+            if name and nums.isdigit():
+                queues.extend(MessageQueue(topic, name, i) for i in range(int(nums)))
+        return queues
+    for qd in route.queue_datas:
+        if not qd.perm & PERM_WRITE or route.master_addr(qd.broker_name) is None:
+            continue
+        queues.extend(MessageQueue(topic, qd.broker_name, i) for i in range(qd.write_queue_nums))
+    return queues
+
+
+def default_route_for(route: TopicRoute, queue_nums: int) -> TopicRoute:
+    """
+    What C{updateTopicRouteInfoFromNameServer(topic, true, producer)} makes
+    of the C{TBW102} route for a topic the NameServers do not know: each
+    broker's queues cut to C{min(defaultTopicQueueNums, readQueueNums)}.
+    """
+    return dataclasses.replace(
+        route,
+        queue_datas=tuple(
+            dataclasses.replace(
+                q,
+                read_queue_nums=min(queue_nums, q.read_queue_nums),
+                write_queue_nums=min(queue_nums, q.read_queue_nums),
+            )
+            for q in route.queue_datas
+        ),
+    )

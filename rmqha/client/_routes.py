@@ -1,0 +1,405 @@
+# -*- test-case-name: tests.test_client_producer -*-
+"""
+Where a topic's messages go: GET_ROUTEINFO_BY_TOPIC (105) from the
+NameServers, one at a time with failover (L{NameServers}, as 4.9.8's
+C{NettyRemotingClient.getAndCreateNameserverChannel}), and the routes a
+client keeps, refreshed every 30 s (L{TopicRoutes}, as
+C{MQClientInstance.updateTopicRouteInfoFromNameServer} and
+C{DefaultMQProducerImpl.tryToFindTopicPublishInfo}).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from rmqha.client._codec import (
+    AUTO_CREATE_TOPIC_KEY,
+    MessageQueue,
+    RouteError,
+    SendError,
+    TopicRoute,
+    default_route_for,
+    parse_route,
+    publish_queues,
+)
+from rmqha.remoting._frames import RemotingCommand, header_to_ext_fields
+from rmqha.remoting.codes import LanguageCode, RequestCode, ResponseCode
+from rmqha.remoting.namesrv import GetRouteInfoRequestHeader
+from rmqha.remoting.protocol import RemotingClient, RemotingRequestError
+
+__all__ = ["NameServers", "TopicRoutes", "PublishInfo", "NoRouteError", "NameServerError"]
+
+#: C{ClientConfig.pollNameServerInterval}: seconds between route refreshes.
+POLL_NAMESRV_INTERVAL: Final = 30.0
+#: C{ClientConfig.mqClientApiTimeout}: a NameServer request's deadline.
+API_TIMEOUT: Final = 3.0
+#: Topics whose routes are kept at most (the least recently used go first).
+MAX_TOPICS: Final = 10_000
+
+#: What rmqha's client says it is in its requests.
+CLIENT_LANGUAGE: Final = LanguageCode.PYTHON
+
+
+class NameServerError(SendError):
+    """No NameServer answered (each tried once, within the deadline)."""
+
+
+class NoRouteError(SendError):
+    """The NameServers know no writable route for the topic."""
+
+
+def follow(d: "Deferred[Any]") -> "Deferred[Any]":
+    """
+    A new Deferred with C{d}'s result (C{d} keeps it): for waiters sharing
+    one operation, each cancellable without cancelling the others.
+    """
+    out: Deferred[Any] = Deferred()
+
+    def relay(result: Any) -> Any:
+        if not out.called:
+            if isinstance(result, Failure):
+                out.errback(result)
+                return None
+            out.callback(result)
+        return result
+
+    d.addBoth(relay)
+    return out
+
+
+def within(d: "Deferred[Any]", seconds: float, clock: IReactorTime) -> "Deferred[Any]":
+    """C{d}, failed with L{TimeoutError} unless it fires within C{seconds}."""
+    return d.addTimeout(max(seconds, 0.0), clock)
+
+
+class NameServers:
+    """
+    The NameServers, asked one at a time: the chosen one (a random one
+    first) while it answers; after a connection failure or a timeout the
+    next, round robin, each at most once per request.  A NameServer's
+    connection (a L{RemotingClient}) is opened the first time it is
+    chosen and kept.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        addresses: Sequence[str | IStreamClientEndpoint],
+        clock: IReactorTime,
+        *,
+        rng: random.Random,
+        retry_policy: Callable[[int], float] | None = None,
+    ) -> None:
+        from rmqha.settings import master_description, parse_host_port
+
+        if not addresses:
+            raise ValueError("no NameServer address given")
+        self.clock = clock
+        self.clients: list[RemotingClient] = []
+        for address in addresses:
+            endpoint = (
+                master_description(*parse_host_port(address, "NameServer address"))
+                if isinstance(address, str)
+                else address
+            )
+            client = RemotingClient(reactor, endpoint, clock=clock, retry_policy=retry_policy)
+            if isinstance(address, str):
+                client.name = address
+            self.clients.append(client)
+        self.chosen = rng.randrange(len(self.clients))
+        self.running = False
+
+    @property
+    def names(self) -> str:
+        return ";".join(str(c.name) for c in self.clients)
+
+    def start(self) -> None:
+        self.running = True
+
+    def stop(self) -> "Deferred[Any]":
+        from twisted.internet.defer import DeferredList
+
+        self.running = False
+        return DeferredList([c.stopService() for c in self.clients if c.running])
+
+    async def request(self, command: RemotingCommand, timeout: float, what: str) -> RemotingCommand:
+        """
+        C{command}'s response from a NameServer.
+
+        @raise NameServerError: none answered within C{timeout}; the text
+            names each one tried and why.
+        """
+        deadline = self.clock.seconds() + timeout
+        errors: list[str] = []
+        for _ in range(len(self.clients)):
+            remaining = deadline - self.clock.seconds()
+            if remaining <= 0 or not self.running:
+                break
+            index = self.chosen
+            client = self.clients[index]
+            if not client.running:
+                client.startService()
+            try:
+                response: RemotingCommand = await client.request(command, remaining)
+                return response
+            except RemotingRequestError as e:
+                errors.append(f"{client.name}: {e}")
+                if self.chosen == index:
+                    self.chosen = (index + 1) % len(self.clients)
+        if not self.running:
+            errors.append("the client is stopped")
+        raise NameServerError(f"no NameServer answered {what}: " + "; ".join(errors or ["no time left"]))
+
+
+@attrs.define
+class PublishInfo:
+    """
+    C{TopicPublishInfo}: a topic's route, the queues it is sent to, and
+    the round-robin index over them (C{sendWhichQueue}).
+
+    @ivar from_default: made from C{TBW102}'s route (the topic is not
+        known to the NameServers yet).
+    """
+
+    topic: str
+    route: TopicRoute
+    queues: list[MessageQueue]
+    index: int
+    from_default: bool = False
+
+    def ok(self) -> bool:
+        return bool(self.queues)
+
+    def select(self, last_broker: str | None) -> MessageQueue:
+        """
+        C{selectOneMessageQueue(lastBrokerName)}: the next queue, round
+        robin, skipping the broker of the last failed attempt if any other
+        broker has a queue.
+        """
+        n = len(self.queues)
+        if last_broker is not None:
+            for _ in range(n):
+                self.index += 1
+                mq = self.queues[abs(self.index) % n]
+                if mq.broker_name != last_broker:
+                    return mq
+        self.index += 1
+        return self.queues[abs(self.index) % n]
+
+
+class TopicRoutes:
+    """
+    The routes a client keeps: each topic's L{PublishInfo}, looked up when
+    first wanted and refreshed every L{POLL_NAMESRV_INTERVAL} seconds and
+    after failed sends.  Lookups of one topic share one request.  A
+    refresh that fails (or finds the topic gone) keeps the route there
+    is, as 4.9.8 does.
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        namesrv: NameServers,
+        clock: IReactorTime,
+        *,
+        rng: random.Random,
+        api_timeout: float = API_TIMEOUT,
+        poll_interval: float = POLL_NAMESRV_INTERVAL,
+        create_topic_key: str = AUTO_CREATE_TOPIC_KEY,
+        default_topic_queue_nums: int = 4,
+        auto_create_topic: bool = True,
+        max_topics: int = MAX_TOPICS,
+        on_change: Callable[[], object] = lambda: None,
+    ) -> None:
+        """
+        @param auto_create_topic: for a topic the NameServers do not know,
+            send along C{create_topic_key}'s route (the brokers that may
+            create topics), its queues cut to C{default_topic_queue_nums},
+            as the Java producer does.  Off: such a send fails at once.
+        @param on_change: called after a route changed (the producer drops
+            connections to brokers no route names any more).
+        """
+        self.namesrv = namesrv
+        self.clock = clock
+        self.rng = rng
+        self.api_timeout = api_timeout
+        self.poll_interval = poll_interval
+        self.create_topic_key = create_topic_key
+        self.default_topic_queue_nums = default_topic_queue_nums
+        self.auto_create_topic = auto_create_topic
+        self.max_topics = max_topics
+        self.on_change = on_change
+        self.table: dict[str, PublishInfo] = {}
+        #: The last error of each topic's lookups (cleared by a route).
+        self.errors: dict[str, str] = {}
+        self._lookups: dict[tuple[str, bool], Deferred[None]] = {}
+        self._loop: LoopingCall | None = None
+        self._round: Deferred[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------
+
+    def start(self) -> None:
+        self.namesrv.start()
+        loop = LoopingCall(self._refresh_all)
+        loop.clock = self.clock
+        self._loop = loop
+        loop.start(self.poll_interval, now=False)
+
+    def stop(self) -> "Deferred[Any]":
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._loop = None
+        for d in list(self._lookups.values()):
+            d.cancel()
+        return self.namesrv.stop()
+
+    def _refresh_all(self) -> None:
+        if self._round is not None:
+            return  # the previous round is still going
+
+        async def run() -> None:
+            for topic in list(self.table):
+                await follow(self.refresh(topic))
+
+        def done(_: object) -> None:
+            self._round = None
+
+        self._round = Deferred.fromCoroutine(run())
+        self._round.addBoth(done)
+
+    # -- lookups ----------------------------------------------------------------
+
+    def addresses(self) -> set[str]:
+        """Every broker address a kept route names."""
+        return {a for info in self.table.values() for a in info.route.addresses()}
+
+    def master_addr(self, broker_name: str) -> str | None:
+        for info in self.table.values():
+            addr = info.route.master_addr(broker_name)
+            if addr is not None:
+                return addr
+        return None
+
+    def refresh(self, topic: str, default: bool = False) -> "Deferred[None]":
+        """
+        Look C{topic}'s route up now (with C{default}: C{TBW102}'s, for
+        C{topic}); a lookup already going is shared.  Never fails: an
+        error is kept in L{errors}.  Cancel the result to stop waiting
+        (the lookup goes on).
+        """
+        key = (topic, default)
+        d = self._lookups.get(key)
+        if d is None:
+            d = Deferred.fromCoroutine(self._lookup(topic, default))
+
+            def done(result: object) -> None:
+                self._lookups.pop(key, None)
+                if isinstance(result, Failure) and not result.check(CancelledError):
+                    self._log.failure("route lookup of {topic} failed", result, topic=topic)
+
+            d.addBoth(done)
+            if not d.called:
+                self._lookups[key] = d
+        return follow(d)
+
+    async def _lookup(self, topic: str, default: bool) -> None:
+        asked = self.create_topic_key if default else topic
+        command = RemotingCommand(
+            RequestCode.GET_ROUTEINFO_BY_TOPIC,
+            language=CLIENT_LANGUAGE,
+            ext_fields=header_to_ext_fields(GetRouteInfoRequestHeader(asked)),
+        )
+        try:
+            response = await self.namesrv.request(
+                command, self.api_timeout, f"GET_ROUTEINFO_BY_TOPIC (105) for topic {asked!r}"
+            )
+        except NameServerError as e:
+            self.errors[topic] = str(e)
+            return
+        if response.code != ResponseCode.SUCCESS or not response.body:
+            try:
+                name = f"{ResponseCode(response.code).name} ({response.code})"
+            except ValueError:
+                name = f"code {response.code}"
+            self.errors[topic] = f"NameServer answered {name} for topic {asked!r}" + (
+                f": {' '.join(response.remark.split())[:200]}" if response.remark else ""
+            )
+            return
+        try:
+            route = parse_route(response.body)
+        except RouteError as e:
+            self.errors[topic] = f"NameServer's route for topic {asked!r} is unreadable: {e}"
+            return
+        if default:
+            route = default_route_for(route, self.default_topic_queue_nums)
+        self._take(topic, route, default)
+
+    def _take(self, topic: str, route: TopicRoute, default: bool) -> None:
+        old = self.table.pop(topic, None)
+        if old is not None and old.route == route and old.from_default == default:
+            self.table[topic] = old
+            self.errors.pop(topic, None)
+            return
+        info = PublishInfo(
+            topic,
+            route,
+            publish_queues(topic, route),
+            old.index if old is not None else self.rng.randrange(1 << 16),
+            default,
+        )
+        self.table[topic] = info
+        self.errors.pop(topic, None)
+        while len(self.table) > self.max_topics:
+            evicted = next(iter(self.table))
+            del self.table[evicted]
+            self.errors.pop(evicted, None)
+        self._log.info(
+            "route of topic {topic}{via}: {queues} queues on {brokers}",
+            topic=topic,
+            via=f" (via {self.create_topic_key})" if default else "",
+            queues=len(info.queues),
+            brokers=", ".join(f"{b.broker_name} {dict(b.addrs)}" for b in route.broker_datas) or "no broker",
+        )
+        self.on_change()
+
+    async def find(self, topic: str, timeout: float) -> PublishInfo:
+        """
+        C{tryToFindTopicPublishInfo}: the topic's route with at least one
+        queue, looked up if need be (then C{TBW102}'s if the NameServers
+        do not know the topic and auto-creation is on).
+
+        @raise NoRouteError: naming the topic and what the NameServers said.
+        """
+        info = self.table.get(topic)
+        if info is not None and info.ok():
+            self.table[topic] = self.table.pop(topic)  # recently used
+            return info
+        deadline = self.clock.seconds() + timeout
+        try:
+            await within(self.refresh(topic), timeout, self.clock)
+            info = self.table.get(topic)
+            if (info is None or not info.ok()) and self.auto_create_topic:
+                first = self.errors.get(topic)
+                remaining = deadline - self.clock.seconds()
+                await within(self.refresh(topic, default=True), remaining, self.clock)
+                info = self.table.get(topic)
+                if first and topic in self.errors and first != self.errors[topic]:
+                    self.errors[topic] = f"{first}; {self.errors[topic]}"
+        except TimeoutError:
+            raise NoRouteError(
+                f"no route to topic {topic!r} within {timeout:g} s from NameServers {self.namesrv.names}"
+            ) from None
+        if info is None or not info.ok():
+            why = self.errors.get(topic) or "no writable queue on a broker with a master"
+            raise NoRouteError(f"no route to topic {topic!r}: {why}")
+        return info
