@@ -449,7 +449,7 @@ class UniqueIdFactory:
         now = time.time() if now is None else now
         if now >= self._next_month or now < self._month_start:
             self._months(now)
-        diff = int((now - self._month_start) * 1000)
+        diff = round(now * 1000) - round(self._month_start * 1000)
         counter, self._counter = self._counter, (self._counter + 1) & 0xFFFF
         return self._prefix + struct.pack(">IH", diff & 0xFFFFFFFF, counter).hex().upper()
 

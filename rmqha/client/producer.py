@@ -549,7 +549,7 @@ class Producer(Service):
                 default_topic_queue_nums=self.default_topic_queue_nums,
                 queue_id=mq.queue_id,
                 sys_flag=out.sys_flag,
-                born_timestamp=int(self.clock.seconds() * 1000),
+                born_timestamp=round(self.clock.seconds() * 1000),
                 flag=out.flag,
                 properties=out.properties,
                 reconsume_times=0,
