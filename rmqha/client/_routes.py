@@ -16,10 +16,17 @@ from typing import Any, Final
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, TimeoutError
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.endpoints import clientFromString
+from twisted.internet.interfaces import (
+    IProtocol,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from rmqha.client._codec import (
     AUTO_CREATE_TOPIC_KEY,
@@ -36,7 +43,15 @@ from rmqha.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from rmqha.remoting.namesrv import GetRouteInfoRequestHeader
 from rmqha.remoting.protocol import RemotingClient, RemotingRequestError
 
-__all__ = ["NameServers", "TopicRoutes", "PublishInfo", "NoRouteError", "NameServerError"]
+__all__ = [
+    "NameServers",
+    "TopicRoutes",
+    "PublishInfo",
+    "NoRouteError",
+    "NameServerError",
+    "WatchedEndpoint",
+    "reconnect_policy",
+]
 
 #: C{ClientConfig.pollNameServerInterval}: seconds between route refreshes.
 POLL_NAMESRV_INTERVAL: Final = 30.0
@@ -47,6 +62,15 @@ MAX_TOPICS: Final = 10_000
 
 #: What rmqha's client says it is in its requests.
 CLIENT_LANGUAGE: Final = LanguageCode.PYTHON
+
+
+def reconnect_policy(attempt: int) -> float:
+    """
+    Seconds before connection attempt C{attempt} (1, 2, ...) after a lost
+    connection or a failed attempt: the first at once (a Java client
+    connects again at its next request), then 0.5 s doubling to 5 s.
+    """
+    return 0.0 if attempt <= 1 else min(0.5 * 2 ** (attempt - 2), 5.0)
 
 
 class NameServerError(SendError):
@@ -81,6 +105,32 @@ def within(d: "Deferred[Any]", seconds: float, clock: IReactorTime) -> "Deferred
     return d.addTimeout(max(seconds, 0.0), clock)
 
 
+@implementer(IStreamClientEndpoint)
+class WatchedEndpoint:
+    """
+    An endpoint that remembers whether its last connection attempt failed:
+    requests to it then fail at once (and go to another NameServer or
+    broker) instead of waiting for the next attempt of the back-off, as
+    the Java client's connect fails at once.
+    """
+
+    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
+        self.endpoint = endpoint
+        self.failure: str | None = None
+
+    def connect(self, factory: IProtocolFactory) -> "Deferred[IProtocol]":
+        def connected(protocol: IProtocol) -> IProtocol:
+            self.failure = None
+            return protocol
+
+        def failed(failure: Failure) -> Failure:
+            self.failure = f"{type(failure.value).__name__}: {failure.value}"
+            return failure
+
+        d: Deferred[IProtocol] = self.endpoint.connect(factory)
+        return d.addCallbacks(connected, failed)
+
+
 class NameServers:
     """
     The NameServers, asked one at a time: the chosen one (a random one
@@ -105,16 +155,25 @@ class NameServers:
             raise ValueError("no NameServer address given")
         self.clock = clock
         self.clients: list[RemotingClient] = []
+        self.endpoints: list[WatchedEndpoint] = []
         for address in addresses:
             endpoint = (
                 master_description(*parse_host_port(address, "NameServer address"))
                 if isinstance(address, str)
                 else address
             )
-            client = RemotingClient(reactor, endpoint, clock=clock, retry_policy=retry_policy)
-            if isinstance(address, str):
-                client.name = address
+            if isinstance(endpoint, str):
+                endpoint = clientFromString(reactor, endpoint)
+            watched = WatchedEndpoint(endpoint)
+            client = RemotingClient(
+                reactor,
+                watched,
+                clock=clock,
+                retry_policy=retry_policy or reconnect_policy,
+            )
+            client.name = address if isinstance(address, str) else str(endpoint)
             self.clients.append(client)
+            self.endpoints.append(watched)
         self.chosen = rng.randrange(len(self.clients))
         self.running = False
 
@@ -148,6 +207,11 @@ class NameServers:
             client = self.clients[index]
             if not client.running:
                 client.startService()
+            failure = self.endpoints[index].failure
+            if failure is not None:
+                errors.append(f"{client.name}: unreachable ({failure})")
+                self.chosen = (index + 1) % len(self.clients)
+                continue
             try:
                 response: RemotingCommand = await client.request(command, remaining)
                 return response

@@ -21,7 +21,6 @@ import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from twisted.application.internet import backoffPolicy
 from twisted.application.service import Service
 from twisted.internet.defer import (
     CancelledError,
@@ -31,6 +30,7 @@ from twisted.internet.defer import (
     TimeoutError,
     fail,
 )
+from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -61,6 +61,8 @@ from rmqha.client._routes import (
     NameServers,
     PublishInfo,
     TopicRoutes,
+    WatchedEndpoint,
+    reconnect_policy,
     within,
 )
 from rmqha.remoting._frames import RemotingCommand, header_to_ext_fields
@@ -132,6 +134,7 @@ def _local_ip() -> bytes:
 class _BrokerLink:
     client: RemotingClient
     slots: DeferredSemaphore
+    endpoint: WatchedEndpoint
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,14 +282,18 @@ class Producer(Service):
     def _link(self, addr: str) -> _BrokerLink:
         link = self.brokers.get(addr)
         if link is None:
+            endpoint = self.endpoint_for(addr)
+            if isinstance(endpoint, str):
+                endpoint = clientFromString(self.reactor, endpoint)
+            watched = WatchedEndpoint(endpoint)
             client = RemotingClient(
                 self.reactor,
-                self.endpoint_for(addr),
+                watched,
                 clock=self.clock,
-                retry_policy=backoffPolicy(initialDelay=0.5, maxDelay=5.0),
+                retry_policy=reconnect_policy,
             )
             client.name = addr
-            link = _BrokerLink(client, DeferredSemaphore(self.max_in_flight))
+            link = _BrokerLink(client, DeferredSemaphore(self.max_in_flight), watched)
             self.brokers[addr] = link
             client.startService()
         return link
@@ -526,6 +533,8 @@ class Producer(Service):
             raise SendFailedError(f"send to topic {out.topic!r} ran out of time before {mq.broker_name}", None, ())
         link = self._link(addr)
         where = f"{mq.broker_name} ({addr})"
+        if link.endpoint.failure is not None:
+            raise SendError(f"broker {where} is unreachable (last connection attempt: {link.endpoint.failure})")
         if not link.slots.tokens and len(link.slots.waiting) >= self.max_waiting:
             raise ProducerBusyError(
                 f"{self.max_in_flight} sends await broker {where} and {len(link.slots.waiting)} more "
