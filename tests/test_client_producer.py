@@ -56,6 +56,23 @@ _REMARKS = {
 }
 
 
+class _RecordingFactory(RemotingFactory):
+    """Keeps every byte the brokers' connections received, in C{raw}."""
+
+    raw = b""
+
+    def buildProtocol(self, addr: IAddress | None) -> Any:
+        protocol = super().buildProtocol(addr)
+        received = protocol.dataReceived
+
+        def record(data: bytes) -> None:
+            self.raw += data
+            received(data)
+
+        protocol.dataReceived = record  # type: ignore[method-assign]
+        return protocol
+
+
 class FakeBroker:
     """
     A broker's send path as 4.9.8's SendMessageProcessor answers it:
@@ -81,7 +98,7 @@ class FakeBroker:
         self.script: list[int] = []
         self.hold = False
         self.held: list[tuple[RemotingCommand, Deferred[RemotingCommand]]] = []
-        self.factory = RemotingFactory(
+        self.factory = _RecordingFactory(
             Dispatcher({RequestCode.SEND_MESSAGE_V2: self._send, RequestCode.SEND_BATCH_MESSAGE: self._send}),
             Clock(),
         )
@@ -251,6 +268,26 @@ class SendTests(_Case):
         self.assertEqual(result.offset_msg_id, f"{host}00002A9F{0:016X}")
         self.assertEqual((result.queue.topic, result.queue.broker_name, result.queue_offset), ("T", broker.name, 0))
         self.assertEqual(broker.stored[0][2], b"hello")
+
+    def test_frame_bytes(self) -> None:
+        """
+        The frame a send writes, byte for byte (derived by hand from
+        RemotingCommand's JSON rules): extFields a..n in HashMap order,
+        which for one-letter keys in a 32-bucket table is alphabetical;
+        the properties' \\x01/\\x02 escaped as fastjson does; language
+        PYTHON, version 409; the body after the header.
+        """
+        producer = self.producer()
+        message = Message("T", b"body!", tags="A", keys="k", unique_id="ID")
+        self.result(producer.send_message(message, queue=MessageQueue("T", "broker-a", 1)))
+        header = (
+            '{"code":310,"extFields":{"a":"PG","b":"T","c":"TBW102","d":"4","e":"1","f":"0",'
+            '"g":"1700000000000","h":"0","i":"KEYS\\u0001k\\u0002UNIQ_KEY\\u0001ID\\u0002WAIT\\u0001true'
+            '\\u0002TAGS\\u0001A","j":"0","k":"false","m":"false","n":"broker-a"},"flag":0,"language":"PYTHON",'
+            '"opaque":0,"serializeTypeCurrentRPC":"JSON","version":409}'
+        ).encode()
+        expected = (4 + len(header) + 5).to_bytes(4, "big") + len(header).to_bytes(4, "big") + header + b"body!"
+        self.assertEqual(self.a.factory.raw, expected)
 
     def test_round_robin(self) -> None:
         """
