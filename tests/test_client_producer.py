@@ -371,6 +371,17 @@ class SendTests(_Case):
         error = self.failure(producer.send("T", b"x", queue=MessageQueue("T", "broker-a", 0)), SendReplyError)
         self.assertEqual(len(self.a.requests), 1)
         self.assertIn("SYSTEM_ERROR (1)", str(error))
+        self.a.hold = True
+        d = producer.send("T", b"x", queue=MessageQueue("T", "broker-a", 0))
+        self.pump()
+        self.clock.advance(3)
+        error = self.failure(d, SendFailedError)
+        self.assertEqual(
+            str(error),
+            "send to topic 'T' on queue T@broker-a:0 failed: no response to SEND_MESSAGE_V2 (310) "
+            "from 10.0.0.1:10911 within 3 s",
+        )
+        self.a.hold = False
 
 
 class RetryTests(_Case):
@@ -527,6 +538,31 @@ class RouteTests(_Case):
             "No topic route info in name server for the topic: NewTopic",
         )
 
+    def test_read_only_topic_not_replaced_by_tbw102(self) -> None:
+        """
+        A topic the NameServers route but without a writable queue (perm
+        4) fails; TBW102 is only for topics without any route, as 4.9.8's
+        tryToFindTopicPublishInfo.
+        """
+        ns = FakeNameServer(self.clock)
+        self.namesrvs.append(ns)
+        ns.register_broker(
+            RegisterBrokerRequestHeader("broker-a", self.a.addr, "DefaultCluster", self.a.addr, 0),
+            RegisterBrokerBody(TopicTable(DataVersion(1, 1), {
+                "RO": TopicConfig("RO", 2, 2, perm=4), "TBW102": TopicConfig("TBW102", 8, 8, perm=7)})),
+        )
+        producer = self.producer([ns.client_endpoint(self.clock)])
+        error = self.failure(producer.send("RO", b"x"), NoRouteError)
+        self.assertEqual(str(error), "no route to topic 'RO': no writable queue on a broker with a master")
+        self.assertEqual(self.a.requests, [])
+
+    def test_unknown_topics_leave_nothing_behind(self) -> None:
+        """Sends to many unknown topics keep neither routes nor errors."""
+        producer = self.producer(auto_create_topic=False)
+        for i in range(20):
+            self.failure(producer.send(f"Nope{i}", b"x"), NoRouteError)
+        self.assertEqual((producer.routes.table, producer.routes.errors), ({}, {}))
+
     def test_no_tbw102_either(self) -> None:
         """Neither the topic nor TBW102 known: NoRouteError naming both answers."""
         ns = FakeNameServer(self.clock)
@@ -579,7 +615,7 @@ class RouteTests(_Case):
         self.endpoints[new.addr] = BrokerEndpoint(new, self.clock)
         _register(ns, new, version=2)
         result = self.result(producer.send("Solo", b"y"))
-        self.assertEqual(result.broker_addr, "broker-c (10.0.0.6:10911)")
+        self.assertEqual(result.broker, "broker-c (10.0.0.6:10911)")
         self.assertEqual(new.stored[0][2], b"y")
 
     def test_namesrv_failover(self) -> None:

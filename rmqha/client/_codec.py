@@ -337,7 +337,7 @@ class SendResult:
     @ivar offset_msg_id: the broker's id: store host and commit-log offset
         in hex (a batch: comma-joined).
     @ivar queue_offset: the (first) message's index in its queue.
-    @ivar broker_addr: where it was sent.
+    @ivar broker: where it was sent: C{name (address)}.
     """
 
     status: SendStatus
@@ -348,7 +348,7 @@ class SendResult:
     transaction_id: str | None = None
     region_id: str = "DefaultRegion"
     trace_on: bool = True
-    broker_addr: str = ""
+    broker: str = ""
 
 
 class SendError(Exception):
@@ -411,7 +411,7 @@ def send_result(
         transaction_id=header.transaction_id,
         region_id=ext.get(PROPERTY_MSG_REGION) or "DefaultRegion",
         trace_on=ext.get(PROPERTY_TRACE_ON) != "false",
-        broker_addr=broker,
+        broker=broker,
     )
 
 

@@ -84,7 +84,9 @@ class NoRouteError(SendError):
 def follow(d: "Deferred[Any]") -> "Deferred[Any]":
     """
     A new Deferred with C{d}'s result (C{d} keeps it): for waiters sharing
-    one operation, each cancellable without cancelling the others.
+    one operation, each cancellable without cancelling the others.  For a
+    C{d} that does not fail (a failure would reach the first follower
+    only).
     """
     out: Deferred[Any] = Deferred()
 
@@ -333,7 +335,7 @@ class TopicRoutes:
 
         async def run() -> None:
             for topic in list(self.table):
-                await follow(self.refresh(topic))
+                await self.refresh(topic)
 
         def done(_: object) -> None:
             self._round = None
@@ -346,13 +348,6 @@ class TopicRoutes:
     def addresses(self) -> set[str]:
         """Every broker address a kept route names."""
         return {a for info in self.table.values() for a in info.route.addresses()}
-
-    def master_addr(self, broker_name: str) -> str | None:
-        for info in self.table.values():
-            addr = info.route.master_addr(broker_name)
-            if addr is not None:
-                return addr
-        return None
 
     def refresh(self, topic: str, default: bool = False) -> "Deferred[None]":
         """
@@ -409,7 +404,10 @@ class TopicRoutes:
         self._take(topic, route, default)
 
     def _take(self, topic: str, route: TopicRoute, default: bool) -> None:
-        old = self.table.pop(topic, None)
+        old = self.table.get(topic)
+        if default and old is not None and not old.from_default:
+            return  # the topic's own route came in meanwhile: it wins
+        self.table.pop(topic, None)
         if old is not None and old.route == route and old.from_default == default:
             self.table[topic] = old
             self.errors.pop(topic, None)
@@ -452,7 +450,9 @@ class TopicRoutes:
         try:
             await within(self.refresh(topic), timeout, self.clock)
             info = self.table.get(topic)
-            if (info is None or not info.ok()) and self.auto_create_topic:
+            # (As 4.9.8: TBW102 only for a topic the NameServers gave no
+            # route; a route without writable queues is final.)
+            if (info is None or (info.from_default and not info.ok())) and self.auto_create_topic:
                 first = self.errors.get(topic)
                 remaining = deadline - self.clock.seconds()
                 await within(self.refresh(topic, default=True), remaining, self.clock)
@@ -464,6 +464,10 @@ class TopicRoutes:
                 f"no route to topic {topic!r} within {timeout:g} s from NameServers {self.namesrv.names}"
             ) from None
         if info is None or not info.ok():
-            why = self.errors.get(topic) or "no writable queue on a broker with a master"
+            # (Errors of topics without a route are not kept: no growth
+            # with every unknown name tried.)
+            why = (self.errors.pop(topic, None) if info is None else self.errors.get(topic)) or (
+                "no writable queue on a broker with a master"
+            )
             raise NoRouteError(f"no route to topic {topic!r}: {why}")
         return info

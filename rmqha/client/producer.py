@@ -458,7 +458,10 @@ class Producer(Service):
             mq = queue if queue is not None else selector(info.queues)  # type: ignore[misc]
             if mq.topic != out.topic:
                 raise ValueError(f"queue {mq} is not a queue of topic {out.topic!r}")
-            return await self._attempt(out, mq, info, left())
+            try:
+                return await self._attempt(out, mq, info, left())
+            except RemotingRequestError as e:
+                raise SendFailedError(f"send to topic {out.topic!r} on queue {mq} failed: {e}", None, (mq.broker_name,)) from None
 
         attempts = 1 + self.retry_times
         brokers: list[str] = []
@@ -526,7 +529,11 @@ class Producer(Service):
 
     async def _attempt(self, out: _Outgoing, mq: MessageQueue, info: PublishInfo, remaining: float) -> SendResult:
         """C{sendKernelImpl}: one request to the master of C{mq}'s broker."""
-        addr = info.route.master_addr(mq.broker_name) or self.routes.master_addr(mq.broker_name)
+        # (The route kept now first: it may have changed since the send began.)
+        current = self.routes.table.get(out.topic)
+        addr = (current.route.master_addr(mq.broker_name) if current is not None else None) or (
+            info.route.master_addr(mq.broker_name)
+        )
         if addr is None:
             raise SendError(f"broker {mq.broker_name!r} of topic {out.topic!r} has no master in the route")
         if remaining <= 0:
