@@ -10,6 +10,8 @@ from __future__ import annotations
 import zlib
 from datetime import datetime, timezone
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.client._codec import (
@@ -121,6 +123,24 @@ class BatchTests(SynchronousTestCase):
         items = [(m.body, m.flag, properties_string(m.property_map())) for m in (m1, m2)]
         self.assertEqual(encode_batch(items), expected)
         self.assertEqual(decode_batch(expected), items)
+
+    @settings(deadline=None, derandomize=True, max_examples=25)
+    @given(
+        st.lists(
+            st.tuples(
+                st.binary(max_size=64),
+                st.integers(-(2**31), 2**31 - 1),
+                st.dictionaries(st.text("abcXYZ_", min_size=1, max_size=5), st.text("é日a\x00", max_size=6), max_size=4),
+            ),
+            max_size=5,
+        )
+    )
+    def test_round_trip(self, raw: list[tuple[bytes, int, dict[str, str]]]) -> None:
+        """Any items (non-ASCII properties included) decode back as encoded."""
+        items = [(body, flag, properties_string(props)) for body, flag, props in raw]
+        data = encode_batch(items)
+        self.assertEqual(decode_batch(data), items)
+        self.assertEqual(len(data), sum(22 + len(b) + len(p.encode()) for b, _, p in items))
 
     def test_properties_too_long(self) -> None:
         """Properties above Short.MAX_VALUE bytes are refused, as Java."""

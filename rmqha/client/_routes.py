@@ -335,6 +335,8 @@ class TopicRoutes:
 
         async def run() -> None:
             for topic in list(self.table):
+                if self._loop is None:
+                    return  # stopped
                 await self.refresh(topic)
 
         def done(_: object) -> None:
