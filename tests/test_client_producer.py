@@ -665,6 +665,24 @@ class BoundsTests(_Case):
             self.assertEqual(self.successResultOf(d).status, SendStatus.SEND_OK)
         self.assertEqual(len(self.a.requests), 3)
 
+    def test_sends_under_way_bounded(self) -> None:
+        """
+        At most max_sends sends are under way, route lookups included:
+        more fail at once.
+        """
+        producer = self.producer(max_sends=3)
+        held = []
+        for _ in range(3):
+            d = producer.send("T", b"x")
+            self.assertNoResult(d)
+            held.append(d)
+        error = self.failure(producer.send("T", b"x"), ProducerBusyError)
+        self.assertEqual(str(error), "3 sends are under way (at most 3); send to topic 'T' refused")
+        self.pump()
+        for d in held:
+            self.assertEqual(self.successResultOf(d).status, SendStatus.SEND_OK)
+        self.result(producer.send("T", b"x"))
+
     def test_stop_fails_pending_sends(self) -> None:
         """Stopping the producer fails its pending sends with one line, and leaves no timer."""
         producer = self.producer()

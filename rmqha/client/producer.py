@@ -96,6 +96,8 @@ SEND_TIMEOUT: Final = 3.0
 MAX_IN_FLIGHT: Final = 256
 #: Sends waiting for one of those places.
 MAX_WAITING: Final = 4096
+#: Sends under way at once, all brokers and route lookups together.
+MAX_SENDS: Final = 65_536
 #: C{MixAll.DEFAULT_PRODUCER_GROUP}.
 DEFAULT_PRODUCER_GROUP: Final = "DEFAULT_PRODUCER"
 
@@ -188,6 +190,7 @@ class Producer(Service):
         auto_create_topic: bool = True,
         max_in_flight: int = MAX_IN_FLIGHT,
         max_waiting: int = MAX_WAITING,
+        max_sends: int = MAX_SENDS,
         poll_interval: float = POLL_NAMESRV_INTERVAL,
         api_timeout: float = API_TIMEOUT,
         max_topics: int = MAX_TOPICS,
@@ -208,6 +211,8 @@ class Producer(Service):
             know along C{create_topic_key}'s route (the broker creates it).
         @param max_in_flight: sends awaiting one broker's answers at once.
         @param max_waiting: sends queued behind those, per broker.
+        @param max_sends: sends under way at once in all (route lookups
+            included); more fail at once with L{ProducerBusyError}.
         """
         from rmqha.remoting.namesrv import parse_namesrv_addr
         from rmqha.settings import master_description, parse_host_port
@@ -233,6 +238,7 @@ class Producer(Service):
         self.default_topic_queue_nums = default_topic_queue_nums
         self.max_in_flight = max_in_flight
         self.max_waiting = max_waiting
+        self.max_sends = max_sends
         self.unique_ids = unique_ids if unique_ids is not None else UniqueIdFactory(_local_ip())
         self.endpoint_for: Callable[[str], str | IStreamClientEndpoint] = endpoint_for or (
             lambda addr: master_description(*parse_host_port(addr, "broker address"))
@@ -426,6 +432,13 @@ class Producer(Service):
     ) -> "Deferred[SendResult]":
         if not self.running:
             return fail(SendFailedError(f"the producer is stopped; nothing sent to topic {outgoing.topic!r}", None, ()))
+        if len(self._sends) >= self.max_sends:
+            return fail(
+                ProducerBusyError(
+                    f"{len(self._sends)} sends are under way (at most {self.max_sends}); "
+                    f"send to topic {outgoing.topic!r} refused"
+                )
+            )
         d = Deferred.fromCoroutine(
             self._send(outgoing, queue, selector, self.send_timeout if timeout is None else timeout)
         )
@@ -483,6 +496,7 @@ class Producer(Service):
             except SendReplyError as e:
                 error = e
                 if e.code in self.retry_codes or e.code == -1:
+                    self._log.info("{error}; sending again", error=e)
                     info = await self._after_failure(out.topic, info, left())
                     continue
                 if result is not None:
@@ -494,6 +508,12 @@ class Producer(Service):
                 error = e
                 if not self.running:
                     break
+                self._log.info(
+                    "send to topic {topic} on {broker} failed: {error}; sending again",
+                    topic=out.topic,
+                    broker=mq.broker_name,
+                    error=e,
+                )
                 info = await self._after_failure(out.topic, info, left())
                 continue
             if result.status is not SendStatus.SEND_OK and self.retry_another_broker_when_not_store_ok:
