@@ -614,7 +614,11 @@ class RouteTests(_Case):
         new = FakeBroker("broker-c", "10.0.0.6", 10911, {"Solo": 1})
         self.endpoints[new.addr] = BrokerEndpoint(new, self.clock)
         _register(ns, new, version=2)
-        result = self.result(producer.send("Solo", b"y"))
+        d = producer.send("Solo", b"y")
+        self.pump()
+        self.assertNoResult(d)  # waiting for the reconnection attempt, 0.1 s after the loss
+        self.clock.advance(0.1)
+        result = self.result(d)
         self.assertEqual(result.broker, "broker-c (10.0.0.6:10911)")
         self.assertEqual(new.stored[0][2], b"y")
 

@@ -67,10 +67,12 @@ CLIENT_LANGUAGE: Final = LanguageCode.PYTHON
 def reconnect_policy(attempt: int) -> float:
     """
     Seconds before connection attempt C{attempt} (1, 2, ...) after a lost
-    connection or a failed attempt: the first at once (a Java client
-    connects again at its next request), then 0.5 s doubling to 5 s.
+    connection or a failed attempt: the first after 0.1 s (a Java client
+    connects again at its next request; the pause keeps a peer that
+    accepts and drops every connection from making a busy loop), then
+    0.5 s doubling to 5 s.
     """
-    return 0.0 if attempt <= 1 else min(0.5 * 2 ** (attempt - 2), 5.0)
+    return 0.1 if attempt <= 1 else min(0.5 * 2 ** (attempt - 2), 5.0)
 
 
 class NameServerError(SendError):
