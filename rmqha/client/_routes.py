@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, TimeoutError
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, TimeoutError
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import (
     IProtocol,
@@ -189,8 +189,6 @@ class NameServers:
         self.running = True
 
     def stop(self) -> "Deferred[Any]":
-        from twisted.internet.defer import DeferredList
-
         self.running = False
         return DeferredList([c.stopService() for c in self.clients if c.running])
 
