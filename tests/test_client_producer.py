@@ -218,7 +218,9 @@ class _Case(SynchronousTestCase):
         if producer.running:
             producer.stopService()
         self.pump()
-        self.clock.advance(60)
+        # (Past the NameServer's 120 s broker expiry too: its scan stops
+        # with the last broker.)
+        self.clock.advance(200)
         self.pump()
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
