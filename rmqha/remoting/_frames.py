@@ -754,23 +754,11 @@ def _field_kind(hint: Any) -> tuple[type, bool, bool]:
     return hint, optional, int32
 
 
-_HeaderFields: typing.TypeAlias = "tuple[tuple[dataclasses.Field[Any], type, bool, bool], ...]"
-#: Each header class's fields, worked out once: get_type_hints evaluates
-#: every annotation again on each call, which cost more than the rest of
-#: a send.  (Header classes are few, and defined in code.)
-_FIELDS_OF: dict[type, _HeaderFields] = {}
-
-
-def _header_fields(cls: type) -> _HeaderFields:
-    fields = _FIELDS_OF.get(cls)
-    if fields is None:
-        if not dataclasses.is_dataclass(cls):
-            raise TypeError(f"{cls!r} is not a dataclass")
-        hints = typing.get_type_hints(cls, include_extras=True)
-        fields = _FIELDS_OF[cls] = tuple(
-            (f, *_field_kind(hints[f.name])) for f in dataclasses.fields(cls)
-        )
-    return fields
+def _header_fields(cls: type) -> list[tuple[dataclasses.Field[Any], type, bool, bool]]:
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return [(f, *_field_kind(hints[f.name])) for f in dataclasses.fields(cls)]
 
 
 def _java_text(value: Any) -> str:
