@@ -9,6 +9,7 @@ back-pressure and stopping.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from typing import Any
 
@@ -32,13 +33,44 @@ from rmqha.client import (
     SendStatus,
     UniqueIdFactory,
 )
-from rmqha.client._codec import SendMessageRequestHeaderV2, decode_batch, parse_properties
+from rmqha.client._codec import SendMessageRequestHeaderV2
+from rmqha.store._record import decode_properties
 from rmqha.remoting._frames import RemotingCommand, header_from_ext_fields, make_response
 from rmqha.remoting.codes import RequestCode, ResponseCode
 from rmqha.remoting.metadata import DataVersion, TopicConfig, TopicTable
 from rmqha.remoting.namesrv import RegisterBrokerBody, RegisterBrokerRequestHeader
 from rmqha.remoting.protocol import Dispatcher, RemotingFactory
 from rmqha.testing import FakeNameServer, MemoryConnection, connect_in_memory
+
+def parse_properties(text: str) -> dict[str, str]:
+    return decode_properties(text.encode("utf-8"))
+
+
+def decode_batch(data: bytes) -> list[tuple[bytes, int, str]]:
+    """
+    A SEND_BATCH_MESSAGE body as MessageDecoder.decodeMessages reads it
+    (what the fake broker needs): items of int32 size, int32 0, int32 0,
+    int32 flag, int32 body length + body, int16 properties length +
+    properties, as (body, flag, properties).
+
+    @raise ValueError: an item that does not fit.
+    """
+    items = []
+    at = 0
+    while at < len(data):
+        if at + 20 > len(data):
+            raise ValueError(f"batch item at byte {at} is cut short")
+        size, _, _, flag, body_len = struct.unpack_from(">iiiii", data, at)
+        if size < 22 or at + size > len(data) or 22 + body_len > size:
+            raise ValueError(f"batch item at byte {at} has size {size}, body length {body_len}")
+        body = data[at + 20 : at + 20 + body_len]
+        (props_len,) = struct.unpack_from(">h", data, at + 20 + body_len)
+        if 22 + body_len + props_len != size:
+            raise ValueError(f"batch item at byte {at} has size {size}, not {22 + body_len + props_len}")
+        items.append((body, flag, data[at + 22 + body_len : at + size].decode("utf-8")))
+        at += size
+    return items
+
 
 #: SendMessageProcessor's remarks for the codes the tests script.
 _REMARKS = {

@@ -32,6 +32,7 @@ from rmqha.remoting._frames import (
 )
 from rmqha.remoting.codes import ResponseCode
 from rmqha.remoting.metadata import PERM_WRITE, MetadataFormatError, parse_fastjson
+from rmqha.store._record import encode_properties
 
 __all__ = [
     "Message",
@@ -73,8 +74,6 @@ RESERVED_PROPERTIES: Final = frozenset(
     "CORRELATION_ID REPLY_TO_CLIENT TTL ARRIVE_TIME PUSH_REPLY_TIME CLUSTER MSG_TYPE "
     "INNER_MULTI_QUEUE_OFFSET".split()
 )
-NAME_VALUE_SEPARATOR: Final = "\x01"
-PROPERTY_SEPARATOR: Final = "\x02"
 
 #: C{TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC}: the topic whose route a
 #: producer borrows for a topic the NameServers do not know.
@@ -192,8 +191,6 @@ def check_message(message: Message, max_size: int = MAX_MESSAGE_SIZE) -> None:
             raise ValueError(f"property {name!r} is used by RocketMQ itself; choose another name")
         if not name.strip() or not value.strip():
             raise ValueError(f"property {name!r}={value!r}: neither name nor value may be blank")
-        if NAME_VALUE_SEPARATOR in name + value or PROPERTY_SEPARATOR in name + value:
-            raise ValueError(f"property {name!r} contains the separators \\x01 or \\x02")
 
 
 def properties_string(props: Mapping[str, str]) -> str:
@@ -201,20 +198,12 @@ def properties_string(props: Mapping[str, str]) -> str:
     C{MessageDecoder.messageProperties2String}: C{name\\x01value} joined
     by C{\\x02}, no trailing separator, in the iteration order of the Java
     C{HashMap} the properties were put into in C{props}' order.
+
+    @raise ValueError: (the store's C{MessageRejected}) a separator in a
+        name or value, an empty name, or more than 32767 bytes.
     """
-    return PROPERTY_SEPARATOR.join(
-        f"{name}{NAME_VALUE_SEPARATOR}{props[name]}" for name in java_hashmap_order(props)
-    )
-
-
-def parse_properties(text: str) -> dict[str, str]:
-    """C{MessageDecoder.string2messageProperties}."""
-    props: dict[str, str] = {}
-    for item in text.split(PROPERTY_SEPARATOR):
-        name, sep, value = item.partition(NAME_VALUE_SEPARATOR)
-        if sep:
-            props[name] = value
-    return props
+    ordered = {name: props[name] for name in java_hashmap_order(props)}
+    return encode_properties(ordered).decode("utf-8")
 
 
 _BATCH_ITEM = struct.Struct(">iiiii")
@@ -240,31 +229,6 @@ def encode_batch(items: Iterable[tuple[bytes, int, str]]) -> bytes:
         parts.append(struct.pack(">h", len(data)))
         parts.append(data)
     return b"".join(parts)
-
-
-def decode_batch(data: bytes) -> list[tuple[bytes, int, str]]:
-    """
-    The items of an L{encode_batch} body (what a broker reads).
-
-    @raise ValueError: an item that does not fit.
-    """
-    items = []
-    at = 0
-    while at < len(data):
-        if at + 20 > len(data):
-            raise ValueError(f"batch item at byte {at} is cut short")
-        size, _, _, flag, body_len = _BATCH_ITEM.unpack_from(data, at)
-        end = at + size
-        if size < 22 or end > len(data) or 20 + body_len + 2 > size:
-            raise ValueError(f"batch item at byte {at} has size {size}, body length {body_len}")
-        body = data[at + 20 : at + 20 + body_len]
-        (props_len,) = struct.unpack_from(">h", data, at + 20 + body_len)
-        props = data[at + 22 + body_len : at + 22 + body_len + props_len]
-        if 22 + body_len + props_len != size:
-            raise ValueError(f"batch item at byte {at} has size {size}, not {22 + body_len + props_len}")
-        items.append((body, flag, props.decode("utf-8")))
-        at = end
-    return items
 
 
 def compress_body(body: bytes, over: int = COMPRESS_OVER) -> tuple[bytes, int]:

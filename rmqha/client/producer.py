@@ -353,16 +353,14 @@ class Producer(Service):
         timeout: float | None = None,
     ) -> "Deferred[SendResult]":
         """L{send} with a L{Message}."""
+        unique_id = message.unique_id or self.unique_ids.create(self.clock.seconds())
         try:
             check_message(message, self.max_message_size)
+            props = properties_string(dataclasses.replace(message, unique_id=unique_id).property_map())
         except ValueError as e:
             return fail(e)
-        unique_id = message.unique_id or self.unique_ids.create(self.clock.seconds())
-        props = dataclasses.replace(message, unique_id=unique_id).property_map()
         body, sys_flag = compress_body(message.body, self.compress_over)
-        outgoing = _Outgoing(
-            message.topic, body, sys_flag, message.flag, properties_string(props), unique_id, False
-        )
+        outgoing = _Outgoing(message.topic, body, sys_flag, message.flag, props, unique_id, False)
         return self._start(outgoing, queue, selector, timeout)
 
     def send_batch(
@@ -403,12 +401,12 @@ class Producer(Service):
             return fail(e)
         ids = []
         items = []
-        for m in messages:
-            unique_id = m.unique_id or self.unique_ids.create(self.clock.seconds())
-            ids.append(unique_id)
-            props = dataclasses.replace(m, unique_id=unique_id).property_map()
-            items.append((m.body, m.flag, properties_string(props)))
         try:
+            for m in messages:
+                unique_id = m.unique_id or self.unique_ids.create(self.clock.seconds())
+                ids.append(unique_id)
+                props = dataclasses.replace(m, unique_id=unique_id).property_map()
+                items.append((m.body, m.flag, properties_string(props)))
             body = encode_batch(items)
         except ValueError as e:
             return fail(e)
