@@ -1133,6 +1133,11 @@ class BrokerMetadata:
         # Files found unusable at load (their .bak was used): not copied
         # over that .bak at the next save.
         self._unusable: set[MetadataFile] = set()
+        #: Called with the topic table's data version after every change
+        #: of the table (an update, a deletion, built-in topics added, a
+        #: master's table adopted): the broker registers with its
+        #: NameServers at once.
+        self.topic_listeners: list[Callable[[DataVersion], object]] = []
 
     # -- files ---------------------------------------------------------------
 
@@ -1235,10 +1240,13 @@ class BrokerMetadata:
         before its files load over them: an entry of the file wins, the
         data versions stay, nothing is written until the next change.
         """
+        added = [name for name in topics if name not in self._topics]
         for name, topic in topics.items():
             self._topics.setdefault(name, topic)
         for name, group in groups.items():
             self._groups.setdefault(name, group)
+        if added:
+            self._tell_topic_listeners()
 
     # -- topics --------------------------------------------------------------
 
@@ -1287,9 +1295,20 @@ class BrokerMetadata:
     def _topics_changed(self, persist: bool) -> DataVersion:
         self._topics_version = self._topics_version.next_version(_now_millis(self._clock))
         self._dirty.add(MetadataFile.TOPICS)
-        if persist:
-            self.persist(MetadataFile.TOPICS)
+        try:
+            if persist:
+                self.persist(MetadataFile.TOPICS)
+        finally:
+            # (Changed in memory, written or not.)
+            self._tell_topic_listeners()
         return self._topics_version
+
+    def _tell_topic_listeners(self) -> None:
+        for listener in list(self.topic_listeners):
+            try:
+                listener(self._topics_version)
+            except Exception:
+                _log.failure("a listener of the topic table failed")
 
     # -- subscription groups -------------------------------------------------
 
@@ -1400,7 +1419,10 @@ class BrokerMetadata:
         if table.data_version.same(self._topics_version):
             return False
         self._adopt(table)
-        self.persist(MetadataFile.TOPICS)
+        try:
+            self.persist(MetadataFile.TOPICS)
+        finally:
+            self._tell_topic_listeners()
         return True
 
     def apply_master_groups(self, text: str) -> bool:

@@ -306,6 +306,14 @@ class RemotingProtocol(Protocol):
         # Responses that arrived before the end are still delivered, on
         # the next turn as always.
 
+    @property
+    def is_open(self) -> bool:
+        """
+        Between C{connectionMade} and the end of the connection (or a
+        malformed frame, after which it is closing).
+        """
+        return self._open
+
     # -- requests of ours ------------------------------------------------------
 
     @property
@@ -506,6 +514,22 @@ class RemotingFactory(Factory):
         return protocol
 
 
+class _ClientFactory(RemotingFactory):
+    """
+    A L{RemotingClient}'s factory: it counts the connections it built and
+    keeps the newest (L{RemotingClient.connected}).
+    """
+
+    newest: RemotingProtocol | None = None
+    built = 0
+
+    def buildProtocol(self, addr: IAddress | None) -> RemotingProtocol:
+        protocol = super().buildProtocol(addr)
+        self.newest = protocol
+        self.built += 1
+        return protocol
+
+
 class RemotingClient(Service):
     """
     A remoting connection to one address, kept open (reconnecting with
@@ -538,13 +562,24 @@ class RemotingClient(Service):
             clientFromString(reactor, endpoint) if isinstance(endpoint, str) else endpoint
         )
         self.name = endpoint if isinstance(endpoint, str) else str(endpoint)
-        self.factory = RemotingFactory(handler, self.clock, **options)
+        self.factory = _ClientFactory(handler, self.clock, **options)
         self._service = ClientService(
             self.endpoint,
             self.factory,
             retryPolicy=retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0),
             clock=self.clock,
         )
+
+    @property
+    def connections(self) -> int:
+        """How many connections were made (the newest is the current one)."""
+        return self.factory.built
+
+    @property
+    def connected(self) -> bool:
+        """Whether the newest connection is open."""
+        newest = self.factory.newest
+        return newest is not None and newest.is_open
 
     def startService(self) -> None:
         Service.startService(self)
