@@ -220,7 +220,8 @@ class NothingCommittedTests(_BrokerCase):
         request = RemotingCommand(
             code=RequestCode.QUERY_CONSUMER_OFFSET, opaque=1, ext_fields=_query("New", "Orders", 0)
         )
-        answer = ConsumerOffsets(broker, in_memory).query_consumer_offset(request, None)
+        offsets = ConsumerOffsets(lambda: broker.metadata, lambda: broker.store.commitlog, in_memory)
+        answer = offsets.query_consumer_offset(request, None)
         assert isinstance(answer, RemotingCommand)
         return answer
 
@@ -278,18 +279,18 @@ class ConsumeQueueHeadTests(SynchronousTestCase):
 
     def test_no_units(self) -> None:
         self.assertEqual(consume_queue_head(None, "T", 0), QueueHead(0, None))
-        self.assertEqual(consume_queue_head(self._Log(0, 0), "T", 0), QueueHead(0, None))  # type: ignore[arg-type]
+        self.assertEqual(consume_queue_head(self._Log(0, 0), "T", 0), QueueHead(0, None))
         self.assertEqual(
-            consume_queue_head(self._Log(1 << 20, 1 << 20), "T", 0), QueueHead(0, None)  # type: ignore[arg-type]
+            consume_queue_head(self._Log(1 << 20, 1 << 20), "T", 0), QueueHead(0, None)
         )
 
     def test_log_from_zero(self) -> None:
-        self.assertEqual(consume_queue_head(self._Log(0, 5000), "T", 0), QueueHead(0, 0))  # type: ignore[arg-type]
+        self.assertEqual(consume_queue_head(self._Log(0, 5000), "T", 0), QueueHead(0, 0))
 
     def test_log_cut_at_its_start(self) -> None:
         """
         A log starting above 0 (a slave that began at its master's last
         file): taken as a queue older than the log, QUERY_NOT_FOUND.
         """
-        head = consume_queue_head(self._Log(1 << 20, (1 << 20) + 500), "T", 0)  # type: ignore[arg-type]
+        head = consume_queue_head(self._Log(1 << 20, (1 << 20) + 500), "T", 0)
         self.assertEqual(head, QueueHead(1, 1 << 20))

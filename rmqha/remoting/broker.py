@@ -153,7 +153,7 @@ class BrokerRemoting:
         self._broker = broker
         self.boot_millis = int(broker.reactor.seconds() * 1000)
         self._topics_cache: tuple[tuple[int, int, int], bytes] | None = None
-        self._offsets = ConsumerOffsets(broker)
+        self._offsets = ConsumerOffsets(lambda: broker.metadata, lambda: broker.store.commitlog)
 
     @property
     def metadata(self) -> BrokerMetadata:

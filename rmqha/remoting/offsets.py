@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 from twisted.internet.interfaces import IAddress
 
@@ -29,12 +29,8 @@ from rmqha.remoting._frames import (
     make_response,
 )
 from rmqha.remoting.codes import RequestCode, ResponseCode
-from rmqha.remoting.metadata import MetadataError
+from rmqha.remoting.metadata import BrokerMetadata, MetadataError
 from rmqha.remoting.protocol import Answer
-
-if TYPE_CHECKING:
-    from rmqha.broker import Broker
-    from rmqha.store.commitlog import CommitLog
 
 __all__ = [
     "SERVED",
@@ -43,6 +39,7 @@ __all__ = [
     "QueryConsumerOffsetResponseHeader",
     "UpdateConsumerOffsetRequestHeader",
     "QueueHead",
+    "LogBounds",
     "ConsumerOffsets",
     "consume_queue_head",
     "in_memory_bytes",
@@ -97,6 +94,19 @@ class UpdateConsumerOffsetRequestHeader:
     bname: str | None = None
 
 
+class LogBounds(Protocol):
+    """
+    What L{consume_queue_head} reads of a commit log (an
+    L{rmqha.store.commitlog.CommitLog}).
+    """
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class QueueHead:
     """
@@ -114,7 +124,7 @@ class QueueHead:
     first_unit_at: int | None
 
 
-def consume_queue_head(commitlog: CommitLog | None, topic: str, queue_id: int) -> QueueHead:
+def consume_queue_head(commitlog: LogBounds | None, topic: str, queue_id: int) -> QueueHead:
     """
     The consume queue's head of (C{topic}, C{queue_id}): what 4.9.8's
     C{DefaultMessageStore.getMinOffsetInQueue} and the unit C{0} of its
@@ -169,12 +179,22 @@ class ConsumerOffsets:
     method taking the request and the peer; L{handlers} maps codes to
     them.
 
+    @param metadata: the broker's metadata at the time of a request
+        (C{Broker.metadata}: a new object at each start).
+    @param commitlog: the broker's commit log at the time of a request, or
+        C{None} when none is open.
     @param in_memory: the bytes at the end of the commit log that count as
         in memory (L{in_memory_bytes} by default).
     """
 
-    def __init__(self, broker: Broker, in_memory: int | None = None) -> None:
-        self._broker = broker
+    def __init__(
+        self,
+        metadata: Callable[[], BrokerMetadata],
+        commitlog: Callable[[], LogBounds | None],
+        in_memory: int | None = None,
+    ) -> None:
+        self._metadata = metadata
+        self._commitlog = commitlog
         self._in_memory = in_memory_bytes() if in_memory is None else in_memory
 
     def handlers(self) -> Mapping[int, Callable[[RemotingCommand, "IAddress | None"], Answer]]:
@@ -198,7 +218,7 @@ class ConsumerOffsets:
         """
         try:
             header = header_from_ext_fields(UpdateConsumerOffsetRequestHeader, request.ext_fields)
-            self._broker.metadata.commit_offset(
+            self._metadata().commit_offset(
                 header.consumer_group, header.topic, header.queue_id, header.commit_offset
             )
         except (CustomHeaderError, MetadataError) as e:
@@ -218,7 +238,7 @@ class ConsumerOffsets:
             header = header_from_ext_fields(QueryConsumerOffsetRequestHeader, request.ext_fields)
         except CustomHeaderError as e:
             return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
-        offset = self._broker.metadata.query_offset(header.consumer_group, header.topic, header.queue_id)
+        offset = self._metadata().query_offset(header.consumer_group, header.topic, header.queue_id)
         if offset < 0 and self._starts_at_zero(header.topic, header.queue_id):
             offset = 0
         if offset < 0:
@@ -230,7 +250,7 @@ class ConsumerOffsets:
         )
 
     def _starts_at_zero(self, topic: str, queue_id: int) -> bool:
-        commitlog = self._broker.store.commitlog
+        commitlog = self._commitlog()
         head = consume_queue_head(commitlog, topic, queue_id)
         if head.min_offset > 0:
             return False
