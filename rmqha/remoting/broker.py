@@ -38,6 +38,8 @@ from rmqha.remoting.metadata import (
     dump_fastjson,
     parse_fastjson,
 )
+from rmqha.remoting.offsets import SERVED as OFFSET_CODES
+from rmqha.remoting.offsets import ConsumerOffsets
 from rmqha.remoting.protocol import Answer, Dispatcher, RemotingFactory, format_peer
 
 if TYPE_CHECKING:
@@ -62,6 +64,7 @@ SERVED: Final = (
     RequestCode.GET_ALL_DELAY_OFFSET,
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
     RequestCode.QUERY_DATA_VERSION,
+    *OFFSET_CODES,
 )
 
 #: C{TopicValidator}'s system topics (4.9.8), which UPDATE_AND_CREATE_TOPIC
@@ -150,6 +153,7 @@ class BrokerRemoting:
         self._broker = broker
         self.boot_millis = int(broker.reactor.seconds() * 1000)
         self._topics_cache: tuple[tuple[int, int, int], bytes] | None = None
+        self._offsets = ConsumerOffsets(lambda: broker.metadata, lambda: broker.store.commitlog)
 
     @property
     def metadata(self) -> BrokerMetadata:
@@ -164,6 +168,7 @@ class BrokerRemoting:
             RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_subscription_group,
             RequestCode.QUERY_DATA_VERSION: self.query_data_version,
+            **self._offsets.handlers(),
         }
 
     # -- the tables ------------------------------------------------------------
