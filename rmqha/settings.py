@@ -1134,6 +1134,13 @@ def _listen(s: BrokerSettings) -> None:
             f"--listen {s.listen}: the remoting port serves TLS with this broker's "
             "key pair; give --tls-cert and --tls-key"
         )
+    if isinstance(s.listen, str):
+        from rmqha.remoting.broker import vip_description
+
+        try:
+            vip_description(s.listen)
+        except ValueError as e:
+            raise SettingsError(f"--listen {s.listen}: {e}") from None
 
 
 def _http(s: BrokerSettings) -> None:
