@@ -7,7 +7,8 @@ L{broker_handler} is the table of request codes served, on a
 L{Dispatcher} (every other code is answered REQUEST_CODE_NOT_SUPPORTED
 by the protocol); L{RemotingPort} listens on C{--listen} (C{listenPort})
 through the broker's listening helper and connection limits, as the HA
-and admin HTTP ports do.
+and admin HTTP ports do, and on RocketMQ's VIP port, its port less 2
+(L{vip_endpoint}).
 
 Each answer is built from the broker at the time of the request (its
 L{BrokerMetadata}, its commit log), so a handler holds nothing of its
