@@ -549,6 +549,28 @@ class ClientTests(SynchronousTestCase):
         self.clock.advance(2)
         slow.stopService()
 
+    def test_stopped_while_connecting(self) -> None:
+        """
+        A request waiting for a connection when the client stops fails
+        with ConnectionClosedError saying so (not ClientService's
+        CancelledError), from a clock turn of its own.
+        """
+
+        class Hanging:
+            def connect(self, factory: object) -> Deferred[Any]:
+                return Deferred()
+
+        client = RemotingClient(None, Hanging(), clock=self.clock, name="192.0.2.1:10911")  # type: ignore[arg-type]
+        client.startService()
+        d = client.request(_request(), timeout=3)
+        client.stopService()
+        self.assertNoResult(d)
+        self.clock.advance(0)
+        failure = self.failureResultOf(d, ConnectionClosedError)
+        self.assertEqual(
+            str(failure.value), "the client of 192.0.2.1:10911 stopped before GET_MAX_OFFSET (30) was sent"
+        )
+
     def test_reconnects(self) -> None:
         """
         After the connection is lost, pending requests fail and the next
