@@ -33,6 +33,7 @@ from rmqha.coord.failover import FailoverSettings
 from rmqha.coord.node import Coordinator
 from rmqha.ha.auth import GroupAuth, load_group_secret
 from rmqha.ha.epochs import EpochFile, EpochFileError
+from rmqha.remoting.broker import vip_description
 from rmqha.remoting.metadata import MetadataError
 from rmqha.settings import BrokerSettings, master_description, parse_host_port
 from rmqha.store.commitlog import CommitLog
@@ -174,6 +175,10 @@ def build_service(
         "http": f"{settings.http} (--http)",
         "remoting": f"{settings.listen} (--listen)",
     }
+    if isinstance(settings.listen, str):
+        vip = vip_description(settings.listen)
+        if vip is not None:
+            ports["vip"] = f"{vip} (the VIP port: --listen's port less 2, as RocketMQ's)"
     built = settings
     if settings.role.is_master and files.cert is not None and isinstance(settings.ha_listen, str):
         built = attrs.evolve(

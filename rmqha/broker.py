@@ -161,9 +161,14 @@ class Broker(MultiService):
         #: Writes the metadata's offsets every 5 s and at stop, while running.
         self.metadata_flusher: MetadataFlusher | None = None
         if settings.listen is not None:
-            from rmqha.remoting.broker import RemotingPort
+            from rmqha.remoting.broker import RemotingPort, vip_endpoint
 
-            RemotingPort(self, settings.listen).setServiceParent(self)  # type: ignore[no-untyped-call]
+            remoting = RemotingPort(self, settings.listen)
+            remoting.setServiceParent(self)  # type: ignore[no-untyped-call]
+            # RocketMQ's second port on listenPort - 2 (docs/remoting.md).
+            vip = vip_endpoint(settings.listen)
+            if vip is not None:
+                RemotingPort(self, vip, vip=remoting).setServiceParent(self)  # type: ignore[no-untyped-call]
 
     @property
     def metadata(self) -> BrokerMetadata:

@@ -459,7 +459,8 @@ class BrokerSettings:
         None,
         "RocketMQ remoting port (topic config, offsets, runtime info for a "
         "NameServer, a slave, mqadmin) on this port or Twisted server endpoint, "
-        "e.g. tcp:10911, or ssl:PORT for TLS with --tls-cert/--tls-key "
+        "e.g. tcp:10911, or ssl:PORT for TLS with --tls-cert/--tls-key; a fixed "
+        "port also opens RocketMQ's VIP port, the port less 2 "
         "(default: none, unlike RocketMQ's 10911; docs/remoting.md)",
         key="listenPort",
         parse=_listen_endpoint,
@@ -1134,6 +1135,13 @@ def _listen(s: BrokerSettings) -> None:
             f"--listen {s.listen}: the remoting port serves TLS with this broker's "
             "key pair; give --tls-cert and --tls-key"
         )
+    if isinstance(s.listen, str):
+        from rmqha.remoting.broker import vip_description
+
+        try:
+            vip_description(s.listen)
+        except ValueError as e:
+            raise SettingsError(f"--listen {s.listen}: {e}") from None
 
 
 def _http(s: BrokerSettings) -> None:

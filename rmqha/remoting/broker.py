@@ -7,7 +7,8 @@ L{broker_handler} is the table of request codes served, on a
 L{Dispatcher} (every other code is answered REQUEST_CODE_NOT_SUPPORTED
 by the protocol); L{RemotingPort} listens on C{--listen} (C{listenPort})
 through the broker's listening helper and connection limits, as the HA
-and admin HTTP ports do.
+and admin HTTP ports do, and on RocketMQ's VIP port, its port less 2
+(L{vip_endpoint}).
 
 Each answer is built from the broker at the time of the request (its
 L{BrokerMetadata}, its commit log), so a handler holds nothing of its
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from twisted.internet.interfaces import IAddress, IStreamServerEndpoint
 from twisted.logger import Logger
+from zope.interface import implementer
 
 from rmqha._ports import Port, listen
 from rmqha.remoting._frames import RemotingCommand, java_hashmap_order, make_response
@@ -40,7 +42,7 @@ from rmqha.remoting.metadata import (
 )
 from rmqha.remoting.offsets import SERVED as OFFSET_CODES
 from rmqha.remoting.offsets import ConsumerOffsets
-from rmqha.remoting.protocol import Answer, Dispatcher, RemotingFactory, format_peer
+from rmqha.remoting.protocol import Answer, Dispatcher, IRemotingHandler, RemotingFactory, format_peer
 
 if TYPE_CHECKING:
     from rmqha.broker import Broker
@@ -51,6 +53,9 @@ __all__ = [
     "BrokerRemoting",
     "broker_handler",
     "RemotingPort",
+    "NOT_ON_VIP",
+    "vip_description",
+    "vip_endpoint",
     "human_bytes",
     "format_runtime",
 ]
@@ -363,21 +368,152 @@ def broker_handler(broker: Broker) -> Dispatcher:
     return Dispatcher(BrokerRemoting(broker).handlers())
 
 
-class RemotingPort(Port):
+#: The codes 4.9.8's second server, the VIP port, does not serve: of the
+#: processors C{BrokerController.registerProcessor} registers, only
+#: PULL_MESSAGE's is on the main port alone (the admin processor is both
+#: servers' default).
+NOT_ON_VIP: Final = frozenset({RequestCode.PULL_MESSAGE})
+
+#: The VIP port is the remoting port's number less this
+#: (C{fastConfig.setListenPort(nettyServerConfig.getListenPort() - 2)}).
+VIP_PORT_OFFSET: Final = 2
+
+
+@implementer(IRemotingHandler)
+class _VIPHandler:
     """
-    The broker's remoting port (C{--listen}), a L{Port} child of its
-    L{rmqha.broker.Broker}: listened on before the store is opened, behind
-    the connection limiter (C{"remoting"}), started after the role.
+    The remoting port's handler as the VIP port serves it: every code but
+    L{NOT_ON_VIP}.
     """
 
-    def __init__(self, broker: Broker, where: str | IStreamServerEndpoint) -> None:
+    def __init__(self, handler: IRemotingHandler) -> None:
+        self._handler = handler
+
+    def handles(self, code: int) -> bool:
+        return code not in NOT_ON_VIP and bool(self._handler.handles(code))
+
+    def handle(self, command: RemotingCommand, peer: IAddress | None) -> Answer:
+        answer: Answer = self._handler.handle(command, peer)
+        return answer
+
+
+def _split_raw(description: str) -> list[str]:
+    # On the colons a backslash does not escape; escapes are kept.
+    parts, current, escaped = [], [], False
+    for char in description:
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            current.append(char)
+            escaped = True
+        elif char == ":":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def _vip_number(port: int) -> int | None:
+    if port == 0:
+        return None
+    if port <= VIP_PORT_OFFSET:
+        raise ValueError(
+            f"the VIP port (the remoting port less {VIP_PORT_OFFSET}, as RocketMQ derives it) "
+            f"would be {port - VIP_PORT_OFFSET}: give a port above {VIP_PORT_OFFSET}"
+        )
+    return port - VIP_PORT_OFFSET
+
+
+def vip_description(listen: str) -> str | None:
+    """
+    The endpoint description of the VIP port that goes with the remoting
+    port C{listen}: the same, on its port less 2, for a C{tcp:}, C{tcp6:}
+    or C{ssl:} description with a port number; C{None} for port 0 (there
+    is no number to derive from until the system picks one) and for any
+    other endpoint (C{unix:}, C{systemd:}...).
+
+    @raise ValueError: port 1 or 2 (the VIP port would be -1 or 0).
+    """
+    parts = _split_raw(listen)
+    if parts[0] not in ("tcp", "tcp6", "ssl"):
+        return None
+    for i, part in enumerate(parts[1:], 1):
+        keyword = part.startswith("port=")
+        if keyword or "=" not in part:
+            text = part[len("port="):] if keyword else part
+            if not text.isascii() or not text.isdigit():
+                return None
+            vip = _vip_number(int(text))
+            if vip is None:
+                return None
+            parts[i] = f"port={vip}" if keyword else str(vip)
+            return ":".join(parts)
+    return None
+
+
+def vip_endpoint(where: str | IStreamServerEndpoint) -> str | IStreamServerEndpoint | None:
+    """
+    The VIP port's endpoint for the remoting port's C{where}: from its
+    description (L{vip_description}), or for a TLS endpoint of
+    L{rmqha.tls.server_endpoint} the same TLS on its port less 2; C{None}
+    for any other endpoint.
+
+    @raise ValueError: as L{vip_description}.
+    """
+    if isinstance(where, str):
+        return vip_description(where)
+    from rmqha.tls import server_endpoint_on_port, server_endpoint_port
+
+    port = server_endpoint_port(where)
+    vip = None if port is None else _vip_number(port)
+    if vip is None:
+        return None
+    return server_endpoint_on_port(where, vip, "the VIP port of --listen")
+
+
+class RemotingPort(Port):
+    """
+    The broker's remoting port (C{--listen}), or its VIP port (C{vip}:
+    the remoting port's own handler, less L{NOT_ON_VIP}), a L{Port} child
+    of its L{rmqha.broker.Broker}: listened on before the store is opened,
+    behind the connection limiter of its name (C{"remoting"}, C{"vip"}),
+    started after the role.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        where: str | IStreamServerEndpoint,
+        vip: RemotingPort | None = None,
+    ) -> None:
+        """
+        @param vip: the remoting port this is the VIP port of, whose
+            handler it shares (one state for both, as RocketMQ's two
+            servers share their processors).
+        """
         self.broker = broker
         self.where = where
-        self.setName("remoting")  # type: ignore[no-untyped-call]
+        self._main = vip
+        self._handler: IRemotingHandler | None = None
+        self.setName("vip" if vip is not None else "remoting")  # type: ignore[no-untyped-call]
+
+    def handler(self) -> IRemotingHandler:
+        """
+        The handler its connections are served with (built once).
+        """
+        if self._handler is None:
+            self._handler = (
+                _VIPHandler(self._main.handler()) if self._main is not None else broker_handler(self.broker)
+            )
+        return self._handler
 
     def listen(self, limited: Any) -> None:
         if self.port is not None:
             return
-        factory = RemotingFactory(broker_handler(self.broker), self.broker.reactor)
+        name = str(self.name)
+        factory = RemotingFactory(self.handler(), self.broker.reactor)
         factory.noisy = False
-        self.port = listen(self.broker.reactor, "remoting", self.where, limited("remoting", factory))
+        self.port = listen(self.broker.reactor, name, self.where, limited(name, factory))
