@@ -985,17 +985,39 @@ _DECODERS: dict[MetadataFile, Callable[[JSONValue, MetadataLimits], _Table]] = {
 }
 
 
-def decode_table(which: MetadataFile, text: str, limits: MetadataLimits = MetadataLimits()) -> _Table:
+#: The member that holds each table; a master's answer always has it.
+_TABLE_MEMBERS: dict[MetadataFile, str] = {
+    MetadataFile.TOPICS: "topicConfigTable",
+    MetadataFile.SUBSCRIPTION_GROUPS: "subscriptionGroupTable",
+    MetadataFile.CONSUMER_OFFSETS: "offsetTable",
+    MetadataFile.DELAY_OFFSETS: "offsetTable",
+}
+
+
+def decode_table(
+    which: MetadataFile, text: str, limits: MetadataLimits = MetadataLimits(), *, answer: bool = False
+) -> _Table:
     """
     Decode one file's text, or the body of the request code that carries
     the same table.
+
+    @param answer: C{text} is a master's answer (the slave's sync), not a
+        file: the table's member must be there.  fastjson leaves a null
+        member out of a file, and a file without it loads as empty, but a
+        genuine master always sends its table (an empty one as C{{}}); a
+        body without it would otherwise empty this broker's table.
 
     @raise MetadataFormatError: not fastjson JSON, or not the table's shape.
     @raise MetadataLimitError: bigger than C{limits} allow.
     """
     if len(text) > limits.max_text_bytes:
         raise MetadataLimitError(f"{which.value}: {len(text)} characters is more than {limits.max_text_bytes}")
-    return _DECODERS[which](parse_fastjson(text, max_depth=limits.max_depth), limits)
+    value = parse_fastjson(text, max_depth=limits.max_depth)
+    if answer:
+        member = _TABLE_MEMBERS[which]
+        if not isinstance(value, dict) or value.get(member) is None:
+            raise MetadataFormatError(f"{which.value}: the answer has no {member}")
+    return _DECODERS[which](value, limits)
 
 
 # ---------------------------------------------------------------------------
@@ -1414,7 +1436,7 @@ class BrokerMetadata:
         @return: whether anything changed.
         @raise MetadataError: the body is bad or too big; nothing changes.
         """
-        table = decode_table(MetadataFile.TOPICS, text, self.limits)
+        table = decode_table(MetadataFile.TOPICS, text, self.limits, answer=True)
         assert isinstance(table, TopicTable)
         if table.data_version.same(self._topics_version):
             return False
@@ -1430,7 +1452,7 @@ class BrokerMetadata:
         A master's GET_ALL_SUBSCRIPTIONGROUP_CONFIG body, as
         C{syncSubscriptionGroupConfig}: like L{apply_master_topics}.
         """
-        table = decode_table(MetadataFile.SUBSCRIPTION_GROUPS, text, self.limits)
+        table = decode_table(MetadataFile.SUBSCRIPTION_GROUPS, text, self.limits, answer=True)
         assert isinstance(table, GroupTable)
         if table.data_version.same(self._groups_version):
             return False
@@ -1447,7 +1469,7 @@ class BrokerMetadata:
         @raise MetadataError: the body is bad, or the merge would exceed
             C{limits}; nothing changes.
         """
-        table = decode_table(MetadataFile.CONSUMER_OFFSETS, text, self.limits)
+        table = decode_table(MetadataFile.CONSUMER_OFFSETS, text, self.limits, answer=True)
         assert isinstance(table, ConsumerOffsetTable)
         merged = {k: v for k, v in self._offsets.items()}
         merged.update({k: dict(v) for k, v in table.offsets.items()})
@@ -1465,7 +1487,7 @@ class BrokerMetadata:
 
         @raise MetadataError: the body is bad or too big; nothing changes.
         """
-        table = decode_table(MetadataFile.DELAY_OFFSETS, text, self.limits)
+        table = decode_table(MetadataFile.DELAY_OFFSETS, text, self.limits, answer=True)
         self._adopt(table)
         self.persist(MetadataFile.DELAY_OFFSETS)
 
