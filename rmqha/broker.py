@@ -338,7 +338,11 @@ class Broker(MultiService):
         from rmqha.remoting.registration import default_broker_name
 
         self._metadata.add_builtins(
-            builtin_topics(self.settings.cluster, self.settings.group or default_broker_name()),
+            builtin_topics(
+                self.settings.cluster,
+                self.settings.group or default_broker_name(),
+                auto_create_topic_enable=self.settings.auto_create_topic_enable,
+            ),
             builtin_groups(),
         )
         self.metadata_flusher = MetadataFlusher(self._metadata, self.reactor)

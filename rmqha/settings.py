@@ -684,6 +684,13 @@ class BrokerSettings:
         key="brokerIP2",
         parse=_name,
     )
+    auto_create_topic_enable: bool = _setting(
+        True,
+        "true (default, as RocketMQ) or false: a send to an unknown topic creates it "
+        "from TBW102 (docs/remoting.md, \"Producing\")",
+        key="autoCreateTopicEnable",
+        parse=parse_bool,
+    )
 
     # -- failover
     coordinator: str | None = _setting(
@@ -1177,7 +1184,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
 #: server and client settings): accepted without a word.
 ROCKETMQ_KEYS = frozenset(
     """
-    deleteWhen fileReservedTime autoCreateTopicEnable autoCreateSubscriptionGroup
+    deleteWhen fileReservedTime autoCreateSubscriptionGroup
     storePathConsumeQueue storePathIndex storeCheckpoint abortFile
     mappedFileSizeConsumeQueue mapedFileSizeConsumeQueue mapedFileSizeCommitLog
     maxMessageSize flushCommitLogLeastPages flushConsumeQueueLeastPages

@@ -754,11 +754,22 @@ def _field_kind(hint: Any) -> tuple[type, bool, bool]:
     return hint, optional, int32
 
 
-def _header_fields(cls: type) -> list[tuple[dataclasses.Field[Any], type, bool, bool]]:
+_HeaderFields = list[tuple[dataclasses.Field[Any], type, bool, bool]]
+# (get_type_hints is slow: each class's fields are read once.)
+_header_fields_cache: dict[type, _HeaderFields] = {}
+
+
+def _header_fields(cls: type) -> _HeaderFields:
+    fields = _header_fields_cache.get(cls)
+    if fields is not None:
+        return fields
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     hints = typing.get_type_hints(cls, include_extras=True)
-    return [(f, *_field_kind(hints[f.name])) for f in dataclasses.fields(cls)]
+    fields = [(f, *_field_kind(hints[f.name])) for f in dataclasses.fields(cls)]
+    if len(_header_fields_cache) < 256:
+        _header_fields_cache[cls] = fields
+    return fields
 
 
 def _java_text(value: Any) -> str:

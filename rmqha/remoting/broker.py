@@ -62,6 +62,10 @@ SERVED: Final = (
     RequestCode.GET_ALL_DELAY_OFFSET,
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
     RequestCode.QUERY_DATA_VERSION,
+    # Sends (rmqha.remoting.sends).
+    RequestCode.SEND_MESSAGE,
+    RequestCode.SEND_MESSAGE_V2,
+    RequestCode.SEND_BATCH_MESSAGE,
 )
 
 #: C{TopicValidator}'s system topics (4.9.8), which UPDATE_AND_CREATE_TOPIC
@@ -150,6 +154,9 @@ class BrokerRemoting:
         self._broker = broker
         self.boot_millis = int(broker.reactor.seconds() * 1000)
         self._topics_cache: tuple[tuple[int, int, int], bytes] | None = None
+        from rmqha.remoting.sends import SendHandlers
+
+        self._sends = SendHandlers(broker)
 
     @property
     def metadata(self) -> BrokerMetadata:
@@ -164,6 +171,7 @@ class BrokerRemoting:
             RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_subscription_group,
             RequestCode.QUERY_DATA_VERSION: self.query_data_version,
+            **self._sends.handlers(),
         }
 
     # -- the tables ------------------------------------------------------------
