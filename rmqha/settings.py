@@ -424,8 +424,10 @@ class BrokerSettings:
         key="flushIntervalCommitLog",
         parse=_positive_ms,
     )
-    store_host: tuple[str, int] = _setting(
-        ("127.0.0.1", 10911), "HOST:PORT written as STOREHOST (127.0.0.1:10911)",
+    store_host: tuple[str, int] | None = _setting(
+        None,
+        "HOST:PORT written as STOREHOST, the address in every msgId (default: "
+        "brokerIP1:listenPort with --listen, as RocketMQ; else 127.0.0.1:10911)",
         parse=_store_host,
     )
     truncate_corrupt: bool = _setting(

@@ -437,3 +437,29 @@ class MappingTests(_SendCase):
         self.assertEqual(conn.transport.value(), b"")
         waiting.callback(PutMessageResult(PutStatus.PUT_OK, AppendResult(0, 100, 0, 0, ("127.0.0.1", 10911))))
         self.assertIn(b'"msgId"', conn.transport.value())
+
+
+class StoreHostTests(_BrokerCase):
+    def test_broker_ip1_and_listen_port(self) -> None:
+        """
+        Without --store-host, a broker with --listen writes brokerIP1:listenPort
+        as STOREHOST, so msgIds name its remoting port (as RocketMQ's).
+        """
+        from rmqha.assemble import build_service
+        from rmqha.settings import BrokerSettings
+
+        service: Any = build_service(
+            BrokerSettings(
+                store_dir=self.store, ha_listen="tcp:0", listen="tcp:10999",
+                broker_ip1="10.1.2.3", segment_size=64 * 1024,
+            ),
+            self.reactor,
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
+        service.metadata.update_topic(TopicConfig("TopicTest", 4, 4))
+        answer = self.connect().ask(RequestCode.SEND_MESSAGE_V2, _v2(), b"x")
+        self.assertEqual(answer.code, ResponseCode.SUCCESS, answer.remark)
+        self.assertEqual(answer.ext("msgId"), "0A010203" "00002AF7" "0000000000000000")
+        (record,) = [r for r in service.store.commitlog.records() if isinstance(r, Record)]
+        self.assertEqual(record.store_host, ("10.1.2.3", 10999))

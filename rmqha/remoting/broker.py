@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from twisted.internet.interfaces import IAddress, IStreamServerEndpoint
 from twisted.logger import Logger
 
-from rmqha._ports import Port, listen
+from rmqha._ports import Port, listen, listened_address
 from rmqha.remoting._frames import RemotingCommand, java_hashmap_order, make_response
 from rmqha.remoting.codes import VERSION_4_9_8, RequestCode, ResponseCode
 from rmqha.remoting.metadata import (
@@ -377,6 +377,16 @@ class RemotingPort(Port):
         self.broker = broker
         self.where = where
         self.setName("remoting")  # type: ignore[no-untyped-call]
+
+    def listened_port(self) -> int | None:
+        """The port listened on, once listening (a port given as 0's), else C{None}."""
+        if self.port is None or self.port._waitingForPort is None:
+            return None
+        got: list[int] = []
+        listened_address(self.port).addCallbacks(
+            lambda address: got.append(getattr(address, "port", 0)), lambda _: None
+        )
+        return got[0] if got else None
 
     def listen(self, limited: Any) -> None:
         if self.port is not None:
