@@ -8,6 +8,7 @@ msgIds, batches, and the put path's outcomes mapped as RocketMQ maps them.
 from __future__ import annotations
 
 import errno
+import gc
 from typing import Any
 
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from rmqha.ha.config import Role
 from rmqha.ha.group import PutMessageResult, PutStatus
 from rmqha.puts import NotMasterError, NotStoredError
-from rmqha.remoting._frames import header_from_ext_fields
+from rmqha.remoting._frames import FrameDecoder, RemotingCommand, encode, header_from_ext_fields
 from rmqha.remoting.codes import RequestCode, ResponseCode, SerializeType
 from rmqha.remoting.metadata import MetadataFile, SubscriptionGroupConfig, TopicConfig
 from rmqha.remoting.sends import (
@@ -424,19 +425,45 @@ class MappingTests(_SendCase):
         self.assertIn("slave", answer.remark or "")
         self.assertIsNone(broker.metadata.topic("NewTopic"))
 
-    def test_waiting_send_holds_no_body(self) -> None:
-        """A send waiting for its verdict is answered when the wait ends."""
+    def test_waiting_sends_bounded(self) -> None:
+        """
+        Sends waiting for their verdict hold no body, are answered when
+        the wait ends, and at most 256 wait per connection: the next is
+        SYSTEM_BUSY [OVERLOAD] at once, nothing stored (the protocol's
+        bound on requests in service).
+        """
         broker = self.start()
-        waiting: Deferred[PutMessageResult] = Deferred()
-        broker.put = lambda message: waiting
+        waits: list[Deferred[PutMessageResult]] = []
+
+        def put(message: Any) -> Deferred[PutMessageResult]:
+            waits.append(Deferred())
+            return waits[-1]
+
+        broker.put = put
         conn = self.connect()
         conn.transport.clear()
-        from rmqha.remoting._frames import RemotingCommand, encode
-
-        conn.protocol.dataReceived(encode(RemotingCommand(code=310, opaque=5, ext_fields=_v2(), body=b"x")))
-        self.assertEqual(conn.transport.value(), b"")
-        waiting.callback(PutMessageResult(PutStatus.PUT_OK, AppendResult(0, 100, 0, 0, ("127.0.0.1", 10911))))
-        self.assertIn(b'"msgId"', conn.transport.value())
+        body = b"b" * 1000
+        conn.protocol.dataReceived(
+            b"".join(encode(RemotingCommand(code=310, opaque=n, ext_fields=_v2(), body=body)) for n in range(257))
+        )
+        self.assertEqual(len(waits), 256)
+        decoder = FrameDecoder()
+        decoder.feed(conn.transport.value())
+        busy = decoder.next_command()
+        assert busy is not None
+        self.assertEqual((busy.code, busy.opaque), (ResponseCode.SYSTEM_BUSY, 256))
+        self.assertIn("[OVERLOAD]", busy.remark or "")
+        # No request with its body is alive while they wait.
+        gc.collect()
+        alive = [o for o in gc.get_objects() if isinstance(o, RemotingCommand) and o.body == body]
+        self.assertEqual(alive, [])
+        conn.transport.clear()
+        waits[0].callback(PutMessageResult(PutStatus.PUT_OK, AppendResult(0, 100, 0, 0, ("127.0.0.1", 10911))))
+        decoder = FrameDecoder()
+        decoder.feed(conn.transport.value())
+        done = decoder.next_command()
+        assert done is not None
+        self.assertEqual((done.code, done.opaque), (ResponseCode.SUCCESS, 0))
 
 
 class StoreHostTests(_BrokerCase):
