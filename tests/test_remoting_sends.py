@@ -230,6 +230,25 @@ class AutoCreateTests(_SendCase):
         self.connect().ask(RequestCode.SEND_MESSAGE_V2, _v2(topic="Wide", queue=0, d="32"), b"x")
         self.assertEqual(broker.metadata.topic("Wide"), TopicConfig("Wide", 8, 8, 6))
 
+    def test_registers_at_once(self) -> None:
+        """A created topic is registered with the NameServers at once (registerBrokerAll)."""
+        broker = self.start()
+
+        class Registration:
+            running = True
+            rounds = 0
+
+            def register(self) -> Deferred[list[Any]]:
+                self.rounds += 1
+                return succeed([])
+
+        broker.registration = registration = Registration()
+        self.addCleanup(setattr, broker, "registration", None)
+        conn = self.connect()
+        conn.ask(RequestCode.SEND_MESSAGE_V2, _v2(topic="NewTopic", queue=0), b"x")
+        conn.ask(RequestCode.SEND_MESSAGE_V2, _v2(topic="NewTopic", queue=0), b"x")
+        self.assertEqual(registration.rounds, 1)
+
     def test_disabled(self) -> None:
         """With autoCreateTopicEnable false: TOPIC_NOT_EXIST, nothing created."""
         broker = self.start(auto_create_topic_enable=False)
