@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import re
 import struct
@@ -243,6 +244,7 @@ def make_response(
     )
 
 
+@functools.lru_cache(maxsize=4096)  # (keys repeat: header and property names)
 def _java_string_hash(text: str) -> int:
     data = text.encode("utf-16-be", "surrogatepass")
     h = 0
