@@ -315,6 +315,26 @@ class BatchTests(_SendCase):
         self.assertEqual(answer.ext("msgId"), ",".join(r.msg_id for r in records))
         self.assertEqual(answer.ext("queueOffset"), "0")
 
+    def test_batch_waits_once(self) -> None:
+        """
+        On a SYNC_MASTER without a slave a batch is stored and answered
+        SLAVE_NOT_AVAILABLE with every msgId; on a slave it is refused.
+        """
+        broker = self.start(Role.SYNC_MASTER)
+        body = self.batch((0, b"a", ""), (0, b"b", ""))
+        answer = self.connect().ask(RequestCode.SEND_BATCH_MESSAGE, _v2(m="true", queue=0), body)
+        self.assertEqual(answer.code, ResponseCode.SLAVE_NOT_AVAILABLE)
+        self.assertEqual((answer.ext("msgId") or "").count(","), 1)
+        self.assertEqual(broker.put_path.puts, 2)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.SLAVE_NOT_AVAILABLE], 1)
+
+    def test_batch_on_slave(self) -> None:
+        broker = self.start(Role.SLAVE)
+        body = self.batch((0, b"a", ""))
+        answer = self.connect().ask(RequestCode.SEND_BATCH_MESSAGE, _v2(m="true", queue=0), body)
+        self.assertEqual(answer.code, ResponseCode.SERVICE_NOT_AVAILABLE)
+        self.assertEqual(self.records(broker), [])
+
     def test_batch_refusals(self) -> None:
         """Each bound and malformation: MESSAGE_ILLEGAL naming it, nothing stored."""
         broker = self.start()

@@ -52,7 +52,15 @@ from rmqha.remoting.metadata import (
 )
 from rmqha.remoting.protocol import Answer, format_peer
 from rmqha.store._batch import AppendResult
-from rmqha.store._record import DEFAULT_MAX_MESSAGE_SIZE, Host, Message, MessageRejected, SysFlag
+from rmqha.store._record import (
+    DEFAULT_MAX_MESSAGE_SIZE,
+    Host,
+    Message,
+    MessageRejected,
+    SysFlag,
+    decode_properties,
+    encode_properties,
+)
 
 if TYPE_CHECKING:
     from rmqha.broker import Broker
@@ -283,20 +291,6 @@ def decode_batch(body: bytes, max_messages: int = MAX_BATCH_MESSAGES) -> list[tu
         items.append((flag, item_body, bytes(view[pos : pos + props_len])))
         pos += props_len
     return items
-
-
-def _properties(text: str | None) -> dict[str, str]:
-    """C{MessageDecoder.string2messageProperties}."""
-    result: dict[str, str] = {}
-    if not text:
-        return result
-    for chunk in text.split("\x02"):
-        if len(chunk) < 3:
-            continue
-        index = chunk.find("\x01")
-        if 0 < index < len(chunk) - 1:
-            result[chunk[:index]] = chunk[index + 1 :]
-    return result
 
 
 def _java_map_order(properties: dict[str, str]) -> dict[str, str]:
@@ -536,7 +530,7 @@ class SendHandlers:
         sys_flag = header.sys_flag
         if config.topic_filter_type == TopicFilterType.MULTI_TAG.value:
             sys_flag |= SysFlag.MULTI_TAGS
-        properties = _properties(header.properties)
+        properties = decode_properties(header.properties or "")
         if properties.get(PROPERTY_TRANSACTION_PREPARED, "").lower() == "true":
             raise _Refused(
                 ResponseCode.NO_PERMISSION,
@@ -635,13 +629,16 @@ class SendHandlers:
             sys_flag |= SysFlag.MULTI_TAGS
         if sys_flag & SysFlag.TRANSACTION_MASK:
             raise _Refused(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be a transaction (sysFlag)")
-        batch_properties = _properties(header.properties)
+        batch_properties = decode_properties(header.properties or "")
         try:
             self._refuse_delay(batch_properties)
         except _Refused:
             raise _Refused(ResponseCode.MESSAGE_ILLEGAL, "a batch cannot be delayed (DELAY)") from None
         batch_properties[PROPERTY_CLUSTER] = self._broker.settings.cluster
-        batch_text = "\x02".join(f"{k}\x01{v}" for k, v in _java_map_order(batch_properties).items())
+        try:
+            batch_bytes = encode_properties(_java_map_order(batch_properties))
+        except MessageRejected as e:
+            raise _Refused(ResponseCode.MESSAGE_ILLEGAL, f"the batch's properties: {e}") from None
         try:
             items = decode_batch(body, self.max_batch_messages)
         except BatchError as e:
@@ -652,16 +649,15 @@ class SendHandlers:
         for flag, item_body, raw in items:
             # The item's properties as sent, then the batch's (CommitLog's
             # batch encoder: a \x02 between them unless the item ends so).
-            text = raw.decode("utf-8", "replace")
-            if text and batch_text and not text.endswith("\x02"):
-                text += "\x02"
+            if raw and batch_bytes and not raw.endswith(b"\x02"):
+                raw += b"\x02"
             messages.append(
                 Message(
                     topic=header.topic,
                     body=item_body,
                     queue_id=queue_id,
                     flag=flag,
-                    properties=_properties(text + batch_text),
+                    properties=decode_properties(raw + batch_bytes),
                     sysflag=sys_flag,
                     born_timestamp=header.born_timestamp,
                     born_host=born_host,
