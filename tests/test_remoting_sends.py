@@ -183,11 +183,14 @@ class SendTests(_SendCase):
         self.assertIn("'g'", answer.remark or "")
 
     def test_message_illegal(self) -> None:
-        """A body above maxMessageSize is MESSAGE_ILLEGAL naming the limit."""
+        """A body above maxMessageSize, or properties above 32767 bytes: MESSAGE_ILLEGAL naming the limit."""
         broker = self.start()
         answer = self.connect().ask(RequestCode.SEND_MESSAGE_V2, _v2(), b"x" * (4 * 1024 * 1024 + 1))
         self.assertEqual(answer.code, ResponseCode.MESSAGE_ILLEGAL)
         self.assertIn("4194304", answer.remark or "")
+        props = self.connect().ask(RequestCode.SEND_MESSAGE_V2, _v2(properties="K\x01" + "v" * 32767), b"x")
+        self.assertEqual(props.code, ResponseCode.MESSAGE_ILLEGAL)
+        self.assertIn("the limit is 32767", props.remark or "")
         self.assertEqual(self.records(broker), [])
 
     def test_delay_and_transaction_refused(self) -> None:
