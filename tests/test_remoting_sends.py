@@ -14,7 +14,6 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import Deferred, succeed
-from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.ha.config import Role
 from rmqha.ha.group import PutMessageResult, PutStatus
