@@ -531,3 +531,17 @@ class StoreHostTests(_BrokerCase):
         self.assertEqual(answer.ext("msgId"), "0A010203" "00002AF7" "0000000000000000")
         (record,) = [r for r in service.store.commitlog.records() if isinstance(r, Record)]
         self.assertEqual(record.store_host, ("10.1.2.3", 10999))
+
+
+class SettingTests(_BrokerCase):
+    def test_auto_create_setting(self) -> None:
+        """--auto-create-topic-enable / autoCreateTopicEnable: true by default, true|false."""
+        from rmqha.settings import BrokerSettings, SettingsError
+
+        self.assertTrue(BrokerSettings().auto_create_topic_enable)
+        conf = BrokerSettings.from_sources(conf={"autoCreateTopicEnable": "false"}, conf_path="b.conf")
+        self.assertFalse(conf.auto_create_topic_enable)
+        flag = BrokerSettings.from_sources(flags={"auto-create-topic-enable": "FALSE"})
+        self.assertFalse(flag.auto_create_topic_enable)
+        with self.assertRaisesRegex(SettingsError, "--auto-create-topic-enable: 'no' is not true or false"):
+            BrokerSettings.from_sources(flags={"auto-create-topic-enable": "no"})
