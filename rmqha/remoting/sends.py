@@ -665,7 +665,7 @@ class SendHandlers:
                 )
             )
         try:
-            waiting = self._broker.put_path.put_batch(self._broker.role_service, messages)
+            waiting = self._broker.put_batch(messages)
         except NotStoredError as e:
             code, remark = not_stored_reply(e)
             raise _Refused(code, remark) from None
