@@ -424,8 +424,10 @@ class BrokerSettings:
         key="flushIntervalCommitLog",
         parse=_positive_ms,
     )
-    store_host: tuple[str, int] = _setting(
-        ("127.0.0.1", 10911), "HOST:PORT written as STOREHOST (127.0.0.1:10911)",
+    store_host: tuple[str, int] | None = _setting(
+        None,
+        "HOST:PORT written as STOREHOST, the address in every msgId (default: "
+        "brokerIP1:listenPort with --listen, as RocketMQ; else 127.0.0.1:10911)",
         parse=_store_host,
     )
     truncate_corrupt: bool = _setting(
@@ -684,6 +686,13 @@ class BrokerSettings:
         "haServerAddr (default: --broker-ip1)",
         key="brokerIP2",
         parse=_name,
+    )
+    auto_create_topic_enable: bool = _setting(
+        True,
+        "true (default, as RocketMQ) or false: a send to an unknown topic creates it "
+        "from TBW102 (docs/remoting.md, \"Producing\")",
+        key="autoCreateTopicEnable",
+        parse=parse_bool,
     )
 
     # -- failover
@@ -1185,7 +1194,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
 #: server and client settings): accepted without a word.
 ROCKETMQ_KEYS = frozenset(
     """
-    deleteWhen fileReservedTime autoCreateTopicEnable autoCreateSubscriptionGroup
+    deleteWhen fileReservedTime autoCreateSubscriptionGroup
     storePathConsumeQueue storePathIndex storeCheckpoint abortFile
     mappedFileSizeConsumeQueue mapedFileSizeConsumeQueue mapedFileSizeCommitLog
     maxMessageSize flushCommitLogLeastPages flushConsumeQueueLeastPages

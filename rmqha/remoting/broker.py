@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IAddress, IStreamServerEndpoint
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from rmqha._ports import Port, listen
+from rmqha._ports import Port, listen, listened_address
 from rmqha.remoting._frames import RemotingCommand, java_hashmap_order, make_response
 from rmqha.remoting.codes import VERSION_4_9_8, RequestCode, ResponseCode
 from rmqha.remoting.metadata import (
@@ -70,6 +70,10 @@ SERVED: Final = (
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
     RequestCode.QUERY_DATA_VERSION,
     *OFFSET_CODES,
+    # Sends (rmqha.remoting.sends).
+    RequestCode.SEND_MESSAGE,
+    RequestCode.SEND_MESSAGE_V2,
+    RequestCode.SEND_BATCH_MESSAGE,
 )
 
 #: C{TopicValidator}'s system topics (4.9.8), which UPDATE_AND_CREATE_TOPIC
@@ -159,6 +163,9 @@ class BrokerRemoting:
         self.boot_millis = int(broker.reactor.seconds() * 1000)
         self._topics_cache: tuple[tuple[int, int, int], bytes] | None = None
         self._offsets = ConsumerOffsets(lambda: broker.metadata, lambda: broker.store.commitlog)
+        from rmqha.remoting.sends import SendHandlers
+
+        self._sends = SendHandlers(broker)
 
     @property
     def metadata(self) -> BrokerMetadata:
@@ -174,6 +181,7 @@ class BrokerRemoting:
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_subscription_group,
             RequestCode.QUERY_DATA_VERSION: self.query_data_version,
             **self._offsets.handlers(),
+            **self._sends.handlers(),
         }
 
     # -- the tables ------------------------------------------------------------
@@ -509,6 +517,16 @@ class RemotingPort(Port):
                 _VIPHandler(self._main.handler()) if self._main is not None else broker_handler(self.broker)
             )
         return self._handler
+
+    def listened_port(self) -> int | None:
+        """The port listened on, once listening (a port given as 0's), else C{None}."""
+        if self.port is None or self.port._waitingForPort is None:
+            return None
+        got: list[int] = []
+        listened_address(self.port).addCallbacks(
+            lambda address: got.append(getattr(address, "port", 0)), lambda _: None
+        )
+        return got[0] if got else None
 
     def listen(self, limited: Any) -> None:
         if self.port is not None:

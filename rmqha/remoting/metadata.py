@@ -1280,6 +1280,14 @@ class BrokerMetadata:
     def topics_version(self) -> DataVersion:
         return self._topics_version
 
+    def topic(self, name: str) -> TopicConfig | None:
+        """One topic's config, or C{None} (no copy of the table: a send's lookup)."""
+        return self._topics.get(name)
+
+    def group(self, name: str) -> SubscriptionGroupConfig | None:
+        """One subscription group's config, or C{None}."""
+        return self._groups.get(name)
+
     def update_topic(self, config: TopicConfig, *, persist: bool = True) -> DataVersion:
         """
         Create or replace a topic, as C{TopicConfigManager.updateTopicConfig}

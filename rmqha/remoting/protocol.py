@@ -456,7 +456,10 @@ class RemotingProtocol(Protocol):
             self._in_flight.discard(handling)
             return result
 
-        handling.addBoth(done).addBoth(self._answer, request)
+        # The answer needs the request's code, opaque, flag and serialize
+        # type, not its body: a request waiting for its answer (a send
+        # waiting for its replicas) holds no body.
+        handling.addBoth(done).addBoth(self._answer, attrs.evolve(request, body=b"") if request.body else request)
 
     def _answer(self, result: object, request: RemotingCommand) -> None:
         if result is not None and not isinstance(result, (RemotingCommand, Failure)):

@@ -23,6 +23,7 @@ registering connection closes.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -595,6 +596,29 @@ def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
         on_master_ha=broker.follow_namesrv_master if follows else None,
         on_master_addr=broker.namesrv_master_addr if s.master_remoting is None else None,
     )
+
+
+def store_host_for(settings: Any, listened_port: int | None = None) -> tuple[str, int]:
+    """
+    The STOREHOST a broker writes (and every msgId carries): C{--store-host}
+    if given; else, with C{--listen}, C{brokerIP1:} the remoting port
+    (C{listened_port} when it was given as 0), as RocketMQ's
+    C{AbstractSendMessageProcessor.storeHost}; else 127.0.0.1:10911.
+    """
+    if settings.store_host is not None:
+        host: tuple[str, int] = settings.store_host
+        return host
+    if settings.listen is None:
+        return ("127.0.0.1", 10911)
+    ip1 = settings.broker_ip1 or local_address()
+    try:
+        ipaddress.ip_address(ip1)
+    except ValueError:
+        try:
+            ip1 = socket.gethostbyname(ip1)
+        except OSError:
+            pass  # (the store refuses it, naming it)
+    return (ip1, listened_port or port_of(settings.listen, 10911))
 
 
 def _with_port(address: str, port: int) -> str:
