@@ -16,6 +16,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.protocol import connectionDone
 from twisted.internet.interfaces import (
     IAddress,
     IListeningPort,
@@ -23,7 +24,9 @@ from twisted.internet.interfaces import (
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from rmqha.remoting._frames import (
@@ -46,9 +49,27 @@ from rmqha.remoting.namesrv import (
     body_crc32,
     decode_register_body,
 )
-from rmqha.remoting.protocol import Dispatcher, RemotingFactory
+from rmqha.remoting.protocol import (
+    Answer,
+    Dispatcher,
+    IRemotingHandler,
+    RemotingFactory,
+    RemotingProtocol,
+)
 
-__all__ = ["FakeNameServer", "RegistrationRecord", "MemoryNameServerEndpoint"]
+__all__ = [
+    "BROKER_CHANNEL_EXPIRED_TIME",
+    "FakeNameServer",
+    "MemoryNameServerEndpoint",
+    "RegistrationRecord",
+    "SCAN_INTERVAL",
+]
+
+#: C{RouteInfoManager.BROKER_CHANNEL_EXPIRED_TIME}: a broker not heard
+#: from for longer is forgotten (seconds).
+BROKER_CHANNEL_EXPIRED_TIME = 120.0
+#: C{NamesrvController} runs C{scanNotActiveBroker} every 10 s.
+SCAN_INTERVAL = 10.0
 
 #: Below it, C{GET_ROUTEINFO_BY_TOPIC} is answered with unquoted integer
 #: keys (C{MQVersion.Version.V4_9_4.ordinal()}).
@@ -69,6 +90,10 @@ class RegistrationRecord:
 class _Live:
     data_version: DataVersion
     ha_server_addr: str
+    #: When it last registered (clock seconds).
+    last_update: float = 0.0
+    #: The connection it last registered over (C{None}: not over one).
+    channel: RemotingProtocol | None = None
 
 
 @dataclasses.dataclass
@@ -106,15 +131,26 @@ class FakeNameServer:
           keys, as 4.9.8);
         - GET_BROKER_CLUSTER_INFO: C{ClusterInfo} (unquoted integer keys).
 
-    What it does not do: expire idle brokers (120 s) or drop a broker when
-    its connection closes, KV config, filter servers in routes, and
+    It forgets a broker (as C{RouteInfoManager.onChannelDestroy}: its
+    address, its name when no address is left, and then its topics'
+    queue data) when the connection it last registered over closes, and
+    when it has not registered for more than
+    L{BROKER_CHANNEL_EXPIRED_TIME} (C{scanNotActiveBroker}, every
+    L{SCAN_INTERVAL} while any broker is live; that connection is closed
+    too).
+
+    What it does not do: KV config, filter servers in routes, and
     everything else a NameServer answers (REQUEST_CODE_NOT_SUPPORTED).
 
     @ivar registrations: every REGISTER_BROKER taken, oldest first.
     @ivar unregistrations: every UNREGISTER_BROKER taken.
     @ivar up: while false, L{client_endpoint}s refuse connections (a
         NameServer that is down).
+    @ivar forgotten: the broker addresses it forgot, oldest first, each
+        with why (C{"expired"}, C{"channel closed"}).
     """
+
+    _log = Logger()
 
     def __init__(self, clock: IReactorTime) -> None:
         self.clock = clock
@@ -124,6 +160,7 @@ class FakeNameServer:
         self.live: dict[str, _Live] = {}
         self.registrations: list[RegistrationRecord] = []
         self.unregistrations: list[UnregisterBrokerRequestHeader] = []
+        self.forgotten: list[tuple[str, str]] = []
         self.up = True
         self.handler = Dispatcher(
             {
@@ -133,8 +170,10 @@ class FakeNameServer:
                 RequestCode.GET_BROKER_CLUSTER_INFO: self._cluster_info,
             }
         )
-        self.factory = RemotingFactory(self.handler, clock)
+        self.factory: RemotingFactory = _NameServerFactory(self, clock)
         self._endpoints: list[MemoryNameServerEndpoint] = []
+        #: C{scanNotActiveBroker}, while any broker is live.
+        self._scan: LoopingCall | None = None
 
     # -- serving ------------------------------------------------------------
 
@@ -173,7 +212,12 @@ class FakeNameServer:
 
     # -- handlers ----------------------------------------------------------------
 
-    def _register(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+    def _register(
+        self,
+        request: RemotingCommand,
+        peer: IAddress | None,
+        channel: RemotingProtocol | None = None,
+    ) -> RemotingCommand:
         try:
             header = header_from_ext_fields(RegisterBrokerRequestHeader, request.ext_fields)
         except CustomHeaderError as e:
@@ -188,15 +232,19 @@ class FakeNameServer:
         else:
             body = RegisterBrokerBody(TopicTable(DataVersion(timestamp=0), {}))
         self.registrations.append(RegistrationRecord(header, body))
-        ha, master = self.register_broker(header, body)
+        ha, master = self.register_broker(header, body, channel)
         ext = header_to_ext_fields(RegisterBrokerResponseHeader(ha, master))
         return make_response(request, ResponseCode.SUCCESS, None, ext_fields=ext)
 
     def register_broker(
-        self, header: RegisterBrokerRequestHeader, body: RegisterBrokerBody
+        self,
+        header: RegisterBrokerRequestHeader,
+        body: RegisterBrokerBody,
+        channel: RemotingProtocol | None = None,
     ) -> tuple[str | None, str | None]:
         """
-        C{RouteInfoManager.registerBroker}.
+        C{RouteInfoManager.registerBroker}, over C{channel} (the connection
+        whose end forgets the broker) if given.
 
         @return: the live master's C{(haServerAddr, masterAddr)} for a
             slave, else C{(None, None)}.
@@ -219,7 +267,10 @@ class FakeNameServer:
             if first or prev is None or not prev.data_version.same(version):
                 for topic in body.topics.topics.values():
                     self._queue_data(header.broker_name, topic)
-        self.live[header.broker_addr] = _Live(version, header.ha_server_addr)
+        self.live[header.broker_addr] = _Live(
+            version, header.ha_server_addr, self.clock.seconds(), channel
+        )
+        self._start_scan()
         if header.broker_id != MASTER_ID:
             master_addr = data.addrs.get(MASTER_ID)
             if master_addr is not None and master_addr in self.live:
@@ -242,6 +293,7 @@ class FakeNameServer:
             return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
         self.unregistrations.append(header)
         self.live.pop(header.broker_addr, None)
+        self._stop_scan_if_idle()
         data = self.broker_addr.get(header.broker_name)
         if data is not None:
             data.addrs.pop(header.broker_id, None)
@@ -257,6 +309,82 @@ class FakeNameServer:
                     if not self.topic_queues[topic]:
                         del self.topic_queues[topic]
         return make_response(request, ResponseCode.SUCCESS)
+
+    # -- forgetting brokers ----------------------------------------------------
+
+    def _start_scan(self) -> None:
+        if self._scan is None:
+            scan = LoopingCall(self.expire_idle)
+            scan.clock = self.clock
+            self._scan = scan
+            scan.start(SCAN_INTERVAL, now=False)
+
+    def _stop_scan_if_idle(self) -> None:
+        if not self.live and self._scan is not None:
+            if self._scan.running:
+                self._scan.stop()
+            self._scan = None
+
+    def expire_idle(self) -> int:
+        """
+        C{scanNotActiveBroker}: forget every broker that has not registered
+        for more than L{BROKER_CHANNEL_EXPIRED_TIME}, and close the
+        connection it registered over.  Runs every L{SCAN_INTERVAL} while
+        any broker is live.
+
+        @return: how many were forgotten.
+        """
+        now = self.clock.seconds()
+        expired = [
+            (addr, live)
+            for addr, live in self.live.items()
+            if live.last_update + BROKER_CHANNEL_EXPIRED_TIME < now
+        ]
+        for addr, live in expired:
+            self._log.warn(
+                "the broker channel expired, {addr} {ms}ms",
+                addr=addr,
+                ms=int(BROKER_CHANNEL_EXPIRED_TIME * 1000),
+            )
+            self._forget(addr, "expired")
+            if live.channel is not None and live.channel.transport is not None:
+                live.channel.transport.loseConnection()
+        self._stop_scan_if_idle()
+        return len(expired)
+
+    def channel_destroyed(self, channel: RemotingProtocol) -> None:
+        """
+        C{onChannelDestroy}: a connection ended; forget the brokers whose
+        last registration came over it.
+        """
+        for addr in [a for a, live in self.live.items() if live.channel is channel]:
+            self._forget(addr, "channel closed")
+        self._stop_scan_if_idle()
+
+    def _forget(self, addr: str, why: str) -> None:
+        # As onChannelDestroy: the address out of the live table and of its
+        # broker name; the name out of its cluster, and its queue data out
+        # of every topic, when no address of it is left.
+        self.live.pop(addr, None)
+        self.forgotten.append((addr, why))
+        for name, data in list(self.broker_addr.items()):
+            ids = [i for i, a in data.addrs.items() if a == addr]
+            if not ids:
+                continue
+            del data.addrs[ids[0]]
+            if not data.addrs:
+                del self.broker_addr[name]
+                for cluster, names in list(self.cluster_addr.items()):
+                    if name in names:
+                        names.discard(name)
+                        if not names:
+                            del self.cluster_addr[cluster]
+                        break
+                for topic in list(self.topic_queues):
+                    self.topic_queues[topic].pop(name, None)
+                    if not self.topic_queues[topic]:
+                        del self.topic_queues[topic]
+            break
 
     @staticmethod
     def _broker_json(data: _BrokerData, standard: bool) -> dict[str | int, JSONValue]:
@@ -306,6 +434,49 @@ class FakeNameServer:
             },
         }
         return make_response(request, ResponseCode.SUCCESS, body=dump_fastjson(info).encode("utf-8"))
+
+
+@implementer(IRemotingHandler)
+class _ChannelHandler:
+    """
+    The fake's handler for one connection: a REGISTER_BROKER is taken
+    with the connection it came over (its end forgets the broker).
+    """
+
+    def __init__(self, server: FakeNameServer, channel: RemotingProtocol) -> None:
+        self.server = server
+        self.channel = channel
+
+    def handles(self, code: int) -> bool:
+        return self.server.handler.handles(code)
+
+    def handle(self, command: RemotingCommand, peer: IAddress | None) -> Answer:
+        if command.code == RequestCode.REGISTER_BROKER:
+            return self.server._register(command, peer, self.channel)
+        return self.server.handler.handle(command, peer)
+
+
+class _NameServerProtocol(RemotingProtocol):
+    """A connection to the fake: its end is C{onChannelDestroy}."""
+
+    def __init__(self, server: FakeNameServer, clock: IReactorTime, **options: Any) -> None:
+        super().__init__(_ChannelHandler(server, self), clock, **options)
+        self.server = server
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
+        self.server.channel_destroyed(self)
+
+
+class _NameServerFactory(RemotingFactory):
+    def __init__(self, server: FakeNameServer, clock: IReactorTime) -> None:
+        super().__init__(server.handler, clock)
+        self.server = server
+
+    def buildProtocol(self, addr: IAddress | None) -> RemotingProtocol:
+        protocol = _NameServerProtocol(self.server, self.clock, **self.options)
+        protocol.factory = self
+        return protocol
 
 
 @implementer(IStreamClientEndpoint)

@@ -33,7 +33,9 @@ from rmqha.coord.failover import FailoverSettings
 from rmqha.coord.node import Coordinator
 from rmqha.ha.auth import GroupAuth, load_group_secret
 from rmqha.ha.epochs import EpochFile, EpochFileError
+from rmqha.remoting.broker import vip_description
 from rmqha.remoting.metadata import MetadataError
+from rmqha.remoting.registration import store_host_for
 from rmqha.settings import BrokerSettings, master_description, parse_host_port
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreError
@@ -157,7 +159,7 @@ def build_service(
                 store_dir,
                 segment_size=settings.segment_size,
                 commitlog_dir=settings.commitlog_dir,
-                store_host=settings.store_host,
+                store_host=store_host_for(settings, _remoting_port(broker)),
                 flush_disk_type=settings.flush_disk_type,
                 clock=reactor.seconds,
                 truncate_corrupt=settings.truncate_corrupt,
@@ -174,6 +176,10 @@ def build_service(
         "http": f"{settings.http} (--http)",
         "remoting": f"{settings.listen} (--listen)",
     }
+    if isinstance(settings.listen, str):
+        vip = vip_description(settings.listen)
+        if vip is not None:
+            ports["vip"] = f"{vip} (the VIP port: --listen's port less 2, as RocketMQ's)"
     built = settings
     if settings.role.is_master and files.cert is not None and isinstance(settings.ha_listen, str):
         built = attrs.evolve(
@@ -225,6 +231,16 @@ def build_service(
         assert isinstance(broker, _TwistdBroker), "listen_now needs one_line_errors"
         broker.listen_now()
     return top
+
+
+def _remoting_port(broker: Broker) -> int | None:
+    """The port the broker's remoting port listens on (for STOREHOST), if any."""
+    from rmqha.remoting.broker import RemotingPort
+
+    for child in broker:
+        if isinstance(child, RemotingPort):
+            return child.listened_port()
+    return None
 
 
 def _epoch_file(store_dir: str, one_line_errors: bool) -> EpochFile:

@@ -17,7 +17,7 @@ service tree), start it, and L{Broker.put} messages on a master.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService, Service
@@ -28,12 +28,13 @@ from twisted.logger import Logger
 from rmqha._limits import raise_fd_limit
 from rmqha._ports import ListenFailed, listened_address
 from rmqha.store._record import Message
+from rmqha.store._batch import AppendResult
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.config import DEFAULT_MAX_UNFLUSHED, Role
 from rmqha.ha.auth import GroupAuth
 from rmqha.ha.epochs import EpochFile
 from rmqha.ha.fence import OPEN
-from rmqha.ha.group import PutMessageResult
+from rmqha.ha.group import PutMessageResult, PutStatus
 from rmqha.ha.interfaces import IFence
 from rmqha.ha.master import MasterFactory, SlaveStatus
 from rmqha.ha.masterside import MasterSide
@@ -161,9 +162,14 @@ class Broker(MultiService):
         #: Writes the metadata's offsets every 5 s and at stop, while running.
         self.metadata_flusher: MetadataFlusher | None = None
         if settings.listen is not None:
-            from rmqha.remoting.broker import RemotingPort
+            from rmqha.remoting.broker import RemotingPort, vip_endpoint
 
-            RemotingPort(self, settings.listen).setServiceParent(self)  # type: ignore[no-untyped-call]
+            remoting = RemotingPort(self, settings.listen)
+            remoting.setServiceParent(self)  # type: ignore[no-untyped-call]
+            # RocketMQ's second port on listenPort - 2 (docs/remoting.md).
+            vip = vip_endpoint(settings.listen)
+            if vip is not None:
+                RemotingPort(self, vip, vip=remoting).setServiceParent(self)  # type: ignore[no-untyped-call]
 
     @property
     def metadata(self) -> BrokerMetadata:
@@ -276,6 +282,12 @@ class Broker(MultiService):
             broker_id = 0 if self.roles.role.is_master else self.settings.broker_id
             self.registration.role_changed(broker_id)
 
+    def _topics_changed(self, version: object) -> None:
+        # A master's changed topic table goes to the NameServers at once
+        # (one round per reactor turn), as 4.9.8 after creating a topic.
+        if self.registration is not None and self.roles.role.is_master:
+            self.registration.topics_changed()
+
     def namesrv_master_addr(self, address: str | None) -> None:
         """
         The master's remoting address from the NameServers' newest answer
@@ -338,9 +350,14 @@ class Broker(MultiService):
         from rmqha.remoting.registration import default_broker_name
 
         self._metadata.add_builtins(
-            builtin_topics(self.settings.cluster, self.settings.group or default_broker_name()),
+            builtin_topics(
+                self.settings.cluster,
+                self.settings.group or default_broker_name(),
+                auto_create_topic_enable=self.settings.auto_create_topic_enable,
+            ),
             builtin_groups(),
         )
+        self._metadata.topic_listeners.append(self._topics_changed)
         self.metadata_flusher = MetadataFlusher(self._metadata, self.reactor)
         self.metadata_flusher.startService()
         if (self.settings.master_remoting is not None or self.settings.namesrv) and (
@@ -472,3 +489,10 @@ class Broker(MultiService):
         L{PutPath.put} for what its result and errors say.
         """
         return self.put_path.put(self.roles.service, message)
+
+    def put_batch(self, messages: Sequence[Message]) -> Deferred[tuple[PutStatus, list[AppendResult]]]:
+        """
+        Store C{messages} on this master as one batch (all or nothing) and
+        replicate them: see L{PutPath.put_batch}.
+        """
+        return self.put_path.put_batch(self.roles.service, messages)

@@ -407,6 +407,11 @@ def _broker_endpoint(address: str) -> str:
 _ADMIN_CODES = {"topics": 21, "broker-status": 28, "consumer-offsets": 43}
 
 
+#: The table each action's body carries: its field, and the metadata
+#: file of the same shape (C{broker-status}: a C{KVTable}).
+_ADMIN_TABLES = {"topics": "topicConfigTable", "consumer-offsets": "offsetTable", "broker-status": "table"}
+
+
 async def admin_query(client: Any, address: str, action: str, timeout: float) -> dict[str, Any]:
     """
     Ask the broker at C{address} through C{client} (a running
@@ -415,19 +420,12 @@ async def admin_query(client: Any, address: str, action: str, timeout: float) ->
     plain JSON-ready data.
 
     @raise _CommandError: no connection, no answer in time, an answer
-        other than SUCCESS, or a body that does not parse: one line.
+        other than SUCCESS (naming its code and remark), or a body that is
+        not the table asked for: one line naming the broker.
     """
     from rmqha.remoting._frames import RemotingCommand
     from rmqha.remoting.codes import RequestCode, ResponseCode
-    from rmqha.remoting.metadata import (
-        ConsumerOffsetTable,
-        MetadataError,
-        MetadataFile,
-        TopicTable,
-        decode_table,
-    )
-    from rmqha.remoting.namesrv import decode_kv_table
-    from rmqha.remoting.protocol import RemotingRequestError
+    from rmqha.remoting.protocol import RemotingRequestError, one_line
 
     code = RequestCode(_ADMIN_CODES[action])
     what = f"{code.name} ({int(code)})"
@@ -439,25 +437,64 @@ async def admin_query(client: Any, address: str, action: str, timeout: float) ->
         try:
             name = ResponseCode(response.code).name
         except ValueError:
-            name = "code"
+            name = "unknown code"
         raise _CommandError(
             f"broker {address} answered {what} with {name} ({response.code}): "
-            f"{response.remark or 'no remark'}"
+            f"{one_line(response.remark or '') or 'no remark'}"
         )
     try:
-        text = (response.body or b"").decode("utf-8")
+        return _admin_table(action, response.body or b"")
+    except ValueError as e:
+        raise _CommandError(f"broker {address}: the body of {what} {one_line(str(e))}") from None
+
+
+def _admin_table(action: str, body: bytes) -> dict[str, Any]:
+    """
+    The table of C{action}'s answer C{body}, as L{admin_query} returns it.
+
+    @raise ValueError: what is wrong with the body, worded to follow
+        "the body of CODE".
+    """
+    from rmqha.remoting.metadata import (
+        ConsumerOffsetTable,
+        MetadataError,
+        MetadataFile,
+        TopicTable,
+        decode_table,
+        parse_fastjson,
+    )
+
+    if not body:
+        raise ValueError("is empty")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"is not UTF-8 at byte {e.start}") from None
+    field = _ADMIN_TABLES[action]
+    try:
+        doc = parse_fastjson(text)
+        if not isinstance(doc, dict):
+            raise ValueError(f"is not a JSON object with {field} but {_json_kind(doc)}")
+        table = doc.get(field)
+        if not isinstance(table, dict):
+            raise ValueError(
+                f"has no {field} object" if table is None else f"has {field} as {_json_kind(table)}, not an object"
+            )
         if action == "broker-status":
-            return dict(sorted(decode_kv_table(response.body or b"").items()))
+            wrong = sorted(str(k) for k, v in table.items() if isinstance(v, (dict, list)) or v is None)
+            if wrong:
+                raise ValueError(f"has {field} entries that are not text: {', '.join(wrong[:5])}")
+            return {str(k): _kv_text(v) for k, v in sorted(table.items(), key=lambda kv: str(kv[0]))}
         if action == "topics":
-            table = decode_table(MetadataFile.TOPICS, text)
-            assert isinstance(table, TopicTable)
+            topics = decode_table(MetadataFile.TOPICS, text)
+            assert isinstance(topics, TopicTable)
             return {
                 name: {
                     "readQueueNums": t.read_queue_nums,
                     "writeQueueNums": t.write_queue_nums,
                     "perm": t.perm,
                 }
-                for name, t in sorted(table.topics.items())
+                for name, t in sorted(topics.topics.items())
             }
         offsets = decode_table(MetadataFile.CONSUMER_OFFSETS, text)
         assert isinstance(offsets, ConsumerOffsetTable)
@@ -465,12 +502,27 @@ async def admin_query(client: Any, address: str, action: str, timeout: float) ->
             key: {str(q): queues[q] for q in sorted(queues)}
             for key, queues in sorted(offsets.offsets.items())
         }
-    except UnicodeDecodeError as e:
-        raise _CommandError(
-            f"broker {address}: the body of {what} is not UTF-8 at byte {e.start}"
-        ) from None
-    except (MetadataError, ValueError) as e:
-        raise _CommandError(f"broker {address}: the body of {what} does not parse: {e}") from None
+    except MetadataError as e:
+        raise ValueError(f"does not parse: {e}") from None
+
+
+def _json_kind(value: object) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "null" if value is None else "an object"
+
+
+def _kv_text(value: object) -> str:
+    # As fastjson reads a number or boolean into a String field.
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def render_admin(action: str, data: dict[str, Any]) -> str:
@@ -493,38 +545,61 @@ def render_admin(action: str, data: dict[str, Any]) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def _admin(args: argparse.Namespace, out: IO[str]) -> int:
+async def admin_run(client: Any, address: str, action: str, timeout: float) -> dict[str, Any]:
+    """
+    L{admin_query} through C{client} (a L{RemotingClient}, not started):
+    started for the query, stopped after it whatever its outcome.
+
+    @raise _CommandError: as L{admin_query}.
+    """
+    client.startService()
+    try:
+        return await admin_query(client, address, action, timeout)
+    finally:
+        await client.stopService()
+
+
+def _run_admin(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    L{admin_run} on the global reactor, with a client of C{--broker}.
+
+    @raise _CommandError: as L{admin_query}.
+    """
     from twisted.internet import reactor
     from twisted.internet.defer import ensureDeferred
-    from twisted.internet.task import deferLater
 
     from rmqha.remoting.protocol import RemotingClient
 
-    client = RemotingClient(reactor, _broker_endpoint(args.broker))
+    client = RemotingClient(reactor, _broker_endpoint(args.broker), name=args.broker)
     outcome: list[Any] = []
 
     async def run() -> None:
-        client.startService()
         try:
-            outcome.append(("ok", await admin_query(client, args.broker, args.action, args.timeout)))
+            outcome.append(("ok", await admin_run(client, args.broker, args.action, args.timeout)))
         except _CommandError as e:
             outcome.append(("error", str(e)))
+        except Exception:
+            outcome.append(("bug", sys.exc_info()[1]))  # (raised again below, with its trace)
         finally:
-            # (Not from inside ClientService's own failure callbacks: it
-            # refuses a reentrant stop.)
-            await deferLater(reactor, 0, lambda: None)
-            await client.stopService()
             reactor.stop()
 
     reactor.callWhenRunning(lambda: ensureDeferred(run()))
     reactor.run()
     kind, value = outcome[0] if outcome else ("error", "interrupted")
+    if kind == "bug":
+        assert isinstance(value, BaseException)
+        raise value
     if kind == "error":
         raise _CommandError(value)
+    assert isinstance(value, dict)
+    return value
+
+
+def _admin(args: argparse.Namespace, out: IO[str]) -> int:
+    value = _run_admin(args)
     if args.json:
         out.write(json.dumps(value, indent=2) + "\n")
     else:
-        assert isinstance(value, dict)
         out.write(render_admin(args.action, value))
     return 0
 

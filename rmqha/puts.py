@@ -13,7 +13,7 @@ view shows.
 from __future__ import annotations
 
 import errno
-from typing import Any
+from typing import Any, Sequence
 
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.logger import Logger
@@ -27,7 +27,7 @@ from rmqha.store.commitlog import AppendResult
 from rmqha.store.errors import SegmentCreateError
 from rmqha.store.service import CommitLogService
 
-__all__ = ["NotMasterError", "NotStoredError", "PutPath"]
+__all__ = ["NotMasterError", "NotStoredError", "PutPath", "master_refusal"]
 
 #: OS errors meaning the disk (or the user's quota) is full.
 _DISK_FULL = frozenset([errno.ENOSPC, errno.EDQUOT])
@@ -73,6 +73,16 @@ def _slave_refusal(side: object) -> str:
     if isinstance(side, Replica):
         return f"this node is a slave; the master is at {side.master_address} (its HA address)"
     return "messages are put on the master, this is a slave"
+
+
+def master_refusal(side: object) -> str | None:
+    """
+    Why C{side}, a broker's role service, takes no puts now (a slave, a
+    master not yet open, a fenced failover master), or C{None}.
+    """
+    if not isinstance(side, MasterSide) or side.factory is None:
+        return _slave_refusal(side)
+    return side.fence.refusing()
 
 
 class PutPath:
@@ -124,17 +134,8 @@ class PutPath:
             the next put goes where this one would have.
         @raise MessageRejected: the message breaks a limit (nothing stored).
         """
-        if not isinstance(side, MasterSide) or side.factory is None:
-            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
-            raise NotMasterError(_slave_refusal(side))
-        refusal = side.fence.refusing()
-        if refusal is not None:
-            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
-            raise NotMasterError(refusal)
-        too_few = side.ha.refusal()
-        if too_few is not None:
-            self.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH] += 1
-            raise NotStoredError(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, too_few)
+        side = self._admit(side)
+        assert side.factory is not None
         commitlog = side.factory.commitlog
         try:
             append = commitlog.put(message)
@@ -167,6 +168,70 @@ class PutPath:
                 append,
             )
         )
+
+    def _admit(self, side: object) -> MasterSide:
+        """
+        The checks before a put is stored: C{side} as the master side that
+        takes it, or the refusal raised (and counted).
+        """
+        refusal = master_refusal(side)
+        if refusal is not None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError(refusal)
+        assert isinstance(side, MasterSide)
+        too_few = side.ha.refusal()
+        if too_few is not None:
+            self.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH] += 1
+            raise NotStoredError(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, too_few)
+        return side
+
+    def put_batch(
+        self, side: object, messages: Sequence[Message]
+    ) -> Deferred[tuple[PutStatus, list[AppendResult]]]:
+        """
+        Store C{messages} on C{side} as one batch, all or nothing
+        (L{CommitLog.put_batch}: consecutive records in one segment), and
+        wait for the batch as L{put} waits for one message, once, for its
+        end: the status is the batch's, counted once.
+
+        @raise NotMasterError: as L{put}.
+        @raise NotStoredError: as L{put}.
+        @raise MessageRejected: a message breaks a limit (nothing stored).
+        """
+        if not messages:
+            raise ValueError("a batch needs at least one message")
+        side = self._admit(side)
+        assert side.factory is not None
+        commitlog = side.factory.commitlog
+        try:
+            appends = commitlog.put_batch(messages)
+        except OSError as e:
+            raise self._not_stored(e) from e
+        if self._store_failing:
+            self._store_failing = False
+            self._log.info("the commit log takes puts again")
+        self.puts += len(appends)
+        self.put_bytes += sum(a.size for a in appends)
+        last = appends[-1]
+        end = last.next_offset
+        if commitlog.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+            waited: Deferred[Any] = side.wait_for(end, last)
+        else:
+            flushed: Deferred[PutStatus] = self._store.when_flushed(end).addCallback(
+                lambda _: PutStatus.PUT_OK
+            )
+            flushed.addTimeout(
+                self._sync_flush_timeout,
+                self._reactor,
+                onTimeoutCancel=timed_out_as(PutStatus.FLUSH_DISK_TIMEOUT),
+            )
+            waited = gatherResults([flushed, side.wait_for(end)]).addCallback(
+                lambda statuses: self.result(
+                    next((s for s in statuses if s is not PutStatus.PUT_OK), PutStatus.PUT_OK),
+                    last,
+                )
+            )
+        return waited.addCallback(lambda result: (result.status, appends))
 
     def _not_stored(self, error: OSError) -> NotStoredError:
         """

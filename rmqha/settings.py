@@ -424,8 +424,10 @@ class BrokerSettings:
         key="flushIntervalCommitLog",
         parse=_positive_ms,
     )
-    store_host: tuple[str, int] = _setting(
-        ("127.0.0.1", 10911), "HOST:PORT written as STOREHOST (127.0.0.1:10911)",
+    store_host: tuple[str, int] | None = _setting(
+        None,
+        "HOST:PORT written as STOREHOST, the address in every msgId (default: "
+        "brokerIP1:listenPort with --listen, as RocketMQ; else 127.0.0.1:10911)",
         parse=_store_host,
     )
     truncate_corrupt: bool = _setting(
@@ -459,7 +461,8 @@ class BrokerSettings:
         None,
         "RocketMQ remoting port (topic config, offsets, runtime info for a "
         "NameServer, a slave, mqadmin) on this port or Twisted server endpoint, "
-        "e.g. tcp:10911, or ssl:PORT for TLS with --tls-cert/--tls-key "
+        "e.g. tcp:10911, or ssl:PORT for TLS with --tls-cert/--tls-key; a fixed "
+        "port also opens RocketMQ's VIP port, the port less 2 "
         "(default: none, unlike RocketMQ's 10911; docs/remoting.md)",
         key="listenPort",
         parse=_listen_endpoint,
@@ -683,6 +686,13 @@ class BrokerSettings:
         "haServerAddr (default: --broker-ip1)",
         key="brokerIP2",
         parse=_name,
+    )
+    auto_create_topic_enable: bool = _setting(
+        True,
+        "true (default, as RocketMQ) or false: a send to an unknown topic creates it "
+        "from TBW102 (docs/remoting.md, \"Producing\")",
+        key="autoCreateTopicEnable",
+        parse=parse_bool,
     )
 
     # -- failover
@@ -1134,6 +1144,13 @@ def _listen(s: BrokerSettings) -> None:
             f"--listen {s.listen}: the remoting port serves TLS with this broker's "
             "key pair; give --tls-cert and --tls-key"
         )
+    if isinstance(s.listen, str):
+        from rmqha.remoting.broker import vip_description
+
+        try:
+            vip_description(s.listen)
+        except ValueError as e:
+            raise SettingsError(f"--listen {s.listen}: {e}") from None
 
 
 def _http(s: BrokerSettings) -> None:
@@ -1177,7 +1194,7 @@ _RULES: list[Callable[[BrokerSettings], None]] = [
 #: server and client settings): accepted without a word.
 ROCKETMQ_KEYS = frozenset(
     """
-    deleteWhen fileReservedTime autoCreateTopicEnable autoCreateSubscriptionGroup
+    deleteWhen fileReservedTime autoCreateSubscriptionGroup
     storePathConsumeQueue storePathIndex storeCheckpoint abortFile
     mappedFileSizeConsumeQueue mapedFileSizeConsumeQueue mapedFileSizeCommitLog
     maxMessageSize flushCommitLogLeastPages flushConsumeQueueLeastPages

@@ -13,7 +13,8 @@ In memory, on a L{Clock}, no sockets:
     - L{StringEndpoint}: a client endpoint whose connections are
       L{StringTransport}s, or that refuses them.
     - L{FakeNameServer}: a RocketMQ NameServer in memory (registration,
-      routes, cluster info) for tests and the demo, reached in memory
+      routes, cluster info; a broker forgotten when its connection closes
+      or after 120 s without a registration) for tests and the demo, reached in memory
       (L{FakeNameServer.client_endpoint}) or on a real port
       (L{FakeNameServer.listen}, port 0).  Not for production: users run
       RocketMQ's own NameServer.

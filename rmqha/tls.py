@@ -71,6 +71,8 @@ __all__ = [
     "TLSFiles",
     "PeerPolicy",
     "server_endpoint",
+    "server_endpoint_port",
+    "server_endpoint_on_port",
     "parse_ssl_listen",
     "client_endpoint",
     "certificate_names",
@@ -417,6 +419,28 @@ def server_endpoint(
         backlog=backlog,
         interface=interface,
         name=_PORT_NAMES.get(flag, f"the port of {flag}"),
+    )
+
+
+def server_endpoint_port(endpoint: object) -> int | None:
+    """
+    The port number an endpoint of L{server_endpoint} listens on; C{None}
+    for any other endpoint.
+    """
+    return endpoint._tls_listen[0] if isinstance(endpoint, _TLSServerEndpoint) else None
+
+
+def server_endpoint_on_port(endpoint: object, port: int, name: str) -> SSL4ServerEndpoint | None:
+    """
+    An endpoint of L{server_endpoint} like C{endpoint} (the same key pair,
+    client-certificate policy, interface and backlog) on C{port}, named
+    C{name} in log lines; C{None} when C{endpoint} is not one.
+    """
+    if not isinstance(endpoint, _TLSServerEndpoint):
+        return None
+    _, context, backlog, interface = endpoint._tls_listen
+    return _TLSServerEndpoint(
+        endpoint._tls_reactor, port, context, backlog=backlog, interface=interface, name=name
     )
 
 

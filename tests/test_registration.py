@@ -385,3 +385,259 @@ class SeekMasterTests(SynchronousTestCase):
             self.clock.advance(29)
             self.settle()
             self.assertEqual(registration.registrations, 1)
+
+
+class RegistrationStatusTests(SynchronousTestCase):
+    """
+    L{NameServerRegistration.status}: per NameServer, whether the broker
+    is registered now, the last success, the last error, the brokerId and
+    the master's addresses the answer gave.
+    """
+
+    setUp = RegistrationTests.setUp
+    registration = RegistrationTests.registration
+    settle = RegistrationTests.settle
+
+    def test_per_namesrv(self) -> None:
+        down = FakeNameServer(self.clock)
+        down.up = False
+        down_endpoint = down.client_endpoint(self.clock)
+        master = self.registration(_MASTER)
+        master.startService()
+        self.addCleanup(master.stopService)
+        self.settle()
+        self.clock.advance(10)
+        slave_endpoint = self.ns.client_endpoint(self.clock)
+        slave = self.registration(
+            _SLAVE, servers=[slave_endpoint, down_endpoint],
+            retry_policy=lambda n: 1.0,
+        )
+        slave.startService()
+        self.settle(self.ns, down)
+        self.clock.advance(4)
+        up, gone = slave.status()
+        self.assertEqual(
+            (up.registered, up.last_success, up.age(self.clock.seconds()), up.broker_id,
+             up.master_addr, up.ha_server_addr, up.registrations, up.failures, up.last_error),
+            (True, 10.0, 4.0, 1, "10.0.0.1:10911", "10.0.0.1:10912", 1, 0, None),
+        )
+        self.assertEqual(
+            (gone.registered, gone.last_success, gone.broker_id, gone.failures),
+            (False, None, None, 1),
+        )
+        failed_at = gone.last_error_at
+        assert gone.last_error is not None and failed_at is not None and 10 <= failed_at <= 14
+        self.assertIn("cannot connect", gone.last_error)
+        self.assertNotIn("\n", gone.last_error)
+        # The master's own answer names no master.
+        (own,) = master.status()
+        self.assertEqual((own.registered, own.broker_id, own.master_addr, own.ha_server_addr),
+                         (True, 0, None, None))
+        self.assertEqual(own.as_json(self.clock.seconds())["last_success_age_seconds"], 14.0)
+        # The connection closes: the NameServer forgot the slave, and so
+        # does the status, until the next round registers it again.
+        slave_endpoint.hang_up()
+        self.settle(self.ns, down)
+        self.assertFalse(slave.status()[0].registered)
+        down.up = True
+        self.clock.advance(26)
+        self.settle(self.ns, down)
+        self.clock.advance(0.5)
+        self.settle(self.ns, down)
+        up, back = slave.status()
+        self.assertEqual((up.registered, up.last_success, up.registrations), (True, 40.0, 2))
+        self.assertEqual((back.registered, back.last_success, back.broker_id), (True, 40.0, 1))
+        # (The last error stays, with its time.)
+        self.assertEqual(back.last_error_at, failed_at)
+        # A promotion: registered under id 0, no master named.
+        slave.role_changed(0)
+        self.settle(self.ns, down)
+        self.assertEqual([(s.broker_id, s.master_addr) for s in slave.status()], [(0, None)] * 2)
+        self.successResultOf(self._stop(slave, down))
+        self.assertEqual([s.registered for s in slave.status()], [False, False])
+
+    def _stop(self, registration: NameServerRegistration, *others: FakeNameServer) -> Any:
+        d = registration.stopService()
+        self.settle(self.ns, *others)
+        return d
+
+
+class TopicChangeTests(SynchronousTestCase):
+    """
+    L{NameServerRegistration.topics_changed}: a round at once, one per
+    reactor turn however many changes it had.
+    """
+
+    setUp = RegistrationTests.setUp
+    registration = RegistrationTests.registration
+    settle = RegistrationTests.settle
+
+    def test_burst_is_one_round(self) -> None:
+        other = FakeNameServer(self.clock)
+        registration = self.registration(
+            servers=[self.ns.client_endpoint(self.clock), other.client_endpoint(self.clock)]
+        )
+        registration.topics_changed()  # (not running: nothing)
+        registration.startService()
+        self.addCleanup(registration.stopService)
+        self.settle(self.ns, other)
+        self.clock.advance(5)
+        for name in ("A", "B", "C"):
+            self.metadata.update_topic(TopicConfig(name, 2, 2), persist=False)
+            registration.topics_changed()
+        self.settle(self.ns, other)
+        for ns in (self.ns, other):
+            self.assertEqual(len(ns.registrations), 2)
+            self.assertTrue(ns.registrations[-1].body.topics.data_version.same(self.metadata.topics_version))
+            self.assertEqual(ns.topic_names(), {"TopicTest", "A", "B", "C"})
+        self.assertEqual(registration.topic_rounds, 1)
+        # The period is not moved: the next round is 30 s after the start.
+        self.clock.advance(25)
+        self.settle(self.ns, other)
+        self.assertEqual(len(self.ns.registrations), 3)
+
+    def test_stopped_before_the_turn(self) -> None:
+        registration = self.registration()
+        registration.startService()
+        self.settle()
+        registration.topics_changed()
+        registration.stopService()
+        self.settle()
+        self.assertEqual((len(self.ns.registrations), registration.topic_rounds), (1, 0))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class BrokerTopicRegistrationTests(SynchronousTestCase):
+    """
+    A master Broker with --namesrv registers at once when its topic table
+    changes (UPDATE_AND_CREATE_TOPIC on its remoting port, any update of
+    its metadata); a slave does not (a NameServer takes topics only from
+    brokerId 0).  /status and /metrics show the registration.
+    """
+
+    setUp = BrokerRegistrationTests.setUp
+    broker = BrokerRegistrationTests.broker
+    settle = BrokerRegistrationTests.settle
+
+    def test_create_topic_registers_at_once(self) -> None:
+        from rmqha.ha.config import Role
+        from rmqha.remoting.codes import ResponseCode
+        from tests.test_remoting_broker import _CREATE, _Connection
+
+        master = self.broker("10.0.0.1", listen="tcp:20911")
+        self.addCleanup(master.stopService)
+        self.assertEqual(len(self.ns.registrations), 1)
+        (factory,) = [f for _, f, *_ in self.clock.tcpServers if getattr(f, "name", None) == "remoting"]
+        self.clock.advance(3)
+        connection = _Connection(factory)
+        for queues in ("4", "8"):
+            answer = connection.ask(RequestCode.UPDATE_AND_CREATE_TOPIC, {**_CREATE, "writeQueueNums": queues})
+            self.assertEqual(answer.code, ResponseCode.SUCCESS)
+        master.metadata.update_topic(TopicConfig("Payments", 2, 2))
+        self.settle()
+        self.assertEqual(len(self.ns.registrations), 2)
+        taken = self.ns.registrations[-1].body.topics
+        self.assertTrue(taken.data_version.same(master.metadata.topics_version))
+        self.assertEqual(taken.topics["Orders"].write_queue_nums, 8)
+        self.assertEqual(self.ns.topic_queues["Orders"]["broker-a"].write_queue_nums, 8)
+        self.assertIn("Payments", self.ns.topic_names())
+        # A slave's topic change registers nothing before its period.
+        slave = self.broker("10.0.0.2", role=Role.SLAVE, broker_id=1)
+        self.addCleanup(slave.stopService)
+        before = len(self.ns.registrations)
+        slave.metadata.update_topic(TopicConfig("Local", 1, 1))
+        self.settle()
+        self.assertEqual(len(self.ns.registrations), before)
+
+    def test_status_and_metrics(self) -> None:
+        import json
+
+        from rmqha.admin import AdminRoot
+        from rmqha.ha.config import Role
+        from tests.test_admin import request
+
+        self.clock.advance(1_700_000_000)
+        self.broker("10.0.0.1")
+        slave = self.broker("10.0.0.2", role=Role.SLAVE, broker_id=1)
+        self.addCleanup(slave.stopService)
+        self.clock.advance(7)
+        root = AdminRoot(slave)
+        (shown,) = json.loads(request(root, b"GET", b"/status")[1])["namesrv"]
+        del shown["namesrv"]  # (the in-memory endpoint's repr)
+        self.assertEqual(
+            shown,
+            {
+                "registered": True, "broker_id": 1, "last_success": 1_700_000_000.0,
+                "last_success_age_seconds": 7.0, "master_addr": "10.0.0.1:10911",
+                "ha_server_addr": "10.0.0.1:10912", "last_error": None, "last_error_at": None,
+                # (Its first round, and again as it became the named master's slave.)
+                "registrations": 2, "failures": 0,
+            },
+        )
+        from tests.test_monitoring import scrape
+
+        samples = {(n, dict(labels).get("master_addr")): v for (n, labels), v in scrape(root).items()
+                   if n.startswith("rmqha_namesrv_")}
+        self.assertEqual(
+            samples,
+            {
+                ("rmqha_namesrv_registered", None): 1.0,
+                ("rmqha_namesrv_registration_last_success_timestamp_seconds", None): 1_700_000_000.0,
+                ("rmqha_namesrv_registration_last_success_age_seconds", None): 7.0,
+                ("rmqha_namesrv_registrations_total", None): 2.0,
+                ("rmqha_namesrv_registration_failures_total", None): 0.0,
+                ("rmqha_namesrv_registration_info", "10.0.0.1:10911"): 1.0,
+            },
+        )
+        # A broker without --namesrv shows none.
+        self.assertNotIn("namesrv", json.loads(request(AdminRoot(self.broker_without()), b"GET", b"/status")[1]))
+
+    def broker_without(self) -> Any:
+        from twisted.internet.defer import succeed
+
+        from rmqha.broker import Broker
+        from rmqha.settings import BrokerSettings
+        from rmqha.store.commitlog import CommitLog
+        from tests._helpers import fixed_clock
+
+        store = self.mktemp()
+        broker = Broker(
+            BrokerSettings(ha_listen="tcp:10912", scrub_rate=0),
+            reactor=self.clock,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=64 * 1024, clock=fixed_clock),
+            run_in_thread=lambda f: succeed(f()),
+            fd_limit=lambda: 4096,
+        )
+        broker.startService()
+        self.addCleanup(broker.stopService)
+        return broker
+
+
+class TopicListenerTests(SynchronousTestCase):
+    """
+    L{BrokerMetadata.topic_listeners} hear every change of the topic
+    table, with its data version: what the broker registers at once on.
+    """
+
+    def test_every_change(self) -> None:
+        from rmqha.remoting.metadata import SubscriptionGroupConfig, builtin_topics
+
+        clock = Clock()
+        metadata = BrokerMetadata(self.mktemp(), clock)
+        heard: list[Any] = []
+        metadata.topic_listeners.append(heard.append)
+        metadata.update_topic(TopicConfig("A"), persist=False)
+        self.assertEqual(heard, [metadata.topics_version])
+        metadata.delete_topic("A", persist=False)
+        metadata.delete_topic("A", persist=False)  # (unknown: no change)
+        metadata.update_group(SubscriptionGroupConfig("G"), persist=False)  # (not a topic)
+        self.assertEqual(len(heard), 2)
+        metadata.add_builtins(builtin_topics("C", "b"), {})
+        metadata.add_builtins(builtin_topics("C", "b"), {})  # (nothing new)
+        self.assertEqual(len(heard), 3)
+        master = BrokerMetadata(self.mktemp(), clock)
+        clock.advance(1)
+        master.update_topic(TopicConfig("M"), persist=False)
+        self.assertTrue(metadata.apply_master_topics(master.encode(MetadataFile.TOPICS)))
+        self.assertEqual(heard[-1], master.topics_version)
+        self.assertEqual(len(heard), 4)

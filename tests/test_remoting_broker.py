@@ -95,11 +95,11 @@ class _BrokerCase(SynchronousTestCase):
         self.reactor.advance(1_700_000_000)
 
     def start(self, role: Role = Role.MASTER, **settings: Any) -> Broker:
+        settings.setdefault("listen", "tcp:0")
         broker = Broker(
             BrokerSettings(
                 role=role,
                 ha_listen="tcp:0",
-                listen="tcp:0",
                 master_endpoint="tcp:host=127.0.0.1:port=10912" if role is Role.SLAVE else None,
                 **settings,
             ),
@@ -401,12 +401,162 @@ class PortTests(_BrokerCase):
             self.reactor,
             one_line_errors=True,
         )
-        (port,) = [s for s in service if isinstance(s, RemotingPort)]  # type: ignore[attr-defined]
+        (port,) = [s for s in service if isinstance(s, RemotingPort) and s.name == "remoting"]  # type: ignore[attr-defined]
         port.where = InUse()  # type: ignore[assignment]
         exit = self.assertRaises(SystemExit, service.privilegedStartService)
         self.assertEqual(
             exit.code, "twistd rmqha: cannot listen on tcp:10911 (--listen): Address already in use"
         )
+
+
+class VIPPortTests(_BrokerCase):
+    """
+    RocketMQ's second port, listenPort - 2 (the VIP channel a genuine
+    slave asks its master's topic config on): served with the remoting
+    port's own handler, behind its own connection limits.
+    """
+
+    def factory(self, name: str) -> LimitedFactory:
+        (factory,) = [f for _, f, *_ in self.reactor.tcpServers if getattr(f, "name", None) == name]
+        assert isinstance(factory, LimitedFactory)
+        return factory
+
+    def test_served_on_listen_port_less_2(self) -> None:
+        """
+        C{--listen tcp:10911:interface=...} listens on 10909 too, on the
+        same interface, answering what the remoting port answers, from
+        one handler shared by both ports; it is in the startup line.
+        """
+        from rmqha.startup import listening_ports
+
+        broker = self.start(listen="tcp:10911:interface=127.0.0.1")
+        self.assertEqual(
+            sorted((p, i, getattr(f, "name", None)) for p, f, _, i in self.reactor.tcpServers),
+            [(0, "", "HA"), (10909, "127.0.0.1", "vip"), (10911, "127.0.0.1", "remoting")],
+        )
+        main, vip = _Connection(self.factory("remoting")), _Connection(self.factory("vip"))
+        created = vip.ask(RequestCode.UPDATE_AND_CREATE_TOPIC, _CREATE)
+        self.assertEqual(created.code, ResponseCode.SUCCESS)
+        asked = [c.ask(RequestCode.GET_ALL_TOPIC_CONFIG) for c in (main, vip)]
+        self.assertEqual(asked[0].body, asked[1].body)
+        self.assertIn(b'"Orders"', asked[0].body)
+        self.assertEqual(vip.ask(9999).code, ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
+        (remoting,) = [s for s in broker if isinstance(s, RemotingPort) and s.name == "remoting"]
+        (vip_port,) = [s for s in broker if isinstance(s, RemotingPort) and s.name == "vip"]
+        self.assertIs(vip_port.handler()._handler, remoting.handler())  # type: ignore[attr-defined]
+        # (A MemoryReactor's ports say 0.0.0.0 whatever their interface.)
+        self.assertIn(("VIP", "0.0.0.0:10909"), listening_ports(broker))
+
+    def test_not_pull_message(self) -> None:
+        """
+        The VIP port takes every code the remoting port takes but
+        PULL_MESSAGE, as 4.9.8 registers its processors.
+        """
+        from rmqha.remoting.broker import _VIPHandler
+        from rmqha.remoting.protocol import Dispatcher
+
+        serve = lambda command, peer: None  # noqa: E731
+        handler = _VIPHandler(Dispatcher({RequestCode.PULL_MESSAGE: serve, RequestCode.GET_ALL_TOPIC_CONFIG: serve}))
+        self.assertFalse(handler.handles(RequestCode.PULL_MESSAGE))
+        self.assertTrue(handler.handles(RequestCode.GET_ALL_TOPIC_CONFIG))
+        self.assertFalse(handler.handles(RequestCode.SEND_MESSAGE))
+
+    def test_limits_of_its_own(self) -> None:
+        """
+        Its own connection caps (a genuine slave holds one connection on
+        each port), sharing the broker's descriptor budget.
+        """
+        broker = self.start(listen="tcp:10911", max_connections=1, max_connections_per_peer=1)
+        vip = self.factory("vip")
+        self.assertIs(broker.ports.port_limits["vip"], vip)
+        self.assertIs(vip.budget, broker.ports.budget)
+        _Connection(self.factory("remoting"), "10.0.0.1")
+        _Connection(vip, "10.0.0.1")
+        self.assertIsNone(vip.buildProtocol(IPv4Address("TCP", "10.0.0.2", 40001)))
+
+    def test_none_for_port_0(self) -> None:
+        broker = self.start()
+        self.assertEqual(sorted(broker.ports.port_limits), ["HA", "remoting"])
+
+    def test_descriptions(self) -> None:
+        """
+        The same description on the port less 2, for tcp:, tcp6: and
+        ssl: with a port number; none for port 0 or another endpoint;
+        ports 1 and 2 refused.
+        """
+        from rmqha.remoting.broker import vip_description
+
+        for listen, vip in [
+            ("tcp:10911", "tcp:10909"),
+            ("tcp:10911:interface=127.0.0.1:backlog=9", "tcp:10909:interface=127.0.0.1:backlog=9"),
+            (r"tcp6:port=10911:interface=\:\:1", r"tcp6:port=10909:interface=\:\:1"),
+            (r"tcp:interface=\:\:1:10911", r"tcp:interface=\:\:1:10909"),
+            ("ssl:10911:interface=127.0.0.1", "ssl:10909:interface=127.0.0.1"),
+            ("tcp:3", "tcp:1"),
+            ("tcp:0", None),
+            ("tcp:port=0:interface=127.0.0.1", None),
+            ("unix:/run/rmqha.sock", None),
+            ("systemd:domain=INET:index=0", None),
+        ]:
+            self.assertEqual(vip_description(listen), vip, listen)
+        for listen in ("tcp:2", "tcp:port=1"):
+            e = self.assertRaises(ValueError, vip_description, listen)
+            self.assertIn("would be", str(e))
+        e = self.assertRaises(SettingsError, BrokerSettings.from_sources, {"listen": "2"})
+        self.assertEqual(
+            str(e),
+            "--listen tcp:2: the VIP port (the remoting port less 2, as RocketMQ derives it) "
+            "would be 0: give a port above 2",
+        )
+        self.assertRaises(SettingsError, BrokerSettings.from_sources, {}, {"listenPort": "1"}, "b.conf")
+
+    def test_tls(self) -> None:
+        """
+        C{--listen ssl:PORT}: the VIP port is TLS too, with the same key
+        pair, on the same interface.
+        """
+        from rmqha.assemble import check_files
+        from rmqha.tls import server_endpoint_port
+        from tests.test_tls import PKI
+
+        files = PKI(self.mktemp()).master()
+        settings = BrokerSettings(
+            store_dir=self.mktemp(),
+            ha_listen="ssl:0:interface=127.0.0.1",
+            listen="ssl:10911:interface=127.0.0.1",
+            tls_cert=files.cert,
+            tls_key=files.key,
+        )
+        check_files(settings)
+        service = build_service(settings, MemoryReactorClock())
+        ports = {s.name: s for s in service if isinstance(s, RemotingPort)}  # type: ignore[attr-defined]
+        self.assertEqual({n: server_endpoint_port(p.where) for n, p in ports.items()}, {"remoting": 10911, "vip": 10909})
+        self.assertEqual(ports["vip"].where._interface, "127.0.0.1")
+        self.assertEqual(ports["vip"].where._tls_listen[1], ports["remoting"].where._tls_listen[1])
+
+    def test_in_use(self) -> None:
+        """
+        The VIP port in use is one line naming it, like any port's.
+        """
+
+        class InUse:
+            def listen(self, factory: object) -> object:
+                return fail(CannotListenError("", 10909, OSError(98, "Address already in use")))
+
+        service = build_service(
+            BrokerSettings(store_dir=self.store, ha_listen="tcp:0", listen="tcp:10911:interface=127.0.0.1"),
+            self.reactor,
+            one_line_errors=True,
+        )
+        (port,) = [s for s in service if isinstance(s, RemotingPort) and s.name == "vip"]  # type: ignore[attr-defined]
+        port.where = InUse()  # type: ignore[assignment]
+        exit = self.assertRaises(SystemExit, service.privilegedStartService)
+        self.assertEqual(
+            exit.code,
+            "twistd rmqha: cannot listen on tcp:10909:interface=127.0.0.1 (the VIP port: --listen's "
+            "port less 2, as RocketMQ's): Address already in use",
+        )
+        self.assertFalse(os.path.exists(self.store))
 
 
 class SettingsTests(SynchronousTestCase):

@@ -36,7 +36,11 @@ from rmqha.remoting._frames import (
     make_response,
 )
 from rmqha.remoting.codes import RequestCode, ResponseCode
+from rmqha.remoting.metadata import TopicConfig
 from rmqha.remoting.protocol import Dispatcher, RemotingProtocol
+from rmqha.remoting.sends import SendMessageResponseHeader as Reply
+from rmqha.store._record import Record, decode_properties, encode_properties
+from tests.test_remoting_broker import _BrokerCase
 
 try:
     import pytest
@@ -50,6 +54,8 @@ JAVA_FLAGS = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"]
 _ESCAPED_REMARK = "line1\nline2 \\ \x01 \x7f \u2028 /é"
 
 _cases: dict[str, tuple[bytes, bytes]] | None = None
+#: Per case, the property strings a genuine broker stores (producer cases).
+_stored: dict[str, list[bytes]] = {}
 
 
 def _java_cases() -> dict[str, tuple[bytes, bytes]]:
@@ -76,6 +82,7 @@ def _java_cases() -> dict[str, tuple[bytes, bytes]]:
         _cases = {
             d["name"]: (bytes.fromhex(d["request"]), bytes.fromhex(d["response"])) for d in lines
         }
+        _stored.update({d["name"]: [bytes.fromhex(h) for h in d.get("stored", [])] for d in lines})
     return _cases
 
 
@@ -221,6 +228,8 @@ class JavaFramesTests(SynchronousTestCase):
                 "register_broker",
                 "heart_beat",
                 "send_message_v2",
+                "producer_send",
+                "producer_batch",
                 "unknown_code",
                 "escapes",
             },
@@ -277,3 +286,74 @@ class JavaFramesTests(SynchronousTestCase):
         """
         command = self.check("escapes")
         self.assertEqual((command.ext_fields or {})["topic"], 'Topic "quoted"\té中')
+
+
+class JavaProducerTests(_BrokerCase):
+    """
+    What a genuine 4.9.8 DefaultMQProducer sends (one message to queue 2,
+    then a batch of three to queue 2, transcribed from C{sendKernelImpl},
+    C{MQClientAPIImpl.sendMessage} and C{DefaultMQProducer.batch}),
+    answered by an rmqha broker's remoting port on an empty store, against
+    what a genuine broker stores and answers.
+    """
+
+    def setUp(self) -> None:
+        self.cases = _java_cases()
+        super().setUp()
+        self.broker = self.start(store_host=("127.0.0.1", 10911))
+        self.broker.metadata.update_topic(TopicConfig("TopicTest", 4, 4))
+        self.connection = self.connect("10.0.0.5")
+
+    def answer(self, name: str) -> bytes:
+        request, _ = self.cases[name]
+        self.connection.transport.clear()
+        self.connection.protocol.dataReceived(request)
+        return self.connection.transport.value()
+
+    def records(self) -> list[Record]:
+        return [r for r in self.broker.store.commitlog.records() if isinstance(r, Record)]
+
+    def test_send_then_batch(self) -> None:
+        """
+        The single send: stored with the genuine broker's property bytes
+        (the header's properties in Java's HashMap order, CLUSTER added,
+        WAIT dropped) and answered byte for byte as a genuine broker
+        answers.  The batch: each item stored with its own properties and
+        the batch's; the answer's fields as a genuine broker's, its first
+        msgId equal (so the single record had the genuine length) and the
+        others those of rmqha's records.
+        """
+        request, response = self.cases["producer_send"]
+        self.assertEqual(
+            self.answer("producer_send"),
+            response,
+            f"rmqha answered {decode_frame(self.connection.transport.value())}, Java {decode_frame(response)}",
+        )
+        (record,) = self.records()
+        (stored,) = _stored["producer_send"]
+        self.assertEqual(encode_properties(record.properties), stored)
+        self.assertEqual((record.body, record.queue_id, record.topic), (b"Hello RocketMQ", 2, "TopicTest"))
+
+        request, response = self.cases["producer_batch"]
+        ours = decode_frame(self.answer("producer_batch"))
+        genuine = decode_frame(response)
+        self.assertEqual((ours.code, ours.opaque, ours.remark), (genuine.code, genuine.opaque, genuine.remark))
+        ours_header = header_from_ext_fields(Reply, ours.ext_fields)
+        genuine_header = header_from_ext_fields(Reply, genuine.ext_fields)
+        self.assertEqual(ours_header.queue_id, genuine_header.queue_id)
+        self.assertEqual(ours_header.queue_offset, genuine_header.queue_offset)
+        self.assertEqual(ours.ext("MSG_REGION"), genuine.ext("MSG_REGION"))
+        self.assertEqual(ours.ext("TRACE_ON"), genuine.ext("TRACE_ON"))
+        self.assertEqual(set(ours.ext_fields or {}), set(genuine.ext_fields or {}))
+        ids = ours_header.msg_id.split(",")
+        self.assertEqual(ids[0], genuine_header.msg_id.split(",")[0])
+        items = self.records()[1:]
+        self.assertEqual(ids, [r.msg_id for r in items])
+        self.assertEqual([r.body for r in items], [b"batch 0", b"batch 1", b"batch 2"])
+        self.assertEqual([r.queue_offset for r in items], [1, 2, 3])
+        for item, genuine_props in zip(items, _stored["producer_batch"]):
+            # Java stores the item's WAIT and the batch's WAIT both; rmqha
+            # keeps the first (readers' maps are the same).
+            self.assertEqual(item.properties, decode_properties(genuine_props))
+            self.assertEqual(list(item.properties), list(decode_properties(genuine_props)))
+            self.assertEqual(genuine_props.count(b"WAIT\x01true"), 2)

@@ -612,6 +612,30 @@ class SyncApplyTests(SynchronousTestCase):
         self.assertEqual(read(os.path.join(self.store, "config", "topics.json")), fixture("topics.json"))
         self.assertFalse(self.m.apply_master_topics(body))
 
+    def test_answer_without_its_table_refused(self) -> None:
+        """
+        A master's answer without the table's member (a genuine master
+        always sends it, an empty one as C{{}}) is refused, naming it, and
+        this broker's table stays; a file without it still loads as empty
+        (fastjson leaves null members out of files).
+        """
+        self.m.update_topic(TopicConfig("Kept", 1, 1))
+        self.m.commit_offset("G", "Kept", 0, 7)
+        cases = [
+            (self.m.apply_master_topics, '{"dataVersion":{"counter":9,"timestamp":1}}', "topicConfigTable"),
+            (self.m.apply_master_groups, '{"dataVersion":{"counter":9,"timestamp":1}}', "subscriptionGroupTable"),
+            (self.m.apply_master_consumer_offsets, "{}", "offsetTable"),
+            (self.m.apply_master_delay_offsets, '{"offsetTable":null}', "offsetTable"),
+        ]
+        for apply, body, member in cases:
+            e = self.assertRaises(MetadataFormatError, apply, body)
+            self.assertIn(f"the answer has no {member}", str(e))
+        self.assertIn("Kept", self.m.topics)
+        self.assertEqual(self.m.consumer_offsets["Kept@G"], {0: 7})
+        self.assertTrue(self.m.apply_master_topics('{"dataVersion":{"counter":9,"timestamp":1},"topicConfigTable":{}}'))
+        self.assertEqual(self.m.topics, {})
+        self.assertIsInstance(decode_table(MetadataFile.TOPICS, "{}"), TopicTable)
+
     def test_groups_replaced(self) -> None:
         """Subscription groups are synced like topics."""
         self.assertTrue(self.m.apply_master_groups(fixture("subscriptionGroup.body")))

@@ -478,8 +478,98 @@ class ClientTests(SynchronousTestCase):
         failure = self.failureResultOf(d, ConnectionClosedError)
         self.assertIn("cannot connect to", str(failure.value))
         self.client.stopService()
-        self.failureResultOf(self.client.request(_request(), timeout=3), ConnectionClosedError)
-        self.failureResultOf(self.client.oneway(_request()), ConnectionClosedError)
+        d, oneway = self.client.request(_request(), timeout=3), self.client.oneway(_request())
+        self.clock.advance(0)
+        self.failureResultOf(d, ConnectionClosedError)
+        self.failureResultOf(oneway, ConnectionClosedError)
+
+    def test_refusal_after_unwinding(self) -> None:
+        """
+        A refused connection fails the request with one line naming the
+        address, from a clock turn of its own, not from inside
+        ClientService (which refuses to be re-entered): the errback may
+        send the next request, and stop the client.
+        """
+        import inspect
+
+        client = RemotingClient(
+            None, StringEndpoint(refuse=True), clock=self.clock,
+            retry_policy=lambda n: 1.0, name="192.0.2.1:10911",
+        )
+        client.startService()
+        failures: list[Failure] = []
+        stacks: list[list[str]] = []
+        stopped: list[object] = []
+
+        def failed(failure: Failure, again: bool) -> None:
+            failures.append(failure)
+            stacks.append([frame.filename for frame in inspect.stack()])
+            if again:
+                client.request(_request(), timeout=3).addErrback(failed, False)
+            else:
+                client.stopService().addBoth(stopped.append)
+
+        client.request(_request(), timeout=3).addErrback(failed, True)
+        self.clock.advance(1)
+        self.clock.advance(1)
+        self.assertEqual(len(failures), 2)
+        self.assertEqual(stopped, [None])
+        self.assertFalse(client.running)
+        for failure in failures:
+            self.assertIsInstance(failure.value, ConnectionClosedError)
+            self.assertTrue(
+                str(failure.value).startswith(
+                    "cannot connect to 192.0.2.1:10911 for GET_MAX_OFFSET (30): ConnectionRefusedError"
+                ),
+                str(failure.value),
+            )
+            self.assertNotIn("\n", str(failure.value))
+        for stack in stacks:
+            self.assertEqual([f for f in stack if f.endswith("_client_service.py")], [])
+
+    def test_refusal_and_deadline_in_one_turn(self) -> None:
+        """
+        A refusal found before the deadline is what the request fails
+        with, even when both fall due in one advance of the clock (whose
+        next turn is then the deadline's time); a deadline before the
+        refusal is a timeout, and the late refusal changes nothing.
+        """
+        self.endpoint.refuse = True
+        self.client.startService()  # (refused at once; retried after 1 s)
+        d = self.client.request(_request(), timeout=3)
+        self.clock.advance(3)
+        self.assertIn("cannot connect to", str(self.failureResultOf(d, ConnectionClosedError).value))
+
+        slow = RemotingClient(None, self.endpoint, clock=self.clock, retry_policy=lambda n: 5.0)
+        slow.startService()
+        d = slow.request(_request(), timeout=3)
+        self.clock.advance(3)
+        failure = self.failureResultOf(d, RequestTimeoutError)
+        self.assertIn("within 3 s", str(failure.value))
+        self.clock.advance(2)
+        slow.stopService()
+
+    def test_stopped_while_connecting(self) -> None:
+        """
+        A request waiting for a connection when the client stops fails
+        with ConnectionClosedError saying so (not ClientService's
+        CancelledError), from a clock turn of its own.
+        """
+
+        class Hanging:
+            def connect(self, factory: object) -> Deferred[Any]:
+                return Deferred()
+
+        client = RemotingClient(None, Hanging(), clock=self.clock, name="192.0.2.1:10911")  # type: ignore[arg-type]
+        client.startService()
+        d = client.request(_request(), timeout=3)
+        client.stopService()
+        self.assertNoResult(d)
+        self.clock.advance(0)
+        failure = self.failureResultOf(d, ConnectionClosedError)
+        self.assertEqual(
+            str(failure.value), "the client of 192.0.2.1:10911 stopped before GET_MAX_OFFSET (30) was sent"
+        )
 
     def test_reconnects(self) -> None:
         """
@@ -490,6 +580,7 @@ class ClientTests(SynchronousTestCase):
         d = self.client.request(_request(), timeout=30)
         protocol, transport = self.endpoint.connected[-1]
         protocol.connectionLost(Failure(ConnectionError("reset")))
+        self.clock.advance(0)
         self.failureResultOf(d, ConnectionClosedError)
         self.clock.advance(1.0)
         self.assertEqual(len(self.endpoint.connected), 2)

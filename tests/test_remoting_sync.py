@@ -185,9 +185,13 @@ class ScheduleTests(_Case):
     def test_promotion_stops_demotion_restarts(self) -> None:
         """
         A promotion stops the sync (its connection closes) and keeps what
-        was synced; becoming a slave again starts over: 3 s, then 10 s.
+        was synced, all four tables (docs/remoting.md, "Failover");
+        becoming a slave again starts over: 3 s, then 10 s.
         """
         self.master_meta.update_topic(TopicConfig("T1"))
+        self.master_meta.update_group(SubscriptionGroupConfig("G1"))
+        self.master_meta.commit_offset("G1", "T1", 0, 42)
+        self.master_meta.update_delay_offset(3, 9)
         self.start_slave()
         self.advance(3)
         self.assertIn("T1", self.slave_meta.topics)
@@ -198,6 +202,10 @@ class ScheduleTests(_Case):
         self.advance(60)
         self.assertEqual(len(self.master.asked), 4)
         self.assertIn("T1", self.slave_meta.topics)
+        self.assertTrue(self.slave_meta.topics_version.same(self.master_meta.topics_version))
+        self.assertIn("G1", self.slave_meta.groups)
+        self.assertEqual(self.slave_meta.query_offset("G1", "T1", 0), 42)
+        self.assertEqual(self.slave_meta.delay_offsets, {3: 9})
         self.sync.set_slave(True)
         self.advance(2.9)
         self.assertEqual(len(self.master.asked), 4)

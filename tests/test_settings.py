@@ -66,7 +66,7 @@ class DefaultsTests(SynchronousTestCase):
         self.assertEqual(s.ha_listen, DEFAULT_HA_LISTEN)
         self.assertEqual(s.ha_config, DEFAULT_HA_CONFIG)
         self.assertEqual(s.flush_disk_type, FlushDiskType.ASYNC_FLUSH)
-        self.assertEqual(s.store_host, ("127.0.0.1", 10911))
+        self.assertIsNone(s.store_host)
         self.assertEqual(
             (s.in_sync_replicas, s.min_in_sync_replicas, s.slave_timeout,
              s.slave_fallbehind_max, s.sync_flush_timeout, s.max_unflushed),

@@ -64,7 +64,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(s.role, Role.MASTER)
         self.assertEqual(s.flush_disk_type, FlushDiskType.ASYNC_FLUSH)
         self.assertEqual(s.flush_interval, 0.5)
-        self.assertEqual(s.store_host, ("127.0.0.1", 10911))
+        self.assertIsNone(s.store_host)
         self.assertEqual(s.ha_listen, "tcp:10912")
         config = self.parse("--store-dir", "s").settings.ha_config
         self.assertEqual(

@@ -153,3 +153,92 @@ class FakeNameServerTests(SynchronousTestCase):
         client.request(RemotingCommand(RequestCode.GET_BROKER_CLUSTER_INFO), 3).addErrback(out.append)
         self.clock.advance(2)
         self.assertIn("refused", str(out[0].value).lower())
+
+
+class ForgettingTests(SynchronousTestCase):
+    """
+    The fake forgets a broker as RocketMQ's RouteInfoManager does: not
+    heard from for more than 120 s (scanned every 10 s), or when the
+    connection it registered over closes (onChannelDestroy).
+    """
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.ns = FakeNameServer(self.clock)
+
+    def client(self) -> RemotingClient:
+        client = RemotingClient(None, self.ns.client_endpoint(self.clock), clock=self.clock)
+        client.startService()
+        self.addCleanup(client.stopService)
+        return client
+
+    def register(self, client: RemotingClient, broker_id: int, addr: str, table: TopicTable) -> None:
+        body = encode_register_body(RegisterBrokerBody(table))
+        header = RegisterBrokerRequestHeader(
+            "b", addr, "C", addr.replace(":10911", ":10912"), broker_id, body_crc32=body_crc32(body)
+        )
+        out: list[Any] = []
+        client.request(
+            RemotingCommand(RequestCode.REGISTER_BROKER, ext_fields=header_to_ext_fields(header), body=body), 3
+        ).addBoth(out.append)
+        self.settle()
+        self.assertEqual(out[0].code, ResponseCode.SUCCESS)
+
+    def settle(self) -> None:
+        for _ in range(3):
+            self.ns.flush()
+            self.clock.advance(0)
+
+    def stop(self, client: RemotingClient) -> None:
+        d = client.stopService()
+        self.settle()
+        self.successResultOf(d)
+
+    def test_expired_after_120s(self) -> None:
+        master, slave = self.client(), self.client()
+        self.register(master, 0, "10.0.0.1:10911", _table(1, "T"))
+        self.clock.advance(60)
+        self.register(slave, 1, "10.0.0.2:10911", _table(1))
+        self.clock.advance(60)
+        self.settle()
+        # 120 s is not more than 120 s.
+        self.assertEqual(self.ns.brokers("b"), {0: "10.0.0.1:10911", 1: "10.0.0.2:10911"})
+        self.clock.advance(10)
+        self.settle()
+        self.assertEqual(self.ns.brokers("b"), {1: "10.0.0.2:10911"})
+        self.assertEqual(self.ns.forgotten, [("10.0.0.1:10911", "expired")])
+        # Its connection is closed; the name keeps its topics while an
+        # address of it is left, as 4.9.8.
+        self.assertFalse(master.connected)
+        self.assertTrue(slave.connected)
+        self.assertEqual(self.ns.topic_names(), {"T"})
+        # A registration refreshes: the slave again at 170 s lives to 290 s+.
+        self.clock.advance(40)
+        self.register(slave, 1, "10.0.0.2:10911", _table(1))
+        self.clock.advance(120)
+        self.settle()
+        self.assertEqual(self.ns.brokers("b"), {1: "10.0.0.2:10911"})
+        self.clock.advance(10)
+        self.settle()
+        self.assertEqual(self.ns.brokers("b"), {})
+        self.assertEqual((self.ns.topic_names(), self.ns.cluster_addr), (set(), {}))
+        # Nothing live: the scan stops.
+        self.assertIsNone(self.ns._scan)
+
+    def test_connection_closed(self) -> None:
+        master, slave = self.client(), self.client()
+        self.register(master, 0, "10.0.0.1:10911", _table(1, "T"))
+        self.register(slave, 1, "10.0.0.2:10911", _table(1))
+        # The slave's broker comes back over a new connection, then the
+        # old one ends: it stays.
+        again = self.client()
+        self.register(again, 1, "10.0.0.2:10911", _table(1))
+        self.stop(slave)
+        self.assertEqual(self.ns.brokers("b"), {0: "10.0.0.1:10911", 1: "10.0.0.2:10911"})
+        self.stop(master)
+        self.assertEqual(self.ns.brokers("b"), {1: "10.0.0.2:10911"})
+        self.assertEqual(self.ns.forgotten, [("10.0.0.1:10911", "channel closed")])
+        self.stop(again)
+        self.assertEqual(self.ns.brokers("b"), {})
+        self.assertEqual((self.ns.topic_names(), self.ns.cluster_addr), (set(), {}))
+        self.assertIsNone(self.ns._scan)

@@ -31,6 +31,12 @@ refuses it with its documented error:
 - C{remoting-protocol}: a whole L{RemotingProtocol} fed mutated frames: it
   serves what is whole, and closes the connection with exactly one log
   line for anything malformed, never raising;
+- C{sends}: a broker's remoting port (an ASYNC_MASTER over a real commit
+  log) fed SEND_MESSAGE, SEND_MESSAGE_V2 and SEND_BATCH_MESSAGE requests
+  with hostile header values and batch bodies: every request is answered
+  with one of the codes a send documents (docs/remoting.md, "Producing"),
+  a SUCCESS carries a msgId per stored message, nothing is logged as a
+  handler failure;
 - C{slave}: a whole L{SlaveConnection} over a real commit log fed mutated
   frames: it may append good records and must drop the connection with one
   log line for anything else, never acknowledging a record that differs
@@ -437,6 +443,119 @@ class _RemotingProtocolTarget:
             raise AssertionError("the remoting protocol left calls on the clock")
 
 
+class _SendsTarget:
+    """
+    An ASYNC_MASTER's remoting port (built at its first case), fed hostile
+    sends.
+    """
+
+    _CODES = frozenset({0, 1, 13, 14, 16, 17})
+    _TOPICS = ["TopicTest", "Fresh1", "Fresh2", "%RETRY%G1", "SCHEDULE_TOPIC_XXXX", "", " ", "a b", "t" * 128, "TBW102"]
+    _INTS = ["0", "1", "-1", "3", "4", "99", "2147483647", "-2147483648", "2147483648", "x", "", " 1", "1.5"]
+    _PROPS = [
+        "", "WAIT\x01true", "UNIQ_KEY\x01AB\x02TAGS\x01T", "DELAY\x013", "DELAY\x01x", "TRAN_MSG\x01true",
+        "k\x01a\x01b", "\x01\x02\x02", "K\x01" + "v" * 40000, "\u00e9\x01\u4e2d",
+    ]
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.lines: list[str] = []
+        self.broker: Any = None
+        self.factory: Any = None
+
+    def _observe(self, event: dict[str, Any]) -> None:
+        if event.get("log_level") in (LogLevel.error, LogLevel.critical):
+            self.lines.append(str(event.get("log_format")))
+
+    def _start(self) -> None:
+        from twisted.internet.testing import MemoryReactorClock
+
+        from rmqha.broker import Broker
+        from rmqha.remoting.metadata import SubscriptionGroupConfig, TopicConfig
+        from rmqha.settings import BrokerSettings
+
+        reactor = MemoryReactorClock()
+        store = os.path.join(self.directory, "sends")
+        self.broker = Broker(
+            BrokerSettings(ha_listen="tcp:0", listen="tcp:0"),
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=1 << 20),
+        )
+        self.broker.startService()
+        self.broker.metadata.update_topic(TopicConfig("TopicTest", 4, 4), persist=False)
+        self.broker.metadata.update_group(SubscriptionGroupConfig("G1", retry_max_times=2), persist=False)
+        (self.factory,) = [f for _, f, *_ in reactor.tcpServers if getattr(f, "name", None) == "remoting"]
+        globalLogPublisher.addObserver(self._observe)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.broker is not None:
+            globalLogPublisher.removeObserver(self._observe)  # type: ignore[arg-type]
+            self.broker.stopService()
+
+    def _batch(self, rng: random.Random) -> bytes:
+        from rmqha.remoting.sends import encode_batch_item
+
+        items = b"".join(
+            encode_batch_item(rng.randrange(-5, 5), rng.randbytes(rng.choice([0, 1, 30])), rng.choice(
+                [b"", b"UNIQ_KEY\x01U", b"k\x01v\x02", b"\xff\xfe"]))
+            for _ in range(rng.randint(1, 4))
+        )
+        return _mutate(rng, items) if rng.random() < 0.5 else items
+
+    def case(self, rng: random.Random, corpus: _Corpus) -> None:
+        if self.broker is None:
+            self._start()
+        code = rng.choice([10, 310, 320])
+
+        def pick(valid: list[str], hostile: list[str]) -> str:
+            # Mostly valid values, so that most sends reach the put.
+            return rng.choice(hostile if rng.random() < 0.1 else valid)
+
+        values = {
+            "group": "PG",
+            "topic": pick(["TopicTest", "TopicTest", "Fresh1", "Fresh2", "%RETRY%G1"], self._TOPICS),
+            "default": pick(["TBW102"], ["TopicTest", "Nope"]),
+            "nums": pick(["4", "8", "1"], self._INTS),
+            "queue": pick(["0", "1", "-1", "3"], self._INTS),
+            "sys": pick(["0", "1", "2"], ["4", "8", "-1", "x"]),
+            "born": pick(["1700000000000"], ["-1", "9223372036854775808", "x"]),
+            "flag": pick(["0", "7"], self._INTS),
+            "props": rng.choice(self._PROPS),
+            "reconsume": pick(["0", "1", "2", "5"], self._INTS),
+            "unit": pick(["false"], ["true", "yes"]),
+            "batch": "true" if code == 320 else pick(["false"], ["true"]),
+            "max": pick(["3", "16"], self._INTS),
+        }
+        names = (
+            ["producerGroup", "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag",
+             "bornTimestamp", "flag", "properties", "reconsumeTimes", "unitMode", "batch", "maxReconsumeTimes"]
+            if code == 10 else list("abcdefghijkml")
+        )
+        ext = dict(zip(names, values.values()))
+        if rng.random() < 0.1:
+            for name in rng.sample(names, rng.randint(1, 2)):
+                del ext[name]
+        body = self._batch(rng) if values["batch"] == "true" else rng.randbytes(rng.choice([0, 10]))
+        request = RemotingCommand(code=code, opaque=rng.randrange(1 << 31), ext_fields=ext, body=body)
+        protocol = self.factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        del self.lines[:]
+        try:
+            protocol.dataReceived(encode(request))
+        finally:
+            protocol.connectionLost(None)
+        answers = FrameDecoder()
+        answers.feed(transport.value())
+        answer = answers.next_command()
+        if answer is None or answers.next_command() is not None:
+            raise AssertionError(f"not one answer to {request!r:.300}")
+        if answer.code not in self._CODES or self.lines:
+            raise AssertionError(f"{answer.code} {answer.remark!r:.200} {self.lines!r:.200} to {request!r:.300}")
+        if answer.code == 0 and not answer.ext("msgId"):
+            raise AssertionError(f"SUCCESS without a msgId to {request!r:.300}")
+
+
 def _codec_answers(
     data: bytes, pos: int, checks: tuple[bool, bool], cuts: list[int]
 ) -> list[Any]:
@@ -506,6 +625,7 @@ def run(
     directory = tempfile.mkdtemp(prefix="rmqha-fuzz-")
     slave = _SlaveTarget(directory)
     remoting = _RemotingProtocolTarget()
+    sends = _SendsTarget(directory)
     targets: list[tuple[str, Callable[[random.Random, _Corpus], None], float]] = [
         ("report", _report_case, 0.3),
         ("transfer", _transfer_case, 0.3),
@@ -515,6 +635,7 @@ def run(
         ("slave", slave.case, 0.02),
         ("remoting", _remoting_case, 0.15),
         ("remoting-protocol", remoting.case, 0.02),
+        ("sends", sends.case, 0.01),
     ]
     if only:
         unknown = set(only) - {name for name, _, _ in targets}
@@ -539,6 +660,7 @@ def run(
     finally:
         slave.close()
         remoting.close()
+        sends.close()
         shutil.rmtree(directory, ignore_errors=True)
     return {
         "cases": cases,

@@ -35,6 +35,7 @@ from rmqha.broker import Broker
 from rmqha.ha.master import SlaveStatus
 from rmqha.ha.masterside import MasterSideStatus
 from rmqha.ha.replica import ReplicaStatus
+from rmqha.remoting.registration import NameServerStatus
 from rmqha.remoting.sync import SyncStatus
 from rmqha.store import _record
 from rmqha.store.scrub import ScrubStatus
@@ -92,6 +93,8 @@ class BrokerCollector(Collector):
             yield from _failover_metrics(view.failover.coordinator)
         if view.metadata_sync is not None:
             yield from _metadata_sync_metrics(view.metadata_sync, view.taken_at)
+        if view.namesrv is not None:
+            yield from _namesrv_metrics(view.namesrv, view.taken_at)
         if view.master is not None:
             yield from _master_metrics(view.puts, view.master)
         elif view.replica is not None:
@@ -325,6 +328,60 @@ def _metadata_sync_metrics(sync: SyncStatus, now: float) -> Iterator[Metric]:
     for (table, kind), count in sorted(sync.failures.items()):
         failures.add_metric([table, kind], count)
     yield failures
+
+
+def _namesrv_metrics(namesrv: Iterable[NameServerStatus], now: float) -> Iterator[Metric]:
+    """
+    The registration with each NameServer (docs/remoting.md,
+    "NameServers"), labelled by the NameServer as given (C{--namesrv}:
+    as many series as NameServers); no last-success or info samples
+    before its first successful registration.
+    """
+    registered = GaugeMetricFamily(
+        "rmqha_namesrv_registered",
+        "1 while the last registration with the NameServer succeeded and its connection is open",
+        labels=["namesrv"],
+    )
+    last = GaugeMetricFamily(
+        "rmqha_namesrv_registration_last_success_timestamp_seconds",
+        "when the NameServer last answered REGISTER_BROKER with SUCCESS, Unix seconds",
+        labels=["namesrv"],
+    )
+    age = GaugeMetricFamily(
+        "rmqha_namesrv_registration_last_success_age_seconds",
+        "seconds since the NameServer last answered REGISTER_BROKER with SUCCESS",
+        labels=["namesrv"],
+    )
+    runs = CounterMetricFamily(
+        "rmqha_namesrv_registrations", "REGISTER_BROKER answered SUCCESS", labels=["namesrv"]
+    )
+    failures = CounterMetricFamily(
+        "rmqha_namesrv_registration_failures",
+        "REGISTER_BROKER failed: no connection, no answer within 6 s, an error answer",
+        labels=["namesrv"],
+    )
+    info = GaugeMetricFamily(
+        "rmqha_namesrv_registration_info",
+        "1: the brokerId of the last successful registration and the master's addresses "
+        "its answer gave (empty: none)",
+        labels=["namesrv", "broker_id", "master_addr", "ha_server_addr"],
+    )
+    for n in namesrv:
+        registered.add_metric([n.namesrv], int(n.registered))
+        runs.add_metric([n.namesrv], n.registrations)
+        failures.add_metric([n.namesrv], n.failures)
+        if n.last_success is not None:
+            last.add_metric([n.namesrv], n.last_success)
+            age.add_metric([n.namesrv], n.age(now) or 0.0)
+            info.add_metric(
+                [n.namesrv, str(n.broker_id), n.master_addr or "", n.ha_server_addr or ""], 1
+            )
+    yield registered
+    yield last
+    yield age
+    yield runs
+    yield failures
+    yield info
 
 
 def _scrub_metrics(scrub: ScrubStatus) -> Iterator[Metric]:

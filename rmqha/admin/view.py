@@ -9,6 +9,7 @@ of what it owns --
     a master's side L{MasterSide.status}        -> L{MasterSideStatus}
     a slave         L{Replica.status}           -> L{ReplicaStatus}
     failover        the coordinator's C{status()} (a JSON object)
+    the NameServers L{NameServerRegistration.status} -> L{NameServerStatus}
 
 -- plus the broker's own put counters.  C{GET /status} is its
 L{BrokerStatus.as_json}; the Prometheus collector
@@ -28,6 +29,7 @@ from rmqha.ha.config import Role
 from rmqha.ha.group import PutStatus
 from rmqha.ha.masterside import MasterSideStatus
 from rmqha.ha.replica import ReplicaStatus
+from rmqha.remoting.registration import NameServerStatus
 from rmqha.remoting.sync import SyncStatus
 from rmqha.store.scrub import ScrubStatus
 from rmqha.store.service import StoreStatus
@@ -127,6 +129,8 @@ class BrokerStatus:
     @ivar metadata_sync: the slave's metadata sync, when the broker has
         one (L{rmqha.remoting.sync}); C{taken_at}: the clock's time of the
         snapshot, for its age.
+    @ivar namesrv: with C{--namesrv}, the registration with each
+        NameServer.
     """
 
     role: Role
@@ -140,6 +144,7 @@ class BrokerStatus:
     failover: FailoverStatus | None = None
     disk: DiskSpace | None = None
     metadata_sync: SyncStatus | None = None
+    namesrv: tuple[NameServerStatus, ...] | None = None
     taken_at: float = 0.0
 
     def as_json(self) -> dict[str, Any]:
@@ -207,6 +212,10 @@ class BrokerStatus:
             # The slave's copy of the master's topics, offsets and groups
             # (docs/remoting.md, "The slave's metadata sync").
             result["metadata_sync"] = self.metadata_sync.as_json(self.taken_at)
+        if self.namesrv is not None:
+            # The registration with each NameServer (docs/remoting.md,
+            # "NameServers").
+            result["namesrv"] = [n.as_json(self.taken_at) for n in self.namesrv]
         return result
 
 
@@ -266,6 +275,7 @@ def broker_status(broker: Broker, failover: FailoverSource | None = None) -> Bro
         failover=failover_status,
         disk=disk_space(commitlog.store_dir) if commitlog is not None else None,
         metadata_sync=broker.metadata_sync.status() if broker.metadata_sync is not None else None,
+        namesrv=broker.registration.status() if broker.registration is not None else None,
         taken_at=broker.reactor.seconds(),
     )
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import re
 import struct
@@ -243,6 +244,7 @@ def make_response(
     )
 
 
+@functools.lru_cache(maxsize=4096)  # (keys repeat: header and property names)
 def _java_string_hash(text: str) -> int:
     data = text.encode("utf-16-be", "surrogatepass")
     h = 0
@@ -754,11 +756,23 @@ def _field_kind(hint: Any) -> tuple[type, bool, bool]:
     return hint, optional, int32
 
 
-def _header_fields(cls: type) -> list[tuple[dataclasses.Field[Any], type, bool, bool]]:
+#: Per field: the field, its base type, optional, Int32, its wire name.
+_HeaderFields = list[tuple[dataclasses.Field[Any], type, bool, bool, str]]
+# (get_type_hints is slow: each class's fields are read once.)
+_header_fields_cache: dict[type, _HeaderFields] = {}
+
+
+def _header_fields(cls: type) -> _HeaderFields:
+    fields = _header_fields_cache.get(cls)
+    if fields is not None:
+        return fields
     if not dataclasses.is_dataclass(cls):
         raise TypeError(f"{cls!r} is not a dataclass")
     hints = typing.get_type_hints(cls, include_extras=True)
-    return [(f, *_field_kind(hints[f.name])) for f in dataclasses.fields(cls)]
+    fields = [(f, *_field_kind(hints[f.name]), _wire_name(f)) for f in dataclasses.fields(cls)]
+    if len(_header_fields_cache) < 256:
+        _header_fields_cache[cls] = fields
+    return fields
 
 
 def _java_text(value: Any) -> str:
@@ -779,13 +793,13 @@ def header_to_ext_fields(header: Any) -> dict[str, str]:
     @raise ValueError: an L{Int32} field is outside Java's int range.
     """
     ext: dict[str, str] = {}
-    for field, _, _, int32 in _header_fields(type(header)):
+    for field, _, _, int32, wire in _header_fields(type(header)):
         value = getattr(header, field.name)
         if value is None:
             continue
         if int32:
             _check_int(field.name, value, _INT32)
-        ext[_wire_name(field)] = _java_text(value)
+        ext[wire] = _java_text(value)
     return ext
 
 
@@ -821,8 +835,7 @@ def header_from_ext_fields(cls: type[_H], ext: Mapping[str, str] | None) -> _H:
     """
     ext = ext or {}
     values: dict[str, Any] = {}
-    for field, kind, optional, int32 in _header_fields(cls):
-        name = _wire_name(field)
+    for field, kind, optional, int32, name in _header_fields(cls):
         text = ext.get(name)
         if text is None:
             has_default = (

@@ -7,7 +7,8 @@ L{broker_handler} is the table of request codes served, on a
 L{Dispatcher} (every other code is answered REQUEST_CODE_NOT_SUPPORTED
 by the protocol); L{RemotingPort} listens on C{--listen} (C{listenPort})
 through the broker's listening helper and connection limits, as the HA
-and admin HTTP ports do.
+and admin HTTP ports do, and on RocketMQ's VIP port, its port less 2
+(L{vip_endpoint}).
 
 Each answer is built from the broker at the time of the request (its
 L{BrokerMetadata}, its commit log), so a handler holds nothing of its
@@ -23,8 +24,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 from twisted.internet.interfaces import IAddress, IStreamServerEndpoint
 from twisted.logger import Logger
+from zope.interface import implementer
 
-from rmqha._ports import Port, listen
+from rmqha._ports import Port, listen, listened_address
 from rmqha.remoting._frames import RemotingCommand, java_hashmap_order, make_response
 from rmqha.remoting.codes import VERSION_4_9_8, RequestCode, ResponseCode
 from rmqha.remoting.metadata import (
@@ -38,7 +40,9 @@ from rmqha.remoting.metadata import (
     dump_fastjson,
     parse_fastjson,
 )
-from rmqha.remoting.protocol import Answer, Dispatcher, RemotingFactory, format_peer
+from rmqha.remoting.offsets import SERVED as OFFSET_CODES
+from rmqha.remoting.offsets import ConsumerOffsets
+from rmqha.remoting.protocol import Answer, Dispatcher, IRemotingHandler, RemotingFactory, format_peer
 
 if TYPE_CHECKING:
     from rmqha.broker import Broker
@@ -49,6 +53,9 @@ __all__ = [
     "BrokerRemoting",
     "broker_handler",
     "RemotingPort",
+    "NOT_ON_VIP",
+    "vip_description",
+    "vip_endpoint",
     "human_bytes",
     "format_runtime",
 ]
@@ -62,6 +69,11 @@ SERVED: Final = (
     RequestCode.GET_ALL_DELAY_OFFSET,
     RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG,
     RequestCode.QUERY_DATA_VERSION,
+    *OFFSET_CODES,
+    # Sends (rmqha.remoting.sends).
+    RequestCode.SEND_MESSAGE,
+    RequestCode.SEND_MESSAGE_V2,
+    RequestCode.SEND_BATCH_MESSAGE,
 )
 
 #: C{TopicValidator}'s system topics (4.9.8), which UPDATE_AND_CREATE_TOPIC
@@ -150,6 +162,10 @@ class BrokerRemoting:
         self._broker = broker
         self.boot_millis = int(broker.reactor.seconds() * 1000)
         self._topics_cache: tuple[tuple[int, int, int], bytes] | None = None
+        self._offsets = ConsumerOffsets(lambda: broker.metadata, lambda: broker.store.commitlog)
+        from rmqha.remoting.sends import SendHandlers
+
+        self._sends = SendHandlers(broker)
 
     @property
     def metadata(self) -> BrokerMetadata:
@@ -164,6 +180,8 @@ class BrokerRemoting:
             RequestCode.GET_ALL_DELAY_OFFSET: self.get_all_delay_offset,
             RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG: self.get_all_subscription_group,
             RequestCode.QUERY_DATA_VERSION: self.query_data_version,
+            **self._offsets.handlers(),
+            **self._sends.handlers(),
         }
 
     # -- the tables ------------------------------------------------------------
@@ -358,21 +376,162 @@ def broker_handler(broker: Broker) -> Dispatcher:
     return Dispatcher(BrokerRemoting(broker).handlers())
 
 
-class RemotingPort(Port):
+#: The codes 4.9.8's second server, the VIP port, does not serve: of the
+#: processors C{BrokerController.registerProcessor} registers, only
+#: PULL_MESSAGE's is on the main port alone (the admin processor is both
+#: servers' default).
+NOT_ON_VIP: Final = frozenset({RequestCode.PULL_MESSAGE})
+
+#: The VIP port is the remoting port's number less this
+#: (C{fastConfig.setListenPort(nettyServerConfig.getListenPort() - 2)}).
+VIP_PORT_OFFSET: Final = 2
+
+
+@implementer(IRemotingHandler)
+class _VIPHandler:
     """
-    The broker's remoting port (C{--listen}), a L{Port} child of its
-    L{rmqha.broker.Broker}: listened on before the store is opened, behind
-    the connection limiter (C{"remoting"}), started after the role.
+    The remoting port's handler as the VIP port serves it: every code but
+    L{NOT_ON_VIP}.
     """
 
-    def __init__(self, broker: Broker, where: str | IStreamServerEndpoint) -> None:
+    def __init__(self, handler: IRemotingHandler) -> None:
+        self._handler = handler
+
+    def handles(self, code: int) -> bool:
+        return code not in NOT_ON_VIP and bool(self._handler.handles(code))
+
+    def handle(self, command: RemotingCommand, peer: IAddress | None) -> Answer:
+        answer: Answer = self._handler.handle(command, peer)
+        return answer
+
+
+def _split_raw(description: str) -> list[str]:
+    # On the colons a backslash does not escape; escapes are kept.
+    parts, current, escaped = [], [], False
+    for char in description:
+        if escaped:
+            current.append(char)
+            escaped = False
+        elif char == "\\":
+            current.append(char)
+            escaped = True
+        elif char == ":":
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    parts.append("".join(current))
+    return parts
+
+
+def _vip_number(port: int) -> int | None:
+    if port == 0:
+        return None
+    if port <= VIP_PORT_OFFSET:
+        raise ValueError(
+            f"the VIP port (the remoting port less {VIP_PORT_OFFSET}, as RocketMQ derives it) "
+            f"would be {port - VIP_PORT_OFFSET}: give a port above {VIP_PORT_OFFSET}"
+        )
+    return port - VIP_PORT_OFFSET
+
+
+def vip_description(listen: str) -> str | None:
+    """
+    The endpoint description of the VIP port that goes with the remoting
+    port C{listen}: the same, on its port less 2, for a C{tcp:}, C{tcp6:}
+    or C{ssl:} description with a port number; C{None} for port 0 (there
+    is no number to derive from until the system picks one) and for any
+    other endpoint (C{unix:}, C{systemd:}...).
+
+    @raise ValueError: port 1 or 2 (the VIP port would be -1 or 0).
+    """
+    parts = _split_raw(listen)
+    if parts[0] not in ("tcp", "tcp6", "ssl"):
+        return None
+    for i, part in enumerate(parts[1:], 1):
+        keyword = part.startswith("port=")
+        if keyword or "=" not in part:
+            text = part[len("port="):] if keyword else part
+            if not text.isascii() or not text.isdigit():
+                return None
+            vip = _vip_number(int(text))
+            if vip is None:
+                return None
+            parts[i] = f"port={vip}" if keyword else str(vip)
+            return ":".join(parts)
+    return None
+
+
+def vip_endpoint(where: str | IStreamServerEndpoint) -> str | IStreamServerEndpoint | None:
+    """
+    The VIP port's endpoint for the remoting port's C{where}: from its
+    description (L{vip_description}), or for a TLS endpoint of
+    L{rmqha.tls.server_endpoint} the same TLS on its port less 2; C{None}
+    for any other endpoint.
+
+    @raise ValueError: as L{vip_description}.
+    """
+    if isinstance(where, str):
+        return vip_description(where)
+    from rmqha.tls import server_endpoint_on_port, server_endpoint_port
+
+    port = server_endpoint_port(where)
+    vip = None if port is None else _vip_number(port)
+    if vip is None:
+        return None
+    return server_endpoint_on_port(where, vip, "the VIP port of --listen")
+
+
+class RemotingPort(Port):
+    """
+    The broker's remoting port (C{--listen}), or its VIP port (C{vip}:
+    the remoting port's own handler, less L{NOT_ON_VIP}), a L{Port} child
+    of its L{rmqha.broker.Broker}: listened on before the store is opened,
+    behind the connection limiter of its name (C{"remoting"}, C{"vip"}),
+    started after the role.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        where: str | IStreamServerEndpoint,
+        vip: RemotingPort | None = None,
+    ) -> None:
+        """
+        @param vip: the remoting port this is the VIP port of, whose
+            handler it shares (one state for both, as RocketMQ's two
+            servers share their processors).
+        """
         self.broker = broker
         self.where = where
-        self.setName("remoting")  # type: ignore[no-untyped-call]
+        self._main = vip
+        self._handler: IRemotingHandler | None = None
+        self.setName("vip" if vip is not None else "remoting")  # type: ignore[no-untyped-call]
+
+    def handler(self) -> IRemotingHandler:
+        """
+        The handler its connections are served with (built once).
+        """
+        if self._handler is None:
+            self._handler = (
+                _VIPHandler(self._main.handler()) if self._main is not None else broker_handler(self.broker)
+            )
+        return self._handler
+
+    def listened_port(self) -> int | None:
+        """The port listened on, once listening (a port given as 0's), else C{None}."""
+        if self.port is None or self.port._waitingForPort is None:
+            return None
+        got: list[int] = []
+        listened_address(self.port).addCallbacks(
+            lambda address: got.append(getattr(address, "port", 0)), lambda _: None
+        )
+        return got[0] if got else None
 
     def listen(self, limited: Any) -> None:
         if self.port is not None:
             return
-        factory = RemotingFactory(broker_handler(self.broker), self.broker.reactor)
+        name = str(self.name)
+        factory = RemotingFactory(self.handler(), self.broker.reactor)
         factory.noisy = False
-        self.port = listen(self.broker.reactor, "remoting", self.where, limited("remoting", factory))
+        self.port = listen(self.broker.reactor, name, self.where, limited(name, factory))

@@ -985,17 +985,39 @@ _DECODERS: dict[MetadataFile, Callable[[JSONValue, MetadataLimits], _Table]] = {
 }
 
 
-def decode_table(which: MetadataFile, text: str, limits: MetadataLimits = MetadataLimits()) -> _Table:
+#: The member that holds each table; a master's answer always has it.
+_TABLE_MEMBERS: dict[MetadataFile, str] = {
+    MetadataFile.TOPICS: "topicConfigTable",
+    MetadataFile.SUBSCRIPTION_GROUPS: "subscriptionGroupTable",
+    MetadataFile.CONSUMER_OFFSETS: "offsetTable",
+    MetadataFile.DELAY_OFFSETS: "offsetTable",
+}
+
+
+def decode_table(
+    which: MetadataFile, text: str, limits: MetadataLimits = MetadataLimits(), *, answer: bool = False
+) -> _Table:
     """
     Decode one file's text, or the body of the request code that carries
     the same table.
+
+    @param answer: C{text} is a master's answer (the slave's sync), not a
+        file: the table's member must be there.  fastjson leaves a null
+        member out of a file, and a file without it loads as empty, but a
+        genuine master always sends its table (an empty one as C{{}}); a
+        body without it would otherwise empty this broker's table.
 
     @raise MetadataFormatError: not fastjson JSON, or not the table's shape.
     @raise MetadataLimitError: bigger than C{limits} allow.
     """
     if len(text) > limits.max_text_bytes:
         raise MetadataLimitError(f"{which.value}: {len(text)} characters is more than {limits.max_text_bytes}")
-    return _DECODERS[which](parse_fastjson(text, max_depth=limits.max_depth), limits)
+    value = parse_fastjson(text, max_depth=limits.max_depth)
+    if answer:
+        member = _TABLE_MEMBERS[which]
+        if not isinstance(value, dict) or value.get(member) is None:
+            raise MetadataFormatError(f"{which.value}: the answer has no {member}")
+    return _DECODERS[which](value, limits)
 
 
 # ---------------------------------------------------------------------------
@@ -1133,6 +1155,11 @@ class BrokerMetadata:
         # Files found unusable at load (their .bak was used): not copied
         # over that .bak at the next save.
         self._unusable: set[MetadataFile] = set()
+        #: Called with the topic table's data version after every change
+        #: of the table (an update, a deletion, built-in topics added, a
+        #: master's table adopted): the broker registers with its
+        #: NameServers at once.
+        self.topic_listeners: list[Callable[[DataVersion], object]] = []
 
     # -- files ---------------------------------------------------------------
 
@@ -1235,10 +1262,13 @@ class BrokerMetadata:
         before its files load over them: an entry of the file wins, the
         data versions stay, nothing is written until the next change.
         """
+        added = [name for name in topics if name not in self._topics]
         for name, topic in topics.items():
             self._topics.setdefault(name, topic)
         for name, group in groups.items():
             self._groups.setdefault(name, group)
+        if added:
+            self._tell_topic_listeners()
 
     # -- topics --------------------------------------------------------------
 
@@ -1249,6 +1279,14 @@ class BrokerMetadata:
     @property
     def topics_version(self) -> DataVersion:
         return self._topics_version
+
+    def topic(self, name: str) -> TopicConfig | None:
+        """One topic's config, or C{None} (no copy of the table: a send's lookup)."""
+        return self._topics.get(name)
+
+    def group(self, name: str) -> SubscriptionGroupConfig | None:
+        """One subscription group's config, or C{None}."""
+        return self._groups.get(name)
 
     def update_topic(self, config: TopicConfig, *, persist: bool = True) -> DataVersion:
         """
@@ -1287,9 +1325,20 @@ class BrokerMetadata:
     def _topics_changed(self, persist: bool) -> DataVersion:
         self._topics_version = self._topics_version.next_version(_now_millis(self._clock))
         self._dirty.add(MetadataFile.TOPICS)
-        if persist:
-            self.persist(MetadataFile.TOPICS)
+        try:
+            if persist:
+                self.persist(MetadataFile.TOPICS)
+        finally:
+            # (Changed in memory, written or not.)
+            self._tell_topic_listeners()
         return self._topics_version
+
+    def _tell_topic_listeners(self) -> None:
+        for listener in list(self.topic_listeners):
+            try:
+                listener(self._topics_version)
+            except Exception:
+                _log.failure("a listener of the topic table failed")
 
     # -- subscription groups -------------------------------------------------
 
@@ -1395,12 +1444,15 @@ class BrokerMetadata:
         @return: whether anything changed.
         @raise MetadataError: the body is bad or too big; nothing changes.
         """
-        table = decode_table(MetadataFile.TOPICS, text, self.limits)
+        table = decode_table(MetadataFile.TOPICS, text, self.limits, answer=True)
         assert isinstance(table, TopicTable)
         if table.data_version.same(self._topics_version):
             return False
         self._adopt(table)
-        self.persist(MetadataFile.TOPICS)
+        try:
+            self.persist(MetadataFile.TOPICS)
+        finally:
+            self._tell_topic_listeners()
         return True
 
     def apply_master_groups(self, text: str) -> bool:
@@ -1408,7 +1460,7 @@ class BrokerMetadata:
         A master's GET_ALL_SUBSCRIPTIONGROUP_CONFIG body, as
         C{syncSubscriptionGroupConfig}: like L{apply_master_topics}.
         """
-        table = decode_table(MetadataFile.SUBSCRIPTION_GROUPS, text, self.limits)
+        table = decode_table(MetadataFile.SUBSCRIPTION_GROUPS, text, self.limits, answer=True)
         assert isinstance(table, GroupTable)
         if table.data_version.same(self._groups_version):
             return False
@@ -1425,7 +1477,7 @@ class BrokerMetadata:
         @raise MetadataError: the body is bad, or the merge would exceed
             C{limits}; nothing changes.
         """
-        table = decode_table(MetadataFile.CONSUMER_OFFSETS, text, self.limits)
+        table = decode_table(MetadataFile.CONSUMER_OFFSETS, text, self.limits, answer=True)
         assert isinstance(table, ConsumerOffsetTable)
         merged = {k: v for k, v in self._offsets.items()}
         merged.update({k: dict(v) for k, v in table.offsets.items()})
@@ -1443,7 +1495,7 @@ class BrokerMetadata:
 
         @raise MetadataError: the body is bad or too big; nothing changes.
         """
-        table = decode_table(MetadataFile.DELAY_OFFSETS, text, self.limits)
+        table = decode_table(MetadataFile.DELAY_OFFSETS, text, self.limits, answer=True)
         self._adopt(table)
         self.persist(MetadataFile.DELAY_OFFSETS)
 

@@ -70,6 +70,7 @@ __all__ = [
     "RemotingFactory",
     "RemotingClient",
     "format_peer",
+    "one_line",
 ]
 
 #: What a handler answers: a response, nothing (no answer is sent), or a
@@ -170,6 +171,15 @@ def _code_name(code: int) -> str:
 
 def _describe(failure: Failure) -> str:
     return f"{type(failure.value).__name__}: {failure.value}"
+
+
+def one_line(text: str, limit: int = 500) -> str:
+    """
+    C{text} with its line breaks (any run of white space) made one
+    space, cut at C{limit} characters.
+    """
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "\u2026"
 
 
 def add_deadline(
@@ -306,6 +316,14 @@ class RemotingProtocol(Protocol):
         # Responses that arrived before the end are still delivered, on
         # the next turn as always.
 
+    @property
+    def is_open(self) -> bool:
+        """
+        Between C{connectionMade} and the end of the connection (or a
+        malformed frame, after which it is closing).
+        """
+        return self._open
+
     # -- requests of ours ------------------------------------------------------
 
     @property
@@ -438,7 +456,10 @@ class RemotingProtocol(Protocol):
             self._in_flight.discard(handling)
             return result
 
-        handling.addBoth(done).addBoth(self._answer, request)
+        # The answer needs the request's code, opaque, flag and serialize
+        # type, not its body: a request waiting for its answer (a send
+        # waiting for its replicas) holds no body.
+        handling.addBoth(done).addBoth(self._answer, attrs.evolve(request, body=b"") if request.body else request)
 
     def _answer(self, result: object, request: RemotingCommand) -> None:
         if result is not None and not isinstance(result, (RemotingCommand, Failure)):
@@ -506,6 +527,22 @@ class RemotingFactory(Factory):
         return protocol
 
 
+class _ClientFactory(RemotingFactory):
+    """
+    A L{RemotingClient}'s factory: it counts the connections it built and
+    keeps the newest (L{RemotingClient.connected}).
+    """
+
+    newest: RemotingProtocol | None = None
+    built = 0
+
+    def buildProtocol(self, addr: IAddress | None) -> RemotingProtocol:
+        protocol = super().buildProtocol(addr)
+        self.newest = protocol
+        self.built += 1
+        return protocol
+
+
 class RemotingClient(Service):
     """
     A remoting connection to one address, kept open (reconnecting with
@@ -522,6 +559,7 @@ class RemotingClient(Service):
         *,
         clock: IReactorTime | None = None,
         retry_policy: Callable[[int], float] | None = None,
+        name: str | None = None,
         **options: Any,
     ) -> None:
         """
@@ -529,6 +567,8 @@ class RemotingClient(Service):
             C{tls:host:port:...}) or an endpoint, e.g.
             L{rmqha.tls.client_endpoint}'s.
         @param handler: serves the requests the peer sends us.
+        @param name: the address as errors name it (C{host:port}; by
+            default the endpoint's description).
         @param clock: request deadlines and reconnection delays (default:
             C{reactor}).
         @param options: L{RemotingProtocol} limits.
@@ -537,14 +577,25 @@ class RemotingClient(Service):
         self.endpoint = (
             clientFromString(reactor, endpoint) if isinstance(endpoint, str) else endpoint
         )
-        self.name = endpoint if isinstance(endpoint, str) else str(endpoint)
-        self.factory = RemotingFactory(handler, self.clock, **options)
+        self.name = name or (endpoint if isinstance(endpoint, str) else str(endpoint))
+        self.factory = _ClientFactory(handler, self.clock, **options)
         self._service = ClientService(
             self.endpoint,
             self.factory,
             retryPolicy=retry_policy or backoffPolicy(initialDelay=1.0, maxDelay=30.0),
             clock=self.clock,
         )
+
+    @property
+    def connections(self) -> int:
+        """How many connections were made (the newest is the current one)."""
+        return self.factory.built
+
+    @property
+    def connected(self) -> bool:
+        """Whether the newest connection is open."""
+        newest = self.factory.newest
+        return newest is not None and newest.is_open
 
     def startService(self) -> None:
         Service.startService(self)
@@ -554,20 +605,80 @@ class RemotingClient(Service):
         Service.stopService(self)
         return self._service.stopService()
 
-    def _connection(self, what: str) -> "Deferred[Any]":
-        # (Fires with ClientService's proxy of the RemotingProtocol.)
-        if not self.running:
-            return fail(ConnectionClosedError(f"the client of {self.name} is stopped; {what} not sent"))
+    def _through_connection(
+        self, what: str, send: Callable[[RemotingProtocol], "Deferred[Any] | None"]
+    ) -> "Deferred[Any]":
+        """
+        C{send(protocol)} over the connection, once there is one; fails
+        with L{ConnectionClosedError} naming the address if the next
+        attempt to connect fails (or the client stops first).
 
-        def refused(failure: Failure) -> Failure:
+        Every failure is delivered from a clock turn of its own
+        (L{_after_unwinding}), never from inside L{ClientService}, which
+        finds a connection refused (or a request sent at once failed)
+        inside its state machine and refuses to be re-entered: a caller
+        may stop the client or send its next request from its errback.
+        Cancelling (a deadline, say) fails it with L{CancelledError} --
+        unless its failure was already known, which is then what it
+        fails with.
+        """
+        cancelled = False
+
+        def connected(protocol: RemotingProtocol) -> "Deferred[Any] | None":
+            return send(protocol)
+
+        def not_connected(failure: Failure) -> Failure:
             if failure.check(CancelledError):
-                return failure
+                if cancelled:
+                    return failure
+                # (ClientService cancels its waiters when it stops.)
+                return Failure(
+                    ConnectionClosedError(f"the client of {self.name} stopped before {what} was sent")
+                )
             return Failure(
-                ConnectionClosedError(f"cannot connect to {self.name} for {what}: {_describe(failure)}")
+                ConnectionClosedError(
+                    f"cannot connect to {self.name} for {what}: {one_line(_describe(failure))}"
+                )
             )
 
-        d: Deferred[Any] = self._service.whenConnected(failAfterFailures=1)
-        return d.addErrback(refused)
+        def unwound(failure: Failure) -> "Failure | Deferred[Any]":
+            if cancelled and failure.check(CancelledError):
+                return failure
+            return self._after_unwinding(failure)
+
+        if self.running:
+            waiting: Deferred[Any] = self._service.whenConnected(failAfterFailures=1)
+            waiting.addCallbacks(connected, not_connected)
+        else:
+            waiting = fail(ConnectionClosedError(f"the client of {self.name} is stopped; {what} not sent"))
+        waiting.addErrback(unwound)
+
+        def cancel(_: object) -> None:
+            nonlocal cancelled
+            cancelled = True
+            waiting.cancel()
+
+        result: Deferred[Any] = Deferred(canceller=cancel)
+        waiting.chainDeferred(result)
+        return result
+
+    def _after_unwinding(self, failure: Failure) -> "Deferred[Any]":
+        """
+        A L{Deferred} failing with C{failure} on the clock's next turn,
+        after the call stack that found it has unwound.  Cancelling it
+        fails it at once with C{failure}: a deadline falling due in the
+        turn the failure waits for (a L{Clock} advanced past both runs
+        them in that order) finds the failure known first, and it is what
+        the request fails with.
+        """
+
+        def known_first(d: Deferred[Any]) -> None:
+            call.cancel()
+            d.errback(failure)
+
+        later: Deferred[Any] = Deferred(canceller=known_first)
+        call = self.clock.callLater(0, later.errback, failure)
+        return later
 
     def request(self, command: RemotingCommand, timeout: float) -> "Deferred[RemotingCommand]":
         """
@@ -576,12 +687,14 @@ class RemotingClient(Service):
 
         @return: fires with the response; fails with
             L{RequestTimeoutError}, L{ConnectionClosedError} (no
-            connection, or it closed before the response) or
-            L{TooManyPendingError}.
+            connection, naming the address; or it closed before the
+            response) or L{TooManyPendingError}, always from a clock turn
+            of its own (L{_through_connection}), and with whichever of a
+            refused connection and the deadline came first.
         """
         what = _code_name(command.code)
-        d: Deferred[RemotingCommand] = self._connection(what).addCallback(
-            lambda protocol: protocol.request(command)
+        d: Deferred[RemotingCommand] = self._through_connection(
+            what, lambda protocol: protocol.request(command)
         )
         return add_deadline(d, timeout, self.clock, f"{what} from {self.name}")
 
@@ -590,8 +703,11 @@ class RemotingClient(Service):
         Send a oneway request, connecting first if need be.
 
         @return: fires once it is written; fails with
-            L{ConnectionClosedError} if no connection could be made.
+            L{ConnectionClosedError} if no connection could be made, from
+            a clock turn of its own.
         """
-        return self._connection(_code_name(command.code)).addCallback(
-            lambda protocol: protocol.send_oneway(command)
-        )
+
+        def send(protocol: RemotingProtocol) -> None:
+            protocol.send_oneway(command)
+
+        return self._through_connection(_code_name(command.code), send)

@@ -6,7 +6,9 @@ with the topic table (C{TopicConfigSerializeWrapper}, its DataVersion
 included) to every NameServer at start and every 30 s, each request with
 its own deadline, one NameServer down never holding up the others;
 UNREGISTER_BROKER to each on a clean stop; at once again when the role
-changes (L{NameServerRegistration.role_changed}).
+changes (L{NameServerRegistration.role_changed}), and when a master's
+topic table changes (L{NameServerRegistration.topics_changed}: one round
+for a burst of changes in one reactor turn).
 
 The first NameServer to answer gives the master's addresses: its
 C{masterAddr} (what a slave syncs its metadata from) and its
@@ -21,6 +23,7 @@ registering connection closes.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from collections.abc import Callable, Sequence
 from typing import Any, Final
@@ -57,6 +60,7 @@ from rmqha.remoting.protocol import RemotingClient
 __all__ = [
     "BrokerIdentity",
     "NameServerRegistration",
+    "NameServerStatus",
     "REGISTER_INTERVAL",
     "REGISTER_TIMEOUT",
     "UNREGISTER_TIMEOUT",
@@ -114,6 +118,83 @@ def _describe(failure: Failure) -> str:
     return f"{type(failure.value).__name__}: {failure.value}"
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@attrs.frozen
+class NameServerStatus:
+    """
+    What /status and /metrics show of the registration with one
+    NameServer.
+
+    @ivar namesrv: the NameServer (C{host:port} as given).
+    @ivar registered: the last REGISTER_BROKER to it succeeded and the
+        connection it went over is still open (a NameServer forgets a
+        broker whose connection closes), while registering runs.
+    @ivar last_success: when it last answered SUCCESS (clock seconds), or
+        C{None}.
+    @ivar last_error: why the last failed request failed, one line, and
+        C{last_error_at} when (kept after a later success).
+    @ivar broker_id: the brokerId of the last successful registration.
+    @ivar master_addr: the C{masterAddr} its last answer gave (C{None}: a
+        master, or no live master known to it).
+    @ivar ha_server_addr: the C{haServerAddr} of the same answer.
+    @ivar registrations: REGISTER_BROKER answered SUCCESS;
+        C{failures}: those that failed (no connection, no answer within
+        the deadline, an error answer).
+    """
+
+    namesrv: str
+    registered: bool
+    last_success: float | None
+    last_error: str | None
+    last_error_at: float | None
+    broker_id: int | None
+    master_addr: str | None
+    ha_server_addr: str | None
+    registrations: int
+    failures: int
+
+    def age(self, now: float) -> float | None:
+        """Seconds since the last successful registration, or C{None}."""
+        return None if self.last_success is None else max(0.0, now - self.last_success)
+
+    def as_json(self, now: float) -> dict[str, Any]:
+        age = self.age(now)
+        return {
+            "namesrv": self.namesrv,
+            "registered": self.registered,
+            "broker_id": self.broker_id,
+            "last_success": self.last_success,
+            "last_success_age_seconds": None if age is None else round(age, 3),
+            "master_addr": self.master_addr,
+            "ha_server_addr": self.ha_server_addr,
+            "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
+            "registrations": self.registrations,
+            "failures": self.failures,
+        }
+
+
+@attrs.define
+class _State:
+    """One NameServer's registration, as it goes (L{NameServerStatus})."""
+
+    ok: bool = False
+    #: The client's connection count when it last answered SUCCESS.
+    connection: int = 0
+    last_success: float | None = None
+    last_error: str | None = None
+    last_error_at: float | None = None
+    broker_id: int | None = None
+    master_addr: str | None = None
+    ha_server_addr: str | None = None
+    registrations: int = 0
+    failures: int = 0
+
+
 class NameServerRegistration(Service):
     """
     Registers a broker with every NameServer while it runs.
@@ -124,6 +205,8 @@ class NameServerRegistration(Service):
     @ivar master_ha_addr: the newest master HA address a NameServer gave.
     @ivar last_result: the newest answer taken, or C{None}.
     @ivar registrations: how many rounds got at least one answer.
+    @ivar topic_rounds: rounds run at once for a topic table change
+        (L{topics_changed}).
     """
 
     _log = Logger()
@@ -169,6 +252,7 @@ class NameServerRegistration(Service):
         self.master_ha_addr: str | None = None
         self.last_result: RegisterBrokerResult | None = None
         self.registrations = 0
+        self.topic_rounds = 0
         self.clients: list[RemotingClient] = []
         for address in namesrv:
             endpoint = (
@@ -184,6 +268,10 @@ class NameServerRegistration(Service):
         #: The next early round of a slave seeking its master, and its delay.
         self._seek: IDelayedCall | None = None
         self._seek_delay = SEEK_MASTER_FIRST
+        #: Each client's registration as it goes.
+        self._states: dict[RemotingClient, _State] = {c: _State() for c in self.clients}
+        #: The round a topic change asked for, on the next turn.
+        self._kick: IDelayedCall | None = None
 
     # -- the service ---------------------------------------------------------
 
@@ -209,9 +297,10 @@ class NameServerRegistration(Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        if self._seek is not None and self._seek.active():
-            self._seek.cancel()
-        self._seek = None
+        for pending in (self._seek, self._kick):
+            if pending is not None and pending.active():
+                pending.cancel()
+        self._seek = self._kick = None
         d: Deferred[Any] = self.unregister()
 
         def close(_: object) -> Deferred[Any]:
@@ -230,6 +319,52 @@ class NameServerRegistration(Service):
         if not self.running:
             return succeed([])
         return self.register()
+
+    def topics_changed(self) -> None:
+        """
+        The topic table changed (a master's: C{UPDATE_AND_CREATE_TOPIC},
+        any topic update): register with every NameServer at once, as
+        4.9.8 does after creating or updating a topic, with the new
+        DataVersion, so that clients find the topic without waiting for
+        the period.  The round runs on the next reactor turn: a burst of
+        changes in one turn is one round.
+        """
+        if not self.running or (self._kick is not None and self._kick.active()):
+            return
+
+        def kick() -> None:
+            self._kick = None
+            if self.running:
+                self.topic_rounds += 1
+                self.register()
+
+        self._kick = self.clock.callLater(0, kick)
+
+    def status(self) -> tuple[NameServerStatus, ...]:
+        """
+        Each NameServer's registration, in the order they were given.
+        """
+        shown = []
+        for client in self.clients:
+            st = self._states.setdefault(client, _State())
+            shown.append(
+                NameServerStatus(
+                    namesrv=str(client.name),
+                    registered=bool(self.running)
+                    and st.ok
+                    and client.connections == st.connection
+                    and client.connected,
+                    last_success=st.last_success,
+                    last_error=st.last_error,
+                    last_error_at=st.last_error_at,
+                    broker_id=st.broker_id,
+                    master_addr=st.master_addr,
+                    ha_server_addr=st.ha_server_addr,
+                    registrations=st.registrations,
+                    failures=st.failures,
+                )
+            )
+        return tuple(shown)
 
     def _register_command(self) -> RemotingCommand:
         i = self.identity
@@ -257,6 +392,7 @@ class NameServerRegistration(Service):
         @return: fires with the answers, in the order they arrived.
         """
         command = self._register_command()
+        broker_id = self.identity.broker_id
         results: list[RegisterBrokerResult] = []
 
         def answered(response: RemotingCommand, client: RemotingClient) -> None:
@@ -268,8 +404,21 @@ class NameServerRegistration(Service):
             except (CustomHeaderError, RegisterBodyError) as e:
                 raise RuntimeError(f"answered something unreadable: {e}") from None
             results.append(RegisterBrokerResult(header.ha_server_addr, header.master_addr, kv))
+            st = self._states.setdefault(client, _State())
+            st.ok = True
+            st.connection = client.connections
+            st.last_success = self.clock.seconds()
+            st.broker_id = broker_id
+            st.master_addr = header.master_addr
+            st.ha_server_addr = header.ha_server_addr
+            st.registrations += 1
 
         def failed(failure: Failure, client: RemotingClient) -> None:
+            st = self._states.setdefault(client, _State())
+            st.ok = False
+            st.last_error = _one_line(_describe(failure))
+            st.last_error_at = self.clock.seconds()
+            st.failures += 1
             self._log.warn(
                 "registering broker {name} (id {id}) with NameServer {ns} failed: {why}",
                 name=self.identity.broker_name,
@@ -369,6 +518,8 @@ class NameServerRegistration(Service):
 
         waits: list[Deferred[Any]] = []
         for client in self.clients:
+            # (Registered no more, whatever the answer.)
+            self._states.setdefault(client, _State()).ok = False
             # (The client may be stopped already: nothing is sent then.)
             if not client.running:
                 continue
@@ -445,6 +596,29 @@ def for_broker(broker: Any, reactor: Any) -> NameServerRegistration:
         on_master_ha=broker.follow_namesrv_master if follows else None,
         on_master_addr=broker.namesrv_master_addr if s.master_remoting is None else None,
     )
+
+
+def store_host_for(settings: Any, listened_port: int | None = None) -> tuple[str, int]:
+    """
+    The STOREHOST a broker writes (and every msgId carries): C{--store-host}
+    if given; else, with C{--listen}, C{brokerIP1:} the remoting port
+    (C{listened_port} when it was given as 0), as RocketMQ's
+    C{AbstractSendMessageProcessor.storeHost}; else 127.0.0.1:10911.
+    """
+    if settings.store_host is not None:
+        host: tuple[str, int] = settings.store_host
+        return host
+    if settings.listen is None:
+        return ("127.0.0.1", 10911)
+    ip1 = settings.broker_ip1 or local_address()
+    try:
+        ipaddress.ip_address(ip1)
+    except ValueError:
+        try:
+            ip1 = socket.gethostbyname(ip1)
+        except OSError:
+            pass  # (the store refuses it, naming it)
+    return (ip1, listened_port or port_of(settings.listen, 10911))
 
 
 def _with_port(address: str, port: int) -> str:

@@ -28,7 +28,7 @@ import attrs
 from twisted.application.service import Service
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.internet.task import LoopingCall, deferLater
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -320,10 +320,6 @@ class MetadataSync(Service):
         client = self._client
         ok = True
         for table in SyncTable:
-            # Each step from a turn of its own: a failure can reach us from
-            # inside ClientService's state machine (a refused connection),
-            # which must not be re-entered.
-            await deferLater(self.clock, 0, lambda: None)
             if self.master != master or self._client is not client:
                 # Re-pointed meanwhile: the next tick syncs from the new one.
                 return

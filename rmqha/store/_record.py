@@ -324,16 +324,18 @@ def _explain_bad_properties(properties: Mapping[str, str]) -> None:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def decode_properties(raw: bytes) -> dict[str, str]:
+def decode_properties(raw: bytes | str) -> dict[str, str]:
     """
     Parse properties like RocketMQ's C{MessageDecoder.string2messageProperties}:
     chunks shorter than 3 characters, or without a separator strictly
-    inside, are ignored rather than rejected.
+    inside, are ignored rather than rejected.  C{raw} is the stored bytes
+    (UTF-8), or the text (a send's header carries it as text).
     """
     result: dict[str, str] = {}
     if not raw:
         return result
-    for chunk in raw.decode("utf-8", "replace").split(_PROPERTY_SEPARATOR):
+    text = raw if isinstance(raw, str) else raw.decode("utf-8", "replace")
+    for chunk in text.split(_PROPERTY_SEPARATOR):
         if len(chunk) < 3:
             continue
         index = chunk.find(_NAME_VALUE_SEPARATOR)
