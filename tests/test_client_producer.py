@@ -9,7 +9,6 @@ back-pressure and stopping.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from typing import Any
 
@@ -33,43 +32,20 @@ from rmqha.client import (
     SendStatus,
     UniqueIdFactory,
 )
-from rmqha.client._codec import SendMessageRequestHeaderV2
+from rmqha.remoting.sends import SendMessageRequestHeaderV2, decode_batch
 from rmqha.store._record import decode_properties
 from rmqha.remoting._frames import RemotingCommand, header_from_ext_fields, make_response
 from rmqha.remoting.codes import RequestCode, ResponseCode
-from rmqha.remoting.metadata import DataVersion, TopicConfig, TopicTable
+from rmqha.remoting.metadata import DataVersion, MetadataFile, TopicConfig, TopicTable
 from rmqha.remoting.namesrv import RegisterBrokerBody, RegisterBrokerRequestHeader
 from rmqha.remoting.protocol import Dispatcher, RemotingFactory
+from rmqha.store._record import Record
 from rmqha.testing import FakeNameServer, MemoryConnection, connect_in_memory
+
+from tests.test_remoting_broker import _BrokerCase
 
 def parse_properties(text: str) -> dict[str, str]:
     return decode_properties(text.encode("utf-8"))
-
-
-def decode_batch(data: bytes) -> list[tuple[bytes, int, str]]:
-    """
-    A SEND_BATCH_MESSAGE body as MessageDecoder.decodeMessages reads it
-    (what the fake broker needs): items of int32 size, int32 0, int32 0,
-    int32 flag, int32 body length + body, int16 properties length +
-    properties, as (body, flag, properties).
-
-    @raise ValueError: an item that does not fit.
-    """
-    items = []
-    at = 0
-    while at < len(data):
-        if at + 20 > len(data):
-            raise ValueError(f"batch item at byte {at} is cut short")
-        size, _, _, flag, body_len = struct.unpack_from(">iiiii", data, at)
-        if size < 22 or at + size > len(data) or 22 + body_len > size:
-            raise ValueError(f"batch item at byte {at} has size {size}, body length {body_len}")
-        body = data[at + 20 : at + 20 + body_len]
-        (props_len,) = struct.unpack_from(">h", data, at + 20 + body_len)
-        if 22 + body_len + props_len != size:
-            raise ValueError(f"batch item at byte {at} has size {size}, not {22 + body_len + props_len}")
-        items.append((body, flag, data[at + 22 + body_len : at + size].decode("utf-8")))
-        at += size
-    return items
 
 
 #: SendMessageProcessor's remarks for the codes the tests script.
@@ -145,7 +121,7 @@ class FakeBroker:
 
     def answer(self, request: RemotingCommand) -> RemotingCommand:
         ext = {"MSG_REGION": "DefaultRegion", "TRACE_ON": "true"}
-        header = header_from_ext_fields(SendMessageRequestHeaderV2, request.ext_fields)
+        header = header_from_ext_fields(SendMessageRequestHeaderV2, request.ext_fields).to_v1()
         code = self.script.pop(0) if self.script else ResponseCode.SUCCESS
         if code not in (0, 10, 11, 12):
             return make_response(request, code, _REMARKS.get(code, "scripted"), ext_fields=ext)
@@ -160,7 +136,7 @@ class FakeBroker:
         props = parse_properties(header.properties or "")
         props.pop("WAIT", None)
         items = (
-            [(b, f, {**props, **parse_properties(p)}) for b, f, p in decode_batch(request.body)]
+            [(b, f, {**props, **decode_properties(p)}) for f, b, p in decode_batch(request.body)]
             if header.batch
             else [(request.body, header.flag, props)]
         )
@@ -367,7 +343,7 @@ class SendTests(_Case):
         ids = result.msg_id.split(",")
         self.assertEqual(len(set(ids)), 2)
         self.assertEqual(
-            [(b, parse_properties(p)) for b, _, p in items],
+            [(b, decode_properties(p)) for _, b, p in items],
             [(b"first", {"TAGS": "A", "WAIT": "true", "UNIQ_KEY": ids[0]}),
              (b"s" * 5000, {"KEYS": "k", "WAIT": "true", "UNIQ_KEY": ids[1]})],
         )
@@ -731,3 +707,91 @@ class BoundsTests(_Case):
         error = self.failure(d, SendFailedError)
         self.assertIn("stopped with the producer", str(error))
         self.failureResultOf(producer.send("T", b"x"), SendFailedError)
+
+
+@implementer(IStreamClientEndpoint)
+class _FactoryEndpoint:
+    """In-memory connections to a server factory (an rmqha broker's remoting port)."""
+
+    def __init__(self, factory: Any, clock: Any, host: str, port: int) -> None:
+        self.factory, self.clock, self.host, self.port = factory, clock, host, port
+        self.connections: list[MemoryConnection] = []
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[Any]:
+        connection = connect_in_memory(
+            self.factory, factory, self.clock,
+            master_address=IPv4Address("TCP", self.host, self.port),
+            slave_address=IPv4Address("TCP", "10.9.9.9", 40000 + len(self.connections)),
+        )
+        self.connections.append(connection)
+        return succeed(connection.client)
+
+
+class RmqhaBrokerTests(_BrokerCase):
+    """
+    The producer against an rmqha master's own remoting port
+    (rmqha.remoting.sends), routed by the FakeNameServer: what it sends is
+    stored as a genuine 4.9.8 producer's message is.
+    """
+
+    def test_sends_stored(self) -> None:
+        """
+        A send, a compressed send, a batch and a send to an unknown topic
+        (created from TBW102 by the broker) are stored with the producer's
+        properties, and each result names the stored record
+        (offsetMsgId = store host + commit-log offset, queue offset).
+        """
+        broker = self.start(store_host=("127.0.0.1", 10911), group="broker-a")
+        broker.metadata.update_topic(TopicConfig("TopicTest", 4, 4))
+        clock = self.reactor
+        ns = FakeNameServer(clock)
+        ns.register_broker(
+            RegisterBrokerRequestHeader("broker-a", "127.0.0.1:10911", "DefaultCluster", "127.0.0.1:10912", 0),
+            RegisterBrokerBody(broker.metadata.table(MetadataFile.TOPICS)),
+        )
+        endpoint = _FactoryEndpoint(self.remoting_factory(), clock, "127.0.0.1", 10911)
+        producer = Producer(None, [ns.client_endpoint(clock)], "PG", clock=clock, endpoint_for=lambda addr: endpoint)
+        producer.startService()
+        self.addCleanup(producer.stopService)
+
+        def result(d: Deferred[SendResult]) -> SendResult:
+            for _ in range(12):
+                clock.advance(0)
+                ns.flush()
+                for connection in endpoint.connections:
+                    connection.flush()
+            return self.successResultOf(d)
+
+        one = result(producer.send("TopicTest", b"hello", tags="TagA", keys=["k1", "k2"], properties={"p": "v"}))
+        big = result(producer.send("TopicTest", b"0123456789" * 500))
+        batch = result(producer.send_batch([Message("TopicTest", b"b1"), Message("TopicTest", b"b2", tags="B")]))
+        new = result(producer.send("BrandNew", b"auto"))
+        records = {r.physical_offset: r for r in self.records(broker)}
+
+        def record(offset_msg_id: str) -> Record:
+            self.assertEqual(offset_msg_id[:16], "7F00000100002A9F")
+            return records[int(offset_msg_id[16:], 16)]
+
+        r = record(one.offset_msg_id)
+        self.assertEqual((r.topic, r.queue_id, r.queue_offset, r.body), ("TopicTest", one.queue.queue_id, one.queue_offset, b"hello"))
+        self.assertEqual(
+            r.properties,
+            {"TAGS": "TagA", "KEYS": "k1 k2", "p": "v", "UNIQ_KEY": one.msg_id, "CLUSTER": "DefaultCluster"},
+        )
+        r = record(big.offset_msg_id)
+        self.assertEqual((r.sysflag & 0x301, zlib.decompress(r.body)), (0x301, b"0123456789" * 500))
+        ids, offsets = batch.msg_id.split(","), batch.offset_msg_id.split(",")
+        stored = [record(o) for o in offsets]
+        self.assertEqual([s.body for s in stored], [b"b1", b"b2"])
+        self.assertEqual([s.properties["UNIQ_KEY"] for s in stored], ids)
+        self.assertEqual([s.queue_offset for s in stored], [batch.queue_offset, batch.queue_offset + 1])
+        self.assertEqual(stored[1].properties["TAGS"], "B")
+        r = record(new.offset_msg_id)
+        self.assertEqual((r.topic, r.body), ("BrandNew", b"auto"))
+        self.assertLess(new.queue.queue_id, 4)
+        self.assertIn("BrandNew", broker.metadata.table(MetadataFile.TOPICS).topics)
+        for res in (one, big, batch, new):
+            self.assertEqual(res.status, SendStatus.SEND_OK)
+
+    def records(self, broker: Any) -> list[Record]:
+        return [r for r in broker.store.commitlog.records() if isinstance(r, Record)]

@@ -1,9 +1,10 @@
 # -*- test-case-name: tests.test_client_codec -*-
 """
 What a RocketMQ 4.9.8 producer puts on the wire and reads back, sans-IO
-(no Twisted import): messages and their properties string, the
-SEND_MESSAGE_V2 header with its one-letter names, a batch body as
-C{MessageDecoder.encodeMessages} writes it, the unique message id of
+(values in, values out, no I/O): messages and their properties string,
+the SEND_MESSAGE_V2 header (the broker's L{rmqha.remoting.sends}
+definition), a batch body as C{MessageDecoder.encodeMessages} writes
+it, the unique message id of
 C{MessageClientIDSetter}, the send reply as C{MQClientAPIImpl.processSendResponse}
 reads it, and routes (C{TopicRouteData}) as the NameServer sends them,
 standard JSON or fastjson's unquoted integer keys.
@@ -15,7 +16,6 @@ import dataclasses
 import enum
 import os
 import random
-import re
 import struct
 import time
 import zlib
@@ -25,22 +25,32 @@ from typing import Final
 
 from rmqha.remoting._frames import (
     CustomHeaderError,
-    Int32,
     RemotingCommand,
     header_from_ext_fields,
     java_hashmap_order,
 )
 from rmqha.remoting.codes import ResponseCode
-from rmqha.remoting.metadata import PERM_WRITE, MetadataFormatError, parse_fastjson
+from rmqha.remoting.metadata import PERM_WRITE, MetadataFormatError, parse_fastjson, validate_topic_name
+from rmqha.remoting.sends import (
+    AUTO_CREATE_TOPIC,
+    MSG_REGION,
+    NOT_ALLOWED_SEND_TOPICS,
+    PROPERTY_DELAY,
+    PROPERTY_WAIT,
+    TRACE_ON,
+    SendMessageRequestHeaderV2,
+    SendMessageResponseHeader,
+    encode_batch_item,
+)
 from rmqha.store._record import encode_properties
 
 __all__ = [
+    "SendMessageRequestHeaderV2",
+    "SendMessageResponseHeader",
     "Message",
     "MessageQueue",
     "SendStatus",
     "SendResult",
-    "SendMessageRequestHeaderV2",
-    "SendMessageResponseHeader",
     "QueueData",
     "BrokerData",
     "TopicRoute",
@@ -58,14 +68,10 @@ __all__ = [
     "send_result",
 ]
 
-#: C{MessageConst}'s property names.
+#: C{MessageConst}'s property names (the broker's side defines the rest).
 PROPERTY_KEYS: Final = "KEYS"
 PROPERTY_TAGS: Final = "TAGS"
-PROPERTY_WAIT: Final = "WAIT"
 PROPERTY_UNIQ_KEY: Final = "UNIQ_KEY"
-PROPERTY_DELAY: Final = "DELAY"
-PROPERTY_MSG_REGION: Final = "MSG_REGION"
-PROPERTY_TRACE_ON: Final = "TRACE_ON"
 #: C{MessageConst.STRING_HASH_SET}: names a user property may not take.
 RESERVED_PROPERTIES: Final = frozenset(
     "TRACE_ON MSG_REGION KEYS TAGS WAIT DELAY RETRY_TOPIC REAL_TOPIC REAL_QID TRAN_MSG "
@@ -77,7 +83,7 @@ RESERVED_PROPERTIES: Final = frozenset(
 
 #: C{TopicValidator.AUTO_CREATE_TOPIC_KEY_TOPIC}: the topic whose route a
 #: producer borrows for a topic the NameServers do not know.
-AUTO_CREATE_TOPIC_KEY: Final = "TBW102"
+AUTO_CREATE_TOPIC_KEY: Final = AUTO_CREATE_TOPIC
 #: C{MessageSysFlag}.
 COMPRESSED_FLAG: Final = 0x1
 COMPRESSION_ZLIB_TYPE: Final = 0x3 << 8
@@ -88,20 +94,6 @@ COMPRESS_OVER: Final = 4 * 1024
 COMPRESS_LEVEL: Final = 5
 #: C{DefaultMQProducer.maxMessageSize}.
 MAX_MESSAGE_SIZE: Final = 4 * 1024 * 1024
-#: C{Validators}: topic names.
-TOPIC_MAX_LENGTH: Final = 127
-_TOPIC_CHARS = re.compile(r"[%|a-zA-Z0-9_-]+\Z")
-#: C{TopicValidator.NOT_ALLOWED_SEND_TOPIC_SET}.
-NOT_ALLOWED_SEND_TOPICS: Final = frozenset(
-    {
-        "SCHEDULE_TOPIC_XXXX",
-        "RMQ_SYS_TRANS_HALF_TOPIC",
-        "RMQ_SYS_TRANS_OP_HALF_TOPIC",
-        "TRANS_CHECK_MAX_TIME_TOPIC",
-        "SELF_TEST_TOPIC",
-        "OFFSET_MOVED_EVENT",
-    }
-)
 _MASTER_ID: Final = 0
 
 
@@ -170,12 +162,7 @@ def check_message(message: Message, max_size: int = MAX_MESSAGE_SIZE) -> None:
     @raise ValueError: one line naming the topic and what is wrong.
     """
     topic = message.topic
-    if not topic.strip():
-        raise ValueError("the topic is blank")
-    if len(topic) > TOPIC_MAX_LENGTH:
-        raise ValueError(f"topic {topic[:40]!r}... is longer than {TOPIC_MAX_LENGTH} characters")
-    if not _TOPIC_CHARS.match(topic):
-        raise ValueError(f"topic {topic!r} has characters outside ^[%|a-zA-Z0-9_-]+$")
+    validate_topic_name(topic)
     if topic in NOT_ALLOWED_SEND_TOPICS:
         raise ValueError(f"topic {topic!r} is a system topic messages cannot be sent to")
     if message.delay_level < 0:
@@ -206,29 +193,13 @@ def properties_string(props: Mapping[str, str]) -> str:
     return encode_properties(ordered).decode("utf-8")
 
 
-_BATCH_ITEM = struct.Struct(">iiiii")
-
-
 def encode_batch(items: Iterable[tuple[bytes, int, str]]) -> bytes:
     """
-    C{MessageDecoder.encodeMessages}: for each C{(body, flag, properties
-    string)}, int32 total size, int32 0 (magic code), int32 0 (body CRC),
-    int32 flag, int32 body length + body, int16 properties length +
-    properties (UTF-8).
-
-    @raise ValueError: a properties string longer than 32767 bytes.
+    A SEND_BATCH_MESSAGE body, C{MessageDecoder.encodeMessages}: each
+    C{(body, flag, properties string)} as the broker's
+    L{encode_batch_item} writes it, back to back.
     """
-    parts: list[bytes] = []
-    for body, flag, props in items:
-        data = props.encode("utf-8")
-        if len(data) > 0x7FFF:
-            raise ValueError(f"the properties of a batch item are {len(data)} bytes (at most 32767)")
-        size = 20 + len(body) + 2 + len(data)
-        parts.append(_BATCH_ITEM.pack(size, 0, 0, flag, len(body)))
-        parts.append(body)
-        parts.append(struct.pack(">h", len(data)))
-        parts.append(data)
-    return b"".join(parts)
+    return b"".join(encode_batch_item(flag, body, props.encode("utf-8")) for body, flag, props in items)
 
 
 def compress_body(body: bytes, over: int = COMPRESS_OVER) -> tuple[bytes, int]:
@@ -240,43 +211,6 @@ def compress_body(body: bytes, over: int = COMPRESS_OVER) -> tuple[bytes, int]:
     if len(body) >= over:
         return zlib.compress(body, COMPRESS_LEVEL), COMPRESSED_FLAG | COMPRESSION_ZLIB_TYPE
     return body, 0
-
-
-def _wire(name: str) -> dict[str, str]:
-    return {"wire": name}
-
-
-@dataclasses.dataclass(frozen=True)
-class SendMessageRequestHeaderV2:
-    """
-    C{SendMessageRequestHeaderV2}, the header of SEND_MESSAGE_V2 (310) and
-    SEND_BATCH_MESSAGE (320), with its one-letter names.
-    """
-
-    producer_group: str = dataclasses.field(metadata=_wire("a"))
-    topic: str = dataclasses.field(metadata=_wire("b"))
-    default_topic: str = dataclasses.field(metadata=_wire("c"))
-    default_topic_queue_nums: Int32 = dataclasses.field(metadata=_wire("d"))
-    queue_id: Int32 = dataclasses.field(metadata=_wire("e"))
-    sys_flag: Int32 = dataclasses.field(metadata=_wire("f"))
-    born_timestamp: int = dataclasses.field(metadata=_wire("g"))
-    flag: Int32 = dataclasses.field(metadata=_wire("h"))
-    properties: str | None = dataclasses.field(default=None, metadata=_wire("i"))
-    reconsume_times: Int32 | None = dataclasses.field(default=None, metadata=_wire("j"))
-    unit_mode: bool = dataclasses.field(default=False, metadata=_wire("k"))
-    max_reconsume_times: Int32 | None = dataclasses.field(default=None, metadata=_wire("l"))
-    batch: bool = dataclasses.field(default=False, metadata=_wire("m"))
-    broker_name: str | None = dataclasses.field(default=None, metadata=_wire("n"))
-
-
-@dataclasses.dataclass(frozen=True)
-class SendMessageResponseHeader:
-    """C{SendMessageResponseHeader}: what a stored send is answered."""
-
-    msg_id: str = dataclasses.field(metadata=_wire("msgId"))
-    queue_id: Int32 = dataclasses.field(metadata=_wire("queueId"))
-    queue_offset: int = dataclasses.field(metadata=_wire("queueOffset"))
-    transaction_id: str | None = dataclasses.field(default=None, metadata=_wire("transactionId"))
 
 
 class SendStatus(enum.Enum):
@@ -373,8 +307,8 @@ def send_result(
         queue=dataclasses.replace(queue, queue_id=header.queue_id),
         queue_offset=header.queue_offset,
         transaction_id=header.transaction_id,
-        region_id=ext.get(PROPERTY_MSG_REGION) or "DefaultRegion",
-        trace_on=ext.get(PROPERTY_TRACE_ON) != "false",
+        region_id=ext.get(MSG_REGION) or "DefaultRegion",
+        trace_on=ext.get(TRACE_ON) != "false",
         broker=broker,
     )
 

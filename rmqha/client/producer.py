@@ -576,20 +576,22 @@ class Producer(Service):
                 (mq.broker_name,),
             ) from None
         try:
+            # (sendKernelImpl's header, as createSendMessageRequestHeaderV2
+            # renames it.)
             header = SendMessageRequestHeaderV2(
-                producer_group=self.group,
-                topic=out.topic,
-                default_topic=self.create_topic_key,
-                default_topic_queue_nums=self.default_topic_queue_nums,
-                queue_id=mq.queue_id,
-                sys_flag=out.sys_flag,
-                born_timestamp=round(self.clock.seconds() * 1000),
-                flag=out.flag,
-                properties=out.properties,
-                reconsume_times=0,
-                unit_mode=False,
-                batch=out.batch,
-                broker_name=mq.broker_name,
+                a=self.group,
+                b=out.topic,
+                c=self.create_topic_key,
+                d=self.default_topic_queue_nums,
+                e=mq.queue_id,
+                f=out.sys_flag,
+                g=round(self.clock.seconds() * 1000),
+                h=out.flag,
+                i=out.properties,
+                j=0,
+                k=False,
+                m=out.batch,
+                n=mq.broker_name,
             )
             command = RemotingCommand(
                 RequestCode.SEND_BATCH_MESSAGE if out.batch else RequestCode.SEND_MESSAGE_V2,
