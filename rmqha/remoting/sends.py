@@ -474,11 +474,8 @@ class SendHandlers:
         except OSError as e:
             # (The topic is in memory; the next change or the stop writes it.)
             self._log.error("cannot write {path}: {error}", path=metadata.path(MetadataFile.TOPICS), error=e)
-        registration = self._broker.registration
-        if registration is not None and registration.running:
-            registration.register().addErrback(
-                lambda f: self._log.failure("registering the new topic failed", f)
-            )
+        # (The broker's topic listener registers the new table with the
+        # NameServers on the next turn: docs/remoting.md, "NameServers".)
 
     def _group(self, name: str) -> SubscriptionGroupConfig:
         """
