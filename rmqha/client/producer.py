@@ -480,7 +480,7 @@ class Producer(Service):
         result: SendResult | None = None
         error: Exception | None = None
         timed_out = False
-        for _ in range(attempts):
+        for n in range(attempts):
             if not info.ok():
                 break
             mq = info.select(last.broker_name if last is not None else None)
@@ -489,34 +489,33 @@ class Producer(Service):
                 timed_out = True
                 break
             brokers.append(mq.broker_name)
+            again = n + 1 < attempts
             try:
                 result = await self._attempt(out, mq, info, left())
             except SendReplyError as e:
                 error = e
-                if e.code in self.retry_codes or e.code == -1:
-                    self._log.info("{error}; sending again", error=e)
-                    info = await self._after_failure(out.topic, info, left())
-                    continue
-                if result is not None:
-                    return result
-                raise
+                if e.code not in self.retry_codes and e.code != -1:
+                    if result is not None:
+                        return result
+                    raise
             except (RemotingRequestError, SendError) as e:
                 if isinstance(e, ProducerBusyError):
                     raise
                 error = e
                 if not self.running:
                     break
+            else:
+                if result.status is SendStatus.SEND_OK or not self.retry_another_broker_when_not_store_ok:
+                    return result
+                continue
+            if again:
                 self._log.info(
                     "send to topic {topic} on {broker} failed: {error}; sending again",
                     topic=out.topic,
                     broker=mq.broker_name,
-                    error=e,
+                    error=error,
                 )
                 info = await self._after_failure(out.topic, info, left())
-                continue
-            if result.status is not SendStatus.SEND_OK and self.retry_another_broker_when_not_store_ok:
-                continue
-            return result
         if result is not None:
             return result
         what = f"send to topic {out.topic!r}"
