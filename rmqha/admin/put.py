@@ -363,8 +363,8 @@ class _Batch(AdminResource):
         for message in messages:
             verdict = put_verdict(self._broker, message, self._failover)
             if isinstance(verdict, Deferred):
-                waits.append(verdict.addCallback(_into(verdicts, len(verdicts))))
                 verdicts.append(None)
+                waits.append(verdict.addCallback(_into(verdicts, len(verdicts) - 1)))
             else:
                 verdicts.append(verdict)
         if all(v is not None for v in verdicts):
