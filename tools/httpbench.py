@@ -151,14 +151,29 @@ class _Client(Protocol):
             self.done.callback(None)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """
+    CPU seconds (user + system) process C{pid} has used.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 async def _load(
-    reactor: Any, port: int, request: bytes, connections: int, seconds: float
+    reactor: Any,
+    port: int,
+    request: bytes,
+    connections: int,
+    seconds: float,
+    processes: dict[str, int],
 ) -> dict[str, Any]:
     from twisted.internet.endpoints import TCP4ClientEndpoint
 
     tally: dict[str, Any] = {"latencies": [], "statuses": {}, "codes": {}, "stored": 0}
     deadline = time.perf_counter() + seconds
     clients = []
+    cpu_before = {name: _cpu_seconds(pid) for name, pid in processes.items()}
     started = time.perf_counter()
     for _ in range(connections):
         client = _Client(request, deadline, tally)
@@ -167,6 +182,7 @@ async def _load(
         await endpoint.connect(Factory.forProtocol(lambda c=client: c))  # type: ignore[misc]
     await gatherResults([c.done for c in clients])
     elapsed = time.perf_counter() - started
+    cpu = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in processes.items()}
     latencies = sorted(tally["latencies"])
 
     def percentile(p: float) -> float:
@@ -182,6 +198,13 @@ async def _load(
         "p99_us": percentile(0.99),
         "statuses": tally["statuses"],
         "codes": tally["codes"],
+        # CPU µs per stored message in each process, and its share of the
+        # wall clock (1.0: a core busy throughout).
+        **{
+            f"{name}_cpu_us_per_message": 1e6 * used / max(tally["stored"], 1)
+            for name, used in cpu.items()
+        },
+        **{f"{name}_busy": used / elapsed for name, used in cpu.items()},
     }
 
 
@@ -269,7 +292,10 @@ def http_bench(args: argparse.Namespace) -> dict[str, Any]:
                     for name, (request, connections) in variants.items():
                         _progress(f"run {run + 1}/{args.runs}: {name}")
                         runs[name].append(
-                            await _load(reactor, http_port, request, connections, args.seconds)
+                            await _load(
+                                reactor, http_port, request, connections, args.seconds,
+                                {"master": master.pid, "slave": slave.pid, "clients": os.getpid()},
+                            )
                         )
                         await deferLater(reactor, 0.2, lambda: None)
 
@@ -305,7 +331,8 @@ def http_bench(args: argparse.Namespace) -> dict[str, Any]:
         "medians": {
             name: {
                 k: median(name, k)
-                for k in ("messages_per_s", "requests_per_s", "p50_us", "p99_us")
+                for k in runs[name][0]
+                if isinstance(runs[name][0][k], float) and k != "seconds"
             }
             for name in variants
         },
@@ -360,7 +387,9 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
     medians = result["medians"]
     parts = [
         f"{name}: {m['messages_per_s']:,.0f} msgs/s ({m['requests_per_s']:,.0f} req/s, "
-        f"p50 {m['p50_us']:,.0f} µs, p99 {m['p99_us']:,.0f} µs)"
+        f"p50 {m['p50_us']:,.0f} µs, p99 {m['p99_us']:,.0f} µs; CPU µs a message: master "
+        f"{m['master_cpu_us_per_message']:.1f}, slave {m['slave_cpu_us_per_message']:.1f}, "
+        f"clients {m['clients_cpu_us_per_message']:.1f}; master busy {m['master_busy']:.0%})"
         for name, m in medians.items()
     ]
     ratios = [

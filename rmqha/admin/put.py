@@ -90,12 +90,12 @@ def _failed_after_append(failure: Failure) -> Verdict:
 
 def put_verdict(
     broker: Broker, message: Message, failover: FailoverSource | None
-) -> Verdict | Deferred[Verdict]:
+) -> Verdict | Deferred[PutMessageResult]:
     """
     Put C{message} on C{broker}: the verdict at once when nothing was
     stored (a slave, 503 naming the master; a full disk, 507; another store
-    failure, 500; a message over a limit, 400), else a L{Deferred} firing
-    with it once the put's wait (the replicas', the disk's) is over.
+    failure, 500; a message over a limit, 400), else the put's wait (the
+    replicas', the disk's), for L{_Answer.wait}.
     """
     try:
         d = broker.put(message)
@@ -115,33 +115,70 @@ def put_verdict(
         return code, answer
     except MessageRejected as e:
         return 400, {"status": "MESSAGE_ILLEGAL", "error": str(e), "stored": False}
-    return d.addCallbacks(_stored, _failed_after_append)
+    return d
 
 
-def _waiting(request: Request, waits: Sequence[Deferred[Any]], answer: Callable[[], None]) -> None:
+class _Answer:
     """
-    Call C{answer} once every one of C{waits} has fired, unless the client
-    goes away first: then stop waiting (the messages are stored whatever
-    happens).
+    The answer to a request whose puts wait: each put's verdict in its
+    place once its wait is over, then the answer made and written; if the
+    client goes away first, every wait is withdrawn (the messages are
+    stored whatever happens) and nothing is written.
     """
-    gone = False
-    left = len(waits)
 
-    def fired(_: object) -> None:
-        nonlocal left
-        left -= 1
-        if left == 0 and not gone:
-            answer()
+    def __init__(
+        self,
+        request: Request,
+        verdicts: list[Verdict | None],
+        make: Callable[[Request, list[Verdict | None]], bytes],
+    ) -> None:
+        self._request = request
+        self._verdicts = verdicts
+        self._make = make
+        self._waits: list[Deferred[PutMessageResult]] = []
+        self._left = 0
+        self._gone = False
+        self._holding = True
 
-    def client_gone(_: Failure) -> None:
-        nonlocal gone
-        gone = True
-        for d in waits:
+    def wait(self, i: int, d: Deferred[PutMessageResult]) -> None:
+        """
+        Put the verdict of C{d}, a put's wait, at C{i}.
+        """
+        self._left += 1
+        self._waits.append(d)
+        # (One callback per put: a batch's messages each have one.)
+        d.addCallbacks(self._stored, self._failed, callbackArgs=(i,), errbackArgs=(i,))
+
+    def render(self) -> bytes | int:
+        """
+        What the resource's render returns: the answer, if every verdict
+        is in (an ASYNC_MASTER's puts), else C{NOT_DONE_YET}.
+        """
+        self._holding = False
+        if self._left == 0:
+            return self._make(self._request, self._verdicts)
+        self._request.notifyFinish().addErrback(self._client_gone)
+        return NOT_DONE_YET
+
+    def _stored(self, result: PutMessageResult, i: int) -> None:
+        self._verdicts[i] = _stored(result)
+        self._one_less()
+
+    def _failed(self, failure: Failure, i: int) -> None:
+        if self._gone:
+            return
+        self._verdicts[i] = _failed_after_append(failure)
+        self._one_less()
+
+    def _one_less(self) -> None:
+        self._left -= 1
+        if self._left == 0 and not self._holding and not self._gone:
+            finish_answer(self._request, self._make(self._request, self._verdicts))
+
+    def _client_gone(self, _: Failure) -> None:
+        self._gone = True
+        for d in self._waits:
             d.cancel()
-
-    request.notifyFinish().addErrback(client_gone)
-    for d in waits:
-        d.addBoth(fired)
 
 
 class _Messages(AdminResource):
@@ -165,14 +202,15 @@ class _Messages(AdminResource):
         verdict = put_verdict(self._broker, message, self._failover)
         if not isinstance(verdict, Deferred):
             return json_answer(request, *verdict)
-        outcome: list[Verdict] = []
-        verdict.addCallback(outcome.append)
-        if outcome:  # (an ASYNC_MASTER's put: decided at once)
-            return json_answer(request, *outcome[0])
-        _waiting(
-            request, [verdict], lambda: finish_answer(request, json_answer(request, *outcome[0]))
-        )
-        return NOT_DONE_YET
+        answer = _Answer(request, [None], _single_answer)
+        answer.wait(0, verdict)
+        return answer.render()
+
+
+def _single_answer(request: Request, verdicts: list[Verdict | None]) -> bytes:
+    (verdict,) = verdicts
+    assert verdict is not None
+    return json_answer(request, *verdict)
 
 
 def _query(request: Request) -> tuple[int, dict[str, str]]:
@@ -358,26 +396,15 @@ class _Batch(AdminResource):
             return error_answer(
                 request, 400, "BAD_REQUEST", "the batch has no messages", stored=False
             )
-        verdicts: list[Verdict | None] = []
-        waits: list[Deferred[None]] = []
-        for message in messages:
+        verdicts: list[Verdict | None] = [None] * len(messages)
+        answer = _Answer(request, verdicts, _batch_answer)
+        for i, message in enumerate(messages):
             verdict = put_verdict(self._broker, message, self._failover)
             if isinstance(verdict, Deferred):
-                verdicts.append(None)
-                waits.append(verdict.addCallback(_into(verdicts, len(verdicts) - 1)))
+                answer.wait(i, verdict)
             else:
-                verdicts.append(verdict)
-        if all(v is not None for v in verdicts):
-            return _batch_answer(request, verdicts)
-        _waiting(request, waits, lambda: finish_answer(request, _batch_answer(request, verdicts)))
-        return NOT_DONE_YET
-
-
-def _into(verdicts: list[Verdict | None], i: int) -> Callable[[Verdict], None]:
-    def put(verdict: Verdict) -> None:
-        verdicts[i] = verdict
-
-    return put
+                verdicts[i] = verdict
+        return answer.render()
 
 
 def _batch_answer(request: Request, verdicts: Sequence[Verdict | None]) -> bytes:
