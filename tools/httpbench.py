@@ -4,13 +4,18 @@ C{python -m tools.bench http}: SYNC puts over the admin HTTP port of a
 C{twistd rmqha} SYNC_MASTER with one C{twistd rmqha} slave, both on
 loopback: single puts (C{POST /topics/T/messages}) over keep-alive
 connections from 1 and C{--connections} (16) clients, and batches
-(C{POST /topics/T/batch}, C{--batch} messages each, 32) from the same,
+(C{POST /topics/T/batch}, C{--batch} messages each, 32; JSON with base64
+bodies and length-prefixed binary) from the same,
 alternating in one run; messages/s, requests/s and latency percentiles,
 and the ratio of batches to single puts.
 
 The clients are one Twisted process (this one), each connection sending
 its next request when the answer to the previous one is in (no
 pipelining); every answer is read and its per-message statuses counted.
+C{--against CHECKOUT} also starts a master and slave from another
+checkout (the code before a change; its C{rmqha} with the accelerator
+built) and runs single puts against them, alternating with the others:
+today's single-put rate, in the same run.
 C{--profile FILE} runs the master under cProfile (twistd's
 C{--profiler cprofile}) and prints its top functions (the figures are
 then the profiled broker's, slower).
@@ -229,6 +234,60 @@ def _wait_for_slave(http_port: int, master: "subprocess.Popen[Any]") -> None:
         time.sleep(0.1)
 
 
+class _Pair:
+    """
+    A C{twistd rmqha} SYNC_MASTER with an admin port and its slave, from
+    the code in C{checkout} (C{None}: this one).
+    """
+
+    def __init__(
+        self, root: str, name: str, checkout: str | None, args: argparse.Namespace,
+        profile: str | None,
+    ) -> None:
+        ha_port, self.http_port = free_ports(2)
+        env = None
+        if checkout is not None:
+            env = dict(os.environ, PYTHONPATH=checkout)
+        master_command = twistd_command(
+            os.path.join(root, f"{name}-master"), os.path.join(root, f"{name}-master.log"),
+            "--role", "SYNC_MASTER", "--segment-size", str(args.segment_size),
+            "--ha-listen", f"tcp:{ha_port}:interface=127.0.0.1",
+            "--http", f"tcp:{self.http_port}:interface=127.0.0.1",
+            *args.master_option,
+        )
+        if profile is not None:
+            at = master_command.index("rmqha")
+            master_command[at:at] = ["--profile", profile, "--profiler", "cprofile", "--savestats"]
+        self.master = subprocess.Popen(master_command, env=env, cwd=checkout)
+        self.slave = subprocess.Popen(
+            twistd_slave_command(
+                os.path.join(root, f"{name}-slave"), f"tcp:host=127.0.0.1:port={ha_port}",
+                os.path.join(root, f"{name}-slave.log"), "--segment-size", str(args.segment_size),
+            ),
+            env=env,
+            cwd=checkout,
+        )
+
+    def ready(self, body: bytes) -> None:
+        """
+        Wait for the slave's first report, then put one message (the first
+        segment is made then: not on the clock).
+        """
+        _wait_for_slave(self.http_port, self.master)
+        urllib.request.urlopen(
+            urllib.request.Request(
+                f"http://127.0.0.1:{self.http_port}/topics/{TOPIC}/messages", data=body
+            ),
+            timeout=30,
+        ).read()
+
+    def stop(self) -> None:
+        for process in (self.master, self.slave):
+            process.terminate()
+        for process in (self.master, self.slave):
+            process.wait()
+
+
 def http_bench(args: argparse.Namespace) -> dict[str, Any]:
     """
     The HTTP benchmark (module docstring): its figures as one dict.
@@ -238,63 +297,48 @@ def http_bench(args: argparse.Namespace) -> dict[str, Any]:
     from twisted.internet.task import react
 
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir)
-    ha_port, http_port = free_ports(2)
     profile = os.path.abspath(args.profile) if args.profile else None
-    master_command = twistd_command(
-        os.path.join(root, "master"), os.path.join(root, "master.log"),
-        "--role", "SYNC_MASTER", "--segment-size", str(args.segment_size),
-        "--ha-listen", f"tcp:{ha_port}:interface=127.0.0.1",
-        "--http", f"tcp:{http_port}:interface=127.0.0.1",
-        *args.master_option,
-    )
-    if profile is not None:
-        at = master_command.index("rmqha")
-        master_command[at:at] = ["--profile", profile, "--profiler", "cprofile", "--savestats"]
-    master = subprocess.Popen(master_command)
-    slave = subprocess.Popen(
-        twistd_slave_command(
-            os.path.join(root, "slave"), f"tcp:host=127.0.0.1:port={ha_port}",
-            os.path.join(root, "slave.log"), "--segment-size", str(args.segment_size),
-        )
-    )
+    pairs = {"": _Pair(root, "now", None, args, profile)}
+    if args.against:
+        pairs["before_"] = _Pair(root, "before", os.path.abspath(args.against), args, None)
     body = os.urandom(args.body_size)
     single = _request(f"/topics/{TOPIC}/messages", body, "application/octet-stream")
     bodies = [body] * args.batch
-    batch = (
-        _request(f"/topics/{TOPIC}/batch", batch_binary(bodies), "application/x-rmqha-batch")
-        if args.batch_format == "binary"
-        else _request(f"/topics/{TOPIC}/batch", batch_json(bodies), "application/json")
-    )
-    variants = {
-        "single_1": (single, 1),
-        f"single_{args.connections}": (single, args.connections),
+    batches = {
+        "batch": _request(f"/topics/{TOPIC}/batch", batch_json(bodies), "application/json"),
+        "binary": _request(
+            f"/topics/{TOPIC}/batch", batch_binary(bodies), "application/x-rmqha-batch"
+        ),
     }
-    if args.batch > 1:
-        variants[f"batch{args.batch}_1"] = (batch, 1)
-        variants[f"batch{args.batch}_{args.connections}"] = (batch, args.connections)
+    formats = {"json": ["batch"], "binary": ["binary"], "both": ["batch", "binary"]}
+    variants: dict[str, tuple[_Pair, bytes, int]] = {}
+    for prefix, pair in pairs.items():
+        variants[f"{prefix}single_1"] = (pair, single, 1)
+        variants[f"{prefix}single_{args.connections}"] = (pair, single, args.connections)
+    for kind in formats[args.batch_format] if args.batch > 1 else ():
+        for n in (1, args.connections):
+            variants[f"{kind}{args.batch}_{n}"] = (pairs[""], batches[kind], n)
     if args.only:
         variants = {name: variants[name] for name in args.only.split(",")}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     load_before = os.getloadavg()
     try:
-        _wait_for_slave(http_port, master)
-        # The first put creates the first segment (fallocate): before the clock.
-        urllib.request.urlopen(
-            urllib.request.Request(
-                f"http://127.0.0.1:{http_port}/topics/{TOPIC}/messages", data=body
-            ),
-            timeout=30,
-        ).read()
+        for pair in pairs.values():
+            pair.ready(body)
 
         def main(reactor: Any) -> Deferred[None]:
             async def go() -> None:
                 for run in range(args.runs):
-                    for name, (request, connections) in variants.items():
+                    for name, (pair, request, connections) in variants.items():
                         _progress(f"run {run + 1}/{args.runs}: {name}")
                         runs[name].append(
                             await _load(
-                                reactor, http_port, request, connections, args.seconds,
-                                {"master": master.pid, "slave": slave.pid, "clients": os.getpid()},
+                                reactor, pair.http_port, request, connections, args.seconds,
+                                {
+                                    "master": pair.master.pid,
+                                    "slave": pair.slave.pid,
+                                    "clients": os.getpid(),
+                                },
                             )
                         )
                         await deferLater(reactor, 0.2, lambda: None)
@@ -309,10 +353,8 @@ def http_bench(args: argparse.Namespace) -> dict[str, Any]:
             if e.code:
                 raise
     finally:
-        master.terminate()
-        slave.terminate()
-        master.wait()
-        slave.wait()
+        for pair in pairs.values():
+            pair.stop()
         shutil.rmtree(root, ignore_errors=True)
 
     def median(name: str, key: str) -> float:
@@ -338,11 +380,19 @@ def http_bench(args: argparse.Namespace) -> dict[str, Any]:
         },
         "all": runs,
     }
-    for n in (1, args.connections) if args.batch > 1 else ():
-        if f"batch{args.batch}_{n}" in runs and f"single_{n}" in runs:
-            out[f"batch_over_single_{n}"] = median(
-                f"batch{args.batch}_{n}", "messages_per_s"
-            ) / median(f"single_{n}", "messages_per_s")
+    for n in (1, args.connections):
+        for kind in ("batch", "binary"):
+            batched = f"{kind}{args.batch}_{n}"
+            for prefix in ("", "before_"):
+                singles = f"{prefix}single_{n}"
+                if batched in runs and singles in runs:
+                    out[f"{kind}_over_{singles}"] = median(
+                        batched, "messages_per_s"
+                    ) / median(singles, "messages_per_s")
+        if f"single_{n}" in runs and f"before_single_{n}" in runs:
+            out[f"single_{n}_now_over_before"] = median(f"single_{n}", "messages_per_s") / median(
+                f"before_single_{n}", "messages_per_s"
+            )
     if profile is not None:
         out["profile"] = profile
     return out
@@ -363,12 +413,18 @@ def add_arguments(parser: argparse.ArgumentParser, existing_dir: Any) -> None:
     parser.add_argument("--connections", type=int, default=16, help="the many-connection case (16)")
     parser.add_argument("--batch", type=int, default=32, help="messages per batch (32; 1: none)")
     parser.add_argument(
-        "--batch-format", choices=["json", "binary"], default="json",
-        help="the batch's body: JSON with base64 bodies, or length-prefixed binary (json)",
+        "--batch-format", choices=["json", "binary", "both"], default="both",
+        help="the batches' bodies: JSON with base64 bodies (batch32_N), length-prefixed "
+        "binary (binary32_N), or both (default)",
     )
     parser.add_argument(
         "--only", default=None, metavar="NAMES",
         help="only these variants, e.g. batch32_1,single_16 (default: all four)",
+    )
+    parser.add_argument(
+        "--against", default=None, metavar="CHECKOUT",
+        help="also run single puts against a master and slave from another checkout (the "
+        "code before a change), alternating: before_single_1, before_single_16",
     )
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--segment-size", type=int, default=256 << 20)
@@ -393,8 +449,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
         for name, m in medians.items()
     ]
     ratios = [
-        f"batches / single puts from {n}: {result[f'batch_over_single_{n}']:.1f}x"
-        for n in (1, args.connections)
-        if f"batch_over_single_{n}" in result
+        f"{key.replace('_', ' ')}: {value:.2f}x"
+        for key, value in result.items()
+        if "_over_" in key
     ]
     return "http: " + "; ".join(parts + ratios) + f" (median of {args.runs})"
