@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import struct
 from typing import Any, Callable, Sequence
 
 from twisted.internet.defer import Deferred
@@ -48,6 +49,7 @@ MAX_BATCH_MESSAGES = 1024
 #: The length-prefixed binary batch: each message a 4-byte big-endian
 #: length and its body.
 BATCH_BINARY_TYPE = b"application/x-rmqha-batch"
+_LENGTH = struct.Struct(">I")
 _JSON_TYPE = b"application/json"
 #: A message's fields in a JSON batch.
 _JSON_FIELDS = frozenset(["body", "body_base64", "queueId", "tags", "keys"])
@@ -70,14 +72,19 @@ def master_hint(coordinator: FailoverSource | None) -> dict[str, Any] | None:
     return {"node_id": master["node_id"], "http": master["http"], "epoch": master["epoch"]}
 
 
+#: Each status's name (an enum's C{value} is a descriptor call: per message).
+_STATUS_TEXT = {status: status.value for status in PutStatus}
+
+
 def _stored(result: PutMessageResult) -> Verdict:
     # Every outcome in which the message was stored is a 200.
     append = result.append
+    offset = append.offset
     return 200, {
-        "status": result.status.value,
+        "status": _STATUS_TEXT[result.status],
         "stored": True,
-        "offset": append.offset,
-        "next_offset": append.next_offset,
+        "offset": offset,
+        "next_offset": offset + append.size,
         "msg_id": append.msg_id,
         "queue_offset": append.queue_offset,
     }
@@ -268,23 +275,23 @@ def _binary_bodies(data: bytes) -> list[bytes]:
     """
     bodies: list[bytes] = []
     at = 0
-    view = memoryview(data)
     end = len(data)
+    length_at = _LENGTH.unpack_from
     while at < end:
-        if len(bodies) == MAX_BATCH_MESSAGES:
-            raise _too_many(MAX_BATCH_MESSAGES + 1)
         if end - at < 4:
             raise ValueError(
                 f"message {len(bodies)}: {end - at} bytes left where a 4-byte length belongs"
             )
-        length = int.from_bytes(view[at : at + 4], "big")
+        (length,) = length_at(data, at)
         at += 4
         if length > end - at:
             raise ValueError(
                 f"message {len(bodies)}: its length says {length} bytes, {end - at} remain"
             )
-        bodies.append(bytes(view[at : at + length]))
+        bodies.append(data[at : at + length])
         at += length
+        if len(bodies) > MAX_BATCH_MESSAGES:
+            raise _too_many(len(bodies))
     return bodies
 
 
