@@ -5,9 +5,9 @@ one message; query: C{queueId}, C{tags}, C{keys}) and C{POST
 /topics/{topic}/batch} (many messages, one verdict each), put on this
 broker; a slave's refusal names the elected master in failover mode.
 
-Both go through L{put_verdict}: one message's put as the HTTP answer a
-single put gives it (its code and JSON), so that a message of a batch ends
-exactly as it would alone.
+Both put each message with L{put_verdict} (its refusal as the HTTP
+answer a single put gives, or its wait) and wait with one L{_Answer}, so
+that a message of a batch ends exactly as it would alone.
 """
 
 from __future__ import annotations
