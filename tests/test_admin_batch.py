@@ -178,6 +178,7 @@ class BatchTests(AdminTestCase):
             (b'{"messages": [{"body": "a", "body_base64": "YQ=="}]}', JSON, "message 0: give one"),
             (b'{"messages": [{"body_base64": "%%%"}]}', JSON, "message 0: \"body_base64\" is not base64"),
             (b'{"messages": [{"body": 1}]}', JSON, 'message 0: "body" is not a string'),
+            (b'{"messages": [{"body": "\\ud800"}]}', JSON, 'message 0: "body" is not valid Unicode'),
             (b'{"messages": [{"body": "a", "queueId": -1}]}', JSON, "message 0: queueId -1"),
             (b'{"messages": [{"body": "a", "queueId": "1"}]}', JSON, "message 0: queueId '1'"),
             (b'{"messages": [{"body": "a", "keys": 3}]}', JSON, "message 0: keys is not a string"),

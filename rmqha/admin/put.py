@@ -330,7 +330,13 @@ def _json_messages(
         if text is not None:
             if not isinstance(text, str):
                 raise ValueError(f'message {i}: "body" is not a string')
-            body = text.encode("utf-8", "surrogatepass")
+            try:
+                body = text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f'message {i}: "body" is not valid Unicode (a lone surrogate): '
+                    'send such bytes as "body_base64"'
+                ) from None
         else:
             if not isinstance(coded, str):
                 raise ValueError(f'message {i}: "body_base64" is not a string')
