@@ -419,7 +419,7 @@ def add_arguments(parser: argparse.ArgumentParser, existing_dir: Any) -> None:
     )
     parser.add_argument(
         "--only", default=None, metavar="NAMES",
-        help="only these variants, e.g. batch32_1,single_16 (default: all four)",
+        help="only these variants, e.g. batch32_1,single_16 (default: all)",
     )
     parser.add_argument(
         "--against", default=None, metavar="CHECKOUT",
