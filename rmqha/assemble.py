@@ -33,6 +33,7 @@ from rmqha.coord.failover import FailoverSettings
 from rmqha.coord.node import Coordinator
 from rmqha.ha.auth import GroupAuth, load_group_secret
 from rmqha.ha.epochs import EpochFile, EpochFileError
+from rmqha.logfile import DEFAULT_LOG_KEEP, DEFAULT_LOG_ROTATE_SIZE, LogFileSettings, open_log_file
 from rmqha.remoting.broker import vip_description
 from rmqha.remoting.metadata import MetadataError
 from rmqha.remoting.registration import store_host_for
@@ -86,6 +87,12 @@ def check_files(settings: BrokerSettings) -> None:
     if isinstance(settings.listen, str) and settings.listen.startswith("ssl:"):
         parse_ssl_listen(settings.listen, "--listen")
         server_context(files, settings.peer_policy)
+    if settings.access_log is not None:
+        # Opened (made if missing) and closed: the admin port opens it again.
+        open_log_file(
+            LogFileSettings(settings.access_log, DEFAULT_LOG_ROTATE_SIZE, DEFAULT_LOG_KEEP),
+            "--access-log",
+        ).close()
 
 
 def group_auth(settings: BrokerSettings, secret: bytes | None) -> GroupAuth | None:
@@ -225,7 +232,7 @@ def build_service(
             settings.http_peer_policy,
             serve_commitlog=settings.serve_commitlog,
             failover=coordinator,
-            access_log=settings.http_access_log,
+            access_log=settings.access_log,
         ).setServiceParent(broker)  # type: ignore[no-untyped-call]
     if listen_now:
         assert isinstance(broker, _TwistdBroker), "listen_now needs one_line_errors"

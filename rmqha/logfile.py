@@ -3,7 +3,9 @@
 The broker's log file, rotated by size with Twisted's own
 L{twisted.python.logfile.LogFile}: C{twistd rmqha --log-file PATH
 [--log-rotate-size 10m] [--log-keep 10]} (docs/operations.md, "Logging");
-SIGUSR1 rotates it at once, as twistd's own.
+SIGUSR1 rotates it at once, as twistd's own.  The admin port's access log
+(C{--access-log FILE}, L{rmqha.admin.channel.AdminSite}) is the same kind
+of file, rotated by SIGUSR1 with it.
 
 twistd's own C{--logfile PATH} rotates at 1,000,000 bytes too, but keeps
 every rotated file (C{PATH.1}, C{PATH.2}, ... without end) and cannot be
@@ -71,13 +73,14 @@ class LogFileSettings:
         self.keep = keep
 
 
-def open_log_file(settings: LogFileSettings) -> LogFile:
+def open_log_file(settings: LogFileSettings, flag: str = "--log-file") -> LogFile:
     """
     The log file, opened (created if missing) for appending, rotating at
     C{settings.rotate_size} bytes and keeping C{settings.keep} rotated
     files.
 
-    @raise ValueError: it cannot be opened, naming C{--log-file} and why.
+    @param flag: the option that named it, for errors.
+    @raise ValueError: it cannot be opened, naming C{flag} and why.
     """
     directory, name = os.path.split(settings.path)
     try:
@@ -85,7 +88,7 @@ def open_log_file(settings: LogFileSettings) -> LogFile:
             name, directory, rotateLength=settings.rotate_size, maxRotatedFiles=settings.keep
         )
     except OSError as e:
-        raise ValueError(f"--log-file {settings.path}: {e.strerror or e}") from None
+        raise ValueError(f"{flag} {settings.path}: {e.strerror or e}") from None
 
 
 def file_observer(log_file: LogFile) -> ILogObserver:
@@ -124,20 +127,48 @@ def hand_to_twistd(parent: Any, log_file: LogFile) -> None:
     parent["logger"] = TWISTD_LOGGER
 
 
-def rotate_on_usr1(log_file: LogFile, call: Callable[[Callable[[], None]], None]) -> None:
-    """
-    Rotate C{log_file} at once on SIGUSR1, as twistd does its own
-    C{--logfile} (unless the signal has a handler already): C{call} runs
-    the rotation outside the signal handler (the reactor's
-    C{callFromThread}).
-    """
-    if signal.getsignal(signal.SIGUSR1) not in (None, signal.SIG_DFL):
-        return
+#: What SIGUSR1 rotates, while L{_rotate_all} is its handler: each log file
+#: with the function that runs its rotation outside the handler.
+_rotated: list[tuple[LogFile, Callable[[Callable[[], None]], None]]] = []
 
-    def rotate(signum: int, frame: Any) -> None:
+
+def _rotate_all(signum: int, frame: Any) -> None:
+    for log_file, call in list(_rotated):
         call(log_file.rotate)
 
-    signal.signal(signal.SIGUSR1, rotate)
+
+def rotate_on_usr1(
+    log_file: LogFile, call: Callable[[Callable[[], None]], None]
+) -> Callable[[], None]:
+    """
+    Rotate C{log_file} at once on SIGUSR1, as twistd does its own
+    C{--logfile} (unless the signal has another handler already): C{call}
+    runs the rotation outside the signal handler (the reactor's
+    C{callFromThread}).  Every file given is rotated by the one signal
+    (the log file and the access log).
+
+    @return: a function that stops rotating C{log_file} on the signal (the
+        handler is removed with the last file).
+    """
+    handler = signal.getsignal(signal.SIGUSR1)
+    if handler is not _rotate_all:
+        if handler not in (None, signal.SIG_DFL):
+            return lambda: None
+        try:
+            signal.signal(signal.SIGUSR1, _rotate_all)
+        except ValueError:  # (not the main thread: no signals here)
+            return lambda: None
+        del _rotated[:]  # (left by a handler since replaced)
+    entry = (log_file, call)
+    _rotated.append(entry)
+
+    def stop() -> None:
+        if entry in _rotated:
+            _rotated.remove(entry)
+        if not _rotated and signal.getsignal(signal.SIGUSR1) is _rotate_all:
+            signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+
+    return stop
 
 
 def twistd_observer() -> ILogObserver:

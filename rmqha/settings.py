@@ -16,6 +16,7 @@ A new setting is one field here (and its use where it acts).
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Any, Callable, Mapping
 
 import attrs
@@ -265,6 +266,12 @@ def _master_kind(text: str) -> MasterKind:
         raise ValueError(f"{text!r} is not auto, rmqha or rocketmq") from None
 
 
+def _file_path(text: str) -> str:
+    if not text.strip():
+        raise ValueError("no file named")
+    return os.path.abspath(text)
+
+
 def _peers(text: str) -> frozenset[str]:
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
     if not names:
@@ -497,12 +504,13 @@ class BrokerSettings:
         key="serveCommitLog",
         parse=lambda t: parse_rate(t, "commit-log rate"),
     )
-    http_access_log: bool = _setting(
-        False,
-        "with --http: log a line per admin HTTP request (Combined Log Format) "
-        "into the broker's log (default: none; every POST would be a line)",
-        key="httpAccessLog",
-        switch=True,
+    access_log: str | None = _setting(
+        None,
+        "with --http: write a line per admin HTTP request (Combined Log Format) "
+        "to FILE, rotated at 10 MiB keeping FILE.1..FILE.10 (and by SIGUSR1); "
+        "default: none (every POST would be a line)",
+        key="accessLog",
+        parse=_file_path,
     )
 
     # -- RocketMQ's HA settings
@@ -1160,8 +1168,8 @@ def _http(s: BrokerSettings) -> None:
     """
     if s.http is None and s.serve_commitlog:
         raise SettingsError("--serve-commitlog (serveCommitLog) needs --http")
-    if s.http is None and s.http_access_log:
-        raise SettingsError("--http-access-log (httpAccessLog) needs --http")
+    if s.http is None and s.access_log:
+        raise SettingsError("--access-log (accessLog) needs --http")
     if s.http is None or not s.http.startswith("ssl:"):
         if s.http_allowed_peers is not None:
             raise SettingsError("--http-allowed-peers needs --http ssl:PORT")

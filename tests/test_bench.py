@@ -177,3 +177,50 @@ class PutsBenchTests(SynchronousTestCase):
         self.assertGreater(result["put_wall_speedup"], 0)
         self.assertIn("wall clock", stderr.getvalue())
         self.assertEqual(os.listdir(root), [])
+
+
+class HTTPBenchClientTests(SynchronousTestCase):
+    def test_answers_counted(self) -> None:
+        """
+        C{bench http}'s client reads answers with a Content-Length or
+        chunked, however they are split across reads, counts each batch
+        message's status and what was stored, and sends its next request
+        only once an answer is whole.
+        """
+        import json
+        import time
+
+        from twisted.internet.testing import StringTransport
+
+        from tools.httpbench import _Client, batch_binary, batch_json
+
+        self.assertEqual(batch_binary([b"ab", b""]), b"\x00\x00\x00\x02ab\x00\x00\x00\x00")
+        self.assertEqual(
+            json.loads(batch_json([b"\xff"], queue_id=3)),
+            {"messages": [{"body_base64": "/w==", "queueId": 3}]},
+        )
+        tally: dict = {"latencies": [], "statuses": {}, "codes": {}, "stored": 0}
+        client = _Client(b"REQUEST", time.perf_counter() + 3600, tally)
+        transport = StringTransport()
+        client.makeConnection(transport)
+        self.assertEqual(transport.value(), b"REQUEST")
+        batch = json.dumps({"results": [
+            {"status": "PUT_OK", "stored": True}, {"status": "MESSAGE_ILLEGAL", "stored": False},
+        ]}).encode()
+        answer = b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n%s" % (len(batch), batch)
+        single = b'{"status": "FLUSH_SLAVE_TIMEOUT", "stored": true}'
+        chunked = (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n"
+            % (len(single), single)
+        )
+        for data in (answer, chunked):
+            transport.clear()
+            for i in range(0, len(data), 7):
+                self.assertEqual(transport.value(), b"")
+                client.dataReceived(data[i : i + 7])
+            self.assertEqual(transport.value(), b"REQUEST")
+        self.assertEqual(
+            tally["statuses"], {"PUT_OK": 1, "MESSAGE_ILLEGAL": 1, "FLUSH_SLAVE_TIMEOUT": 1}
+        )
+        self.assertEqual((tally["stored"], tally["codes"]), (2, {400: 1, 200: 1}))
+        self.assertEqual(len(tally["latencies"]), 2)

@@ -23,6 +23,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha import logfile
 from rmqha.admin import AdminService, make_site
+from rmqha.admin.channel import AdminSite
 from rmqha.broker import Broker
 from rmqha.ha.config import Role
 from rmqha.logfile import (
@@ -90,7 +91,8 @@ def started_broker(
 
 class AccessLogTests(SynchronousTestCase):
     """
-    The admin site writes no access log line unless told to.
+    The admin site writes no access log unless given a file
+    (C{--access-log FILE}), rotated as the broker's log file.
     """
 
     def serve(self, **kwargs: Any) -> tuple[list[str], int]:
@@ -121,47 +123,104 @@ class AccessLogTests(SynchronousTestCase):
         no once-a-second timer for access-log timestamps.
         """
         broker = started_broker(self, BrokerSettings(role=Role.MASTER, ha_listen="tcp:0"))
-        self.assertFalse(make_site(broker, reactor=Clock()).access_log)
+        self.assertIsNone(make_site(broker, reactor=Clock()).access_log)
         lines, timers = self.serve()
         self.assertEqual([line for line in lines if "/status" in line], [])
         self.assertEqual(timers, 0)
 
-    def test_on_when_asked(self) -> None:
+    def test_to_its_file(self) -> None:
         """
-        With C{access_log=True} each request is one line in Combined Log
-        Format: client, request line, status, user agent.
+        With C{access_log=FILE} each request is one line in Combined Log
+        Format in FILE (client, request line, status, user agent), none in
+        the broker's log; FILE rotates at 10 MiB keeping 10 files, and on
+        SIGUSR1 with the other files rotated then, until the site stops.
         """
-        lines, timers = self.serve(access_log=True)
-        (line,) = [line for line in lines if "/status" in line]
+        self.addCleanup(signal.signal, signal.SIGUSR1, signal.getsignal(signal.SIGUSR1))
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        path = os.path.join(directory, "access.log")
+        opened: list[Any] = []
+        real_open = AdminSite._openLogFile
+
+        def spy(site: Any, where: str) -> Any:
+            opened.append(real_open(site, where))
+            return opened[-1]
+
+        self.patch(AdminSite, "_openLogFile", spy)
+        lines, timers = self.serve(access_log=path)
+        self.assertEqual([line for line in lines if "/status" in line], [])
+        with open(path) as f:
+            (line,) = f.read().splitlines()
         self.assertIn('"127.0.0.1" - - [', line)
         self.assertIn('"GET /status HTTP/1.1" 200', line)
         self.assertIn('"probe/1"', line)
         self.assertEqual(timers, 1)  # (Twisted's cached timestamp)
+        (log_file,) = opened
+        self.assertEqual((log_file.rotateLength, log_file.maxRotatedFiles), (10 * 1024 * 1024, 10))
+        self.assertTrue(log_file.closed)
+        # Stopped: SIGUSR1 rotates it no more (the handler is gone with it).
+        self.assertEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)
+
+    def test_usr1_rotates_it(self) -> None:
+        """
+        While the site runs, SIGUSR1 rotates the access log to FILE.1 (and
+        the broker's log file too, when there is one).
+        """
+        self.addCleanup(signal.signal, signal.SIGUSR1, signal.getsignal(signal.SIGUSR1))
+        signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+        directory = os.path.abspath(self.mktemp())
+        os.makedirs(directory)
+        main = open_log_file(LogFileSettings(os.path.join(directory, "b.log"), 1024, 2))
+        self.addCleanup(main.close)
+        calls: list[Any] = []
+        rotate_on_usr1(main, calls.append)
+        broker = started_broker(self, BrokerSettings(role=Role.MASTER, ha_listen="tcp:0"))
+        path = os.path.join(directory, "access.log")
+        site = make_site(broker, reactor=Clock(), access_log=path)
+        site.doStart()
+        self.addCleanup(site.doStop)
+        site.logFile.write("a request\n")
+        os.kill(os.getpid(), signal.SIGUSR1)
+        self.assertEqual(calls, [main.rotate])
+        self.assertEqual(sorted(os.listdir(directory)), ["access.log", "access.log.1", "b.log"])
+        self.assertEqual(os.path.getsize(path), 0)
+        self.assertGreater(os.path.getsize(path + ".1"), 0)
 
     def test_setting(self) -> None:
         """
-        C{--http-access-log} (broker.conf C{httpAccessLog=true}) turns it on
-        for the admin port twistd builds; it needs C{--http}.
+        C{--access-log FILE} (broker.conf C{accessLog=FILE}) gives the
+        admin port twistd builds its access log (an absolute path; the file
+        made at once); it needs C{--http}; a file that cannot be opened is
+        one line naming the flag.
         """
         from rmqha.tap import makeService
 
         store = self.mktemp()
+        path = os.path.abspath(self.mktemp())
         options = Options()
         options.parseOptions(
-            ["--store-dir", store, "--http", "tcp:0:interface=127.0.0.1", "--http-access-log"]
+            ["--store-dir", store, "--http", "tcp:0:interface=127.0.0.1", "--access-log", path]
         )
-        self.assertTrue(options.settings.http_access_log)
+        self.assertEqual(options.settings.access_log, path)
+        self.assertTrue(os.path.isfile(path))
         broker = makeService(options)
-        self.assertTrue(broker.getServiceNamed("http").access_log)  # type: ignore[attr-defined]
+        self.assertEqual(broker.getServiceNamed("http").access_log, path)  # type: ignore[attr-defined]
         options = Options()
         options.parseOptions(["--store-dir", store, "--http", "tcp:0:interface=127.0.0.1"])
-        self.assertFalse(makeService(options).getServiceNamed("http").access_log)  # type: ignore[attr-defined]
-        self.assertTrue(
-            BrokerSettings.from_sources(conf={"httpAccessLog": "true", "storePathRootDir": store,
-                                              "haListenPort": "0"}, flags={"http": "8080"}).http_access_log
+        self.assertIsNone(makeService(options).getServiceNamed("http").access_log)  # type: ignore[attr-defined]
+        self.assertEqual(
+            BrokerSettings.from_sources(conf={"accessLog": "a.log", "storePathRootDir": store,
+                                              "haListenPort": "0"}, flags={"http": "8080"}).access_log,
+            os.path.abspath("a.log"),
         )
-        e = self.assertRaises(SettingsError, BrokerSettings, http_access_log=True)
-        self.assertEqual(str(e), "--http-access-log (httpAccessLog) needs --http")
+        e = self.assertRaises(SettingsError, BrokerSettings, access_log="/tmp/a.log")
+        self.assertEqual(str(e), "--access-log (accessLog) needs --http")
+        e = self.assertRaises(
+            UsageError, Options().parseOptions,
+            ["--store-dir", store, "--http", "8080", "--access-log", "/nonexistent/a.log"],
+        )
+        self.assertEqual(str(e), "--access-log /nonexistent/a.log: No such file or directory")
 
 
 class StartupLineTests(SynchronousTestCase):

@@ -45,6 +45,10 @@ RSS, against the raw ceiling measured in the same run: a plain socket pair
 moving the same bytes into a file.  A last phase throttles the slave to
 1 MB/s and samples the master's RSS, which must stay flat.
 
+C{http} runs SYNC puts over the admin HTTP port (single and batches, 1
+and 16 keep-alive connections) against a C{twistd rmqha} master and
+slave (L{tools.httpbench}).
+
 C{failover} runs a failover group of three C{twistd rmqha} processes under
 one etcd member, with HTTP producers following the master hint, and
 SIGKILLs the master C{--kills} times (restarting it each time): the
@@ -79,6 +83,7 @@ from twisted.internet.task import deferLater, react
 from rmqha.store._record import ACCELERATED, Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.service import CommitLogService
+from tools import httpbench
 from tools.processes import twistd_slave_command
 
 __all__ = ["main", "machine_info"]
@@ -2529,6 +2534,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     failover.add_argument("--segment-size", type=int, default=4 << 20)
     failover.add_argument("--dir", type=_existing_dir, default=None, help="where the stores go")
+    http_bench = commands.add_parser(
+        "http", help="SYNC puts over the admin HTTP port: single puts and batches, 1 and 16 "
+        "keep-alive connections, a twistd master and slave on loopback"
+    )
+    httpbench.add_arguments(http_bench, _existing_dir)
     for name, params in [
         ("_spark-scan", ["store", "master"]),
         ("_source-scan", ["store", "session"]),
@@ -2619,6 +2629,13 @@ def main(argv: list[str] | None = None) -> None:
             f"({result['batch32_speedup']:.2f}x){check}; median of {args.runs}",
             file=sys.stderr,
         )
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "http":
+        result = httpbench.http_bench(args)
+        print(httpbench.report(result, args), file=sys.stderr)
+        if args.profile:
+            httpbench.print_profile(args.profile)
         print(json.dumps(result))
         return None
     if args.benchmark == "failover":

@@ -8,6 +8,8 @@ The admin HTTP interface (twisted.web), served on C{--http ENDPOINT}:
     GET  /metrics                     the same figures as Prometheus text
     POST /topics/{topic}/messages     the request body becomes one message
                                       (query: queueId, tags, keys)
+    POST /topics/{topic}/batch        many messages (JSON, or length-prefixed
+                                      binary), one verdict each
     GET  /commitlog                   with --serve-commitlog RATE: the
                                       segment files and the max offset
     GET  /commitlog/{segment}         a segment's bytes (one Range), read-only,
@@ -22,7 +24,7 @@ Its rooms:
     L{rmqha.admin.resource}   JSON answers and errors shared by the resources
     L{rmqha.admin.view}       the read-only status view model (/status's JSON)
     L{rmqha.admin.metrics}    the Prometheus collector (/metrics)
-    L{rmqha.admin.put}        the put endpoint (/topics/{topic}/messages)
+    L{rmqha.admin.put}        the put endpoints (/topics/{topic}/messages, /batch)
     L{rmqha.admin.commitlog}  commit-log serving (/commitlog)
     L{rmqha.admin.service}    L{AdminRoot}, L{make_site}, L{AdminService}
 """

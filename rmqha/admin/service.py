@@ -115,7 +115,7 @@ def make_site(
     peer_policy: PeerPolicy | None = None,
     serve_commitlog: int = 0,
     failover: FailoverSource | None = None,
-    access_log: bool = False,
+    access_log: str | None = None,
 ) -> Site:
     """
     The admin interface of C{broker} as the factory its HTTP port serves
@@ -132,9 +132,9 @@ def make_site(
     @param serve_commitlog: bytes per second at which C{/commitlog}
         serves segment files to all readers together; 0: not served.
     @param failover: the broker's failover coordinator, if any.
-    @param access_log: log a line per request (Combined Log Format) into
-        the process's log; off, no request is logged (an access log of
-        every put would dwarf the broker's own lines).
+    @param access_log: a file to write a line per request to (Combined
+        Log Format), rotated (L{AdminSite}); C{None}, no request is logged
+        (an access log of every put would dwarf the broker's own lines).
     """
     clock = reactor if reactor is not None else broker.reactor
     served = CommitLogServer(serve_commitlog, clock) if serve_commitlog > 0 else None
@@ -165,12 +165,12 @@ class AdminService(Port):
         peer_policy: PeerPolicy | None = None,
         serve_commitlog: int = 0,
         failover: FailoverSource | None = None,
-        access_log: bool = False,
+        access_log: str | None = None,
     ) -> None:
         """
         @param failover: the broker's failover coordinator, if any
             (L{make_site}).
-        @param access_log: log every request (L{make_site}).
+        @param access_log: the access log's path (L{make_site}), or C{None}.
         @param where: a Twisted server endpoint description (plain TCP
             beyond loopback is warned about), or an endpoint
             (L{rmqha.tls.server_endpoint} for TLS requiring client
