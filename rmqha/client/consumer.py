@@ -50,7 +50,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from rmqha.client._codec import MessageQueue, SendError
+from rmqha.client._codec import MessageQueue
 from rmqha.client._consume import (
     FLAG_COMMIT_OFFSET,
     FLAG_SUBSCRIPTION,
@@ -150,7 +150,7 @@ class ConsumeStatus(enum.Enum):
 Handler = Callable[[list[ReceivedMessage]], Any]
 
 
-class ConsumerError(SendError):
+class ConsumerError(Exception):
     """A consumer request that failed: one line naming the queue or group and why."""
 
 
@@ -871,7 +871,14 @@ class PushConsumer(Service):
         for topic in sorted(self.subscriptions):
             info = self.client.routes.table.get(topic)
             if info is None:
-                continue  # (no route yet: the 30 s refresh may bring one)
+                # (The routes kept are refreshed every 30 s; one the
+                # NameServers did not know yet is asked for here.)
+                await self.client.routes.refresh(topic)
+                if self._stopping:
+                    return
+                info = self.client.routes.table.get(topic)
+            if info is None:
+                continue
             mq_all = subscribe_queues(topic, info.route)
             cids = await self.client.consumer_ids(topic)
             if self._stopping:
