@@ -761,7 +761,7 @@ class PushConsumer(Service):
         for a in self.assigned.values():
             self._halt(a)
         if self._handlers:
-            waiting = DeferredList([follow(d) for d in self._handlers])
+            waiting = DeferredList([follow(d) for d in self._handlers], consumeErrors=True)
             try:
                 await within(waiting, self.stop_timeout, self.clock)
             except TimeoutError:
