@@ -805,3 +805,22 @@ class PushConsumerTests(_Case):
         self.assertEqual(dict(unregister.ext_fields or {}), {"clientID": "10.9.9.9@1#1", "consumerGroup": "CG"})
         self.assertEqual(consumer.assigned, {})
 
+
+    def test_stop_from_a_handler(self) -> None:
+        """
+        A handler that stops its consumer: the stop waits for that handler
+        to return and commits its message.
+        """
+        stops: list[Deferred[None]] = []
+        consumers: list[PushConsumer] = []
+
+        def handler(messages: list[ReceivedMessage]) -> None:
+            stops.append(consumers[0].stopService())
+
+        self.a.append("T", 0, b"x")
+        consumers.append(self.push(handler, start=False))
+        consumers[0].startService()
+        self.services.append(consumers[0])
+        self.pump()
+        self.successResultOf(stops[0])
+        self.assertEqual(self.a.committed[("CG", "T", 0)], 1)

@@ -1052,11 +1052,17 @@ class PushConsumer(Service):
         if a.pq.dropped or self._stopping:
             self._slots.release()
             return
+        # (Known as running before it runs: a handler may stop the
+        # consumer, and the stop then waits for it to return.)
+        running: Deferred[None] = Deferred()
+        self._handlers.add(running)
+
+        def finished(_: object) -> None:
+            self._handlers.discard(running)
+            running.callback(None)
+
         d: Deferred[Any] = maybeDeferred(self.handler, list(batch))
-        tracked: Deferred[None] = d.addBoth(self._handled, a, batch)
-        if not tracked.called:
-            self._handlers.add(tracked)
-            tracked.addBoth(lambda _: self._handlers.discard(tracked))
+        d.addBoth(self._handled, a, batch).addBoth(finished)
 
     def _handled(self, result: object, a: _Assigned, batch: list[ReceivedMessage]) -> None:
         self._slots.release()
