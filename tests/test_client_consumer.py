@@ -824,3 +824,31 @@ class PushConsumerTests(_Case):
         self.pump()
         self.successResultOf(stops[0])
         self.assertEqual(self.a.committed[("CG", "T", 0)], 1)
+
+    def test_heartbeat_on_the_wire(self) -> None:
+        """
+        HEART_BEAT goes at start and every 30 s to every address of the
+        topic's brokers, the slave too, with the HeartbeatData of the
+        consumer's group, client id, subscriptions (the group's retry
+        topic added) and subVersion (the subscribe time in ms).
+        """
+        slave = self.broker("broker-a", "10.0.0.11", {"T": 4}, broker_id=1, data=self.a.data)
+        consumer = self.push(start=False)
+        consumer.subscribe("T", "TagB || TagA")
+        consumer.startService()
+        self.services.append(consumer)
+        self.pump()
+        expected = (
+            '{"clientID":"10.9.9.9@1#1","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET",'
+            '"consumeType":"CONSUME_PASSIVELY","groupName":"CG","messageModel":"CLUSTERING","subscriptionDataSet":['
+            '{"classFilterMode":false,"codeSet":[],"expressionType":"TAG","subString":"*","subVersion":1700000000000,'
+            '"tagsSet":[],"topic":"%RETRY%CG"},'
+            '{"classFilterMode":false,"codeSet":[2598919,2598920],"expressionType":"TAG","subString":"TagB || TagA",'
+            '"subVersion":1700000000000,"tagsSet":["TagA","TagB"],"topic":"T"}],"unitMode":false}],'
+            '"producerDataSet":[]}'
+        ).encode()
+        for broker in (self.a, slave):
+            [beat] = broker.sent(RequestCode.HEART_BEAT)
+            self.assertEqual((beat.body, beat.ext_fields), (expected, None))
+        self.advance(30, 5)
+        self.assertEqual([len(b.sent(RequestCode.HEART_BEAT)) for b in (self.a, slave)], [2, 2])
