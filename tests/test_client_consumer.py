@@ -852,3 +852,25 @@ class PushConsumerTests(_Case):
             self.assertEqual((beat.body, beat.ext_fields), (expected, None))
         self.advance(30, 5)
         self.assertEqual([len(b.sent(RequestCode.HEART_BEAT)) for b in (self.a, slave)], [2, 2])
+
+    def test_second_stop_is_the_first(self) -> None:
+        """
+        A stop while one is under way (waiting for a handler) is the same
+        stop: one UNREGISTER_CLIENT, both fire when it is done.
+        """
+        pending: list[Deferred[None]] = []
+
+        def handler(messages: list[ReceivedMessage]) -> Deferred[None]:
+            pending.append(Deferred())
+            return pending[-1]
+
+        self.a.append("T", 0, b"x")
+        consumer = self.push(handler)
+        first, second = consumer.stopService(), consumer.stopService()
+        self.pump()
+        self.assertNoResult(second)
+        pending[0].callback(None)
+        self.pump()
+        self.successResultOf(first)
+        self.successResultOf(second)
+        self.assertEqual(len(self.a.sent(RequestCode.UNREGISTER_CLIENT)), 1)

@@ -680,6 +680,7 @@ class PushConsumer(Service):
         self._rebalance_again = False
         self._stopping = False
         self._later: set[IDelayedCall] = set()
+        self._stopped: Deferred[None] | None = None
 
     # -- subscriptions -----------------------------------------------------------
 
@@ -741,8 +742,11 @@ class PushConsumer(Service):
         at every broker; close the connections.  Messages pulled and not
         consumed are delivered again to whoever consumes their queue next.
         """
+        if self._stopped is not None and not self._stopped.called:
+            return follow(self._stopped)  # (a stop under way: the same one)
         Service.stopService(self)
-        return Deferred.fromCoroutine(self._stop())
+        self._stopped = Deferred.fromCoroutine(self._stop())
+        return follow(self._stopped)
 
     async def _stop(self) -> None:
         self._stopping = True
