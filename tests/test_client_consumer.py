@@ -874,3 +874,39 @@ class PushConsumerTests(_Case):
         self.successResultOf(first)
         self.successResultOf(second)
         self.assertEqual(len(self.a.sent(RequestCode.UNREGISTER_CLIENT)), 1)
+
+    def test_pull_error_retried_after_3s(self) -> None:
+        """
+        A pull answered with a code that is not a pull status
+        (SUBSCRIPTION_NOT_EXIST here) is tried again after 3 s, from the
+        same offset.
+        """
+        self.a.codes = [ResponseCode.SUBSCRIPTION_NOT_EXIST]
+        self.a.append("T", 0, b"x")
+        self.push()
+        self.assertEqual(self.got, [])
+        self.advance(2)
+        self.assertEqual(self.got, [])
+        self.advance(1)
+        self.assertEqual([m.body for m in self.got], [b"x"])
+        self.assertEqual(self.a.pulls[0].queue_offset, self.a.pulls[4].queue_offset)
+
+    def test_topic_that_appears_later(self) -> None:
+        """
+        A subscribed topic the NameServers do not know yet is looked up
+        again at each rebalance: once a broker registers it, its queues
+        are taken within 20 s.
+        """
+        consumer = self.push(start=False)
+        consumer.subscribe("U")
+        consumer.startService()
+        self.services.append(consumer)
+        self.pump()
+        self.assertEqual({q.topic for q in consumer.assigned}, {"T"})
+        self.a.topics["U"] = 2
+        _register(self.ns, self.a, 0, version=2)
+        self.a.append("U", 1, b"u")
+        self.advance(20, 5)
+        self.assertEqual({q for q in consumer.assigned if q.topic == "U"},
+                         {MessageQueue("U", "broker-a", 0), MessageQueue("U", "broker-a", 1)})
+        self.assertEqual([m.body for m in self.got], [b"u"])
