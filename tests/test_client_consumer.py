@@ -910,3 +910,18 @@ class PushConsumerTests(_Case):
         self.assertEqual({q for q in consumer.assigned if q.topic == "U"},
                          {MessageQueue("U", "broker-a", 0), MessageQueue("U", "broker-a", 1)})
         self.assertEqual([m.body for m in self.got], [b"u"])
+
+    def test_stop_during_start(self) -> None:
+        """
+        A stop that comes while the start still waits for the NameServer:
+        no heartbeat, no pull, no loop left running; the stop completes.
+        """
+        consumer = self.push(start=False)
+        consumer.startService()
+        self.services.append(consumer)
+        stopped = consumer.stopService()
+        self.pump()
+        self.successResultOf(stopped)
+        self.assertEqual((self.a.sent(RequestCode.HEART_BEAT), self.a.pulls), ([], []))
+        self.advance(60, 10)
+        self.assertEqual((self.a.sent(RequestCode.HEART_BEAT), self.a.pulls), ([], []))
