@@ -1,7 +1,8 @@
 """
 rmqha's RocketMQ client over the remoting protocol, on Twisted: a
 L{Producer} (SYNC sends and batches, NameServer routing, the Java
-producer's retries), usable against rmqha brokers and genuine 4.9 ones.
+producer's retries), a L{PullConsumer} and a L{PushConsumer} (long
+polling, rebalancing, offsets committed at least once), usable against rmqha brokers and genuine 4.9 ones.
 See docs/client.md.
 """
 
@@ -14,7 +15,15 @@ from rmqha.client._codec import (
     SendStatus,
     UniqueIdFactory,
 )
+from rmqha.client._consume import (
+    ConsumeFromWhere,
+    PullReplyError,
+    PullResult,
+    PullStatus,
+    ReceivedMessage,
+)
 from rmqha.client._routes import NameServerError, NoRouteError
+from rmqha.client.consumer import ConsumerError, ConsumeStatus, PullConsumer, PushConsumer
 from rmqha.client.producer import (
     DEFAULT_RETRY_CODES,
     Producer,
@@ -24,6 +33,15 @@ from rmqha.client.producer import (
 )
 
 __all__ = [
+    "ConsumeFromWhere",
+    "ConsumeStatus",
+    "ConsumerError",
+    "PullConsumer",
+    "PullReplyError",
+    "PullResult",
+    "PullStatus",
+    "PushConsumer",
+    "ReceivedMessage",
     "DEFAULT_RETRY_CODES",
     "Message",
     "MessageQueue",
