@@ -1,0 +1,925 @@
+# -*- test-case-name: tests.test_consumequeue -*-
+"""
+Consume queues in RocketMQ 4.9.8's format, built from the commit log as
+RocketMQ's C{ReputMessageService} builds them (docs/consumequeue.md).
+
+::
+
+    <store>/consumequeue/<topic>/<queueId>/00000000000000000000
+    <store>/consumequeue/<topic>/<queueId>/00000000000006000000   (300,000 units a file)
+    <store>/checkpoint                                            4096 bytes
+
+A unit is 20 bytes, big-endian: int64 commit-log offset, int32 record size,
+int64 tag hash.  Logical offset C{n} of a queue is at byte C{n * 20}.
+
+L{ConsumeQueues} is a part the L{rmqha.store.commitlog.CommitLog} owns: it
+follows the log's whole records (its C{record_end}) from C{dispatched}, in
+bounded steps (L{ConsumeQueues.dispatch}), on masters (puts) and slaves
+(C{append_at}) alike; no Twisted here: the service schedules the steps.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Callable, Iterator, Protocol
+
+from twisted.logger import Logger
+
+from rmqha.store._record import (
+    BLANK_MAGIC,
+    MESSAGE_MAGIC_V1,
+    MESSAGE_MAGIC_V2,
+    SysFlag,
+    decode_properties,
+)
+from rmqha.store._segments import segment_name
+from rmqha.store.errors import StoreError
+
+__all__ = [
+    "UNIT_SIZE",
+    "DEFAULT_UNITS_PER_FILE",
+    "DEFAULT_DISPATCH_STEP",
+    "ConsumeQueue",
+    "ConsumeQueues",
+    "ConsumeQueueError",
+    "Unit",
+    "java_string_hash",
+    "tags_code",
+    "read_checkpoint",
+    "CHECKPOINT_SIZE",
+]
+
+#: ConsumeQueue.CQ_STORE_UNIT_SIZE.
+UNIT_SIZE = 20
+#: MessageStoreConfig.mappedFileSizeConsumeQueue / 20.
+DEFAULT_UNITS_PER_FILE = 300_000
+#: How many commit-log bytes one dispatch step reads at most (one step per
+#: reactor turn: a slave catching up gigabytes never holds the reactor
+#: longer than one step).
+DEFAULT_DISPATCH_STEP = 1024 * 1024
+#: StoreCheckpoint maps one OS page.
+CHECKPOINT_SIZE = 4096
+#: TopicValidator.RMQ_SYS_SCHEDULE_TOPIC.
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+#: MessageStoreConfig.messageDelayLevel.
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+#: The unit fillPreBlank writes before the first unit of a queue whose
+#: first file starts at a non-zero index.
+_PRE_BLANK = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
+
+_UNIT = struct.Struct(">qiq")
+_HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP
+_HEADER = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
+_I32 = struct.Struct(">i")
+_I16 = struct.Struct(">h")
+_I64 = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+_UNCOUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
+_TAGS = b"TAGS\x01"
+_SCHEDULE = SCHEDULE_TOPIC.encode()
+
+
+class ConsumeQueueError(StoreError):
+    """
+    A consume-queue file that cannot be used (the text names it).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """
+    One consume-queue unit: where a message record is, how long, its tag hash.
+    """
+
+    offset: int
+    size: int
+    tags_code: int
+
+
+def java_string_hash(text: str) -> int:
+    """
+    Java's C{String.hashCode} (over UTF-16 code units), as a signed int32.
+    """
+    h = 0
+    data = text.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> dict[int, int]:
+    """
+    C{messageDelayLevel} as ScheduleMessageService.parseDelayLevel reads it:
+    level (from 1) to milliseconds.
+    """
+    units = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    table = {}
+    for level, item in enumerate(text.split(), 1):
+        table[level] = int(item[:-1]) * units[item[-1]]
+    return table
+
+
+_DELAYS = parse_delay_levels()
+_MAX_LEVEL = max(_DELAYS)
+
+
+def tags_code(topic: str, properties: dict[str, str], store_timestamp: int) -> int:
+    """
+    The tag hash of a record, as C{CommitLog.checkMessageAndReturnSize}
+    computes it: C{String.hashCode} of the TAGS property (0 without), and
+    for the schedule topic with a DELAY level, the delivery time.
+    """
+    code = 0
+    tags = properties.get("TAGS")
+    if tags:
+        code = java_string_hash(tags)
+    if topic == SCHEDULE_TOPIC and "DELAY" in properties:
+        try:
+            level = int(properties["DELAY"])
+        except ValueError:
+            return code  # (RocketMQ's parseInt would throw: see the docs)
+        level = min(level, _MAX_LEVEL)
+        if level > 0:
+            code = _DELAYS.get(level, 1000) + store_timestamp
+    return code
+
+
+class _Reader(Protocol):
+    """
+    What the queues need of the commit log.
+    """
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def segment_size(self) -> int: ...
+
+    def read(self, offset: int, limit: int) -> bytes: ...
+
+
+# -- one queue -----------------------------------------------------------------
+
+
+class ConsumeQueue:
+    """
+    One (topic, queue id)'s files: C{end} is the logical byte offset one
+    past the last unit (RocketMQ's max offset times 20).
+
+    @ivar max_physic: C{offset + size} of the last unit (-1: none).
+    """
+
+    _log = Logger()
+
+    def __init__(self, directory: str, topic: str, queue_id: int, file_size: int) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = file_size
+        self.files: list[int] = []  # start (logical byte) offsets, sorted
+        self.end = 0
+        self.max_physic = -1
+        self.min_logical: int | None = None  # cached min offset (bytes)
+        self._fds: dict[int, int] = {}
+        self._pending = bytearray()
+        self._pending_at = 0
+        self.dirty: set[int] = set()
+
+    # -- files --
+
+    def path(self, start: int) -> str:
+        return os.path.join(self.directory, segment_name(start))
+
+    def _fd(self, start: int) -> int:
+        fd = self._fds.get(start)
+        if fd is None:
+            fd = self._fds[start] = os.open(self.path(start), os.O_RDWR | os.O_CLOEXEC)
+        return fd
+
+    def _create(self, start: int) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        fd = os.open(self.path(start), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.ftruncate(fd, self.file_size)  # (RandomAccessFile.setLength)
+        self._fds[start] = fd
+        self.files.append(start)
+
+    def close(self) -> None:
+        self.write_pending()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    # -- load and recover --
+
+    def load(self) -> None:
+        """
+        Find the files and recover the end as C{ConsumeQueue.recover}
+        does: from the third-to-last file, units while C{offset >= 0 and
+        size > 0}; the end is after the last good one.
+
+        @raise ConsumeQueueError: a file of the wrong size or name.
+        """
+        names = sorted(os.listdir(self.directory)) if os.path.isdir(self.directory) else []
+        starts: list[int] = []
+        for name in names:
+            path = os.path.join(self.directory, name)
+            if not (len(name) == 20 and name.isdigit()):
+                raise ConsumeQueueError(f"{path}: not a consume-queue file name")
+            size = os.path.getsize(path)
+            if size != self.file_size:
+                raise ConsumeQueueError(
+                    f"{path}: {size} bytes, but consume-queue files are {self.file_size} bytes"
+                )
+            start = int(name)
+            if start % self.file_size or (starts and start != starts[-1] + self.file_size):
+                raise ConsumeQueueError(f"{path}: not where the queue's next file belongs")
+            starts.append(start)
+        self.files = starts
+        if not starts:
+            self.end = 0
+            return
+        index = max(0, len(starts) - 3)
+        end = starts[index]
+        max_physic = -1
+        while index < len(starts):
+            data = os.pread(self._fd(starts[index]), self.file_size, 0)
+            position = 0
+            for position in range(0, self.file_size, UNIT_SIZE):
+                offset, size, _ = _UNIT.unpack_from(data, position)
+                if not (offset >= 0 and size > 0):
+                    break
+                end = starts[index] + position + UNIT_SIZE
+                max_physic = offset + size
+            else:
+                index += 1
+                continue
+            break
+        self.end = end
+        self.max_physic = max_physic
+        self._cut_files(end)
+
+    def _cut_files(self, end: int) -> None:
+        """
+        The queue ends at C{end}: drop the files that start at or after
+        it (no unit of theirs is in the queue), zero what follows C{end}
+        in the last one.
+        """
+        while self.files and self.files[-1] >= end:
+            self._drop_last()
+        if not self.files:
+            self.end = 0
+            self.max_physic = -1
+            return
+        self.end = end
+        self._zero_after(end)
+
+    def _drop_last(self) -> None:
+        start = self.files.pop()
+        fd = self._fds.pop(start, None)
+        if fd is not None:
+            os.close(fd)
+        self.dirty.discard(start)
+        os.unlink(self.path(start))
+
+    def _zero_after(self, end: int) -> None:
+        """
+        Zero the non-zero bytes of the last file after C{end} (units that
+        are not part of the queue any more: stale units must never come
+        back at the next recovery).
+        """
+        if not self.files:
+            return
+        start = self.files[-1]
+        position = end - start
+        if not 0 <= position < self.file_size:
+            return
+        fd = self._fd(start)
+        step = 1024 * UNIT_SIZE
+        while position < self.file_size:
+            chunk = os.pread(fd, min(step, self.file_size - position), position)
+            if not chunk:
+                break
+            if chunk.strip(b"\0"):
+                os.pwrite(fd, bytes(len(chunk)), position)
+                self.dirty.add(start)
+            else:
+                break  # (units are written in order: zeros to the end)
+            position += len(chunk)
+
+    def truncate(self, log_end: int) -> bool:
+        """
+        Cut the units that point at or past C{log_end}
+        (C{truncateDirtyLogicFiles}); the cut units are zeroed (RocketMQ
+        only moves the write position back) and files left with none are
+        removed.
+
+        @return: whether anything was cut.
+        """
+        self.write_pending()
+        if self.max_physic <= log_end or not self.files:
+            return False
+        # Units are in commit-log order: bisect for the first one at or
+        # past log_end (fillPreBlank's units point at offset 0).
+        lo, hi = self.files[0], self.end
+        while lo < hi:
+            mid = lo + (hi - lo) // (2 * UNIT_SIZE) * UNIT_SIZE
+            if self.unit_at(mid)[0] >= log_end:
+                hi = mid
+            else:
+                lo = mid + UNIT_SIZE
+        self._cut_files(lo)
+        self.max_physic = -1
+        if self.files and self.end > self.files[0]:
+            offset, size, _ = self.unit_at(self.end - UNIT_SIZE)
+            if size != 0x7FFFFFFF:
+                self.max_physic = offset + size
+        self.min_logical = None
+        return True
+
+    # -- appending --
+
+    def put(self, offset: int, size: int, code: int, queue_offset: int) -> bool:
+        """
+        C{putMessagePositionInfo}: append a unit for the record at
+        C{offset} whose QUEUEOFFSET is C{queue_offset}.
+
+        @return: whether a unit was added.
+        """
+        if offset + size <= self.max_physic:
+            return False  # (dispatched before: a re-dispatch after a restart)
+        expect = queue_offset * UNIT_SIZE
+        end = self.end + len(self._pending)
+        if not self.files and not self._pending:
+            # The first file of a queue: where its first unit falls, padded
+            # before it (fillPreBlank).
+            start = expect - expect % self.file_size
+            self._create(start)
+            self.end = start
+            self._pending_at = start
+            pad = expect - start
+            if pad:
+                self._pending += _PRE_BLANK * (pad // UNIT_SIZE)
+            end = expect
+        if expect < end:
+            self._log.warn(
+                "consume queue {topic}/{qid}: a unit for logical offset {expect} "
+                "(commit-log offset {offset}) arrived at {end}: skipped as already built",
+                topic=self.topic, qid=self.queue_id, expect=queue_offset,
+                offset=offset, end=end // UNIT_SIZE,
+            )
+            return False
+        if expect != end:
+            # (RocketMQ logs "logic queue order maybe wrong" and appends.)
+            self._log.error(
+                "consume queue {topic}/{qid}: record at commit-log offset {offset} has "
+                "queue offset {expect}, but the queue ends at {end}: appended at {end}",
+                topic=self.topic, qid=self.queue_id, expect=queue_offset,
+                offset=offset, end=end // UNIT_SIZE,
+            )
+        if not self._pending:
+            self._pending_at = self.end
+        self._pending += _UNIT.pack(offset, size, code)
+        self.max_physic = offset + size
+        return True
+
+    def write_pending(self) -> None:
+        """
+        Write the units appended since the last call (one C{pwrite} per file).
+        """
+        data = self._pending
+        if not data:
+            return
+        at = self._pending_at
+        view = memoryview(data)
+        while view:
+            start = at - at % self.file_size
+            if not self.files or self.files[-1] < start:
+                self._create(start)
+            n = min(len(view), start + self.file_size - at)
+            os.pwrite(self._fd(start), view[:n], at - start)
+            self.dirty.add(start)
+            at += n
+            view = view[n:]
+        view.release()
+        self.end = at
+        self._pending = bytearray()
+
+    # -- reading --
+
+    @property
+    def max_offset(self) -> int:
+        """
+        RocketMQ's C{getMaxOffsetInQueue}: one past the last unit, logical.
+        """
+        return (self.end + len(self._pending)) // UNIT_SIZE
+
+    def unit_at(self, position: int) -> tuple[int, int, int]:
+        """
+        The unit at logical byte C{position} (written units only).
+        """
+        start = position - position % self.file_size
+        data = os.pread(self._fd(start), UNIT_SIZE, position - start)
+        if len(data) < UNIT_SIZE:
+            raise ConsumeQueueError(f"{self.path(start)}: short read at {position - start}")
+        offset, size, code = _UNIT.unpack(data)
+        return offset, size, code
+
+    def min_offset(self, log_min: int) -> int:
+        """
+        RocketMQ's C{getMinOffsetInQueue} (C{correctMinOffset}): the first
+        unit of the first file pointing at or past the log's min offset.
+        """
+        self.write_pending()
+        if not self.files:
+            return 0
+        if self.min_logical is None:
+            start = self.files[0]
+            data = os.pread(self._fd(start), min(self.file_size, self.end - start), 0)
+            found = self.end
+            for position in range(0, len(data) - UNIT_SIZE + 1, UNIT_SIZE):
+                offset, _, _ = _UNIT.unpack_from(data, position)
+                if offset >= log_min:
+                    found = start + position
+                    break
+            self.min_logical = found
+        return self.min_logical // UNIT_SIZE
+
+    def units(self, logical: int, count: int) -> list[Unit]:
+        """
+        Up to C{count} units from logical offset C{logical} (fewer at the
+        end of the queue or of a file, as RocketMQ's
+        C{getIndexBuffer}).
+        """
+        self.write_pending()
+        position = logical * UNIT_SIZE
+        if count <= 0 or logical < 0 or position >= self.end or not self.files:
+            return []
+        if position < self.files[0]:
+            return []
+        start = position - position % self.file_size
+        n = min(count * UNIT_SIZE, self.end - position, start + self.file_size - position)
+        data = os.pread(self._fd(start), n, position - start)
+        return [Unit(*_UNIT.unpack_from(data, i)) for i in range(0, len(data) - UNIT_SIZE + 1, UNIT_SIZE)]
+
+    def sync_fds(self) -> list[int]:
+        """
+        Duplicates of the descriptors of the files written since the last
+        call, to C{fdatasync} and close on another thread.
+        """
+        self.write_pending()
+        fds = [os.dup(self._fd(start)) for start in sorted(self.dirty) if start in self.files]
+        self.dirty.clear()
+        return fds
+
+
+# -- the set of queues, and dispatch ---------------------------------------------
+
+
+class ConsumeQueues:
+    """
+    Every consume queue of a store, built from the commit log.
+
+    @ivar dispatched: every whole record before this commit-log offset has
+        its unit (RocketMQ's C{reputFromOffset}).
+    @ivar last_timestamp: the store timestamp of the last record dispatched
+        (the checkpoint's C{logicsMsgTimestamp}).
+    """
+
+    _log = Logger()
+
+    def __init__(
+        self,
+        store_dir: str,
+        log: _Reader,
+        units_per_file: int | None = None,
+    ) -> None:
+        """
+        @param units_per_file: units per file (RocketMQ's
+            C{mappedFileSizeConsumeQueue} / 20); C{None}: what the existing
+            files hold, else L{DEFAULT_UNITS_PER_FILE}.  A value the files
+            contradict is an error naming a file.
+        """
+        if units_per_file is not None and units_per_file <= 0:
+            raise ValueError(f"units per consume-queue file {units_per_file!r} must be positive")
+        self.store_dir = store_dir
+        self.root = os.path.join(store_dir, "consumequeue")
+        if units_per_file is None:
+            units_per_file = _existing_units(self.root) or DEFAULT_UNITS_PER_FILE
+        self.file_size = units_per_file * UNIT_SIZE
+        self._log_reader = log
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self.dispatched = 0
+        self.last_timestamp = 0
+        self.physic_timestamp = 0
+        self._observers: list[Callable[[str, int, int], object]] = []
+        self._checkpoint_fd: int | None = None
+        self._synced_mark = -1
+
+    # -- opening --
+
+    def open(self, log_end: int) -> None:
+        """
+        Load and recover every queue, cut the units past C{log_end}
+        (C{truncateDirtyLogicFiles}), and set where dispatch starts: the
+        largest C{maxPhysicOffset} of the queues (RocketMQ's start),
+        at least the log's min offset.
+        """
+        self._load_checkpoint()
+        if os.path.isdir(self.root):
+            for topic in sorted(os.listdir(self.root)):
+                topic_dir = os.path.join(self.root, topic)
+                if not os.path.isdir(topic_dir):
+                    continue
+                for name in sorted(os.listdir(topic_dir)):
+                    if not name.isdigit():
+                        raise ConsumeQueueError(
+                            f"{os.path.join(topic_dir, name)}: not a queue id directory"
+                        )
+                    queue = ConsumeQueue(
+                        os.path.join(topic_dir, name), topic, int(name), self.file_size
+                    )
+                    queue.load()
+                    self.queues[(topic, int(name))] = queue
+        for key, queue in self.queues.items():
+            if queue.truncate(log_end):
+                self._log.warn(
+                    "consume queue {topic}/{qid}: units past the commit log's end "
+                    "{end} cut (logical end now {n})",
+                    topic=key[0], qid=key[1], end=log_end, n=queue.max_offset,
+                )
+        start = max((q.max_physic for q in self.queues.values()), default=-1)
+        mark = self._read_mark()
+        if mark is not None and (start < 0 or mark < start):
+            # What the last run had synced (rmqha's own mark; without it,
+            # RocketMQ's start): a queue whose last units did not reach
+            # the disk before a power loss is built again.
+            start = mark
+        self.dispatched = min(max(start, self._log_reader.min_offset), log_end)
+
+    # -- observers --
+
+    def observe_growth(self, observer: Callable[[str, int, int], object]) -> Callable[[], None]:
+        """
+        Call C{observer(topic, queue_id, max_offset)} once per dispatch
+        step for each queue that grew in it (pull long-polling wakes its
+        held requests from here).
+
+        @return: a function that stops the observing.
+        """
+        self._observers.append(observer)
+
+        def stop() -> None:
+            if observer in self._observers:
+                self._observers.remove(observer)
+
+        return stop
+
+    # -- dispatch --
+
+    def dispatch(self, end: int, limit: int = DEFAULT_DISPATCH_STEP) -> bool:
+        """
+        One step: add units for the whole records from L{dispatched} up
+        to C{end} (the log's record end), reading at most about C{limit}
+        bytes of the log (one record at least).
+
+        @return: whether records before C{end} are left for another step.
+        @raise ConsumeQueueError: bytes at L{dispatched} that are not a
+            record (the log changed under the queues).
+        """
+        offset = self.dispatched
+        if offset >= end:
+            return False
+        log = self._log_reader
+        segment_size = log.segment_size
+        budget = limit
+        touched: set[ConsumeQueue] = set()
+        one = self._one
+        while offset < end and budget > 0:
+            data = log.read(offset, min(max(budget, 4096), end - offset))
+            n = len(data)
+            position = 0
+            blank = False
+            while position + 8 <= n:
+                total, magic = _HEADER.unpack_from(data, position)
+                if magic == BLANK_MAGIC:
+                    blank = True
+                    break
+                if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2 or total <= 0:
+                    raise ConsumeQueueError(
+                        f"commit-log offset {offset + position}: not a record "
+                        f"(magic {magic & 0xFFFFFFFF:#x}); the consume queues are "
+                        f"dispatched up to there"
+                    )
+                if position + total > n:
+                    break
+                queue = one(data, position, total, magic, offset + position)
+                if queue is not None:
+                    touched.add(queue)
+                position += total
+            if blank or not n:
+                # The segment's end (a BLANK, or nothing more in it).
+                budget -= position + 8
+                offset = (offset + position) - (offset + position) % segment_size + segment_size
+                continue
+            if position == 0:
+                # One record longer than what was read: read it whole.
+                total = _HEADER.unpack_from(log.read(offset, 8))[0]
+                data = log.read(offset, total)
+                if len(data) < total:
+                    raise ConsumeQueueError(
+                        f"commit-log offset {offset}: a record of {total} bytes "
+                        f"reaches past what the log holds"
+                    )
+                magic = _HEADER.unpack_from(data)[1]
+                queue = one(data, 0, total, magic, offset)
+                if queue is not None:
+                    touched.add(queue)
+                position = total
+            offset += position
+            budget -= position
+        self.dispatched = offset
+        grown = []
+        for queue in touched:
+            queue.write_pending()
+            grown.append((queue.topic, queue.queue_id, queue.max_offset))
+        if grown and self._observers:
+            for topic, queue_id, count in grown:
+                for observer in list(self._observers):
+                    try:
+                        observer(topic, queue_id, count)
+                    except Exception:
+                        self._log.failure("a consume-queue observer failed")
+        return self.dispatched < end
+
+    def _one(
+        self, data: bytes, p: int, total: int, magic: int, offset: int
+    ) -> ConsumeQueue | None:
+        (_, _, _, queue_id, _, queue_offset, _, sysflag, _) = _HEAD.unpack_from(data, p)
+        born = 20 if sysflag & 0x10 else 8
+        store = 20 if sysflag & 0x20 else 8
+        store_timestamp = _I64.unpack_from(data, p + 48 + born)[0]
+        self.last_timestamp = store_timestamp
+        if sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
+            return None
+        q = p + 68 + born + store
+        body_length = _I32.unpack_from(data, q)[0]
+        q += 4 + body_length
+        if magic == MESSAGE_MAGIC_V1:
+            topic_length = data[q]
+            q += 1
+        else:
+            topic_length = _I16.unpack_from(data, q)[0]
+            q += 2
+        topic_bytes = data[q : q + topic_length]
+        q += topic_length
+        properties_length = _U16.unpack_from(data, q)[0]
+        raw = data[q + 2 : q + 2 + properties_length]
+        topic = topic_bytes.decode("utf-8", "replace")
+        code = 0
+        if _TAGS in raw or topic_bytes == _SCHEDULE:
+            code = tags_code(topic, decode_properties(raw), store_timestamp)
+        key = (topic, queue_id)
+        queue = self.queues.get(key)
+        if queue is None:
+            queue = self.queues[key] = ConsumeQueue(
+                os.path.join(self.root, topic, str(queue_id)), topic, queue_id, self.file_size
+            )
+        queue.put(offset, total, code, queue_offset)
+        return queue
+
+    # -- cutting back --
+
+    def truncate(self, log_end: int) -> None:
+        """
+        The commit log was cut back to C{log_end}: cut every queue's units
+        at or past it, and dispatch from there.
+        """
+        for key, queue in self.queues.items():
+            if queue.truncate(log_end):
+                self._log.info(
+                    "consume queue {topic}/{qid} cut back with the commit log to "
+                    "offset {end} (logical end {n})",
+                    topic=key[0], qid=key[1], end=log_end, n=queue.max_offset,
+                )
+        self.dispatched = min(self.dispatched, log_end)
+
+    # -- reading --
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get((topic, queue_id))
+        return 0 if queue is None else queue.max_offset
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        queue = self.queues.get((topic, queue_id))
+        return 0 if queue is None else queue.min_offset(self._log_reader.min_offset)
+
+    def units(self, topic: str, queue_id: int, logical: int, count: int) -> list[Unit]:
+        queue = self.queues.get((topic, queue_id))
+        return [] if queue is None else queue.units(logical, count)
+
+    def topics(self) -> dict[str, list[int]]:
+        """
+        Topic to its queue ids, sorted.
+        """
+        result: dict[str, list[int]] = {}
+        for topic, queue_id in sorted(self.queues):
+            result.setdefault(topic, []).append(queue_id)
+        return result
+
+    def offset_by_time(
+        self, topic: str, queue_id: int, timestamp: int, store_timestamp: Callable[[int, int], int]
+    ) -> int:
+        """
+        RocketMQ's C{getOffsetInQueueByTime}: the logical offset of the
+        unit whose record's store timestamp equals C{timestamp}, else the
+        nearer of its two neighbours in a binary search.  The file is the
+        first whose last unit's record is at or after C{timestamp} (RocketMQ
+        picks it by the file's modification time: docs/consumequeue.md).
+
+        @param store_timestamp: the store timestamp of the record at
+            (offset, size), negative when it is not in the log.
+        """
+        queue = self.queues.get((topic, queue_id))
+        if queue is None:
+            return 0
+        queue.write_pending()
+        if not queue.files or queue.end <= queue.files[0]:
+            return 0
+        log_min = self._log_reader.min_offset
+        files = queue.files
+        chosen = files[-1]
+        for start in files:
+            last = min(start + queue.file_size, queue.end) - UNIT_SIZE
+            offset, size, _ = queue.unit_at(last)
+            if offset >= log_min and store_timestamp(offset, size) >= timestamp:
+                chosen = start
+                break
+        min_logical = queue.min_offset(log_min) * UNIT_SIZE
+        low = min_logical - chosen if min_logical > chosen else 0
+        high = min(queue.file_size, queue.end - chosen) - UNIT_SIZE
+        target = left = right = -1
+        left_value = right_value = -1
+        while high >= low:
+            mid = (low + high) // (2 * UNIT_SIZE) * UNIT_SIZE
+            offset, size, _ = queue.unit_at(chosen + mid)
+            if offset < log_min:
+                low = mid + UNIT_SIZE
+                left = mid
+                continue
+            stored = store_timestamp(offset, size)
+            if stored < 0:
+                return 0
+            if stored == timestamp:
+                target = mid
+                break
+            if stored > timestamp:
+                high = mid - UNIT_SIZE
+                right, right_value = mid, stored
+            else:
+                low = mid + UNIT_SIZE
+                left, left_value = mid, stored
+        if target != -1:
+            found = target
+        elif left_value == -1:
+            found = right
+        elif right_value == -1:
+            found = left
+        else:
+            found = right if abs(timestamp - left_value) > abs(timestamp - right_value) else left
+        return (chosen + found) // UNIT_SIZE
+
+    # -- flushing, checkpoint, closing --
+
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.store_dir, "checkpoint")
+
+    def _load_checkpoint(self) -> None:
+        values = read_checkpoint(self.checkpoint_path)
+        if values is not None:
+            self.physic_timestamp, self.last_timestamp, _ = values
+
+    @property
+    def mark_path(self) -> str:
+        return os.path.join(self.store_dir, "rmqha", "cq-dispatched")
+
+    def _read_mark(self) -> int | None:
+        try:
+            with open(self.mark_path, "rb") as f:
+                data = f.read(8)
+        except FileNotFoundError:
+            return None
+        return _I64.unpack(data)[0] if len(data) == 8 else None
+
+    def sync_plan(self, flushed_offset: int) -> Callable[[], None] | None:
+        """
+        What a flush of the queues does, to run on another thread: the
+        C{fdatasync} of every file written since the last plan, then the
+        checkpoint's timestamps written and synced (RocketMQ's
+        C{FlushConsumeQueueService}).  Everything is taken now, on the
+        caller's thread; the plan touches only duplicated descriptors.
+        """
+        fds: list[int] = []
+        for queue in self.queues.values():
+            fds.extend(queue.sync_fds())
+        if not fds and self._synced_mark == self.dispatched:
+            return None
+        self._synced_mark = self.dispatched
+        if self.dispatched <= flushed_offset:
+            self.physic_timestamp = max(self.physic_timestamp, self.last_timestamp)
+        page = struct.pack(">qqq", self.physic_timestamp, self.last_timestamp, 0)
+        if self._checkpoint_fd is None:
+            self._checkpoint_fd = _open_checkpoint(self.checkpoint_path)
+        checkpoint = os.dup(self._checkpoint_fd)
+        mark = _I64.pack(self.dispatched)
+        mark_path = self.mark_path
+
+        def run() -> None:
+            try:
+                for fd in fds:
+                    os.fdatasync(fd)
+                os.pwrite(checkpoint, page, 0)
+                os.fdatasync(checkpoint)
+                # Every unit before the mark is on disk now.
+                os.makedirs(os.path.dirname(mark_path), exist_ok=True)
+                fd = os.open(mark_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                try:
+                    os.pwrite(fd, mark, 0)
+                    os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+                os.close(checkpoint)
+
+        return run
+
+    def close(self, flushed_offset: int) -> None:
+        """
+        Write what is pending, sync it and the checkpoint, close the files.
+        """
+        plan = self.sync_plan(flushed_offset)
+        if plan is not None:
+            plan()
+        for queue in self.queues.values():
+            queue.close()
+        if self._checkpoint_fd is not None:
+            os.close(self._checkpoint_fd)
+            self._checkpoint_fd = None
+
+    def files(self) -> Iterator[tuple[ConsumeQueue, int]]:
+        for queue in self.queues.values():
+            for start in queue.files:
+                yield queue, start
+
+
+def _existing_units(root: str) -> int | None:
+    """
+    The units per file of the first consume-queue file under C{root}.
+    """
+    try:
+        topics = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return None
+    for topic in topics:
+        topic_dir = os.path.join(root, topic)
+        if not os.path.isdir(topic_dir):
+            continue
+        for queue_id in sorted(os.listdir(topic_dir)):
+            queue_dir = os.path.join(topic_dir, queue_id)
+            if not os.path.isdir(queue_dir):
+                continue
+            for name in sorted(os.listdir(queue_dir)):
+                size = os.path.getsize(os.path.join(queue_dir, name))
+                if size > 0 and size % UNIT_SIZE == 0:
+                    return size // UNIT_SIZE
+    return None
+
+
+def _open_checkpoint(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if os.fstat(fd).st_size < CHECKPOINT_SIZE:
+        os.ftruncate(fd, CHECKPOINT_SIZE)
+    return fd
+
+
+def read_checkpoint(path: str) -> tuple[int, int, int] | None:
+    """
+    The checkpoint's (physicMsgTimestamp, logicsMsgTimestamp,
+    indexMsgTimestamp), or C{None} when there is no such file.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read(24)
+    except FileNotFoundError:
+        return None
+    if len(data) < 24:
+        return None
+    physic, logics, index = struct.unpack(">qqq", data)
+    return physic, logics, index
