@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorThreads, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
@@ -92,6 +92,7 @@ class CommitLogService(Service):
         check_interval: float = DEFAULT_CHECK_INTERVAL,
         dispatch_step: int = DEFAULT_DISPATCH_STEP,
         consume_queue_flush_interval: float = DEFAULT_CONSUME_QUEUE_FLUSH_INTERVAL,
+        sync_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
     ) -> None:
         """
         @param open_commitlog: opens the log; called by C{startService}.
@@ -104,6 +105,9 @@ class CommitLogService(Service):
             step reads at most (one step per reactor turn).
         @param consume_queue_flush_interval: seconds between two syncs of
             the consume queues and the checkpoint.
+        @param sync_in_thread: runs a consume-queue sync and returns a
+            Deferred; defaults to the reactor's thread pool, or running it
+            at once on a reactor without threads (a test's clock).
         """
         if flush_interval <= 0:
             raise ValueError(f"flush interval {flush_interval!r} must be positive")
@@ -137,6 +141,12 @@ class CommitLogService(Service):
         self._cq_interval = consume_queue_flush_interval
         self._cq_loop: LoopingCall | None = None
         self._cq_syncing = False
+        if sync_in_thread is None:
+            if IReactorThreads.providedBy(reactor):
+                sync_in_thread = self._default_run_in_thread
+            else:
+                sync_in_thread = _run_now
+        self._sync_in_thread = sync_in_thread
 
     @property
     def max_offset(self) -> int:
@@ -262,7 +272,7 @@ class CommitLogService(Service):
             if isinstance(result, Failure):
                 self._log.failure("syncing the consume queues failed", result)
 
-        return self._run_in_thread(plan).addBoth(over)
+        return self._sync_in_thread(plan).addBoth(over)
 
     def _stop_dispatch(self) -> None:
         if self._stop_observing is not None:
@@ -498,3 +508,14 @@ class CommitLogService(Service):
                 waiter.callback(None)
 
         return waiting.addCallback(close)
+
+
+def _run_now(work: Callable[[], None]) -> Deferred[None]:
+    """
+    Run C{work} at once (no threads to run it in).
+    """
+    try:
+        work()
+    except BaseException:
+        return fail()
+    return succeed(None)
