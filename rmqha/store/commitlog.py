@@ -794,8 +794,12 @@ class CommitLog(ReplicaTail, SegmentRolling):
         queues, self.consume_queues = self.consume_queues, None
         if queues is not None:
             try:
+                if self._watch.damage is None:
+                    # (RocketMQ's shutdown lets the reput finish too.)
+                    while queues.dispatch(self._record_end, _OPEN_STEP):
+                        pass
                 queues.close(self.flushed_offset)
-            except OSError as e:
+            except (OSError, StoreError) as e:
                 self._log.warn("closing the consume queues failed: {error}", error=e)
 
     @property

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from typing import Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from twisted.logger import Logger
 
@@ -37,6 +37,9 @@ from rmqha.store._record import (
 from rmqha.store._segments import segment_name
 from rmqha.store.errors import StoreError
 
+if TYPE_CHECKING:
+    from rmqha.store.commitlog import CommitLog
+
 __all__ = [
     "UNIT_SIZE",
     "DEFAULT_UNITS_PER_FILE",
@@ -49,6 +52,7 @@ __all__ = [
     "tags_code",
     "read_checkpoint",
     "CHECKPOINT_SIZE",
+    "verify_consume_queues",
 ]
 
 #: ConsumeQueue.CQ_STORE_UNIT_SIZE.
@@ -597,7 +601,7 @@ class ConsumeQueues:
         touched: set[ConsumeQueue] = set()
         one = self._one
         while offset < end and budget > 0:
-            data = log.read(offset, min(max(budget, 4096), end - offset))
+            data = log.read(offset, min(budget, end - offset))
             n = len(data)
             position = 0
             blank = False
@@ -923,3 +927,133 @@ def read_checkpoint(path: str) -> tuple[int, int, int] | None:
         return None
     physic, logics, index = struct.unpack(">qqq", data)
     return physic, logics, index
+
+
+# -- store check ------------------------------------------------------------------
+
+
+class _QueueFiles:
+    """
+    Read-only access to one queue's units for L{verify_consume_queues}.
+    """
+
+    def __init__(self, directory: str, file_size: int) -> None:
+        self.directory = directory
+        self.file_size = file_size
+        self._fds: dict[int, int] = {}
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            names = []
+        self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
+        self.checked = -1  # the highest queue offset compared with a record
+
+    def path(self, start: int) -> str:
+        return os.path.join(self.directory, segment_name(start))
+
+    def unit(self, logical: int) -> tuple[str, int, tuple[int, int, int] | None]:
+        """
+        (file, unit index in it, the unit or C{None}: no such file).
+        """
+        position = logical * UNIT_SIZE
+        start = position - position % self.file_size
+        index = (position - start) // UNIT_SIZE
+        if start not in self.starts:
+            return self.path(start), index, None
+        fd = self._fds.get(start)
+        if fd is None:
+            fd = self._fds[start] = os.open(self.path(start), os.O_RDONLY | os.O_CLOEXEC)
+        data = os.pread(fd, UNIT_SIZE, position - start)
+        if len(data) < UNIT_SIZE:
+            return self.path(start), index, None
+        offset, size, code = _UNIT.unpack(data)
+        return self.path(start), index, (offset, size, code)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def verify_consume_queues(log: "CommitLog", limit: int = 1000) -> list[str]:
+    """
+    Check the consume queues against the log (C{rmqha store check}): every
+    unit points at a record of its topic and queue with the right size and
+    tag hash, and every dispatchable record (not a prepared or rolled-back
+    transaction record) has its unit at its QUEUEOFFSET.  Read-only.
+
+    @return: one line per finding (at most C{limit}), naming the file and
+        the unit.
+    """
+    root = os.path.join(log.store_dir, "consumequeue")
+    file_size = (_existing_units(root) or DEFAULT_UNITS_PER_FILE) * UNIT_SIZE
+    queues: dict[tuple[str, int], _QueueFiles] = {}
+    findings: list[str] = []
+
+    def note(line: str) -> None:
+        if len(findings) < limit:
+            findings.append(line)
+
+    def files_of(topic: str, queue_id: int) -> _QueueFiles:
+        key = (topic, queue_id)
+        files = queues.get(key)
+        if files is None:
+            files = queues[key] = _QueueFiles(
+                os.path.join(root, topic, str(queue_id)), file_size
+            )
+        return files
+
+    if os.path.isdir(root):
+        for topic in sorted(os.listdir(root)):
+            if os.path.isdir(os.path.join(root, topic)):
+                for name in sorted(os.listdir(os.path.join(root, topic))):
+                    if name.isdigit():
+                        files_of(topic, int(name))
+    try:
+        for record in log.records(with_body=False):
+            if record.sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:  # type: ignore[union-attr]
+                continue
+            topic = record.topic  # type: ignore[union-attr]
+            queue_id = record.queue_id  # type: ignore[union-attr]
+            n = record.queue_offset  # type: ignore[union-attr]
+            files = files_of(topic, queue_id)
+            files.checked = max(files.checked, n)
+            code = tags_code(topic, record.properties, record.store_timestamp)  # type: ignore[union-attr]
+            path, index, unit = files.unit(n)
+            where = f"{path} unit {index} (queue offset {n})"
+            if unit is None or unit[0] < 0 or unit[1] <= 0 or unit == (0, 0, 0):
+                note(
+                    f"record at commit-log offset {record.offset} ({topic}, queue "
+                    f"{queue_id}, queue offset {n}) has no unit: {path} unit {index}"
+                )
+            elif unit[0] != record.offset:
+                note(
+                    f"{where}: points at commit-log offset {unit[0]}, but the "
+                    f"record with this queue offset is at {record.offset}"
+                )
+            elif unit[1] != record.size:
+                note(
+                    f"{where}: size {unit[1]}, but the record at commit-log offset "
+                    f"{record.offset} is {record.size} bytes"
+                )
+            elif unit[2] != code:
+                note(
+                    f"{where}: tag hash {unit[2]}, but the record at commit-log "
+                    f"offset {record.offset} hashes to {code}"
+                )
+        for (topic, queue_id), files in sorted(queues.items()):
+            # Units after the last record of the queue point at nothing.
+            if not files.starts:
+                continue
+            n = files.checked + 1
+            path, index, unit = files.unit(n)
+            if unit is not None and unit[0] >= 0 and unit[1] > 0:
+                note(
+                    f"{path} unit {index} (queue offset {n}): points at commit-log "
+                    f"offset {unit[0]}, but {topic} queue {queue_id} has no record "
+                    f"with this queue offset in the log"
+                )
+    finally:
+        for files in queues.values():
+            files.close()
+    return findings
