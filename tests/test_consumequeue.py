@@ -7,6 +7,7 @@ transcription of the 4.9.8 store writer builds.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import struct
@@ -30,6 +31,7 @@ from rmqha.store.service import CommitLogService
 from tests._helpers import copy_store, fixed_clock
 
 PAD = (0, 0x7FFFFFFF, 0)
+SEGMENT = 64 * 1024
 
 
 def _message(i: int, queue_id: int = 0, tags: str | None = "TagA", **kw: object) -> Message:
@@ -86,7 +88,7 @@ class FormatTests(SynchronousTestCase):
         C{consumequeue/<topic>/<queueId>/<20 digits>}; files have their full
         size; prepared and rolled-back transaction records get none.
         """
-        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=10)
+        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=10, segment_size=SEGMENT)
         self.addCleanup(log.close)
         first = log.put(_message(0))
         log.put(_message(1, sysflag=SysFlag.TRANSACTION_PREPARED_TYPE))
@@ -140,7 +142,7 @@ class DispatchTests(SynchronousTestCase):
         clock = Clock()
         directory = self.mktemp()
         service = CommitLogService(
-            lambda: CommitLog.open(directory, clock=fixed_clock),
+            lambda: CommitLog.open(directory, clock=fixed_clock, segment_size=SEGMENT),
             clock,
             run_in_thread=lambda f: self.fail("no flush expected"),  # type: ignore[arg-type,return-value]
             dispatch_step=1000,
@@ -216,7 +218,7 @@ class DispatchTests(SynchronousTestCase):
         its file; before everything the first, after everything the last.
         """
         now = [100.0]
-        log = CommitLog.open(self.mktemp(), clock=lambda: now[0], consume_queue_units=4)
+        log = CommitLog.open(self.mktemp(), clock=lambda: now[0], consume_queue_units=4, segment_size=SEGMENT)
         self.addCleanup(log.close)
         for i in range(10):
             now[0] = 100.0 + i  # store timestamps 100000, 101000, ...
@@ -245,7 +247,7 @@ class DispatchTests(SynchronousTestCase):
         Max and min logical offsets, units from an offset (bounded, never
         across a file), the list of topics and queues.
         """
-        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=4)
+        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=4, segment_size=SEGMENT)
         self.addCleanup(log.close)
         results = [log.put(_message(i, topic="A" if i % 3 else "B")) for i in range(12)]
         log.dispatch(1 << 20)
@@ -273,17 +275,21 @@ class RecoveryTests(SynchronousTestCase):
 
     def _store(self, count: int = 30) -> tuple[str, list[int]]:
         directory = self.mktemp()
-        with CommitLog.open(directory, clock=fixed_clock, consume_queue_units=8) as log:
+        with CommitLog.open(directory, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
             ends = [log.put(_message(i, queue_id=i % 2)).offset for i in range(count)]
         return directory, ends
 
-    def _queue_bytes(self, directory: str) -> dict[str, bytes]:
+    def _queue_bytes(self, directory: str) -> dict[str, str]:
+        """
+        Every consume-queue file under C{directory}: its SHA-256.
+        """
         result = {}
         root = os.path.join(directory, "consumequeue")
         for path, _, files in os.walk(root):
             for name in files:
                 with open(os.path.join(path, name), "rb") as f:
-                    result[os.path.relpath(os.path.join(path, name), root)] = f.read()
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                result[os.path.relpath(os.path.join(path, name), root)] = digest
         return result
 
     def test_old_store_builds_queues(self) -> None:
@@ -351,7 +357,7 @@ class RecoveryTests(SynchronousTestCase):
         dispatch resumes from the cut, and the next records take the cut
         units' places.
         """
-        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=8)
+        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT)
         self.addCleanup(log.close)
         results = [log.put(_message(i, queue_id=i % 2)) for i in range(30)]
         log.dispatch(1 << 20)
@@ -399,7 +405,7 @@ class VerifyTests(SynchronousTestCase):
         record without its unit are each named with file and unit.
         """
         directory = self.mktemp()
-        with CommitLog.open(directory, clock=fixed_clock, consume_queue_units=8) as log:
+        with CommitLog.open(directory, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
             for i in range(12):
                 log.put(_message(i))
         path = os.path.join(directory, "consumequeue", "T", "0", "00000000000000000160")
@@ -418,3 +424,44 @@ class VerifyTests(SynchronousTestCase):
         self.assertIn(f"{path} unit 2 (queue offset 10): tag hash 1", findings[1])
         self.assertIn("queue offset 11", findings[2])
         self.assertIn("has no unit", findings[2])
+
+
+class RocketMQStoreTests(SynchronousTestCase):
+    """
+    The queues of a store written by the Java transcription of RocketMQ
+    4.9.8's store writer (C{tests/fixtures/RocketMQStoreWriter.java}): rmqha
+    opens them as they are, and builds byte-identical ones from the same
+    commit log.  Skipped without Java.
+    """
+
+    def _check(self, variant: str) -> None:
+        from tests.test_rocketmq_store import copy_store as copy_java, java_store
+
+        store = java_store(variant)
+        java = RecoveryTests._queue_bytes(self, store.path)  # type: ignore[arg-type]
+        self.assertTrue(java)
+        # Opened as it is: the queues are RocketMQ's, untouched, and
+        # nothing is left to dispatch.
+        kept = copy_java(self, store)
+        with CommitLog.open(kept, store_host=tuple(store.store_host)) as log:  # type: ignore[arg-type]
+            queues = log.consume_queues
+            assert queues is not None
+            self.assertEqual(queues.dispatched, log.max_offset)
+            self.assertEqual(verify_consume_queues(log), [])
+            self.assertEqual(
+                sum(queues.max_offset(t, q) for t, ids in queues.topics().items() for q in ids),
+                len([m for m in store.messages if m["sysflag"] & 0xC not in (0x4, 0xC)]),
+            )
+        self.assertEqual(RecoveryTests._queue_bytes(self, kept), java)  # type: ignore[arg-type]
+        # Built by rmqha from the same log: the same bytes.
+        built = copy_java(self, store)
+        shutil.rmtree(os.path.join(built, "consumequeue"))
+        with CommitLog.open(built, consume_queue_units=100) as log:  # --cq-file-size 2000
+            self.assertEqual(verify_consume_queues(log), [])
+        self.assertEqual(RecoveryTests._queue_bytes(self, built), java)  # type: ignore[arg-type]
+
+    def test_clean(self) -> None:
+        self._check("clean")
+
+    def test_crashed(self) -> None:
+        self._check("crashed")
