@@ -104,6 +104,8 @@ from rmqha.store.errors import (
 _PROGRESS_BYTES = 256 * 1024 * 1024
 #: Commit-log bytes per dispatch step while opening (nothing else runs).
 _OPEN_STEP = 8 * 1024 * 1024
+#: Commit-log bytes between two syncs of the queues while building them at open.
+_SYNC_BYTES = 64 * 1024 * 1024
 
 __all__ = [
     "CommitLog",
@@ -325,8 +327,14 @@ class CommitLog(ReplicaTail, SegmentRolling):
                 "building consume queues from commit-log offset {start} to {end} ({mib} MiB)",
                 start=start, end=end, mib=gap >> 20,
             )
-        told = start
+        told = synced = start
         while queues.dispatch(end, _OPEN_STEP):
+            if queues.dispatched - synced >= _SYNC_BYTES:
+                # (A build killed half-way resumes from here.)
+                synced = queues.dispatched
+                plan = queues.sync_plan(self.flushed_offset)
+                if plan is not None:
+                    plan()
             if queues.dispatched - told >= _PROGRESS_BYTES:
                 told = queues.dispatched
                 self._log.info(

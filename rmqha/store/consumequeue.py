@@ -232,6 +232,19 @@ class ConsumeQueue:
             if not (len(name) == 20 and name.isdigit()):
                 raise ConsumeQueueError(f"{path}: not a consume-queue file name")
             size = os.path.getsize(path)
+            if size != self.file_size and name == names[-1] and size < self.file_size:
+                with open(path, "rb") as f:
+                    unfinished = not f.read().strip(b"\0")
+                if unfinished:
+                    # Created, then the process died before the file had
+                    # its size: nothing was ever written to it.
+                    self._log.info(
+                        "consume-queue file {path} was never finished ({size} bytes, "
+                        "zeros): removed",
+                        path=path, size=size,
+                    )
+                    os.unlink(path)
+                    continue
             if size != self.file_size:
                 raise ConsumeQueueError(
                     f"{path}: {size} bytes, but consume-queue files are {self.file_size} bytes"
@@ -561,6 +574,12 @@ class ConsumeQueues:
             # the disk before a power loss is built again.
             start = mark
         self.dispatched = min(max(start, self._log_reader.min_offset), log_end)
+        if mark != self.dispatched:
+            # From now on the mark never says more than the files hold: a
+            # build killed half-way starts again from here, not from the
+            # furthest queue (whose units may be ahead of the others').
+            write_mark(self.mark_path, self.dispatched)
+        self._synced_mark = self.dispatched
 
     # -- observers --
 
@@ -708,6 +727,9 @@ class ConsumeQueues:
                     topic=key[0], qid=key[1], end=log_end, n=queue.max_offset,
                 )
         self.dispatched = min(self.dispatched, log_end)
+        if self._synced_mark > log_end:
+            write_mark(self.mark_path, log_end)
+            self._synced_mark = log_end
 
     # -- reading --
 
@@ -840,7 +862,7 @@ class ConsumeQueues:
         if self._checkpoint_fd is None:
             self._checkpoint_fd = _open_checkpoint(self.checkpoint_path)
         checkpoint = os.dup(self._checkpoint_fd)
-        mark = _I64.pack(self.dispatched)
+        mark = self.dispatched
         mark_path = self.mark_path
 
         def run() -> None:
@@ -850,13 +872,7 @@ class ConsumeQueues:
                 os.pwrite(checkpoint, page, 0)
                 os.fdatasync(checkpoint)
                 # Every unit before the mark is on disk now.
-                os.makedirs(os.path.dirname(mark_path), exist_ok=True)
-                fd = os.open(mark_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-                try:
-                    os.pwrite(fd, mark, 0)
-                    os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+                write_mark(mark_path, mark)
             finally:
                 for fd in fds:
                     os.close(fd)
@@ -904,6 +920,20 @@ def _existing_units(root: str) -> int | None:
                 if size > 0 and size % UNIT_SIZE == 0:
                     return size // UNIT_SIZE
     return None
+
+
+def write_mark(path: str, offset: int) -> None:
+    """
+    Write and sync the dispatch mark (C{<store>/rmqha/cq-dispatched}, one
+    int64): every whole record before C{offset} has its unit on disk.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.pwrite(fd, _I64.pack(offset), 0)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _open_checkpoint(path: str) -> int:
