@@ -76,6 +76,7 @@ _PRE_BLANK = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
 _UNIT = struct.Struct(">qiq")
 _HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP
 _HEADER = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
+_V4_TAIL = struct.Struct(">q8x4x8xi")  # STORETIMESTAMP .. BODYLENGTH, IPv4 hosts
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
@@ -533,6 +534,8 @@ class ConsumeQueues:
         self._observers: list[Callable[[str, int, int], object]] = []
         self._checkpoint_fd: int | None = None
         self._synced_mark = -1
+        self._by_raw: dict[tuple[bytes, int], ConsumeQueue] = {}
+        self._tag_codes: dict[bytes, int] = {}
 
     # -- opening --
 
@@ -679,16 +682,25 @@ class ConsumeQueues:
     def _one(
         self, data: bytes, p: int, total: int, magic: int, offset: int
     ) -> ConsumeQueue | None:
+        """
+        The unit of the record at C{data[p:p + total]} (commit-log
+        C{offset}), added to its queue; C{None} for a record that gets none.
+        """
         (_, _, _, queue_id, _, queue_offset, _, sysflag, _) = _HEAD.unpack_from(data, p)
-        born = 20 if sysflag & 0x10 else 8
-        store = 20 if sysflag & 0x20 else 8
-        store_timestamp = _I64.unpack_from(data, p + 48 + born)[0]
+        if not sysflag & 0x30:  # (both hosts IPv4: the common case)
+            store_timestamp, body_length = _V4_TAIL.unpack_from(data, p + 56)
+            q = p + 88
+        else:
+            born = 20 if sysflag & 0x10 else 8
+            store = 20 if sysflag & 0x20 else 8
+            store_timestamp = _I64.unpack_from(data, p + 48 + born)[0]
+            q = p + 68 + born + store
+            body_length = _I32.unpack_from(data, q)[0]
+            q += 4
         self.last_timestamp = store_timestamp
         if sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
             return None
-        q = p + 68 + born + store
-        body_length = _I32.unpack_from(data, q)[0]
-        q += 4 + body_length
+        q += body_length
         if magic == MESSAGE_MAGIC_V1:
             topic_length = data[q]
             q += 1
@@ -697,20 +709,53 @@ class ConsumeQueues:
             q += 2
         topic_bytes = data[q : q + topic_length]
         q += topic_length
-        properties_length = _U16.unpack_from(data, q)[0]
-        raw = data[q + 2 : q + 2 + properties_length]
-        topic = topic_bytes.decode("utf-8", "replace")
+        properties_length = data[q] << 8 | data[q + 1]
         code = 0
-        if _TAGS in raw or topic_bytes == _SCHEDULE:
-            code = tags_code(topic, decode_properties(raw), store_timestamp)
-        key = (topic, queue_id)
-        queue = self.queues.get(key)
+        if properties_length:
+            raw = data[q + 2 : q + 2 + properties_length]
+            if topic_bytes == _SCHEDULE:
+                code = tags_code(SCHEDULE_TOPIC, decode_properties(raw), store_timestamp)
+            else:
+                code = self._tags_hash(raw)
+        key = (topic_bytes, queue_id)
+        queue = self._by_raw.get(key)
         if queue is None:
-            queue = self.queues[key] = ConsumeQueue(
-                os.path.join(self.root, topic, str(queue_id)), topic, queue_id, self.file_size
-            )
+            topic = topic_bytes.decode("utf-8", "replace")
+            queue = self.queues.get((topic, queue_id))
+            if queue is None:
+                queue = self.queues[(topic, queue_id)] = ConsumeQueue(
+                    os.path.join(self.root, topic, str(queue_id)), topic, queue_id, self.file_size
+                )
+            self._by_raw[key] = queue
         queue.put(offset, total, code, queue_offset)
         return queue
+
+    def _tags_hash(self, raw: bytes) -> int:
+        """
+        The hash of the TAGS property in C{raw} properties (0 without),
+        parsed as C{string2messageProperties} would; hashes are cached per
+        tag.
+        """
+        at = raw.find(_TAGS)
+        while at > 0 and raw[at - 1] != 2:
+            at = raw.find(_TAGS, at + 1)
+        if at < 0:
+            return 0
+        end = raw.find(b"\x02", at)
+        if end < 0:
+            end = len(raw)
+        if raw.find(_TAGS, end) >= 0:
+            # TAGS twice (the last one counts, as in a HashMap): the slow way.
+            tags = decode_properties(raw).get("TAGS")
+            return java_string_hash(tags) if tags else 0
+        value = raw[at + 5 : end]
+        code = self._tag_codes.get(value)
+        if code is None:
+            code = java_string_hash(value.decode("utf-8", "replace")) if value else 0
+            if len(self._tag_codes) >= 4096:
+                self._tag_codes.clear()
+            self._tag_codes[value] = code
+        return code
 
     # -- cutting back --
 

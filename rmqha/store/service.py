@@ -39,6 +39,10 @@ DEFAULT_FLUSH_THOROUGH_INTERVAL = 10.0
 #: each; L{CommitLog.check}): a file truncated, removed or replaced under
 #: the broker is found at most this long after, if nothing else found it.
 DEFAULT_CHECK_INTERVAL = 0.5
+#: How long after an append its records are dispatched to the consume
+#: queues: RocketMQ's reput thread polls every 1 ms.  Steps that follow a
+#: step (a catch-up) run at the next reactor turn.
+DISPATCH_DELAY = 0.001
 #: RocketMQ's C{flushIntervalConsumeQueue}: 1 s.
 DEFAULT_CONSUME_QUEUE_FLUSH_INTERVAL = 1.0
 
@@ -228,11 +232,11 @@ class CommitLogService(Service):
 
     def _appended(self, end: int) -> None:
         """
-        The log grew: dispatch at the next reactor turn (once, however
-        many appends came in this one).
+        The log grew: dispatch in L{DISPATCH_DELAY} (once, however many
+        appends come meanwhile: one step serves them all).
         """
         if self._dispatch_call is None and not self._dispatch_failed:
-            self._dispatch_call = self._reactor.callLater(0, self._dispatch)
+            self._dispatch_call = self._reactor.callLater(DISPATCH_DELAY, self._dispatch)
 
     def _dispatch(self) -> None:
         """
