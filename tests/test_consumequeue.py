@@ -13,7 +13,7 @@ import shutil
 import struct
 
 from twisted.internet.task import Clock
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha.store._record import SysFlag
 from rmqha.store.commitlog import CommitLog, Message
@@ -468,3 +468,46 @@ class RocketMQStoreTests(SynchronousTestCase):
 
     def test_crashed(self) -> None:
         self._check("crashed")
+
+
+class CompiledTests(SynchronousTestCase):
+    """
+    The compiled decode (C{_speedups.cq_scan}) and the pure-Python one
+    build the same queues.
+    """
+
+    def test_same_queues(self) -> None:
+        from rmqha.store import _record as codec
+
+        if getattr(codec._accel, "cq_scan", None) is None:
+            raise SkipTest("no compiled accelerator (or RMQHA_PURE=1)")
+        directory = self.mktemp()
+        with CommitLog.open(directory, clock=fixed_clock, segment_size=SEGMENT) as log:
+            for i in range(200):
+                properties = {}
+                if i % 3 == 0:
+                    properties["TAGS"] = ["TagA", "标签", "", "a\u00e9"][i % 4]
+                if i % 5 == 0:
+                    properties["KEYS"] = "TAGS\x01no"[:4] + f"k{i}"
+                topic = "SCHEDULE_TOPIC_XXXX" if i % 7 == 0 else f"T{i % 2}"
+                if topic.startswith("SCHEDULE"):
+                    properties["DELAY"] = str(i % 20)
+                log.put(
+                    Message(
+                        topic=topic,
+                        body=b"b" * (i % 40),
+                        queue_id=i % 3,
+                        properties=properties,
+                        born_host=("2001:db8::1", 9) if i % 4 == 1 else None,
+                        sysflag=SysFlag.TRANSACTION_PREPARED_TYPE if i % 11 == 0 else 0,
+                    )
+                )
+        compiled = RecoveryTests._queue_bytes(self, directory)  # type: ignore[arg-type]
+        pure = copy_store(self, directory)
+        shutil.rmtree(os.path.join(pure, "consumequeue"))
+        os.remove(os.path.join(pure, "rmqha", "cq-dispatched"))
+        self.patch(codec, "_accel", None)
+        with CommitLog.open(pure) as log:
+            self.assertEqual(verify_consume_queues(log), [])
+        self.assertEqual(RecoveryTests._queue_bytes(self, pure), compiled)  # type: ignore[arg-type]
+        self.assertIn("SCHEDULE_TOPIC_XXXX/0/00000000000000000000", compiled)

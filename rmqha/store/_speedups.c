@@ -642,6 +642,137 @@ fail:
     return NULL;
 }
 
+/* -- consume-queue dispatch --------------------------------------------- */
+
+PyDoc_STRVAR(cq_scan_doc,
+"cq_scan(buf, pos, size) -> (items, pos, last_store_timestamp)\n\n"
+"ConsumeQueues._one over the whole message records of buf[pos:size]:\n"
+"for each record that gets a unit (not a prepared or rolled-back\n"
+"transaction record), (position, size, queue id, QUEUEOFFSET, topic bytes,\n"
+"tag hash or None, store timestamp).  None: Python computes the hash (the\n"
+"schedule topic, TAGS twice, non-ASCII tags).  The tag hash is Java's\n"
+"String.hashCode of the TAGS property, sign-extended; 0 without.  Stops at\n"
+"a BLANK, a header that is not a record's, a record not whole in\n"
+"buf[:size], or a record whose fields do not fit its size (Python looks);\n"
+"last_store_timestamp is -1 when no record was read.");
+
+static const char schedule_topic[] = "SCHEDULE_TOPIC_XXXX";
+
+/* The TAGS hash of properties p[0:n]: 1 and *code, or 0: Python decides. */
+static int
+cq_tags_hash(const unsigned char *p, int64_t n, int64_t *code)
+{
+    int64_t at = -1, i, end;
+    uint32_t h = 0;
+
+    for (i = 0; i + 5 <= n; i++) {
+        if ((i == 0 || p[i - 1] == 2) && memcmp(p + i, "TAGS\x01", 5) == 0) {
+            if (at >= 0)
+                return 0; /* twice */
+            at = i;
+        }
+    }
+    if (at < 0) {
+        *code = 0;
+        return 1;
+    }
+    end = at + 5;
+    while (end < n && p[end] != 2)
+        end++;
+    for (i = at + 5; i < end; i++) {
+        if (p[i] >= 0x80)
+            return 0;
+        h = 31u * h + p[i];
+    }
+    *code = (int64_t)(int32_t)h;
+    return 1;
+}
+
+static PyObject *
+sp_cq_scan(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long pos, size;
+    const unsigned char *b;
+    PyObject *items = NULL, *item, *topic, *code_obj;
+    int64_t total, last_ts = -1, q, body_length, topic_length, props_length, code;
+    int32_t magic, sysflag, tran;
+
+    if (!PyArg_ParseTuple(args, "y*LL", &view, &pos, &size))
+        return NULL;
+    if (size > (long long)view.len)
+        size = view.len;
+    items = PyList_New(0);
+    if (items == NULL)
+        goto fail;
+    b = view.buf;
+    while (pos >= 0 && pos + 8 <= size) {
+        total = rd32(b + pos);
+        magic = rd32(b + pos + 4);
+        if ((magic != MAGIC_V1 && magic != MAGIC_V2) || total < 92 || pos + total > size)
+            break;
+        sysflag = rd32(b + pos + 36);
+        q = pos + 48 + ((sysflag & 0x10) ? 20 : 8);
+        last_ts = rd64(b + q);
+        q += 8 + ((sysflag & 0x20) ? 20 : 8) + 12;
+        if (q + 4 > pos + total)
+            break;
+        body_length = rd32(b + q);
+        q += 4;
+        if (body_length < 0 || q + body_length + 2 > pos + total)
+            break;
+        q += body_length;
+        if (magic == MAGIC_V1) {
+            topic_length = b[q];
+            q += 1;
+        } else {
+            topic_length = (int16_t)((b[q] << 8) | b[q + 1]);
+            q += 2;
+        }
+        if (topic_length < 0 || q + topic_length + 2 > pos + total)
+            break;
+        props_length = (b[q + topic_length] << 8) | b[q + topic_length + 1];
+        if (q + topic_length + 2 + props_length > pos + total)
+            break;
+        tran = sysflag & 0xC;
+        if (tran == 0x4 || tran == 0xC) {
+            pos += total;
+            continue;
+        }
+        if (topic_length == (int64_t)(sizeof(schedule_topic) - 1)
+            && memcmp(b + q, schedule_topic, sizeof(schedule_topic) - 1) == 0) {
+            code_obj = Py_None;
+            Py_INCREF(code_obj);
+        } else if (cq_tags_hash(b + q + topic_length + 2, props_length, &code)) {
+            code_obj = PyLong_FromLongLong(code);
+            if (code_obj == NULL)
+                goto fail;
+        } else {
+            code_obj = Py_None;
+            Py_INCREF(code_obj);
+        }
+        topic = PyBytes_FromStringAndSize((const char *)b + q, topic_length);
+        if (topic == NULL) {
+            Py_DECREF(code_obj);
+            goto fail;
+        }
+        item = Py_BuildValue("(LLiLNNL)", pos, (long long)total, rd32(b + pos + 12),
+                             (long long)rd64(b + pos + 20), topic, code_obj, (long long)last_ts);
+        if (item == NULL || PyList_Append(items, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+        pos += total;
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("NLL", items, pos, (long long)last_ts);
+fail:
+    Py_XDECREF(items);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* -- the put path ------------------------------------------------------- */
 
 static PyObject *s_body, *s_topic, *s_properties, *s_born_host, *s_sysflag,
@@ -2275,6 +2406,7 @@ static PyMethodDef methods[] = {
     {"replica_hop_pieces", sp_replica_hop_pieces, METH_VARARGS, replica_hop_pieces_doc},
     {"walk_valid", sp_walk_valid, METH_VARARGS, walk_valid_doc},
     {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
+    {"cq_scan", sp_cq_scan, METH_VARARGS, cq_scan_doc},
     {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
     {"put_batch", (PyCFunction)(void (*)(void))sp_put_batch, METH_FASTCALL, put_batch_doc},
     {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL, put_one_doc},

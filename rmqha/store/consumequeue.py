@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from twisted.logger import Logger
 
+from rmqha.store import _record as _codec
 from rmqha.store._record import (
     BLANK_MAGIC,
     MESSAGE_MAGIC_V1,
@@ -622,12 +623,29 @@ class ConsumeQueues:
         budget = limit
         touched: set[ConsumeQueue] = set()
         one = self._one
+        by_raw = self._by_raw
+        scan = getattr(_codec._accel, "cq_scan", None)
         while offset < end and budget > 0:
             data = log.read(offset, min(budget, end - offset))
             n = len(data)
             position = 0
             blank = False
             while position + 8 <= n:
+                if scan is not None:
+                    # The compiled decode of every plain record in a row.
+                    items, position, stamp = scan(data, position, n)
+                    for at, total, queue_id, queue_offset, topic, code, _ in items:
+                        if code is None:
+                            queue = one(data, at, total, _HEADER.unpack_from(data, at)[1], offset + at)
+                        else:
+                            queue = by_raw.get((topic, queue_id)) or self._queue_for(topic, queue_id)
+                            queue.put(offset + at, total, code, queue_offset)
+                        if queue is not None:
+                            touched.add(queue)
+                    if stamp >= 0:
+                        self.last_timestamp = stamp
+                    if position + 8 > n:
+                        break
                 total, magic = _HEADER.unpack_from(data, position)
                 if magic == BLANK_MAGIC:
                     blank = True
@@ -717,17 +735,23 @@ class ConsumeQueues:
                 code = tags_code(SCHEDULE_TOPIC, decode_properties(raw), store_timestamp)
             else:
                 code = self._tags_hash(raw)
-        key = (topic_bytes, queue_id)
-        queue = self._by_raw.get(key)
-        if queue is None:
-            topic = topic_bytes.decode("utf-8", "replace")
-            queue = self.queues.get((topic, queue_id))
-            if queue is None:
-                queue = self.queues[(topic, queue_id)] = ConsumeQueue(
-                    os.path.join(self.root, topic, str(queue_id)), topic, queue_id, self.file_size
-                )
-            self._by_raw[key] = queue
+        queue = self._by_raw.get((topic_bytes, queue_id)) or self._queue_for(
+            topic_bytes, queue_id
+        )
         queue.put(offset, total, code, queue_offset)
+        return queue
+
+    def _queue_for(self, topic_bytes: bytes, queue_id: int) -> ConsumeQueue:
+        """
+        The queue of a record's topic (as stored) and queue id, made if new.
+        """
+        topic = topic_bytes.decode("utf-8", "replace")
+        queue = self.queues.get((topic, queue_id))
+        if queue is None:
+            queue = self.queues[(topic, queue_id)] = ConsumeQueue(
+                os.path.join(self.root, topic, str(queue_id)), topic, queue_id, self.file_size
+            )
+        self._by_raw[(topic_bytes, queue_id)] = queue
         return queue
 
     def _tags_hash(self, raw: bytes) -> int:
