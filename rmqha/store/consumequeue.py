@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from twisted.logger import Logger
 
@@ -81,7 +81,6 @@ _V4_TAIL = struct.Struct(">q8x4x8xi")  # STORETIMESTAMP .. BODYLENGTH, IPv4 host
 _I32 = struct.Struct(">i")
 _I16 = struct.Struct(">h")
 _I64 = struct.Struct(">q")
-_U16 = struct.Struct(">H")
 _UNCOUNTED = (SysFlag.TRANSACTION_PREPARED_TYPE, SysFlag.TRANSACTION_ROLLBACK_TYPE)
 _TAGS = b"TAGS\x01"
 _SCHEDULE = SCHEDULE_TOPIC.encode()
@@ -961,11 +960,6 @@ class ConsumeQueues:
         if self._checkpoint_fd is not None:
             os.close(self._checkpoint_fd)
             self._checkpoint_fd = None
-
-    def files(self) -> Iterator[tuple[ConsumeQueue, int]]:
-        for queue in self.queues.values():
-            for start in queue.files:
-                yield queue, start
 
 
 def _existing_units(root: str) -> int | None:
