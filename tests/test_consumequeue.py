@@ -371,6 +371,34 @@ class RecoveryTests(SynchronousTestCase):
         self.assertEqual((queues.max_offset("T", 0), queues.max_offset("T", 1)), (6, 5))
         self.assertEqual(verify_consume_queues(log), [])
 
+    def test_log_replaced(self) -> None:
+        """
+        Queues left from another commit log (the log was replaced under
+        them) are moved into the quarantine, not deleted, and built again
+        from the log.
+        """
+        directory, _ = self._store()
+        other = self.mktemp()
+        with CommitLog.open(other, clock=fixed_clock, segment_size=SEGMENT) as log:
+            for i in range(25):
+                log.put(_message(i, topic="Other", queue_id=i % 3))
+        os.rename(os.path.join(directory, "commitlog"), os.path.join(directory, "old"))
+        os.rename(os.path.join(other, "commitlog"), os.path.join(directory, "commitlog"))
+        before = self._queue_bytes(directory)
+        with CommitLog.open(directory) as log:
+            assert log.consume_queues is not None
+            self.assertEqual(log.consume_queues.topics(), {"Other": [0, 1, 2]})
+            self.assertEqual(verify_consume_queues(log), [])
+        quarantine = os.path.join(directory, "rmqha", "quarantine")
+        [aside] = [n for n in os.listdir(quarantine) if not n.endswith(".cq-dispatched")]
+        self.assertTrue(aside.startswith("consumequeue-"))
+        moved = {}
+        for path, _, files in os.walk(os.path.join(quarantine, aside)):
+            for name in files:
+                with open(os.path.join(path, name), "rb") as f:
+                    moved[os.path.relpath(os.path.join(path, name), os.path.join(quarantine, aside))] = hashlib.sha256(f.read()).hexdigest()
+        self.assertEqual(moved, before)
+
     def test_wrong_file_size(self) -> None:
         """
         A consume-queue file of another size than its queue's is refused,
@@ -511,3 +539,34 @@ class CompiledTests(SynchronousTestCase):
             self.assertEqual(verify_consume_queues(log), [])
         self.assertEqual(RecoveryTests._queue_bytes(self, pure), compiled)  # type: ignore[arg-type]
         self.assertIn("SCHEDULE_TOPIC_XXXX/0/00000000000000000000", compiled)
+
+
+class SettingTests(SynchronousTestCase):
+    """
+    C{mappedFileSizeConsumeQueue} / C{--consume-queue-file-size}.
+    """
+
+    def test_flag_and_key(self) -> None:
+        """
+        The flag and the broker.conf key set the file size in bytes; less
+        than a unit is refused, naming the flag.
+        """
+        from rmqha.tap import Options
+
+        options = Options()
+        options.parseOptions(["--store-dir", "s", "--consume-queue-file-size", "100"])
+        self.assertEqual(options.settings.consume_queue_file_size, 100)
+        conf = self.mktemp()
+        with open(conf, "w") as f:
+            f.write("storePathRootDir=s\nmappedFileSizeConsumeQueue=6000000\n")
+        options = Options()
+        options.parseOptions(["--config", conf])
+        self.assertEqual(options.settings.consume_queue_file_size, 6_000_000)
+        from twisted.python.usage import UsageError
+
+        error = self.assertRaises(
+            UsageError,
+            Options().parseOptions,
+            ["--store-dir", "s", "--consume-queue-file-size", "19"],
+        )
+        self.assertIn("consume-queue-file-size", str(error))

@@ -352,8 +352,8 @@ class CommitLog(ReplicaTail, SegmentRolling):
         @return: whether more is left to dispatch.
         """
         queues = self.consume_queues
-        if queues is None or self._closed:
-            return False
+        if queues is None or self._closed or self._watch.damage is not None:
+            return False  # (a damaged log: said once, by the log)
         return queues.dispatch(self._record_end, limit)
 
     # -- offsets -----------------------------------------------------------

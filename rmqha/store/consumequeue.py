@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import struct
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
@@ -338,16 +339,7 @@ class ConsumeQueue:
         self.write_pending()
         if self.max_physic <= log_end or not self.files:
             return False
-        # Units are in commit-log order: bisect for the first one at or
-        # past log_end (fillPreBlank's units point at offset 0).
-        lo, hi = self.files[0], self.end
-        while lo < hi:
-            mid = lo + (hi - lo) // (2 * UNIT_SIZE) * UNIT_SIZE
-            if self.unit_at(mid)[0] >= log_end:
-                hi = mid
-            else:
-                lo = mid + UNIT_SIZE
-        self._cut_files(lo)
+        self._cut_files(self.first_past(log_end))
         self.max_physic = -1
         if self.files and self.end > self.files[0]:
             offset, size, _ = self.unit_at(self.end - UNIT_SIZE)
@@ -355,6 +347,24 @@ class ConsumeQueue:
                 self.max_physic = offset + size
         self.min_logical = None
         return True
+
+    def first_past(self, log_end: int) -> int:
+        """
+        The logical byte offset of the first unit pointing at or past
+        commit-log offset C{log_end} (the queue's end if none does).
+        """
+        if not self.files:
+            return self.end
+        # Units are in commit-log order: bisect (fillPreBlank's units
+        # point at offset 0).
+        lo, hi = self.files[0], self.end
+        while lo < hi:
+            mid = lo + (hi - lo) // (2 * UNIT_SIZE) * UNIT_SIZE
+            if self.unit_at(mid)[0] >= log_end:
+                hi = mid
+            else:
+                lo = mid + UNIT_SIZE
+        return lo
 
     # -- appending --
 
@@ -562,6 +572,11 @@ class ConsumeQueues:
                     )
                     queue.load()
                     self.queues[(topic, int(name))] = queue
+        mark = self._read_mark()
+        foreign = self._foreign(log_end, mark)
+        if foreign is not None:
+            self._set_aside(foreign)
+            mark = None
         for key, queue in self.queues.items():
             if queue.truncate(log_end):
                 self._log.warn(
@@ -570,7 +585,6 @@ class ConsumeQueues:
                     topic=key[0], qid=key[1], end=log_end, n=queue.max_offset,
                 )
         start = max((q.max_physic for q in self.queues.values()), default=-1)
-        mark = self._read_mark()
         if mark is not None and (start < 0 or mark < start):
             # What the last run had synced (rmqha's own mark; without it,
             # RocketMQ's start): a queue whose last units did not reach
@@ -583,6 +597,66 @@ class ConsumeQueues:
             # furthest queue (whose units may be ahead of the others').
             write_mark(self.mark_path, self.dispatched)
         self._synced_mark = self.dispatched
+
+    def _foreign(self, log_end: int, mark: int | None) -> str | None:
+        """
+        Why the queues cannot describe this log (a log replaced under
+        them, say), or C{None}: in every queue, the last unit before the
+        log's end must point at a record of its topic and queue with its
+        size and queue offset, and the mark must be at a record (or a
+        segment's end).  (Checked before anything is cut.)
+        """
+        log = self._log_reader
+        for (topic, queue_id), queue in self.queues.items():
+            position = queue.first_past(log_end) - UNIT_SIZE
+            if not queue.files or position < queue.files[0]:
+                continue
+            offset, size, _ = queue.unit_at(position)
+            if size == 0x7FFFFFFF:
+                continue  # (only fillPreBlank's units)
+            logical = position // UNIT_SIZE
+            data = log.read(offset, size) if log.min_offset <= offset < log_end else b""
+            if not _describes(data, size, topic, queue_id, logical):
+                start = position - position % queue.file_size
+                return (
+                    f"{queue.path(start)} unit {(position - start) // UNIT_SIZE} points at "
+                    f"commit-log offset {offset}, where there is no record of {topic} "
+                    f"queue {queue_id} with queue offset {logical} and size {size}"
+                )
+        start = -1 if mark is None else mark
+        if log.min_offset < start < log_end:
+            head = log.read(start, 8)
+            if len(head) == 8:
+                magic = _HEADER.unpack(head)[1]
+                if magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2, BLANK_MAGIC):
+                    return f"dispatch would start at commit-log offset {start}, not a record"
+        return None
+
+    def _set_aside(self, why: str) -> None:
+        """
+        The queues describe another log: move C{consumequeue/} and the
+        mark into C{rmqha/quarantine/} (never deleted: an operator decides)
+        and start from nothing.
+        """
+        for queue in self.queues.values():
+            queue.close()
+        self.queues.clear()
+        self._by_raw.clear()
+        directory = os.path.join(self.store_dir, "rmqha", "quarantine")
+        os.makedirs(directory, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        target, n = os.path.join(directory, f"consumequeue-{stamp}"), 1
+        while os.path.exists(target):
+            target, n = os.path.join(directory, f"consumequeue-{stamp}.{n}"), n + 1
+        if os.path.isdir(self.root):
+            os.rename(self.root, target)
+        if os.path.exists(self.mark_path):
+            os.rename(self.mark_path, target + ".cq-dispatched")
+        self._log.warn(
+            "the consume queues do not describe this commit log ({why}): moved to "
+            "{target}; building them again from the log",
+            why=why, target=target,
+        )
 
     # -- observers --
 
@@ -960,6 +1034,31 @@ class ConsumeQueues:
         if self._checkpoint_fd is not None:
             os.close(self._checkpoint_fd)
             self._checkpoint_fd = None
+
+
+def _describes(data: bytes, size: int, topic: str, queue_id: int, logical: int) -> bool:
+    """
+    Whether C{data} is a whole message record of C{size} bytes for
+    C{topic}, C{queue_id}, at queue offset C{logical}.
+    """
+    if len(data) != size or size < 92:
+        return False
+    total, magic, _, record_queue, _, queue_offset, _, sysflag, _ = _HEAD.unpack_from(data)
+    if total != size or magic not in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2):
+        return False
+    if (record_queue, queue_offset) != (queue_id, logical):
+        return False
+    born = 20 if sysflag & 0x10 else 8
+    store = 20 if sysflag & 0x20 else 8
+    q = 68 + born + store
+    q += 4 + _I32.unpack_from(data, q)[0]
+    if q + 2 > size:
+        return False
+    if magic == MESSAGE_MAGIC_V1:
+        length, q = data[q], q + 1
+    else:
+        length, q = _I16.unpack_from(data, q)[0], q + 2
+    return data[q : q + length] == topic.encode("utf-8")
 
 
 def _existing_units(root: str) -> int | None:

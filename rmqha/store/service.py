@@ -251,7 +251,8 @@ class CommitLogService(Service):
             more = commitlog.dispatch(self._dispatch_step)
         except Exception:
             self._dispatch_failed = True
-            self._log.failure("consume-queue dispatch stopped")
+            if commitlog.damage is None:  # (else the log said why, once)
+                self._log.failure("consume-queue dispatch stopped")
             return
         if more:
             self._dispatch_call = self._reactor.callLater(0, self._dispatch)
