@@ -161,6 +161,7 @@ def build_service(
                 flush_disk_type=settings.flush_disk_type,
                 clock=reactor.seconds,
                 truncate_corrupt=settings.truncate_corrupt,
+                consume_queues=True,
                 # (RocketMQ rounds mappedFileSizeConsumeQueue up to units.)
                 consume_queue_units=(
                     None

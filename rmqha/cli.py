@@ -937,7 +937,9 @@ def _fill(args: argparse.Namespace, out: IO[str]) -> int:
     if not topics:
         raise _CommandError("--topics names no topic")
     started = time.perf_counter()
-    with CommitLog.open(args.dir, segment_size=args.segment_size) as commitlog:
+    with CommitLog.open(
+        args.dir, segment_size=args.segment_size, consume_queues=True
+    ) as commitlog:
         first, end = fill(commitlog, args.count, args.body_size, topics, args.queues)
         commitlog.flush()
     elapsed = time.perf_counter() - started

@@ -88,7 +88,7 @@ class FormatTests(SynchronousTestCase):
         C{consumequeue/<topic>/<queueId>/<20 digits>}; files have their full
         size; prepared and rolled-back transaction records get none.
         """
-        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=10, segment_size=SEGMENT)
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, consume_queue_units=10, segment_size=SEGMENT)
         self.addCleanup(log.close)
         first = log.put(_message(0))
         log.put(_message(1, sysflag=SysFlag.TRANSACTION_PREPARED_TYPE))
@@ -142,7 +142,7 @@ class DispatchTests(SynchronousTestCase):
         clock = Clock()
         directory = self.mktemp()
         service = CommitLogService(
-            lambda: CommitLog.open(directory, clock=fixed_clock, segment_size=SEGMENT),
+            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
             clock,
             run_in_thread=lambda f: self.fail("no flush expected"),  # type: ignore[arg-type,return-value]
             dispatch_step=1000,
@@ -192,11 +192,11 @@ class DispatchTests(SynchronousTestCase):
         A slave's log, written by append_at, gets the same queues as its
         master's, byte for byte.
         """
-        master = CommitLog.open(self.mktemp(), clock=fixed_clock, segment_size=4096)
+        master = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, segment_size=4096)
         self.addCleanup(master.close)
         for i in range(60):
             master.put(_message(i, queue_id=i % 3, tags=f"t{i % 4}"))
-        slave = CommitLog.open(self.mktemp(), clock=fixed_clock, segment_size=4096)
+        slave = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, segment_size=4096)
         self.addCleanup(slave.close)
         offset = 0
         while offset < master.max_offset:
@@ -221,7 +221,7 @@ class DispatchTests(SynchronousTestCase):
         its file; before everything the first, after everything the last.
         """
         now = [100.0]
-        log = CommitLog.open(self.mktemp(), clock=lambda: now[0], consume_queue_units=4, segment_size=SEGMENT)
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=lambda: now[0], consume_queue_units=4, segment_size=SEGMENT)
         self.addCleanup(log.close)
         for i in range(10):
             now[0] = 100.0 + i  # store timestamps 100000, 101000, ...
@@ -250,7 +250,7 @@ class DispatchTests(SynchronousTestCase):
         Max and min logical offsets, units from an offset (bounded, never
         across a file), the list of topics and queues.
         """
-        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=4, segment_size=SEGMENT)
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, consume_queue_units=4, segment_size=SEGMENT)
         self.addCleanup(log.close)
         results = [log.put(_message(i, topic="A" if i % 3 else "B")) for i in range(12)]
         log.dispatch(1 << 20)
@@ -278,7 +278,7 @@ class RecoveryTests(SynchronousTestCase):
 
     def _store(self, count: int = 30) -> tuple[str, list[int]]:
         directory = self.mktemp()
-        with CommitLog.open(directory, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
             ends = [log.put(_message(i, queue_id=i % 2)).offset for i in range(count)]
         return directory, ends
 
@@ -304,7 +304,7 @@ class RecoveryTests(SynchronousTestCase):
         expected = self._queue_bytes(directory)
         shutil.rmtree(os.path.join(directory, "consumequeue"))
         os.remove(os.path.join(directory, "rmqha", "cq-dispatched"))
-        with CommitLog.open(directory, consume_queue_units=8):
+        with CommitLog.open(directory, consume_queues=True, consume_queue_units=8):
             pass
         self.assertEqual(self._queue_bytes(directory), expected)
 
@@ -322,7 +322,7 @@ class RecoveryTests(SynchronousTestCase):
             f.write(b"\0" * 12)
         with open(os.path.join(directory, "rmqha", "cq-dispatched"), "wb") as f:
             f.write(struct.pack(">q", ends[20]))
-        with CommitLog.open(directory) as log:
+        with CommitLog.open(directory, consume_queues=True) as log:
             assert log.consume_queues is not None
             self.assertEqual(log.consume_queues.max_offset("T", 1), 15)
         self.assertEqual(self._queue_bytes(directory), expected)
@@ -341,7 +341,7 @@ class RecoveryTests(SynchronousTestCase):
         with open(segment, "r+b") as f:
             f.seek(ends[21] + 30)
             f.write(b"\0" * (ends[-1] + 200 - ends[21] - 30))
-        with CommitLog.open(crashed, clock=fixed_clock) as log:
+        with CommitLog.open(crashed, consume_queues=True, clock=fixed_clock) as log:
             self.assertEqual(log.max_offset, ends[21])
             queues = log.consume_queues
             assert queues is not None
@@ -360,7 +360,7 @@ class RecoveryTests(SynchronousTestCase):
         dispatch resumes from the cut, and the next records take the cut
         units' places.
         """
-        log = CommitLog.open(self.mktemp(), clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT)
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT)
         self.addCleanup(log.close)
         results = [log.put(_message(i, queue_id=i % 2)) for i in range(30)]
         log.dispatch(1 << 20)
@@ -379,13 +379,13 @@ class RecoveryTests(SynchronousTestCase):
         """
         directory, _ = self._store()
         other = self.mktemp()
-        with CommitLog.open(other, clock=fixed_clock, segment_size=SEGMENT) as log:
+        with CommitLog.open(other, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT) as log:
             for i in range(25):
                 log.put(_message(i, topic="Other", queue_id=i % 3))
         os.rename(os.path.join(directory, "commitlog"), os.path.join(directory, "old"))
         os.rename(os.path.join(other, "commitlog"), os.path.join(directory, "commitlog"))
         before = self._queue_bytes(directory)
-        with CommitLog.open(directory) as log:
+        with CommitLog.open(directory, consume_queues=True) as log:
             assert log.consume_queues is not None
             self.assertEqual(log.consume_queues.topics(), {"Other": [0, 1, 2]})
             self.assertEqual(verify_consume_queues(log), [])
@@ -408,7 +408,9 @@ class RecoveryTests(SynchronousTestCase):
         path = os.path.join(directory, "consumequeue", "T", "0", "00000000000000000160")
         with open(path, "ab") as f:
             f.write(b"x")
-        error = self.assertRaises(ConsumeQueueError, CommitLog.open, directory)
+        error = self.assertRaises(
+            ConsumeQueueError, CommitLog.open, directory, consume_queues=True
+        )
         self.assertIn(path, str(error))
         self.assertIn("161 bytes, but consume-queue files are 160 bytes", str(error))
 
@@ -436,7 +438,7 @@ class VerifyTests(SynchronousTestCase):
         record without its unit are each named with file and unit.
         """
         directory = self.mktemp()
-        with CommitLog.open(directory, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
             for i in range(12):
                 log.put(_message(i))
         path = os.path.join(directory, "consumequeue", "T", "0", "00000000000000000160")
@@ -474,7 +476,7 @@ class RocketMQStoreTests(SynchronousTestCase):
         # Opened as it is: the queues are RocketMQ's, untouched, and
         # nothing is left to dispatch.
         kept = copy_java(self, store)
-        with CommitLog.open(kept, store_host=tuple(store.store_host)) as log:  # type: ignore[arg-type]
+        with CommitLog.open(kept, consume_queues=True, store_host=tuple(store.store_host)) as log:  # type: ignore[arg-type]
             queues = log.consume_queues
             assert queues is not None
             self.assertEqual(queues.dispatched, log.max_offset)
@@ -487,7 +489,7 @@ class RocketMQStoreTests(SynchronousTestCase):
         # Built by rmqha from the same log: the same bytes.
         built = copy_java(self, store)
         shutil.rmtree(os.path.join(built, "consumequeue"))
-        with CommitLog.open(built, consume_queue_units=100) as log:  # --cq-file-size 2000
+        with CommitLog.open(built, consume_queues=True, consume_queue_units=100) as log:  # --cq-file-size 2000
             self.assertEqual(verify_consume_queues(log), [])
         self.assertEqual(RecoveryTests._queue_bytes(self, built), java)  # type: ignore[arg-type]
 
@@ -510,7 +512,7 @@ class CompiledTests(SynchronousTestCase):
         if getattr(codec._accel, "cq_scan", None) is None:
             raise SkipTest("no compiled accelerator (or RMQHA_PURE=1)")
         directory = self.mktemp()
-        with CommitLog.open(directory, clock=fixed_clock, segment_size=SEGMENT) as log:
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT) as log:
             for i in range(200):
                 properties = {}
                 if i % 3 == 0:
@@ -535,7 +537,7 @@ class CompiledTests(SynchronousTestCase):
         shutil.rmtree(os.path.join(pure, "consumequeue"))
         os.remove(os.path.join(pure, "rmqha", "cq-dispatched"))
         self.patch(codec, "_accel", None)
-        with CommitLog.open(pure) as log:
+        with CommitLog.open(pure, consume_queues=True) as log:
             self.assertEqual(verify_consume_queues(log), [])
         self.assertEqual(RecoveryTests._queue_bytes(self, pure), compiled)  # type: ignore[arg-type]
         self.assertIn("SCHEDULE_TOPIC_XXXX/0/00000000000000000000", compiled)

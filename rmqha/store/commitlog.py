@@ -232,6 +232,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH,
         clock: Callable[[], float] = time.time,
         truncate_corrupt: bool = False,
+        consume_queues: bool = False,
         consume_queue_units: int | None = None,
     ) -> "CommitLog":
         """
@@ -254,6 +255,11 @@ class CommitLog(ReplicaTail, SegmentRolling):
             valid records after it, cut the log there anyway (everything
             cut is quarantined first) instead of raising
             L{CorruptRecordError}.  The operator's escape hatch.
+        @param consume_queues: keep RocketMQ's consume queues
+            (docs/consumequeue.md): recovered, cut and completed here, then
+            fed by L{dispatch}.  A broker's store does; a log opened only
+            to be read or written as a log need not (the next open with
+            them builds what they miss).
         @param consume_queue_units: units per consume-queue file
             (RocketMQ's C{mappedFileSizeConsumeQueue} / 20); C{None}: what
             the existing files hold, else 300,000.
@@ -302,6 +308,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
             raise StoreDamagedError(damage.path, damage.what)
         if not read_only:
             self._watch.forget_recorded(self.max_offset)
+        if consume_queues and not read_only:
             try:
                 self._open_consume_queues(consume_queue_units)
             except BaseException:

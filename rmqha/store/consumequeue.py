@@ -24,7 +24,7 @@ import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from twisted.logger import Logger
 
@@ -65,6 +65,9 @@ DEFAULT_UNITS_PER_FILE = 300_000
 #: reactor turn: a slave catching up gigabytes never holds the reactor
 #: longer than one step).
 DEFAULT_DISPATCH_STEP = 1024 * 1024
+#: Dispatched bytes of log since the last sync above which closing syncs
+#: the queues (below it, the next open dispatches them again).
+CLOSE_SYNC_BYTES = 64 * 1024 * 1024
 #: StoreCheckpoint maps one OS page.
 CHECKPOINT_SIZE = 4096
 #: TopicValidator.RMQ_SYS_SCHEDULE_TOPIC.
@@ -205,8 +208,12 @@ class ConsumeQueue:
         return fd
 
     def _create(self, start: int) -> None:
-        os.makedirs(self.directory, exist_ok=True)
-        fd = os.open(self.path(start), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        try:
+            fd = os.open(self.path(start), flags, 0o644)
+        except FileNotFoundError:  # (a new queue: its directories first)
+            os.makedirs(self.directory, exist_ok=True)
+            fd = os.open(self.path(start), flags, 0o644)
         os.ftruncate(fd, self.file_size)  # (RandomAccessFile.setLength)
         self._fds[start] = fd
         self.files.append(start)
@@ -263,18 +270,16 @@ class ConsumeQueue:
         end = starts[index]
         max_physic = -1
         while index < len(starts):
-            data = os.pread(self._fd(starts[index]), self.file_size, 0)
-            position = 0
-            for position in range(0, self.file_size, UNIT_SIZE):
-                offset, size, _ = _UNIT.unpack_from(data, position)
+            good = True
+            for position, offset, size in self._scan(starts[index]):
                 if not (offset >= 0 and size > 0):
+                    good = False
                     break
                 end = starts[index] + position + UNIT_SIZE
                 max_physic = offset + size
-            else:
-                index += 1
-                continue
-            break
+            if not good:
+                break
+            index += 1
         self.end = end
         self.max_physic = max_physic
         self._cut_files(end)
@@ -293,6 +298,19 @@ class ConsumeQueue:
             return
         self.end = end
         self._zero_after(end)
+
+    def _scan(self, start: int) -> Iterator[tuple[int, int, int]]:
+        """
+        (position, offset, size) of every unit of the file at C{start},
+        read a block at a time (a caller that stops early reads no more).
+        """
+        fd = self._fd(start)
+        block = 3276 * UNIT_SIZE  # (64 KiB, whole units)
+        for at in range(0, self.file_size, block):
+            data = os.pread(fd, min(block, self.file_size - at), at)
+            for position in range(0, len(data) - UNIT_SIZE + 1, UNIT_SIZE):
+                offset, size, _ = _UNIT.unpack_from(data, position)
+                yield at + position, offset, size
 
     def _drop_last(self) -> None:
         start = self.files.pop()
@@ -464,10 +482,10 @@ class ConsumeQueue:
             return 0
         if self.min_logical is None:
             start = self.files[0]
-            data = os.pread(self._fd(start), min(self.file_size, self.end - start), 0)
             found = self.end
-            for position in range(0, len(data) - UNIT_SIZE + 1, UNIT_SIZE):
-                offset, _, _ = _UNIT.unpack_from(data, position)
+            for position, offset, _ in self._scan(start):
+                if start + position >= self.end:
+                    break
                 if offset >= log_min:
                     found = start + position
                     break
@@ -1011,9 +1029,13 @@ class ConsumeQueues:
             try:
                 for fd in fds:
                     os.fdatasync(fd)
+                # Every unit before the mark is on disk now.  The mark and
+                # the checkpoint are written after that, not synced: a
+                # write of theirs lost with the machine leaves older
+                # values, which only make the next start re-dispatch more
+                # (rmqha from the mark, a genuine broker from the
+                # checkpoint's timestamps).
                 os.pwrite(checkpoint, page, 0)
-                os.fdatasync(checkpoint)
-                # Every unit before the mark is on disk now.
                 write_mark(mark_path, mark)
             finally:
                 for fd in fds:
@@ -1024,11 +1046,27 @@ class ConsumeQueues:
 
     def close(self, flushed_offset: int) -> None:
         """
-        Write what is pending, sync it and the checkpoint, close the files.
+        Write what is pending and close the files.  They are synced (and
+        the mark moved) only when more than L{CLOSE_SYNC_BYTES} of the log
+        were dispatched since the last sync: otherwise the next open
+        dispatches that much again from the mark (the units already there
+        are skipped), which costs less than a sync of every queue written
+        (a store opened and closed for a few puts; a broker's service
+        syncs every second anyway).  The checkpoint is written either way.
         """
-        plan = self.sync_plan(flushed_offset)
-        if plan is not None:
-            plan()
+        if self.dispatched - self._synced_mark > CLOSE_SYNC_BYTES:
+            plan = self.sync_plan(flushed_offset)
+            if plan is not None:
+                plan()
+        else:
+            for queue in self.queues.values():
+                queue.write_pending()
+            if self.dispatched <= flushed_offset:
+                self.physic_timestamp = max(self.physic_timestamp, self.last_timestamp)
+            if self._checkpoint_fd is None:
+                self._checkpoint_fd = _open_checkpoint(self.checkpoint_path)
+            page = struct.pack(">qqq", self.physic_timestamp, self.last_timestamp, 0)
+            os.pwrite(self._checkpoint_fd, page, 0)
         for queue in self.queues.values():
             queue.close()
         if self._checkpoint_fd is not None:
@@ -1086,14 +1124,19 @@ def _existing_units(root: str) -> int | None:
 
 def write_mark(path: str, offset: int) -> None:
     """
-    Write and sync the dispatch mark (C{<store>/rmqha/cq-dispatched}, one
-    int64): every whole record before C{offset} has its unit on disk.
+    Write the dispatch mark (C{<store>/rmqha/cq-dispatched}, one int64):
+    every whole record before C{offset} has its unit written (on disk, if
+    the units were synced before).  Written in place, not synced: a lost
+    write leaves an older, lower mark, which is safe.
     """
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, flags, 0o644)
     try:
         os.pwrite(fd, _I64.pack(offset), 0)
-        os.fdatasync(fd)
     finally:
         os.close(fd)
 
@@ -1174,20 +1217,25 @@ def verify_consume_queues(log: "CommitLog", limit: int = 1000) -> list[str]:
     tag hash, and every dispatchable record (not a prepared or rolled-back
     transaction record) has its unit at its QUEUEOFFSET.  Read-only.
 
-    On a store a broker has open, records at or after the last synced
-    dispatch mark (C{rmqha/cq-dispatched}) may not have their unit yet, and
-    units may point past the end this check read: neither is a finding.
+    On a store a broker has open (or that it left after a crash: the
+    C{abort} marker), records at or after the dispatch mark
+    (C{rmqha/cq-dispatched}) may not have their unit yet, and units may
+    point past the end this check read: neither is a finding.  After a
+    clean close every record has its unit.
 
     @return: one line per finding (at most C{limit}), naming the file and
         the unit.
     """
     root = os.path.join(log.store_dir, "consumequeue")
-    try:
-        with open(os.path.join(log.store_dir, "rmqha", "cq-dispatched"), "rb") as f:
-            data = f.read(8)
-        mark = _I64.unpack(data)[0] if len(data) == 8 else None
-    except FileNotFoundError:
-        mark = None
+    mark = None
+    if os.path.exists(os.path.join(log.store_dir, "abort")):
+        # Open (or it crashed): dispatch may not have reached the end.
+        try:
+            with open(os.path.join(log.store_dir, "rmqha", "cq-dispatched"), "rb") as f:
+                data = f.read(8)
+            mark = _I64.unpack(data)[0] if len(data) == 8 else 0
+        except FileNotFoundError:
+            mark = 0
     log_end = log.max_offset
     file_size = (_existing_units(root) or DEFAULT_UNITS_PER_FILE) * UNIT_SIZE
     queues: dict[tuple[str, int], _QueueFiles] = {}
