@@ -790,8 +790,8 @@ def _check_queues(directory: str, out: IO[str]) -> int:
     """
     if not os.path.isdir(os.path.join(directory, "consumequeue")):
         out.write(
-            "note: no consume queues (consumequeue/): the store builds them "
-            "when it is next opened read-write\n"
+            "note: no consume queues (consumequeue/): a broker builds them "
+            "when it starts on this store\n"
         )
         return 0
     with CommitLog.open(directory, read_only=True) as commitlog:
@@ -802,8 +802,8 @@ def _check_queues(directory: str, out: IO[str]) -> int:
         out.write(
             f"{len(findings)} consume-queue finding(s); the queues are built "
             f"from the log: with no broker running, remove "
-            f"{os.path.join(directory, 'consumequeue')} and open the store to "
-            "build them again\n"
+            f"{os.path.join(directory, 'consumequeue')}: the broker builds them "
+            "again when it starts\n"
         )
         return 1
     out.write("consume queues: every unit matches its record\n")
