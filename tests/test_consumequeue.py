@@ -502,14 +502,14 @@ class RocketMQStoreTests(SynchronousTestCase):
 
 class CompiledTests(SynchronousTestCase):
     """
-    The compiled decode (C{_speedups.cq_scan}) and the pure-Python one
+    The compiled decode (C{_speedups.cq_units}) and the pure-Python one
     build the same queues.
     """
 
     def test_same_queues(self) -> None:
         from rmqha.store import _record as codec
 
-        if getattr(codec._accel, "cq_scan", None) is None:
+        if getattr(codec._accel, "cq_units", None) is None:
             raise SkipTest("no compiled accelerator (or RMQHA_PURE=1)")
         directory = self.mktemp()
         with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT) as log:

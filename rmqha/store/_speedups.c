@@ -644,18 +644,6 @@ fail:
 
 /* -- consume-queue dispatch --------------------------------------------- */
 
-PyDoc_STRVAR(cq_scan_doc,
-"cq_scan(buf, pos, size) -> (items, pos, last_store_timestamp)\n\n"
-"ConsumeQueues._one over the whole message records of buf[pos:size]:\n"
-"for each record that gets a unit (not a prepared or rolled-back\n"
-"transaction record), (position, size, queue id, QUEUEOFFSET, topic bytes,\n"
-"tag hash or None, store timestamp).  None: Python computes the hash (the\n"
-"schedule topic, TAGS twice, non-ASCII tags).  The tag hash is Java's\n"
-"String.hashCode of the TAGS property, sign-extended; 0 without.  Stops at\n"
-"a BLANK, a header that is not a record's, a record not whole in\n"
-"buf[:size], or a record whose fields do not fit its size (Python looks);\n"
-"last_store_timestamp is -1 when no record was read.");
-
 static const char schedule_topic[] = "SCHEDULE_TOPIC_XXXX";
 
 /* The TAGS hash of properties p[0:n]: 1 and *code, or 0: Python decides. */
@@ -688,32 +676,95 @@ cq_tags_hash(const unsigned char *p, int64_t n, int64_t *code)
     return 1;
 }
 
+PyDoc_STRVAR(cq_units_doc,
+"cq_units(buf, pos, size, base) -> (groups, pos, last_store_timestamp)\n\n"
+"ConsumeQueues._one over the whole message records in a row from\n"
+"buf[pos:size] (prepared and rolled-back transaction records skipped),\n"
+"their units grouped by (topic,\n"
+"queue id) in record order, each group (topic bytes, queue id, first\n"
+"QUEUEOFFSET, consecutive, units, queue offsets): units are the 20-byte\n"
+"units (commit-log offset = base + position in buf, size, tag hash;\n"
+"big-endian), queue offsets the records' QUEUEOFFSETs (int64 big-endian\n"
+"each), consecutive whether each is one more than the one before.  Stops\n"
+"at a BLANK, a header that is not a record's, a record not whole in\n"
+"buf[:size] or whose fields do not fit its size, a record whose tag hash\n"
+"Python computes (the schedule topic, TAGS twice, non-ASCII tags), and\n"
+"before a 65th distinct queue.  The tag hash is Java's String.hashCode of\n"
+"the TAGS property, sign-extended; 0 without.  last_store_timestamp is -1\n"
+"when no record was read.");
+
+typedef struct {
+    const unsigned char *topic;
+    int64_t topic_length;
+    int32_t queue_id;
+    int64_t first, last;
+    int consecutive;
+    unsigned char *units, *offsets;
+    Py_ssize_t count, capacity;
+} cq_group;
+
+static int
+cq_group_add(cq_group *g, int64_t at, int64_t total, int64_t code, int64_t queue_offset)
+{
+    unsigned char *p;
+    int i;
+
+    if (g->count == g->capacity) {
+        Py_ssize_t capacity = g->capacity ? g->capacity * 2 : 64;
+        unsigned char *units = PyMem_Realloc(g->units, capacity * 20);
+        if (units == NULL)
+            return -1;
+        g->units = units;
+        units = PyMem_Realloc(g->offsets, capacity * 8);
+        if (units == NULL)
+            return -1;
+        g->offsets = units;
+        g->capacity = capacity;
+    }
+    p = g->units + g->count * 20;
+    for (i = 0; i < 8; i++)
+        p[i] = (unsigned char)((uint64_t)at >> (56 - 8 * i));
+    for (i = 0; i < 4; i++)
+        p[8 + i] = (unsigned char)((uint32_t)total >> (24 - 8 * i));
+    for (i = 0; i < 8; i++)
+        p[12 + i] = (unsigned char)((uint64_t)code >> (56 - 8 * i));
+    p = g->offsets + g->count * 8;
+    for (i = 0; i < 8; i++)
+        p[i] = (unsigned char)((uint64_t)queue_offset >> (56 - 8 * i));
+    if (g->count && queue_offset != g->last + 1)
+        g->consecutive = 0;
+    g->last = queue_offset;
+    g->count++;
+    return 0;
+}
+
 static PyObject *
-sp_cq_scan(PyObject *module, PyObject *args)
+sp_cq_units(PyObject *module, PyObject *args)
 {
     Py_buffer view;
-    long long pos, size;
+    long long pos, size, base;
     const unsigned char *b;
-    PyObject *items = NULL, *item, *topic, *code_obj;
-    int64_t total, last_ts = -1, q, body_length, topic_length, props_length, code;
-    int32_t magic, sysflag, tran;
+    PyObject *groups = NULL, *item;
+    cq_group g[64];
+    int ngroups = 0, i, found;
+    int64_t total, last_ts = -1, q, body_length, topic_length, props_length, code, queue_offset;
+    int32_t magic, sysflag, tran, queue_id;
 
-    if (!PyArg_ParseTuple(args, "y*LL", &view, &pos, &size))
+    if (!PyArg_ParseTuple(args, "y*LLL", &view, &pos, &size, &base))
         return NULL;
     if (size > (long long)view.len)
         size = view.len;
-    items = PyList_New(0);
-    if (items == NULL)
-        goto fail;
+    memset(g, 0, sizeof(g));
     b = view.buf;
     while (pos >= 0 && pos + 8 <= size) {
+        int64_t ts;
         total = rd32(b + pos);
         magic = rd32(b + pos + 4);
         if ((magic != MAGIC_V1 && magic != MAGIC_V2) || total < 92 || pos + total > size)
             break;
         sysflag = rd32(b + pos + 36);
         q = pos + 48 + ((sysflag & 0x10) ? 20 : 8);
-        last_ts = rd64(b + q);
+        ts = rd64(b + q);
         q += 8 + ((sysflag & 0x20) ? 20 : 8) + 12;
         if (q + 4 > pos + total)
             break;
@@ -736,39 +787,69 @@ sp_cq_scan(PyObject *module, PyObject *args)
             break;
         tran = sysflag & 0xC;
         if (tran == 0x4 || tran == 0xC) {
+            last_ts = ts;
             pos += total;
             continue;
         }
         if (topic_length == (int64_t)(sizeof(schedule_topic) - 1)
-            && memcmp(b + q, schedule_topic, sizeof(schedule_topic) - 1) == 0) {
-            code_obj = Py_None;
-            Py_INCREF(code_obj);
-        } else if (cq_tags_hash(b + q + topic_length + 2, props_length, &code)) {
-            code_obj = PyLong_FromLongLong(code);
-            if (code_obj == NULL)
-                goto fail;
-        } else {
-            code_obj = Py_None;
-            Py_INCREF(code_obj);
+            && memcmp(b + q, schedule_topic, sizeof(schedule_topic) - 1) == 0)
+            break;
+        if (!cq_tags_hash(b + q + topic_length + 2, props_length, &code))
+            break;
+        queue_id = rd32(b + pos + 12);
+        queue_offset = rd64(b + pos + 20);
+        found = -1;
+        for (i = 0; i < ngroups; i++) {
+            if (g[i].queue_id == queue_id && g[i].topic_length == topic_length
+                && memcmp(g[i].topic, b + q, topic_length) == 0) {
+                found = i;
+                break;
+            }
         }
-        topic = PyBytes_FromStringAndSize((const char *)b + q, topic_length);
-        if (topic == NULL) {
-            Py_DECREF(code_obj);
+        if (found < 0) {
+            if (ngroups == 64)
+                break;
+            found = ngroups++;
+            g[found].topic = b + q;
+            g[found].topic_length = topic_length;
+            g[found].queue_id = queue_id;
+            g[found].first = queue_offset;
+            g[found].consecutive = 1;
+        }
+        if (cq_group_add(&g[found], base + pos, total, code, queue_offset) < 0) {
+            PyErr_NoMemory();
             goto fail;
         }
-        item = Py_BuildValue("(LLiLNNL)", pos, (long long)total, rd32(b + pos + 12),
-                             (long long)rd64(b + pos + 20), topic, code_obj, (long long)last_ts);
-        if (item == NULL || PyList_Append(items, item) < 0) {
+        last_ts = ts;
+        pos += total;
+    }
+    groups = PyList_New(0);
+    if (groups == NULL)
+        goto fail;
+    for (i = 0; i < ngroups; i++) {
+        item = Py_BuildValue("(y#iLOy#y#)", (const char *)g[i].topic, (Py_ssize_t)g[i].topic_length,
+                             g[i].queue_id, (long long)g[i].first,
+                             g[i].consecutive ? Py_True : Py_False,
+                             (const char *)g[i].units, g[i].count * 20,
+                             (const char *)g[i].offsets, g[i].count * 8);
+        if (item == NULL || PyList_Append(groups, item) < 0) {
             Py_XDECREF(item);
             goto fail;
         }
         Py_DECREF(item);
-        pos += total;
+    }
+    for (i = 0; i < ngroups; i++) {
+        PyMem_Free(g[i].units);
+        PyMem_Free(g[i].offsets);
     }
     PyBuffer_Release(&view);
-    return Py_BuildValue("NLL", items, pos, (long long)last_ts);
+    return Py_BuildValue("NLL", groups, pos, (long long)last_ts);
 fail:
-    Py_XDECREF(items);
+    for (i = 0; i < ngroups; i++) {
+        PyMem_Free(g[i].units);
+        PyMem_Free(g[i].offsets);
+    }
+    Py_XDECREF(groups);
     PyBuffer_Release(&view);
     return NULL;
 }
@@ -2406,7 +2487,7 @@ static PyMethodDef methods[] = {
     {"replica_hop_pieces", sp_replica_hop_pieces, METH_VARARGS, replica_hop_pieces_doc},
     {"walk_valid", sp_walk_valid, METH_VARARGS, walk_valid_doc},
     {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
-    {"cq_scan", sp_cq_scan, METH_VARARGS, cq_scan_doc},
+    {"cq_units", sp_cq_units, METH_VARARGS, cq_units_doc},
     {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
     {"put_batch", (PyCFunction)(void (*)(void))sp_put_batch, METH_FASTCALL, put_batch_doc},
     {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL, put_one_doc},

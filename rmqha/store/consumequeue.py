@@ -430,6 +430,30 @@ class ConsumeQueue:
         self.max_physic = offset + size
         return True
 
+    def put_units(self, units: bytes, offsets: bytes, first: int, consecutive: bool) -> None:
+        """
+        L{put} for consecutive records' units (C{units}, 20 bytes each),
+        their QUEUEOFFSETs (C{offsets}, int64 each, the first C{first}):
+        appended at once when they follow the queue's last unit in both
+        logs, else one by one.
+        """
+        first_offset, first_size, _ = _UNIT.unpack_from(units)
+        if (
+            consecutive
+            and self.files
+            and first * UNIT_SIZE == self.end + len(self._pending)
+            and first_offset + first_size > self.max_physic
+        ):
+            if not self._pending:
+                self._pending_at = self.end
+            self._pending += units
+            last_offset, last_size, _ = _UNIT.unpack_from(units, len(units) - UNIT_SIZE)
+            self.max_physic = last_offset + last_size
+            return
+        for i in range(0, len(units), UNIT_SIZE):
+            offset, size, code = _UNIT.unpack_from(units, i)
+            self.put(offset, size, code, _I64.unpack_from(offsets, i // UNIT_SIZE * 8)[0])
+
     def write_pending(self) -> None:
         """
         Write the units appended since the last call (one C{pwrite} per file).
@@ -715,7 +739,7 @@ class ConsumeQueues:
         touched: set[ConsumeQueue] = set()
         one = self._one
         by_raw = self._by_raw
-        scan = getattr(_codec._accel, "cq_scan", None)
+        scan = getattr(_codec._accel, "cq_units", None)
         while offset < end and budget > 0:
             data = log.read(offset, min(budget, end - offset))
             n = len(data)
@@ -723,16 +747,13 @@ class ConsumeQueues:
             blank = False
             while position + 8 <= n:
                 if scan is not None:
-                    # The compiled decode of every plain record in a row.
-                    items, position, stamp = scan(data, position, n)
-                    for at, total, queue_id, queue_offset, topic, code, _ in items:
-                        if code is None:
-                            queue = one(data, at, total, _HEADER.unpack_from(data, at)[1], offset + at)
-                        else:
-                            queue = by_raw.get((topic, queue_id)) or self._queue_for(topic, queue_id)
-                            queue.put(offset + at, total, code, queue_offset)
-                        if queue is not None:
-                            touched.add(queue)
+                    # The compiled decode of the plain records in a row,
+                    # their units assembled per queue.
+                    groups, position, stamp = scan(data, position, n, offset)
+                    for topic, queue_id, first, consecutive, units, offsets in groups:
+                        queue = by_raw.get((topic, queue_id)) or self._queue_for(topic, queue_id)
+                        queue.put_units(units, offsets, first, consecutive)
+                        touched.add(queue)
                     if stamp >= 0:
                         self.last_timestamp = stamp
                     if position + 8 > n:
@@ -749,9 +770,9 @@ class ConsumeQueues:
                     )
                 if position + total > n:
                     break
-                queue = one(data, position, total, magic, offset + position)
-                if queue is not None:
-                    touched.add(queue)
+                added = one(data, position, total, magic, offset + position)
+                if added is not None:
+                    touched.add(added)
                 position += total
             if blank or not n:
                 # The segment's end (a BLANK, or nothing more in it).
@@ -768,9 +789,9 @@ class ConsumeQueues:
                         f"reaches past what the log holds"
                     )
                 magic = _HEADER.unpack_from(data)[1]
-                queue = one(data, 0, total, magic, offset)
-                if queue is not None:
-                    touched.add(queue)
+                added = one(data, 0, total, magic, offset)
+                if added is not None:
+                    touched.add(added)
                 position = total
             offset += position
             budget -= position
