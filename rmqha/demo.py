@@ -48,7 +48,10 @@ __all__ = [
 MARKER = ".rmqha-demo"
 _STORES = ("master", "slave")
 #: What a store holds (relative paths): the files a re-run may delete.
-_STORE_FILE = re.compile(r"(lock|abort|commitlog/[0-9]{20}|rmqha/[^/]+(/[^/]+)*)\Z")
+_STORE_FILE = re.compile(
+    r"(lock|abort|checkpoint|commitlog/[0-9]{20}|consumequeue/[^/]+/[0-9]+/[0-9]{20}"
+    r"|config/[A-Za-z]+\.json(\.bak|\.tmp)?|rmqha/[^/]+(/[^/]+)*)\Z"
+)
 
 _TOPICS = ("DemoOrders", "DemoPayments", "DemoAudit")
 

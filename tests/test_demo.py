@@ -72,7 +72,10 @@ class DemoDirectoryTests(SynchronousTestCase):
             self.runs.append(directory)
             for name in ("master", "slave"):
                 os.makedirs(os.path.join(directory, name, "commitlog"))
-                for path in ("lock", "abort", "commitlog/" + "0" * 20, "rmqha/queue-offsets.json"):
+                for path in (
+                    "lock", "abort", "checkpoint", "commitlog/" + "0" * 20, "rmqha/queue-offsets.json",
+                    "consumequeue/DemoAudit/3/" + "0" * 20, "config/topics.json", "config/topics.json.bak",
+                ):
                     full = os.path.join(directory, name, path)
                     os.makedirs(os.path.dirname(full), exist_ok=True)
                     with open(full, "w") as f:
