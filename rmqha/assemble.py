@@ -170,6 +170,13 @@ def build_service(
                 flush_disk_type=settings.flush_disk_type,
                 clock=reactor.seconds,
                 truncate_corrupt=settings.truncate_corrupt,
+                consume_queues=True,
+                # (RocketMQ rounds mappedFileSizeConsumeQueue up to units.)
+                consume_queue_units=(
+                    None
+                    if settings.consume_queue_file_size is None
+                    else -(-settings.consume_queue_file_size // 20)
+                ),
             )
         except (StoreError, ValueError, OSError) as e:
             if not one_line_errors:

@@ -172,7 +172,7 @@ async def _demo(
             BrokerSettings(role=role, heartbeat_interval=1.0, **settings),
             reactor=reactor,
             open_commitlog=lambda: CommitLog.open(
-                store, segment_size=segment_size, clock=reactor.seconds
+                store, segment_size=segment_size, clock=reactor.seconds, consume_queues=True
             ),
             retry_policy=lambda attempt: 0.2,
         )

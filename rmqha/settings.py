@@ -146,6 +146,13 @@ def _segment_size(text: str) -> int:
     return size
 
 
+def _consume_queue_file_size(text: str) -> int:
+    size = parse_size(text, "value")
+    if size < 20:
+        raise ValueError(f"{size} is less than one 20-byte consume-queue unit")
+    return size
+
+
 def _batch_size(text: str) -> int:
     size = parse_size(text, "value")
     HAConfig(transfer_batch_size=size)  # the range check, in one place
@@ -418,6 +425,13 @@ class BrokerSettings:
         "store's files decide)",
         key="mappedFileSizeCommitLog",
         parse=_segment_size,
+    )
+    consume_queue_file_size: int | None = _setting(
+        None,
+        "bytes per consume-queue file for new queues, rounded up to 20-byte "
+        "units (default 6000000 = 300,000 units; existing files decide)",
+        key="mappedFileSizeConsumeQueue",
+        parse=_consume_queue_file_size,
     )
     flush_disk_type: FlushDiskType = _setting(
         FlushDiskType.ASYNC_FLUSH,
@@ -1204,7 +1218,7 @@ ROCKETMQ_KEYS = frozenset(
     """
     deleteWhen fileReservedTime autoCreateSubscriptionGroup
     storePathConsumeQueue storePathIndex storeCheckpoint abortFile
-    mappedFileSizeConsumeQueue mapedFileSizeConsumeQueue mapedFileSizeCommitLog
+    mapedFileSizeConsumeQueue mapedFileSizeCommitLog
     maxMessageSize flushCommitLogLeastPages flushConsumeQueueLeastPages
     flushIntervalConsumeQueue flushCommitLogThoroughInterval
     sendMessageThreadPoolNums pullMessageThreadPoolNums useReentrantLockWhenPutMessage

@@ -114,6 +114,30 @@ class CLITests(SynchronousTestCase):
         self.assertEqual(status, 0)
         self.assertIn("sound: 10 records", out)
 
+    def test_check_consume_queues(self) -> None:
+        """
+        C{store check} verifies the consume queues against the log: a unit
+        with the wrong size is one line naming its file and unit (exit 1);
+        sound queues are said so.
+        """
+        store, _ = self.make_store()
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 0)
+        self.assertIn("note: no consume queues (consumequeue/)", out)
+        with CommitLog.open(store, consume_queues=True):
+            pass  # (builds them, as a broker's open does)
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 0)
+        self.assertIn("consume queues: every unit matches its record", out)
+        queue = os.path.join(store, "consumequeue", "TopicA", "1", "0" * 20)
+        with open(queue, "r+b") as f:
+            f.seek(20 + 8)
+            f.write(b"\x00\x00\x00\x07")
+        status, out, _ = self.run_cli("store", "check", store)
+        self.assertEqual(status, 1)
+        self.assertIn(f"{queue} unit 1 (queue offset 1): size 7, but the record", out)
+        self.assertIn("1 consume-queue finding(s)", out)
+
     def test_check_flipped_body_byte(self) -> None:
         """
         A flipped body byte in the third record: exit 1, naming that

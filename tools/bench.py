@@ -2133,7 +2133,10 @@ async def _sync(
     master = Broker(
         BrokerSettings(role=role, ha_listen="tcp:0:interface=127.0.0.1", heartbeat_interval=1.0),
         reactor=reactor,
-        open_commitlog=lambda: CommitLog.open(os.path.join(root, "master"), clock=reactor.seconds),
+        # (Consume queues kept, as a broker's store keeps them.)
+        open_commitlog=lambda: CommitLog.open(
+            os.path.join(root, "master"), clock=reactor.seconds, consume_queues=True
+        ),
     )
     master.startService()
     slave = None

@@ -24,6 +24,7 @@ from twisted.logger import Logger
 from rmqha.store._damage import DamageWatch
 from rmqha.store._flush import Flusher
 from rmqha.store._queues import QueueTable
+from rmqha.store.consumequeue import ConsumeQueues
 from rmqha.store._record import ReplicaValidator, RecordError, read_header
 from rmqha.store._segments import (
     _Segment,
@@ -57,6 +58,7 @@ class ReplicaTail:
     _put_ready_at: int
     _validator: ReplicaValidator
     _queues: QueueTable
+    consume_queues: ConsumeQueues | None
     _watch: DamageWatch
     _flusher: Flusher
     _append_observers: list[Callable[[int], object]]
@@ -184,7 +186,11 @@ class ReplicaTail:
         """
         self._put_ready_at = -1
         self._release_prefault()
-        return detach_segments(self._segments, offset)
+        bulk = detach_segments(self._segments, offset)
+        if self.consume_queues is not None:
+            # (Units past the new end point at nothing: provably garbage.)
+            self.consume_queues.truncate(offset)
+        return bulk
 
     def discard_incomplete_record(self) -> None:
         """

@@ -642,6 +642,218 @@ fail:
     return NULL;
 }
 
+/* -- consume-queue dispatch --------------------------------------------- */
+
+static const char schedule_topic[] = "SCHEDULE_TOPIC_XXXX";
+
+/* The TAGS hash of properties p[0:n]: 1 and *code, or 0: Python decides. */
+static int
+cq_tags_hash(const unsigned char *p, int64_t n, int64_t *code)
+{
+    int64_t at = -1, i, end;
+    uint32_t h = 0;
+
+    for (i = 0; i + 5 <= n; i++) {
+        if ((i == 0 || p[i - 1] == 2) && memcmp(p + i, "TAGS\x01", 5) == 0) {
+            if (at >= 0)
+                return 0; /* twice */
+            at = i;
+        }
+    }
+    if (at < 0) {
+        *code = 0;
+        return 1;
+    }
+    end = at + 5;
+    while (end < n && p[end] != 2)
+        end++;
+    for (i = at + 5; i < end; i++) {
+        if (p[i] >= 0x80)
+            return 0;
+        h = 31u * h + p[i];
+    }
+    *code = (int64_t)(int32_t)h;
+    return 1;
+}
+
+PyDoc_STRVAR(cq_units_doc,
+"cq_units(buf, pos, size, base) -> (groups, pos, last_store_timestamp)\n\n"
+"ConsumeQueues._one over the whole message records in a row from\n"
+"buf[pos:size] (prepared and rolled-back transaction records skipped),\n"
+"their units grouped by (topic,\n"
+"queue id) in record order, each group (topic bytes, queue id, first\n"
+"QUEUEOFFSET, consecutive, units, queue offsets): units are the 20-byte\n"
+"units (commit-log offset = base + position in buf, size, tag hash;\n"
+"big-endian), queue offsets the records' QUEUEOFFSETs (int64 big-endian\n"
+"each), consecutive whether each is one more than the one before.  Stops\n"
+"at a BLANK, a header that is not a record's, a record not whole in\n"
+"buf[:size] or whose fields do not fit its size, a record whose tag hash\n"
+"Python computes (the schedule topic, TAGS twice, non-ASCII tags), and\n"
+"before a 65th distinct queue.  The tag hash is Java's String.hashCode of\n"
+"the TAGS property, sign-extended; 0 without.  last_store_timestamp is -1\n"
+"when no record was read.");
+
+typedef struct {
+    const unsigned char *topic;
+    int64_t topic_length;
+    int32_t queue_id;
+    int64_t first, last;
+    int consecutive;
+    unsigned char *units, *offsets;
+    Py_ssize_t count, capacity;
+} cq_group;
+
+static int
+cq_group_add(cq_group *g, int64_t at, int64_t total, int64_t code, int64_t queue_offset)
+{
+    unsigned char *p;
+    int i;
+
+    if (g->count == g->capacity) {
+        Py_ssize_t capacity = g->capacity ? g->capacity * 2 : 64;
+        unsigned char *units = PyMem_Realloc(g->units, capacity * 20);
+        if (units == NULL)
+            return -1;
+        g->units = units;
+        units = PyMem_Realloc(g->offsets, capacity * 8);
+        if (units == NULL)
+            return -1;
+        g->offsets = units;
+        g->capacity = capacity;
+    }
+    p = g->units + g->count * 20;
+    for (i = 0; i < 8; i++)
+        p[i] = (unsigned char)((uint64_t)at >> (56 - 8 * i));
+    for (i = 0; i < 4; i++)
+        p[8 + i] = (unsigned char)((uint32_t)total >> (24 - 8 * i));
+    for (i = 0; i < 8; i++)
+        p[12 + i] = (unsigned char)((uint64_t)code >> (56 - 8 * i));
+    p = g->offsets + g->count * 8;
+    for (i = 0; i < 8; i++)
+        p[i] = (unsigned char)((uint64_t)queue_offset >> (56 - 8 * i));
+    if (g->count && queue_offset != g->last + 1)
+        g->consecutive = 0;
+    g->last = queue_offset;
+    g->count++;
+    return 0;
+}
+
+static PyObject *
+sp_cq_units(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    long long pos, size, base;
+    const unsigned char *b;
+    PyObject *groups = NULL, *item;
+    cq_group g[64];
+    int ngroups = 0, i, found;
+    int64_t total, last_ts = -1, q, body_length, topic_length, props_length, code, queue_offset;
+    int32_t magic, sysflag, tran, queue_id;
+
+    if (!PyArg_ParseTuple(args, "y*LLL", &view, &pos, &size, &base))
+        return NULL;
+    if (size > (long long)view.len)
+        size = view.len;
+    memset(g, 0, sizeof(g));
+    b = view.buf;
+    while (pos >= 0 && pos + 8 <= size) {
+        int64_t ts;
+        total = rd32(b + pos);
+        magic = rd32(b + pos + 4);
+        if ((magic != MAGIC_V1 && magic != MAGIC_V2) || total < 92 || pos + total > size)
+            break;
+        sysflag = rd32(b + pos + 36);
+        q = pos + 48 + ((sysflag & 0x10) ? 20 : 8);
+        ts = rd64(b + q);
+        q += 8 + ((sysflag & 0x20) ? 20 : 8) + 12;
+        if (q + 4 > pos + total)
+            break;
+        body_length = rd32(b + q);
+        q += 4;
+        if (body_length < 0 || q + body_length + 2 > pos + total)
+            break;
+        q += body_length;
+        if (magic == MAGIC_V1) {
+            topic_length = b[q];
+            q += 1;
+        } else {
+            topic_length = (int16_t)((b[q] << 8) | b[q + 1]);
+            q += 2;
+        }
+        if (topic_length < 0 || q + topic_length + 2 > pos + total)
+            break;
+        props_length = (b[q + topic_length] << 8) | b[q + topic_length + 1];
+        if (q + topic_length + 2 + props_length > pos + total)
+            break;
+        tran = sysflag & 0xC;
+        if (tran == 0x4 || tran == 0xC) {
+            last_ts = ts;
+            pos += total;
+            continue;
+        }
+        if (topic_length == (int64_t)(sizeof(schedule_topic) - 1)
+            && memcmp(b + q, schedule_topic, sizeof(schedule_topic) - 1) == 0)
+            break;
+        if (!cq_tags_hash(b + q + topic_length + 2, props_length, &code))
+            break;
+        queue_id = rd32(b + pos + 12);
+        queue_offset = rd64(b + pos + 20);
+        found = -1;
+        for (i = 0; i < ngroups; i++) {
+            if (g[i].queue_id == queue_id && g[i].topic_length == topic_length
+                && memcmp(g[i].topic, b + q, topic_length) == 0) {
+                found = i;
+                break;
+            }
+        }
+        if (found < 0) {
+            if (ngroups == 64)
+                break;
+            found = ngroups++;
+            g[found].topic = b + q;
+            g[found].topic_length = topic_length;
+            g[found].queue_id = queue_id;
+            g[found].first = queue_offset;
+            g[found].consecutive = 1;
+        }
+        if (cq_group_add(&g[found], base + pos, total, code, queue_offset) < 0) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        last_ts = ts;
+        pos += total;
+    }
+    groups = PyList_New(0);
+    if (groups == NULL)
+        goto fail;
+    for (i = 0; i < ngroups; i++) {
+        item = Py_BuildValue("(y#iLOy#y#)", (const char *)g[i].topic, (Py_ssize_t)g[i].topic_length,
+                             g[i].queue_id, (long long)g[i].first,
+                             g[i].consecutive ? Py_True : Py_False,
+                             (const char *)g[i].units, g[i].count * 20,
+                             (const char *)g[i].offsets, g[i].count * 8);
+        if (item == NULL || PyList_Append(groups, item) < 0) {
+            Py_XDECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+    }
+    for (i = 0; i < ngroups; i++) {
+        PyMem_Free(g[i].units);
+        PyMem_Free(g[i].offsets);
+    }
+    PyBuffer_Release(&view);
+    return Py_BuildValue("NLL", groups, pos, (long long)last_ts);
+fail:
+    for (i = 0; i < ngroups; i++) {
+        PyMem_Free(g[i].units);
+        PyMem_Free(g[i].offsets);
+    }
+    Py_XDECREF(groups);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 /* -- the put path ------------------------------------------------------- */
 
 static PyObject *s_body, *s_topic, *s_properties, *s_born_host, *s_sysflag,
@@ -2275,6 +2487,7 @@ static PyMethodDef methods[] = {
     {"replica_hop_pieces", sp_replica_hop_pieces, METH_VARARGS, replica_hop_pieces_doc},
     {"walk_valid", sp_walk_valid, METH_VARARGS, walk_valid_doc},
     {"walk_headers", sp_walk_headers, METH_VARARGS, walk_headers_doc},
+    {"cq_units", sp_cq_units, METH_VARARGS, cq_units_doc},
     {"encode", (PyCFunction)(void (*)(void))sp_encode, METH_FASTCALL, encode_doc},
     {"put_batch", (PyCFunction)(void (*)(void))sp_put_batch, METH_FASTCALL, put_batch_doc},
     {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL, put_one_doc},

@@ -47,6 +47,7 @@ from rmqha.store._damage import DamageWatch
 from rmqha.store._flush import Flusher
 from rmqha.store._prefault import Prefaulter, prefaulter
 from rmqha.store._queues import QueueTable
+from rmqha.store.consumequeue import ConsumeQueues
 from rmqha.store._record import (
     Blank,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -97,6 +98,14 @@ from rmqha.store.errors import (
     StoreLockedError,
 )
 
+
+#: Bytes of commit log between two progress lines of a consume-queue build
+#: at open, and the smallest gap that is logged at all.
+_PROGRESS_BYTES = 256 * 1024 * 1024
+#: Commit-log bytes per dispatch step while opening (nothing else runs).
+_OPEN_STEP = 8 * 1024 * 1024
+#: Commit-log bytes between two syncs of the queues while building them at open.
+_SYNC_BYTES = 64 * 1024 * 1024
 
 __all__ = [
     "CommitLog",
@@ -187,6 +196,9 @@ class CommitLog(ReplicaTail, SegmentRolling):
         self._validator = ReplicaValidator(segment_size, self.read)
         self._closed = False
         self._queues = QueueTable(store_dir)
+        #: The consume queues (docs/consumequeue.md), built from the log's
+        #: whole records; C{None} when open read-only.
+        self.consume_queues: ConsumeQueues | None = None
         self._append_observers: list[Callable[[int], object]] = []
         # A segment file changed under the log (truncated, removed,
         # replaced; docs/store.md): found, kept and told by its own part,
@@ -220,6 +232,8 @@ class CommitLog(ReplicaTail, SegmentRolling):
         flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH,
         clock: Callable[[], float] = time.time,
         truncate_corrupt: bool = False,
+        consume_queues: bool = False,
+        consume_queue_units: int | None = None,
     ) -> "CommitLog":
         """
         Open (creating, unless C{read_only}) the store at C{store_dir} and
@@ -241,6 +255,14 @@ class CommitLog(ReplicaTail, SegmentRolling):
             valid records after it, cut the log there anyway (everything
             cut is quarantined first) instead of raising
             L{CorruptRecordError}.  The operator's escape hatch.
+        @param consume_queues: keep RocketMQ's consume queues
+            (docs/consumequeue.md): recovered, cut and completed here, then
+            fed by L{dispatch}.  A broker's store does; a log opened only
+            to be read or written as a log need not (the next open with
+            them builds what they miss).
+        @param consume_queue_units: units per consume-queue file
+            (RocketMQ's C{mappedFileSizeConsumeQueue} / 20); C{None}: what
+            the existing files hold, else 300,000.
 
         @raise CorruptRecordError: a bad record with valid records after
             it; nothing on disk was changed.
@@ -286,7 +308,60 @@ class CommitLog(ReplicaTail, SegmentRolling):
             raise StoreDamagedError(damage.path, damage.what)
         if not read_only:
             self._watch.forget_recorded(self.max_offset)
+        if consume_queues and not read_only:
+            try:
+                self._open_consume_queues(consume_queue_units)
+            except BaseException:
+                self.close()
+                raise
         return self
+
+    def _open_consume_queues(self, units_per_file: int | None) -> None:
+        """
+        Recover the consume queues, cut them at the log's end, and build
+        what they miss up to it (all of them for a store that has none),
+        before the log is handed out; progress is logged for large gaps.
+        """
+        queues = self.consume_queues = ConsumeQueues(self.store_dir, self, units_per_file)
+        end = self._record_end
+        queues.open(end)
+        start = queues.dispatched
+        if start >= end:
+            return
+        gap = end - start
+        if gap >= _PROGRESS_BYTES:
+            self._log.info(
+                "building consume queues from commit-log offset {start} to {end} ({mib} MiB)",
+                start=start, end=end, mib=gap >> 20,
+            )
+        told = synced = start
+        while queues.dispatch(end, _OPEN_STEP):
+            if queues.dispatched - synced >= _SYNC_BYTES:
+                # (A build killed half-way resumes from here.)
+                synced = queues.dispatched
+                plan = queues.sync_plan(self.flushed_offset)
+                if plan is not None:
+                    plan()
+            if queues.dispatched - told >= _PROGRESS_BYTES:
+                told = queues.dispatched
+                self._log.info(
+                    "consume queues: {done} of {gap} MiB dispatched",
+                    done=(told - start) >> 20, gap=gap >> 20,
+                )
+        if gap >= _PROGRESS_BYTES:
+            self._log.info("consume queues built up to commit-log offset {end}", end=end)
+
+    def dispatch(self, limit: int) -> bool:
+        """
+        One bounded step of consume-queue dispatch up to the last whole
+        record (RocketMQ's C{ReputMessageService.doReput}).
+
+        @return: whether more is left to dispatch.
+        """
+        queues = self.consume_queues
+        if queues is None or self._closed or self._watch.damage is not None:
+            return False  # (a damaged log: said once, by the log)
+        return queues.dispatch(self._record_end, limit)
 
     # -- offsets -----------------------------------------------------------
 
@@ -709,12 +784,14 @@ class CommitLog(ReplicaTail, SegmentRolling):
                     self.flush()
                 except OSError as e:
                     self._log.warn("flushing the damaged commit log failed: {error}", error=e)
+                self._close_consume_queues()
             elif not self.read_only:
                 if self._record_end != self.max_offset:
                     self._cut_incomplete_tail("at close")
                 self.flush()
                 if self._queues.current(self.max_offset):
                     self._queues.save(self._item_at)
+                self._close_consume_queues()
         finally:
             self._closed = True
             self._put_ready_at = -1
@@ -727,6 +804,18 @@ class CommitLog(ReplicaTail, SegmentRolling):
                 clean=not self.read_only and not damaged,
             )
             self._lock_fd = None
+
+    def _close_consume_queues(self) -> None:
+        queues, self.consume_queues = self.consume_queues, None
+        if queues is not None:
+            try:
+                if self._watch.damage is None:
+                    # (RocketMQ's shutdown lets the reput finish too.)
+                    while queues.dispatch(self._record_end, _OPEN_STEP):
+                        pass
+                queues.close(self.flushed_offset)
+            except (OSError, StoreError) as e:
+                self._log.warn("closing the consume queues failed: {error}", error=e)
 
     @property
     def closed(self) -> bool:

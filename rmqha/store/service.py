@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from twisted.application.service import Service
-from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorThreads, IReactorTime
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorThreads, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
@@ -25,6 +25,7 @@ from rmqha.store import _guard
 from rmqha.store import _record as _codec
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
+from rmqha.store.consumequeue import DEFAULT_DISPATCH_STEP
 
 __all__ = ["CommitLogService", "StoreStatus", "DEFAULT_FLUSH_INTERVAL"]
 
@@ -38,6 +39,12 @@ DEFAULT_FLUSH_THOROUGH_INTERVAL = 10.0
 #: each; L{CommitLog.check}): a file truncated, removed or replaced under
 #: the broker is found at most this long after, if nothing else found it.
 DEFAULT_CHECK_INTERVAL = 0.5
+#: How long after an append its records are dispatched to the consume
+#: queues: RocketMQ's reput thread polls every 1 ms.  Steps that follow a
+#: step (a catch-up) run at the next reactor turn.
+DISPATCH_DELAY = 0.001
+#: RocketMQ's C{flushIntervalConsumeQueue}: 1 s.
+DEFAULT_CONSUME_QUEUE_FLUSH_INTERVAL = 1.0
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,9 @@ class CommitLogService(Service):
         flush_thorough_interval: float = DEFAULT_FLUSH_THOROUGH_INTERVAL,
         run_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
         check_interval: float = DEFAULT_CHECK_INTERVAL,
+        dispatch_step: int = DEFAULT_DISPATCH_STEP,
+        consume_queue_flush_interval: float = DEFAULT_CONSUME_QUEUE_FLUSH_INTERVAL,
+        sync_in_thread: Callable[[Callable[[], None]], Deferred[None]] | None = None,
     ) -> None:
         """
         @param open_commitlog: opens the log; called by C{startService}.
@@ -95,6 +105,13 @@ class CommitLogService(Service):
             the broker is found that long after at most.
         @param run_in_thread: runs a flush and returns a Deferred; defaults
             to the reactor's thread pool (tests pass a synchronous one).
+        @param dispatch_step: commit-log bytes one consume-queue dispatch
+            step reads at most (one step per reactor turn).
+        @param consume_queue_flush_interval: seconds between two syncs of
+            the consume queues and the checkpoint.
+        @param sync_in_thread: runs a consume-queue sync and returns a
+            Deferred; defaults to the reactor's thread pool, or running it
+            at once on a reactor without threads (a test's clock).
         """
         if flush_interval <= 0:
             raise ValueError(f"flush interval {flush_interval!r} must be positive")
@@ -120,6 +137,20 @@ class CommitLogService(Service):
         self.commitlog: CommitLog | None = None
         # Whether exclusive work (a cut back) is using the log now.
         self._exclusive = False
+        # Consume-queue dispatch: one bounded step per reactor turn.
+        self._dispatch_step = dispatch_step
+        self._dispatch_call: IDelayedCall | None = None
+        self._dispatch_failed = False
+        self._stop_observing: Callable[[], None] | None = None
+        self._cq_interval = consume_queue_flush_interval
+        self._cq_loop: LoopingCall | None = None
+        self._cq_syncing = False
+        if sync_in_thread is None:
+            if IReactorThreads.providedBy(reactor):
+                sync_in_thread = self._default_run_in_thread
+            else:
+                sync_in_thread = _run_now
+        self._sync_in_thread = sync_in_thread
 
     @property
     def max_offset(self) -> int:
@@ -187,6 +218,77 @@ class CommitLogService(Service):
             self._check_loop.start(self._check_interval, now=False).addErrback(
                 lambda f: self._log.failure("segment file checks stopped", f)
             )
+        if commitlog.consume_queues is not None:
+            # Consume queues follow the appends (puts and a slave's
+            # append_at alike), a bounded step per reactor turn.
+            self._dispatch_failed = False
+            self._stop_observing = commitlog.observe_appends(self._appended)
+            self._cq_loop = LoopingCall(self.sync_consume_queues)
+            self._cq_loop.clock = self._reactor
+            self._cq_loop.start(self._cq_interval, now=False).addErrback(
+                lambda f: self._log.failure("consume-queue syncs stopped", f)
+            )
+            self._appended(commitlog.max_offset)
+
+    def _appended(self, end: int) -> None:
+        """
+        The log grew: dispatch in L{DISPATCH_DELAY} (once, however many
+        appends come meanwhile: one step serves them all).
+        """
+        if self._dispatch_call is None and not self._dispatch_failed:
+            self._dispatch_call = self._reactor.callLater(DISPATCH_DELAY, self._dispatch)
+
+    def _dispatch(self) -> None:
+        """
+        One consume-queue dispatch step; another at the next turn while
+        records are left.
+        """
+        self._dispatch_call = None
+        commitlog = self.commitlog
+        if commitlog is None:
+            return
+        try:
+            more = commitlog.dispatch(self._dispatch_step)
+        except Exception:
+            self._dispatch_failed = True
+            if commitlog.damage is None:  # (else the log said why, once)
+                self._log.failure("consume-queue dispatch stopped")
+            return
+        if more:
+            self._dispatch_call = self._reactor.callLater(0, self._dispatch)
+
+    def sync_consume_queues(self) -> Deferred[None]:
+        """
+        Sync the consume queues written since the last sync and the
+        checkpoint, on a thread (RocketMQ's C{FlushConsumeQueueService},
+        every C{flushIntervalConsumeQueue}).
+        """
+        commitlog = self.commitlog
+        queues = commitlog.consume_queues if commitlog is not None else None
+        if queues is None or commitlog is None or self._cq_syncing:
+            return succeed(None)
+        plan = queues.sync_plan(commitlog.flushed_offset)
+        if plan is None:
+            return succeed(None)
+        self._cq_syncing = True
+
+        def over(result: object) -> None:
+            self._cq_syncing = False
+            if isinstance(result, Failure):
+                self._log.failure("syncing the consume queues failed", result)
+
+        return self._sync_in_thread(plan).addBoth(over)
+
+    def _stop_dispatch(self) -> None:
+        if self._stop_observing is not None:
+            self._stop_observing()
+            self._stop_observing = None
+        if self._dispatch_call is not None and self._dispatch_call.active():
+            self._dispatch_call.cancel()
+        self._dispatch_call = None
+        if self._cq_loop is not None and self._cq_loop.running:
+            self._cq_loop.stop()
+        self._cq_loop = None
 
     def reopen(self, between: Callable[[], object]) -> Deferred[None]:
         """
@@ -204,6 +306,7 @@ class CommitLogService(Service):
             if loop is not None and loop.running:
                 loop.stop()
         self._loop = self._check_loop = None
+        self._stop_dispatch()
         opened: list[CommitLog] = []
 
         def work() -> None:
@@ -394,6 +497,7 @@ class CommitLogService(Service):
         if self._check_loop is not None and self._check_loop.running:
             self._check_loop.stop()
         self._check_loop = None
+        self._stop_dispatch()
         if self._flushing:
             waiting: Deferred[None] = Deferred()
             self._waiters.append(waiting)
@@ -409,3 +513,14 @@ class CommitLogService(Service):
                 waiter.callback(None)
 
         return waiting.addCallback(close)
+
+
+def _run_now(work: Callable[[], None]) -> Deferred[None]:
+    """
+    Run C{work} at once (no threads to run it in).
+    """
+    try:
+        work()
+    except BaseException:
+        return fail()
+    return succeed(None)

@@ -1,0 +1,574 @@
+"""
+Tests for L{rmqha.store.consumequeue}: RocketMQ 4.9.8's consume-queue
+format, dispatch in bounded steps, recovery, truncation with the log, the
+checkpoint, reads, and byte-for-byte agreement with the queues the Java
+transcription of the 4.9.8 store writer builds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import struct
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
+
+from rmqha.store._record import SysFlag
+from rmqha.store.commitlog import CommitLog, Message
+from rmqha.store.consumequeue import (
+    UNIT_SIZE,
+    ConsumeQueue,
+    ConsumeQueueError,
+    Unit,
+    java_string_hash,
+    read_checkpoint,
+    tags_code,
+    verify_consume_queues,
+)
+from rmqha.store.service import CommitLogService
+from tests._helpers import copy_store, fixed_clock
+
+PAD = (0, 0x7FFFFFFF, 0)
+SEGMENT = 64 * 1024
+
+
+def _message(i: int, queue_id: int = 0, tags: str | None = "TagA", **kw: object) -> Message:
+    properties = {"TAGS": tags} if tags else {}
+    return Message(
+        topic=str(kw.pop("topic", "T")),
+        body=b"m%d" % i,
+        queue_id=queue_id,
+        properties=properties,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _units(path: str) -> list[tuple[int, int, int]]:
+    with open(path, "rb") as f:
+        data = f.read()
+    return [struct.unpack_from(">qiq", data, i) for i in range(0, len(data), UNIT_SIZE)]
+
+
+class FormatTests(SynchronousTestCase):
+    """
+    The tag hash and the unit layout.
+    """
+
+    def test_java_string_hash(self) -> None:
+        """
+        Java's C{String.hashCode}, signed, over UTF-16 code units.
+        """
+        self.assertEqual(java_string_hash("TagA"), 2598919)
+        self.assertEqual(java_string_hash(""), 0)
+        self.assertEqual(java_string_hash("polygenelubricants"), -(2**31))
+        # U+1F600 is two UTF-16 units (0xD83D, 0xDE00).
+        self.assertEqual(java_string_hash("\U0001f600"), 0xD83D * 31 + 0xDE00)
+        self.assertEqual(java_string_hash("é"), 0xE9)
+
+    def test_tags_code(self) -> None:
+        """
+        The TAGS hash sign-extended; 0 without tags; the schedule topic's
+        DELAY level gives the delivery time (level clamped to the table).
+        """
+        self.assertEqual(tags_code("T", {"TAGS": "TagA"}, 5), 2598919)
+        self.assertEqual(tags_code("T", {"TAGS": "polygenelubricants"}, 5), -(2**31))
+        self.assertEqual(tags_code("T", {}, 5), 0)
+        self.assertEqual(tags_code("T", {"DELAY": "3"}, 5), 0)
+        self.assertEqual(tags_code("SCHEDULE_TOPIC_XXXX", {"DELAY": "3"}, 5), 10_005)
+        self.assertEqual(
+            tags_code("SCHEDULE_TOPIC_XXXX", {"DELAY": "99", "TAGS": "x"}, 5), 7_200_005
+        )
+        self.assertEqual(tags_code("SCHEDULE_TOPIC_XXXX", {"DELAY": "0", "TAGS": "TagA"}, 5), 2598919)
+
+    def test_unit_bytes(self) -> None:
+        """
+        A put's unit is (commit-log offset, size, tag hash), big-endian, in
+        C{consumequeue/<topic>/<queueId>/<20 digits>}; files have their full
+        size; prepared and rolled-back transaction records get none.
+        """
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, consume_queue_units=10, segment_size=SEGMENT)
+        self.addCleanup(log.close)
+        first = log.put(_message(0))
+        log.put(_message(1, sysflag=SysFlag.TRANSACTION_PREPARED_TYPE))
+        log.put(_message(2, sysflag=SysFlag.TRANSACTION_ROLLBACK_TYPE))
+        third = log.put(_message(3, tags=None))
+        self.assertFalse(log.dispatch(1 << 20))
+        path = os.path.join(log.store_dir, "consumequeue", "T", "0", "0" * 20)
+        self.assertEqual(os.path.getsize(path), 200)
+        with open(path, "rb") as f:
+            self.assertEqual(
+                f.read(40),
+                struct.pack(">qiq", first.offset, first.size, 2598919)
+                + struct.pack(">qiq", third.offset, third.size, 0),
+            )
+        assert log.consume_queues is not None
+        self.assertEqual(log.consume_queues.max_offset("T", 0), 2)
+        self.assertEqual(log.consume_queues.dispatched, log.max_offset)
+
+    def test_pre_blank(self) -> None:
+        """
+        A queue whose first unit is at logical offset 25 starts with the
+        file holding it, padded before it with (0, Integer.MAX_VALUE, 0)
+        units (fillPreBlank).
+        """
+        directory = self.mktemp()
+        queue = ConsumeQueue(directory, "T", 0, 10 * UNIT_SIZE)
+        self.addCleanup(queue.close)
+        self.assertTrue(queue.put(1000, 100, 7, 25))
+        queue.write_pending()
+        self.assertEqual(os.listdir(directory), ["00000000000000000400"])
+        units = _units(os.path.join(directory, "00000000000000000400"))
+        self.assertEqual(units[:6], [PAD] * 5 + [(1000, 100, 7)])
+        self.assertEqual(queue.max_offset, 26)
+        self.assertEqual(queue.units(25, 5), [Unit(1000, 100, 7)])
+        # The same record again (a re-dispatch): nothing added.
+        self.assertFalse(queue.put(1000, 100, 7, 25))
+
+
+class DispatchTests(SynchronousTestCase):
+    """
+    Dispatch follows the appends in bounded steps, one per reactor turn.
+    """
+
+    def test_steps_per_turn(self) -> None:
+        """
+        Appends schedule a step 1 ms later (one for all of them); a step reads at
+        most the step's bytes (plus one record); steps follow each other,
+        one per turn, until the queues reach the log's end; the observer
+        hears "queue grew to N" once per step and queue.
+        """
+        clock = Clock()
+        directory = self.mktemp()
+        service = CommitLogService(
+            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
+            clock,
+            run_in_thread=lambda f: self.fail("no flush expected"),  # type: ignore[arg-type,return-value]
+            dispatch_step=1000,
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
+        log = service.commitlog
+        assert log is not None and log.consume_queues is not None
+        queues = log.consume_queues
+        heard: list[tuple[str, int, int]] = []
+        marks: list[int] = []
+
+        def grew(topic: str, queue_id: int, count: int) -> None:
+            heard.append((topic, queue_id, count))
+            if not marks or marks[-1] != queues.dispatched:
+                marks.append(queues.dispatched)
+
+        queues.observe_growth(grew)
+        sizes = [log.put(_message(i, queue_id=i % 2)).size for i in range(40)]
+        # Not inline in the puts: at the next turn.
+        self.assertEqual(queues.dispatched, 0)
+        self.assertEqual(
+            [c.func.__name__ for c in clock.getDelayedCalls() if not hasattr(c.func, "f")],
+            ["_dispatch"],
+        )
+        # 1 ms after (RocketMQ's reput interval); Clock.advance runs each
+        # step's successor (at the next turn: delay 0) too: all of them.
+        clock.advance(0)
+        self.assertEqual(queues.dispatched, 0)
+        clock.advance(0.001)
+        self.assertEqual(queues.dispatched, log.max_offset)
+        steps = [b - a for a, b in zip([0] + marks, marks)]
+        self.assertGreater(len(steps), sum(sizes) // (1000 + max(sizes)))
+        for step in steps:
+            self.assertLessEqual(step, 1000 + max(sizes))
+        self.assertEqual(queues.max_offset("T", 0), 20)
+        self.assertEqual(queues.max_offset("T", 1), 20)
+        self.assertEqual(heard[-1][2], 20)
+        self.assertEqual(sorted({(t, q) for t, q, _ in heard}), [("T", 0), ("T", 1)])
+        # Nothing left: no step scheduled.
+        self.assertFalse(
+            [c for c in clock.getDelayedCalls() if not hasattr(c.func, "f")]
+        )
+
+    def test_replica_append(self) -> None:
+        """
+        A slave's log, written by append_at, gets the same queues as its
+        master's, byte for byte.
+        """
+        master = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, segment_size=4096)
+        self.addCleanup(master.close)
+        for i in range(60):
+            master.put(_message(i, queue_id=i % 3, tags=f"t{i % 4}"))
+        slave = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, segment_size=4096)
+        self.addCleanup(slave.close)
+        offset = 0
+        while offset < master.max_offset:
+            data = master.read(offset, 333)
+            slave.append_at(offset, data)
+            offset += len(data)
+            slave.dispatch(500)
+        while master.dispatch(500) or slave.dispatch(500):
+            pass
+        for queue_id in range(3):
+            relative = os.path.join("consumequeue", "T", str(queue_id), "0" * 20)
+            with open(os.path.join(master.store_dir, relative), "rb") as f:
+                expected = f.read()
+            with open(os.path.join(slave.store_dir, relative), "rb") as f:
+                self.assertEqual(f.read(), expected)
+        self.assertEqual(verify_consume_queues(slave), [])
+
+    def test_timestamp_search(self) -> None:
+        """
+        SEARCH_OFFSET_BY_TIMESTAMP as getOffsetInQueueByTime: the unit
+        whose record has that store timestamp, else the nearer neighbour in
+        its file; before everything the first, after everything the last.
+        """
+        now = [100.0]
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=lambda: now[0], consume_queue_units=4, segment_size=SEGMENT)
+        self.addCleanup(log.close)
+        for i in range(10):
+            now[0] = 100.0 + i  # store timestamps 100000, 101000, ...
+            log.put(_message(i))
+        log.dispatch(1 << 20)
+        queues = log.consume_queues
+        assert queues is not None
+
+        def stamp(offset: int, size: int) -> int:
+            return next(log.records(offset, offset + size)).store_timestamp  # type: ignore[union-attr]
+
+        search = lambda ms: queues.offset_by_time("T", 0, ms, stamp)  # noqa: E731
+        self.assertEqual(search(103_000), 3)
+        self.assertEqual(search(101_400), 1)
+        self.assertEqual(search(101_600), 2)
+        # The search stays in one file (as RocketMQ's): the first whose last
+        # record is at or after the time.
+        self.assertEqual(search(103_400), 4)
+        self.assertEqual(search(0), 0)
+        self.assertEqual(search(999_999), 9)
+        self.assertEqual(search(107_000), 7)
+        self.assertEqual(queues.offset_by_time("nope", 0, 1, stamp), 0)
+
+    def test_reads(self) -> None:
+        """
+        Max and min logical offsets, units from an offset (bounded, never
+        across a file), the list of topics and queues.
+        """
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, consume_queue_units=4, segment_size=SEGMENT)
+        self.addCleanup(log.close)
+        results = [log.put(_message(i, topic="A" if i % 3 else "B")) for i in range(12)]
+        log.dispatch(1 << 20)
+        queues = log.consume_queues
+        assert queues is not None
+        self.assertEqual(queues.topics(), {"A": [0], "B": [0]})
+        self.assertEqual(queues.max_offset("A", 0), 8)
+        self.assertEqual(queues.min_offset("A", 0), 0)
+        a = [r for i, r in enumerate(results) if i % 3]
+        self.assertEqual(
+            queues.units("A", 0, 2, 10),
+            [Unit(a[2].offset, a[2].size, 2598919), Unit(a[3].offset, a[3].size, 2598919)],
+        )
+        self.assertEqual(len(queues.units("A", 0, 4, 3)), 3)
+        self.assertEqual(queues.units("A", 0, 8, 3), [])
+        self.assertEqual(queues.units("A", 1, 0, 3), [])
+        self.assertEqual(queues.max_offset("C", 0), 0)
+
+
+class RecoveryTests(SynchronousTestCase):
+    """
+    Opening recovers the queues, cuts them at the log's end and builds
+    what they miss.
+    """
+
+    def _store(self, count: int = 30) -> tuple[str, list[int]]:
+        directory = self.mktemp()
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
+            ends = [log.put(_message(i, queue_id=i % 2)).offset for i in range(count)]
+        return directory, ends
+
+    def _queue_bytes(self, directory: str) -> dict[str, str]:
+        """
+        Every consume-queue file under C{directory}: its SHA-256.
+        """
+        result = {}
+        root = os.path.join(directory, "consumequeue")
+        for path, _, files in os.walk(root):
+            for name in files:
+                with open(os.path.join(path, name), "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                result[os.path.relpath(os.path.join(path, name), root)] = digest
+        return result
+
+    def test_old_store_builds_queues(self) -> None:
+        """
+        A store without queues (written before them) gets them at open,
+        the same as they were built along the puts.
+        """
+        directory, _ = self._store()
+        expected = self._queue_bytes(directory)
+        shutil.rmtree(os.path.join(directory, "consumequeue"))
+        os.remove(os.path.join(directory, "rmqha", "cq-dispatched"))
+        with CommitLog.open(directory, consume_queues=True, consume_queue_units=8):
+            pass
+        self.assertEqual(self._queue_bytes(directory), expected)
+
+    def test_torn_unit_rebuilt(self) -> None:
+        """
+        A unit torn by a crash (its size never written) ends the queue at
+        recovery (CQ.recover); dispatch from the last synced mark writes it
+        again.
+        """
+        directory, ends = self._store()
+        expected = self._queue_bytes(directory)
+        path = os.path.join(directory, "consumequeue", "T", "1", "00000000000000000160")
+        with open(path, "r+b") as f:  # unit 14 of queue 1: the last
+            f.seek((14 - 8) * UNIT_SIZE + 8)
+            f.write(b"\0" * 12)
+        with open(os.path.join(directory, "rmqha", "cq-dispatched"), "wb") as f:
+            f.write(struct.pack(">q", ends[20]))
+        with CommitLog.open(directory, consume_queues=True) as log:
+            assert log.consume_queues is not None
+            self.assertEqual(log.consume_queues.max_offset("T", 1), 15)
+        self.assertEqual(self._queue_bytes(directory), expected)
+
+    def test_units_past_the_log_cut(self) -> None:
+        """
+        Units pointing past the recovered end of the log
+        (truncateDirtyLogicFiles) are cut and zeroed, files left without
+        units removed; here the log lost its last records to a torn tail.
+        """
+        directory, ends = self._store(40)
+        crashed = copy_store(self, directory)
+        # Tear the commit log at record 21: everything after it is a torn
+        # tail (zeros from its middle on).
+        segment = os.path.join(crashed, "commitlog", "0" * 20)
+        with open(segment, "r+b") as f:
+            f.seek(ends[21] + 30)
+            f.write(b"\0" * (ends[-1] + 200 - ends[21] - 30))
+        with CommitLog.open(crashed, consume_queues=True, clock=fixed_clock) as log:
+            self.assertEqual(log.max_offset, ends[21])
+            queues = log.consume_queues
+            assert queues is not None
+            self.assertEqual(queues.max_offset("T", 0), 11)
+            self.assertEqual(queues.max_offset("T", 1), 10)
+            self.assertEqual(verify_consume_queues(log), [])
+        queue0 = os.path.join(crashed, "consumequeue", "T", "0")
+        self.assertEqual(sorted(os.listdir(queue0)), ["0" * 20, "00000000000000000160"])
+        self.assertEqual(
+            _units(os.path.join(queue0, "00000000000000000160"))[3:], [(0, 0, 0)] * 5
+        )
+
+    def test_cut_back_cuts_queues(self) -> None:
+        """
+        A slave's cut back (truncate_replica) cuts the queues with the log;
+        dispatch resumes from the cut, and the next records take the cut
+        units' places.
+        """
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT)
+        self.addCleanup(log.close)
+        results = [log.put(_message(i, queue_id=i % 2)) for i in range(30)]
+        log.dispatch(1 << 20)
+        log.truncate_replica(results[11].offset)
+        queues = log.consume_queues
+        assert queues is not None
+        self.assertEqual(queues.dispatched, results[11].offset)
+        self.assertEqual((queues.max_offset("T", 0), queues.max_offset("T", 1)), (6, 5))
+        self.assertEqual(verify_consume_queues(log), [])
+
+    def test_log_replaced(self) -> None:
+        """
+        Queues left from another commit log (the log was replaced under
+        them) are moved into the quarantine, not deleted, and built again
+        from the log.
+        """
+        directory, _ = self._store()
+        other = self.mktemp()
+        with CommitLog.open(other, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT) as log:
+            for i in range(25):
+                log.put(_message(i, topic="Other", queue_id=i % 3))
+        os.rename(os.path.join(directory, "commitlog"), os.path.join(directory, "old"))
+        os.rename(os.path.join(other, "commitlog"), os.path.join(directory, "commitlog"))
+        before = self._queue_bytes(directory)
+        with CommitLog.open(directory, consume_queues=True) as log:
+            assert log.consume_queues is not None
+            self.assertEqual(log.consume_queues.topics(), {"Other": [0, 1, 2]})
+            self.assertEqual(verify_consume_queues(log), [])
+        quarantine = os.path.join(directory, "rmqha", "quarantine")
+        [aside] = [n for n in os.listdir(quarantine) if not n.endswith(".cq-dispatched")]
+        self.assertTrue(aside.startswith("consumequeue-"))
+        moved = {}
+        for path, _, files in os.walk(os.path.join(quarantine, aside)):
+            for name in files:
+                with open(os.path.join(path, name), "rb") as f:
+                    moved[os.path.relpath(os.path.join(path, name), os.path.join(quarantine, aside))] = hashlib.sha256(f.read()).hexdigest()
+        self.assertEqual(moved, before)
+
+    def test_wrong_file_size(self) -> None:
+        """
+        A consume-queue file of another size than its queue's is refused,
+        naming the file.
+        """
+        directory, _ = self._store()
+        path = os.path.join(directory, "consumequeue", "T", "0", "00000000000000000160")
+        with open(path, "ab") as f:
+            f.write(b"x")
+        error = self.assertRaises(
+            ConsumeQueueError, CommitLog.open, directory, consume_queues=True
+        )
+        self.assertIn(path, str(error))
+        self.assertIn("161 bytes, but consume-queue files are 160 bytes", str(error))
+
+    def test_checkpoint(self) -> None:
+        """
+        The checkpoint is one 4096-byte page: physicMsgTimestamp and
+        logicsMsgTimestamp are the last record's store timestamp once it is
+        flushed and dispatched; indexMsgTimestamp stays 0 (no index).
+        """
+        directory, _ = self._store(3)
+        path = os.path.join(directory, "checkpoint")
+        self.assertEqual(os.path.getsize(path), 4096)
+        stamp = int(fixed_clock() * 1000)
+        self.assertEqual(read_checkpoint(path), (stamp, stamp, 0))
+
+
+class VerifyTests(SynchronousTestCase):
+    """
+    C{store check}'s look at the queues: one line per bad unit or record.
+    """
+
+    def test_findings(self) -> None:
+        """
+        A unit with the wrong size, one with the wrong tag hash, and a
+        record without its unit are each named with file and unit.
+        """
+        directory = self.mktemp()
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, consume_queue_units=8, segment_size=SEGMENT) as log:
+            for i in range(12):
+                log.put(_message(i))
+        path = os.path.join(directory, "consumequeue", "T", "0", "00000000000000000160")
+        with open(path, "r+b") as f:
+            f.seek(1 * UNIT_SIZE + 8)
+            f.write(struct.pack(">i", 5))
+            f.seek(2 * UNIT_SIZE + 12)
+            f.write(struct.pack(">q", 1))
+            f.seek(3 * UNIT_SIZE)
+            f.write(b"\0" * UNIT_SIZE)
+        log = CommitLog.open(directory, read_only=True)
+        self.addCleanup(log.close)
+        findings = verify_consume_queues(log)
+        self.assertEqual(len(findings), 3, findings)
+        self.assertIn(f"{path} unit 1 (queue offset 9): size 5", findings[0])
+        self.assertIn(f"{path} unit 2 (queue offset 10): tag hash 1", findings[1])
+        self.assertIn("queue offset 11", findings[2])
+        self.assertIn("has no unit", findings[2])
+
+
+class RocketMQStoreTests(SynchronousTestCase):
+    """
+    The queues of a store written by the Java transcription of RocketMQ
+    4.9.8's store writer (C{tests/fixtures/RocketMQStoreWriter.java}): rmqha
+    opens them as they are, and builds byte-identical ones from the same
+    commit log.  Skipped without Java.
+    """
+
+    def _check(self, variant: str) -> None:
+        from tests.test_rocketmq_store import copy_store as copy_java, java_store
+
+        store = java_store(variant)
+        java = RecoveryTests._queue_bytes(self, store.path)  # type: ignore[arg-type]
+        self.assertTrue(java)
+        # Opened as it is: the queues are RocketMQ's, untouched, and
+        # nothing is left to dispatch.
+        kept = copy_java(self, store)
+        with CommitLog.open(kept, consume_queues=True, store_host=tuple(store.store_host)) as log:  # type: ignore[arg-type]
+            queues = log.consume_queues
+            assert queues is not None
+            self.assertEqual(queues.dispatched, log.max_offset)
+            self.assertEqual(verify_consume_queues(log), [])
+            self.assertEqual(
+                sum(queues.max_offset(t, q) for t, ids in queues.topics().items() for q in ids),
+                len([m for m in store.messages if m["sysflag"] & 0xC not in (0x4, 0xC)]),
+            )
+        self.assertEqual(RecoveryTests._queue_bytes(self, kept), java)  # type: ignore[arg-type]
+        # Built by rmqha from the same log: the same bytes.
+        built = copy_java(self, store)
+        shutil.rmtree(os.path.join(built, "consumequeue"))
+        with CommitLog.open(built, consume_queues=True, consume_queue_units=100) as log:  # --cq-file-size 2000
+            self.assertEqual(verify_consume_queues(log), [])
+        self.assertEqual(RecoveryTests._queue_bytes(self, built), java)  # type: ignore[arg-type]
+
+    def test_clean(self) -> None:
+        self._check("clean")
+
+    def test_crashed(self) -> None:
+        self._check("crashed")
+
+
+class CompiledTests(SynchronousTestCase):
+    """
+    The compiled decode (C{_speedups.cq_units}) and the pure-Python one
+    build the same queues.
+    """
+
+    def test_same_queues(self) -> None:
+        from rmqha.store import _record as codec
+
+        if getattr(codec._accel, "cq_units", None) is None:
+            raise SkipTest("no compiled accelerator (or RMQHA_PURE=1)")
+        directory = self.mktemp()
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT) as log:
+            for i in range(200):
+                properties = {}
+                if i % 3 == 0:
+                    properties["TAGS"] = ["TagA", "标签", "", "a\u00e9"][i % 4]
+                if i % 5 == 0:
+                    properties["KEYS"] = "TAGS\x01no"[:4] + f"k{i}"
+                topic = "SCHEDULE_TOPIC_XXXX" if i % 7 == 0 else f"T{i % 2}"
+                if topic.startswith("SCHEDULE"):
+                    properties["DELAY"] = str(i % 20)
+                log.put(
+                    Message(
+                        topic=topic,
+                        body=b"b" * (i % 40),
+                        queue_id=i % 3,
+                        properties=properties,
+                        born_host=("2001:db8::1", 9) if i % 4 == 1 else None,
+                        sysflag=SysFlag.TRANSACTION_PREPARED_TYPE if i % 11 == 0 else 0,
+                    )
+                )
+        compiled = RecoveryTests._queue_bytes(self, directory)  # type: ignore[arg-type]
+        pure = copy_store(self, directory)
+        shutil.rmtree(os.path.join(pure, "consumequeue"))
+        os.remove(os.path.join(pure, "rmqha", "cq-dispatched"))
+        self.patch(codec, "_accel", None)
+        with CommitLog.open(pure, consume_queues=True) as log:
+            self.assertEqual(verify_consume_queues(log), [])
+        self.assertEqual(RecoveryTests._queue_bytes(self, pure), compiled)  # type: ignore[arg-type]
+        self.assertIn("SCHEDULE_TOPIC_XXXX/0/00000000000000000000", compiled)
+
+
+class SettingTests(SynchronousTestCase):
+    """
+    C{mappedFileSizeConsumeQueue} / C{--consume-queue-file-size}.
+    """
+
+    def test_flag_and_key(self) -> None:
+        """
+        The flag and the broker.conf key set the file size in bytes; less
+        than a unit is refused, naming the flag.
+        """
+        from rmqha.tap import Options
+
+        options = Options()
+        options.parseOptions(["--store-dir", "s", "--consume-queue-file-size", "100"])
+        self.assertEqual(options.settings.consume_queue_file_size, 100)
+        conf = self.mktemp()
+        with open(conf, "w") as f:
+            f.write("storePathRootDir=s\nmappedFileSizeConsumeQueue=6000000\n")
+        options = Options()
+        options.parseOptions(["--config", conf])
+        self.assertEqual(options.settings.consume_queue_file_size, 6_000_000)
+        from twisted.python.usage import UsageError
+
+        error = self.assertRaises(
+            UsageError,
+            Options().parseOptions,
+            ["--store-dir", "s", "--consume-queue-file-size", "19"],
+        )
+        self.assertIn("consume-queue-file-size", str(error))
