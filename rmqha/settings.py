@@ -1267,7 +1267,7 @@ ROCKETMQ_KEYS = frozenset(
     messageDelayLevel diskMaxUsedSpaceRatio cleanResourceInterval
     deleteCommitLogFilesInterval redeleteHangedFileInterval
     destroyMapedFileIntervalForcibly checkCRCOnRecover warmMapedFileEnable
-    offsetCheckInSlave slaveReadEnable transferMsgByHeap osPageCacheBusyTimeOutMills
+    transferMsgByHeap osPageCacheBusyTimeOutMills
     waitTimeMillsInSendQueue maxTransferCountOnMessageInMemory
     maxTransferBytesOnMessageInMemory accessMessageInMemoryMaxRatio
     traceTopicEnable msgTraceTopicName enablePropertyFilter
