@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import fail
+from twisted.internet.defer import fail, succeed
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
@@ -113,6 +113,8 @@ class _BrokerCase(SynchronousTestCase):
                 self.store, segment_size=64 * 1024, clock=fixed_clock,
                 consume_queues=self.consume_queues, consume_queue_units=self.consume_queue_units,
             ),
+            # (Disk work inline: the fake reactor has no threads.)
+            run_in_thread=lambda f: succeed(f()),
         )
         broker.startService()
         self.addCleanup(lambda: broker.running and broker.stopService())
@@ -387,6 +389,8 @@ class PortTests(_BrokerCase):
                 self.store, segment_size=64 * 1024, clock=fixed_clock,
                 consume_queues=self.consume_queues, consume_queue_units=self.consume_queue_units,
             ),
+            # (Disk work inline: the fake reactor has no threads.)
+            run_in_thread=lambda f: succeed(f()),
         )
         broker.startService()
         self.addCleanup(broker.stopService)

@@ -64,6 +64,7 @@ __all__ = [
     "SYSTEM_TOPICS",
     "BrokerRemoting",
     "broker_handler",
+    "BrokerDispatcher",
     "RemotingPort",
     "NOT_ON_VIP",
     "vip_description",
@@ -389,12 +390,24 @@ def _topic_refusal(topic: str) -> str | None:
     return None
 
 
-def broker_handler(broker: Broker) -> Dispatcher:
+class BrokerDispatcher(Dispatcher):
+    """
+    The L{Dispatcher} of a broker's remoting port, telling its clients'
+    manager of its connections.
+
+    @ivar remoting: the L{BrokerRemoting} it serves.
+    """
+
+    def __init__(self, remoting: BrokerRemoting) -> None:
+        super().__init__(remoting.handlers(), remoting.clients)
+        self.remoting = remoting
+
+
+def broker_handler(broker: Broker) -> BrokerDispatcher:
     """
     The L{Dispatcher} of a broker's remoting port.
     """
-    remoting = BrokerRemoting(broker)
-    return Dispatcher(remoting.handlers(), remoting.clients)
+    return BrokerDispatcher(BrokerRemoting(broker))
 
 
 #: The codes 4.9.8's second server, the VIP port, does not serve: of the
@@ -556,6 +569,15 @@ class RemotingPort(Port):
             lambda address: got.append(getattr(address, "port", 0)), lambda _: None
         )
         return got[0] if got else None
+
+    def stopService(self) -> Any:
+        # Held pulls and the client scan end with the port (the VIP port
+        # shares the main port's).
+        handler = self._handler
+        if isinstance(handler, BrokerDispatcher):
+            handler.remoting.pulls.stop()
+            handler.remoting.clients.stop()
+        return super().stopService()
 
     def listen(self, limited: Any) -> None:
         if self.port is not None:

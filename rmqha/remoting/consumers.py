@@ -359,6 +359,12 @@ class ClientManager:
             if members.pop(protocol, None) is not None and not members:
                 del self.producers[name]
 
+    def stop(self) -> None:
+        """Stop the expiry scan (the broker stops)."""
+        if self._scan is not None and self._scan.running:
+            self._scan.stop()
+        self._scan = None
+
     def scan_not_active(self) -> None:
         """
         C{scanNotActiveChannel}: clients whose last heartbeat is older than

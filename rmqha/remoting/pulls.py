@@ -277,6 +277,7 @@ class PullHandlers:
         pulls without their own).
     @param in_memory: the bytes at the end of the commit log that count as
         in memory (L{in_memory_bytes} by default).
+    @ivar in_memory: that.
     """
 
     _log = Logger(namespace="rmqha.remoting.pulls")
@@ -291,7 +292,7 @@ class PullHandlers:
     ) -> None:
         self._broker = broker
         self._clients = clients
-        self._in_memory = in_memory_bytes() if in_memory is None else in_memory
+        self.in_memory = in_memory_bytes() if in_memory is None else in_memory
         self.limits = limits
         #: Parked pulls by (topic, queue id), in arrival order.
         self.held: dict[tuple[str, int], list[_Held]] = {}
@@ -421,7 +422,7 @@ class PullHandlers:
             header.queue_offset,
             header.max_msg_nums,
             subscription.matches_code,
-            in_memory=self._in_memory,
+            in_memory=self.in_memory,
             correct_offsets=not slave or settings.offset_check_in_slave,
         )
         if settings.slave_read_enable:
@@ -659,8 +660,7 @@ class PullHandlers:
         if log is not None and log.min_offset <= at < log.max_offset:
             try:
                 head = log.read(at, 8)
-                size = struct.unpack(">i", head)[0] if len(head) == 8 else 0
-                magic = struct.unpack(">i", head[4:])[0] if len(head) == 8 else 0
+                size, magic = struct.unpack(">ii", head) if len(head) == 8 else (0, 0)
                 if 0 < size <= MAX_VIEW_SIZE and magic in (MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2):
                     record = log.read(at, size)
                     if len(record) != size:
