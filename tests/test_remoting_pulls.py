@@ -548,3 +548,83 @@ class ClientTests(_Case):
         self.assertEqual(sub, SubscriptionData("TopicTest", "TagA", frozenset({"TagA"}), frozenset({2598919}), 1700000000000))
         self.assertEqual(SubscriptionData.build("TopicTest", "TagA", "TAG", 1700000000000), sub)
         self.assertRaises(HeartbeatError, parse_heartbeat, b'{"clientID":1}')
+
+
+class EndToEndTests(_Case):
+    """
+    rmqha.client's Producer and two PushConsumers of one group against the
+    real broker handlers over in-memory connections: every message is
+    consumed exactly once, and the group's offsets are committed.
+    """
+
+    def test_produce_consume(self) -> None:
+        from rmqha.client import Producer, PushConsumer
+        from rmqha.remoting.metadata import MetadataFile
+        from rmqha.remoting.namesrv import RegisterBrokerBody, RegisterBrokerRequestHeader
+        from rmqha.testing import FakeNameServer
+        from tests.test_client_producer import _FactoryEndpoint
+
+        broker = self.start(store_host=("127.0.0.1", 10911), group="broker-a")
+        broker.metadata.update_topic(TopicConfig("Orders", 4, 4))
+        clock = self.reactor
+        ns = FakeNameServer(clock)
+        ns.register_broker(
+            RegisterBrokerRequestHeader("broker-a", "127.0.0.1:10911", "DefaultCluster", "127.0.0.1:10912", 0),
+            RegisterBrokerBody(broker.metadata.table(MetadataFile.TOPICS)),
+        )
+        endpoint = _FactoryEndpoint(self.remoting_factory(), clock, "127.0.0.1", 10911)
+
+        def pump(turns: int = 12, step: float = 0.0) -> None:
+            for _ in range(turns):
+                clock.advance(step)
+                ns.flush()
+                for connection in endpoint.connections:
+                    connection.flush()
+
+        got: dict[bytes, int] = {}
+        by_consumer = [0, 0]
+
+        def handler_of(n: int) -> Any:
+            def handler(messages: list[Any]) -> None:
+                by_consumer[n] += len(messages)
+                for m in messages:
+                    got[m.body] = got.get(m.body, 0) + 1
+
+            return handler
+
+        consumers = []
+        for n in range(2):
+            consumer = PushConsumer(
+                None, [ns.client_endpoint(clock)], "CG", handler_of(n), clock=clock,
+                endpoint_for=lambda addr: endpoint, client_id=f"10.9.9.9@{n}",
+                consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+            )
+            consumer.subscribe("Orders")
+            consumer.startService()
+            consumers.append(consumer)
+        producer = Producer(None, [ns.client_endpoint(clock)], "PG", clock=clock, endpoint_for=lambda addr: endpoint)
+        producer.startService()
+        pump()
+        sent = [b"m%04d" % i for i in range(300)]
+        for i, body in enumerate(sent):
+            d = producer.send("Orders", body, tags="A")
+            if i % 50 == 0:
+                pump()
+        pump()
+        for _ in range(60):  # (a minute: rebalances, holds, commits)
+            pump(4, 0.25)
+            if len(got) == len(sent):
+                break
+        self.successResultOf(d)
+        self.assertEqual(sorted(got), sorted(sent))
+        self.assertEqual(set(got.values()), {1})
+        self.assertTrue(all(by_consumer), by_consumer)
+        # Both consumers are in the group, each with its share of the queues.
+        reply = self.conn().ask(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG"})
+        self.assertEqual(sorted(json.loads(reply.body)["consumerIdList"]), ["10.9.9.9@0", "10.9.9.9@1"])
+        pump(30, 0.25)  # (the 5 s commit)
+        committed = sum(broker.metadata.query_offset("CG", "Orders", q) for q in range(4))
+        self.assertEqual(committed, len(sent))
+        for service in (producer, *consumers):
+            service.stopService()
+        pump()
