@@ -457,7 +457,8 @@ class ClientManager:
         group.message_model = consumer.message_model
         group.consume_from_where = consumer.consume_from_where
         old = group.clients.get(client.protocol)
-        changed = old is None or old.client_id != client.client_id
+        # (A new client ID on a known connection is kept, not a change.)
+        changed = old is None
         if old is None:
             self._log.info(
                 "new consumer {client} in group {group} ({peer})",
