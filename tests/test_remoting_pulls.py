@@ -187,7 +187,11 @@ class PullTests(_Case):
         """
         broker = self.begin(messages=1)
         conn = self.conn()
-        self.assertEqual(self.pull(conn, group="Nobody").code, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
+        # An unknown group is created (autoCreateSubscriptionGroup), then
+        # has no subscription; a name outside the rules cannot be.
+        self.assertEqual(self.pull(conn, group="Nobody").code, ResponseCode.SUBSCRIPTION_NOT_EXIST)
+        self.assertIsNotNone(broker.metadata.group("Nobody"))
+        self.assertEqual(self.pull(conn, group="No body").code, ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST)
         self.assertEqual(self.pull(conn).code, ResponseCode.SUBSCRIPTION_NOT_EXIST)
         reply = self.pull(conn, queue_id=2)
         self.assertEqual(reply.code, ResponseCode.SYSTEM_ERROR)

@@ -431,7 +431,7 @@ class ClientManager:
         metadata = self._metadata()
         for consumer in data.consumers:
             try:
-                config = self._group_config(metadata, consumer.group_name)
+                config = self.find_group(metadata, consumer.group_name)
                 self._retry_topic(metadata, consumer.group_name, config)
             except MetadataError as e:
                 return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
@@ -481,7 +481,15 @@ class ClientManager:
                 changed = True
         return changed
 
-    def _group_config(self, metadata: BrokerMetadata, name: str) -> SubscriptionGroupConfig:
+    def find_group(self, metadata: BrokerMetadata, name: str) -> SubscriptionGroupConfig:
+        """
+        C{findSubscriptionGroupConfig} with C{autoCreateSubscriptionGroup}
+        (4.9.8's default): an unknown group is made with the defaults and
+        written to C{subscriptionGroup.json}.
+
+        @raise MetadataError: a name outside RocketMQ's rules, or the
+            table's cap reached (naming it).
+        """
         config = metadata.group(name)
         if config is None:
             config = SubscriptionGroupConfig(name)

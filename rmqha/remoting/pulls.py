@@ -350,13 +350,14 @@ class PullHandlers:
         One pass: the reply, or C{None} when the pull is to be parked.
         """
         metadata = self._broker.metadata
-        group = metadata.group(header.consumer_group)
-        if group is None:
-            # (Pulls do not create groups: a heartbeat does.)
+        try:
+            group = self._clients.find_group(metadata, header.consumer_group)
+        except MetadataError as e:
+            # (4.9.8 creates any group; rmqha's table is capped.)
             return make_response(
                 request,
                 ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST,
-                f"subscription group [{header.consumer_group}] does not exist",
+                f"subscription group [{header.consumer_group}] does not exist: {e}",
             )
         if not group.consume_enable:
             return make_response(
