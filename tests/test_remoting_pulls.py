@@ -465,7 +465,18 @@ class OffsetRequestTests(_Case):
         self.assertEqual(reply.body, log.read(records[1].offset, records[1].size))
         reply = conn.ask(RequestCode.VIEW_MESSAGE_BY_ID, {"offset": str(records[1].offset + 1)})
         self.assertEqual(reply.code, ResponseCode.SYSTEM_ERROR)
+
+    def test_vip_port(self) -> None:
+        """The VIP port answers the offset requests and heartbeats, not PULL_MESSAGE."""
+        self.begin(messages=2, listen="tcp:10911:interface=127.0.0.1")
+        (factory,) = [f for _, f, *_ in self.reactor.tcpServers if getattr(f, "name", None) == "vip"]
+        vip = _Conn(factory, 45000)
         self.assertIn(RequestCode.PULL_MESSAGE, NOT_ON_VIP)
+        self.assertEqual(self.pull(vip, flag=4, subscription="*").code, ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
+        self.assertEqual(vip.ask(RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": "0"}).ext_fields, {"offset": "2"})
+        self.assertEqual(vip.ask(RequestCode.HEART_BEAT, body=_heartbeat()).code, ResponseCode.SUCCESS)
+        main = _Conn(self.remoting_factory(), 45001)
+        self.assertEqual(json.loads(main.ask(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "G"}).body), {"consumerIdList": ["10.0.0.1@1"]})
 
 
 class ClientTests(_Case):

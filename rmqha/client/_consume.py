@@ -5,8 +5,9 @@ bookkeeping it keeps, sans-IO (values in, values out, no I/O):
 
 - the request and reply headers of PULL_MESSAGE (11), GET_MAX_OFFSET (30),
   SEARCH_OFFSET_BY_TIMESTAMP (29), GET_CONSUMER_LIST_BY_GROUP (38),
-  UNREGISTER_CLIENT (35) and NOTIFY_CONSUMER_IDS_CHANGED (40); the offset
-  headers (14, 15) are the broker's, L{rmqha.remoting.offsets};
+  UNREGISTER_CLIENT (35) and NOTIFY_CONSUMER_IDS_CHANGED (40), defined once
+  for client and broker in L{rmqha.remoting.headers} and re-exported here;
+  the offset headers (14, 15) are in L{rmqha.remoting.offsets};
 - a pull reply as C{MQClientAPIImpl.processPullResponse} and
   C{PullAPIWrapper.processPullResult} read it: the status, the records
   (decoded by the store's L{parse_record}, the one record decoder),
