@@ -435,12 +435,12 @@ class ClientManager:
                 self._retry_topic(metadata, consumer.group_name, config)
             except MetadataError as e:
                 return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
-            client = _Client(data.client_id, protocol, now, request.version, str(request.language))
+            client = _Client(data.client_id, protocol, now, request.version, request.language.name)
             if self.register_consumer(consumer, client) and config.notify_consumer_ids_changed_enable:
                 self._notify(consumer.group_name)
         for name in data.producer_groups:
             self.producers.setdefault(name, {})[protocol] = _Client(
-                data.client_id, protocol, now, request.version, str(request.language)
+                data.client_id, protocol, now, request.version, request.language.name
             )
         return make_response(request, ResponseCode.SUCCESS)
 
