@@ -232,6 +232,20 @@ class PullTests(_Case):
         got = decode_messages(self.pull(conn).body, MessageQueue("T", "b", 0))
         self.assertEqual([m.queue_offset for m in got], [1, 2, 4, 5])
 
+    def test_scan_to_file_end(self) -> None:
+        """
+        The units are scanned in growing chunks up to the end of their
+        queue file (64 units here), as getIndexBuffer gives them: nothing
+        matching there is PULL_RETRY_IMMEDIATELY from the next file.
+        """
+        self.begin(messages=101, tags=["B"] * 100 + ["A"])
+        conn = self.conn()
+        reply = self.pull(conn, flag=4, subscription="A", max_nums=4)
+        self.assertEqual((reply.code, reply.ext_fields and reply.ext_fields["nextBeginOffset"]), (ResponseCode.PULL_RETRY_IMMEDIATELY, "64"))
+        reply = self.pull(conn, flag=4, subscription="A", max_nums=4, offset=64)
+        got = decode_messages(reply.body, MessageQueue("T", "b", 0))
+        self.assertEqual(([m.queue_offset for m in got], reply.ext_fields and reply.ext_fields["nextBeginOffset"]), ([100], "101"))
+
     def test_commit_offset(self) -> None:
         """Flag 0x1 commits commitOffset on a master."""
         broker = self.begin(messages=2)
@@ -331,7 +345,7 @@ class StoreLookupTests(SynchronousTestCase):
         units = [Unit(100, 50, 0), Unit(150, 50, 0), Unit(1000, 50, 0)]
         result = self.lookup(_Queue(units, 0, 3), 0)
         self.assertEqual(result.status, GetMessageStatus.FOUND)
-        self.assertEqual(len(result.records), 1)
+        self.assertEqual((result.count, result.records), (1, [b"r" * 50]))
         result = self.lookup(_Queue(units[:2], 0, 3), 0)
         self.assertEqual((result.status, result.next_begin_offset), (GetMessageStatus.MESSAGE_WAS_REMOVING, 2))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Final
 
 from twisted.internet.defer import Deferred
@@ -52,7 +52,7 @@ from rmqha.remoting.metadata import PERM_READ, MetadataError
 from rmqha.remoting.offsets import in_memory_bytes
 from rmqha.remoting.protocol import Answer, format_peer
 from rmqha.store._record import MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2
-from rmqha.store.consumequeue import UNIT_SIZE, ConsumeQueues
+from rmqha.store.consumequeue import UNIT_SIZE, ConsumeQueue, ConsumeQueues, Unit
 from rmqha.store.errors import StoreError
 
 if TYPE_CHECKING:
@@ -87,6 +87,8 @@ MAX_TRANSFER_BYTES_IN_DISK: Final = 64 * 1024
 MAX_TRANSFER_COUNT_IN_DISK: Final = 8
 #: C{getMessage}'s scan bound: C{max(16000, maxMsgNums * 20)} bytes of units.
 _MIN_FILTER_BYTES: Final = 16000
+#: The fewest units read first (more in growing chunks while the pull needs them).
+_FIRST_UNITS: Final = 16
 #: C{MixAll.MASTER_ID}.
 MASTER_ID: Final = 0
 #: The largest record VIEW_MESSAGE_BY_ID reads (C{maxMessageSize} and a
@@ -116,7 +118,10 @@ class GetMessageResult:
     next_begin_offset: int
     min_offset: int
     max_offset: int
+    #: The records found, as stored: runs of adjacent records.
     records: list[bytes] = dataclasses.field(default_factory=list)
+    #: How many records, and their bytes.
+    count: int = 0
     size: int = 0
     suggest_pulling_from_slave: bool = False
 
@@ -180,8 +185,11 @@ def get_message(
         return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, correction(offset), min_offset, max_offset)
     if offset > max_offset:
         return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, correction(max_offset), min_offset, max_offset)
-    units = queue.units(offset, max(_MIN_FILTER_BYTES, max_msg_nums * UNIT_SIZE) // UNIT_SIZE)
-    if not units:
+    limit = max(_MIN_FILTER_BYTES, max_msg_nums * UNIT_SIZE) // UNIT_SIZE
+    # (The batch's records and the unit that shows it full, to begin with.)
+    asked = min(limit, max(_FIRST_UNITS, max_msg_nums + 1))
+    first = queue.units(offset, asked)
+    if not first:
         # The slice is missing: on to the next consume-queue file.
         units_per_file = queues.file_size // UNIT_SIZE
         next_file = offset + units_per_file - offset % units_per_file
@@ -191,35 +199,67 @@ def get_message(
     max_pulling = 0
     scanned = 0
     segment = log.segment_size
-    for unit in units:
+    # The records taken, as runs of adjacent records in one log segment
+    # (start, end): each run is read with one call.
+    runs: list[list[int]] = []
+    for unit in _scan(queue, offset, limit, first, asked):
         max_pulling = unit.offset
         if next_file_start is not None and unit.offset < next_file_start:
             scanned += 1
             continue
         in_disk = log_max - unit.offset > in_memory
-        if is_batch_full(unit.size, max_msg_nums, result.size, len(result.records), in_disk):
+        if is_batch_full(unit.size, max_msg_nums, result.size, result.count, in_disk):
             break
         scanned += 1
         if matches is not None and not matches(unit.tags_code):
             continue
-        data = b""
-        if log_min <= unit.offset and unit.offset + unit.size <= log_max:
-            try:
-                data = log.read(unit.offset, unit.size)
-            except StoreError:
-                data = b""
-        if len(data) != unit.size:
-            if not result.records:
+        if not (log_min <= unit.offset and unit.offset + unit.size <= log_max) or unit.size <= 0:
+            # (Its log file was deleted: on to the next one.)
+            if not result.count:
                 result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
             next_file_start = unit.offset - unit.offset % segment + segment
             continue
-        result.records.append(data)
+        if runs and runs[-1][1] == unit.offset and unit.offset % segment != 0:
+            runs[-1][1] += unit.size
+        else:
+            runs.append([unit.offset, unit.offset + unit.size])
+        result.count += 1
         result.size += unit.size
         result.status = GetMessageStatus.FOUND
         next_file_start = None
+    for start, end in runs:
+        try:
+            data = log.read(start, end - start)
+        except StoreError:
+            data = b""
+        if len(data) != end - start:
+            raise StoreError(
+                f"commit-log bytes {start}..{end} of queue {topic}/{queue_id} could not be read "
+                f"(got {len(data)} bytes)"
+            )
+        result.records.append(data)
     result.next_begin_offset = offset + scanned
     result.suggest_pulling_from_slave = log_max - max_pulling > in_memory
     return result
+
+
+def _scan(queue: ConsumeQueue, offset: int, limit: int, first: list[Unit], asked: int) -> Iterator[Unit]:
+    """
+    Up to C{limit} units from C{offset} to the end of its queue file (what
+    C{getIndexBuffer} gives), read in growing chunks from C{first} (the
+    C{asked} first): a pull of 32 records does not decode 800 units.
+    """
+    got, position, left = first, offset, limit
+    while True:
+        yield from got
+        if len(got) < asked:
+            return  # (the file's or the queue's end)
+        position += len(got)
+        left -= len(got)
+        if left <= 0:
+            return
+        asked = min(left, asked * 2)
+        got = queue.units(position, asked)
 
 
 _I64 = struct.Struct(">q")
