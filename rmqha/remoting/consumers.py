@@ -125,13 +125,18 @@ class SubscriptionData:
         tags = frozenset(t.strip() for t in expression.split("||") if t.strip())
         return cls(topic, expression, tags, frozenset(java_string_hash(t) for t in tags), sub_version, kind)
 
+    @property
+    def takes_all(self) -> bool:
+        """Every unit matches (C{"*"}, or class-filter mode)."""
+        return self.class_filter_mode or self.sub_string == "*"
+
     def matches_code(self, tags_code: int) -> bool:
         """
         C{ExpressionMessageFilter.isMatchedByConsumeQueue} for TAG: every
         unit for C{"*"} (and in class-filter mode), else the unit's tag code
         (as an int, Java's C{intValue}) must be in C{codeSet}.
         """
-        if self.class_filter_mode or self.sub_string == "*":
+        if self.takes_all:
             return True
         code = tags_code & 0xFFFFFFFF
         code = code - (1 << 32) if code & 0x80000000 else code

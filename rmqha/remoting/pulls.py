@@ -462,7 +462,7 @@ class PullHandlers:
             header.queue_id,
             header.queue_offset,
             header.max_msg_nums,
-            subscription.matches_code,
+            None if subscription.takes_all else subscription.matches_code,
             in_memory=self.in_memory,
             correct_offsets=not slave or settings.offset_check_in_slave,
         )
