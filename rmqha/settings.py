@@ -135,6 +135,12 @@ def _positive_ms(text: str) -> float:
     return int(text) / 1000
 
 
+def _millis(text: str) -> int:
+    if not text.strip().isdigit() or not 0 < int(text) <= 3_600_000:
+        raise ValueError(f"{text!r} is not a number of milliseconds in 1..3600000")
+    return int(text)
+
+
 def _size(text: str) -> int:
     return parse_size(text, "value")
 
@@ -716,6 +722,40 @@ class BrokerSettings:
         key="autoCreateTopicEnable",
         parse=parse_bool,
     )
+    # -- pulls (docs/remoting.md, "Consuming")
+    slave_read_enable: bool = _setting(
+        False,
+        "true or false (default, as RocketMQ): pull replies suggest a slave "
+        "(whichBrokerWhenConsumeSlowly) to a consumer reading far behind",
+        key="slaveReadEnable",
+        parse=parse_bool,
+    )
+    long_polling_enable: bool = _setting(
+        True,
+        "true (default, as RocketMQ) or false: a pull that finds nothing is held until "
+        "its queue grows (false: for shortPollingTimeMills)",
+        key="longPollingEnable",
+        parse=parse_bool,
+    )
+    broker_suspend_max_time_millis: int = _setting(
+        15_000,
+        "ms a pull is held at most, whatever its suspendTimeoutMillis (15000)",
+        key="brokerSuspendMaxTimeMillis",
+        parse=_millis,
+    )
+    short_polling_time_mills: int = _setting(
+        1000,
+        "ms a pull is held with longPollingEnable=false (1000, as RocketMQ)",
+        key="shortPollingTimeMills",
+        parse=_millis,
+    )
+    offset_check_in_slave: bool = _setting(
+        False,
+        "true or false (default, as RocketMQ): a slave corrects a pull's offset "
+        "(PULL_OFFSET_MOVED) as a master does, instead of PULL_RETRY_IMMEDIATELY",
+        key="offsetCheckInSlave",
+        parse=parse_bool,
+    )
 
     # -- failover
     coordinator: str | None = _setting(
@@ -1227,7 +1267,7 @@ ROCKETMQ_KEYS = frozenset(
     messageDelayLevel diskMaxUsedSpaceRatio cleanResourceInterval
     deleteCommitLogFilesInterval redeleteHangedFileInterval
     destroyMapedFileIntervalForcibly checkCRCOnRecover warmMapedFileEnable
-    offsetCheckInSlave slaveReadEnable transferMsgByHeap osPageCacheBusyTimeOutMills
+    transferMsgByHeap osPageCacheBusyTimeOutMills
     waitTimeMillsInSendQueue maxTransferCountOnMessageInMemory
     maxTransferBytesOnMessageInMemory accessMessageInMemoryMaxRatio
     traceTopicEnable msgTraceTopicName enablePropertyFilter

@@ -92,6 +92,19 @@ class RemotingTargetTests(SynchronousTestCase):
         self.assertEqual(set(result["per_target"]), {"remoting", "remoting-protocol"})
         self.assertRaises(ValueError, fuzz.run, 1, 1, None, ["nope"])
 
+    def test_pulls(self) -> None:
+        """
+        The C{pulls} target is clean, and catches a held pull that is
+        never let go (here: its release broken).
+        """
+        result = fuzz.run(300, seed=2, only=["pulls"])
+        self.assertEqual((result["failures"], set(result["per_target"])), ([], {"pulls"}))
+        from rmqha.remoting.pulls import PullHandlers
+
+        self.patch(PullHandlers, "_release", lambda self, held: False)
+        result = fuzz.run(300, seed=2, only=["pulls"])
+        self.assertTrue(any("stays held" in f for f in result["failures"]), result["failures"][:3])
+
     def test_remoting_target_catches_a_stray_exception(self) -> None:
         """
         The C{remoting} target fails when the decoder lets an error of

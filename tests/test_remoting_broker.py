@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import fail
+from twisted.internet.defer import fail, succeed
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
@@ -89,6 +89,11 @@ class _Connection:
 
 
 class _BrokerCase(SynchronousTestCase):
+    #: Whether the broker's store keeps consume queues (as a broker's
+    #: assembled store does), of this many units a file.
+    consume_queues = False
+    consume_queue_units = 64
+
     def setUp(self) -> None:
         self.store = self.mktemp()
         self.reactor = MemoryReactorClock()
@@ -104,7 +109,12 @@ class _BrokerCase(SynchronousTestCase):
                 **settings,
             ),
             reactor=self.reactor,
-            open_commitlog=lambda: CommitLog.open(self.store, segment_size=64 * 1024, clock=fixed_clock),
+            open_commitlog=lambda: CommitLog.open(
+                self.store, segment_size=64 * 1024, clock=fixed_clock,
+                consume_queues=self.consume_queues, consume_queue_units=self.consume_queue_units,
+            ),
+            # (Disk work inline: the fake reactor has no threads.)
+            run_in_thread=lambda f: succeed(f()),
         )
         broker.startService()
         self.addCleanup(lambda: broker.running and broker.stopService())
@@ -186,9 +196,9 @@ class TableTests(_BrokerCase):
 
     def test_unknown_code(self) -> None:
         self.start()
-        response = self.connect().ask(RequestCode.PULL_MESSAGE, {"topic": "Orders"})
+        response = self.connect().ask(RequestCode.QUERY_MESSAGE, {"topic": "Orders"})
         self.assertEqual(response.code, ResponseCode.REQUEST_CODE_NOT_SUPPORTED)
-        self.assertEqual(response.remark, " request type 11 not supported")
+        self.assertEqual(response.remark, " request type 12 not supported")
 
     def test_query_data_version(self) -> None:
         """
@@ -375,7 +385,12 @@ class PortTests(_BrokerCase):
         broker = Broker(
             BrokerSettings(ha_listen="tcp:0"),
             reactor=self.reactor,
-            open_commitlog=lambda: CommitLog.open(self.store, segment_size=64 * 1024, clock=fixed_clock),
+            open_commitlog=lambda: CommitLog.open(
+                self.store, segment_size=64 * 1024, clock=fixed_clock,
+                consume_queues=self.consume_queues, consume_queue_units=self.consume_queue_units,
+            ),
+            # (Disk work inline: the fake reactor has no threads.)
+            run_in_thread=lambda f: succeed(f()),
         )
         broker.startService()
         self.addCleanup(broker.stopService)

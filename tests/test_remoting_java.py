@@ -39,7 +39,11 @@ from rmqha.remoting.codes import RequestCode, ResponseCode
 from rmqha.remoting.metadata import TopicConfig
 from rmqha.remoting.protocol import Dispatcher, RemotingProtocol
 from rmqha.remoting.sends import SendMessageResponseHeader as Reply
-from rmqha.store._record import Record, decode_properties, encode_properties
+from rmqha.client._codec import MessageQueue
+from rmqha.client._consume import decode_messages
+from rmqha.store._record import Message, Record, decode_properties, encode_properties
+from rmqha.store.commitlog import CommitLog
+from tests._helpers import fixed_clock
 from tests.test_remoting_broker import _BrokerCase
 
 try:
@@ -232,6 +236,9 @@ class JavaFramesTests(SynchronousTestCase):
                 "producer_batch",
                 "unknown_code",
                 "escapes",
+                "consumer_heart_beat",
+                "consumer_pull_first",
+                "consumer_pull_held",
             },
         )
 
@@ -357,3 +364,85 @@ class JavaProducerTests(_BrokerCase):
             self.assertEqual(item.properties, decode_properties(genuine_props))
             self.assertEqual(list(item.properties), list(decode_properties(genuine_props)))
             self.assertEqual(genuine_props.count(b"WAIT\x01true"), 2)
+
+
+class JavaConsumerTests(_BrokerCase):
+    """
+    What a genuine 4.9.8 DefaultMQPushConsumer sends (its HEART_BEAT, then
+    PULL_MESSAGEs without a subscription, transcribed from
+    C{prepareHeartbeatData}, C{DefaultMQPushConsumerImpl.pullMessage},
+    C{PullAPIWrapper.pullKernelImpl} and C{MQClientAPIImpl.pullMessage}),
+    answered by an rmqha broker holding three TagA messages in TopicTest
+    queue 0, as the Java client's C{processPullResponse} reads the answers.
+    """
+
+    consume_queues = True
+
+    def setUp(self) -> None:
+        self.cases = _java_cases()
+        super().setUp()
+        log = CommitLog.open(self.store, segment_size=64 * 1024, clock=fixed_clock)
+        for n in range(3):
+            log.put(Message("TopicTest", b"Hello RocketMQ %d" % n, queue_id=0, properties={"TAGS": "TagA"}))
+        log.close()
+        self.broker = self.start(store_host=("127.0.0.1", 10911))
+        self.broker.metadata.update_topic(TopicConfig("TopicTest", 4, 4))
+        self.connection = self.connect("10.0.0.5")
+
+    def answer(self, name: str) -> bytes:
+        request, _ = self.cases[name]
+        self.connection.transport.clear()
+        self.connection.protocol.dataReceived(request)
+        return self.connection.transport.value()
+
+    def process_pull_response(self, frame: bytes) -> tuple[str, dict[str, int], bytes]:
+        """
+        C{MQClientAPIImpl.processPullResponse}: the code to a status (other
+        codes throw), then C{decodeCommandCustomHeader} of
+        C{PullMessageResponseHeader}, every field C{@CFNotNull} and a Long.
+        """
+        response = decode_frame(frame)
+        self.assertTrue(response.is_response)
+        status = {0: "FOUND", 19: "NO_NEW_MSG", 20: "NO_MATCHED_MSG", 21: "OFFSET_ILLEGAL"}[response.code]
+        ext = response.ext_fields or {}
+        fields = {}
+        for name in ("suggestWhichBrokerId", "nextBeginOffset", "minOffset", "maxOffset"):
+            self.assertIn(name, ext)
+            fields[name] = int(ext[name])  # (Long.parseLong)
+            self.assertEqual(str(fields[name]), ext[name])
+        return status, fields, response.body
+
+    def test_heartbeat_and_pulls(self) -> None:
+        """
+        The heartbeat is answered as a genuine broker answers it and keeps
+        the subscription (TagA, with the retry topic created); the first
+        pull (no subscription in it: the heartbeat's is used) FOUND with
+        the three records, decoded by the client's MessageDecoder; the
+        second, at the end of the queue, held and answered byte for byte as
+        a genuine broker answers it 15 s later, its offset committed.
+        """
+        _, response = self.cases["consumer_heart_beat"]
+        # A new member: the group is told first (NOTIFY_CONSUMER_IDS_CHANGED,
+        # oneway, to every client of the group, this one included, as
+        # ConsumerManager.registerConsumer does), then the answer.
+        decoder = FrameDecoder()
+        decoder.feed(self.answer("consumer_heart_beat"))
+        notice, answer = decoder.next_command(), decoder.next_command()
+        assert notice is not None and answer is not None
+        self.assertEqual((notice.code, notice.is_oneway, notice.ext_fields), (40, True, {"consumerGroup": "CG"}))
+        self.assertEqual(encode(answer), response)
+        self.assertIsNotNone(self.broker.metadata.topic("%RETRY%CG"))
+        status, fields, body = self.process_pull_response(self.answer("consumer_pull_first"))
+        self.assertEqual(status, "FOUND")
+        self.assertEqual(fields, {"suggestWhichBrokerId": 0, "nextBeginOffset": 3, "minOffset": 0, "maxOffset": 3})
+        messages = decode_messages(body, MessageQueue("TopicTest", "broker-a", 0))
+        self.assertEqual([m.body for m in messages], [b"Hello RocketMQ %d" % n for n in range(3)])
+        self.assertEqual([m.tags for m in messages], ["TagA"] * 3)
+        self.assertEqual(self.broker.metadata.query_offset("CG", "TopicTest", 0), -1)
+        _, response = self.cases["consumer_pull_held"]
+        self.assertEqual(self.answer("consumer_pull_held"), b"")
+        self.assertEqual(self.broker.metadata.query_offset("CG", "TopicTest", 0), 3)
+        self.reactor.advance(15)
+        answer = self.connection.transport.value()
+        self.assertEqual(answer, response, f"rmqha answered {decode_frame(answer)}, Java {decode_frame(response)}")
+        self.assertEqual(self.process_pull_response(answer)[0], "NO_NEW_MSG")

@@ -205,8 +205,11 @@ class NothingCommittedTests(_BrokerCase):
     """
     A query for a group that committed nothing: 0 when the queue's min
     offset is at most 0 and its unit 0 is not "in disk", else
-    QUERY_NOT_FOUND with 4.9.8's remark.
+    QUERY_NOT_FOUND with 4.9.8's remark, read from the store's consume
+    queues.
     """
+
+    consume_queues = True
 
     def fill(self, count: int) -> int:
         log = CommitLog.open(self.store, segment_size=64 * 1024, clock=fixed_clock)
@@ -266,31 +269,42 @@ class NothingCommittedTests(_BrokerCase):
         self.assertEqual(in_memory_bytes(), total * 40 // 100)
 
 
-class ConsumeQueueHeadTests(SynchronousTestCase):
+class ConsumeQueueHeadTests(_BrokerCase):
     """
-    L{consume_queue_head}, approximated from the commit log's bounds until
-    rmqha keeps consume queues (its docstring says how).
+    L{consume_queue_head}: the queue's min offset and unit 0's commit-log
+    offset, from the store's consume queues.
     """
 
-    class _Log:
-        def __init__(self, min_offset: int, max_offset: int) -> None:
-            self.min_offset = min_offset
-            self.max_offset = max_offset
+    consume_queues = True
 
-    def test_no_units(self) -> None:
+    def test_no_queue(self) -> None:
+        """No log, a log without queues, or no such queue: the empty queue."""
         self.assertEqual(consume_queue_head(None, "T", 0), QueueHead(0, None))
-        self.assertEqual(consume_queue_head(self._Log(0, 0), "T", 0), QueueHead(0, None))
-        self.assertEqual(
-            consume_queue_head(self._Log(1 << 20, 1 << 20), "T", 0), QueueHead(0, None)
+        broker = self.start()
+        self.assertEqual(consume_queue_head(broker.store.commitlog, "T", 0), QueueHead(0, None))
+
+    def test_recent_queue(self) -> None:
+        """
+        A queue whose first message is recent in a long log: its unit 0 is
+        where that message is (the old approximation took offset 0, and
+        answered QUERY_NOT_FOUND where 4.9.8 answers 0).
+        """
+        log = CommitLog.open(self.store, segment_size=64 * 1024, clock=fixed_clock)
+        for _ in range(50):
+            log.put(Message("Old", b"x" * 500))
+        first = log.max_offset
+        log.put(Message("Young", b"y"))
+        end = log.max_offset
+        log.close()
+        broker = self.start()
+        self.assertEqual(consume_queue_head(broker.store.commitlog, "Young", 0), QueueHead(0, first))
+        offsets = ConsumerOffsets(lambda: broker.metadata, lambda: broker.store.commitlog, end - first)
+        request = RemotingCommand(code=RequestCode.QUERY_CONSUMER_OFFSET, opaque=1, ext_fields=_query("New", "Young", 0))
+        answer = offsets.query_consumer_offset(request, None)
+        assert isinstance(answer, RemotingCommand)
+        self.assertEqual(answer.ext_fields, {"offset": "0"})
+        answer = offsets.query_consumer_offset(
+            RemotingCommand(code=RequestCode.QUERY_CONSUMER_OFFSET, opaque=1, ext_fields=_query("New", "Old", 0)), None
         )
-
-    def test_log_from_zero(self) -> None:
-        self.assertEqual(consume_queue_head(self._Log(0, 5000), "T", 0), QueueHead(0, 0))
-
-    def test_log_cut_at_its_start(self) -> None:
-        """
-        A log starting above 0 (a slave that began at its master's last
-        file): taken as a queue older than the log, QUERY_NOT_FOUND.
-        """
-        head = consume_queue_head(self._Log(1 << 20, (1 << 20) + 500), "T", 0)
-        self.assertEqual(head, QueueHead(1, 1 << 20))
+        assert isinstance(answer, RemotingCommand)
+        self.assertEqual(answer.code, ResponseCode.QUERY_NOT_FOUND)

@@ -37,6 +37,13 @@ refuses it with its documented error:
   with one of the codes a send documents (docs/remoting.md, "Producing"),
   a SUCCESS carries a msgId per stored message, nothing is logged as a
   handler failure;
+- C{pulls}: a broker's remoting port (a master over a real commit log
+  with consume queues and a few messages) fed PULL_MESSAGE, the queue
+  offset requests, HEART_BEAT, UNREGISTER_CLIENT and
+  GET_CONSUMER_LIST_BY_GROUP with hostile header values and heartbeat
+  bodies: every request is answered once (a held pull by its timeout),
+  with a documented code, nothing is logged as a handler failure, and
+  nothing stays held once its connection closes;
 - C{slave}: a whole L{SlaveConnection} over a real commit log fed mutated
   frames: it may append good records and must drop the connection with one
   log line for anything else, never acknowledging a record that differs
@@ -556,6 +563,145 @@ class _SendsTarget:
             raise AssertionError(f"SUCCESS without a msgId to {request!r:.300}")
 
 
+class _PullsTarget:
+    """
+    A master's remoting port with consume queues (built at its first case),
+    fed hostile pulls, offset requests and heartbeats.
+    """
+
+    _CODES = frozenset({0, 1, 2, 16, 17, 19, 20, 21, 24, 25, 26})
+    _INTS = ["0", "1", "-1", "3", "99", "2147483647", "-2147483648", "2147483648", "x", "", "1.5"]
+    _LONGS = ["0", "2", "5", "-1", "9223372036854775807", "9223372036854775808", "x", ""]
+    _SUBS = ["*", "A", "A || B", "||", "", "A||" * 50, "\u00e9"]
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.lines: list[str] = []
+        self.broker: Any = None
+        self.factory: Any = None
+        self.reactor: Any = None
+
+    def _observe(self, event: dict[str, Any]) -> None:
+        if event.get("log_level") in (LogLevel.error, LogLevel.critical):
+            self.lines.append(str(event.get("log_format")))
+
+    def _start(self) -> None:
+        from twisted.internet.defer import succeed
+        from twisted.internet.testing import MemoryReactorClock
+
+        from rmqha.broker import Broker
+        from rmqha.remoting.metadata import SubscriptionGroupConfig, TopicConfig
+        from rmqha.settings import BrokerSettings
+        from rmqha.store._record import Message
+
+        store = os.path.join(self.directory, "pulls")
+        log = CommitLog.open(store, segment_size=1 << 20)
+        for n in range(5):
+            log.put(Message("TopicTest", b"m%d" % n, queue_id=n % 2, properties={"TAGS": "AB"[n % 2]}))
+        log.close()
+        self.reactor = MemoryReactorClock()
+        self.broker = Broker(
+            BrokerSettings(ha_listen="tcp:0", listen="tcp:0"),
+            reactor=self.reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=1 << 20, consume_queues=True),
+            run_in_thread=lambda f: succeed(f()),
+        )
+        self.broker.startService()
+        self.broker.metadata.update_topic(TopicConfig("TopicTest", 2, 2), persist=False)
+        self.broker.metadata.update_group(SubscriptionGroupConfig("G1"), persist=False)
+        (self.factory,) = [f for _, f, *_ in self.reactor.tcpServers if getattr(f, "name", None) == "remoting"]
+        globalLogPublisher.addObserver(self._observe)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        if self.broker is not None:
+            globalLogPublisher.removeObserver(self._observe)  # type: ignore[arg-type]
+            self.broker.stopService()
+
+    def _heartbeat(self, rng: random.Random) -> bytes:
+        sub = (
+            '{"classFilterMode":false,"codeSet":[65],"expressionType":"TAG","subString":"A",'
+            '"subVersion":5,"tagsSet":["A"],"topic":"TopicTest"}'
+        )
+        body = (
+            '{"clientID":"10.0.0.5@1","consumerDataSet":[{"consumeFromWhere":"CONSUME_FROM_LAST_OFFSET",'
+            '"consumeType":"CONSUME_PASSIVELY","groupName":"' + rng.choice(["G1", "G2", "", "a b"]) + '",'
+            '"messageModel":"' + rng.choice(["CLUSTERING", "BROADCASTING"]) + '","subscriptionDataSet":['
+            + ",".join([sub] * rng.choice([0, 1, 2])) + '],"unitMode":false}],"producerDataSet":[{"groupName":"PG"}]}'
+        ).encode()
+        return _mutate(rng, body) if rng.random() < 0.3 else body
+
+    def case(self, rng: random.Random, corpus: _Corpus) -> None:
+        if self.broker is None:
+            self._start()
+
+        def pick(valid: list[str], hostile: list[str]) -> str:
+            return rng.choice(hostile if rng.random() < 0.15 else valid)
+
+        code = rng.choice([11, 11, 11, 29, 30, 31, 32, 33, 34, 35, 38])
+        body = b""
+        if code == 11:
+            ext = {
+                "consumerGroup": pick(["G1", "G1", "G2"], ["", "a b", "%RETRY%G1"]),
+                "topic": pick(["TopicTest"], ["Nope", "", "SCHEDULE_TOPIC_XXXX"]),
+                "queueId": pick(["0", "1"], self._INTS),
+                # (2 and 3 are the queues' ends: such pulls are held.)
+                "queueOffset": pick(["0", "1", "2", "3", "2", "3", "9"], self._LONGS),
+                "maxMsgNums": pick(["32", "1"], self._INTS),
+                "sysFlag": pick(["6", "7", "2", "3", "4", "0"], self._INTS),
+                "commitOffset": pick(["0", "1"], self._LONGS),
+                "suspendTimeoutMillis": pick(["15000", "0", "100"], self._LONGS),
+                "subVersion": pick(["0", "5", "6"], self._LONGS),
+            }
+            if int(ext["sysFlag"]) & 4 if ext["sysFlag"].isdigit() else rng.random() < 0.5:
+                ext["subscription"] = rng.choice(self._SUBS)
+                ext["expressionType"] = pick(["TAG"], ["SQL92", ""])
+        elif code == 34:
+            ext = {}
+            body = self._heartbeat(rng)
+        elif code == 35:
+            ext = {"clientID": "10.0.0.5@1", "consumerGroup": pick(["G1"], ["", "Nope"])}
+        elif code == 38:
+            ext = {"consumerGroup": pick(["G1", "G2"], ["", "x" * 300])}
+        elif code == 33:
+            ext = {"offset": pick(["0", "1", "100"], self._LONGS)}
+        else:
+            ext = {"topic": pick(["TopicTest"], ["Nope", ""]), "queueId": pick(["0", "1"], self._INTS)}
+            if code == 29:
+                ext["timestamp"] = pick(["0", "1700000000000"], self._LONGS)
+        if rng.random() < 0.1 and ext:
+            del ext[rng.choice(list(ext))]
+        request = RemotingCommand(code=code, opaque=rng.randrange(1 << 31), ext_fields=ext, body=body)
+        protocol = self.factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        pulls = self.factory.wrappedFactory.handler.remoting.pulls
+        close_first = rng.random() < 0.3
+        del self.lines[:]
+        try:
+            protocol.dataReceived(encode(request))
+            held = pulls.held_count()
+            if close_first:
+                protocol.connectionLost(None)
+                if pulls.held_count():
+                    raise AssertionError(f"a pull stays held after its connection closed: {request!r:.300}")
+            self.reactor.advance(16)  # (past any hold)
+        finally:
+            if not close_first:
+                protocol.connectionLost(None)
+        answers = FrameDecoder()
+        answers.feed(transport.value())
+        got = []
+        while (answer := answers.next_command()) is not None:
+            if answer.is_response:
+                got.append(answer)
+        if len(got) != (0 if close_first and held else 1):
+            raise AssertionError(f"{len(got)} answers to {request!r:.300} (held: {held})")
+        if got and got[0].code not in self._CODES or self.lines:
+            raise AssertionError(f"{got[0].code} {got[0].remark!r:.200} {self.lines!r:.200} to {request!r:.300}")
+        if pulls.held_count():
+            raise AssertionError(f"a pull stays held after its answer or close: {request!r:.300}")
+
+
 def _codec_answers(
     data: bytes, pos: int, checks: tuple[bool, bool], cuts: list[int]
 ) -> list[Any]:
@@ -626,6 +772,7 @@ def run(
     slave = _SlaveTarget(directory)
     remoting = _RemotingProtocolTarget()
     sends = _SendsTarget(directory)
+    pulls = _PullsTarget(directory)
     targets: list[tuple[str, Callable[[random.Random, _Corpus], None], float]] = [
         ("report", _report_case, 0.3),
         ("transfer", _transfer_case, 0.3),
@@ -636,6 +783,7 @@ def run(
         ("remoting", _remoting_case, 0.15),
         ("remoting-protocol", remoting.case, 0.02),
         ("sends", sends.case, 0.01),
+        ("pulls", pulls.case, 0.01),
     ]
     if only:
         unknown = set(only) - {name for name, _, _ in targets}
@@ -661,6 +809,7 @@ def run(
         slave.close()
         remoting.close()
         sends.close()
+        pulls.close()
         shutil.rmtree(directory, ignore_errors=True)
     return {
         "cases": cases,

@@ -5,8 +5,9 @@ bookkeeping it keeps, sans-IO (values in, values out, no I/O):
 
 - the request and reply headers of PULL_MESSAGE (11), GET_MAX_OFFSET (30),
   SEARCH_OFFSET_BY_TIMESTAMP (29), GET_CONSUMER_LIST_BY_GROUP (38),
-  UNREGISTER_CLIENT (35) and NOTIFY_CONSUMER_IDS_CHANGED (40); the offset
-  headers (14, 15) are the broker's, L{rmqha.remoting.offsets};
+  UNREGISTER_CLIENT (35) and NOTIFY_CONSUMER_IDS_CHANGED (40), defined once
+  for client and broker in L{rmqha.remoting.headers} and re-exported here;
+  the offset headers (14, 15) are in L{rmqha.remoting.offsets};
 - a pull reply as C{MQClientAPIImpl.processPullResponse} and
   C{PullAPIWrapper.processPullResult} read it: the status, the records
   (decoded by the store's L{parse_record}, the one record decoder),
@@ -28,15 +29,28 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
+from rmqha._javahash import java_string_hash
 from rmqha.client._codec import MessageQueue, TopicRoute
 from rmqha.remoting._frames import (
     CustomHeaderError,
     Int32,
     RemotingCommand,
-    _java_string_hash,
     header_from_ext_fields,
 )
 from rmqha.remoting.codes import ResponseCode
+from rmqha.remoting.headers import (
+    FLAG_COMMIT_OFFSET,
+    FLAG_SUBSCRIPTION,
+    FLAG_SUSPEND,
+    GetConsumerListByGroupRequestHeader,
+    GetMaxOffsetRequestHeader,
+    NotifyConsumerIdsChangedRequestHeader,
+    OffsetResponseHeader,
+    PullMessageRequestHeader,
+    PullMessageResponseHeader,
+    SearchOffsetRequestHeader,
+    UnregisterClientRequestHeader,
+)
 from rmqha.remoting.metadata import PERM_READ
 from rmqha.store._record import (
     MIN_RECORD_SIZE,
@@ -75,10 +89,6 @@ __all__ = [
     "retry_topic",
 ]
 
-#: C{PullSysFlag}.
-FLAG_COMMIT_OFFSET: Final = 0x1
-FLAG_SUSPEND: Final = 0x2
-FLAG_SUBSCRIPTION: Final = 0x4
 #: C{MixAll.MASTER_ID}.
 MASTER_ID: Final = 0
 #: C{MixAll.RETRY_GROUP_TOPIC_PREFIX}.
@@ -95,85 +105,6 @@ def _wire(name: str) -> dict[str, str]:
     return {"wire": name}
 
 
-@dataclasses.dataclass(frozen=True)
-class PullMessageRequestHeader:
-    """C{PullMessageRequestHeader} (and C{RpcRequestHeader}'s C{bname})."""
-
-    consumer_group: str = dataclasses.field(metadata=_wire("consumerGroup"))
-    topic: str
-    queue_id: Int32 = dataclasses.field(metadata=_wire("queueId"))
-    queue_offset: int = dataclasses.field(metadata=_wire("queueOffset"))
-    max_msg_nums: Int32 = dataclasses.field(metadata=_wire("maxMsgNums"))
-    sys_flag: Int32 = dataclasses.field(metadata=_wire("sysFlag"))
-    commit_offset: int = dataclasses.field(metadata=_wire("commitOffset"))
-    suspend_timeout_millis: int = dataclasses.field(metadata=_wire("suspendTimeoutMillis"))
-    subscription: str | None = None
-    sub_version: int = dataclasses.field(default=0, metadata=_wire("subVersion"))
-    expression_type: str | None = dataclasses.field(default=None, metadata=_wire("expressionType"))
-    bname: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PullMessageResponseHeader:
-    """C{PullMessageResponseHeader}: every field required (the Java client
-    fails unboxing a missing one)."""
-
-    suggest_which_broker_id: int = dataclasses.field(metadata=_wire("suggestWhichBrokerId"))
-    next_begin_offset: int = dataclasses.field(metadata=_wire("nextBeginOffset"))
-    min_offset: int = dataclasses.field(metadata=_wire("minOffset"))
-    max_offset: int = dataclasses.field(metadata=_wire("maxOffset"))
-
-
-@dataclasses.dataclass(frozen=True)
-class GetMaxOffsetRequestHeader:
-    """C{GetMaxOffsetRequestHeader} (also C{GetMinOffsetRequestHeader})."""
-
-    topic: str
-    queue_id: Int32 = dataclasses.field(metadata=_wire("queueId"))
-    bname: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SearchOffsetRequestHeader:
-    """C{SearchOffsetRequestHeader}: C{timestamp} in ms."""
-
-    topic: str
-    queue_id: Int32 = dataclasses.field(metadata=_wire("queueId"))
-    timestamp: int
-    bname: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class OffsetResponseHeader:
-    """C{GetMaxOffsetResponseHeader}, C{SearchOffsetResponseHeader}, ..."""
-
-    offset: int
-
-
-@dataclasses.dataclass(frozen=True)
-class GetConsumerListByGroupRequestHeader:
-    """C{GetConsumerListByGroupRequestHeader}."""
-
-    consumer_group: str = dataclasses.field(metadata=_wire("consumerGroup"))
-    bname: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class UnregisterClientRequestHeader:
-    """C{UnregisterClientRequestHeader}: C{clientID} and the groups that go."""
-
-    client_id: str = dataclasses.field(metadata=_wire("clientID"))
-    producer_group: str | None = dataclasses.field(default=None, metadata=_wire("producerGroup"))
-    consumer_group: str | None = dataclasses.field(default=None, metadata=_wire("consumerGroup"))
-
-
-@dataclasses.dataclass(frozen=True)
-class NotifyConsumerIdsChangedRequestHeader:
-    """C{NotifyConsumerIdsChangedRequestHeader}: broker to client, oneway."""
-
-    consumer_group: str = dataclasses.field(metadata=_wire("consumerGroup"))
-
-
 def retry_topic(group: str) -> str:
     """C{MixAll.getRetryTopic}: the group's retry topic."""
     return RETRY_GROUP_TOPIC_PREFIX + group
@@ -181,8 +112,7 @@ def retry_topic(group: str) -> str:
 
 def tag_hash_code(tag: str) -> int:
     """Java's C{String.hashCode} of a tag, as a signed int (C{codeSet})."""
-    h = _java_string_hash(tag)
-    return h - (1 << 32) if h & 0x80000000 else h
+    return java_string_hash(tag)
 
 
 # -- subscriptions and heartbeats -------------------------------------------------

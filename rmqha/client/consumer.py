@@ -51,10 +51,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from rmqha.client._codec import MessageQueue
+from rmqha.remoting.headers import FLAG_COMMIT_OFFSET, FLAG_SUBSCRIPTION, FLAG_SUSPEND
 from rmqha.client._consume import (
-    FLAG_COMMIT_OFFSET,
-    FLAG_SUBSCRIPTION,
-    FLAG_SUSPEND,
     MASTER_ID,
     PROPERTY_RETRY_TOPIC,
     ConsumeFromWhere,

@@ -39,6 +39,7 @@ from typing import Any, Final, TypeVar
 
 import attrs
 
+from rmqha._javahash import java_string_hash
 from rmqha.remoting.codes import VERSION_4_9_8, LanguageCode, SerializeType
 
 __all__ = [
@@ -246,11 +247,8 @@ def make_response(
 
 @functools.lru_cache(maxsize=4096)  # (keys repeat: header and property names)
 def _java_string_hash(text: str) -> int:
-    data = text.encode("utf-16-be", "surrogatepass")
-    h = 0
-    for i in range(0, len(data), 2):
-        h = (31 * h + (data[i] << 8 | data[i + 1])) & 0xFFFFFFFF
-    return h
+    # (Unsigned: the bits Java's HashMap spreads.)
+    return java_string_hash(text) & 0xFFFFFFFF
 
 
 def java_hashmap_order(keys: typing.Iterable[str]) -> list[str]:

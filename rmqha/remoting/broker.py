@@ -40,9 +40,21 @@ from rmqha.remoting.metadata import (
     dump_fastjson,
     parse_fastjson,
 )
+from rmqha.remoting.consumers import SERVED as CLIENT_CODES
+from rmqha.remoting.consumers import ClientManager
 from rmqha.remoting.offsets import SERVED as OFFSET_CODES
+from rmqha.remoting.pulls import SERVED as PULL_CODES
+from rmqha.remoting.pulls import PullHandlers
 from rmqha.remoting.offsets import ConsumerOffsets
-from rmqha.remoting.protocol import Answer, Dispatcher, IRemotingHandler, RemotingFactory, format_peer
+from rmqha.remoting.protocol import (
+    Answer,
+    Dispatcher,
+    IConnectionObserver,
+    IRemotingHandler,
+    RemotingFactory,
+    RemotingProtocol,
+    format_peer,
+)
 
 if TYPE_CHECKING:
     from rmqha.broker import Broker
@@ -52,6 +64,7 @@ __all__ = [
     "SYSTEM_TOPICS",
     "BrokerRemoting",
     "broker_handler",
+    "BrokerDispatcher",
     "RemotingPort",
     "NOT_ON_VIP",
     "vip_description",
@@ -74,6 +87,9 @@ SERVED: Final = (
     RequestCode.SEND_MESSAGE,
     RequestCode.SEND_MESSAGE_V2,
     RequestCode.SEND_BATCH_MESSAGE,
+    # Pulls and clients (rmqha.remoting.pulls, rmqha.remoting.consumers).
+    *PULL_CODES,
+    *CLIENT_CODES,
 )
 
 #: C{TopicValidator}'s system topics (4.9.8), which UPDATE_AND_CREATE_TOPIC
@@ -166,6 +182,9 @@ class BrokerRemoting:
         from rmqha.remoting.sends import SendHandlers
 
         self._sends = SendHandlers(broker)
+        #: The broker's clients (heartbeats) and its pulls.
+        self.clients = ClientManager(lambda: broker.metadata, broker.reactor)
+        self.pulls = PullHandlers(broker, self.clients)
 
     @property
     def metadata(self) -> BrokerMetadata:
@@ -182,6 +201,8 @@ class BrokerRemoting:
             RequestCode.QUERY_DATA_VERSION: self.query_data_version,
             **self._offsets.handlers(),
             **self._sends.handlers(),
+            **self.pulls.handlers(),
+            **self.clients.handlers(),
         }
 
     # -- the tables ------------------------------------------------------------
@@ -369,11 +390,24 @@ def _topic_refusal(topic: str) -> str | None:
     return None
 
 
-def broker_handler(broker: Broker) -> Dispatcher:
+class BrokerDispatcher(Dispatcher):
+    """
+    The L{Dispatcher} of a broker's remoting port, telling its clients'
+    manager of its connections.
+
+    @ivar remoting: the L{BrokerRemoting} it serves.
+    """
+
+    def __init__(self, remoting: BrokerRemoting) -> None:
+        super().__init__(remoting.handlers(), remoting.clients)
+        self.remoting = remoting
+
+
+def broker_handler(broker: Broker) -> BrokerDispatcher:
     """
     The L{Dispatcher} of a broker's remoting port.
     """
-    return Dispatcher(BrokerRemoting(broker).handlers())
+    return BrokerDispatcher(BrokerRemoting(broker))
 
 
 #: The codes 4.9.8's second server, the VIP port, does not serve: of the
@@ -387,7 +421,7 @@ NOT_ON_VIP: Final = frozenset({RequestCode.PULL_MESSAGE})
 VIP_PORT_OFFSET: Final = 2
 
 
-@implementer(IRemotingHandler)
+@implementer(IRemotingHandler, IConnectionObserver)
 class _VIPHandler:
     """
     The remoting port's handler as the VIP port serves it: every code but
@@ -403,6 +437,14 @@ class _VIPHandler:
     def handle(self, command: RemotingCommand, peer: IAddress | None) -> Answer:
         answer: Answer = self._handler.handle(command, peer)
         return answer
+
+    def connection_made(self, protocol: RemotingProtocol) -> None:
+        if IConnectionObserver.providedBy(self._handler):
+            self._handler.connection_made(protocol)
+
+    def connection_lost(self, protocol: RemotingProtocol) -> None:
+        if IConnectionObserver.providedBy(self._handler):
+            self._handler.connection_lost(protocol)
 
 
 def _split_raw(description: str) -> list[str]:
@@ -527,6 +569,15 @@ class RemotingPort(Port):
             lambda address: got.append(getattr(address, "port", 0)), lambda _: None
         )
         return got[0] if got else None
+
+    def stopService(self) -> Any:
+        # Held pulls and the client scan end with the port (the VIP port
+        # shares the main port's).
+        handler = self._handler
+        if isinstance(handler, BrokerDispatcher):
+            handler.remoting.pulls.stop()
+            handler.remoting.clients.stop()
+        return super().stopService()
 
     def listen(self, limited: Any) -> None:
         if self.port is not None:

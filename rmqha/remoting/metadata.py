@@ -29,7 +29,6 @@ Three layers, the lower ones with no I/O:
 from __future__ import annotations
 
 import enum
-import functools
 import json
 import os
 import re
@@ -42,6 +41,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from rmqha._files import write_atomically
+from rmqha._javahash import java_string_hash
 
 __all__ = [
     "MetadataError",
@@ -430,13 +430,8 @@ def dump_fastjson(value: JSONValue, *, pretty: bool = False) -> str:
 # --- iteration order of java.util.concurrent.ConcurrentHashMap -------------
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _java_string_hash(s: str) -> int:
-    h = 0
-    data = s.encode("utf-16-be", "surrogatepass")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h
+    return java_string_hash(s) & 0xFFFFFFFF
 
 
 K = TypeVar("K", str, int)

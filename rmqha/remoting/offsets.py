@@ -7,8 +7,8 @@ answers them (docs/remoting.md, "Consumer offsets").
 Both go to the broker's L{BrokerMetadata} (C{config/consumerOffset.json},
 written by its L{MetadataFlusher} every 5 s), on a master and on a slave
 alike.  A query for an offset nobody committed is answered 0 or
-QUERY_NOT_FOUND by RocketMQ's rule, which needs the consume queue's head:
-L{consume_queue_head} is the one place that asks for it.
+QUERY_NOT_FOUND by RocketMQ's rule, which needs the consume queue's head
+(L{consume_queue_head}, from the store's consume queues).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from rmqha.remoting._frames import (
 from rmqha.remoting.codes import RequestCode, ResponseCode
 from rmqha.remoting.metadata import BrokerMetadata, MetadataError
 from rmqha.remoting.protocol import Answer
+from rmqha.store.consumequeue import ConsumeQueues
 
 __all__ = [
     "SERVED",
@@ -97,7 +98,7 @@ class UpdateConsumerOffsetRequestHeader:
 class LogBounds(Protocol):
     """
     What L{consume_queue_head} reads of a commit log (an
-    L{rmqha.store.commitlog.CommitLog}).
+    L{rmqha.store.commitlog.CommitLog}): its bounds and its consume queues.
     """
 
     @property
@@ -105,6 +106,9 @@ class LogBounds(Protocol):
 
     @property
     def max_offset(self) -> int: ...
+
+    @property
+    def consume_queues(self) -> ConsumeQueues | None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,37 +130,18 @@ class QueueHead:
 
 def consume_queue_head(commitlog: LogBounds | None, topic: str, queue_id: int) -> QueueHead:
     """
-    The consume queue's head of (C{topic}, C{queue_id}): what 4.9.8's
-    C{DefaultMessageStore.getMinOffsetInQueue} and the unit C{0} of its
-    C{ConsumeQueue} give.
-
-    B{Approximated} until rmqha keeps consume queues (issue 30, item 2),
-    from the commit log's bounds alone (its queue-offset table holds each
-    queue's next offset, not its first):
-
-      - no log, or an empty one: C{(0, None)}, a queue with no unit, as
-        4.9.8's new C{ConsumeQueue} is.  Exact.
-      - a log that starts at offset 0 (nothing deleted, a slave that
-        replicated from the start): C{min_offset} 0, exact (every queue's
-        first record is its queue offset 0); C{first_unit_at} is taken as
-        0, the earliest the unit can be: a queue with no record at all, or
-        whose first record is recent, looks older than it is.
-      - a log that starts above 0 (a slave that began at its master's last
-        file, a genuine store whose old files were deleted): C{min_offset}
-        is taken as 1, "the queue began before the log's first file", as
-        for a queue with records there in 4.9.8; a queue whose records all
-        lie in the log (or that has none) is taken for an older one.
-
-    So every approximation errs towards QUERY_NOT_FOUND (the consumer's
-    C{consumeFromWhere} decides) rather than 0 (the consumer reads the
-    queue from its start).  The consume-queue lookup replaces this
-    function's body; nothing else changes.
+    The consume queue's head of (C{topic}, C{queue_id}), read from the
+    store's consume queues as 4.9.8's C{DefaultMessageStore} reads it:
+    C{getMinOffsetInQueue}, and unit 0's commit-log offset
+    (C{getIndexBuffer(0)}).  No log, a log without consume queues, or no
+    such queue: C{(0, None)}, the empty queue 4.9.8's C{findConsumeQueue}
+    makes.
     """
-    if commitlog is None or commitlog.max_offset <= commitlog.min_offset:
+    queues = commitlog.consume_queues if commitlog is not None else None
+    if queues is None or queues.queue(topic, queue_id) is None:
         return QueueHead(0, None)
-    if commitlog.min_offset == 0:
-        return QueueHead(0, 0)
-    return QueueHead(1, commitlog.min_offset)
+    units = queues.units(topic, queue_id, 0, 1)
+    return QueueHead(queues.min_offset(topic, queue_id), units[0].offset if units else None)
 
 
 def in_memory_bytes() -> int:

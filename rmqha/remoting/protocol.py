@@ -59,6 +59,7 @@ from rmqha.remoting.codes import RequestCode, ResponseCode, SerializeType
 
 __all__ = [
     "IRemotingHandler",
+    "IConnectionObserver",
     "Answer",
     "Dispatcher",
     "NO_HANDLER",
@@ -105,17 +106,41 @@ class IRemotingHandler(Interface):
         """
 
 
+class IConnectionObserver(Interface):
+    """
+    A handler that also wants to know the connections it serves (a broker
+    keeps its clients' connections to send them requests, and drops what
+    a closed connection held).
+    """
+
+    def connection_made(protocol: RemotingProtocol) -> None:
+        """C{protocol} is connected (its C{peer} is set)."""
+
+    def connection_lost(protocol: RemotingProtocol) -> None:
+        """C{protocol}'s connection ended."""
+
+
 _Serve: TypeAlias = Callable[[RemotingCommand, "IAddress | None"], Answer]
 
 
-@implementer(IRemotingHandler)
+@implementer(IRemotingHandler, IConnectionObserver)
 class Dispatcher:
     """
-    An L{IRemotingHandler} serving each code with its own function.
+    An L{IRemotingHandler} serving each code with its own function, and
+    telling C{connections} (an L{IConnectionObserver}) of its connections.
     """
 
-    def __init__(self, handlers: Mapping[int, _Serve]) -> None:
+    def __init__(self, handlers: Mapping[int, _Serve], connections: Any = None) -> None:
         self._handlers = dict(handlers)
+        self.connections = connections
+
+    def connection_made(self, protocol: RemotingProtocol) -> None:
+        if self.connections is not None:
+            self.connections.connection_made(protocol)
+
+    def connection_lost(self, protocol: RemotingProtocol) -> None:
+        if self.connections is not None:
+            self.connections.connection_lost(protocol)
 
     def handles(self, code: int) -> bool:
         return code in self._handlers
@@ -278,6 +303,8 @@ class RemotingProtocol(Protocol):
         if transport is not None and hasattr(transport, "registerProducer"):
             self.read_pause = _ReadPause(transport)
             transport.registerProducer(self.read_pause, True)
+        if IConnectionObserver.providedBy(self.handler):
+            self.handler.connection_made(self)
 
     def dataReceived(self, data: bytes) -> None:
         if not self._open:
@@ -313,6 +340,8 @@ class RemotingProtocol(Protocol):
             )
         for handling in list(self._in_flight):
             handling.cancel()
+        if IConnectionObserver.providedBy(self.handler):
+            self.handler.connection_lost(self)
         # Responses that arrived before the end are still delivered, on
         # the next turn as always.
 

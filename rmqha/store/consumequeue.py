@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from twisted.logger import Logger
 
+from rmqha._javahash import java_string_hash
 from rmqha.store import _record as _codec
 from rmqha.store._record import (
     BLANK_MAGIC,
@@ -105,17 +106,6 @@ class Unit:
     offset: int
     size: int
     tags_code: int
-
-
-def java_string_hash(text: str) -> int:
-    """
-    Java's C{String.hashCode} (over UTF-16 code units), as a signed int32.
-    """
-    h = 0
-    data = text.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h & 0x80000000 else h
 
 
 def parse_delay_levels(text: str = DEFAULT_DELAY_LEVELS) -> dict[int, int]:
