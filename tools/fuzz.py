@@ -66,6 +66,7 @@ import tempfile
 import time
 from typing import Any, Callable
 
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
@@ -147,6 +148,12 @@ def _chunks(rng: random.Random, data: bytes) -> list[bytes]:
         out.append(data[i : i + n])
         i += n
     return out
+
+
+def _run_inline(work: Callable[[], None]) -> Deferred[None]:
+    """The store's disk work, run at once (no threads under the fuzzer)."""
+    work()
+    return succeed(None)
 
 
 class _Corpus:
@@ -604,7 +611,7 @@ class _PullsTarget:
             BrokerSettings(ha_listen="tcp:0", listen="tcp:0"),
             reactor=self.reactor,
             open_commitlog=lambda: CommitLog.open(store, segment_size=1 << 20, consume_queues=True),
-            run_in_thread=lambda f: succeed(f()),
+            run_in_thread=_run_inline,
         )
         self.broker.startService()
         self.broker.metadata.update_topic(TopicConfig("TopicTest", 2, 2), persist=False)
