@@ -38,6 +38,7 @@ from rmqha.remoting.metadata import (
 )
 from rmqha.remoting.registration import default_broker_name
 from rmqha.settings import BrokerSettings, SettingsError
+from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 from tests._helpers import fixed_clock
 
@@ -242,6 +243,26 @@ class RuntimeInfoTests(_BrokerCase):
         self.assertEqual(table["putMessageTimesTotal"], "0")
         self.assertEqual(table["remainHowManyDataToFlush"], "0 B")
         self.assertRegex(str(table["commitLogDirCapacity"]), r"^Total : .*B, Free : .*B\.$")
+        self.assertNotIn("dispatchBehindBytes", table)  # (no consume queues kept)
+
+    def test_dispatch_behind(self) -> None:
+        """
+        With consume queues: C{dispatchBehindBytes}, the log's bytes the
+        queues do not describe yet (0 once dispatch caught up).
+        """
+        self.consume_queues = True
+        broker = self.start()
+        commitlog = broker.commitlog
+        commitlog.put(Message("T", b"x" * 100))
+        table = self.runtime_table()
+        self.assertEqual(table["dispatchBehindBytes"], str(commitlog.max_offset))
+        self.reactor.advance(1)
+        self.assertEqual(self.runtime_table()["dispatchBehindBytes"], "0")
+
+    def runtime_table(self) -> dict[Any, Any]:
+        body = parse_fastjson(self.connect().ask(RequestCode.GET_BROKER_RUNTIME_INFO).body.decode())
+        assert isinstance(body, dict) and isinstance(body["table"], dict)
+        return body["table"]
 
     def test_formats(self) -> None:
         self.assertEqual(

@@ -352,6 +352,11 @@ class BrokerRemoting:
             info["remainHowManyDataToFlush"] = human_bytes(
                 max(0, commitlog.max_offset - commitlog.flushed_offset)
             )
+            queues = commitlog.consume_queues
+            if queues is not None:
+                # (DefaultMessageStore.dispatchBehindBytes: the log's bytes
+                # not yet in the consume queues.)
+                info["dispatchBehindBytes"] = str(max(0, commitlog.max_offset - queues.dispatched))
             try:
                 fs = os.statvfs(commitlog.store_dir)
             except OSError:
