@@ -44,6 +44,7 @@ from twisted.internet.task import deferLater, react
 
 from rmqha._files import compare_stores
 from rmqha._locks import DIRECTORY_LOCK, lock_directory
+from rmqha.assemble import _remoting_port
 from rmqha.broker import Broker
 from rmqha.client import (
     ConsumeFromWhere, Producer, PushConsumer, ReceivedMessage, SendError, SendStatus,
@@ -51,6 +52,7 @@ from rmqha.client import (
 from rmqha.client import Message as ClientMessage
 from rmqha.ha.config import Role
 from rmqha.remoting.metadata import TopicConfig
+from rmqha.remoting.registration import store_host_for
 from rmqha.store.commitlog import CommitLog
 from rmqha.settings import BrokerSettings
 from rmqha.testing import FakeNameServer
@@ -299,18 +301,23 @@ async def _demo(
     )
 
     def broker(store: str, role: Role, **settings: Any) -> Broker:
-        return Broker(
-            BrokerSettings(
-                role=role, heartbeat_interval=1.0, listen="tcp:0:interface=127.0.0.1",
-                namesrv=(namesrv_addr,), group=BROKER_NAME, broker_ip1="127.0.0.1",
-                **settings,
-            ),
-            reactor=reactor,
-            open_commitlog=lambda: CommitLog.open(
-                store, segment_size=segment_size, clock=reactor.seconds, consume_queues=True
-            ),
-            retry_policy=lambda attempt: 0.2,
+        config = BrokerSettings(
+            role=role, heartbeat_interval=1.0, listen="tcp:0:interface=127.0.0.1",
+            namesrv=(namesrv_addr,), group=BROKER_NAME, broker_ip1="127.0.0.1", **settings,
         )
+
+        def open_commitlog() -> CommitLog:
+            # (Opened once the remoting port listens: msgIds name it, as
+            # twistd rmqha's do.)
+            return CommitLog.open(
+                store, segment_size=segment_size, clock=reactor.seconds, consume_queues=True,
+                store_host=store_host_for(config, _remoting_port(made)),
+            )
+
+        made = Broker(
+            config, reactor=reactor, open_commitlog=open_commitlog, retry_policy=lambda attempt: 0.2
+        )
+        return made
 
     services: list[Any] = []  # (stopped in reverse at the end)
     tally = _Tally(_MEMBERS)
@@ -387,13 +394,23 @@ async def _demo(
         for service in reversed(services):
             await service.stopService()
         await maybeDeferred(namesrv_port.stopListening)
+    return 0 if _report(master_dir, slave_dir, tally, out) and status == 0 else 1
+
+
+def _report(master_dir: str, slave_dir: str, tally: _Tally, out: IO[str]) -> bool:
+    """
+    The demo's last checks, each written as one line: every message
+    produced was consumed exactly once (by id), and the two stores'
+    commit logs and consume queues are identical byte for byte.
+
+    @return: whether all of them hold.
+    """
     once, missing, duplicates = tally.check()
-    produced = len(tally.produced)
     shares = ", ".join(f"{n:,}" for n in tally.by_member)
     out.write(
-        f"consumed: {once:,} of the {produced:,} messages produced ({shares} by the "
-        f"{_MEMBERS} members); {missing:,} missing, {duplicates:,} consumed twice or more"
-        + (" (every one exactly once)\n" if not missing and not duplicates else "\n")
+        f"consumed: {once:,} of the {len(tally.produced):,} messages produced ({shares} by "
+        f"the {len(tally.by_member)} members); {missing:,} missing, {duplicates:,} consumed "
+        "twice or more" + (" (every one exactly once)\n" if not missing and not duplicates else "\n")
     )
     identical, segments, compared = compare_stores(master_dir, slave_dir)
     if identical:
@@ -415,8 +432,7 @@ async def _demo(
             f"consume queues: DIFFER on master and slave ({_count(queue_files, 'queue file')} "
             "on the master)\n"
         )
-    ok = status == 0 and identical and queues_identical and not missing and not duplicates
-    return 0 if ok else 1
+    return identical and queues_identical and not missing and not duplicates
 
 
 async def _catch_up(
