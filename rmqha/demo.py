@@ -1,9 +1,10 @@
 # -*- test-case-name: tests.test_demo -*-
 """
 The quick-start demo (C{rmqha demo}): a master and a slave on loopback in
-one process, over real sockets.  C{rmqha demo --failover}: automatic
-failover, three broker processes and one etcd member (L{run_failover_demo}),
-started by the demo's launcher, L{rmqha._demo_launcher}.
+one process, over real sockets, fed and read through rmqha.client.
+C{rmqha demo --failover}: automatic failover, three broker processes and
+one etcd member (L{run_failover_demo}), started by the demo's launcher,
+L{rmqha._demo_launcher}.
 
 Both brokers answer RocketMQ's remoting protocol and register with a
 NameServer (rmqha.testing's L{FakeNameServer}, in the same process; a
