@@ -269,13 +269,16 @@ async def _produce(
             slots.release()
             break
         pending = [d for d in pending if not d.called]
-        pending.append(Deferred.fromCoroutine(one(_TOPICS[i % len(_TOPICS)], min(_BATCH, count - start))))
+        topic = _TOPICS[i % len(_TOPICS)]
+        pending.append(Deferred.fromCoroutine(one(topic, min(_BATCH, count - start))))
     await gatherResults(pending)
     if failures:
         raise failures[0]
 
 
-async def _until(reactor: Any, condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+async def _until(
+    reactor: Any, condition: Callable[[], bool], what: str, timeout: float = 30.0
+) -> None:
     """
     Wait for C{condition} (checked every 20 ms).
 
@@ -332,7 +335,8 @@ async def _demo(
             master.metadata.update_topic(TopicConfig(topic, 4, 4))
         address = await master.ha_address()
         await _until(
-            reactor, lambda: 0 in namesrv.brokers(BROKER_NAME) and set(_TOPICS) <= namesrv.topic_names(),
+            reactor,
+            lambda: 0 in namesrv.brokers(BROKER_NAME) and set(_TOPICS) <= namesrv.topic_names(),
             "the master to register with the NameServer",
         )
         out.write(
