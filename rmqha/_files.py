@@ -2,7 +2,8 @@
 Small files a store keeps beside its segments (the queue-table snapshot,
 what the master is, this replica's id), written so that a crash or a full
 disk leaves the old file or the new one, never half of one, and no
-temporary file behind.
+temporary file behind; and the byte comparison of two stores' files (the
+demos' last check).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import IO, Callable
 
-__all__ = ["write_atomically"]
+__all__ = ["compare_stores", "write_atomically"]
 
 
 def write_atomically(path: str, write: Callable[[IO[str]], object]) -> None:
@@ -52,19 +53,22 @@ def _sync_directory(path: str) -> None:
         os.close(fd)
 
 
-def compare_stores(a: str, b: str) -> tuple[bool, int, int]:
+def compare_stores(a: str, b: str, part: str = "commitlog") -> tuple[bool, int, int]:
     """
-    Compare two stores' segment files byte for byte.
+    Compare the files under two stores' C{part} byte for byte:
+    C{commitlog} (the segment files) or C{consumequeue} (every queue file
+    of every topic, C{{topic}/{queueId}/{20 digits}}).  A missing
+    C{part} holds no files.
 
-    @return: C{(identical, segment count, bytes compared)}.
+    @return: C{(identical, file count, bytes compared)}; not identical
+        when the two hold different file names (then nothing is read).
     """
-    dir_a, dir_b = os.path.join(a, "commitlog"), os.path.join(b, "commitlog")
-    names = sorted(os.listdir(dir_a))
-    if names != sorted(os.listdir(dir_b)):
+    names = _files_under(os.path.join(a, part))
+    if names != _files_under(os.path.join(b, part)):
         return False, len(names), 0
     compared = 0
     for name in names:
-        with open(os.path.join(dir_a, name), "rb") as fa, open(os.path.join(dir_b, name), "rb") as fb:
+        with open(os.path.join(a, part, name), "rb") as fa, open(os.path.join(b, part, name), "rb") as fb:
             while True:
                 chunk_a, chunk_b = fa.read(1 << 20), fb.read(1 << 20)
                 if chunk_a != chunk_b:
@@ -73,3 +77,14 @@ def compare_stores(a: str, b: str) -> tuple[bool, int, int]:
                     break
                 compared += len(chunk_a)
     return True, len(names), compared
+
+
+def _files_under(directory: str) -> list[str]:
+    """
+    The files under C{directory} (recursively), as sorted relative paths.
+    """
+    found = []
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            found.append(os.path.relpath(os.path.join(parent, name), directory))
+    return sorted(found)

@@ -178,12 +178,12 @@ def _build_parser() -> argparse.ArgumentParser:
         "segment file is preallocated at full size)",
     )
     demo.add_argument(
-        "--count", type=_nonnegative("--count"), default=200_000,
-        help="messages in the master's backlog before the slave starts",
+        "--count", type=_nonnegative("--count"), default=50_000,
+        help="messages the producer sends (rmqha.client) before the slave starts: the backlog",
     )
     demo.add_argument(
-        "--live", type=_nonnegative("--live"), default=20_000,
-        help="messages put while the slave catches up",
+        "--live", type=_nonnegative("--live"), default=5_000,
+        help="messages it sends while the slave catches up and the consumers consume",
     )
     demo.add_argument(
         "--failover", action="store_true",

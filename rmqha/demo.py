@@ -1,14 +1,24 @@
 # -*- test-case-name: tests.test_demo -*-
 """
 The quick-start demo (C{rmqha demo}): a master and a slave on loopback in
-one process, over real sockets.  C{rmqha demo --failover}: automatic
-failover, three broker processes and one etcd member (L{run_failover_demo}),
-started by the demo's launcher, L{rmqha._demo_launcher}.
+one process, over real sockets, fed and read through rmqha.client.
+C{rmqha demo --failover}: automatic failover, three broker processes and
+one etcd member (L{run_failover_demo}), started by the demo's launcher,
+L{rmqha._demo_launcher}.
 
-The master takes a backlog of messages first, then the slave starts empty
-and catches up while the master keeps taking messages; progress is shown
-as the slave's acknowledged bytes, percentage, rate and ETA.  The demo
-ends with a byte-for-byte comparison of the two stores' segment files.
+Both brokers answer RocketMQ's remoting protocol and register with a
+NameServer (rmqha.testing's L{FakeNameServer}, in the same process; a
+real deployment runs RocketMQ's), and the messages go in and out as a
+RocketMQ user's application sends and reads them: through L{rmqha.client}
+(docs/client.md), routed by the NameServer.  A L{Producer} sends a
+backlog of batches to the master first; then the slave starts empty and
+catches up, and a consumer group of two L{PushConsumer}s reads every
+message, while the producer keeps sending; progress is shown as the
+slave's acknowledged bytes, percentage, rate and ETA, and the messages
+produced and consumed.  The demo ends checking that every message
+produced was consumed exactly once (by message id), and comparing the two
+stores byte for byte: the commit logs' segment files, then the consume
+queues.
 
 The demo deletes only what it created: without C{--dir} it works in a new
 temporary directory and removes it at the end; C{--dir DIR} must be new,
@@ -26,18 +36,27 @@ import re
 import shutil
 import tempfile
 import time
-from typing import IO, Any
+from typing import IO, Any, Callable
 
-from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.internet.defer import (
+    Deferred, DeferredSemaphore, ensureDeferred, gatherResults, maybeDeferred,
+)
 from twisted.internet.task import deferLater, react
 
 from rmqha._files import compare_stores
 from rmqha._locks import DIRECTORY_LOCK, lock_directory
+from rmqha.assemble import _remoting_port
 from rmqha.broker import Broker
+from rmqha.client import (
+    ConsumeFromWhere, Producer, PushConsumer, ReceivedMessage, SendError, SendStatus,
+)
+from rmqha.client import Message as ClientMessage
 from rmqha.ha.config import Role
-from rmqha.store._record import Message
+from rmqha.remoting.metadata import TopicConfig
+from rmqha.remoting.registration import store_host_for
 from rmqha.store.commitlog import CommitLog
 from rmqha.settings import BrokerSettings
+from rmqha.testing import FakeNameServer
 
 __all__ = [
     "DemoDirectoryError", "MARKER", "compare_stores", "prepare_directory", "run_demo",
@@ -164,84 +183,324 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):8.1f} MiB"
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n:,} {what}" + ("" if n == 1 else "s")
+
+
+#: The broker's name (C{brokerName}) the master and the slave register
+#: under, and the client groups.
+BROKER_NAME = "demo-broker"
+PRODUCER_GROUP = "DemoProducers"
+CONSUMER_GROUP = "DemoConsumers"
+#: Messages per SEND_BATCH_MESSAGE, and batches awaiting their answers.
+_BATCH = 64
+_IN_FLIGHT = 8
+#: Members of the consumer group (one process here; a group is usually
+#: spread over processes and hosts).
+_MEMBERS = 2
+
+
+class _Tally:
+    """
+    What the demo's clients did: every message id the broker accepted,
+    and how many times each was consumed, by which member.
+    """
+
+    def __init__(self, members: int) -> None:
+        self.produced: list[str] = []
+        self.consumed: dict[str, int] = {}
+        self.by_member = [0] * members
+
+    def handler(self, member: int) -> Callable[[list[ReceivedMessage]], None]:
+        def handle(messages: list[ReceivedMessage]) -> None:
+            self.by_member[member] += len(messages)
+            for m in messages:
+                self.consumed[m.msg_id] = self.consumed.get(m.msg_id, 0) + 1
+
+        return handle
+
+    def check(self) -> tuple[int, int, int]:
+        """
+        C{(consumed at least once, missing, duplicate deliveries)} of the
+        ids produced (a message consumed 3 times is 2 duplicates).
+        """
+        once = missing = 0
+        for message_id in self.produced:
+            if self.consumed.get(message_id, 0):
+                once += 1
+            else:
+                missing += 1
+        duplicates = sum(n - 1 for n in self.consumed.values() if n > 1)
+        return once, missing, duplicates
+
+
+async def _produce(
+    producer: Producer, count: int, body: bytes, tally: _Tally, progress: Callable[[], None]
+) -> None:
+    """
+    Send C{count} messages of C{body} through C{producer}, in batches of
+    L{_BATCH} (each batch one topic, the topics in turn), L{_IN_FLIGHT} at
+    once; each accepted message's id goes to C{tally}.
+
+    @raise rmqha.client.SendError: a batch failed (the first failure; no
+        batch is sent after it).
+    """
+    slots = DeferredSemaphore(_IN_FLIGHT)
+    failures: list[Exception] = []
+    pending: list[Deferred[None]] = []
+
+    async def one(topic: str, n: int) -> None:
+        try:
+            result = await producer.send_batch(
+                [ClientMessage(topic, body, tags="demo") for _ in range(n)]
+            )
+            if result.status is not SendStatus.SEND_OK:
+                raise RuntimeError(f"a batch to {topic} was answered {result.status.name}")
+            tally.produced.extend(result.msg_id.split(","))
+            progress()
+        except Exception as e:
+            failures.append(e)
+        finally:
+            slots.release()
+
+    for i, start in enumerate(range(0, count, _BATCH)):
+        await slots.acquire()
+        if failures:
+            slots.release()
+            break
+        pending = [d for d in pending if not d.called]
+        topic = _TOPICS[i % len(_TOPICS)]
+        pending.append(Deferred.fromCoroutine(one(topic, min(_BATCH, count - start))))
+    await gatherResults(pending)
+    if failures:
+        raise failures[0]
+
+
+async def _until(
+    reactor: Any, condition: Callable[[], bool], what: str, timeout: float = 30.0
+) -> None:
+    """
+    Wait for C{condition} (checked every 20 ms).
+
+    @raise RuntimeError: not within C{timeout} seconds (naming C{what}).
+    """
+    deadline = reactor.seconds() + timeout
+    while not condition():
+        if reactor.seconds() > deadline:
+            raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
+        await deferLater(reactor, 0.02, lambda: None)
+
+
 async def _demo(
     reactor: Any, directory: str, count: int, live: int, out: IO[str], segment_size: int
 ) -> int:
     master_dir = os.path.join(directory, "master")
     slave_dir = os.path.join(directory, "slave")
+    namesrv = FakeNameServer(reactor)
+    namesrv_port = await namesrv.listen(reactor, "tcp:0:interface=127.0.0.1")
+    namesrv_addr = f"127.0.0.1:{getattr(namesrv_port.getHost(), 'port')}"
+    out.write(
+        f"namesrv: {namesrv_addr} (rmqha.testing.FakeNameServer, in this process; a real "
+        "deployment runs RocketMQ's NameServer, mqnamesrv)\n"
+    )
 
     def broker(store: str, role: Role, **settings: Any) -> Broker:
-        return Broker(
-            BrokerSettings(role=role, heartbeat_interval=1.0, **settings),
-            reactor=reactor,
-            open_commitlog=lambda: CommitLog.open(
-                store, segment_size=segment_size, clock=reactor.seconds, consume_queues=True
-            ),
-            retry_policy=lambda attempt: 0.2,
+        config = BrokerSettings(
+            role=role, heartbeat_interval=1.0, listen="tcp:0:interface=127.0.0.1",
+            namesrv=(namesrv_addr,), group=BROKER_NAME, broker_ip1="127.0.0.1", **settings,
         )
 
-    master = broker(master_dir, Role.MASTER, ha_listen="tcp:0:interface=127.0.0.1")
-    master.startService()
-    address = await master.ha_address()
-    out.write(f"master: store {master_dir}, HA port 127.0.0.1:{address.port}\n")
-    body = os.urandom(1024)
-    started = time.perf_counter()
-    for i in range(count):
-        await master.put(Message(_TOPICS[i % 3], body, queue_id=i % 4, properties={"TAGS": "demo"}))
-        if i % 5000 == 4999:
-            await deferLater(reactor, 0, lambda: None)
-    elapsed = time.perf_counter() - started
-    backlog = master.commitlog.max_offset
-    out.write(
-        f"master: {count} messages of 1 KiB stored ({_mib(backlog).strip()}) in "
-        f"{elapsed:.1f} s\n"
-    )
-    slave = broker(slave_dir, Role.SLAVE, master_endpoint=f"tcp:host=127.0.0.1:port={address.port}")
-    slave.startService()
-    out.write(f"slave:  store {slave_dir}, following the master from offset 0\n")
-    out.flush()
+        def open_commitlog() -> CommitLog:
+            # (Opened once the remoting port listens: msgIds name it, as
+            # twistd rmqha's do.)
+            return CommitLog.open(
+                store, segment_size=segment_size, clock=reactor.seconds, consume_queues=True,
+                store_host=store_host_for(config, _remoting_port(made)),
+            )
 
-    produced = 0
-    per_tick = max(1, live // 8)
-    first = time.perf_counter()
-    last_time, last_bytes = first, 0
-    while True:
-        # The master keeps taking messages while the slave catches up.
-        batch = min(per_tick, live - produced)
-        for i in range(batch):
-            await master.put(Message(_TOPICS[i % 3], body, queue_id=i % 4))
-        produced += batch
-        await deferLater(reactor, 0.25, lambda: None)
-        target = master.commitlog.max_offset
-        acked = max((s.ack_offset or 0 for s in master.slaves()), default=0)
-        now = time.perf_counter()
-        rate = (acked - last_bytes) / (now - last_time) if now > last_time else 0.0
-        last_time, last_bytes = now, acked
-        eta = (target - acked) / rate if rate > 0 else float("inf")
+        made = Broker(
+            config, reactor=reactor, open_commitlog=open_commitlog, retry_policy=lambda attempt: 0.2
+        )
+        return made
+
+    services: list[Any] = []  # (stopped in reverse at the end)
+    tally = _Tally(_MEMBERS)
+    try:
+        master = broker(master_dir, Role.MASTER, ha_listen="tcp:0:interface=127.0.0.1")
+        master.startService()
+        services.append(master)
+        for topic in _TOPICS:
+            # (What mqadmin updateTopic does; a producer's first send would
+            # also create them, autoCreateTopicEnable.)
+            master.metadata.update_topic(TopicConfig(topic, 4, 4))
+        address = await master.ha_address()
+        await _until(
+            reactor,
+            lambda: 0 in namesrv.brokers(BROKER_NAME) and set(_TOPICS) <= namesrv.topic_names(),
+            "the master to register with the NameServer",
+        )
         out.write(
-            f"  slave acked {_mib(acked)} of {_mib(target)} "
-            f"({100 * acked / target:5.1f}%)  {rate / 1e6:7.1f} MB/s  "
-            f"ETA {'--' if eta == float('inf') else f'{eta:5.1f} s'}\n"
+            f"master: store {master_dir}, remoting port {namesrv.brokers(BROKER_NAME)[0]}, "
+            f"HA port 127.0.0.1:{address.port}; registered as {BROKER_NAME} (brokerId 0) with "
+            f"topics {', '.join(_TOPICS)} (4 queues each)\n"
+        )
+        producer = Producer(reactor, namesrv_addr, PRODUCER_GROUP)
+        producer.startService()
+        services.append(producer)
+        body = os.urandom(1024)
+        started = last_shown = time.perf_counter()
+
+        def backlog_progress() -> None:
+            nonlocal last_shown
+            now = time.perf_counter()
+            if now - last_shown >= 1.0:
+                last_shown = now
+                out.write(f"  produced {len(tally.produced):,} of {count:,}\n")
+                out.flush()
+
+        await _produce(producer, count, body, tally, backlog_progress)
+        elapsed = time.perf_counter() - started
+        backlog = master.commitlog.max_offset
+        out.write(
+            f"producer: {count:,} messages of 1 KiB sent with rmqha.client's Producer "
+            f"(SEND_BATCH_MESSAGE, {_BATCH} a batch) through the NameServer's route: "
+            f"{_mib(backlog).strip()} stored on the master in {elapsed:.1f} s\n"
+        )
+        slave = broker(slave_dir, Role.SLAVE, broker_id=1)
+        slave.startService()
+        services.append(slave)
+        members = []
+        for n in range(_MEMBERS):
+            consumer = PushConsumer(
+                reactor, namesrv_addr, CONSUMER_GROUP, tally.handler(n),
+                consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+                consume_batch_size=32, client_id=f"127.0.0.1@demo-{n + 1}",
+            )
+            for topic in _TOPICS:
+                consumer.subscribe(topic)
+            members.append(consumer)
+        for consumer in members:
+            consumer.startService()
+            services.append(consumer)
+        out.write(
+            f"slave:  store {slave_dir}, brokerId 1, following the master the NameServer "
+            "names, from offset 0\n"
+            f"consumers: group {CONSUMER_GROUP}, {_MEMBERS} PushConsumers sharing the "
+            "12 queues, from the first offset\n"
         )
         out.flush()
-        if produced >= live and acked == target:
-            break
-        if now - first > 300:
-            out.write("the slave did not catch up within 300 s\n")
-            break
-    total = time.perf_counter() - first
-    out.write(f"caught up: {_mib(master.commitlog.max_offset).strip()} replicated in {total:.1f} s\n")
-    await slave.stopService()
-    await master.stopService()
+        status = await _catch_up(reactor, master, producer, live, body, tally, out)
+    except (SendError, RuntimeError) as e:
+        out.write(f"the demo stopped: {e}\n")
+        return 1
+    finally:
+        # The consumers first (they commit their offsets and unregister),
+        # then the producer, the slave, the master.
+        for service in reversed(services):
+            await service.stopService()
+        await maybeDeferred(namesrv_port.stopListening)
+    return 0 if _report(master_dir, slave_dir, tally, out) and status == 0 else 1
+
+
+def _report(master_dir: str, slave_dir: str, tally: _Tally, out: IO[str]) -> bool:
+    """
+    The demo's last checks, each written as one line: every message
+    produced was consumed exactly once (by id), and the two stores'
+    commit logs and consume queues are identical byte for byte.
+
+    @return: whether all of them hold.
+    """
+    once, missing, duplicates = tally.check()
+    shares = ", ".join(f"{n:,}" for n in tally.by_member)
+    out.write(
+        f"consumed: {once:,} of the {len(tally.produced):,} messages produced ({shares} by "
+        f"the {len(tally.by_member)} members); {missing:,} missing, {duplicates:,} consumed "
+        "twice or more" + (" (every one exactly once)\n" if not missing and not duplicates else "\n")
+    )
     identical, segments, compared = compare_stores(master_dir, slave_dir)
     if identical:
         out.write(
-            f"byte-for-byte comparison: IDENTICAL ({segments} segment files, "
+            f"byte-for-byte comparison: IDENTICAL ({_count(segments, 'segment file')}, "
             f"{_mib(compared).strip()} compared)\n"
         )
-        return 0
-    out.write("byte-for-byte comparison: the stores DIFFER\n")
-    return 1
+    else:
+        out.write("byte-for-byte comparison: the stores DIFFER\n")
+    queues_identical, queue_files, queue_bytes = compare_stores(master_dir, slave_dir, "consumequeue")
+    # (Messages were produced, so the brokers must have built queues.)
+    queues_identical = queues_identical and (queue_files > 0 or not tally.produced)
+    if queues_identical:
+        out.write(
+            f"consume queues: IDENTICAL on master and slave ({_count(queue_files, 'queue file')}, "
+            f"{_mib(queue_bytes).strip()} compared)\n"
+        )
+    else:
+        out.write(
+            f"consume queues: DIFFER on master and slave ({_count(queue_files, 'queue file')} "
+            "on the master)\n"
+        )
+    return identical and queues_identical and not missing and not duplicates
+
+
+async def _catch_up(
+    reactor: Any, master: Broker, producer: Producer, live: int, body: bytes, tally: _Tally,
+    out: IO[str],
+) -> int:
+    """
+    Keep producing C{live} messages, in eight steps a quarter of a second
+    apart, while the slave catches up and the consumers consume; until
+    the slave has acknowledged the master's every byte and every message
+    produced was consumed (at most 300 s).  Progress is shown four times
+    a second while the producer sends or the slave is behind, then once a
+    second.
+
+    @return: 0, or 1 when it timed out.
+    """
+    produced = 0
+    per_tick = max(1, live // 8)
+    first = time.perf_counter()
+    last_time, last_bytes, last_consumed = first, 0, 0
+    tick = 0
+    while True:
+        # The producer keeps sending while the slave catches up.
+        batch = min(per_tick, live - produced)
+        if batch:
+            await _produce(producer, batch, body, tally, lambda: None)
+        produced += batch
+        await deferLater(reactor, 0.25, lambda: None)
+        tick += 1
+        target = master.commitlog.max_offset
+        acked = max((s.ack_offset or 0 for s in master.slaves()), default=0)
+        consumed = len(tally.consumed)
+        done = produced >= live and acked == target and consumed >= len(tally.produced)
+        now = time.perf_counter()
+        if batch or acked < target or done or tick % 4 == 0:
+            elapsed = now - last_time
+            rate = (acked - last_bytes) / elapsed
+            consume_rate = (consumed - last_consumed) / elapsed
+            last_time, last_bytes, last_consumed = now, acked, consumed
+            eta = 0.0 if acked >= target else (target - acked) / rate if rate > 0 else None
+            out.write(
+                f"  slave acked {_mib(acked)} of {_mib(target)} "
+                f"({100 * acked / target if target else 100.0:5.1f}%)  {rate / 1e6:7.1f} MB/s  "
+                f"ETA {'   --  ' if eta is None else f'{eta:5.1f} s'}"
+                f"  | produced {len(tally.produced):7,}  consumed {consumed:7,} "
+                f"({consume_rate:6,.0f}/s)\n"
+            )
+            out.flush()
+        if done:
+            break
+        if now - first > 300:
+            out.write(
+                "within 300 s the slave did not catch up or the consumers did not consume "
+                "every message\n"
+            )
+            return 1
+    total = time.perf_counter() - first
+    out.write(
+        f"caught up: {_mib(master.commitlog.max_offset).strip()} replicated and "
+        f"{len(tally.consumed):,} messages consumed in {total:.1f} s\n"
+    )
+    return 0
 
 
 def run_demo(

@@ -1,6 +1,8 @@
 """
-Tests for L{rmqha.demo}: C{compare_stores}, and what C{rmqha demo} may
-delete.
+Tests for L{rmqha.demo}: C{compare_stores} (commit logs and consume
+queues), the demo's last checks, and what C{rmqha demo} may delete.  The
+demo itself (producing and consuming through rmqha.client) runs as a
+process in tests/integration/test_demo.py.
 """
 
 from __future__ import annotations
@@ -57,6 +59,157 @@ class CompareStoresTests(SynchronousTestCase):
         self.assertFalse(
             compare_stores(self.make({"0" * 20: b"a"}), self.make({}))[0]
         )
+
+
+class CompareQueuesTests(SynchronousTestCase):
+    """
+    C{compare_stores(a, b, "consumequeue")} compares every queue file of
+    every topic (the demo's check that master and slave built the same
+    consume queues).
+    """
+
+    def make(self, files: dict[str, bytes]) -> str:
+        root = self.mktemp()
+        for name, data in files.items():
+            path = os.path.join(root, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        return root
+
+    QUEUES = {
+        "commitlog/" + "0" * 20: b"log",
+        "consumequeue/TopicA/0/" + "0" * 20: b"\x01" * 40,
+        "consumequeue/TopicA/3/" + "0" * 20: b"\x02" * 20,
+        "consumequeue/TopicB/1/" + "6000000".zfill(20): b"\x03" * 60,
+    }
+
+    def test_identical(self) -> None:
+        """
+        The same queue files of several topics: identical, every file and
+        byte counted (the commit log is not part of it).
+        """
+        self.assertEqual(
+            compare_stores(self.make(self.QUEUES), self.make(self.QUEUES), "consumequeue"),
+            (True, 3, 120),
+        )
+
+    def test_one_unit_differs(self) -> None:
+        """
+        One byte of one queue's unit different: not identical.
+        """
+        other = dict(self.QUEUES)
+        other["consumequeue/TopicA/3/" + "0" * 20] = b"\x02" * 19 + b"\x09"
+        self.assertFalse(compare_stores(self.make(self.QUEUES), self.make(other), "consumequeue")[0])
+
+    def test_queue_missing(self) -> None:
+        """
+        A queue that one store has and the other has not: not identical.
+        """
+        other = dict(self.QUEUES)
+        del other["consumequeue/TopicA/0/" + "0" * 20]
+        self.assertFalse(compare_stores(self.make(self.QUEUES), self.make(other), "consumequeue")[0])
+
+
+class ReportTests(SynchronousTestCase):
+    """
+    The demo's last checks (L{demo._report}): every message produced
+    consumed exactly once, by id, and both the commit logs and the
+    consume queues identical; any of them failing fails the demo.
+    """
+
+    def store(self, queue_unit: bytes = b"\x01" * 20, queues: bool = True) -> str:
+        root = self.mktemp()
+        files = {"commitlog/" + "0" * 20: b"records"}
+        if queues:
+            files["consumequeue/DemoOrders/0/" + "0" * 20] = queue_unit
+        for name, data in files.items():
+            path = os.path.join(root, name)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        return root
+
+    def tally(self, produced: list[str], consumed: dict[str, list[int]]) -> demo._Tally:
+        """
+        A tally of two members' handlers, fed as the consumers feed them:
+        C{consumed} maps an id to the members that received it.
+        """
+        tally = demo._Tally(2)
+        tally.produced.extend(produced)
+        for message_id, members in consumed.items():
+            for member in members:
+                tally.handler(member)([FakeMessage(message_id)])  # type: ignore[list-item]
+        return tally
+
+    def report(self, master: str, slave: str, tally: demo._Tally) -> tuple[bool, str]:
+        out = io.StringIO()
+        return demo._report(master, slave, tally, out), out.getvalue()
+
+    def test_all_hold(self) -> None:
+        """
+        Every message consumed once, by one member or the other, and
+        identical stores: the demo succeeds, one line for each check.
+        """
+        ok, out = self.report(
+            self.store(), self.store(), self.tally(["A", "B", "C"], {"A": [0], "B": [1], "C": [0]})
+        )
+        self.assertTrue(ok, out)
+        self.assertEqual(
+            out.splitlines(),
+            [
+                "consumed: 3 of the 3 messages produced (2, 1 by the 2 members); 0 missing, "
+                "0 consumed twice or more (every one exactly once)",
+                "byte-for-byte comparison: IDENTICAL (1 segment file, 0.0 MiB compared)",
+                "consume queues: IDENTICAL on master and slave (1 queue file, 0.0 MiB compared)",
+            ],
+        )
+
+    def test_queues_differ(self) -> None:
+        """
+        Identical commit logs but a consume queue unit that differs: the
+        demo fails, saying so.
+        """
+        tally = self.tally(["A"], {"A": [0]})
+        ok, out = self.report(self.store(), self.store(b"\x02" * 20), tally)
+        self.assertFalse(ok)
+        self.assertIn("byte-for-byte comparison: IDENTICAL", out)
+        self.assertIn("consume queues: DIFFER on master and slave (1 queue file on the master)", out)
+
+    def test_no_queues(self) -> None:
+        """
+        Stores without consume queues though messages were produced fail
+        the check (the brokers built none): nothing was compared.  With
+        no message produced (C{--count 0 --live 0}) there are none to
+        compare.
+        """
+        ok, _ = self.report(self.store(queues=False), self.store(queues=False), self.tally([], {}))
+        self.assertTrue(ok)
+        tally = self.tally(["A"], {"A": [0]})
+        ok, out = self.report(self.store(queues=False), self.store(queues=False), tally)
+        self.assertFalse(ok)
+        self.assertIn("consume queues: DIFFER on master and slave (0 queue files on the master)", out)
+
+    def test_missing_and_duplicates(self) -> None:
+        """
+        A message consumed by both members and one never consumed: the
+        demo fails, counting each.
+        """
+        tally = self.tally(["A", "B", "C"], {"A": [0, 1], "B": [1], "X": [0]})
+        ok, out = self.report(self.store(), self.store(), tally)
+        self.assertFalse(ok)
+        self.assertIn(
+            "consumed: 2 of the 3 messages produced (2, 2 by the 2 members); 1 missing, "
+            "1 consumed twice or more\n",
+            out,
+        )
+
+
+class FakeMessage:
+    """What the tally reads of an L{rmqha.client.ReceivedMessage}."""
+
+    def __init__(self, msg_id: str) -> None:
+        self.msg_id = msg_id
 
 
 class DemoDirectoryTests(SynchronousTestCase):
