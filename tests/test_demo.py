@@ -190,6 +190,16 @@ class ReportTests(SynchronousTestCase):
         self.assertFalse(ok)
         self.assertIn("consume queues: DIFFER on master and slave (0 queue files on the master)", out)
 
+    def test_duplicates_counted_not_failed(self) -> None:
+        """
+        A message consumed by both members, none lost: counted and said,
+        and the demo passes (delivery is at least once).
+        """
+        tally = self.tally(["A", "B"], {"A": [0, 1], "B": [1]})
+        ok, out = self.report(self.store(), self.store(), tally)
+        self.assertTrue(ok)
+        self.assertIn("0 missing, 1 consumed twice or more (none lost; duplicates are", out)
+
     def test_missing_and_duplicates(self) -> None:
         """
         A message consumed by both members and one never consumed: the
