@@ -39,7 +39,7 @@ from rmqha.store._record import (
 )
 from rmqha._units import parse_size
 from rmqha.store._recovery import repair_store, verify_store
-from rmqha.store.consumequeue import verify_consume_queues
+from rmqha.store.consumequeue import verify_store_queues
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import Damage, StoreError
 
@@ -849,7 +849,7 @@ def _check(args: argparse.Namespace, out: IO[str]) -> int:
             f"sound: {report.records} records in {report.segments} segments, "
             f"offsets {report.min_offset}..{report.end_offset}\n"
         )
-        return _check_queues(args.dir, out)
+        return _check_queues(args.dir, report.end_offset, out)
     if any(not d.is_tail for d in report.damage):
         out.write(
             f"{len(report.damage)} damaged stretch(es); valid records follow "
@@ -859,9 +859,10 @@ def _check(args: argparse.Namespace, out: IO[str]) -> int:
     return 1
 
 
-def _check_queues(directory: str, out: IO[str]) -> int:
+def _check_queues(directory: str, end: int, out: IO[str]) -> int:
     """
-    The consume queues against the (sound) log: one line per finding.
+    The consume queues against the log, sound up to C{end}: one line per
+    finding.
     """
     if not os.path.isdir(os.path.join(directory, "consumequeue")):
         out.write(
@@ -869,8 +870,7 @@ def _check_queues(directory: str, out: IO[str]) -> int:
             "when it starts on this store\n"
         )
         return 0
-    with CommitLog.open(directory, read_only=True) as commitlog:
-        findings = verify_consume_queues(commitlog)
+    findings = verify_store_queues(directory, end)
     for line in findings:
         out.write(line + "\n")
     if findings:
