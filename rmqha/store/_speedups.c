@@ -653,12 +653,20 @@ cq_tags_hash(const unsigned char *p, int64_t n, int64_t *code)
     int64_t at = -1, i, end;
     uint32_t h = 0;
 
-    for (i = 0; i + 5 <= n; i++) {
-        if ((i == 0 || p[i - 1] == 2) && memcmp(p + i, "TAGS\x01", 5) == 0) {
+    /* Each name starts the properties or follows a 2: memchr hops from
+       one to the next rather than looking at every byte. */
+    i = 0;
+    while (i + 5 <= n) {
+        const unsigned char *next;
+        if (memcmp(p + i, "TAGS\x01", 5) == 0) {
             if (at >= 0)
                 return 0; /* twice */
             at = i;
         }
+        next = memchr(p + i, 2, (size_t)(n - i));
+        if (next == NULL)
+            break;
+        i = (next - p) + 1;
     }
     if (at < 0) {
         *code = 0;
