@@ -16,11 +16,13 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha.store._record import SysFlag
-from rmqha.store import consumequeue
+from rmqha.store import _recovery, consumequeue
+from rmqha.store._recovery import verify_store
 from rmqha.store.commitlog import CommitLog, Message
 from rmqha.store.consumequeue import (
     UNIT_SIZE,
     ConsumeQueue,
+    QueueCheck,
     ConsumeQueueError,
     Unit,
     java_string_hash,
@@ -476,12 +478,13 @@ class FastVerifyTests(SynchronousTestCase):
         """
         Two topics of two queues, 8 units a file, records the compiled
         decode leaves to Python among them (the schedule topic, a
-        non-ASCII tag) and prepared transaction records (no unit).
+        non-ASCII tag) and prepared transaction records (no unit), in
+        2 KiB segments (BLANKs between).
         """
         directory = os.path.abspath(self.mktemp())
         with CommitLog.open(
             directory, consume_queues=True, clock=fixed_clock, consume_queue_units=8,
-            segment_size=SEGMENT,
+            segment_size=2048,
         ) as log:
             for i in range(60):
                 topic = "SCHEDULE_TOPIC_XXXX" if i % 13 == 5 else f"T{i % 2}"
@@ -492,15 +495,26 @@ class FastVerifyTests(SynchronousTestCase):
                 if i % 17 == 4:
                     message = _message(i, topic="T0", sysflag=SysFlag.TRANSACTION_PREPARED_TYPE)
                 log.put(message)
-            self.assertGreater(log.max_offset, 2000)
+            self.assertGreater(log.max_offset, 3 * 2048)
         return directory
 
     def _verify(self, directory: str, limit: int = 1000) -> list[str]:
         log = CommitLog.open(directory, read_only=True)
         self.addCleanup(log.close)
         findings = verify_consume_queues(log, limit)
-        # What store check runs: the same findings without opening the log.
         self.assertEqual(verify_store_queues(directory, log.max_offset, limit), findings)
+        # What store check runs: the same findings from the record check's
+        # walk, in its 8 MiB blocks and in blocks of a few records.
+        for block in (None, 300):
+            if block is not None:
+                self.patch(_recovery, "_WALK_BLOCK", block)
+            check = QueueCheck(directory, limit)
+            try:
+                report = verify_store(directory, on_block=check.feed)
+                self.assertTrue(report.ok, report)
+                self.assertEqual(check.finish(report.end_offset), findings)
+            finally:
+                check.close()
         return findings
 
     def _unit(self, directory: str, topic: str, queue_id: int, n: int) -> tuple[str, int]:
@@ -537,7 +551,7 @@ class FastVerifyTests(SynchronousTestCase):
         directory = self._store()
         # Sound queues are read as bytes: a unit is read one by one only to
         # look past each queue's last record (T0, T1, SCHEDULE_TOPIC_XXXX:
-        # 6 queues; _verify checks twice).
+        # 6 queues; _verify checks four ways).
         looked: list[int] = []
         unit = consumequeue._QueueFiles.unit
 
@@ -547,7 +561,7 @@ class FastVerifyTests(SynchronousTestCase):
 
         self.patch(consumequeue._QueueFiles, "unit", counted)
         self.assertEqual(self._verify(directory), [])
-        self.assertEqual(len(looked), 2 * 6, looked)
+        self.assertEqual(len(looked), 4 * 6, looked)
         for chunk in (100, 333):
             self.patch(consumequeue, "CHECK_CHUNK", chunk)
             self.assertEqual(self._verify(directory), [])
@@ -612,6 +626,28 @@ class FastVerifyTests(SynchronousTestCase):
             [f"{path} unit {r[3] - 8}" for r in records if 8 <= r[3] < 16],
         )
 
+    def test_damaged_log(self) -> None:
+        """
+        Fed from the walk of a damaged log (store check then reports the
+        damage, not the queues), the check takes the stretches of records
+        around the damage without an error of its own.
+        """
+        directory = self._store()
+        records = self._records(directory)
+        offset = records[20][0]
+        path = os.path.join(directory, "commitlog", "%020d" % (offset - offset % 2048))
+        self._patch(path, offset % 2048 + 8, b"\xff\xff\xff\xff")  # (the magic)
+        for block in (None, 300):
+            if block is not None:
+                self.patch(_recovery, "_WALK_BLOCK", block)
+            check = QueueCheck(directory)
+            try:
+                report = verify_store(directory, on_block=check.feed)
+            finally:
+                check.close()
+            self.assertFalse(report.ok)
+            self.assertEqual(report.damage[0].offset, offset)
+
     def test_open_store(self) -> None:
         """
         On a store with the C{abort} marker (open, or crashed), records at
@@ -619,7 +655,7 @@ class FastVerifyTests(SynchronousTestCase):
         same store closed cleanly, they are.
         """
         directory = self._store()
-        with CommitLog.open(directory, segment_size=SEGMENT) as log:
+        with CommitLog.open(directory, segment_size=2048) as log:
             mark = log.max_offset
             for i in range(5):
                 log.put(_message(100 + i, topic="T0"))  # (no consume queues: no units)

@@ -20,6 +20,7 @@ bounded steps (L{ConsumeQueues.dispatch}), on masters (puts) and slaves
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import time
@@ -56,6 +57,7 @@ __all__ = [
     "CHECKPOINT_SIZE",
     "verify_consume_queues",
     "verify_store_queues",
+    "QueueCheck",
 ]
 
 #: ConsumeQueue.CQ_STORE_UNIT_SIZE.
@@ -1362,10 +1364,10 @@ def verify_consume_queues(log: "CommitLog", limit: int = 1000) -> list[str]:
 
 def verify_store_queues(store_dir: str, end: int, limit: int = 1000) -> list[str]:
     """
-    L{verify_consume_queues} for C{rmqha store check}, right after
-    C{verify_store} found the log sound up to C{end}: the segments are
-    mapped as they are, without opening the log (whose recovery would walk
-    its records once more).
+    L{verify_consume_queues} on a store that is not open here, its log
+    sound up to C{end}: the segments are mapped as they are, without
+    opening the log (whose recovery would walk its records once more).
+    (C{rmqha store check} feeds a L{QueueCheck} from its own walk instead.)
     """
     segments, _, _ = _load_segments(os.path.join(store_dir, "commitlog"), None, writable=False)
     try:
@@ -1376,36 +1378,173 @@ def verify_store_queues(store_dir: str, end: int, limit: int = 1000) -> list[str
 
 
 def _verify(store_dir: str, segments: "Sequence[_Segment]", log_end: int, limit: int) -> list[str]:
-    root = os.path.join(store_dir, "consumequeue")
-    mark = None
-    if os.path.exists(os.path.join(store_dir, "abort")):
-        # Open (or it crashed): dispatch may not have reached the end.
-        try:
-            with open(os.path.join(store_dir, "rmqha", "cq-dispatched"), "rb") as f:
-                data = f.read(8)
-            mark = _I64.unpack(data)[0] if len(data) == 8 else 0
-        except FileNotFoundError:
-            mark = 0
-    file_size = (_existing_units(root) or DEFAULT_UNITS_PER_FILE) * UNIT_SIZE
-    queues: dict[tuple[str, int], _QueueFiles] = {}
-    by_raw: dict[tuple[bytes, int], _QueueFiles] = {}
-    findings: list[str] = []
-    found: list[tuple[int, str]] = []  # (commit-log offset, line) of this chunk
-    cache: dict[bytes, int] = {}
-    scan = getattr(_codec._accel, "cq_units", None)
+    """
+    The queues of C{store_dir} against C{segments} up to C{log_end}, read
+    L{CHECK_CHUNK} bytes at a time.
+    """
+    check = QueueCheck(store_dir, limit)
+    index = 0
+    offset = segments[0].start if segments else 0
+    try:
+        while offset < log_end and not check.full:
+            while segments[index].start + segments[index].size <= offset:
+                index += 1
+            segment = segments[index]
+            at = offset - segment.start
+            upto = min(segment.size, at + CHECK_CHUNK, log_end - segment.start)
+            position, blank = check.feed(segment.mm, at, upto, segment.start, strict=True)
+            _drop_pages(segment.mm, at, upto)  # (the RSS stays flat)
+            if not blank and upto - at >= 8 and position == 0:
+                # One record longer than a chunk: read it whole.
+                total = _HEADER.unpack_from(segment.mm, at)[0]
+                upto = min(segment.size, at + total, log_end - segment.start)
+                if upto - at < total:
+                    raise ConsumeQueueError(
+                        f"commit-log offset {offset}: a record of {total} bytes "
+                        f"reaches past what the log holds"
+                    )
+                position, blank = check.feed(segment.mm, at, upto, segment.start, strict=True)
+                _drop_pages(segment.mm, at, upto)
+            if blank or upto - at < 8:
+                # The segment's end (a BLANK, or nothing more in it).
+                offset = segment.start + segment.size
+            else:
+                offset += position
+        return check.finish(log_end)
+    finally:
+        check.close()
 
-    def files_of(topic: str, queue_id: int) -> _QueueFiles:
+
+class QueueCheck:
+    """
+    The consume queues of a store against its log's records, fed whole
+    records a stretch at a time in log order (L{feed}): the units each
+    stretch calls for are built per queue (C{_speedups.cq_units}, else
+    L{_units_py}) and compared with the queue files' bytes, one comparison
+    per queue per stretch; only a queue whose bytes differ is looked at
+    unit by unit.  C{rmqha store check} feeds it from the record check's
+    own walk (C{verify_store(on_block=...)}), while each block is still in
+    memory; L{verify_consume_queues} from the log.
+    """
+
+    def __init__(self, store_dir: str, limit: int = 1000) -> None:
+        self.root = os.path.join(store_dir, "consumequeue")
+        self.limit = limit
+        self.mark: int | None = None
+        if os.path.exists(os.path.join(store_dir, "abort")):
+            # Open (or it crashed): dispatch may not have reached the end.
+            try:
+                with open(os.path.join(store_dir, "rmqha", "cq-dispatched"), "rb") as f:
+                    data = f.read(8)
+                self.mark = _I64.unpack(data)[0] if len(data) == 8 else 0
+            except FileNotFoundError:
+                self.mark = 0
+        self.file_size = (_existing_units(self.root) or DEFAULT_UNITS_PER_FILE) * UNIT_SIZE
+        self.queues: dict[tuple[str, int], _QueueFiles] = {}
+        self._by_raw: dict[tuple[bytes, int], _QueueFiles] = {}
+        self.findings: list[str] = []
+        self._found: list[tuple[int, str]] = []  # (commit-log offset, line) of a stretch
+        self._cache: dict[bytes, int] = {}
+        self._scan = getattr(_codec._accel, "cq_units", None)
+        if os.path.isdir(self.root):
+            for topic in sorted(os.listdir(self.root)):
+                if os.path.isdir(os.path.join(self.root, topic)):
+                    for name in sorted(os.listdir(os.path.join(self.root, topic))):
+                        if name.isdigit():
+                            self._files_of(topic, int(name))
+
+    @property
+    def full(self) -> bool:
+        return len(self.findings) >= self.limit
+
+    def _files_of(self, topic: str, queue_id: int) -> _QueueFiles:
         key = (topic, queue_id)
-        files = queues.get(key)
+        files = self.queues.get(key)
         if files is None:
-            files = queues[key] = _QueueFiles(
-                os.path.join(root, topic, str(queue_id)), topic, queue_id, file_size
+            files = self.queues[key] = _QueueFiles(
+                os.path.join(self.root, topic, str(queue_id)), topic, queue_id, self.file_size
             )
         return files
 
-    def explain(files: _QueueFiles, units: bytes, offsets: bytes) -> None:
+    def feed(
+        self, mm: "mmap.mmap | bytes", start: int, end: int, base: int, strict: bool = False
+    ) -> tuple[int, bool]:
+        """
+        Check the units of the records in C{mm[start:end]} (C{base}: the
+        commit-log offset of C{mm[0]}).
+
+        @param strict: bytes that are not a record raise
+            L{ConsumeQueueError}; otherwise the stretch ends there (the
+            record check names them).
+        @return: where the records stopped (relative to C{start}: a
+            record not whole before C{end}, a BLANK, or other bytes), and
+            whether at a BLANK.
+        """
+        if self.full:
+            return end - start, False
+        view = memoryview(mm)[start:end]
+        try:
+            position, blank = self._walk(view, len(view), base + start, strict)
+        finally:
+            view.release()
+        found = self._found
+        if found:
+            found.sort()
+            self.findings.extend(line for _, line in found[: self.limit - len(self.findings)])
+            found.clear()
+        return position, blank
+
+    def _walk(
+        self, data: memoryview, n: int, base: int, strict: bool
+    ) -> tuple[int, bool]:
+        # The records in data[:n] (base: its commit-log offset): where the
+        # walk stopped, and whether at a BLANK.
+        scan = self._scan
+        compare = self._compare
+        position = 0
+        while position + 8 <= n:
+            if scan is not None:
+                groups, position, _ = scan(data, position, n, base)
+                compare(groups)
+                if position + 8 > n:
+                    break
+            total, magic = _HEADER.unpack_from(data, position)
+            if magic == BLANK_MAGIC:
+                return position, True
+            if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2 or total <= 0:
+                if not strict:
+                    break
+                raise ConsumeQueueError(
+                    f"commit-log offset {base + position}: not a record "
+                    f"(magic {magic & 0xFFFFFFFF:#x})"
+                )
+            if position + total > n:
+                break
+            # What the compiled decode leaves (the schedule topic, TAGS
+            # twice, non-ASCII tags): one record; everything without it.
+            groups, position = _units_py(
+                data, position, n if scan is None else position + total, base, self._cache
+            )
+            compare(groups)
+        return position, False
+
+    def _compare(self, groups: list[_Group]) -> None:
+        by_raw = self._by_raw
+        for topic_bytes, queue_id, first, consecutive, units, offsets in groups:
+            files = by_raw.get((topic_bytes, queue_id))
+            if files is None:
+                topic = topic_bytes.decode("utf-8", "replace")
+                files = by_raw[(topic_bytes, queue_id)] = self._files_of(topic, queue_id)
+            if consecutive and files.read(first * UNIT_SIZE, len(units)) == units:
+                last = first + len(units) // UNIT_SIZE - 1
+                if last > files.checked:
+                    files.checked = last
+            else:
+                self._explain(files, units, offsets)
+
+    def _explain(self, files: _QueueFiles, units: bytes, offsets: bytes) -> None:
         # Unit by unit (a queue whose bytes differ from what the log calls for).
-        topic, queue_id = files.topic, files.queue_id
+        topic, queue_id, mark, found = files.topic, files.queue_id, self.mark, self._found
         for i in range(0, len(units) // UNIT_SIZE):
             offset, size, code = _UNIT.unpack_from(units, i * UNIT_SIZE)
             n = _I64.unpack_from(offsets, i * 8)[0]
@@ -1436,104 +1575,27 @@ def _verify(store_dir: str, segments: "Sequence[_Segment]", log_end: int, limit:
                     f"offset {offset} hashes to {code}"
                 ))
 
-    def compare(groups: list[_Group]) -> None:
-        for topic_bytes, queue_id, first, consecutive, units, offsets in groups:
-            files = by_raw.get((topic_bytes, queue_id))
-            if files is None:
-                topic = topic_bytes.decode("utf-8", "replace")
-                files = by_raw[(topic_bytes, queue_id)] = files_of(topic, queue_id)
-            if consecutive and files.read(first * UNIT_SIZE, len(units)) == units:
-                last = first + len(units) // UNIT_SIZE - 1
-                if last > files.checked:
-                    files.checked = last
-            else:
-                explain(files, units, offsets)
+    def finish(self, log_end: int) -> list[str]:
+        """
+        After the last record (the log ends at C{log_end}): the units after
+        each queue's last record, which must point at nothing.
 
-    def walk(data: "bytes | memoryview", n: int, base: int) -> tuple[int, bool]:
-        # The records in data[:n] (base: its commit-log offset): where the
-        # walk stopped, and whether at a BLANK.
-        position = 0
-        while position + 8 <= n:
-            if scan is not None:
-                groups, position, _ = scan(data, position, n, base)
-                compare(groups)
-                if position + 8 > n:
-                    break
-            total, magic = _HEADER.unpack_from(data, position)
-            if magic == BLANK_MAGIC:
-                return position, True
-            if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2 or total <= 0:
-                raise ConsumeQueueError(
-                    f"commit-log offset {base + position}: not a record "
-                    f"(magic {magic & 0xFFFFFFFF:#x})"
-                )
-            if position + total > n:
-                break
-            # What the compiled decode leaves (the schedule topic, TAGS
-            # twice, non-ASCII tags): one record; everything without it.
-            groups, position = _units_py(
-                data, position, n if scan is None else position + total, base, cache
-            )
-            compare(groups)
-        return position, False
-
-    if os.path.isdir(root):
-        for topic in sorted(os.listdir(root)):
-            if os.path.isdir(os.path.join(root, topic)):
-                for name in sorted(os.listdir(os.path.join(root, topic))):
-                    if name.isdigit():
-                        files_of(topic, int(name))
-    index = 0
-    offset = segments[0].start if segments else 0
-    try:
-        while offset < log_end and len(findings) < limit:
-            # A view of the mapped segment (no copy), its pages given back
-            # after it (the check's RSS stays flat, as the record walk's).
-            while segments[index].start + segments[index].size <= offset:
-                index += 1
-            segment = segments[index]
-            at = offset - segment.start
-            upto = min(segment.size, at + CHECK_CHUNK, log_end - segment.start)
-            view = memoryview(segment.mm)[at:upto]
-            try:
-                n = len(view)
-                position, blank = walk(view, n, offset)
-                if not blank and n >= 8 and position == 0:
-                    # One record longer than a chunk: read it whole.
-                    total = _HEADER.unpack_from(view)[0]
-                    view.release()
-                    upto = min(segment.size, at + total, log_end - segment.start)
-                    view = memoryview(segment.mm)[at:upto]
-                    if len(view) < total:
-                        raise ConsumeQueueError(
-                            f"commit-log offset {offset}: a record of {total} bytes "
-                            f"reaches past what the log holds"
-                        )
-                    position, blank = walk(view, total, offset)
-            finally:
-                view.release()
-                _drop_pages(segment.mm, at, upto)
-            found.sort()
-            findings.extend(line for _, line in found[: limit - len(findings)])
-            found.clear()
-            if blank or n < 8:
-                # The segment's end (a BLANK, or nothing more in it).
-                offset = segment.start + segment.size
-            else:
-                offset += position
-        for (topic, queue_id), files in sorted(queues.items()):
-            # Units after the last record of the queue point at nothing.
-            if not files.starts or len(findings) >= limit:
+        @return: one line per finding (at most the limit), in commit-log
+            order, then the queues'.
+        """
+        for (topic, queue_id), files in sorted(self.queues.items()):
+            if not files.starts or self.full:
                 continue
             n = files.checked + 1
             path, index, unit = files.unit(n)
             if unit is not None and 0 <= unit[0] < log_end and unit[1] > 0:
-                findings.append(
+                self.findings.append(
                     f"{path} unit {index} (queue offset {n}): points at commit-log "
                     f"offset {unit[0]}, but {topic} queue {queue_id} has no record "
                     f"with this queue offset in the log"
                 )
-    finally:
-        for files in queues.values():
+        return self.findings
+
+    def close(self) -> None:
+        for files in self.queues.values():
             files.close()
-    return findings
