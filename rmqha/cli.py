@@ -39,7 +39,7 @@ from rmqha.store._record import (
 )
 from rmqha._units import parse_size
 from rmqha.store._recovery import repair_store, verify_store
-from rmqha.store.consumequeue import verify_consume_queues
+from rmqha.store.consumequeue import QueueCheck
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import Damage, StoreError
 
@@ -828,7 +828,18 @@ def _info(args: argparse.Namespace, out: IO[str]) -> int:
 def _check(args: argparse.Namespace, out: IO[str]) -> int:
     if not os.path.isdir(args.dir):
         raise _CommandError(f"{args.dir}: no such directory")
-    report = verify_store(args.dir)
+    # The consume queues are checked from the record check's own walk,
+    # each block while it is in memory (one read of the log for both).
+    queues = None
+    if os.path.isdir(os.path.join(args.dir, "consumequeue")):
+        queues = QueueCheck(args.dir)
+    try:
+        report = verify_store(args.dir, on_block=None if queues is None else queues.feed)
+        if report.ok and queues is not None:
+            queues.finish(report.end_offset)
+    finally:
+        if queues is not None:
+            queues.close()
     if report.unfinished_segment is not None:
         out.write(
             f"note: segment file {report.unfinished_segment} was never finished "
@@ -849,7 +860,7 @@ def _check(args: argparse.Namespace, out: IO[str]) -> int:
             f"sound: {report.records} records in {report.segments} segments, "
             f"offsets {report.min_offset}..{report.end_offset}\n"
         )
-        return _check_queues(args.dir, out)
+        return _check_queues(args.dir, queues, out)
     if any(not d.is_tail for d in report.damage):
         out.write(
             f"{len(report.damage)} damaged stretch(es); valid records follow "
@@ -859,18 +870,17 @@ def _check(args: argparse.Namespace, out: IO[str]) -> int:
     return 1
 
 
-def _check_queues(directory: str, out: IO[str]) -> int:
+def _check_queues(directory: str, queues: QueueCheck | None, out: IO[str]) -> int:
     """
-    The consume queues against the (sound) log: one line per finding.
+    What C{queues} found, the log being sound: one line per finding.
     """
-    if not os.path.isdir(os.path.join(directory, "consumequeue")):
+    if queues is None:
         out.write(
             "note: no consume queues (consumequeue/): a broker builds them "
             "when it starts on this store\n"
         )
         return 0
-    with CommitLog.open(directory, read_only=True) as commitlog:
-        findings = verify_consume_queues(commitlog)
+    findings = queues.findings
     for line in findings:
         out.write(line + "\n")
     if findings:

@@ -16,16 +16,21 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha.store._record import SysFlag
+from rmqha.store import _recovery, consumequeue
+from rmqha.store._recovery import verify_store
 from rmqha.store.commitlog import CommitLog, Message
 from rmqha.store.consumequeue import (
     UNIT_SIZE,
     ConsumeQueue,
+    QueueCheck,
     ConsumeQueueError,
     Unit,
     java_string_hash,
     read_checkpoint,
     tags_code,
     verify_consume_queues,
+    verify_store_queues,
+    write_mark,
 )
 from rmqha.store.service import CommitLogService
 from tests._helpers import copy_store, fixed_clock
@@ -457,6 +462,216 @@ class VerifyTests(SynchronousTestCase):
         self.assertIn(f"{path} unit 2 (queue offset 10): tag hash 1", findings[1])
         self.assertIn("queue offset 11", findings[2])
         self.assertIn("has no unit", findings[2])
+
+
+
+class FastVerifyTests(SynchronousTestCase):
+    """
+    C{store check}'s look at the queues compares the units the log calls
+    for with the queue files' bytes a chunk of the log at a time, and looks
+    unit by unit only where they differ: each kind of finding is still
+    found and named, whatever the chunk (L{tests.test_pure_path} runs these
+    again on the pure-Python path).
+    """
+
+    def _store(self) -> str:
+        """
+        Two topics of two queues, 8 units a file, records the compiled
+        decode leaves to Python among them (the schedule topic, a
+        non-ASCII tag) and prepared transaction records (no unit), in
+        2 KiB segments (BLANKs between).
+        """
+        directory = os.path.abspath(self.mktemp())
+        with CommitLog.open(
+            directory, consume_queues=True, clock=fixed_clock, consume_queue_units=8,
+            segment_size=2048,
+        ) as log:
+            for i in range(60):
+                topic = "SCHEDULE_TOPIC_XXXX" if i % 13 == 5 else f"T{i % 2}"
+                tags = "标签" if i % 7 == 3 else f"Tag{i % 3}"
+                message = _message(i, queue_id=(i // 2) % 2, tags=tags, topic=topic)
+                if topic.startswith("SCHEDULE"):
+                    message.properties["DELAY"] = "3"
+                if i % 17 == 4:
+                    message = _message(i, topic="T0", sysflag=SysFlag.TRANSACTION_PREPARED_TYPE)
+                log.put(message)
+            self.assertGreater(log.max_offset, 3 * 2048)
+        return directory
+
+    def _verify(self, directory: str, limit: int = 1000) -> list[str]:
+        log = CommitLog.open(directory, read_only=True)
+        self.addCleanup(log.close)
+        findings = verify_consume_queues(log, limit)
+        self.assertEqual(verify_store_queues(directory, log.max_offset, limit), findings)
+        # What store check runs: the same findings from the record check's
+        # walk, in its 8 MiB blocks and in blocks of a few records.
+        for block in (None, 300):
+            if block is not None:
+                self.patch(_recovery, "_WALK_BLOCK", block)
+            check = QueueCheck(directory, limit)
+            try:
+                report = verify_store(directory, on_block=check.feed)
+                self.assertTrue(report.ok, report)
+                self.assertEqual(check.finish(report.end_offset), findings)
+            finally:
+                check.close()
+        return findings
+
+    def _unit(self, directory: str, topic: str, queue_id: int, n: int) -> tuple[str, int]:
+        """
+        The file and byte position of unit C{n} of a queue (8 a file).
+        """
+        start = n // 8 * 8 * UNIT_SIZE
+        return (
+            os.path.join(directory, "consumequeue", topic, str(queue_id), "%020d" % start),
+            n * UNIT_SIZE - start,
+        )
+
+    def _records(self, directory: str) -> list[tuple[int, str, int, int, int]]:
+        """
+        (offset, topic, queue id, queue offset, size) of the records with units.
+        """
+        with CommitLog.open(directory, read_only=True) as log:
+            return [
+                (r.offset, r.topic, r.queue_id, r.queue_offset, r.size)  # type: ignore[union-attr]
+                for r in log.records(with_body=False)
+                if r.sysflag & 0xC != 0x4  # type: ignore[union-attr]
+            ]
+
+    def _patch(self, path: str, at: int, data: bytes) -> None:
+        with open(path, "r+b") as f:
+            f.seek(at)
+            f.write(data)
+
+    def test_sound(self) -> None:
+        """
+        Queues as dispatch built them: no finding, with 8 MiB chunks or
+        chunks that cut records (and records longer than a chunk).
+        """
+        directory = self._store()
+        # Sound queues are read as bytes: a unit is read one by one only to
+        # look past each queue's last record (T0, T1, SCHEDULE_TOPIC_XXXX:
+        # 6 queues; _verify checks four ways).
+        looked: list[int] = []
+        unit = consumequeue._QueueFiles.unit
+
+        def counted(files: consumequeue._QueueFiles, logical: int) -> object:
+            looked.append(logical)
+            return unit(files, logical)
+
+        self.patch(consumequeue._QueueFiles, "unit", counted)
+        self.assertEqual(self._verify(directory), [])
+        self.assertEqual(len(looked), 4 * 6, looked)
+        for chunk in (100, 333):
+            self.patch(consumequeue, "CHECK_CHUNK", chunk)
+            self.assertEqual(self._verify(directory), [])
+
+    def test_each_finding(self) -> None:
+        """
+        A wrong size, a wrong tag hash, a missing unit, a unit pointing at
+        another topic's record, and a unit after a queue's last record:
+        each one line naming file and unit, in commit-log order, with
+        whole chunks or small ones.
+        """
+        directory = self._store()
+        records = self._records(directory)
+        t0 = [r for r in records if r[1] == "T0" and r[2] == 0]
+        t1 = [r for r in records if r[1] == "T1" and r[2] == 1]
+        size_at, size_pos = self._unit(directory, "T0", 0, t0[1][3])
+        self._patch(size_at, size_pos + 8, struct.pack(">i", 5))
+        tag_at, tag_pos = self._unit(directory, "T1", 1, t1[2][3])
+        self._patch(tag_at, tag_pos + 12, struct.pack(">q", 1))
+        gone_at, gone_pos = self._unit(directory, "T0", 0, t0[9][3])
+        self._patch(gone_at, gone_pos, bytes(UNIT_SIZE))
+        other = t1[10]
+        moved_at, moved_pos = self._unit(directory, "T1", 1, t1[11][3])
+        self._patch(moved_at, moved_pos, struct.pack(">qiq", t0[3][0], t0[3][4], 0))
+        last = t0[-1][3] + 1
+        extra_at, extra_pos = self._unit(directory, "T0", 0, last)
+        self._patch(extra_at, extra_pos, struct.pack(">qiq", other[0], other[4], 0))
+        expected = [
+            f"{size_at} unit {size_pos // UNIT_SIZE} (queue offset {t0[1][3]}): size 5, "
+            f"but the record at commit-log offset {t0[1][0]} is {t0[1][4]} bytes",
+            f"{tag_at} unit {tag_pos // UNIT_SIZE} (queue offset {t1[2][3]}): tag hash 1, "
+            f"but the record at commit-log offset {t1[2][0]} hashes to ",
+            f"record at commit-log offset {t0[9][0]} (T0, queue 0, queue offset "
+            f"{t0[9][3]}) has no unit: {gone_at} unit {gone_pos // UNIT_SIZE}",
+            f"{moved_at} unit {moved_pos // UNIT_SIZE} (queue offset {t1[11][3]}): points "
+            f"at commit-log offset {t0[3][0]}, but the record with this queue offset is "
+            f"at {t1[11][0]}",
+            f"{extra_at} unit {extra_pos // UNIT_SIZE} (queue offset {last}): points at "
+            f"commit-log offset {other[0]}, but T0 queue 0 has no record with this queue "
+            f"offset in the log",
+        ]
+        for chunk in (None, 100, 333):
+            if chunk is not None:
+                self.patch(consumequeue, "CHECK_CHUNK", chunk)
+            findings = self._verify(directory)
+            self.assertEqual(len(findings), len(expected), findings)
+            for line, start in zip(findings, expected):
+                self.assertTrue(line.startswith(start), (line, start))
+        self.assertEqual(self._verify(directory, limit=2), self._verify(directory)[:2])
+
+    def test_missing_file(self) -> None:
+        """
+        A queue file removed: every record whose unit it held has none.
+        """
+        directory = self._store()
+        records = [r for r in self._records(directory) if r[1:3] == ("T1", 1)]
+        path, _ = self._unit(directory, "T1", 1, 8)
+        os.remove(path)
+        findings = self._verify(directory)
+        self.assertEqual(
+            [line.split(" has no unit: ")[1] for line in findings],
+            [f"{path} unit {r[3] - 8}" for r in records if 8 <= r[3] < 16],
+        )
+
+    def test_damaged_log(self) -> None:
+        """
+        Fed from the walk of a damaged log (store check then reports the
+        damage, not the queues), the check takes the stretches of records
+        around the damage without an error of its own.
+        """
+        directory = self._store()
+        records = self._records(directory)
+        offset = records[20][0]
+        path = os.path.join(directory, "commitlog", "%020d" % (offset - offset % 2048))
+        self._patch(path, offset % 2048 + 8, b"\xff\xff\xff\xff")  # (the magic)
+        for block in (None, 300):
+            if block is not None:
+                self.patch(_recovery, "_WALK_BLOCK", block)
+            check = QueueCheck(directory)
+            try:
+                report = verify_store(directory, on_block=check.feed)
+            finally:
+                check.close()
+            self.assertFalse(report.ok)
+            self.assertEqual(report.damage[0].offset, offset)
+
+    def test_open_store(self) -> None:
+        """
+        On a store with the C{abort} marker (open, or crashed), records at
+        or after the dispatch mark without their unit are no finding; the
+        same store closed cleanly, they are.
+        """
+        directory = self._store()
+        with CommitLog.open(directory, segment_size=2048) as log:
+            mark = log.max_offset
+            for i in range(5):
+                log.put(_message(100 + i, topic="T0"))  # (no consume queues: no units)
+        findings = self._verify(directory)
+        self.assertEqual(len(findings), 5, findings)
+        self.assertTrue(all("has no unit" in line for line in findings), findings)
+        with open(os.path.join(directory, "abort"), "wb"):
+            pass
+        write_mark(os.path.join(directory, "rmqha", "cq-dispatched"), mark)
+        self.assertEqual(self._verify(directory), [])
+        write_mark(os.path.join(directory, "rmqha", "cq-dispatched"), 0)
+        self.assertEqual(self._verify(directory), [])
+        write_mark(os.path.join(directory, "rmqha", "cq-dispatched"), mark + 1)
+        findings = self._verify(directory)  # (the record at the old mark is before it)
+        self.assertEqual(len(findings), 1, findings)
+        self.assertIn(f"record at commit-log offset {mark} (T0, queue 0", findings[0])
 
 
 class RocketMQStoreTests(SynchronousTestCase):

@@ -12,7 +12,13 @@ from __future__ import annotations
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.store import _record
-from tests import test_checked_framing, test_commitlog, test_recovery, test_slave
+from tests import (
+    test_checked_framing,
+    test_commitlog,
+    test_consumequeue,
+    test_recovery,
+    test_slave,
+)
 from tests._helpers import PurePath
 from tools import fuzz
 
@@ -39,6 +45,10 @@ class PureReadOnlyRecoveryTests(PurePath, test_recovery.ReadOnlyRecoveryTests):
 
 class PureReplicaTailTests(PurePath, test_recovery.ReplicaTailTests):
     """L{test_recovery.ReplicaTailTests} on the pure-Python path."""
+
+
+class PureFastVerifyTests(PurePath, test_consumequeue.FastVerifyTests):
+    """L{test_consumequeue.FastVerifyTests} on the pure-Python path."""
 
 
 class PurePutTests(PurePath, test_commitlog.PutTests):

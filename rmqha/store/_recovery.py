@@ -9,6 +9,7 @@ L{CommitLog}.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import time
 from dataclasses import dataclass, field
@@ -47,6 +48,10 @@ from rmqha.store.errors import (
     Damage,
     StoreError,
 )
+
+
+#: What L{verify_store} tells of each stretch of verified records.
+OnBlock = Callable[[mmap.mmap, int, int, int], object]
 
 
 @dataclass
@@ -106,13 +111,21 @@ class _Walk:
 
 
 def _walk(
-    segments: list[_Segment], index: int, check_crc: bool, position: int = 0
+    segments: list[_Segment],
+    index: int,
+    check_crc: bool,
+    position: int = 0,
+    on_block: OnBlock | None = None,
 ) -> _Walk:
     """
     Verify records from C{position} of C{segments[index]} over the full
     size of every segment file, following BLANK fillers to the next
     segment, until zero bytes (the normal end), a record that does not
     verify, or the end of the last segment.
+
+    @param on_block: told each stretch of verified records (a BLANK may
+        end it) before its pages go back: C{(mm, start, end, segment
+        start)}.
     """
     records = 0
     last = None
@@ -127,6 +140,8 @@ def _walk(
             # pages behind go back (the RSS stays flat however big the
             # segment: _WALK_BLOCK).
             if position - dropped >= _WALK_BLOCK:
+                if on_block is not None:
+                    on_block(mm, dropped, position, segment.start)
                 _drop_pages(mm, dropped, position)
                 dropped = position
             limit = min(segment.size, position - position % _WALK_BLOCK + _WALK_BLOCK)
@@ -150,6 +165,8 @@ def _walk(
                     strict=True,
                 )
             except RecordError as e:
+                if on_block is not None:
+                    on_block(mm, dropped, position, segment.start)
                 _drop_pages(mm, dropped, position)
                 return _Walk(index, position, records, e, last)
             last = segment.start + position
@@ -158,6 +175,8 @@ def _walk(
                 break
             records += 1
             position += item.size
+        if on_block is not None:
+            on_block(mm, dropped, position, segment.start)
         _drop_pages(mm, dropped, position)
         if index + 1 == len(segments):
             return _Walk(index, position, records, None, last)
@@ -263,7 +282,7 @@ def _examine(
 
 
 def _find_damage(
-    segments: list[_Segment], check_crc: bool
+    segments: list[_Segment], check_crc: bool, on_block: OnBlock | None = None
 ) -> tuple[list[Damage], int, int]:
     """
     Walk every record of every segment and list each stretch of bytes that
@@ -276,7 +295,7 @@ def _find_damage(
     records = 0
     index, position = 0, 0
     while True:
-        walk = _walk(segments, index, check_crc, position)
+        walk = _walk(segments, index, check_crc, position, on_block)
         records += walk.records
         end = segments[walk.index].start + walk.position
         if damage:
@@ -603,7 +622,11 @@ class VerifyReport:
 
 
 def verify_store(
-    store_dir: str, *, commitlog_dir: str | None = None, check_crc: bool = True
+    store_dir: str,
+    *,
+    commitlog_dir: str | None = None,
+    check_crc: bool = True,
+    on_block: OnBlock | None = None,
 ) -> VerifyReport:
     """
     Check every record of every segment (not just the last three, as
@@ -617,6 +640,10 @@ def verify_store(
     is what a live slave's store shows while a record is arriving: it is
     reported as C{incomplete_tail}, not as an error.
 
+    @param on_block: told each stretch of verified records while it is
+        still in memory, C{(mm, start, end, segment start)} in log order
+        (C{rmqha store check} checks the consume queues so: one read of
+        the log for both).
     @raise StoreError: the store cannot be opened at all.
     """
     commitlog_dir = commitlog_dir or os.path.join(store_dir, "commitlog")
@@ -627,7 +654,7 @@ def verify_store(
     try:
         if not segments:
             return VerifyReport(0, 0, 0, 0, unfinished_segment=unfinished_name)
-        damage, records, end = _find_damage(segments, check_crc)
+        damage, records, end = _find_damage(segments, check_crc, on_block)
         report = VerifyReport(
             len(segments), records, segments[0].start, end,
             unfinished_segment=unfinished_name, damage=damage,

@@ -20,11 +20,12 @@ bounded steps (L{ConsumeQueues.dispatch}), on masters (puts) and slaves
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, Sequence
 
 from twisted.logger import Logger
 
@@ -37,7 +38,7 @@ from rmqha.store._record import (
     SysFlag,
     decode_properties,
 )
-from rmqha.store._segments import segment_name
+from rmqha.store._segments import _drop_pages, _load_segments, _Segment, segment_name
 from rmqha.store.errors import StoreError
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ __all__ = [
     "read_checkpoint",
     "CHECKPOINT_SIZE",
     "verify_consume_queues",
+    "verify_store_queues",
+    "QueueCheck",
 ]
 
 #: ConsumeQueue.CQ_STORE_UNIT_SIZE.
@@ -806,37 +809,12 @@ class ConsumeQueues:
         The unit of the record at C{data[p:p + total]} (commit-log
         C{offset}), added to its queue; C{None} for a record that gets none.
         """
-        (_, _, _, queue_id, _, queue_offset, _, sysflag, _) = _HEAD.unpack_from(data, p)
-        if not sysflag & 0x30:  # (both hosts IPv4: the common case)
-            store_timestamp, body_length = _V4_TAIL.unpack_from(data, p + 56)
-            q = p + 88
-        else:
-            born = 20 if sysflag & 0x10 else 8
-            store = 20 if sysflag & 0x20 else 8
-            store_timestamp = _I64.unpack_from(data, p + 48 + born)[0]
-            q = p + 68 + born + store
-            body_length = _I32.unpack_from(data, q)[0]
-            q += 4
-        self.last_timestamp = store_timestamp
-        if sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
+        stamp, topic_bytes, queue_id, queue_offset, code = _record_unit(
+            data, p, magic, self._tag_codes
+        )
+        self.last_timestamp = stamp
+        if topic_bytes is None:
             return None
-        q += body_length
-        if magic == MESSAGE_MAGIC_V1:
-            topic_length = data[q]
-            q += 1
-        else:
-            topic_length = _I16.unpack_from(data, q)[0]
-            q += 2
-        topic_bytes = data[q : q + topic_length]
-        q += topic_length
-        properties_length = data[q] << 8 | data[q + 1]
-        code = 0
-        if properties_length:
-            raw = data[q + 2 : q + 2 + properties_length]
-            if topic_bytes == _SCHEDULE:
-                code = tags_code(SCHEDULE_TOPIC, decode_properties(raw), store_timestamp)
-            else:
-                code = self._tags_hash(raw)
         queue = self._by_raw.get((topic_bytes, queue_id)) or self._queue_for(
             topic_bytes, queue_id
         )
@@ -855,33 +833,6 @@ class ConsumeQueues:
             )
         self._by_raw[(topic_bytes, queue_id)] = queue
         return queue
-
-    def _tags_hash(self, raw: bytes) -> int:
-        """
-        The hash of the TAGS property in C{raw} properties (0 without),
-        parsed as C{string2messageProperties} would; hashes are cached per
-        tag.
-        """
-        at = raw.find(_TAGS)
-        while at > 0 and raw[at - 1] != 2:
-            at = raw.find(_TAGS, at + 1)
-        if at < 0:
-            return 0
-        end = raw.find(b"\x02", at)
-        if end < 0:
-            end = len(raw)
-        if raw.find(_TAGS, end) >= 0:
-            # TAGS twice (the last one counts, as in a HashMap): the slow way.
-            tags = decode_properties(raw).get("TAGS")
-            return java_string_hash(tags) if tags else 0
-        value = raw[at + 5 : end]
-        code = self._tag_codes.get(value)
-        if code is None:
-            code = java_string_hash(value.decode("utf-8", "replace")) if value else 0
-            if len(self._tag_codes) >= 4096:
-                self._tag_codes.clear()
-            self._tag_codes[value] = code
-        return code
 
     # -- cutting back --
 
@@ -1085,6 +1036,77 @@ class ConsumeQueues:
             self._checkpoint_fd = None
 
 
+def _tags_hash(raw: bytes, cache: dict[bytes, int]) -> int:
+    """
+    The hash of the TAGS property in C{raw} properties (0 without),
+    parsed as C{string2messageProperties} would; hashes are cached per
+    tag in C{cache}.
+    """
+    at = raw.find(_TAGS)
+    while at > 0 and raw[at - 1] != 2:
+        at = raw.find(_TAGS, at + 1)
+    if at < 0:
+        return 0
+    end = raw.find(b"\x02", at)
+    if end < 0:
+        end = len(raw)
+    if raw.find(_TAGS, end) >= 0:
+        # TAGS twice (the last one counts, as in a HashMap): the slow way.
+        tags = decode_properties(raw).get("TAGS")
+        return java_string_hash(tags) if tags else 0
+    value = raw[at + 5 : end]
+    code = cache.get(value)
+    if code is None:
+        code = java_string_hash(value.decode("utf-8", "replace")) if value else 0
+        if len(cache) >= 4096:
+            cache.clear()
+        cache[value] = code
+    return code
+
+
+def _record_unit(
+    data: "bytes | memoryview", p: int, magic: int, cache: dict[bytes, int]
+) -> tuple[int, bytes | None, int, int, int]:
+    """
+    What the unit of the whole message record at C{data[p:]} needs:
+    (store timestamp, topic as stored, queue id, QUEUEOFFSET, tag hash);
+    the topic is C{None} for a record that gets no unit (a prepared or
+    rolled-back transaction record).  The pure-Python decode
+    (C{ConsumeQueues._one}, and L{verify_consume_queues}).
+    """
+    (_, _, _, queue_id, _, queue_offset, _, sysflag, _) = _HEAD.unpack_from(data, p)
+    if not sysflag & 0x30:  # (both hosts IPv4: the common case)
+        store_timestamp, body_length = _V4_TAIL.unpack_from(data, p + 56)
+        q = p + 88
+    else:
+        born = 20 if sysflag & 0x10 else 8
+        store = 20 if sysflag & 0x20 else 8
+        store_timestamp = _I64.unpack_from(data, p + 48 + born)[0]
+        q = p + 68 + born + store
+        body_length = _I32.unpack_from(data, q)[0]
+        q += 4
+    if sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:
+        return store_timestamp, None, queue_id, queue_offset, 0
+    q += body_length
+    if magic == MESSAGE_MAGIC_V1:
+        topic_length = data[q]
+        q += 1
+    else:
+        topic_length = _I16.unpack_from(data, q)[0]
+        q += 2
+    topic_bytes = bytes(data[q : q + topic_length])
+    q += topic_length
+    properties_length = data[q] << 8 | data[q + 1]
+    code = 0
+    if properties_length:
+        raw = bytes(data[q + 2 : q + 2 + properties_length])
+        if topic_bytes == _SCHEDULE:
+            code = tags_code(SCHEDULE_TOPIC, decode_properties(raw), store_timestamp)
+        else:
+            code = _tags_hash(raw, cache)
+    return store_timestamp, topic_bytes, queue_id, queue_offset, code
+
+
 def _describes(data: bytes, size: int, topic: str, queue_id: int, logical: int) -> bool:
     """
     Whether C{data} is a whole message record of C{size} bytes for
@@ -1177,14 +1199,74 @@ def read_checkpoint(path: str) -> tuple[int, int, int] | None:
 
 # -- store check ------------------------------------------------------------------
 
+#: How many commit-log bytes L{verify_consume_queues} decodes at a time.
+CHECK_CHUNK = 8 * 1024 * 1024
+
+#: One queue's units of consecutive records, as C{_speedups.cq_units}
+#: returns them: (topic as stored, queue id, first QUEUEOFFSET, whether
+#: each QUEUEOFFSET is one more than the one before, the 20-byte units,
+#: the QUEUEOFFSETs as int64 each).
+_Group = tuple[bytes, int, int, bool, bytes, bytes]
+
+
+def _units_py(
+    data: "bytes | memoryview", pos: int, size: int, base: int, cache: dict[bytes, int]
+) -> tuple[list[_Group], int]:
+    """
+    C{_speedups.cq_units} in Python, for every record it reads: the units
+    of the whole message records in a row from C{data[pos:size]} grouped
+    per queue (any topic, any tags); stops at a BLANK, bytes that are not
+    a record, or a record not whole in C{data[:size]}.
+
+    @return: the groups and where it stopped.
+    """
+    groups: dict[tuple[bytes, int], _GroupBuild] = {}
+    pack, pack_offset = _UNIT.pack, _I64.pack
+    while pos + 8 <= size:
+        total, magic = _HEADER.unpack_from(data, pos)
+        if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2 or total <= 0:
+            break
+        if pos + total > size:
+            break
+        _, topic, queue_id, queue_offset, code = _record_unit(data, pos, magic, cache)
+        if topic is not None:
+            group = groups.get((topic, queue_id))
+            if group is None:
+                group = groups[(topic, queue_id)] = _GroupBuild(queue_offset, True, queue_offset, [], [])
+            elif queue_offset != group.last + 1:
+                group.consecutive = False
+            group.last = queue_offset
+            group.units.append(pack(base + pos, total, code))
+            group.offsets.append(pack_offset(queue_offset))
+        pos += total
+    return [
+        (topic, queue_id, g.first, g.consecutive, b"".join(g.units), b"".join(g.offsets))
+        for (topic, queue_id), g in groups.items()
+    ], pos
+
+
+@dataclass(slots=True)
+class _GroupBuild:
+    """
+    A L{_Group} being built by L{_units_py}.
+    """
+
+    first: int
+    consecutive: bool
+    last: int
+    units: list[bytes]
+    offsets: list[bytes]
+
 
 class _QueueFiles:
     """
     Read-only access to one queue's units for L{verify_consume_queues}.
     """
 
-    def __init__(self, directory: str, file_size: int) -> None:
+    def __init__(self, directory: str, topic: str, queue_id: int, file_size: int) -> None:
         self.directory = directory
+        self.topic = topic
+        self.queue_id = queue_id
         self.file_size = file_size
         self._fds: dict[int, int] = {}
         try:
@@ -1192,10 +1274,36 @@ class _QueueFiles:
         except FileNotFoundError:
             names = []
         self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
+        self._known = set(self.starts)
         self.checked = -1  # the highest queue offset compared with a record
 
     def path(self, start: int) -> str:
         return os.path.join(self.directory, segment_name(start))
+
+    def _fd(self, start: int) -> int:
+        fd = self._fds.get(start)
+        if fd is None:
+            fd = self._fds[start] = os.open(self.path(start), os.O_RDONLY | os.O_CLOEXEC)
+        return fd
+
+    def read(self, position: int, length: int) -> bytes | None:
+        """
+        The C{length} bytes of units from logical byte C{position}, or
+        C{None} when a file they fall in is missing or short.
+        """
+        parts = []
+        while length > 0:
+            start = position - position % self.file_size
+            if start not in self._known:
+                return None
+            n = min(length, start + self.file_size - position)
+            data = os.pread(self._fd(start), n, position - start)
+            if len(data) < n:
+                return None
+            parts.append(data)
+            position += n
+            length -= n
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def unit(self, logical: int) -> tuple[str, int, tuple[int, int, int] | None]:
         """
@@ -1204,12 +1312,9 @@ class _QueueFiles:
         position = logical * UNIT_SIZE
         start = position - position % self.file_size
         index = (position - start) // UNIT_SIZE
-        if start not in self.starts:
+        if start not in self._known:
             return self.path(start), index, None
-        fd = self._fds.get(start)
-        if fd is None:
-            fd = self._fds[start] = os.open(self.path(start), os.O_RDONLY | os.O_CLOEXEC)
-        data = os.pread(fd, UNIT_SIZE, position - start)
+        data = os.pread(self._fd(start), UNIT_SIZE, position - start)
         if len(data) < UNIT_SIZE:
             return self.path(start), index, None
         offset, size, code = _UNIT.unpack(data)
@@ -1228,6 +1333,12 @@ def verify_consume_queues(log: "CommitLog", limit: int = 1000) -> list[str]:
     tag hash, and every dispatchable record (not a prepared or rolled-back
     transaction record) has its unit at its QUEUEOFFSET.  Read-only.
 
+    The units the log calls for are built as dispatch builds them
+    (C{_speedups.cq_units}, else L{_units_py}), a chunk of the log at a
+    time, and compared with the queue files' bytes, one comparison per
+    queue per chunk; only a queue whose bytes differ is looked at unit by
+    unit, to say which unit and why.
+
     On a store a broker has open (or that it left after a crash: the
     C{abort} marker), records at or after the dispatch mark
     (C{rmqha/cq-dispatched}) may not have their unit yet, and units may
@@ -1235,89 +1346,246 @@ def verify_consume_queues(log: "CommitLog", limit: int = 1000) -> list[str]:
     clean close every record has its unit.
 
     @return: one line per finding (at most C{limit}), naming the file and
-        the unit.
+        the unit, in commit-log order.
+    @raise ConsumeQueueError: bytes in the log that are not a record.
     """
-    root = os.path.join(log.store_dir, "consumequeue")
-    mark = None
-    if os.path.exists(os.path.join(log.store_dir, "abort")):
-        # Open (or it crashed): dispatch may not have reached the end.
-        try:
-            with open(os.path.join(log.store_dir, "rmqha", "cq-dispatched"), "rb") as f:
-                data = f.read(8)
-            mark = _I64.unpack(data)[0] if len(data) == 8 else 0
-        except FileNotFoundError:
-            mark = 0
-    log_end = log.max_offset
-    file_size = (_existing_units(root) or DEFAULT_UNITS_PER_FILE) * UNIT_SIZE
-    queues: dict[tuple[str, int], _QueueFiles] = {}
-    findings: list[str] = []
+    return _verify(log.store_dir, log._segments, log.max_offset, limit)
 
-    def note(line: str) -> None:
-        if len(findings) < limit:
-            findings.append(line)
 
-    def files_of(topic: str, queue_id: int) -> _QueueFiles:
+def verify_store_queues(store_dir: str, end: int, limit: int = 1000) -> list[str]:
+    """
+    L{verify_consume_queues} on a store that is not open here, its log
+    sound up to C{end}: the segments are mapped as they are, without
+    opening the log (whose recovery would walk its records once more).
+    (C{rmqha store check} feeds a L{QueueCheck} from its own walk instead.)
+    """
+    segments, _, _ = _load_segments(os.path.join(store_dir, "commitlog"), None, writable=False)
+    try:
+        return _verify(store_dir, segments, end, limit)
+    finally:
+        for segment in segments:
+            segment.close()
+
+
+def _verify(store_dir: str, segments: "Sequence[_Segment]", log_end: int, limit: int) -> list[str]:
+    """
+    The queues of C{store_dir} against C{segments} up to C{log_end}, read
+    L{CHECK_CHUNK} bytes at a time.
+    """
+    check = QueueCheck(store_dir, limit)
+    index = 0
+    offset = segments[0].start if segments else 0
+    try:
+        while offset < log_end and not check.full:
+            while segments[index].start + segments[index].size <= offset:
+                index += 1
+            segment = segments[index]
+            at = offset - segment.start
+            upto = min(segment.size, at + CHECK_CHUNK, log_end - segment.start)
+            position, blank = check.feed(segment.mm, at, upto, segment.start, strict=True)
+            _drop_pages(segment.mm, at, upto)  # (the RSS stays flat)
+            if not blank and upto - at >= 8 and position == 0:
+                # One record longer than a chunk: read it whole.
+                total = _HEADER.unpack_from(segment.mm, at)[0]
+                upto = min(segment.size, at + total, log_end - segment.start)
+                if upto - at < total:
+                    raise ConsumeQueueError(
+                        f"commit-log offset {offset}: a record of {total} bytes "
+                        f"reaches past what the log holds"
+                    )
+                position, blank = check.feed(segment.mm, at, upto, segment.start, strict=True)
+                _drop_pages(segment.mm, at, upto)
+            if blank or upto - at < 8:
+                # The segment's end (a BLANK, or nothing more in it).
+                offset = segment.start + segment.size
+            else:
+                offset += position
+        return check.finish(log_end)
+    finally:
+        check.close()
+
+
+class QueueCheck:
+    """
+    The consume queues of a store against its log's records, fed whole
+    records a stretch at a time in log order (L{feed}): the units each
+    stretch calls for are built per queue (C{_speedups.cq_units}, else
+    L{_units_py}) and compared with the queue files' bytes, one comparison
+    per queue per stretch; only a queue whose bytes differ is looked at
+    unit by unit.  C{rmqha store check} feeds it from the record check's
+    own walk (C{verify_store(on_block=...)}), while each block is still in
+    memory; L{verify_consume_queues} from the log.
+    """
+
+    def __init__(self, store_dir: str, limit: int = 1000) -> None:
+        self.root = os.path.join(store_dir, "consumequeue")
+        self.limit = limit
+        self.mark: int | None = None
+        if os.path.exists(os.path.join(store_dir, "abort")):
+            # Open (or it crashed): dispatch may not have reached the end.
+            try:
+                with open(os.path.join(store_dir, "rmqha", "cq-dispatched"), "rb") as f:
+                    data = f.read(8)
+                self.mark = _I64.unpack(data)[0] if len(data) == 8 else 0
+            except FileNotFoundError:
+                self.mark = 0
+        self.file_size = (_existing_units(self.root) or DEFAULT_UNITS_PER_FILE) * UNIT_SIZE
+        self.queues: dict[tuple[str, int], _QueueFiles] = {}
+        self._by_raw: dict[tuple[bytes, int], _QueueFiles] = {}
+        self.findings: list[str] = []
+        self._found: list[tuple[int, str]] = []  # (commit-log offset, line) of a stretch
+        self._cache: dict[bytes, int] = {}
+        self._scan = getattr(_codec._accel, "cq_units", None)
+        if os.path.isdir(self.root):
+            for topic in sorted(os.listdir(self.root)):
+                if os.path.isdir(os.path.join(self.root, topic)):
+                    for name in sorted(os.listdir(os.path.join(self.root, topic))):
+                        if name.isdigit():
+                            self._files_of(topic, int(name))
+
+    @property
+    def full(self) -> bool:
+        return len(self.findings) >= self.limit
+
+    def _files_of(self, topic: str, queue_id: int) -> _QueueFiles:
         key = (topic, queue_id)
-        files = queues.get(key)
+        files = self.queues.get(key)
         if files is None:
-            files = queues[key] = _QueueFiles(
-                os.path.join(root, topic, str(queue_id)), file_size
+            files = self.queues[key] = _QueueFiles(
+                os.path.join(self.root, topic, str(queue_id)), topic, queue_id, self.file_size
             )
         return files
 
-    if os.path.isdir(root):
-        for topic in sorted(os.listdir(root)):
-            if os.path.isdir(os.path.join(root, topic)):
-                for name in sorted(os.listdir(os.path.join(root, topic))):
-                    if name.isdigit():
-                        files_of(topic, int(name))
-    try:
-        for record in log.records(with_body=False):
-            if record.sysflag & SysFlag.TRANSACTION_MASK in _UNCOUNTED:  # type: ignore[union-attr]
-                continue
-            topic = record.topic  # type: ignore[union-attr]
-            queue_id = record.queue_id  # type: ignore[union-attr]
-            n = record.queue_offset  # type: ignore[union-attr]
-            files = files_of(topic, queue_id)
-            files.checked = max(files.checked, n)
-            code = tags_code(topic, record.properties, record.store_timestamp)  # type: ignore[union-attr]
+    def feed(
+        self, mm: "mmap.mmap | bytes", start: int, end: int, base: int, strict: bool = False
+    ) -> tuple[int, bool]:
+        """
+        Check the units of the records in C{mm[start:end]} (C{base}: the
+        commit-log offset of C{mm[0]}).
+
+        @param strict: bytes that are not a record raise
+            L{ConsumeQueueError}; otherwise the stretch ends there (the
+            record check names them).
+        @return: where the records stopped (relative to C{start}: a
+            record not whole before C{end}, a BLANK, or other bytes), and
+            whether at a BLANK.
+        """
+        if self.full:
+            return end - start, False
+        view = memoryview(mm)[start:end]
+        try:
+            position, blank = self._walk(view, len(view), base + start, strict)
+        finally:
+            view.release()
+        found = self._found
+        if found:
+            found.sort()
+            self.findings.extend(line for _, line in found[: self.limit - len(self.findings)])
+            found.clear()
+        return position, blank
+
+    def _walk(
+        self, data: memoryview, n: int, base: int, strict: bool
+    ) -> tuple[int, bool]:
+        # The records in data[:n] (base: its commit-log offset): where the
+        # walk stopped, and whether at a BLANK.
+        scan = self._scan
+        compare = self._compare
+        position = 0
+        while position + 8 <= n:
+            if scan is not None:
+                groups, position, _ = scan(data, position, n, base)
+                compare(groups)
+                if position + 8 > n:
+                    break
+            total, magic = _HEADER.unpack_from(data, position)
+            if magic == BLANK_MAGIC:
+                return position, True
+            if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2 or total <= 0:
+                if not strict:
+                    break
+                raise ConsumeQueueError(
+                    f"commit-log offset {base + position}: not a record "
+                    f"(magic {magic & 0xFFFFFFFF:#x})"
+                )
+            if position + total > n:
+                break
+            # What the compiled decode leaves (the schedule topic, TAGS
+            # twice, non-ASCII tags): one record; everything without it.
+            groups, position = _units_py(
+                data, position, n if scan is None else position + total, base, self._cache
+            )
+            compare(groups)
+        return position, False
+
+    def _compare(self, groups: list[_Group]) -> None:
+        by_raw = self._by_raw
+        for topic_bytes, queue_id, first, consecutive, units, offsets in groups:
+            files = by_raw.get((topic_bytes, queue_id))
+            if files is None:
+                topic = topic_bytes.decode("utf-8", "replace")
+                files = by_raw[(topic_bytes, queue_id)] = self._files_of(topic, queue_id)
+            if consecutive and files.read(first * UNIT_SIZE, len(units)) == units:
+                last = first + len(units) // UNIT_SIZE - 1
+                if last > files.checked:
+                    files.checked = last
+            else:
+                self._explain(files, units, offsets)
+
+    def _explain(self, files: _QueueFiles, units: bytes, offsets: bytes) -> None:
+        # Unit by unit (a queue whose bytes differ from what the log calls for).
+        topic, queue_id, mark, found = files.topic, files.queue_id, self.mark, self._found
+        for i in range(0, len(units) // UNIT_SIZE):
+            offset, size, code = _UNIT.unpack_from(units, i * UNIT_SIZE)
+            n = _I64.unpack_from(offsets, i * 8)[0]
+            if n > files.checked:
+                files.checked = n
             path, index, unit = files.unit(n)
             where = f"{path} unit {index} (queue offset {n})"
             if unit is None or unit[0] < 0 or unit[1] <= 0 or unit == (0, 0, 0):
-                if mark is not None and record.offset >= mark:
+                if mark is not None and offset >= mark:
                     continue  # (not dispatched yet when the mark was synced)
-                note(
-                    f"record at commit-log offset {record.offset} ({topic}, queue "
+                found.append((offset,
+                    f"record at commit-log offset {offset} ({topic}, queue "
                     f"{queue_id}, queue offset {n}) has no unit: {path} unit {index}"
-                )
-            elif unit[0] != record.offset:
-                note(
+                ))
+            elif unit[0] != offset:
+                found.append((offset,
                     f"{where}: points at commit-log offset {unit[0]}, but the "
-                    f"record with this queue offset is at {record.offset}"
-                )
-            elif unit[1] != record.size:
-                note(
+                    f"record with this queue offset is at {offset}"
+                ))
+            elif unit[1] != size:
+                found.append((offset,
                     f"{where}: size {unit[1]}, but the record at commit-log offset "
-                    f"{record.offset} is {record.size} bytes"
-                )
+                    f"{offset} is {size} bytes"
+                ))
             elif unit[2] != code:
-                note(
+                found.append((offset,
                     f"{where}: tag hash {unit[2]}, but the record at commit-log "
-                    f"offset {record.offset} hashes to {code}"
-                )
-        for (topic, queue_id), files in sorted(queues.items()):
-            # Units after the last record of the queue point at nothing.
-            if not files.starts:
+                    f"offset {offset} hashes to {code}"
+                ))
+
+    def finish(self, log_end: int) -> list[str]:
+        """
+        After the last record (the log ends at C{log_end}): the units after
+        each queue's last record, which must point at nothing.
+
+        @return: one line per finding (at most the limit), in commit-log
+            order, then the queues'.
+        """
+        for (topic, queue_id), files in sorted(self.queues.items()):
+            if not files.starts or self.full:
                 continue
             n = files.checked + 1
             path, index, unit = files.unit(n)
             if unit is not None and 0 <= unit[0] < log_end and unit[1] > 0:
-                note(
+                self.findings.append(
                     f"{path} unit {index} (queue offset {n}): points at commit-log "
                     f"offset {unit[0]}, but {topic} queue {queue_id} has no record "
                     f"with this queue offset in the log"
                 )
-    finally:
-        for files in queues.values():
+        return self.findings
+
+    def close(self) -> None:
+        for files in self.queues.values():
             files.close()
-    return findings
