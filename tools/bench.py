@@ -49,6 +49,10 @@ C{http} runs SYNC puts over the admin HTTP port (single and batches, 1
 and 16 keep-alive connections) against a C{twistd rmqha} master and
 slave (L{tools.httpbench}).
 
+C{pulls} drains a backlog with rmqha.client's PullConsumer over the
+remoting protocol and compares the rate with C{rmqha store check}'s on
+the same store (L{tools.pullbench}).
+
 C{failover} runs a failover group of three C{twistd rmqha} processes under
 one etcd member, with HTTP producers following the master hint, and
 SIGKILLs the master C{--kills} times (restarting it each time): the
@@ -83,7 +87,7 @@ from twisted.internet.task import deferLater, react
 from rmqha.store._record import ACCELERATED, Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.service import CommitLogService
-from tools import httpbench
+from tools import httpbench, pullbench
 from tools.processes import twistd_slave_command
 
 __all__ = ["main", "machine_info"]
@@ -2542,6 +2546,12 @@ def main(argv: list[str] | None = None) -> None:
         "keep-alive connections, a twistd master and slave on loopback"
     )
     httpbench.add_arguments(http_bench, _existing_dir)
+    pullbench.add_arguments(
+        commands.add_parser(
+            "pulls", help="a PullConsumer drains a backlog over remoting, against store check's "
+            "rate on the same store"
+        )
+    )
     for name, params in [
         ("_spark-scan", ["store", "master"]),
         ("_source-scan", ["store", "session"]),
@@ -2639,6 +2649,11 @@ def main(argv: list[str] | None = None) -> None:
         print(httpbench.report(result, args), file=sys.stderr)
         if args.profile:
             httpbench.print_profile(args.profile)
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "pulls":
+        result = pullbench.pull_bench(args)
+        print(pullbench.report(result), file=sys.stderr)
         print(json.dumps(result))
         return None
     if args.benchmark == "failover":
