@@ -171,6 +171,15 @@ def send_load(port: int, connections: int, seconds: float, body_size: int, batch
     )
 
 
+def _system_seconds(pid: int) -> float:
+    """
+    CPU seconds process C{pid} has spent in the kernel.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
 def _remoting_run(
     pair: _Pair, port: int, connections: int, seconds: float, body_size: int, batch: int
 ) -> dict[str, Any]:
@@ -187,8 +196,10 @@ def _remoting_run(
     # (From its connections made to its last answer: not its start-up.)
     ready = load.stdout.readline()
     cpu_before = {name: _cpu_seconds(pid) for name, pid in processes.items()}
+    system_before = _system_seconds(pair.master.pid)
     out = load.stdout.readline()
     cpu = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in processes.items()}
+    master_system = _system_seconds(pair.master.pid) - system_before
     load.wait()
     if load.returncode or ready != "ready\n":
         raise RuntimeError(f"the load generator failed (exit {load.returncode})")
@@ -197,6 +208,9 @@ def _remoting_run(
     messages = figures["ok"] * batch
     elapsed = figures["seconds"]
     figures.update(
+        # (Of the master's CPU, the share in the kernel: its sockets, and
+        # on loopback the peers' TCP input run in its context.)
+        master_system_share=master_system / max(cpu["master"], 1e-9),
         messages=messages,
         messages_per_s=messages / elapsed,
         requests_per_s=figures["requests"] / elapsed,
@@ -237,30 +251,45 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
         f"inproc_{1}", f"inproc_{many}", "single_1", f"single_{many}",
         f"batch{args.batch}_1", f"batch{args.batch}_{many}",
     ]
+    pairs = {"": (_Pair(root, "now", None, pair_args, profile), remoting_port)}
+    if args.against:
+        (before_port,) = free_ports(1)
+        before_args = argparse.Namespace(
+            segment_size=args.segment_size,
+            master_option=[
+                "--listen", f"tcp:{before_port}:interface=127.0.0.1",
+                *pair_args.master_option[2:],
+            ],
+        )
+        pairs["before_"] = (
+            _Pair(root, "before", os.path.abspath(args.against), before_args, None), before_port,
+        )
+        variants += [f"before_{v}" for v in variants if not v.startswith("inproc")]
     if args.only:
         variants = args.only.split(",")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     load_before = os.getloadavg()
-    pair = _Pair(root, "now", None, pair_args, profile)
     try:
-        pair.ready(os.urandom(args.body_size))
-        # One send over the remoting port before the clock: the topic is
-        # created from TBW102 then.
-        subprocess.run(
-            [
-                sys.executable, "-m", "tools.bench", "_remoting-send", str(remoting_port), "1",
-                "0.2", str(args.body_size), "1",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        for pair, port in pairs.values():
+            pair.ready(os.urandom(args.body_size))
+            # One send over the remoting port before the clock: the topic
+            # is created from TBW102 then.
+            subprocess.run(
+                [
+                    sys.executable, "-m", "tools.bench", "_remoting-send", str(port), "1",
+                    "0.2", str(args.body_size), "1",
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
 
         def main(reactor: Any) -> Deferred[None]:
             async def go() -> None:
                 for run in range(args.runs):
                     for name in variants:
                         _progress(f"run {run + 1}/{args.runs}: {name}")
-                        kind, n = name.rsplit("_", 1)
+                        prefix = "before_" if name.startswith("before_") else ""
+                        kind, n = name[len(prefix) :].rsplit("_", 1)
                         if kind == "inproc":
                             figures = await _sync(
                                 reactor, "sync", int(n), args.seconds, args.body_size, args.dir
@@ -269,8 +298,9 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
                             figures["messages_per_s"] = figures["puts_per_s"]
                         else:
                             batch = 1 if kind == "single" else int(kind[5:])
+                            pair, port = pairs[prefix]
                             figures = _remoting_run(
-                                pair, remoting_port, int(n), args.seconds, args.body_size, batch
+                                pair, port, int(n), args.seconds, args.body_size, batch
                             )
                         runs[name].append(figures)
 
@@ -282,7 +312,8 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
             if e.code:
                 raise
     finally:
-        pair.stop()
+        for pair, _ in pairs.values():
+            pair.stop()
         shutil.rmtree(root, ignore_errors=True)
 
     def median(name: str, key: str) -> float:
@@ -318,9 +349,21 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
     }
     out["ratios"] = {}
     for key, (a, b, target) in targets.items():
-        if a in runs and b in runs:
-            ratio = median(a, "messages_per_s") / median(b, "messages_per_s")
-            out["ratios"][key] = {"ratio": ratio, "target": target, "met": ratio >= target}
+        for prefix in ("", "before_"):
+            if prefix + a in runs and (prefix + b if b.startswith("single") else b) in runs:
+                ratio = median(prefix + a, "messages_per_s") / median(
+                    prefix + b if b.startswith("single") else b, "messages_per_s"
+                )
+                out["ratios"][prefix + key] = {
+                    "ratio": ratio, "target": target, "met": ratio >= target,
+                }
+    for name in variants:
+        if name.startswith("before_") and name[7:] in runs:
+            out["ratios"][f"{name[7:]}_now_over_before"] = {
+                "ratio": median(name[7:], "messages_per_s") / median(name, "messages_per_s"),
+                "target": None,
+                "met": None,
+            }
     if profile is not None:
         out["profile"] = profile
     return out
@@ -335,6 +378,11 @@ def add_arguments(parser: argparse.ArgumentParser, existing_dir: Any) -> None:
         "--only", default=None, metavar="NAMES",
         help="only these variants, e.g. single_1,inproc_1 (default: inproc_1, inproc_32, "
         "single_1, single_32, batch32_1, batch32_32)",
+    )
+    parser.add_argument(
+        "--against", default=None, metavar="CHECKOUT",
+        help="also run the remoting variants against a master and slave from another "
+        "checkout (the code before a change; its accelerator built), alternating: before_*",
     )
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--segment-size", type=int, default=256 << 20)
@@ -358,12 +406,16 @@ def report(result: dict[str, Any]) -> str:
             text += (
                 f"; CPU µs a message: master {m['master_cpu_us_per_message']:.1f}, slave "
                 f"{m['slave_cpu_us_per_message']:.1f}, client {m['clients_cpu_us_per_message']:.1f}; "
-                f"master busy {m['master_busy']:.0%}"
+                f"master busy {m['master_busy']:.0%}, {m['master_system_share']:.0%} of it in the kernel"
             )
         parts.append(text + ")")
     ratios = [
-        f"{key.replace('_', ' ')}: {r['ratio']:.2f}x (target {r['target']:g}x, "
-        f"{'met' if r['met'] else 'NOT met'})"
+        f"{key.replace('_', ' ')}: {r['ratio']:.2f}x"
+        + (
+            f" (target {r['target']:g}x, {'met' if r['met'] else 'NOT met'})"
+            if r["target"] is not None
+            else ""
+        )
         for key, r in result["ratios"].items()
     ]
     return "remoting: " + "; ".join(parts + ratios) + f" (median of {result['runs']})"

@@ -44,6 +44,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import Interface, implementer
 
+from rmqha._sockets import send_now, set_tcp_no_delay
 from rmqha.remoting._frames import (
     FLAG_ONEWAY,
     FLAG_RESPONSE,
@@ -268,6 +269,9 @@ class RemotingProtocol(Protocol):
         self._open = False
         self.peer: IAddress | None = None
         self.read_pause: _ReadPause | None = None
+        # Inside dataReceived: what is written then goes out together on
+        # the reactor's next turn; otherwise at once (L{_send}).
+        self._receiving = False
 
     # -- Protocol --------------------------------------------------------------
 
@@ -275,6 +279,8 @@ class RemotingProtocol(Protocol):
         self._open = True
         transport = self.transport
         self.peer = transport.getPeer() if transport is not None else None
+        # (As RocketMQ's Netty server and client set on every channel.)
+        set_tcp_no_delay(transport)
         if transport is not None and hasattr(transport, "registerProducer"):
             self.read_pause = _ReadPause(transport)
             transport.registerProducer(self.read_pause, True)
@@ -282,6 +288,7 @@ class RemotingProtocol(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if not self._open:
             return
+        self._receiving = True
         try:
             self._decoder.feed(data)
             while self._open and (command := self._decoder.next_command()) is not None:
@@ -298,6 +305,22 @@ class RemotingProtocol(Protocol):
             self._open = False
             if self.transport is not None:
                 self.transport.loseConnection()
+        finally:
+            self._receiving = False
+
+    def _send(self, data: bytes) -> None:
+        """
+        Write one encoded frame: from inside L{dataReceived} as Twisted
+        writes (the answers to requests read together leave together, on
+        the next turn), from anywhere else at once (L{send_now}: an answer
+        released by a slave's report, a request of ours), saving the
+        reactor turn a SYNC send's round trip would otherwise wait for.
+        """
+        assert self.transport is not None
+        if self._receiving:
+            self.transport.write(data)
+        else:
+            send_now(self.transport, [data])
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._open = False
@@ -378,7 +401,7 @@ class RemotingProtocol(Protocol):
 
         d: Deferred[RemotingCommand] = Deferred(canceller=withdraw)
         self._pending[opaque] = _Pending(d, command.code)
-        self.transport.write(data)
+        self._send(data)
         if timeout is not None:
             add_deadline(d, timeout, self.clock, f"{_code_name(command.code)} from {format_peer(self.peer)}")
         return d
@@ -396,7 +419,7 @@ class RemotingProtocol(Protocol):
         outgoing = attrs.evolve(
             command, opaque=self._opaque(), flag=(command.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
         )
-        self.transport.write(encode(outgoing, self.serialize_type))
+        self._send(encode(outgoing, self.serialize_type))
 
     def _received_response(self, response: RemotingCommand) -> None:
         waiter = self._pending.pop(response.opaque, None)
@@ -451,15 +474,23 @@ class RemotingProtocol(Protocol):
             handling.addBoth(self._answer, request)
             return
         self._in_flight.add(handling)
-
-        def done(result: Any) -> Any:
-            self._in_flight.discard(handling)
-            return result
-
         # The answer needs the request's code, opaque, flag and serialize
         # type, not its body: a request waiting for its answer (a send
         # waiting for its replicas) holds no body.
-        handling.addBoth(done).addBoth(self._answer, attrs.evolve(request, body=b"") if request.body else request)
+        if request.body or request.ext_fields:
+            request = RemotingCommand(
+                code=request.code,
+                opaque=request.opaque,
+                flag=request.flag,
+                serialize_type=request.serialize_type,
+            )
+        handling.addBoth(self._answer_later, handling, request)
+
+    def _answer_later(
+        self, result: object, handling: "Deferred[RemotingCommand | None]", request: RemotingCommand
+    ) -> None:
+        self._in_flight.discard(handling)
+        self._answer(result, request)
 
     def _answer(self, result: object, request: RemotingCommand) -> None:
         if result is not None and not isinstance(result, (RemotingCommand, Failure)):
@@ -478,14 +509,19 @@ class RemotingProtocol(Protocol):
             result = make_response(request, ResponseCode.SYSTEM_ERROR, _describe(result))
         if result is None or request.is_oneway:
             return
-        self._write(
-            attrs.evolve(
+        if (
+            result.opaque != request.opaque
+            or not result.flag & FLAG_RESPONSE
+            or result.serialize_type is not request.serialize_type
+        ):
+            # (make_response's answers need none of it.)
+            result = attrs.evolve(
                 result,
                 opaque=request.opaque,
                 flag=result.flag | FLAG_RESPONSE,
                 serialize_type=request.serialize_type,
             )
-        )
+        self._write(result)
 
     def _write(self, response: RemotingCommand) -> None:
         if not self._open or self.transport is None:
@@ -508,7 +544,7 @@ class RemotingProtocol(Protocol):
                     body=b"",
                 )
             )
-        self.transport.write(data)
+        self._send(data)
 
 
 class RemotingFactory(Factory):
