@@ -2544,6 +2544,7 @@ def main(argv: list[str] | None = None) -> None:
         "32) against the in-process bench sync, a twistd master and slave on loopback"
     )
     remotingbench.add_arguments(remoting_bench, _existing_dir)
+    commands.add_parser("_remoting-echo").add_argument("port")
     remoting_send = commands.add_parser("_remoting-send")
     for param in ("port", "connections", "seconds", "body_size", "batch"):
         remoting_send.add_argument(param)
@@ -2644,6 +2645,8 @@ def main(argv: list[str] | None = None) -> None:
             int(args.port), int(args.connections), float(args.seconds), int(args.body_size),
             int(args.batch),
         )
+    if args.benchmark == "_remoting-echo":
+        return remotingbench.echo_server(int(args.port))
     if args.benchmark == "remoting":
         _install_reactor()
         result = remotingbench.remoting_bench(args)

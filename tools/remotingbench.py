@@ -171,6 +171,50 @@ def send_load(port: int, connections: int, seconds: float, body_size: int, batch
     )
 
 
+def echo_server(port: int) -> None:
+    """
+    The C{_remoting-echo} helper, the floor of the I/O alone: a Twisted
+    process (the master's reactor) answering every whole frame on
+    C{port} with a fixed SEND_OK-sized answer carrying the request's
+    opaque, at once (as the master answers a send, without the send).
+    """
+    from twisted.internet import reactor
+    from twisted.internet.protocol import Factory, Protocol
+
+    from rmqha._sockets import send_now, set_tcp_no_delay
+    from rmqha.remoting._frames import FLAG_RESPONSE, RemotingCommand, encode
+
+    answer = encode(
+        RemotingCommand(
+            code=0, opaque=_OPAQUE_BASE, flag=FLAG_RESPONSE,
+            ext_fields={
+                "msgId": "7F00000100002A9F0000000000000000", "queueId": "1",
+                "queueOffset": "12345", "MSG_REGION": "DefaultRegion", "TRACE_ON": "true",
+            },
+        )
+    )
+    at = answer.index(b'"opaque":') + 9
+    marker = b'"opaque":'
+
+    class Echo(Protocol):
+        def connectionMade(self) -> None:
+            set_tcp_no_delay(self.transport)
+            self.buffer = bytearray()
+
+        def dataReceived(self, data: bytes) -> None:
+            buffer = self.buffer
+            buffer += data
+            while len(buffer) >= 4 and len(buffer) >= 4 + int.from_bytes(buffer[:4], "big"):
+                end = 4 + int.from_bytes(buffer[:4], "big")
+                o = buffer.index(marker, 8) + 9
+                send_now(self.transport, [answer[:at], bytes(buffer[o : o + 10]), answer[at + 10 :]])
+                del buffer[:end]
+
+    reactor.listenTCP(port, Factory.forProtocol(Echo), interface="127.0.0.1")  # type: ignore[attr-defined]
+    print("listening", flush=True)
+    reactor.run()  # type: ignore[attr-defined]
+
+
 def _system_seconds(pid: int) -> float:
     """
     CPU seconds process C{pid} has spent in the kernel.
@@ -181,9 +225,13 @@ def _system_seconds(pid: int) -> float:
 
 
 def _remoting_run(
-    pair: _Pair, port: int, connections: int, seconds: float, body_size: int, batch: int
+    processes: dict[str, int], port: int, connections: int, seconds: float, body_size: int, batch: int
 ) -> dict[str, Any]:
-    processes = {"master": pair.master.pid, "slave": pair.slave.pid}
+    """
+    One run of the load generator against C{port}; the CPU of
+    C{processes} (C{master}, maybe C{slave}) and its own per message.
+    """
+    processes = dict(processes)
     load = subprocess.Popen(
         [
             sys.executable, "-m", "tools.bench", "_remoting-send", str(port), str(connections),
@@ -196,10 +244,10 @@ def _remoting_run(
     # (From its connections made to its last answer: not its start-up.)
     ready = load.stdout.readline()
     cpu_before = {name: _cpu_seconds(pid) for name, pid in processes.items()}
-    system_before = _system_seconds(pair.master.pid)
+    system_before = _system_seconds(processes["master"])
     out = load.stdout.readline()
     cpu = {name: _cpu_seconds(pid) - cpu_before[name] for name, pid in processes.items()}
-    master_system = _system_seconds(pair.master.pid) - system_before
+    master_system = _system_seconds(processes["master"]) - system_before
     load.wait()
     if load.returncode or ready != "ready\n":
         raise RuntimeError(f"the load generator failed (exit {load.returncode})")
@@ -248,7 +296,7 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
     profile = os.path.abspath(args.profile) if args.profile else None
     many = args.connections
     variants = [
-        f"inproc_{1}", f"inproc_{many}", "single_1", f"single_{many}",
+        "echo_1", f"echo_{many}", f"inproc_{1}", f"inproc_{many}", "single_1", f"single_{many}",
         f"batch{args.batch}_1", f"batch{args.batch}_{many}",
     ]
     pairs = {"": (_Pair(root, "now", None, pair_args, profile), remoting_port)}
@@ -264,12 +312,21 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
         pairs["before_"] = (
             _Pair(root, "before", os.path.abspath(args.against), before_args, None), before_port,
         )
-        variants += [f"before_{v}" for v in variants if not v.startswith("inproc")]
+        variants += [f"before_{v}" for v in variants if v.startswith(("single", "batch"))]
     if args.only:
         variants = args.only.split(",")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     load_before = os.getloadavg()
+    (echo_port,) = free_ports(1)
+    echo = subprocess.Popen(
+        [sys.executable, "-m", "tools.bench", "_remoting-echo", str(echo_port)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
+        assert echo.stdout is not None
+        if echo.stdout.readline() != "listening\n":
+            raise RuntimeError("the echo server did not start")
         for pair, port in pairs.values():
             pair.ready(os.urandom(args.body_size))
             # One send over the remoting port before the clock: the topic
@@ -297,10 +354,15 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
                             figures.pop("machine")
                             figures["messages_per_s"] = figures["puts_per_s"]
                         else:
-                            batch = 1 if kind == "single" else int(kind[5:])
-                            pair, port = pairs[prefix]
+                            batch = int(kind[5:]) if kind.startswith("batch") else 1
+                            if kind == "echo":
+                                processes, port = {"master": echo.pid}, echo_port
+                                batch = 1
+                            else:
+                                pair, port = pairs[prefix]
+                                processes = {"master": pair.master.pid, "slave": pair.slave.pid}
                             figures = _remoting_run(
-                                pair, port, int(n), args.seconds, args.body_size, batch
+                                processes, port, int(n), args.seconds, args.body_size, batch
                             )
                         runs[name].append(figures)
 
@@ -312,6 +374,8 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
             if e.code:
                 raise
     finally:
+        echo.terminate()
+        echo.wait()
         for pair, _ in pairs.values():
             pair.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -357,6 +421,14 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
                 out["ratios"][prefix + key] = {
                     "ratio": ratio, "target": target, "met": ratio >= target,
                 }
+    for n in (1, many):
+        if f"single_{n}" in runs and f"echo_{n}" in runs:
+            # (How much of the I/O floor a send keeps.)
+            out["ratios"][f"single_{n}_over_echo_{n}"] = {
+                "ratio": median(f"single_{n}", "messages_per_s") / median(f"echo_{n}", "messages_per_s"),
+                "target": None,
+                "met": None,
+            }
     for name in variants:
         if name.startswith("before_") and name[7:] in runs:
             out["ratios"][f"{name[7:]}_now_over_before"] = {
@@ -376,8 +448,8 @@ def add_arguments(parser: argparse.ArgumentParser, existing_dir: Any) -> None:
     parser.add_argument("--batch", type=int, default=32, help="messages per batch (32)")
     parser.add_argument(
         "--only", default=None, metavar="NAMES",
-        help="only these variants, e.g. single_1,inproc_1 (default: inproc_1, inproc_32, "
-        "single_1, single_32, batch32_1, batch32_32)",
+        help="only these variants, e.g. single_1,inproc_1 (default: echo_1, echo_32, "
+        "inproc_1, inproc_32, single_1, single_32, batch32_1, batch32_32)",
     )
     parser.add_argument(
         "--against", default=None, metavar="CHECKOUT",
@@ -403,10 +475,13 @@ def report(result: dict[str, Any]) -> str:
     for name, m in medians.items():
         text = f"{name}: {m['messages_per_s']:,.0f} msgs/s (p50 {m['p50_us']:,.0f} µs, p99 {m['p99_us']:,.0f} µs"
         if "master_cpu_us_per_message" in m:
+            slave = m.get("slave_cpu_us_per_message")
             text += (
-                f"; CPU µs a message: master {m['master_cpu_us_per_message']:.1f}, slave "
-                f"{m['slave_cpu_us_per_message']:.1f}, client {m['clients_cpu_us_per_message']:.1f}; "
-                f"master busy {m['master_busy']:.0%}, {m['master_system_share']:.0%} of it in the kernel"
+                f"; CPU µs a message: {'echo' if slave is None else 'master'} "
+                f"{m['master_cpu_us_per_message']:.1f}, "
+                + ("" if slave is None else f"slave {slave:.1f}, ")
+                + f"client {m['clients_cpu_us_per_message']:.1f}; "
+                f"busy {m['master_busy']:.0%}, {m['master_system_share']:.0%} of it in the kernel"
             )
         parts.append(text + ")")
     ratios = [

@@ -369,10 +369,17 @@ def encode(
     @param ext_order: the order of C{extFields} (default: Java's).
     @raise ValueError: a field does not fit its Java type.
     """
-    _check_int("code", command.code, _INT32)
-    _check_int("version", command.version, _INT32)
-    _check_int("opaque", command.opaque, _INT32)
-    _check_int("flag", command.flag, _INT32)
+    low, high = _INT32
+    if not (
+        low <= command.code <= high
+        and low <= command.version <= high
+        and low <= command.opaque <= high
+        and low <= command.flag <= high
+    ):
+        _check_int("code", command.code, _INT32)
+        _check_int("version", command.version, _INT32)
+        _check_int("opaque", command.opaque, _INT32)
+        _check_int("flag", command.flag, _INT32)
     kind = command.serialize_type if serialize_type is None else serialize_type
     header = (
         _binary_header(command, ext_order)
@@ -606,6 +613,9 @@ def _check_prefix(
         )
 
 
+_SERIALIZE_TYPES: Final = (SerializeType.JSON, SerializeType.ROCKETMQ)
+
+
 def _check_header_field(length: int, second: int, max_header_size: int) -> tuple[SerializeType, int]:
     kind = (second >> 24) & 0xFF
     header_length = second & 0xFFFFFF
@@ -622,7 +632,7 @@ def _check_header_field(length: int, second: int, max_header_size: int) -> tuple
         raise FrameTooLargeError(
             f"frame header length {header_length} is above the limit of {max_header_size}"
         )
-    return SerializeType(kind), header_length
+    return _SERIALIZE_TYPES[kind], header_length
 
 
 def decode_frame(
@@ -645,6 +655,10 @@ def decode_frame(
 
 def _decode(rest: bytes, length: int, second: int, max_header_size: int) -> RemotingCommand:
     kind, header_length = _check_header_field(length, second, max_header_size)
+    return _decode_checked(rest, kind, header_length)
+
+
+def _decode_checked(rest: bytes, kind: SerializeType, header_length: int) -> RemotingCommand:
     header, body = rest[:header_length], rest[header_length:]
     if kind is SerializeType.JSON:
         return _command_from_json(header, body)
@@ -713,6 +727,19 @@ class FrameDecoder:
     def _next(self) -> RemotingCommand | None:
         buffer, offset = self._buffer, self._offset
         available = len(buffer) - offset
+        if available >= 8 and not self._checked:
+            # (The common case: the whole prefix here; checked once.)
+            length, second = _PREFIX.unpack_from(buffer, offset)
+            _check_prefix(length, self.max_frame_size)
+            kind, header_length = _check_header_field(length, second, self.max_header_size)
+            if available < 4 + length:
+                self._checked = True
+                self._compact()
+                return None
+            with memoryview(buffer) as view:  # one copy, not two
+                rest = bytes(view[offset + 8 : offset + 4 + length])
+            self._offset = offset + 4 + length
+            return _decode_checked(rest, kind, header_length)
         if available >= 4 and not self._checked:
             length = int.from_bytes(buffer[offset : offset + 4], "big", signed=True)
             _check_prefix(length, self.max_frame_size)
