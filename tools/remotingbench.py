@@ -77,9 +77,8 @@ def send_frames(body_size: int, batch: int, queue_id: int) -> bytes:
 
 
 class _Connection:
-    def __init__(self, port: int, frame: bytes) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, sock: socket.socket, frame: bytes) -> None:
+        self.sock = sock
         self.frame = bytearray(frame)
         marker = b'"opaque":%d' % _OPAQUE_BASE
         self.at = frame.index(marker) + len(marker) - 10
@@ -115,7 +114,11 @@ def send_load(port: int, connections: int, seconds: float, body_size: int, batch
     send in flight, for C{seconds}; its figures as one JSON line.
     """
     frames = [send_frames(body_size, batch, q) for q in range(4)]
-    conns = [_Connection(port, frames[n % 4]) for n in range(connections)]
+    conns = []
+    for n in range(connections):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conns.append(_Connection(sock, frames[n % 4]))
     selector = selectors.DefaultSelector()
     for c in conns:
         selector.register(c.sock, selectors.EVENT_READ, c)
@@ -210,9 +213,10 @@ def echo_server(port: int) -> None:
                 send_now(self.transport, [answer[:at], bytes(buffer[o : o + 10]), answer[at + 10 :]])
                 del buffer[:end]
 
-    reactor.listenTCP(port, Factory.forProtocol(Echo), interface="127.0.0.1")  # type: ignore[attr-defined]
+    factory: Any = Factory.forProtocol(Echo)
+    reactor.listenTCP(port, factory, interface="127.0.0.1")
     print("listening", flush=True)
-    reactor.run()  # type: ignore[attr-defined]
+    reactor.run()
 
 
 def _system_seconds(pid: int) -> float:
