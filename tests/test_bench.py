@@ -225,6 +225,12 @@ class HTTPBenchClientTests(SynchronousTestCase):
         self.assertEqual((tally["stored"], tally["codes"]), (2, {400: 1, 200: 1}))
         self.assertEqual(len(tally["latencies"]), 2)
 
+
+class RemotingBenchTests(SynchronousTestCase):
+    """
+    C{bench remoting}'s load generator.
+    """
+
     def test_remoting_frames(self) -> None:
         """
         C{bench remoting}'s load generator sends what a broker reads as a
