@@ -241,11 +241,40 @@ class SendingTests(SynchronousTestCase):
         self.assertEqual((answer.code, answer.opaque, answer.is_response), (ResponseCode.SUCCESS, 2, True))
         self.assertEqual(self.transport.value(), b"".join(chunks))
 
-    def test_request_sent_at_once(self) -> None:
+    def test_answers_released_together_written_together(self) -> None:
         """
-        A request of ours is written at once too.
+        Answers released while others of the connection are still being
+        served (one report releasing a pipelining client's sends) are
+        written as Twisted writes, to leave together; the last one,
+        alone by then, goes out at once behind them, in order.
         """
-        d = self.protocol.request(RemotingCommand(code=RequestCode.GET_MAX_OFFSET))
+        self.protocol.dataReceived(
+            b"".join(
+                encode(RemotingCommand(code=RequestCode.SEND_MESSAGE_V2, opaque=n, ext_fields={"a": "x"}))
+                for n in (1, 2, 3)
+            )
+        )
+        for n, d in zip((1, 2, 3), self.later):
+            d.callback(RemotingCommand(code=ResponseCode.SUCCESS, opaque=n, flag=1))
         self.assertEqual(len(self.sent_now), 1)
-        d.cancel()
-        self.failureResultOf(d)
+        decoder = FrameDecoder()
+        decoder.feed(self.transport.value())
+        self.assertEqual(
+            [c.opaque for c in iter(decoder.next_command, None)], [1, 2, 3]
+        )
+
+    def test_lone_request_sent_at_once(self) -> None:
+        """
+        A request of ours with none other pending is written at once; one
+        sent while another waits (pipelined) is written as Twisted writes.
+        """
+        first = self.protocol.request(RemotingCommand(code=RequestCode.GET_MAX_OFFSET))
+        self.assertEqual(len(self.sent_now), 1)
+        second = self.protocol.request(RemotingCommand(code=RequestCode.GET_MAX_OFFSET))
+        self.assertEqual(len(self.sent_now), 1)
+        decoder = FrameDecoder()
+        decoder.feed(self.transport.value())
+        self.assertEqual([c.opaque for c in iter(decoder.next_command, None)], [0, 1])
+        for d in (first, second):
+            d.cancel()
+            self.failureResultOf(d)

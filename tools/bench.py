@@ -2545,6 +2545,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     remotingbench.add_arguments(remoting_bench, _existing_dir)
     commands.add_parser("_remoting-echo").add_argument("port")
+    remoting_produce = commands.add_parser("_remoting-produce")
+    for param in ("port", "connections", "seconds", "body_size"):
+        remoting_produce.add_argument(param)
     remoting_send = commands.add_parser("_remoting-send")
     for param in ("port", "connections", "seconds", "body_size", "batch"):
         remoting_send.add_argument(param)
@@ -2644,6 +2647,10 @@ def main(argv: list[str] | None = None) -> None:
         return remotingbench.send_load(
             int(args.port), int(args.connections), float(args.seconds), int(args.body_size),
             int(args.batch),
+        )
+    if args.benchmark == "_remoting-produce":
+        return remotingbench.produce_load(
+            int(args.port), int(args.connections), float(args.seconds), int(args.body_size)
         )
     if args.benchmark == "_remoting-echo":
         return remotingbench.echo_server(int(args.port))

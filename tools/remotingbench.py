@@ -174,6 +174,85 @@ def send_load(port: int, connections: int, seconds: float, body_size: int, batch
     )
 
 
+def produce_load(port: int, connections: int, seconds: float, body_size: int) -> None:
+    """
+    The C{_remoting-produce} helper: L{rmqha.client.Producer} sending
+    from C{connections} concurrent senders (each awaiting its send before
+    the next; the producer keeps one connection to the broker) for
+    C{seconds}, routed by an in-process L{rmqha.testing.FakeNameServer}
+    that knows the broker at C{port}; the figures as one JSON line, after
+    a C{ready} line.
+    """
+    from twisted.internet import reactor
+    from twisted.internet.defer import ensureDeferred, gatherResults, maybeDeferred
+
+    from rmqha.client import Producer
+    from rmqha.remoting.metadata import DataVersion, TopicConfig, TopicTable
+    from rmqha.remoting.namesrv import RegisterBrokerBody, RegisterBrokerRequestHeader
+    from rmqha.testing import FakeNameServer
+
+    figures: dict[str, Any] = {}
+
+    async def main() -> None:
+        namesrv = FakeNameServer(reactor)
+        listening = await namesrv.listen(reactor)
+        addr = f"127.0.0.1:{port}"
+        namesrv.register_broker(
+            RegisterBrokerRequestHeader("bench", addr, "DefaultCluster", addr, 0),
+            RegisterBrokerBody(
+                TopicTable(
+                    DataVersion(1000, 1),
+                    {
+                        TOPIC: TopicConfig(TOPIC, 4, 4, perm=6),
+                        "TBW102": TopicConfig("TBW102", 8, 8, perm=7),
+                    },
+                )
+            ),
+        )
+        ns_port = getattr(listening.getHost(), "port")
+        producer = Producer(reactor, f"127.0.0.1:{ns_port}", "BenchProducerGroup")
+        producer.startService()
+        body = os.urandom(body_size)
+        await producer.send(TOPIC, body)
+        latencies: list[int] = []
+        statuses: dict[str, int] = {}
+        print("ready", flush=True)
+        cpu_started = time.process_time()
+        started = time.perf_counter()
+        deadline = started + seconds
+
+        async def sender() -> None:
+            while time.perf_counter() < deadline:
+                at = time.perf_counter_ns()
+                result = await producer.send(TOPIC, body)
+                latencies.append(time.perf_counter_ns() - at)
+                statuses[result.status.name] = statuses.get(result.status.name, 0) + 1
+
+        await gatherResults([ensureDeferred(sender()) for _ in range(connections)])
+        elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
+        await producer.stopService()
+        await maybeDeferred(listening.stopListening)
+        latencies.sort()
+        figures.update(
+            seconds=elapsed,
+            cpu_seconds=cpu,
+            requests=len(latencies),
+            ok=statuses.get("SEND_OK", 0),
+            codes=statuses,
+            wrong_opaques=0,
+            p50_us=latencies[len(latencies) // 2] / 1000,
+            p99_us=latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] / 1000,
+        )
+
+    def done(result: object) -> None:
+        reactor.stop()
+
+    reactor.callWhenRunning(lambda: ensureDeferred(main()).addBoth(done))
+    reactor.run()
+    print(json.dumps(figures), flush=True)
+
+
 def echo_server(port: int) -> None:
     """
     The C{_remoting-echo} helper, the floor of the I/O alone: a Twisted
@@ -236,11 +315,12 @@ def _remoting_run(
     C{processes} (C{master}, maybe C{slave}) and its own per message.
     """
     processes = dict(processes)
+    # (batch 0: rmqha.client's Producer instead of the raw sender.)
+    helper = ["_remoting-send", str(port), str(connections), str(seconds), str(body_size), str(batch)]
+    if batch == 0:
+        helper = ["_remoting-produce", *helper[1:-1]]
     load = subprocess.Popen(
-        [
-            sys.executable, "-m", "tools.bench", "_remoting-send", str(port), str(connections),
-            str(seconds), str(body_size), str(batch),
-        ],
+        [sys.executable, "-m", "tools.bench", *helper],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -257,7 +337,7 @@ def _remoting_run(
         raise RuntimeError(f"the load generator failed (exit {load.returncode})")
     figures: dict[str, Any] = json.loads(out)
     cpu["clients"] = figures.pop("cpu_seconds")
-    messages = figures["ok"] * batch
+    messages = figures["ok"] * max(batch, 1)
     elapsed = figures["seconds"]
     figures.update(
         # (Of the master's CPU, the share in the kernel: its sockets, and
@@ -301,7 +381,7 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
     many = args.connections
     variants = [
         "echo_1", f"echo_{many}", f"inproc_{1}", f"inproc_{many}", "single_1", f"single_{many}",
-        f"batch{args.batch}_1", f"batch{args.batch}_{many}",
+        f"batch{args.batch}_1", f"batch{args.batch}_{many}", "producer_1", f"producer_{many}",
     ]
     pairs = {"": (_Pair(root, "now", None, pair_args, profile), remoting_port)}
     if args.against:
@@ -316,7 +396,9 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
         pairs["before_"] = (
             _Pair(root, "before", os.path.abspath(args.against), before_args, None), before_port,
         )
-        variants += [f"before_{v}" for v in variants if v.startswith(("single", "batch"))]
+        variants += [
+            f"before_{v}" for v in variants if v.startswith(("single", "batch", "producer"))
+        ]
     if args.only:
         variants = args.only.split(",")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
@@ -358,7 +440,10 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
                             figures.pop("machine")
                             figures["messages_per_s"] = figures["puts_per_s"]
                         else:
-                            batch = int(kind[5:]) if kind.startswith("batch") else 1
+                            batch = (
+                                int(kind[5:]) if kind.startswith("batch")
+                                else 0 if kind == "producer" else 1
+                            )
                             if kind == "echo":
                                 processes, port = {"master": echo.pid}, echo_port
                                 batch = 1
@@ -453,7 +538,8 @@ def add_arguments(parser: argparse.ArgumentParser, existing_dir: Any) -> None:
     parser.add_argument(
         "--only", default=None, metavar="NAMES",
         help="only these variants, e.g. single_1,inproc_1 (default: echo_1, echo_32, "
-        "inproc_1, inproc_32, single_1, single_32, batch32_1, batch32_32)",
+        "inproc_1, inproc_32, single_1, single_32, batch32_1, batch32_32, producer_1, "
+        "producer_32: rmqha.client's Producer from 1 and 32 concurrent senders)",
     )
     parser.add_argument(
         "--against", default=None, metavar="CHECKOUT",

@@ -31,7 +31,7 @@ from typing import Any, Final, TypeAlias
 import attrs
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred
+from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred, succeed
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import (
     IAddress,
@@ -308,19 +308,23 @@ class RemotingProtocol(Protocol):
         finally:
             self._receiving = False
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, alone: bool) -> None:
         """
-        Write one encoded frame: from inside L{dataReceived} as Twisted
-        writes (the answers to requests read together leave together, on
-        the next turn), from anywhere else at once (L{send_now}: an answer
-        released by a slave's report, a request of ours), saving the
-        reactor turn a SYNC send's round trip would otherwise wait for.
+        Write one encoded frame.  A frame that is C{alone} (no other
+        request of the same direction under way on this connection) and
+        not written from inside L{dataReceived} goes out at once
+        (L{send_now}: the answer a slave's report released, a lone request
+        of ours), saving the reactor turn a SYNC send's round trip would
+        otherwise wait for.  Any other is written as Twisted writes, so
+        that the frames of one turn (the answers to requests read
+        together, pipelined requests, the answers one report releases)
+        leave together on the next.
         """
         assert self.transport is not None
-        if self._receiving:
-            self.transport.write(data)
-        else:
+        if alone and not self._receiving:
             send_now(self.transport, [data])
+        else:
+            self.transport.write(data)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._open = False
@@ -409,8 +413,9 @@ class RemotingProtocol(Protocol):
             self._pending.pop(opaque, None)
 
         d: Deferred[RemotingCommand] = Deferred(canceller=withdraw)
+        alone = not self._pending
         self._pending[opaque] = _Pending(d, command.code)
-        self._send(data)
+        self._send(data, alone)
         if timeout is not None:
             add_deadline(d, timeout, self.clock, f"{_code_name(command.code)} from {format_peer(self.peer)}")
         return d
@@ -428,7 +433,7 @@ class RemotingProtocol(Protocol):
         outgoing = attrs.evolve(
             command, opaque=self._opaque(), flag=(command.flag | FLAG_ONEWAY) & ~FLAG_RESPONSE
         )
-        self._send(encode(outgoing, self.serialize_type))
+        self._send(encode(outgoing, self.serialize_type), not self._pending)
 
     def _received_response(self, response: RemotingCommand) -> None:
         waiter = self._pending.pop(response.opaque, None)
@@ -499,9 +504,9 @@ class RemotingProtocol(Protocol):
         self, result: object, handling: "Deferred[RemotingCommand | None]", request: RemotingCommand
     ) -> None:
         self._in_flight.discard(handling)
-        self._answer(result, request)
+        self._answer(result, request, not self._in_flight)
 
-    def _answer(self, result: object, request: RemotingCommand) -> None:
+    def _answer(self, result: object, request: RemotingCommand, alone: bool = False) -> None:
         if result is not None and not isinstance(result, (RemotingCommand, Failure)):
             result = Failure(
                 TypeError(f"the handler answered {type(result).__name__}, not a RemotingCommand")
@@ -530,9 +535,9 @@ class RemotingProtocol(Protocol):
                 flag=result.flag | FLAG_RESPONSE,
                 serialize_type=request.serialize_type,
             )
-        self._write(result)
+        self._write(result, alone)
 
-    def _write(self, response: RemotingCommand) -> None:
+    def _write(self, response: RemotingCommand, alone: bool = False) -> None:
         if not self._open or self.transport is None:
             return
         try:
@@ -553,7 +558,7 @@ class RemotingProtocol(Protocol):
                     body=b"",
                 )
             )
-        self._send(data)
+        self._send(data, alone)
 
 
 class RemotingFactory(Factory):
@@ -692,7 +697,13 @@ class RemotingClient(Service):
             return self._after_unwinding(failure)
 
         if self.running:
-            waiting: Deferred[Any] = self._service.whenConnected(failAfterFailures=1)
+            newest = self.factory.newest
+            if newest is not None and newest.is_open:
+                # The open connection whenConnected would give at once,
+                # without a pass through ClientService's state machine.
+                waiting: Deferred[Any] = succeed(newest)
+            else:
+                waiting = self._service.whenConnected(failAfterFailures=1)
             waiting.addCallbacks(connected, not_connected)
         else:
             waiting = fail(ConnectionClosedError(f"the client of {self.name} is stopped; {what} not sent"))
