@@ -308,11 +308,14 @@ def _system_seconds(pid: int) -> float:
 
 
 def _remoting_run(
-    processes: dict[str, int], port: int, connections: int, seconds: float, body_size: int, batch: int
+    processes: dict[str, int], port: int, connections: int, seconds: float, body_size: int, batch: int,
+    checkout: str | None = None,
 ) -> dict[str, Any]:
     """
     One run of the load generator against C{port}; the CPU of
     C{processes} (C{master}, maybe C{slave}) and its own per message.
+    C{checkout}: run the load generator from that checkout's code (its
+    C{tools/bench.py} must know the helper).
     """
     processes = dict(processes)
     # (batch 0: rmqha.client's Producer instead of the raw sender.)
@@ -321,6 +324,8 @@ def _remoting_run(
         helper = ["_remoting-produce", *helper[1:-1]]
     load = subprocess.Popen(
         [sys.executable, "-m", "tools.bench", *helper],
+        env=None if checkout is None else dict(os.environ, PYTHONPATH=checkout),
+        cwd=checkout,
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -450,8 +455,11 @@ def remoting_bench(args: argparse.Namespace) -> dict[str, Any]:
                             else:
                                 pair, port = pairs[prefix]
                                 processes = {"master": pair.master.pid, "slave": pair.slave.pid}
+                            # (The Producer's own code is part of what is
+                            # compared: a before_ one runs the other checkout's.)
                             figures = _remoting_run(
-                                processes, port, int(n), args.seconds, args.body_size, batch
+                                processes, port, int(n), args.seconds, args.body_size, batch,
+                                os.path.abspath(args.against) if prefix and batch == 0 else None,
                             )
                         runs[name].append(figures)
 
@@ -544,7 +552,8 @@ def add_arguments(parser: argparse.ArgumentParser, existing_dir: Any) -> None:
     parser.add_argument(
         "--against", default=None, metavar="CHECKOUT",
         help="also run the remoting variants against a master and slave from another "
-        "checkout (the code before a change; its accelerator built), alternating: before_*",
+        "checkout (the code before a change; its accelerator built), alternating: before_* "
+        "(before_producer_*: that checkout's Producer too; its tools/ must have this bench)",
     )
     parser.add_argument("--body-size", type=int, default=1024)
     parser.add_argument("--segment-size", type=int, default=256 << 20)
