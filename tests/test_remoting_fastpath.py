@@ -278,3 +278,42 @@ class SendingTests(SynchronousTestCase):
         for d in (first, second):
             d.cancel()
             self.failureResultOf(d)
+
+
+class ClientConnectedTests(SynchronousTestCase):
+    """
+    L{rmqha.remoting.protocol.RemotingClient} sends on its open connection
+    without asking C{ClientService} for it; without one it waits for
+    C{ClientService} as before.
+    """
+
+    def test_open_connection_used_directly(self) -> None:
+        from tests.test_remoting_protocol import StringEndpoint, _written
+
+        from rmqha.remoting._frames import make_response
+        from rmqha.remoting.protocol import NO_HANDLER, RemotingClient
+
+        clock = Clock()
+        endpoint = StringEndpoint()
+        client = RemotingClient(None, endpoint, NO_HANDLER, clock=clock, retry_policy=lambda n: 1.0)
+        client.startService()
+        self.addCleanup(client.stopService)
+        asked: list[int] = []
+        when_connected = client._service.whenConnected
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            asked.append(1)
+            return when_connected(*args, **kwargs)
+
+        self.patch(client._service, "whenConnected", counting)
+        for n in range(3):
+            d = client.request(RemotingCommand(code=RequestCode.GET_MAX_OFFSET), timeout=5)
+            protocol, transport = endpoint.connected[-1]
+            (sent,) = _written(transport)
+            transport.clear()
+            protocol.dataReceived(encode(make_response(sent, ResponseCode.SUCCESS)))
+            clock.advance(0)
+            self.assertEqual(self.successResultOf(d).code, ResponseCode.SUCCESS)
+        # (The endpoint connects at once, at the start.)
+        self.assertEqual(asked, [])
+        self.assertEqual(len(endpoint.connected), 1)
