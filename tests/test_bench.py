@@ -224,3 +224,48 @@ class HTTPBenchClientTests(SynchronousTestCase):
         )
         self.assertEqual((tally["stored"], tally["codes"]), (2, {400: 1, 200: 1}))
         self.assertEqual(len(tally["latencies"]), 2)
+
+
+class RemotingBenchTests(SynchronousTestCase):
+    """
+    C{bench remoting}'s load generator.
+    """
+
+    def test_remoting_frames(self) -> None:
+        """
+        C{bench remoting}'s load generator sends what a broker reads as a
+        310 send (or a 320 batch of C{--batch}), each with a new opaque,
+        and reads the answer's code and opaque however it is split.
+        """
+        import socket
+
+        from rmqha.remoting._frames import FLAG_RESPONSE, FrameDecoder, RemotingCommand, decode_frame, encode
+        from rmqha.remoting.codes import RequestCode
+        from rmqha.remoting.sends import decode_batch, read_send_header
+        from tools.remotingbench import _OPAQUE_BASE, _Connection, send_frames
+
+        single = decode_frame(send_frames(64, 1, 2))
+        header = read_send_header(single.code, single.ext_fields)
+        self.assertEqual((single.code, header.queue_id, header.batch, len(single.body)), (310, 2, False, 64))
+        self.assertIn("UNIQ_KEY\x01", header.properties or "")
+        batch = decode_frame(send_frames(64, 32, 0))
+        self.assertEqual(batch.code, RequestCode.SEND_BATCH_MESSAGE)
+        self.assertTrue(read_send_header(batch.code, batch.ext_fields).batch)
+        self.assertEqual([len(body) for _, body, _ in decode_batch(batch.body)], [64] * 32)
+        ours, theirs = socket.socketpair()
+        self.addCleanup(ours.close)
+        self.addCleanup(theirs.close)
+        connection = _Connection(ours, send_frames(16, 1, 0))
+        decoder = FrameDecoder()
+        for expected in (_OPAQUE_BASE + 1, _OPAQUE_BASE + 2):
+            connection.send()
+            decoder.feed(theirs.recv(65536))
+            request = decoder.next_command()
+            assert request is not None
+            self.assertEqual(request.opaque, expected)
+            answer = encode(RemotingCommand(code=0, opaque=expected, flag=FLAG_RESPONSE))
+            for i in range(0, len(answer), 5):
+                self.assertIsNone(connection.answer())
+                connection.buffer += answer[i : i + 5]
+            self.assertEqual(connection.answer(), (0, expected))
+            self.assertEqual(connection.buffer, b"")

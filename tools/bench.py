@@ -87,7 +87,7 @@ from twisted.internet.task import deferLater, react
 from rmqha.store._record import ACCELERATED, Message
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.service import CommitLogService
-from tools import httpbench, pullbench
+from tools import httpbench, pullbench, remotingbench
 from tools.processes import twistd_slave_command
 
 __all__ = ["main", "machine_info"]
@@ -2552,6 +2552,18 @@ def main(argv: list[str] | None = None) -> None:
             "rate on the same store"
         )
     )
+    remoting_bench = commands.add_parser(
+        "remoting", help="SYNC sends over the remoting port (1 and 32 connections, batches of "
+        "32) against the in-process bench sync, a twistd master and slave on loopback"
+    )
+    remotingbench.add_arguments(remoting_bench, _existing_dir)
+    commands.add_parser("_remoting-echo").add_argument("port")
+    remoting_produce = commands.add_parser("_remoting-produce")
+    for param in ("port", "connections", "seconds", "body_size"):
+        remoting_produce.add_argument(param)
+    remoting_send = commands.add_parser("_remoting-send")
+    for param in ("port", "connections", "seconds", "body_size", "batch"):
+        remoting_send.add_argument(param)
     for name, params in [
         ("_spark-scan", ["store", "master"]),
         ("_source-scan", ["store", "session"]),
@@ -2642,6 +2654,25 @@ def main(argv: list[str] | None = None) -> None:
             f"({result['batch32_speedup']:.2f}x){check}; median of {args.runs}",
             file=sys.stderr,
         )
+        print(json.dumps(result))
+        return None
+    if args.benchmark == "_remoting-send":
+        return remotingbench.send_load(
+            int(args.port), int(args.connections), float(args.seconds), int(args.body_size),
+            int(args.batch),
+        )
+    if args.benchmark == "_remoting-produce":
+        return remotingbench.produce_load(
+            int(args.port), int(args.connections), float(args.seconds), int(args.body_size)
+        )
+    if args.benchmark == "_remoting-echo":
+        return remotingbench.echo_server(int(args.port))
+    if args.benchmark == "remoting":
+        _install_reactor()
+        result = remotingbench.remoting_bench(args)
+        print(remotingbench.report(result), file=sys.stderr)
+        if args.profile:
+            httpbench.print_profile(args.profile)
         print(json.dumps(result))
         return None
     if args.benchmark == "http":

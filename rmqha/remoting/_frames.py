@@ -260,6 +260,11 @@ def java_hashmap_order(keys: typing.Iterable[str]) -> list[str]:
     more keys become trees in Java and may iterate otherwise; 3-key maps
     never get there.
     """
+    return list(_java_order(tuple(keys)))
+
+
+@functools.lru_cache(maxsize=1024)  # (the same few key sets, message after message)
+def _java_order(keys: tuple[str, ...]) -> tuple[str, ...]:
     ordered = list(dict.fromkeys(keys))
     capacity = 16
     while len(ordered) > capacity * 3 // 4:
@@ -270,14 +275,14 @@ def java_hashmap_order(keys: typing.Iterable[str]) -> list[str]:
         h = _java_string_hash(key)
         return (h ^ (h >> 16)) & mask
 
-    return sorted(ordered, key=bucket)  # stable: insertion order within a bucket
+    return tuple(sorted(ordered, key=bucket))  # stable: insertion order within a bucket
 
 
 def _ordered_items(ext: Mapping[str, str], order: ExtOrder) -> list[tuple[str, str]]:
     if order is ExtOrder.SORTED:
         return sorted(ext.items())
     if order is ExtOrder.JAVA_HASHMAP:
-        return [(k, ext[k]) for k in java_hashmap_order(ext)]
+        return [(k, ext[k]) for k in _java_order(tuple(ext))]
     return list(ext.items())
 
 
@@ -295,15 +300,22 @@ def _json_string(text: str) -> str:
     return '"' + text.translate(_ESCAPES) + '"'
 
 
+@functools.lru_cache(maxsize=1024)  # (names repeat: header fields)
+def _json_name(text: str) -> str:
+    return _json_string(text)
+
 
 def _json_header(command: RemotingCommand, order: ExtOrder) -> bytes:
     # fastjson's defaults: bean properties sorted, nulls omitted, enums by
     # name, and serializeTypeCurrentRPC because it has a public getter.
     parts = [f'{{"code":{command.code}']
     if command.ext_fields is not None:
+        ext = command.ext_fields
+        ordered = _java_order(tuple(ext)) if order is ExtOrder.JAVA_HASHMAP else [
+            k for k, _ in _ordered_items(ext, order)
+        ]
         items = ",".join(
-            f"{_json_string(k)}:{_json_string(v)}"
-            for k, v in _ordered_items(command.ext_fields, order)
+            [f'{_json_name(k)}:"{ext[k].translate(_ESCAPES)}"' for k in ordered]
         )
         parts.append(f',"extFields":{{{items}}}')
     parts.append(f',"flag":{command.flag},"language":"{command.language.name}"')
@@ -355,10 +367,17 @@ def encode(
     @param ext_order: the order of C{extFields} (default: Java's).
     @raise ValueError: a field does not fit its Java type.
     """
-    _check_int("code", command.code, _INT32)
-    _check_int("version", command.version, _INT32)
-    _check_int("opaque", command.opaque, _INT32)
-    _check_int("flag", command.flag, _INT32)
+    low, high = _INT32
+    if not (
+        low <= command.code <= high
+        and low <= command.version <= high
+        and low <= command.opaque <= high
+        and low <= command.flag <= high
+    ):
+        _check_int("code", command.code, _INT32)
+        _check_int("version", command.version, _INT32)
+        _check_int("opaque", command.opaque, _INT32)
+        _check_int("flag", command.flag, _INT32)
     kind = command.serialize_type if serialize_type is None else serialize_type
     header = (
         _binary_header(command, ext_order)
@@ -446,11 +465,7 @@ def _ext_value(key: str, value: Any) -> str | None:
 
 def _decode_json_header(header: bytes) -> dict[str, Any]:
     try:
-        obj = json.loads(
-            header.decode("utf-8"),
-            parse_float=lambda text: _JSONFloat(text),
-            parse_constant=_reject_constant,
-        )
+        obj = _JSON_DECODER.decode(header.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise JSONHeaderError(f"JSON header is not UTF-8 (byte {e.start})") from None
     except RecursionError:
@@ -470,6 +485,11 @@ class _JSONFloat(str):
     """
 
 
+# (One decoder for every header: json.loads with arguments builds a new
+# decoder and scanner per call.)
+_JSON_DECODER: Final = json.JSONDecoder(parse_float=_JSONFloat, parse_constant=_reject_constant)
+
+
 def _command_from_json(header: bytes, body: bytes) -> RemotingCommand:
     obj = _decode_json_header(header)
     remark = obj.get("remark")
@@ -484,11 +504,15 @@ def _command_from_json(header: bytes, body: bytes) -> RemotingCommand:
             raise HeaderFieldError(
                 f"header field 'extFields' is {_json_kind(raw_ext)}, not an object"
             )
-        ext = {}
-        for key, value in raw_ext.items():
-            text = _ext_value(key, value)
-            if text is not None:
-                ext[key] = str(text)
+        ext = raw_ext
+        for value in raw_ext.values():
+            if type(value) is not str:  # (a _JSONFloat is not: the loop below)
+                ext = {}
+                for key, value in raw_ext.items():
+                    text = _ext_value(key, value)
+                    if text is not None:
+                        ext[key] = str(text)
+                break
     return RemotingCommand(
         code=_json_int(obj, "code", 0, _INT32),
         language=_language(obj.get("language")),
@@ -587,6 +611,9 @@ def _check_prefix(
         )
 
 
+_SERIALIZE_TYPES: Final = (SerializeType.JSON, SerializeType.ROCKETMQ)
+
+
 def _check_header_field(length: int, second: int, max_header_size: int) -> tuple[SerializeType, int]:
     kind = (second >> 24) & 0xFF
     header_length = second & 0xFFFFFF
@@ -603,7 +630,7 @@ def _check_header_field(length: int, second: int, max_header_size: int) -> tuple
         raise FrameTooLargeError(
             f"frame header length {header_length} is above the limit of {max_header_size}"
         )
-    return SerializeType(kind), header_length
+    return _SERIALIZE_TYPES[kind], header_length
 
 
 def decode_frame(
@@ -626,6 +653,10 @@ def decode_frame(
 
 def _decode(rest: bytes, length: int, second: int, max_header_size: int) -> RemotingCommand:
     kind, header_length = _check_header_field(length, second, max_header_size)
+    return _decode_checked(rest, kind, header_length)
+
+
+def _decode_checked(rest: bytes, kind: SerializeType, header_length: int) -> RemotingCommand:
     header, body = rest[:header_length], rest[header_length:]
     if kind is SerializeType.JSON:
         return _command_from_json(header, body)
@@ -694,6 +725,19 @@ class FrameDecoder:
     def _next(self) -> RemotingCommand | None:
         buffer, offset = self._buffer, self._offset
         available = len(buffer) - offset
+        if available >= 8 and not self._checked:
+            # (The common case: the whole prefix here; checked once.)
+            length, second = _PREFIX.unpack_from(buffer, offset)
+            _check_prefix(length, self.max_frame_size)
+            kind, header_length = _check_header_field(length, second, self.max_header_size)
+            if available < 4 + length:
+                self._checked = True
+                self._compact()
+                return None
+            with memoryview(buffer) as view:  # one copy, not two
+                rest = bytes(view[offset + 8 : offset + 4 + length])
+            self._offset = offset + 4 + length
+            return _decode_checked(rest, kind, header_length)
         if available >= 4 and not self._checked:
             length = int.from_bytes(buffer[offset : offset + 4], "big", signed=True)
             _check_prefix(length, self.max_frame_size)
@@ -822,6 +866,33 @@ def _parse(name: str, text: str, kind: type, int32: bool) -> Any:
     return float(text.rstrip("fFdD").replace("Infinity", "inf"))
 
 
+#: How a field of a custom header is read (L{_read_specs}).
+_REQUIRED, _DEFAULTED, _NULLABLE = range(3)
+_ReadSpec = tuple[str, str, type, bool, tuple[int, int], int]
+_read_specs_cache: dict[type, list[_ReadSpec]] = {}
+
+
+def _read_specs(cls: type) -> list[_ReadSpec]:
+    """
+    Per field of C{cls}: its name, wire name, base type, Int32, bounds,
+    and what its absence means (L{_REQUIRED}, L{_DEFAULTED}, L{_NULLABLE}).
+    """
+    specs = _read_specs_cache.get(cls)
+    if specs is not None:
+        return specs
+    specs = []
+    for field, kind, optional, int32, name in _header_fields(cls):
+        has_default = (
+            field.default is not dataclasses.MISSING
+            or field.default_factory is not dataclasses.MISSING
+        )
+        missing = _DEFAULTED if has_default else _NULLABLE if optional else _REQUIRED
+        specs.append((field.name, name, kind, int32, _INT32 if int32 else _INT64, missing))
+    if len(_read_specs_cache) < 256:
+        _read_specs_cache[cls] = specs
+    return specs
+
+
 def header_from_ext_fields(cls: type[_H], ext: Mapping[str, str] | None) -> _H:
     """
     The custom header C{cls} (a dataclass) read from C{extFields}: values
@@ -833,18 +904,25 @@ def header_from_ext_fields(cls: type[_H], ext: Mapping[str, str] | None) -> _H:
     """
     ext = ext or {}
     values: dict[str, Any] = {}
-    for field, kind, optional, int32, name in _header_fields(cls):
+    for attr, name, kind, int32, bounds, missing in _read_specs(cls):
         text = ext.get(name)
         if text is None:
-            has_default = (
-                field.default is not dataclasses.MISSING
-                or field.default_factory is not dataclasses.MISSING
-            )
-            if has_default:
+            if missing == _DEFAULTED:
                 continue
-            if optional:
-                values[field.name] = None
+            if missing == _NULLABLE:
+                values[attr] = None
                 continue
             raise CustomHeaderError(f"custom header field {name!r} is missing")
-        values[field.name] = _parse(name, text, kind, int32)
+        if kind is str:
+            values[attr] = text
+        elif kind is int and text.isascii() and text.isdigit():
+            # (The common case, [0-9]+, without the pattern: _parse's rule.)
+            value = int(text)
+            if value > bounds[1]:
+                raise CustomHeaderError(
+                    f"custom header field {name!r} {value} is outside {bounds[0]}..{bounds[1]}"
+                )
+            values[attr] = value
+        else:
+            values[attr] = _parse(name, text, kind, int32)
     return cls(**values)

@@ -73,6 +73,7 @@ __all__ = [
     "SendMessageRequestHeaderV2",
     "SendMessageResponseHeader",
     "SendHandlers",
+    "read_send_header",
     "BatchError",
     "decode_batch",
     "encode_batch_item",
@@ -185,6 +186,63 @@ class SendMessageRequestHeaderV2:
             max_reconsume_times=self.l,
             bname=self.n,
         )
+
+
+_INT32_MAX: Final = (1 << 31) - 1
+_INT64_MAX: Final = (1 << 63) - 1
+
+
+def _plain(text: str | None, most: int) -> bool:
+    # (A value header_from_ext_fields reads as int(text), in range.)
+    return text is not None and text.isascii() and text.isdigit() and int(text) <= most
+
+
+def read_send_header(code: int, ext: Mapping[str, str] | None) -> SendMessageRequestHeader:
+    """
+    The send header of a request of C{code}: L{SendMessageRequestHeader}
+    for 10, L{SendMessageRequestHeaderV2} (then C{to_v1}) for 310 and 320,
+    read by L{header_from_ext_fields}.  A V2 header whose numbers are all
+    plain digits in range (what every client sends) is read here in one
+    go, to the same header.
+
+    @raise CustomHeaderError: as L{header_from_ext_fields}.
+    """
+    if code == RequestCode.SEND_MESSAGE:
+        return header_from_ext_fields(SendMessageRequestHeader, ext)
+    if ext is not None:
+        get = ext.get
+        a, b, c, d, e, f, g, h = get("a"), get("b"), get("c"), get("d"), get("e"), get("f"), get("g"), get("h")
+        j, k, l, m = get("j"), get("k"), get("l"), get("m")  # noqa: E741
+        if (
+            a is not None
+            and b is not None
+            and c is not None
+            and _plain(d, _INT32_MAX)
+            and _plain(e, _INT32_MAX)
+            and _plain(f, _INT32_MAX)
+            and _plain(g, _INT64_MAX)
+            and _plain(h, _INT32_MAX)
+            and (j is None or _plain(j, _INT32_MAX))
+            and (l is None or _plain(l, _INT32_MAX))
+        ):
+            assert d is not None and e is not None and f is not None and g is not None and h is not None
+            return SendMessageRequestHeader(
+                producer_group=a,
+                topic=b,
+                default_topic=c,
+                default_topic_queue_nums=int(d),
+                queue_id=int(e),
+                sys_flag=int(f),
+                born_timestamp=int(g),
+                flag=int(h),
+                properties=get("i"),
+                reconsume_times=None if j is None else int(j),
+                unit_mode=k is not None and k.lower() == "true",
+                batch=m is not None and m.lower() == "true",
+                max_reconsume_times=None if l is None else int(l),
+                bname=get("n"),
+            )
+    return header_from_ext_fields(SendMessageRequestHeaderV2, ext).to_v1()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +400,8 @@ class SendHandlers:
         self.max_batch_messages = max_batch_messages
         self.max_message_size = max_message_size
         self._reply_ext = {MSG_REGION: region, TRACE_ON: "true" if trace_on else "false"}
+        #: Topic names that passed L{_check_topic_name}.
+        self._valid_topics: set[str] = set()
 
     def handlers(self) -> Mapping[int, Callable[[RemotingCommand, IAddress | None], Answer]]:
         return {code: self.send for code in SENDS}
@@ -358,10 +418,7 @@ class SendHandlers:
         (a Deferred), or at once for a refusal.
         """
         try:
-            if request.code == RequestCode.SEND_MESSAGE:
-                header = header_from_ext_fields(SendMessageRequestHeader, request.ext_fields)
-            else:
-                header = header_from_ext_fields(SendMessageRequestHeaderV2, request.ext_fields).to_v1()
+            header = read_send_header(request.code, request.ext_fields)
         except CustomHeaderError as e:
             # (Java's decodeCommandCustomHeader throws: SYSTEM_ERROR, no ext.)
             return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
@@ -389,17 +446,11 @@ class SendHandlers:
         C{msgCheck}: the topic's config (created if need be), or L{_Refused}.
         """
         topic = header.topic
-        if not topic.strip():
-            raise _Refused(ResponseCode.SYSTEM_ERROR, "The specified topic is blank.")
-        if not set(topic) <= _TOPIC_CHARS:
-            raise _Refused(
-                ResponseCode.SYSTEM_ERROR,
-                "The specified topic contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$",
-            )
-        if len(topic) > 127:
-            raise _Refused(ResponseCode.SYSTEM_ERROR, "The specified topic is longer than topic max length.")
-        if topic in NOT_ALLOWED_SEND_TOPICS:
-            raise _Refused(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
+        if topic not in self._valid_topics:
+            self._check_topic_name(topic)
+            if len(self._valid_topics) >= 4096:
+                self._valid_topics.clear()
+            self._valid_topics.add(topic)
         # A slave refuses before anything changes (a genuine slave would
         # create the topic first, then its store refuses the put).
         refusal = master_refusal(self._broker.role_service)
@@ -417,6 +468,24 @@ class SendHandlers:
                 f"Producer: {format_peer(peer)}",
             )
         return config
+
+    @staticmethod
+    def _check_topic_name(topic: str) -> None:
+        """
+        C{msgCheck}'s checks of the topic's name alone (their outcome is
+        kept per name, L{_valid_topics}), or L{_Refused}.
+        """
+        if not topic.strip():
+            raise _Refused(ResponseCode.SYSTEM_ERROR, "The specified topic is blank.")
+        if not set(topic) <= _TOPIC_CHARS:
+            raise _Refused(
+                ResponseCode.SYSTEM_ERROR,
+                "The specified topic contains illegal characters, allowing only ^[%|a-zA-Z0-9_-]+$",
+            )
+        if len(topic) > 127:
+            raise _Refused(ResponseCode.SYSTEM_ERROR, "The specified topic is longer than topic max length.")
+        if topic in NOT_ALLOWED_SEND_TOPICS:
+            raise _Refused(ResponseCode.NO_PERMISSION, f"Sending message to topic[{topic}] is forbidden.")
 
     def _create_topic(self, header: SendMessageRequestHeader, peer: IAddress | None) -> TopicConfig:
         """
@@ -575,12 +644,13 @@ class SendHandlers:
                 f"{status.value}: stored at offset {first.offset} but not held by enough replicas; "
                 "a retry may store it twice",
             )
-        header = SendMessageResponseHeader(
-            msg_id=",".join(a.msg_id for a in appends),
-            queue_id=queue_id,
-            queue_offset=appends[0].queue_offset,
-        )
-        return self._reply(slim, code, None, header)
+        # (header_to_ext_fields of a SendMessageResponseHeader, written out:
+        # queue_id is an Int32 already, from the request or _random_queue.)
+        ext = dict(self._reply_ext)
+        ext["msgId"] = appends[0].msg_id if len(appends) == 1 else ",".join(a.msg_id for a in appends)
+        ext["queueId"] = str(queue_id)
+        ext["queueOffset"] = str(appends[0].queue_offset)
+        return make_response(slim, code, None, ext)
 
     def _random_queue(self, config: TopicConfig) -> int:
         if config.write_queue_nums <= 0:
