@@ -269,3 +269,36 @@ class RemotingBenchTests(SynchronousTestCase):
                 connection.buffer += answer[i : i + 5]
             self.assertEqual(connection.answer(), (0, expected))
             self.assertEqual(connection.buffer, b"")
+
+
+class PullsBenchReportTests(SynchronousTestCase):
+    """
+    C{bench pulls}' verdict: the median drain rate against the median
+    store-check rate, the 50 % target named met or not.
+    """
+
+    def result(self, pull_seconds: list[float]) -> dict[str, object]:
+        size = 100 << 20
+        return {
+            "store_bytes": size,
+            "messages": 1000,
+            "check": [1.0, 2.0, 1.0],
+            "pull": [
+                {"seconds": s, "messages": 1000, "bytes": size, "broker_cpu": 0.5, "consumer_cpu": 0.7}
+                for s in pull_seconds
+            ],
+        }
+
+    def test_met(self) -> None:
+        from tools import pullbench
+
+        text = pullbench.report(self.result([1.5, 1.9, 2.5]))
+        self.assertIn("store check: median 1.00 s = 105 MB/s", text)
+        self.assertIn("pulls / store check: 52.6% (target >= 50 %: met)", text)
+
+    def test_not_met(self) -> None:
+        from tools import pullbench
+
+        text = pullbench.report(self.result([10.0]))
+        self.assertIn("pulls / store check: 10.0% (target >= 50 %: NOT met)", text)
+        self.assertIn("pull: 1,000 messages, 100 MiB in 10.00 s = 10 MB/s, 100 msgs/s", text)
