@@ -18,7 +18,8 @@ been reported:
   starting at C{OFFSET} (its group's committed offset, or 0);
 - C{drop QUEUE}: it let go of the queue (a rebalance).
 
-SIGTERM stops the consumer cleanly (its offsets committed, the client
+The consumer starts when a line arrives on stdin (the process can be
+started early, its imports out of the way).  SIGTERM stops it cleanly (its offsets committed, the client
 unregistered) and then the process.
 """
 
@@ -103,6 +104,7 @@ def main(namesrv: str, group: str, topic: str, client_id: str, log: str) -> None
         poll_interval=1.0,
     )
     consumer.subscribe(topic)
+    sys.stdin.readline()
     consumer.startService()
     reactor.addSystemEventTrigger("before", "shutdown", consumer.stopService)
     reactor.run()

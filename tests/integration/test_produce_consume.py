@@ -123,6 +123,11 @@ class Member(ProcessProtocol):
         self.exit_code = getattr(reason.value, "exitCode", None)
         self.ended.callback(self.exit_code)
 
+    def go(self) -> None:
+        """Start the consumer (the process waits for a line)."""
+        assert self.transport is not None
+        self.transport.write(b"go\n")
+
     def signal(self, name: str) -> None:
         assert self.transport is not None
         self.transport.signalProcess(name)
@@ -203,13 +208,13 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
     namesrv = FakeNameServer(reactor)
     port = await namesrv.listen(reactor, "tcp:0:interface=127.0.0.1")
     ns = f"127.0.0.1:{port.getHost().port}"
-    members: list[Member] = []
     clients: list[RemotingClient] = []
     producer = Producer(reactor, ns, "E2EProducer", poll_interval=1.0)
     notes: list[str] = []
+    members: list[Member] = []
 
     def note(text: str) -> None:
-        notes.append(f"{time.monotonic() - began:6.2f}s {text}")
+        notes.append(f"{time.monotonic() - began:6.2f}s cpu {time.process_time():5.2f}s {text}")
 
     def client(address: str) -> RemotingClient:
         made = RemotingClient(reactor, f"tcp:{address}", retry_policy=lambda _: 0.1)
@@ -218,6 +223,10 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
         return made
 
     try:
+        # The consumers' processes first: they import while the brokers
+        # start, and start consuming when told (L{Member.go}).
+        members[:] = [spawn(reactor, tmp, ns, name) for name in "abc"]
+        a, b, c = members
         with EtcdCluster(os.path.join(tmp, "etcd")) as etcd, FailoverCluster(
             tmp, etcd.spec, nodes=2, start=False, options=namesrv_options(port.getHost().port)
         ) as group:
@@ -248,14 +257,17 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             await until(reactor, lambda: TOPIC in namesrv.topic_names(), "the topic's route", 10)
 
             # -- a stable group of two ------------------------------------------
-            a, b = spawn(reactor, tmp, ns, "a"), spawn(reactor, tmp, ns, "b")
-            members += [a, b]
-
             def shared(*pair: Member) -> bool:
                 return all(len(m.owned) == QUEUES // 2 for m in pair) and set().union(
                     *(m.owned for m in pair)
                 ) == set(range(QUEUES))
 
+            # (One after the other: a member that starts while another's
+            # first rebalance still runs can hold a queue the other also
+            # takes, until the next rebalance, as in RocketMQ.)
+            a.go()
+            await until(reactor, lambda: a.owned == set(range(QUEUES)), "a to take the queues", 20)
+            b.go()
             await until(reactor, lambda: shared(a, b), "a and b to share the queues", 20)
             note(f"a holds {sorted(a.owned)}, b {sorted(b.owned)}")
             producer.startService()
@@ -279,7 +291,8 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             # Until then, each message exactly once in the group.
             boundary = a.takes[took_before][2]
             before = [m[:2] for m in a.messages[:boundary]] + [m[:2] for m in b.messages]
-            assert len(before) == len(set(before)), "a duplicate while the group was stable"
+            twice = sorted(place for place, n in Counter(before).items() if n > 1)
+            assert not twice, f"consumed twice while the group was stable: {twice[:10]}"
             # a resumed b's queues from the committed offsets: never past
             # what b consumed.
             resumed = {}
@@ -290,8 +303,7 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
                 resumed[q] = (offset, last + 1)
             assert set(resumed) == b_queues
             note(f"a took b's queues at (committed, b's next) {resumed}")
-            c = spawn(reactor, tmp, ns, "c")
-            members.append(c)
+            c.go()
             await until(reactor, lambda: shared(a, c), "a and c to share the queues", 20)
             note(f"c joined: a holds {sorted(a.owned)}, c {sorted(c.owned)}")
             await first
@@ -352,28 +364,52 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             def seen() -> set[tuple[int, int]]:
                 return {m[:2] for member in members for m in member.messages}
 
-            await until(reactor, lambda: seen() >= expected, "every stored message to be consumed", 30)
-            everything = [m for member in members for m in member.messages]
-            assert all(ok for (_, _, _, ok) in everything), "a body that does not check out"
-            assert {m[:2] for m in everything} == expected, "consumed past the queues' ends"
+            try:
+                await until(reactor, lambda: seen() >= expected, "every stored message to be consumed", 30)
+            except AssertionError:
+                missing = sorted(expected - seen())
+                elsewhere = sorted(
+                    (member.name, q, offset, seq, production.acked.get(seq))
+                    for member in members
+                    for (q, offset, seq, _) in member.messages
+                    if production.acked.get(seq, (q, offset)) != (q, offset)
+                )
+                raise AssertionError(
+                    f"{len(missing)} stored messages never consumed (queue, offset): {missing[:10]}; "
+                    f"consumed where they were not acknowledged (member, queue, offset, seq, acked at): "
+                    f"{elsewhere[:10]}"
+                ) from None
+            everything = [(member.name, *m) for member in members for m in member.messages]
+            assert all(ok for (*_, ok) in everything), "a body that does not check out"
+            assert {(q, o) for (_, q, o, _, _) in everything} == expected, "consumed past the queues' ends"
             by_place: dict[tuple[int, int], int] = {}
-            for q, offset, seq, _ in everything:
-                assert by_place.setdefault((q, offset), seq) == seq, ("two bodies at", q, offset)
+            for _, q, offset, seq, _ in everything:
+                found = by_place.setdefault((q, offset), seq)
+                assert found == seq, (
+                    f"queue {q} offset {offset} consumed as message {found} and as {seq} (one read from the "
+                    f"old master before it was replicated, and lost in the failover?)"
+                )
             # Every acknowledged message is where it was acknowledged.
             assert all(by_place.get(place) == seq for seq, place in production.acked.items())
             assert len(production.acked) == TOTAL
             stored_twice = sum(n - 1 for n in Counter(by_place.values()).values())
-            redelivered = len(everything) - len(by_place)
+            readers: dict[tuple[int, int], list[str]] = {}
+            for name, q, offset, _, _ in everything:
+                readers.setdefault((q, offset), []).append(name)
+            again = Counter(
+                ("".join(sorted(set(names))), q) for (q, _), names in readers.items() for _ in names[1:]
+            )
             note(
                 f"consumed {len(everything)}: {len(by_place)} stored messages ({stored_twice} stored twice "
-                f"by resends), {redelivered} redelivered; a {len(a.messages)}, b {len(b.messages)}, "
-                f"c {len(c.messages)}"
+                f"by resends), {sum(again.values())} redelivered (by members, queue: {dict(again)}); "
+                f"a {len(a.messages)}, b {len(b.messages)}, c {len(c.messages)}"
             )
 
             # -- clean stops: offsets committed, stores checked ---------------------
             for m in (a, c):
                 m.signal("TERM")
             await DeferredList([a.ended, c.ended])
+            note("consumers stopped")
             assert (a.exit_code, c.exit_code) == (0, 0)
             committed = {}
             for q in range(QUEUES):
@@ -383,7 +419,11 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
                 committed[q] = int(response.ext_fields["offset"])
             assert committed == ends
             await until(reactor, caught_up, "the old master to catch up as a slave", 20)
-            group.stop_all()
+            note("caught up")
+            # (On a thread: the brokers unregister from the NameServer,
+            # which answers from this reactor.)
+            await deferToThread(group.stop_all)
+            note("stopped")
             assert consume_queue_digest(stores[0]) == consume_queue_digest(stores[1])
             checks = await DeferredList([deferToThread(group.store_check, i) for i in (old, new)])
             for (_, check) in checks:
