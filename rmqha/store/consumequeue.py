@@ -713,8 +713,9 @@ class ConsumeQueues:
     def dispatch(self, end: int, limit: int = DEFAULT_DISPATCH_STEP) -> bool:
         """
         One step: add units for the whole records from L{dispatched} up
-        to C{end} (the log's record end), reading at most about C{limit}
-        bytes of the log (one record at least).
+        to C{end} (the log's record end, or less: a record reaching past
+        C{end} is not dispatched), reading at most about C{limit} bytes of
+        the log (one record at least).
 
         @return: whether records before C{end} are left for another step.
         @raise ConsumeQueueError: bytes at L{dispatched} that are not a
@@ -770,8 +771,13 @@ class ConsumeQueues:
                 offset = (offset + position) - (offset + position) % segment_size + segment_size
                 continue
             if position == 0:
-                # One record longer than what was read: read it whole.
+                # One record longer than what was read: read it whole --
+                # unless it reaches past C{end} (a limit inside a record:
+                # the replicas' acknowledged offset): it waits.
                 total = _HEADER.unpack_from(log.read(offset, 8))[0]
+                if offset + total > end:
+                    self.dispatched = offset
+                    return False
                 data = log.read(offset, total)
                 if len(data) < total:
                     raise ConsumeQueueError(
