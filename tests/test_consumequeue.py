@@ -228,6 +228,24 @@ class DispatchTests(SynchronousTestCase):
         clock.advance(0.001)
         self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (log.max_offset, 6))
 
+    def test_dispatch_limit_in_one_step(self) -> None:
+        """
+        A step that dispatches records and then meets a record reaching
+        past its limit writes their units and tells the observers (held
+        pulls wake), and says nothing is left.
+        """
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, segment_size=SEGMENT)
+        self.addCleanup(log.close)
+        queues = log.consume_queues
+        assert queues is not None
+        heard: list[tuple[str, int, int]] = []
+        queues.observe_growth(lambda topic, queue_id, count: heard.append((topic, queue_id, count)))
+        ends = [log.put(Message(topic="T", body=b"x%d" % i * 100, queue_id=0)).next_offset for i in range(4)]
+        self.assertFalse(log.dispatch(1 << 20, ends[2] - 1))
+        self.assertEqual((queues.dispatched, heard), (ends[1], [("T", 0, 2)]))
+        written = _units(os.path.join(log.store_dir, "consumequeue", "T", "0", "0" * 20))
+        self.assertEqual(written[:3], [(0, ends[0], 0), (ends[0], ends[1] - ends[0], 0), (0, 0, 0)])
+
     def test_replica_append(self) -> None:
         """
         A slave's log, written by append_at, gets the same queues as its

@@ -731,6 +731,7 @@ class ConsumeQueues:
         one = self._one
         by_raw = self._by_raw
         scan = getattr(_codec._accel, "cq_units", None)
+        waiting = False  # (a record reaching past end)
         while offset < end and budget > 0:
             data = log.read(offset, min(budget, end - offset))
             n = len(data)
@@ -776,8 +777,8 @@ class ConsumeQueues:
                 # the replicas' acknowledged offset): it waits.
                 total = _HEADER.unpack_from(log.read(offset, 8))[0]
                 if offset + total > end:
-                    self.dispatched = offset
-                    return False
+                    waiting = True
+                    break
                 data = log.read(offset, total)
                 if len(data) < total:
                     raise ConsumeQueueError(
@@ -803,7 +804,7 @@ class ConsumeQueues:
                         observer(topic, queue_id, count)
                     except Exception:
                         self._log.failure("a consume-queue observer failed")
-        return self.dispatched < end
+        return not waiting and self.dispatched < end
 
     def _one(
         self, data: bytes, p: int, total: int, magic: int, offset: int
