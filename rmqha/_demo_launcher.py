@@ -351,23 +351,34 @@ class BrokerGroup:
         if process.poll() is None:
             process.send_signal(signal.SIGCONT)
             process.terminate()
-            try:
-                process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        return self._reap(process, timeout)
+
+    @staticmethod
+    def _reap(process: subprocess.Popen[bytes], timeout: float) -> int | None:
+        """
+        Wait for a signalled node's exit, SIGKILL it after C{timeout}.
+        """
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         return process.returncode
 
-    def stop_all(self) -> None:
+    def stop_all(self, timeout: float = 20.0) -> None:
         """
-        Stop every node cleanly (all at once), then wait for each.
+        Stop every node cleanly (all at once: one SIGTERM each), then wait
+        for each, SIGKILL after C{timeout}.
         """
         for node in self.nodes:
             if node.running:
                 self.signal(node.index, signal.SIGCONT)
                 self.signal(node.index, signal.SIGTERM)
         for node in self.nodes:
-            self.stop(node.index)
+            if node.process is not None:
+                # (Not stop(): a second SIGTERM while the first shuts the
+                # node down makes twistd log ReactorNotRunning as critical.)
+                self._reap(node.process, timeout)
 
     def close(self) -> None:
         """

@@ -120,6 +120,9 @@ class RoleServices:
         C{leader}'s node id and epoch).
         """
         s = self._settings
+        # A slave's consume queues follow all it holds.
+        self._store.dispatch_limit = None
+        self._store.dispatch_soon()
         return Replica(
             self._reactor,
             self._store,
@@ -142,6 +145,10 @@ class RoleServices:
         Serve slaves from the open log.
         """
         side.open(self._commitlog, self.epochs)
+        # Failover, SYNC_MASTER: consumers read only what the in-sync
+        # replicas hold (HAService.visible_end).
+        self._store.dispatch_limit = side.ha.visible_end
+        side.ha.on_acked_end = self._store.dispatch_soon
         side.startService()
 
     def prepare_promotion(self, from_master: bool, epoch: int | None) -> Deferred[None]:

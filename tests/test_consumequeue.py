@@ -192,6 +192,65 @@ class DispatchTests(SynchronousTestCase):
             [c for c in clock.getDelayedCalls() if not hasattr(c.func, "f")]
         )
 
+    def test_dispatch_limit(self) -> None:
+        """
+        With a C{dispatch_limit} (a failover SYNC master: what its in-sync
+        replicas hold), dispatch stops before the first record reaching
+        past it, even one longer than a step, and schedules nothing more;
+        C{dispatch_soon} after the limit moves dispatches further, and no
+        limit dispatches to the log's end.
+        """
+        clock = Clock()
+        directory = self.mktemp()
+        service = CommitLogService(
+            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
+            clock,
+            run_in_thread=lambda f: self.fail("no flush expected"),  # type: ignore[arg-type,return-value]
+            dispatch_step=100,
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
+        log = service.commitlog
+        assert log is not None and log.consume_queues is not None
+        queues = log.consume_queues
+        limit = [0]
+        service.dispatch_limit = lambda: limit[0]
+        ends = [log.put(Message(topic="T", body=b"x%d" % i * 100, queue_id=0)).next_offset for i in range(6)]
+        clock.advance(0.001)
+        self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (0, 0))
+        # The limit inside record 2 (longer than a step): records 0 and 1.
+        limit[0] = ends[2] - 1
+        service.dispatch_soon()
+        clock.advance(0.001)
+        self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (ends[1], 2))
+        self.assertFalse([c for c in clock.getDelayedCalls() if not hasattr(c.func, "f")])
+        limit[0] = ends[4]
+        service.dispatch_soon()
+        clock.advance(0.001)
+        self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (ends[4], 5))
+        service.dispatch_limit = None
+        service.dispatch_soon()
+        clock.advance(0.001)
+        self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (log.max_offset, 6))
+
+    def test_dispatch_limit_in_one_step(self) -> None:
+        """
+        A step that dispatches records and then meets a record reaching
+        past its limit writes their units and tells the observers (held
+        pulls wake), and says nothing is left.
+        """
+        log = CommitLog.open(self.mktemp(), consume_queues=True, clock=fixed_clock, segment_size=SEGMENT)
+        self.addCleanup(log.close)
+        queues = log.consume_queues
+        assert queues is not None
+        heard: list[tuple[str, int, int]] = []
+        queues.observe_growth(lambda topic, queue_id, count: heard.append((topic, queue_id, count)))
+        ends = [log.put(Message(topic="T", body=b"x%d" % i * 100, queue_id=0)).next_offset for i in range(4)]
+        self.assertFalse(log.dispatch(1 << 20, ends[2] - 1))
+        self.assertEqual((queues.dispatched, heard), (ends[1], [("T", 0, 2)]))
+        written = _units(os.path.join(log.store_dir, "consumequeue", "T", "0", "0" * 20))
+        self.assertEqual(written[:3], [(0, ends[0], 0), (ends[0], ends[1] - ends[0], 0), (0, 0, 0)])
+
     def test_replica_append(self) -> None:
         """
         A slave's log, written by append_at, gets the same queues as its

@@ -7,6 +7,7 @@ starts: the argv each gives a node and how a local etcd fails.
 from __future__ import annotations
 
 import os
+import signal
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -88,3 +89,52 @@ class CommandTests(SynchronousTestCase):
         self.assertRaises(
             ValueError, FailoverCluster, self.mktemp(), "etcd:", auth="none", start=False
         )
+
+
+class _SlowToExit:
+    """
+    A node's process that exits only when waited for after a SIGTERM (as
+    a real one takes a while to shut down): the signals it got.
+    """
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        self.signals.append(signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+        self.returncode = -signal.SIGKILL
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if signal.SIGTERM in self.signals and self.returncode is None:
+            self.returncode = 0
+        return self.returncode
+
+
+class StopTests(SynchronousTestCase):
+    """
+    Stopping the nodes.
+    """
+
+    def test_stop_all_terminates_once(self) -> None:
+        """
+        L{BrokerGroup.stop_all} sends each running node one SIGTERM (after
+        a SIGCONT) and waits for it; a second SIGTERM while twistd shuts
+        down makes it log C{ReactorNotRunning} as critical.
+        """
+        group = BrokerGroup(self.mktemp(), "etcd:http://127.0.0.1:1", 2, start=False)
+        processes = [_SlowToExit(), _SlowToExit()]
+        for node, process in zip(group.nodes, processes):
+            node.process = process  # type: ignore[assignment]
+        group.stop_all()
+        self.assertEqual([p.signals for p in processes], [[signal.SIGCONT, signal.SIGTERM]] * 2)
+        self.assertEqual([p.returncode for p in processes], [0, 0])

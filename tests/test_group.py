@@ -843,3 +843,80 @@ class FailoverFloorTests(SynchronousTestCase):
         self.ha._min_in_sync_replicas = 1
         self.assertIsNone(self.ha.refusal())
         self.assertEqual(self.successResultOf(self.ha.wait_for(1000)), PutStatus.PUT_OK)
+
+
+class VisibleEndTests(SynchronousTestCase):
+    """
+    Failover mode on a SYNC_MASTER: consumers read only what every
+    in-sync member holds (L{HAService.visible_end}, the broker's consume
+    queues dispatched up to it): a message read before then could be
+    lost with the master, and another written at its place.
+    """
+
+    setUp = FailoverFloorTests.setUp
+
+    def test_follows_the_quorum(self) -> None:
+        """
+        C{visible_end} is C{acked_end}, moving with the in-sync members'
+        acks and telling C{on_acked_end} each time; without an in-sync
+        set, or on an ASYNC master, C{None} (the whole log).
+        """
+        told: list[int] = []
+        self.ha.on_acked_end = lambda: told.append(self.ha.acked_end)
+        self.assertEqual(self.ha.visible_end(), 0)
+        self.acks.live_node_ids = {"b"}
+        d = self.ha.wait_for(1000)
+        self.assertEqual(self.ha.visible_end(), 0)
+        # b catches up and enters the set.
+        self.acks.nodes["b"] = 1000
+        self.in_sync.acked("b", 1000, 1000, 0)
+        self.ha.release()
+        self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
+        self.assertEqual((self.ha.visible_end(), told), (1000, [1000]))
+        # The master appends up to 2000; b holds 1500 of it: 1500 visible.
+        self.ha._appended.max_offset = 2000  # type: ignore[attr-defined]
+        d = self.ha.wait_for(2000)
+        self.acks.nodes["b"] = 1500
+        self.ha.acks_changed()
+        self.ha.release()
+        self.assertNoResult(d)
+        self.assertEqual((self.ha.visible_end(), told), (1500, [1000, 1500]))
+        self.acks.nodes["b"] = 2000
+        self.ha.acks_changed()
+        self.ha.release()
+        self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
+        self.assertEqual((self.ha.visible_end(), told), (2000, [1000, 1500, 2000]))
+        self.ha.acks_changed()  # (nothing moved: nothing told)
+        self.assertEqual(told, [1000, 1500, 2000])
+        self.ha.sync = False
+        self.assertIsNone(self.ha.visible_end())
+
+    def test_alone_with_a_floor_of_one(self) -> None:
+        """
+        minInSyncReplicas 1, the master alone: each PUT_OK makes its put
+        visible.
+        """
+        told: list[int] = []
+        self.ha.on_acked_end = lambda: told.append(self.ha.acked_end)
+        self.ha._min_in_sync_replicas = 1
+        self.assertEqual(self.successResultOf(self.ha.wait_for(1000)), PutStatus.PUT_OK)
+        self.assertEqual((self.ha.visible_end(), told), (1000, [1000]))
+
+    def test_not_failover(self) -> None:
+        """
+        Without a coordinator (no in-sync set) the whole log is read, as
+        RocketMQ 4.9.8 reads it.
+        """
+        from rmqha.ha.group import HAService
+
+        ha = HAService(
+            self.clock,
+            acks=StubAcks(),
+            appended=StubAppended(1000),
+            sync=True,
+            in_sync_replicas=2,
+            min_in_sync_replicas=1,
+            slave_fallbehind_max=1 << 20,
+            slave_timeout=3.0,
+        )
+        self.assertIsNone(ha.visible_end())

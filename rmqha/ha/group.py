@@ -439,6 +439,9 @@ class HAService:
         #: The highest quorum offset so far: every put answered PUT_OK
         #: ends at or before it.
         self.acked_end = 0
+        #: Called when L{acked_end} moves (the broker dispatches the
+        #: consume queues up to L{visible_end}).
+        self.on_acked_end: Callable[[], object] | None = None
 
     def use_in_sync(self, in_sync: InSyncSet) -> None:
         """
@@ -497,7 +500,7 @@ class HAService:
         """
         if self.in_sync is not None:
             quorum = self._failover_quorum(self.in_sync)
-            self.acked_end = max(self.acked_end, quorum)
+            self._acked_to(quorum)
             self.group.quorum_changed(quorum)
             return
         needed = self._in_sync_replicas - 1
@@ -509,6 +512,28 @@ class HAService:
             return
         ordered = sorted(acks, reverse=True)
         self.group.quorum_changed(ordered[needed - 1] if len(ordered) >= needed else -1)
+
+    def _acked_to(self, end: int) -> None:
+        if end > self.acked_end:
+            self.acked_end = end
+            if self.on_acked_end is not None:
+                self.on_acked_end()
+
+    def visible_end(self) -> int | None:
+        """
+        How far consumers may read the log: in failover mode on a
+        SYNC_MASTER, L{acked_end} (what every in-sync member holds, and so
+        survives a failover: a message read before its replicas hold it
+        could be lost with this master, and another written at its place
+        in its queue); otherwise C{None} (the whole log, as RocketMQ 4.9.8
+        reads it; RocketMQ 5 reads up to its confirm offset unless
+        C{readUnCommitted}).  Still so once stopped: a deposed master
+        serves no more of its log until it follows the new one (whose
+        checks cut what it must not keep).
+        """
+        if self.in_sync is None or not self.sync:
+            return None
+        return self.acked_end
 
     def release(self) -> None:
         """
@@ -617,7 +642,7 @@ class HAService:
             if not self._fence.may_acknowledge():
                 return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
             if alone:
-                self.acked_end = max(self.acked_end, end)
+                self._acked_to(end)
                 self.replication_wait.observe(0.0)
                 return self._answer(PutStatus.PUT_OK, append)
         return self.group.wait_for(end, append)

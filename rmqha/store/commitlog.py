@@ -351,17 +351,18 @@ class CommitLog(ReplicaTail, SegmentRolling):
         if gap >= _PROGRESS_BYTES:
             self._log.info("consume queues built up to commit-log offset {end}", end=end)
 
-    def dispatch(self, limit: int) -> bool:
+    def dispatch(self, limit: int, end: int | None = None) -> bool:
         """
         One bounded step of consume-queue dispatch up to the last whole
-        record (RocketMQ's C{ReputMessageService.doReput}).
+        record (RocketMQ's C{ReputMessageService.doReput}), or the last
+        whole record before C{end}.
 
         @return: whether more is left to dispatch.
         """
         queues = self.consume_queues
         if queues is None or self._closed or self._watch.damage is not None:
             return False  # (a damaged log: said once, by the log)
-        return queues.dispatch(self._record_end, limit)
+        return queues.dispatch(self._record_end if end is None else min(end, self._record_end), limit)
 
     # -- offsets -----------------------------------------------------------
 

@@ -716,8 +716,9 @@ class ConsumeQueues:
     def dispatch(self, end: int, limit: int = DEFAULT_DISPATCH_STEP) -> bool:
         """
         One step: add units for the whole records from L{dispatched} up
-        to C{end} (the log's record end), reading at most about C{limit}
-        bytes of the log (one record at least).
+        to C{end} (the log's record end, or less: a record reaching past
+        C{end} is not dispatched), reading at most about C{limit} bytes of
+        the log (one record at least).
 
         @return: whether records before C{end} are left for another step.
         @raise ConsumeQueueError: bytes at L{dispatched} that are not a
@@ -733,6 +734,7 @@ class ConsumeQueues:
         one = self._one
         by_raw = self._by_raw
         scan = getattr(_codec._accel, "cq_units", None)
+        waiting = False  # (a record reaching past end)
         while offset < end and budget > 0:
             data = log.read(offset, min(budget, end - offset))
             n = len(data)
@@ -773,8 +775,13 @@ class ConsumeQueues:
                 offset = (offset + position) - (offset + position) % segment_size + segment_size
                 continue
             if position == 0:
-                # One record longer than what was read: read it whole.
+                # One record longer than what was read: read it whole --
+                # unless it reaches past C{end} (a limit inside a record:
+                # the replicas' acknowledged offset): it waits.
                 total = _HEADER.unpack_from(log.read(offset, 8))[0]
+                if offset + total > end:
+                    waiting = True
+                    break
                 data = log.read(offset, total)
                 if len(data) < total:
                     raise ConsumeQueueError(
@@ -800,7 +807,7 @@ class ConsumeQueues:
                         observer(topic, queue_id, count)
                     except Exception:
                         self._log.failure("a consume-queue observer failed")
-        return self.dispatched < end
+        return not waiting and self.dispatched < end
 
     def _one(
         self, data: bytes, p: int, total: int, magic: int, offset: int

@@ -140,6 +140,11 @@ class CommitLogService(Service):
         # Consume-queue dispatch: one bounded step per reactor turn.
         self._dispatch_step = dispatch_step
         self._dispatch_call: IDelayedCall | None = None
+        #: How far dispatch may go: a failover SYNC master's acknowledged
+        #: offset (L{rmqha.ha.group.HAService.visible_end}), or C{None}
+        #: (the log's last whole record).  Call L{dispatch_soon} when it
+        #: moves.
+        self.dispatch_limit: Callable[[], int | None] | None = None
         self._dispatch_failed = False
         self._stop_observing: Callable[[], None] | None = None
         self._cq_interval = consume_queue_flush_interval
@@ -238,6 +243,14 @@ class CommitLogService(Service):
         if self._dispatch_call is None and not self._dispatch_failed:
             self._dispatch_call = self._reactor.callLater(DISPATCH_DELAY, self._dispatch)
 
+    def dispatch_soon(self) -> None:
+        """
+        L{dispatch_limit} moved: dispatch in L{DISPATCH_DELAY}, as after
+        an append.
+        """
+        if self.commitlog is not None and self._stop_observing is not None:
+            self._appended(self.commitlog.max_offset)
+
     def _dispatch(self) -> None:
         """
         One consume-queue dispatch step; another at the next turn while
@@ -248,7 +261,8 @@ class CommitLogService(Service):
         if commitlog is None:
             return
         try:
-            more = commitlog.dispatch(self._dispatch_step)
+            limit = self.dispatch_limit
+            more = commitlog.dispatch(self._dispatch_step, None if limit is None else limit())
         except Exception:
             self._dispatch_failed = True
             if commitlog.damage is None:  # (else the log said why, once)

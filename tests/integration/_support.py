@@ -23,6 +23,20 @@ def store_digest(store_dir: str) -> dict[str, str]:
     return out
 
 
+def consume_queue_digest(store_dir: str) -> dict[str, str]:
+    """
+    Path under C{consumequeue/} (C{topic/queueId/file}) -> sha256 of the
+    file's bytes.
+    """
+    root = os.path.join(store_dir, "consumequeue")
+    out = {}
+    for path, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(path, name), "rb") as f:
+                out[os.path.relpath(os.path.join(path, name), root)] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
 async def until(
     reactor: Any, condition: Callable[[], bool], what: str, timeout: float = 120.0
 ) -> None:
@@ -80,3 +94,63 @@ def make_broker(
             broker, http, http_peer_policy, serve_commitlog, failover=failover
         ).setServiceParent(broker)
     return broker
+
+
+# -- remoting failover groups (test_remoting_failover, test_produce_consume) ---
+
+
+def namesrv_options(namesrv_port: int) -> list[str]:
+    """
+    The C{twistd rmqha} flags of a failover node with a remoting port
+    that registers with the NameServer on C{namesrv_port}: remoting port
+    0 (each node registers the port it got, and the NameServer says
+    where it is), advertised as 127.0.0.1.
+    """
+    return [
+        "--namesrv", f"127.0.0.1:{namesrv_port}", "--broker-ip1", "127.0.0.1",
+        "--listen", "tcp:0:interface=127.0.0.1",
+    ]
+
+
+def failover_role(group: Any, i: int) -> bool | None:
+    """
+    Whether node C{i} of a L{tools.failover_cluster.FailoverCluster} says
+    it is the elected master (C{None}: it does not answer).
+    """
+    status = group.status(i)
+    return None if status is None else (status.get("failover") or {}).get("is_master")
+
+
+def metadata_syncs(group: Any, i: int) -> int:
+    """
+    How many complete metadata syncs node C{i} has done as a slave.
+    """
+    sync = (group.status(i) or {}).get("metadata_sync") or {}
+    return int(sync.get("complete_syncs") or 0)
+
+
+def topic_fields(topic: str, queues: int = 4) -> dict[str, str]:
+    """
+    The extFields of an UPDATE_AND_CREATE_TOPIC making C{topic}, read-write,
+    with C{queues} read and write queues.
+    """
+    return {
+        "topic": topic,
+        "defaultTopic": "TBW102",
+        "readQueueNums": str(queues),
+        "writeQueueNums": str(queues),
+        "perm": "6",
+        "topicFilterType": "SINGLE_TAG",
+        "topicSysFlag": "0",
+        "order": "false",
+    }
+
+
+async def ask(client: Any, code: int, ext: dict[str, str] | None = None) -> Any:
+    """
+    One request over a L{rmqha.remoting.protocol.RemotingClient}, its
+    answer within 5 s.
+    """
+    from rmqha.remoting._frames import RemotingCommand
+
+    return await client.request(RemotingCommand(code=code, ext_fields=ext), timeout=5)

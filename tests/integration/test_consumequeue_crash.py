@@ -11,7 +11,6 @@ from the same log.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import random
 import shutil
@@ -23,6 +22,8 @@ import time
 import rmqha
 from rmqha.store.commitlog import CommitLog, Message
 from rmqha.store.consumequeue import verify_consume_queues
+
+from tests.integration._support import consume_queue_digest
 
 SEGMENT = 256 * 1024
 UNITS = 64
@@ -56,18 +57,6 @@ print("ready", flush=True)
 LoopingCall(put).start(0.002)
 reactor.run()
 """
-
-
-def _queue_digests(store: str) -> dict[str, str]:
-    root = os.path.join(store, "consumequeue")
-    result = {}
-    for path, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(path, name), "rb") as f:
-                result[os.path.relpath(os.path.join(path, name), root)] = hashlib.sha256(
-                    f.read()
-                ).hexdigest()
-    return result
 
 
 def test_kill_during_dispatch(tmp_path: object) -> None:
@@ -130,4 +119,4 @@ def test_kill_during_dispatch(tmp_path: object) -> None:
     os.remove(os.path.join(rebuilt, "rmqha", "cq-dispatched"))
     with CommitLog.open(rebuilt, consume_queue_units=UNITS, consume_queues=True):
         pass
-    assert _queue_digests(rebuilt) == _queue_digests(store)
+    assert consume_queue_digest(rebuilt) == consume_queue_digest(store)

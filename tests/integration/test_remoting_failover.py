@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 
-from rmqha.remoting._frames import RemotingCommand, header_to_ext_fields
+from rmqha.remoting._frames import header_to_ext_fields
 from rmqha.remoting.codes import RequestCode, ResponseCode
 from rmqha.remoting.metadata import (
     ConsumerOffsetTable,
@@ -32,7 +32,14 @@ from rmqha.remoting.metadata import (
 from rmqha.remoting.offsets import QueryConsumerOffsetRequestHeader, UpdateConsumerOffsetRequestHeader
 from rmqha.remoting.protocol import RemotingClient
 from rmqha.testing import FakeNameServer
-from tests.integration._support import until
+from tests.integration._support import (
+    ask as _ask,
+    failover_role,
+    metadata_syncs,
+    namesrv_options,
+    topic_fields,
+    until,
+)
 from tools.etcd_cluster import EtcdCluster
 from tools.failover_cluster import FailoverCluster
 from tools.processes import etcd_binary
@@ -43,22 +50,6 @@ TOPIC = "SyncedTopic"
 GROUP = "SyncedGroup"
 #: What the consumer group commits on the master, per queue.
 COMMITTED = {0: 120, 1: 7, 2: 0, 3: 1 << 40}
-
-_CREATE = {
-    "topic": TOPIC,
-    "defaultTopic": "TBW102",
-    "readQueueNums": "4",
-    "writeQueueNums": "4",
-    "perm": "6",
-    "topicFilterType": "SINGLE_TAG",
-    "topicSysFlag": "0",
-    "order": "false",
-}
-
-
-async def _ask(client: RemotingClient, code: int, ext: dict[str, str] | None = None) -> RemotingCommand:
-    response = await client.request(RemotingCommand(code=code, ext_fields=ext), timeout=5)
-    return response
 
 
 async def _offsets(client: RemotingClient) -> dict[int, int]:
@@ -115,12 +106,7 @@ async def test_metadata_survives_failover(tmp_path: Any) -> None:
         pytest.skip("etcd is not installed (python3 dev.py test installs etcd-server as root)")
     namesrv = FakeNameServer(reactor)
     port = await namesrv.listen(reactor, "tcp:0:interface=127.0.0.1")
-    # (Remoting ports 0: each node registers the port it got, and the
-    # NameServer says where its remoting port is.)
-    options = [
-        "--namesrv", f"127.0.0.1:{port.getHost().port}", "--broker-ip1", "127.0.0.1",
-        "--listen", "tcp:0:interface=127.0.0.1",
-    ]
+    options = namesrv_options(port.getHost().port)
     clients: list[RemotingClient] = []
 
     def client(address: str) -> RemotingClient:
@@ -138,8 +124,7 @@ async def test_metadata_survives_failover(tmp_path: Any) -> None:
                 group.start(i, "--broker-id", str(i + 1))
 
             def role(i: int) -> Any:
-                status = group.status(i)
-                return None if status is None else (status.get("failover") or {}).get("is_master")
+                return failover_role(group, i)
 
             # The master first, alone: the slave's first sync, 3 s after
             # it becomes one, then finds the topic and the offsets.
@@ -148,7 +133,7 @@ async def test_metadata_survives_failover(tmp_path: Any) -> None:
             await until(reactor, lambda: 0 in namesrv.brokers("g"), "n0 to register as 0", 10)
             n0 = namesrv.brokers("g")[0]
             master = client(n0)
-            response = await _ask(master, RequestCode.UPDATE_AND_CREATE_TOPIC, _CREATE)
+            response = await _ask(master, RequestCode.UPDATE_AND_CREATE_TOPIC, topic_fields(TOPIC))
             assert (response.code, response.remark) == (ResponseCode.SUCCESS, None)
             for queue, offset in COMMITTED.items():
                 response = await _ask(
@@ -162,11 +147,7 @@ async def test_metadata_survives_failover(tmp_path: Any) -> None:
 
             start(1)
 
-            def synced() -> bool:
-                sync = (group.status(1) or {}).get("metadata_sync") or {}
-                return bool(sync.get("complete_syncs"))
-
-            await until(reactor, synced, "n1's first complete metadata sync", 30)
+            await until(reactor, lambda: metadata_syncs(group, 1) > 0, "n1's first complete metadata sync", 30)
             assert (group.status(1) or {})["metadata_sync"]["master"] == n0
             brokers = namesrv.brokers("g")
             assert set(brokers) == {0, 2}, brokers  # (n1 as its --broker-id)
