@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_demo_launcher,tests.integration.test_failover -*-
 """
 A failover group of real processes, for the failover tests
-(tests/integration/test_failover.py and its scenarios) and the failover
+(tests/integration/test_failover*.py and their scenarios) and the failover
 benchmark (C{python -m tools.bench failover}): L{FailoverCluster} is the
 demo's L{BrokerGroup} (L{rmqha._demo_launcher}, shipped for
 C{rmqha demo --failover}) with what only tests need: each node on its own
