@@ -430,13 +430,32 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             # Never past the queues' ends. Equal to them in every run alone
             # (17 s); under a loaded suite one run of several ended with the
             # new master holding the offsets of the kill (16,288 of 24,992 a
-            # queue): the commits after the failover went elsewhere (an open
-            # bug, issue 30: a stale route's master address, now a slave's,
-            # takes commits its master's sync then overwrites). Reported,
-            # not failed, until it is fixed: re-delivery, not loss.
+            # queue): no commit after the failover stayed there (an open
+            # bug, issue 30, cause not found yet; the old master comes back
+            # on a new remoting port, --listen port 0, so a route naming its
+            # old address cannot reach it; the notes below say where the
+            # commits went). Reported, not failed, until it is fixed:
+            # re-delivery, not loss.
             assert all(0 <= committed[q] <= ends[q] for q in ends), (committed, ends)
             if committed != ends:
                 note(f"committed offsets behind the queues' ends after the stop: {committed} < {ends}")
+                # (Issue 30's evidence: where the NameServer routes the
+                # group now, what registered since the kill, and where the
+                # consumers' routes and commits went.)
+                since_kill = [(r.header.broker_addr, r.header.broker_id) for r in namesrv.registrations[registered:]]
+                note(f"NameServer: g is {dict(namesrv.brokers('g'))}; registrations since the kill {since_kill}")
+                for m in members:
+                    with open(os.path.join(tmp, f"consumer-{m.name}.log")) as log:
+                        lines = [
+                            line for line in log
+                            if any(k in line for k in ("route of topic E2ETopic", "commit", "takes", "let go"))
+                        ]
+                    note(f"{m.name}'s routes, queues and commit warnings: " + " | ".join(
+                        line.strip()[:160] for line in lines[-16:]
+                    ))
+                with open(group.log_path(new)) as log:
+                    lines = [line for line in log if "metadata sync" in line or "RoleMachine" in line]
+                note(f"n{new}'s metadata sync and roles: " + " | ".join(line.strip()[:160] for line in lines[-8:]))
             await until(reactor, caught_up, "the old master to catch up as a slave", 20)
             note("caught up")
             # (On a thread: the brokers unregister from the NameServer,
