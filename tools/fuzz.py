@@ -795,6 +795,9 @@ def run(
     if only:
         unknown = set(only) - {name for name, _, _ in targets}
         if unknown:
+            for made in (slave, remoting, sends, pulls):
+                made.close()
+            shutil.rmtree(directory, ignore_errors=True)  # (nothing left behind)
             raise ValueError(f"unknown fuzz target(s): {', '.join(sorted(unknown))}")
         targets = [t for t in targets if t[0] in only]
     counts = {name: 0 for name, _, _ in targets}
