@@ -161,6 +161,12 @@ def test_duplicate_node_id_refuses_to_run(etcd: EtcdCluster, tmp_path: Any) -> N
 
     with FailoverCluster(str(tmp_path / "group"), etcd.spec) as group:
         master = group.wait_master()
+        # (The id must be live first: every node in the master's in-sync
+        # set. Under a loaded suite a master was elected before n0 had
+        # started; the twin, first, took the id, and the real n0 then
+        # refused to run, as it should: the test's premise, not the
+        # protection, had failed.)
+        wait_in_sync(group, master, 3)
         holder = group.nodes[0]
         (ha,) = free_ports(1)
         log = tmp_path / "twin.log"
