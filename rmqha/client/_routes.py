@@ -41,7 +41,7 @@ from rmqha.client._codec import (
 from rmqha.remoting._frames import RemotingCommand, header_to_ext_fields
 from rmqha.remoting.codes import LanguageCode, RequestCode, ResponseCode
 from rmqha.remoting.namesrv import GetRouteInfoRequestHeader
-from rmqha.remoting.protocol import RemotingClient, RemotingRequestError
+from rmqha.remoting.protocol import NO_HANDLER, IRemotingHandler, RemotingClient, RemotingRequestError
 
 __all__ = [
     "NameServers",
@@ -50,6 +50,7 @@ __all__ = [
     "NoRouteError",
     "NameServerError",
     "WatchedEndpoint",
+    "watched_client",
     "reconnect_policy",
 ]
 
@@ -73,6 +74,27 @@ def reconnect_policy(attempt: int) -> float:
     0.5 s doubling to 5 s.
     """
     return 0.1 if attempt <= 1 else min(0.5 * 2 ** (attempt - 2), 5.0)
+
+
+def watched_client(
+    reactor: Any,
+    endpoint: "str | IStreamClientEndpoint",
+    name: str,
+    clock: IReactorTime,
+    handler: IRemotingHandler = NO_HANDLER,
+    retry_policy: Callable[[int], float] | None = None,
+) -> "tuple[RemotingClient, WatchedEndpoint]":
+    """
+    A kept remoting connection to C{endpoint} (a client endpoint
+    description or object), named C{name} in its errors, reconnecting by
+    L{reconnect_policy}, through a L{WatchedEndpoint} that remembers how
+    its last attempt went; not started.
+    """
+    watched = WatchedEndpoint(clientFromString(reactor, endpoint) if isinstance(endpoint, str) else endpoint)
+    client = RemotingClient(
+        reactor, watched, handler, clock=clock, retry_policy=retry_policy or reconnect_policy, name=name
+    )
+    return client, watched
 
 
 class NameServerError(SendError):
@@ -166,16 +188,10 @@ class NameServers:
                 if isinstance(address, str)
                 else address
             )
-            if isinstance(endpoint, str):
-                endpoint = clientFromString(reactor, endpoint)
-            watched = WatchedEndpoint(endpoint)
-            client = RemotingClient(
-                reactor,
-                watched,
-                clock=clock,
-                retry_policy=retry_policy or reconnect_policy,
+            client, watched = watched_client(
+                reactor, endpoint, address if isinstance(address, str) else str(endpoint), clock,
+                retry_policy=retry_policy,
             )
-            client.name = address if isinstance(address, str) else str(endpoint)
             self.clients.append(client)
             self.endpoints.append(watched)
         self.chosen = rng.randrange(len(self.clients))

@@ -44,7 +44,6 @@ from twisted.internet.defer import (
     TimeoutError,
     maybeDeferred,
 )
-from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -84,7 +83,7 @@ from rmqha.client._routes import (
     TopicRoutes,
     WatchedEndpoint,
     follow,
-    reconnect_policy,
+    watched_client,
     within,
 )
 from rmqha.remoting._frames import CustomHeaderError, RemotingCommand, header_from_ext_fields, header_to_ext_fields
@@ -230,13 +229,7 @@ class _Client:
     def link(self, addr: str) -> _Link:
         link = self.links.get(addr)
         if link is None:
-            endpoint = self.endpoint_for(addr)
-            if isinstance(endpoint, str):
-                endpoint = clientFromString(self.reactor, endpoint)
-            watched = WatchedEndpoint(endpoint)
-            client = RemotingClient(
-                self.reactor, watched, self.handler, clock=self.clock, retry_policy=reconnect_policy, name=addr
-            )
+            client, watched = watched_client(self.reactor, self.endpoint_for(addr), addr, self.clock, self.handler)
             link = self.links[addr] = _Link(client, watched)
             client.startService()
         return link

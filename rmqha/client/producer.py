@@ -30,7 +30,6 @@ from twisted.internet.defer import (
     TimeoutError,
     fail,
 )
-from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -62,7 +61,7 @@ from rmqha.client._routes import (
     PublishInfo,
     TopicRoutes,
     WatchedEndpoint,
-    reconnect_policy,
+    watched_client,
     within,
 )
 from rmqha.remoting._frames import RemotingCommand, header_to_ext_fields
@@ -288,17 +287,7 @@ class Producer(Service):
     def _link(self, addr: str) -> _BrokerLink:
         link = self.brokers.get(addr)
         if link is None:
-            endpoint = self.endpoint_for(addr)
-            if isinstance(endpoint, str):
-                endpoint = clientFromString(self.reactor, endpoint)
-            watched = WatchedEndpoint(endpoint)
-            client = RemotingClient(
-                self.reactor,
-                watched,
-                clock=self.clock,
-                retry_policy=reconnect_policy,
-            )
-            client.name = addr
+            client, watched = watched_client(self.reactor, self.endpoint_for(addr), addr, self.clock)
             link = _BrokerLink(client, DeferredSemaphore(self.max_in_flight), watched)
             self.brokers[addr] = link
             client.startService()
