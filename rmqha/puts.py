@@ -146,8 +146,17 @@ class PutPath:
             self._log.info("the commit log takes puts again")
         self.puts += 1
         self.put_bytes += append.size
+        return self._verdict(side, commitlog.flush_disk_type, append)
+
+    def _verdict(
+        self, side: MasterSide, flush_disk_type: FlushDiskType, append: AppendResult
+    ) -> Deferred[PutMessageResult]:
+        """
+        What the put (or the batch) ending with C{append} is answered: the
+        replicas' verdict, and with SYNC_FLUSH the disk's too.
+        """
         end = append.next_offset
-        if commitlog.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+        if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
             # The replicas' verdict, as the put's result (made by result,
             # with no callback of its own).
             return side.wait_for(end, append)
@@ -212,25 +221,7 @@ class PutPath:
             self._log.info("the commit log takes puts again")
         self.puts += len(appends)
         self.put_bytes += sum(a.size for a in appends)
-        last = appends[-1]
-        end = last.next_offset
-        if commitlog.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
-            waited: Deferred[Any] = side.wait_for(end, last)
-        else:
-            flushed: Deferred[PutStatus] = self._store.when_flushed(end).addCallback(
-                lambda _: PutStatus.PUT_OK
-            )
-            flushed.addTimeout(
-                self._sync_flush_timeout,
-                self._reactor,
-                onTimeoutCancel=timed_out_as(PutStatus.FLUSH_DISK_TIMEOUT),
-            )
-            waited = gatherResults([flushed, side.wait_for(end)]).addCallback(
-                lambda statuses: self.result(
-                    next((s for s in statuses if s is not PutStatus.PUT_OK), PutStatus.PUT_OK),
-                    last,
-                )
-            )
+        waited = self._verdict(side, commitlog.flush_disk_type, appends[-1])
         return waited.addCallback(lambda result: (result.status, appends))
 
     def _not_stored(self, error: OSError) -> NotStoredError:
