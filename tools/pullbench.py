@@ -32,6 +32,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 
+from tools.httpbench import _cpu_seconds
 from tools.processes import free_ports, twistd_command
 
 __all__ = ["add_arguments", "pull_bench", "report"]
@@ -39,12 +40,6 @@ __all__ = ["add_arguments", "pull_bench", "report"]
 TOPIC = "PullBench"
 GROUP = "pull-bench"
 BROKER = "pull-bench-broker"
-
-
-def _cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _self_cpu() -> float:
