@@ -309,14 +309,43 @@ def _build_parser() -> argparse.ArgumentParser:
         action.add_argument("--json", action="store_true", help="print JSON")
         action.set_defaults(run=_admin)
 
-    from rmqha.pipeline.jobs import add_arguments
-
     pipeline = commands.add_parser(
         "pipeline", help="Spark jobs: stats, export, verify (docs/pipeline.md)"
     )
-    add_arguments(pipeline)
+    pipeline.__class__ = _PipelineParser
+    pipeline._filled = False
     pipeline.set_defaults(run=_pipeline)
     return parser
+
+
+class _PipelineParser(_Parser):
+    """
+    C{rmqha pipeline}'s parser, given its jobs' arguments only when it is
+    used: they live in L{rmqha.pipeline.jobs}, whose import (its readers
+    and stores) every other command would pay for at start.  (The jobs'
+    own parsers are of this class too, made filled.)
+    """
+
+    _filled = True
+
+    def _fill(self) -> None:
+        if not self._filled:
+            self._filled = True
+            from rmqha.pipeline.jobs import add_arguments
+
+            add_arguments(self)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._fill()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        self._fill()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._fill()
+        return super().format_usage()
 
 
 def _on_cluster(args: argparse.Namespace, work: Callable[[Any, Any], Any]) -> Any:
