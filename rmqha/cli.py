@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 from collections import Counter
-from typing import IO, Any, Callable, NoReturn, Sequence
+from typing import IO, Any, Callable, NoReturn, Sequence, cast
 
 from rmqha import __version__
 from rmqha.store._record import (
@@ -313,7 +313,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "pipeline", help="Spark jobs: stats, export, verify (docs/pipeline.md)"
     )
     pipeline.__class__ = _PipelineParser
-    pipeline._filled = False
+    cast(_PipelineParser, pipeline)._filled = False
     pipeline.set_defaults(run=_pipeline)
     return parser
 

@@ -108,6 +108,8 @@ class Member(ProcessProtocol):
         self.messages: list[tuple[int, int, int, int]] = []
         self.takes: list[tuple[int, int, int]] = []
         self.owned: set[int] = set()
+        #: When each (queue, offset, seq) first arrived (monotonic).
+        self.seen_at: dict[tuple[int, int, int], float] = {}
         self.ended: Deferred[int | None] = Deferred()
         self.exit_code: int | None = None
 
@@ -118,6 +120,7 @@ class Member(ProcessProtocol):
             if kind == b"m":
                 q, offset, seq, ok = map(int, fields)
                 self.messages.append((q, offset, seq, ok))
+                self.seen_at.setdefault((q, offset, seq), time.monotonic())
             elif kind == b"take":
                 q, offset = map(int, fields)
                 self.takes.append((q, offset, len(self.messages)))
@@ -349,6 +352,7 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             # A two-node group takes SYNC puts with both: the old master
             # comes back, as the new one's slave.
             group.start(old, "--broker-id", str(old + 1))
+            restarted = time.monotonic()
             await second
             note(
                 f"{TOTAL} acked; sends failed or not SEND_OK {dict(production.resent)} from "
@@ -398,6 +402,18 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             phantoms = sorted(
                 (place, sorted(seqs), acked_at.get(place)) for place, seqs in read_at.items() if len(seqs) > 1
             )
+            if phantoms:
+                # (Evidence: when each reading of the first places arrived,
+                # relative to the kill and to the old master's restart.)
+                for (q, offset), seqs, _ in phantoms[:4]:
+                    for member in members:
+                        for seq in seqs:
+                            at = member.seen_at.get((q, offset, seq))
+                            if at is not None:
+                                note(
+                                    f"({q}, {offset}) read as {seq} by {member.name} "
+                                    f"{at - killed:+.3f} s after the kill, {at - restarted:+.3f} s after the restart"
+                                )
             assert not phantoms, f"(queue, offset), read as, acknowledged: {phantoms[:10]}"
             by_place = {place: seqs.pop() for place, seqs in read_at.items()}
             assert all(by_place[place] == seq for place, seq in acked_at.items())
