@@ -656,6 +656,47 @@ class FailoverRejoinTests(_InMemory):
         self.assertEqual(a.commitlog.max_offset, b.commitlog.max_offset)
         self.stop(a, b)
 
+    def test_reads_refused_until_the_log_is_checked(self) -> None:
+        """
+        A failover node serves consumers' reads only as the master or as a
+        slave whose log passed the checks against its master
+        (L{RoleMachine.read_refusal}): a deposed master rejoining holds its
+        partition-era tail until the cut, and a consumer reading it then
+        would read messages the failover loses (issue 30's phantom reads).
+        Standing by, changing, and a slave still checking or repairing are
+        refused, each named.
+        """
+        held: list[tuple[Any, Deferred[Any]]] = []
+        hold = [False]
+
+        def threads(f: Any) -> Deferred[Any]:
+            if not hold[0]:
+                return succeed(f())
+            d: Deferred[Any] = Deferred()
+            held.append((f, d))
+            return d
+
+        a = self.failover_broker(Role.MASTER, run_in_thread=threads)
+        b, shared, partition_era = self.partitioned(a)
+        self.assertIsNone(a.roles.read_refusal())  # (the master it was)
+        self.assertIsNone(b.roles.read_refusal())
+        hold[0] = True
+        a.become_slave(self.endpoint(b), ("b", 2))  # type: ignore[arg-type]
+        self.settle()
+        self.assertIs(self.replica(a).state, ReplicaState.REPAIRING)
+        self.assertIn("not yet passed the checks", a.roles.read_refusal() or "")
+        hold[0] = False
+        while held:
+            f, d = held.pop(0)
+            d.callback(f())
+            self.settle()
+        self.settle()
+        self.assertIs(self.replica(a).state, ReplicaState.REPLICATING, a.problem)
+        self.assertIsNone(a.roles.read_refusal())
+        self.switch(a.stand_by())
+        self.assertIn("standing by", a.roles.read_refusal() or "")
+        self.stop(a, b)
+
     def test_shared_epochs_verify_a_short_tail(self) -> None:
         """
         Once the epochs decided where two logs part, the digest check

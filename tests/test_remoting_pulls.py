@@ -19,6 +19,7 @@ from rmqha.broker import Broker
 from rmqha.client._codec import MessageQueue
 from rmqha.client._consume import Subscription, decode_messages, heartbeat_body, ConsumeFromWhere
 from rmqha.ha.config import Role
+from rmqha.ha.roles import RoleState
 from rmqha.remoting._frames import FrameDecoder, RemotingCommand, encode, header_to_ext_fields
 from rmqha.remoting.broker import NOT_ON_VIP, BrokerDispatcher
 from rmqha.remoting.codes import RequestCode, ResponseCode
@@ -371,6 +372,47 @@ class SlaveTests(_Case):
         self.begin(Role.SLAVE, messages=3, offset_check_in_slave=True)
         reply = self.pull(self.conn(), flag=4, subscription="*", offset=9)
         self.assertEqual((reply.code, reply.ext_fields and reply.ext_fields["nextBeginOffset"]), (ResponseCode.PULL_OFFSET_MOVED, "3"))
+
+
+class FailoverReadTests(_Case):
+    """
+    A failover node answers pulls only as the master or as a slave whose
+    log passed the checks against its master (L{RoleMachine.read_refusal});
+    else SYSTEM_BUSY naming why, which a genuine client takes as an error
+    and pulls again later, from the route's master.
+    """
+
+    def failover(self) -> Broker:
+        return self.begin(
+            Role.MASTER, messages=3, coordinator="etcd:http://127.0.0.1:2379", group="g", node_id="n0",
+            advertise="127.0.0.1:10912", insecure_group=True,
+        )
+
+    def test_standing_by(self) -> None:
+        broker = self.failover()
+        self.assertIs(broker.roles.state, RoleState.STANDBY)
+        reply = self.pull(self.conn(), flag=4, subscription="*")
+        self.assertEqual(
+            (reply.code, reply.remark),
+            (
+                ResponseCode.SYSTEM_BUSY,
+                "[rmqha] not serving reads: this failover node is standing by: neither the elected master "
+                "nor a slave following it",
+            ),
+        )
+        self.assertEqual(reply.body, b"")
+
+    def test_slave_until_checked(self) -> None:
+        broker = self.failover()
+        broker.become_slave("tcp:host=127.0.0.1:port=10912", ("n1", 1))
+        self.reactor.advance(0.1)
+        conn = self.conn()
+        reply = self.pull(conn, flag=4, subscription="*")
+        self.assertEqual(reply.code, ResponseCode.SYSTEM_BUSY)
+        self.assertIn("a slave whose log has not yet passed the checks", reply.remark or "")
+        broker.roles.service.reconciled = True  # (test_epochs drives the real checks)
+        reply = self.pull(conn, flag=4, subscription="*")
+        self.assertEqual((reply.code, reply.remark), (ResponseCode.SUCCESS, "FOUND"))
 
 
 class LongPollingTests(_Case):

@@ -213,6 +213,11 @@ class Replica(Service):
         self._auth = auth
         self._probe_timeout = probe_timeout
         self.state = ReplicaState.STOPPED
+        #: The log passed the checks against this master at least once
+        #: (it reached REPLICATING): a prefix of the master's since,
+        #: which consumers may read (L{RoleMachine.read_refusal
+        #: <rmqha.ha.roles.RoleMachine.read_refusal>}).
+        self.reconciled = False
         self.failed_checks = 0
         self._problem: str | None = None
         self._check_backoff = backoffPolicy(initialDelay=1.0, maxDelay=30.0)
@@ -264,6 +269,8 @@ class Replica(Service):
             "replica: {old} -> {new}", old=self.state.value, new=state.value
         )
         self.state = state
+        if state is ReplicaState.REPLICATING:
+            self.reconciled = True
         service = self.client_service
         if service is None:
             return

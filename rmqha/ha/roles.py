@@ -145,6 +145,25 @@ class RoleMachine:
         """
         return not self.role.is_master
 
+    def read_refusal(self) -> str | None:
+        """
+        Failover mode: why this node must not serve consumers' reads now,
+        or C{None} when it may.  A master reads up to what its in-sync
+        replicas hold (L{rmqha.ha.group.HAService.visible_end}); a slave
+        once its log has passed the checks against its master in this
+        role (a prefix of that master's); anything else (standing by, a
+        role changing, a slave still checking or halted) may hold a tail
+        the failover then cuts, such as a deposed master's restart with
+        the unreplicated end of its old log, and reads nothing.
+        """
+        if self.state is RoleState.MASTER:
+            return None
+        if self.state is RoleState.SLAVE and getattr(self.service, "reconciled", False):
+            return None
+        if self.state is RoleState.SLAVE:
+            return "a slave whose log has not yet passed the checks against its master"
+        return f"{self.state.value}: neither the elected master nor a slave following it"
+
     # -- the starting role ------------------------------------------------------
 
     def started(self, service: Any, endpoint: str | IStreamClientEndpoint | None) -> None:

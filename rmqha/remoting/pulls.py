@@ -389,6 +389,15 @@ class PullHandlers:
         """
         One pass: the reply, or C{None} when the pull is to be parked.
         """
+        if self._broker.settings.failover:
+            refusal = self._broker.roles.read_refusal()
+            if refusal is not None:
+                # (rmqha: a failover node reads nothing a failover may
+                # cut; a genuine client takes the code as an error and
+                # pulls again later, from the route's master.)
+                return make_response(
+                    request, ResponseCode.SYSTEM_BUSY, f"[rmqha] not serving reads: this failover node is {refusal}"
+                )
         metadata = self._broker.metadata
         try:
             group = self._clients.find_group(metadata, header.consumer_group)
