@@ -12,6 +12,7 @@ import os
 import shutil
 import struct
 
+from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
@@ -232,6 +233,61 @@ class DispatchTests(SynchronousTestCase):
         service.dispatch_soon()
         clock.advance(0.001)
         self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (log.max_offset, 6))
+
+    def test_dispatch_tries_again(self) -> None:
+        """
+        A dispatch step that meets bytes that are not a record (here the
+        queues' own error, as from damage) stops, says so once, and tries
+        again every L{DISPATCH_RETRY} seconds, however many appends come
+        meanwhile; once the bytes read as records it goes on and says it
+        resumed.
+        """
+        from rmqha.store.service import DISPATCH_RETRY
+        from tests._helpers import LoggedEvents
+
+        logged = LoggedEvents(self)
+        clock = Clock()
+        directory = self.mktemp()
+        service = CommitLogService(
+            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
+            clock,
+            run_in_thread=lambda f: succeed(f()),
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
+        log = service.commitlog
+        assert log is not None and log.consume_queues is not None
+        queues = log.consume_queues
+        real = queues.dispatch
+        broken = [True]
+        calls = []
+
+        def dispatch(end: int, limit: int = 0) -> bool:
+            calls.append(end)
+            if broken[0]:
+                raise ConsumeQueueError(f"commit-log offset {queues.dispatched}: not a record")
+            return real(end, limit)
+
+        queues.dispatch = dispatch  # type: ignore[method-assign]
+        log.put(Message(topic="T", body=b"one", queue_id=0))
+        clock.advance(0.001)
+        self.assertEqual(len(calls), 1)
+        for _ in range(5):
+            log.put(Message(topic="T", body=b"more", queue_id=0))
+            clock.advance(0.001)
+        self.assertEqual(len(calls), 1)  # (no step per append while failing)
+        clock.advance(DISPATCH_RETRY)
+        self.assertEqual(len(calls), 2)
+        stopped = [t for t in logged.texts() if "consume-queue dispatch stopped" in t]
+        self.assertEqual(len(stopped), 1)
+        self.assertEqual(len(self.flushLoggedErrors(ConsumeQueueError)), 1)
+        broken[0] = False
+        clock.advance(DISPATCH_RETRY)
+        self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (log.max_offset, 6))
+        self.assertTrue([t for t in logged.texts() if "consume-queue dispatch resumed" in t])
+        log.put(Message(topic="T", body=b"after", queue_id=0))
+        clock.advance(0.001)
+        self.assertEqual(queues.max_offset("T", 0), 7)
 
     def test_dispatch_limit_in_one_step(self) -> None:
         """

@@ -43,6 +43,11 @@ DEFAULT_CHECK_INTERVAL = 0.5
 #: queues: RocketMQ's reput thread polls every 1 ms.  Steps that follow a
 #: step (a catch-up) run at the next reactor turn.
 DISPATCH_DELAY = 0.001
+#: After a dispatch step met bytes that are not a record (damage, or a
+#: log changed under its queues), how long until it tries again: the
+#: bytes may be repaired meanwhile (a scrub's repair from a replica, a
+#: cut back), and the queues' readers are waiting.
+DISPATCH_RETRY = 10.0
 #: RocketMQ's C{flushIntervalConsumeQueue}: 1 s.
 DEFAULT_CONSUME_QUEUE_FLUSH_INTERVAL = 1.0
 
@@ -240,7 +245,7 @@ class CommitLogService(Service):
         The log grew: dispatch in L{DISPATCH_DELAY} (once, however many
         appends come meanwhile: one step serves them all).
         """
-        if self._dispatch_call is None and not self._dispatch_failed:
+        if self._dispatch_call is None:
             self._dispatch_call = self._reactor.callLater(DISPATCH_DELAY, self._dispatch)
 
     def dispatch_soon(self) -> None:
@@ -264,10 +269,21 @@ class CommitLogService(Service):
             limit = self.dispatch_limit
             more = commitlog.dispatch(self._dispatch_step, None if limit is None else limit())
         except Exception:
+            if not self._dispatch_failed and commitlog.damage is None:
+                # (Said once; a damaged log said why itself.)
+                self._log.failure(
+                    "consume-queue dispatch stopped; trying again every {retry:g} s", retry=DISPATCH_RETRY
+                )
             self._dispatch_failed = True
-            if commitlog.damage is None:  # (else the log said why, once)
-                self._log.failure("consume-queue dispatch stopped")
+            self._dispatch_call = self._reactor.callLater(DISPATCH_RETRY, self._dispatch)
             return
+        if self._dispatch_failed and commitlog.damage is None:
+            self._dispatch_failed = False
+            queues = commitlog.consume_queues
+            self._log.info(
+                "consume-queue dispatch resumed (dispatched up to {offset})",
+                offset=queues.dispatched if queues is not None else None,
+            )
         if more:
             self._dispatch_call = self._reactor.callLater(0, self._dispatch)
 
