@@ -138,6 +138,43 @@ class CLITests(SynchronousTestCase):
         self.assertIn(f"{queue} unit 1 (queue offset 1): size 7, but the record", out)
         self.assertIn("1 consume-queue finding(s)", out)
 
+    def test_check_unreadable_consume_queues(self) -> None:
+        """
+        A queue that cannot be read (its directory a file, a queue file a
+        directory) is one finding naming the path and why, after the log's
+        report, with exit 1; the other queues are checked as before.  A
+        queue missing its units reports ten of them and counts the rest.
+        """
+        from rmqha.store.consumequeue import PER_QUEUE_FINDINGS
+
+        store, _ = self.make_store(count=60)
+        with CommitLog.open(store, consume_queues=True):
+            pass
+        b0 = os.path.join(store, "consumequeue", "TopicB", "0")
+        shutil.rmtree(b0)
+        with open(b0, "wb") as f:
+            f.write(b"junk")
+        a1 = os.path.join(store, "consumequeue", "TopicA", "1", "0" * 20)
+        os.remove(a1)
+        os.mkdir(a1)
+        status, out, err = self.run_cli("store", "check", store)
+        self.assertEqual((status, err), (1, ""))
+        lines = out.splitlines()
+        self.assertTrue(lines[0].startswith("sound: 60 records"), out)
+        self.assertIn(f"{b0}: Not a directory: unreadable; the units of TopicB queue 0 are not checked", lines)
+        self.assertIn(f"{a1}: Is a directory: unreadable; the units of TopicA queue 1 are not checked", lines)
+        self.assertIn("2 consume-queue finding(s)", out)
+        shutil.rmtree(a1)  # (queue 1 of TopicA: 30 records without units)
+        status, out, err = self.run_cli("store", "check", store)
+        self.assertEqual(status, 1)
+        missing = [line for line in out.splitlines() if "(TopicA, queue 1," in line and "has no unit" in line]
+        self.assertEqual(len(missing), PER_QUEUE_FINDINGS)
+        self.assertIn(
+            f"... and {30 - PER_QUEUE_FINDINGS} more finding(s) in TopicA queue 1 "
+            f"({os.path.dirname(a1)})",
+            out,
+        )
+
     def test_check_flipped_body_byte(self) -> None:
         """
         A flipped body byte in the third record: exit 1, naming that

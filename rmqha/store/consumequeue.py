@@ -1265,6 +1265,28 @@ class _GroupBuild:
     offsets: list[bytes]
 
 
+#: Findings reported per queue by C{rmqha store check}; the rest of a
+#: queue's are counted in one line (a queue missing or from another log
+#: would otherwise print a line per record).
+PER_QUEUE_FINDINGS = 10
+
+
+class _Reporter:
+    """A queue's findings, at most L{PER_QUEUE_FINDINGS} of them reported."""
+
+    def __init__(self, files: "_QueueFiles", found: list[tuple[int, str]]) -> None:
+        self.files = files
+        self.found = found
+
+    def append(self, item: tuple[int, str]) -> None:
+        files = self.files
+        if files.reported < PER_QUEUE_FINDINGS:
+            files.reported += 1
+            self.found.append(item)
+        else:
+            files.more += 1
+
+
 class _QueueFiles:
     """
     Read-only access to one queue's units for L{verify_consume_queues}.
@@ -1276,10 +1298,20 @@ class _QueueFiles:
         self.queue_id = queue_id
         self.file_size = file_size
         self._fds: dict[int, int] = {}
+        #: Why this queue cannot be read (its directory or a file), once
+        #: known: its units are not checked further.
+        self.unreadable: str | None = None
+        #: Findings reported, and those past L{PER_QUEUE_FINDINGS} counted.
+        self.reported = 0
+        self.more = 0
+        self.said = False
         try:
             names = os.listdir(directory)
         except FileNotFoundError:
             names = []
+        except OSError as e:
+            names = []
+            self.unreadable = f"{directory}: {e.strerror or e}"
         self.starts = sorted(int(n) for n in names if len(n) == 20 and n.isdigit())
         self._known = set(self.starts)
         self.checked = -1  # the highest queue offset compared with a record
@@ -1293,6 +1325,14 @@ class _QueueFiles:
             fd = self._fds[start] = os.open(self.path(start), os.O_RDONLY | os.O_CLOEXEC)
         return fd
 
+    def _pread(self, start: int, n: int, at: int) -> bytes | None:
+        # (An unreadable file: said once, by the check, as a finding.)
+        try:
+            return os.pread(self._fd(start), n, at)
+        except OSError as e:
+            self.unreadable = f"{self.path(start)}: {e.strerror or e}"
+            return None
+
     def read(self, position: int, length: int) -> bytes | None:
         """
         The C{length} bytes of units from logical byte C{position}, or
@@ -1304,8 +1344,8 @@ class _QueueFiles:
             if start not in self._known:
                 return None
             n = min(length, start + self.file_size - position)
-            data = os.pread(self._fd(start), n, position - start)
-            if len(data) < n:
+            data = self._pread(start, n, position - start)
+            if data is None or len(data) < n:
                 return None
             parts.append(data)
             position += n
@@ -1321,8 +1361,8 @@ class _QueueFiles:
         index = (position - start) // UNIT_SIZE
         if start not in self._known:
             return self.path(start), index, None
-        data = os.pread(self._fd(start), UNIT_SIZE, position - start)
-        if len(data) < UNIT_SIZE:
+        data = self._pread(start, UNIT_SIZE, position - start)
+        if data is None or len(data) < UNIT_SIZE:
             return self.path(start), index, None
         offset, size, code = _UNIT.unpack(data)
         return self.path(start), index, (offset, size, code)
@@ -1532,16 +1572,24 @@ class QueueCheck:
             if files is None:
                 topic = topic_bytes.decode("utf-8", "replace")
                 files = by_raw[(topic_bytes, queue_id)] = self._files_of(topic, queue_id)
-            if consecutive and files.read(first * UNIT_SIZE, len(units)) == units:
-                last = first + len(units) // UNIT_SIZE - 1
-                if last > files.checked:
-                    files.checked = last
-            else:
-                self._explain(files, units, offsets)
+            if files.unreadable is None:
+                if consecutive and files.read(first * UNIT_SIZE, len(units)) == units:
+                    last = first + len(units) // UNIT_SIZE - 1
+                    if last > files.checked:
+                        files.checked = last
+                elif files.unreadable is None:
+                    self._explain(files, units, offsets)
+            if files.unreadable is not None and not files.said:
+                files.said = True
+                self._found.append((_UNIT.unpack_from(units, 0)[0] if units else 0,
+                    f"{files.unreadable}: unreadable; the units of {files.topic} queue "
+                    f"{files.queue_id} are not checked"
+                ))
 
     def _explain(self, files: _QueueFiles, units: bytes, offsets: bytes) -> None:
         # Unit by unit (a queue whose bytes differ from what the log calls for).
-        topic, queue_id, mark, found = files.topic, files.queue_id, self.mark, self._found
+        topic, queue_id, mark = files.topic, files.queue_id, self.mark
+        found = _Reporter(files, self._found)
         for i in range(0, len(units) // UNIT_SIZE):
             offset, size, code = _UNIT.unpack_from(units, i * UNIT_SIZE)
             n = _I64.unpack_from(offsets, i * 8)[0]
@@ -1581,7 +1629,12 @@ class QueueCheck:
             order, then the queues'.
         """
         for (topic, queue_id), files in sorted(self.queues.items()):
-            if not files.starts or self.full:
+            if files.more and not self.full:
+                self.findings.append(
+                    f"... and {files.more} more finding(s) in {topic} queue {queue_id} "
+                    f"({files.directory})"
+                )
+            if not files.starts or self.full or files.unreadable is not None:
                 continue
             n = files.checked + 1
             path, index, unit = files.unit(n)
