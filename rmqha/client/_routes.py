@@ -18,6 +18,7 @@ import attrs
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, TimeoutError, succeed
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import (
+    IDelayedCall,
     IProtocol,
     IProtocolFactory,
     IReactorTime,
@@ -356,6 +357,8 @@ class TopicRoutes:
         self._unanswered: dict[str, None] = {}
         #: Topics sends found no usable route for, for now (L{find}).
         self._no_route: dict[str, _NoRoute] = {}
+        #: The lookups L{refresh_soon} put off to the end of the interval.
+        self._soon: dict[str, IDelayedCall] = {}
         self._loop: LoopingCall | None = None
         self._round: Deferred[None] | None = None
 
@@ -372,6 +375,10 @@ class TopicRoutes:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
+        for call in self._soon.values():
+            if call.active():
+                call.cancel()
+        self._soon.clear()
         for d in list(self._lookups.values()):
             d.cancel()
         return self.namesrv.stop()
@@ -438,8 +445,18 @@ class TopicRoutes:
             and asked is not None
             and self.clock.seconds() - asked < REFRESH_MIN_INTERVAL
         ):
+            # (One lookup at the end of the interval, then, for whatever
+            # failed meanwhile: the last failure is never left unlooked.)
+            if topic not in self._soon and self._loop is not None:
+                self._soon[topic] = self.clock.callLater(
+                    asked + REFRESH_MIN_INTERVAL - self.clock.seconds(), self._refresh_later, topic
+                )
             return succeed(None)
         return self.refresh(topic)
+
+    def _refresh_later(self, topic: str) -> None:
+        del self._soon[topic]
+        self.refresh(topic)
 
     async def _lookup(self, topic: str, default: bool) -> None:
         asked = self.create_topic_key if default else topic
