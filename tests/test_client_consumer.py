@@ -1103,6 +1103,25 @@ class RouteRefreshTests(_Case):
         self.assertLessEqual(len(lookups) - before, 11)
         self.assertGreaterEqual(len(lookups) - before, 3)
 
+    def test_promoted_master_gets_a_heartbeat_at_once(self) -> None:
+        """
+        A route that names a new broker address (the promoted master)
+        sends it a heartbeat at once, not at the next round (30 s): its
+        first pulls find the group's subscription (no
+        SUBSCRIPTION_NOT_EXIST) and its member list names the consumer.
+        """
+        self.push()
+        self.clock.advance(2)
+        promoted = self.broker("broker-a", "10.0.0.3", {"T": 4}, broker_id=0, data=self.a.data)
+        self.kill(self.a)
+        self.pump()
+        self.advance(1, 0.05)
+        self.assertEqual(len(promoted.sent(RequestCode.HEART_BEAT)), 1)
+        self.assertEqual(list(promoted.groups["CG"]), ["10.9.9.9@1#1"])
+        promoted.append("T", 1, b"after")
+        self.pump()
+        self.assertEqual([m.body for m in self.got], [b"after"])
+
     def test_rebalance_backs_off_without_a_route(self) -> None:
         """
         A subscribed topic the NameServers do not know: the rebalance is

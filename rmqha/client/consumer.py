@@ -253,7 +253,12 @@ class _Client:
         api_timeout: float,
         poll_interval: float,
         rng: random.Random | None,
+        on_new_addresses: Callable[[set[str]], object] = lambda addrs: None,
     ) -> None:
+        """
+        @param on_new_addresses: called with the broker addresses a route
+            names for the first time (a promoted master, a broker added).
+        """
         from rmqha.remoting.namesrv import parse_namesrv_addr
         from rmqha.settings import master_description, parse_host_port
 
@@ -278,6 +283,9 @@ class _Client:
             on_change=self._routes_changed,
         )
         self.links: dict[str, _Link] = {}
+        self.on_new_addresses = on_new_addresses
+        #: The broker addresses the routes named at their last change.
+        self.named: set[str] = set()
         #: C{pullFromWhichNodeTable}: the brokerId each queue pulls from next.
         self.suggested: dict[MessageQueue, int] = {}
 
@@ -293,6 +301,9 @@ class _Client:
         named = self.routes.addresses()
         for addr in [a for a in self.links if a not in named]:
             self.links.pop(addr).client.stopService()
+        new, self.named = named - self.named, named
+        if new:
+            self.on_new_addresses(new)
 
     def link(self, addr: str) -> _Link:
         link = self.links.get(addr)
@@ -776,6 +787,7 @@ class PushConsumer(Service):
             api_timeout=api_timeout,
             poll_interval=poll_interval,
             rng=rng,
+            on_new_addresses=self._new_brokers,
         )
         self.clock = self.client.clock
         self.consume_from_where = consume_from_where
@@ -951,12 +963,22 @@ class PushConsumer(Service):
     def _heartbeat_round(self) -> None:
         Deferred.fromCoroutine(self.heartbeat()).addErrback(self._log_failure, "heartbeat")
 
-    async def heartbeat(self) -> None:
+    def _new_brokers(self, addrs: set[str]) -> None:
+        """
+        A route names broker addresses it did not name before (a promoted
+        master, a broker added): a heartbeat goes to them now, not at the
+        next round (30 s), so that they serve this consumer's pulls (no
+        SUBSCRIPTION_NOT_EXIST) and list it among the group's members.
+        """
+        if self.running and not self._stopping and self._loops:
+            Deferred.fromCoroutine(self.heartbeat(addrs)).addErrback(self._log_failure, "heartbeat")
+
+    async def heartbeat(self, only: "set[str] | None" = None) -> None:
         """C{sendHeartbeatToAllBroker}: HEART_BEAT (34) to every broker
-        address of the subscribed topics, slaves too."""
+        address of the subscribed topics, slaves too (or to C{only})."""
         body = self.heartbeat_body()
         command = RemotingCommand(RequestCode.HEART_BEAT, language=CLIENT_LANGUAGE, body=body)
-        addrs = sorted(self.client.routes.addresses())
+        addrs = sorted(self.client.routes.addresses() if only is None else only)
         results = await DeferredList(
             [Deferred.fromCoroutine(self.client.request(a, command, self.client.api_timeout)) for a in addrs],
             consumeErrors=True,
