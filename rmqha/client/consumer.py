@@ -14,7 +14,10 @@ CLUSTERING mode:
   and commits per queue the smallest offset not yet consumed
   (C{DefaultMQPushConsumer} with C{ConsumeMessageConcurrentlyService}).
   Delivery is at least once: after a crash, a failover or a rebalance,
-  messages consumed but not yet committed come again.
+  messages consumed but not yet committed come again.  Offsets go to
+  masters only (kept here while a broker has none; L{NoMasterError});
+  a failed request looks the route up at once; a C{queue_listener} and
+  L{PushConsumer.when_balanced} tell which queues a member holds.
 
 A failed handler (an exception, or L{ConsumeStatus.RECONSUME_LATER}) has
 its messages handed over again on this consumer after a delay that grows
