@@ -19,15 +19,19 @@ from typing import Any
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IAddress
 from twisted.internet.task import Clock
+from twisted.logger import Logger
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.client import (
     ConsumeFromWhere,
+    ConsumerError,
     ConsumeStatus,
     MessageQueue,
+    NoMasterError,
     PullConsumer,
     PullStatus,
     PushConsumer,
+    QueueChange,
     ReceivedMessage,
 )
 from rmqha.client._consume import (
@@ -99,6 +103,7 @@ class ConsumeBroker(FakeBroker):
         self.broker_id = broker_id
         self.suggest = 0
         self.young = True
+        self.refuse_list = False
         self.filter = True
         self.groups: dict[str, dict[str, dict[str, Any]]] = {}
         self.peers: dict[str, Any] = {}
@@ -259,9 +264,10 @@ class ConsumeBroker(FakeBroker):
         return make_response(request, ResponseCode.SUCCESS)
 
     def _consumer_list(self, request: RemotingCommand, peer: IAddress | None) -> RemotingCommand:
+        self.requests.append(request)
         group = str(request.ext("consumerGroup"))
         ids = list(self.groups.get(group, {}))
-        if not ids:
+        if not ids or self.refuse_list:
             return make_response(request, ResponseCode.SYSTEM_ERROR, f"no consumer for this group, {group}")
         return make_response(request, ResponseCode.SUCCESS, body=json.dumps({"consumerIdList": ids}).encode())
 
@@ -373,6 +379,25 @@ class _Case(SynchronousTestCase):
     def result(self, d: Deferred[Any]) -> Any:
         self.pump()
         return self.successResultOf(d)
+
+    def count_lookups(self) -> list[str]:
+        """The topics of every GET_ROUTEINFO_BY_TOPIC the NameServer answers from now on."""
+        topics: list[str] = []
+        handlers = self.ns.handler._handlers
+        answer = handlers[RequestCode.GET_ROUTEINFO_BY_TOPIC]
+
+        def counted(request: RemotingCommand, peer: IAddress | None) -> Any:
+            topics.append(str(request.ext("topic")))
+            return answer(request, peer)
+
+        handlers[RequestCode.GET_ROUTEINFO_BY_TOPIC] = counted
+        return topics
+
+    def kill(self, broker: ConsumeBroker) -> None:
+        """The broker's process gone: its connections reset, new ones refused."""
+        self.endpoints[broker.addr].up = False
+        for connection in self.endpoints[broker.addr].connections:
+            connection.hang_up()
 
 
 class SansIOTests(SynchronousTestCase):
@@ -925,3 +950,284 @@ class PushConsumerTests(_Case):
         self.assertEqual((self.a.sent(RequestCode.HEART_BEAT), self.a.pulls), ([], []))
         self.advance(60, 10)
         self.assertEqual((self.a.sent(RequestCode.HEART_BEAT), self.a.pulls), ([], []))
+
+
+def _mq(topic: str, *ids: int) -> frozenset[MessageQueue]:
+    return frozenset(MessageQueue(topic, "broker-a", i) for i in ids)
+
+
+class MasterOnlyOffsetsTests(_Case):
+    def test_commits_wait_for_a_master(self) -> None:
+        """
+        The failover that lost a group's offsets: master A (brokerId 0)
+        killed and gone from the route, its slave B registered as id 2;
+        A restarted as a slave with id 1, a lower id than B's.  The
+        consumer goes on consuming from a slave, but no offset goes to a
+        slave (before: every commit went to the lowest id, A, and was
+        lost), neither by UPDATE_CONSUMER_OFFSET nor by a pull's commit
+        flag; the offsets are kept here and said once (one warning line,
+        not one per round).  Once B is registered as the master (id 0),
+        the next round commits them there.
+        """
+        b = self.broker("broker-a", "10.0.0.12", {"T": 4}, broker_id=2, data=self.a.data)
+        events: list[dict[str, Any]] = []
+        consumer = self.push(post_subscription_when_pull=True)
+        consumer._log = Logger(observer=events.append)
+        q = MessageQueue("T", "broker-a", 0)
+        self.a.append("T", 0, b"m0")
+        self.advance(5)
+        self.assertEqual(self.a.committed[("CG", "T", 0)], 1)
+        self.kill(self.a)
+        self.ns.broker_addr["broker-a"].addrs.pop(0)
+        restarted = ConsumeBroker("broker-a", "10.0.0.1", 10911, {"T": 4}, self.clock, self.a.data, 1)
+        endpoint = self.endpoints[self.a.addr]
+        endpoint.broker, endpoint.up = restarted, True
+        _register(self.ns, restarted, 1)
+        self.assertEqual(dict(self.ns.brokers("broker-a")), {1: "10.0.0.1:10911", 2: "10.0.0.12:10911"})
+        self.pump()
+        self.advance(2, 0.25)
+        restarted.append("T", 0, b"m1")
+        restarted.append("T", 0, b"m2")
+        self.advance(20)
+        self.assertEqual([m.body for m in self.got], [b"m0", b"m1", b"m2"])
+        self.assertEqual(consumer.offsets[q], 3)
+        slaves = (restarted, b)
+        self.assertEqual([s.sent(RequestCode.UPDATE_CONSUMER_OFFSET) for s in slaves], [[], []])
+        self.assertEqual([s.committed for s in slaves], [{}, {}])
+        self.assertTrue(restarted.pulls)
+        self.assertEqual({h.sys_flag & 0x1 for h in restarted.pulls}, {0})
+        # (Queues 1-3 have an offset to commit once their first held pull
+        # expired: a second line, for them only.)
+        lines = [e["log_format"].format(**e) for e in events if "kept here" in e.get("log_format", "")]
+        self.assertEqual(lines, [
+            "offsets of consumer group CG kept here, committed once the route names a master for broker "
+            "broker-a (addresses by brokerId: 1: 10.0.0.1:10911, 2: 10.0.0.12:10911) (tried every 5 s): " + queues
+            for queues in ("T:0 at 3", "T:1 at 0, T:2 at 0, T:3 at 0")
+        ])
+        # B promoted: it registers as brokerId 0.
+        _register(self.ns, b, 0, version=2)
+        self.advance(6)
+        self.assertEqual(b.committed[("CG", "T", 0)], 3)
+        self.assertEqual(restarted.committed, {})
+        self.assertTrue([e for e in events if "has a master again" in e.get("log_format", "")])
+
+    def test_stop_without_a_master_names_what_is_not_committed(self) -> None:
+        """
+        Stopping while the route names no master: the final commit goes
+        nowhere (not to the slave) and one line names the broker, each
+        queue and its offset.
+        """
+        slave = self.broker("broker-a", "10.0.0.11", {"T": 4}, broker_id=1, data=self.a.data)
+        consumer = self.push(post_subscription_when_pull=True)
+        events: list[dict[str, Any]] = []
+        consumer._log = Logger(observer=events.append)
+        self.advance(2)
+        self.kill(self.a)
+        self.ns.broker_addr["broker-a"].addrs.pop(0)
+        self.advance(2, 0.25)
+        slave.append("T", 1, b"x")
+        self.advance(1, 0.25)
+        self.assertEqual([m.body for m in self.got], [b"x"])
+        self.result(consumer.stopService())
+        self.assertEqual(slave.committed, {})
+        [line] = [e["log_format"].format(**e) for e in events if "stops with offsets" in e.get("log_format", "")]
+        self.assertIn("broker broker-a (addresses by brokerId: 1: 10.0.0.11:10911)", line)
+        self.assertIn("T:1 at 1", line)
+
+    def test_pull_consumer_offsets(self) -> None:
+        """
+        The pull consumer's query reads the master; with the master gone
+        (unreachable, then out of the route) it reads a slave (a copy of
+        the master's table, at most a sync old: reading is harmless).
+        Its commit goes to the master only: none in the route, even after
+        a lookup, fails with NoMasterError and the slave gets nothing.
+        """
+        slave = self.broker("broker-a", "10.0.0.11", {"T": 4}, broker_id=1, data=self.a.data)
+        consumer = self.pull_consumer()
+        q = MessageQueue("T", "broker-a", 0)
+        self.a.committed[("PCG", "T", 0)] = 5
+        slave.committed[("PCG", "T", 0)] = 4
+        self.assertEqual(self.result(consumer.query_offset(q)), 5)
+        self.clock.advance(2)
+        self.kill(self.a)
+        self.ns.broker_addr["broker-a"].addrs.pop(0)
+        d = consumer.query_offset(q)
+        self.advance(0.5, 0.05)  # (the connection to the master is tried again 0.1 s after its loss)
+        self.assertEqual(self.successResultOf(d), 4)
+        self.clock.advance(2)
+        d = consumer.commit_offset(q, 9)
+        self.pump()
+        error = self.failureResultOf(d, NoMasterError).value
+        self.assertEqual(
+            str(error),
+            "offset 9 of PCG on T@broker-a:0 not committed: the route names no master for broker broker-a "
+            "(addresses by brokerId: 1: 10.0.0.11:10911)",
+        )
+        self.assertEqual(slave.committed, {("PCG", "T", 0): 4})
+        self.assertEqual(slave.sent(RequestCode.UPDATE_CONSUMER_OFFSET), [])
+        self.assertEqual(len(self.flushLoggedErrors()), 0)
+
+
+class RouteRefreshTests(_Case):
+    def test_failed_pulls_refresh_the_route_at_once(self) -> None:
+        """
+        Four queues long-polled on broker-a's master; the master killed
+        and its slave promoted (a new address registered as brokerId 0).
+        The four pulls fail together: the topic's route is looked up once
+        (not once per queue), and the pulls reach the new master within a
+        second, not at the next NameServer poll (30 s).  With no master
+        reachable at all, each queue's pulls back off to one every 3 s at
+        most, and the route is looked up at most once a second.
+        """
+        lookups = self.count_lookups()
+        self.push(post_subscription_when_pull=True)
+        self.assertEqual(len(self.a.held), 4)
+        self.clock.advance(2)
+        promoted = self.broker("broker-a", "10.0.0.3", {"T": 4}, broker_id=0, data=self.a.data)
+        before = len(lookups)
+        self.kill(self.a)
+        self.pump()
+        self.assertEqual(lookups[before:].count("T"), 1)
+        self.advance(0.5, 0.05)
+        self.assertEqual(sorted(h.queue_id for h in promoted.pulls), [0, 1, 2, 3])
+        promoted.append("T", 3, b"after")
+        self.pump()
+        self.assertEqual([m.body for m in self.got], [b"after"])
+        # No master reachable: bounded retries and lookups.
+        self.clock.advance(2)
+        pulls = len(promoted.pulls)
+        before = len(lookups)
+        self.kill(promoted)
+        self.advance(10, 0.05)
+        self.assertEqual(len(promoted.pulls), pulls)
+        self.assertLessEqual(len(lookups) - before, 11)
+        self.assertGreaterEqual(len(lookups) - before, 3)
+
+    def test_promoted_master_gets_a_heartbeat_at_once(self) -> None:
+        """
+        A route that names a new broker address (the promoted master)
+        sends it a heartbeat at once, not at the next round (30 s): its
+        first pulls find the group's subscription (no
+        SUBSCRIPTION_NOT_EXIST) and its member list names the consumer.
+        """
+        self.push()
+        self.clock.advance(2)
+        promoted = self.broker("broker-a", "10.0.0.3", {"T": 4}, broker_id=0, data=self.a.data)
+        self.kill(self.a)
+        self.pump()
+        self.advance(1, 0.05)
+        self.assertEqual(len(promoted.sent(RequestCode.HEART_BEAT)), 1)
+        self.assertEqual(list(promoted.groups["CG"]), ["10.9.9.9@1#1"])
+        promoted.append("T", 1, b"after")
+        self.pump()
+        self.assertEqual([m.body for m in self.got], [b"after"])
+
+    def test_rebalance_backs_off_without_a_route(self) -> None:
+        """
+        A subscribed topic the NameServers do not know: the rebalance is
+        tried again after 1 s, doubling to 20 s (less up to half), besides
+        the 20 s rounds, never in a tight loop; a topic registered 3 s
+        after the start is taken within seconds, not at the next round.
+        """
+        lookups = self.count_lookups()
+        consumer = self.push(start=False)
+        consumer.subscribe("U")
+        consumer.startService()
+        self.services.append(consumer)
+        self.pump()
+        self.advance(60, 0.25)
+        n = lookups.count("U")
+        self.assertTrue(6 <= n <= 16, n)
+        self.a.topics["U"] = 2
+        _register(self.ns, self.a, 0, version=2)
+        self.advance(20, 0.25)
+        self.assertEqual({q for q in consumer.assigned if q.topic == "U"}, _mq("U", 0, 1))
+
+    def test_topic_registered_soon_after_start(self) -> None:
+        """A topic unknown at the start and registered 3 s later is taken within 7 s of the start."""
+        consumer = self.push(start=False)
+        consumer.subscribe("U")
+        consumer.startService()
+        self.services.append(consumer)
+        self.advance(3, 0.25)
+        self.a.topics["U"] = 2
+        _register(self.ns, self.a, 0, version=2)
+        self.advance(4, 0.25)
+        self.assertEqual({q for q in consumer.assigned if q.topic == "U"}, _mq("U", 0, 1))
+
+
+class QueueListenerTests(_Case):
+    def test_listener_and_when_balanced(self) -> None:
+        """
+        The queue listener hears, per topic, the queues taken (with their
+        start offsets) before any of their messages reach the handler,
+        and the queues let go at a rebalance and at stop.  when_balanced()
+        fires with the queues owned after the next complete round: the
+        first after the start; each member's share once a second joined.
+        """
+        order: list[tuple[str, Any]] = []
+        changes: list[QueueChange] = []
+
+        def handler(messages: list[ReceivedMessage]) -> None:
+            order.append(("m", messages[0].queue.queue_id))
+
+        def listener(change: QueueChange) -> None:
+            changes.append(change)
+            order.append(("change", sorted(q.queue_id for q in change.assigned)))
+
+        for i in range(4):
+            self.a.append("T", i, b"%d" % i)
+        self.a.committed[("CG", "T", 2)] = 1
+        c1 = self.push(handler, start=False, queue_listener=listener)
+        c1.startService()
+        self.services.append(c1)
+        balanced = c1.when_balanced()
+        self.pump()
+        self.assertEqual(self.successResultOf(balanced), _mq("T", 0, 1, 2, 3))
+        self.assertEqual(c1.owned, _mq("T", 0, 1, 2, 3))
+        [change] = changes
+        self.assertEqual(change, QueueChange(
+            "T", {MessageQueue("T", "broker-a", i): (1 if i == 2 else 0) for i in range(4)}, frozenset(),
+            _mq("T", 0, 1, 2, 3)))
+        self.assertEqual(order[0], ("change", [0, 1, 2, 3]))
+        self.assertEqual(sorted(order[1:]), [("m", 0), ("m", 1), ("m", 3)])
+        changes.clear()
+        c2 = self.push(cid="10.9.9.9@2#2")
+        d1, d2 = c1.when_balanced(), c2.when_balanced()
+        self.pump()
+        owned1, owned2 = self.successResultOf(d1), self.successResultOf(d2)
+        self.assertEqual((owned1, owned2), (_mq("T", 0, 1), _mq("T", 2, 3)))
+        self.assertEqual(changes, [QueueChange("T", {}, _mq("T", 2, 3), _mq("T", 0, 1))])
+        changes.clear()
+        self.result(c1.stopService())
+        self.assertEqual(changes, [QueueChange("T", {}, _mq("T", 0, 1), frozenset())])
+        self.failureResultOf(c1.when_balanced(), ConsumerError)
+
+    def test_when_balanced_waits_for_a_complete_round(self) -> None:
+        """
+        A round that cannot complete (the member list refused) does not
+        fire when_balanced(); it is tried again after a back-off (1 s,
+        2 s, ...), not only every 20 s, and the waiter fires once a round
+        completes.  A stop fails the waiters with one line.
+        """
+        self.a.refuse_list = True
+        consumer = self.push(start=False)
+        consumer.startService()
+        self.services.append(consumer)
+        d = consumer.when_balanced()
+        self.pump()
+        self.assertNoResult(d)
+        self.advance(4, 0.25)
+        self.assertNoResult(d)
+        asked = len(self.a.sent(RequestCode.GET_CONSUMER_LIST_BY_GROUP))
+        self.assertTrue(3 <= asked <= 5, asked)
+        self.a.refuse_list = False
+        self.advance(8, 0.25)
+        self.assertEqual(self.successResultOf(d), _mq("T", 0, 1, 2, 3))
+        waiting = consumer.when_balanced()
+        self.a.refuse_list = True
+        self.pump()
+        self.assertNoResult(waiting)
+        consumer.stopService()
+        error = self.failureResultOf(waiting, ConsumerError).value
+        self.assertEqual(str(error), "consumer group 'CG' stopped before a rebalance completed")

@@ -647,12 +647,96 @@ class RouteTests(_Case):
         self.assertEqual(producer.routes.namesrv.chosen, 1)
 
     def test_no_namesrv(self) -> None:
-        """Every NameServer down: NoRouteError naming each and why."""
+        """
+        Every NameServer down: the send looks the route up again, backing
+        off (0.1 s doubling to 1 s, less up to half), until its 3 s run
+        out; then NoRouteError naming the lookups, each NameServer and why.
+        """
         self.ns.up = False
         producer = self.producer()
-        error = self.failure(producer.send("T", b"x"), NoRouteError)
-        self.assertIn("no route to topic 'T': no NameServer answered GET_ROUTEINFO_BY_TOPIC (105)", str(error))
+        d = producer.send("T", b"x")
+        self.pump()
+        self.assertNoResult(d)
+        waits = []
+        while not d.called:
+            before = self.clock.seconds()
+            self.clock.advance(0.01)
+            self.pump()
+            waits.append(self.clock.seconds() - before)
+        error = self.failure(d, NoRouteError)
+        self.assertRegex(
+            str(error),
+            r"^no route to topic 'T' within 3 s \(\d lookups in a row found none; the next is due in [0-9.]+ s\): "
+            r"no NameServer answered GET_ROUTEINFO_BY_TOPIC \(105\) for topic 'T'",
+        )
         self.assertIn("the fake NameServer is down", str(error))
+        self.assertLessEqual(len(error.args[0].splitlines()), 1)
+        lookups = producer.routes._no_route["T"].failures
+        self.assertTrue(5 <= lookups <= 9, lookups)
+        # Reset by a usable route: the next send goes at once.
+        self.ns.up = True
+        self.clock.advance(5)  # (the NameServer's connection is attempted again)
+        self.pump()
+        self.assertEqual(self.result(producer.send("T", b"x")).status, SendStatus.SEND_OK)
+        self.assertNotIn("T", producer.routes._no_route)
+
+    def test_no_namesrv_for_a_while(self) -> None:
+        """
+        The NameServer back within the send's deadline: the send waiting
+        for a route gets it and is stored.  Sends waiting together share
+        the topic's lookups and back-off.
+        """
+        self.ns.up = False
+        producer = self.producer()
+        sends = [producer.send("T", b"%d" % i) for i in range(50)]
+        self.pump()
+        self.clock.advance(1)
+        self.pump()
+        self.assertTrue(all(not d.called for d in sends))
+        self.assertLessEqual(producer.routes._no_route["T"].failures, 5)
+        self.ns.up = True
+        for _ in range(150):
+            self.clock.advance(0.01)
+            self.pump()
+        self.assertEqual({self.successResultOf(d).status for d in sends}, {SendStatus.SEND_OK})
+
+    def test_send_waits_for_a_promoted_master(self) -> None:
+        """
+        A single broker failing over: its master unreachable and gone
+        from the NameServer's route (only the slave left), then its slave
+        promoted (a new address registered as brokerId 0) 1 s later.  A
+        send in the gap fails its attempt on the old master, finds a
+        route without a master, looks it up again backing off, and is
+        stored on the new master within its 3 s.  Before this, the send
+        failed at once ("no writable queue").
+        """
+        ns = FakeNameServer(self.clock)
+        self.namesrvs.append(ns)
+        old = FakeBroker("broker-c", "10.0.0.5", 10911, {"Solo": 1})
+        self.endpoints[old.addr] = BrokerEndpoint(old, self.clock)
+        _register(ns, old)
+        slave = FakeBroker("broker-c", "10.0.0.6", 10911, {"Solo": 1})
+        self.endpoints[slave.addr] = BrokerEndpoint(slave, self.clock)
+        _register(ns, slave, broker_id=1)
+        producer = self.producer([ns.client_endpoint(self.clock)])
+        self.result(producer.send("Solo", b"x"))
+        self.endpoints[old.addr].up = False
+        for connection in self.endpoints[old.addr].connections:
+            connection.hang_up()
+        ns.broker_addr["broker-c"].addrs.pop(0)
+        d = producer.send("Solo", b"y")
+        for _ in range(100):
+            self.clock.advance(0.01)
+            self.pump()
+        self.assertNoResult(d)
+        failures = producer.routes._no_route["Solo"].failures
+        self.assertTrue(3 <= failures <= 6, failures)
+        _register(ns, slave, broker_id=0, version=2)  # promoted
+        for _ in range(100):
+            self.clock.advance(0.01)
+            self.pump()
+        self.assertEqual(self.successResultOf(d).broker, "broker-c (10.0.0.6:10911)")
+        self.assertEqual(slave.stored[0][2], b"y")
 
 
 class BoundsTests(_Case):

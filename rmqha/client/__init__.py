@@ -23,7 +23,15 @@ from rmqha.client._consume import (
     ReceivedMessage,
 )
 from rmqha.client._routes import NameServerError, NoRouteError
-from rmqha.client.consumer import ConsumerError, ConsumeStatus, PullConsumer, PushConsumer
+from rmqha.client.consumer import (
+    ConsumerError,
+    ConsumeStatus,
+    NoMasterError,
+    PullConsumer,
+    PushConsumer,
+    QueueChange,
+    QueueListener,
+)
 from rmqha.client.producer import (
     DEFAULT_RETRY_CODES,
     Producer,
@@ -41,11 +49,14 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "QueueChange",
+    "QueueListener",
     "ReceivedMessage",
     "DEFAULT_RETRY_CODES",
     "Message",
     "MessageQueue",
     "NameServerError",
+    "NoMasterError",
     "NoRouteError",
     "Producer",
     "ProducerBusyError",

@@ -15,15 +15,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, DeferredList, TimeoutError
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, TimeoutError, succeed
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import (
+    IDelayedCall,
     IProtocol,
     IProtocolFactory,
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.task import LoopingCall
+from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -40,6 +41,7 @@ from rmqha.client._codec import (
 )
 from rmqha.remoting._frames import RemotingCommand, header_to_ext_fields
 from rmqha.remoting.codes import LanguageCode, RequestCode, ResponseCode
+from rmqha.remoting.metadata import PERM_WRITE
 from rmqha.remoting.namesrv import GetRouteInfoRequestHeader
 from rmqha.remoting.protocol import NO_HANDLER, IRemotingHandler, RemotingClient, RemotingRequestError
 
@@ -52,6 +54,7 @@ __all__ = [
     "WatchedEndpoint",
     "watched_client",
     "reconnect_policy",
+    "backoff_delay",
 ]
 
 #: C{ClientConfig.pollNameServerInterval}: seconds between route refreshes.
@@ -63,6 +66,29 @@ MAX_TOPICS: Final = 10_000
 
 #: What rmqha's client says it is in its requests.
 CLIENT_LANGUAGE: Final = LanguageCode.PYTHON
+#: Seconds between lookups of one topic asked for after a failure
+#: (L{TopicRoutes.refresh_soon}): 100 queues failing together make one.
+REFRESH_MIN_INTERVAL: Final = 1.0
+#: A send's lookups of a topic without a usable route: the first wait and
+#: the longest (L{backoff_delay}).
+NO_ROUTE_BACKOFF: Final = (0.1, 1.0)
+
+
+def backoff_delay(failures: int, first: float, cap: float, rng: random.Random) -> float:
+    """
+    The wait after the C{failures}-th failure in a row (1, 2, ...):
+    C{first} doubling up to C{cap}, less a random part of up to half, so
+    that waiters that failed together do not come back together.
+    """
+    full: float = min(cap, first * 2.0 ** min(max(failures, 1) - 1, 32))
+    return full * (1.0 - 0.5 * rng.random())
+
+
+def masterless(route: TopicRoute) -> list[str]:
+    """The brokers of C{route} with writable queues but no master (brokerId 0): failing over."""
+    return sorted(
+        {qd.broker_name for qd in route.queue_datas if qd.perm & PERM_WRITE and route.master_addr(qd.broker_name) is None}
+    )
 
 
 def reconnect_policy(attempt: int) -> float:
@@ -325,6 +351,14 @@ class TopicRoutes:
         #: The last error of each topic's lookups (cleared by a route).
         self.errors: dict[str, str] = {}
         self._lookups: dict[tuple[str, bool], Deferred[None]] = {}
+        #: When each topic's last lookup began (L{refresh_soon}).
+        self._asked: dict[str, float] = {}
+        #: Topics whose last lookup no NameServer answered.
+        self._unanswered: dict[str, None] = {}
+        #: Topics sends found no usable route for, for now (L{find}).
+        self._no_route: dict[str, _NoRoute] = {}
+        #: The lookups L{refresh_soon} put off to the end of the interval.
+        self._soon: dict[str, IDelayedCall] = {}
         self._loop: LoopingCall | None = None
         self._round: Deferred[None] | None = None
 
@@ -341,6 +375,10 @@ class TopicRoutes:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
+        for call in self._soon.values():
+            if call.active():
+                call.cancel()
+        self._soon.clear()
         for d in list(self._lookups.values()):
             d.cancel()
         return self.namesrv.stop()
@@ -377,6 +415,10 @@ class TopicRoutes:
         key = (topic, default)
         d = self._lookups.get(key)
         if d is None:
+            if not default:
+                self._asked.pop(topic, None)
+                self._asked[topic] = self.clock.seconds()
+                _cap(self._asked, self.max_topics)
             d = Deferred.fromCoroutine(self._lookup(topic, default))
 
             def done(result: object) -> None:
@@ -388,6 +430,33 @@ class TopicRoutes:
             if not d.called:
                 self._lookups[key] = d
         return follow(d)
+
+    def refresh_soon(self, topic: str) -> "Deferred[None]":
+        """
+        L{refresh} after a failure that may mean the route changed (a
+        broker unreachable, a slave's refusal): a lookup under way is
+        shared, and none begins within L{REFRESH_MIN_INTERVAL} of the
+        last one (the result then fires at once): however many requests
+        fail together, the NameServers are asked once a second at most.
+        """
+        asked = self._asked.get(topic)
+        if (
+            (topic, False) not in self._lookups
+            and asked is not None
+            and self.clock.seconds() - asked < REFRESH_MIN_INTERVAL
+        ):
+            # (One lookup at the end of the interval, then, for whatever
+            # failed meanwhile: the last failure is never left unlooked.)
+            if topic not in self._soon and self._loop is not None:
+                self._soon[topic] = self.clock.callLater(
+                    asked + REFRESH_MIN_INTERVAL - self.clock.seconds(), self._refresh_later, topic
+                )
+            return succeed(None)
+        return self.refresh(topic)
+
+    def _refresh_later(self, topic: str) -> None:
+        del self._soon[topic]
+        self.refresh(topic)
 
     async def _lookup(self, topic: str, default: bool) -> None:
         asked = self.create_topic_key if default else topic
@@ -402,7 +471,10 @@ class TopicRoutes:
             )
         except NameServerError as e:
             self.errors[topic] = str(e)
+            self._unanswered[topic] = None
+            _cap(self._unanswered, self.max_topics)
             return
+        self._unanswered.pop(topic, None)
         if response.code != ResponseCode.SUCCESS or not response.body:
             try:
                 name = f"{ResponseCode(response.code).name} ({response.code})"
@@ -429,6 +501,8 @@ class TopicRoutes:
         if old is not None and old.route == route and old.from_default == default:
             self.table[topic] = old
             self.errors.pop(topic, None)
+            if old.ok():
+                self._no_route.pop(topic, None)
             return
         info = PublishInfo(
             topic,
@@ -439,6 +513,8 @@ class TopicRoutes:
         )
         self.table[topic] = info
         self.errors.pop(topic, None)
+        if info.ok():
+            self._no_route.pop(topic, None)  # (the back-off starts again from its first wait)
         while len(self.table) > self.max_topics:
             evicted = next(iter(self.table))
             del self.table[evicted]
@@ -458,6 +534,14 @@ class TopicRoutes:
         queue, looked up if need be (then C{TBW102}'s if the NameServers
         do not know the topic and auto-creation is on).
 
+        While there is no usable route for a reason that passes (no
+        NameServer answers; the topic's brokers have writable queues but
+        no master: failing over), it is looked up again after a back-off
+        (L{NO_ROUTE_BACKOFF}, L{backoff_delay}) until one comes or
+        C{timeout} runs out.  The back-off is the topic's, shared by every
+        send waiting for it, and starts again from its first wait once a
+        route is usable.
+
         @raise NoRouteError: naming the topic and what the NameServers said.
         """
         info = self.table.get(topic)
@@ -465,8 +549,62 @@ class TopicRoutes:
             self.table[topic] = self.table.pop(topic)  # recently used
             return info
         deadline = self.clock.seconds() + timeout
+        while True:
+            state = self._no_route.get(topic)
+            if state is not None and state.not_before > self.clock.seconds():
+                wait = state.not_before - self.clock.seconds()
+                if self.clock.seconds() + wait >= deadline:
+                    raise NoRouteError(
+                        f"no route to topic {topic!r} within {timeout:g} s ({state.failures} lookups in a row "
+                        f"found none; the next is due in {wait:.2g} s): {state.why}"
+                    )
+                await deferLater(self.clock, wait, lambda: None)
+                info = self.table.get(topic)
+                if info is not None and info.ok():
+                    return info
+            info = await self._find_once(topic, timeout, deadline)
+            if info is not None and info.ok():
+                return info
+            why, passing = self._why_none(topic, info)
+            if not passing:
+                self._no_route.pop(topic, None)
+                raise NoRouteError(f"no route to topic {topic!r}: {why}")
+            self._count_no_route(topic, why)
+
+    def _why_none(self, topic: str, info: PublishInfo | None) -> tuple[str, bool]:
+        """Why C{topic} has no usable route, and whether that should pass (see L{find})."""
+        if info is None:
+            # (Errors of topics without a route are not kept: no growth
+            # with every unknown name tried.)
+            unanswered = topic in self._unanswered
+            self._unanswered.pop(topic, None)
+            return self.errors.pop(topic, None) or "no route", unanswered
+        waiting = masterless(info.route)
+        if waiting:
+            return (
+                f"broker{'s' if len(waiting) > 1 else ''} {', '.join(waiting)} "
+                f"{'have' if len(waiting) > 1 else 'has'} no master in the route (failing over?)"
+            ), True
+        return self.errors.get(topic) or "no writable queue on a broker with a master", False
+
+    def _count_no_route(self, topic: str, why: str) -> None:
+        """One more lookup of C{topic} found no usable route: the next waits longer (counted once per lookup,
+        however many sends shared it)."""
+        asked = self._asked.get(topic, self.clock.seconds())
+        state = self._no_route.pop(topic, None) or _NoRoute()
+        if state.counted != asked:
+            state.failures += 1
+            state.counted = asked
+            first, cap = NO_ROUTE_BACKOFF
+            state.not_before = asked + backoff_delay(state.failures, first, cap, self.rng)
+        state.why = why
+        self._no_route[topic] = state
+        _cap(self._no_route, self.max_topics)
+
+    async def _find_once(self, topic: str, timeout: float, deadline: float) -> PublishInfo | None:
+        """One lookup of C{topic} (and of C{TBW102} for it, if need be), within C{deadline}."""
         try:
-            await within(self.refresh(topic), timeout, self.clock)
+            await within(self.refresh(topic), deadline - self.clock.seconds(), self.clock)
             info = self.table.get(topic)
             # (As 4.9.8: TBW102 only for a topic the NameServers gave no
             # route; a route without writable queues is final.)
@@ -481,11 +619,20 @@ class TopicRoutes:
             raise NoRouteError(
                 f"no route to topic {topic!r} within {timeout:g} s from NameServers {self.namesrv.names}"
             ) from None
-        if info is None or not info.ok():
-            # (Errors of topics without a route are not kept: no growth
-            # with every unknown name tried.)
-            why = (self.errors.pop(topic, None) if info is None else self.errors.get(topic)) or (
-                "no writable queue on a broker with a master"
-            )
-            raise NoRouteError(f"no route to topic {topic!r}: {why}")
         return info
+
+
+@attrs.define
+class _NoRoute:
+    """A topic's lookups that found no usable route, in a row (L{TopicRoutes.find})."""
+
+    failures: int = 0
+    not_before: float = 0.0
+    counted: float | None = None
+    why: str = ""
+
+
+def _cap(table: dict[str, Any], size: int) -> None:
+    """Drop the oldest entries of C{table} beyond C{size}."""
+    while len(table) > size:
+        del table[next(iter(table))]

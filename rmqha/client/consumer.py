@@ -14,7 +14,10 @@ CLUSTERING mode:
   and commits per queue the smallest offset not yet consumed
   (C{DefaultMQPushConsumer} with C{ConsumeMessageConcurrentlyService}).
   Delivery is at least once: after a crash, a failover or a rebalance,
-  messages consumed but not yet committed come again.
+  messages consumed but not yet committed come again.  Offsets go to
+  masters only (kept here while a broker has none; L{NoMasterError});
+  a failed request looks the route up at once; a C{queue_listener} and
+  L{PushConsumer.when_balanced} tell which queues a member holds.
 
 A failed handler (an exception, or L{ConsumeStatus.RECONSUME_LATER}) has
 its messages handed over again on this consumer after a delay that grows
@@ -42,6 +45,7 @@ from twisted.internet.defer import (
     DeferredList,
     DeferredSemaphore,
     TimeoutError,
+    fail,
     maybeDeferred,
 )
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
@@ -82,6 +86,7 @@ from rmqha.client._routes import (
     NameServers,
     TopicRoutes,
     WatchedEndpoint,
+    backoff_delay,
     follow,
     watched_client,
     within,
@@ -99,8 +104,11 @@ __all__ = [
     "ConsumeStatus",
     "ConsumeFromWhere",
     "ConsumerError",
+    "NoMasterError",
     "PullConsumer",
     "PushConsumer",
+    "QueueChange",
+    "QueueListener",
     "RETRY_DELAYS",
 ]
 
@@ -114,8 +122,24 @@ CONSUME_CONCURRENTLY_MAX_SPAN: Final = 2000
 #: C{PULL_TIME_DELAY_MILLS_WHEN_FLOW_CONTROL}: seconds before a pull held
 #: back by the bounds is tried again.
 FLOW_CONTROL_DELAY: Final = 0.05
-#: C{PULL_TIME_DELAY_MILLS_WHEN_EXCEPTION}: seconds after a failed pull.
+#: C{PULL_TIME_DELAY_MILLS_WHEN_EXCEPTION}: seconds after a failed pull
+#: (the broker answered a code that is not a pull status), and the longest
+#: wait after pulls that failed as a moved broker makes them fail.
 PULL_EXCEPTION_DELAY: Final = 3.0
+#: The first wait after a pull that failed as a moved broker makes it
+#: fail (L{ROUTE_SUSPECT_CODES}, no connection, a timeout, a broker not in
+#: the route); it doubles to L{PULL_EXCEPTION_DELAY} (L{backoff_delay}).
+PULL_RETRY_FIRST_DELAY: Final = 0.2
+#: The first wait before a rebalance round is tried again after one that
+#: could not finish (no route, no member list, a start offset unknown);
+#: it doubles to the rebalance interval.
+REBALANCE_RETRY_FIRST_DELAY: Final = 1.0
+#: Codes a broker answers a request that should have gone elsewhere
+#: with: the topic unknown there, a slave's refusal, no permission (a
+#: broker being demoted).  The topic's route is looked up again at once.
+ROUTE_SUSPECT_CODES: Final = frozenset(
+    {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NO_PERMISSION}
+)
 #: C{BROKER_SUSPEND_MAX_TIME_MILLIS}: how long the broker holds a pull.
 SUSPEND_TIMEOUT: Final = 15.0
 #: C{CONSUMER_TIMEOUT_MILLIS_WHEN_SUSPEND}: a held pull's deadline.
@@ -149,6 +173,53 @@ Handler = Callable[[list[ReceivedMessage]], Any]
 
 class ConsumerError(Exception):
     """A consumer request that failed: one line naming the queue or group and why."""
+
+
+class NoMasterError(ConsumerError):
+    """
+    An offset not committed: the route names no master (brokerId 0) for
+    the queue's broker, even after a fresh lookup.  Offsets go to masters
+    only: a slave's offset table is replaced by its next sync from the
+    master.
+
+    @ivar broker_name: the broker.
+    """
+
+    def __init__(self, text: str, broker_name: str) -> None:
+        super().__init__(text)
+        self.broker_name = broker_name
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueChange:
+    """
+    What a L{PushConsumer} tells its C{queue_listener} when the queues of
+    one topic it consumes change (C{MessageQueueListener}).
+
+    @ivar topic: the topic.
+    @ivar assigned: the queues taken, each with the offset its pulls
+        start from; the listener hears of them before their pulls start.
+    @ivar revoked: the queues let go (their offsets committed first if a
+        master could take them); handlers still running on them finish.
+    @ivar owned: the topic's queues this consumer consumes now.
+    """
+
+    topic: str
+    assigned: Mapping[MessageQueue, int]
+    revoked: frozenset[MessageQueue]
+    owned: frozenset[MessageQueue]
+
+
+#: A push consumer's C{queue_listener}: called on the reactor, its result
+#: ignored (an exception is logged).
+QueueListener = Callable[[QueueChange], object]
+
+
+def _route_suspect(error: Exception) -> bool:
+    """Whether a failed request suggests the route moved (see L{ROUTE_SUSPECT_CODES})."""
+    if isinstance(error, PullReplyError):
+        return error.code in ROUTE_SUSPECT_CODES
+    return isinstance(error, (RemotingRequestError, ConsumerError, TimeoutError))
 
 
 def _local_ip() -> str:
@@ -185,7 +256,12 @@ class _Client:
         api_timeout: float,
         poll_interval: float,
         rng: random.Random | None,
+        on_new_addresses: Callable[[set[str]], object] = lambda addrs: None,
     ) -> None:
+        """
+        @param on_new_addresses: called with the broker addresses a route
+            names for the first time (a promoted master, a broker added).
+        """
         from rmqha.remoting.namesrv import parse_namesrv_addr
         from rmqha.settings import master_description, parse_host_port
 
@@ -210,6 +286,9 @@ class _Client:
             on_change=self._routes_changed,
         )
         self.links: dict[str, _Link] = {}
+        self.on_new_addresses = on_new_addresses
+        #: The broker addresses the routes named at their last change.
+        self.named: set[str] = set()
         #: C{pullFromWhichNodeTable}: the brokerId each queue pulls from next.
         self.suggested: dict[MessageQueue, int] = {}
 
@@ -225,6 +304,9 @@ class _Client:
         named = self.routes.addresses()
         for addr in [a for a in self.links if a not in named]:
             self.links.pop(addr).client.stopService()
+        new, self.named = named - self.named, named
+        if new:
+            self.on_new_addresses(new)
 
     def link(self, addr: str) -> _Link:
         link = self.links.get(addr)
@@ -283,11 +365,38 @@ class _Client:
     async def _addr(self, mq: MessageQueue, broker_id: int, only_this: bool = False) -> tuple[str, bool]:
         found = self.find_in_subscribe(mq.topic, mq.broker_name, broker_id, only_this)
         if found is None:
-            await within(self.routes.refresh(mq.topic), self.api_timeout, self.clock)
+            await within(self.routes.refresh_soon(mq.topic), self.api_timeout, self.clock)
             found = self.find_in_subscribe(mq.topic, mq.broker_name, broker_id, only_this)
         if found is None:
             raise ConsumerError(f"broker {mq.broker_name!r} of queue {mq} is not in the route")
         return found
+
+    async def master_addr(self, mq: MessageQueue) -> str | None:
+        """
+        The address of the master (brokerId 0) of C{mq}'s broker; if the
+        route names none, after one more lookup (L{TopicRoutes.refresh_soon});
+        C{None} if it still names none.
+        """
+        addr = self.broker_addrs(mq.topic, mq.broker_name).get(MASTER_ID)
+        if addr is None:
+            try:
+                await within(self.routes.refresh_soon(mq.topic), self.api_timeout, self.clock)
+            except TimeoutError:
+                return None
+            addr = self.broker_addrs(mq.topic, mq.broker_name).get(MASTER_ID)
+        return addr
+
+    def describe_broker(self, mq: MessageQueue) -> str:
+        """C{name} and the addresses the route names for it (by brokerId)."""
+        addrs = self.broker_addrs(mq.topic, mq.broker_name)
+        listed = ", ".join(f"{i}: {a}" for i, a in sorted(addrs.items())) or "none"
+        return f"{mq.broker_name} (addresses by brokerId: {listed})"
+
+    def route_failed(self, topic: str) -> None:
+        """A request failed as a moved broker makes it fail: look the topic's route up now (at most once a
+        second, L{TopicRoutes.refresh_soon}); the next request finds what it says."""
+        if self.routes.namesrv.running:
+            self.routes.refresh_soon(topic)
 
     async def request(self, addr: str, command: RemotingCommand, timeout: float) -> RemotingCommand:
         link = self.link(addr)
@@ -342,55 +451,89 @@ class _Client:
             expression_type="TAG",
             bname=mq.broker_name,
         )
-        response = await self.request(addr, self._command(RequestCode.PULL_MESSAGE, header), timeout)
-        result = pull_result(response, mq, subscription, f"{mq.broker_name} ({addr})")
+        try:
+            response = await self.request(addr, self._command(RequestCode.PULL_MESSAGE, header), timeout)
+            result = pull_result(response, mq, subscription, f"{mq.broker_name} ({addr})")
+        except (RemotingRequestError, ConsumerError, PullReplyError, TimeoutError) as e:
+            if _route_suspect(e):
+                # (The broker suggested may be the one gone: the next pull
+                # asks the master the route names then.)
+                self.suggested.pop(mq, None)
+                self.route_failed(mq.topic)
+            raise
         self.suggested[mq] = result.suggest_which_broker_id
         return result
 
     async def query_offset(self, mq: MessageQueue) -> int:
         """
         C{RemoteBrokerOffsetStore.readOffset(READ_FROM_STORE)}: the group's
-        committed offset, from the master (a slave while there is none);
+        committed offset, from the master; if the route names none even
+        after a fresh lookup, or it does not answer, from a slave (lowest
+        brokerId first): a slave's table is the master's as of its last
+        sync, and an older offset only means messages consumed again.
         -1 when the broker has none (any error code), -2 when no broker
         answered.
         """
-        try:
-            addr, _ = await self._addr(mq, MASTER_ID)
-            header = QueryConsumerOffsetRequestHeader(self.group, mq.topic, mq.queue_id, mq.broker_name)
-            response = await self.request(
-                addr, self._command(RequestCode.QUERY_CONSUMER_OFFSET, header), self.api_timeout
-            )
-        except (RemotingRequestError, ConsumerError, TimeoutError) as e:
-            self._log.warn("offset of {group} on {queue} not read: {error}", group=self.group, queue=mq, error=e)
-            return -2
-        if response.code != ResponseCode.SUCCESS:
-            return -1
-        try:
-            return header_from_ext_fields(QueryConsumerOffsetResponseHeader, response.ext_fields).offset
-        except CustomHeaderError:
-            return -1
+        header = QueryConsumerOffsetRequestHeader(self.group, mq.topic, mq.queue_id, mq.broker_name)
+        command = self._command(RequestCode.QUERY_CONSUMER_OFFSET, header)
+        master = await self.master_addr(mq)
+        addrs = [master] if master is not None else []
+        addrs += [a for i, a in sorted(self.broker_addrs(mq.topic, mq.broker_name).items()) if a not in addrs]
+        errors = [] if addrs else [f"broker {mq.broker_name!r} is not in the route"]
+        for addr in addrs:
+            try:
+                response = await self.request(addr, command, self.api_timeout)
+            except (RemotingRequestError, ConsumerError, TimeoutError) as e:
+                errors.append(str(e))
+                self.route_failed(mq.topic)
+                continue
+            if response.code != ResponseCode.SUCCESS:
+                if response.code in ROUTE_SUSPECT_CODES:
+                    self.route_failed(mq.topic)
+                return -1
+            try:
+                return header_from_ext_fields(QueryConsumerOffsetResponseHeader, response.ext_fields).offset
+            except CustomHeaderError:
+                return -1
+        self._log.warn("offset of {group} on {queue} not read: {error}", group=self.group, queue=mq,
+                       error="; ".join(errors))
+        return -2
 
     async def commit_offset(self, mq: MessageQueue, offset: int) -> None:
         """
         C{updateConsumeOffsetToBroker}: a oneway UPDATE_CONSUMER_OFFSET to
-        the master, or to any address of the broker while it has none.
+        the master (brokerId 0), never to a slave: a slave's offset table
+        is replaced by its next sync from the master, so a commit there
+        is lost.  If the route names no master, it is looked up once more
+        first (as Java does; Java then commits to a slave).
 
-        @raise ConsumerError: no address, or no connection.
+        @raise NoMasterError: the route names no master.
+        @raise ConsumerError: no connection to it.
         """
+        addr = await self.master_addr(mq)
+        if addr is None:
+            raise NoMasterError(
+                f"offset {offset} of {self.group} on {mq} not committed: the route names no master "
+                f"for broker {self.describe_broker(mq)}",
+                mq.broker_name,
+            )
         try:
-            addr, _ = await self._addr(mq, MASTER_ID)
             header = UpdateConsumerOffsetRequestHeader(self.group, mq.topic, mq.queue_id, offset, mq.broker_name)
             await self.link(addr).client.oneway(self._command(RequestCode.UPDATE_CONSUMER_OFFSET, header))
         except (RemotingRequestError, TimeoutError) as e:
+            self.route_failed(mq.topic)
             raise ConsumerError(f"offset {offset} of {self.group} on {mq} not committed: {e}") from None
 
     async def _offset_request(self, mq: MessageQueue, code: int, header: Any, what: str) -> int:
         try:
             addr, _ = await self._addr(mq, MASTER_ID)
             response = await self.request(addr, self._command(code, header), self.api_timeout)
-        except (RemotingRequestError, TimeoutError) as e:
+        except (RemotingRequestError, ConsumerError, TimeoutError) as e:
+            self.route_failed(mq.topic)
             raise ConsumerError(f"{what} of {mq} failed: {e}") from None
         if response.code != ResponseCode.SUCCESS:
+            if response.code in ROUTE_SUSPECT_CODES:
+                self.route_failed(mq.topic)
             raise PullReplyError(f"{what} for {mq}", addr, response.code, response.remark)
         try:
             return header_from_ext_fields(OffsetResponseHeader, response.ext_fields).offset
@@ -555,6 +698,8 @@ class _Assigned:
     pulling: "Deferred[None] | None" = None
     timer: IDelayedCall | None = None
     retries: set[IDelayedCall] = dataclasses.field(default_factory=set)
+    #: Pulls that failed in a row (the back-off's count).
+    failures: int = 0
 
 
 class PushConsumer(Service):
@@ -602,6 +747,7 @@ class PushConsumer(Service):
         poll_interval: float = POLL_NAMESRV_INTERVAL,
         client_id: str | None = None,
         rng: random.Random | None = None,
+        queue_listener: QueueListener | None = None,
     ) -> None:
         """
         @param handler: called with each batch of messages (see L{Handler}).
@@ -620,6 +766,10 @@ class PushConsumer(Service):
         @param stop_timeout: how long L{stopService} waits for running
             handlers before it commits what is done.
         @param client_id: C{clientID} (default C{ip@pid#nanoTime}, Java's).
+        @param queue_listener: told of each change of the queues this
+            consumer consumes, per topic (a L{QueueChange}): after each
+            rebalance that changed them, a queue let go after
+            OFFSET_ILLEGAL, and at stop (C{MessageQueueListener}).
         """
         if max_concurrency < 1 or consume_batch_size < 1 or not 1 <= pull_batch_size <= 1024:
             raise ValueError(
@@ -640,6 +790,7 @@ class PushConsumer(Service):
             api_timeout=api_timeout,
             poll_interval=poll_interval,
             rng=rng,
+            on_new_addresses=self._new_brokers,
         )
         self.clock = self.client.clock
         self.consume_from_where = consume_from_where
@@ -667,11 +818,22 @@ class PushConsumer(Service):
         self._handlers: set[Deferred[None]] = set()
         self._loops: list[LoopingCall] = []
         self._starting: Deferred[None] | None = None
-        self._rebalancing: Deferred[None] | None = None
+        self._rebalancing: Deferred[bool] | None = None
         self._rebalance_again = False
         self._stopping = False
         self._later: set[IDelayedCall] = set()
         self._stopped: Deferred[None] | None = None
+        self.queue_listener = queue_listener
+        #: Rebalance rounds begun; rounds in a row that could not complete;
+        #: the round tried again after a back-off.
+        self._rounds = 0
+        self._rebalance_failures = 0
+        self._rebalance_retry: IDelayedCall | None = None
+        #: L{when_balanced}'s waiters, each with the rounds begun before it.
+        self._balanced: list[tuple[Deferred[frozenset[MessageQueue]], int]] = []
+        #: Brokers the route names no master for, and the queues whose
+        #: offsets wait here for one (warned about).
+        self._masterless: dict[str, set[MessageQueue]] = {}
 
     # -- subscriptions -----------------------------------------------------------
 
@@ -749,6 +911,12 @@ class PushConsumer(Service):
         self._loops = []
         if self._rebalancing is not None:
             self._rebalancing.cancel()
+        if self._rebalance_retry is not None and self._rebalance_retry.active():
+            self._rebalance_retry.cancel()
+        self._rebalance_retry = None
+        waiters, self._balanced = self._balanced, []
+        for d, _ in waiters:
+            d.errback(ConsumerError(f"consumer group {self.group!r} stopped before a rebalance completed"))
         for call in list(self._later):
             if call.active():
                 call.cancel()
@@ -767,11 +935,13 @@ class PushConsumer(Service):
                     n=len(self._handlers),
                     t=self.stop_timeout,
                 )
-        await self._persist_all()
+        await self._persist_all(final=True)
         await self._unregister()
         for a in self.assigned.values():
             a.pq.dropped = True
-        self.assigned.clear()
+        owned, self.assigned = self.assigned, {}
+        for topic in sorted({q.topic for q in owned}):
+            self._tell(topic, {}, [q for q in owned if q.topic == topic])
         await self.client.stop()
 
     def _halt(self, a: _Assigned) -> None:
@@ -796,12 +966,22 @@ class PushConsumer(Service):
     def _heartbeat_round(self) -> None:
         Deferred.fromCoroutine(self.heartbeat()).addErrback(self._log_failure, "heartbeat")
 
-    async def heartbeat(self) -> None:
+    def _new_brokers(self, addrs: set[str]) -> None:
+        """
+        A route names broker addresses it did not name before (a promoted
+        master, a broker added): a heartbeat goes to them now, not at the
+        next round (30 s), so that they serve this consumer's pulls (no
+        SUBSCRIPTION_NOT_EXIST) and list it among the group's members.
+        """
+        if self.running and not self._stopping and self._loops:
+            Deferred.fromCoroutine(self.heartbeat(addrs)).addErrback(self._log_failure, "heartbeat")
+
+    async def heartbeat(self, only: "set[str] | None" = None) -> None:
         """C{sendHeartbeatToAllBroker}: HEART_BEAT (34) to every broker
-        address of the subscribed topics, slaves too."""
+        address of the subscribed topics, slaves too (or to C{only})."""
         body = self.heartbeat_body()
         command = RemotingCommand(RequestCode.HEART_BEAT, language=CLIENT_LANGUAGE, body=body)
-        addrs = sorted(self.client.routes.addresses())
+        addrs = sorted(self.client.routes.addresses() if only is None else only)
         results = await DeferredList(
             [Deferred.fromCoroutine(self.client.request(a, command, self.client.api_timeout)) for a in addrs],
             consumeErrors=True,
@@ -843,50 +1023,126 @@ class PushConsumer(Service):
         if self._rebalancing is not None:
             self._rebalance_again = True
             return
+        if self._rebalance_retry is not None and self._rebalance_retry.active():
+            self._rebalance_retry.cancel()
+        self._rebalance_retry = None
+        self._rounds += 1
+        number = self._rounds
         d = Deferred.fromCoroutine(self._rebalance())
-        if d.called:
-            d.addErrback(self._log_failure, "rebalance")
-            self._again_if_asked()
-            return
-        self._rebalancing = d
 
-        def done(result: object) -> object:
+        def ended(result: "bool | Failure") -> None:
             self._rebalancing = None
+            if isinstance(result, Failure):
+                self._log_failure(result, "rebalance")
+            self._round_done(result is True, number)
             self._again_if_asked()
-            return result
 
-        d.addBoth(done).addErrback(self._log_failure, "rebalance")
+        if not d.called:
+            self._rebalancing = d
+        d.addBoth(ended)
+
+    def _round_done(self, complete: bool, number: int) -> None:
+        """
+        A rebalance round ended: a complete one fires the L{when_balanced}
+        waiters that asked before it began and resets the back-off; one
+        that could not finish is tried again after a back-off (1 s doubling
+        to the rebalance interval), never in a tight loop.
+        """
+        if self._stopping:
+            return
+        if complete:
+            self._rebalance_failures = 0
+            waiters, self._balanced = self._balanced, []
+            for d, after in waiters:
+                if after < number:
+                    d.callback(self.owned)
+                else:
+                    self._balanced.append((d, after))
+            return
+        self._rebalance_failures += 1
+        if self._rebalance_retry is None or not self._rebalance_retry.active():
+            delay = backoff_delay(
+                self._rebalance_failures, REBALANCE_RETRY_FIRST_DELAY, max(self.rebalance_interval, 1.0),
+                self.client.rng,
+            )
+            self._rebalance_retry = self.clock.callLater(delay, self.rebalance_now)
 
     def _again_if_asked(self) -> None:
         if self._rebalance_again:
             self._rebalance_again = False
             self.rebalance_now()
 
-    async def _rebalance(self) -> None:
+    @property
+    def owned(self) -> frozenset[MessageQueue]:
+        """The queues this consumer consumes now (all topics)."""
+        return frozenset(self.assigned)
+
+    def when_balanced(self) -> "Deferred[frozenset[MessageQueue]]":
+        """
+        Fire with L{owned} after the next rebalance round that begins
+        after this call and completes: every subscribed topic's route
+        found (the group's retry topic may have none), the group's member
+        list had with this consumer in it, and every queue allocated to it
+        taken (its start offset known).  A round is asked for now (after
+        the one under way, if any; after the first, if the consumer is
+        still starting).  Rounds that cannot complete are tried again,
+        backing off.
+
+        Fails with L{ConsumerError} if the consumer is not running or
+        stops first.  Cancel it to stop waiting.
+        """
+        if not self.running or self._stopping:
+            return fail(ConsumerError(f"consumer group {self.group!r} is not running; no rebalance to wait for"))
+
+        def withdraw(d: "Deferred[frozenset[MessageQueue]]") -> None:
+            self._balanced = [w for w in self._balanced if w[0] is not d]
+
+        d: Deferred[frozenset[MessageQueue]] = Deferred(canceller=withdraw)
+        # (A round under way began before this call: a later one counts.)
+        self._balanced.append((d, self._rounds))
+        if self._loops:
+            self.rebalance_now()
+        return d
+
+    async def _rebalance(self) -> bool:
+        """One round over every subscribed topic; whether it completed (see L{when_balanced})."""
+        complete = True
         for topic in sorted(self.subscriptions):
             info = self.client.routes.table.get(topic)
             if info is None:
                 # (The routes kept are refreshed every 30 s; one the
                 # NameServers did not know yet is asked for here.)
-                await self.client.routes.refresh(topic)
+                await self.client.routes.refresh_soon(topic)
                 if self._stopping:
-                    return
+                    return False
                 info = self.client.routes.table.get(topic)
             if info is None:
+                if topic != retry_topic(self.group):
+                    complete = False
                 continue
             mq_all = subscribe_queues(topic, info.route)
             cids = await self.client.consumer_ids(topic)
             if self._stopping:
-                return
-            if cids is None:
+                return False
+            if cids is None or self.client_id not in cids:
+                # (Not listed yet: the broker has not had our heartbeat.)
+                complete = False
                 continue
             mine = allocate_averagely(self.group, self.client_id, mq_all, cids)
-            await self._reassign(topic, set(mine))
+            if not await self._reassign(topic, set(mine)):
+                complete = False
             if self._stopping:
-                return
+                return False
+        return complete
 
-    async def _reassign(self, topic: str, mine: set[MessageQueue]) -> None:
-        """C{updateProcessQueueTableInRebalance}."""
+    async def _reassign(self, topic: str, mine: set[MessageQueue]) -> bool:
+        """
+        C{updateProcessQueueTableInRebalance}: let go of the queues no
+        longer ours (committed first), take the new ones from their start
+        offsets (asked for together), tell the listener, then start their
+        pulls.  Whether every queue of C{mine} is taken.
+        """
+        revoked = []
         for mq in [q for q in self.assigned if q.topic == topic and q not in mine]:
             a = self.assigned[mq]
             a.pq.dropped = True
@@ -896,21 +1152,45 @@ class PushConsumer(Service):
             self.offsets.pop(mq, None)
             if self.assigned.get(mq) is a:
                 del self.assigned[mq]
+                revoked.append(mq)
             self._log.info("consumer {cid} let go of {queue}", cid=self.client_id, queue=mq)
             if self._stopping:
-                return
-        for mq in sorted(mine - set(self.assigned), key=lambda q: (q.broker_name, q.queue_id)):
+                return False
+        new = sorted(mine - set(self.assigned), key=lambda q: (q.broker_name, q.queue_id))
+        for mq in new:
             self.offsets.pop(mq, None)  # removeDirtyOffset
-            offset = await self._pull_from_where(mq)
-            if self._stopping:
-                return
-            if offset < 0 or mq in self.assigned:
+        starts = await DeferredList([Deferred.fromCoroutine(self._pull_from_where(mq)) for mq in new],
+                                    consumeErrors=True)
+        if self._stopping:
+            return False
+        complete = True
+        taken: dict[MessageQueue, _Assigned] = {}
+        for mq, (ok, offset) in zip(new, starts):
+            if not ok or offset < 0:
+                complete = False
+                continue
+            if mq in self.assigned:
                 continue
             a = _Assigned(mq, ProcessQueue(), offset)
-            self.assigned[mq] = a
+            self.assigned[mq] = taken[mq] = a
             self._log.info("consumer {cid} takes {queue} from offset {offset}", cid=self.client_id, queue=mq,
                            offset=offset)
+        self._tell(topic, {mq: a.next_offset for mq, a in taken.items()}, revoked)
+        for a in taken.values():
             self._schedule_pull(a, 0)
+        return complete
+
+    def _tell(self, topic: str, assigned: Mapping[MessageQueue, int], revoked: Sequence[MessageQueue]) -> None:
+        """Tell the C{queue_listener} of a change of C{topic}'s queues, if there is one."""
+        if self.queue_listener is None or not (assigned or revoked):
+            return
+        change = QueueChange(
+            topic, dict(assigned), frozenset(revoked), frozenset(q for q in self.assigned if q.topic == topic)
+        )
+        try:
+            self.queue_listener(change)
+        except Exception:
+            self._log.failure("queue listener of {group} failed on {change}", group=self.group, change=change)
 
     async def _pull_from_where(self, mq: MessageQueue) -> int:
         """C{RebalancePushImpl.computePullFromWhere}; -1: not this round."""
@@ -986,10 +1266,21 @@ class PushConsumer(Service):
             )
         except (RemotingRequestError, ConsumerError, PullReplyError, TimeoutError) as e:
             if not a.pq.dropped and not self._stopping:
-                self._log.warn("pull of {queue} at {offset} failed: {error}", queue=mq, offset=a.next_offset,
-                               error=e)
-                self._schedule_pull(a, PULL_EXCEPTION_DELAY)
+                a.failures += 1
+                if _route_suspect(e):
+                    # (The route was looked up again at once; the pull
+                    # goes again soon, backing off to 3 s.)
+                    delay = backoff_delay(a.failures, PULL_RETRY_FIRST_DELAY, PULL_EXCEPTION_DELAY, self.client.rng)
+                else:
+                    delay = PULL_EXCEPTION_DELAY
+                if a.failures == 1:
+                    self._log.warn("pull of {queue} at {offset} failed: {error}; trying again in {delay:.2g} s",
+                                   queue=mq, offset=a.next_offset, error=e, delay=delay)
+                self._schedule_pull(a, delay)
             return
+        if a.failures:
+            self._log.info("pulls of {queue} go on after {n} failed", queue=mq, n=a.failures)
+            a.failures = 0
         if a.pq.dropped or self._stopping:
             return
         if result.status is PullStatus.FOUND:
@@ -1024,6 +1315,7 @@ class PushConsumer(Service):
             await self._persist(a.mq)
             if self.assigned.get(a.mq) is a:
                 del self.assigned[a.mq]
+                self._tell(a.mq.topic, {}, [a.mq])
 
         Deferred.fromCoroutine(persist_and_remove()).addErrback(self._log_failure, "offset correction")
 
@@ -1097,6 +1389,8 @@ class PushConsumer(Service):
             self.offsets[mq] = offset
 
     async def _persist(self, mq: MessageQueue) -> None:
+        """Commit C{mq}'s offset now (a queue let go): to its master; if there is none, the offset is not
+        committed (said in one line) and the next owner starts from the last one committed."""
         offset = self.offsets.get(mq)
         if offset is None:
             return
@@ -1108,9 +1402,56 @@ class PushConsumer(Service):
     def _persist_round(self) -> None:
         Deferred.fromCoroutine(self._persist_all()).addErrback(self._log_failure, "offset commit")
 
-    async def _persist_all(self) -> None:
-        """C{persistAll}: commit the offset of every queue consumed now (oneway)."""
+    async def _persist_all(self, final: bool = False) -> None:
+        """
+        C{persistAll}: commit the offset of every queue consumed now
+        (oneway), to each broker's master only.  A broker the route names
+        no master for (after one more lookup) keeps its queues' offsets
+        here until the next round: one warning line when that begins (per
+        broker, naming the queues new to it), one line when its offsets go
+        again.  C{final} (the stop): what cannot be committed is said in
+        one line per broker, offsets included.
+        """
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for mq in list(self.assigned):
+            if mq in self.offsets:
+                by_broker.setdefault(mq.broker_name, []).append(mq)
         await DeferredList(
-            [Deferred.fromCoroutine(self._persist(mq)) for mq in list(self.assigned)], consumeErrors=True
+            [Deferred.fromCoroutine(self._persist_broker(name, queues, final)) for name, queues in by_broker.items()],
+            consumeErrors=True,
         )
 
+    async def _persist_broker(self, name: str, queues: list[MessageQueue], final: bool) -> None:
+        master = await self.client.master_addr(queues[0])
+        waiting = self._masterless.setdefault(name, set())
+        if master is None:
+            new = [q for q in queues if q not in waiting]
+            waiting.update(queues)
+            listed = ", ".join(f"{q.topic}:{q.queue_id} at {self.offsets.get(q)}" for q in (queues if final else new))
+            if final:
+                self._log.warn(
+                    "consumer group {group} stops with offsets not committed: the route names no master for "
+                    "broker {broker}; the next owners start from the last ones committed. Not committed: {queues}",
+                    group=self.group, broker=self.client.describe_broker(queues[0]), queues=listed,
+                )
+            elif new:
+                self._log.warn(
+                    "offsets of consumer group {group} kept here, committed once the route names a master for "
+                    "broker {broker} (tried every {interval:g} s): {queues}",
+                    group=self.group, broker=self.client.describe_broker(queues[0]), interval=self.persist_interval,
+                    queues=listed,
+                )
+            return
+        if waiting:
+            self._log.info("broker {broker} has a master again ({addr}): offsets of {n} queues committed",
+                           broker=name, addr=master, n=len(queues))
+        self._masterless.pop(name, None)
+        for mq in queues:
+            offset = self.offsets.get(mq)
+            if offset is None:
+                continue
+            try:
+                await self.client.commit_offset(mq, offset)
+            except (ConsumerError, TimeoutError) as e:
+                self._log.warn("{error}", error=e)
+                return  # (the others to this broker would fail alike; the next round tries again)

@@ -58,6 +58,7 @@ from rmqha.client._routes import (
     MAX_TOPICS,
     POLL_NAMESRV_INTERVAL,
     NameServers,
+    NoRouteError,
     PublishInfo,
     TopicRoutes,
     WatchedEndpoint,
@@ -504,7 +505,10 @@ class Producer(Service):
                     broker=mq.broker_name,
                     error=error,
                 )
-                info = await self._after_failure(out.topic, info, left())
+                try:
+                    info = await self._after_failure(out.topic, info, left())
+                except NoRouteError as e:
+                    error = e  # (the next attempt, if time is left, goes along the route there was)
         if result is not None:
             return result
         what = f"send to topic {out.topic!r}"
@@ -524,14 +528,21 @@ class Producer(Service):
         """
         Refresh the topic's route before the next attempt (a broker may
         have failed over), waiting at most a third of the time left; the
-        lookup goes on in the background past that.
+        lookup goes on in the background past that.  A route that names
+        no master now (the broker failing over) is waited for, backing
+        off (L{TopicRoutes.find}), within the time left.
+
+        @raise NoRouteError: no usable route came in time.
         """
+        start = self.clock.seconds()
         try:
             await within(self.routes.refresh(topic), remaining / 3, self.clock)
         except TimeoutError:
             pass
         fresh = self.routes.table.get(topic)
-        return fresh if fresh is not None and fresh.ok() else info
+        if fresh is not None and fresh.ok():
+            return fresh
+        return await self.routes.find(topic, remaining - (self.clock.seconds() - start))
 
     async def _attempt(self, out: _Outgoing, mq: MessageQueue, info: PublishInfo, remaining: float) -> SendResult:
         """C{sendKernelImpl}: one request to the master of C{mq}'s broker."""

@@ -15,8 +15,10 @@ been reported:
   the number at the start of its body (L{body}), C{OK} 1 when the body
   checks out against its checksum, else 0;
 - C{take QUEUE OFFSET}: the consumer took queue C{QUEUE} of C{TOPIC},
-  starting at C{OFFSET} (its group's committed offset, or 0);
-- C{drop QUEUE}: it let go of the queue (a rebalance).
+  starting at C{OFFSET} (its group's committed offset, or 0), written
+  before any of its messages (the consumer's C{queue_listener} hears of
+  a queue before its pulls start);
+- C{drop QUEUE}: it let go of the queue (a rebalance, or the stop).
 
 The consumer starts when a line arrives on stdin (the process can be
 started early, its imports out of the way).  SIGTERM stops it cleanly (its offsets committed, the client
@@ -28,7 +30,6 @@ from __future__ import annotations
 import os
 import sys
 import zlib
-from typing import Any
 
 #: A body's layout: C{SEQ:FILLER:CRC}, C{SEQ} 8 digits, C{CRC} the CRC-32
 #: of C{SEQ:FILLER} in 8 hex digits.
@@ -61,7 +62,7 @@ def main(namesrv: str, group: str, topic: str, client_id: str, log: str) -> None
     from twisted.internet import reactor
     from twisted.logger import globalLogBeginner, textFileLogObserver
 
-    from rmqha.client import ConsumeFromWhere, PushConsumer, ReceivedMessage
+    from rmqha.client import ConsumeFromWhere, PushConsumer, QueueChange, ReceivedMessage
 
     out = sys.stdout.fileno()
 
@@ -70,18 +71,15 @@ def main(namesrv: str, group: str, topic: str, client_id: str, log: str) -> None
         while data:
             data = data[os.write(out, data) :]
 
-    def observe(event: dict[str, Any]) -> None:
-        queue = event.get("queue")
-        if getattr(queue, "topic", None) != topic:
+    def changed(change: QueueChange) -> None:
+        if change.topic != topic:
             return
-        fmt = event.get("log_format") or ""
-        if fmt.startswith("consumer {cid} takes"):
-            write(f"take {queue.queue_id} {event['offset']}\n")
-        elif fmt.startswith("consumer {cid} let go"):
-            write(f"drop {queue.queue_id}\n")
+        lines = [f"drop {q.queue_id}\n" for q in sorted(change.revoked, key=lambda q: q.queue_id)]
+        lines += [f"take {q.queue_id} {offset}\n" for q, offset in sorted(change.assigned.items(), key=lambda i: i[0].queue_id)]
+        write("".join(lines))
 
     logfile = open(log, "a")
-    globalLogBeginner.beginLoggingTo([textFileLogObserver(logfile), observe], redirectStandardIO=False)
+    globalLogBeginner.beginLoggingTo([textFileLogObserver(logfile)], redirectStandardIO=False)
 
     def handle(messages: list[ReceivedMessage]) -> None:
         lines = []
@@ -99,9 +97,9 @@ def main(namesrv: str, group: str, topic: str, client_id: str, log: str) -> None
         handle,
         client_id=client_id,
         consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-        # (pollNameServerInterval: the route names a promoted master at
-        # the next poll; Java's default is 30 s.)
-        poll_interval=1.0,
+        # (The default pollNameServerInterval, 30 s: a pull that fails
+        # looks the route up at once, and finds the promoted master.)
+        queue_listener=changed,
     )
     consumer.subscribe(topic)
     sys.stdin.readline()
