@@ -41,6 +41,7 @@ import attrs
 
 from rmqha._javahash import java_string_hash
 from rmqha.remoting.codes import VERSION_4_9_8, LanguageCode, SerializeType
+from rmqha.store import _record as _codec
 
 __all__ = [
     "MAX_FRAME_SIZE",
@@ -60,6 +61,7 @@ __all__ = [
     "CustomHeaderError",
     "RemotingCommand",
     "make_response",
+    "response_to",
     "encode",
     "decode_frame",
     "FrameDecoder",
@@ -233,15 +235,25 @@ def make_response(
     set, rmqha's language and version (as C{NettyRemotingAbstract} does).
     """
     return RemotingCommand(
-        code=code,
-        language=LanguageCode.JAVA,
-        version=VERSION_4_9_8,
-        opaque=request.opaque,
-        flag=FLAG_RESPONSE,
-        remark=remark,
-        ext_fields=ext_fields,
-        body=body,
-        serialize_type=request.serialize_type,
+        code, LanguageCode.JAVA, VERSION_4_9_8, request.opaque, FLAG_RESPONSE, remark, ext_fields, body,
+        request.serialize_type,
+    )
+
+
+def response_to(
+    opaque: int,
+    serialize_type: SerializeType,
+    code: int,
+    remark: str | None = None,
+    ext_fields: Mapping[str, str] | None = None,
+    body: bytes = b"",
+) -> RemotingCommand:
+    """
+    L{make_response} to the request of C{opaque} and C{serialize_type},
+    for who keeps only those of a request.
+    """
+    return RemotingCommand(
+        code, LanguageCode.JAVA, VERSION_4_9_8, opaque, FLAG_RESPONSE, remark, ext_fields, body, serialize_type
     )
 
 
@@ -305,7 +317,32 @@ def _json_name(text: str) -> str:
     return _json_string(text)
 
 
+#: Each language's name (C{Enum.name} is a property, slow on a hot path).
+_LANGUAGE_NAMES: Final = {language: language.name for language in LanguageCode}
+
+
 def _json_header(command: RemotingCommand, order: ExtOrder) -> bytes:
+    accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
+    if accel is not None and order is ExtOrder.JAVA_HASHMAP:
+        ext = command.ext_fields
+        header: bytes | None = accel.json_header(
+            command.code,
+            ext,
+            None if ext is None else _java_order(tuple(ext)),
+            command.flag,
+            _LANGUAGE_NAMES.get(command.language),
+            command.opaque,
+            command.remark,
+            command.version,
+        )
+        if header is not None:
+            return header
+    return _json_header_pure(command, order)
+
+
+def _json_header_pure(command: RemotingCommand, order: ExtOrder) -> bytes:
+    # (The reference: the compiled json_header writes the same bytes or
+    # hands the command back here.)
     # fastjson's defaults: bean properties sorted, nulls omitted, enums by
     # name, and serializeTypeCurrentRPC because it has a public getter.
     parts = [f'{{"code":{command.code}']
@@ -491,6 +528,62 @@ _JSON_DECODER: Final = json.JSONDecoder(parse_float=_JSONFloat, parse_constant=_
 
 
 def _command_from_json(header: bytes, body: bytes) -> RemotingCommand:
+    accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
+    if accel is not None:
+        # (A header of strings and int32s, what every client writes: read
+        # in one go.  Anything else, errors included, is read below.)
+        fast = accel.json_command(header)
+        if fast is not None:
+            code, language, version, opaque, flag, remark, ext = fast
+            return RemotingCommand(
+                code,
+                LanguageCode.JAVA if language is None else _LANGUAGES.get(language, LanguageCode.OTHER),
+                version,
+                opaque,
+                flag,
+                remark,
+                ext,
+                body,
+                SerializeType.JSON,
+            )
+    return _command_from_json_pure(header, body)
+
+
+_LANGUAGES: Final = LanguageCode.__members__
+
+
+def json_command(header: bytes) -> tuple[int, str | None, int, int, int, str | None, dict[str, str] | None] | None:
+    """
+    The pure-Python twin of the compiled C{json_command} (its reference,
+    for tests): a JSON header's C{(code, language name or None, version,
+    opaque, flag, remark, extFields)} when the header is an object whose
+    C{code}, C{version}, C{opaque} and C{flag} are JSON integers in the
+    int32 range (or null), C{language} and C{remark} strings (or null),
+    C{extFields} an object of strings (or null); C{None} otherwise.  The
+    compiled one answers the same or C{None} (it leaves a few rare valid
+    headers to the general reader: surrogate escapes, integers of more
+    than 18 digits, members it does not read that are arrays, objects or
+    floats).
+    """
+    try:
+        obj = _decode_json_header(header)
+    except RemotingError:
+        return None
+    ints = []
+    for name in ("code", "version", "opaque", "flag"):
+        value = obj.get(name)
+        if value is not None and (type(value) is not int or not _INT32[0] <= value <= _INT32[1]):
+            return None
+        ints.append(0 if value is None else value)
+    language, remark, ext = obj.get("language"), obj.get("remark"), obj.get("extFields")
+    if any(v is not None and type(v) is not str for v in (language, remark)):
+        return None
+    if ext is not None and (type(ext) is not dict or any(type(v) is not str for v in ext.values())):
+        return None
+    return ints[0], language, ints[1], ints[2], ints[3], remark, ext
+
+
+def _command_from_json_pure(header: bytes, body: bytes) -> RemotingCommand:
     obj = _decode_json_header(header)
     remark = obj.get("remark")
     if remark is not None and (not isinstance(remark, str) or isinstance(remark, _JSONFloat)):

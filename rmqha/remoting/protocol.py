@@ -31,7 +31,7 @@ from typing import Any, Final, TypeAlias
 import attrs
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import Service
-from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.endpoints import clientFromString
 from twisted.internet.interfaces import (
     IAddress,
@@ -55,6 +55,7 @@ from rmqha.remoting._frames import (
     RemotingError,
     encode,
     make_response,
+    response_to,
 )
 from rmqha.remoting.codes import RequestCode, ResponseCode, SerializeType
 
@@ -511,31 +512,52 @@ class RemotingProtocol(Protocol):
                     )
                 )
             return
-        serve: Callable[..., Any] = self.handler.handle
-        handling: Deferred[RemotingCommand | None] = maybeDeferred(serve, request, self.peer)
-        if handling.called:
-            handling.addBoth(self._answer, request)
+        # (maybeDeferred, written out: a send's answer is a Deferred, a
+        # refusal a command, and this runs once a request.)
+        answer: Answer | Failure
+        try:
+            answer = self.handler.handle(request, self.peer)
+        except Exception:
+            answer = Failure()
+        code, opaque, flag, serialize_type = request.code, request.opaque, request.flag, request.serialize_type
+        if not isinstance(answer, Deferred):
+            self._answer(answer, code, opaque, flag, serialize_type)
             return
+        if answer.called:
+            answer.addBoth(self._answer, code, opaque, flag, serialize_type)
+            return
+        handling: Deferred[RemotingCommand | None] = answer
         self._in_flight.add(handling)
         # The answer needs the request's code, opaque, flag and serialize
         # type, not its body: a request waiting for its answer (a send
         # waiting for its replicas) holds no body.
-        if request.body or request.ext_fields:
-            request = RemotingCommand(
-                code=request.code,
-                opaque=request.opaque,
-                flag=request.flag,
-                serialize_type=request.serialize_type,
-            )
-        handling.addBoth(self._answer_later, handling, request)
+        handling.addBoth(self._answer_later, handling, code, opaque, flag, serialize_type)
 
     def _answer_later(
-        self, result: object, handling: "Deferred[RemotingCommand | None]", request: RemotingCommand
+        self,
+        result: object,
+        handling: "Deferred[RemotingCommand | None]",
+        code: int,
+        opaque: int,
+        flag: int,
+        serialize_type: SerializeType,
     ) -> None:
         self._in_flight.discard(handling)
-        self._answer(result, request, not self._in_flight)
+        self._answer(result, code, opaque, flag, serialize_type, not self._in_flight)
 
-    def _answer(self, result: object, request: RemotingCommand, alone: bool = False) -> None:
+    def _answer(
+        self,
+        result: object,
+        code: int,
+        opaque: int,
+        flag: int,
+        serialize_type: SerializeType,
+        alone: bool = False,
+    ) -> None:
+        """
+        Write the handler's answer C{result} to the request of C{code},
+        C{opaque}, C{flag} and C{serialize_type} (L{IRemotingHandler.handle}).
+        """
         if result is not None and not isinstance(result, (RemotingCommand, Failure)):
             result = Failure(
                 TypeError(f"the handler answered {type(result).__name__}, not a RemotingCommand")
@@ -546,23 +568,23 @@ class RemotingProtocol(Protocol):
             self._log.failure(
                 "serving {code} from {peer} failed",
                 result,
-                code=_code_name(request.code),
+                code=_code_name(code),
                 peer=format_peer(self.peer),
             )
-            result = make_response(request, ResponseCode.SYSTEM_ERROR, _describe(result))
-        if result is None or request.is_oneway:
+            result = response_to(opaque, serialize_type, ResponseCode.SYSTEM_ERROR, _describe(result))
+        if result is None or flag & FLAG_ONEWAY:
             return
         if (
-            result.opaque != request.opaque
+            result.opaque != opaque
             or not result.flag & FLAG_RESPONSE
-            or result.serialize_type is not request.serialize_type
+            or result.serialize_type is not serialize_type
         ):
             # (make_response's answers need none of it.)
             result = attrs.evolve(
                 result,
-                opaque=request.opaque,
+                opaque=opaque,
                 flag=result.flag | FLAG_RESPONSE,
-                serialize_type=request.serialize_type,
+                serialize_type=serialize_type,
             )
         self._write(result, alone)
 

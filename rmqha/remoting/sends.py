@@ -37,8 +37,9 @@ from rmqha.remoting._frames import (
     header_to_ext_fields,
     java_hashmap_order,
     make_response,
+    response_to,
 )
-from rmqha.remoting.codes import RequestCode, ResponseCode
+from rmqha.remoting.codes import RequestCode, ResponseCode, SerializeType
 from rmqha.remoting.metadata import (
     PERM_INHERIT,
     PERM_READ,
@@ -51,6 +52,7 @@ from rmqha.remoting.metadata import (
     TopicFilterType,
 )
 from rmqha.remoting.protocol import Answer, format_peer
+from rmqha.store import _record as _codec
 from rmqha.store._batch import AppendResult
 from rmqha.store._record import (
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -117,6 +119,10 @@ NOT_ALLOWED_SEND_TOPICS: Final = frozenset(
 _TOPIC_CHARS = frozenset("%|abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 _ITEM_HEAD = struct.Struct(">iiiii")  # TOTALSIZE, MAGICCODE, BODYCRC, FLAG, BODYLEN
 _SHORT = struct.Struct(">h")
+
+
+#: What a send's reply needs of its request: the opaque and serialize type.
+_ReplyTo = tuple[int, SerializeType]
 
 
 def _wire(name: str) -> dict[str, str]:
@@ -197,6 +203,55 @@ def _plain(text: str | None, most: int) -> bool:
     return text is not None and text.isascii() and text.isdigit() and int(text) <= most
 
 
+_SendFields = tuple[
+    str, str, str, int, int, int, int, int, "str | None", "int | None", bool, bool, "int | None", "str | None"
+]
+
+
+def send_header_v2(ext: Mapping[str, str]) -> _SendFields | None:
+    """
+    A V2 send header's fields, in L{SendMessageRequestHeader}'s order, when
+    C{a} to C{c} are there and its numbers are all plain digits in range
+    (what every client sends); C{None} for any other (then
+    L{header_from_ext_fields} reads it, or says what is wrong).  The
+    compiled C{send_header_v2} is its twin: the same answer for a C{dict}
+    of C{str} whose C{k} and C{m} are ASCII, C{None} for anything else.
+    """
+    get = ext.get
+    a, b, c, d, e, f, g, h = get("a"), get("b"), get("c"), get("d"), get("e"), get("f"), get("g"), get("h")
+    j, k, l, m = get("j"), get("k"), get("l"), get("m")  # noqa: E741
+    if not (
+        a is not None
+        and b is not None
+        and c is not None
+        and _plain(d, _INT32_MAX)
+        and _plain(e, _INT32_MAX)
+        and _plain(f, _INT32_MAX)
+        and _plain(g, _INT64_MAX)
+        and _plain(h, _INT32_MAX)
+        and (j is None or _plain(j, _INT32_MAX))
+        and (l is None or _plain(l, _INT32_MAX))
+    ):
+        return None
+    assert d is not None and e is not None and f is not None and g is not None and h is not None
+    return (
+        a,
+        b,
+        c,
+        int(d),
+        int(e),
+        int(f),
+        int(g),
+        int(h),
+        get("i"),
+        None if j is None else int(j),
+        k is not None and k.lower() == "true",
+        m is not None and m.lower() == "true",
+        None if l is None else int(l),
+        get("n"),
+    )
+
+
 def read_send_header(code: int, ext: Mapping[str, str] | None) -> SendMessageRequestHeader:
     """
     The send header of a request of C{code}: L{SendMessageRequestHeader}
@@ -210,39 +265,19 @@ def read_send_header(code: int, ext: Mapping[str, str] | None) -> SendMessageReq
     if code == RequestCode.SEND_MESSAGE:
         return header_from_ext_fields(SendMessageRequestHeader, ext)
     if ext is not None:
-        get = ext.get
-        a, b, c, d, e, f, g, h = get("a"), get("b"), get("c"), get("d"), get("e"), get("f"), get("g"), get("h")
-        j, k, l, m = get("j"), get("k"), get("l"), get("m")  # noqa: E741
-        if (
-            a is not None
-            and b is not None
-            and c is not None
-            and _plain(d, _INT32_MAX)
-            and _plain(e, _INT32_MAX)
-            and _plain(f, _INT32_MAX)
-            and _plain(g, _INT64_MAX)
-            and _plain(h, _INT32_MAX)
-            and (j is None or _plain(j, _INT32_MAX))
-            and (l is None or _plain(l, _INT32_MAX))
-        ):
-            assert d is not None and e is not None and f is not None and g is not None and h is not None
-            return SendMessageRequestHeader(
-                producer_group=a,
-                topic=b,
-                default_topic=c,
-                default_topic_queue_nums=int(d),
-                queue_id=int(e),
-                sys_flag=int(f),
-                born_timestamp=int(g),
-                flag=int(h),
-                properties=get("i"),
-                reconsume_times=None if j is None else int(j),
-                unit_mode=k is not None and k.lower() == "true",
-                batch=m is not None and m.lower() == "true",
-                max_reconsume_times=None if l is None else int(l),
-                bname=get("n"),
-            )
+        accel = _codec._accel  # the compiled codec, or None (RMQHA_PURE=1)
+        fields = send_header_v2(ext) if accel is None else accel.send_header_v2(ext)
+        if fields is not None:
+            # (SendMessageRequestHeader(*fields) without the 14 frozen
+            # setattrs of its __init__: the same header, a third the time.)
+            header = _new_header(SendMessageRequestHeader)
+            header.__dict__.update(zip(_SEND_FIELD_NAMES, fields))
+            return header
     return header_from_ext_fields(SendMessageRequestHeaderV2, ext).to_v1()
+
+
+_SEND_FIELD_NAMES: Final = tuple(f.name for f in dataclasses.fields(SendMessageRequestHeader))
+_new_header = object.__new__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,7 +459,7 @@ class SendHandlers:
             return make_response(request, ResponseCode.SYSTEM_ERROR, str(e))
         # The reply needs only the request's opaque and serialize type: the
         # body is not held while the put waits for its verdict.
-        slim = RemotingCommand(code=request.code, opaque=request.opaque, serialize_type=request.serialize_type)
+        slim = (request.opaque, request.serialize_type)
         try:
             config = self._check(header, request, peer)
             if header.batch:
@@ -434,12 +469,12 @@ class SendHandlers:
             return self._reply(slim, e.code, e.remark)
 
     def _reply(
-        self, request: RemotingCommand, code: int, remark: str | None = None, header: SendMessageResponseHeader | None = None
+        self, slim: _ReplyTo, code: int, remark: str | None = None, header: SendMessageResponseHeader | None = None
     ) -> RemotingCommand:
         ext = dict(self._reply_ext)
         if header is not None:
             ext.update(header_to_ext_fields(header))
-        return make_response(request, code, remark, ext)
+        return response_to(slim[0], slim[1], code, remark, ext)
 
     def _check(self, header: SendMessageRequestHeader, request: RemotingCommand, peer: IAddress | None) -> TopicConfig:
         """
@@ -568,7 +603,7 @@ class SendHandlers:
 
     def _send_one(
         self,
-        slim: RemotingCommand,
+        slim: _ReplyTo,
         header: SendMessageRequestHeader,
         config: TopicConfig,
         request: RemotingCommand,
@@ -626,11 +661,11 @@ class SendHandlers:
             raise _Refused(ResponseCode.MESSAGE_ILLEGAL, str(e)) from None
         return waiting.addCallback(self._stored, slim, queue_id)
 
-    def _stored(self, result: PutMessageResult, slim: RemotingCommand, queue_id: int) -> RemotingCommand:
+    def _stored(self, result: PutMessageResult, slim: _ReplyTo, queue_id: int) -> RemotingCommand:
         return self._verdict(slim, result.status, [result.append], queue_id)
 
     def _verdict(
-        self, slim: RemotingCommand, status: PutStatus, appends: Sequence[AppendResult], queue_id: int
+        self, slim: _ReplyTo, status: PutStatus, appends: Sequence[AppendResult], queue_id: int
     ) -> RemotingCommand:
         code = STORED_CODES.get(status)
         if code is None:
@@ -650,7 +685,7 @@ class SendHandlers:
         ext["msgId"] = appends[0].msg_id if len(appends) == 1 else ",".join(a.msg_id for a in appends)
         ext["queueId"] = str(queue_id)
         ext["queueOffset"] = str(appends[0].queue_offset)
-        return make_response(slim, code, None, ext)
+        return response_to(slim[0], slim[1], code, None, ext)
 
     def _random_queue(self, config: TopicConfig) -> int:
         if config.write_queue_nums <= 0:
@@ -677,7 +712,7 @@ class SendHandlers:
 
     def _send_batch(
         self,
-        slim: RemotingCommand,
+        slim: _ReplyTo,
         header: SendMessageRequestHeader,
         config: TopicConfig,
         body: bytes,

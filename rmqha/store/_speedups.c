@@ -2510,6 +2510,773 @@ sp_guard_faults(PyObject *module, PyObject *unused)
     return PyLong_FromUnsignedLong(guard_faults_now());
 }
 
+/* ---------------------------------------------------------------------------
+ * Remoting frames (rmqha/remoting/_frames.py is the reference, and
+ * rmqha/remoting/sends.py for the send header): the JSON header of a
+ * command as a client writes it, a SEND_MESSAGE_V2 header's fields, and the
+ * JSON header of an answer.  As above, each either answers exactly what the
+ * Python code answers or says "not sure" (None), and the Python code then
+ * runs, with its errors.
+ */
+
+typedef struct {
+    const unsigned char *p, *end;
+    char *scratch;          /* for strings with escapes */
+    Py_ssize_t scratch_size;
+} jscan;
+
+static void
+js_ws(jscan *s)
+{
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\t' || *s->p == '\n' || *s->p == '\r'))
+        s->p++;
+}
+
+static int
+js_hex4(const unsigned char *p, unsigned int *out)
+{
+    unsigned int v = 0;
+    int i;
+
+    for (i = 0; i < 4; i++) {
+        unsigned char c = p[i];
+        v <<= 4;
+        if (c >= '0' && c <= '9') v |= c - '0';
+        else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
+        else return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* A JSON string at s->p (its opening quote): a new str, or NULL with no
+ * exception set when it is not one this scanner takes (Python's decoder
+ * then says what is wrong, or takes it: a surrogate escape).  -1 return
+ * value through *failed on a real error (memory). */
+static PyObject *
+js_string(jscan *s, int *failed)
+{
+    const unsigned char *p = s->p + 1, *start = p;
+    Py_ssize_t out = 0;
+    int escaped = 0;
+    PyObject *text;
+
+    *failed = 0;
+    /* First pass: find the end, validate escapes, size the result. */
+    while (p < s->end && *p != '"') {
+        if (*p < 0x20)
+            return NULL;    /* strict JSON: a raw control character */
+        if (*p == '\\') {
+            unsigned int u;
+
+            escaped = 1;
+            if (p + 1 >= s->end)
+                return NULL;
+            switch (p[1]) {
+            case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+                p += 2; out += 1;
+                break;
+            case 'u':
+                if (s->end - p < 6 || js_hex4(p + 2, &u) < 0)
+                    return NULL;
+                if (u >= 0xD800 && u <= 0xDFFF)
+                    return NULL;    /* surrogates: Python's decoder */
+                out += u < 0x80 ? 1 : u < 0x800 ? 2 : 3;
+                p += 6;
+                break;
+            default:
+                return NULL;
+            }
+            continue;
+        }
+        p++; out++;
+    }
+    if (p >= s->end)
+        return NULL;
+    s->p = p + 1;
+    if (!escaped) {
+        text = PyUnicode_DecodeUTF8((const char *)start, p - start, NULL);
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                *failed = 1;
+                return NULL;
+            }
+            PyErr_Clear();
+        }
+        return text;
+    }
+    if (out > s->scratch_size) {
+        char *bigger = PyMem_Realloc(s->scratch, out);
+
+        if (bigger == NULL) {
+            PyErr_NoMemory();
+            *failed = 1;
+            return NULL;
+        }
+        s->scratch = bigger;
+        s->scratch_size = out;
+    }
+    {
+        const unsigned char *q = start;
+        char *w = s->scratch;
+
+        while (q < p) {
+            if (*q != '\\') {
+                *w++ = (char)*q++;
+                continue;
+            }
+            switch (q[1]) {
+            case 'b': *w++ = '\b'; q += 2; break;
+            case 'f': *w++ = '\f'; q += 2; break;
+            case 'n': *w++ = '\n'; q += 2; break;
+            case 'r': *w++ = '\r'; q += 2; break;
+            case 't': *w++ = '\t'; q += 2; break;
+            case 'u': {
+                unsigned int u = 0;
+
+                js_hex4(q + 2, &u);
+                if (u < 0x80) {
+                    *w++ = (char)u;
+                } else if (u < 0x800) {
+                    *w++ = (char)(0xC0 | (u >> 6));
+                    *w++ = (char)(0x80 | (u & 0x3F));
+                } else {
+                    *w++ = (char)(0xE0 | (u >> 12));
+                    *w++ = (char)(0x80 | ((u >> 6) & 0x3F));
+                    *w++ = (char)(0x80 | (u & 0x3F));
+                }
+                q += 6;
+                break;
+            }
+            default: *w++ = (char)q[1]; q += 2; break;   /* " \ / */
+            }
+        }
+        text = PyUnicode_DecodeUTF8(s->scratch, w - s->scratch, NULL);
+        if (text == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                *failed = 1;
+                return NULL;
+            }
+            PyErr_Clear();
+        }
+        return text;
+    }
+}
+
+/* A JSON integer (-?(0|[1-9][0-9]*), at most 18 digits, not followed by a
+ * fraction or exponent): 1 with *value set, 0 when it is not one. */
+static int
+js_int(jscan *s, long long *value)
+{
+    const unsigned char *p = s->p;
+    int negative = 0, digits = 0;
+    long long v = 0;
+
+    if (p < s->end && *p == '-') {
+        negative = 1;
+        p++;
+    }
+    if (p >= s->end || *p < '0' || *p > '9')
+        return 0;
+    if (*p == '0') {
+        p++;
+        digits = 1;
+    } else {
+        while (p < s->end && *p >= '0' && *p <= '9') {
+            if (++digits > 18)
+                return 0;
+            v = v * 10 + (*p++ - '0');
+        }
+    }
+    if (p < s->end && (*p == '.' || *p == 'e' || *p == 'E' || (*p >= '0' && *p <= '9')))
+        return 0;
+    s->p = p;
+    *value = negative ? -v : v;
+    return 1;
+}
+
+static int
+js_literal(jscan *s, const char *word)
+{
+    size_t n = strlen(word);
+
+    if ((size_t)(s->end - s->p) < n || memcmp(s->p, word, n) != 0)
+        return 0;
+    s->p += n;
+    return 1;
+}
+
+enum { JF_CODE, JF_LANGUAGE, JF_VERSION, JF_OPAQUE, JF_FLAG, JF_REMARK, JF_EXT, JF_OTHER };
+
+static int
+js_field(const unsigned char *key, Py_ssize_t n)
+{
+#define IS(word) (n == (Py_ssize_t)sizeof(word) - 1 && memcmp(key, word, n) == 0)
+    if (IS("code")) return JF_CODE;
+    if (IS("language")) return JF_LANGUAGE;
+    if (IS("version")) return JF_VERSION;
+    if (IS("opaque")) return JF_OPAQUE;
+    if (IS("flag")) return JF_FLAG;
+    if (IS("remark")) return JF_REMARK;
+    if (IS("extFields")) return JF_EXT;
+    return JF_OTHER;
+#undef IS
+}
+
+/* A key: its raw bytes when it has no escape (the field it names), else
+ * JF_OTHER with a str decoded (escaped keys never name a field we read
+ * unless they decode to one: then it is left to Python). */
+static int
+js_key(jscan *s, int *field, int *failed)
+{
+    const unsigned char *p = s->p + 1, *start = p;
+
+    *failed = 0;
+    while (p < s->end && *p != '"' && *p != '\\' && *p >= 0x20 && *p < 0x80)
+        p++;
+    if (p < s->end && *p == '"') {
+        *field = js_field(start, p - start);
+        s->p = p + 1;
+        return 1;
+    }
+    return 0;   /* escapes or non-ASCII in a top-level key: Python's decoder */
+}
+
+PyDoc_STRVAR(json_command_doc,
+"json_command(header, /) -> tuple | None\n\n"
+"A remoting command's JSON header (bytes) as (code, language name or None,\n"
+"version, opaque, flag, remark or None, extFields dict or None), exactly\n"
+"what rmqha.remoting._frames reads from it, when the header is an object\n"
+"whose code, version, opaque and flag are integers in the int32 range (or\n"
+"null), whose language and remark are strings (or null), whose extFields\n"
+"is an object of strings (or null), and whose other members are strings,\n"
+"integers, booleans or null.  None: any other header, which the Python\n"
+"reader takes (a surrogate escape, a float, a nested value, an error).");
+
+static PyObject *
+sp_json_command(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    jscan s;
+    long long ints[5] = {0, 0, 0, 0, 0};    /* code, version, opaque, flag (by JF_ index below) */
+    PyObject *language = NULL, *remark = NULL, *ext = NULL, *result = NULL;
+    int failed = 0, ok = 0;
+
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    s.p = view.buf;
+    s.end = s.p + view.len;
+    s.scratch = NULL;
+    s.scratch_size = 0;
+    js_ws(&s);
+    if (s.p >= s.end || *s.p != '{')
+        goto done;
+    s.p++;
+    js_ws(&s);
+    if (s.p < s.end && *s.p == '}') {
+        s.p++;
+    } else {
+        for (;;) {
+            int field;
+
+            if (s.p >= s.end || *s.p != '"' || !js_key(&s, &field, &failed))
+                goto done;
+            js_ws(&s);
+            if (s.p >= s.end || *s.p != ':')
+                goto done;
+            s.p++;
+            js_ws(&s);
+            if (s.p >= s.end)
+                goto done;
+            if (field == JF_CODE || field == JF_VERSION || field == JF_OPAQUE || field == JF_FLAG) {
+                int slot = field == JF_CODE ? 0 : field == JF_VERSION ? 1 : field == JF_OPAQUE ? 2 : 3;
+                long long v;
+
+                if (js_literal(&s, "null")) {
+                    v = 0;
+                } else {
+                    if (!js_int(&s, &v) || v < -2147483648LL || v > 2147483647LL)
+                        goto done;
+                }
+                ints[slot] = v;
+            } else if (field == JF_LANGUAGE || field == JF_REMARK) {
+                PyObject *text = NULL;
+
+                if (*s.p == '"') {
+                    text = js_string(&s, &failed);
+                    if (text == NULL)
+                        goto done;
+                } else if (!js_literal(&s, "null")) {
+                    goto done;
+                }
+                if (field == JF_LANGUAGE)
+                    Py_XSETREF(language, text);
+                else
+                    Py_XSETREF(remark, text);
+            } else if (field == JF_EXT) {
+                if (js_literal(&s, "null")) {
+                    Py_CLEAR(ext);
+                } else {
+                    if (*s.p != '{')
+                        goto done;
+                    Py_XSETREF(ext, PyDict_New());
+                    if (ext == NULL) {
+                        failed = 1;
+                        goto done;
+                    }
+                    s.p++;
+                    js_ws(&s);
+                    if (s.p < s.end && *s.p == '}') {
+                        s.p++;
+                    } else {
+                        for (;;) {
+                            PyObject *key, *value;
+                            int set;
+
+                            if (s.p >= s.end || *s.p != '"')
+                                goto done;
+                            key = js_string(&s, &failed);
+                            if (key == NULL)
+                                goto done;
+                            js_ws(&s);
+                            if (s.p >= s.end || *s.p != ':') {
+                                Py_DECREF(key);
+                                goto done;
+                            }
+                            s.p++;
+                            js_ws(&s);
+                            if (s.p >= s.end || *s.p != '"') {
+                                Py_DECREF(key);
+                                goto done;  /* not a string: Python converts or refuses */
+                            }
+                            value = js_string(&s, &failed);
+                            if (value == NULL) {
+                                Py_DECREF(key);
+                                goto done;
+                            }
+                            set = PyDict_SetItem(ext, key, value);
+                            Py_DECREF(key);
+                            Py_DECREF(value);
+                            if (set < 0) {
+                                failed = 1;
+                                goto done;
+                            }
+                            js_ws(&s);
+                            if (s.p < s.end && *s.p == ',') {
+                                s.p++;
+                                js_ws(&s);
+                                continue;
+                            }
+                            if (s.p < s.end && *s.p == '}') {
+                                s.p++;
+                                break;
+                            }
+                            goto done;
+                        }
+                    }
+                }
+            } else {
+                /* Another member: read and dropped, as Python drops it. */
+                long long ignored;
+
+                if (*s.p == '"') {
+                    PyObject *text = js_string(&s, &failed);
+
+                    if (text == NULL)
+                        goto done;
+                    Py_DECREF(text);
+                } else if (!js_literal(&s, "null") && !js_literal(&s, "true")
+                           && !js_literal(&s, "false") && !js_int(&s, &ignored)) {
+                    goto done;
+                }
+            }
+            js_ws(&s);
+            if (s.p < s.end && *s.p == ',') {
+                s.p++;
+                js_ws(&s);
+                continue;
+            }
+            if (s.p < s.end && *s.p == '}') {
+                s.p++;
+                break;
+            }
+            goto done;
+        }
+    }
+    js_ws(&s);
+    if (s.p != s.end)
+        goto done;
+    ok = 1;
+done:
+    if (ok) {
+        result = Py_BuildValue(
+            "(LOLLLOO)", ints[0], language ? language : Py_None, ints[1], ints[2], ints[3],
+            remark ? remark : Py_None, ext ? ext : Py_None);
+    } else if (!failed) {
+        result = Py_NewRef(Py_None);
+    }
+    Py_XDECREF(language);
+    Py_XDECREF(remark);
+    Py_XDECREF(ext);
+    PyMem_Free(s.scratch);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* "Plain" as sends.py's _plain: ASCII digits only, at least one, and the
+ * number at most most.  1 with *value, 0 when not. */
+static int
+plain_digits(PyObject *text, long long most, long long *value)
+{
+    const char *p;
+    Py_ssize_t n, i;
+    unsigned long long v = 0;
+
+    if (!PyUnicode_CheckExact(text) || !PyUnicode_IS_ASCII(text))
+        return 0;
+    p = (const char *)PyUnicode_DATA(text);
+    n = PyUnicode_GET_LENGTH(text);
+    if (n == 0)
+        return 0;
+    for (i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+        if (v > (unsigned long long)most / 10 + 1)
+            return 0;   /* past any bound: leading zeros aside, too big */
+        v = v * 10 + (unsigned long long)(p[i] - '0');
+    }
+    if (v > (unsigned long long)most)
+        return 0;
+    *value = (long long)v;
+    return 1;
+}
+
+/* "true" in any case (Java's Boolean.parseBoolean as text.lower() == "true"),
+ * for ASCII text; -1 for other text (then Python decides). */
+static int
+ascii_true(PyObject *text)
+{
+    const char *p;
+
+    if (!PyUnicode_CheckExact(text) || !PyUnicode_IS_ASCII(text))
+        return -1;
+    if (PyUnicode_GET_LENGTH(text) != 4)
+        return 0;
+    p = (const char *)PyUnicode_DATA(text);
+    return (p[0] | 0x20) == 't' && (p[1] | 0x20) == 'r' && (p[2] | 0x20) == 'u' && (p[3] | 0x20) == 'e';
+}
+
+static PyObject *v2_keys[14];
+
+PyDoc_STRVAR(send_header_v2_doc,
+"send_header_v2(ext, /) -> tuple | None\n\n"
+"A SEND_MESSAGE_V2 header's extFields (a dict of str) as the 14 values of\n"
+"SendMessageRequestHeader (producer group, topic, default topic, queue\n"
+"count, queue id, sysFlag, born timestamp, flag, properties, reconsume\n"
+"times, unit mode, max reconsume times, batch, broker name), when a to c\n"
+"are there and every number is plain digits in range: what\n"
+"rmqha.remoting.sends.read_send_header reads then.  None otherwise.");
+
+static PyObject *
+sp_send_header_v2(PyObject *module, PyObject *ext)
+{
+    PyObject *v[14];
+    long long d, e, f, g, h, j = 0, l = 0;
+    int k = 0, m = 0, i;
+
+    if (!PyDict_CheckExact(ext))
+        Py_RETURN_NONE;
+    for (i = 0; i < 14; i++) {
+        v[i] = PyDict_GetItemWithError(ext, v2_keys[i]);  /* borrowed */
+        if (v[i] == NULL && PyErr_Occurred())
+            return NULL;
+        if (v[i] != NULL && !PyUnicode_CheckExact(v[i]))
+            Py_RETURN_NONE;
+    }
+    if (v[0] == NULL || v[1] == NULL || v[2] == NULL
+        || v[3] == NULL || !plain_digits(v[3], 2147483647LL, &d)
+        || v[4] == NULL || !plain_digits(v[4], 2147483647LL, &e)
+        || v[5] == NULL || !plain_digits(v[5], 2147483647LL, &f)
+        || v[6] == NULL || !plain_digits(v[6], 9223372036854775807LL, &g)
+        || v[7] == NULL || !plain_digits(v[7], 2147483647LL, &h)
+        || (v[9] != NULL && !plain_digits(v[9], 2147483647LL, &j))
+        || (v[11] != NULL && !plain_digits(v[11], 2147483647LL, &l)))
+        Py_RETURN_NONE;
+    if (v[10] != NULL && (k = ascii_true(v[10])) < 0)
+        Py_RETURN_NONE;
+    if (v[12] != NULL && (m = ascii_true(v[12])) < 0)
+        Py_RETURN_NONE;
+    {
+        PyObject *out = PyTuple_New(14), *item;
+
+        if (out == NULL)
+            return NULL;
+#define PUT(index, expr)                      \
+        if ((item = (expr)) == NULL) {        \
+            Py_DECREF(out);                   \
+            return NULL;                      \
+        }                                     \
+        PyTuple_SET_ITEM(out, index, item);
+        PUT(0, Py_NewRef(v[0]));
+        PUT(1, Py_NewRef(v[1]));
+        PUT(2, Py_NewRef(v[2]));
+        PUT(3, PyLong_FromLongLong(d));
+        PUT(4, PyLong_FromLongLong(e));
+        PUT(5, PyLong_FromLongLong(f));
+        PUT(6, PyLong_FromLongLong(g));
+        PUT(7, PyLong_FromLongLong(h));
+        PUT(8, Py_NewRef(v[8] ? v[8] : Py_None));
+        PUT(9, v[9] ? PyLong_FromLongLong(j) : Py_NewRef(Py_None));
+        PUT(10, PyBool_FromLong(k));
+        PUT(11, PyBool_FromLong(m));
+        PUT(12, v[11] ? PyLong_FromLongLong(l) : Py_NewRef(Py_None));
+        PUT(13, Py_NewRef(v[13] ? v[13] : Py_None));
+#undef PUT
+        return out;
+    }
+}
+
+/* -- the answer's JSON header ------------------------------------------- */
+
+typedef struct {
+    char *data;
+    Py_ssize_t size, used;
+} jbuf;
+
+static int
+jb_reserve(jbuf *b, Py_ssize_t more)
+{
+    if (b->used + more > b->size) {
+        Py_ssize_t size = (b->used + more) * 2;
+        char *bigger = PyMem_Realloc(b->data, size);
+
+        if (bigger == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        b->data = bigger;
+        b->size = size;
+    }
+    return 0;
+}
+
+static int
+jb_put(jbuf *b, const char *text, Py_ssize_t n)
+{
+    if (jb_reserve(b, n) < 0)
+        return -1;
+    memcpy(b->data + b->used, text, n);
+    b->used += n;
+    return 0;
+}
+
+/* An int subclass that f-strings format as its number (an IntEnum: its
+ * __format__ is int's), not a bool; the last such type is remembered. */
+static PyTypeObject *int_like_type;
+
+static int
+formats_as_int(PyObject *value)
+{
+    PyTypeObject *type = Py_TYPE(value);
+    PyObject *mine, *ints;
+    int same;
+
+    if (!PyLong_Check(value) || PyBool_Check(value))
+        return 0;
+    if (type == int_like_type)
+        return 1;
+    mine = PyObject_GetAttrString((PyObject *)type, "__format__");
+    ints = PyObject_GetAttrString((PyObject *)&PyLong_Type, "__format__");
+    same = mine != NULL && mine == ints;
+    Py_XDECREF(mine);
+    Py_XDECREF(ints);
+    PyErr_Clear();
+    if (same) {
+        Py_INCREF(type);
+        Py_XSETREF(int_like_type, type);
+    }
+    return same;
+}
+
+static int
+jb_int(jbuf *b, PyObject *value)
+{
+    char text[32];
+    long long v;
+    int overflow;
+
+    if (!PyLong_CheckExact(value) && !formats_as_int(value))
+        return 1;
+    v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 1;
+    }
+    return jb_put(b, text, snprintf(text, sizeof text, "%lld", v));
+}
+
+/* A str quoted as fastjson writes it (_frames._json_string): 0 done, 1 not
+ * an exact str or not encodable (Python's encoder says why), -1 error. */
+static int
+jb_string(jbuf *b, PyObject *text)
+{
+    const unsigned char *p;
+    Py_ssize_t n, i;
+    static const char hex[] = "0123456789ABCDEF";
+
+    if (!PyUnicode_CheckExact(text))
+        return 1;
+    p = (const unsigned char *)PyUnicode_AsUTF8AndSize(text, &n);
+    if (p == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
+            return -1;
+        PyErr_Clear();
+        return 1;
+    }
+    /* At most 6 bytes out for each byte in (a \uXXXX for a 1-byte character;
+     * the 2- and 3-byte ones escaped take 6 for 2 or 3), and the quotes. */
+    if (jb_reserve(b, 6 * n + 2) < 0)
+        return -1;
+    {
+        char *w = b->data + b->used;
+
+        *w++ = '"';
+        for (i = 0; i < n; i++) {
+            unsigned char c = p[i];
+            unsigned int u;
+
+            if (c >= 0x20 && c != '"' && c != '\\' && c < 0x7F) {
+                *w++ = (char)c;
+                continue;
+            }
+            if (c == '"' || c == '\\') {
+                *w++ = '\\';
+                *w++ = (char)c;
+                continue;
+            }
+            if (c < 0x20) {
+                char shortform = c == '\b' ? 'b' : c == '\t' ? 't' : c == '\n' ? 'n'
+                                 : c == '\f' ? 'f' : c == '\r' ? 'r' : 0;
+
+                if (shortform) {
+                    *w++ = '\\';
+                    *w++ = shortform;
+                    continue;
+                }
+                u = c;
+            } else if (c == 0x7F) {
+                u = c;
+            } else if (c == 0xC2 && i + 1 < n && p[i + 1] >= 0x80 && p[i + 1] <= 0x9F) {
+                u = p[i + 1];       /* U+0080..U+009F */
+                i += 1;
+            } else if (c == 0xE2 && i + 2 < n && p[i + 1] == 0x80 && (p[i + 2] == 0xA8 || p[i + 2] == 0xA9)) {
+                u = p[i + 2] == 0xA8 ? 0x2028 : 0x2029;   /* U+2028, U+2029 */
+                i += 2;
+            } else {
+                *w++ = (char)c;     /* the rest of UTF-8 as is */
+                continue;
+            }
+            *w++ = '\\';
+            *w++ = 'u';
+            *w++ = hex[(u >> 12) & 0xF];
+            *w++ = hex[(u >> 8) & 0xF];
+            *w++ = hex[(u >> 4) & 0xF];
+            *w++ = hex[u & 0xF];
+        }
+        *w++ = '"';
+        b->used = w - b->data;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(json_header_doc,
+"json_header(code, ext, order, flag, language, opaque, remark, version, /)\n"
+"    -> bytes | None\n\n"
+"A command's JSON header as rmqha.remoting._frames._json_header writes it:\n"
+"ext (a dict of str, or None) in the order of the keys in order (a tuple),\n"
+"language the language's name (a str).  None when a value is not an exact\n"
+"str or int, or a str does not encode (Python's encoder then runs).");
+
+static PyObject *
+sp_json_header(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *code, *ext, *order, *flag, *language, *opaque, *remark, *version, *result = NULL;
+    jbuf b = {NULL, 0, 0};
+    int r;
+
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "json_header takes 8 arguments");
+        return NULL;
+    }
+    code = args[0]; ext = args[1]; order = args[2]; flag = args[3];
+    language = args[4]; opaque = args[5]; remark = args[6]; version = args[7];
+    if (jb_reserve(&b, 256) < 0)
+        return NULL;
+#define TRY(call)                   \
+    if ((r = (call)) != 0)          \
+        goto out;
+#define LIT(text) TRY(jb_put(&b, text, sizeof(text) - 1))
+    LIT("{\"code\":");
+    TRY(jb_int(&b, code));
+    if (ext != Py_None) {
+        Py_ssize_t i, n;
+
+        if (!PyDict_CheckExact(ext) || !PyTuple_CheckExact(order)) {
+            r = 1;
+            goto out;
+        }
+        n = PyTuple_GET_SIZE(order);
+        if (n != PyDict_GET_SIZE(ext)) {
+            r = 1;
+            goto out;
+        }
+        LIT(",\"extFields\":{");
+        for (i = 0; i < n; i++) {
+            PyObject *key = PyTuple_GET_ITEM(order, i);
+            PyObject *value = PyDict_GetItemWithError(ext, key);
+
+            if (value == NULL) {
+                r = PyErr_Occurred() ? -1 : 1;
+                goto out;
+            }
+            if (i)
+                LIT(",");
+            TRY(jb_string(&b, key));
+            LIT(":");
+            TRY(jb_string(&b, value));
+        }
+        LIT("}");
+    }
+    LIT(",\"flag\":");
+    TRY(jb_int(&b, flag));
+    LIT(",\"language\":\"");
+    if (!PyUnicode_CheckExact(language) || !PyUnicode_IS_ASCII(language)) {
+        r = 1;
+        goto out;
+    }
+    TRY(jb_put(&b, (const char *)PyUnicode_DATA(language), PyUnicode_GET_LENGTH(language)));
+    LIT("\",\"opaque\":");
+    TRY(jb_int(&b, opaque));
+    if (remark != Py_None) {
+        LIT(",\"remark\":");
+        TRY(jb_string(&b, remark));
+    }
+    LIT(",\"serializeTypeCurrentRPC\":\"JSON\",\"version\":");
+    TRY(jb_int(&b, version));
+    LIT("}");
+#undef LIT
+#undef TRY
+    r = 0;
+out:
+    if (r == 0)
+        result = PyBytes_FromStringAndSize(b.data, b.used);
+    else if (r > 0)
+        result = Py_NewRef(Py_None);
+    PyMem_Free(b.data);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"check_record", sp_check_record, METH_VARARGS, check_record_doc},
     {"replica_hop", sp_replica_hop, METH_VARARGS, replica_hop_doc},
@@ -2527,6 +3294,9 @@ static PyMethodDef methods[] = {
     {"guard_remove", sp_guard_remove, METH_O, guard_remove_doc},
     {"guard_fault", sp_guard_fault, METH_O, guard_fault_doc},
     {"guard_faults", sp_guard_faults, METH_NOARGS, guard_faults_doc},
+    {"json_command", sp_json_command, METH_O, json_command_doc},
+    {"send_header_v2", sp_send_header_v2, METH_O, send_header_v2_doc},
+    {"json_header", (PyCFunction)(void (*)(void))sp_json_header, METH_FASTCALL, json_header_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2556,6 +3326,13 @@ PyInit__speedups(void)
     INTERN(s_prepared_tx_offset, "prepared_tx_offset");
     INTERN(s_max_message_size, "max_message_size");
     INTERN(s_c_state, "_c_state");
+    {
+        static const char *names[14] = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n"};
+        int i;
+
+        for (i = 0; i < 14; i++)
+            INTERN(v2_keys[i], names[i]);
+    }
 #undef INTERN
     crc_folding = crc_folding_available();
     {
