@@ -202,7 +202,11 @@ class Production:
                     self.first_failure = now
                 self.last_failure = now
                 if now > give_up:
-                    raise AssertionError(f"batch from {seqs.start} not SEND_OK before the deadline: {why}")
+                    info = self.producer.routes.table.get(TOPIC)
+                    raise AssertionError(
+                        f"batch from {seqs.start} not SEND_OK before the deadline: {why}; the producer's route "
+                        f"{info.route.broker_datas if info is not None else None}"
+                    )
                 await deferLater(self.reactor, 0.05, lambda: None)
 
 
@@ -505,6 +509,12 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
                 assert check.returncode == 0, check.stdout + check.stderr
             note(f"stopped; consume queues identical; store check passed on both; {time.monotonic() - began:.1f} s")
     finally:
+        # (Evidence, for a failure: the NameServer's view at the end and
+        # every registration, with its time.)
+        note(
+            f"NameServer at the end: g {dict(namesrv.brokers('g'))}; registrations (addr, id): "
+            + " ".join(f"{r.header.broker_addr}/{r.header.broker_id}" for r in namesrv.registrations[-40:])
+        )
         print("\n".join(notes))
         for m in members:
             if m.exit_code is None and m.transport is not None and not m.ended.called:
