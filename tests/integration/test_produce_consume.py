@@ -340,7 +340,7 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
 
             # -- the master killed under load ------------------------------------
             await until(
-                reactor, lambda: metadata_syncs(group, new) > syncs_before_topic, "the slave's metadata sync", 15
+                reactor, lambda: metadata_syncs(group, new) > syncs_before_topic, "the slave's metadata sync", 30
             )
             second = ensureDeferred(production.run(TOTAL, deadline=90))
             await until(reactor, lambda: production.next >= KILL_MASTER_AT, "production to go on", 30)
