@@ -925,3 +925,65 @@ class PushConsumerTests(_Case):
         self.assertEqual((self.a.sent(RequestCode.HEART_BEAT), self.a.pulls), ([], []))
         self.advance(60, 10)
         self.assertEqual((self.a.sent(RequestCode.HEART_BEAT), self.a.pulls), ([], []))
+
+    # -- heartbeats at once: a broker that does not know this consumer --------------
+
+    def test_heartbeat_at_once_after_a_route_change(self) -> None:
+        """
+        A master promoted at a new address (the route names it as brokerId
+        0): the consumer's heartbeat goes there at the route's next poll,
+        not at the next 30 s round, so its pulls there are served at once
+        (4.9.8 waits for the round: SUBSCRIPTION_NOT_EXIST meanwhile).
+        """
+        self.a.append("T", 0, b"before")
+        self.push(poll_interval=1.0)
+        self.assertEqual([m.body for m in self.got], [b"before"])
+        promoted = self.broker("broker-a", "10.0.0.11", {"T": 4}, data=self.a.data)
+        self.advance(1)
+        self.assertEqual(len(promoted.sent(RequestCode.HEART_BEAT)), 1)
+        promoted.append("T", 0, b"after")
+        self.advance(3)
+        self.assertEqual([m.body for m in self.got], [b"before", b"after"])
+        self.assertEqual([p.queue_offset for p in promoted.pulls if p.queue_id == 0][:1], [1])
+
+    def test_heartbeat_at_once_when_a_pull_lacks_the_subscription(self) -> None:
+        """
+        A pull answered SUBSCRIPTION_NOT_EXIST (the broker lost the
+        consumer: restarted, expired it) or SUBSCRIPTION_NOT_LATEST sends a
+        heartbeat at once; the pull goes again 3 s later and is served.
+        """
+        self.push()
+        beats = len(self.a.sent(RequestCode.HEART_BEAT))
+        self.a.groups.clear()
+        self.a.append("T", 0, b"x")  # (the held pull answers SUBSCRIPTION_NOT_EXIST)
+        self.pump()
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 1)
+        self.a.codes = [ResponseCode.SUBSCRIPTION_NOT_LATEST]
+        self.advance(3)
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 2)
+        self.assertEqual(self.got, [])
+        self.advance(3)
+        self.assertEqual([m.body for m in self.got], [b"x"])
+
+    def test_rebalance_heartbeats_when_not_listed(self) -> None:
+        """
+        A rebalance whose broker does not list this consumer (a master just
+        promoted that has other members' heartbeats and not its own)
+        heartbeats and asks again, instead of letting go of every queue
+        (or, when the group is not listed at all, keeping queues another
+        member may take meanwhile).
+        """
+        consumer = self.push()
+        self.assertEqual(len([q for q in consumer.assigned if q.topic == "T"]), 4)
+        beats = len(self.a.sent(RequestCode.HEART_BEAT))
+        self.a.groups.clear()
+        consumer.rebalance_now()
+        self.pump()
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 1)
+        self.assertEqual(list(self.a.groups["CG"]), ["10.9.9.9@1#1"])
+        self.a.groups["CG"] = {}
+        self.a.join("CG", "10.9.9.9@2#2")
+        consumer.rebalance_now()
+        self.pump()
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 2)
+        self.assertEqual({q.queue_id for q in consumer.assigned if q.topic == "T"}, {0, 1})

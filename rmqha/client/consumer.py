@@ -131,6 +131,9 @@ OFFSET_ILLEGAL_DELAY: Final = 10.0
 #: wait before the n-th local retry of a failed message, the last kept.
 RETRY_DELAYS: Final = (10.0, 30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 420.0, 480.0,
                        540.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
+#: Pull answers of a broker that lacks this consumer's heartbeat (or its
+#: newest subscription): a heartbeat goes at once.
+_NOT_SUBSCRIBED: Final = (ResponseCode.SUBSCRIPTION_NOT_EXIST, ResponseCode.SUBSCRIPTION_NOT_LATEST)
 
 
 class ConsumeStatus(enum.Enum):
@@ -212,6 +215,8 @@ class _Client:
         self.links: dict[str, _Link] = {}
         #: C{pullFromWhichNodeTable}: the brokerId each queue pulls from next.
         self.suggested: dict[MessageQueue, int] = {}
+        #: Called after a kept route changed (the push consumer heartbeats).
+        self.after_route_change: Callable[[], object] = lambda: None
 
     def start(self) -> None:
         self.routes.start()
@@ -225,6 +230,7 @@ class _Client:
         named = self.routes.addresses()
         for addr in [a for a in self.links if a not in named]:
             self.links.pop(addr).client.stopService()
+        self.after_route_change()
 
     def link(self, addr: str) -> _Link:
         link = self.links.get(addr)
@@ -669,6 +675,9 @@ class PushConsumer(Service):
         self._starting: Deferred[None] | None = None
         self._rebalancing: Deferred[None] | None = None
         self._rebalance_again = False
+        self._beating: Deferred[None] | None = None
+        self._beat_again = False
+        self.client.after_route_change = self.heartbeat_now
         self._stopping = False
         self._later: set[IDelayedCall] = set()
         self._stopped: Deferred[None] | None = None
@@ -794,7 +803,36 @@ class PushConsumer(Service):
         )
 
     def _heartbeat_round(self) -> None:
-        Deferred.fromCoroutine(self.heartbeat()).addErrback(self._log_failure, "heartbeat")
+        self.heartbeat_now()
+
+    def heartbeat_now(self) -> None:
+        """
+        A heartbeat round now (or once more after the one under way), once
+        started: every 30 s, and at once after a route change (a master
+        promoted, a broker restarted at a new address) and when a broker
+        answers that it does not know this consumer or its subscription
+        (SUBSCRIPTION_NOT_EXIST, SUBSCRIPTION_NOT_LATEST) -- 4.9.8 waits
+        for the next 30 s round.
+        """
+        if not self._loops or self._stopping:
+            return
+        if self._beating is not None:
+            self._beat_again = True
+            return
+        d = Deferred.fromCoroutine(self.heartbeat())
+        if d.called:
+            d.addErrback(self._log_failure, "heartbeat")
+            return
+        self._beating = d
+
+        def done(result: object) -> object:
+            self._beating = None
+            if self._beat_again:
+                self._beat_again = False
+                self.heartbeat_now()
+            return result
+
+        d.addBoth(done).addErrback(self._log_failure, "heartbeat")
 
     async def heartbeat(self) -> None:
         """C{sendHeartbeatToAllBroker}: HEART_BEAT (34) to every broker
@@ -876,6 +914,12 @@ class PushConsumer(Service):
                 continue
             mq_all = subscribe_queues(topic, info.route)
             cids = await self.client.consumer_ids(topic)
+            if (cids is None or self.client_id not in cids) and not self._stopping:
+                # (The broker asked may not know this consumer yet -- a
+                # master just promoted --: a heartbeat, and one more try.)
+                await self.heartbeat()
+                if not self._stopping:
+                    cids = await self.client.consumer_ids(topic)
             if self._stopping:
                 return
             if cids is None:
@@ -988,6 +1032,8 @@ class PushConsumer(Service):
             if not a.pq.dropped and not self._stopping:
                 self._log.warn("pull of {queue} at {offset} failed: {error}", queue=mq, offset=a.next_offset,
                                error=e)
+                if isinstance(e, PullReplyError) and e.code in _NOT_SUBSCRIBED:
+                    self.heartbeat_now()
                 self._schedule_pull(a, PULL_EXCEPTION_DELAY)
             return
         if a.pq.dropped or self._stopping:
