@@ -987,3 +987,39 @@ class PushConsumerTests(_Case):
         self.pump()
         self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 2)
         self.assertEqual({q.queue_id for q in consumer.assigned if q.topic == "T"}, {0, 1})
+
+    def test_failover_to_a_master_without_heartbeats(self) -> None:
+        """
+        Issue 30's second failover, in memory: a group of two (started 11 s
+        apart, so their 30 s rounds differ) and a master promoted at a new
+        address that has no member's heartbeat (the offsets it has from the
+        old one).  Both heartbeat it at the route's next poll: its messages
+        are consumed within seconds, each once, by the queue's owner, and
+        no queue changes hands.  (4.9.8 waits for each member's 30 s round:
+        pulls fail meanwhile, and the first member whose round comes lists
+        itself alone.)
+        """
+        got: list[tuple[str, int, int]] = []
+
+        def handler(name: str) -> Any:
+            return lambda ms: got.extend((name, m.queue.queue_id, m.queue_offset) for m in ms)
+
+        c1 = self.push(handler("c1"), cid="10.9.9.9@1#1", poll_interval=1.0)
+        self.advance(11, 5.5)
+        c2 = self.push(handler("c2"), cid="10.9.9.9@2#2", poll_interval=1.0)
+        held = ({q.queue_id for q in c1.assigned if q.topic == "T"}, {q.queue_id for q in c2.assigned if q.topic == "T"})
+        self.assertEqual(held, ({0, 1}, {2, 3}))
+        promoted = self.broker("broker-a", "10.0.0.11", {"T": 4}, data=self.a.data)
+        promoted.committed = dict(self.a.committed)
+        for i in range(8):
+            for q in range(4):
+                promoted.append("T", q, b"%d" % i)
+        self.advance(5)
+        self.assertEqual(sorted(got), sorted({("c1" if q < 2 else "c2", q, o) for q in range(4) for o in range(8)}))
+        self.advance(60, 15)
+        self.assertEqual(len(got), 32)
+        self.assertEqual(
+            ({q.queue_id for q in c1.assigned if q.topic == "T"}, {q.queue_id for q in c2.assigned if q.topic == "T"}),
+            held,
+        )
+        self.assertEqual({k[2]: v for k, v in promoted.committed.items() if k[1] == "T"}, {q: 8 for q in range(4)})
