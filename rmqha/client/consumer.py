@@ -424,7 +424,9 @@ class _Client:
         """
         C{findConsumerIdList}: GET_CONSUMER_LIST_BY_GROUP to one broker of
         the topic (a random one, its master if it has one); C{None} on
-        any failure (the rebalance of the topic waits for the next round).
+        any failure (the rebalance of the topic waits for the next round),
+        C{[]} when the broker answers that it has no member's heartbeat
+        (SYSTEM_ERROR, "no consumer for this group").
         """
         info = self.routes.table.get(topic)
         if info is None or not info.route.broker_datas:
@@ -444,7 +446,7 @@ class _Client:
             return consumer_id_list(response.body)
         except (RemotingRequestError, ConsumerError, PullReplyError, ValueError) as e:
             self._log.warn("consumers of group {group} not listed: {error}", group=self.group, error=e)
-            return None
+            return [] if isinstance(e, PullReplyError) and e.code == ResponseCode.SYSTEM_ERROR else None
 
 
 class PullConsumer(Service):
@@ -914,15 +916,15 @@ class PushConsumer(Service):
                 continue
             mq_all = subscribe_queues(topic, info.route)
             cids = await self.client.consumer_ids(topic)
-            if (cids is None or self.client_id not in cids) and not self._stopping:
-                # (The broker asked may not know this consumer yet -- a
+            if cids is not None and self.client_id not in cids and not self._stopping:
+                # (The broker asked does not know this consumer yet -- a
                 # master just promoted --: a heartbeat, and one more try.)
                 await self.heartbeat()
                 if not self._stopping:
                     cids = await self.client.consumer_ids(topic)
             if self._stopping:
                 return
-            if cids is None:
+            if not cids:
                 continue
             mine = allocate_averagely(self.group, self.client_id, mq_all, cids)
             await self._reassign(topic, set(mine))
