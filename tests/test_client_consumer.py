@@ -951,6 +951,103 @@ class PushConsumerTests(_Case):
         self.advance(60, 10)
         self.assertEqual((self.a.sent(RequestCode.HEART_BEAT), self.a.pulls), ([], []))
 
+    # -- heartbeats at once: a broker that does not know this consumer --------------
+
+    def test_heartbeat_at_once_after_a_route_change(self) -> None:
+        """
+        A master promoted at a new address (the route names it as brokerId
+        0): the consumer's heartbeat goes there at the route's next poll,
+        not at the next 30 s round, so its pulls there are served at once
+        (4.9.8 waits for the round: SUBSCRIPTION_NOT_EXIST meanwhile).
+        """
+        self.a.append("T", 0, b"before")
+        self.push(poll_interval=1.0)
+        self.assertEqual([m.body for m in self.got], [b"before"])
+        promoted = self.broker("broker-a", "10.0.0.11", {"T": 4}, data=self.a.data)
+        self.advance(1)
+        self.assertEqual(len(promoted.sent(RequestCode.HEART_BEAT)), 1)
+        promoted.append("T", 0, b"after")
+        self.advance(3)
+        self.assertEqual([m.body for m in self.got], [b"before", b"after"])
+        self.assertEqual([p.queue_offset for p in promoted.pulls if p.queue_id == 0][:1], [1])
+
+    def test_heartbeat_at_once_when_a_pull_lacks_the_subscription(self) -> None:
+        """
+        A pull answered SUBSCRIPTION_NOT_EXIST (the broker lost the
+        consumer: restarted, expired it) or SUBSCRIPTION_NOT_LATEST sends a
+        heartbeat at once; the pull goes again 3 s later and is served.
+        """
+        self.push()
+        beats = len(self.a.sent(RequestCode.HEART_BEAT))
+        self.a.groups.clear()
+        self.a.append("T", 0, b"x")  # (the held pull answers SUBSCRIPTION_NOT_EXIST)
+        self.pump()
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 1)
+        self.a.codes = [ResponseCode.SUBSCRIPTION_NOT_LATEST]
+        self.advance(3)
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 2)
+        self.assertEqual(self.got, [])
+        self.advance(3)
+        self.assertEqual([m.body for m in self.got], [b"x"])
+
+    def test_rebalance_heartbeats_when_not_listed(self) -> None:
+        """
+        A rebalance whose broker does not list this consumer (a master just
+        promoted that has other members' heartbeats and not its own)
+        heartbeats and asks again, instead of letting go of every queue
+        (or, when the group is not listed at all, keeping queues another
+        member may take meanwhile).
+        """
+        consumer = self.push()
+        self.assertEqual(len([q for q in consumer.assigned if q.topic == "T"]), 4)
+        beats = len(self.a.sent(RequestCode.HEART_BEAT))
+        self.a.groups.clear()
+        consumer.rebalance_now()
+        self.pump()
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 1)
+        self.assertEqual(list(self.a.groups["CG"]), ["10.9.9.9@1#1"])
+        self.a.groups["CG"] = {}
+        self.a.join("CG", "10.9.9.9@2#2")
+        consumer.rebalance_now()
+        self.pump()
+        self.assertEqual(len(self.a.sent(RequestCode.HEART_BEAT)), beats + 2)
+        self.assertEqual({q.queue_id for q in consumer.assigned if q.topic == "T"}, {0, 1})
+
+    def test_failover_to_a_master_without_heartbeats(self) -> None:
+        """
+        Issue 30's second failover, in memory: a group of two (started 11 s
+        apart, so their 30 s rounds differ) and a master promoted at a new
+        address that has no member's heartbeat (the offsets it has from the
+        old one).  Both heartbeat it at the route's next poll: its messages
+        are consumed within seconds, each once, by the queue's owner, and
+        no queue changes hands.  (4.9.8 waits for each member's 30 s round:
+        pulls fail meanwhile, and the first member whose round comes lists
+        itself alone.)
+        """
+        got: list[tuple[str, int, int]] = []
+
+        def handler(name: str) -> Any:
+            return lambda ms: got.extend((name, m.queue.queue_id, m.queue_offset) for m in ms)
+
+        c1 = self.push(handler("c1"), cid="10.9.9.9@1#1", poll_interval=1.0)
+        self.advance(11, 5.5)
+        c2 = self.push(handler("c2"), cid="10.9.9.9@2#2", poll_interval=1.0)
+        held = ({q.queue_id for q in c1.assigned if q.topic == "T"}, {q.queue_id for q in c2.assigned if q.topic == "T"})
+        self.assertEqual(held, ({0, 1}, {2, 3}))
+        promoted = self.broker("broker-a", "10.0.0.11", {"T": 4}, data=self.a.data)
+        promoted.committed = dict(self.a.committed)
+        for i in range(8):
+            for q in range(4):
+                promoted.append("T", q, b"%d" % i)
+        self.advance(5)
+        self.assertEqual(sorted(got), sorted({("c1" if q < 2 else "c2", q, o) for q in range(4) for o in range(8)}))
+        self.advance(60, 15)
+        self.assertEqual(len(got), 32)
+        self.assertEqual(
+            ({q.queue_id for q in c1.assigned if q.topic == "T"}, {q.queue_id for q in c2.assigned if q.topic == "T"}),
+            held,
+        )
+        self.assertEqual({k[2]: v for k, v in promoted.committed.items() if k[1] == "T"}, {q: 8 for q in range(4)})
 
 def _mq(topic: str, *ids: int) -> frozenset[MessageQueue]:
     return frozenset(MessageQueue(topic, "broker-a", i) for i in ids)
@@ -1219,8 +1316,10 @@ class QueueListenerTests(_Case):
         self.assertNoResult(d)
         self.advance(4, 0.25)
         self.assertNoResult(d)
+        # (Rounds at 0, 1, 3 s, give or take the jitter; each asks twice:
+        # "no consumer for this group" sends a heartbeat and asks again.)
         asked = len(self.a.sent(RequestCode.GET_CONSUMER_LIST_BY_GROUP))
-        self.assertTrue(3 <= asked <= 5, asked)
+        self.assertTrue(6 <= asked <= 10 and asked % 2 == 0, asked)
         self.a.refuse_list = False
         self.advance(8, 0.25)
         self.assertEqual(self.successResultOf(d), _mq("T", 0, 1, 2, 3))

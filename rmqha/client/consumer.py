@@ -155,6 +155,9 @@ OFFSET_ILLEGAL_DELAY: Final = 10.0
 #: wait before the n-th local retry of a failed message, the last kept.
 RETRY_DELAYS: Final = (10.0, 30.0, 60.0, 120.0, 180.0, 240.0, 300.0, 360.0, 420.0, 480.0,
                        540.0, 600.0, 1200.0, 1800.0, 3600.0, 7200.0)
+#: Pull answers of a broker that lacks this consumer's heartbeat (or its
+#: newest subscription): a heartbeat goes at once.
+_NOT_SUBSCRIBED: Final = (ResponseCode.SUBSCRIPTION_NOT_EXIST, ResponseCode.SUBSCRIPTION_NOT_LATEST)
 
 
 class ConsumeStatus(enum.Enum):
@@ -256,11 +259,12 @@ class _Client:
         api_timeout: float,
         poll_interval: float,
         rng: random.Random | None,
-        on_new_addresses: Callable[[set[str]], object] = lambda addrs: None,
+        after_route_change: Callable[[], object] = lambda: None,
     ) -> None:
         """
-        @param on_new_addresses: called with the broker addresses a route
-            names for the first time (a promoted master, a broker added).
+        @param after_route_change: called after a kept route changed (a
+            master promoted, a broker added or restarted at a new address:
+            the push consumer heartbeats).
         """
         from rmqha.remoting.namesrv import parse_namesrv_addr
         from rmqha.settings import master_description, parse_host_port
@@ -286,11 +290,9 @@ class _Client:
             on_change=self._routes_changed,
         )
         self.links: dict[str, _Link] = {}
-        self.on_new_addresses = on_new_addresses
-        #: The broker addresses the routes named at their last change.
-        self.named: set[str] = set()
         #: C{pullFromWhichNodeTable}: the brokerId each queue pulls from next.
         self.suggested: dict[MessageQueue, int] = {}
+        self.after_route_change = after_route_change
 
     def start(self) -> None:
         self.routes.start()
@@ -304,9 +306,7 @@ class _Client:
         named = self.routes.addresses()
         for addr in [a for a in self.links if a not in named]:
             self.links.pop(addr).client.stopService()
-        new, self.named = named - self.named, named
-        if new:
-            self.on_new_addresses(new)
+        self.after_route_change()
 
     def link(self, addr: str) -> _Link:
         link = self.links.get(addr)
@@ -561,7 +561,9 @@ class _Client:
         """
         C{findConsumerIdList}: GET_CONSUMER_LIST_BY_GROUP to one broker of
         the topic (a random one, its master if it has one); C{None} on
-        any failure (the rebalance of the topic waits for the next round).
+        any failure (the rebalance of the topic waits for the next round),
+        C{[]} when the broker answers that it has no member's heartbeat
+        (SYSTEM_ERROR, "no consumer for this group").
         """
         info = self.routes.table.get(topic)
         if info is None or not info.route.broker_datas:
@@ -581,7 +583,7 @@ class _Client:
             return consumer_id_list(response.body)
         except (RemotingRequestError, ConsumerError, PullReplyError, ValueError) as e:
             self._log.warn("consumers of group {group} not listed: {error}", group=self.group, error=e)
-            return None
+            return [] if isinstance(e, PullReplyError) and e.code == ResponseCode.SYSTEM_ERROR else None
 
 
 class PullConsumer(Service):
@@ -790,7 +792,7 @@ class PushConsumer(Service):
             api_timeout=api_timeout,
             poll_interval=poll_interval,
             rng=rng,
-            on_new_addresses=self._new_brokers,
+            after_route_change=self.heartbeat_now,
         )
         self.clock = self.client.clock
         self.consume_from_where = consume_from_where
@@ -820,6 +822,8 @@ class PushConsumer(Service):
         self._starting: Deferred[None] | None = None
         self._rebalancing: Deferred[bool] | None = None
         self._rebalance_again = False
+        self._beating: Deferred[None] | None = None
+        self._beat_again = False
         self._stopping = False
         self._later: set[IDelayedCall] = set()
         self._stopped: Deferred[None] | None = None
@@ -964,24 +968,43 @@ class PushConsumer(Service):
         )
 
     def _heartbeat_round(self) -> None:
-        Deferred.fromCoroutine(self.heartbeat()).addErrback(self._log_failure, "heartbeat")
+        self.heartbeat_now()
 
-    def _new_brokers(self, addrs: set[str]) -> None:
+    def heartbeat_now(self) -> None:
         """
-        A route names broker addresses it did not name before (a promoted
-        master, a broker added): a heartbeat goes to them now, not at the
-        next round (30 s), so that they serve this consumer's pulls (no
-        SUBSCRIPTION_NOT_EXIST) and list it among the group's members.
+        A heartbeat round now (or once more after the one under way), once
+        started: every 30 s, and at once after a route change (a master
+        promoted, a broker restarted at a new address) and when a broker
+        answers that it does not know this consumer or its subscription
+        (SUBSCRIPTION_NOT_EXIST, SUBSCRIPTION_NOT_LATEST) -- 4.9.8 waits
+        for the next 30 s round.
         """
-        if self.running and not self._stopping and self._loops:
-            Deferred.fromCoroutine(self.heartbeat(addrs)).addErrback(self._log_failure, "heartbeat")
+        if not self._loops or self._stopping:
+            return
+        if self._beating is not None:
+            self._beat_again = True
+            return
+        d = Deferred.fromCoroutine(self.heartbeat())
+        if d.called:
+            d.addErrback(self._log_failure, "heartbeat")
+            return
+        self._beating = d
 
-    async def heartbeat(self, only: "set[str] | None" = None) -> None:
+        def done(result: object) -> object:
+            self._beating = None
+            if self._beat_again:
+                self._beat_again = False
+                self.heartbeat_now()
+            return result
+
+        d.addBoth(done).addErrback(self._log_failure, "heartbeat")
+
+    async def heartbeat(self) -> None:
         """C{sendHeartbeatToAllBroker}: HEART_BEAT (34) to every broker
-        address of the subscribed topics, slaves too (or to C{only})."""
+        address of the subscribed topics, slaves too."""
         body = self.heartbeat_body()
         command = RemotingCommand(RequestCode.HEART_BEAT, language=CLIENT_LANGUAGE, body=body)
-        addrs = sorted(self.client.routes.addresses() if only is None else only)
+        addrs = sorted(self.client.routes.addresses())
         results = await DeferredList(
             [Deferred.fromCoroutine(self.client.request(a, command, self.client.api_timeout)) for a in addrs],
             consumeErrors=True,
@@ -1122,6 +1145,12 @@ class PushConsumer(Service):
                 continue
             mq_all = subscribe_queues(topic, info.route)
             cids = await self.client.consumer_ids(topic)
+            if cids is not None and self.client_id not in cids and not self._stopping:
+                # (The broker asked does not know this consumer yet -- a
+                # master just promoted --: a heartbeat, and one more try.)
+                await self.heartbeat()
+                if not self._stopping:
+                    cids = await self.client.consumer_ids(topic)
             if self._stopping:
                 return False
             if cids is None or self.client_id not in cids:
@@ -1276,6 +1305,8 @@ class PushConsumer(Service):
                 if a.failures == 1:
                     self._log.warn("pull of {queue} at {offset} failed: {error}; trying again in {delay:.2g} s",
                                    queue=mq, offset=a.next_offset, error=e, delay=delay)
+                if isinstance(e, PullReplyError) and e.code in _NOT_SUBSCRIBED:
+                    self.heartbeat_now()
                 self._schedule_pull(a, delay)
             return
         if a.failures:

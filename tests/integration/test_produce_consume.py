@@ -31,8 +31,11 @@ real SIGKILL, consumes them.
    that, the new master wrote another message at the place such a
    message had been read, and a consumer's offset could run ahead of the
    new master's queue).
-5. The consumers stop cleanly: the committed offsets are the queues'
-   ends.  The brokers stop; the consume queues are identical again and
+5. Once each queue's owner consumed up to its end, the consumers stop
+   cleanly: the committed offsets are the queues' ends, on the master
+   that leads -- also after a second failover (under load a late lease
+   renewal makes one now and then; C{RMQHA_E2E_SECOND_FAILOVER=3} makes
+   one: L{SECOND_FAILOVER}).  The brokers stop; the consume queues are identical again and
    C{rmqha store check} (commit log and consume queues) passes on both
    stores.
 """
@@ -40,6 +43,7 @@ real SIGKILL, consumes them.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from collections import Counter
@@ -73,6 +77,12 @@ from tests.integration._support import (
 from tools.etcd_cluster import EtcdCluster
 from tools.failover_cluster import FailoverCluster
 from tools.processes import etcd_binary
+
+#: Set to seconds (e.g. 3) to make the group fail over a second time: the
+#: new master is stopped (SIGSTOP) that long once the old one, restarted
+#: as its slave, is in sync, so its lease expires and the old one leads
+#: again -- what a late lease renewal does now and then under load.
+SECOND_FAILOVER = "RMQHA_E2E_SECOND_FAILOVER"
 
 pytestmark = pytest.mark.failover
 
@@ -357,6 +367,19 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             # comes back, as the new one's slave.
             group.start(old, "--broker-id", str(old + 1))
             restarted = time.monotonic()
+            pause = float(os.environ.get(SECOND_FAILOVER, "0") or 0)
+            if pause > 0:
+                # (On demand: the failover a late lease renewal makes under
+                # load, made here by stopping the new master once the old
+                # one, its slave now, is in sync.)
+                def both_in_sync() -> bool:
+                    return len(((group.status(new) or {}).get("failover") or {}).get("in_sync") or []) == 2
+
+                await until(reactor, both_in_sync, "the old master to enter the in-sync set", 30)
+                group.signal(new, signal.SIGSTOP)
+                await deferLater(reactor, pause, lambda: None)
+                group.signal(new, signal.SIGCONT)
+                note(f"n{new} stopped (SIGSTOP) for {pause:g} s to fail over again")
             await second
             note(
                 f"{TOTAL} acked; sends failed or not SEND_OK {dict(production.resent)} from "
@@ -464,6 +487,22 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
             )
 
             # -- clean stops: offsets committed, stores checked ---------------------
+            # Each queue's owner consumed up to its end since it took it: a
+            # member that held another's queue for a while (a failover: the
+            # new master listed the group before every member's heartbeat
+            # reached it) may have consumed the queue's tail first, and the
+            # owner, who never let go, consumes it again from its own offset.
+            def owners_done() -> bool:
+                for q in range(QUEUES):
+                    for m in (a, c):
+                        if q not in m.owned or ends[q] == 0:
+                            continue
+                        since = max((i for (qq, _, i) in m.takes if qq == q), default=0)
+                        if not any(mm[:2] == (q, ends[q] - 1) for mm in m.messages[since:]):
+                            return False
+                return True
+
+            await until(reactor, owners_done, "each queue's owner to consume up to its end", 60)
             for m in (a, c):
                 m.signal("TERM")
             await DeferredList([a.ended, c.ended])
@@ -475,18 +514,13 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
                 response = await ask(master, RequestCode.QUERY_CONSUMER_OFFSET, header_to_ext_fields(header))
                 assert response.code == ResponseCode.SUCCESS, response.remark
                 committed[q] = int(response.ext_fields["offset"])
-            # Never past the queues' ends; equal to them on the master the
-            # consumers committed to, unless leadership moved since (its
-            # successor has them from its last metadata sync).
-            assert all(0 <= committed[q] <= ends[q] for q in ends), (committed, ends)
-            if lead == new and leader() == (lead, lead_addr):
-                assert committed == ends, (committed, ends)
-            elif committed != ends:
-                # (Issue 30, open: after a second failover under load, one
-                # consumer's commits since did not reach the master that
-                # leads now; re-delivery, not loss. The evidence: where
-                # the consumers' routes, queues and commits went.)
-                note(f"committed offsets behind the queues' ends after a second failover: {committed} < {ends}")
+            # The queues' ends, on the master that leads (after a second
+            # failover too: the members heartbeat a promoted master at
+            # once, docs/client.md, "Heartbeats").
+            if committed != ends:
+                # (The evidence: where the consumers' routes, queues and
+                # commits went.)
+                note(f"committed offsets not the queues' ends: {committed} != {ends}")
                 for m in members:
                     try:
                         with open(os.path.join(tmp, f"consumer-{m.name}.log")) as log:
@@ -497,6 +531,7 @@ async def test_produce_consume_failover(tmp_path: Any) -> None:
                     except OSError as e:
                         lines = [f"(unreadable: {e})"]
                     note(f"{m.name}: " + " | ".join(lines[-20:]))
+            assert committed == ends, (committed, ends)
             await until(reactor, caught_up, "the old master to catch up as a slave", 20)
             note("caught up")
             # (On a thread: the brokers unregister from the NameServer,
