@@ -1108,6 +1108,54 @@ class MasterOnlyOffsetsTests(_Case):
         self.assertEqual(restarted.committed, {})
         self.assertTrue([e for e in events if "has a master again" in e.get("log_format", "")])
 
+    def test_final_commit_goes_to_the_master_named_now(self) -> None:
+        """
+        A failover the consumer has not noticed (its pulls still answered:
+        the old master is a slave now, at the same address, as id 1; the
+        promoted one registered as id 0), then a stop before the next
+        route poll: the routes are looked up again before the final
+        commit, which goes to the master the NameServer names now, not to
+        the slave (whose next sync would drop it).
+        """
+        consumer = self.push(post_subscription_when_pull=True)
+        q = MessageQueue("T", "broker-a", 0)
+        self.a.append("T", 0, b"m0")
+        self.advance(5)
+        self.assertEqual(self.a.committed[("CG", "T", 0)], 1)
+        b = self.broker("broker-a", "10.0.0.12", {"T": 4}, broker_id=1, data=self.a.data)
+        self.a.append("T", 0, b"m1")
+        self.pump()
+        self.assertEqual(consumer.offsets[q], 2)
+        # The failover: B is the master now, A (the same address) its slave.
+        _register(self.ns, b, 0, version=2)
+        _register(self.ns, self.a, 1, version=2)
+        self.a.broker_id = 1
+        self.assertEqual(dict(self.ns.brokers("broker-a")), {0: "10.0.0.12:10911", 1: "10.0.0.1:10911"})
+        before = len(self.a.sent(RequestCode.UPDATE_CONSUMER_OFFSET))
+        consumer.stopService()
+        self.pump()
+        self.assertEqual(b.committed.get(("CG", "T", 0)), 2)
+        self.assertEqual(len(self.a.sent(RequestCode.UPDATE_CONSUMER_OFFSET)), before)
+
+    def test_a_node_not_serving_reads_refreshes_the_route(self) -> None:
+        """
+        SYSTEM_BUSY to a pull (an rmqha failover node standing by, or a
+        slave not yet checked against its master: it serves no reads) is
+        a moved broker's answer: the topic's route is looked up at once
+        and the pull goes again within a second.
+        """
+        lookups = self.count_lookups()
+        self.push(post_subscription_when_pull=True)
+        self.assertEqual(len(self.a.held), 4)
+        self.a.codes = [ResponseCode.SYSTEM_BUSY] * 4
+        before = len(lookups)
+        # The held pulls expire at 15 s; the next four are refused, and go
+        # again within a second (3 s after any other code): 4 + 4 + 4.
+        self.advance(16, 0.05)
+        self.assertEqual(self.a.codes, [])
+        self.assertEqual(lookups[before:].count("T"), 1)
+        self.assertEqual(len(self.a.pulls), 12)
+
     def test_stop_without_a_master_names_what_is_not_committed(self) -> None:
         """
         Stopping while the route names no master: the final commit goes

@@ -138,7 +138,14 @@ REBALANCE_RETRY_FIRST_DELAY: Final = 1.0
 #: with: the topic unknown there, a slave's refusal, no permission (a
 #: broker being demoted).  The topic's route is looked up again at once.
 ROUTE_SUSPECT_CODES: Final = frozenset(
-    {ResponseCode.TOPIC_NOT_EXIST, ResponseCode.SERVICE_NOT_AVAILABLE, ResponseCode.NO_PERMISSION}
+    {
+        ResponseCode.TOPIC_NOT_EXIST,
+        ResponseCode.SERVICE_NOT_AVAILABLE,
+        ResponseCode.NO_PERMISSION,
+        # (An rmqha failover node that serves no reads now: standing by, or
+        # a slave not yet checked against its master; docs/remoting.md.)
+        ResponseCode.SYSTEM_BUSY,
+    }
 )
 #: C{BROKER_SUSPEND_MAX_TIME_MILLIS}: how long the broker holds a pull.
 SUSPEND_TIMEOUT: Final = 15.0
@@ -939,6 +946,19 @@ class PushConsumer(Service):
                     n=len(self._handlers),
                     t=self.stop_timeout,
                 )
+        # The final commits go to the masters the NameServers name now: a
+        # route kept from before a failover would send them to a node that
+        # is a slave since, whose next sync from its master drops them.
+        topics = sorted({q.topic for q in self.assigned})
+        if topics and self.client.routes.namesrv.running:
+            try:
+                await within(
+                    DeferredList([self.client.routes.refresh(t) for t in topics], consumeErrors=True),
+                    self.client.api_timeout,
+                    self.clock,
+                )
+            except TimeoutError:
+                pass  # (the routes kept: as before)
         await self._persist_all(final=True)
         await self._unregister()
         for a in self.assigned.values():
