@@ -28,7 +28,7 @@ from rmqha.remoting.metadata import PERM_WRITE, SubscriptionGroupConfig, TopicCo
 from rmqha.remoting.pulls import GetMessageStatus, HoldLimits, PullHandlers, get_message, is_batch_full
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
-from rmqha.store.consumequeue import Unit
+from rmqha.store.consumequeue import UNIT, Unit
 from tests._helpers import fixed_clock
 from tests.test_remoting_broker import _BrokerCase
 
@@ -307,6 +307,9 @@ class _Queue:
 
     def units(self, logical: int, count: int) -> list[Unit]:
         return self._units[logical - self._min : logical - self._min + count]
+
+    def unit_bytes(self, logical: int, count: int) -> bytes:
+        return b"".join(UNIT.pack(u.offset, u.size, u.tags_code) for u in self.units(logical, count))
 
 
 class _Queues:

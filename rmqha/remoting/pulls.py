@@ -52,7 +52,7 @@ from rmqha.remoting.metadata import PERM_READ, MetadataError
 from rmqha.remoting.offsets import in_memory_bytes
 from rmqha.remoting.protocol import Answer, format_peer
 from rmqha.store._record import MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2
-from rmqha.store.consumequeue import UNIT_SIZE, ConsumeQueue, ConsumeQueues, Unit
+from rmqha.store.consumequeue import UNIT, UNIT_SIZE, ConsumeQueue, ConsumeQueues
 from rmqha.store.errors import StoreError
 
 if TYPE_CHECKING:
@@ -188,7 +188,7 @@ def get_message(
     limit = max(_MIN_FILTER_BYTES, max_msg_nums * UNIT_SIZE) // UNIT_SIZE
     # (The batch's records and the unit that shows it full, to begin with.)
     asked = min(limit, max(_FIRST_UNITS, max_msg_nums + 1))
-    first = queue.units(offset, asked)
+    first = queue.unit_bytes(offset, asked)
     if not first:
         # The slice is missing: on to the next consume-queue file.
         units_per_file = queues.file_size // UNIT_SIZE
@@ -199,34 +199,78 @@ def get_message(
     max_pulling = 0
     scanned = 0
     segment = log.segment_size
+    # isTheBatchFull's bounds: "in disk" past this commit-log offset.
+    in_disk_below = log_max - in_memory
+    count = total = 0
     # The records taken, as runs of adjacent records in one log segment
     # (start, end): each run is read with one call.
     runs: list[list[int]] = []
-    for unit in _scan(queue, offset, limit, first, asked):
-        max_pulling = unit.offset
-        if next_file_start is not None and unit.offset < next_file_start:
+    for unit_offset, size, code in _scan(queue, offset, limit, first, asked):
+        max_pulling = unit_offset
+        if next_file_start is not None and unit_offset < next_file_start:
             scanned += 1
             continue
-        in_disk = log_max - unit.offset > in_memory
-        if is_batch_full(unit.size, max_msg_nums, result.size, result.count, in_disk):
-            break
+        # (is_batch_full, inline: this loop runs for every unit pulled.)
+        if count:
+            if max_msg_nums <= count:
+                break
+            if unit_offset < in_disk_below:
+                if total + size > MAX_TRANSFER_BYTES_IN_DISK or count > MAX_TRANSFER_COUNT_IN_DISK - 1:
+                    break
+            elif total + size > MAX_TRANSFER_BYTES_IN_MEMORY or count > MAX_TRANSFER_COUNT_IN_MEMORY - 1:
+                break
         scanned += 1
-        if matches is not None and not matches(unit.tags_code):
+        if matches is not None and not matches(code):
             continue
-        if not (log_min <= unit.offset and unit.offset + unit.size <= log_max) or unit.size <= 0:
+        if not (log_min <= unit_offset and unit_offset + size <= log_max) or size <= 0:
             # (Its log file was deleted: on to the next one.)
-            if not result.count:
+            if not count:
                 result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
-            next_file_start = unit.offset - unit.offset % segment + segment
+            next_file_start = unit_offset - unit_offset % segment + segment
             continue
-        if runs and runs[-1][1] == unit.offset and unit.offset % segment != 0:
-            runs[-1][1] += unit.size
+        if runs and runs[-1][1] == unit_offset and unit_offset % segment != 0:
+            runs[-1][1] += size
         else:
-            runs.append([unit.offset, unit.offset + unit.size])
-        result.count += 1
-        result.size += unit.size
+            runs.append([unit_offset, unit_offset + size])
+        count += 1
+        total += size
         result.status = GetMessageStatus.FOUND
         next_file_start = None
+    result.count, result.size = count, total
+    if runs:
+        result.records = _gather(log, runs, total, topic, queue_id)
+    result.next_begin_offset = offset + scanned
+    result.suggest_pulling_from_slave = log_max - max_pulling > in_memory
+    return result
+
+
+#: L{_gather} reads a pull's records with one read of the log from the
+#: first to the last when the bytes between them (other queues' records,
+#: mostly) are at most this much a run more than the records: a read
+#: system call and its Python costs several microseconds, a copy of 16
+#: KiB about as much.
+_SPAN_SLACK: Final = 16 * 1024
+
+
+def _gather(log: CommitLog, runs: list[list[int]], total: int, topic: str, queue_id: int) -> list[bytes]:
+    """
+    The records of C{runs} (adjacent records, each in one segment), read
+    from the log: one read of the whole span and the runs cut out of it
+    when the span is not much more than the records (C{_SPAN_SLACK}), one
+    read a run otherwise.
+
+    @raise StoreError: bytes that could not be read.
+    """
+    first, last = runs[0][0], runs[-1][1]
+    if len(runs) > 1 and last - first <= total + _SPAN_SLACK * len(runs):
+        try:
+            span = log.read(first, last - first)
+        except StoreError:
+            span = b""
+        if len(span) == last - first:  # (else: it crossed a segment's end)
+            view = memoryview(span)
+            return [b"".join([view[start - first : end - first] for start, end in runs])]
+    records = []
     for start, end in runs:
         try:
             data = log.read(start, end - start)
@@ -237,29 +281,29 @@ def get_message(
                 f"commit-log bytes {start}..{end} of queue {topic}/{queue_id} could not be read "
                 f"(got {len(data)} bytes)"
             )
-        result.records.append(data)
-    result.next_begin_offset = offset + scanned
-    result.suggest_pulling_from_slave = log_max - max_pulling > in_memory
-    return result
+        records.append(data)
+    return records
 
 
-def _scan(queue: ConsumeQueue, offset: int, limit: int, first: list[Unit], asked: int) -> Iterator[Unit]:
+def _scan(queue: ConsumeQueue, offset: int, limit: int, first: bytes, asked: int) -> Iterator[tuple[int, int, int]]:
     """
-    Up to C{limit} units from C{offset} to the end of its queue file (what
-    C{getIndexBuffer} gives), read in growing chunks from C{first} (the
-    C{asked} first): a pull of 32 records does not decode 800 units.
+    Up to C{limit} units (offset, size, tag code) from C{offset} to the
+    end of its queue file (what C{getIndexBuffer} gives), read in growing
+    chunks from C{first} (the C{asked} first): a pull of 32 records does
+    not read 800 units.
     """
     got, position, left = first, offset, limit
     while True:
-        yield from got
-        if len(got) < asked:
+        yield from UNIT.iter_unpack(got)
+        n = len(got) // UNIT_SIZE
+        if n < asked:
             return  # (the file's or the queue's end)
-        position += len(got)
-        left -= len(got)
+        position += n
+        left -= n
         if left <= 0:
             return
         asked = min(left, asked * 2)
-        got = queue.units(position, asked)
+        got = queue.unit_bytes(position, asked)
 
 
 _I64 = struct.Struct(">q")
