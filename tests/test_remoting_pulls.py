@@ -297,6 +297,74 @@ class BatchTests(_Case):
         reply = self.pull(conn, flag=4, subscription="*", max_nums=64)
         self.assertEqual(len(decode_messages(reply.body, MessageQueue("T", "b", 0))), 25)
 
+    def test_limit_settings(self) -> None:
+        """
+        The maxTransfer* broker.conf keys (here 40 records, and 1000 bytes
+        "in disk") bound a pull instead of 4.9.8's defaults.
+        """
+        self.begin(
+            messages=50, max_transfer_count_on_message_in_memory=40, max_transfer_bytes_on_message_in_disk=1000
+        )
+        conn = self.conn()
+        reply = self.pull(conn, flag=4, subscription="*", max_nums=64)
+        self.assertEqual(reply.ext_fields and reply.ext_fields["nextBeginOffset"], "40")
+        size = len(reply.body) // 40
+        self.pulls().in_memory = 0
+        reply = self.pull(conn, flag=4, subscription="*", max_nums=64)
+        self.assertEqual(len(decode_messages(reply.body, MessageQueue("T", "b", 0))), 1000 // size)
+        self.assertLess(1000 // size, 8)
+
+
+class GatherTests(_Case):
+    """A pull's records, read from the log with as few reads as is cheap."""
+
+    def test_interleaved_queues(self) -> None:
+        """
+        A queue whose records alternate with another queue's: one read of
+        the span, the records cut out of it; the body is the records as
+        stored.
+        """
+        log = CommitLog.open(self.store, segment_size=64 * 1024, clock=fixed_clock)
+        for i in range(40):
+            log.put(Message("T", b"%05d" % i + b"x" * 95, queue_id=i % 2))
+        log.close()
+        broker = self.begin()
+        reads: list[tuple[int, int]] = []
+        store_log = broker.store.commitlog
+        assert store_log is not None
+        real = store_log.read
+
+        def read(offset: int, limit: int) -> bytes:
+            reads.append((offset, limit))
+            return real(offset, limit)
+
+        self.patch(store_log, "read", read)
+        reply = self.pull(self.conn(), flag=4, subscription="*", queue_id=1, max_nums=10)
+        got = decode_messages(reply.body, MessageQueue("T", "b", 1))
+        self.assertEqual([m.body[:5] for m in got], [b"%05d" % i for i in range(1, 20, 2)])
+        units = store_log.consume_queues.units("T", 1, 0, 10)  # type: ignore[union-attr]
+        self.assertEqual(reply.body, b"".join(real(u.offset, u.size) for u in units))
+        self.assertEqual(reads, [(units[0].offset, units[-1].offset + units[-1].size - units[0].offset)])
+
+    def test_far_apart(self) -> None:
+        """Records far apart in the log (more than 16 KiB a record between): one read each."""
+        units = [Unit(1000 + i * 40_000, 50, 0) for i in range(3)]
+        log = _Log()
+        log.max_offset = 1 << 20
+        log.segment_size = 1 << 20
+        result = get_message(_Queues(_Queue(units, 0, 3)), log, "T", 0, 0, 32, None, in_memory=1 << 30)  # type: ignore[arg-type]
+        self.assertEqual(result.records, [b"r" * 50] * 3)
+        self.assertEqual(log.reads, [(u.offset, 50) for u in units])
+
+    def test_span_short(self) -> None:
+        """A span the log does not give whole (a segment's end inside it): one read a run."""
+        units = [Unit(1000, 50, 0), Unit(1100, 50, 0)]
+        log = _Log()
+        log.limit = 60
+        result = get_message(_Queues(_Queue(units, 0, 2)), log, "T", 0, 0, 32, None, in_memory=1 << 30)  # type: ignore[arg-type]
+        self.assertEqual(result.records, [b"r" * 50] * 2)
+        self.assertEqual(log.reads, [(1000, 150), (1000, 50), (1100, 50)])
+
 
 class _Queue:
     def __init__(self, units: list[Unit], min_offset: int, max_offset: int) -> None:
@@ -327,8 +395,13 @@ class _Log:
     max_offset = 5000
     segment_size = 1000
 
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int]] = []
+        self.limit = 1 << 30
+
     def read(self, offset: int, size: int) -> bytes:
-        return b"r" * size
+        self.reads.append((offset, size))
+        return b"r" * min(size, self.limit)
 
 
 class StoreLookupTests(SynchronousTestCase):

@@ -64,6 +64,7 @@ __all__ = [
     "GetMessageStatus",
     "GetMessageResult",
     "HoldLimits",
+    "TransferLimits",
     "get_message",
     "is_batch_full",
     "PullHandlers",
@@ -126,19 +127,35 @@ class GetMessageResult:
     suggest_pulling_from_slave: bool = False
 
 
-def is_batch_full(size: int, max_msg_nums: int, total: int, count: int, in_disk: bool) -> bool:
+@dataclasses.dataclass(frozen=True)
+class TransferLimits:
+    """
+    What one pull carries at most (C{MessageStoreConfig}'s
+    C{maxTransfer*OnMessageIn*}, 4.9.8's defaults; broker.conf keys of the
+    same names).
+    """
+
+    bytes_in_memory: int = MAX_TRANSFER_BYTES_IN_MEMORY
+    count_in_memory: int = MAX_TRANSFER_COUNT_IN_MEMORY
+    bytes_in_disk: int = MAX_TRANSFER_BYTES_IN_DISK
+    count_in_disk: int = MAX_TRANSFER_COUNT_IN_DISK
+
+
+def is_batch_full(
+    size: int, max_msg_nums: int, total: int, count: int, in_disk: bool, limits: TransferLimits = TransferLimits()
+) -> bool:
     """
     C{DefaultMessageStore.isTheBatchFull}: the first message always goes;
-    then C{maxMsgNums}, and 64 KiB / 8 messages "in disk", 256 KiB / 32
-    in memory.
+    then C{maxMsgNums}, and (by default) 64 KiB / 8 messages "in disk",
+    256 KiB / 32 in memory.
     """
     if total == 0 or count == 0:
         return False
     if max_msg_nums <= count:
         return True
     if in_disk:
-        return total + size > MAX_TRANSFER_BYTES_IN_DISK or count > MAX_TRANSFER_COUNT_IN_DISK - 1
-    return total + size > MAX_TRANSFER_BYTES_IN_MEMORY or count > MAX_TRANSFER_COUNT_IN_MEMORY - 1
+        return total + size > limits.bytes_in_disk or count > limits.count_in_disk - 1
+    return total + size > limits.bytes_in_memory or count > limits.count_in_memory - 1
 
 
 def get_message(
@@ -152,6 +169,7 @@ def get_message(
     *,
     in_memory: int,
     correct_offsets: bool = True,
+    limits: TransferLimits = TransferLimits(),
 ) -> GetMessageResult:
     """
     C{DefaultMessageStore.getMessage}: up to C{max_msg_nums} records of
@@ -163,6 +181,7 @@ def get_message(
     @param correct_offsets: C{nextOffsetCorrection}: a master (or a slave
         with C{offsetCheckInSlave}) answers the corrected offset, a slave
         the requested one.
+    @param limits: L{is_batch_full}'s.
     """
 
     def correction(new: int) -> int:
@@ -215,9 +234,9 @@ def get_message(
             if max_msg_nums <= count:
                 break
             if unit_offset < in_disk_below:
-                if total + size > MAX_TRANSFER_BYTES_IN_DISK or count > MAX_TRANSFER_COUNT_IN_DISK - 1:
+                if total + size > limits.bytes_in_disk or count > limits.count_in_disk - 1:
                     break
-            elif total + size > MAX_TRANSFER_BYTES_IN_MEMORY or count > MAX_TRANSFER_COUNT_IN_MEMORY - 1:
+            elif total + size > limits.bytes_in_memory or count > limits.count_in_memory - 1:
                 break
         scanned += 1
         if matches is not None and not matches(code):
@@ -509,6 +528,12 @@ class PullHandlers:
             None if subscription.takes_all else subscription.matches_code,
             in_memory=self.in_memory,
             correct_offsets=not slave or settings.offset_check_in_slave,
+            limits=TransferLimits(
+                settings.max_transfer_bytes_on_message_in_memory,
+                settings.max_transfer_count_on_message_in_memory,
+                settings.max_transfer_bytes_on_message_in_disk,
+                settings.max_transfer_count_on_message_in_disk,
+            ),
         )
         if settings.slave_read_enable:
             suggest = group.which_broker_when_consume_slowly if result.suggest_pulling_from_slave else group.broker_id
