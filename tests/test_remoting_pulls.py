@@ -12,7 +12,9 @@ from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
-from twisted.trial.unittest import SynchronousTestCase
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha._limits import LimitedFactory
 from rmqha.broker import Broker
@@ -364,6 +366,49 @@ class GatherTests(_Case):
         result = get_message(_Queues(_Queue(units, 0, 2)), log, "T", 0, 0, 32, None, in_memory=1 << 30)  # type: ignore[arg-type]
         self.assertEqual(result.records, [b"r" * 50] * 2)
         self.assertEqual(log.reads, [(1000, 150), (1000, 50), (1100, 50)])
+
+
+class WalkTests(SynchronousTestCase):
+    """The compiled unit walk (C{_speedups.pull_walk}) and its twin, L{_walk_units}, agree."""
+
+    @settings(deadline=None, derandomize=True, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        units=st.lists(
+            st.tuples(
+                st.sampled_from([0, 100, 150, 990, 1000, 1050, 3000, 4990]) | st.integers(-(2**63), 2**63 - 1),
+                st.sampled_from([50, 0, -1, 10]) | st.integers(-(2**31), 2**31 - 1),
+                st.integers(-3, 3),
+            ),
+            max_size=40,
+        ),
+        start=st.sampled_from(
+            [[0, 0, 0, 0, -1, 0], [2, 100, 5, 900, -1, 2], [0, 0, 1, 10, 2000, 1], [0, 0, 1, 10, 2**63 + 5, 1]]
+        ),
+        runs=st.sampled_from([[], [[900, 1000]], [[950, 990]]]),
+        bounds=st.tuples(
+            st.sampled_from([1, 3, 32]), st.sampled_from([120, 256 * 1024]), st.sampled_from([2, 32]),
+            st.sampled_from([60, 64 * 1024]), st.sampled_from([1, 8]), st.sampled_from([-5, 1040, 1 << 40]),
+        ),
+        filtered=st.booleans(),
+    )
+    def test_agree(
+        self, units: list[tuple[int, int, int]], start: list[int], runs: list[list[int]],
+        bounds: tuple[int, ...], filtered: bool,
+    ) -> None:
+        from rmqha.remoting.pulls import _walk_units
+        from rmqha.store import _record
+
+        compiled = getattr(_record._accel, "pull_walk", None)
+        if compiled is None:
+            raise SkipTest("no compiled accelerator (or RMQHA_PURE=1)")
+        chunk = b"".join(UNIT.pack(*u) for u in units)
+        matches = (lambda code: code % 2 == 0) if filtered else None
+        answers = []
+        for step in (compiled, _walk_units):
+            walk, taken = list(start), [list(r) for r in runs]
+            full = step(chunk, walk, taken, matches, *bounds, 1000, 5000, 1000)
+            answers.append((full, walk, taken))
+        self.assertEqual(answers[0], answers[1])
 
 
 class _Queue:

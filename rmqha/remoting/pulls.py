@@ -51,6 +51,7 @@ from rmqha.remoting.headers import (
 from rmqha.remoting.metadata import PERM_READ, MetadataError
 from rmqha.remoting.offsets import in_memory_bytes
 from rmqha.remoting.protocol import Answer, format_peer
+from rmqha.store import _record as _codec
 from rmqha.store._record import MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2
 from rmqha.store.consumequeue import UNIT, UNIT_SIZE, ConsumeQueue, ConsumeQueues
 from rmqha.store.errors import StoreError
@@ -213,30 +214,78 @@ def get_message(
         units_per_file = queues.file_size // UNIT_SIZE
         next_file = offset + units_per_file - offset % units_per_file
         return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, correction(next_file), min_offset, max_offset)
-    result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, offset, min_offset, max_offset)
-    next_file_start: int | None = None
-    max_pulling = 0
-    scanned = 0
-    segment = log.segment_size
-    # isTheBatchFull's bounds: "in disk" past this commit-log offset.
-    in_disk_below = log_max - in_memory
-    count = total = 0
+    # The walk's state: records taken and their bytes, units scanned, the
+    # last unit's offset, where the next log file starts after a deleted
+    # one (-1: none), the status so far.
+    walk = [0, 0, 0, 0, -1, _NO_MATCH]
     # The records taken, as runs of adjacent records in one log segment
-    # (start, end): each run is read with one call.
+    # [start, end]: each run is read with one call.
     runs: list[list[int]] = []
-    for unit_offset, size, code in _scan(queue, offset, limit, first, asked):
+    step = getattr(_codec._accel, "pull_walk", None) or _walk_units
+    for chunk in _scan(queue, offset, limit, first, asked):
+        if step(
+            chunk, walk, runs, matches, max_msg_nums, limits.bytes_in_memory, limits.count_in_memory,
+            limits.bytes_in_disk, limits.count_in_disk, log_max - in_memory, log_min, log_max, log.segment_size,
+        ):
+            break
+    count, total, scanned, max_pulling, _, status = walk
+    result = GetMessageResult(_STATUSES[status], offset + scanned, min_offset, max_offset, count=count, size=total)
+    if runs:
+        result.records = _gather(log, runs, total, topic, queue_id)
+    result.suggest_pulling_from_slave = log_max - max_pulling > in_memory
+    return result
+
+
+_NO_MATCH, _REMOVING, _FOUND = 0, 1, 2
+_STATUSES: Final = {
+    _NO_MATCH: GetMessageStatus.NO_MATCHED_MESSAGE,
+    _REMOVING: GetMessageStatus.MESSAGE_WAS_REMOVING,
+    _FOUND: GetMessageStatus.FOUND,
+}
+
+
+def _walk_units(
+    units: bytes,
+    walk: list[int],
+    runs: list[list[int]],
+    matches: Callable[[int], bool] | None,
+    max_msg_nums: int,
+    bytes_in_memory: int,
+    count_in_memory: int,
+    bytes_in_disk: int,
+    count_in_disk: int,
+    in_disk_below: int,
+    log_min: int,
+    log_max: int,
+    segment: int,
+) -> bool:
+    """
+    L{get_message}'s walk over one chunk of units (C{_speedups.pull_walk}
+    is this compiled): each unit scanned, filtered (C{matches}), its record
+    taken into C{runs} until the batch is full (L{is_batch_full}, inline;
+    a unit at or past C{in_disk_below} is "in memory"); a unit whose
+    record left the log skips to the next log file.  C{walk} is updated
+    in place.
+
+    @return: whether the batch is full.
+    """
+    count, total, scanned, max_pulling, next_file_start, status = walk
+    full = False
+    for unit_offset, size, code in UNIT.iter_unpack(units):
         max_pulling = unit_offset
-        if next_file_start is not None and unit_offset < next_file_start:
+        if unit_offset < next_file_start:
             scanned += 1
             continue
-        # (is_batch_full, inline: this loop runs for every unit pulled.)
         if count:
             if max_msg_nums <= count:
+                full = True
                 break
             if unit_offset < in_disk_below:
-                if total + size > limits.bytes_in_disk or count > limits.count_in_disk - 1:
+                if total + size > bytes_in_disk or count > count_in_disk - 1:
+                    full = True
                     break
-            elif total + size > limits.bytes_in_memory or count > limits.count_in_memory - 1:
+            elif total + size > bytes_in_memory or count > count_in_memory - 1:
+                full = True
                 break
         scanned += 1
         if matches is not None and not matches(code):
@@ -244,7 +293,7 @@ def get_message(
         if not (log_min <= unit_offset and unit_offset + size <= log_max) or size <= 0:
             # (Its log file was deleted: on to the next one.)
             if not count:
-                result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                status = _REMOVING
             next_file_start = unit_offset - unit_offset % segment + segment
             continue
         if runs and runs[-1][1] == unit_offset and unit_offset % segment != 0:
@@ -253,14 +302,10 @@ def get_message(
             runs.append([unit_offset, unit_offset + size])
         count += 1
         total += size
-        result.status = GetMessageStatus.FOUND
-        next_file_start = None
-    result.count, result.size = count, total
-    if runs:
-        result.records = _gather(log, runs, total, topic, queue_id)
-    result.next_begin_offset = offset + scanned
-    result.suggest_pulling_from_slave = log_max - max_pulling > in_memory
-    return result
+        status = _FOUND
+        next_file_start = -1
+    walk[:] = [count, total, scanned, max_pulling, next_file_start, status]
+    return full
 
 
 #: L{_gather} reads a pull's records with one read of the log from the
@@ -304,16 +349,15 @@ def _gather(log: CommitLog, runs: list[list[int]], total: int, topic: str, queue
     return records
 
 
-def _scan(queue: ConsumeQueue, offset: int, limit: int, first: bytes, asked: int) -> Iterator[tuple[int, int, int]]:
+def _scan(queue: ConsumeQueue, offset: int, limit: int, first: bytes, asked: int) -> Iterator[bytes]:
     """
-    Up to C{limit} units (offset, size, tag code) from C{offset} to the
-    end of its queue file (what C{getIndexBuffer} gives), read in growing
-    chunks from C{first} (the C{asked} first): a pull of 32 records does
-    not read 800 units.
+    Up to C{limit} units from C{offset} to the end of its queue file (what
+    C{getIndexBuffer} gives), as raw units in growing chunks from C{first}
+    (the C{asked} first): a pull of 32 records does not read 800 units.
     """
     got, position, left = first, offset, limit
     while True:
-        yield from UNIT.iter_unpack(got)
+        yield got
         n = len(got) // UNIT_SIZE
         if n < asked:
             return  # (the file's or the queue's end)

@@ -2099,6 +2099,184 @@ done:
     return result;
 }
 
+/* -- a pull's consume-queue units, for the broker ------------------------- */
+
+PyDoc_STRVAR(pull_walk_doc,
+"pull_walk(units, walk, runs, matches, max_msg_nums, bytes_in_memory,\n"
+"          count_in_memory, bytes_in_disk, count_in_disk, in_disk_below,\n"
+"          log_min, log_max, segment_size) -> bool\n\n"
+"rmqha.remoting.pulls._walk_units compiled: get_message's walk over the\n"
+"20-byte units of one chunk, `walk` ([count, total, scanned, max_pulling,\n"
+"next_file_start, status]) and `runs` (lists [start, end]) updated in\n"
+"place, `matches` (None or a callable of a tag code) called for each unit\n"
+"scanned; True when the batch is full.");
+
+static int
+set_walk(PyObject *walk, Py_ssize_t i, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return -1;
+    return PyList_SetItem(walk, i, v);  /* (steals v) */
+}
+
+static PyObject *
+sp_pull_walk(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *walk, *runs, *matches, *current = NULL, *result = NULL;
+    long long max_msg_nums, bytes_mem, count_mem, bytes_disk, count_disk, in_disk_below,
+        log_min, log_max, segment;
+    long long state[6];
+    long long count, total, scanned, max_pulling, next_file_start, status, current_end = 0;
+    const unsigned char *u;
+    Py_ssize_t n, i;
+    int full = 0, dirty = 0, beyond = 0, moved = 0;
+    int64_t beyond_base = 0;  /* beyond: next_file_start is beyond_base + segment > INT64_MAX */
+
+    if (!PyArg_ParseTuple(args, "y*O!O!OLLLLLLLLL", &view, &PyList_Type, &walk, &PyList_Type, &runs,
+                          &matches, &max_msg_nums, &bytes_mem, &count_mem, &bytes_disk, &count_disk,
+                          &in_disk_below, &log_min, &log_max, &segment))
+        return NULL;
+    if (PyList_GET_SIZE(walk) != 6 || segment <= 0) {
+        PyErr_SetString(PyExc_ValueError, "walk must hold 6 integers and segment_size be positive");
+        goto done;
+    }
+    for (i = 0; i < 6; i++) {
+        int overflow = 0;
+        state[i] = PyLong_AsLongLongAndOverflow(PyList_GET_ITEM(walk, i), &overflow);
+        if (state[i] == -1 && PyErr_Occurred())
+            goto done;
+        if (overflow && !(i == 4 && overflow > 0)) {
+            PyErr_SetString(PyExc_OverflowError, "a walk value does not fit 64 bits");
+            goto done;
+        }
+        if (overflow)
+            beyond = 1;  /* (past every unit's offset: left as it is unless moved) */
+    }
+    count = state[0], total = state[1], scanned = state[2], max_pulling = state[3];
+    next_file_start = state[4], status = state[5];
+    if (PyList_GET_SIZE(runs) > 0) {
+        current = PyList_GET_ITEM(runs, PyList_GET_SIZE(runs) - 1);
+        if (!PyList_Check(current) || PyList_GET_SIZE(current) != 2) {
+            PyErr_SetString(PyExc_ValueError, "runs must be lists [start, end]");
+            current = NULL;
+            goto done;
+        }
+        Py_INCREF(current);
+        current_end = PyLong_AsLongLong(PyList_GET_ITEM(current, 1));
+        if (current_end == -1 && PyErr_Occurred())
+            goto done;
+    }
+    u = view.buf;
+    n = view.len / 20;
+    for (i = 0; i < n; i++, u += 20) {
+        int64_t offset = rd64(u), size = rd32(u + 8), code = rd64(u + 12);
+
+        max_pulling = offset;
+        if (beyond || offset < next_file_start) {
+            scanned++;
+            continue;
+        }
+        if (count) {
+            if (max_msg_nums <= count) {
+                full = 1;
+                break;
+            }
+            if (offset < in_disk_below ? (total + size > bytes_disk || count > count_disk - 1)
+                                       : (total + size > bytes_mem || count > count_mem - 1)) {
+                full = 1;
+                break;
+            }
+        }
+        scanned++;
+        if (matches != Py_None) {
+            PyObject *arg = PyLong_FromLongLong(code), *answer;
+            int yes;
+            if (arg == NULL)
+                goto done;
+            answer = PyObject_CallOneArg(matches, arg);
+            Py_DECREF(arg);
+            if (answer == NULL)
+                goto done;
+            yes = PyObject_IsTrue(answer);
+            Py_DECREF(answer);
+            if (yes < 0)
+                goto done;
+            if (!yes)
+                continue;
+        }
+        if (!(log_min <= offset && offset <= log_max - size) || size <= 0) {
+            /* (Its log file was deleted: on to the next one; Python's %.) */
+            int64_t m = offset % segment;
+            if (m < 0)
+                m += segment;
+            if (!count)
+                status = 1;
+            moved = 1;
+            beyond = offset - m > INT64_MAX - segment;
+            if (beyond)
+                beyond_base = offset - m;
+            else
+                next_file_start = offset - m + segment;
+            continue;
+        }
+        if (current != NULL && current_end == offset && offset % segment != 0) {
+            current_end += size;
+            dirty = 1;
+        }
+        else {
+            PyObject *run;
+            if (dirty && set_walk(current, 1, current_end) < 0)
+                goto done;
+            dirty = 0;
+            run = Py_BuildValue("[LL]", (long long)offset, (long long)(offset + size));
+            if (run == NULL)
+                goto done;
+            if (PyList_Append(runs, run) < 0) {
+                Py_DECREF(run);
+                goto done;
+            }
+            Py_XDECREF(current);
+            current = run;  /* (the reference Py_BuildValue gave) */
+            current_end = offset + size;
+        }
+        count++;
+        total += size;
+        status = 2;
+        next_file_start = -1;
+        beyond = 0;
+        moved = 1;
+    }
+    if (dirty && set_walk(current, 1, current_end) < 0)
+        goto done;
+    state[0] = count, state[1] = total, state[2] = scanned, state[3] = max_pulling;
+    state[4] = next_file_start, state[5] = status;
+    for (i = 0; i < 6; i++) {
+        if (i == 4 && beyond) {
+            /* Python's value: base + segment, past 64 bits. */
+            PyObject *base, *step, *sum;
+            if (!moved)
+                continue;
+            base = PyLong_FromLongLong(beyond_base);
+            step = PyLong_FromLongLong(segment);
+            sum = base && step ? PyNumber_Add(base, step) : NULL;
+            Py_XDECREF(base);
+            Py_XDECREF(step);
+            if (sum == NULL || PyList_SetItem(walk, 4, sum) < 0)
+                goto done;
+            continue;
+        }
+        if (set_walk(walk, i, state[i]) < 0)
+            goto done;
+    }
+    result = PyBool_FromLong(full);
+done:
+    Py_XDECREF(current);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* -- crc32(data, value=0) ------------------------------------------------ */
 
 /* Inputs this long are checksummed with the GIL released. */
@@ -2702,6 +2880,7 @@ static PyMethodDef methods[] = {
     {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL, put_one_doc},
     {"decode_span", sp_decode_span, METH_VARARGS, decode_span_doc},
     {"pull_decode", sp_pull_decode, METH_VARARGS, pull_decode_doc},
+    {"pull_walk", sp_pull_walk, METH_VARARGS, pull_walk_doc},
     {"crc32", (PyCFunction)(void (*)(void))sp_crc32, METH_FASTCALL, crc32_doc},
     {"_crc32_set_folding", sp_crc32_set_folding, METH_O, crc32_set_folding_doc},
     {"guard_add", sp_guard_add, METH_O, guard_add_doc},
