@@ -10,8 +10,10 @@ bookkeeping it keeps, sans-IO (values in, values out, no I/O):
   the offset headers (14, 15) are in L{rmqha.remoting.offsets};
 - a pull reply as C{MQClientAPIImpl.processPullResponse} and
   C{PullAPIWrapper.processPullResult} read it: the status, the records
-  (decoded by the store's L{parse_record}, the one record decoder),
-  bodies inflated, tags filtered again, C{MIN_OFFSET}/C{MAX_OFFSET} added;
+  (checked by the store's L{parse_record}, the one record decoder, or
+  its compiled twin for the common records), bodies inflated, tags
+  filtered again, C{MIN_OFFSET}/C{MAX_OFFSET} added (properties and ids
+  decoded when first read);
 - subscriptions (C{FilterAPI.buildSubscriptionData}) and the HEART_BEAT
   body (C{HeartbeatData}) as fastjson writes it;
 - C{AllocateMessageQueueAveragely};
