@@ -123,7 +123,7 @@ class AgreementTests(SynchronousTestCase):
         self.assertEqual(fast, pure)  # (every field, the lazy ones decoded)
         self.assertEqual([m.__dict__ for m in fast], [m.__dict__ for m in pure])
 
-    @EQUAL
+    @settings(EQUAL, max_examples=40)
     @given(
         body=pull_bodies(),
         extra=st.none() | st.just(("3", "9")),
