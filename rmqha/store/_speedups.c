@@ -2045,7 +2045,7 @@ sp_pull_decode(PyObject *module, PyObject *args)
         Py_DECREF(props_bytes);
         if (lazy == NULL)
             goto done;
-        dict = _PyDict_NewPresized(12);
+        dict = PyDict_New();
         if (dict == NULL) {
             Py_DECREF(lazy);
             goto done;
