@@ -33,7 +33,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from rmqha._javahash import java_string_hash
 from rmqha.client._codec import MessageQueue, TopicRoute
@@ -362,27 +362,29 @@ class ReceivedMessage:
     def keys(self) -> str | None:
         return self.properties.get("KEYS")
 
-    def __getattr__(self, name: str) -> Any:
-        # (Only for a field not decoded yet: found ones never get here.)
-        lazy = self.__dict__.get("_lazy")
-        if lazy is None or name not in _LAZY_FIELDS:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        raw, born, store, extra = lazy
-        value: Any
-        if name == "properties":
-            value = decode_properties(raw)
-            if extra is not None:
-                value[PROPERTY_MIN_OFFSET], value[PROPERTY_MAX_OFFSET] = extra
-        elif name == "born_host":
-            value = _host_text(born)
-        elif name == "store_host":
-            value = _host_text(store)
-        elif name == "offset_msg_id":
-            value = (store + _OFFSET.pack(self.commit_log_offset)).hex().upper()
-        else:  # msg_id
-            value = decode_properties(raw).get("UNIQ_KEY") or self.offset_msg_id
-        self.__dict__[name] = value
-        return value
+    if not TYPE_CHECKING:  # (so that mypy still knows the attributes there are)
+
+        def __getattr__(self, name: str) -> Any:
+            # (Only for a field not decoded yet: found ones never get here.)
+            lazy = self.__dict__.get("_lazy")
+            if lazy is None or name not in _LAZY_FIELDS:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            raw, born, store, extra = lazy
+            value: Any
+            if name == "properties":
+                value = decode_properties(raw)
+                if extra is not None:
+                    value[PROPERTY_MIN_OFFSET], value[PROPERTY_MAX_OFFSET] = extra
+            elif name == "born_host":
+                value = _host_text(born)
+            elif name == "store_host":
+                value = _host_text(store)
+            elif name == "offset_msg_id":
+                value = (store + _OFFSET.pack(self.commit_log_offset)).hex().upper()
+            else:  # msg_id
+                value = decode_properties(raw).get("UNIQ_KEY") or self.offset_msg_id
+            self.__dict__[name] = value
+            return value
 
 
 #: The fields of a pulled L{ReceivedMessage} decoded when first read.
