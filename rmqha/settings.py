@@ -145,6 +145,12 @@ def _size(text: str) -> int:
     return parse_size(text, "value")
 
 
+def _transfer_limit(text: str) -> int:
+    if not text.strip().isdigit() or not 0 < int(text) <= 1 << 30:
+        raise ValueError(f"{text!r} is not a number in 1..1073741824")
+    return int(text)
+
+
 def _segment_size(text: str) -> int:
     size = parse_size(text, "value")
     if not MIN_SEGMENT_SIZE <= size <= MAX_SEGMENT_SIZE:
@@ -756,6 +762,30 @@ class BrokerSettings:
         key="offsetCheckInSlave",
         parse=parse_bool,
     )
+    max_transfer_bytes_on_message_in_memory: int = _setting(
+        256 * 1024,
+        "bytes one pull carries at most while its records are in memory (262144, as RocketMQ)",
+        key="maxTransferBytesOnMessageInMemory",
+        parse=_transfer_limit,
+    )
+    max_transfer_count_on_message_in_memory: int = _setting(
+        32,
+        "records one pull carries at most while they are in memory (32, as RocketMQ)",
+        key="maxTransferCountOnMessageInMemory",
+        parse=_transfer_limit,
+    )
+    max_transfer_bytes_on_message_in_disk: int = _setting(
+        64 * 1024,
+        "bytes one pull carries at most once its records are in disk (65536, as RocketMQ)",
+        key="maxTransferBytesOnMessageInDisk",
+        parse=_transfer_limit,
+    )
+    max_transfer_count_on_message_in_disk: int = _setting(
+        8,
+        "records one pull carries at most once they are in disk (8, as RocketMQ)",
+        key="maxTransferCountOnMessageInDisk",
+        parse=_transfer_limit,
+    )
 
     # -- failover
     coordinator: str | None = _setting(
@@ -1268,8 +1298,7 @@ ROCKETMQ_KEYS = frozenset(
     deleteCommitLogFilesInterval redeleteHangedFileInterval
     destroyMapedFileIntervalForcibly checkCRCOnRecover warmMapedFileEnable
     transferMsgByHeap osPageCacheBusyTimeOutMills
-    waitTimeMillsInSendQueue maxTransferCountOnMessageInMemory
-    maxTransferBytesOnMessageInMemory accessMessageInMemoryMaxRatio
+    waitTimeMillsInSendQueue accessMessageInMemoryMaxRatio
     traceTopicEnable msgTraceTopicName enablePropertyFilter
     fetchNamesrvAddrByAddressServer rocketmqHome duplicationEnable
     """.split()

@@ -12,7 +12,9 @@ from typing import Any
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
-from twisted.trial.unittest import SynchronousTestCase
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha._limits import LimitedFactory
 from rmqha.broker import Broker
@@ -29,7 +31,7 @@ from rmqha.remoting.metadata import PERM_WRITE, SubscriptionGroupConfig, TopicCo
 from rmqha.remoting.pulls import GetMessageStatus, HoldLimits, PullHandlers, get_message, is_batch_full
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
-from rmqha.store.consumequeue import Unit
+from rmqha.store.consumequeue import UNIT, Unit
 from tests._helpers import fixed_clock
 from tests.test_remoting_broker import _BrokerCase
 
@@ -298,6 +300,117 @@ class BatchTests(_Case):
         reply = self.pull(conn, flag=4, subscription="*", max_nums=64)
         self.assertEqual(len(decode_messages(reply.body, MessageQueue("T", "b", 0))), 25)
 
+    def test_limit_settings(self) -> None:
+        """
+        The maxTransfer* broker.conf keys (here 40 records, and 1000 bytes
+        "in disk") bound a pull instead of 4.9.8's defaults.
+        """
+        self.begin(
+            messages=50, max_transfer_count_on_message_in_memory=40, max_transfer_bytes_on_message_in_disk=1000
+        )
+        conn = self.conn()
+        reply = self.pull(conn, flag=4, subscription="*", max_nums=64)
+        self.assertEqual(reply.ext_fields and reply.ext_fields["nextBeginOffset"], "40")
+        size = len(reply.body) // 40
+        self.pulls().in_memory = 0
+        reply = self.pull(conn, flag=4, subscription="*", max_nums=64)
+        self.assertEqual(len(decode_messages(reply.body, MessageQueue("T", "b", 0))), 1000 // size)
+        self.assertLess(1000 // size, 8)
+
+
+class GatherTests(_Case):
+    """A pull's records, read from the log with as few reads as is cheap."""
+
+    def test_interleaved_queues(self) -> None:
+        """
+        A queue whose records alternate with another queue's: one read of
+        the span, the records cut out of it; the body is the records as
+        stored.
+        """
+        log = CommitLog.open(self.store, segment_size=64 * 1024, clock=fixed_clock)
+        for i in range(40):
+            log.put(Message("T", b"%05d" % i + b"x" * 95, queue_id=i % 2))
+        log.close()
+        broker = self.begin()
+        reads: list[tuple[int, int]] = []
+        store_log = broker.store.commitlog
+        assert store_log is not None
+        real = store_log.read
+
+        def read(offset: int, limit: int) -> bytes:
+            reads.append((offset, limit))
+            return real(offset, limit)
+
+        self.patch(store_log, "read", read)
+        reply = self.pull(self.conn(), flag=4, subscription="*", queue_id=1, max_nums=10)
+        got = decode_messages(reply.body, MessageQueue("T", "b", 1))
+        self.assertEqual([m.body[:5] for m in got], [b"%05d" % i for i in range(1, 20, 2)])
+        units = store_log.consume_queues.units("T", 1, 0, 10)  # type: ignore[union-attr]
+        self.assertEqual(reply.body, b"".join(real(u.offset, u.size) for u in units))
+        self.assertEqual(reads, [(units[0].offset, units[-1].offset + units[-1].size - units[0].offset)])
+
+    def test_far_apart(self) -> None:
+        """Records far apart in the log (more than 16 KiB a record between): one read each."""
+        units = [Unit(1000 + i * 40_000, 50, 0) for i in range(3)]
+        log = _Log()
+        log.max_offset = 1 << 20
+        log.segment_size = 1 << 20
+        result = get_message(_Queues(_Queue(units, 0, 3)), log, "T", 0, 0, 32, None, in_memory=1 << 30)  # type: ignore[arg-type]
+        self.assertEqual(result.records, [b"r" * 50] * 3)
+        self.assertEqual(log.reads, [(u.offset, 50) for u in units])
+
+    def test_span_short(self) -> None:
+        """A span the log does not give whole (a segment's end inside it): one read a run."""
+        units = [Unit(1000, 50, 0), Unit(1100, 50, 0)]
+        log = _Log()
+        log.limit = 60
+        result = get_message(_Queues(_Queue(units, 0, 2)), log, "T", 0, 0, 32, None, in_memory=1 << 30)  # type: ignore[arg-type]
+        self.assertEqual(result.records, [b"r" * 50] * 2)
+        self.assertEqual(log.reads, [(1000, 150), (1000, 50), (1100, 50)])
+
+
+class WalkTests(SynchronousTestCase):
+    """The compiled unit walk (C{_speedups.pull_walk}) and its twin, L{_walk_units}, agree."""
+
+    @settings(deadline=None, derandomize=True, max_examples=80, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        units=st.lists(
+            st.tuples(
+                st.sampled_from([0, 100, 150, 990, 1000, 1050, 3000, 4990]) | st.integers(-(2**63), 2**63 - 1),
+                st.sampled_from([50, 0, -1, 10]) | st.integers(-(2**31), 2**31 - 1),
+                st.integers(-3, 3),
+            ),
+            max_size=40,
+        ),
+        start=st.sampled_from(
+            [[0, 0, 0, 0, -1, 0], [2, 100, 5, 900, -1, 2], [0, 0, 1, 10, 2000, 1], [0, 0, 1, 10, 2**63 + 5, 1]]
+        ),
+        runs=st.sampled_from([[], [[900, 1000]], [[950, 990]]]),
+        bounds=st.tuples(
+            st.sampled_from([1, 3, 32]), st.sampled_from([120, 256 * 1024]), st.sampled_from([2, 32]),
+            st.sampled_from([60, 64 * 1024]), st.sampled_from([1, 8]), st.sampled_from([-5, 1040, 1 << 40]),
+        ),
+        filtered=st.booleans(),
+    )
+    def test_agree(
+        self, units: list[tuple[int, int, int]], start: list[int], runs: list[list[int]],
+        bounds: tuple[int, ...], filtered: bool,
+    ) -> None:
+        from rmqha.remoting.pulls import _walk_units
+        from rmqha.store import _record
+
+        compiled = getattr(_record._accel, "pull_walk", None)
+        if compiled is None:
+            raise SkipTest("no compiled accelerator (or RMQHA_PURE=1)")
+        chunk = b"".join(UNIT.pack(*u) for u in units)
+        matches = (lambda code: code % 2 == 0) if filtered else None
+        answers = []
+        for step in (compiled, _walk_units):
+            walk, taken = list(start), [list(r) for r in runs]
+            full = step(chunk, walk, taken, matches, *bounds, 1000, 5000, 1000)
+            answers.append((full, walk, taken))
+        self.assertEqual(answers[0], answers[1])
+
 
 class _Queue:
     def __init__(self, units: list[Unit], min_offset: int, max_offset: int) -> None:
@@ -308,6 +421,9 @@ class _Queue:
 
     def units(self, logical: int, count: int) -> list[Unit]:
         return self._units[logical - self._min : logical - self._min + count]
+
+    def unit_bytes(self, logical: int, count: int) -> bytes:
+        return b"".join(UNIT.pack(u.offset, u.size, u.tags_code) for u in self.units(logical, count))
 
 
 class _Queues:
@@ -325,8 +441,13 @@ class _Log:
     max_offset = 5000
     segment_size = 1000
 
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int]] = []
+        self.limit = 1 << 30
+
     def read(self, offset: int, size: int) -> bytes:
-        return b"r" * size
+        self.reads.append((offset, size))
+        return b"r" * min(size, self.limit)
 
 
 class StoreLookupTests(SynchronousTestCase):

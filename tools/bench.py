@@ -2685,6 +2685,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.benchmark == "pulls":
         result = pullbench.pull_bench(args)
         print(pullbench.report(result), file=sys.stderr)
+        if args.profile:
+            httpbench.print_profile(args.profile)
         print(json.dumps(result))
         return None
     if args.benchmark == "failover":

@@ -12,9 +12,11 @@ C{twistd rmqha} master (ASYNC, no slave: pulls do not wait for replicas)
 serves it on a remoting port, registered with an in-process fake
 NameServer; then, C{--runs} times, rmqha.client's L{PullConsumer} in this
 process pulls every queue from offset 0 to its end, one pull in flight
-per queue (C{--max-nums} messages each), decoding every message as a
-user's code receives it.  The rate is commit-log bytes drained per
-second (the record bytes of the messages pulled), with messages/s and
+per queue (C{--max-nums} messages each, at most the broker's
+C{maxTransferCountOnMessageInMemory}: 32 unless C{--master-option} says
+otherwise), decoding every message as a user's code receives it.  The
+rate is commit-log bytes drained per second (the record bytes of the
+messages pulled), with messages/s and
 the CPU seconds of the broker and of this process.
 """
 
@@ -153,14 +155,17 @@ async def _serve_and_drain(
     port = await namesrv.listen(reactor, "tcp:0:interface=127.0.0.1")
     address = f"127.0.0.1:{port.getHost().port}"  # type: ignore[attr-defined]
     ha_port, listen_port = free_ports(2)
-    broker = subprocess.Popen(
-        twistd_command(
-            store, os.path.join(root, "master.log"), "--role", "ASYNC_MASTER",
-            "--ha-listen", f"tcp:{ha_port}:interface=127.0.0.1",
-            "--listen", f"tcp:{listen_port}:interface=127.0.0.1",
-            "--namesrv", address, "--broker-ip1", "127.0.0.1", "--group", BROKER,
-        )
+    command = twistd_command(
+        store, os.path.join(root, "master.log"), "--role", "ASYNC_MASTER",
+        "--ha-listen", f"tcp:{ha_port}:interface=127.0.0.1",
+        "--listen", f"tcp:{listen_port}:interface=127.0.0.1",
+        "--namesrv", address, "--broker-ip1", "127.0.0.1", "--group", BROKER,
+        *args.master_option,
     )
+    if args.profile:
+        at = command.index("rmqha")
+        command[at:at] = ["--profile", os.path.abspath(args.profile), "--profiler", "cprofile", "--savestats"]
+    broker = subprocess.Popen(command)
     try:
         deadline = time.monotonic() + 120
         while not namesrv.brokers(BROKER):
@@ -194,6 +199,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-nums", type=int, default=32, help="messages per pull (default 32)")
     parser.add_argument("--runs", type=int, default=3, help="checks and drains (default 3)")
     parser.add_argument("--dir", default=None, help="where the store goes (default: a temporary directory)")
+    parser.add_argument(
+        "--master-option", action="append", default=[],
+        help="a further twistd rmqha option for the master (repeatable), e.g. "
+        "--master-option=--max-transfer-count-on-message-in-memory=256",
+    )
+    parser.add_argument(
+        "--profile", default=None, metavar="FILE",
+        help="run the master under cProfile, stats saved to FILE (its figures are then slower)",
+    )
 
 
 def report(result: dict[str, Any]) -> str:

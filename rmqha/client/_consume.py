@@ -10,8 +10,10 @@ bookkeeping it keeps, sans-IO (values in, values out, no I/O):
   the offset headers (14, 15) are in L{rmqha.remoting.offsets};
 - a pull reply as C{MQClientAPIImpl.processPullResponse} and
   C{PullAPIWrapper.processPullResult} read it: the status, the records
-  (decoded by the store's L{parse_record}, the one record decoder),
-  bodies inflated, tags filtered again, C{MIN_OFFSET}/C{MAX_OFFSET} added;
+  (checked by the store's L{parse_record}, the one record decoder, or
+  its compiled twin for the common records), bodies inflated, tags
+  filtered again, C{MIN_OFFSET}/C{MAX_OFFSET} added (properties and ids
+  decoded when first read);
 - subscriptions (C{FilterAPI.buildSubscriptionData}) and the HEART_BEAT
   body (C{HeartbeatData}) as fastjson writes it;
 - C{AllocateMessageQueueAveragely};
@@ -24,10 +26,14 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import functools
+import ipaddress
 import json
+import struct
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any, Final
 
 from rmqha._javahash import java_string_hash
 from rmqha.client._codec import MessageQueue, TopicRoute
@@ -52,11 +58,15 @@ from rmqha.remoting.headers import (
     UnregisterClientRequestHeader,
 )
 from rmqha.remoting.metadata import PERM_READ
+from rmqha.store import _record as _codec
 from rmqha.store._record import (
+    MESSAGE_MAGIC_V1,
     MIN_RECORD_SIZE,
     Blank,
     RecordError,
     SysFlag,
+    body_length_at,
+    decode_properties,
     format_host,
     parse_record,
     read_header,
@@ -321,6 +331,10 @@ class ReceivedMessage:
     @ivar queue: the queue it was pulled from (C{brokerName} set).
     @ivar properties: as stored, plus C{MIN_OFFSET}/C{MAX_OFFSET} of the
         pull that brought it.
+
+    A pulled message is made by L{decode_messages} with its properties,
+    hosts and ids not yet decoded: each is decoded from the record's bytes
+    (C{_lazy} in its C{__dict__}) the first time it is read, then kept.
     """
 
     topic: str
@@ -348,57 +362,156 @@ class ReceivedMessage:
     def keys(self) -> str | None:
         return self.properties.get("KEYS")
 
+    if not TYPE_CHECKING:  # (so that mypy still knows the attributes there are)
 
-def decode_messages(body: bytes, queue: MessageQueue) -> list[ReceivedMessage]:
+        def __getattr__(self, name: str) -> Any:
+            # (Only for a field not decoded yet: found ones never get here.)
+            lazy = self.__dict__.get("_lazy")
+            if lazy is None or name not in _LAZY_FIELDS:
+                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+            raw, born, store, extra = lazy
+            value: Any
+            if name == "properties":
+                value = decode_properties(raw)
+                if extra is not None:
+                    value[PROPERTY_MIN_OFFSET], value[PROPERTY_MAX_OFFSET] = extra
+            elif name == "born_host":
+                value = _host_text(born)
+            elif name == "store_host":
+                value = _host_text(store)
+            elif name == "offset_msg_id":
+                value = (store + _OFFSET.pack(self.commit_log_offset)).hex().upper()
+            else:  # msg_id
+                value = decode_properties(raw).get("UNIQ_KEY") or self.offset_msg_id
+            self.__dict__[name] = value
+            return value
+
+
+#: The fields of a pulled L{ReceivedMessage} decoded when first read.
+_LAZY_FIELDS: Final = frozenset({"properties", "born_host", "store_host", "offset_msg_id", "msg_id"})
+_OFFSET: Final = struct.Struct(">q")
+_new_message = object.__new__
+_set_dict = object.__setattr__
+
+
+@functools.lru_cache(maxsize=256)
+def _host_text(raw: bytes) -> str:
+    """C{format_host} of a stored host: 4 (or 16) address bytes and the int32 port."""
+    if len(raw) == 8:
+        return f"{raw[0]}.{raw[1]}.{raw[2]}.{raw[3]}:{_PORT.unpack_from(raw, 4)[0]}"
+    return format_host((str(ipaddress.IPv6Address(raw[:16])), _PORT.unpack_from(raw, 16)[0]))
+
+
+_PORT: Final = struct.Struct(">i")
+_INT: Final = _PORT
+_SHORT: Final = struct.Struct(">h")
+#: Where BORNHOST starts in a record.
+_BORN_HOST_AT: Final = 48
+
+
+def _decode_one(
+    body: bytes, pos: int, queue: MessageQueue, extra: tuple[str, str] | None, tags: AbstractSet[str] | None
+) -> tuple[ReceivedMessage | None, int]:
     """
-    C{MessageDecoder.decodes}: the records of a FOUND body, back to back,
-    through the store's L{parse_record} (body CRC not checked, as the Java
-    client does not).  Compressed bodies are inflated.  As in Java, a
-    record that does not decode ends the list silently: the rest is
-    dropped, and the queue's next pull starts at the reply's
+    The record at C{body[pos:]} (C{MessageDecoder.decode}): the message
+    (C{None} when its TAGS is not one of C{tags}) and where the next
+    record starts.  The store's L{parse_record} checks it (body CRC not
+    checked, as the Java client does not); a compressed body is inflated.
+    C{_speedups.pull_decode} is this function compiled, for the common
+    records.
+
+    @raise RecordError: a record that does not decode, or a BLANK (naming
+        its offset and why).
+    @raise zlib.error: a compressed body that does not inflate.
+    """
+    end = len(body)
+    if end - pos < MIN_RECORD_SIZE:
+        raise RecordError(-1, f"{end - pos} bytes left at body position {pos}, fewer than any record's")
+    total, _ = read_header(body, pos)
+    if total <= 0 or pos + total > end:
+        raise RecordError(-1, f"total size {total} at body position {pos} runs past the body's {end} bytes")
+    record = parse_record(body, pos, pos + total, read_physical_offset(body, pos), check_crc=False)
+    if isinstance(record, Blank):
+        raise RecordError(record.offset, "a BLANK filler in a pull body")
+    data = record.body
+    if record.sysflag & SysFlag.COMPRESSED:
+        data = zlib.decompress(data)
+    if tags is not None and record.properties.get("TAGS") not in tags:
+        return None, pos + total
+    # (The fields parse_record has checked, as bytes: decoded when read.)
+    born_at = pos + _BORN_HOST_AT
+    born_size = 20 if record.sysflag & SysFlag.BORNHOST_V6 else 8
+    store_at = born_at + born_size + 8
+    store_size = 20 if record.sysflag & SysFlag.STOREHOST_V6 else 8
+    p = pos + body_length_at(record.sysflag)
+    p += 4 + _INT.unpack_from(body, p)[0]
+    if record.magic == MESSAGE_MAGIC_V1:
+        p += 1 + body[p]
+    else:
+        p += 2 + _SHORT.unpack_from(body, p)[0]
+    props_start, props_end = p + 2, pos + total
+    same = record.topic == queue.topic and record.queue_id == queue.queue_id
+    message = _new_message(ReceivedMessage)
+    _set_dict(
+        message,
+        "__dict__",
+        {
+            "topic": queue.topic if same else record.topic,
+            "body": data,
+            "queue": queue if same else MessageQueue(record.topic, queue.broker_name, record.queue_id),
+            "queue_offset": record.queue_offset,
+            "commit_log_offset": record.physical_offset,
+            "flag": record.flag,
+            "sys_flag": record.sysflag,
+            "born_timestamp": record.born_timestamp,
+            "store_timestamp": record.store_timestamp,
+            "reconsume_times": record.reconsume_times,
+            "body_crc": record.body_crc,
+            "_lazy": (
+                bytes(body[props_start:props_end]),
+                bytes(body[born_at : born_at + born_size]),
+                bytes(body[store_at : store_at + store_size]),
+                extra,
+            ),
+        },
+    )
+    return message, pos + total
+
+
+def decode_messages(
+    body: bytes,
+    queue: MessageQueue,
+    *,
+    extra: tuple[str, str] | None = None,
+    tags: AbstractSet[str] | None = None,
+) -> list[ReceivedMessage]:
+    """
+    C{MessageDecoder.decodes}: the records of a FOUND body, back to back
+    (L{_decode_one}, most of them in one call of its compiled twin).  As
+    in Java, a record that does not decode ends the list silently: the
+    rest is dropped, and the queue's next pull starts at the reply's
     C{nextBeginOffset} anyway.
+
+    @param extra: C{MIN_OFFSET} and C{MAX_OFFSET}, added to every
+        message's properties.
+    @param tags: only the messages whose TAGS is one of these.
     """
     out: list[ReceivedMessage] = []
     pos, end = 0, len(body)
-    while end - pos >= MIN_RECORD_SIZE:
-        total, _ = read_header(body, pos)
-        if total <= 0 or pos + total > end:
-            break
-        offset = read_physical_offset(body, pos)
-        try:
-            record = parse_record(body, pos, pos + total, offset, check_crc=False)
-        except RecordError:
-            break
-        if isinstance(record, Blank):
-            break
-        data = record.body
-        if record.sysflag & SysFlag.COMPRESSED:
-            try:
-                data = zlib.decompress(data)
-            except zlib.error:
+    # (L{_decode_one} compiled, or None: RMQHA_PURE=1, or not built.)
+    compiled = getattr(_codec._accel, "pull_decode", None)
+    topic = queue.topic.encode("utf-8") if compiled is not None else b""
+    while pos < end:
+        if compiled is not None:
+            pos = compiled(body, pos, ReceivedMessage, queue, topic, queue.queue_id, extra, tags, out)
+            if pos >= end:
                 break
-        uniq = record.properties.get("UNIQ_KEY")
-        out.append(
-            ReceivedMessage(
-                topic=record.topic,
-                body=data,
-                properties=record.properties,
-                queue=MessageQueue(record.topic, queue.broker_name, record.queue_id),
-                queue_offset=record.queue_offset,
-                commit_log_offset=record.physical_offset,
-                msg_id=uniq or record.msg_id,
-                offset_msg_id=record.msg_id,
-                flag=record.flag,
-                sys_flag=record.sysflag,
-                born_timestamp=record.born_timestamp,
-                born_host=format_host(record.born_host),
-                store_timestamp=record.store_timestamp,
-                store_host=format_host(record.store_host),
-                reconsume_times=record.reconsume_times,
-                body_crc=record.body_crc,
-            )
-        )
-        pos += total
+        try:
+            message, pos = _decode_one(body, pos, queue, extra, tags)
+        except (RecordError, zlib.error):
+            break
+        if message is not None:
+            out.append(message)
     return out
 
 
@@ -438,11 +551,13 @@ def pull_result(
         raise PullReplyError(f"PULL_MESSAGE for {queue}", broker, -1, f"unreadable header: {e}") from None
     messages: tuple[ReceivedMessage, ...] = ()
     if status is PullStatus.FOUND:
-        extra = {PROPERTY_MIN_OFFSET: str(header.min_offset), PROPERTY_MAX_OFFSET: str(header.max_offset)}
         messages = tuple(
-            dataclasses.replace(m, properties={**m.properties, **extra})
-            for m in decode_messages(response.body, queue)
-            if subscription is None or subscription.matches(m.tags)
+            decode_messages(
+                response.body,
+                queue,
+                extra=(str(header.min_offset), str(header.max_offset)),
+                tags=frozenset(subscription.tags) if subscription is not None and subscription.tags else None,
+            )
         )
     return PullResult(
         status,

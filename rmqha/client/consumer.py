@@ -1372,10 +1372,11 @@ class PushConsumer(Service):
 
     def _reset_retry(self, m: ReceivedMessage) -> ReceivedMessage:
         """C{resetRetryAndNamespace}: a message of the retry topic shows its original topic."""
+        # (The topic first: a message's properties are decoded when read.)
+        if m.topic != retry_topic(self.group):
+            return m
         original = m.properties.get(PROPERTY_RETRY_TOPIC)
-        if original is not None and m.topic == retry_topic(self.group):
-            return dataclasses.replace(m, topic=original)
-        return m
+        return m if original is None else dataclasses.replace(m, topic=original)
 
     # -- consuming ---------------------------------------------------------------
 

@@ -51,8 +51,9 @@ from rmqha.remoting.headers import (
 from rmqha.remoting.metadata import PERM_READ, MetadataError
 from rmqha.remoting.offsets import in_memory_bytes
 from rmqha.remoting.protocol import Answer, format_peer
+from rmqha.store import _record as _codec
 from rmqha.store._record import MESSAGE_MAGIC_V1, MESSAGE_MAGIC_V2
-from rmqha.store.consumequeue import UNIT_SIZE, ConsumeQueue, ConsumeQueues, Unit
+from rmqha.store.consumequeue import UNIT, UNIT_SIZE, ConsumeQueue, ConsumeQueues
 from rmqha.store.errors import StoreError
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ __all__ = [
     "GetMessageStatus",
     "GetMessageResult",
     "HoldLimits",
+    "TransferLimits",
     "get_message",
     "is_batch_full",
     "PullHandlers",
@@ -126,19 +128,35 @@ class GetMessageResult:
     suggest_pulling_from_slave: bool = False
 
 
-def is_batch_full(size: int, max_msg_nums: int, total: int, count: int, in_disk: bool) -> bool:
+@dataclasses.dataclass(frozen=True)
+class TransferLimits:
+    """
+    What one pull carries at most (C{MessageStoreConfig}'s
+    C{maxTransfer*OnMessageIn*}, 4.9.8's defaults; broker.conf keys of the
+    same names).
+    """
+
+    bytes_in_memory: int = MAX_TRANSFER_BYTES_IN_MEMORY
+    count_in_memory: int = MAX_TRANSFER_COUNT_IN_MEMORY
+    bytes_in_disk: int = MAX_TRANSFER_BYTES_IN_DISK
+    count_in_disk: int = MAX_TRANSFER_COUNT_IN_DISK
+
+
+def is_batch_full(
+    size: int, max_msg_nums: int, total: int, count: int, in_disk: bool, limits: TransferLimits = TransferLimits()
+) -> bool:
     """
     C{DefaultMessageStore.isTheBatchFull}: the first message always goes;
-    then C{maxMsgNums}, and 64 KiB / 8 messages "in disk", 256 KiB / 32
-    in memory.
+    then C{maxMsgNums}, and (by default) 64 KiB / 8 messages "in disk",
+    256 KiB / 32 in memory.
     """
     if total == 0 or count == 0:
         return False
     if max_msg_nums <= count:
         return True
     if in_disk:
-        return total + size > MAX_TRANSFER_BYTES_IN_DISK or count > MAX_TRANSFER_COUNT_IN_DISK - 1
-    return total + size > MAX_TRANSFER_BYTES_IN_MEMORY or count > MAX_TRANSFER_COUNT_IN_MEMORY - 1
+        return total + size > limits.bytes_in_disk or count > limits.count_in_disk - 1
+    return total + size > limits.bytes_in_memory or count > limits.count_in_memory - 1
 
 
 def get_message(
@@ -152,6 +170,7 @@ def get_message(
     *,
     in_memory: int,
     correct_offsets: bool = True,
+    limits: TransferLimits = TransferLimits(),
 ) -> GetMessageResult:
     """
     C{DefaultMessageStore.getMessage}: up to C{max_msg_nums} records of
@@ -163,6 +182,7 @@ def get_message(
     @param correct_offsets: C{nextOffsetCorrection}: a master (or a slave
         with C{offsetCheckInSlave}) answers the corrected offset, a slave
         the requested one.
+    @param limits: L{is_batch_full}'s.
     """
 
     def correction(new: int) -> int:
@@ -188,45 +208,133 @@ def get_message(
     limit = max(_MIN_FILTER_BYTES, max_msg_nums * UNIT_SIZE) // UNIT_SIZE
     # (The batch's records and the unit that shows it full, to begin with.)
     asked = min(limit, max(_FIRST_UNITS, max_msg_nums + 1))
-    first = queue.units(offset, asked)
+    first = queue.unit_bytes(offset, asked)
     if not first:
         # The slice is missing: on to the next consume-queue file.
         units_per_file = queues.file_size // UNIT_SIZE
         next_file = offset + units_per_file - offset % units_per_file
         return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, correction(next_file), min_offset, max_offset)
-    result = GetMessageResult(GetMessageStatus.NO_MATCHED_MESSAGE, offset, min_offset, max_offset)
-    next_file_start: int | None = None
-    max_pulling = 0
-    scanned = 0
-    segment = log.segment_size
+    # The walk's state: records taken and their bytes, units scanned, the
+    # last unit's offset, where the next log file starts after a deleted
+    # one (-1: none), the status so far.
+    walk = [0, 0, 0, 0, -1, _NO_MATCH]
     # The records taken, as runs of adjacent records in one log segment
-    # (start, end): each run is read with one call.
+    # [start, end]: each run is read with one call.
     runs: list[list[int]] = []
-    for unit in _scan(queue, offset, limit, first, asked):
-        max_pulling = unit.offset
-        if next_file_start is not None and unit.offset < next_file_start:
+    step = getattr(_codec._accel, "pull_walk", None) or _walk_units
+    for chunk in _scan(queue, offset, limit, first, asked):
+        if step(
+            chunk, walk, runs, matches, max_msg_nums, limits.bytes_in_memory, limits.count_in_memory,
+            limits.bytes_in_disk, limits.count_in_disk, log_max - in_memory, log_min, log_max, log.segment_size,
+        ):
+            break
+    count, total, scanned, max_pulling, _, status = walk
+    result = GetMessageResult(_STATUSES[status], offset + scanned, min_offset, max_offset, count=count, size=total)
+    if runs:
+        result.records = _gather(log, runs, total, topic, queue_id)
+    result.suggest_pulling_from_slave = log_max - max_pulling > in_memory
+    return result
+
+
+_NO_MATCH, _REMOVING, _FOUND = 0, 1, 2
+_STATUSES: Final = {
+    _NO_MATCH: GetMessageStatus.NO_MATCHED_MESSAGE,
+    _REMOVING: GetMessageStatus.MESSAGE_WAS_REMOVING,
+    _FOUND: GetMessageStatus.FOUND,
+}
+
+
+def _walk_units(
+    units: bytes,
+    walk: list[int],
+    runs: list[list[int]],
+    matches: Callable[[int], bool] | None,
+    max_msg_nums: int,
+    bytes_in_memory: int,
+    count_in_memory: int,
+    bytes_in_disk: int,
+    count_in_disk: int,
+    in_disk_below: int,
+    log_min: int,
+    log_max: int,
+    segment: int,
+) -> bool:
+    """
+    L{get_message}'s walk over one chunk of units (C{_speedups.pull_walk}
+    is this compiled): each unit scanned, filtered (C{matches}), its record
+    taken into C{runs} until the batch is full (L{is_batch_full}, inline;
+    a unit at or past C{in_disk_below} is "in memory"); a unit whose
+    record left the log skips to the next log file.  C{walk} is updated
+    in place.
+
+    @return: whether the batch is full.
+    """
+    count, total, scanned, max_pulling, next_file_start, status = walk
+    full = False
+    for unit_offset, size, code in UNIT.iter_unpack(units):
+        max_pulling = unit_offset
+        if unit_offset < next_file_start:
             scanned += 1
             continue
-        in_disk = log_max - unit.offset > in_memory
-        if is_batch_full(unit.size, max_msg_nums, result.size, result.count, in_disk):
-            break
+        if count:
+            if max_msg_nums <= count:
+                full = True
+                break
+            if unit_offset < in_disk_below:
+                if total + size > bytes_in_disk or count > count_in_disk - 1:
+                    full = True
+                    break
+            elif total + size > bytes_in_memory or count > count_in_memory - 1:
+                full = True
+                break
         scanned += 1
-        if matches is not None and not matches(unit.tags_code):
+        if matches is not None and not matches(code):
             continue
-        if not (log_min <= unit.offset and unit.offset + unit.size <= log_max) or unit.size <= 0:
+        if not (log_min <= unit_offset and unit_offset + size <= log_max) or size <= 0:
             # (Its log file was deleted: on to the next one.)
-            if not result.count:
-                result.status = GetMessageStatus.MESSAGE_WAS_REMOVING
-            next_file_start = unit.offset - unit.offset % segment + segment
+            if not count:
+                status = _REMOVING
+            next_file_start = unit_offset - unit_offset % segment + segment
             continue
-        if runs and runs[-1][1] == unit.offset and unit.offset % segment != 0:
-            runs[-1][1] += unit.size
+        if runs and runs[-1][1] == unit_offset and unit_offset % segment != 0:
+            runs[-1][1] += size
         else:
-            runs.append([unit.offset, unit.offset + unit.size])
-        result.count += 1
-        result.size += unit.size
-        result.status = GetMessageStatus.FOUND
-        next_file_start = None
+            runs.append([unit_offset, unit_offset + size])
+        count += 1
+        total += size
+        status = _FOUND
+        next_file_start = -1
+    walk[:] = [count, total, scanned, max_pulling, next_file_start, status]
+    return full
+
+
+#: L{_gather} reads a pull's records with one read of the log from the
+#: first to the last when the bytes between them (other queues' records,
+#: mostly) are at most this much a run more than the records: a read
+#: system call and its Python costs several microseconds, a copy of 16
+#: KiB about as much.
+_SPAN_SLACK: Final = 16 * 1024
+
+
+def _gather(log: CommitLog, runs: list[list[int]], total: int, topic: str, queue_id: int) -> list[bytes]:
+    """
+    The records of C{runs} (adjacent records, each in one segment), read
+    from the log: one read of the whole span and the runs cut out of it
+    when the span is not much more than the records (C{_SPAN_SLACK}), one
+    read a run otherwise.
+
+    @raise StoreError: bytes that could not be read.
+    """
+    first, last = runs[0][0], runs[-1][1]
+    if len(runs) > 1 and last - first <= total + _SPAN_SLACK * len(runs):
+        try:
+            span = log.read(first, last - first)
+        except StoreError:
+            span = b""
+        if len(span) == last - first:  # (else: it crossed a segment's end)
+            view = memoryview(span)
+            return [b"".join([view[start - first : end - first] for start, end in runs])]
+    records = []
     for start, end in runs:
         try:
             data = log.read(start, end - start)
@@ -237,29 +345,28 @@ def get_message(
                 f"commit-log bytes {start}..{end} of queue {topic}/{queue_id} could not be read "
                 f"(got {len(data)} bytes)"
             )
-        result.records.append(data)
-    result.next_begin_offset = offset + scanned
-    result.suggest_pulling_from_slave = log_max - max_pulling > in_memory
-    return result
+        records.append(data)
+    return records
 
 
-def _scan(queue: ConsumeQueue, offset: int, limit: int, first: list[Unit], asked: int) -> Iterator[Unit]:
+def _scan(queue: ConsumeQueue, offset: int, limit: int, first: bytes, asked: int) -> Iterator[bytes]:
     """
     Up to C{limit} units from C{offset} to the end of its queue file (what
-    C{getIndexBuffer} gives), read in growing chunks from C{first} (the
-    C{asked} first): a pull of 32 records does not decode 800 units.
+    C{getIndexBuffer} gives), as raw units in growing chunks from C{first}
+    (the C{asked} first): a pull of 32 records does not read 800 units.
     """
     got, position, left = first, offset, limit
     while True:
-        yield from got
-        if len(got) < asked:
+        yield got
+        n = len(got) // UNIT_SIZE
+        if n < asked:
             return  # (the file's or the queue's end)
-        position += len(got)
-        left -= len(got)
+        position += n
+        left -= n
         if left <= 0:
             return
         asked = min(left, asked * 2)
-        got = queue.units(position, asked)
+        got = queue.unit_bytes(position, asked)
 
 
 _I64 = struct.Struct(">q")
@@ -474,6 +581,12 @@ class PullHandlers:
             None if subscription.takes_all else subscription.matches_code,
             in_memory=self.in_memory,
             correct_offsets=not slave or settings.offset_check_in_slave,
+            limits=TransferLimits(
+                settings.max_transfer_bytes_on_message_in_memory,
+                settings.max_transfer_count_on_message_in_memory,
+                settings.max_transfer_bytes_on_message_in_disk,
+                settings.max_transfer_count_on_message_in_disk,
+            ),
         )
         if settings.slave_read_enable:
             suggest = group.which_broker_when_consume_slowly if result.suggest_pulling_from_slave else group.broker_id

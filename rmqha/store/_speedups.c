@@ -1919,6 +1919,364 @@ error:
     return result;
 }
 
+/* -- a pull's records, for the client ------------------------------------ */
+
+/* The instance-dict keys of rmqha.client._consume.ReceivedMessage. */
+static PyObject *k_topic, *k_body, *k_queue, *k_queue_offset, *k_commit_log_offset,
+    *k_flag, *k_sys_flag, *k_born_timestamp, *k_store_timestamp, *k_reconsume_times,
+    *k_body_crc, *k_lazy, *empty_tuple;
+
+PyDoc_STRVAR(pull_decode_doc,
+"pull_decode(buf, pos, cls, queue, topic, queue_id, extra, tags, out) -> pos\n\n"
+"rmqha.client._consume._decode_one over the records of a FOUND pull body from\n"
+"buf[pos:], each appended to out as an instance of cls (ReceivedMessage)\n"
+"whose __dict__ holds the eager fields and _lazy (properties bytes, born\n"
+"and store host bytes, extra), the queue being `queue` itself.  Records\n"
+"whose TAGS is not in the set `tags` (None: every record) are skipped.\n"
+"It stops, answering where, at the end, at anything _decode_one refuses\n"
+"(it then says why), and at what it leaves to _decode_one: fewer than 91\n"
+"bytes, a v2 record, IPv6 hosts, a compressed body, another topic (bytes\n"
+"`topic`) or queue id, and (with tags) non-ASCII properties.");
+
+/* _decode_one's tag test on ASCII properties: the last TAGS value in the set. */
+static int
+pull_tags_match(const unsigned char *props, int64_t n, PyObject *tags)
+{
+    const unsigned char *value = NULL;
+    int64_t value_length = 0, start = 0;
+
+    while (start <= n) {
+        int64_t stop = start, index = -1, q;
+        while (stop < n && props[stop] != 2)
+            stop++;
+        for (q = start; q < stop; q++)
+            if (props[q] == 1) {
+                index = q - start;
+                break;
+            }
+        if (index > 0 && index < stop - start - 1 && index == 4 && !memcmp(props + start, "TAGS", 4)) {
+            value = props + start + 5;
+            value_length = stop - start - 5;
+        }
+        start = stop + 1;
+    }
+    if (value == NULL)
+        return 0;
+    {
+        PyObject *text = PyUnicode_FromStringAndSize((const char *)value, (Py_ssize_t)value_length);
+        int found;
+        if (text == NULL)
+            return -1;
+        found = PySet_Contains(tags, text);
+        Py_DECREF(text);
+        return found;
+    }
+}
+
+static PyObject *
+sp_pull_decode(PyObject *module, PyObject *args)
+{
+    Py_buffer view, topic;
+    long long pos;
+    int queue_id;
+    PyObject *cls, *queue, *extra, *tags, *out;
+    PyObject *born = NULL, *store = NULL, *result = NULL, *topic_text = NULL;
+    const unsigned char *b;
+    int64_t end;
+
+    if (!PyArg_ParseTuple(args, "y*LO!Oy*iOOO!", &view, &pos, &PyType_Type, &cls, &queue,
+                          &topic, &queue_id, &extra, &tags, &PyList_Type, &out))
+        return NULL;
+    if (tags != Py_None && !PyAnySet_Check(tags)) {
+        PyErr_SetString(PyExc_TypeError, "tags must be a set or None");
+        goto done;
+    }
+    if ((topic_text = PyObject_GetAttr(queue, k_topic)) == NULL)
+        goto done;
+    b = view.buf;
+    end = view.len;
+    while (pos >= 0 && end - pos >= MIN_FIXED) {
+        const unsigned char *r = b + pos, *props;
+        int64_t total = rd32(r), p, body_length, topic_length, props_length;
+        int32_t sysflag = rd32(r + 36);
+        PyObject *dict, *lazy, *message, *props_bytes;
+
+        if (!message_ok(r, end - pos, rd64(r + 28), 0, 0))
+            break;
+        if (rd32(r + 4) != MAGIC_V1 || (sysflag & (BORNHOST_V6 | STOREHOST_V6 | 0x1)))
+            break;
+        if (rd32(r + 12) != queue_id)
+            break;
+        body_length = rd32(r + BODY_LENGTH_AT);
+        p = BODY_LENGTH_AT + 4 + body_length;
+        topic_length = (int8_t)r[p];
+        if (topic_length != (int64_t)topic.len || memcmp(r + p + 1, topic.buf, (size_t)topic_length))
+            break;
+        p += 1 + topic_length;
+        props_length = rd16(r + p);
+        props = r + p + 2;
+        if (tags != Py_None) {
+            int found;
+            if (!all_ascii(props, props_length))
+                break;
+            found = pull_tags_match(props, props_length, tags);
+            if (found < 0)
+                goto done;
+            if (!found) {
+                pos += total;
+                continue;
+            }
+        }
+        /* A pull's hosts repeat: the last ones' bytes are kept. */
+        if (born == NULL || memcmp(PyBytes_AS_STRING(born), r + 48, 8)) {
+            Py_XDECREF(born);
+            if ((born = PyBytes_FromStringAndSize((const char *)r + 48, 8)) == NULL)
+                goto done;
+        }
+        if (store == NULL || memcmp(PyBytes_AS_STRING(store), r + 64, 8)) {
+            Py_XDECREF(store);
+            if ((store = PyBytes_FromStringAndSize((const char *)r + 64, 8)) == NULL)
+                goto done;
+        }
+        props_bytes = PyBytes_FromStringAndSize((const char *)props, (Py_ssize_t)props_length);
+        if (props_bytes == NULL)
+            goto done;
+        lazy = PyTuple_Pack(4, props_bytes, born, store, extra);
+        Py_DECREF(props_bytes);
+        if (lazy == NULL)
+            goto done;
+        dict = PyDict_New();
+        if (dict == NULL) {
+            Py_DECREF(lazy);
+            goto done;
+        }
+#define PUT(key, make)                                                   \
+        do {                                                             \
+            PyObject *v_ = (make);                                       \
+            if (v_ == NULL || PyDict_SetItem(dict, key, v_) < 0) {       \
+                Py_XDECREF(v_);                                          \
+                Py_DECREF(dict);                                         \
+                Py_DECREF(lazy);                                         \
+                goto done;                                               \
+            }                                                            \
+            Py_DECREF(v_);                                               \
+        } while (0)
+        Py_INCREF(topic_text);
+        PUT(k_topic, topic_text);
+        PUT(k_body, PyBytes_FromStringAndSize((const char *)r + BODY_LENGTH_AT + 4, (Py_ssize_t)body_length));
+        Py_INCREF(queue);
+        PUT(k_queue, queue);
+        PUT(k_queue_offset, PyLong_FromLongLong(rd64(r + 20)));
+        PUT(k_commit_log_offset, PyLong_FromLongLong(rd64(r + 28)));
+        PUT(k_flag, PyLong_FromLong(rd32(r + 16)));
+        PUT(k_sys_flag, PyLong_FromLong(sysflag));
+        PUT(k_born_timestamp, PyLong_FromLongLong(rd64(r + 40)));
+        PUT(k_store_timestamp, PyLong_FromLongLong(rd64(r + 56)));
+        PUT(k_reconsume_times, PyLong_FromLong(rd32(r + 72)));
+        PUT(k_body_crc, PyLong_FromLong(rd32(r + 8)));
+        Py_INCREF(lazy);
+        PUT(k_lazy, lazy);
+#undef PUT
+        Py_DECREF(lazy);
+        message = PyBaseObject_Type.tp_new((PyTypeObject *)cls, empty_tuple, NULL);
+        if (message == NULL || PyObject_GenericSetDict(message, dict, NULL) < 0 ||
+            PyList_Append(out, message) < 0) {
+            Py_XDECREF(message);
+            Py_DECREF(dict);
+            goto done;
+        }
+        Py_DECREF(message);
+        Py_DECREF(dict);
+        pos += total;
+    }
+    result = PyLong_FromLongLong(pos);
+done:
+    Py_XDECREF(topic_text);
+    Py_XDECREF(born);
+    Py_XDECREF(store);
+    PyBuffer_Release(&topic);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+/* -- a pull's consume-queue units, for the broker ------------------------- */
+
+PyDoc_STRVAR(pull_walk_doc,
+"pull_walk(units, walk, runs, matches, max_msg_nums, bytes_in_memory,\n"
+"          count_in_memory, bytes_in_disk, count_in_disk, in_disk_below,\n"
+"          log_min, log_max, segment_size) -> bool\n\n"
+"rmqha.remoting.pulls._walk_units compiled: get_message's walk over the\n"
+"20-byte units of one chunk, `walk` ([count, total, scanned, max_pulling,\n"
+"next_file_start, status]) and `runs` (lists [start, end]) updated in\n"
+"place, `matches` (None or a callable of a tag code) called for each unit\n"
+"scanned; True when the batch is full.");
+
+static int
+set_walk(PyObject *walk, Py_ssize_t i, long long value)
+{
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return -1;
+    return PyList_SetItem(walk, i, v);  /* (steals v) */
+}
+
+static PyObject *
+sp_pull_walk(PyObject *module, PyObject *args)
+{
+    Py_buffer view;
+    PyObject *walk, *runs, *matches, *current = NULL, *result = NULL;
+    long long max_msg_nums, bytes_mem, count_mem, bytes_disk, count_disk, in_disk_below,
+        log_min, log_max, segment;
+    long long state[6];
+    long long count, total, scanned, max_pulling, next_file_start, status, current_end = 0;
+    const unsigned char *u;
+    Py_ssize_t n, i;
+    int full = 0, dirty = 0, beyond = 0, moved = 0;
+    int64_t beyond_base = 0;  /* beyond: next_file_start is beyond_base + segment > INT64_MAX */
+
+    if (!PyArg_ParseTuple(args, "y*O!O!OLLLLLLLLL", &view, &PyList_Type, &walk, &PyList_Type, &runs,
+                          &matches, &max_msg_nums, &bytes_mem, &count_mem, &bytes_disk, &count_disk,
+                          &in_disk_below, &log_min, &log_max, &segment))
+        return NULL;
+    if (PyList_GET_SIZE(walk) != 6 || segment <= 0) {
+        PyErr_SetString(PyExc_ValueError, "walk must hold 6 integers and segment_size be positive");
+        goto done;
+    }
+    for (i = 0; i < 6; i++) {
+        int overflow = 0;
+        state[i] = PyLong_AsLongLongAndOverflow(PyList_GET_ITEM(walk, i), &overflow);
+        if (state[i] == -1 && PyErr_Occurred())
+            goto done;
+        if (overflow && !(i == 4 && overflow > 0)) {
+            PyErr_SetString(PyExc_OverflowError, "a walk value does not fit 64 bits");
+            goto done;
+        }
+        if (overflow)
+            beyond = 1;  /* (past every unit's offset: left as it is unless moved) */
+    }
+    count = state[0], total = state[1], scanned = state[2], max_pulling = state[3];
+    next_file_start = state[4], status = state[5];
+    if (PyList_GET_SIZE(runs) > 0) {
+        current = PyList_GET_ITEM(runs, PyList_GET_SIZE(runs) - 1);
+        if (!PyList_Check(current) || PyList_GET_SIZE(current) != 2) {
+            PyErr_SetString(PyExc_ValueError, "runs must be lists [start, end]");
+            current = NULL;
+            goto done;
+        }
+        Py_INCREF(current);
+        current_end = PyLong_AsLongLong(PyList_GET_ITEM(current, 1));
+        if (current_end == -1 && PyErr_Occurred())
+            goto done;
+    }
+    u = view.buf;
+    n = view.len / 20;
+    for (i = 0; i < n; i++, u += 20) {
+        int64_t offset = rd64(u), size = rd32(u + 8), code = rd64(u + 12);
+
+        max_pulling = offset;
+        if (beyond || offset < next_file_start) {
+            scanned++;
+            continue;
+        }
+        if (count) {
+            if (max_msg_nums <= count) {
+                full = 1;
+                break;
+            }
+            if (offset < in_disk_below ? (total + size > bytes_disk || count > count_disk - 1)
+                                       : (total + size > bytes_mem || count > count_mem - 1)) {
+                full = 1;
+                break;
+            }
+        }
+        scanned++;
+        if (matches != Py_None) {
+            PyObject *arg = PyLong_FromLongLong(code), *answer;
+            int yes;
+            if (arg == NULL)
+                goto done;
+            answer = PyObject_CallOneArg(matches, arg);
+            Py_DECREF(arg);
+            if (answer == NULL)
+                goto done;
+            yes = PyObject_IsTrue(answer);
+            Py_DECREF(answer);
+            if (yes < 0)
+                goto done;
+            if (!yes)
+                continue;
+        }
+        if (!(log_min <= offset && offset <= log_max - size) || size <= 0) {
+            /* (Its log file was deleted: on to the next one; Python's %.) */
+            int64_t m = offset % segment;
+            if (m < 0)
+                m += segment;
+            if (!count)
+                status = 1;
+            moved = 1;
+            beyond = offset - m > INT64_MAX - segment;
+            if (beyond)
+                beyond_base = offset - m;
+            else
+                next_file_start = offset - m + segment;
+            continue;
+        }
+        if (current != NULL && current_end == offset && offset % segment != 0) {
+            current_end += size;
+            dirty = 1;
+        }
+        else {
+            PyObject *run;
+            if (dirty && set_walk(current, 1, current_end) < 0)
+                goto done;
+            dirty = 0;
+            run = Py_BuildValue("[LL]", (long long)offset, (long long)(offset + size));
+            if (run == NULL)
+                goto done;
+            if (PyList_Append(runs, run) < 0) {
+                Py_DECREF(run);
+                goto done;
+            }
+            Py_XDECREF(current);
+            current = run;  /* (the reference Py_BuildValue gave) */
+            current_end = offset + size;
+        }
+        count++;
+        total += size;
+        status = 2;
+        next_file_start = -1;
+        beyond = 0;
+        moved = 1;
+    }
+    if (dirty && set_walk(current, 1, current_end) < 0)
+        goto done;
+    state[0] = count, state[1] = total, state[2] = scanned, state[3] = max_pulling;
+    state[4] = next_file_start, state[5] = status;
+    for (i = 0; i < 6; i++) {
+        if (i == 4 && beyond) {
+            /* Python's value: base + segment, past 64 bits. */
+            PyObject *base, *step, *sum;
+            if (!moved)
+                continue;
+            base = PyLong_FromLongLong(beyond_base);
+            step = PyLong_FromLongLong(segment);
+            sum = base && step ? PyNumber_Add(base, step) : NULL;
+            Py_XDECREF(base);
+            Py_XDECREF(step);
+            if (sum == NULL || PyList_SetItem(walk, 4, sum) < 0)
+                goto done;
+            continue;
+        }
+        if (set_walk(walk, i, state[i]) < 0)
+            goto done;
+    }
+    result = PyBool_FromLong(full);
+done:
+    Py_XDECREF(current);
+    PyBuffer_Release(&view);
+    return result;
+}
+
 /* -- crc32(data, value=0) ------------------------------------------------ */
 
 /* Inputs this long are checksummed with the GIL released. */
@@ -3288,6 +3646,8 @@ static PyMethodDef methods[] = {
     {"put_batch", (PyCFunction)(void (*)(void))sp_put_batch, METH_FASTCALL, put_batch_doc},
     {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL, put_one_doc},
     {"decode_span", sp_decode_span, METH_VARARGS, decode_span_doc},
+    {"pull_decode", sp_pull_decode, METH_VARARGS, pull_decode_doc},
+    {"pull_walk", sp_pull_walk, METH_VARARGS, pull_walk_doc},
     {"crc32", (PyCFunction)(void (*)(void))sp_crc32, METH_FASTCALL, crc32_doc},
     {"_crc32_set_folding", sp_crc32_set_folding, METH_O, crc32_set_folding_doc},
     {"guard_add", sp_guard_add, METH_O, guard_add_doc},
@@ -3333,6 +3693,20 @@ PyInit__speedups(void)
         for (i = 0; i < 14; i++)
             INTERN(v2_keys[i], names[i]);
     }
+    INTERN(k_topic, "topic");
+    INTERN(k_body, "body");
+    INTERN(k_queue, "queue");
+    INTERN(k_queue_offset, "queue_offset");
+    INTERN(k_commit_log_offset, "commit_log_offset");
+    INTERN(k_flag, "flag");
+    INTERN(k_sys_flag, "sys_flag");
+    INTERN(k_born_timestamp, "born_timestamp");
+    INTERN(k_store_timestamp, "store_timestamp");
+    INTERN(k_reconsume_times, "reconsume_times");
+    INTERN(k_body_crc, "body_crc");
+    INTERN(k_lazy, "_lazy");
+    if ((empty_tuple = PyTuple_New(0)) == NULL)
+        return NULL;
 #undef INTERN
     crc_folding = crc_folding_available();
     {

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "UNIT_SIZE",
+    "UNIT",
     "DEFAULT_UNITS_PER_FILE",
     "DEFAULT_DISPATCH_STEP",
     "ConsumeQueue",
@@ -82,7 +83,8 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 #: first file starts at a non-zero index.
 _PRE_BLANK = struct.pack(">qiq", 0, 0x7FFFFFFF, 0)
 
-_UNIT = struct.Struct(">qiq")
+#: A unit: commit-log offset, record size, tag hash code.
+UNIT = _UNIT = struct.Struct(">qiq")
 _HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP
 _HEADER = struct.Struct(">ii")  # TOTALSIZE, MAGICCODE
 _V4_TAIL = struct.Struct(">q8x4x8xi")  # STORETIMESTAMP .. BODYLENGTH, IPv4 hosts
@@ -515,16 +517,24 @@ class ConsumeQueue:
         end of the queue or of a file, as RocketMQ's
         C{getIndexBuffer}).
         """
+        return [Unit(*fields) for fields in _UNIT.iter_unpack(self.unit_bytes(logical, count))]
+
+    def unit_bytes(self, logical: int, count: int) -> bytes:
+        """
+        L{units} as stored: whole 20-byte units, read with one C{pread}
+        (a pull walks them without making a L{Unit} of each).
+        """
         self.write_pending()
         position = logical * UNIT_SIZE
         if count <= 0 or logical < 0 or position >= self.end or not self.files:
-            return []
+            return b""
         if position < self.files[0]:
-            return []
+            return b""
         start = position - position % self.file_size
         n = min(count * UNIT_SIZE, self.end - position, start + self.file_size - position)
         data = os.pread(self._fd(start), n, position - start)
-        return [Unit(*_UNIT.unpack_from(data, i)) for i in range(0, len(data) - UNIT_SIZE + 1, UNIT_SIZE)]
+        whole = len(data) - len(data) % UNIT_SIZE
+        return data if whole == len(data) else data[:whole]
 
     def sync_fds(self) -> list[int]:
         """
