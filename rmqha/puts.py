@@ -158,8 +158,9 @@ class PutPath:
         end = append.next_offset
         if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
             # The replicas' verdict, as the put's result (made by result,
-            # with no callback of its own).
-            return side.wait_for(end, append)
+            # with no callback of its own; MasterSide.wait_for's own call
+            # skipped, once per put).
+            return side.ha.wait_for(end, append)
         # Disk and replicas are waited for at the same time; the disk's
         # verdict comes first, as in RocketMQ's asyncPutMessage.
         flushed: Deferred[PutStatus] = self._store.when_flushed(end).addCallback(
@@ -170,7 +171,7 @@ class PutPath:
             self._reactor,
             onTimeoutCancel=timed_out_as(PutStatus.FLUSH_DISK_TIMEOUT),
         )
-        waits = [flushed, side.wait_for(end)]
+        waits = [flushed, side.ha.wait_for(end)]
         return gatherResults(waits).addCallback(
             lambda statuses: self.result(
                 next((s for s in statuses if s is not PutStatus.PUT_OK), PutStatus.PUT_OK),

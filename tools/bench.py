@@ -2181,9 +2181,14 @@ async def _sync(
                     # the other producers, and replication) run.
                     await deferLater(reactor, 0, lambda: None)
 
+        # (CPU seconds of this process -- the master, its threads included
+        # -- and of the slave over the timed window: what a loaded machine
+        # moves least.)
+        cpu_before = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
         started = time.perf_counter()
         await gatherResults([ensureDeferred(producer(n)) for n in range(producers)])
         elapsed = time.perf_counter() - started
+        cpu_after = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
     finally:
         await master.stopService()
         if slave is not None:
@@ -2203,6 +2208,8 @@ async def _sync(
         "p99_us": figures["p99_us"],
         "p999_us": figures["p999_us"],
         "statuses": statuses,
+        "master_cpu_us_per_put": (cpu_after[0] - cpu_before[0]) / max(1, figures["count"]) * 1e6,
+        "slave_cpu_us_per_put": (cpu_after[1] - cpu_before[1]) / max(1, figures["count"]) * 1e6,
     }
 
 

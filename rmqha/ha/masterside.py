@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 
 from rmqha._ports import OpenedLater, listen
-from rmqha.store.commitlog import AppendResult, CommitLog
+from rmqha.store.commitlog import CommitLog
 from rmqha.ha.auth import GroupAuth
 from rmqha.ha.config import HAConfig
 from rmqha.ha.epochs import EpochFile
@@ -205,13 +205,6 @@ class MasterSide(Service):
             d.addBoth(lambda _: factory.disconnect_all("the master is stopping"))
             d.addBoth(lambda _: factory.stopFactory())
         return d.addBoth(lambda _: None)
-
-    def wait_for(self, end: int, append: AppendResult | None = None) -> Deferred[Any]:
-        """
-        The replicas' verdict on a put ending at C{end} (see
-        L{HAService.wait_for}).
-        """
-        return self.ha.wait_for(end, append)
 
     def status(self) -> MasterSideStatus:
         """

@@ -208,7 +208,17 @@ class Replicas:
         """
         The acks of the slaves whose links deliver acks: one per replica.
         """
-        return [c.ack_offset for c in self._delivering() if c.ack_offset is not None]
+        # (Every SYNC put asks this twice, before it is stored and as it
+        # waits: one pass over the set, no copy of it, no generator --
+        # delivers_acks changes the connection, never the set.)
+        now = self._clock.seconds()
+        end = self._appended.max_offset
+        timeout = self.link_timeout
+        return [
+            ack
+            for c in self.connections
+            if (ack := c.ack_offset) is not None and c.delivers_acks(now, end, timeout)
+        ]
 
     def live_nodes(self) -> set[str]:
         """
