@@ -33,7 +33,7 @@ from rmqha.store.consumequeue import (
     verify_store_queues,
     write_mark,
 )
-from rmqha.store.service import CommitLogService
+from rmqha.store.service import DISPATCH_DELAY, DISPATCH_IDLE_DELAY, CommitLogService
 from tests._helpers import copy_store, fixed_clock
 
 PAD = (0, 0x7FFFFFFF, 0)
@@ -174,11 +174,15 @@ class DispatchTests(SynchronousTestCase):
             [c.func.__name__ for c in clock.getDelayedCalls() if not hasattr(c.func, "f")],
             ["_dispatch"],
         )
-        # 1 ms after (RocketMQ's reput interval); Clock.advance runs each
-        # step's successor (at the next turn: delay 0) too: all of them.
+        # 10 ms after while no reader waits (DISPATCH_IDLE_DELAY; 1 ms,
+        # RocketMQ's reput interval, while one does: below); Clock.advance
+        # runs each step's successor (at the next turn: delay 0) too: all
+        # of them.
         clock.advance(0)
         self.assertEqual(queues.dispatched, 0)
-        clock.advance(0.001)
+        clock.advance(DISPATCH_DELAY)
+        self.assertEqual(queues.dispatched, 0)
+        clock.advance(DISPATCH_IDLE_DELAY - DISPATCH_DELAY)
         self.assertEqual(queues.dispatched, log.max_offset)
         steps = [b - a for a, b in zip([0] + marks, marks)]
         self.assertGreater(len(steps), sum(sizes) // (1000 + max(sizes)))
@@ -217,21 +221,21 @@ class DispatchTests(SynchronousTestCase):
         limit = [0]
         service.dispatch_limit = lambda: limit[0]
         ends = [log.put(Message(topic="T", body=b"x%d" % i * 100, queue_id=0)).next_offset for i in range(6)]
-        clock.advance(0.001)
+        clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (0, 0))
         # The limit inside record 2 (longer than a step): records 0 and 1.
         limit[0] = ends[2] - 1
         service.dispatch_soon()
-        clock.advance(0.001)
+        clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (ends[1], 2))
         self.assertFalse([c for c in clock.getDelayedCalls() if not hasattr(c.func, "f")])
         limit[0] = ends[4]
         service.dispatch_soon()
-        clock.advance(0.001)
+        clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (ends[4], 5))
         service.dispatch_limit = None
         service.dispatch_soon()
-        clock.advance(0.001)
+        clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (log.max_offset, 6))
 
     def test_dispatch_tries_again(self) -> None:
@@ -270,11 +274,11 @@ class DispatchTests(SynchronousTestCase):
 
         queues.dispatch = dispatch  # type: ignore[method-assign]
         log.put(Message(topic="T", body=b"one", queue_id=0))
-        clock.advance(0.001)
+        clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual(len(calls), 1)
         for _ in range(5):
             log.put(Message(topic="T", body=b"more", queue_id=0))
-            clock.advance(0.001)
+            clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual(len(calls), 1)  # (no step per append while failing)
         clock.advance(DISPATCH_RETRY)
         self.assertEqual(len(calls), 2)
@@ -286,8 +290,56 @@ class DispatchTests(SynchronousTestCase):
         self.assertEqual((queues.dispatched, queues.max_offset("T", 0)), (log.max_offset, 6))
         self.assertTrue([t for t in logged.texts() if "consume-queue dispatch resumed" in t])
         log.put(Message(topic="T", body=b"after", queue_id=0))
-        clock.advance(0.001)
+        clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual(queues.max_offset("T", 0), 7)
+
+    def test_dispatch_hurries_for_waiting_readers(self) -> None:
+        """
+        While a reader waits (C{readers_waiting}: a pull held on the
+        remoting port) appends are dispatched within 1 ms; otherwise within
+        10 ms, many in one step (a step per millisecond cost nearly every
+        SYNC put one); C{hurry} (a pull that parks) brings a pending step
+        forward to 1 ms, and leaves alone a retry after a failed step.
+        """
+        clock = Clock()
+        directory = self.mktemp()
+        service = CommitLogService(
+            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
+            clock,
+            run_in_thread=lambda f: succeed(f()),
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
+        log = service.commitlog
+        assert log is not None and log.consume_queues is not None
+        queues = log.consume_queues
+        steps = []
+        real = queues.dispatch
+
+        def counted(end: int, limit: int = 0) -> bool:
+            steps.append(end)
+            return real(end, limit)
+
+        queues.dispatch = counted  # type: ignore[method-assign]
+        waiting = [False]
+        service.readers_waiting = lambda: waiting[0]
+        for i in range(5):
+            log.put(Message(topic="T", body=b"m%d" % i, queue_id=0))
+            clock.advance(DISPATCH_DELAY)
+        self.assertEqual((len(steps), queues.max_offset("T", 0)), (0, 0))
+        clock.advance(DISPATCH_IDLE_DELAY)
+        self.assertEqual((len(steps), queues.max_offset("T", 0)), (1, 5))
+        waiting[0] = True
+        log.put(Message(topic="T", body=b"m5", queue_id=0))
+        clock.advance(DISPATCH_DELAY)
+        self.assertEqual((len(steps), queues.max_offset("T", 0)), (2, 6))
+        # A pull parks while a step is 10 ms away: it comes within 1 ms.
+        waiting[0] = False
+        log.put(Message(topic="T", body=b"m6", queue_id=0))
+        clock.advance(DISPATCH_DELAY / 2)
+        service.hurry()
+        clock.advance(DISPATCH_DELAY)
+        self.assertEqual((len(steps), queues.max_offset("T", 0)), (3, 7))
 
     def test_dispatch_limit_in_one_step(self) -> None:
         """

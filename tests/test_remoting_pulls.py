@@ -556,6 +556,35 @@ class LongPollingTests(_Case):
         self.assertEqual(conn.answers(opaque), [])
         self.assertEqual(self.pulls().held_count(), 0)
 
+    def test_held_pulls_hurry_dispatch(self) -> None:
+        """
+        While a pull is held, an append reaches it within 1 ms (the
+        store's DISPATCH_DELAY); with none held, dispatch waits 10 ms
+        (DISPATCH_IDLE_DELAY), and a pull that parks meanwhile brings it
+        forward to 1 ms.
+        """
+        from rmqha.store.service import DISPATCH_DELAY
+
+        broker = self.begin(messages=2)
+        conn = self.conn()
+        opaque = conn.send(RequestCode.PULL_MESSAGE, _pull(offset=2, flag=2 | 4, subscription="*"))
+        log = broker.store.commitlog
+        assert log is not None
+        log.put(Message("T", b"new", queue_id=0))
+        self.reactor.advance(DISPATCH_DELAY)
+        (reply,) = conn.answers(opaque)
+        self.assertEqual(reply.code, ResponseCode.SUCCESS)
+        # None held: the next append waits; a pull that parks hurries it.
+        log.put(Message("T", b"newer", queue_id=0))
+        self.reactor.advance(DISPATCH_DELAY)
+        opaque = conn.send(RequestCode.PULL_MESSAGE, _pull(offset=3, flag=2 | 4, subscription="*"))
+        self.assertEqual(conn.answers(opaque), [])
+        self.reactor.advance(DISPATCH_DELAY)
+        (reply,) = conn.answers(opaque)
+        self.assertEqual(
+            [m.queue_offset for m in decode_messages(reply.body, MessageQueue("T", "b", 0))], [3]
+        )
+
     def test_other_queue(self) -> None:
         broker = self.begin(messages=2)
         conn = self.conn()

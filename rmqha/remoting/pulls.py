@@ -447,6 +447,8 @@ class PullHandlers:
         self._held_count = 0
         self._observed: ConsumeQueues | None = None
         self._stop_observing: Callable[[], None] | None = None
+        # A held pull makes the store dispatch within 1 ms, not 10.
+        broker.store.readers_waiting = lambda: self._held_count > 0
 
     def handlers(self) -> Mapping[int, Callable[[RemotingCommand, "IAddress | None"], Answer]]:
         return {
@@ -678,6 +680,7 @@ class PullHandlers:
         self._per_peer[peer_key] = on_peer + 1
         self._held_count += 1
         held.timer = self._broker.reactor.callLater(millis / 1000, self._wake, held)
+        self._broker.store.hurry()
         return held.deferred
 
     def _release(self, held: _Held) -> bool:
