@@ -236,7 +236,10 @@ def parallel() -> list[str]:
     """
     The whole suite's pytest-xdist options: one worker per core plus one,
     at most 3 (2 cores: 3 workers), each test file on one worker (a file's
-    module-scoped etcd members, Spark sessions and stores stay together).
+    module-scoped etcd members, Spark sessions and stores stay together),
+    the files in collection order, which puts the longest first
+    (C{tests/conftest.py}, C{LONGEST_FIRST}; xdist's own order, by number of
+    tests, left the Spark cluster's few long tests for the end).
     Much of the suite's time is spent waiting (elections, leases, real
     processes starting, a soak's minutes): a third worker fills two
     cores' idle time (docs/development.md).  C{RMQHA_TEST_WORKERS=0} runs
@@ -246,7 +249,7 @@ def parallel() -> list[str]:
     count = int(workers) if workers else min(3, (os.cpu_count() or 1) + 1)
     if count <= 1:
         return []
-    return ["-n", str(count), "--dist", "loadfile"]
+    return ["-n", str(count), "--dist", "loadfile", "--no-loadscope-reorder"]
 
 
 def pytest_command(args: list[str]) -> list[str]:
