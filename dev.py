@@ -194,10 +194,31 @@ def ensure_test_tools() -> None:
                 quietly(["systemctl", "disable", unit])
 
 
+#: Where the commands' Python processes keep their bytecode when the
+#: environment says not to write it next to the sources (L{command_env}).
+PYCACHE = os.path.join(VENV, "pycache")
+
+
+def command_env(environ: dict[str, str]) -> dict[str, str]:
+    """
+    The environment of the commands dev.py runs: the checkout on
+    C{PYTHONPATH}.  Where C{PYTHONDONTWRITEBYTECODE} is set (and no
+    C{PYTHONPYCACHEPREFIX}), bytecode goes to C{.venv/pycache} instead of
+    nowhere: the tree stays free of C{__pycache__}, and each module is
+    compiled once, not in every process that imports it -- the suite
+    starts hundreds (twistd nodes, CLI runs), each compiling rmqha's
+    modules for ~0.2 CPU-seconds otherwise.
+    """
+    env = dict(environ, PYTHONPATH=ROOT)
+    if env.get("PYTHONDONTWRITEBYTECODE") and not env.get("PYTHONPYCACHEPREFIX"):
+        del env["PYTHONDONTWRITEBYTECODE"]
+        env["PYTHONPYCACHEPREFIX"] = PYCACHE
+    return env
+
+
 def run(argv: list[str]) -> int:
     os.chdir(ROOT)
-    env = dict(os.environ, PYTHONPATH=ROOT)
-    return subprocess.call(argv, env=env)
+    return subprocess.call(argv, env=command_env(dict(os.environ)))
 
 
 def main(args: list[str]) -> int:
