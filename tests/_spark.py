@@ -12,6 +12,13 @@ from typing import Any
 
 _session: Any = None
 
+#: The shared session's JVM options: the C1 compiler only.  The tests'
+#: data are small and the JVM lives a few minutes on two shared cores:
+#: C2's compiler threads cost more CPU than its faster code saves.
+#: (spark_session still adds its parallel collector:
+#: test_pipeline_spark.JvmReaderTests.test_session_jvm_collector.)
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+
 
 def why_no_spark() -> str | None:
     """
@@ -37,6 +44,9 @@ def spark() -> Any:
     if _session is None:
         from rmqha.pipeline.source import spark_session
 
-        _session = spark_session("local[2]", app_name="rmqha tests")
+        _session = spark_session(
+            "local[2]", app_name="rmqha tests",
+            conf={"spark.driver.extraJavaOptions": JVM_OPTIONS},
+        )
         atexit.register(_session.stop)
     return _session

@@ -63,6 +63,35 @@ class DevTests(SynchronousTestCase):
         self.assertEqual(self.commands[0][-2:], ["-k", "recovery"])
         self.assertIn("-rs", self.commands[0])
 
+    def test_whole_suite_longest_files_first(self) -> None:
+        """
+        The whole suite runs each file on one worker, in collection order
+        (C{--no-loadscope-reorder}: tests/conftest.py puts the longest
+        files first), not in xdist's order by number of tests.
+        """
+        self.patch(self.dev.os, "environ", {"RMQHA_TEST_WORKERS": "3"})
+        self.assertEqual(
+            self.dev.parallel(), ["-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]
+        )
+
+    def test_bytecode_kept_outside_the_tree(self) -> None:
+        """
+        With C{PYTHONDONTWRITEBYTECODE} set, the commands write bytecode
+        under .venv/pycache (compiled once, not in every process) and
+        none next to the sources; a chosen prefix, or an environment
+        without the variable, is left as it is.
+        """
+        env = self.dev.command_env({"PYTHONDONTWRITEBYTECODE": "1", "HOME": "/h"})
+        self.assertEqual(
+            env,
+            {"HOME": "/h", "PYTHONPATH": self.dev.ROOT,
+             "PYTHONPYCACHEPREFIX": os.path.join(self.dev.ROOT, ".venv", "pycache")},
+        )
+        env = self.dev.command_env({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": "/c"})
+        self.assertEqual(env["PYTHONDONTWRITEBYTECODE"], "1")
+        self.assertEqual(env["PYTHONPYCACHEPREFIX"], "/c")
+        self.assertEqual(self.dev.command_env({}), {"PYTHONPATH": self.dev.ROOT})
+
     def apt_get(
         self, present: tuple[str, ...] = (), status: int = 0
     ) -> tuple[ModuleType, io.StringIO, list[tuple[str, list[str], bool]]]:

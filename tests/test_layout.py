@@ -16,6 +16,19 @@ from tools import layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+_made: list[str] = []
+
+
+def _checkout_section() -> str:
+    """
+    C{layout.docs_section(ROOT)}, generated once per test run (it parses
+    every module: seconds): both tests of the checkout's section use it,
+    and the idempotence test generates it a second time to compare.
+    """
+    if not _made:
+        _made.append(layout.docs_section(ROOT))
+    return _made[0]
+
 
 class ArchitectureDocsTests(SynchronousTestCase):
     """
@@ -30,7 +43,7 @@ class ArchitectureDocsTests(SynchronousTestCase):
         """
         with open(os.path.join(ROOT, layout.DOCS), encoding="utf-8") as f:
             text = f.read()
-        wanted = layout.splice(text, layout.docs_section(ROOT))
+        wanted = layout.splice(text, _checkout_section())
         self.assertTrue(
             wanted == text,
             "docs/architecture.md's generated section is stale: run python -m tools.layout --docs",
@@ -41,7 +54,7 @@ class ArchitectureDocsTests(SynchronousTestCase):
         Generating twice gives the same text, and splicing a section into
         a text that already holds it changes nothing.
         """
-        section = layout.docs_section(ROOT)
+        section = _checkout_section()
         self.assertEqual(layout.docs_section(ROOT), section)
         with open(os.path.join(ROOT, layout.DOCS), encoding="utf-8") as f:
             text = f.read()

@@ -111,6 +111,11 @@ def worker_env(scratch: str) -> dict[str, str]:
         SPARK_LOCAL_IP="127.0.0.1",
         SPARK_LOCAL_HOSTNAME="localhost",
         SPARK_NO_DAEMONIZE="1",
+        # The master and workers are short-lived and mostly idle: the C1
+        # compiler only and the serial collector, as the jobs' driver and
+        # executors (test_pipeline_cluster.SETTINGS): less CPU starting up
+        # on two shared cores.
+        SPARK_DAEMON_JAVA_OPTS="-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     )
     if "JAVA_HOME" not in env:
         from rmqha.pipeline.source import _java_home

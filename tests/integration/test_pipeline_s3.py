@@ -12,6 +12,7 @@ the location.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from typing import Any, Iterator
@@ -19,7 +20,10 @@ from typing import Any, Iterator
 import pytest
 
 pytest.importorskip("pyarrow")
-moto_server = pytest.importorskip("moto.server")
+# moto is imported where the server starts: importing it costs each
+# pytest-xdist worker ~1 s of CPU at collection, and one worker runs this.
+if importlib.util.find_spec("moto") is None:
+    pytest.skip("moto is not installed (pip install 'rmqha[test]')", allow_module_level=True)
 
 from rmqha.pipeline.scan import plan, scan  # noqa: E402
 from rmqha.pipeline.stores import ArrowStore, PlanError, resolve  # noqa: E402
@@ -39,7 +43,9 @@ def s3() -> Iterator[dict[str, Any]]:
     A moto S3 server on 127.0.0.1 and a bucket in it; yields the query
     string that points pyarrow at it and the fake credentials.
     """
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     query = f"endpoint_override={host}:{port}&scheme=http&region=us-east-1"
