@@ -295,11 +295,11 @@ class DispatchTests(SynchronousTestCase):
 
     def test_dispatch_hurries_for_waiting_readers(self) -> None:
         """
-        While a reader waits (C{readers_waiting}: a pull held on the
-        remoting port) appends are dispatched within 1 ms; otherwise within
-        10 ms, many in one step (a step per millisecond cost nearly every
-        SYNC put one); C{hurry} (a pull that parks) brings a pending step
-        forward to 1 ms, and leaves alone a retry after a failed step.
+        While a reader waits (C{reader_parked}: a pull held on the
+        remoting port, until C{reader_left}) appends are dispatched within
+        1 ms; otherwise within 10 ms, many in one step (a step per
+        millisecond cost nearly every SYNC put one); a pull that parks
+        brings a pending step forward to 1 ms.
         """
         clock = Clock()
         directory = self.mktemp()
@@ -321,25 +321,29 @@ class DispatchTests(SynchronousTestCase):
             return real(end, limit)
 
         queues.dispatch = counted  # type: ignore[method-assign]
-        waiting = [False]
-        service.readers_waiting = lambda: waiting[0]
         for i in range(5):
             log.put(Message(topic="T", body=b"m%d" % i, queue_id=0))
             clock.advance(DISPATCH_DELAY)
         self.assertEqual((len(steps), queues.max_offset("T", 0)), (0, 0))
         clock.advance(DISPATCH_IDLE_DELAY)
         self.assertEqual((len(steps), queues.max_offset("T", 0)), (1, 5))
-        waiting[0] = True
+        service.reader_parked()
         log.put(Message(topic="T", body=b"m5", queue_id=0))
         clock.advance(DISPATCH_DELAY)
         self.assertEqual((len(steps), queues.max_offset("T", 0)), (2, 6))
-        # A pull parks while a step is 10 ms away: it comes within 1 ms.
-        waiting[0] = False
+        service.reader_left()
         log.put(Message(topic="T", body=b"m6", queue_id=0))
-        clock.advance(DISPATCH_DELAY / 2)
-        service.hurry()
+        clock.advance(DISPATCH_DELAY)
+        self.assertEqual((len(steps), queues.max_offset("T", 0)), (2, 6))
+        # A pull parks while a step is 9 ms away: it comes within 1 ms.
+        service.reader_parked()
         clock.advance(DISPATCH_DELAY)
         self.assertEqual((len(steps), queues.max_offset("T", 0)), (3, 7))
+        service.reader_left()
+        service.reader_left()  # (never below none)
+        log.put(Message(topic="T", body=b"m7", queue_id=0))
+        clock.advance(DISPATCH_DELAY)
+        self.assertEqual(len(steps), 3)
 
     def test_dispatch_limit_in_one_step(self) -> None:
         """

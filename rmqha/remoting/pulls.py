@@ -447,8 +447,6 @@ class PullHandlers:
         self._held_count = 0
         self._observed: ConsumeQueues | None = None
         self._stop_observing: Callable[[], None] | None = None
-        # A held pull makes the store dispatch within 1 ms, not 10.
-        broker.store.readers_waiting = lambda: self._held_count > 0
 
     def handlers(self) -> Mapping[int, Callable[[RemotingCommand, "IAddress | None"], Answer]]:
         return {
@@ -680,7 +678,8 @@ class PullHandlers:
         self._per_peer[peer_key] = on_peer + 1
         self._held_count += 1
         held.timer = self._broker.reactor.callLater(millis / 1000, self._wake, held)
-        self._broker.store.hurry()
+        # (While a pull is held the store dispatches within 1 ms, not 10.)
+        self._broker.store.reader_parked()
         return held.deferred
 
     def _release(self, held: _Held) -> bool:
@@ -698,6 +697,7 @@ class PullHandlers:
         else:
             self._per_peer.pop(peer_key, None)
         self._held_count -= 1
+        self._broker.store.reader_left()
         if held.timer is not None and held.timer.active():
             held.timer.cancel()
         held.timer = None

@@ -48,7 +48,7 @@ DISPATCH_DELAY = 0.001
 #: costs about 6 µs plus 2 µs for each queue it touches whatever the
 #: records in it, which a step per millisecond paid on nearly every SYNC
 #: put.  A pull that parks makes it L{DISPATCH_DELAY} again
-#: (L{CommitLogService.hurry}).
+#: (L{CommitLogService.reader_parked}).
 DISPATCH_IDLE_DELAY = 0.01
 #: After a dispatch step met bytes that are not a record (damage, or a
 #: log changed under its queues), how long until it tries again: the
@@ -157,10 +157,10 @@ class CommitLogService(Service):
         #: (the log's last whole record).  Call L{dispatch_soon} when it
         #: moves.
         self.dispatch_limit: Callable[[], int | None] | None = None
-        #: Whether a reader waits for new messages now (a pull held on the
-        #: remoting port): dispatch in L{DISPATCH_DELAY}, else in
-        #: L{DISPATCH_IDLE_DELAY}.  C{None}: no reader can wait.
-        self.readers_waiting: Callable[[], bool] | None = None
+        # Readers waiting for new messages now (pulls held on the remoting
+        # port, L{reader_parked}): dispatch in L{DISPATCH_DELAY} while any
+        # does, else in L{DISPATCH_IDLE_DELAY}.
+        self._readers = 0
         self._dispatch_failed = False
         self._stop_observing: Callable[[], None] | None = None
         self._cq_interval = consume_queue_flush_interval
@@ -261,15 +261,17 @@ class CommitLogService(Service):
             self._dispatch_call = self._reactor.callLater(self._dispatch_delay(), self._dispatch)
 
     def _dispatch_delay(self) -> float:
-        waiting = self.readers_waiting
-        return DISPATCH_DELAY if waiting is not None and waiting() else DISPATCH_IDLE_DELAY
+        return DISPATCH_DELAY if self._readers else DISPATCH_IDLE_DELAY
 
-    def hurry(self) -> None:
+    def reader_parked(self) -> None:
         """
-        A reader waits now (a pull parked): records not yet dispatched go
-        within L{DISPATCH_DELAY}, not L{DISPATCH_IDLE_DELAY}.  (Not a
-        retry after a failed step: that keeps its pace.)
+        A reader waits for new messages now (a pull parked): until it
+        leaves (L{reader_left}), appends are dispatched within
+        L{DISPATCH_DELAY}, and records not yet dispatched go within it
+        too, not L{DISPATCH_IDLE_DELAY}.  (Not a retry after a failed
+        step: that keeps its pace.)
         """
+        self._readers += 1
         call = self._dispatch_call
         if (
             call is not None
@@ -278,6 +280,11 @@ class CommitLogService(Service):
             and call.getTime() > self._reactor.seconds() + DISPATCH_DELAY
         ):
             call.reset(DISPATCH_DELAY)
+
+    def reader_left(self) -> None:
+        """A reader L{reader_parked} stopped waiting (answered, or gone)."""
+        if self._readers > 0:
+            self._readers -= 1
 
     def dispatch_soon(self) -> None:
         """
