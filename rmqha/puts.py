@@ -157,11 +157,15 @@ class PutPath:
             self._log.info("the commit log takes puts again")
         self.puts += 1
         self.put_bytes += append.size
-        if not ha.sync and commitlog.flush_disk_type is not FlushDiskType.SYNC_FLUSH:
-            # An ASYNC_MASTER's put is PUT_OK at once, in failover mode too
-            # (HAService.wait_for's answer, without its checks).
-            return succeed(ha.group.finish(PutStatus.PUT_OK, append))
-        return self._verdict(side, commitlog.flush_disk_type, append)
+        flush_disk_type = commitlog.flush_disk_type
+        if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+            # (_verdict's common case inline.)
+            if not ha.sync:
+                # An ASYNC_MASTER's put is PUT_OK at once, in failover mode
+                # too (HAService.wait_for's answer, without its checks).
+                return succeed(ha.group.finish(PutStatus.PUT_OK, append))
+            return ha.wait_for(append.next_offset, append)
+        return self._verdict(side, flush_disk_type, append)
 
     def _verdict(
         self, side: MasterSide, flush_disk_type: FlushDiskType, append: AppendResult
