@@ -15,9 +15,10 @@ from __future__ import annotations
 import errno
 from typing import Any, Sequence
 
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.logger import Logger
 
+from rmqha.ha.fence import OPEN
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica
@@ -134,9 +135,19 @@ class PutPath:
             the next put goes where this one would have.
         @raise MessageRejected: the message breaks a limit (nothing stored).
         """
-        side = self._admit(side)
-        assert side.factory is not None
-        commitlog = side.factory.commitlog
+        # (_admit's checks inline, on the path every put takes.)
+        if not isinstance(side, MasterSide) or (factory := side.factory) is None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError(_slave_refusal(side))
+        fence = side.fence
+        if fence is not OPEN and (refusal := fence.refusing()) is not None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError(refusal)
+        ha = side.ha
+        if ha.sync and (too_few := ha.refusal()) is not None:
+            self.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH] += 1
+            raise NotStoredError(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, too_few)
+        commitlog = factory.commitlog
         try:
             append = commitlog.put(message)
         except OSError as e:
@@ -146,7 +157,15 @@ class PutPath:
             self._log.info("the commit log takes puts again")
         self.puts += 1
         self.put_bytes += append.size
-        return self._verdict(side, commitlog.flush_disk_type, append)
+        flush_disk_type = commitlog.flush_disk_type
+        if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
+            # (_verdict's common case inline.)
+            if not ha.sync:
+                # An ASYNC_MASTER's put is PUT_OK at once, in failover mode
+                # too (HAService.wait_for's answer, without its checks).
+                return succeed(ha.group.finish(PutStatus.PUT_OK, append))
+            return ha.wait_for(append.next_offset, append)
+        return self._verdict(side, flush_disk_type, append)
 
     def _verdict(
         self, side: MasterSide, flush_disk_type: FlushDiskType, append: AppendResult
@@ -182,15 +201,20 @@ class PutPath:
     def _admit(self, side: object) -> MasterSide:
         """
         The checks before a put is stored: C{side} as the master side that
-        takes it, or the refusal raised (and counted).
+        takes it, or the refusal raised (and counted).  (L{put} makes the
+        same checks inline.)
         """
-        refusal = master_refusal(side)
-        if refusal is not None:
+        if not isinstance(side, MasterSide) or side.factory is None:
+            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
+            raise NotMasterError(_slave_refusal(side))
+        # (The fixed roles' fence refuses nothing; an ASYNC_MASTER's HA
+        # refuses nothing: HAService.refusal.)
+        fence = side.fence
+        if fence is not OPEN and (refusal := fence.refusing()) is not None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
             raise NotMasterError(refusal)
-        assert isinstance(side, MasterSide)
-        too_few = side.ha.refusal()
-        if too_few is not None:
+        ha = side.ha
+        if ha.sync and (too_few := ha.refusal()) is not None:
             self.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH] += 1
             raise NotStoredError(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, too_few)
         return side

@@ -21,6 +21,7 @@ from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.group import GroupTransferService, PutStatus
 from rmqha.ha.master import EARLY_BYTES, MasterConnection
+from rmqha.ha.masterside import MasterSide
 
 from tests._helpers import StubAcks, StubAppended, fixed_clock, settings_and_runtime
 from tests.test_master import frames
@@ -331,6 +332,60 @@ class SyncMasterTests(SynchronousTestCase):
         """
         broker = self.broker(Role.ASYNC_MASTER)
         self.assertEqual(self.successResultOf(self.put(broker)).status, PutStatus.PUT_OK)
+
+    def test_async_master_role_read_per_put(self) -> None:
+        """
+        An ASYNC_MASTER's puts are PUT_OK at once, with a slave connected
+        that acknowledges nothing, and counted; once the role is
+        SYNC_MASTER (a role change keeps the master side), the next put
+        waits for the slave: the put path reads the role on every put.
+        """
+        broker = self.broker(Role.ASYNC_MASTER)
+        slave = self.slave(broker, 40001)
+        for _ in range(2):
+            self.assertEqual(self.successResultOf(self.put(broker)).status, PutStatus.PUT_OK)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.PUT_OK], 2)
+        self.assertEqual(broker.put_path.puts, 2)
+        side = broker.roles.service
+        assert isinstance(side, MasterSide)
+        side.ha.sync = True
+        d = self.put(broker)
+        self.assertNoResult(d)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.reactor.advance(0)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.PUT_OK], 3)
+        side.ha.sync = False
+        self.assertEqual(self.successResultOf(self.put(broker)).status, PutStatus.PUT_OK)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.PUT_OK], 4)
+
+    def test_fenced_master_refuses(self) -> None:
+        """
+        A master whose fence refuses (failover: not elected, lease not
+        renewed) takes no put: SERVICE_NOT_AVAILABLE with the fence's
+        reason, nothing stored, on an ASYNC_MASTER as on a SYNC_MASTER.
+        """
+        from rmqha.broker import NotMasterError
+        from rmqha.ha.fence import Fence
+
+        for role in (Role.ASYNC_MASTER, Role.SYNC_MASTER):
+            broker = self.broker(role)
+            side = broker.roles.service
+            assert isinstance(side, MasterSide)
+            fence = Fence("n1", self.reactor.seconds)
+            side.fence = fence
+            before = broker.commitlog.max_offset
+            failure = self.failureResultOf(self.put_deferred(broker), NotMasterError)
+            self.assertEqual(str(failure.value), "this node is not the elected master")
+            fence.elected = True
+            failure = self.failureResultOf(self.put_deferred(broker), NotMasterError)
+            self.assertIn("lease is not renewed", str(failure.value))
+            self.assertEqual(broker.commitlog.max_offset, before)
+            self.assertEqual(
+                broker.put_path.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE], 2
+            )
+            fence.valid_until = self.reactor.seconds() + 10
+            self.successResultOf(self.put(broker))
 
     def test_no_slave(self) -> None:
         """

@@ -170,8 +170,10 @@ class MasterSide(Service):
         )
         self._opened_later.factory = factory
         # Every append wakes the slaves' connections, whoever wrote it: the
-        # log tells its observers, no writer has to remember to.
-        self._unobserve = commitlog.observe_appends(factory.notify_appended)
+        # log tells its observers, no writer has to remember to.  (The
+        # early-frames policy observes it itself: what
+        # MasterFactory.notify_appended would pass on, one call less a put.)
+        self._unobserve = commitlog.observe_appends(factory.early.appended)
         # A segment file changed under the log: replication halts, each
         # slave told why (docs/store.md, "A segment file changed under the
         # open log").

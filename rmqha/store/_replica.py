@@ -61,7 +61,7 @@ class ReplicaTail:
     consume_queues: ConsumeQueues | None
     _watch: DamageWatch
     _flusher: Flusher
-    _append_observers: list[Callable[[int], object]]
+    _append_observers: tuple[Callable[[int], object], ...]
 
     if TYPE_CHECKING:
 

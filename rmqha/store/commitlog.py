@@ -199,7 +199,9 @@ class CommitLog(ReplicaTail, SegmentRolling):
         #: The consume queues (docs/consumequeue.md), built from the log's
         #: whole records; C{None} when open read-only.
         self.consume_queues: ConsumeQueues | None = None
-        self._append_observers: list[Callable[[int], object]] = []
+        # (A tuple, replaced as observers come and go: every put iterates
+        # it, with no copy.)
+        self._append_observers: tuple[Callable[[int], object], ...] = ()
         # A segment file changed under the log (truncated, removed,
         # replaced; docs/store.md): found, kept and told by its own part,
         # which shares the list of segments (never replaced) with the
@@ -493,16 +495,18 @@ class CommitLog(ReplicaTail, SegmentRolling):
 
         @return: a function that stops the observing (idempotent).
         """
-        self._append_observers.append(observer)
+        self._append_observers += (observer,)
 
         def stop() -> None:
-            if observer in self._append_observers:
-                self._append_observers.remove(observer)
+            observers = list(self._append_observers)
+            if observer in observers:
+                observers.remove(observer)
+                self._append_observers = tuple(observers)
 
         return stop
 
     def _appended(self, end: int) -> None:
-        for observer in list(self._append_observers):
+        for observer in self._append_observers:
             try:
                 observer(end)
             except Exception:
