@@ -697,3 +697,25 @@ class MasterRemotingTests(_BrokerCase):
         with open(os.path.join(slave_store, "config", "topics.json")) as f:
             self.assertIn('"Orders"', f.read())
         self.assertEqual(master.metadata.topics["Orders"], slave.metadata.topics["Orders"])
+
+
+class MetadataSyncScheduleTests(_BrokerCase):
+    """
+    A classic slave's first metadata sync comes 3 s after it becomes a
+    slave (4.9.8's); a failover node's as soon as it follows a master: a
+    node elected within those 3 s would serve the consumer offsets of its
+    own last run (a deposed master restarted).
+    """
+
+    def test_classic(self) -> None:
+        broker = self.start(Role.SLAVE, namesrv=("127.0.0.1:9876",), broker_id=1)
+        assert broker.metadata_sync is not None
+        self.assertEqual(broker.metadata_sync.first_delay, 3.0)
+
+    def test_failover(self) -> None:
+        broker = self.start(
+            Role.MASTER, namesrv=("127.0.0.1:9876",), broker_id=1, coordinator="etcd:http://127.0.0.1:2379", group="g",
+            node_id="n0", advertise="127.0.0.1:10912", insecure_group=True,
+        )
+        assert broker.metadata_sync is not None
+        self.assertEqual(broker.metadata_sync.first_delay, 0.0)
