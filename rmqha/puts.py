@@ -135,18 +135,10 @@ class PutPath:
             the next put goes where this one would have.
         @raise MessageRejected: the message breaks a limit (nothing stored).
         """
-        # (_admit's checks inline, on the path every put takes.)
-        if not isinstance(side, MasterSide) or (factory := side.factory) is None:
-            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
-            raise NotMasterError(_slave_refusal(side))
-        fence = side.fence
-        if fence is not OPEN and (refusal := fence.refusing()) is not None:
-            self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
-            raise NotMasterError(refusal)
-        ha = side.ha
-        if ha.sync and (too_few := ha.refusal()) is not None:
-            self.put_statuses[PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH] += 1
-            raise NotStoredError(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, too_few)
+        master = self._admit(side)
+        factory = master.factory
+        assert factory is not None  # (_admit refuses a side without one)
+        ha = master.ha
         commitlog = factory.commitlog
         try:
             append = commitlog.put(message)
@@ -165,7 +157,7 @@ class PutPath:
                 # too (HAService.wait_for's answer, without its checks).
                 return succeed(ha.group.finish(PutStatus.PUT_OK, append))
             return ha.wait_for(append.next_offset, append)
-        return self._verdict(side, flush_disk_type, append)
+        return self._verdict(master, flush_disk_type, append)
 
     def _verdict(
         self, side: MasterSide, flush_disk_type: FlushDiskType, append: AppendResult
@@ -201,8 +193,7 @@ class PutPath:
     def _admit(self, side: object) -> MasterSide:
         """
         The checks before a put is stored: C{side} as the master side that
-        takes it, or the refusal raised (and counted).  (L{put} makes the
-        same checks inline.)
+        takes it, or the refusal raised (and counted).
         """
         if not isinstance(side, MasterSide) or side.factory is None:
             self.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE] += 1
