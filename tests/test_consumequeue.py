@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import struct
+from typing import Any
 
 from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
@@ -21,6 +22,7 @@ from rmqha.store import _recovery, consumequeue
 from rmqha.store._recovery import verify_store
 from rmqha.store.commitlog import CommitLog, Message
 from rmqha.store.consumequeue import (
+    ConsumeQueues,
     UNIT_SIZE,
     ConsumeQueue,
     QueueCheck,
@@ -138,6 +140,32 @@ class DispatchTests(SynchronousTestCase):
     Dispatch follows the appends in bounded steps, one per reactor turn.
     """
 
+    def service(
+        self, clock: Clock, flushes: bool = False, **options: Any
+    ) -> tuple[CommitLogService, CommitLog, ConsumeQueues]:
+        """
+        A started L{CommitLogService} on C{clock} over a new store with
+        consume queues, its log and queues; C{flushes}: its flushes run
+        inline (else one fails the test).
+        """
+        def run_in_thread(f: Any) -> Any:
+            if not flushes:
+                self.fail("no flush expected")
+            return succeed(f())
+
+        directory = self.mktemp()
+        service = CommitLogService(
+            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
+            clock,
+            run_in_thread=run_in_thread,
+            **options,
+        )
+        service.startService()
+        self.addCleanup(service.stopService)
+        log = service.commitlog
+        assert log is not None and log.consume_queues is not None
+        return service, log, log.consume_queues
+
     def test_steps_per_turn(self) -> None:
         """
         Appends schedule a step 1 ms later (one for all of them); a step reads at
@@ -146,18 +174,7 @@ class DispatchTests(SynchronousTestCase):
         hears "queue grew to N" once per step and queue.
         """
         clock = Clock()
-        directory = self.mktemp()
-        service = CommitLogService(
-            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
-            clock,
-            run_in_thread=lambda f: self.fail("no flush expected"),  # type: ignore[arg-type,return-value]
-            dispatch_step=1000,
-        )
-        service.startService()
-        self.addCleanup(service.stopService)
-        log = service.commitlog
-        assert log is not None and log.consume_queues is not None
-        queues = log.consume_queues
+        service, log, queues = self.service(clock, dispatch_step=1000)
         heard: list[tuple[str, int, int]] = []
         marks: list[int] = []
 
@@ -206,18 +223,7 @@ class DispatchTests(SynchronousTestCase):
         limit dispatches to the log's end.
         """
         clock = Clock()
-        directory = self.mktemp()
-        service = CommitLogService(
-            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
-            clock,
-            run_in_thread=lambda f: self.fail("no flush expected"),  # type: ignore[arg-type,return-value]
-            dispatch_step=100,
-        )
-        service.startService()
-        self.addCleanup(service.stopService)
-        log = service.commitlog
-        assert log is not None and log.consume_queues is not None
-        queues = log.consume_queues
+        service, log, queues = self.service(clock, dispatch_step=100)
         limit = [0]
         service.dispatch_limit = lambda: limit[0]
         ends = [log.put(Message(topic="T", body=b"x%d" % i * 100, queue_id=0)).next_offset for i in range(6)]
@@ -251,17 +257,7 @@ class DispatchTests(SynchronousTestCase):
 
         logged = LoggedEvents(self)
         clock = Clock()
-        directory = self.mktemp()
-        service = CommitLogService(
-            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
-            clock,
-            run_in_thread=lambda f: succeed(f()),
-        )
-        service.startService()
-        self.addCleanup(service.stopService)
-        log = service.commitlog
-        assert log is not None and log.consume_queues is not None
-        queues = log.consume_queues
+        service, log, queues = self.service(clock, flushes=True)
         real = queues.dispatch
         broken = [True]
         calls = []
@@ -302,17 +298,7 @@ class DispatchTests(SynchronousTestCase):
         brings a pending step forward to 1 ms.
         """
         clock = Clock()
-        directory = self.mktemp()
-        service = CommitLogService(
-            lambda: CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT),
-            clock,
-            run_in_thread=lambda f: succeed(f()),
-        )
-        service.startService()
-        self.addCleanup(service.stopService)
-        log = service.commitlog
-        assert log is not None and log.consume_queues is not None
-        queues = log.consume_queues
+        service, log, queues = self.service(clock, flushes=True)
         steps = []
         real = queues.dispatch
 

@@ -466,6 +466,34 @@ class EpochsControlTests(SynchronousTestCase):
         self.assertTrue(other_transport.disconnecting)
 
 
+class _HeldThreads:
+    """
+    A broker's C{run_in_thread} whose calls, while C{hold} is set, wait in
+    C{held} until L{release} runs them in order (the reactor meanwhile
+    free: a cut that runs in the thread pool).
+    """
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.held: list[tuple[Any, Deferred[Any]]] = []
+
+    def __call__(self, f: Any) -> Deferred[Any]:
+        if not self.hold:
+            return succeed(f())
+        d: Deferred[Any] = Deferred()
+        self.held.append((f, d))
+        return d
+
+    def release(self, settle: Any) -> None:
+        """Stop holding; run what was held, C{settle} after each."""
+        self.hold = False
+        while self.held:
+            f, d = self.held.pop(0)
+            d.callback(f())
+            settle()
+        settle()
+
+
 class FailoverRejoinTests(_InMemory):
     """
     Brokers with epoch files (failover mode), in memory, on one clock.
@@ -623,19 +651,10 @@ class FailoverRejoinTests(_InMemory):
         timers -- a coordinator's lease renewals -- go on meanwhile (issue
         26, item 5); replication resumes once it is done.
         """
-        held: list[tuple[Any, Deferred[Any]]] = []
-        hold = [False]
-
-        def threads(f: Any) -> Deferred[Any]:
-            if not hold[0]:
-                return succeed(f())
-            d: Deferred[Any] = Deferred()
-            held.append((f, d))
-            return d
-
+        threads = _HeldThreads()
         a = self.failover_broker(Role.MASTER, run_in_thread=threads)
         b, shared, partition_era = self.partitioned(a)
-        hold[0] = True
+        threads.hold = True
         a.become_slave(self.endpoint(b), ("b", 2))  # type: ignore[arg-type]
         self.settle()
         self.assertIs(self.replica(a).state, ReplicaState.REPAIRING)
@@ -644,13 +663,8 @@ class FailoverRejoinTests(_InMemory):
         self.clock.callLater(0.5, lambda: ticks.append(self.clock.seconds()))
         self.clock.advance(1.0)  # (the reactor is free: its timers run)
         self.assertEqual(len(ticks), 1)
-        self.assertTrue(held)
-        hold[0] = False
-        while held:
-            f, d = held.pop(0)
-            d.callback(f())
-            self.settle()
-        self.settle()
+        self.assertTrue(threads.held)
+        threads.release(self.settle)
         self.assertIs(self.replica(a).state, ReplicaState.REPLICATING, a.problem)
         self.assertEqual(replication_of(a).epoch_truncated_bytes, partition_era - shared)
         self.assertEqual(a.commitlog.max_offset, b.commitlog.max_offset)
@@ -666,31 +680,17 @@ class FailoverRejoinTests(_InMemory):
         Standing by, changing, and a slave still checking or repairing are
         refused, each named.
         """
-        held: list[tuple[Any, Deferred[Any]]] = []
-        hold = [False]
-
-        def threads(f: Any) -> Deferred[Any]:
-            if not hold[0]:
-                return succeed(f())
-            d: Deferred[Any] = Deferred()
-            held.append((f, d))
-            return d
-
+        threads = _HeldThreads()
         a = self.failover_broker(Role.MASTER, run_in_thread=threads)
         b, shared, partition_era = self.partitioned(a)
         self.assertIsNone(a.roles.read_refusal())  # (the master it was)
         self.assertIsNone(b.roles.read_refusal())
-        hold[0] = True
+        threads.hold = True
         a.become_slave(self.endpoint(b), ("b", 2))  # type: ignore[arg-type]
         self.settle()
         self.assertIs(self.replica(a).state, ReplicaState.REPAIRING)
         self.assertIn("not yet passed the checks", a.roles.read_refusal() or "")
-        hold[0] = False
-        while held:
-            f, d = held.pop(0)
-            d.callback(f())
-            self.settle()
-        self.settle()
+        threads.release(self.settle)
         self.assertIs(self.replica(a).state, ReplicaState.REPLICATING, a.problem)
         self.assertIsNone(a.roles.read_refusal())
         self.switch(a.stand_by())
