@@ -36,6 +36,7 @@ from rmqha.ha.config import (
     DEFAULT_SLAVE_FALLBEHIND_MAX,
     DEFAULT_SLAVE_TIMEOUT,
     DEFAULT_SYNC_FLUSH_TIMEOUT,
+    MAX_BUSY_POLL,
     HAConfig,
     MasterKind,
     OnDivergence,
@@ -133,6 +134,13 @@ def _positive_ms(text: str) -> float:
     if not text.strip().isdigit() or int(text) <= 0:
         raise ValueError(f"{text!r} is not a positive number of milliseconds")
     return int(text) / 1000
+
+
+def _busy_poll(text: str) -> float:
+    limit = round(MAX_BUSY_POLL * 1e6)
+    if not text.strip().isdigit() or int(text) > limit:
+        raise ValueError(f"{text!r} is not a number of microseconds in 0..{limit}")
+    return int(text) / 1e6
 
 
 def _millis(text: str) -> int:
@@ -565,6 +573,16 @@ class BrokerSettings:
         key="syncFromLastFile",
         switch=True,
     )
+    busy_poll: float = _setting(
+        DEFAULT_HA_CONFIG.busy_poll,
+        "us the reactor polls without sleeping, before it sleeps, while a SYNC "
+        "put waits for its ack (master) or frames come back to back (slave): "
+        "lower latency for CPU (50; 0: off; at most 10000; docs/sync.md, "
+        "'Busy polling')",
+        key="haBusyPoll",
+        key_note=", rmqha's",
+        parse=_busy_poll,
+    )
     slave_fallbehind_max: int = _setting(
         DEFAULT_SLAVE_FALLBEHIND_MAX,
         "a slave this many bytes behind a put's end does not count as in sync (256m)",
@@ -884,6 +902,7 @@ class BrokerSettings:
             heartbeat_interval=self.heartbeat_interval,
             housekeeping_interval=self.housekeeping_interval,
             sync_from_last_file=self.sync_from_last_file,
+            busy_poll=self.busy_poll,
         )
 
     @property

@@ -602,6 +602,35 @@ class ExposureTests(SynchronousTestCase):
         (warning,) = self.start("tcp:0:interface=10.1.2.3")
         self.assertIn("10.1.2.3", warning)
         self.assertEqual(self.start("tcp:0:interface=127.0.0.1"), [])
+class BusyPollAdminTests(AdminTestCase):
+    """
+    The reactor's busy polling in /metrics (docs/sync.md, "Busy polling").
+    """
+
+    def test_windows_and_seconds(self) -> None:
+        import weakref
+
+        from rmqha import _busypoll
+
+        broker = self.broker(Role.SLAVE)
+        root = AdminRoot(broker)
+        _, data, _ = request(root, b"GET", b"/metrics")
+        text = data.decode()
+        self.assertIn('rmqha_busy_poll_windows_total{outcome="events"} 0.0', text)
+        self.assertIn("rmqha_busy_poll_seconds_total 0.0", text)
+        polling = _busypoll.BusyPoll(None)
+        polling.spins_won, polling.spins_lost, polling.spin_seconds = 7, 2, 0.25
+        wrapped: weakref.WeakKeyDictionary[object, _busypoll.BusyPoll] = (
+            weakref.WeakKeyDictionary({broker.reactor: polling})
+        )
+        self.patch(_busypoll, "_wrapped", wrapped)
+        _, data, _ = request(root, b"GET", b"/metrics")
+        text = data.decode()
+        self.assertIn('rmqha_busy_poll_windows_total{outcome="events"} 7.0', text)
+        self.assertIn('rmqha_busy_poll_windows_total{outcome="none"} 2.0', text)
+        self.assertIn("rmqha_busy_poll_seconds_total 0.25", text)
+
+
 class ScrubAdminTests(AdminTestCase):
     """
     The scrub's figures in /status and /metrics.

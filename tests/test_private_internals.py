@@ -92,3 +92,37 @@ class AdminChannelTests(SynchronousTestCase):
         self.assertEqual(channel._receivedHeaderSize, 0)  # type: ignore[attr-defined]
         self.assertIsInstance(channel.totalHeadersSize, int)
         self.assertTrue(callable(channel._respondToBadRequestAndDisconnect))
+
+
+class BusyPollInternalsTests(SynchronousTestCase):
+    """
+    L{rmqha._busypoll} stands in for the epoll reactor's private
+    C{_poller} (an C{epoll} whose C{poll(timeout, maxevents)} the reactor's
+    iteration calls).
+    """
+
+    def test_epoll_reactor_polls_its_poller(self) -> None:
+        import select
+
+        from twisted.internet.epollreactor import EPollReactor
+
+        reactor = EPollReactor()
+        self.addCleanup(reactor.waker.connectionLost, None)
+        self.addCleanup(reactor.removeAll)
+        self.assertIsInstance(reactor._poller, select.epoll)
+        self.addCleanup(reactor._poller.close)
+        calls: list[tuple[float, int]] = []
+
+        class Recording:
+            def __init__(self, poller: select.epoll) -> None:
+                self.poller = poller
+
+            def poll(self, timeout: float = -1, maxevents: int = -1) -> list[tuple[int, int]]:
+                calls.append((timeout, maxevents))
+                return self.poller.poll(0, maxevents)
+
+        original = reactor._poller
+        reactor._poller = Recording(original)
+        self.addCleanup(setattr, reactor, "_poller", original)
+        reactor.doIteration(0.25)
+        self.assertEqual(calls, [(0.25, len(reactor._selectables))])

@@ -28,6 +28,8 @@ from prometheus_client.registry import Collector
 from twisted.web.server import Request
 
 import rmqha
+from rmqha._busypoll import BusyPoll
+from rmqha._busypoll import figures as busy_poll_figures
 from rmqha.admin.commitlog import CommitLogServer
 from rmqha.admin.resource import AdminResource
 from rmqha.admin.view import DiskSpace, FailoverSource, PutFigures, broker_status
@@ -87,6 +89,7 @@ class BrokerCollector(Collector):
             value=self._served.bytes_served if self._served else 0,
         )
         yield from _scrub_metrics(view.scrub)
+        yield from _busy_poll_metrics(busy_poll_figures(self._broker.reactor))
         yield _tls_expiry(self._expiry)
         yield from _disk_metrics(view.disk)
         if view.failover is not None:
@@ -99,6 +102,27 @@ class BrokerCollector(Collector):
             yield from _master_metrics(view.puts, view.master)
         elif view.replica is not None:
             yield from _replica_metrics(view.replica)
+
+
+def _busy_poll_metrics(polling: BusyPoll | None) -> Iterator[Metric]:
+    """
+    The reactor's busy polling (docs/sync.md, "Busy polling"): windows
+    that got events and windows that did not, and the time they took.
+    """
+    spins = CounterMetricFamily(
+        "rmqha_busy_poll_windows",
+        "busy-poll windows (the reactor polling before it sleeps), by whether "
+        "events came within them",
+        labels=["outcome"],
+    )
+    spins.add_metric(["events"], polling.spins_won if polling else 0)
+    spins.add_metric(["none"], polling.spins_lost if polling else 0)
+    yield spins
+    yield CounterMetricFamily(
+        "rmqha_busy_poll_seconds",
+        "time the reactor spent polling in busy-poll windows",
+        value=polling.spin_seconds if polling else 0.0,
+    )
 
 
 def _master_metrics(puts: PutFigures, master: MasterSideStatus) -> Iterator[Metric]:

@@ -20,6 +20,8 @@ __all__ = [
     "MasterKind",
     "HAConfig",
     "DEFAULT_HA_CONFIG",
+    "DEFAULT_BUSY_POLL",
+    "MAX_BUSY_POLL",
     "DEFAULT_HA_LISTEN",
     "DEFAULT_MAX_UNFLUSHED",
     "DEFAULT_IN_SYNC_REPLICAS",
@@ -77,6 +79,13 @@ class MasterKind(enum.StrEnum):
     ROCKETMQ = "rocketmq"
 
 
+#: rmqha's C{haBusyPoll}, seconds: long enough for a loopback or LAN
+#: round trip's reply (50 us: docs/sync.md, "Busy polling").
+DEFAULT_BUSY_POLL = 50e-6
+#: The longest busy-poll window a setting may ask for, seconds.
+MAX_BUSY_POLL = 0.01
+
+
 @dataclass(frozen=True)
 class HAConfig:
     """
@@ -92,6 +101,10 @@ class HAConfig:
     #: C{syncFromLastFile}: an empty slave gets only the last segment
     #: (4.9's rule) instead of the whole log.
     sync_from_last_file: bool = False
+    #: rmqha's: seconds the reactor polls without sleeping before it sleeps
+    #: while a SYNC put waits for its ack (master) or frames come back to
+    #: back (slave); 0: off (L{rmqha._busypoll}).
+    busy_poll: float = DEFAULT_BUSY_POLL
 
     def __post_init__(self) -> None:
         if not 0 < self.transfer_batch_size <= MAX_BODY_SIZE:
@@ -102,6 +115,11 @@ class HAConfig:
         if self.heartbeat_interval <= 0:
             raise ValueError(
                 f"haSendHeartbeatInterval {self.heartbeat_interval} must be positive"
+            )
+        if not 0 <= self.busy_poll <= MAX_BUSY_POLL:
+            raise ValueError(
+                f"haBusyPoll {round(self.busy_poll * 1e6)} us must be between 0 and "
+                f"{round(MAX_BUSY_POLL * 1e6)}"
             )
         if self.housekeeping_interval <= 0:
             raise ValueError(

@@ -40,6 +40,7 @@ from twisted.python.failure import Failure
 
 from zope.interface import implementer
 
+from rmqha._busypoll import IExpectsBytes
 from rmqha.ha.fence import OPEN
 from rmqha.ha.insync import InSyncSet
 from rmqha.ha.interfaces import (
@@ -387,7 +388,7 @@ class Histogram:
         return out
 
 
-@implementer(IInSyncObserver)
+@implementer(IInSyncObserver, IExpectsBytes)
 class HAService:
     """
     A master's replicas as the put path sees them: the slaves' acks (one
@@ -452,6 +453,13 @@ class HAService:
         #: Called when L{acked_end} moves (the broker dispatches the
         #: consume queues up to L{visible_end}).
         self.on_acked_end: Callable[[], object] | None = None
+
+    def expecting(self) -> bool:
+        """
+        Whether a slave's ack is expected within a moment: a SYNC put waits
+        for one (L{rmqha._busypoll.IExpectsBytes}).
+        """
+        return self.sync and self.group.waiting > 0
 
     def use_in_sync(self, in_sync: InSyncSet) -> None:
         """

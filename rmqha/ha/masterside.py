@@ -22,6 +22,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
 
+from rmqha._busypoll import busy_poll
 from rmqha._ports import OpenedLater, listen
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.auth import GroupAuth
@@ -134,6 +135,7 @@ class MasterSide(Service):
         if held is not None:
             self.port, self._opened_later = held
         self._unobserve: Callable[[], None] = lambda: None
+        self._busy = busy_poll(reactor, self.ha, 0)
         self._unobserve_damage: Callable[[], None] = lambda: None
 
     def listen(self) -> None:
@@ -181,6 +183,9 @@ class MasterSide(Service):
 
     def startService(self) -> None:
         Service.startService(self)
+        # While a SYNC put waits, the reactor polls for the ack a moment
+        # before it sleeps (docs/sync.md, "Busy polling").
+        self._busy = busy_poll(self.reactor, self.ha, self._config.busy_poll)
         self.listen()
         assert self.port is not None
         if not self._held:
@@ -192,6 +197,7 @@ class MasterSide(Service):
         accepted connections open) and end the waiting puts.
         """
         Service.stopService(self)
+        self._busy.stop()
         self._unobserve()
         self._unobserve_damage()
         self.ha.stop()

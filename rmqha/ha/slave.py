@@ -48,6 +48,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from rmqha._busypoll import IExpectsBytes, busy_poll
 from rmqha._timers import IdleTimer
 from rmqha._files import write_atomically
 from rmqha.ha._wire import (
@@ -79,6 +80,9 @@ _log = Logger()
 
 # Reads adapt between these sizes (see SlaveConnection._adapt_read_size).
 _MIN_READ_SIZE = 64 * 1024
+#: Frames are taken to be flowing (busy polling for the next) for this
+#: long after a read, seconds.
+_FRAMES_FLOWING = 0.001
 _MAX_READ_SIZE = 1024 * 1024
 
 #: While catching up on plain TCP, a read followed by more bytes already
@@ -93,7 +97,7 @@ _REPORT_AT_LEAST = 4 * 1024 * 1024
 _PIECES_FROM = 64 * 1024
 
 
-@implementer(IHandshakeListener)
+@implementer(IHandshakeListener, IExpectsBytes)
 class SlaveConnection(Protocol):
     """
     One connection to the master.
@@ -153,6 +157,7 @@ class SlaveConnection(Protocol):
         self._reading_paused = False
         self._last_read = 0.0
         self._last_report = 0.0
+        self._busy = busy_poll(None, self, 0)
         self._reported: int | None = None
         # Plain TCP: the last read filled the read buffer; FIONREAD's
         # answer (see _more_queued).
@@ -179,6 +184,10 @@ class SlaveConnection(Protocol):
         self.factory.commitlog.discard_incomplete_record()
         self._report_timer.start()
         self._housekeeping.start()
+        # While the master's frames come back to back, the reactor polls
+        # for the next a moment before it sleeps (docs/sync.md, "Busy
+        # polling").
+        self._busy = busy_poll(self.factory.clock, self, self.factory.config.busy_poll)
         self.factory.connection = self
         self.factory.connections_made += 1
 
@@ -630,7 +639,17 @@ class SlaveConnection(Protocol):
         self._end_handshake()
         self.transport.abortConnection()  # type: ignore[union-attr]
 
+    def expecting(self) -> bool:
+        """
+        Whether the master's next frame is expected within a moment: one
+        came in the last L{_FRAMES_FLOWING} seconds
+        (L{rmqha._busypoll.IExpectsBytes}).
+        """
+        now: float = self.factory.clock.seconds()
+        return now - self._last_read < _FRAMES_FLOWING
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._busy.stop()
         if self._turn_end is not None:
             self._turn_end.cancel()
             self._turn_end = None
