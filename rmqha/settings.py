@@ -577,7 +577,7 @@ class BrokerSettings:
         DEFAULT_HA_CONFIG.busy_poll,
         "us the reactor polls without sleeping, before it sleeps, while a SYNC "
         "put waits for its ack (master) or frames come back to back (slave): "
-        "lower latency for CPU (50; 0: off; at most 10000; docs/sync.md, "
+        "lower latency for CPU (200; 0: off; at most 10000; docs/sync.md, "
         "'Busy polling')",
         key="haBusyPoll",
         key_note=", rmqha's",

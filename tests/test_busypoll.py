@@ -357,8 +357,8 @@ class SourcesTests(SynchronousTestCase):
 
 class SettingTests(SynchronousTestCase):
     def test_default_and_flag(self) -> None:
-        self.assertEqual(BrokerSettings().busy_poll, 50e-6)
-        self.assertEqual(BrokerSettings().ha_config.busy_poll, 50e-6)
+        self.assertEqual(BrokerSettings().busy_poll, 200e-6)
+        self.assertEqual(BrokerSettings().ha_config.busy_poll, 200e-6)
         settings = BrokerSettings.from_sources(flags={"busy-poll": "0"})
         self.assertEqual(settings.ha_config.busy_poll, 0)
 
@@ -371,8 +371,8 @@ class SettingTests(SynchronousTestCase):
         self.assertRaises(ValueError, HAConfig, busy_poll=0.02)
 
     def test_conf_key(self) -> None:
-        settings = BrokerSettings.from_sources(conf={"haBusyPoll": "200"}, conf_path="b.conf")
-        self.assertEqual(settings.busy_poll, 200e-6)
+        settings = BrokerSettings.from_sources(conf={"haBusyPoll": "500"}, conf_path="b.conf")
+        self.assertEqual(settings.busy_poll, 500e-6)
         with self.assertRaises(SettingsError) as caught:
             BrokerSettings.from_sources(conf={"haBusyPoll": "lots"}, conf_path="b.conf")
         self.assertIn("haBusyPoll", str(caught.exception))

@@ -2127,15 +2127,24 @@ async def _sync(
     seconds: float,
     body_size: int = 1024,
     directory: str | None = None,
+    busy_poll: int | None = None,
 ) -> dict[str, Any]:
+    """
+    C{producers} coroutines putting in a loop for C{seconds} on a master of
+    C{mode} with one twistd slave; C{busy_poll}: both processes'
+    C{--busy-poll} in microseconds (C{None}: the default).
+    """
     from rmqha.broker import Broker, Role
     from rmqha.ha.group import PutStatus
     from rmqha.settings import BrokerSettings
 
     root = tempfile.mkdtemp(prefix="rmqha-bench-", dir=directory)
     role = Role.SYNC_MASTER if mode == "sync" else Role.ASYNC_MASTER
+    polling: dict[str, Any] = {} if busy_poll is None else {"busy_poll": busy_poll / 1e6}
     master = Broker(
-        BrokerSettings(role=role, ha_listen="tcp:0:interface=127.0.0.1", heartbeat_interval=1.0),
+        BrokerSettings(
+            role=role, ha_listen="tcp:0:interface=127.0.0.1", heartbeat_interval=1.0, **polling
+        ),
         reactor=reactor,
         # (Consume queues kept, as a broker's store keeps them.)
         open_commitlog=lambda: CommitLog.open(
@@ -2151,6 +2160,7 @@ async def _sync(
                 os.path.join(root, "slave"),
                 f"tcp:host=127.0.0.1:port={port}",
                 os.path.join(root, "slave.log"),
+                *([] if busy_poll is None else ["--busy-poll", str(busy_poll)]),
             )
         )
         # Until the slave's first report (not merely its connection, which
@@ -2208,6 +2218,7 @@ async def _sync(
         "p99_us": figures["p99_us"],
         "p999_us": figures["p999_us"],
         "statuses": statuses,
+        "busy_poll_us": busy_poll,
         "master_cpu_us_per_put": (cpu_after[0] - cpu_before[0]) / max(1, figures["count"]) * 1e6,
         "slave_cpu_us_per_put": (cpu_after[1] - cpu_before[1]) / max(1, figures["count"]) * 1e6,
     }
@@ -2382,6 +2393,14 @@ def main(argv: list[str] | None = None) -> None:
         help="the reactor of every process (uvloop: Twisted's asyncio reactor on uvloop)",
     )
     sync.add_argument("--body-size", type=int, default=1024)
+    sync.add_argument(
+        "--busy-poll",
+        type=int,
+        default=None,
+        metavar="US",
+        help="both processes' --busy-poll, microseconds (default: rmqha's default, 200; "
+        "0: off; docs/sync.md, 'Busy polling')",
+    )
     sync.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     sync.add_argument("--dir", type=_existing_dir, default=None)
     replicate = commands.add_parser(
@@ -2866,7 +2885,13 @@ def main(argv: list[str] | None = None) -> None:
         def run_sync(reactor: Any) -> Deferred[None]:
             async def go() -> None:
                 result = await _sync(
-                    reactor, args.mode, args.producers, args.seconds, args.body_size, args.dir
+                    reactor,
+                    args.mode,
+                    args.producers,
+                    args.seconds,
+                    args.body_size,
+                    args.dir,
+                    args.busy_poll,
                 )
                 print(
                     f"{args.mode.upper()}_MASTER, {args.producers} producers: "

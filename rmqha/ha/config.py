@@ -80,8 +80,8 @@ class MasterKind(enum.StrEnum):
 
 
 #: rmqha's C{haBusyPoll}, seconds: long enough for a loopback or LAN
-#: round trip's reply (50 us: docs/sync.md, "Busy polling").
-DEFAULT_BUSY_POLL = 50e-6
+#: round trip's reply (200 us: docs/sync.md, "Busy polling").
+DEFAULT_BUSY_POLL = 200e-6
 #: The longest busy-poll window a setting may ask for, seconds.
 MAX_BUSY_POLL = 0.01
 
