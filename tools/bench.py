@@ -2195,10 +2195,12 @@ async def _sync(
         # -- and of the slave over the timed window: what a loaded machine
         # moves least.)
         cpu_before = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
+        spin_before = _spin_figures(reactor)
         started = time.perf_counter()
         await gatherResults([ensureDeferred(producer(n)) for n in range(producers)])
         elapsed = time.perf_counter() - started
         cpu_after = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
+        spin_after = _spin_figures(reactor)
     finally:
         await master.stopService()
         if slave is not None:
@@ -2221,7 +2223,27 @@ async def _sync(
         "busy_poll_us": busy_poll,
         "master_cpu_us_per_put": (cpu_after[0] - cpu_before[0]) / max(1, figures["count"]) * 1e6,
         "slave_cpu_us_per_put": (cpu_after[1] - cpu_before[1]) / max(1, figures["count"]) * 1e6,
+        # (The master's busy polling over the timed window: windows that
+        # got events, that did not, and the µs a put spent polling.)
+        "master_busy_poll": {
+            "windows_with_events": spin_after[0] - spin_before[0],
+            "windows_without": spin_after[1] - spin_before[1],
+            "us_per_put": (spin_after[2] - spin_before[2]) / max(1, figures["count"]) * 1e6,
+        },
     }
+
+
+def _spin_figures(reactor: Any) -> tuple[int, int, float]:
+    """
+    C{reactor}'s busy-poll counts (windows with events, without, seconds),
+    zeros when it has none (docs/sync.md, "Busy polling").
+    """
+    from rmqha._busypoll import figures
+
+    polling = figures(reactor)
+    if polling is None:
+        return 0, 0, 0.0
+    return polling.spins_won, polling.spins_lost, polling.spin_seconds
 
 
 async def _sync_targets(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
