@@ -179,6 +179,61 @@ class PutsBenchTests(SynchronousTestCase):
         self.assertEqual(os.listdir(root), [])
 
 
+class SyncAgainstTests(SynchronousTestCase):
+    def test_alternates_and_compares(self) -> None:
+        """
+        C{bench sync --against DIR} runs C{bench sync} in each checkout in
+        turn, the order swapped every run, C{--busy-poll} given to this
+        checkout's runs only, and reports the medians' ratios and the
+        paired ratios.
+        """
+        import json
+        import subprocess
+
+        here = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+        other = self.mktemp()
+        os.mkdir(other)
+        calls: list[tuple[str, list[str]]] = []
+        real = subprocess.run
+
+        def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+            if command[1:3] != ["-m", "tools.bench"]:
+                return real(command, **kwargs)  # type: ignore[call-overload,no-any-return]
+            cwd = str(kwargs["cwd"])
+            calls.append((cwd, command))
+            this = cwd == here
+            figures = {
+                "puts_per_s": 3000.0 if this else 1000.0 + len(calls),
+                "p50_us": 50.0,
+                "p99_us": 100.0 if this else 400.0,
+            }
+            return subprocess.CompletedProcess(command, 0, "progress\n" + json.dumps(figures), "")
+
+        self.patch(bench.subprocess, "run", run)
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            bench.main([
+                "sync", "--producers", "1", "--runs", "2", "--busy-poll", "0",
+                "--against", other,
+            ])
+        result = json.loads(stdout.getvalue().splitlines()[-1])
+        self.assertEqual(
+            [cwd for cwd, _ in calls], [here, os.path.abspath(other), os.path.abspath(other), here]
+        )
+        for cwd, command in calls:
+            self.assertEqual("--busy-poll" in command, cwd == here)
+        self.assertEqual(result["this_runs"], [3000, 3000])
+        self.assertEqual(result["against_runs"], [1002, 1003])
+        self.assertEqual(result["paired_ratios"], [2.99, 2.99])
+        self.assertAlmostEqual(result["p99_ratio"], 0.25)
+
+    def test_targets_mode_is_a_usage_error(self) -> None:
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as raised:
+            bench.main(["sync", "--mode", "targets", "--against", self.mktemp()])
+        self.assertEqual(raised.exception.code, 2)
+
+
 class HTTPBenchClientTests(SynchronousTestCase):
     def test_answers_counted(self) -> None:
         """

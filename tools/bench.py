@@ -2233,6 +2233,68 @@ async def _sync(
     }
 
 
+def _sync_against(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    C{sync} in this checkout and in C{--against} (the code a target is
+    relative to: issue 31's filing, 976f6f3), each run a fresh
+    C{python -m tools.bench sync} in its checkout, alternating, the order
+    swapped every run: each side's median puts/s, p50 and p99, CPU per
+    put, the ratios of the medians and the paired ratios.  C{--busy-poll}
+    is given to this checkout's runs only (the other may not know it).
+    """
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkouts = {"this": here, "against": os.path.abspath(args.against)}
+    directory = os.path.abspath(args.dir) if args.dir else None
+    figures: dict[str, list[dict[str, Any]]] = {"this": [], "against": []}
+    for run in range(args.runs):
+        for name in ("this", "against") if run % 2 == 0 else ("against", "this"):
+            command = [
+                sys.executable, "-m", "tools.bench", "sync", "--mode", args.mode,
+                "--producers", str(args.producers), "--seconds", str(args.seconds),
+                "--body-size", str(args.body_size),
+            ]
+            if directory:
+                command += ["--dir", directory]
+            if name == "this" and args.busy_poll is not None:
+                command += ["--busy-poll", str(args.busy_poll)]
+            env = dict(os.environ, PYTHONPATH=checkouts[name])
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, check=True, cwd=checkouts[name]
+            )
+            result = json.loads(done.stdout.splitlines()[-1])
+            figures[name].append(result)
+            _progress(
+                f"run {run + 1}/{args.runs} {name}: {result['puts_per_s']:,.0f} puts/s, "
+                f"p50 {result['p50_us']:.0f} us, p99 {result['p99_us']:.0f} us"
+            )
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r.get(key, 0.0) for r in figures[name])
+
+    out: dict[str, Any] = {
+        "benchmark": "sync-against",
+        "machine": machine_info(),
+        "mode": args.mode,
+        "producers": args.producers,
+        "runs": args.runs,
+        "against": checkouts["against"],
+    }
+    for name in figures:
+        for key in ("puts_per_s", "p50_us", "p99_us"):
+            out[f"{name}_{key}"] = median(name, key)
+        # (The filing's code did not report CPU: 0 there.)
+        for key in ("master_cpu_us_per_put", "slave_cpu_us_per_put"):
+            out[f"{name}_{key}"] = median(name, key)
+        out[f"{name}_runs"] = [round(r["puts_per_s"]) for r in figures[name]]
+    out["puts_ratio"] = out["this_puts_per_s"] / out["against_puts_per_s"]
+    out["p99_ratio"] = out["this_p99_us"] / out["against_p99_us"]
+    out["paired_ratios"] = [
+        round(a["puts_per_s"] / b["puts_per_s"], 2)
+        for a, b in zip(figures["this"], figures["against"])
+    ]
+    return out
+
+
 def _spin_figures(reactor: Any) -> tuple[int, int, float]:
     """
     C{reactor}'s busy-poll counts (windows with events, without, seconds),
@@ -2407,7 +2469,7 @@ def main(argv: list[str] | None = None) -> None:
         help="targets: the ping-pong floor, SYNC at 1 producer, SYNC and ASYNC at "
         "--producers (32 if 1), alternating --runs times, with issue 15's ratios",
     )
-    sync.add_argument("--runs", type=int, default=3, help="(targets) runs of each variant")
+    sync.add_argument("--runs", type=int, default=3, help="(targets, --against) runs of each variant (3)")
     sync.add_argument(
         "--reactor",
         choices=sorted(_REACTORS),
@@ -2415,6 +2477,13 @@ def main(argv: list[str] | None = None) -> None:
         help="the reactor of every process (uvloop: Twisted's asyncio reactor on uvloop)",
     )
     sync.add_argument("--body-size", type=int, default=1024)
+    sync.add_argument(
+        "--against",
+        type=_existing_dir,
+        default=None,
+        help="(sync, async) another checkout (e.g. issue 31's filing, 976f6f3): --runs "
+        "runs in each, alternating, with medians and their ratios",
+    )
     sync.add_argument(
         "--busy-poll",
         type=int,
@@ -2901,6 +2970,19 @@ def main(argv: list[str] | None = None) -> None:
             return ensureDeferred(go())
 
         react(run_targets)
+        return None
+    if args.benchmark == "sync" and args.against is not None:
+        if args.mode == "targets":
+            parser.error("--against takes --mode sync or async")
+        result = _sync_against(args)
+        print(
+            f"{args.mode.upper()}_MASTER, {args.producers} producers, {args.runs} runs each: "
+            f"{result['this_puts_per_s']:,.0f} against {result['against_puts_per_s']:,.0f} "
+            f"puts/s ({result['puts_ratio']:.2f}x; paired {result['paired_ratios']}), p99 "
+            f"{result['this_p99_us']:.0f} against {result['against_p99_us']:.0f} us "
+            f"({result['p99_ratio']:.2f}x)"
+        )
+        print(json.dumps(result))
         return None
     if args.benchmark == "sync":
 
