@@ -9,7 +9,7 @@ on as bound, its in-sync settings and its coordinator.
     /var/lib/rmqha/a (commit log /var/lib/rmqha/a/commitlog, 1073741824-byte
     segments, ASYNC_FLUSH); listening on HA 0.0.0.0:10912, HTTP
     127.0.0.1:8080; in-sync replicas 2 (min 2), slave timeout 3000 ms,
-    fall-behind max 268435456 bytes; coordinator: none (fixed role)
+    fall-behind max 268435456 bytes, busy poll 200 us; coordinator: none (fixed role)
 
 (one line in the log.)
 """
@@ -133,6 +133,14 @@ def startup_line(broker: Broker) -> str:
         f"in-sync replicas {settings.in_sync_replicas} "
         f"(min {settings.min_in_sync_replicas}), "
         f"slave timeout {round(settings.slave_timeout * 1000)} ms, "
-        f"fall-behind max {settings.slave_fallbehind_max} bytes; "
+        f"fall-behind max {settings.slave_fallbehind_max} bytes, "
+        f"busy poll {_busy_poll(settings.busy_poll)}; "
         f"coordinator: {_coordinator(broker)}"
     )
+
+
+def _busy_poll(window: float) -> str:
+    """
+    C{--busy-poll} as the start line says it (docs/sync.md, "Busy polling").
+    """
+    return f"{round(window * 1e6)} us" if window else "off"

@@ -258,7 +258,7 @@ class StartupLineTests(SynchronousTestCase):
         self.assertIn("listening on HA 0.0.0.0:10912, HTTP 0.0.0.0:8080; open-files limit 4096;",
                       line)
         self.assertIn("in-sync replicas 3 (min 2), slave timeout 2500 ms, "
-                      "fall-behind max 268435456 bytes;", line)
+                      "fall-behind max 268435456 bytes, busy poll 200 us;", line)
         self.assertTrue(line.endswith("coordinator: none (fixed role)"), line)
         # Reading the ports left them stoppable (their Deferreds unchanged).
         self.successResultOf(broker.stopService())
