@@ -17,8 +17,9 @@ only when something here expects them, and less when spins keep failing
 (after L{LOSSES_BEFORE_BACKOFF} fruitless windows in a row, the next
 wanted polls sleep at once, for twice as many polls each time, up to
 L{MAX_BACKOFF}; a spin that gets its bytes resets it).  Off on a process
-confined to one CPU (its peer could not run while it spins), and on any
-reactor but Twisted's epoll reactor.
+confined to one CPU, or to a cgroup CPU quota under two (a container's
+CPU limit: its peer could not run while it spins, or the polling would
+spend the quota), and on any reactor but Twisted's epoll reactor.
 
 How it attaches: L{busy_poll} wraps the epoll reactor's poller
 (C{EPollReactor._poller}, private to Twisted but unchanged since the
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_WINDOW",
     "Registration",
     "busy_poll",
+    "cpu_quota",
     "figures",
 ]
 
@@ -193,11 +195,68 @@ def _epoll_reactor(reactor: object) -> bool:
     return isinstance(reactor, EPollReactor)
 
 
-def _cpus() -> int:
+def _cpus() -> float:
+    """
+    The CPUs this process may use: its CPU set, or fewer when its
+    cgroup's CPU quota (a container's CPU limit) allows less.
+    """
     try:
-        return len(os.sched_getaffinity(0))
+        count = float(len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        count = float(os.cpu_count() or 1)
+    quota = cpu_quota()
+    return count if quota is None else min(count, quota)
+
+
+def cpu_quota(proc: str = "/proc/self/cgroup", sys_fs: str = "/sys/fs/cgroup") -> float | None:
+    """
+    The CPU quota of this process's cgroup and its ancestors, in CPUs
+    (cgroup v2 C{cpu.max}, v1 C{cpu.cfs_quota_us}/C{cpu.cfs_period_us}):
+    the smallest found, C{None} when there is none or it cannot be read.
+    """
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found: list[float] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        if not path.startswith("/"):
+            continue
+        if controllers == "":
+            directory, v2 = sys_fs, True
+        elif "cpu" in controllers.split(","):
+            directory, v2 = os.path.join(sys_fs, controllers), False
+            if not os.path.isdir(directory):
+                directory = os.path.join(sys_fs, "cpu")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p and p != ".."]
+        for depth in range(len(parts), -1, -1):
+            quota = _quota_at(os.path.join(directory, *parts[:depth]), v2)
+            if quota is not None:
+                found.append(quota)
+    return min(found) if found else None
+
+
+def _quota_at(directory: str, v2: bool) -> float | None:
+    try:
+        if v2:
+            with open(os.path.join(directory, "cpu.max")) as f:
+                quota, period = (f.read().split() + ["100000"])[:2]
+            if quota == "max":
+                return None
+            return int(quota) / int(period)
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
+            period_us = int(f.read())
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+    if quota_us <= 0 or period_us <= 0:
+        return None
+    return quota_us / period_us
 
 
 def busy_poll(reactor: object, source: IExpectsBytes, window: float) -> "Registration":
@@ -207,7 +266,7 @@ def busy_poll(reactor: object, source: IExpectsBytes, window: float) -> "Registr
     C{stop}: a master side or a slave connection holds one while it
     runs.  A no-op on a reactor that is not Twisted's epoll reactor (a
     test's C{Clock}, the asyncio reactor), and in a process that may use
-    one CPU only.
+    less than two CPUs (L{cpu_quota}).
     """
     return Registration(reactor, source, window)
 
