@@ -89,7 +89,7 @@ class BusyPoll:
     ) -> None:
         self.poller = poller
         self._timer = timer
-        self._sources: dict[object, float] = {}
+        self._sources: dict[IExpectsBytes, float] = {}
         self.spins_won = 0
         self.spins_lost = 0
         self.spin_seconds = 0.0
@@ -123,18 +123,18 @@ class BusyPoll:
         C{epoll.poll}: events ready within C{timeout} seconds (-1 or
         C{None}: no limit).
         """
-        poll = self.poller.poll
+        poll: Callable[[float, int], list[tuple[int, int]]] = self.poller.poll
         if timeout == 0 or not self._sources:
-            return poll(timeout, maxevents)  # type: ignore[no-any-return]
+            return poll(timeout, maxevents)
         window = 0.0
         for source, seconds in self._sources.items():
-            if seconds > window and source.expecting():  # type: ignore[attr-defined]
+            if seconds > window and source.expecting():
                 window = seconds
         if window == 0.0:
-            return poll(timeout, maxevents)  # type: ignore[no-any-return]
+            return poll(timeout, maxevents)
         if self._skip:
             self._skip -= 1
-            return poll(timeout, maxevents)  # type: ignore[no-any-return]
+            return poll(timeout, maxevents)
         if timeout is not None and 0 < timeout < window:
             window = timeout
         timer = self._timer
@@ -148,7 +148,7 @@ class BusyPoll:
                 self.spins_won += 1
                 self._losses = 0
                 self._backoff = 1
-                return events  # type: ignore[no-any-return]
+                return events
             if now >= until:
                 break
         self.spin_seconds += now - started
@@ -159,8 +159,8 @@ class BusyPoll:
             self._skip = self._backoff
             self._backoff = min(2 * self._backoff, MAX_BACKOFF)
         if timeout is None or timeout < 0:
-            return poll(-1, maxevents)  # type: ignore[no-any-return]
-        return poll(max(0.0, timeout - (now - started)), maxevents)  # type: ignore[no-any-return]
+            return poll(-1, maxevents)
+        return poll(max(0.0, timeout - (now - started)), maxevents)
 
     # -- sources
 
