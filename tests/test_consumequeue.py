@@ -331,6 +331,48 @@ class DispatchTests(SynchronousTestCase):
         clock.advance(DISPATCH_DELAY)
         self.assertEqual(len(steps), 3)
 
+    def test_step_budget_ending_before_a_blank(self) -> None:
+        """
+        A dispatch step whose budget runs out less than a header short of
+        a segment's BLANK (the next read too short to hold the header)
+        steps over the BLANK to the next segment, as a read that holds it
+        does: the BLANK is never dispatched as a message.  (It was: a unit
+        of the BLANK's size in a queue of topic "" and id 0, the file
+        C{consumequeue/0/00000000000000000000}, seen once in 24 runs of
+        tests/integration/test_consumequeue_crash.py under load.)
+        """
+        for short in range(1, 8):
+            log = CommitLog.open(
+                self.mktemp(), consume_queues=True, clock=fixed_clock, segment_size=4096
+            )
+            self.addCleanup(log.close)
+            appends = []
+            while log.max_offset < 4096 + 600:
+                appends.append(log.put(_message(len(appends), queue_id=len(appends) % 2)))
+            blank_at = max(a.next_offset for a in appends if a.offset < 4096)
+            self.assertLess(blank_at, 4096)
+            per_queue = [sum(1 for i in range(len(appends)) if i % 2 == q) for q in (0, 1)]
+            while log.dispatch(blank_at + short):
+                pass
+            queues = log.consume_queues
+            assert queues is not None
+            self.assertEqual(queues.dispatched, log.max_offset)
+            self.assertEqual(sorted(os.listdir(os.path.join(log.store_dir, "consumequeue"))), ["T"])
+            self.assertEqual(
+                [queues.max_offset("T", q) for q in (0, 1)], per_queue, f"{short} bytes left"
+            )
+            copy = copy_store(self, log.store_dir)
+            shutil.rmtree(os.path.join(copy, "consumequeue"))
+            os.remove(os.path.join(copy, "rmqha", "cq-dispatched"))
+            with CommitLog.open(copy, consume_queues=True, clock=fixed_clock) as rebuilt:
+                while rebuilt.dispatch(1 << 20):
+                    pass
+            for q in (0, 1):
+                name = os.path.join("consumequeue", "T", str(q), "0" * 20)
+                self.assertEqual(
+                    _units(os.path.join(copy, name)), _units(os.path.join(log.store_dir, name))
+                )
+
     def test_dispatch_limit_in_one_step(self) -> None:
         """
         A step that dispatches records and then meets a record reaching
