@@ -663,6 +663,47 @@ class VerifyTests(SynchronousTestCase):
         self.assertIn("has no unit", findings[2])
 
 
+    def test_stray_file_named_and_left(self) -> None:
+        """
+        A file where a queue id directory belongs (what a BLANK dispatched
+        as a message of topic "" left: C{consumequeue/0/<20 digits>}) is a
+        finding of C{store check}; opening the store warns of it, reads
+        nothing of it and leaves it; the real queues are unchanged.
+        """
+        from twisted.logger import globalLogPublisher
+
+        directory = self.mktemp()
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock, segment_size=SEGMENT) as log:
+            for i in range(4):
+                log.put(_message(i))
+        stray = os.path.join(directory, "consumequeue", "0", "0" * 20)
+        os.makedirs(os.path.dirname(stray))
+        with open(stray, "wb") as f:
+            f.write(struct.pack(">qiq", 4980492, 244, 0) + b"\0" * (UNIT_SIZE * 63))
+        with CommitLog.open(directory, read_only=True) as log:
+            findings = verify_consume_queues(log)
+        self.assertEqual(len(findings), 1, findings)
+        self.assertIn(f"{stray}: a file where a queue id directory belongs", findings[0])
+        (again,) = verify_store_queues(directory, log.max_offset)
+        self.assertTrue(again.endswith(findings[0].split(directory, 1)[1]), again)
+        events: list[dict[str, Any]] = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        with CommitLog.open(directory, consume_queues=True, clock=fixed_clock) as log:
+            log.put(_message(4))
+            while log.dispatch(1 << 20):
+                pass
+            assert log.consume_queues is not None
+            self.assertEqual(log.consume_queues.max_offset("T", 0), 5)
+        self.assertTrue(os.path.isfile(stray))
+        self.assertTrue(
+            any(
+                e.get("path") == os.path.abspath(stray) and "queue id directory" in e.get("what", "")
+                for e in events
+            ),
+            events,
+        )
+
 
 class FastVerifyTests(SynchronousTestCase):
     """

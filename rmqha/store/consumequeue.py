@@ -608,10 +608,14 @@ class ConsumeQueues:
                 if not os.path.isdir(topic_dir):
                     continue
                 for name in sorted(os.listdir(topic_dir)):
+                    path = os.path.join(topic_dir, name)
+                    if not os.path.isdir(path):
+                        # (Left alone, never read or removed: store check
+                        # names it.)
+                        self._log.warn("{path}: {what}", path=path, what=STRAY_FILE)
+                        continue
                     if not name.isdigit():
-                        raise ConsumeQueueError(
-                            f"{os.path.join(topic_dir, name)}: not a queue id directory"
-                        )
+                        raise ConsumeQueueError(f"{path}: not a queue id directory")
                     queue = ConsumeQueue(
                         os.path.join(topic_dir, name), topic, int(name), self.file_size
                     )
@@ -1162,6 +1166,17 @@ def _describes(data: bytes, size: int, topic: str, queue_id: int, logical: int) 
     return data[q : q + length] == topic.encode("utf-8")
 
 
+#: What C{store check} and the open say of a file where a queue id
+#: directory belongs (C{consumequeue/<topic>/<file>}).  A dispatch step
+#: before 2026-11-27 could leave C{consumequeue/0/00000000000000000000}: a
+#: segment's BLANK dispatched as a message of topic "" (docs/consumequeue.md).
+STRAY_FILE = (
+    "a file where a queue id directory belongs, not a consume queue (left alone; "
+    "consumequeue/0/00000000000000000000 is what a dispatch of a BLANK as a message "
+    "left before 2026-11-27: safe to delete)"
+)
+
+
 def _existing_units(root: str) -> int | None:
     """
     The units per file of the first consume-queue file under C{root}.
@@ -1506,12 +1521,18 @@ class QueueCheck:
         self._found: list[tuple[int, str]] = []  # (commit-log offset, line) of a stretch
         self._cache: dict[bytes, int] = {}
         self._scan = getattr(_codec._accel, "cq_units", None)
+        # (Files where a queue id directory belongs: not queues, named.)
+        self._strays: list[str] = []
         if os.path.isdir(self.root):
             for topic in sorted(os.listdir(self.root)):
                 if os.path.isdir(os.path.join(self.root, topic)):
                     for name in sorted(os.listdir(os.path.join(self.root, topic))):
-                        if name.isdigit():
+                        path = os.path.join(self.root, topic, name)
+                        if name.isdigit() and str(int(name)) == name:
+                            # (A queue id; a file there is found unreadable.)
                             self._files_of(topic, int(name))
+                        elif not os.path.isdir(path):
+                            self._strays.append(path)
 
     @property
     def full(self) -> bool:
@@ -1651,6 +1672,9 @@ class QueueCheck:
         @return: one line per finding (at most the limit), in commit-log
             order, then the queues'.
         """
+        for path in self._strays:
+            if not self.full:
+                self.findings.append(f"{path}: {STRAY_FILE}")
         for (topic, queue_id), files in sorted(self.queues.items()):
             if files.more and not self.full:
                 self.findings.append(
