@@ -79,9 +79,9 @@ class BusyPoll:
     is left of the timeout).  Registering, modifying and unregistering
     descriptors go to the C{epoll} object unchanged.
 
-    @ivar spins_won: windows that ended with events.
-    @ivar spins_lost: windows that ended without.
-    @ivar spin_seconds: time spent polling in windows.
+    @ivar windows_with_events: windows that ended with events.
+    @ivar windows_without_events: windows that ended without.
+    @ivar poll_seconds: time spent polling in windows.
     """
 
     def __init__(
@@ -90,9 +90,9 @@ class BusyPoll:
         self.poller = poller
         self._timer = timer
         self._sources: dict[IExpectsBytes, float] = {}
-        self.spins_won = 0
-        self.spins_lost = 0
-        self.spin_seconds = 0.0
+        self.windows_with_events = 0
+        self.windows_without_events = 0
+        self.poll_seconds = 0.0
         self._losses = 0
         self._skip = 0
         self._backoff = 1
@@ -144,15 +144,15 @@ class BusyPoll:
             events = poll(0, maxevents)
             now = timer()
             if events:
-                self.spin_seconds += now - started
-                self.spins_won += 1
+                self.poll_seconds += now - started
+                self.windows_with_events += 1
                 self._losses = 0
                 self._backoff = 1
                 return events
             if now >= until:
                 break
-        self.spin_seconds += now - started
-        self.spins_lost += 1
+        self.poll_seconds += now - started
+        self.windows_without_events += 1
         self._losses += 1
         if self._losses >= LOSSES_BEFORE_BACKOFF:
             self._losses = 0

@@ -619,7 +619,7 @@ class BusyPollAdminTests(AdminTestCase):
         self.assertIn('rmqha_busy_poll_windows_total{outcome="events"} 0.0', text)
         self.assertIn("rmqha_busy_poll_seconds_total 0.0", text)
         polling = _busypoll.BusyPoll(None)
-        polling.spins_won, polling.spins_lost, polling.spin_seconds = 7, 2, 0.25
+        polling.windows_with_events, polling.windows_without_events, polling.poll_seconds = 7, 2, 0.25
         wrapped: weakref.WeakKeyDictionary[object, _busypoll.BusyPoll] = (
             weakref.WeakKeyDictionary({broker.reactor: polling})
         )

@@ -109,8 +109,8 @@ class BusyPollTests(SynchronousTestCase):
         self.assertEqual(poller.poll(1.0, 8), [(7, select.EPOLLIN)])
         self.assertEqual(epoll.nonblocking, 6)
         self.assertEqual(epoll.blocking, [])
-        self.assertEqual((poller.spins_won, poller.spins_lost), (1, 0))
-        self.assertAlmostEqual(poller.spin_seconds, 6e-6)
+        self.assertEqual((poller.windows_with_events, poller.windows_without_events), (1, 0))
+        self.assertAlmostEqual(poller.poll_seconds, 6e-6)
 
     def test_window_ends_then_sleeps_for_the_rest(self) -> None:
         """
@@ -123,7 +123,7 @@ class BusyPollTests(SynchronousTestCase):
         self.assertEqual(epoll.nonblocking, 5)
         self.assertEqual(len(epoll.blocking), 1)
         self.assertAlmostEqual(epoll.blocking[0], 1.0 - 50e-6)
-        self.assertEqual((poller.spins_won, poller.spins_lost), (0, 1))
+        self.assertEqual((poller.windows_with_events, poller.windows_without_events), (0, 1))
 
     def test_no_limit_sleeps_without_one(self) -> None:
         """
@@ -162,7 +162,7 @@ class BusyPollTests(SynchronousTestCase):
         source.wanted = True
         self.assertEqual(poller.poll(0, 8), [(7, select.EPOLLIN)])
         self.assertEqual(epoll.nonblocking, 1)
-        self.assertEqual((poller.spins_won, poller.spins_lost), (0, 0))
+        self.assertEqual((poller.windows_with_events, poller.windows_without_events), (0, 0))
 
     def test_widest_expecting_window(self) -> None:
         """
@@ -281,7 +281,7 @@ class RegistrationTests(SynchronousTestCase):
         assert registration.polling is not None
         reactor.doIteration(0.001)
         polling = registration.polling
-        self.assertEqual(polling.spins_won + polling.spins_lost, 1)
+        self.assertEqual(polling.windows_with_events + polling.windows_without_events, 1)
 
     def test_not_applied(self) -> None:
         """

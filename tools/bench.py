@@ -2195,12 +2195,12 @@ async def _sync(
         # -- and of the slave over the timed window: what a loaded machine
         # moves least.)
         cpu_before = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
-        spin_before = _spin_figures(reactor)
+        polled_before = _busy_poll_figures(reactor)
         started = time.perf_counter()
         await gatherResults([ensureDeferred(producer(n)) for n in range(producers)])
         elapsed = time.perf_counter() - started
         cpu_after = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
-        spin_after = _spin_figures(reactor)
+        polled_after = _busy_poll_figures(reactor)
     finally:
         await master.stopService()
         if slave is not None:
@@ -2226,9 +2226,9 @@ async def _sync(
         # (The master's busy polling over the timed window: windows that
         # got events, that did not, and the µs a put spent polling.)
         "master_busy_poll": {
-            "windows_with_events": spin_after[0] - spin_before[0],
-            "windows_without": spin_after[1] - spin_before[1],
-            "us_per_put": (spin_after[2] - spin_before[2]) / max(1, figures["count"]) * 1e6,
+            "windows_with_events": polled_after[0] - polled_before[0],
+            "windows_without_events": polled_after[1] - polled_before[1],
+            "us_per_put": (polled_after[2] - polled_before[2]) / max(1, figures["count"]) * 1e6,
         },
     }
 
@@ -2295,7 +2295,7 @@ def _sync_against(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _spin_figures(reactor: Any) -> tuple[int, int, float]:
+def _busy_poll_figures(reactor: Any) -> tuple[int, int, float]:
     """
     C{reactor}'s busy-poll counts (windows with events, without, seconds),
     zeros when it has none (docs/sync.md, "Busy polling").
@@ -2305,7 +2305,7 @@ def _spin_figures(reactor: Any) -> tuple[int, int, float]:
     polling = figures(reactor)
     if polling is None:
         return 0, 0, 0.0
-    return polling.spins_won, polling.spins_lost, polling.spin_seconds
+    return polling.windows_with_events, polling.windows_without_events, polling.poll_seconds
 
 
 async def _sync_targets(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:

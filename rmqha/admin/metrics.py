@@ -115,13 +115,13 @@ def _busy_poll_metrics(polling: BusyPoll | None) -> Iterator[Metric]:
         "events came within them",
         labels=["outcome"],
     )
-    spins.add_metric(["events"], polling.spins_won if polling else 0)
-    spins.add_metric(["none"], polling.spins_lost if polling else 0)
+    spins.add_metric(["events"], polling.windows_with_events if polling else 0)
+    spins.add_metric(["none"], polling.windows_without_events if polling else 0)
     yield spins
     yield CounterMetricFamily(
         "rmqha_busy_poll_seconds",
         "time the reactor spent polling in busy-poll windows",
-        value=polling.spin_seconds if polling else 0.0,
+        value=polling.poll_seconds if polling else 0.0,
     )
 
 

@@ -135,8 +135,8 @@ class MasterSide(Service):
         if held is not None:
             self.port, self._opened_later = held
         self._unobserve: Callable[[], None] = lambda: None
-        self._busy = busy_poll(reactor, self.ha, 0)
         self._unobserve_damage: Callable[[], None] = lambda: None
+        self._busy = busy_poll(reactor, self.ha, 0)
 
     def listen(self) -> None:
         """
@@ -183,10 +183,10 @@ class MasterSide(Service):
 
     def startService(self) -> None:
         Service.startService(self)
+        self.listen()
         # While a SYNC put waits, the reactor polls for the ack a moment
         # before it sleeps (docs/sync.md, "Busy polling").
         self._busy = busy_poll(self.reactor, self.ha, self._config.busy_poll)
-        self.listen()
         assert self.port is not None
         if not self._held:
             self.port.startService()

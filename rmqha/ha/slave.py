@@ -80,10 +80,11 @@ _log = Logger()
 
 # Reads adapt between these sizes (see SlaveConnection._adapt_read_size).
 _MIN_READ_SIZE = 64 * 1024
+_MAX_READ_SIZE = 1024 * 1024
+
 #: Frames are taken to be flowing (busy polling for the next) for this
 #: long after a read, seconds.
 _FRAMES_FLOWING = 0.001
-_MAX_READ_SIZE = 1024 * 1024
 
 #: While catching up on plain TCP, a read followed by more bytes already
 #: in the socket is not acknowledged on its own (the next read's report
