@@ -55,19 +55,51 @@ def free_ports(count: int) -> list[int]:
     processes that must be told their ports in advance (C{twistd}
     children, JVMs, a server that comes back on the same port); an
     in-process listener binds port 0 instead.  The ports are held
-    together while they are picked, so no two are the same (one at a
-    time, the kernel may hand out a port it just gave).
+    together while they are picked, so no two are the same.
+
+    They are picked at random below the kernel's ephemeral range
+    (C{ip_local_port_range}) when there is room there: a port from that
+    range (what binding port 0 gives) is also what any outgoing
+    connection on the machine may take before the child binds it, or
+    while it is down between two starts; one below it only another
+    explicit bind can.  Without that room (or the file), from port 0.
     """
+    import random
     import socket
     from contextlib import ExitStack
 
+    low = _ephemeral_low()
     with ExitStack() as stack:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        tries = 0
+        while len(ports) < count:
             s = stack.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
+            if low > _PICK_FROM + 1000 and tries < 50 * count:
+                tries += 1
+                port = random.randrange(_PICK_FROM, low)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            else:
+                s.bind(("127.0.0.1", 0))
             ports.append(int(s.getsockname()[1]))
         return ports
+
+
+#: Where L{free_ports} picks from, up to the ephemeral range.
+_PICK_FROM = 20000
+
+
+def _ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """
+    The first port of the kernel's ephemeral range, or 0 (unknown).
+    """
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def twistd_command(store_dir: str, log_file: str, *options: str) -> list[str]:

@@ -138,3 +138,44 @@ class StopTests(SynchronousTestCase):
         group.stop_all()
         self.assertEqual([p.signals for p in processes], [[signal.SIGCONT, signal.SIGTERM]] * 2)
         self.assertEqual([p.returncode for p in processes], [0, 0])
+
+
+class FreePortsTests(SynchronousTestCase):
+    """
+    L{_demo_launcher.free_ports}: distinct ports, below the ephemeral
+    range when there is room (what a test's outgoing connections cannot
+    take before a child binds them).
+    """
+
+    def test_below_the_ephemeral_range(self) -> None:
+        self.patch(_demo_launcher, "_ephemeral_low", lambda: 32768)
+        ports = _demo_launcher.free_ports(8)
+        self.assertEqual(len(set(ports)), 8)
+        for port in ports:
+            self.assertTrue(_demo_launcher._PICK_FROM <= port < 32768, ports)
+
+    def test_without_room_from_port_zero(self) -> None:
+        """
+        An ephemeral range that starts too low (or cannot be read) leaves
+        the choice to the kernel.
+        """
+        import socket
+
+        held = socket.socket()
+        self.addCleanup(held.close)
+        held.bind(("127.0.0.1", 0))
+        ephemeral = held.getsockname()[1]
+        self.patch(_demo_launcher, "_ephemeral_low", lambda: 0)
+        ports = _demo_launcher.free_ports(3)
+        self.assertEqual(len(set(ports)), 3)
+        self.assertNotIn(ephemeral, ports)
+
+    def test_ephemeral_low(self) -> None:
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("32768\t60999\n")
+        self.assertEqual(_demo_launcher._ephemeral_low(path), 32768)
+        self.assertEqual(_demo_launcher._ephemeral_low(path + ".missing"), 0)
+        with open(path, "w") as f:
+            f.write("garbage")
+        self.assertEqual(_demo_launcher._ephemeral_low(path), 0)
