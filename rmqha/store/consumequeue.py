@@ -750,7 +750,9 @@ class ConsumeQueues:
         scan = getattr(_codec._accel, "cq_units", None)
         waiting = False  # (a record reaching past end)
         while offset < end and budget > 0:
-            data = log.read(offset, min(budget, end - offset))
+            # (At least a header: a read the budget cut shorter could not
+            # tell a BLANK, which ends the segment, from a message.)
+            data = log.read(offset, min(max(budget, 8), end - offset))
             n = len(data)
             position = 0
             blank = False
@@ -789,23 +791,11 @@ class ConsumeQueues:
                 offset = (offset + position) - (offset + position) % segment_size + segment_size
                 continue
             if position == 0:
-                # One record longer than what was read (or a read cut
-                # short of a header by the step's budget): read it whole --
-                # unless it reaches past C{end} (a limit inside a record:
-                # the replicas' acknowledged offset): it waits.
-                total, magic = _HEADER.unpack_from(log.read(offset, 8))
-                if magic == BLANK_MAGIC:
-                    # (A BLANK is the segment's end, never a message: what
-                    # the loop above does when the read holds its header.)
-                    budget -= 8
-                    offset = offset - offset % segment_size + segment_size
-                    continue
-                if magic != MESSAGE_MAGIC_V1 and magic != MESSAGE_MAGIC_V2 or total <= 0:
-                    raise ConsumeQueueError(
-                        f"commit-log offset {offset}: not a record "
-                        f"(magic {magic & 0xFFFFFFFF:#x}); the consume queues are "
-                        f"dispatched up to there"
-                    )
+                # One record longer than what was read (its header checked
+                # above): read it whole -- unless it reaches past C{end} (a
+                # limit inside a record: the replicas' acknowledged
+                # offset): it waits.
+                total = _HEADER.unpack_from(data)[0]
                 if offset + total > end:
                     waiting = True
                     break
