@@ -2890,6 +2890,25 @@ js_ws(jscan *s)
         s->p++;
 }
 
+/* After an object's member: 1 at a ',' (consumed, with the spaces after
+ * it: the next member follows), 0 at the closing '}' (consumed), -1 at
+ * anything else. */
+static int
+js_member_end(jscan *s)
+{
+    js_ws(s);
+    if (s->p < s->end && *s->p == ',') {
+        s->p++;
+        js_ws(s);
+        return 1;
+    }
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        return 0;
+    }
+    return -1;
+}
+
 static int
 js_hex4(const unsigned char *p, unsigned int *out)
 {
@@ -3136,7 +3155,7 @@ sp_json_command(PyObject *module, PyObject *arg)
         s.p++;
     } else {
         for (;;) {
-            int field;
+            int field, next;
 
             if (s.p >= s.end || *s.p != '"' || !js_key(&s, &field, &failed))
                 goto done;
@@ -3190,7 +3209,7 @@ sp_json_command(PyObject *module, PyObject *arg)
                     } else {
                         for (;;) {
                             PyObject *key, *value;
-                            int set;
+                            int set, next;
 
                             if (s.p >= s.end || *s.p != '"')
                                 goto done;
@@ -3220,17 +3239,11 @@ sp_json_command(PyObject *module, PyObject *arg)
                                 failed = 1;
                                 goto done;
                             }
-                            js_ws(&s);
-                            if (s.p < s.end && *s.p == ',') {
-                                s.p++;
-                                js_ws(&s);
-                                continue;
-                            }
-                            if (s.p < s.end && *s.p == '}') {
-                                s.p++;
+                            next = js_member_end(&s);
+                            if (next < 0)
+                                goto done;
+                            if (next == 0)
                                 break;
-                            }
-                            goto done;
                         }
                     }
                 }
@@ -3249,17 +3262,11 @@ sp_json_command(PyObject *module, PyObject *arg)
                     goto done;
                 }
             }
-            js_ws(&s);
-            if (s.p < s.end && *s.p == ',') {
-                s.p++;
-                js_ws(&s);
-                continue;
-            }
-            if (s.p < s.end && *s.p == '}') {
-                s.p++;
+            next = js_member_end(&s);
+            if (next < 0)
+                goto done;
+            if (next == 0)
                 break;
-            }
-            goto done;
         }
     }
     js_ws(&s);
