@@ -11,8 +11,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 import zlib
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,6 +27,7 @@ from rmqha.client._consume import (
 from rmqha.store import _record
 from rmqha.store._record import Message, RecordError, encode_record
 from tests.test_record import HOSTS, INT64, decoder_inputs, messages
+from tests.test_speedups import codec
 
 EQUAL = settings(
     deadline=None,
@@ -36,16 +36,6 @@ EQUAL = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 QUEUE = MessageQueue("T", "broker-a", 1)
-
-
-@contextmanager
-def codec(accelerator: Any) -> Iterator[None]:
-    saved = _record._accel
-    _record._accel = accelerator
-    try:
-        yield
-    finally:
-        _record._accel = saved
 
 
 def compiled() -> Any:
