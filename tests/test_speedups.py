@@ -137,38 +137,44 @@ class BuildTests(SynchronousTestCase):
                 os.environ["RMQHA_PURE"] = saved
 
 
-def _folding_in_cpu() -> bool | None:
+def _folding_in_cpu(*needed: str) -> bool | None:
     """
-    Whether C{/proc/cpuinfo} lists PCLMULQDQ and SSE4.1 for every CPU
-    (C{None}: no such file).
+    Whether C{/proc/cpuinfo} lists PCLMULQDQ, SSE4.1 and C{needed} for
+    every CPU (C{None}: no such file).
     """
     try:
         with open("/proc/cpuinfo") as f:
             flags = [line.split(":", 1)[1].split() for line in f if line.startswith("flags")]
     except OSError:
         return None
-    return bool(flags) and all("pclmulqdq" in f and "sse4_1" in f for f in flags)
+    wanted = ("pclmulqdq", "sse4_1", *needed)
+    return bool(flags) and all(all(w in f for w in wanted) for f in flags)
 
 
 class CRC32Tests(_Compiled, SynchronousTestCase):
     """
     C{_speedups.crc32} (the CRC-32 of every body CRC and of checked framing)
-    gives exactly C{zlib.crc32}'s results, on the PCLMULQDQ folding path and
-    on the zlib fallback, for every length, alignment and starting value.
+    gives exactly C{zlib.crc32}'s results, on the 512-bit VPCLMULQDQ folding
+    path, the 128-bit PCLMULQDQ one and the zlib fallback, for every length,
+    alignment and starting value.
     """
 
     def setUp(self) -> None:
         super().setUp()
-        # The import-time setting: folding wherever the CPU has it.
+        # The import-time settings: folding, as wide as the CPU has it.
+        self.addCleanup(_speedups._crc32_set_wide, True)
         self.addCleanup(_speedups._crc32_set_folding, True)
 
-    def both_paths(self) -> Iterator[bool]:
+    def both_paths(self) -> Iterator[str]:
         """
-        Run the loop body with folding on (where the CPU has it), then off.
+        Run the loop body with wide folding (where the CPU has it), with
+        128-bit folding (where it has that), then with zlib alone.
         """
-        for folding in (True, False):
+        for path, folding, wide in (("wide", True, True), ("narrow", True, False),
+                                    ("zlib", False, False)):
             _speedups._crc32_set_folding(folding)
-            yield folding
+            _speedups._crc32_set_wide(wide)
+            yield path
 
     def test_folding_where_the_cpu_has_it(self) -> None:
         """
@@ -181,6 +187,18 @@ class CRC32Tests(_Compiled, SynchronousTestCase):
         if expected is None:
             raise SkipTest("no /proc/cpuinfo to say what the CPU has")
         self.assertEqual(_speedups._crc32_set_folding(True), expected)
+
+    def test_wide_folding_where_the_cpu_has_it(self) -> None:
+        """
+        The 256-bytes-a-step path is the one in use on a CPU with AVX-512F
+        and VPCLMULQDQ, and it can be turned off; folding itself off, the
+        wide path is not taken either (the zlib-only path tested above).
+        """
+        self.assertFalse(_speedups._crc32_set_wide(False))
+        expected = _folding_in_cpu("avx512f", "vpclmulqdq")
+        if expected is None:
+            raise SkipTest("no /proc/cpuinfo to say what the CPU has")
+        self.assertEqual(_speedups._crc32_set_wide(True), expected)
 
     @EQUAL
     @given(

@@ -1657,10 +1657,13 @@ def _crc_bench(args: argparse.Namespace) -> dict[str, Any]:
     """
     The reading figures of issue 15's target 3 with the CRC-32 as the only
     variable, in one process: the plain reader (bodies on and off) and
-    C{store check}'s walk over one store, runs alternating the compiled
-    CRC's PCLMULQDQ folding on ("fold") and off ("zlib": zlib's crc32, the
-    code before), and C{zlib.crc32} / the compiled C{crc32} over the same
-    segment files.  MB/s of wall clock and MB per CPU second (per core).
+    C{store check}'s walk over one store, runs rotating the compiled
+    CRC's folding as wide as the CPU has it ("fold": 512-bit VPCLMULQDQ
+    where there is AVX-512, else 128-bit PCLMULQDQ), 128-bit folding
+    ("fold128"; left out where there is no wide path) and no folding
+    ("zlib": zlib's crc32, the code before), and C{zlib.crc32} / the
+    compiled C{crc32} over the same segment files.  MB/s of wall clock and
+    MB per CPU second (per core).
     """
     from rmqha.cli import fill
     from rmqha.store import _record
@@ -1695,17 +1698,21 @@ def _crc_bench(args: argparse.Namespace) -> dict[str, Any]:
                 crc32(data)
             return size
 
+        variants = ["zlib", "fold128", "fold"] if compiled._crc32_set_wide(True) else ["zlib", "fold"]
         for run in range(args.runs):
-            for crc in ("zlib", "fold") if run % 2 == 0 else ("fold", "zlib"):
-                if compiled._crc32_set_folding(crc == "fold") != (crc == "fold"):
+            shift = run % len(variants)
+            for crc in variants[shift:] + variants[:shift]:
+                if compiled._crc32_set_folding(crc != "zlib") != (crc != "zlib"):
                     raise SystemExit("bench crc: this CPU has no PCLMULQDQ/SSE4.1 folding")
+                compiled._crc32_set_wide(crc == "fold")
                 timed(f"{crc}_plain", lambda: int(_plain_scan(store, True)["bytes"]))
                 timed(f"{crc}_plain_nobodies", lambda: int(_plain_scan(store, False)["bytes"]))
                 timed(f"{crc}_check", lambda: int(_check_scan(store)["bytes"]))
                 timed(f"{crc}_crc32", lambda: crc_all(
-                    compiled.crc32 if crc == "fold" else zlib.crc32))
+                    zlib.crc32 if crc == "zlib" else compiled.crc32))
     finally:
         compiled._crc32_set_folding(True)
+        compiled._crc32_set_wide(True)
         shutil.rmtree(root, ignore_errors=True)
     out: dict[str, Any] = {
         "benchmark": "crc",
@@ -1721,7 +1728,7 @@ def _crc_bench(args: argparse.Namespace) -> dict[str, Any]:
         out[f"{name}_mb_per_cpu_s"] = round(nbytes / cpu / 1e6) if cpu else 0
         out[f"{name}_runs_s"] = [round(v[1], 3) for v in values]
     for name in ("plain", "plain_nobodies", "check"):
-        for crc in ("zlib", "fold"):
+        for crc in variants:
             out[f"{crc}_{name}_fraction_of_zlib_crc32"] = round(
                 out[f"{crc}_{name}_mb_per_s"] / out["zlib_crc32_mb_per_s"], 2
             )
