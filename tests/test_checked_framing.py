@@ -6,15 +6,18 @@ check of its master that could not finish (docs/protocol.md).
 
 from __future__ import annotations
 
+import os
 import random
+import socket
 import struct
 import zlib
 from typing import Any, Callable
 
+from twisted.internet import tcp
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock, StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -42,6 +45,7 @@ from rmqha.ha._wire import (
     encode_digest_request,
     encode_report,
 )
+from rmqha import _sockets
 from rmqha.broker import Broker, Role
 from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
@@ -263,6 +267,16 @@ class ControlMessageTests(SynchronousTestCase):
         self.assertRaises(NotControlError, decode_control_info, struct.pack(">qi", -5, 0) + bytes(24))
 
 
+class _UnixConnection(tcp.Connection):
+    """
+    Twisted's TCP connection over one end of a socket pair (no TCP
+    options to set there).
+    """
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        pass
+
+
 class MasterTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
@@ -350,6 +364,78 @@ class MasterTests(MasterTestCase):
             size = struct.unpack_from(">qi", data, position)[1]
             self.assertLessEqual(size, 500)
             position += HEADER_SIZE + size
+
+    def test_catch_up_bodies_from_the_file(self) -> None:
+        """
+        On a plain TCP connection, catch-up frames' bodies go from the
+        segment files with C{sendfile} (each call at the position of the
+        frame's offset in its segment) and reach the slave as the store
+        holds them, each frame checked; the tail frames, smaller, are
+        sent as before.
+        """
+        self.patch(master, "CATCH_UP_BATCH_SIZE", 1500)
+        # (Two frames a turn: the answer to the hello is queued on the
+        # first one, so the frames with it queue behind.)
+        self.patch(master, "_DIRECT_BUDGET", 3000)
+        for _ in range(20):
+            self.store.put(make_message(b"m" * 300))
+        end = self.store.max_offset
+        calls: list[tuple[int, int, int]] = []
+        real = _sockets._sendfile
+        assert real is not None
+
+        def recording(out: int, fd: int, position: int, count: int) -> int:
+            calls.append((fd, position, count))
+            return real(out, fd, position, count)
+
+        self.patch(_sockets, "_sendfile", recording)
+        factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
+        self.addCleanup(factory.stopFactory)
+        mine, peer = socket.socketpair()
+        mine.setblocking(False)
+        peer.setblocking(False)
+        self.addCleanup(mine.close)
+        self.addCleanup(peer.close)
+        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        transport = _UnixConnection(mine, connection, MemoryReactor())
+        transport.connected = True
+        connection.makeConnection(transport)
+        self.addCleanup(connection.connectionLost)
+        connection.dataReceived(code(CHECKED_HELLO) + checked_report(0))
+        decoder = TransferDecoder(checked=True)
+        received = b""
+        while len(received) < end:
+            transport.doWrite()
+            self.clock.advance(0)
+            try:
+                decoder.feed(peer.recv(1 << 20))
+            except BlockingIOError:
+                pass
+            while (frame := decoder.next_frame()) is not None:
+                if frame.body:
+                    self.assertEqual(frame.offset, len(received))
+                    received += frame.body
+        self.assertEqual(received, self.store_bytes(0, end))
+        self.assertTrue(calls)
+        for fd, position, count in calls:
+            self.assertEqual(os.pread(fd, count, position), self.store_bytes(
+                self.offset_of(fd, position), self.offset_of(fd, position) + count))
+            self.assertEqual(count, min(1500, SEGMENT - position))
+
+    def offset_of(self, fd: int, position: int) -> int:
+        """
+        The log offset of C{position} in the segment file open as C{fd}
+        (its name is its start offset).
+        """
+        return int(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))) + position
+
+    def store_bytes(self, start: int, end: int) -> bytes:
+        out = b""
+        while start < end:
+            chunk = self.store.read(start, end - start)
+            out += chunk
+            start += len(chunk)
+        return out
 
     def test_catch_up_yields_the_reactor(self) -> None:
         """

@@ -7,6 +7,7 @@ state) and a C{Clock}.
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import struct
 from typing import Any, Callable
@@ -30,7 +31,8 @@ from rmqha.ha._wire import (
 )
 from rmqha.ha.control import range_digest
 from rmqha.ha.config import HAConfig
-from rmqha._sockets import send_now
+from rmqha import _sockets
+from rmqha._sockets import send_file_now, send_now
 from rmqha.ha.master import MasterConnection, MasterFactory
 
 from tests._helpers import make_message, open_store
@@ -669,3 +671,122 @@ class SendNowTests(SynchronousTestCase):
         self.assertEqual(transforming.seen, [b"secret"])
         with self.assertRaises(BlockingIOError):
             peer.recv(100)
+
+
+class SendFileNowTests(SendNowTests):
+    """
+    L{send_file_now}: a frame's header, then its body from the file with
+    C{sendfile}, at once on a plain TCP connection with nothing queued;
+    what the socket does not take, and everything on other transports,
+    goes the ordinary way from the bytes in hand, in order.
+    """
+
+    def file(self, body: bytes, at: int = 100) -> int:
+        """
+        A file holding C{body} from position C{at} (and other bytes
+        around it, which must not be sent); its descriptor.
+        """
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(b"-" * at + body + b"+" * 100)
+        fd = os.open(path, os.O_RDONLY)
+        self.addCleanup(os.close, fd)
+        return fd
+
+    def sendfile_calls(self) -> list[tuple[int, int, int]]:
+        calls: list[tuple[int, int, int]] = []
+        real = _sockets._sendfile
+        assert real is not None
+
+        def recording(out: int, fd: int, position: int, count: int) -> int:
+            calls.append((fd, position, count))
+            return real(out, fd, position, count)
+
+        self.patch(_sockets, "_sendfile", recording)
+        return calls
+
+    def test_body_from_the_file(self) -> None:
+        """
+        With nothing queued, header and body are on the socket when it
+        returns, the body sent from the file at its position.
+        """
+        transport, peer = self.connection()
+        calls = self.sendfile_calls()
+        body = b"record" * 1000
+        fd = self.file(body)
+        self.assertTrue(send_file_now(transport, b"HEADER", fd, 100, body))
+        received = b""
+        while len(received) < 6 + len(body):
+            received += peer.recv(1 << 20)
+        self.assertEqual(received, b"HEADER" + body)
+        self.assertEqual(calls, [(fd, 100, len(body))])
+        self.assertEqual((transport.dataBuffer, transport._tempDataLen), (b"", 0))
+
+    def test_rest_of_the_body_queued(self) -> None:
+        """
+        A socket with less room than the body takes part of it from the
+        file; the rest is queued from the bytes in hand (and the writer
+        registered), and arrives after it, in order.
+        """
+        transport, peer = self.connection()
+        calls = self.sendfile_calls()
+        sent = 0
+        with self.assertRaises(BlockingIOError):
+            while True:
+                sent += transport.socket.send(b"x" * 65536)
+        # (Room for part of the body: whole 64 KiB sends read back, as a
+        # socket frees what its peer has read whole.)
+        drained = 0
+        while drained < 131072:
+            drained += len(peer.recv(131072 - drained))
+        body = os.urandom(256 * 1024)
+        fd = self.file(body)
+        self.assertFalse(send_file_now(transport, b"HEADER", fd, 100, body))
+        self.assertEqual(len(calls), 1)
+        self.assertGreater(transport._tempDataLen, 0)
+        self.assertIn(transport, transport.reactor.getWriters())
+        received = bytearray()
+        while len(received) < sent - drained + 6 + len(body):
+            try:
+                received += peer.recv(1 << 20)
+            except BlockingIOError:
+                transport.doWrite()
+        self.assertEqual(bytes(received[sent - drained :]), b"HEADER" + body)
+
+    def test_full_socket_queues_header_and_body(self) -> None:
+        """
+        A full socket takes nothing: the header and the body are queued
+        behind, and no C{sendfile} is tried.
+        """
+        transport, peer = self.connection()
+        calls = self.sendfile_calls()
+        with self.assertRaises(BlockingIOError):
+            while True:
+                transport.socket.send(b"x" * 65536)
+        self.assertFalse(send_file_now(transport, b"HEADER", self.file(b"body"), 100, b"body"))
+        self.assertEqual(calls, [])
+        self.assertEqual(transport._tempDataLen, 10)
+
+    def test_unreadable_file_sends_the_bytes_in_hand(self) -> None:
+        """
+        A descriptor C{sendfile} cannot read (here: not a file) costs
+        nothing: the body is queued from the bytes in hand and arrives
+        after the header.
+        """
+        transport, peer = self.connection()
+        directory = os.open(self.mktemp().rsplit("/", 1)[0] or ".", os.O_RDONLY)
+        self.addCleanup(os.close, directory)
+        self.assertFalse(send_file_now(transport, b"HEADER", directory, 0, b"body"))
+        transport.doWrite()
+        self.assertEqual(peer.recv(100), b"HEADERbody")
+
+    def test_other_transports_get_the_bytes(self) -> None:
+        """
+        TLS, C{StringTransport} and the like: C{writeSequence} of the
+        header and the bytes in hand; no C{sendfile}.
+        """
+        calls = self.sendfile_calls()
+        transport = StringTransport()
+        self.assertFalse(send_file_now(transport, b"HEADER", self.file(b"body"), 100, b"body"))
+        self.assertEqual(transport.value(), b"HEADERbody")
+        self.assertEqual(calls, [])

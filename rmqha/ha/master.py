@@ -46,7 +46,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from rmqha._sockets import send_now, set_tcp_no_delay
+from rmqha._sockets import send_file_now, send_now, set_tcp_no_delay
 from rmqha._timers import IdleTimer
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreDamagedError, StoreError
@@ -283,9 +283,16 @@ class Transfer:
                 if behind and budget > 0:
                     # A full frame, nothing to gather: straight to the
                     # socket when Twisted holds nothing for it (no copy
-                    # into Twisted's buffer), queued behind it otherwise.
+                    # into Twisted's buffer), its body from the file (no
+                    # copy into the socket: its header has the body's CRC),
+                    # queued behind it otherwise.
                     budget -= len(data)
-                    send_now(transport, chunks)
+                    try:
+                        fd, position = commitlog.file_position(offset)
+                    except (StoreError, OSError):
+                        send_now(transport, chunks)
+                    else:
+                        send_file_now(transport, chunks[0], fd, position, data)
                 elif direct:
                     # A frame the socket did not take whole: the slave is
                     # behind, so queue (Twisted's buffer, pausing this

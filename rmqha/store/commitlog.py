@@ -689,6 +689,20 @@ class CommitLog(ReplicaTail, SegmentRolling):
         except OSError as e:
             raise self._watch.read_failure(segment, held, position, end - position, e) from None
 
+    def file_position(self, offset: int) -> tuple[int, int]:
+        """
+        The descriptor of the segment file holding C{offset} (opened if need
+        be) and C{offset}'s position in it: for sending bytes L{read}
+        returned from the file itself (C{sendfile}).  The descriptor is the
+        store's: valid until the store is closed or the segment removed,
+        not to be closed by the caller.
+
+        @raise OffsetOutOfRangeError: C{offset} is not in the log.
+        @raise OSError: the segment file cannot be opened.
+        """
+        segment, position, _ = self._locate(offset, 0)
+        return segment.ensure_fd(), position
+
     def read_view(self, offset: int, limit: int) -> memoryview:
         """
         Like L{read} but without copying: a view into the mapped segment,
