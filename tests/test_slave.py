@@ -456,6 +456,90 @@ class _SocketTransport(_SizedTransport):
         self.peer.close()
 
 
+class BatchedReadTests(SlaveTestCase):
+    """
+    Catching up on plain TCP, the slave has the socket wake it only once
+    C{_BATCH_READS} bytes are in it, until reads stop for C{_BATCH_IDLE}.
+    """
+
+    def connect_socket(self) -> tuple[SlaveConnection, _SocketTransport]:
+        factory = SlaveFactory(self.replica, self.clock, HAConfig())
+        connection = factory.buildProtocol(None)
+        transport = _SocketTransport()
+        self.addCleanup(transport.close)
+        connection.makeConnection(transport)
+        self.addCleanup(self._lose, connection)
+        return connection, transport
+
+    def threshold(self, transport: _SocketTransport) -> int:
+        return transport.socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+
+    def batch_timers(self, connection: SlaveConnection) -> list[object]:
+        return [c for c in self.clock.getDelayedCalls() if c.func == connection._unbatch_reads]
+
+    def test_catch_up_reads_batched_until_they_stop(self) -> None:
+        """
+        A read that fills the largest buffer (a MiB) sets the threshold,
+        and busy polling stops; each read while it is on puts the end off;
+        once no read has come for C{_BATCH_IDLE}, every byte wakes the
+        reactor again.
+        """
+        connection, transport = self.connect_socket()
+        self.assertEqual(self.threshold(transport), 1)
+        transport.bufferSize = slave._MAX_READ_SIZE
+        # Zero bytes are heartbeats at offset 0: valid for an empty slave.
+        connection.dataReceived(b"\0" * slave._MAX_READ_SIZE)
+        self.assertEqual(self.threshold(transport), slave._BATCH_READS)
+        self.assertFalse(connection.expecting())
+        for _ in range(3):
+            self.clock.advance(slave._BATCH_IDLE * 0.9)
+            connection.dataReceived(b"\0" * slave._BATCH_READS)
+            self.assertEqual(self.threshold(transport), slave._BATCH_READS)
+        self.clock.advance(slave._BATCH_IDLE)
+        self.assertEqual(self.threshold(transport), 1)
+        connection.dataReceived(b"\0" * 12)
+        self.assertTrue(connection.expecting())
+
+    def test_caught_up_reads_not_batched(self) -> None:
+        """
+        Reads that do not fill a MiB (a caught-up slave, a SYNC_MASTER's
+        frames, a read buffer not grown yet) leave every byte waking the
+        reactor.
+        """
+        connection, transport = self.connect_socket()
+        for size in (12, 65536, slave._MAX_READ_SIZE * 15 // 16 - 1):
+            transport.bufferSize = size
+            connection.dataReceived(b"\0" * size)
+            self.assertEqual(self.threshold(transport), 1, size)
+        self.assertEqual(self.batch_timers(connection), [])
+
+    def test_lost_while_batching(self) -> None:
+        """
+        A connection lost while reads are batched leaves nothing scheduled.
+        """
+        connection, transport = self.connect_socket()
+        transport.bufferSize = slave._MAX_READ_SIZE
+        connection.dataReceived(b"\0" * slave._MAX_READ_SIZE)
+        self.assertEqual(len(self.batch_timers(connection)), 1)
+        connection.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.batch_timers(connection), [])
+
+    def test_no_socket_no_batching(self) -> None:
+        """
+        A transport without a socket option to set (here: none at all)
+        reads as before, and is not asked again.
+        """
+        factory = SlaveFactory(self.replica, self.clock, HAConfig())
+        connection = factory.buildProtocol(None)
+        transport = _SizedTransport()
+        connection.makeConnection(transport)
+        self.addCleanup(self._lose, connection)
+        transport.bufferSize = slave._MAX_READ_SIZE
+        connection.dataReceived(b"\0" * slave._MAX_READ_SIZE)
+        self.assertEqual(self.batch_timers(connection), [])
+        self.assertFalse(connection._can_batch)
+
+
 class DeferredReportTests(SlaveTestCase):
     """
     On plain TCP, a read followed by more bytes already in the socket is
