@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 from typing import Any
 
 from cryptography import x509
@@ -24,6 +25,7 @@ from rmqha.broker import Broker, Role
 from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
 from rmqha.ha.master import MasterFactory
+from rmqha.ha import slave as slave_module
 from rmqha.ha.slave import SlaveFactory
 from rmqha.testing import MemoryConnection, connect_in_memory
 from rmqha.tls import (
@@ -273,6 +275,30 @@ class TLSConversationTests(SynchronousTestCase):
         self.assertEqual(self.replica.max_offset, self.source.max_offset)
         self.assertGreater(sized[0].bufferSize, 64 * 1024)
 
+    def test_catch_up_reads_batched_under_tls(self) -> None:
+        """
+        Under TLS too, a catch-up whose reactor turns bring a full largest
+        read sets the TCP socket's wake-up threshold (the ciphertext's),
+        and it goes back to one byte once reads stop.
+        """
+        for _ in range(6000):
+            self.source.put(make_message(b"t" * 300))
+        sized: list[_SocketFakeTransport] = []
+
+        def transport(protocol: Any) -> _SocketFakeTransport:
+            sized.append(_SocketFakeTransport(protocol, isServer=False))
+            self.addCleanup(sized[-1].socket.close)
+            return sized[-1]
+
+        def threshold() -> int:
+            return sized[0].socket.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+
+        self.converse(self.pki.master(), self.pki.slave("s"), client_transport=transport)
+        self.assertEqual(self.replica.max_offset, self.source.max_offset)
+        self.assertEqual(threshold(), slave_module._BATCH_READS)
+        self.clock.advance(slave_module._BATCH_IDLE)
+        self.assertEqual(threshold(), 1)
+
     def test_tls_slave_against_plain_master(self) -> None:
         """
         A TLS slave dialling a plain-TCP master: the master drops the
@@ -463,6 +489,18 @@ class _SizedFakeTransport(iosim.FakeTransport):
     """
 
     bufferSize = 64 * 1024
+
+
+class _SocketFakeTransport(_SizedFakeTransport):
+    """
+    A sized iosim transport with a C{socket} (one end of a socket pair)
+    whose options the slave may set, as on a TCP transport.
+    """
+
+    def __init__(self, protocol: Any, isServer: bool) -> None:
+        super().__init__(protocol, isServer)
+        self.socket, peer = socket.socketpair()
+        peer.close()
 
 
 class PolicyTests(SynchronousTestCase):
