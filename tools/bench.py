@@ -458,7 +458,7 @@ def _raw_receive(path: str) -> None:
     buf = bytearray(1 << 20)
     view = memoryview(buf)
     total = 0
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     with open(path, "wb") as f:
         while True:
             n = conn.recv_into(buf)
@@ -466,7 +466,16 @@ def _raw_receive(path: str) -> None:
                 break
             f.write(view[:n])
             total += n
-    print(json.dumps({"bytes": total, "seconds": time.perf_counter() - started}), flush=True)
+    print(
+        json.dumps(
+            {
+                "bytes": total,
+                "seconds": time.perf_counter() - started,
+                "cpu": time.process_time() - cpu,
+            }
+        ),
+        flush=True,
+    )
 
 
 def _raw_send(store: str, port: int) -> None:
@@ -495,6 +504,7 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         # Page cache and fresh memory warm for every variant alike.
         _backlog_warm_up(root, master_store)
         raw: list[float] = []
+        raw_cpu: list[dict[str, float]] = []
         rmq: list[dict[str, Any]] = []
         for run in range(args.runs):
             # Alternate the order, so that neither variant always runs
@@ -502,8 +512,13 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
             for variant in ("raw", "rmqha") if run % 2 == 0 else ("rmqha", "raw"):
                 _settle()
                 if variant == "raw":
-                    raw.append(_raw_run(root, master_store))
-                    _progress(f"run {run + 1}: raw ceiling {raw[-1]:,.0f} MB/s")
+                    raw_cpu.append(_raw_run(root, master_store))
+                    raw.append(raw_cpu[-1]["mb_per_s"])
+                    _progress(
+                        f"run {run + 1}: raw ceiling {raw[-1]:,.0f} MB/s; MB per CPU second: "
+                        f"receiver {raw_cpu[-1]['receiver_mb_per_cpu_s']:,.0f}, sender "
+                        f"{raw_cpu[-1]['sender_mb_per_cpu_s']:,.0f}"
+                    )
                 else:
                     rmq.append(_rmqha_run(root, master_store, target, checked=checked))
                     r = rmq[-1]
@@ -552,6 +567,17 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         "rmqha_runs_from_start": [round(r["mb_per_s_from_start"]) for r in rmq],
         "slave_mb_per_cpu_s": statistics.median(r["slave_mb_per_cpu_s"] for r in rmq),
         "master_mb_per_cpu_s": statistics.median(r["master_mb_per_cpu_s"] for r in rmq),
+        # The raw copy's processes, per CPU second: what the machine's
+        # load moves least (the raw ceiling's MB/s moved 1.0-3.4 GB/s on
+        # the VM); rmqha's slave and master against them.
+        "raw_receiver_mb_per_cpu_s": statistics.median(
+            r["receiver_mb_per_cpu_s"] for r in raw_cpu
+        ),
+        "raw_sender_mb_per_cpu_s": statistics.median(r["sender_mb_per_cpu_s"] for r in raw_cpu),
+        "slave_cpu_fraction_of_raw": statistics.median(r["slave_mb_per_cpu_s"] for r in rmq)
+        / statistics.median(r["receiver_mb_per_cpu_s"] for r in raw_cpu),
+        "master_cpu_fraction_of_raw": statistics.median(r["master_mb_per_cpu_s"] for r in rmq)
+        / statistics.median(r["sender_mb_per_cpu_s"] for r in raw_cpu),
         "master_rss_growth_mib": max(
             (r["master_max_rss"] - r["master_idle_rss"]) >> 20 for r in rmq
         ),
@@ -580,15 +606,27 @@ def _settle() -> None:
     time.sleep(1)
 
 
-def _raw_run(root: str, master_store: str) -> float:
+def _raw_run(root: str, master_store: str) -> dict[str, float]:
+    """
+    One raw socket-to-file copy of the master's segment files: MB/s, and
+    MB per CPU second of the receiving process and of the sender (this
+    process, doing nothing else meanwhile).
+    """
     out = os.path.join(root, "raw.bin")
     receiver = _spawn("_raw-receive", out)
     port = _json_line(receiver)["port"]
+    cpu = time.process_time()
     _raw_send(master_store, port)
+    sender_cpu = time.process_time() - cpu
     result = _json_line(receiver)
     receiver.wait()
     os.unlink(out)
-    return float(result["bytes"] / result["seconds"] / 1e6)
+    size = result["bytes"]
+    return {
+        "mb_per_s": size / result["seconds"] / 1e6,
+        "receiver_mb_per_cpu_s": size / max(result["cpu"], 1e-9) / 1e6,
+        "sender_mb_per_cpu_s": size / max(sender_cpu, 1e-9) / 1e6,
+    }
 
 
 def _rmqha_run(
@@ -3021,7 +3059,9 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"replicate: {result['rmqha_mb_per_s']:,.0f} MB/s, "
             f"{100 * result['fraction_of_raw']:.0f}% of the raw ceiling "
-            f"({result['raw_mb_per_s']:,.0f} MB/s), median of {args.runs}; master RSS "
+            f"({result['raw_mb_per_s']:,.0f} MB/s), median of {args.runs}; MB per CPU "
+            f"second against the raw copy's: slave {result['slave_cpu_fraction_of_raw']:.2f}, "
+            f"master {result['master_cpu_fraction_of_raw']:.2f}; master RSS "
             f"growth {result['master_rss_growth_mib']} MiB (throttled slave: "
             f"{result['throttled_master_rss_growth_mib']} MiB)"
         )
