@@ -12,12 +12,17 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import struct
 from typing import Any, Iterable, Mapping
 
+from twisted.internet import tcp
+from twisted.internet.interfaces import IProtocol
+from twisted.internet.testing import MemoryReactor
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
+from rmqha import _sockets
 from rmqha.broker import Broker
 from rmqha.ha.replica import Replica, ReplicaStatus
 from rmqha.store import _record
@@ -451,3 +456,49 @@ class LoggedEvents:
         from twisted.logger import formatEvent
 
         return [formatEvent(e) for e in self.events]
+
+
+class _PairConnection(tcp.Connection):
+    """
+    Twisted's TCP connection over one end of a socket pair (no TCP options
+    to set there).
+    """
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        pass
+
+
+def socket_pair_connection(
+    case: SynchronousTestCase, protocol: IProtocol
+) -> tuple[tcp.Connection, socket.socket]:
+    """
+    A connected, non-blocking socket pair: Twisted's TCP transport for
+    C{protocol} on one end (no reactor runs: its writes queue until the
+    test calls C{doWrite}), the other end for the test to read.  Both
+    closed at cleanup.
+    """
+    mine, peer = socket.socketpair()
+    mine.setblocking(False)
+    peer.setblocking(False)
+    case.addCleanup(mine.close)
+    case.addCleanup(peer.close)
+    transport = _PairConnection(mine, protocol, MemoryReactor())
+    transport.connected = True
+    return transport, peer
+
+
+def record_sendfile(case: SynchronousTestCase) -> list[tuple[int, int, int]]:
+    """
+    Record every C{sendfile} L{rmqha._sockets} makes, as C{(fd, position,
+    count)}, and make it.
+    """
+    calls: list[tuple[int, int, int]] = []
+    real = _sockets._sendfile
+    assert real is not None
+
+    def recording(out: int, fd: int, position: int, count: int) -> int:
+        calls.append((fd, position, count))
+        return real(out, fd, position, count)
+
+    case.patch(_sockets, "_sendfile", recording)
+    return calls

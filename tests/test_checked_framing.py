@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import os
 import random
-import socket
 import struct
 import zlib
 from typing import Any, Callable
 
-from twisted.internet import tcp
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactor, MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -45,7 +43,6 @@ from rmqha.ha._wire import (
     encode_digest_request,
     encode_report,
 )
-from rmqha import _sockets
 from rmqha.broker import Broker, Role
 from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
@@ -57,12 +54,15 @@ from rmqha.ha.slave import SlaveConnection, SlaveFactory
 from rmqha.testing import StringEndpoint, connect_in_memory
 
 from tests._helpers import (
+    disk,
     fixed_clock,
     make_message,
     open_store,
+    record_sendfile,
     replica_of,
     replication_of,
     segment_files,
+    socket_pair_connection,
 )
 
 SEGMENT = 4096
@@ -267,16 +267,6 @@ class ControlMessageTests(SynchronousTestCase):
         self.assertRaises(NotControlError, decode_control_info, struct.pack(">qi", -5, 0) + bytes(24))
 
 
-class _UnixConnection(tcp.Connection):
-    """
-    Twisted's TCP connection over one end of a socket pair (no TCP
-    options to set there).
-    """
-
-    def setTcpNoDelay(self, enabled: bool) -> None:
-        pass
-
-
 class MasterTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
@@ -380,25 +370,11 @@ class MasterTests(MasterTestCase):
         for _ in range(20):
             self.store.put(make_message(b"m" * 300))
         end = self.store.max_offset
-        calls: list[tuple[int, int, int]] = []
-        real = _sockets._sendfile
-        assert real is not None
-
-        def recording(out: int, fd: int, position: int, count: int) -> int:
-            calls.append((fd, position, count))
-            return real(out, fd, position, count)
-
-        self.patch(_sockets, "_sendfile", recording)
+        calls = record_sendfile(self)
         factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
         self.addCleanup(factory.stopFactory)
-        mine, peer = socket.socketpair()
-        mine.setblocking(False)
-        peer.setblocking(False)
-        self.addCleanup(mine.close)
-        self.addCleanup(peer.close)
         connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
-        transport = _UnixConnection(mine, connection, MemoryReactor())
-        transport.connected = True
+        transport, peer = socket_pair_connection(self, connection)
         connection.makeConnection(transport)
         self.addCleanup(connection.connectionLost)
         connection.dataReceived(code(CHECKED_HELLO) + checked_report(0))
@@ -415,11 +391,11 @@ class MasterTests(MasterTestCase):
                 if frame.body:
                     self.assertEqual(frame.offset, len(received))
                     received += frame.body
-        self.assertEqual(received, self.store_bytes(0, end))
+        self.assertEqual(received, disk(self.store, 0, end))
         self.assertTrue(calls)
         for fd, position, count in calls:
-            self.assertEqual(os.pread(fd, count, position), self.store_bytes(
-                self.offset_of(fd, position), self.offset_of(fd, position) + count))
+            start = self.offset_of(fd, position)
+            self.assertEqual(os.pread(fd, count, position), disk(self.store, start, start + count))
             self.assertEqual(count, min(1500, SEGMENT - position))
 
     def offset_of(self, fd: int, position: int) -> int:
@@ -428,14 +404,6 @@ class MasterTests(MasterTestCase):
         (its name is its start offset).
         """
         return int(os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))) + position
-
-    def store_bytes(self, start: int, end: int) -> bytes:
-        out = b""
-        while start < end:
-            chunk = self.store.read(start, end - start)
-            out += chunk
-            start += len(chunk)
-        return out
 
     def test_catch_up_yields_the_reactor(self) -> None:
         """

@@ -17,7 +17,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.testing import MemoryReactor, StringTransport
+from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.trial.unittest import SynchronousTestCase
@@ -31,11 +31,10 @@ from rmqha.ha._wire import (
 )
 from rmqha.ha.control import range_digest
 from rmqha.ha.config import HAConfig
-from rmqha import _sockets
 from rmqha._sockets import send_file_now, send_now
 from rmqha.ha.master import MasterConnection, MasterFactory
 
-from tests._helpers import make_message, open_store
+from tests._helpers import make_message, open_store, record_sendfile, socket_pair_connection
 
 SEGMENT = 4096
 
@@ -585,14 +584,7 @@ class SendNowTests(SynchronousTestCase):
     """
 
     def connection(self) -> tuple[tcp.Connection, socket.socket]:
-        mine, peer = socket.socketpair()
-        mine.setblocking(False)
-        peer.setblocking(False)
-        self.addCleanup(mine.close)
-        self.addCleanup(peer.close)
-        transport = tcp.Connection(mine, Protocol(), MemoryReactor())
-        transport.connected = True
-        return transport, peer
+        return socket_pair_connection(self, Protocol())
 
     def test_sent_at_once(self) -> None:
         """
@@ -693,25 +685,13 @@ class SendFileNowTests(SendNowTests):
         self.addCleanup(os.close, fd)
         return fd
 
-    def sendfile_calls(self) -> list[tuple[int, int, int]]:
-        calls: list[tuple[int, int, int]] = []
-        real = _sockets._sendfile
-        assert real is not None
-
-        def recording(out: int, fd: int, position: int, count: int) -> int:
-            calls.append((fd, position, count))
-            return real(out, fd, position, count)
-
-        self.patch(_sockets, "_sendfile", recording)
-        return calls
-
     def test_body_from_the_file(self) -> None:
         """
         With nothing queued, header and body are on the socket when it
         returns, the body sent from the file at its position.
         """
         transport, peer = self.connection()
-        calls = self.sendfile_calls()
+        calls = record_sendfile(self)
         body = b"record" * 1000
         fd = self.file(body)
         self.assertTrue(send_file_now(transport, b"HEADER", fd, 100, body))
@@ -729,7 +709,7 @@ class SendFileNowTests(SendNowTests):
         registered), and arrives after it, in order.
         """
         transport, peer = self.connection()
-        calls = self.sendfile_calls()
+        calls = record_sendfile(self)
         sent = 0
         with self.assertRaises(BlockingIOError):
             while True:
@@ -759,7 +739,7 @@ class SendFileNowTests(SendNowTests):
         behind, and no C{sendfile} is tried.
         """
         transport, peer = self.connection()
-        calls = self.sendfile_calls()
+        calls = record_sendfile(self)
         with self.assertRaises(BlockingIOError):
             while True:
                 transport.socket.send(b"x" * 65536)
@@ -785,7 +765,7 @@ class SendFileNowTests(SendNowTests):
         TLS, C{StringTransport} and the like: C{writeSequence} of the
         header and the bytes in hand; no C{sendfile}.
         """
-        calls = self.sendfile_calls()
+        calls = record_sendfile(self)
         transport = StringTransport()
         self.assertFalse(send_file_now(transport, b"HEADER", self.file(b"body"), 100, b"body"))
         self.assertEqual(transport.value(), b"HEADERbody")
