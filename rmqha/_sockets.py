@@ -82,9 +82,12 @@ def send_file_now(transport: Any, header: bytes, fd: int, position: int, body: b
     @return: whether all of it is on the socket (C{False}: some is queued).
     """
     sendfile = _sendfile
-    direct = _writable_now(transport) if sendfile is not None else None
-    if direct is None or sendfile is None:
+    if sendfile is None:
         return send_now(transport, [header, body])
+    direct = _writable_now(transport)
+    if direct is None:
+        transport.writeSequence([header, body])
+        return False
     try:
         sent = direct.socket.send(header, _MSG_MORE)
     except OSError:

@@ -2423,14 +2423,22 @@ PyDoc_STRVAR(crc32_set_folding_doc,
 "folds with PCLMULQDQ; it can only be turned on where the CPU has it.\n"
 "Returns the setting now in force.");
 
+/* Set *flag from arg's truth, on only where available() says the CPU can;
+ * the setting now in force. */
 static PyObject *
-sp_crc32_set_folding(PyObject *self, PyObject *arg)
+crc_setting(PyObject *arg, int *flag, int (*available)(void))
 {
     int on = PyObject_IsTrue(arg);
     if (on < 0)
         return NULL;
-    crc_folding = on && crc_folding_available();
-    return PyBool_FromLong(crc_folding);
+    *flag = on && available();
+    return PyBool_FromLong(*flag);
+}
+
+static PyObject *
+sp_crc32_set_folding(PyObject *self, PyObject *arg)
+{
+    return crc_setting(arg, &crc_folding, crc_folding_available);
 }
 
 PyDoc_STRVAR(crc32_set_wide_doc,
@@ -2442,11 +2450,7 @@ PyDoc_STRVAR(crc32_set_wide_doc,
 static PyObject *
 sp_crc32_set_wide(PyObject *self, PyObject *arg)
 {
-    int on = PyObject_IsTrue(arg);
-    if (on < 0)
-        return NULL;
-    crc_wide = on && crc_wide_available();
-    return PyBool_FromLong(crc_wide);
+    return crc_setting(arg, &crc_wide, crc_wide_available);
 }
 
 #ifndef MADV_POPULATE_WRITE
