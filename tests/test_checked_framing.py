@@ -17,6 +17,7 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import capturedLogs, formatEvent
+from twisted.internet.protocol import Protocol
 from twisted.trial.unittest import SynchronousTestCase
 
 from rmqha.ha._wire import (
@@ -43,6 +44,7 @@ from rmqha.ha._wire import (
     encode_digest_request,
     encode_report,
 )
+from rmqha._sockets import send_file_now
 from rmqha.broker import Broker, Role
 from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
@@ -397,6 +399,29 @@ class MasterTests(MasterTestCase):
             start = self.offset_of(fd, position)
             self.assertEqual(os.pread(fd, count, position), disk(self.store, start, start + count))
             self.assertEqual(count, min(1500, SEGMENT - position))
+
+    def test_file_changed_after_the_read_is_refused(self) -> None:
+        """
+        A body sent from the file after the file's bytes changed under it
+        (the header's CRC is of the bytes read) reaches the slave as a
+        checksum failure, never as a frame it accepts.
+        """
+        body = b"m" * 1000
+        path = self.mktemp()
+        with open(path, "wb") as f:
+            f.write(body)
+        fd = os.open(path, os.O_RDWR)
+        self.addCleanup(os.close, fd)
+        header = encode_checked_header(0, body)
+        os.pwrite(fd, b"X", 500)
+        calls = record_sendfile(self)
+        transport, peer = socket_pair_connection(self, Protocol())
+        self.assertTrue(send_file_now(transport, header, fd, 0, body))
+        self.assertEqual(calls, [(fd, 0, len(body))])
+        decoder = TransferDecoder(checked=True)
+        # (What a master says first on checked framing, then the frame.)
+        decoder.feed(code(CHECKED_ACK) + peer.recv(1 << 20))
+        self.assertRaises(ChecksumError, decoder.next_frame)
 
     def offset_of(self, fd: int, position: int) -> int:
         """
