@@ -2,7 +2,8 @@
 """
 Writing to a TCP connection at once: L{send_now} (frames, reports and
 heartbeats, on plain TCP and, beneath it, rmqha's TLS layer),
-L{send_file_now} (catch-up frames whose body goes from the file) and
+L{send_file_now} (catch-up frames whose body goes from the file; where
+it can, L{sends_files}) and
 L{set_tcp_no_delay}.  A leaf: imports no other rmqha module.
 """
 
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import os
 import socket as _socket
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from twisted.internet import tcp
 from twisted.protocols.policies import ProtocolWrapper
 
-__all__ = ["send_file_now", "send_now", "set_tcp_no_delay"]
+__all__ = ["send_file_now", "send_now", "sends_files", "set_tcp_no_delay"]
 
 #: C{os.sendfile}, where there is one (Linux, the BSDs, macOS).
 _sendfile = getattr(os, "sendfile", None)
@@ -62,45 +63,64 @@ def send_now(transport: Any, chunks: Sequence[bytes]) -> bool:
     return False
 
 
-def send_file_now(transport: Any, header: bytes, fd: int, position: int, body: bytes) -> bool:
+def sends_files(transport: Any) -> bool:
     """
-    Like C{send_now(transport, [header, body])}, where C{body} was read
-    from file C{fd} at C{position} and is still there: on a plain TCP
-    connection with nothing queued the body goes from the file with
-    C{sendfile} (the kernel hands the socket the page-cache pages: no copy
-    into socket buffers, which was a quarter of a catch-up master's CPU),
-    after the header (sent with C{MSG_MORE}, so that it leaves with the
-    body).  What the socket does not take is queued from C{body}, as
-    C{send_now} queues.
+    Whether L{send_file_now} would send from the file on C{transport} now:
+    a plain TCP connection with nothing queued, where there is
+    C{sendfile}.  (Otherwise it writes C{rest(0)}: the caller might as
+    well read the bytes and send them.)
+    """
+    return _sendfile is not None and _writable_now(transport) is not None
 
-    For frames whose header carries a CRC of C{body} only (checked
-    framing): the bytes leave the file when the peer reads them, so a
-    change to them in between (none is made to a log's bytes below its
-    end while it is replicated from) would reach the peer as a CRC
-    mismatch, never as accepted bytes.
+
+def send_file_now(
+    transport: Any,
+    header: bytes,
+    fd: int,
+    position: int,
+    size: int,
+    rest: Callable[[int], bytes],
+) -> bool:
+    """
+    Write C{header}, then the C{size} bytes of file C{fd} from
+    C{position}.  On a plain TCP connection with nothing queued the body
+    goes from the file with C{sendfile} (the kernel hands the socket the
+    page-cache pages: no copy into socket buffers, which was a quarter of
+    a catch-up master's CPU), after the header (sent with C{MSG_MORE}, so
+    that it leaves with the body).  Bytes the socket does not take are
+    read, C{rest(start)} being the body from byte C{start} on, and queued
+    as C{send_now} queues; anything else than such a connection gets
+    C{writeSequence([header, rest(0)])}.
+
+    For frames whose header carries a CRC of the body only (checked
+    framing): the bytes leave the file when the peer reads them, and the
+    rest is read after the header was made, so a change to them meanwhile
+    (none is made to a log's bytes below its end while it is replicated
+    from) would reach the peer as a CRC mismatch, never as accepted bytes.
 
     @return: whether all of it is on the socket (C{False}: some is queued).
     """
     sendfile = _sendfile
-    if sendfile is None:
-        return send_now(transport, [header, body])
-    direct = _writable_now(transport)
-    if direct is None:
-        transport.writeSequence([header, body])
+    direct = _writable_now(transport) if sendfile is not None else None
+    if sendfile is None or direct is None:
+        transport.writeSequence([header, rest(0)])
         return False
     try:
         sent = direct.socket.send(header, _MSG_MORE)
     except OSError:
         sent = 0
     if sent < len(header):
-        return _queue_rest(direct, [header, body], sent)
+        return _queue_rest(direct, [header, rest(0)], sent)
     try:
-        sent = sendfile(direct.socket.fileno(), fd, position, len(body))
+        sent = sendfile(direct.socket.fileno(), fd, position, size)
     except OSError:
         # (The socket full, failing — doWrite meets that — or the file
-        # unreadable now: the bytes in hand go the ordinary way.)
+        # unreadable now: the rest goes the ordinary way.)
         sent = 0
-    return _queue_rest(direct, [body], sent)
+    if sent < size:
+        direct.writeSequence([rest(sent)])
+        return False
+    return True
 
 
 def _writable_now(transport: Any) -> tcp.Connection | None:

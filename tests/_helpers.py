@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 from twisted.internet import tcp
 from twisted.internet.interfaces import IProtocol
-from twisted.internet.testing import MemoryReactor
+from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
@@ -482,7 +482,7 @@ def socket_pair_connection(
     peer.setblocking(False)
     case.addCleanup(mine.close)
     case.addCleanup(peer.close)
-    transport = _PairConnection(mine, protocol, MemoryReactor())
+    transport = _PairConnection(mine, protocol, MemoryReactorClock())
     transport.connected = True
     return transport, peer
 

@@ -16,7 +16,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.internet.protocol import Protocol
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -30,6 +30,7 @@ from rmqha.ha._wire import (
     FEATURE_CHECKED_FRAMING,
     HEADER_SIZE,
     ChecksumError,
+    MasterClosing,
     NotControlError,
     ProtocolError,
     ReportDecoder,
@@ -44,10 +45,12 @@ from rmqha.ha._wire import (
     encode_digest_request,
     encode_report,
 )
+from rmqha import _sockets
 from rmqha._sockets import send_file_now
 from rmqha.broker import Broker, Role
 from rmqha.settings import BrokerSettings
 from rmqha.store.commitlog import CommitLog
+from rmqha.store.errors import SegmentReadError
 from rmqha.ha.control import CheckFailed, ControlClient, probe
 from rmqha.ha import master
 from rmqha.ha.config import HAConfig
@@ -64,6 +67,7 @@ from tests._helpers import (
     replica_of,
     replication_of,
     segment_files,
+    segment_path,
     socket_pair_connection,
 )
 
@@ -372,7 +376,26 @@ class MasterTests(MasterTestCase):
         for _ in range(20):
             self.store.put(make_message(b"m" * 300))
         end = self.store.max_offset
-        calls = record_sendfile(self)
+        real = _sockets._sendfile
+        # (Each call as its log offset, size, bytes and whether the socket
+        # took them whole, found when it is made: descriptors are reused.)
+        calls: list[tuple[int, int, bytes, bool]] = []
+
+        def recording(out: int, fd: int, position: int, count: int) -> int:
+            sent = real(out, fd, position, count)
+            data = os.pread(fd, count, position)
+            calls.append((self.offset_of(fd, position), count, data, sent == count))
+            return sent
+
+        self.patch(_sockets, "_sendfile", recording)
+        reads: list[int] = []
+        read = self.store.read
+
+        def recorded(offset: int, limit: int) -> bytes:
+            reads.append(offset)
+            return read(offset, limit)
+
+        self.patch(self.store, "read", recorded)
         factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
         self.addCleanup(factory.stopFactory)
         connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
@@ -395,10 +418,104 @@ class MasterTests(MasterTestCase):
                     received += frame.body
         self.assertEqual(received, disk(self.store, 0, end))
         self.assertTrue(calls)
-        for fd, position, count in calls:
-            start = self.offset_of(fd, position)
-            self.assertEqual(os.pread(fd, count, position), disk(self.store, start, start + count))
-            self.assertEqual(count, min(1500, SEGMENT - position))
+        for start, count, data, whole in calls:
+            self.assertEqual(data, disk(self.store, start, start + count))
+            self.assertEqual(count, min(1500, SEGMENT - start % SEGMENT))
+            if whole:
+                # (Its CRC computed in a mapping: never read into the
+                # process.)
+                self.assertNotIn(start, reads)
+        self.assertTrue(any(whole for _, _, _, whole in calls))
+
+    def catch_up_over_sockets(self) -> tuple[MasterConnection, Any, Any]:
+        """
+        A checked connection on a socket pair catching up from offset 0,
+        catch-up frames of 1,500 bytes (C{sendfile} from the second turn
+        on); its transport and the slave's end.
+        """
+        self.patch(master, "CATCH_UP_BATCH_SIZE", 1500)
+        self.patch(master, "_DIRECT_BUDGET", 3000)
+        for _ in range(30):
+            self.store.put(make_message(b"m" * 300))
+        self.store.flush()
+        factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
+        self.addCleanup(factory.stopFactory)
+        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        transport, peer = socket_pair_connection(self, connection)
+        connection.makeConnection(transport)
+        self.addCleanup(connection.connectionLost)
+        connection.dataReceived(code(CHECKED_HELLO) + checked_report(0))
+        return connection, transport, peer
+
+    def drain(self, transport: Any, peer: Any) -> bytes:
+        """
+        Run the master's turns and read what it sends until it closes.
+        """
+        received = b""
+        for _ in range(50):
+            if not transport.disconnected:
+                transport.doWrite()
+            self.clock.advance(0)
+            transport.reactor.advance(0)  # (an abort's connectionLost)
+            try:
+                received += peer.recv(1 << 20)
+            except BlockingIOError:
+                pass
+        return received
+
+    def test_unreadable_segment_refused_from_the_file(self) -> None:
+        """
+        A catch-up whose next segment file is gone, on the path that sends
+        bodies from the file: the slave is told the line naming the file
+        (CLOSING), and the master's log is not damaged.
+        """
+        connection, transport, peer = self.catch_up_over_sockets()
+        calls = record_sendfile(self)
+        path = segment_path(self.store.store_dir, SEGMENT)
+        os.unlink(path)
+        with capturedLogs() as events:
+            received = self.drain(transport, peer)
+        self.assertTrue(calls)
+        decoder = TransferDecoder(checked=True)
+        decoder.feed(received)
+        with self.assertRaises(MasterClosing) as caught:
+            while decoder.next_frame() is not None:
+                pass
+        self.assertIn(f"segment file {path}: was removed", caught.exception.reason)
+        lines = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIsNone(self.store.damage)
+
+    def test_unreadable_rest_drops_the_connection(self) -> None:
+        """
+        The socket took part of a body sent from the file, and the rest
+        cannot be read: part of the frame is out, so no last words can
+        follow; the connection is dropped with one line naming the
+        error; the frame cut short never becomes one the slave accepts.
+        """
+        connection, transport, peer = self.catch_up_over_sockets()
+        real = _sockets._sendfile
+        self.patch(_sockets, "_sendfile", lambda out, fd, at, count: real(out, fd, at, count // 2))
+
+        def unreadable(offset: int, limit: int) -> bytes:
+            raise SegmentReadError("/the/segment", "cannot read 750 bytes at position 2250")
+
+        with capturedLogs() as events:
+            transport.doWrite()
+            self.patch(self.store, "read", unreadable)
+            received = self.drain(transport, peer)
+        self.assertTrue(transport.disconnected)
+        lines = [formatEvent(e) for e in events if e["log_level"] >= LogLevel.warn]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("segment file /the/segment: cannot read 750 bytes", lines[0])
+        decoder = TransferDecoder(checked=True)
+        decoder.feed(received)
+        while (frame := decoder.next_frame()) is not None:
+            self.assertEqual(
+                frame.body, disk(self.store, frame.offset, frame.offset + len(frame.body))
+            )
+        # (The frame cut short: never whole, so never appended.)
+        self.assertGreater(decoder.buffered, 0)
 
     def test_file_changed_after_the_read_is_refused(self) -> None:
         """
@@ -416,7 +533,7 @@ class MasterTests(MasterTestCase):
         os.pwrite(fd, b"X", 500)
         calls = record_sendfile(self)
         transport, peer = socket_pair_connection(self, Protocol())
-        self.assertTrue(send_file_now(transport, header, fd, 0, body))
+        self.assertTrue(send_file_now(transport, header, fd, 0, len(body), lambda start: body[start:]))
         self.assertEqual(calls, [(fd, 0, len(body))])
         decoder = TransferDecoder(checked=True)
         # (What a master says first on checked framing, then the frame.)

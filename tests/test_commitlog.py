@@ -13,12 +13,14 @@ import os
 import subprocess
 import sys
 import zlib
+from typing import Any
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
+from rmqha.store import _spans
 from rmqha.store._queues import QueueTable
 from rmqha.store._record import (
     Blank,
@@ -1055,6 +1057,104 @@ class ReadTests(SynchronousTestCase):
             self.assertRaises(OffsetOutOfRangeError, replica.read, offset, 10)
             self.assertRaises(OffsetOutOfRangeError, replica.read_view, offset, 10)
         self.assertEqual(replica.read(3 * SEGMENT, 1000), data)
+
+
+class FileSpanTests(SynchronousTestCase):
+    """
+    L{CommitLog.file_span}: what L{CommitLog.read} would return, as a
+    descriptor, a position, a size and a CRC-32 computed in a mapping of
+    the segment file's own (rmqha/store/_spans.py).
+    """
+
+    def setUp(self) -> None:
+        self.log = open_store(self, segment_size=64 * 1024)
+        while len(self.log.segments) < 3:
+            self.log.put(make_message(b"s" * 700))
+        self.log.flush()
+        self.end = self.log.max_offset
+
+    def open_files(self) -> list[str]:
+        """
+        The names of this log's segment files open in this process, once
+        per descriptor.
+        """
+        if not os.path.isdir("/proc/self/fd"):
+            raise SkipTest("needs /proc")
+        names = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(self.log.commitlog_dir):
+                names.append(os.path.basename(target))
+        return sorted(names)
+
+    @settings(deadline=None, derandomize=True, max_examples=100)
+    @given(data=st.data(), limit=st.integers(0, 70_000))
+    def test_span_is_the_read(self, data, limit) -> None:
+        """
+        The file holds, at the span's position, exactly the bytes read()
+        returns for the same offset and limit, and the CRC is theirs.
+        """
+        offset = data.draw(st.integers(0, self.end))
+        expected = self.log.read(offset, limit)
+        fd, position, size, crc = self.log.file_span(offset, limit)
+        self.assertEqual(size, len(expected))
+        self.assertEqual(position, offset % (64 * 1024))
+        self.assertEqual(os.pread(fd, size, position), expected)
+        self.assertEqual(crc, zlib.crc32(expected))
+
+    def test_one_reader_at_a_time(self) -> None:
+        """
+        A span holds the file of its segment open on its own: a span in
+        another segment closes it, as does the log's close.  The log's
+        own state of an older segment (no descriptor, no mapping) is left
+        as it was: the log's file checks never see the reader's.
+        """
+        first, second, last = self.log._segments
+        before = self.open_files()
+        self.assertNotIn(os.path.basename(first.path), before)
+        fd, _, _, _ = self.log.file_span(100, 1000)
+        again, _, _, _ = self.log.file_span(1100, 1000)
+        self.assertEqual(again, fd)
+        spanned = [name for name in self.open_files() if name not in before]
+        self.assertEqual(set(spanned), {os.path.basename(first.path)})
+        self.assertEqual((first.fd, first.mapped), (None, False))
+        self.log.file_span(second.start, 1000)
+        spanned = [name for name in self.open_files() if name not in before]
+        self.assertEqual(set(spanned), {os.path.basename(second.path)})
+        self.assertEqual((second.fd, second.mapped), (None, False))
+        self.log.close()
+        self.assertEqual(self.open_files(), [])
+
+    def test_pages_given_back(self) -> None:
+        """
+        Consecutive spans give their pages back every C{_WALK_BLOCK} bytes
+        (whole pages, none twice); a span elsewhere gives back those before
+        it first.
+        """
+        dropped: list[tuple[int, int]] = []
+        real = _spans._drop_pages
+
+        def drop(mm: Any, start: int, end: int) -> None:
+            dropped.append((start, end))
+            real(mm, start, end)
+
+        self.patch(_spans, "_drop_pages", drop)
+        self.patch(_spans, "_WALK_BLOCK", 3 * 4096)
+        offset = 0
+        while offset < 40_000:
+            offset += self.log.file_span(offset, 1000)[2]
+        self.assertEqual(dropped[0], (0, 13_000))
+        for (_, end), (start, _) in zip(dropped, dropped[1:]):
+            self.assertEqual(start, end - end % 4096)
+        self.assertTrue(all(end - start >= 3 * 4096 for start, end in dropped))
+        self.assertGreaterEqual(offset - dropped[-1][1], 0)
+        del dropped[:]
+        self.log.file_span(50_000, 1000)
+        self.assertEqual(len(dropped), 1)
+        self.assertEqual(dropped[0][1], offset)
 
 
 class FlushTests(SynchronousTestCase):

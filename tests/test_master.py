@@ -670,8 +670,21 @@ class SendFileNowTests(SendNowTests):
     L{send_file_now}: a frame's header, then its body from the file with
     C{sendfile}, at once on a plain TCP connection with nothing queued;
     what the socket does not take, and everything on other transports,
-    goes the ordinary way from the bytes in hand, in order.
+    goes the ordinary way, read from the file (C{rest}), in order.
     """
+
+    def reader(self, body: bytes) -> tuple[Callable[[int], bytes], list[int]]:
+        """
+        A C{rest} for C{body}: the body from a byte on, and the starts it
+        was asked for.
+        """
+        asked: list[int] = []
+
+        def rest(start: int) -> bytes:
+            asked.append(start)
+            return body[start:]
+
+        return rest, asked
 
     def file(self, body: bytes, at: int = 100) -> int:
         """
@@ -694,7 +707,9 @@ class SendFileNowTests(SendNowTests):
         calls = record_sendfile(self)
         body = b"record" * 1000
         fd = self.file(body)
-        self.assertTrue(send_file_now(transport, b"HEADER", fd, 100, body))
+        rest, asked = self.reader(body)
+        self.assertTrue(send_file_now(transport, b"HEADER", fd, 100, len(body), rest))
+        self.assertEqual(asked, [])
         received = b""
         while len(received) < 6 + len(body):
             received += peer.recv(1 << 20)
@@ -721,8 +736,11 @@ class SendFileNowTests(SendNowTests):
             drained += len(peer.recv(131072 - drained))
         body = os.urandom(256 * 1024)
         fd = self.file(body)
-        self.assertFalse(send_file_now(transport, b"HEADER", fd, 100, body))
+        rest, asked = self.reader(body)
+        self.assertFalse(send_file_now(transport, b"HEADER", fd, 100, len(body), rest))
         self.assertEqual(len(calls), 1)
+        self.assertEqual(len(asked), 1)
+        self.assertGreater(asked[0], 0)
         self.assertGreater(transport._tempDataLen, 0)
         self.assertIn(transport, transport.reactor.getWriters())
         received = bytearray()
@@ -735,38 +753,44 @@ class SendFileNowTests(SendNowTests):
 
     def test_full_socket_queues_header_and_body(self) -> None:
         """
-        A full socket takes nothing: the header and the body are queued
-        behind, and no C{sendfile} is tried.
+        A full socket takes nothing: the header and the body (read whole)
+        are queued behind, and no C{sendfile} is tried.
         """
         transport, peer = self.connection()
         calls = record_sendfile(self)
         with self.assertRaises(BlockingIOError):
             while True:
                 transport.socket.send(b"x" * 65536)
-        self.assertFalse(send_file_now(transport, b"HEADER", self.file(b"body"), 100, b"body"))
+        rest, asked = self.reader(b"body")
+        self.assertFalse(send_file_now(transport, b"HEADER", self.file(b"body"), 100, 4, rest))
         self.assertEqual(calls, [])
+        self.assertEqual(asked, [0])
         self.assertEqual(transport._tempDataLen, 10)
 
     def test_unreadable_file_sends_the_bytes_in_hand(self) -> None:
         """
         A descriptor C{sendfile} cannot read (here: not a file) costs
-        nothing: the body is queued from the bytes in hand and arrives
-        after the header.
+        nothing: the body is read the other way (C{rest}), queued, and
+        arrives after the header.
         """
         transport, peer = self.connection()
         directory = os.open(self.mktemp().rsplit("/", 1)[0] or ".", os.O_RDONLY)
         self.addCleanup(os.close, directory)
-        self.assertFalse(send_file_now(transport, b"HEADER", directory, 0, b"body"))
+        rest, asked = self.reader(b"body")
+        self.assertFalse(send_file_now(transport, b"HEADER", directory, 0, 4, rest))
+        self.assertEqual(asked, [0])
         transport.doWrite()
         self.assertEqual(peer.recv(100), b"HEADERbody")
 
     def test_other_transports_get_the_bytes(self) -> None:
         """
         TLS, C{StringTransport} and the like: C{writeSequence} of the
-        header and the bytes in hand; no C{sendfile}.
+        header and the body read whole; no C{sendfile}.
         """
         calls = record_sendfile(self)
         transport = StringTransport()
-        self.assertFalse(send_file_now(transport, b"HEADER", self.file(b"body"), 100, b"body"))
+        rest, asked = self.reader(b"body")
+        self.assertFalse(send_file_now(transport, b"HEADER", self.file(b"body"), 100, 4, rest))
         self.assertEqual(transport.value(), b"HEADERbody")
+        self.assertEqual(asked, [0])
         self.assertEqual(calls, [])

@@ -48,7 +48,7 @@ from rmqha.ha.group import PutStatus
 from rmqha.ha.master import MasterConnection, MasterFactory
 from rmqha.ha.replica import ReplicaState
 from rmqha.ha.slave import SlaveFactory
-from rmqha.store import _guard
+from rmqha.store import _guard, _spans
 from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
@@ -415,10 +415,15 @@ class OldSegmentReadTests(SynchronousTestCase):
         self.path = segment_path(self.log.store_dir, 0)
 
     def assert_read_fails(self, what: str) -> None:
-        error = self.assertRaises(SegmentReadError, self.log.read, 0, 1000)
-        self.assertIn(self.path, str(error))
-        self.assertIn(what, str(error))
-        self.assertIsNone(self.log.damage)
+        """
+        A read and a span for sending from the file (L{CommitLog.file_span})
+        fail naming the file and C{what}; the log is not damaged.
+        """
+        for read in (self.log.read, self.log.file_span):
+            error = self.assertRaises(SegmentReadError, read, 0, 1000)
+            self.assertIn(self.path, str(error))
+            self.assertIn(what, str(error))
+            self.assertIsNone(self.log.damage)
         self.log.put(make_message(BODY))
         self.assertIsNone(self.log.check())
 
@@ -440,6 +445,36 @@ class OldSegmentReadTests(SynchronousTestCase):
     def test_cut(self) -> None:
         os.truncate(self.path, 100)
         self.assert_read_fails("was truncated to 100 bytes")
+
+    def test_cut_under_a_span(self) -> None:
+        """
+        Cut after a span opened it: the next span fails naming the cut; cut
+        between the size check and the checksum (the mapping faults: the
+        SIGBUS guard absorbs it), the span fails naming the fault.  The log
+        is not damaged either way, and the next span opens the file again.
+        """
+        self.log.file_span(0, 1000)
+        os.truncate(self.path, 100)
+        error = self.assertRaises(SegmentReadError, self.log.file_span, 1000, 1000)
+        self.assertIn(f"segment file {self.path}: was truncated to 100 bytes", str(error))
+        self.assertIsNone(self.log.damage)
+        if not _guard.AVAILABLE:
+            self.skipTest("the compiled module (and its SIGBUS guard) is not built")
+        with open(self.path, "r+b") as f:
+            f.truncate(64 * 1024)
+        self.log.file_span(0, 1000)
+        os.truncate(self.path, 100)
+        # (The size check passes as if the cut came just after it.)
+        lseek = self.patch(_spans.os, "lseek", lambda fd, position, how: 64 * 1024)
+        error = self.assertRaises(SegmentReadError, self.log.file_span, 8192, 1000)
+        lseek.restore()
+        self.assertIn(
+            f"segment file {self.path}: could not be read through its mapping at position 8192",
+            str(error),
+        )
+        self.log.put(make_message(BODY))
+        self.assertIsNone(self.log.check())
+        self.assertIsNone(self.log.damage)
 
 
 class PureLiveSegmentTests(PurePath, LiveSegmentTests):

@@ -41,6 +41,7 @@ __all__ = [
     "TransferFrame",
     "encode_report",
     "encode_header",
+    "checked_header",
     "encode_checked_header",
     "CHECKED_HELLO",
     "CHECKED_ACK",
@@ -205,7 +206,15 @@ def encode_checked_header(offset: int, body: bytes | memoryview) -> bytes:
     The 20-byte checked framing header of a frame carrying C{body} from
     C{offset} (an empty body: a heartbeat).
     """
-    return _sealed(encode_header(offset, len(body)) + crc32(body).to_bytes(4, "big"))
+    return checked_header(offset, len(body), crc32(body))
+
+
+def checked_header(offset: int, size: int, body_crc: int) -> bytes:
+    """
+    L{encode_checked_header} of a body of C{size} bytes whose CRC-32 is
+    C{body_crc} (a body sent from the file, never in hand).
+    """
+    return _sealed(encode_header(offset, size) + body_crc.to_bytes(4, "big"))
 
 
 def _crc_error(what: str, sent: int, computed: int) -> "ChecksumError":

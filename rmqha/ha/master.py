@@ -46,7 +46,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from rmqha._sockets import send_file_now, send_now, set_tcp_no_delay
+from rmqha._sockets import send_file_now, send_now, sends_files, set_tcp_no_delay
 from rmqha._timers import IdleTimer
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.errors import StoreDamagedError, StoreError
@@ -60,6 +60,7 @@ from rmqha.ha._wire import (
     ProtocolError,
     ReportDecoder,
     decode_identify,
+    checked_header,
     encode_checked_header,
     encode_closing,
     encode_code,
@@ -265,34 +266,33 @@ class Transfer:
                     if self._next_turn is None:
                         self._next_turn = self.factory.clock.callLater(0, self._turn)
                     break
+                if behind and budget > 0 and sends_files(transport):
+                    # A full frame, nothing to gather, straight to the
+                    # socket: its body from the file (no copy into the
+                    # socket, and none into this process: its CRC for the
+                    # header is computed in the mapping).
+                    sent = self._send_from_file(commitlog, offset, catch_up)
+                    if sent is None:
+                        return
+                    if not sent:
+                        break
+                    budget -= sent
+                    offset += sent
+                    self.next_offset = offset
+                    wrote = True
+                    continue
                 try:
                     data = commitlog.read(offset, catch_up if behind else batch)
                 except StoreError as e:
-                    # (A segment file missing, cut short or damaged: the
-                    # error names it.  One line, and an rmqha slave is
-                    # told, instead of a traceback per reconnect.)
-                    self.connection.refuse(
-                        "cannot read the commit log at offset {offset}: {error}",
-                        offset=offset,
-                        error=str(e),
-                    )
+                    self._unreadable(offset, e)
                     return
                 if not data:
                     break
                 chunks = [self._frame_header(offset, data), data]
                 if behind and budget > 0:
-                    # A full frame, nothing to gather: straight to the
-                    # socket when Twisted holds nothing for it (no copy
-                    # into Twisted's buffer), its body from the file (no
-                    # copy into the socket: its header has the body's CRC),
-                    # queued behind it otherwise.
+                    # (TLS, or the socket full: through Twisted's buffer.)
                     budget -= len(data)
-                    try:
-                        fd, position = commitlog.file_position(offset)
-                    except (StoreError, OSError):
-                        send_now(transport, chunks)
-                    else:
-                        send_file_now(transport, chunks[0], fd, position, data)
+                    send_now(transport, chunks)
                 elif direct:
                     # A frame the socket did not take whole: the slave is
                     # behind, so queue (Twisted's buffer, pausing this
@@ -309,6 +309,53 @@ class Transfer:
                 self._direct = True
         finally:
             self._producing = False
+
+    def _send_from_file(self, commitlog: CommitLog, offset: int, limit: int) -> int | None:
+        """
+        Send the frame of up to C{limit} bytes from C{offset} with its body
+        from the segment file (L{send_file_now}).
+
+        @return: the body's size (0: nothing there, nothing sent); C{None}
+            if the log could not be read (the slave was refused, or, a
+            frame begun, the connection dropped).
+        """
+        try:
+            fd, position, size, crc = commitlog.file_span(offset, limit)
+        except (StoreError, OSError) as e:
+            self._unreadable(offset, e)
+            return None
+        if not size:
+            return 0
+        header = checked_header(offset, size, crc)
+        try:
+            send_file_now(
+                self.connection.transport,
+                header,
+                fd,
+                position,
+                size,
+                lambda start: commitlog.read(offset + start, size - start),
+            )
+        except StoreError as e:
+            # Part of the frame is on the socket: no last words can follow
+            # it.  The next connection's read meets the error first.
+            self.connection.drop(
+                "cannot read the commit log at offset {offset}: {error}",
+                offset=offset,
+                error=str(e),
+            )
+            return None
+        return size
+
+    def _unreadable(self, offset: int, error: Exception) -> None:
+        # (A segment file missing, cut short or damaged: the error names
+        # it.  One line, and an rmqha slave is told, instead of a
+        # traceback per reconnect.)
+        self.connection.refuse(
+            "cannot read the commit log at offset {offset}: {error}",
+            offset=offset,
+            error=str(error),
+        )
 
     def _frame_header(self, offset: int, body: bytes | memoryview) -> bytes:
         if self.connection.checked:

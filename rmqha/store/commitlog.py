@@ -83,6 +83,7 @@ from rmqha.store._segments import (
     release_store,
     segment_name,
 )
+from rmqha.store._spans import SpanReader
 from rmqha.store.errors import (
     CorruptRecordError,
     CorruptReplicaError,
@@ -193,6 +194,8 @@ class CommitLog(ReplicaTail, SegmentRolling):
         # disk or from append_at's pwrite, and a slice would fault each of
         # their pages into this process.
         self._mapped_from = self.max_offset
+        # The reader of the segment the last file_span was in.
+        self._span: SpanReader | None = None
         self._validator = ReplicaValidator(segment_size, self.read)
         self._closed = False
         self._queues = QueueTable(store_dir)
@@ -689,19 +692,35 @@ class CommitLog(ReplicaTail, SegmentRolling):
         except OSError as e:
             raise self._watch.read_failure(segment, held, position, end - position, e) from None
 
-    def file_position(self, offset: int) -> tuple[int, int]:
+    def file_span(self, offset: int, limit: int) -> tuple[int, int, int, int]:
         """
-        The descriptor of the segment file holding C{offset} (opened if need
-        be) and C{offset}'s position in it: for sending bytes L{read}
-        returned from the file itself (C{sendfile}).  The descriptor is the
-        store's: valid until the store is closed or the segment removed,
-        not to be closed by the caller.
+        What L{read} would return, for sending from the file itself
+        (C{sendfile}) instead of from a copy: a descriptor of the segment
+        file holding C{offset}, C{offset}'s position in it, and the size
+        and CRC-32 of the bytes from there, the CRC computed in a mapping
+        of the file (nothing copied: rmqha/store/_spans.py).  The
+        descriptor is valid until the next C{file_span} in another segment
+        or the log's close; not to be closed by the caller.
 
         @raise OffsetOutOfRangeError: C{offset} is not in the log.
-        @raise OSError: the segment file cannot be opened.
+        @raise SegmentReadError: the segment file is gone, another file, or
+            does not hold the bytes (as L{read}'s: the log is not damaged
+            by it).
         """
-        segment, position, _ = self._locate(offset, 0)
-        return segment.ensure_fd(), position
+        segment, position, end = self._locate(offset, limit)
+        reader = self._span
+        if reader is not None and reader.segment is not segment:
+            reader.close()
+            reader = self._span = None
+        if reader is None:
+            reader = self._span = SpanReader(segment)
+        try:
+            crc = reader.crc(position, end)
+        except SegmentReadError:
+            reader.close()
+            self._span = None
+            raise
+        return reader.fd, position, end - position, crc
 
     def read_view(self, offset: int, limit: int) -> memoryview:
         """
@@ -814,6 +833,9 @@ class CommitLog(ReplicaTail, SegmentRolling):
         finally:
             self._closed = True
             self._put_ready_at = -1
+            if self._span is not None:
+                self._span.close()
+                self._span = None
             if self._prefault is not None:
                 self._prefault.stop()
             release_store(
