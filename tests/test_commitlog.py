@@ -1130,7 +1130,7 @@ class FileSpanTests(SynchronousTestCase):
 
     def test_pages_given_back(self) -> None:
         """
-        Consecutive spans give their pages back every C{_WALK_BLOCK} bytes
+        Consecutive spans give their pages back every C{SPAN_BLOCK} bytes
         (whole pages, none twice); a span elsewhere gives back those before
         it first.
         """
@@ -1142,7 +1142,7 @@ class FileSpanTests(SynchronousTestCase):
             real(mm, start, end)
 
         self.patch(_spans, "_drop_pages", drop)
-        self.patch(_spans, "_WALK_BLOCK", 3 * 4096)
+        self.patch(_spans, "SPAN_BLOCK", 3 * 4096)
         offset = 0
         while offset < 40_000:
             offset += self.log.file_span(offset, 1000)[2]
