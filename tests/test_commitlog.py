@@ -1128,6 +1128,26 @@ class FileSpanTests(SynchronousTestCase):
         self.log.close()
         self.assertEqual(self.open_files(), [])
 
+    def test_reader_let_go_with_its_segment(self) -> None:
+        """
+        A replica cut back below the segment a span reader holds: the
+        reader is closed with the segment (no removed file stays open).
+        """
+        log = open_store(self, segment_size=64 * 1024)
+        offset = self.log.min_offset
+        while offset < self.end:
+            chunk = self.log.read(offset, self.end - offset)
+            log.append_at(offset, chunk)
+            offset += len(chunk)
+        self.log = log
+        second = log._segments[1]
+        log.file_span(second.start + 100, 1000)
+        self.assertIn(os.path.basename(second.path), self.open_files())
+        log.truncate_replica(log.record_start_at_or_before(1000))
+        self.assertEqual(len(log.segments), 1)
+        self.assertNotIn(os.path.basename(second.path), self.open_files())
+        self.assertIsNone(log._span)
+
     def test_pages_given_back(self) -> None:
         """
         Consecutive spans give their pages back every C{SPAN_BLOCK} bytes

@@ -85,6 +85,9 @@ class ReplicaTail:
         def _release_prefault(self) -> None:
             raise NotImplementedError
 
+        def _release_span(self) -> None:
+            raise NotImplementedError
+
         def _appended(self, end: int) -> None:
             raise NotImplementedError
 
@@ -186,6 +189,7 @@ class ReplicaTail:
         """
         self._put_ready_at = -1
         self._release_prefault()
+        self._release_span()
         bulk = detach_segments(self._segments, offset)
         if self.consume_queues is not None:
             # (Units past the new end point at nothing: provably garbage.)
@@ -387,6 +391,7 @@ class ReplicaTail:
         kept = []
         if self._segments:
             self._release_prefault()
+            self._release_span()
             for segment in self._segments:
                 segment.close()
                 info: dict[str, object] = {
@@ -408,6 +413,7 @@ class ReplicaTail:
         record" does not prove "nothing").
         """
         self._release_prefault()
+        self._release_span()
         for segment in self._segments:
             segment.close()
             if _holds_only_zeros(segment.path, _ZERO_PROOF_LIMIT):

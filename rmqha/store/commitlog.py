@@ -722,6 +722,16 @@ class CommitLog(ReplicaTail, SegmentRolling):
             raise
         return reader.fd, position, end - position, crc
 
+    def _release_span(self) -> None:
+        """
+        Close L{file_span}'s reader (its descriptor and mapping): before
+        segments are removed or cut, and at close, so that no file the
+        log let go of is held open by it.
+        """
+        if self._span is not None:
+            self._span.close()
+            self._span = None
+
     def read_view(self, offset: int, limit: int) -> memoryview:
         """
         Like L{read} but without copying: a view into the mapped segment,
@@ -833,9 +843,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         finally:
             self._closed = True
             self._put_ready_at = -1
-            if self._span is not None:
-                self._span.close()
-                self._span = None
+            self._release_span()
             if self._prefault is not None:
                 self._prefault.stop()
             release_store(
