@@ -20,7 +20,7 @@ from twisted.logger import capturedLogs, formatEvent
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import rmqha
-from rmqha.store import _spans
+from rmqha.store import _spans, commitlog
 from rmqha.store._queues import QueueTable
 from rmqha.store._record import (
     Blank,
@@ -1105,25 +1105,35 @@ class FileSpanTests(SynchronousTestCase):
         self.assertEqual(os.pread(fd, size, position), expected)
         self.assertEqual(crc, zlib.crc32(expected))
 
-    def test_one_reader_at_a_time(self) -> None:
+    def test_readers_by_segment(self) -> None:
         """
-        A span holds the file of its segment open on its own: a span in
-        another segment closes it, as does the log's close.  The log's
-        own state of an older segment (no descriptor, no mapping) is left
-        as it was: the log's file checks never see the reader's.
+        A span holds the file of its segment open on its own, for the next
+        spans there; spans in other segments get readers of their own, up
+        to C{_SPAN_READERS}, beyond which the least recently used is
+        closed; the log's close closes them all.  The log's own state of
+        an older segment (no descriptor, no mapping) is left as it was:
+        the log's file checks never see the readers'.
         """
+        self.patch(commitlog, "_SPAN_READERS", 2)
         first, second, last = self.log._segments
         before = self.open_files()
         self.assertNotIn(os.path.basename(first.path), before)
+
+        def spanned() -> set[str]:
+            return {name for name in self.open_files() if name not in before}
+
         fd, _, _, _ = self.log.file_span(100, 1000)
         again, _, _, _ = self.log.file_span(1100, 1000)
         self.assertEqual(again, fd)
-        spanned = [name for name in self.open_files() if name not in before]
-        self.assertEqual(set(spanned), {os.path.basename(first.path)})
+        self.assertEqual(spanned(), {os.path.basename(first.path)})
         self.assertEqual((first.fd, first.mapped), (None, False))
-        self.log.file_span(second.start, 1000)
-        spanned = [name for name in self.open_files() if name not in before]
-        self.assertEqual(set(spanned), {os.path.basename(second.path)})
+        other, _, _, _ = self.log.file_span(second.start, 1000)
+        self.assertNotEqual(other, fd)
+        self.assertEqual(spanned(), {os.path.basename(first.path), os.path.basename(second.path)})
+        self.assertEqual(self.log.file_span(2100, 1000)[0], fd)
+        self.log.file_span(last.start, 1000)
+        # (The second segment's reader was the least recently used.)
+        self.assertEqual(spanned(), {os.path.basename(first.path)})
         self.assertEqual((second.fd, second.mapped), (None, False))
         self.log.close()
         self.assertEqual(self.open_files(), [])
@@ -1146,7 +1156,7 @@ class FileSpanTests(SynchronousTestCase):
         log.truncate_replica(log.record_start_at_or_before(1000))
         self.assertEqual(len(log.segments), 1)
         self.assertNotIn(os.path.basename(second.path), self.open_files())
-        self.assertIsNone(log._span)
+        self.assertEqual(log._spans, {})
 
     def test_pages_given_back(self) -> None:
         """
