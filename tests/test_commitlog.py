@@ -1158,6 +1158,28 @@ class FileSpanTests(SynchronousTestCase):
         self.assertNotIn(os.path.basename(second.path), self.open_files())
         self.assertEqual(log._spans, {})
 
+    def test_without_the_guard(self) -> None:
+        """
+        Where a mapping cannot be guarded (no compiled module, or every
+        slot taken), a fault would kill the process: the reader checksums
+        what C{pread} reads instead, with the same results.
+        """
+        self.patch(_spans._guard, "add", lambda mm: -1)
+        preads: list[int] = []
+        real = os.pread
+
+        def counted(fd: int, size: int, position: int) -> bytes:
+            preads.append(size)
+            return real(fd, size, position)
+
+        self.patch(_spans.os, "pread", counted)
+        for offset in (0, 1000, 70_000):
+            del preads[:]
+            fd, position, size, crc = self.log.file_span(offset, 3000)
+            self.assertEqual(preads, [size])
+            expected = self.log.read(offset, 3000)
+            self.assertEqual(crc, zlib.crc32(expected))
+
     def test_pages_given_back(self) -> None:
         """
         Consecutive spans give their pages back every C{SPAN_BLOCK} bytes
