@@ -89,8 +89,8 @@ def send_file_now(
     a catch-up master's CPU), after the header (sent with C{MSG_MORE}, so
     that it leaves with the body).  Bytes the socket does not take are
     read, C{rest(start)} being the body from byte C{start} on, and queued
-    as C{send_now} queues; anything else than such a connection gets
-    C{writeSequence([header, rest(0)])}.
+    as C{send_now} queues.  Otherwise (TLS, bytes queued already, no
+    C{sendfile}) it is C{writeSequence([header, rest(0)])}.
 
     For frames whose header carries a CRC of the body only (checked
     framing): the bytes leave the file when the peer reads them, and the
