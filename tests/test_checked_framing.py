@@ -396,13 +396,7 @@ class MasterTests(MasterTestCase):
             return read(offset, limit)
 
         self.patch(self.store, "read", recorded)
-        factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
-        self.addCleanup(factory.stopFactory)
-        connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
-        transport, peer = socket_pair_connection(self, connection)
-        connection.makeConnection(transport)
-        self.addCleanup(connection.connectionLost)
-        connection.dataReceived(code(CHECKED_HELLO) + checked_report(0))
+        _, transport, peer = self.connect_over_sockets()
         decoder = TransferDecoder(checked=True)
         received = b""
         while len(received) < end:
@@ -438,6 +432,14 @@ class MasterTests(MasterTestCase):
         for _ in range(30):
             self.store.put(make_message(b"m" * 300))
         self.store.flush()
+        return self.connect_over_sockets()
+
+    def connect_over_sockets(self) -> tuple[MasterConnection, Any, Any]:
+        """
+        A master connection (transfer batches of 500 bytes) on a socket
+        pair, its slave's checked hello and report of offset 0 received;
+        the connection, its transport and the slave's end.
+        """
         factory = MasterFactory(self.store, self.clock, HAConfig(transfer_batch_size=500))
         self.addCleanup(factory.stopFactory)
         connection = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))

@@ -1059,6 +1059,24 @@ class ReadTests(SynchronousTestCase):
         self.assertEqual(replica.read(3 * SEGMENT, 1000), data)
 
 
+def open_commitlog_files(log: CommitLog) -> list[str]:
+    """
+    The names of C{log}'s segment files open in this process, once per
+    descriptor (sorted).
+    """
+    if not os.path.isdir("/proc/self/fd"):
+        raise SkipTest("needs /proc")
+    names = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(log.commitlog_dir):
+            names.append(os.path.basename(target))
+    return sorted(names)
+
+
 class FileSpanTests(SynchronousTestCase):
     """
     L{CommitLog.file_span}: what L{CommitLog.read} would return, as a
@@ -1072,23 +1090,6 @@ class FileSpanTests(SynchronousTestCase):
             self.log.put(make_message(b"s" * 700))
         self.log.flush()
         self.end = self.log.max_offset
-
-    def open_files(self) -> list[str]:
-        """
-        The names of this log's segment files open in this process, once
-        per descriptor.
-        """
-        if not os.path.isdir("/proc/self/fd"):
-            raise SkipTest("needs /proc")
-        names = []
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith(self.log.commitlog_dir):
-                names.append(os.path.basename(target))
-        return sorted(names)
 
     @settings(deadline=None, derandomize=True, max_examples=100)
     @given(data=st.data(), limit=st.integers(0, 70_000))
@@ -1116,11 +1117,11 @@ class FileSpanTests(SynchronousTestCase):
         """
         self.patch(commitlog, "_SPAN_READERS", 2)
         first, second, last = self.log._segments
-        before = self.open_files()
+        before = open_commitlog_files(self.log)
         self.assertNotIn(os.path.basename(first.path), before)
 
         def spanned() -> set[str]:
-            return {name for name in self.open_files() if name not in before}
+            return {name for name in open_commitlog_files(self.log) if name not in before}
 
         fd, _, _, _ = self.log.file_span(100, 1000)
         again, _, _, _ = self.log.file_span(1100, 1000)
@@ -1136,7 +1137,7 @@ class FileSpanTests(SynchronousTestCase):
         self.assertEqual(spanned(), {os.path.basename(first.path)})
         self.assertEqual((second.fd, second.mapped), (None, False))
         self.log.close()
-        self.assertEqual(self.open_files(), [])
+        self.assertEqual(open_commitlog_files(self.log), [])
 
     def test_reader_let_go_with_its_segment(self) -> None:
         """
@@ -1149,13 +1150,12 @@ class FileSpanTests(SynchronousTestCase):
             chunk = self.log.read(offset, self.end - offset)
             log.append_at(offset, chunk)
             offset += len(chunk)
-        self.log = log
         second = log._segments[1]
         log.file_span(second.start + 100, 1000)
-        self.assertIn(os.path.basename(second.path), self.open_files())
+        self.assertIn(os.path.basename(second.path), open_commitlog_files(log))
         log.truncate_replica(log.record_start_at_or_before(1000))
         self.assertEqual(len(log.segments), 1)
-        self.assertNotIn(os.path.basename(second.path), self.open_files())
+        self.assertNotIn(os.path.basename(second.path), open_commitlog_files(log))
         self.assertEqual(log._spans, {})
 
     def test_without_the_guard(self) -> None:
@@ -1537,17 +1537,6 @@ class ResourceTests(SynchronousTestCase):
     every segment written).
     """
 
-    def open_commitlog_files(self, log: CommitLog) -> list[str]:
-        names = []
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith(log.commitlog_dir):
-                names.append(os.path.basename(target))
-        return names
-
     def test_full_segments_released(self) -> None:
         """
         After rolling through five segments, reading old ones, and a flush:
@@ -1564,7 +1553,7 @@ class ResourceTests(SynchronousTestCase):
         last = log._segments[-1]
         self.assertGreaterEqual(len(log._segments), 5)
         self.assertEqual([s for s in log._segments if s._mm is not None], [last])
-        self.assertEqual(set(self.open_commitlog_files(log)), {os.path.basename(last.path)})
+        self.assertEqual(set(open_commitlog_files(log)), {os.path.basename(last.path)})
 
 
 class TruncateReplicaTests(SynchronousTestCase):

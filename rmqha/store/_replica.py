@@ -85,7 +85,7 @@ class ReplicaTail:
         def _release_prefault(self) -> None:
             raise NotImplementedError
 
-        def _release_span(self) -> None:
+        def _release_spans(self) -> None:
             raise NotImplementedError
 
         def _appended(self, end: int) -> None:
@@ -189,7 +189,7 @@ class ReplicaTail:
         """
         self._put_ready_at = -1
         self._release_prefault()
-        self._release_span()
+        self._release_spans()
         bulk = detach_segments(self._segments, offset)
         if self.consume_queues is not None:
             # (Units past the new end point at nothing: provably garbage.)
@@ -391,7 +391,7 @@ class ReplicaTail:
         kept = []
         if self._segments:
             self._release_prefault()
-            self._release_span()
+            self._release_spans()
             for segment in self._segments:
                 segment.close()
                 info: dict[str, object] = {
@@ -413,7 +413,7 @@ class ReplicaTail:
         record" does not prove "nothing").
         """
         self._release_prefault()
-        self._release_span()
+        self._release_spans()
         for segment in self._segments:
             segment.close()
             if _holds_only_zeros(segment.path, _ZERO_PROOF_LIMIT):

@@ -727,7 +727,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         spans[segment] = reader
         return reader.fd, position, end - position, crc
 
-    def _release_span(self) -> None:
+    def _release_spans(self) -> None:
         """
         Close L{file_span}'s readers (their descriptors and mappings):
         before segments are removed or cut, and at close, so that no file
@@ -849,7 +849,7 @@ class CommitLog(ReplicaTail, SegmentRolling):
         finally:
             self._closed = True
             self._put_ready_at = -1
-            self._release_span()
+            self._release_spans()
             if self._prefault is not None:
                 self._prefault.stop()
             release_store(
