@@ -5,12 +5,20 @@ and cuts 256 MiB, or moves a 256 MiB store aside and opens an empty one,
 a timer standing for the coordinator's lease renewal (a C{LoopingCall} on
 the same reactor, as L{rmqha.coord.node.Coordinator}'s is) is never late
 by more than 50 ms.
+
+A blocking step on the reactor stalls the timer on every attempt (130-308
+ms before the work moved to a thread); a loaded machine (CI runs three
+test workers on two cores, some of them starting JVMs) can hold a runnable
+thread off a core for tens of milliseconds once.  So each measure is
+taken up to L{ATTEMPTS} times, on a fresh store each time, and the least
+stall is held to the bound; every attempt's stall is in the message.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any
+import shutil
+from typing import Any, Awaitable, Callable
 
 import pytest_twisted
 from twisted.internet.defer import Deferred
@@ -26,6 +34,7 @@ SEGMENT = 128 * MiB
 CUT = 256 * MiB
 TICK = 0.01
 LATE = 0.05
+ATTEMPTS = 3
 
 
 def _filled(store: str, reactor: Any) -> CommitLogService:
@@ -71,11 +80,26 @@ def _cut_point(commitlog: CommitLog) -> int:
     return commitlog.record_start_at_or_before(commitlog.max_offset - CUT)
 
 
-@pytest_twisted.ensureDeferred
-async def test_cut_back_of_256_mib(tmp_path: Any) -> None:
+async def _least_stall(
+    tmp_path: Any, measure: Callable[[str, Any], Awaitable[float]]
+) -> None:
+    """
+    Run C{measure} (a store's directory, the reactor: how late a renewal
+    ran) up to L{ATTEMPTS} times until one stall is under L{LATE}.
+    """
     from twisted.internet import reactor
 
-    store = str(tmp_path / "slave")
+    stalls: list[float] = []
+    while len(stalls) < ATTEMPTS:
+        stalls.append(await measure(str(tmp_path / f"attempt-{len(stalls)}"), reactor))
+        if stalls[-1] < LATE:
+            return
+    shown = ", ".join(f"{stall * 1000:.0f}" for stall in stalls)
+    raise AssertionError(f"a renewal ran late on every attempt: {shown} ms")
+
+
+async def _cut_back_stall(directory: str, reactor: Any) -> float:
+    store = os.path.join(directory, "slave")
     service = _filled(store, reactor)
     commitlog = service.commitlog
     assert commitlog is not None
@@ -89,15 +113,13 @@ async def test_cut_back_of_256_mib(tmp_path: Any) -> None:
         await renewals.stop()
     assert path is not None and os.path.getsize(path) >= CUT
     assert commitlog.max_offset == cut
-    assert renewals.latest < LATE, f"a renewal ran {renewals.latest * 1000:.0f} ms late"
     await service.stopService()
+    shutil.rmtree(directory)
+    return renewals.latest
 
 
-@pytest_twisted.ensureDeferred
-async def test_rebootstrap_of_256_mib(tmp_path: Any) -> None:
-    from twisted.internet import reactor
-
-    store = str(tmp_path / "slave")
+async def _rebootstrap_stall(directory: str, reactor: Any) -> float:
+    store = os.path.join(directory, "slave")
     service = _filled(store, reactor)
     aside = store + ".aside"
     renewals = _Renewals(reactor)
@@ -109,5 +131,16 @@ async def test_rebootstrap_of_256_mib(tmp_path: Any) -> None:
         await renewals.stop()
     assert service.commitlog is not None and service.commitlog.max_offset == 0
     assert os.path.getsize(os.path.join(aside, "commitlog", f"{0:020d}")) == SEGMENT
-    assert renewals.latest < LATE, f"a renewal ran {renewals.latest * 1000:.0f} ms late"
     await service.stopService()
+    shutil.rmtree(directory)
+    return renewals.latest
+
+
+@pytest_twisted.ensureDeferred
+async def test_cut_back_of_256_mib(tmp_path: Any) -> None:
+    await _least_stall(tmp_path, _cut_back_stall)
+
+
+@pytest_twisted.ensureDeferred
+async def test_rebootstrap_of_256_mib(tmp_path: Any) -> None:
+    await _least_stall(tmp_path, _rebootstrap_stall)
