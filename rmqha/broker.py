@@ -498,6 +498,15 @@ class Broker(MultiService):
         """
         return self.put_path.put(self.roles.service, message)
 
+    def put_then(
+        self, message: Message, answer: Callable[[PutMessageResult], object]
+    ) -> PutMessageResult | None:
+        """
+        L{put} without a L{Deferred}: the result if known now, else
+        C{None} and C{answer(result)} later; see L{PutPath.put_then}.
+        """
+        return self.put_path.put_then(self.roles.service, message, answer)
+
     def put_batch(self, messages: Sequence[Message]) -> Deferred[tuple[PutStatus, list[AppendResult]]]:
         """
         Store C{messages} on this master as one batch (all or nothing) and

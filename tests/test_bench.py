@@ -183,8 +183,8 @@ class SyncAgainstTests(SynchronousTestCase):
     def test_alternates_and_compares(self) -> None:
         """
         C{bench sync --against DIR} runs C{bench sync} in each checkout in
-        turn, the order swapped every run, C{--busy-poll} given to this
-        checkout's runs only, and reports the medians' ratios and the
+        turn, the order swapped every run, C{--busy-poll} and C{--producer}
+        given to this checkout's runs only, and reports the medians' ratios and the
         paired ratios.
         """
         import json
@@ -214,7 +214,7 @@ class SyncAgainstTests(SynchronousTestCase):
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             bench.main([
                 "sync", "--producers", "1", "--runs", "2", "--busy-poll", "0",
-                "--against", other,
+                "--producer", "callback", "--against", other,
             ])
         result = json.loads(stdout.getvalue().splitlines()[-1])
         self.assertEqual(
@@ -222,6 +222,7 @@ class SyncAgainstTests(SynchronousTestCase):
         )
         for cwd, command in calls:
             self.assertEqual("--busy-poll" in command, cwd == here)
+            self.assertEqual("--producer" in command, cwd == here)
         self.assertEqual(result["this_runs"], [3000, 3000])
         self.assertEqual(result["against_runs"], [1002, 1003])
         self.assertEqual(result["paired_ratios"], [2.99, 2.99])

@@ -19,7 +19,7 @@ from rmqha.settings import BrokerSettings
 from rmqha.store._record import Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
-from rmqha.ha.group import GroupTransferService, PutStatus
+from rmqha.ha.group import GroupTransferService, PutMessageResult, PutStatus
 from rmqha.ha.master import EARLY_BYTES, MasterConnection
 from rmqha.ha.masterside import MasterSide
 
@@ -73,6 +73,69 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.assertEqual(len(made), 4)
         # Without a put's AppendResult: the status itself.
         self.assertEqual(self.successResultOf(self.group.wait_for(1)), PutStatus.SLAVE_NOT_AVAILABLE)
+
+    def test_wait_then(self) -> None:
+        """
+        C{wait_then} answers as C{wait_for} fires, without a Deferred: the
+        answer now when it is known (the quorum past the put, the service
+        stopped) and C{None} otherwise, then C{answer} called once on
+        release, at the timeout or at stop, never when the answer came
+        back now.
+        """
+
+        def finish(status, append):  # type: ignore[no-untyped-def]
+            return (status, append)
+
+        self.group = GroupTransferService(self.clock, timeout=3.0, finish=finish)
+        self.addCleanup(self.group.stop)
+        answers: list = []
+        wait = lambda end, name: self.group.wait_then(end, name, answers.append)  # noqa: E731
+        self.assertIsNone(wait(100, "released"))
+        self.assertIsNone(wait(200, "timed out"))
+        self.group.quorum_changed(100)
+        self.assertEqual(answers, [])  # (the firing rule: at release)
+        self.group.release()
+        self.assertEqual(answers, [(PutStatus.PUT_OK, "released")])
+        self.assertEqual(wait(50, "now"), (PutStatus.PUT_OK, "now"))
+        self.clock.advance(3.0)
+        self.assertEqual(answers[1:], [(PutStatus.FLUSH_SLAVE_TIMEOUT, "timed out")])
+        self.assertIsNone(wait(300, "stopped"))
+        self.group.stop()
+        self.assertEqual(answers[2:], [(PutStatus.SLAVE_NOT_AVAILABLE, "stopped")])
+        self.assertEqual(wait(400, "after"), (PutStatus.SLAVE_NOT_AVAILABLE, "after"))
+        self.assertEqual(len(answers), 3)
+        self.assertEqual(self.group.waiting, 0)
+
+    def test_wait_then_answer_waits_again(self) -> None:
+        """
+        An answer that waits again (a producer's next put) from inside a
+        release: a wait the quorum already covers is answered now, one
+        past it waits for the next release; the release goes on with the
+        waiters it covers.
+        """
+        answers: list = []
+        again = {100: 150, 120: 200}
+
+        def answer(end):  # type: ignore[no-untyped-def]
+            def answered(status):  # type: ignore[no-untyped-def]
+                answers.append((end, status))
+                if end in again:
+                    now = self.group.wait_then(again[end], None, answer(again[end]))  # type: ignore[arg-type]
+                    if now is not None:
+                        answers.append((again[end], "now", now))
+
+            return answered
+
+        for end in (100, 120):
+            self.assertIsNone(self.group.wait_then(end, None, answer(end)))  # type: ignore[arg-type]
+        self.group.quorum_changed(160)
+        self.group.release()
+        ok = PutStatus.PUT_OK
+        self.assertEqual(answers, [(100, ok), (150, "now", ok), (120, ok)])
+        self.assertEqual(self.group.waiting, 1)  # (200)
+        self.group.quorum_changed(200)
+        self.group.release()
+        self.assertEqual(answers[3:], [(200, ok)])
 
     def test_fires_on_release(self) -> None:
         """
@@ -323,8 +386,8 @@ class SyncMasterTests(SynchronousTestCase):
     def ack(self, connection: MasterConnection, offset: int) -> None:
         connection.dataReceived(struct.pack(">q", offset))
 
-    def put(self, broker: Broker):  # type: ignore[no-untyped-def]
-        return broker.put(Message("SyncTopic", b"x" * 100))
+    def put(self, broker: Broker, body: bytes = b"x" * 100):  # type: ignore[no-untyped-def]
+        return broker.put(Message("SyncTopic", body))
 
     def test_async_master_ok_at_once(self) -> None:
         """
@@ -625,7 +688,7 @@ class SyncMasterTests(SynchronousTestCase):
         transport = slave.transport
         assert isinstance(transport, StringTransport)
         body = b"b" * 1024
-        waiting = [broker.put(Message("SyncTopic", body)) for _ in range(32)]
+        waiting = [self.put(broker, body) for _ in range(32)]
         self.reactor.advance(0)
         transport.clear()
         before = broker.commitlog.max_offset
@@ -634,7 +697,7 @@ class SyncMasterTests(SynchronousTestCase):
 
         def again(result):  # type: ignore[no-untyped-def]
             sent_when_called.append(len(transport.value()))
-            more.append(broker.put(Message("SyncTopic", body)))
+            more.append(self.put(broker, body))
 
         for d in waiting:
             d.addCallback(again)
@@ -698,14 +761,14 @@ class SyncMasterTests(SynchronousTestCase):
         body = b"b" * 1024
         waiting, ends = [], []
         for _ in range(96):
-            waiting.append(broker.put(Message("SyncTopic", body)))
+            waiting.append(self.put(broker, body))
             ends.append(broker.commitlog.max_offset)
         self.reactor.advance(0)
         transport.clear()
         start = broker.commitlog.max_offset
         more: list = []
         for d in waiting[:24]:
-            d.addCallback(lambda _: more.append(broker.put(Message("SyncTopic", body))))
+            d.addCallback(lambda _: more.append(self.put(broker, body)))
         # The first 24 acknowledged: 72 records stay unacknowledged.
         self.ack(slave, ends[23])
         self.assertEqual(len(more), 24)
@@ -776,8 +839,8 @@ class SyncFlushTests(SynchronousTestCase):
             f()
             d.callback(None)
 
-    def put(self, broker: Broker):  # type: ignore[no-untyped-def]
-        return broker.put(Message("SyncTopic", b"x" * 100))
+    def put(self, broker: Broker, body: bytes = b"x" * 100):  # type: ignore[no-untyped-def]
+        return broker.put(Message("SyncTopic", body))
 
     def test_async_master_waits_for_disk(self) -> None:
         """
@@ -810,6 +873,20 @@ class SyncFlushTests(SynchronousTestCase):
         self.run_flushes()
         self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
 
+    def test_failed_disk_wait(self) -> None:
+        """
+        A SYNC_FLUSH put whose wait for the disk fails (the store closed
+        under it) fails with that error itself (not wrapped in a
+        FirstError), once: nothing is logged as unhandled.
+        """
+        from twisted.internet.defer import fail
+
+        broker = self.broker(Role.ASYNC_MASTER)
+        self.patch(broker.store, "when_flushed", lambda offset: fail(OSError(5, "closed")))
+        failure = self.failureResultOf(self.put(broker), OSError)
+        self.assertEqual(failure.value.strerror, "closed")
+        self.assertEqual(self.flushLoggedErrors(), [])
+
     def test_disk_verdict_first(self) -> None:
         """
         Disk and slave both late: FLUSH_DISK_TIMEOUT (RocketMQ applies the
@@ -827,6 +904,70 @@ class SyncFlushTests(SynchronousTestCase):
         self.run_flushes()
         self.reactor.advance(3.0)
         self.assertEqual(self.successResultOf(d).status, PutStatus.FLUSH_SLAVE_TIMEOUT)
+
+
+class _PutThen:
+    """
+    Puts through L{Broker.put_then}, as a L{Deferred} for the tests' own
+    assertions: fired with the result returned now, or with the one
+    C{answer} is called with later.  Its contract is checked for every
+    put: C{answer} is never called when the result came back now, and
+    at most once; a breach fails the test at its end.
+    """
+
+    def put(self, broker: Broker, body: bytes = b"x" * 100):  # type: ignore[no-untyped-def]
+        d: Deferred = Deferred()
+        breaches: list[str] = self.__dict__.setdefault("_breaches", [])
+        if not breaches:
+            self.addCleanup(lambda: self.assertEqual(breaches, ["(checked)"]))  # type: ignore[attr-defined]
+            breaches.append("(checked)")
+        returned: list = []
+
+        def answer(result):  # type: ignore[no-untyped-def]
+            if returned:
+                breaches.append(f"answered {result} after returning {returned[0]}")
+            elif d.called:
+                breaches.append(f"answered twice: {result}")
+            else:
+                d.callback(result)
+
+        now = broker.put_then(Message("SyncTopic", body), answer)
+        if now is not None:
+            if d.called:
+                breaches.append(f"answered before returning {now}")
+            else:
+                returned.append(now)
+                d.callback(now)
+        return d
+
+
+class SyncMasterPutThenTests(_PutThen, SyncMasterTests):
+    """
+    L{SyncMasterTests} with every put through L{Broker.put_then}: the same
+    statuses, at the same moments, with no L{Deferred} in the put path.
+    """
+
+
+class SyncFlushPutThenTests(_PutThen, SyncFlushTests):
+    """
+    L{SyncFlushTests} with every put through L{Broker.put_then}.
+    """
+
+    def test_failed_disk_wait(self) -> None:
+        """
+        A SYNC_FLUSH put whose wait for the disk fails (the store closed
+        under it) is answered FLUSH_DISK_TIMEOUT -- stored, not known on
+        disk -- and the failure is logged.
+        """
+        from twisted.internet.defer import fail
+
+        broker = self.broker(Role.ASYNC_MASTER)
+        self.patch(broker.store, "when_flushed", lambda offset: fail(OSError(5, "closed")))
+        result = self.successResultOf(self.put(broker))
+        self.assertEqual(result.status, PutStatus.FLUSH_DISK_TIMEOUT)
+        self.assertEqual(broker.commitlog.max_offset, result.next_offset)
+        self.assertEqual(len(self.flushLoggedErrors(OSError)), 1)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.FLUSH_DISK_TIMEOUT], 1)
 
 
 class FailoverFloorTests(SynchronousTestCase):
@@ -880,6 +1021,35 @@ class FailoverFloorTests(SynchronousTestCase):
         self.in_sync.acked("b", 1000, 1000, 0)
         self.ha.release()
         self.assertEqual(self.successResultOf(d), PutStatus.PUT_OK)
+
+    def test_wait_then_as_wait_for(self) -> None:
+        """
+        HAService.wait_then answers as wait_for fires, in failover mode:
+        the floor of one and the lease good, PUT_OK now; the lease gone,
+        SLAVE_NOT_AVAILABLE now; otherwise a wait the in-sync member's
+        ack releases.
+        """
+        from rmqha.ha.fence import Fence
+
+        answers: list = []
+        self.acks.live_node_ids = {"b"}
+        self.assertIsNone(self.ha.wait_then(1000, "put", answers.append))  # type: ignore[arg-type]
+        self.acks.nodes["b"] = 1000
+        self.in_sync.acked("b", 1000, 1000, 0)
+        self.ha.release()
+        self.assertEqual(answers, [PutMessageResult(PutStatus.PUT_OK, "put")])  # type: ignore[arg-type]
+        self.ha._min_in_sync_replicas = 1
+        self.in_sync.gone("b")
+        self.assertEqual(
+            self.ha.wait_then(2000, "alone", answers.append),  # type: ignore[arg-type]
+            PutMessageResult(PutStatus.PUT_OK, "alone"),  # type: ignore[arg-type]
+        )
+        self.ha._fence = Fence("m", self.clock.seconds)
+        self.assertEqual(
+            self.ha.wait_then(3000, "fenced", answers.append),  # type: ignore[arg-type]
+            PutMessageResult(PutStatus.SLAVE_NOT_AVAILABLE, "fenced"),  # type: ignore[arg-type]
+        )
+        self.assertEqual(len(answers), 1)
 
     def test_refused_without_anyone_to_wait_for(self) -> None:
         """

@@ -2173,11 +2173,15 @@ async def _sync(
     body_size: int = 1024,
     directory: str | None = None,
     busy_poll: int | None = None,
+    producer_api: str = "await",
 ) -> dict[str, Any]:
     """
     C{producers} coroutines putting in a loop for C{seconds} on a master of
     C{mode} with one twistd slave; C{busy_poll}: both processes'
     C{--busy-poll} in microseconds (C{None}: the default).
+    C{producer_api}: C{await} (each producer a coroutine awaiting
+    C{Broker.put}) or C{callback} (each a chain of C{Broker.put_then}
+    answers, no Deferred: docs/sync.md, "Puts without a Deferred").
     """
     from rmqha.broker import Broker, Role
     from rmqha.ha.group import PutStatus
@@ -2236,13 +2240,48 @@ async def _sync(
                     # the other producers, and replication) run.
                     await deferLater(reactor, 0, lambda: None)
 
+        def answering(n: int) -> Deferred[None]:
+            # The same loop as producer's, driven by put_then's answers.
+            message = Message("BenchTopic", body, queue_id=n % 8)
+            finished: Deferred[None] = Deferred()
+            started = [0]
+            count = [0]
+
+            def answered(result: Any) -> None:
+                while True:
+                    latencies.append(clock_ns() - started[0])
+                    statuses[result.status.value] = statuses.get(result.status.value, 0) + 1
+                    count[0] += 1
+                    if time.perf_counter() >= deadline:
+                        finished.callback(None)
+                        return
+                    if result.status is PutStatus.PUT_OK and mode == "async" and count[0] % 64 == 0:
+                        reactor.callLater(0, put)
+                        return
+                    started[0] = clock_ns()
+                    result = master.put_then(message, answered)
+                    if result is None:
+                        return
+
+            def put() -> None:
+                started[0] = clock_ns()
+                result = master.put_then(message, answered)
+                if result is not None:
+                    answered(result)
+
+            put()
+            return finished
+
         # (CPU seconds of this process -- the master, its threads included
         # -- and of the slave over the timed window: what a loaded machine
         # moves least.)
         cpu_before = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
         polled_before = _busy_poll_figures(reactor)
         started = time.perf_counter()
-        await gatherResults([ensureDeferred(producer(n)) for n in range(producers)])
+        if producer_api == "callback":
+            await gatherResults([answering(n) for n in range(producers)])
+        else:
+            await gatherResults([ensureDeferred(producer(n)) for n in range(producers)])
         elapsed = time.perf_counter() - started
         cpu_after = (httpbench._cpu_seconds(os.getpid()), httpbench._cpu_seconds(slave.pid))
         polled_after = _busy_poll_figures(reactor)
@@ -2266,6 +2305,7 @@ async def _sync(
         "p999_us": figures["p999_us"],
         "statuses": statuses,
         "busy_poll_us": busy_poll,
+        "producer_api": producer_api,
         "master_cpu_us_per_put": (cpu_after[0] - cpu_before[0]) / max(1, figures["count"]) * 1e6,
         "slave_cpu_us_per_put": (cpu_after[1] - cpu_before[1]) / max(1, figures["count"]) * 1e6,
         # (The master's busy polling over the timed window: windows that
@@ -2302,6 +2342,8 @@ def _sync_against(args: argparse.Namespace) -> dict[str, Any]:
                 command += ["--dir", directory]
             if name == "this" and args.busy_poll is not None:
                 command += ["--busy-poll", str(args.busy_poll)]
+            if name == "this" and args.producer != "await":
+                command += ["--producer", args.producer]
             env = dict(os.environ, PYTHONPATH=checkouts[name])
             done = subprocess.run(
                 command, env=env, capture_output=True, text=True, check=True, cwd=checkouts[name]
@@ -2536,6 +2578,14 @@ def main(argv: list[str] | None = None) -> None:
         metavar="US",
         help="both processes' --busy-poll, microseconds (default: rmqha's default, 200; "
         "0: off; docs/sync.md, 'Busy polling')",
+    )
+    sync.add_argument(
+        "--producer",
+        choices=["await", "callback"],
+        default="await",
+        help="(sync, async) each producer a coroutine awaiting Broker.put (await) or a "
+        "chain of Broker.put_then answers (callback; with --against, this checkout's "
+        "runs only); docs/sync.md, 'Puts without a Deferred'",
     )
     sync.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     sync.add_argument("--dir", type=_existing_dir, default=None)
@@ -3041,6 +3091,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.body_size,
                     args.dir,
                     args.busy_poll,
+                    args.producer,
                 )
                 print(
                     f"{args.mode.upper()}_MASTER, {args.producers} producers: "

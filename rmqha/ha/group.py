@@ -119,20 +119,21 @@ _SLACK = 1e-6
 
 
 class _Waiter:
-    __slots__ = ("end_offset", "started", "deadline", "deferred", "done", "append")
+    __slots__ = ("end_offset", "started", "deadline", "fire", "done", "append")
 
     def __init__(
         self,
         end_offset: int,
         started: float,
         deadline: float,
-        deferred: Deferred[Any],
+        fire: Callable[[Any], object],
         append: AppendResult | None,
     ) -> None:
         self.end_offset = end_offset
         self.started = started
         self.deadline = deadline
-        self.deferred = deferred
+        # (A Deferred's callback, or an answer callback: wait_then.)
+        self.fire = fire
         self.done = False
         self.append = append
 
@@ -209,10 +210,9 @@ class GroupTransferService:
         the put's C{append}, with C{finish(status, append)} instead.
         Cancelling it withdraws the wait.
         """
-        if self._stopped:
-            return self._at_once(PutStatus.SLAVE_NOT_AVAILABLE, append)
-        if end_offset <= self._quorum_offset:
-            return self._at_once(PutStatus.PUT_OK, append)
+        answer = self._answer_now(end_offset, append)
+        if answer is not None:
+            return succeed(answer)
 
         def cancel(_: Deferred[PutStatus]) -> None:
             if not waiter.done:
@@ -221,19 +221,50 @@ class GroupTransferService:
                 self._compact()
 
         d: Deferred[Any] = Deferred(cancel)
+        waiter = self._enqueue(end_offset, append, d.callback)
+        return d
+
+    def wait_then(
+        self, end_offset: int, append: AppendResult, answer: Callable[[Any], object]
+    ) -> Any:
+        """
+        L{wait_for} without a L{Deferred}: C{finish(status, append)} when
+        the verdict is known now (C{answer} is never called then), else
+        C{None}, and C{answer} is called with it later, once -- from
+        L{release}, the timer or L{stop}, where a callback may run.  A
+        wait here cannot be withdrawn.
+        """
+        now = self._answer_now(end_offset, append)
+        if now is None:
+            self._enqueue(end_offset, append, answer)
+        return now
+
+    def _answer_now(self, end_offset: int, append: AppendResult | None) -> Any:
+        """
+        The answer of a wait for C{end_offset} known without waiting (the
+        service stopped; the quorum offset already past it), or C{None}.
+        """
+        if self._stopped:
+            status = PutStatus.SLAVE_NOT_AVAILABLE
+        elif end_offset <= self._quorum_offset:
+            status = PutStatus.PUT_OK
+        else:
+            return None
+        if self._observe is not None:
+            self._observe(0.0)
+        return status if append is None else self.finish(status, append)
+
+    def _enqueue(
+        self, end_offset: int, append: AppendResult | None, fire: Callable[[Any], object]
+    ) -> _Waiter:
         now = self._clock.seconds()
-        waiter = _Waiter(end_offset, now, now + self._timeout, d, append)
+        waiter = _Waiter(end_offset, now, now + self._timeout, fire, append)
         heapq.heappush(self._heap, (end_offset, next(self._sequence), waiter))
         self._deadlines.append(waiter)
         self._live += 1
         if self._timer is None and not self._expiring:
             self._timer = self._clock.callLater(self._timeout - _SLACK, self._expire)
-        return d
-
-    def _at_once(self, status: PutStatus, append: AppendResult | None) -> Deferred[Any]:
-        if self._observe is not None:
-            self._observe(0.0)
-        return succeed(status if append is None else self.finish(status, append))
+        return waiter
 
     @property
     def quorum_offset(self) -> int:
@@ -281,7 +312,7 @@ class GroupTransferService:
             if observe is not None:
                 observe(now - waiter.started)
             append = waiter.append
-            waiter.deferred.callback(ok if append is None else finish(ok, append))
+            waiter.fire(ok if append is None else finish(ok, append))
         deadlines = self._deadlines
         while deadlines and deadlines[0].done:
             deadlines.popleft()
@@ -290,7 +321,7 @@ class GroupTransferService:
         if self._observe is not None:
             self._observe((self._clock.seconds() if now is None else now) - waiter.started)
         append = waiter.append
-        waiter.deferred.callback(status if append is None else self.finish(status, append))
+        waiter.fire(status if append is None else self.finish(status, append))
 
     def _expire(self) -> None:
         """
@@ -569,10 +600,32 @@ class HAService:
         The replicas' verdict on a put ending at C{end}: its status, or,
         given the put's C{append}, C{group.finish(status, append)}.
         """
+        status = self._status_now(end)
+        if status is not None:
+            return self._answer(status, append)
+        return self.group.wait_for(end, append)
+
+    def wait_then(self, end: int, append: AppendResult, answer: Callable[[Any], object]) -> Any:
+        """
+        L{wait_for} without a L{Deferred} (L{GroupTransferService.wait_then}):
+        C{group.finish(status, append)} when the verdict is known now,
+        else C{None} and C{answer} is called with it later.
+        """
+        status = self._status_now(end)
+        if status is not None:
+            return self.group.finish(status, append)
+        return self.group.wait_then(end, append, answer)
+
+    def _status_now(self, end: int) -> PutStatus | None:
+        """
+        The verdict on a put ending at C{end} that needs no wait for the
+        replicas (not a SYNC_MASTER, too few in sync, the lease alone
+        deciding), or C{None}: the put waits for the quorum offset.
+        """
         if self.in_sync is not None:
-            return self._failover_wait(end, self.in_sync, append)
+            return self._failover_status(end, self.in_sync)
         if not self.sync or self._in_sync_replicas <= 1:
-            return self._answer(PutStatus.PUT_OK, append)
+            return PutStatus.PUT_OK
         # (Who is in sync counts only links that deliver acks; the quorum
         # offset, which releases puts, counts every ack received.)
         acks = self.acks.live_acks()
@@ -582,10 +635,10 @@ class HAService:
         else:
             in_sync = 1 + sum(1 for ack in acks if ack > oldest)
         if in_sync < self._min_in_sync_replicas:
-            return self._answer(PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH, append)
+            return PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH
         if in_sync < self._in_sync_replicas:
-            return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
-        return self.group.wait_for(end, append)
+            return PutStatus.SLAVE_NOT_AVAILABLE
+        return None
 
     @property
     def min_in_sync_replicas(self) -> int:
@@ -646,11 +699,9 @@ class HAService:
             f"replica(s) delivering acks, minInSyncReplicas is {needed}: not stored"
         )
 
-    def _failover_wait(
-        self, end: int, in_sync: InSyncSet, append: AppendResult | None
-    ) -> Deferred[Any]:
+    def _failover_status(self, end: int, in_sync: InSyncSet) -> PutStatus | None:
         if not self.sync:
-            return self._answer(PutStatus.PUT_OK, append)
+            return PutStatus.PUT_OK
         members = in_sync.effective
         # (The master alone holds it now, enough only with
         # minInSyncReplicas 1: the floor holds for every PUT_OK.)
@@ -658,12 +709,12 @@ class HAService:
         if alone or end <= self.group.quorum_offset:
             # Held by every member already: only the lease decides.
             if not self._fence.may_acknowledge():
-                return self._answer(PutStatus.SLAVE_NOT_AVAILABLE, append)
+                return PutStatus.SLAVE_NOT_AVAILABLE
             if alone:
                 self._acked_to(end)
                 self.replication_wait.observe(0.0)
-                return self._answer(PutStatus.PUT_OK, append)
-        return self.group.wait_for(end, append)
+                return PutStatus.PUT_OK
+        return None
 
     def stop(self) -> None:
         """
