@@ -104,6 +104,28 @@ class RoundtripBenchTests(SynchronousTestCase):
         self.assertEqual(len(result["all"]["master"]), 2)
         self.assertEqual(os.listdir(where), [])
 
+    def test_roundtrip_producers(self) -> None:
+        """
+        C{bench roundtrip --producer await|callback}: producers putting
+        again as answered, every put answered PUT_OK (the harness checks
+        it), the slave validating every put.
+        """
+        import json
+
+        where = self.mktemp()
+        os.mkdir(where)
+        for producer in ("await", "callback"):
+            stdout = io.StringIO()
+            with contextlib.redirect_stdout(stdout):
+                bench.main([
+                    "roundtrip", "--count", "200", "--runs", "1", "--producer", producer,
+                    "--producers", "4", "--dir", where,
+                ])
+            result = json.loads(stdout.getvalue().splitlines()[-1])
+            self.assertEqual(result["producer"], producer)
+            self.assertGreater(result["master_put_and_ack_us"]["best"], 0)
+        self.assertEqual(os.listdir(where), [])
+
 
 class WarmUpTests(SynchronousTestCase):
     """

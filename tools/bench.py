@@ -1516,6 +1516,69 @@ def _puts_bench(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _roundtrip_producers(
+    broker: Any,
+    connection: Any,
+    transport: Any,
+    message: Message,
+    args: argparse.Namespace,
+    ends: list[int],
+) -> float:
+    """
+    C{roundtrip --producer}: C{--producers} producers each putting again
+    as its put is answered -- coroutines awaiting C{Broker.put} (C{await})
+    or chains of C{Broker.put_then} answers (C{callback}) -- and one ack
+    of the log's end after each round (what bench sync's 32 producers
+    do, without sockets): µs per put, the producers' resumption included.
+    (C{ends}: the log's end after each round, for the slave's frames.)
+    """
+    import struct
+
+    from twisted.internet.defer import ensureDeferred
+
+    ack = struct.Struct(">q").pack
+    log = broker.commitlog
+    rounds = (args.count + 100) // args.producers
+    # (Each producer's puts left; a producer stops when it has none.)
+    left = [rounds] * args.producers
+    answers: list[Any] = []
+
+    async def awaiting(n: int) -> None:
+        while left[n] > 0:
+            left[n] -= 1
+            answers.append(await broker.put(message))
+
+    def answering(n: int) -> None:
+        def answered(result: object) -> None:
+            if result is not None:
+                answers.append(result)
+            if left[n] > 0:
+                left[n] -= 1
+                if broker.put_then(message, answered) is not None:
+                    raise RuntimeError("a SYNC put was answered at once")
+
+        answered(None)
+
+    if args.producer == "await":
+        for n in range(args.producers):
+            ensureDeferred(awaiting(n))
+    else:
+        for n in range(args.producers):
+            answering(n)
+    for i in range(rounds):
+        if i == 100 // args.producers:
+            started, first = time.perf_counter(), log.max_offset
+            puts_before = broker.put_path.puts
+        ends.append(log.max_offset)
+        transport.clear()
+        connection.dataReceived(ack(log.max_offset))
+    if log.max_offset <= first:
+        raise RuntimeError("no put was made")
+    if len(answers) != broker.put_path.puts or any(a.status.value != "PUT_OK" for a in answers):
+        raise RuntimeError(f"{broker.put_path.puts} puts, {len(answers)} answered PUT_OK")
+    return (time.perf_counter() - started) / (broker.put_path.puts - puts_before) * 1e6
+
+
 def _roundtrip(args: argparse.Namespace) -> dict[str, Any]:
     """
     The Python of a SYNC round trip in one process, no sockets: a
@@ -1560,19 +1623,24 @@ def _roundtrip(args: argparse.Namespace) -> dict[str, Any]:
             connection.dataReceived(ack(0))
             message = Message("BenchTopic", os.urandom(args.body_size))
             log = broker.commitlog
-            ends = []
-            per_ack = args.per_ack
-            for i in range((args.count + 100) // per_ack):
-                if i == 100 // per_ack:
-                    started = time.perf_counter()
-                for _ in range(per_ack):
-                    broker.put(message)
-                    ends.append(log.max_offset)
-                transport.clear()
-                connection.dataReceived(ack(log.max_offset))
-            masters.append(
-                (time.perf_counter() - started) / (args.count // per_ack * per_ack) * 1e6
-            )
+            ends: list[int] = []
+            if args.producer is not None:
+                masters.append(
+                    _roundtrip_producers(broker, connection, transport, message, args, ends)
+                )
+            else:
+                per_ack = args.per_ack
+                for i in range((args.count + 100) // per_ack):
+                    if i == 100 // per_ack:
+                        started = time.perf_counter()
+                    for _ in range(per_ack):
+                        broker.put(message)
+                        ends.append(log.max_offset)
+                    transport.clear()
+                    connection.dataReceived(ack(log.max_offset))
+                masters.append(
+                    (time.perf_counter() - started) / (args.count // per_ack * per_ack) * 1e6
+                )
             records = log.read(0, log.max_offset)
             frames, start = [], 0
             for end in ends:
@@ -1601,6 +1669,8 @@ def _roundtrip(args: argparse.Namespace) -> dict[str, Any]:
         "machine": machine_info(),
         "count": args.count,
         "per_ack": args.per_ack,
+        "producer": args.producer,
+        "producers": args.producers,
         "runs": args.runs,
         "master_put_and_ack_us": {"best": min(masters), "median": statistics.median(masters)},
         "slave_frame_us": {"best": min(slaves), "median": statistics.median(slaves)},
@@ -2703,6 +2773,15 @@ def main(argv: list[str] | None = None) -> None:
         "--per-ack", type=int, default=1,
         help="puts per ack (1; ~12 is what one ack covers at 32 producers)",
     )
+    roundtrip.add_argument(
+        "--producer",
+        choices=["await", "callback"],
+        default=None,
+        help="instead of --per-ack: --producers producers each putting again as its "
+        "put is answered, coroutines awaiting Broker.put (await) or chains of "
+        "Broker.put_then answers (callback), one ack per round",
+    )
+    roundtrip.add_argument("--producers", type=int, default=32, help="(--producer) 32")
     roundtrip.add_argument("--runs", type=int, default=3)
     roundtrip.add_argument("--dir", type=_existing_dir, default=None, help="where the stores go")
     codec = commands.add_parser(
