@@ -137,6 +137,37 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.group.release()
         self.assertEqual(answers[3:], [(200, ok)])
 
+    def test_wait_then_answer_raises(self) -> None:
+        """
+        An answer that raises is logged, once; the release, the timer and
+        the stop go on answering the other waiters (the replication
+        connection that delivered the ack never sees the error).
+        """
+        answers: list = []
+
+        def broken(status):  # type: ignore[no-untyped-def]
+            raise ValueError(f"broken on {status.value}")
+
+        for end, answer in ((100, broken), (110, answers.append), (200, broken),
+                            (210, answers.append), (300, broken), (310, answers.append)):
+            self.assertIsNone(self.group.wait_then(end, None, answer))  # type: ignore[arg-type]
+        self.group.quorum_changed(110)
+        self.group.release()
+        self.clock.advance(3.0)
+        for end, answer in ((400, broken), (410, answers.append)):
+            self.assertIsNone(self.group.wait_then(end, None, answer))  # type: ignore[arg-type]
+        self.group.stop()
+        self.assertEqual(
+            answers,
+            [
+                PutStatus.PUT_OK,
+                PutStatus.FLUSH_SLAVE_TIMEOUT,
+                PutStatus.FLUSH_SLAVE_TIMEOUT,
+                PutStatus.SLAVE_NOT_AVAILABLE,
+            ],
+        )
+        self.assertEqual(len(self.flushLoggedErrors(ValueError)), 4)
+
     def test_fires_on_release(self) -> None:
         """
         The firing rule: a quorum reaching the end offset fires nothing by

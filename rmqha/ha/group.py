@@ -36,6 +36,7 @@ from typing import Any, Callable
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from zope.interface import implementer
@@ -159,6 +160,8 @@ class GroupTransferService:
     waiters, when it is rebuilt), so memory tracks the live waiters.
     """
 
+    _log = Logger()
+
     def __init__(
         self,
         clock: IReactorTime,
@@ -232,7 +235,8 @@ class GroupTransferService:
         the verdict is known now (C{answer} is never called then), else
         C{None}, and C{answer} is called with it later, once -- from
         L{release}, the timer or L{stop}, where a callback may run.  A
-        wait here cannot be withdrawn.
+        wait here cannot be withdrawn.  An C{answer} that raises is
+        logged; the other waiters are answered as if it had not.
         """
         now = self._answer_now(end_offset, append)
         if now is None:
@@ -312,7 +316,10 @@ class GroupTransferService:
             if observe is not None:
                 observe(now - waiter.started)
             append = waiter.append
-            waiter.fire(ok if append is None else finish(ok, append))
+            try:
+                waiter.fire(ok if append is None else finish(ok, append))
+            except Exception:
+                self._answer_failed()
         deadlines = self._deadlines
         while deadlines and deadlines[0].done:
             deadlines.popleft()
@@ -321,7 +328,16 @@ class GroupTransferService:
         if self._observe is not None:
             self._observe((self._clock.seconds() if now is None else now) - waiter.started)
         append = waiter.append
-        waiter.fire(status if append is None else self.finish(status, append))
+        try:
+            waiter.fire(status if append is None else self.finish(status, append))
+        except Exception:
+            self._answer_failed()
+
+    def _answer_failed(self) -> None:
+        # A wait_then answer that raised: logged, and the release (or
+        # the timer, or the stop) goes on with the other waiters; the
+        # replication connection whose ack released it never sees it.
+        self._log.failure("a put's answer failed")
 
     def _expire(self) -> None:
         """
