@@ -406,8 +406,8 @@ class StubAcks:
     def node_acks(self) -> dict[str, int]:
         return dict(self.nodes)
 
-    def live_acks(self) -> list[int]:
-        return list(self.live)
+    def live_count(self, past: int = -1) -> int:
+        return sum(1 for ack in self.live if ack > past)
 
     def live_nodes(self) -> set[str]:
         return set(self.live_node_ids)

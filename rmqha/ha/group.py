@@ -643,13 +643,9 @@ class HAService:
         if not self.sync or self._in_sync_replicas <= 1:
             return PutStatus.PUT_OK
         # (Who is in sync counts only links that deliver acks; the quorum
-        # offset, which releases puts, counts every ack received.)
-        acks = self.acks.live_acks()
-        oldest = end - self._fallbehind_max  # an ack must be past this
-        if len(acks) == 1:  # the common case, without a generator per put
-            in_sync = 2 if acks[0] > oldest else 1
-        else:
-            in_sync = 1 + sum(1 for ack in acks if ack > oldest)
+        # offset, which releases puts, counts every ack received.  An ack
+        # must be past end - slaveFallbehindMax.)
+        in_sync = 1 + self.acks.live_count(end - self._fallbehind_max)
         if in_sync < self._min_in_sync_replicas:
             return PutStatus.IN_SYNC_REPLICAS_NOT_ENOUGH
         if in_sync < self._in_sync_replicas:
@@ -677,7 +673,7 @@ class HAService:
         if self.in_sync is not None:
             return len(self.in_sync.effective)
         oldest = self._appended.max_offset - self._fallbehind_max
-        return 1 + sum(1 for ack in self.acks.live_acks() if ack > oldest)
+        return 1 + self.acks.live_count(oldest)
 
     def _answer(self, status: PutStatus, append: AppendResult | None) -> Deferred[Any]:
         return succeed(status if append is None else self.group.finish(status, append))
@@ -697,7 +693,7 @@ class HAService:
             return None
         in_sync = self.in_sync
         if in_sync is None:
-            live = len(self.acks.live_acks())
+            live = self.acks.live_count()
             if live + 1 >= needed:
                 return None
             return (

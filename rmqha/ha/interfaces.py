@@ -74,10 +74,10 @@ class IReplicaAcks(Interface):
         Failover mode: the highest ack of each counted node, by node id.
         """
 
-    def live_acks() -> list[int]:
+    def live_count(past: int = -1) -> int:
         """
-        The acks of the replicas whose links deliver acks (who counts as
-        connected, fixed roles).
+        How many replicas' links deliver acks (who counts as connected,
+        fixed roles) with an ack past offset C{past} (any ack: -1).
         """
 
     def live_nodes() -> set[str]:

@@ -204,21 +204,24 @@ class Replicas:
         timeout = self.link_timeout
         return (c for c in list(self.connections) if c.delivers_acks(now, end, timeout))
 
-    def live_acks(self) -> list[int]:
+    def live_count(self, past: int = -1) -> int:
         """
-        The acks of the slaves whose links deliver acks: one per replica.
+        How many slaves' links deliver acks (one per replica) with an ack
+        past offset C{past} (any ack: -1).
         """
-        # (Every SYNC put asks this twice, before it is stored and as it
-        # waits: one pass over the set, no copy of it, no generator --
-        # delivers_acks changes the connection, never the set.)
+        # (Every SYNC put asks this as it waits: one pass over the set, no
+        # copy of it, no list, no generator -- delivers_acks changes the
+        # connection, never the set; it is asked of every connection with
+        # an ack, whatever the ack, as before.)
         now = self._clock.seconds()
         end = self._appended.max_offset
         timeout = self.link_timeout
-        return [
-            ack
-            for c in self.connections
-            if (ack := c.ack_offset) is not None and c.delivers_acks(now, end, timeout)
-        ]
+        count = 0
+        for c in self.connections:
+            ack = c.ack_offset
+            if ack is not None and c.delivers_acks(now, end, timeout) and ack > past:
+                count += 1
+        return count
 
     def live_nodes(self) -> set[str]:
         """
