@@ -31,8 +31,7 @@ import enum
 import heapq
 import itertools
 from collections import deque
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -91,11 +90,14 @@ class PutStatus(enum.Enum):
     __hash__ = object.__hash__
 
 
-@dataclass(frozen=True)
-class PutMessageResult:
+class PutMessageResult(NamedTuple):
     """
     How a put ended.  The message is stored whatever the status (a put
     that stores nothing raises L{rmqha.broker.NotStoredError} instead).
+
+    (A named tuple, as L{AppendResult} is: one is made per put, and a
+    frozen dataclass took twice as long to make, ~0.3 us more a put on
+    the master's reactor thread.)
     """
 
     status: PutStatus
