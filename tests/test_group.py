@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import struct
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.testing import MemoryReactorClock, StringTransport
@@ -381,6 +383,67 @@ class GroupTransferServiceTests(SynchronousTestCase):
         """
         e = self.assertRaises(ValueError, GroupTransferService, self.clock, 0)
         self.assertIn("slaveTimeout", str(e))
+
+
+class WaitThenEquivalenceTests(SynchronousTestCase):
+    """
+    C{wait_then} and C{wait_for} answer alike, whatever the schedule.
+    """
+
+    @settings(deadline=None, derandomize=True, max_examples=80)
+    @given(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("wait"), st.integers(0, 50)),
+                st.tuples(st.just("quorum"), st.integers(0, 50)),
+                st.tuples(st.just("release"), st.just(0)),
+                st.tuples(st.just("advance"), st.integers(0, 4)),
+                st.tuples(st.just("stop"), st.just(0)),
+            ),
+            max_size=40,
+        )
+    )
+    def test_same_answers(self, steps: list[tuple[str, int]]) -> None:
+        """
+        Two services driven by the same steps -- each wait made on one
+        with C{wait_for}, on the other with C{wait_then} -- give every wait
+        the same answer at the same step, in the same order, and the
+        C{wait_then} answer is either returned or called, never both.
+        """
+        clocks = Clock(), Clock()
+        deferreds = GroupTransferService(clocks[0], timeout=3.0)
+        answers = GroupTransferService(clocks[1], timeout=3.0)
+        # (Per step: which waits ended, as (wait number, status), in order.)
+        fired: list[tuple[int, PutStatus]] = []
+        called: list[tuple[int, PutStatus]] = []
+        quorum = -1
+        for number, (step, value) in enumerate(steps):
+            if step == "wait":
+                d = deferreds.wait_for(value)
+                d.addCallback(lambda status, n=number: fired.append((n, status)))
+                now = answers.wait_then(value, None, lambda status, n=number: called.append((n, status)))  # type: ignore[arg-type]
+                if now is not None:
+                    self.assertNotIn(number, [n for n, _ in called])
+                    called.append((number, now))
+            elif step == "quorum":
+                quorum = max(quorum, value)
+                deferreds.quorum_changed(quorum)
+                answers.quorum_changed(quorum)
+            elif step == "release":
+                deferreds.release()
+                answers.release()
+            elif step == "advance":
+                clocks[0].advance(value)
+                clocks[1].advance(value)
+            else:
+                deferreds.stop()
+                answers.stop()
+            self.assertEqual(called, fired, f"after step {number} {step} {value}")
+            self.assertEqual(deferreds.waiting, answers.waiting)
+        deferreds.stop()
+        answers.stop()
+        self.assertEqual(called, fired)
+        self.assertEqual(len({n for n, _ in called}), len(called))
 
 
 class SyncMasterTests(SynchronousTestCase):
