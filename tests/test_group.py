@@ -1009,12 +1009,14 @@ class _PutThen:
     at most once; a breach fails the test at its end.
     """
 
+    def setUp(self) -> None:
+        super().setUp()  # type: ignore[misc]
+        self.breaches: list[str] = []
+        self.addCleanup(lambda: self.assertEqual(self.breaches, []))  # type: ignore[attr-defined]
+
     def put(self, broker: Broker, body: bytes = b"x" * 100):  # type: ignore[no-untyped-def]
         d: Deferred = Deferred()
-        breaches: list[str] = self.__dict__.setdefault("_breaches", [])
-        if not breaches:
-            self.addCleanup(lambda: self.assertEqual(breaches, ["(checked)"]))  # type: ignore[attr-defined]
-            breaches.append("(checked)")
+        breaches = self.breaches
         returned: list = []
 
         def answer(result):  # type: ignore[no-untyped-def]
