@@ -91,6 +91,14 @@ class ReplicaTail:
         def _appended(self, end: int) -> None:
             raise NotImplementedError
 
+    def _release_segment_users(self) -> None:
+        """
+        Before segments are cut, removed or closed here: the pre-faulting
+        thread and L{CommitLog.file_span}'s readers let go of them.
+        """
+        self._release_prefault()
+        self._release_spans()
+
     @property
     def record_end(self) -> int:
         """
@@ -188,8 +196,7 @@ class ReplicaTail:
         append.
         """
         self._put_ready_at = -1
-        self._release_prefault()
-        self._release_spans()
+        self._release_segment_users()
         bulk = detach_segments(self._segments, offset)
         if self.consume_queues is not None:
             # (Units past the new end point at nothing: provably garbage.)
@@ -390,8 +397,7 @@ class ReplicaTail:
         _check_segment_size(size)
         kept = []
         if self._segments:
-            self._release_prefault()
-            self._release_spans()
+            self._release_segment_users()
             for segment in self._segments:
                 segment.close()
                 info: dict[str, object] = {
@@ -412,8 +418,7 @@ class ReplicaTail:
         cleanly closed segment no further than its first bytes: "no
         record" does not prove "nothing").
         """
-        self._release_prefault()
-        self._release_spans()
+        self._release_segment_users()
         for segment in self._segments:
             segment.close()
             if _holds_only_zeros(segment.path, _ZERO_PROOF_LIMIT):
