@@ -13,7 +13,7 @@ from typing import Any
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 from rmqha.store import _record
-from rmqha.store._prefault import AHEAD, Prefaulter
+from rmqha.store._prefault import AHEAD, IDLE_CPUS, WINDOW, IdleGauge, Prefaulter, idle_ticks
 from rmqha.store._record import Message
 from rmqha.store.commitlog import CommitLog
 
@@ -38,6 +38,9 @@ class _Recorder:
 
     def stop(self) -> None:
         self.working = False
+
+    def cpu_time(self) -> float:
+        return 0.0
 
 
 class PrefaultTests(SynchronousTestCase):
@@ -220,6 +223,15 @@ class EngineTests(SynchronousTestCase):
         # (0 in practice; writeback cleaning a page in between may cost one.)
         self.assertLessEqual(populated, untouched // 4)
 
+    def test_cpu_time(self) -> None:
+        """
+        The engine reports its thread's CPU time: none before it starts,
+        some once it has populated pages.
+        """
+        self.assertEqual(self.engine.cpu_time(), 0.0)
+        self.populated(0, self.size)
+        self.assertGreater(self.engine.cpu_time(), 0.0)
+
     def test_holds_the_mapping_until_released(self) -> None:
         """
         While the engine holds a mapping it cannot be closed under it
@@ -267,3 +279,178 @@ class EngineTests(SynchronousTestCase):
         with self.assertRaises(BufferError):
             self.engine.ask(b"read only", 0, 4)
         self.assertLessEqual(self.populated(0, 10 * self.size), self.size)
+
+
+def _stat(*cpus: tuple[int, int]) -> str:
+    """
+    A C{/proc/stat} text whose C{cpuN} lines have C{(busy, idle)} ticks
+    (the busy ones as user time, a tick of iowait in the idle).
+    """
+    lines = ["cpu  1 2 3 4 5 6 7 8 9 10"]
+    for n, (busy, idle) in enumerate(cpus):
+        lines.append(f"cpu{n} {busy} 0 0 {idle - 1} 1 0 0 0 0 0")
+    lines += ["intr 1 2 3", "ctxt 5", "cpuweird is no longer a cpu line"]
+    return "\n".join(lines) + "\n"
+
+
+class IdleTicksTests(SynchronousTestCase):
+    """
+    L{idle_ticks}: what C{/proc/stat} says of the CPUs counted.
+    """
+
+    def test_counts_the_cpus_asked_for(self) -> None:
+        text = _stat((10, 90), (70, 30), (0, 100))
+        self.assertEqual(idle_ticks(text, None), (220, 300, 3))
+        self.assertEqual(idle_ticks(text, frozenset({0, 2})), (190, 200, 2))
+
+    def test_a_line_it_does_not_know(self) -> None:
+        """
+        A C{cpuN} line with too few columns is named in the error.
+        """
+        error = self.assertRaises(ValueError, idle_ticks, "cpu0 1 2 3\n", None)
+        self.assertIn("cpu0 1 2 3", str(error))
+
+
+class IdleGaugeTests(SynchronousTestCase):
+    """
+    L{IdleGauge}: whether a CPU is spare, from the ticks between two
+    readings at least L{WINDOW} apart.
+    """
+
+    def gauge(self, *texts: str) -> tuple[IdleGauge, list[float], list[int]]:
+        now = [0.0]
+        reads = [0]
+        queue = list(texts)
+
+        def read() -> str:
+            reads[0] += 1
+            text = queue.pop(0)
+            if text == "gone":
+                raise OSError("no /proc/stat")
+            return text
+
+        return IdleGauge(read, lambda: now[0], None, hz=100), now, reads
+
+    def test_first_reading_says_yes(self) -> None:
+        """
+        With nothing to compare, the gauge says a CPU is spare (the pages
+        are asked for, as before it existed).
+        """
+        gauge, _, _ = self.gauge(_stat((0, 0), (0, 0)))
+        self.assertTrue(gauge.idle(0.0))
+
+    def test_busy_cpus(self) -> None:
+        """
+        Two CPUs with less than L{IDLE_CPUS} of one idle between readings:
+        no CPU is spare; with more, one is.
+        """
+        gauge, now, _ = self.gauge(
+            _stat((0, 0), (0, 0)),
+            _stat((100, 0), (60, 40)),
+            _stat((200, 0), (80, 120)),
+        )
+        gauge.idle(0.0)
+        now[0] += WINDOW
+        self.assertLess(40 / 100, IDLE_CPUS)
+        self.assertFalse(gauge.idle(0.0))
+        now[0] += WINDOW
+        self.assertTrue(gauge.idle(0.0))
+
+    def test_own_time_counts_as_spare(self) -> None:
+        """
+        The CPU the pre-faulting itself used would be idle without it: it
+        counts as spare, so a busy thread does not switch itself off.
+        """
+        gauge, now, _ = self.gauge(_stat((0, 0), (0, 0)), _stat((100, 0), (70, 30)))
+        gauge.idle(0.0)
+        now[0] += WINDOW
+        # 0.3 CPU idle, 0.4 s of the thread's own over 1 s: 0.7 spare.
+        self.assertTrue(gauge.idle(0.4))
+
+    def test_read_at_most_once_a_window(self) -> None:
+        """
+        Between readings the last answer stands and nothing is read.
+        """
+        gauge, now, reads = self.gauge(_stat((0, 0)), _stat((100, 0)), _stat((100, 100)))
+        gauge.idle(0.0)
+        now[0] += WINDOW
+        self.assertFalse(gauge.idle(0.0))
+        now[0] += WINDOW / 2
+        self.assertFalse(gauge.idle(0.0))
+        self.assertEqual(reads[0], 2)
+        now[0] += WINDOW / 2
+        self.assertTrue(gauge.idle(0.0))
+        self.assertEqual(reads[0], 3)
+
+    def test_cannot_tell(self) -> None:
+        """
+        When C{/proc/stat} cannot be read or understood, the gauge says
+        yes (as before it existed) and starts afresh.
+        """
+        gauge, now, _ = self.gauge(
+            _stat((0, 0)), _stat((100, 0)), "gone", "cpu0 x\n", _stat((100, 0))
+        )
+        gauge.idle(0.0)
+        now[0] += WINDOW
+        self.assertFalse(gauge.idle(0.0))
+        for _ in range(3):
+            now[0] += WINDOW
+            self.assertTrue(gauge.idle(0.0))
+
+    def test_reads_this_machine(self) -> None:
+        """
+        The default reader understands this machine's C{/proc/stat}.
+        """
+        if not os.path.exists("/proc/stat"):
+            raise SkipTest("no /proc/stat here")
+        with open("/proc/stat") as f:
+            idle, total, counted = idle_ticks(f.read(), None)
+        self.assertGreater(counted, 0)
+        self.assertGreaterEqual(total, idle)
+
+
+class _Gauge:
+    def __init__(self) -> None:
+        self.spare = True
+        self.owns: list[float] = []
+
+    def idle(self, own: float) -> bool:
+        self.owns.append(own)
+        return self.spare
+
+
+class PrefaulterGaugeTests(SynchronousTestCase):
+    """
+    The pre-faulting asks for pages only while a CPU is spare.
+    """
+
+    def test_no_spare_cpu(self) -> None:
+        """
+        Without a spare CPU nothing is asked; the gauge is asked again
+        L{AHEAD} further on, and once a CPU is spare the pages are asked
+        for from there.  The gauge is told the engine's CPU time.
+        """
+        recorder = _Recorder()
+        gauge = _Gauge()
+        prefault = Prefaulter(recorder, gauge)  # type: ignore[arg-type]
+        gauge.spare = False
+        mm = object()
+        prefault.ahead(mm, 1000, 64 * AHEAD)  # type: ignore[arg-type]
+        self.assertEqual(recorder.asks, [])
+        self.assertEqual(prefault.ask_at, 1000 + AHEAD)
+        gauge.spare = True
+        prefault.ahead(mm, 1000 + AHEAD + 10, 64 * AHEAD)  # type: ignore[arg-type]
+        self.assertEqual(recorder.asks, [(mm, 1000 + AHEAD + 10, 1000 + 3 * AHEAD + 10)])
+        self.assertEqual(gauge.owns, [0.0, 0.0])
+
+    def test_made_with_a_gauge(self) -> None:
+        """
+        A commit log's pre-faulting (with the accelerator) asks only with a
+        CPU to spare.
+        """
+        if _record._accel is None:
+            raise SkipTest("the compiled accelerator is not built")
+        log = CommitLog.open(self.mktemp(), segment_size=1 << 20)
+        self.addCleanup(log.close)
+        assert log._prefault is not None
+        self.assertIsInstance(log._prefault.gauge, IdleGauge)

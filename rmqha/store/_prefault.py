@@ -16,6 +16,16 @@ was tried first: every chunk it finished had to take the GIL back from the
 put thread, and on a loaded machine a descheduled worker holding the GIL
 stalled the puts for milliseconds.)
 
+Only with a CPU to spare: before each ask, an L{IdleGauge} looks at how
+much of the CPUs this process may use sat idle over the last L{WINDOW}
+seconds (C{/proc/stat}); under L{IDLE_CPUS} of a CPU, nothing is asked and
+the puts fault their pages in themselves.  The thread moves the zeroing to
+another CPU, it does not make it cheaper: where no CPU is idle (a master
+and its slave busy-polling on two cores) it takes its share from the
+reactors, and the pages it zeroed are written from another core's cache;
+measured there, the puts were faster and their tail shorter without it
+(docs/benchmarks.md, "Pre-faulting only with a CPU to spare").
+
 Bounded: at most 2 x L{AHEAD} bytes past the put position, one chunk in
 flight, one thread per commit log, started by its first put.  Without the
 accelerator (C{RMQHA_PURE=1}), or on a kernel without
@@ -26,15 +36,27 @@ fault their pages in as before.
 from __future__ import annotations
 
 import mmap
-from typing import Protocol
+import os
+import time
+from typing import Callable, Protocol
 
 from rmqha.store import _record
 
-__all__ = ["Prefaulter", "AHEAD", "prefaulter"]
+__all__ = ["Prefaulter", "AHEAD", "IDLE_CPUS", "WINDOW", "IdleGauge", "prefaulter"]
 
 #: How far past the put position the pages are kept faulted in (asked for
 #: up to twice this, again once a put is this far past the last ask).
 AHEAD = 4 << 20
+
+#: How much idle CPU (in CPUs, over those this process may use) the last
+#: L{WINDOW} must have had for the pages to be asked for.  The thread needs
+#: far less (~1.5 ms of CPU per 4 MiB); with less than half a CPU idle it
+#: competes with the reactors more than it relieves them.
+IDLE_CPUS = 0.5
+
+#: The shortest span (s) idle time is measured over: C{/proc/stat} counts
+#: in 10 ms ticks, and is read at most this often.
+WINDOW = 0.2
 
 
 class Engine(Protocol):
@@ -48,6 +70,97 @@ class Engine(Protocol):
 
     def stop(self) -> None: ...
 
+    def cpu_time(self) -> float: ...
+
+
+def _proc_stat() -> str:
+    with open("/proc/stat") as f:
+        return f.read()
+
+
+def _allowed_cpus() -> frozenset[int] | None:
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def idle_ticks(text: str, cpus: frozenset[int] | None) -> tuple[int, int, int]:
+    """
+    From C{/proc/stat}'s text: the idle ticks (C{idle} + C{iowait}), all
+    ticks (its first eight columns) and how many CPUs were counted, over the
+    C{cpuN} lines of C{cpus} (every one when C{None}).
+
+    @raise ValueError: a C{cpuN} line that is not one.
+    """
+    idle = total = counted = 0
+    for line in text.splitlines():
+        if not line.startswith("cpu"):
+            break
+        name, _, rest = line.partition(" ")
+        if name == "cpu":
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        fields = [int(v) for v in rest.split()[:8]]
+        if len(fields) < 5:
+            raise ValueError(f"/proc/stat line {line!r} has fewer than 5 columns")
+        idle += fields[3] + fields[4]
+        total += sum(fields)
+        counted += 1
+    return idle, total, counted
+
+
+class IdleGauge:
+    """
+    Whether the CPUs this process may use had L{IDLE_CPUS} of a CPU to
+    spare over the last L{WINDOW} or more: idle (C{/proc/stat}'s ticks,
+    counted since the reading that last decided), or used by the
+    pre-faulting itself (its thread's CPU time: what it takes would be idle
+    without it).  Read at most once a L{WINDOW}; between
+    readings the last answer stands.  Where it cannot tell (no
+    C{/proc/stat}, a text it does not know), it says yes: the pages are
+    asked for, as before it existed.  A cgroup's CPU quota is not counted:
+    a container limited to fewer CPUs than it may run on sees the host's
+    idle CPUs (docs/architecture.md, "Pre-faulting").
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], str] = _proc_stat,
+        clock: Callable[[], float] = time.monotonic,
+        cpus: frozenset[int] | None = None,
+        hz: int = os.sysconf("SC_CLK_TCK"),
+    ) -> None:
+        self._read = read
+        self._clock = clock
+        self._cpus = cpus
+        self._hz = hz
+        self._base: tuple[int, int, float] | None = None
+        self._next = 0.0
+        self._answer = True
+
+    def idle(self, own: float) -> bool:
+        """
+        Whether a CPU is spare, C{own} being the seconds of CPU the
+        pre-faulting has used so far.
+        """
+        now = self._clock()
+        if now < self._next:
+            return self._answer
+        self._next = now + WINDOW
+        try:
+            idle, total, counted = idle_ticks(self._read(), self._cpus)
+        except (OSError, ValueError):
+            self._base = None
+            self._answer = True
+            return True
+        base, self._base = self._base, (idle, total, own)
+        if base is not None and total > base[1] and counted:
+            spare = idle - base[0] + (own - base[2]) * self._hz
+            self._answer = counted * spare / (total - base[1]) >= IDLE_CPUS
+        return self._answer
+
 
 class Prefaulter:
     """
@@ -56,8 +169,10 @@ class Prefaulter:
     populated calls L{release} first; L{stop} at close.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, gauge: IdleGauge | None = None) -> None:
         self.engine = engine
+        #: Whether a CPU is spare (L{IdleGauge}); C{None}: always ask.
+        self.gauge = gauge
         #: The position in the segment past which a put asks for more (so
         #: that a put costs one comparison).
         self.ask_at = 0
@@ -65,8 +180,13 @@ class Prefaulter:
     def ahead(self, mm: mmap.mmap, position: int, size: int) -> None:
         """
         The put position in the segment mapped by C{mm} (of C{size} bytes)
-        is C{position}: keep the pages up to L{AHEAD} past it faulted in.
+        is C{position}: keep the pages up to L{AHEAD} past it faulted in,
+        when a CPU is spare; otherwise look again L{AHEAD} further on.
         """
+        gauge = self.gauge
+        if gauge is not None and not gauge.idle(self.engine.cpu_time()):
+            self.ask_at = position + AHEAD
+            return
         target = min(size, position + 2 * AHEAD)
         try:
             if target < size and self.engine.ask(mm, position, target):
@@ -100,10 +220,11 @@ class Prefaulter:
 
 def prefaulter() -> Prefaulter | None:
     """
-    A L{Prefaulter} for a commit log's puts, or C{None} without the
+    A L{Prefaulter} for a commit log's puts (asking only with a CPU to
+    spare, L{IdleGauge}), or C{None} without the
     accelerator's C{Prefault} (C{RMQHA_PURE=1}, or an old build).
     """
     accel = _record._accel
     if accel is None or not hasattr(accel, "Prefault"):
         return None
-    return Prefaulter(accel.Prefault())
+    return Prefaulter(accel.Prefault(), IdleGauge(cpus=_allowed_cpus()))

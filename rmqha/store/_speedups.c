@@ -2480,6 +2480,7 @@ typedef struct {
     Py_buffer view;
     char *base; /* NULL: nothing to do */
     size_t done, target;
+    long long cpu_ns; /* the thread's CPU time when its last chunk ended */
 } PrefaultObject;
 
 static void *
@@ -2492,6 +2493,7 @@ prefault_main(void *arg)
     for (;;) {
         char *base;
         size_t start, length;
+        struct timespec used;
         int rc;
 
         while (!self->stop && (self->base == NULL || self->done >= self->target))
@@ -2506,8 +2508,10 @@ prefault_main(void *arg)
         self->busy = 1;
         pthread_mutex_unlock(&self->mu);
         rc = madvise(base + start, length, MADV_POPULATE_WRITE);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &used);
         pthread_mutex_lock(&self->mu);
         self->busy = 0;
+        self->cpu_ns = (long long)used.tv_sec * 1000000000LL + used.tv_nsec;
         if (rc != 0) {
             /* No MADV_POPULATE_WRITE (EINVAL before Linux 5.14), or the
                kernel would not: the puts fault their pages in themselves. */
@@ -2533,6 +2537,7 @@ prefault_forked(PrefaultObject *self)
         self->started = self->busy = 0;
         self->base = NULL;
         self->done = self->target = 0;
+        self->cpu_ns = 0;
     }
 }
 
@@ -2702,6 +2707,23 @@ prefault_wait(PrefaultObject *self, PyObject *unused)
     return PyLong_FromSize_t(done);
 }
 
+PyDoc_STRVAR(prefault_cpu_time_doc,
+"cpu_time() -> float\n\n"
+"The seconds of CPU the thread had used when its last chunk ended (0.0\n"
+"before it started): what the pre-faulting itself costs.");
+
+static PyObject *
+prefault_cpu_time(PrefaultObject *self, PyObject *unused)
+{
+    long long ns;
+
+    prefault_forked(self);
+    pthread_mutex_lock(&self->mu);
+    ns = self->cpu_ns;
+    pthread_mutex_unlock(&self->mu);
+    return PyFloat_FromDouble((double)ns / 1e9);
+}
+
 static PyObject *
 prefault_get_working(PrefaultObject *self, void *closure)
 {
@@ -2717,6 +2739,7 @@ prefault_get_running(PrefaultObject *self, void *closure)
 static PyMethodDef prefault_methods[] = {
     {"ask", (PyCFunction)(void (*)(void))prefault_ask, METH_FASTCALL, prefault_ask_doc},
     {"release", (PyCFunction)prefault_release, METH_NOARGS, prefault_release_doc},
+    {"cpu_time", (PyCFunction)prefault_cpu_time, METH_NOARGS, prefault_cpu_time_doc},
     {"stop", (PyCFunction)prefault_stop_method, METH_NOARGS, prefault_stop_doc},
     {"wait", (PyCFunction)prefault_wait, METH_NOARGS, prefault_wait_doc},
     {NULL, NULL, 0, NULL},
