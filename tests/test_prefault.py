@@ -367,6 +367,16 @@ class IdleGaugeTests(SynchronousTestCase):
         # 0.3 CPU idle, 0.4 s of the thread's own over 1 s: 0.7 spare.
         self.assertTrue(gauge.idle(0.4))
 
+    def test_own_time_started_afresh(self) -> None:
+        """
+        A thread whose count started afresh (a forked child's) adds
+        nothing: the gauge goes by the idle ticks alone.
+        """
+        gauge, now, _ = self.gauge(_stat((0, 0), (0, 0)), _stat((100, 0), (70, 30)))
+        gauge.idle(5.0)
+        now[0] += WINDOW
+        self.assertFalse(gauge.idle(0.1))
+
     def test_read_at_most_once_a_window(self) -> None:
         """
         Between readings the last answer stands and nothing is read.

@@ -157,7 +157,8 @@ class IdleGauge:
             return True
         base, self._base = self._base, (idle, total, own)
         if base is not None and total > base[1] and counted:
-            spare = idle - base[0] + (own - base[2]) * self._hz
+            # (max: a forked child's thread starts its count afresh.)
+            spare = idle - base[0] + max(0.0, own - base[2]) * self._hz
             self._answer = counted * spare / (total - base[1]) >= IDLE_CPUS
         return self._answer
 
