@@ -631,6 +631,43 @@ class BusyPollAdminTests(AdminTestCase):
         self.assertIn("rmqha_busy_poll_seconds_total 0.25", text)
 
 
+class PrefaultAdminTests(AdminTestCase):
+    """
+    The pre-faulting ahead of the puts in /status and /metrics
+    (docs/store.md).
+    """
+
+    def test_figures(self) -> None:
+        """
+        Asks made and not made for lack of a spare CPU, and the thread's
+        CPU, in both; zeros and C{null} where the log has none.
+        """
+        from rmqha.store._prefault import PrefaultFigures
+
+        broker = self.broker(Role.ASYNC_MASTER)
+        root = AdminRoot(broker)
+        commitlog = broker.commitlog
+        assert commitlog is not None
+        self.patch(commitlog, "prefault_figures", lambda: None)
+        _, data, _ = request(root, b"GET", b"/status")
+        self.assertIsNone(json.loads(data)["prefault"])
+        _, data, _ = request(root, b"GET", b"/metrics")
+        text = data.decode()
+        self.assertIn('rmqha_prefault_asks_total{outcome="made"} 0.0', text)
+        self.assertIn("rmqha_prefault_cpu_seconds_total 0.0", text)
+        self.patch(commitlog, "prefault_figures", lambda: PrefaultFigures(3, 5, 0.25))
+        _, data, _ = request(root, b"GET", b"/status")
+        self.assertEqual(
+            json.loads(data)["prefault"],
+            {"asks": 3, "skipped_no_spare_cpu": 5, "cpu_seconds": 0.25},
+        )
+        _, data, _ = request(root, b"GET", b"/metrics")
+        text = data.decode()
+        self.assertIn('rmqha_prefault_asks_total{outcome="made"} 3.0', text)
+        self.assertIn('rmqha_prefault_asks_total{outcome="no_spare_cpu"} 5.0', text)
+        self.assertIn("rmqha_prefault_cpu_seconds_total 0.25", text)
+
+
 class ScrubAdminTests(AdminTestCase):
     """
     The scrub's figures in /status and /metrics.

@@ -61,7 +61,17 @@ class BrokerStatusTests(_Group):
         view = broker_status(master)
         end = master.commitlog.max_offset
         self.assertIs(view.role, Role.SYNC_MASTER)
-        self.assertEqual(view.store, StoreStatus(0, end, master.commitlog.flushed_offset))
+        self.assertEqual(
+            dataclasses.replace(view.store, prefault=None),
+            StoreStatus(0, end, master.commitlog.flushed_offset),
+        )
+        # (The pre-faulting's figures: the log's own, where it has one.)
+        figures = master.commitlog.prefault_figures()
+        if figures is None:
+            self.assertIsNone(view.store.prefault)
+        else:
+            assert view.store.prefault is not None
+            self.assertEqual(view.store.prefault[:2], figures[:2])
         assert view.master is not None
         (slave,) = view.master.slaves
         self.assertEqual((slave.ack_offset, slave.lag_bytes), (end, 0))

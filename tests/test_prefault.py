@@ -453,6 +453,7 @@ class PrefaulterGaugeTests(SynchronousTestCase):
         prefault.ahead(mm, 1000 + AHEAD + 10, 64 * AHEAD)  # type: ignore[arg-type]
         self.assertEqual(recorder.asks, [(mm, 1000 + AHEAD + 10, 1000 + 3 * AHEAD + 10)])
         self.assertEqual(gauge.owns, [0.0, 0.0])
+        self.assertEqual(prefault.figures(), (1, 1, 0.0))
 
     def test_made_with_a_gauge(self) -> None:
         """

@@ -40,6 +40,7 @@ from rmqha.ha.replica import ReplicaStatus
 from rmqha.remoting.registration import NameServerStatus
 from rmqha.remoting.sync import SyncStatus
 from rmqha.store import _record
+from rmqha.store._prefault import PrefaultFigures
 from rmqha.store.scrub import ScrubStatus
 from rmqha.tls import certificate_expiry
 
@@ -89,6 +90,7 @@ class BrokerCollector(Collector):
             value=self._served.bytes_served if self._served else 0,
         )
         yield from _scrub_metrics(view.scrub)
+        yield from _prefault_metrics(store.prefault)
         yield from _busy_poll_metrics(busy_poll_figures(self._broker.reactor))
         yield _tls_expiry(self._expiry)
         yield from _disk_metrics(view.disk)
@@ -406,6 +408,28 @@ def _namesrv_metrics(namesrv: Iterable[NameServerStatus], now: float) -> Iterato
     yield runs
     yield failures
     yield info
+
+
+def _prefault_metrics(prefault: PrefaultFigures | None) -> Iterator[Metric]:
+    """
+    The pre-faulting of the pages ahead of the puts (docs/store.md): asks
+    made and not made for lack of a spare CPU, and its thread's CPU (zeros
+    where there is none).
+    """
+    asks = CounterMetricFamily(
+        "rmqha_prefault_asks",
+        "asks to fault in the pages ahead of the puts, by whether they were made "
+        "(made) or not for lack of a spare CPU (no_spare_cpu: the puts faulted their own)",
+        labels=["outcome"],
+    )
+    asks.add_metric(["made"], prefault.asks if prefault else 0)
+    asks.add_metric(["no_spare_cpu"], prefault.skipped if prefault else 0)
+    yield asks
+    yield CounterMetricFamily(
+        "rmqha_prefault_cpu_seconds",
+        "CPU time the pre-faulting thread has used",
+        value=prefault.cpu_seconds if prefault else 0.0,
+    )
 
 
 def _scrub_metrics(scrub: ScrubStatus) -> Iterator[Metric]:

@@ -158,6 +158,13 @@ class BrokerStatus:
             "min_offset": store.min_offset,
             "max_offset": store.max_offset,
             "flushed_offset": store.flushed_offset,
+            # The pages faulted in ahead of the puts (docs/store.md), or
+            # None where there is no pre-faulting.
+            "prefault": None if store.prefault is None else {
+                "asks": store.prefault.asks,
+                "skipped_no_spare_cpu": store.prefault.skipped,
+                "cpu_seconds": round(store.prefault.cpu_seconds, 3),
+            },
             # The background scrub and what it found (docs/store.md, "Scrub").
             "scrub": self.scrub.as_dict(),
         }

@@ -38,11 +38,13 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 from rmqha.store import _record
 
-__all__ = ["Prefaulter", "AHEAD", "IDLE_CPUS", "WINDOW", "IdleGauge", "prefaulter"]
+__all__ = [
+    "Prefaulter", "PrefaultFigures", "AHEAD", "IDLE_CPUS", "WINDOW", "IdleGauge", "prefaulter",
+]
 
 #: How far past the put position the pages are kept faulted in (asked for
 #: up to twice this, again once a put is this far past the last ask).
@@ -163,6 +165,21 @@ class IdleGauge:
         return self._answer
 
 
+class PrefaultFigures(NamedTuple):
+    """
+    What a commit log's pre-faulting has done (for C{/status} and
+    C{/metrics}).
+    """
+
+    #: Asks for pages made (one per 4 MiB of puts at most).
+    asks: int
+    #: Asks not made: no CPU to spare (L{IdleGauge}); the puts faulted
+    #: their own pages.
+    skipped: int
+    #: Seconds of CPU its thread has used.
+    cpu_seconds: float
+
+
 class Prefaulter:
     """
     One commit log's pre-faulting.  The put thread calls L{ahead} when a
@@ -177,6 +194,11 @@ class Prefaulter:
         #: The position in the segment past which a put asks for more (so
         #: that a put costs one comparison).
         self.ask_at = 0
+        self.asks = 0
+        self.skipped = 0
+
+    def figures(self) -> PrefaultFigures:
+        return PrefaultFigures(self.asks, self.skipped, self.engine.cpu_time())
 
     def ahead(self, mm: mmap.mmap, position: int, size: int) -> None:
         """
@@ -186,8 +208,10 @@ class Prefaulter:
         """
         gauge = self.gauge
         if gauge is not None and not gauge.idle(self.engine.cpu_time()):
+            self.skipped += 1
             self.ask_at = position + AHEAD
             return
+        self.asks += 1
         target = min(size, position + 2 * AHEAD)
         try:
             if target < size and self.engine.ask(mm, position, target):

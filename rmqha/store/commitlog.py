@@ -45,7 +45,7 @@ from rmqha.store import _record as _codec
 from rmqha.store._batch import AppendResult, encode_batch
 from rmqha.store._damage import DamageWatch
 from rmqha.store._flush import Flusher
-from rmqha.store._prefault import Prefaulter, prefaulter
+from rmqha.store._prefault import PrefaultFigures, Prefaulter, prefaulter
 from rmqha.store._queues import QueueTable
 from rmqha.store.consumequeue import ConsumeQueues
 from rmqha.store._record import (
@@ -395,6 +395,14 @@ class CommitLog(ReplicaTail, SegmentRolling):
         Everything before this offset is on disk.
         """
         return self._flusher.flushed
+
+    def prefault_figures(self) -> PrefaultFigures | None:
+        """
+        What the pre-faulting of the pages ahead of the puts has done
+        (rmqha/store/_prefault.py), or C{None} where there is none (no
+        accelerator, a read-only log).
+        """
+        return None if self._prefault is None else self._prefault.figures()
 
     @property
     def segments(self) -> list[tuple[str, int, int]]:

@@ -23,6 +23,7 @@ from zope.interface import implementer
 from rmqha.store.interfaces import IAppendedTo
 from rmqha.store import _guard
 from rmqha.store import _record as _codec
+from rmqha.store._prefault import PrefaultFigures
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import CommitLog
 from rmqha.store.consumequeue import DEFAULT_DISPATCH_STEP
@@ -68,11 +69,14 @@ class StoreStatus:
     @ivar min_offset: the oldest offset held.
     @ivar max_offset: one past the last byte.
     @ivar flushed_offset: known to be on disk up to here.
+    @ivar prefault: what the pre-faulting ahead of the puts has done, or
+        C{None} where there is none (docs/store.md).
     """
 
     min_offset: int
     max_offset: int
     flushed_offset: int
+    prefault: PrefaultFigures | None = None
 
 
 @implementer(IAppendedTo)
@@ -521,7 +525,12 @@ class CommitLogService(Service):
         commitlog = self.commitlog
         if commitlog is None:
             raise RuntimeError("the broker is not running")
-        return StoreStatus(commitlog.min_offset, commitlog.max_offset, commitlog.flushed_offset)
+        return StoreStatus(
+            commitlog.min_offset,
+            commitlog.max_offset,
+            commitlog.flushed_offset,
+            commitlog.prefault_figures(),
+        )
 
     def when_flushed(self, offset: int) -> Deferred[None]:
         """
