@@ -24,8 +24,8 @@ spend the quota), and on any reactor but Twisted's epoll reactor.
 How it attaches: L{busy_poll} wraps the epoll reactor's poller
 (C{EPollReactor._poller}, private to Twisted but unchanged since the
 reactor's first release) in a L{BusyPoll} while at least one source is
-registered, and puts the original back when the last one leaves.  A
-leaf: imports no other rmqha module.
+registered, and puts the original back when the last one leaves.  It
+imports only L{rmqha._cgroup} (the CPU quota) of rmqha.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from typing import Any, Callable
 
 from zope.interface import Interface
 
+from rmqha._cgroup import cpu_quota
+
 __all__ = [
     "BusyPoll",
     "IExpectsBytes",
@@ -46,7 +48,6 @@ __all__ = [
     "MAX_WINDOW",
     "Registration",
     "busy_poll",
-    "cpu_quota",
     "figures",
 ]
 
@@ -206,57 +207,6 @@ def _cpus() -> float:
         count = float(os.cpu_count() or 1)
     quota = cpu_quota()
     return count if quota is None else min(count, quota)
-
-
-def cpu_quota(proc: str = "/proc/self/cgroup", sys_fs: str = "/sys/fs/cgroup") -> float | None:
-    """
-    The CPU quota of this process's cgroup and its ancestors, in CPUs
-    (cgroup v2 C{cpu.max}, v1 C{cpu.cfs_quota_us}/C{cpu.cfs_period_us}):
-    the smallest found, C{None} when there is none or it cannot be read.
-    """
-    try:
-        with open(proc) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    found: list[float] = []
-    for line in lines:
-        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
-        if not path.startswith("/"):
-            continue
-        if controllers == "":
-            directory, v2 = sys_fs, True
-        elif "cpu" in controllers.split(","):
-            directory, v2 = os.path.join(sys_fs, controllers), False
-            if not os.path.isdir(directory):
-                directory = os.path.join(sys_fs, "cpu")
-        else:
-            continue
-        parts = [p for p in path.split("/") if p and p != ".."]
-        for depth in range(len(parts), -1, -1):
-            quota = _quota_at(os.path.join(directory, *parts[:depth]), v2)
-            if quota is not None:
-                found.append(quota)
-    return min(found) if found else None
-
-
-def _quota_at(directory: str, v2: bool) -> float | None:
-    try:
-        if v2:
-            with open(os.path.join(directory, "cpu.max")) as f:
-                quota, period = (f.read().split() + ["100000"])[:2]
-            if quota == "max":
-                return None
-            return int(quota) / int(period)
-        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
-            quota_us = int(f.read())
-        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
-            period_us = int(f.read())
-    except (OSError, ValueError, ZeroDivisionError):
-        return None
-    if quota_us <= 0 or period_us <= 0:
-        return None
-    return quota_us / period_us
 
 
 def busy_poll(reactor: object, source: IExpectsBytes, window: float) -> "Registration":

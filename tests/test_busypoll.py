@@ -379,49 +379,11 @@ class SettingTests(SynchronousTestCase):
         self.assertIn("haBusyPoll", str(caught.exception))
 
 
-class CPUQuotaTests(SynchronousTestCase):
+class CPUQuotaBusyPollTests(SynchronousTestCase):
     """
-    L{_busypoll.cpu_quota}: a container's CPU limit, cgroup v2 or v1, the
-    smallest along the process's cgroup path.
+    Busy polling stays off under a CPU quota of two CPUs
+    (L{rmqha._cgroup.cpu_quota}).
     """
-
-    def tree(self, files: dict[str, str], cgroup: str) -> tuple[str, str]:
-        root = self.mktemp()
-        for path, text in files.items():
-            full = os.path.join(root, "sys", path)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "w") as f:
-                f.write(text)
-        os.makedirs(root, exist_ok=True)
-        proc = os.path.join(root, "cgroup")
-        with open(proc, "w") as f:
-            f.write(cgroup)
-        return proc, os.path.join(root, "sys")
-
-    def test_v2(self) -> None:
-        proc, sys_fs = self.tree(
-            {"cpu.max": "max 100000\n", "pod/cpu.max": "150000 100000\n",
-             "pod/app/cpu.max": "max 100000\n"},
-            "0::/pod/app\n",
-        )
-        self.assertEqual(_busypoll.cpu_quota(proc, sys_fs), 1.5)
-
-    def test_v1(self) -> None:
-        proc, sys_fs = self.tree(
-            {"cpu,cpuacct/docker/x/cpu.cfs_quota_us": "50000\n",
-             "cpu,cpuacct/docker/x/cpu.cfs_period_us": "100000\n",
-             "cpu,cpuacct/cpu.cfs_quota_us": "-1\n",
-             "cpu,cpuacct/cpu.cfs_period_us": "100000\n"},
-            "4:memory:/docker/x\n3:cpu,cpuacct:/docker/x\n",
-        )
-        self.assertEqual(_busypoll.cpu_quota(proc, sys_fs), 0.5)
-
-    def test_none(self) -> None:
-        proc, sys_fs = self.tree({"cpu.max": "max 100000\n"}, "0::/\n")
-        self.assertIsNone(_busypoll.cpu_quota(proc, sys_fs))
-        self.assertIsNone(_busypoll.cpu_quota(os.path.join(sys_fs, "missing"), sys_fs))
-        proc, sys_fs = self.tree({"cpu.max": "garbage\n"}, "0::/\nnonsense\n")
-        self.assertIsNone(_busypoll.cpu_quota(proc, sys_fs))
 
     def test_quota_under_two_cpus_turns_it_off(self) -> None:
         from twisted.internet.epollreactor import EPollReactor

@@ -378,6 +378,50 @@ class IdleGaugeTests(SynchronousTestCase):
         # 0.7 CPU idle: spare, whatever the count's drop.
         self.assertTrue(gauge.idle(0.1))
 
+    def test_quota(self) -> None:
+        """
+        Under a cgroup CPU quota the spare CPU is at most what the quota
+        left (the thread's own use counted as spare), whatever the host's
+        idle CPUs; a quota whose use cannot be read is left out.
+        """
+        used = [10.0]
+
+        class Limit:
+            cpus = 1.0
+
+            def used_seconds(self) -> float | None:
+                return used[0]
+
+        def gauge() -> tuple[IdleGauge, list[float]]:
+            now = [0.0]
+            texts = [_stat((0, 0), (0, 0)), _stat((10, 90), (10, 90))]
+            gauge = IdleGauge(
+                lambda: texts.pop(0), lambda: now[0], None, hz=100, limit=Limit()  # type: ignore[arg-type]
+            )
+            return gauge, now
+
+        # The host: 1.8 CPUs idle.  The cgroup used 0.8 of its 1 CPU over
+        # the second: 0.2 spare.
+        g, now = gauge()
+        g.idle(0.0)
+        now[0] += 1.0
+        used[0] += 0.8
+        self.assertFalse(g.idle(0.0))
+        # Of those 0.8, 0.5 were the thread's own: 0.7 spare.
+        used[0] = 10.0
+        g, now = gauge()
+        g.idle(0.0)
+        now[0] += 1.0
+        used[0] += 0.8
+        self.assertTrue(g.idle(0.5))
+        # Unreadable use: the host's idle CPUs alone.
+        used[0] = 10.0
+        g, now = gauge()
+        g.idle(0.0)
+        now[0] += 1.0
+        Limit.used_seconds = lambda self: None  # type: ignore[method-assign, assignment, misc]
+        self.assertTrue(g.idle(0.0))
+
     def test_read_at_most_once_a_window(self) -> None:
         """
         Between readings the last answer stands and nothing is read.

@@ -18,7 +18,8 @@ stalled the puts for milliseconds.)
 
 Only with a CPU to spare: before each ask, an L{IdleGauge} looks at how
 much of the CPUs this process may use sat idle over the last L{WINDOW}
-seconds (C{/proc/stat}); under L{IDLE_CPUS} of a CPU, nothing is asked and
+seconds (C{/proc/stat}; under a container's CPU quota, no more than the
+quota left); under L{IDLE_CPUS} of a CPU, nothing is asked and
 the puts fault their pages in themselves.  The thread moves the zeroing to
 another CPU, it does not make it cheaper: where no CPU is idle (a master
 and its slave busy-polling on two cores) it takes its share from the
@@ -40,6 +41,7 @@ import os
 import time
 from typing import Callable, NamedTuple, Protocol
 
+from rmqha._cgroup import CPULimit, cpu_limit
 from rmqha.store import _record
 
 __all__ = [
@@ -119,12 +121,14 @@ class IdleGauge:
     spare over the last L{WINDOW} or more: idle (C{/proc/stat}'s ticks,
     counted since the reading that last decided), or used by the
     pre-faulting itself (its thread's CPU time: what it takes would be idle
-    without it).  Read at most once a L{WINDOW}; between
+    without it).  Under a cgroup CPU quota (a container's CPU limit,
+    L{rmqha._cgroup}), no more than what the quota left over that span: a
+    container limited to two CPUs on a host of sixty-four idle ones has
+    only its own quota to spare.  Read at most once a L{WINDOW}; between
     readings the last answer stands.  Where it cannot tell (no
     C{/proc/stat}, a text it does not know), it says yes: the pages are
-    asked for, as before it existed.  A cgroup's CPU quota is not counted:
-    a container limited to fewer CPUs than it may run on sees the host's
-    idle CPUs (docs/architecture.md, "Pre-faulting").
+    asked for, as before it existed; a quota whose use cannot be read is
+    left out.
     """
 
     def __init__(
@@ -133,12 +137,15 @@ class IdleGauge:
         clock: Callable[[], float] = time.monotonic,
         cpus: frozenset[int] | None = None,
         hz: int = os.sysconf("SC_CLK_TCK"),
+        limit: CPULimit | None = None,
     ) -> None:
         self._read = read
         self._clock = clock
         self._cpus = cpus
         self._hz = hz
-        self._base: tuple[int, int, float] | None = None
+        self._limit = limit
+        # (idle ticks, all ticks, own CPU s, clock, the quota's cgroup's CPU s)
+        self._base: tuple[int, int, float, float, float | None] | None = None
         self._next = 0.0
         self._answer = True
 
@@ -157,11 +164,17 @@ class IdleGauge:
             self._base = None
             self._answer = True
             return True
-        base, self._base = self._base, (idle, total, own)
+        used = None if self._limit is None else self._limit.used_seconds()
+        base, self._base = self._base, (idle, total, own, now, used)
         if base is not None and total > base[1] and counted:
             # (max: a forked child's thread starts its count afresh.)
-            spare = idle - base[0] + max(0.0, own - base[2]) * self._hz
-            self._answer = counted * spare / (total - base[1]) >= IDLE_CPUS
+            mine = max(0.0, own - base[2])
+            spare = counted * (idle - base[0] + mine * self._hz) / (total - base[1])
+            if self._limit is not None and used is not None and base[4] is not None:
+                # What the quota left, the thread's own use counted as spare.
+                others = max(0.0, used - base[4] - mine)
+                spare = min(spare, self._limit.cpus - others / (now - base[3]))
+            self._answer = spare >= IDLE_CPUS
         return self._answer
 
 
@@ -252,4 +265,4 @@ def prefaulter() -> Prefaulter | None:
     accel = _record._accel
     if accel is None or not hasattr(accel, "Prefault"):
         return None
-    return Prefaulter(accel.Prefault(), IdleGauge(cpus=_allowed_cpus()))
+    return Prefaulter(accel.Prefault(), IdleGauge(cpus=_allowed_cpus(), limit=cpu_limit()))
