@@ -27,22 +27,25 @@ class CPULimit(NamedTuple):
     directory: str
     #: cgroup v2 (else v1).
     v2: bool
+    #: Where its use is counted: the same directory, but with cgroup v1's
+    #: C{cpuacct} mounted apart from C{cpu}, that hierarchy's.
+    usage_directory: str
 
     def used_seconds(self) -> float | None:
         """
         The CPU seconds that cgroup has used (v2 C{cpu.stat}'s
-        C{usage_usec}; v1 C{cpuacct.usage}, where C{cpuacct} is mounted
-        with C{cpu}), or C{None} when it cannot be read.
+        C{usage_usec}; v1 C{cpuacct.usage}), or C{None} when it cannot be
+        read.
         """
         try:
             if self.v2:
-                with open(os.path.join(self.directory, "cpu.stat")) as f:
+                with open(os.path.join(self.usage_directory, "cpu.stat")) as f:
                     for line in f:
                         key, _, value = line.partition(" ")
                         if key == "usage_usec":
                             return int(value) / 1e6
                 return None
-            with open(os.path.join(self.directory, "cpuacct.usage")) as f:
+            with open(os.path.join(self.usage_directory, "cpuacct.usage")) as f:
                 return int(f.read()) / 1e9
         except (OSError, ValueError):
             return None
@@ -65,10 +68,14 @@ def cpu_limit(proc: str = "/proc/self/cgroup", sys_fs: str = "/sys/fs/cgroup") -
             continue
         if controllers == "":
             directory, v2 = sys_fs, True
+            accounting = directory
         elif "cpu" in controllers.split(","):
             directory, v2 = os.path.join(sys_fs, controllers), False
             if not os.path.isdir(directory):
                 directory = os.path.join(sys_fs, "cpu")
+            accounting = (
+                directory if "cpuacct" in controllers.split(",") else os.path.join(sys_fs, "cpuacct")
+            )
         else:
             continue
         parts = [p for p in path.split("/") if p and p != ".."]
@@ -76,7 +83,7 @@ def cpu_limit(proc: str = "/proc/self/cgroup", sys_fs: str = "/sys/fs/cgroup") -
             at = os.path.join(directory, *parts[:depth])
             quota = _quota_at(at, v2)
             if quota is not None:
-                found.append(CPULimit(quota, at, v2))
+                found.append(CPULimit(quota, at, v2, os.path.join(accounting, *parts[:depth])))
     return min(found, key=lambda limit: limit.cpus) if found else None
 
 

@@ -69,7 +69,8 @@ class CPUQuotaTests(SynchronousTestCase):
             "0::/pod/app\n",
         )
         limit = _cgroup.cpu_limit(proc, sys_fs)
-        self.assertEqual(limit, CPULimit(1.5, os.path.join(sys_fs, "pod"), True))
+        pod = os.path.join(sys_fs, "pod")
+        self.assertEqual(limit, CPULimit(1.5, pod, True, pod))
         assert limit is not None
         self.assertEqual(limit.used_seconds(), 2.5)
         proc, sys_fs = self.tree(
@@ -81,5 +82,21 @@ class CPUQuotaTests(SynchronousTestCase):
         limit = _cgroup.cpu_limit(proc, sys_fs)
         assert limit is not None
         self.assertEqual((limit.cpus, limit.v2, limit.used_seconds()), (0.5, False, 1.5))
-        self.assertIsNone(CPULimit(1.0, os.path.join(sys_fs, "missing"), True).used_seconds())
-        self.assertIsNone(CPULimit(1.0, os.path.join(sys_fs, "missing"), False).used_seconds())
+        missing = os.path.join(sys_fs, "missing")
+        self.assertIsNone(CPULimit(1.0, missing, True, missing).used_seconds())
+        self.assertIsNone(CPULimit(1.0, missing, False, missing).used_seconds())
+
+    def test_v1_cpuacct_apart(self) -> None:
+        """
+        With cgroup v1's C{cpuacct} mounted apart from C{cpu}, the use is
+        read from its own hierarchy at the same path.
+        """
+        proc, sys_fs = self.tree(
+            {"cpu/x/cpu.cfs_quota_us": "50000\n", "cpu/x/cpu.cfs_period_us": "100000\n",
+             "cpuacct/x/cpuacct.usage": "2000000000\n"},
+            "2:cpuacct:/x\n1:cpu:/x\n",
+        )
+        limit = _cgroup.cpu_limit(proc, sys_fs)
+        assert limit is not None
+        self.assertEqual(limit.directory, os.path.join(sys_fs, "cpu", "x"))
+        self.assertEqual(limit.used_seconds(), 2.0)
