@@ -346,12 +346,12 @@ class IdleGaugeTests(SynchronousTestCase):
         """
         gauge, now, _ = self.gauge(
             _stat((0, 0), (0, 0)),
-            _stat((100, 0), (60, 40)),
-            _stat((200, 0), (80, 120)),
+            _stat((100, 0), (90, 10)),
+            _stat((200, 0), (120, 70)),
         )
         gauge.idle(0.0)
         now[0] += WINDOW
-        self.assertLess(40 / 100, IDLE_CPUS)
+        self.assertLess(10 / 100, IDLE_CPUS)
         self.assertFalse(gauge.idle(0.0))
         now[0] += WINDOW
         self.assertTrue(gauge.idle(0.0))
@@ -361,11 +361,12 @@ class IdleGaugeTests(SynchronousTestCase):
         The CPU the pre-faulting itself used would be idle without it: it
         counts as spare, so a busy thread does not switch itself off.
         """
-        gauge, now, _ = self.gauge(_stat((0, 0), (0, 0)), _stat((100, 0), (70, 30)))
+        gauge, now, _ = self.gauge(_stat((0, 0), (0, 0)), _stat((100, 0), (90, 10)))
         gauge.idle(0.0)
         now[0] += WINDOW
-        # 0.3 CPU idle, 0.4 s of the thread's own over 1 s: 0.7 spare.
-        self.assertTrue(gauge.idle(0.4))
+        # 0.1 CPU idle, 0.3 s of the thread's own over 1 s: 0.4 spare.
+        self.assertLess(0.1, IDLE_CPUS)
+        self.assertTrue(gauge.idle(0.3))
 
     def test_own_time_started_afresh(self) -> None:
         """
@@ -400,19 +401,19 @@ class IdleGaugeTests(SynchronousTestCase):
             )
             return gauge, now
 
-        # The host: 1.8 CPUs idle.  The cgroup used 0.8 of its 1 CPU over
-        # the second: 0.2 spare.
+        # The host: 1.8 CPUs idle.  The cgroup used 0.9 of its 1 CPU over
+        # the second: 0.1 spare.
         g, now = gauge()
         g.idle(0.0)
         now[0] += 1.0
-        used[0] += 0.8
+        used[0] += 0.9
         self.assertFalse(g.idle(0.0))
-        # Of those 0.8, 0.5 were the thread's own: 0.7 spare.
+        # Of those 0.9, 0.5 were the thread's own: 0.6 spare.
         used[0] = 10.0
         g, now = gauge()
         g.idle(0.0)
         now[0] += 1.0
-        used[0] += 0.8
+        used[0] += 0.9
         self.assertTrue(g.idle(0.5))
         # Unreadable use: the host's idle CPUs alone.
         used[0] = 10.0
@@ -426,7 +427,7 @@ class IdleGaugeTests(SynchronousTestCase):
         """
         Between readings the last answer stands and nothing is read.
         """
-        gauge, now, reads = self.gauge(_stat((0, 0)), _stat((100, 0)), _stat((100, 100)))
+        gauge, now, reads = self.gauge(_stat((0, 0)), _stat((100, 0)), _stat((100, 100)))  # (one CPU)
         gauge.idle(0.0)
         now[0] += WINDOW
         self.assertFalse(gauge.idle(0.0))

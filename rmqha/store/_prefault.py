@@ -16,16 +16,18 @@ was tried first: every chunk it finished had to take the GIL back from the
 put thread, and on a loaded machine a descheduled worker holding the GIL
 stalled the puts for milliseconds.)
 
-Only with a CPU to spare: before each ask, an L{IdleGauge} looks at how
+Only with CPU to spare: before each ask, an L{IdleGauge} looks at how
 much of the CPUs this process may use sat idle over the last L{WINDOW}
 seconds (C{/proc/stat}; under a container's CPU quota, no more than the
-quota left); under L{IDLE_CPUS} of a CPU, nothing is asked and
-the puts fault their pages in themselves.  The thread moves the zeroing to
-another CPU, it does not make it cheaper: where no CPU is idle (a master
-and its slave busy-polling on two cores) it takes its share from the
-reactors, and the pages it zeroed are written from another core's cache;
-measured there, the puts were faster and their tail shorter without it
-(docs/benchmarks.md, "Pre-faulting only with a CPU to spare").
+quota left); under L{IDLE_CPUS} of a CPU, nothing is asked and the puts
+fault their pages in themselves.  The thread moves the zeroing to another
+CPU, it does not make it cheaper: where no CPU is idle (a master and its
+slave busy-polling on two cores at one producer) it takes its share from
+the reactors, and the one producer's p99 was ~1.5x longer with it.  Where
+some CPU is idle it is worth having twice over: the puts go faster, and
+on ext4 it, not the reactor, waits for the journal when a fresh page is
+first written (docs/benchmarks.md, "Pre-faulting only with a CPU to
+spare").
 
 Bounded: at most 2 x L{AHEAD} bytes past the put position, one chunk in
 flight, one thread per commit log, started by its first put.  Without the
@@ -53,10 +55,14 @@ __all__ = [
 AHEAD = 4 << 20
 
 #: How much idle CPU (in CPUs, over those this process may use) the last
-#: L{WINDOW} must have had for the pages to be asked for.  The thread needs
-#: far less (~1.5 ms of CPU per 4 MiB); with less than half a CPU idle it
-#: competes with the reactors more than it relieves them.
-IDLE_CPUS = 0.5
+#: L{WINDOW} must have had for the pages to be asked for: the CPUs are not
+#: saturated.  Two reactors busy-polling on two cores (a SYNC master and
+#: its slave at one producer) leave 0-0.1 of a CPU idle, and the thread then
+#: takes its share from them; at 32 producers the same pair leaves 0.2-0.45
+#: and the thread fits in it -- where it also keeps the reactor off ext4's
+#: journal: the first write to a fresh page waits while C{jbd2} commits
+#: (docs/benchmarks.md, "Pre-faulting only with a CPU to spare").
+IDLE_CPUS = 0.2
 
 #: The shortest span (s) idle time is measured over: C{/proc/stat} counts
 #: in 10 ms ticks, and is read at most this often.
