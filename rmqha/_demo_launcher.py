@@ -87,6 +87,29 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
+#: How long L{BrokerGroup.start} watches a node it started for a port
+#: taken under it (L{BrokerGroup._lost_its_port}), seconds.
+START_WAIT = 15.0
+#: Starts L{BrokerGroup.start} makes of a node whose port was taken.
+PORT_TRIES = 3
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 #: Where L{free_ports} picks from, up to the ephemeral range.
 _PICK_FROM = 20000
 
@@ -339,15 +362,43 @@ class BrokerGroup:
     def start(self, i: int, *extra: str) -> None:
         """
         Start node C{i} (again, on its store), with C{extra} flags this
-        time only.
+        time only.  A port of its taken between L{free_ports} picking it
+        and the node binding it (another process on the machine picked it
+        too) is not the node's failure: the node is started again on new
+        ports, up to L{PORT_TRIES} times (see L{_lost_its_port}).
         """
         node = self.nodes[i]
         if node.running:
             return
         os.makedirs(node.store, exist_ok=True)
-        with open(self.err_path(i), "ab") as err:
-            node.process = self._popen(i, extra, err)
-        node.starts += 1
+        for attempt in range(PORT_TRIES):
+            log_at, err_at = _size(self.log_path(i)), _size(self.err_path(i))
+            with open(self.err_path(i), "ab") as err:
+                node.process = self._popen(i, extra, err)
+            node.starts += 1
+            if attempt == PORT_TRIES - 1 or not self._lost_its_port(i, log_at, err_at):
+                return
+            node.ha_port, node.http_port = free_ports(2)
+
+    def _lost_its_port(self, i: int, log_at: int, err_at: int) -> bool:
+        """
+        Whether node C{i}, just started, exited because a port it was told
+        was in use: it is watched until its log grows past C{log_at} (a
+        node opens its log once its ports are bound:
+        L{rmqha.assemble}), it exits, or L{START_WAIT} passes (then it is
+        left to start in its own time, as before this check).
+        """
+        process = self.nodes[i].process
+        assert process is not None
+        deadline = time.monotonic() + START_WAIT
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                said = _read_from(self.err_path(i), err_at)
+                return "cannot listen on" in said and "in use" in said
+            if _size(self.log_path(i)) > log_at:
+                return False
+            time.sleep(0.05)
+        return False
 
     def _popen(self, i: int, extra: Sequence[str], err: Any) -> subprocess.Popen[bytes]:
         return subprocess.Popen(

@@ -91,6 +91,106 @@ class CommandTests(SynchronousTestCase):
         )
 
 
+class _Exited:
+    """
+    A node's process that has exited with C{code}.
+    """
+
+    def __init__(self, code: int) -> None:
+        self.returncode = code
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+class _Running:
+    """
+    A node's process still running.
+    """
+
+    returncode = None
+
+    def poll(self) -> int | None:
+        return None
+
+
+class PortTakenTests(SynchronousTestCase):
+    """
+    A node whose port another process took between L{free_ports} picking
+    it and the node binding it is started again on new ports; any other
+    failure is the node's own.
+    """
+
+    def group(self, outcomes: list[tuple[str, str, object]]) -> tuple[BrokerGroup, list[list[str]]]:
+        """
+        A group of one node whose starts write (to its stderr file, to its
+        log) and return each of C{outcomes} in turn; the argv of each.
+        """
+        group = BrokerGroup(self.mktemp(), "etcd:http://127.0.0.1:1", 1, start=False)
+        argvs: list[list[str]] = []
+
+        def popen(i: int, extra: object, err: object) -> object:
+            argvs.append(group.command(i))
+            said, logged, process = outcomes.pop(0)
+            with open(group.err_path(i), "a") as f:
+                f.write(said)
+            with open(group.log_path(i), "a") as f:
+                f.write(logged)
+            return process
+
+        self.patch(group, "_popen", popen)
+        return group, argvs
+
+    def test_port_taken_then_started(self) -> None:
+        in_use = (
+            "twistd rmqha: cannot listen on tcp:30674:interface=127.0.0.1 (--ha-listen): "
+            "Address already in use\n"
+        )
+        group, argvs = self.group([
+            (in_use, "", _Exited(1)),
+            ("", "2026-11-28T01:27:14+0000 [-] MasterFactory starting\n", _Running()),
+        ])
+        first = (group.nodes[0].ha_port, group.nodes[0].http_port)
+        group.start(0)
+        self.assertEqual(len(argvs), 2)
+        self.assertNotEqual((group.nodes[0].ha_port, group.nodes[0].http_port), first)
+        listen = argvs[1][argvs[1].index("--ha-listen") + 1]
+        self.assertEqual(listen, f"tcp:{group.nodes[0].ha_port}:interface=127.0.0.1")
+        self.assertEqual(group.nodes[0].starts, 2)
+
+    def test_gives_up(self) -> None:
+        """
+        After L{_demo_launcher.PORT_TRIES} starts the node is left as it
+        is (its waiters report it).
+        """
+        in_use = "twistd rmqha: cannot listen on tcp:1 (--http): Address already in use\n"
+        group, argvs = self.group([(in_use, "", _Exited(1))] * _demo_launcher.PORT_TRIES)
+        group.start(0)
+        self.assertEqual(len(argvs), _demo_launcher.PORT_TRIES)
+
+    def test_other_failures_are_the_nodes(self) -> None:
+        """
+        A node that exits for another reason, or runs, is started once.
+        """
+        group, argvs = self.group([("twistd rmqha: --store-dir is required\n", "", _Exited(1))])
+        group.start(0)
+        self.assertEqual(len(argvs), 1)
+        group, argvs = self.group([("", "a line\n", _Running())])
+        group.start(0)
+        self.assertEqual(len(argvs), 1)
+
+    def test_tls_listen_follows_the_port(self) -> None:
+        """
+        With TLS, the node's ssl C{--ha-listen} is made from its port when
+        it starts, so a new port reaches it too.
+        """
+        cluster = FailoverCluster(self.mktemp(), "etcd:http://127.0.0.1:1", 1, auth="tls", start=False)
+        cluster.nodes[0].ha_port = 12345
+        argv = cluster.command(0)
+        listens = [argv[i + 1] for i, a in enumerate(argv) if a == "--ha-listen"]
+        self.assertEqual(listens[-1], "ssl:12345:interface=127.0.0.1")
+
+
 class _SlowToExit:
     """
     A node's process that exits only when waited for after a SIGTERM (as

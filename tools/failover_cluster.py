@@ -144,8 +144,8 @@ class FailoverCluster(BrokerGroup):
             if self.auth == "secret":
                 flags.append(["--group-secret-file", secret])
             else:
+                # (The ssl --ha-listen, with the node's port: command.)
                 flags.append([
-                    "--ha-listen", f"ssl:{node.ha_port}:interface={node.host}",
                     "--tls-cert", cert, "--tls-key", key, "--tls-ca", written.ca,
                     "--tls-require-client-cert",
                 ])
@@ -157,8 +157,12 @@ class FailoverCluster(BrokerGroup):
         (with TLS, its C{--ha-listen ssl:...} comes after the plain one,
         and wins), under C{setpriv} for a node with its own uid.
         """
-        argv = super().command(i) + self.options
-        user = self.nodes[i].user
+        node = self.nodes[i]
+        argv = super().command(i)
+        if self.auth == "tls":
+            argv += ["--ha-listen", f"ssl:{node.ha_port}:interface={node.host}"]
+        argv += self.options
+        user = node.user
         if user is not None:
             argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
         return argv
