@@ -300,8 +300,7 @@ class BrokerGroup:
         self._auth_flags = self._write_auth()
         if start:
             try:
-                for node in self.nodes:
-                    self.start(node.index)
+                self.start_many([node.index for node in self.nodes])
             except BaseException:
                 self.close()
                 raise
@@ -367,18 +366,36 @@ class BrokerGroup:
         too) is not the node's failure: the node is started again on new
         ports, up to L{PORT_TRIES} times (see L{_lost_its_port}).
         """
-        node = self.nodes[i]
-        if node.running:
-            return
-        os.makedirs(node.store, exist_ok=True)
+        self.start_many([i], extra)
+
+    def start_many(self, indices: Sequence[int], extra: Sequence[str] = ()) -> None:
+        """
+        L{start} each of C{indices} that is not running, all at once (the
+        watch for a port taken under one runs while the others start).
+        """
+        pending = [i for i in indices if not self.nodes[i].running]
         for attempt in range(PORT_TRIES):
-            log_at, err_at = _size(self.log_path(i)), _size(self.err_path(i))
-            with open(self.err_path(i), "ab") as err:
-                node.process = self._popen(i, extra, err)
-            node.starts += 1
-            if attempt == PORT_TRIES - 1 or not self._lost_its_port(i, log_at, err_at):
+            marks: dict[int, tuple[int, int]] = {}
+            for i in pending:
+                node = self.nodes[i]
+                self._prepare(i)
+                marks[i] = (_size(self.log_path(i)), _size(self.err_path(i)))
+                with open(self.err_path(i), "ab") as err:
+                    node.process = self._popen(i, extra, err)
+                node.starts += 1
+            if attempt == PORT_TRIES - 1:
                 return
-            node.ha_port, node.http_port = free_ports(2)
+            pending = [i for i in pending if self._lost_its_port(i, *marks[i])]
+            if not pending:
+                return
+            for i in pending:
+                self.nodes[i].ha_port, self.nodes[i].http_port = free_ports(2)
+
+    def _prepare(self, i: int) -> None:
+        """
+        What node C{i}'s start needs on disk: its store directory.
+        """
+        os.makedirs(self.nodes[i].store, exist_ok=True)
 
     def _lost_its_port(self, i: int, log_at: int, err_at: int) -> bool:
         """

@@ -179,6 +179,29 @@ class PortTakenTests(SynchronousTestCase):
         group.start(0)
         self.assertEqual(len(argvs), 1)
 
+    def test_start_many_at_once(self) -> None:
+        """
+        L{BrokerGroup.start_many} starts every node before it watches any,
+        and starts again only the one whose port was taken.
+        """
+        in_use = "twistd rmqha: cannot listen on tcp:1 (--ha-listen): Address already in use\n"
+        group = BrokerGroup(self.mktemp(), "etcd:http://127.0.0.1:1", 2, start=False)
+        started: list[str] = []
+        outcomes = [(in_use, "", _Exited(1)), ("", "up\n", _Running()), ("", "up\n", _Running())]
+
+        def popen(i: int, extra: object, err: object) -> object:
+            started.append(group.nodes[i].node_id)
+            said, logged, process = outcomes.pop(0)
+            with open(group.err_path(i), "a") as f:
+                f.write(said)
+            with open(group.log_path(i), "a") as f:
+                f.write(logged)
+            return process
+
+        self.patch(group, "_popen", popen)
+        group.start_many([0, 1])
+        self.assertEqual(started, ["n0", "n1", "n0"])
+
     def test_tls_listen_follows_the_port(self) -> None:
         """
         With TLS, the node's ssl C{--ha-listen} is made from its port when

@@ -167,13 +167,16 @@ class FailoverCluster(BrokerGroup):
             argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
         return argv
 
-    def start(self, i: int, *extra: str) -> None:
+    def _prepare(self, i: int) -> None:
+        """
+        The store directory, and for a node with its own uid, its store,
+        log and stderr files owned by that uid.
+        """
+        super()._prepare(i)
         node = self.nodes[i]
-        if node.user is not None and not node.running:
-            os.makedirs(node.store, exist_ok=True)
+        if node.user is not None:
             for path in (node.store, self.log_path(i), self.err_path(i)):
                 if not os.path.exists(path):
                     open(path, "a").close()
                 os.chown(path, node.user, node.user)
-        super().start(i, *extra)
 
