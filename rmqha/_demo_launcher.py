@@ -789,12 +789,16 @@ def windows(puts: Sequence[Put], old: int, new: int, after: float) -> dict[str, 
 def wait_in_sync(cluster: BrokerGroup, master: int, members: int, timeout: float = 60.0) -> None:
     """
     Wait until C{master}'s C{/status} lists C{members} nodes (itself
-    included) in its in-sync set.
+    included) in its in-sync set as published in etcd (C{in_sync_published}:
+    who may be elected after it; the set its puts wait for, C{in_sync},
+    counts a replica that caught up before the set naming it is
+    published, and a master killed in between leaves no one eligible, as
+    it must).
     """
     deadline = time.monotonic() + timeout
     while True:
-        status = cluster.status(master) or {}
-        in_sync = (status.get("failover") or {}).get("in_sync") or []
+        failover = (cluster.status(master) or {}).get("failover") or {}
+        in_sync = failover.get("in_sync_published", failover.get("in_sync")) or []
         if len(in_sync) >= members:
             return
         if time.monotonic() > deadline:

@@ -609,7 +609,15 @@ class StatusTests(_Group):
             self.assertEqual(failover["master"]["node_id"], "a")
             self.assertEqual(failover["epoch"], 1)
             self.assertEqual(failover["in_sync"], ["a", "b"])
+            self.assertEqual(failover["in_sync_published"], ["a", "b"])
         self.assertTrue(status(a.broker, a.coordinator)["failover"]["is_master"])
+        # While a change is on its way to etcd, the master's puts wait for
+        # the set it wants; who may succeed it is the published one.
+        assert a.coordinator.in_sync is not None
+        a.coordinator.in_sync.wanted = frozenset({"a", "b", "c"})
+        failover = status(a.broker, a.coordinator)["failover"]
+        self.assertEqual(failover["in_sync"], ["a", "b", "c"])
+        self.assertEqual(failover["in_sync_published"], ["a", "b"])
         self.assertEqual(
             master_hint(b.coordinator), {"node_id": "a", "http": "a:8080", "epoch": 1}
         )

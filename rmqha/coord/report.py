@@ -165,6 +165,12 @@ class NodeReport:
             "in_sync": sorted(c.in_sync.effective)
             if c.in_sync is not None
             else (list(view.in_sync.members) if view is not None and view.in_sync else None),
+            # (Who may be elected after this master: the set etcd holds,
+            # which trails the one its puts wait for while a change is on
+            # its way.)
+            "in_sync_published": sorted(c.in_sync.published)
+            if c.in_sync is not None
+            else (list(view.in_sync.members) if view is not None and view.in_sync else None),
             "lease_valid_for": max(0.0, c.valid_until - self._now())
             if c.lease is not None
             else 0.0,
