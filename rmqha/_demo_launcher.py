@@ -798,7 +798,7 @@ def wait_in_sync(cluster: BrokerGroup, master: int, members: int, timeout: float
     deadline = time.monotonic() + timeout
     while True:
         failover = (cluster.status(master) or {}).get("failover") or {}
-        in_sync = failover.get("in_sync_published", failover.get("in_sync")) or []
+        in_sync = failover.get("in_sync_published") or []
         if len(in_sync) >= members:
             return
         if time.monotonic() > deadline:

@@ -121,12 +121,15 @@ class PortTakenTests(SynchronousTestCase):
     failure is the node's own.
     """
 
-    def group(self, outcomes: list[tuple[str, str, object]]) -> tuple[BrokerGroup, list[list[str]]]:
+    def group(
+        self, outcomes: list[tuple[str, str, object]], nodes: int = 1
+    ) -> tuple[BrokerGroup, list[list[str]]]:
         """
-        A group of one node whose starts write (to its stderr file, to its
-        log) and return each of C{outcomes} in turn; the argv of each.
+        A group of C{nodes} nodes whose starts write (to the node's stderr
+        file, to its log) and return each of C{outcomes} in turn; the argv
+        of each.
         """
-        group = BrokerGroup(self.mktemp(), "etcd:http://127.0.0.1:1", 1, start=False)
+        group = BrokerGroup(self.mktemp(), "etcd:http://127.0.0.1:1", nodes, start=False)
         argvs: list[list[str]] = []
 
         def popen(i: int, extra: object, err: object) -> object:
@@ -185,21 +188,11 @@ class PortTakenTests(SynchronousTestCase):
         and starts again only the one whose port was taken.
         """
         in_use = "twistd rmqha: cannot listen on tcp:1 (--ha-listen): Address already in use\n"
-        group = BrokerGroup(self.mktemp(), "etcd:http://127.0.0.1:1", 2, start=False)
-        started: list[str] = []
-        outcomes = [(in_use, "", _Exited(1)), ("", "up\n", _Running()), ("", "up\n", _Running())]
-
-        def popen(i: int, extra: object, err: object) -> object:
-            started.append(group.nodes[i].node_id)
-            said, logged, process = outcomes.pop(0)
-            with open(group.err_path(i), "a") as f:
-                f.write(said)
-            with open(group.log_path(i), "a") as f:
-                f.write(logged)
-            return process
-
-        self.patch(group, "_popen", popen)
+        group, argvs = self.group(
+            [(in_use, "", _Exited(1)), ("", "up\n", _Running()), ("", "up\n", _Running())], nodes=2
+        )
         group.start_many([0, 1])
+        started = [argv[argv.index("--node-id") + 1] for argv in argvs]
         self.assertEqual(started, ["n0", "n1", "n0"])
 
     def test_tls_listen_follows_the_port(self) -> None:

@@ -385,43 +385,39 @@ class IdleGaugeTests(SynchronousTestCase):
         left (the thread's own use counted as spare), whatever the host's
         idle CPUs; a quota whose use cannot be read is left out.
         """
-        used = [10.0]
 
         class Limit:
             cpus = 1.0
 
-            def used_seconds(self) -> float | None:
-                return used[0]
+            def __init__(self) -> None:
+                self.used: float | None = 10.0
 
-        def gauge() -> tuple[IdleGauge, list[float]]:
+            def used_seconds(self) -> float | None:
+                return self.used
+
+        def second(used: float | None, own: float) -> bool:
+            """
+            The gauge's answer after one second in which the host had 1.8
+            CPUs idle, the cgroup then used C{used} (C{None}: unreadable)
+            and the thread C{own} seconds.
+            """
             now = [0.0]
             texts = [_stat((0, 0), (0, 0)), _stat((10, 90), (10, 90))]
+            limit = Limit()
             gauge = IdleGauge(
-                lambda: texts.pop(0), lambda: now[0], None, hz=100, limit=Limit()  # type: ignore[arg-type]
+                lambda: texts.pop(0), lambda: now[0], None, hz=100, limit=limit  # type: ignore[arg-type]
             )
-            return gauge, now
+            gauge.idle(0.0)
+            now[0] += 1.0
+            limit.used = None if used is None else 10.0 + used
+            return gauge.idle(own)
 
-        # The host: 1.8 CPUs idle.  The cgroup used 0.9 of its 1 CPU over
-        # the second: 0.1 spare.
-        g, now = gauge()
-        g.idle(0.0)
-        now[0] += 1.0
-        used[0] += 0.9
-        self.assertFalse(g.idle(0.0))
+        # The cgroup used 0.9 of its 1 CPU: 0.1 spare.
+        self.assertFalse(second(0.9, 0.0))
         # Of those 0.9, 0.5 were the thread's own: 0.6 spare.
-        used[0] = 10.0
-        g, now = gauge()
-        g.idle(0.0)
-        now[0] += 1.0
-        used[0] += 0.9
-        self.assertTrue(g.idle(0.5))
+        self.assertTrue(second(0.9, 0.5))
         # Unreadable use: the host's idle CPUs alone.
-        used[0] = 10.0
-        g, now = gauge()
-        g.idle(0.0)
-        now[0] += 1.0
-        Limit.used_seconds = lambda self: None  # type: ignore[method-assign, assignment, misc]
-        self.assertTrue(g.idle(0.0))
+        self.assertTrue(second(None, 0.0))
 
     def test_read_at_most_once_a_window(self) -> None:
         """

@@ -146,6 +146,8 @@ class NodeReport:
         view = c.view
         leader = view.leader if view is not None else None
         election = c.election
+        # (What etcd holds, as this node last saw it: a slave's in-sync set.)
+        held = list(view.in_sync.members) if view is not None and view.in_sync else None
         return {
             "group": c.settings.group,
             "node_id": c.settings.node_id,
@@ -162,15 +164,11 @@ class NodeReport:
             "is_master": c.is_master(),
             "epoch": view.epoch if view is not None else None,
             "highest_epoch": c.highest_epoch,
-            "in_sync": sorted(c.in_sync.effective)
-            if c.in_sync is not None
-            else (list(view.in_sync.members) if view is not None and view.in_sync else None),
+            "in_sync": sorted(c.in_sync.effective) if c.in_sync is not None else held,
             # (Who may be elected after this master: the set etcd holds,
             # which trails the one its puts wait for while a change is on
             # its way.)
-            "in_sync_published": sorted(c.in_sync.published)
-            if c.in_sync is not None
-            else (list(view.in_sync.members) if view is not None and view.in_sync else None),
+            "in_sync_published": sorted(c.in_sync.published) if c.in_sync is not None else held,
             "lease_valid_for": max(0.0, c.valid_until - self._now())
             if c.lease is not None
             else 0.0,
