@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
@@ -338,7 +338,9 @@ class GroupTransferServiceTests(SynchronousTestCase):
                 self.failureResultOf(d)
         self.group.quorum_changed(3_000_000)
         self.group.release()
-        self.assertLess(len(self.group._heap) + len(self.group._deadlines), 200)
+        self.assertLess(
+            len(self.group._queue) + len(self.group._heap) + len(self.group._late), 200
+        )
 
     def test_callback_stops_the_service(self) -> None:
         """
@@ -383,6 +385,98 @@ class GroupTransferServiceTests(SynchronousTestCase):
         """
         e = self.assertRaises(ValueError, GroupTransferService, self.clock, 0)
         self.assertIn("slaveTimeout", str(e))
+
+
+class WaitOrderModelTests(SynchronousTestCase):
+    """
+    L{GroupTransferService} against a model of what it promises: a release
+    answers every live wait the quorum offset covers, in offset order (of
+    two waits for one offset, the earlier first); a timer call answers
+    every live wait whose deadline has come, earlier waits first; a stop
+    answers the rest in offset order.  The service keeps waits for an
+    offset behind an earlier one's apart (a heap) from the common ones (a
+    queue); the schedules below mix both.
+    """
+
+    @settings(deadline=None, derandomize=True, max_examples=300)
+    @given(
+        st.lists(
+            st.one_of(
+                # (Waits weighted: most steps add one, as puts do.)
+                st.tuples(st.just("wait"), st.integers(0, 12)),
+                st.tuples(st.just("wait"), st.integers(0, 12)),
+                st.tuples(st.just("wait"), st.integers(0, 12)),
+                st.tuples(st.just("quorum"), st.integers(0, 12)),
+                st.tuples(st.just("release"), st.just(0)),
+                st.tuples(st.just("advance"), st.integers(0, 8)),
+                st.tuples(st.just("cancel"), st.integers(0, 20)),
+                st.tuples(st.just("stop"), st.just(0)),
+            ),
+            min_size=8,
+            max_size=60,
+        )
+    )
+    # A wait behind an earlier one's offset; one for the same offset as a
+    # queued wait, made after a later one (the earlier answered first);
+    # deadlines of both kinds in one timer call.
+    @example([("wait", 30), ("wait", 10), ("quorum", 10), ("release", 0)])
+    @example([("wait", 5), ("wait", 9), ("wait", 5), ("quorum", 5), ("release", 0)])
+    @example([("wait", 5), ("wait", 9), ("wait", 5), ("stop", 0)])
+    @example([("wait", 9), ("advance", 1), ("wait", 5), ("wait", 9), ("advance", 6)])
+    def test_matches_the_model(self, steps: list[tuple[str, int]]) -> None:
+        """
+        Every wait gets the model's answer, at the model's step, in the
+        model's order.
+        """
+        clock = Clock()
+        group = GroupTransferService(clock, timeout=3.0)
+        fired: list[tuple[int, PutStatus]] = []
+        # The model: live waits as [number, end offset, deadline].
+        live: list[list[float]] = []
+        expected: list[tuple[int, PutStatus]] = []
+        deferreds: dict[int, Deferred[PutStatus]] = {}
+        quorum, stopped, now = -1, False, 0.0
+        for number, (step, value) in enumerate(steps):
+            if step == "wait":
+                d = group.wait_for(value)
+                d.addCallback(lambda status, n=number: fired.append((n, status)))
+                d.addErrback(lambda _: None)
+                if stopped:
+                    expected.append((number, PutStatus.SLAVE_NOT_AVAILABLE))
+                elif value <= quorum:
+                    expected.append((number, PutStatus.PUT_OK))
+                else:
+                    deferreds[number] = d
+                    live.append([number, value, now + 3.0])
+            elif step == "quorum":
+                quorum = max(quorum, value)
+                group.quorum_changed(quorum)
+            elif step == "release":
+                group.release()
+                covered = sorted((w for w in live if w[1] <= quorum), key=lambda w: (w[1], w[0]))
+                expected += [(int(w[0]), PutStatus.PUT_OK) for w in covered]
+                live = [w for w in live if w[1] > quorum]
+            elif step == "advance":
+                # (Half-seconds: deadlines exact in binary floating point.)
+                now += value / 2
+                clock.advance(value / 2)
+                due = [w for w in live if w[2] <= now]
+                expected += [(int(w[0]), PutStatus.FLUSH_SLAVE_TIMEOUT) for w in due]
+                live = [w for w in live if w[2] > now]
+            elif step == "cancel":
+                if live:
+                    victim = live.pop(value % len(live))
+                    deferreds[int(victim[0])].cancel()
+            else:
+                group.stop()
+                stopped = True
+                ordered = sorted(live, key=lambda w: (w[1], w[0]))
+                expected += [(int(w[0]), PutStatus.SLAVE_NOT_AVAILABLE) for w in ordered]
+                live = []
+            self.assertEqual(fired, expected, f"after step {number} {step} {value}")
+            self.assertEqual(group.waiting, len(live))
+        group.stop()
+        self.assertEqual(clock.getDelayedCalls(), [])
 
 
 class WaitThenEquivalenceTests(SynchronousTestCase):

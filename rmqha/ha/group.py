@@ -122,17 +122,21 @@ _SLACK = 1e-6
 
 
 class _Waiter:
-    __slots__ = ("end_offset", "started", "deadline", "fire", "done", "append")
+    __slots__ = ("end_offset", "sequence", "started", "deadline", "fire", "done", "append")
 
     def __init__(
         self,
         end_offset: int,
+        sequence: int,
         started: float,
         deadline: float,
         fire: Callable[[Any], object],
         append: AppendResult | None,
     ) -> None:
         self.end_offset = end_offset
+        # (Arrival order: of two waits for one offset, or two deadlines
+        # that come in one timer call, the earlier is answered first.)
+        self.sequence = sequence
         self.started = started
         self.deadline = deadline
         # (A Deferred's callback, or an answer callback: wait_then.)
@@ -153,13 +157,19 @@ class GroupTransferService:
     """
     Puts waiting for the quorum offset to reach them.
 
-    Two orders over the same waiters: a heap by end offset (what an ack
-    releases) and a queue by deadline (what times out; puts wait
-    C{slaveTimeout} each, so arrival order is deadline order), watched by
-    B{one} timer set for the earliest deadline.  A put costs a heap push and
-    a queue append, no timer of its own.  Waiters that resolved stay where
-    they are until they reach the front (or most of a structure is such
-    waiters, when it is rebuilt), so memory tracks the live waiters.
+    Puts are stored, and wait, in offset order, and every put waits
+    C{slaveTimeout}: a wait for an offset at or past every earlier one's
+    (the common case, every wait a put makes) joins one queue that is in
+    offset order and deadline order at once -- what an ack releases is
+    its front, what times out is its front.  A wait for an offset behind
+    an earlier one (a SYNC_FLUSH put that waited for the disk first, a
+    caller's own wait) goes to a heap by offset, with its own queue by
+    deadline.  A release fires the covered waiters of both in offset order
+    (of two waits for one offset, the earlier first), and B{one} timer is
+    set for the earliest deadline.  A put costs a queue append, no timer of
+    its own.  Waiters that resolved stay where they are until they reach
+    the front (or most of a structure is such waiters, when it is
+    rebuilt), so memory tracks the live waiters.
     """
 
     _log = Logger()
@@ -192,8 +202,13 @@ class GroupTransferService:
         self._listener = (
             provides(IReleaseListener, listener, "listener") if listener is not None else None
         )
+        # Waits in offset order (= arrival and deadline order); the end
+        # offset of the last one that joined it.
+        self._queue: deque[_Waiter] = deque()
+        self._tail = -1
+        # Waits behind an earlier one's offset: by offset, and by deadline.
         self._heap: list[tuple[int, int, _Waiter]] = []
-        self._deadlines: deque[_Waiter] = deque()
+        self._late: deque[_Waiter] = deque()
         self._sequence = itertools.count()
         self._quorum_offset = -1
         self._timer: IDelayedCall | None = None
@@ -264,9 +279,15 @@ class GroupTransferService:
         self, end_offset: int, append: AppendResult | None, fire: Callable[[Any], object]
     ) -> _Waiter:
         now = self._clock.seconds()
-        waiter = _Waiter(end_offset, now, now + self._timeout, fire, append)
-        heapq.heappush(self._heap, (end_offset, next(self._sequence), waiter))
-        self._deadlines.append(waiter)
+        sequence = next(self._sequence)
+        waiter = _Waiter(end_offset, sequence, now, now + self._timeout, fire, append)
+        queue = self._queue
+        if end_offset >= self._tail or not queue:
+            queue.append(waiter)
+            self._tail = end_offset
+        else:
+            heapq.heappush(self._heap, (end_offset, sequence, waiter))
+            self._late.append(waiter)
         self._live += 1
         if self._timer is None and not self._expiring:
             self._timer = self._clock.callLater(self._timeout - _SLACK, self._expire)
@@ -290,9 +311,9 @@ class GroupTransferService:
         at the end of the C{dataReceived} that delivered the acks, never
         from inside its parsing (docs/sync.md, "the firing rule").
         """
-        # (Re-read on every step, self._heap itself included: a callback
-        # may put, release, stop, which replaces the heap, or cancel a
-        # wait, which may rebuild it: _compact.)
+        # (Re-read on every step, the structures themselves included: a
+        # callback may put, release, stop, which replaces them, or cancel
+        # a wait, which may rebuild them: _compact.)
         # One clock reading for the waits these acks end (the histogram's
         # buckets are 100 us and more; a put's callbacks take microseconds).
         # (The common case of _resolve inlined, the names it needs taken
@@ -302,9 +323,21 @@ class GroupTransferService:
         observe = self._observe
         finish = self.finish
         ok = PutStatus.PUT_OK
-        pop = heapq.heappop
-        while self._heap and self._heap[0][0] <= self._quorum_offset:
-            waiter = pop(self._heap)[2]
+        while True:
+            quorum = self._quorum_offset
+            queue = self._queue
+            heap = self._heap
+            if queue and queue[0].end_offset <= quorum:
+                # (Of two waits for one offset, the queue's came first: the
+                # heap's came after a queued one for a later offset.)
+                if heap and heap[0][0] < queue[0].end_offset:
+                    waiter = heapq.heappop(heap)[2]
+                else:
+                    waiter = queue.popleft()
+            elif heap and heap[0][0] <= quorum:
+                waiter = heapq.heappop(heap)[2]
+            else:
+                break
             if waiter.done:
                 continue
             waiter.done = True
@@ -312,7 +345,7 @@ class GroupTransferService:
             if now is None:
                 now = self._clock.seconds()
             if listener is not None and not (
-                self._heap and self._heap[0][0] <= self._quorum_offset
+                (queue and queue[0].end_offset <= quorum) or (heap and heap[0][0] <= quorum)
             ):
                 listener.last_of_release()
             if observe is not None:
@@ -322,9 +355,9 @@ class GroupTransferService:
                 waiter.fire(ok if append is None else finish(ok, append))
             except Exception:
                 self._answer_failed()
-        deadlines = self._deadlines
-        while deadlines and deadlines[0].done:
-            deadlines.popleft()
+        late = self._late
+        while late and late[0].done:
+            late.popleft()
 
     def _resolve(self, waiter: _Waiter, status: PutStatus, now: float | None = None) -> None:
         if self._observe is not None:
@@ -349,33 +382,43 @@ class GroupTransferService:
         self._timer = None
         self._expiring = True
         try:
-            deadlines = self._deadlines
-            while deadlines:
-                waiter = deadlines[0]
-                if not waiter.done:
-                    if waiter.deadline > self._clock.seconds() + 2 * _SLACK:
-                        break
-                    waiter.done = True
-                    self._live -= 1
-                    self._resolve(waiter, PutStatus.FLUSH_SLAVE_TIMEOUT)
-                # (A callback may have stopped us, emptying the queue.)
-                if deadlines and deadlines[0] is waiter:
-                    deadlines.popleft()
+            while True:
+                # (Re-read each time: a callback may have stopped us,
+                # replacing both queues.)
+                queue, late = self._queue, self._late
+                while queue and queue[0].done:
+                    queue.popleft()
+                while late and late[0].done:
+                    late.popleft()
+                limit = self._clock.seconds() + 2 * _SLACK
+                first = queue[0] if queue and queue[0].deadline <= limit else None
+                other = late[0] if late and late[0].deadline <= limit else None
+                if other is not None and (first is None or other.sequence < first.sequence):
+                    waiter = late.popleft()
+                elif first is not None:
+                    waiter = queue.popleft()
+                else:
+                    break
+                waiter.done = True
+                self._live -= 1
+                self._resolve(waiter, PutStatus.FLUSH_SLAVE_TIMEOUT)
         finally:
             self._expiring = False
         self._compact()
-        if self._deadlines and self._timer is None and not self._stopped:
-            delay = self._deadlines[0].deadline - self._clock.seconds() - _SLACK
+        earliest = [q[0].deadline for q in (self._queue, self._late) if q]
+        if earliest and self._timer is None and not self._stopped:
+            delay = min(earliest) - self._clock.seconds() - _SLACK
             self._timer = self._clock.callLater(max(0.0, delay), self._expire)
 
     def _compact(self) -> None:
-        # Resolved waiters stay in the heap and the queue until they reach
-        # the front; rebuild both when they are most of either.
-        heap, deadlines, live = self._heap, self._deadlines, self._live
-        if max(len(heap), len(deadlines)) > 64 + 2 * live:
-            self._heap = [entry for entry in heap if not entry[2].done]
+        # Resolved waiters stay in the structures until they reach the
+        # front; rebuild them when they are most of any.
+        live = self._live
+        if max(len(self._queue), len(self._heap), len(self._late)) > 64 + 2 * live:
+            self._queue = deque(w for w in self._queue if not w.done)
+            self._heap = [entry for entry in self._heap if not entry[2].done]
             heapq.heapify(self._heap)
-            self._deadlines = deque(w for w in deadlines if not w.done)
+            self._late = deque(w for w in self._late if not w.done)
 
     def stop(self) -> None:
         """
@@ -386,8 +429,11 @@ class GroupTransferService:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None
-        heap, self._heap, self._deadlines, self._live = self._heap, [], deque(), 0
-        for _, _, waiter in sorted(heap, key=lambda entry: entry[:2]):
+        queue, heap = self._queue, self._heap
+        self._queue, self._heap, self._late, self._live = deque(), [], deque(), 0
+        # In offset order; of two waits for one offset, the earlier first.
+        waiters = [*queue, *(entry[2] for entry in heap)]
+        for waiter in sorted(waiters, key=lambda w: (w.end_offset, w.sequence)):
             if not waiter.done:
                 waiter.done = True
                 self._resolve(waiter, PutStatus.SLAVE_NOT_AVAILABLE)
