@@ -172,6 +172,68 @@ class WarmUpTests(SynchronousTestCase):
         self.assertEqual(warmed, [(root, 2 * 64 * 1024)])
 
 
+class PageReportingTests(SynchronousTestCase):
+    """
+    The guest's free page reporting, read from its module parameters: in
+    every benchmark's machine figures, and a note before a benchmark runs
+    while it is on.
+    """
+
+    def parameters(self, order: str, min_free_ms: str = "0") -> str:
+        directory = self.mktemp()
+        os.makedirs(directory)
+        for name, value in (("page_reporting_order", order), ("min_free_ms", min_free_ms)):
+            with open(os.path.join(directory, name), "w") as f:
+                f.write(value + "\n")
+        return directory
+
+    def test_on(self) -> None:
+        """
+        An order the allocator has (9: 2 MiB blocks) is reporting on.
+        """
+        self.assertEqual(
+            bench.free_page_reporting(self.parameters("9", "2000")),
+            {"order": 9, "min_free_ms": 2000, "active": 1},
+        )
+
+    def test_held_off(self) -> None:
+        """
+        An order above the allocator's largest reports nothing.
+        """
+        self.assertEqual(bench.free_page_reporting(self.parameters("11"))["active"], 0)  # type: ignore[index]
+
+    def test_none(self) -> None:
+        """
+        A kernel without it, or a parameter that is not a number: C{None}.
+        """
+        self.assertIsNone(bench.free_page_reporting(os.path.join(self.mktemp(), "absent")))
+        self.assertIsNone(bench.free_page_reporting(self.parameters("nine")))
+
+    def test_note(self) -> None:
+        """
+        While it is on, a benchmark starts with a note saying so and how to
+        hold it off and restore it; held off or absent, nothing is said.
+        """
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            bench._warn_page_reporting({"order": 9, "min_free_ms": 0, "active": 1})
+        note = stderr.getvalue()
+        self.assertIn("free page reporting is on (page_reporting_order 9)", note)
+        self.assertIn("'echo 11 > /sys/module/page_reporting/parameters/page_reporting_order'", note)
+        self.assertIn("'echo 9 > ...'", note)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            bench._warn_page_reporting({"order": 11, "min_free_ms": 0, "active": 0})
+            bench._warn_page_reporting(None)
+        self.assertEqual(stderr.getvalue(), "")
+
+    def test_in_machine_figures(self) -> None:
+        """
+        What every benchmark's JSON says of the machine includes it.
+        """
+        self.assertIn("free_page_reporting", bench.machine_info())
+
+
 class PutsBenchTests(SynchronousTestCase):
     def test_puts_figures(self) -> None:
         """

@@ -114,7 +114,55 @@ def machine_info() -> dict[str, Any]:
         ),
         "python": platform.python_version(),
         "kernel": platform.release(),
+        "free_page_reporting": free_page_reporting(),
     }
+
+
+#: The guest kernel's free page reporting (virtio-balloon): its settings.
+_PAGE_REPORTING = "/sys/module/page_reporting/parameters"
+#: Above the buddy allocator's largest order (10 on x86-64): nothing is
+#: reported.
+_PAGE_REPORTING_OFF = 11
+
+
+def free_page_reporting(directory: str = _PAGE_REPORTING) -> dict[str, int] | None:
+    """
+    The guest's free page reporting, when its kernel has it: C{order} (free
+    blocks of 2**order pages are reported), C{min_free_ms}, and whether
+    it is C{active} (an order the allocator has).  A virtual machine whose
+    balloon device reports free pages hands every freed block back to
+    the host, which discards it; the next write to that memory is then a
+    fault in the host too.  On the 2-core VM that made replication and
+    SYNC figures move 2-3x from one run to the next (docs/benchmarks.md,
+    "Free page reporting"); C{None} where there is none.
+    """
+    try:
+        with open(os.path.join(directory, "page_reporting_order")) as f:
+            order = int(f.read())
+        with open(os.path.join(directory, "min_free_ms")) as f:
+            min_free_ms = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return {
+        "order": order,
+        "min_free_ms": min_free_ms,
+        "active": int(order < _PAGE_REPORTING_OFF),
+    }
+
+
+def _warn_page_reporting(reporting: dict[str, int] | None) -> None:
+    """
+    Say so, before a benchmark runs, when freed memory goes back to the
+    host (see L{free_page_reporting}), and how to hold that off.
+    """
+    if reporting is None or not reporting["active"]:
+        return
+    _progress(
+        f"note: free page reporting is on (page_reporting_order {reporting['order']}): "
+        "memory a run frees goes back to the host, and figures move 2-3x between runs; "
+        f"as root, 'echo {_PAGE_REPORTING_OFF} > {_PAGE_REPORTING}/page_reporting_order' holds it "
+        f"off until 'echo {reporting['order']} > ...' (docs/benchmarks.md, 'Free page reporting')"
+    )
 
 
 def _messages(body_size: int, n: int = 16384) -> list[Message]:
@@ -2881,6 +2929,8 @@ def main(argv: list[str] | None = None) -> None:
             helper.add_argument("--checked", action="store_true", help="checked framing")
             helper.add_argument("--segment-size", type=int, default=None)
     args = parser.parse_args(argv)
+    if not args.benchmark.startswith("_"):
+        _warn_page_reporting(free_page_reporting())
     if args.benchmark == "_serve-master":
         return _serve_master(args.store, args.tls)
     if args.benchmark == "_run-slave":
