@@ -228,6 +228,31 @@ class GroupTransferServiceTests(SynchronousTestCase):
         self.group.release()
         self.assertEqual(order, [100, 200, 300, 400])
 
+    def test_waits_in_offset_order_queue(self) -> None:
+        """
+        Waits made in offset order -- every put's -- are queued without the
+        heap; once every wait has ended (here, cancelled: its entry is
+        still there) the queue starts again from the next wait, whatever
+        its offset, so one wait far ahead does not send every later one to
+        the heap.
+        """
+        for end in (100, 200, 200, 300):
+            self.group.wait_for(end)
+        self.assertEqual((len(self.group._queue), len(self.group._heap)), (4, 0))
+        self.group.wait_for(150)
+        self.assertEqual((len(self.group._queue), len(self.group._heap)), (4, 1))
+        self.group.quorum_changed(300)
+        self.group.release()
+        self.assertEqual(self.group.waiting, 0)
+        far = self.group.wait_for(900)
+        far.cancel()
+        self.failureResultOf(far)
+        ds = [self.group.wait_for(end) for end in (400, 500, 600)]
+        self.assertEqual((len(self.group._queue), len(self.group._heap)), (3, 0))
+        self.group.quorum_changed(600)
+        self.group.release()
+        self.assertEqual([self.successResultOf(d) for d in ds], [PutStatus.PUT_OK] * 3)
+
     def test_cancel(self) -> None:
         """
         A cancelled wait is withdrawn (and cancels its deadline).

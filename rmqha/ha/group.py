@@ -281,9 +281,13 @@ class GroupTransferService:
         now = self._clock.seconds()
         sequence = next(self._sequence)
         waiter = _Waiter(end_offset, sequence, now, now + self._timeout, fire, append)
-        queue = self._queue
-        if end_offset >= self._tail or not queue:
-            queue.append(waiter)
+        if end_offset >= self._tail:
+            self._queue.append(waiter)
+            self._tail = end_offset
+        elif self._live == 0:
+            # Every earlier wait has ended (what is left of them is only
+            # awaiting removal): the queue starts again from this one.
+            self._queue, self._heap, self._late = deque([waiter]), [], deque()
             self._tail = end_offset
         else:
             heapq.heappush(self._heap, (end_offset, sequence, waiter))
