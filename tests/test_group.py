@@ -1185,6 +1185,140 @@ class SyncFlushPutThenTests(_PutThen, SyncFlushTests):
         self.assertEqual(broker.put_path.put_statuses[PutStatus.FLUSH_DISK_TIMEOUT], 1)
 
 
+class LiveCountMemoTests(SynchronousTestCase):
+    """
+    L{rmqha.ha.replicas.Replicas.live_count} answers from its last pass
+    over the links while that answer holds: under any schedule of puts,
+    acks, time, new slaves, dropped and lost connections and link-timeout
+    changes, it answers what a fresh pass answers, and the puts end with
+    the same statuses at the same moments.
+    """
+
+    def world(self, store: str, memo: bool) -> tuple[Broker, MemoryReactorClock]:
+        reactor = MemoryReactorClock()
+        settings, runtime = settings_and_runtime(
+            {"min_in_sync_replicas": 2, "in_sync_replicas": 3},
+            role=Role.SYNC_MASTER,
+            ha_listen="tcp:0",
+            slave_timeout=3.0,
+            slave_fallbehind_max=300,
+        )
+        broker = Broker(
+            settings,
+            reactor=reactor,
+            open_commitlog=lambda: CommitLog.open(store, segment_size=1 << 20, clock=fixed_clock),
+            **runtime,
+        )
+        broker.startService()
+        self.addCleanup(broker.stopService)
+        if not memo:
+            # The reference: a fresh pass for every question.
+            replicas = broker.master_factory.replicas  # type: ignore[union-attr]
+            self.patch(
+                replicas,
+                "live_count",
+                lambda past=-1: replicas._count_live(reactor.seconds(), past),
+            )
+        return broker, reactor
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        st.lists(
+            st.one_of(
+                st.tuples(st.just("put"), st.integers(1, 3)),
+                st.tuples(st.just("advance"), st.sampled_from([0, 0.2, 0.5, 0.999, 1.0, 1.3, 4.0])),
+                st.tuples(st.just("ack"), st.integers(0, 3), st.sampled_from([0, 40, 200, 400])),
+                st.tuples(st.just("connect"), st.integers(0, 1)),
+                st.tuples(st.just("drop"), st.integers(0, 3)),
+                st.tuples(st.just("lose"), st.integers(0, 3)),
+                st.tuples(st.just("timeout"), st.sampled_from([0.5, 1.0, 2.0])),
+            ),
+            max_size=40,
+        )
+    )
+    def test_memo_answers_as_a_fresh_pass(self, steps: list[tuple]) -> None:
+        from twisted.internet.error import ConnectionDone
+        from twisted.python.failure import Failure
+
+        from rmqha.broker import NotStoredError
+
+        root = self.mktemp()
+        worlds = [self.world(f"{root}-{name}", memo) for name, memo in (("a", True), ("b", False))]
+        slaves: list[list[MasterConnection]] = [[], []]
+        lost: list[set[int]] = [set(), set()]
+        outcomes: list[list[object]] = [[], []]
+        for step in [("connect", 0), ("connect", 1), *steps]:
+            for n, (broker, reactor) in enumerate(worlds):
+                mine, log = slaves[n], broker.commitlog
+                kind = step[0]
+                if kind == "put":
+                    for _ in range(step[1]):
+                        try:
+                            d = broker.put(Message("SyncTopic", b"x" * 100))
+                        except NotStoredError as e:
+                            outcomes[n].append(e.status)
+                        else:
+                            d.addCallback(lambda r, out=outcomes[n]: out.append(r.status))
+                elif kind == "advance":
+                    reactor.advance(step[1])
+                elif kind == "ack" and step[1] < len(mine):
+                    c = mine[step[1]]
+                    if c.replicating and c.ack_offset is not None:
+                        offset = max(c.ack_offset, log.max_offset - step[2])
+                        c.dataReceived(struct.pack(">q", offset))
+                        reactor.advance(0)
+                elif kind == "connect" and len(mine) < 4:
+                    factory = broker.master_factory
+                    assert factory is not None
+                    c = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000 + len(mine)))
+                    c.makeConnection(StringTransport())
+                    c.dataReceived(struct.pack(">q", log.max_offset if step[1] else 0))
+                    mine.append(c)
+                elif kind == "drop" and step[1] < len(mine):
+                    mine[step[1]].drop("a test drops it")
+                elif kind == "lose" and step[1] < len(mine) and step[1] not in lost[n]:
+                    lost[n].add(step[1])
+                    mine[step[1]].connectionLost(Failure(ConnectionDone()))
+                elif kind == "timeout":
+                    broker.master_factory.replicas.link_timeout = step[1]  # type: ignore[union-attr]
+            answers = []
+            for broker, _ in worlds:
+                acks = broker.master_factory.replicas  # type: ignore[union-attr]
+                end = broker.commitlog.max_offset
+                answers.append([acks.live_count(past) for past in (-1, end - 300, end - 50, end)])
+            self.assertEqual(answers[0], answers[1], step)
+        self.assertEqual(outcomes[0], outcomes[1])
+
+    def test_link_stops_counting_on_time(self) -> None:
+        """
+        A remembered count ends when the earliest link's owed ack reaches
+        the link timeout, not later: the link counts at 1 s owed, not
+        just after.
+        """
+        broker, reactor = self.world(self.mktemp(), True)
+        factory = broker.master_factory
+        assert factory is not None
+        connections = []
+        for port in (40001, 40002):
+            c = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", port))
+            c.makeConnection(StringTransport())
+            c.dataReceived(struct.pack(">q", 0))
+            connections.append(c)
+        broker.put(Message("SyncTopic", b"x" * 100))
+        replicas = factory.replicas
+        self.assertEqual(replicas.live_count(), 2)
+        reactor.advance(0.5)
+        connections[1].dataReceived(struct.pack(">q", broker.commitlog.max_offset))
+        self.assertEqual(replicas.live_count(), 2)
+        reactor.advance(0.5)
+        self.assertEqual(replicas.live_count(), 2)
+        reactor.advance(1e-3)
+        self.assertEqual(replicas.live_count(), 1)
+        # A drop counts at once, with no ack or time in between.
+        connections[1].drop("a test drops it")
+        self.assertEqual(replicas.live_count(), 0)
+
+
 class FailoverFloorTests(SynchronousTestCase):
     """
     Failover mode: minInSyncReplicas is a floor for every PUT_OK, whatever

@@ -852,6 +852,7 @@ class MasterConnection(Protocol):
         # which is connected and counts (from 0) for in-sync decisions.
         self._record_ack(offset)
         self._state = _State.TRANSFERRING
+        self.factory.replicas.changed()
         self._log.info(
             "slave {peer} reported offset {offset}; transfer starts at {start}",
             peer=self.peer,
@@ -919,6 +920,17 @@ class MasterConnection(Protocol):
             self._owed_since = now
             return True
         return now - owed <= timeout
+
+    def delivers_until(self, now: float, timeout: float) -> float:
+        """
+        Asked just after L{delivers_acks} answered C{True} at C{now}: the
+        moment this link stops delivering acks unless it acknowledges (or
+        stops) first -- C{timeout} after the ack it owes was first owed,
+        or, owing none, after C{now} (it will owe one from a later
+        moment, so this is early, never late).
+        """
+        owed = self._owed_since
+        return (now if owed is None else owed) + timeout
 
     def lag_seconds(self, now: float, max_offset: int) -> float | None:
         """
@@ -1039,6 +1051,7 @@ class MasterConnection(Protocol):
         """
         self._log.warn("dropping slave {peer}: " + why, peer=self.peer, **fields)
         self._state = _State.CLOSED
+        self.factory.replicas.changed()
         self._paused = True
         if self._authentication is not None:
             self._authentication.stop()
@@ -1157,6 +1170,7 @@ class MasterFactory(ServerFactory):
         """
         A slave acknowledged (C{connection}) or went away (none).
         """
+        self.replicas.changed()
         ha = self.ha
         if ha is None:
             return

@@ -61,6 +61,8 @@ class MasterConnection(Protocol):
 
     def delivers_acks(self, now: float, max_offset: int, timeout: float) -> bool: ...
 
+    def delivers_until(self, now: float, timeout: float) -> float: ...
+
     def data_available(self) -> None: ...
 
     def early_at(self) -> int | None: ...
@@ -78,6 +80,7 @@ DEFAULT_LINK_TIMEOUT = 1.0
 
 # (No connection wants the released puts sent early.)
 _NEVER = 1 << 63
+_FOREVER = float("inf")
 
 
 @implementer(IReplicaAcks)
@@ -112,8 +115,32 @@ class Replicas:
         self._appended = provides(IAppendedTo, appended, "appended")
         self._fence = provides(IFence, fence, "fence")
         self._auth = auth
-        self.link_timeout = link_timeout
+        self._link_timeout = link_timeout
         self.connections: set[MasterConnection] = set()
+        # live_count's last pass, while it holds (every SYNC put asks):
+        # (until, lowest ack, count) -- see _count_live.
+        self._live_memo: tuple[float, int, int] | None = None
+
+    @property
+    def link_timeout(self) -> float:
+        """
+        Seconds an ack may be owed before a replica's link stops counting
+        as connected (L{MasterConnection.delivers_acks}).
+        """
+        return self._link_timeout
+
+    @link_timeout.setter
+    def link_timeout(self, seconds: float) -> None:
+        self._link_timeout = seconds
+        self.changed()
+
+    def changed(self) -> None:
+        """
+        A connection acknowledged, started replicating or stopped: what
+        L{live_count} remembers of its last pass no longer holds.  The
+        connections call it (through their factory, for acks).
+        """
+        self._live_memo = None
 
     def counted_node(self, connection: MasterConnection) -> str | None:
         """
@@ -209,18 +236,47 @@ class Replicas:
         How many slaves' links deliver acks (one per replica) with an ack
         past offset C{past} (any ack: -1).
         """
-        # (Every SYNC put asks this as it waits: one pass over the set, no
-        # copy of it, no list, no generator -- delivers_acks changes the
-        # connection, never the set; it is asked of every connection with
-        # an ack, whatever the ack, as before.)
+        # (Every SYNC put asks this as it waits: the answer of the last
+        # pass over the links, while it holds, costs a clock reading.)
         now = self._clock.seconds()
+        memo = self._live_memo
+        if memo is not None and now < memo[0] and past < memo[1]:
+            return memo[2]
+        return self._count_live(now, past)
+
+    def _count_live(self, now: float, past: int) -> int:
+        """
+        L{live_count}'s pass over the links, remembered while its answer
+        cannot change: B{every} link that delivers acks keeps delivering
+        until the earliest moment one of them would have owed an ack for
+        C{link_timeout} (counted from now for a link that owes none now:
+        it owes from when the log next grows, later), and any C{past}
+        below the lowest of their acks counts all of them.  What else
+        changes the answer -- an ack, a link that starts replicating or
+        stops -- calls L{changed}, which forgets it.  (The log's end is
+        not watched: a master's log only grows, which moves no link from
+        owing to not owing.)
+        """
         end = self._appended.max_offset
-        timeout = self.link_timeout
-        count = 0
+        timeout = self._link_timeout
+        count = delivering = 0
+        lowest = _NEVER
+        until = _FOREVER
         for c in self.connections:
             ack = c.ack_offset
-            if ack is not None and c.delivers_acks(now, end, timeout) and ack > past:
+            if ack is None or not c.delivers_acks(now, end, timeout):
+                continue
+            delivering += 1
+            if ack > past:
                 count += 1
+            if ack < lowest:
+                lowest = ack
+            # (A microsecond early: delivers_acks compares now - owed with
+            # the timeout, this the sum, and floats may round apart.)
+            mine = c.delivers_until(now, timeout) - 1e-6
+            if mine < until:
+                until = mine
+        self._live_memo = (until, lowest, delivering)
         return count
 
     def live_nodes(self) -> set[str]:
