@@ -21,9 +21,10 @@ from twisted.python.failure import Failure
 
 from rmqha.ha.fence import OPEN
 from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
+from rmqha.ha.master import EARLY_BYTES
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica
-from rmqha.store._record import Message
+from rmqha.store._record import END_FILE_MIN_BLANK_LENGTH, Message
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import AppendResult
 from rmqha.store.errors import SegmentCreateError
@@ -77,6 +78,50 @@ def _slave_refusal(side: object) -> str:
     return "messages are put on the master, this is a slave"
 
 
+#: Puts made while a release runs are stored together, a batch once they
+#: hold this many bytes (the early frames' size: such a batch may go to the
+#: slave as a frame while the release goes on), or half a segment; a
+#: batch is at most twice that.
+GROUP_BYTES = EARLY_BYTES
+
+#: What a grouped put is answered with: its result, or the error that
+#: kept it from being stored.
+_Answer = Callable[[Any], object]
+
+
+class _Group:
+    """
+    Puts made on one master side while a release of waiting puts runs,
+    not stored yet (L{PutPath._join}).
+    """
+
+    __slots__ = ("side", "messages", "answers", "size")
+
+    def __init__(self, side: MasterSide) -> None:
+        self.side = side
+        self.messages: list[Message] = []
+        self.answers: list[_Answer] = []
+        self.size = 0
+
+
+def _settles(d: Deferred[PutMessageResult]) -> _Answer:
+    """
+    A grouped put's answer for the L{Deferred} L{PutPath.put} returned: a
+    result fires it, an error fails it; nothing once it has fired (a
+    cancelled put: the message is stored all the same).
+    """
+
+    def settle(outcome: Any) -> None:
+        if d.called:
+            return
+        if isinstance(outcome, BaseException):
+            d.errback(Failure(outcome))
+        else:
+            d.callback(outcome)
+
+    return settle
+
+
 def master_refusal(side: object) -> str | None:
     """
     Why C{side}, a broker's role service, takes no puts now (a slave, a
@@ -115,6 +160,8 @@ class PutPath:
         self.replication_wait = Histogram()
         # Whether the last put failed in the store (logged once).
         self._store_failing = False
+        # Puts made while a release runs, to be stored together (_join).
+        self._group: _Group | None = None
 
     def put(self, side: object, message: Message) -> Deferred[PutMessageResult]:
         """
@@ -135,7 +182,17 @@ class PutPath:
             C{UNKNOWN_ERROR}: another I/O error); nothing is stored and
             the next put goes where this one would have.
         @raise MessageRejected: the message breaks a limit (nothing stored).
+
+        A put made while a release of waiting puts runs (from a released
+        put's callback) is stored with the others made there when the
+        release ends (docs/sync.md, "Puts released together are stored
+        together"): the same refusals are raised now, and a failure to
+        store them then fails this L{Deferred} with L{NotStoredError}.
         """
+        if isinstance(side, MasterSide) and side.early.releasing:
+            d: Deferred[PutMessageResult] = Deferred()
+            if self._join(side, message, _settles(d)):
+                return d
         master, append, flush_disk_type = self._store_one(side, message)
         if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
             # (_verdict's common case inline.)
@@ -160,8 +217,16 @@ class PutPath:
         results and errors as L{put}; a wait for the disk (SYNC_FLUSH)
         that fails, as when the store is closed under it, answers
         C{FLUSH_DISK_TIMEOUT} (the message is stored, not known on disk)
-        and is logged.
+        and is logged.  A put made while a release runs is stored when it
+        ends, as L{put}'s is: C{None} is returned, and if those puts cannot
+        be stored then C{answer} is called with the L{NotStoredError} (or
+        L{NotMasterError}) that L{put} would have raised, instead of a
+        result.
         """
+        if isinstance(side, MasterSide) and side.early.releasing and self._join(
+            side, message, answer
+        ):
+            return None
         master, append, flush_disk_type = self._store_one(side, message)
         ha = master.ha
         if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
@@ -199,6 +264,8 @@ class PutPath:
         flush type.
         """
         master = self._admit(side)
+        if self._group is not None:
+            self._store_group()  # (first: puts are stored in the order made)
         factory = master.factory
         assert factory is not None  # (_admit refuses a side without one)
         commitlog = factory.commitlog
@@ -283,10 +350,24 @@ class PutPath:
         if not messages:
             raise ValueError("a batch needs at least one message")
         side = self._admit(side)
+        if self._group is not None:
+            self._store_group()  # (first: puts are stored in the order made)
+        appends = self._store_batch(side, messages)
         assert side.factory is not None
-        commitlog = side.factory.commitlog
+        waited = self._verdict(side, side.factory.commitlog.flush_disk_type, appends[-1])
+        return waited.addCallback(lambda result: (result.status, appends))
+
+    def _store_batch(self, side: MasterSide, messages: Sequence[Message]) -> list[AppendResult]:
+        """
+        Store C{messages} as one batch on C{side}, admitted, and count
+        them.
+
+        @raise NotStoredError: the store failed (see L{put}).
+        @raise MessageRejected: a message breaks a limit (nothing stored).
+        """
+        assert side.factory is not None  # (_admit refuses a side without one)
         try:
-            appends = commitlog.put_batch(messages)
+            appends = side.factory.commitlog.put_batch(messages)
         except OSError as e:
             raise self._not_stored(e) from e
         if self._store_failing:
@@ -294,8 +375,86 @@ class PutPath:
             self._log.info("the commit log takes puts again")
         self.puts += len(appends)
         self.put_bytes += sum(a.size for a in appends)
-        waited = self._verdict(side, commitlog.flush_disk_type, appends[-1])
-        return waited.addCallback(lambda result: (result.status, appends))
+        return appends
+
+    # -- puts made while a release runs --------------------------------------
+
+    def _join(self, side: MasterSide, message: Message, answer: _Answer) -> bool:
+        """
+        A put made while C{side}'s release of waiting puts runs: checked
+        now as any put (its refusals raised), then held to be stored with
+        the others made in this release when it ends, or once they reach
+        L{GROUP_BYTES} -- one batch, one frame, one wait (docs/sync.md,
+        "Puts released together are stored together").  C{False}: this
+        put is to be stored now instead (a SYNC_FLUSH log, whose puts each
+        wait for the disk; a record larger than a group), after those
+        held.
+        """
+        master = self._admit(side)
+        factory = master.factory
+        assert factory is not None  # (_admit refuses a side without one)
+        commitlog = factory.commitlog
+        size = commitlog.record_size(message)
+        limit = min(GROUP_BYTES, (commitlog.segment_size - END_FILE_MIN_BLANK_LENGTH) // 2)
+        if self._group is not None and self._group.side is not master:
+            self._store_group()
+        if size > limit or commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+            self._store_group()
+            return False
+        group = self._group
+        if group is None:
+            group = self._group = _Group(master)
+            master.early.at_release_end(self._store_group)
+        group.messages.append(message)
+        group.answers.append(answer)
+        group.size += size
+        if group.size >= limit:
+            # (At least the early frames' size: stored, it may be sent.)
+            self._store_group()
+        return True
+
+    def _store_group(self) -> None:
+        """
+        Store the held puts (L{_join}) as one batch and wait once, for its
+        end: each put is answered with its own result and the batch's
+        status, or, if they could not be stored, with the error.
+        """
+        group = self._group
+        if group is None:
+            return
+        self._group = None
+        answers = group.answers
+        try:
+            # (Checked again: the release's callbacks may have stopped this
+            # master, or its lease may have run out, since.)
+            side = self._admit(group.side)
+            appends = self._store_batch(side, group.messages)
+        except Exception as e:
+            if isinstance(e, NotStoredError):
+                # (_admit and _not_stored counted one put; each was refused.)
+                self.put_statuses[e.status] += len(answers) - 1
+            else:
+                self._log.failure("storing {count} puts made in a release failed", count=len(answers))
+            for answer in answers:
+                self._answer(answer, e)
+            return
+        last = appends[-1]
+
+        def answered(result: PutMessageResult) -> None:
+            status = result.status
+            for answer, append in zip(answers, appends[:-1]):
+                self._answer(answer, self.result(status, append))
+            self._answer(answers[-1], result)
+
+        now = side.ha.wait_then(last.next_offset, last, answered)
+        if now is not None:
+            answered(now)
+
+    def _answer(self, answer: _Answer, outcome: Any) -> None:
+        try:
+            answer(outcome)
+        except Exception:
+            self._log.failure("a put's answer failed")
 
     def _not_stored(self, error: OSError) -> NotStoredError:
         """

@@ -852,10 +852,9 @@ class SyncMasterTests(SynchronousTestCase):
         """
         The firing rule: the put a slave's ack covers has its result when
         the master's C{dataReceived} returns, with no reactor turn and no
-        call scheduled for it; the puts its callback makes go to the slave
-        before that C{dataReceived} returns: the first at once (the last
-        put released: nothing to batch it with), the others together in
-        one frame.
+        call scheduled for it; the puts its callback makes are stored
+        together when the release ends and go to the slave in one frame
+        before that C{dataReceived} returns.
         """
         broker = self.broker()
         slave = self.slave(broker, 40001)
@@ -877,14 +876,10 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertEqual(statuses, [PutStatus.PUT_OK])
         self.assertEqual(len(more), 3)
         self.assertEqual(len(self.reactor.getDelayedCalls()), calls)
-        # Two frames (12-byte headers, classic framing): the first record,
-        # then the other two.
+        # One frame (a 12-byte header, classic framing) of the three records.
         sent = frames(transport.value())
         record = (broker.commitlog.max_offset - before) // 3
-        self.assertEqual(
-            [(offset, len(data)) for offset, data in sent],
-            [(before, record), (before + record, 2 * record)],
-        )
+        self.assertEqual([(offset, len(data)) for offset, data in sent], [(before, 3 * record)])
         self.assertEqual(b"".join(data for _, data in sent), broker.commitlog.read(before, 3 * record))
         self.ack(slave, broker.commitlog.max_offset)
         self.assertEqual([self.successResultOf(m).status for m in more], [PutStatus.PUT_OK] * 3)
@@ -928,13 +923,13 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertGreaterEqual(len(sent[0][1]), EARLY_BYTES)
         self.assertGreater(sent_when_called[-1], 0)
 
-    def test_last_released_put_sent_before_it_returns(self) -> None:
+    def test_released_puts_stored_together_at_the_end(self) -> None:
         """
-        The puts the callbacks of one release make travel together: none
-        is sent while a later released put's callback is still to run;
-        the last one's put is sent, with all of them, before that put
-        returns (its frame does not wait for the put's own bookkeeping or
-        the rest of the release).
+        The puts the callbacks of one release make are stored together
+        when the release ends (docs/sync.md, "Puts released together are
+        stored together"): none is stored or sent while a released put's
+        callback is still to run; then all of them, in the order made,
+        go in one frame, each answered with its own offset.
         """
         broker = self.broker()
         slave = self.slave(broker, 40001)
@@ -944,23 +939,30 @@ class SyncMasterTests(SynchronousTestCase):
         self.reactor.advance(0)
         transport.clear()
         before = broker.commitlog.max_offset
-        sent_after_put: list[int] = []
+        seen: list[tuple[int, int]] = []
+        more: list = []
 
         def again(result):  # type: ignore[no-untyped-def]
-            d = self.put(broker)
-            sent_after_put.append(len(transport.value()))
-            return d
+            more.append(self.put(broker, f"again {len(more)}".encode()))
+            seen.append((broker.commitlog.max_offset, len(transport.value())))
 
         for d in waiting:
             d.addCallback(again)
         self.ack(slave, before)
         end = broker.commitlog.max_offset
-        self.assertEqual(sent_after_put[:2], [0, 0])
-        self.assertEqual(sent_after_put[2], len(transport.value()))
+        self.assertEqual(seen, [(before, 0)] * 3)
         self.assertEqual(
             [(offset, len(data)) for offset, data in frames(transport.value())],
             [(before, end - before)],
         )
+        self.ack(slave, end)
+        results = [self.successResultOf(d) for d in more]
+        self.assertEqual([r.status for r in results], [PutStatus.PUT_OK] * 3)
+        self.assertEqual(results[0].offset, before)
+        self.assertEqual([r.next_offset for r in results[:2]], [r.offset for r in results[1:]])
+        self.assertEqual(results[-1].next_offset, end)
+        bodies = [r.body for r in broker.commitlog.records(before)]  # type: ignore[union-attr]
+        self.assertEqual(bodies, [b"again 0", b"again 1", b"again 2"])
 
     def test_busy_slave_gets_released_puts_at_the_end(self) -> None:
         """

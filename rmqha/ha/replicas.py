@@ -351,6 +351,8 @@ class EarlyFrames:
     release asked for from inside a release is the running one.
     """
 
+    _log = Logger(namespace="rmqha.ha.master.MasterFactory")
+
     def __init__(self, clock: IReactorTime, replicas: Replicas, appended: IAppendedTo) -> None:
         self._clock = clock
         self._replicas = replicas
@@ -363,6 +365,30 @@ class EarlyFrames:
         # (While a release runs: the log's end from which some connection
         # is sent early.)
         self._early_at = _NEVER
+        # (While a release runs: what to call once its puts have fired:
+        # at_release_end.)
+        self._at_end: list[Callable[[], object]] = []
+
+    @property
+    def releasing(self) -> bool:
+        """
+        Whether a release of waiting puts runs now: the code running is a
+        released put's callback (or the release itself).
+        """
+        return self._release is not _Release.NONE
+
+    def at_release_end(self, call: Callable[[], object]) -> None:
+        """
+        While a release runs: call C{call} once every put it releases has
+        been fired, before what they appended is sent (the put path
+        stores there the puts those callbacks made: docs/sync.md, "Puts
+        released together are stored together").  What C{call} itself
+        releases or registers runs in the same release.  A C{call} that
+        raises is logged.
+        """
+        if self._release is _Release.NONE:
+            raise RuntimeError("no release runs")
+        self._at_end.append(call)
 
     def appended(self, end: int | None = None) -> None:
         """
@@ -415,7 +441,16 @@ class EarlyFrames:
         try:
             fire()
         finally:
-            self._release = _Release.NONE
+            try:
+                while self._at_end:
+                    calls, self._at_end = self._at_end, []
+                    for call in calls:
+                        try:
+                            call()
+                        except Exception:
+                            self._log.failure("the end of a release failed")
+            finally:
+                self._release = _Release.NONE
         if self._pending:
             self._pending = False
             self._replicas.wake()

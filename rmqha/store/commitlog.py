@@ -443,6 +443,16 @@ class CommitLog(ReplicaTail, SegmentRolling):
                     return result
         return self.put_batch((message,))[0]
 
+    def record_size(self, message: Message) -> int:
+        """
+        The bytes C{message}'s record would take, writing nothing.
+
+        @raise MessageRejected: the message breaks a limit (named in the
+            text), as L{put} would raise.
+        """
+        size: int = -self._encoder.encode(None, 0, -1, message, 0, 0, 0)
+        return size
+
     def put_batch(self, messages: Sequence[Message]) -> list[AppendResult]:
         """
         Append C{messages} as consecutive records (RocketMQ's batch put,
