@@ -24,10 +24,10 @@ from rmqha.ha.group import Histogram, PutMessageResult, PutStatus, timed_out_as
 from rmqha.ha.master import EARLY_BYTES
 from rmqha.ha.masterside import MasterSide
 from rmqha.ha.replica import Replica
-from rmqha.store._record import END_FILE_MIN_BLANK_LENGTH, Message
+from rmqha.store._record import END_FILE_MIN_BLANK_LENGTH, Message, MessageRejected
 from rmqha.store._segments import FlushDiskType
 from rmqha.store.commitlog import AppendResult
-from rmqha.store.errors import SegmentCreateError
+from rmqha.store.errors import SegmentCreateError, StoreError
 from rmqha.store.service import CommitLogService
 
 __all__ = ["NotMasterError", "NotStoredError", "PutPath", "master_refusal"]
@@ -397,10 +397,9 @@ class PutPath:
         size = commitlog.record_size(message)
         limit = min(GROUP_BYTES, (commitlog.segment_size - END_FILE_MIN_BLANK_LENGTH) // 2)
         if self._group is not None and self._group.side is not master:
-            self._store_group()
+            self._store_group()  # (another master side: a role changed in the release)
         if size > limit or commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            self._store_group()
-            return False
+            return False  # (_store_one stores the held puts first)
         group = self._group
         if group is None:
             group = self._group = _Group(master)
@@ -430,18 +429,27 @@ class PutPath:
             side = self._admit(group.side)
             appends = self._store_batch(side, group.messages)
         except Exception as e:
+            # (What a put stored now would have raised: each is answered
+            # with it.)
             if isinstance(e, NotStoredError):
                 # (_admit and _not_stored counted one put; each was refused.)
                 self.put_statuses[e.status] += len(answers) - 1
-            else:
+            elif not isinstance(e, (StoreError, MessageRejected)):
                 self._log.failure("storing {count} puts made in a release failed", count=len(answers))
             for answer in answers:
                 self._answer(answer, e)
             return
         last = appends[-1]
+        started = self._reactor.seconds()
+        waited = False
 
         def answered(result: PutMessageResult) -> None:
             status = result.status
+            if waited and len(answers) > 1:
+                # (The batch's wait was observed once; every put waited.)
+                self.replication_wait.observe_many(
+                    self._reactor.seconds() - started, len(answers) - 1
+                )
             for answer, append in zip(answers, appends[:-1]):
                 self._answer(answer, self.result(status, append))
             self._answer(answers[-1], result)
@@ -449,6 +457,8 @@ class PutPath:
         now = side.ha.wait_then(last.next_offset, last, answered)
         if now is not None:
             answered(now)
+        else:
+            waited = True
 
     def _answer(self, answer: _Answer, outcome: Any) -> None:
         try:

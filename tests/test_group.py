@@ -1006,6 +1006,294 @@ class SyncMasterTests(SynchronousTestCase):
 
 
 
+class ReleasedPutsGroupTests(SynchronousTestCase):
+    """
+    Puts made while a release runs (from released puts' callbacks) are
+    stored together when it ends (docs/sync.md, "Puts released together
+    are stored together"): refusals stay immediate, order is the order
+    made, a failure to store them answers each with the error, and
+    nothing is lost or answered twice.
+    """
+
+    broker = SyncMasterTests.broker
+    slave = SyncMasterTests.slave
+    ack = SyncMasterTests.ack
+
+    def released(self, broker: Broker, slave: MasterConnection, callback) -> object:  # type: ignore[no-untyped-def]
+        """
+        Put one message and run C{callback} inside the release its ack
+        makes; C{callback}'s return value.
+        """
+        d = broker.put(Message("SyncTopic", b"first"))
+        out: list = []
+        d.addCallback(lambda _: out.append(callback()))
+        self.ack(slave, broker.commitlog.max_offset)
+        self.assertEqual(len(out), 1)
+        return out[0]
+
+    def bodies(self, broker: Broker, start: int) -> list[bytes]:
+        return [r.body for r in broker.commitlog.records(start)]  # type: ignore[union-attr]
+
+    def test_refusals_stay_immediate(self) -> None:
+        """
+        A message that breaks a limit, or a put on a fenced master, is
+        refused by the call itself, inside a release as outside; the puts
+        made beside them are stored.
+        """
+        from rmqha.broker import NotMasterError
+        from rmqha.ha.fence import OPEN, Fence
+        from rmqha.store._record import MessageRejected
+
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        start = broker.commitlog.max_offset
+        refused: list = []
+        answers: list = []
+
+        def inside() -> None:
+            broker.put_then(Message("SyncTopic", b"kept"), answers.append)
+            try:
+                broker.put_then(Message("", b"no topic"), answers.append)
+            except MessageRejected as e:
+                refused.append(type(e))
+            side = broker.roles.service
+            assert isinstance(side, MasterSide)
+            side.fence = Fence("n1", self.reactor.seconds)
+            try:
+                broker.put(Message("SyncTopic", b"fenced"))
+            except NotMasterError as e:
+                refused.append(type(e))
+            side.fence = OPEN
+
+        self.released(broker, slave, inside)
+        self.assertEqual(refused, [MessageRejected, NotMasterError])
+        self.assertEqual(self.bodies(broker, start), [b"first", b"kept"])
+        self.ack(slave, broker.commitlog.max_offset)
+        self.assertEqual([a.status for a in answers], [PutStatus.PUT_OK])
+
+    def test_fence_closed_before_the_release_ends(self) -> None:
+        """
+        Puts held in a release are checked again when it ends: a lease
+        lost meanwhile (the fence refusing) stores none of them, each
+        answered with the refusal.
+        """
+        from rmqha.broker import NotMasterError
+        from rmqha.ha.fence import Fence
+
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        start = broker.commitlog.max_offset
+        answers: list = []
+
+        def inside() -> None:
+            broker.put_then(Message("SyncTopic", b"a"), answers.append)
+            broker.put_then(Message("SyncTopic", b"b"), answers.append)
+            side = broker.roles.service
+            assert isinstance(side, MasterSide)
+            side.fence = Fence("n1", self.reactor.seconds)
+
+        self.released(broker, slave, inside)
+        self.assertEqual([type(a) for a in answers], [NotMasterError, NotMasterError])
+        self.assertEqual(self.bodies(broker, start), [b"first"])
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE], 2)
+
+    def test_store_failure_answers_each_with_the_error(self) -> None:
+        """
+        When the puts held in a release cannot be stored at its end (the
+        disk full), nothing of them is stored, C{put}'s Deferreds fail and
+        C{put_then}'s answers get the L{NotStoredError}, each put counted,
+        the failure logged once; the next puts are stored.
+        """
+        import errno
+
+        from rmqha.broker import NotStoredError
+
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        log = broker.commitlog
+        real = log.put_batch
+
+        def full(messages):  # type: ignore[no-untyped-def]
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        answers: list = []
+
+        def inside():  # type: ignore[no-untyped-def]
+            self.patch(log, "put_batch", full)
+            broker.put_then(Message("SyncTopic", b"a"), answers.append)
+            return broker.put(Message("SyncTopic", b"b"))
+
+        start = log.max_offset
+        d = self.released(broker, slave, inside)
+        self.assertEqual(self.bodies(broker, start), [b"first"])
+        self.assertEqual(len(answers), 1)
+        self.assertIsInstance(answers[0], NotStoredError)
+        self.assertTrue(answers[0].disk_full)
+        failure = self.failureResultOf(d, NotStoredError)  # type: ignore[arg-type]
+        self.assertIs(failure.value.status, PutStatus.UNKNOWN_ERROR)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.UNKNOWN_ERROR], 2)
+        self.patch(log, "put_batch", real)
+        result = self.successResultOf(
+            self.released(broker, slave, lambda: None) or succeed(None)  # (a release with no put)
+        )
+        self.assertIsNone(result)
+        d = broker.put(Message("SyncTopic", b"c"))
+        self.ack(slave, log.max_offset)
+        self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
+
+    def test_cancelled_put_is_stored(self) -> None:
+        """
+        A put made in a release and cancelled before the release ends is
+        still stored (cancelling withdraws the wait, never the message),
+        with no error.
+        """
+        from twisted.internet.defer import CancelledError
+
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        start = broker.commitlog.max_offset
+
+        def inside():  # type: ignore[no-untyped-def]
+            d = broker.put(Message("SyncTopic", b"cancelled"))
+            d.cancel()
+            return d
+
+        d = self.released(broker, slave, inside)
+        self.failureResultOf(d, CancelledError)  # type: ignore[arg-type]
+        self.assertEqual(self.bodies(broker, start), [b"first", b"cancelled"])
+        self.ack(slave, broker.commitlog.max_offset)
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    def test_other_stores_come_after_the_held_puts(self) -> None:
+        """
+        A batch, or a record too large to hold, stored from a release goes
+        after the puts held before it: the log is in the order the calls
+        were made.
+        """
+        broker = self.broker(segment_size=1 << 20)
+        slave = self.slave(broker, 40001)
+        start = broker.commitlog.max_offset
+        big = b"L" * (20 * 1024)
+
+        def inside() -> None:
+            broker.put_then(Message("SyncTopic", b"one"), lambda r: None)
+            broker.put_batch([Message("SyncTopic", b"two"), Message("SyncTopic", b"three")])
+            broker.put_then(Message("SyncTopic", b"four"), lambda r: None)
+            broker.put(Message("SyncTopic", big))
+            broker.put_then(Message("SyncTopic", b"five"), lambda r: None)
+
+        self.released(broker, slave, inside)
+        self.assertEqual(
+            self.bodies(broker, start), [b"first", b"one", b"two", b"three", b"four", big, b"five"]
+        )
+
+    def test_answer_that_raises_is_logged(self) -> None:
+        """
+        An answer that raises is logged; the other puts stored with it are
+        answered as if it had not.
+        """
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        answers: list = []
+
+        def boom(result):  # type: ignore[no-untyped-def]
+            raise ZeroDivisionError("an answer's own bug")
+
+        def inside() -> None:
+            broker.put_then(Message("SyncTopic", b"a"), boom)
+            broker.put_then(Message("SyncTopic", b"b"), answers.append)
+
+        self.released(broker, slave, inside)
+        self.ack(slave, broker.commitlog.max_offset)
+        self.assertEqual([a.status for a in answers], [PutStatus.PUT_OK])
+        self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
+
+    def test_stopped_inside_the_release(self) -> None:
+        """
+        A master stopped by a released put's callback stores none of the
+        puts held in that release: each is answered with the error a put
+        on the stopped master raises (its log is closed).
+        """
+        from rmqha.store.errors import StoreError
+
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        log = broker.commitlog
+        answers: list = []
+
+        def inside() -> int:
+            broker.put_then(Message("SyncTopic", b"a"), answers.append)
+            broker.stopService()
+            return log.max_offset
+
+        before = self.released(broker, slave, inside)
+        self.assertEqual(len(answers), 1)
+        self.assertIsInstance(answers[0], StoreError)
+        self.assertIn("is closed", str(answers[0]))
+        self.assertEqual(log.max_offset, before)
+
+    @settings(max_examples=60, deadline=None)
+    @given(
+        st.lists(
+            st.lists(st.sampled_from([10, 300, 1000, 5000, 13000]), max_size=12),
+            min_size=1,
+            max_size=6,
+        ),
+        st.lists(st.sampled_from(["all", "half", "none"]), min_size=6, max_size=6),
+    )
+    def test_every_put_answered_once_in_order(
+        self, rounds: list[list[int]], acks: list[str]
+    ) -> None:
+        """
+        Random releases whose callbacks make puts of random sizes (some
+        larger than a group): every put is answered once, with its own
+        offset, in the log in the order made, PUT_OK only once the slave
+        acknowledged its end.
+        """
+        broker = self.broker(segment_size=1 << 20)
+        slave = self.slave(broker, 40001)
+        log = broker.commitlog
+        made: list[bytes] = []
+        answers: dict[int, list] = {}
+        start = log.max_offset
+        pending = [broker.put(Message("SyncTopic", b"seed"))]
+        for n, sizes in enumerate(rounds):
+            def inside(_, sizes=sizes):  # type: ignore[no-untyped-def]
+                for size in sizes:
+                    body = b"%d:" % len(made) + b"x" * size
+                    number = len(made)
+                    made.append(body)
+                    answers[number] = got = []
+                    broker.put_then(
+                        Message("SyncTopic", body),
+                        lambda r, got=got: got.append((r, slave.ack_offset)),
+                    )
+            pending[-1].addCallback(inside)
+            end = log.max_offset
+            how = acks[n]
+            if how != "none":
+                self.ack(slave, end if how == "all" else max(slave.ack_offset or 0, end - 100))
+            self.reactor.advance(0)
+            pending.append(broker.put(Message("SyncTopic", b"seed")))
+        for _ in range(3):  # (what the last releases' callbacks stored)
+            self.ack(slave, log.max_offset)
+            self.reactor.advance(0)
+        records = [r for r in log.records(start) if not r.body.startswith(b"seed")]  # type: ignore[union-attr]
+        stored = [r.body for r in records]
+        answered = [n for n, got in answers.items() if got]
+        self.assertEqual(stored, made[: len(stored)])
+        for n, got in answers.items():
+            self.assertLessEqual(len(got), 1, n)
+        for n in answered:
+            result, acked = answers[n][0]
+            record = records[n]
+            self.assertEqual(result.offset, record.physical_offset)
+            self.assertIs(result.status, PutStatus.PUT_OK)
+            self.assertLessEqual(result.next_offset, acked)
+        self.assertEqual(len(stored), len(made))
+        self.assertEqual(len(answered), len(made))
+
+
 class SyncFlushTests(SynchronousTestCase):
     """
     SYNC_FLUSH puts wait for the disk (group commit) as well as for the
