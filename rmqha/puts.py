@@ -435,7 +435,9 @@ class PutPath:
                 # (_admit and _not_stored counted one put; each was refused.)
                 self.put_statuses[e.status] += len(answers) - 1
             elif not isinstance(e, (StoreError, MessageRejected)):
-                self._log.failure("storing {count} puts made in a release failed", count=len(answers))
+                self._log.failure(
+                    "storing {count} puts made in a release failed", count=len(answers)
+                )
             for answer in answers:
                 self._answer(answer, e)
             return
