@@ -189,9 +189,9 @@ class PutPath:
         together"): the same refusals are raised now, and a failure to
         store them then fails this L{Deferred} with L{NotStoredError}.
         """
-        if isinstance(side, MasterSide) and side.early.releasing:
+        if isinstance(side, MasterSide) and (side.early.gathering or self._group is not None):
             d: Deferred[PutMessageResult] = Deferred()
-            if self._join(side, message, _settles(d)):
+            if self._gathered(side, message, _settles(d)):
                 return d
         master, append, flush_disk_type = self._store_one(side, message)
         if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
@@ -223,10 +223,9 @@ class PutPath:
         L{NotMasterError}) that L{put} would have raised, instead of a
         result.
         """
-        if isinstance(side, MasterSide) and side.early.releasing and self._join(
-            side, message, answer
-        ):
-            return None
+        if isinstance(side, MasterSide) and (side.early.gathering or self._group is not None):
+            if self._gathered(side, message, answer):
+                return None
         master, append, flush_disk_type = self._store_one(side, message)
         ha = master.ha
         if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
@@ -378,6 +377,25 @@ class PutPath:
         return appends
 
     # -- puts made while a release runs --------------------------------------
+
+    def _gathered(self, side: MasterSide, message: Message, answer: _Answer) -> bool:
+        """
+        Whether this put made on C{side} is held with the others made in
+        its release (L{_join}): while the release has more puts to fire
+        after the one whose callback runs; from the last one's callback,
+        joined to the held puts and stored with them at once (sent at
+        once, as the last put's first append is: nothing later in the
+        release to travel with).
+        """
+        early = side.early
+        if early.gathering:
+            return self._join(side, message, answer)
+        if self._group is None or not early.releasing:
+            return False
+        if self._join(side, message, answer):
+            self._store_group()
+            return True
+        return False
 
     def _join(self, side: MasterSide, message: Message, answer: _Answer) -> bool:
         """

@@ -852,9 +852,10 @@ class SyncMasterTests(SynchronousTestCase):
         """
         The firing rule: the put a slave's ack covers has its result when
         the master's C{dataReceived} returns, with no reactor turn and no
-        call scheduled for it; the puts its callback makes are stored
-        together when the release ends and go to the slave in one frame
-        before that C{dataReceived} returns.
+        call scheduled for it; the puts its callback makes go to the slave
+        before that C{dataReceived} returns: the first at once (the last
+        put released: nothing to batch it with), the others stored
+        together at the release's end, in one frame.
         """
         broker = self.broker()
         slave = self.slave(broker, 40001)
@@ -876,10 +877,15 @@ class SyncMasterTests(SynchronousTestCase):
         self.assertEqual(statuses, [PutStatus.PUT_OK])
         self.assertEqual(len(more), 3)
         self.assertEqual(len(self.reactor.getDelayedCalls()), calls)
-        # One frame (a 12-byte header, classic framing) of the three records.
+        # Two frames (12-byte headers, classic framing): the first record
+        # at once (the last put released: nothing to batch it with), then
+        # the other two, stored together at the release's end.
         sent = frames(transport.value())
         record = (broker.commitlog.max_offset - before) // 3
-        self.assertEqual([(offset, len(data)) for offset, data in sent], [(before, 3 * record)])
+        self.assertEqual(
+            [(offset, len(data)) for offset, data in sent],
+            [(before, record), (before + record, 2 * record)],
+        )
         self.assertEqual(b"".join(data for _, data in sent), broker.commitlog.read(before, 3 * record))
         self.ack(slave, broker.commitlog.max_offset)
         self.assertEqual([self.successResultOf(m).status for m in more], [PutStatus.PUT_OK] * 3)
@@ -925,11 +931,11 @@ class SyncMasterTests(SynchronousTestCase):
 
     def test_released_puts_stored_together_at_the_end(self) -> None:
         """
-        The puts the callbacks of one release make are stored together
-        when the release ends (docs/sync.md, "Puts released together are
-        stored together"): none is stored or sent while a released put's
-        callback is still to run; then all of them, in the order made,
-        go in one frame, each answered with its own offset.
+        The puts the callbacks of one release make travel together
+        (docs/sync.md, "Puts released together are stored together"):
+        none is stored or sent while a later released put's callback is
+        still to run; the last one's put is stored with all of them and
+        sent in one frame before that put returns.
         """
         broker = self.broker()
         slave = self.slave(broker, 40001)
@@ -950,7 +956,7 @@ class SyncMasterTests(SynchronousTestCase):
             d.addCallback(again)
         self.ack(slave, before)
         end = broker.commitlog.max_offset
-        self.assertEqual(seen, [(before, 0)] * 3)
+        self.assertEqual(seen, [(before, 0), (before, 0), (end, len(transport.value()))])
         self.assertEqual(
             [(offset, len(data)) for offset, data in frames(transport.value())],
             [(before, end - before)],
@@ -1021,10 +1027,12 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
 
     def released(self, broker: Broker, slave: MasterConnection, callback) -> object:  # type: ignore[no-untyped-def]
         """
-        Put one message and run C{callback} inside the release its ack
-        makes; C{callback}'s return value.
+        Put two messages and run C{callback} inside the release their ack
+        makes, from the first's callback (the puts it makes are held: the
+        second is still to fire); C{callback}'s return value.
         """
         d = broker.put(Message("SyncTopic", b"first"))
+        broker.put(Message("SyncTopic", b"second"))
         out: list = []
         d.addCallback(lambda _: out.append(callback()))
         self.ack(slave, broker.commitlog.max_offset)
@@ -1067,7 +1075,7 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
 
         self.released(broker, slave, inside)
         self.assertEqual(refused, [MessageRejected, NotMasterError])
-        self.assertEqual(self.bodies(broker, start), [b"first", b"kept"])
+        self.assertEqual(self.bodies(broker, start), [b"first", b"second", b"kept"])
         self.ack(slave, broker.commitlog.max_offset)
         self.assertEqual([a.status for a in answers], [PutStatus.PUT_OK])
 
@@ -1094,7 +1102,7 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
 
         self.released(broker, slave, inside)
         self.assertEqual([type(a) for a in answers], [NotMasterError, NotMasterError])
-        self.assertEqual(self.bodies(broker, start), [b"first"])
+        self.assertEqual(self.bodies(broker, start), [b"first", b"second"])
         self.assertEqual(broker.put_path.put_statuses[PutStatus.SERVICE_NOT_AVAILABLE], 2)
 
     def test_store_failure_answers_each_with_the_error(self) -> None:
@@ -1125,7 +1133,7 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
 
         start = log.max_offset
         d = self.released(broker, slave, inside)
-        self.assertEqual(self.bodies(broker, start), [b"first"])
+        self.assertEqual(self.bodies(broker, start), [b"first", b"second"])
         self.assertEqual(len(answers), 1)
         self.assertIsInstance(answers[0], NotStoredError)
         self.assertTrue(answers[0].disk_full)
@@ -1160,7 +1168,7 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
 
         d = self.released(broker, slave, inside)
         self.failureResultOf(d, CancelledError)  # type: ignore[arg-type]
-        self.assertEqual(self.bodies(broker, start), [b"first", b"cancelled"])
+        self.assertEqual(self.bodies(broker, start), [b"first", b"second", b"cancelled"])
         self.ack(slave, broker.commitlog.max_offset)
         self.assertEqual(self.flushLoggedErrors(), [])
 
@@ -1184,7 +1192,8 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
 
         self.released(broker, slave, inside)
         self.assertEqual(
-            self.bodies(broker, start), [b"first", b"one", b"two", b"three", b"four", big, b"five"]
+            self.bodies(broker, start),
+            [b"first", b"second", b"one", b"two", b"three", b"four", big, b"five"],
         )
 
     def test_answer_that_raises_is_logged(self) -> None:

@@ -372,10 +372,21 @@ class EarlyFrames:
     @property
     def releasing(self) -> bool:
         """
-        Whether a release of waiting puts runs now: the code running is a
-        released put's callback (or the release itself).
+        Whether a release of waiting puts runs now (the code running is a
+        released put's callback, or the release itself).
         """
         return self._release is not _Release.NONE
+
+    @property
+    def gathering(self) -> bool:
+        """
+        Whether puts made now have later ones to travel with: a release of
+        waiting puts runs and the put whose callback runs is not the last
+        it fires (the put path gathers them, to store at the release's
+        end: L{at_release_end}).  The last put's callback's first put goes
+        at once, as a lone put's would.
+        """
+        return self._release is _Release.RUNNING
 
     def at_release_end(self, call: Callable[[], object]) -> None:
         """
