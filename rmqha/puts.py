@@ -465,13 +465,22 @@ class PutPath:
 
         def answered(result: PutMessageResult) -> None:
             status = result.status
-            if waited and len(answers) > 1:
-                # (The batch's wait was observed once; every put waited.)
-                self.replication_wait.observe_many(
-                    self._reactor.seconds() - started, len(answers) - 1
-                )
-            for answer, append in zip(answers, appends[:-1]):
-                self._answer(answer, self.result(status, append))
+            if len(answers) > 1:
+                if waited:
+                    # (The batch's wait was observed once; every put waited.)
+                    self.replication_wait.observe_many(
+                        self._reactor.seconds() - started, len(answers) - 1
+                    )
+                # (If this is the release's last wait, its last answer is
+                # the release's last: the early frames' rule is for that.)
+                early = side.early
+                last = early.firing_last()
+                if last:
+                    early.more_to_fire()
+                for answer, append in zip(answers, appends[:-1]):
+                    self._answer(answer, self.result(status, append))
+                if last:
+                    early.last_of_release()
             self._answer(answers[-1], result)
 
         now = side.ha.wait_then(last.next_offset, last, answered)

@@ -473,6 +473,23 @@ class EarlyFrames:
         if self._release is _Release.RUNNING:
             self._release = _Release.LAST
 
+    def firing_last(self) -> bool:
+        """
+        Whether the release is firing its last put: when that put answers
+        several (puts stored together, which waited once), it calls
+        L{more_to_fire} first and L{last_of_release} again before its last
+        answer.
+        """
+        return self._release is _Release.LAST
+
+    def more_to_fire(self) -> None:
+        """
+        The last put of the release answers more than one: not the last
+        answer yet (see L{firing_last}).
+        """
+        if self._release is _Release.LAST:
+            self._release = _Release.RUNNING
+
     def stop(self) -> None:
         """
         The master stops: nothing more is sent at a turn's end.
