@@ -95,10 +95,12 @@ class _Group:
     not stored yet (L{PutPath._join}).
     """
 
-    __slots__ = ("side", "messages", "answers", "size")
+    __slots__ = ("side", "limit", "messages", "answers", "size")
 
-    def __init__(self, side: MasterSide) -> None:
+    def __init__(self, side: MasterSide, limit: int) -> None:
         self.side = side
+        # (Stored once it holds this many bytes; no record above it joins.)
+        self.limit = limit
         self.messages: list[Message] = []
         self.answers: list[_Answer] = []
         self.size = 0
@@ -223,9 +225,8 @@ class PutPath:
         L{NotMasterError}) that L{put} would have raised, instead of a
         result.
         """
-        if isinstance(side, MasterSide) and (side.early.gathering or self._group is not None):
-            if self._gathered(side, message, answer):
-                return None
+        if isinstance(side, MasterSide) and self._gathered(side, message, answer):
+            return None
         master, append, flush_disk_type = self._store_one(side, message)
         ha = master.ha
         if flush_disk_type is not FlushDiskType.SYNC_FLUSH:
@@ -413,14 +414,20 @@ class PutPath:
         assert factory is not None  # (_admit refuses a side without one)
         commitlog = factory.commitlog
         size = commitlog.record_size(message)
-        limit = min(GROUP_BYTES, (commitlog.segment_size - END_FILE_MIN_BLANK_LENGTH) // 2)
-        if self._group is not None and self._group.side is not master:
-            self._store_group()  # (another master side: a role changed in the release)
-        if size > limit or commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
-            return False  # (_store_one stores the held puts first)
         group = self._group
+        if group is None or group.side is not master:
+            if group is not None:
+                self._store_group()  # (another master side: a role changed in the release)
+                group = None
+            if commitlog.flush_disk_type is FlushDiskType.SYNC_FLUSH:
+                return False
+            limit = min(GROUP_BYTES, (commitlog.segment_size - END_FILE_MIN_BLANK_LENGTH) // 2)
+        else:
+            limit = group.limit
+        if size > limit:
+            return False  # (_store_one stores the held puts first)
         if group is None:
-            group = self._group = _Group(master)
+            group = self._group = _Group(master, limit)
             master.early.at_release_end(self._store_group)
         group.messages.append(message)
         group.answers.append(answer)
@@ -477,8 +484,13 @@ class PutPath:
                 last = early.firing_last()
                 if last:
                     early.more_to_fire()
+                # (PutPath.result for each, counted at once.)
+                self.put_statuses[status] += len(answers) - 1
                 for answer, append in zip(answers, appends[:-1]):
-                    self._answer(answer, self.result(status, append))
+                    try:
+                        answer(PutMessageResult(status, append))
+                    except Exception:
+                        self._log.failure("a put's answer failed")
                 if last:
                     early.last_of_release()
             self._answer(answers[-1], result)
