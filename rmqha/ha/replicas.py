@@ -348,7 +348,10 @@ class EarlyFrames:
     point is reached (L{Replicas.next_early}); and the first append of the
     last put it fires goes at once, with every unsent append before it (as
     a lone put would: nothing later in the release to wait for).  A
-    release asked for from inside a release is the running one.
+    release asked for from inside a release is the running one.  (The
+    put path holds the puts those callbacks make while more are to fire
+    -- L{gathering} -- and stores them together, at the release's end
+    -- L{at_release_end} -- or in batches that append as one.)
     """
 
     _log = Logger(namespace="rmqha.ha.master.MasterFactory")
