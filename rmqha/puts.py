@@ -189,7 +189,9 @@ class PutPath:
         put's callback) is stored with the others made there when the
         release ends (docs/sync.md, "Puts released together are stored
         together"): the same refusals are raised now, and a failure to
-        store them then fails this L{Deferred} with L{NotStoredError}.
+        store them then fails this L{Deferred} with the error a put stored
+        then would have raised (L{NotStoredError}, or the store's own: a
+        closed log).
         """
         if isinstance(side, MasterSide) and (side.early.gathering or self._group is not None):
             d: Deferred[PutMessageResult] = Deferred()
@@ -221,9 +223,9 @@ class PutPath:
         C{FLUSH_DISK_TIMEOUT} (the message is stored, not known on disk)
         and is logged.  A put made while a release runs is stored when it
         ends, as L{put}'s is: C{None} is returned, and if those puts cannot
-        be stored then C{answer} is called with the L{NotStoredError} (or
-        L{NotMasterError}) that L{put} would have raised, instead of a
-        result.
+        be stored then C{answer} is called with the exception that L{put}
+        would have raised (L{NotStoredError}, L{NotMasterError}, or the
+        store's own), instead of a result.
         """
         if isinstance(side, MasterSide) and self._gathered(side, message, answer):
             return None
@@ -481,8 +483,8 @@ class PutPath:
                 # (If this is the release's last wait, its last answer is
                 # the release's last: the early frames' rule is for that.)
                 early = side.early
-                last = early.firing_last()
-                if last:
+                releases_last = early.firing_last()
+                if releases_last:
                     early.more_to_fire()
                 # (PutPath.result for each, counted at once.)
                 self.put_statuses[status] += len(answers) - 1
@@ -491,7 +493,7 @@ class PutPath:
                         answer(PutMessageResult(status, append))
                     except Exception:
                         self._log.failure("a put's answer failed")
-                if last:
+                if releases_last:
                     early.last_of_release()
             self._answer(answers[-1], result)
 
