@@ -1149,6 +1149,34 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
         self.ack(slave, log.max_offset)
         self.assertEqual(self.successResultOf(d).status, PutStatus.PUT_OK)
 
+    def test_held_puts_time_out_together(self) -> None:
+        """
+        Puts held and stored together wait once: with no ack they all time
+        out after slaveTimeout as FLUSH_SLAVE_TIMEOUT, each counted, and
+        the replication-wait histogram counts each put's wait.
+        """
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        answers: list = []
+        waits = broker.put_path.replication_wait
+        before = sum(waits.counts)
+
+        def inside() -> None:
+            for body in (b"a", b"b", b"c"):
+                broker.put_then(Message("SyncTopic", body), answers.append)
+
+        self.released(broker, slave, inside)
+        self.assertEqual(answers, [])
+        self.reactor.advance(2.9)
+        self.assertEqual(answers, [])
+        self.reactor.advance(0.2)
+        self.assertEqual([a.status for a in answers], [PutStatus.FLUSH_SLAVE_TIMEOUT] * 3)
+        self.assertEqual(len({a.offset for a in answers}), 3)
+        self.assertEqual(broker.put_path.put_statuses[PutStatus.FLUSH_SLAVE_TIMEOUT], 3)
+        # The two released puts and the three held ones.
+        self.assertEqual(sum(waits.counts) - before, 5)
+        self.assertAlmostEqual(waits.total, 3 * 3.1, delta=0.01)
+
     def test_cancelled_put_is_stored(self) -> None:
         """
         A put made in a release and cancelled before the release ends is
