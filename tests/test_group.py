@@ -1245,6 +1245,32 @@ class ReleasedPutsGroupTests(SynchronousTestCase):
         self.assertEqual([a.status for a in answers], [PutStatus.PUT_OK])
         self.assertEqual(len(self.flushLoggedErrors(ZeroDivisionError)), 1)
 
+    def test_slave_lost_inside_the_release(self) -> None:
+        """
+        The only slave's connection is lost while puts are held (a
+        partition ending in a reset, from inside the release): the held
+        puts are stored, and answered SLAVE_NOT_AVAILABLE when the release
+        ends -- never PUT_OK, which no slave acknowledged.
+        """
+        from twisted.internet.error import ConnectionLost
+        from twisted.python.failure import Failure
+
+        broker = self.broker()
+        slave = self.slave(broker, 40001)
+        start = broker.commitlog.max_offset
+        answers: list = []
+
+        def inside() -> None:
+            broker.put_then(Message("SyncTopic", b"a"), answers.append)
+            broker.put_then(Message("SyncTopic", b"b"), answers.append)
+            slave.connectionLost(Failure(ConnectionLost()))
+
+        self.released(broker, slave, inside)
+        self.assertEqual([a.status for a in answers], [PutStatus.SLAVE_NOT_AVAILABLE] * 2)
+        records = list(broker.commitlog.records(start))
+        self.assertEqual([r.body for r in records], [b"first", b"second", b"a", b"b"])  # type: ignore[union-attr]
+        self.assertEqual([a.offset for a in answers], [r.physical_offset for r in records[2:]])  # type: ignore[union-attr]
+
     def test_stopped_inside_the_release(self) -> None:
         """
         A master stopped by a released put's callback stores none of the
