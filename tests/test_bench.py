@@ -263,6 +263,37 @@ class PutsBenchTests(SynchronousTestCase):
         self.assertEqual(os.listdir(root), [])
 
 
+class ScrubBenchTests(SynchronousTestCase):
+    def test_scrub_figures(self) -> None:
+        """
+        C{bench scrub} walks every record of the store it filled with
+        the scrub's check, in this checkout and in C{--against} (here
+        this one again), alternating, reports each side's rate, cost a
+        record and share of a core at the default rate, and removes the
+        store.
+        """
+        import json
+
+        here = os.path.dirname(os.path.dirname(os.path.abspath(bench.__file__)))
+        root = self.mktemp()
+        os.mkdir(root)
+        stdout, stderr = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            bench.main([
+                "scrub", "--size", "3000000", "--segment-size", "1048576", "--runs", "2",
+                "--against", here, "--dir", root,
+            ])
+        result = json.loads(stdout.getvalue().splitlines()[-1])
+        for side in ("this", "against"):
+            # 3,000,000 bytes of 1,141-byte records over 1 MiB segments.
+            self.assertEqual(result[side]["records"], 3000000 // 1141 + 1)
+            self.assertGreater(result[side]["mb_per_cpu_s"], 0)
+            self.assertGreater(result[side]["core_share_at_default_rate"], 0)
+        self.assertGreater(result["speedup"], 0)
+        self.assertIn("of a core", stderr.getvalue())
+        self.assertEqual(os.listdir(root), [])
+
+
 class SyncAgainstTests(SynchronousTestCase):
     def test_alternates_and_compares(self) -> None:
         """

@@ -39,6 +39,12 @@ alternating, and reports both and their ratio; both legs use checked
 framing (what two rmqha peers negotiate, over TLS too) unless
 C{--framing classic}.
 
+C{scrub} times the background scrub's check (L{rmqha.store.scrub.check_chunk},
+the worker thread's work) over every record of one store in 1 MiB steps,
+from the page cache, in this checkout and in C{--against} (each in its own
+process, alternating): MB and records per CPU second, and the share of a
+core the default C{--scrub-rate} (32 MiB/s) costs.
+
 C{replicate} measures a master process streaming a backlog (1 GiB by
 default) to an empty slave process over loopback, with each process's
 RSS, against the raw ceiling measured in the same run: a plain socket pair
@@ -634,6 +640,105 @@ def _replicate(args: argparse.Namespace) -> dict[str, Any]:
         "throttled_mb_per_s": slow["bytes"] / slow["seconds"] / 1e6,
         "throttled_master_rss_growth_mib": (slow_memory["max_rss"] - slow_memory["idle_rss"]) >> 20,
     }
+
+
+#: A scrub walk, run in a checkout's own process (C{-c}, its C{rmqha} first
+#: on the path): every record of the store in argv[1] through check_chunk in
+#: 1 MiB steps, each read with its own C{pread} as the scrub's worker thread
+#: reads it (the page cache warm: no C{fadvise}).
+_SCRUB_WALK = """
+import json, os, sys, time
+from rmqha.store.commitlog import CommitLog
+from rmqha.store.scrub import check_chunk
+store = sys.argv[1]
+with CommitLog.open(store, read_only=True) as log:
+    size, end = log.segment_size, log.max_offset
+directory = os.path.join(store, "commitlog")
+names = sorted(os.listdir(directory))
+def walk():
+    records = read = 0
+    for name in names:
+        start = int(name)
+        fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+        limit = min(start + size, end)
+        at, anchored, searching = start, False, False
+        while at < limit:
+            step = min(1 << 20, limit - at)
+            result = check_chunk(
+                os.pread(fd, step, at - start), at, segment_start=start,
+                segment_size=size, limit=limit, anchored=anchored, searching=searching,
+            )
+            assert not result.findings, result.findings
+            records += result.records
+            read += step
+            anchored = result.anchor is not None
+            at, searching = (result.anchor if anchored else result.next_offset), result.searching
+            if result.next_offset >= limit:
+                break
+        os.close(fd)
+    return records, read
+walk()
+cpu = time.process_time()
+records, read = walk()
+print(json.dumps({"records": records, "bytes": read, "cpu": time.process_time() - cpu}))
+"""
+
+
+def _scrub(args: argparse.Namespace) -> dict[str, Any]:
+    """
+    The scrub's check over one store, in this checkout and in
+    C{--against}, alternating (see the module docstring).
+    """
+    from rmqha.store.scrub import DEFAULT_SCRUB_RATE
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checkouts = {"this": here}
+    if args.against:
+        checkouts["against"] = os.path.abspath(args.against)
+    root = os.path.abspath(tempfile.mkdtemp(prefix="rmqha-bench-", dir=args.dir))
+    store = os.path.join(root, "store")
+    figures: dict[str, list[dict[str, float]]] = {name: [] for name in checkouts}
+    try:
+        from rmqha.cli import fill
+
+        _progress(f"filling {args.size / (1 << 20):,.0f} MiB of {args.body_size}-byte bodies ...")
+        with CommitLog.open(store, segment_size=args.segment_size) as log:
+            fill(log, args.size // (args.body_size + 117) + 1, args.body_size, ["BenchTopic"], 8)
+        for run in range(args.runs):
+            order = list(checkouts) if run % 2 == 0 else list(reversed(checkouts))
+            for name in order:
+                done = subprocess.run(
+                    [sys.executable, "-c", _SCRUB_WALK, store],
+                    env=dict(os.environ, PYTHONPATH=checkouts[name]),
+                    capture_output=True, text=True, check=True, cwd=checkouts[name],
+                )
+                walked = json.loads(done.stdout.splitlines()[-1])
+                cpu = max(walked["cpu"], 1e-9)
+                figures[name].append({
+                    "mb_per_cpu_s": walked["bytes"] / cpu / 1e6,
+                    "us_per_record": cpu / max(walked["records"], 1) * 1e6,
+                    "records": walked["records"],
+                })
+                _progress(
+                    f"run {run + 1}, {name}: {figures[name][-1]['mb_per_cpu_s']:,.0f} MB per CPU "
+                    f"second, {figures[name][-1]['us_per_record']:.2f} us a record"
+                )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    result: dict[str, Any] = {"benchmark": "scrub", "machine": machine_info(), "runs": args.runs}
+    for name, runs in figures.items():
+        rate = statistics.median(r["mb_per_cpu_s"] for r in runs)
+        result[name] = {
+            "mb_per_cpu_s": rate,
+            "us_per_record": statistics.median(r["us_per_record"] for r in runs),
+            "records": runs[0]["records"],
+            # (What the default rate costs when the scrub is not held to
+            # MAX_BUSY: a core's share.)
+            "core_share_at_default_rate": DEFAULT_SCRUB_RATE / 1e6 / rate,
+        }
+    if "against" in result:
+        result["speedup"] = result["this"]["mb_per_cpu_s"] / result["against"]["mb_per_cpu_s"]
+    return result
 
 
 def _segment_size(store: str) -> int:
@@ -2707,6 +2812,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     sync.add_argument("--json", action="store_true", help="(the last line is JSON either way)")
     sync.add_argument("--dir", type=_existing_dir, default=None)
+    scrub = commands.add_parser("scrub", help="the background scrub's check, MB per CPU second")
+    scrub.add_argument("--size", type=int, default=256 << 20, help="store bytes (256 MiB)")
+    scrub.add_argument("--body-size", type=int, default=1024)
+    scrub.add_argument("--runs", type=int, default=3)
+    scrub.add_argument("--segment-size", type=int, default=128 << 20)
+    scrub.add_argument("--dir", type=_existing_dir, default=None, help="where to create the store")
+    scrub.add_argument(
+        "--against", type=_existing_dir, default=None, help="another checkout, alternating"
+    )
     replicate = commands.add_parser(
         "replicate", help="master -> slave over loopback vs. the raw socket ceiling"
     )
@@ -3233,6 +3347,24 @@ def main(argv: list[str] | None = None) -> None:
             return ensureDeferred(go())
 
         react(run_sync)
+        return None
+    if args.benchmark == "scrub":
+        result = _scrub(args)
+        this = result["this"]
+        against = (
+            f"; against {result['against']['mb_per_cpu_s']:,.0f} MB per CPU second, "
+            f"{result['against']['us_per_record']:.2f} us a record ({result['speedup']:.1f}x)"
+            if "against" in result
+            else ""
+        )
+        print(
+            f"scrub: {this['mb_per_cpu_s']:,.0f} MB per CPU second, "
+            f"{this['us_per_record']:.2f} us a record, the default rate "
+            f"{100 * this['core_share_at_default_rate']:.1f}% of a core{against} "
+            f"(median of {args.runs})",
+            file=sys.stderr,
+        )
+        print(json.dumps(result))
         return None
     if args.benchmark == "replicate":
         result = _replicate(args)

@@ -10,7 +10,9 @@ Two halves:
 
   - L{check_chunk}, sans-IO: the records in some bytes of one segment,
     and where the walk goes next (including searching past a damaged
-    record for the next record that verifies);
+    record for the next record that verifies); the records that verify
+    are hopped over in one compiled walk (L{walk_valid}: L{parse_record}'s
+    checks, ~0.13 us a 1 KiB record against ~8 us parsed one by one);
   - L{ScrubService}, the lifecycle: plans each read on the reactor thread
     from the log's public offsets, reads and checks it on a worker thread
     through its B{own} file descriptor (nothing of the L{CommitLog} is
@@ -49,6 +51,7 @@ from rmqha.store._record import (
     parse_record,
     read_header,
     read_physical_offset,
+    walk_valid,
 )
 from rmqha._units import parse_rate
 from rmqha.store._segments import segment_name
@@ -234,6 +237,19 @@ def check_chunk(
             findings[-1] = Finding(findings[-1].offset, findings[-1].reason, at)
 
     while pos < end:
+        if not searching:
+            # The whole records from here that parse_record accepts, hopped
+            # over in one compiled walk (walk_valid: the same checks); the
+            # one it stops at goes through the steps below.
+            stop, hopped, last = walk_valid(
+                buf, pos, end, offset + pos, check_crc=True, strict=True
+            )
+            if hopped:
+                records += hopped
+                anchor = offset + last
+                pos = stop
+                if pos >= end:
+                    break
         here = offset + pos
         if searching:
             candidate = _next_candidate(buf, pos, end)
