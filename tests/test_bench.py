@@ -344,10 +344,26 @@ class SyncAgainstTests(SynchronousTestCase):
         self.assertAlmostEqual(result["p99_ratio"], 0.25)
 
     def test_targets_mode_is_a_usage_error(self) -> None:
+        other = self.mktemp()
+        os.mkdir(other)
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as raised:
-            bench.main(["sync", "--mode", "targets", "--against", self.mktemp()])
+            bench.main(["sync", "--mode", "targets", "--against", other])
         self.assertEqual(raised.exception.code, 2)
+        self.assertIn("--against takes --mode sync or async", stderr.getvalue())
+
+    def test_backlog_is_not_given_to_the_other_checkout(self) -> None:
+        """
+        C{--backlog} with C{--against} is a usage error: the other
+        checkout's bench (the filing's) has no such option.
+        """
+        other = self.mktemp()
+        os.mkdir(other)
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as raised:
+            bench.main(["sync", "--backlog", "1000", "--against", other])
+        self.assertEqual(raised.exception.code, 2)
+        self.assertIn("--backlog is not given to --against", stderr.getvalue())
 
 
 class HTTPBenchClientTests(SynchronousTestCase):

@@ -2397,11 +2397,16 @@ async def _sync(
     directory: str | None = None,
     busy_poll: int | None = None,
     producer_api: str = "await",
+    backlog: int = 0,
 ) -> dict[str, Any]:
     """
     C{producers} coroutines putting in a loop for C{seconds} on a master of
     C{mode} with one twistd slave; C{busy_poll}: both processes'
-    C{--busy-poll} in microseconds (C{None}: the default).
+    C{--busy-poll} in microseconds (C{None}: the default).  C{backlog}:
+    bytes of 1 KiB records in the master's store before it starts (the
+    slave has all of them before the clock starts), so that the
+    background scrub (both processes' own, at the default rate) works
+    through them while the puts run.
     C{producer_api}: C{await} (each producer a coroutine awaiting
     C{Broker.put}) or C{callback} (each a chain of C{Broker.put_then}
     answers, no Deferred: docs/sync.md, "Puts without a Deferred").
@@ -2423,6 +2428,14 @@ async def _sync(
             os.path.join(root, "master"), clock=reactor.seconds, consume_queues=True
         ),
     )
+    if backlog:
+        from rmqha.cli import fill
+
+        with CommitLog.open(os.path.join(root, "master"), consume_queues=True) as log:
+            fill(log, backlog // 1141 + 1, 1024, ["BacklogTopic"], 8)
+            caught_up = log.max_offset
+    else:
+        caught_up = 0
     master.startService()
     slave = None
     try:
@@ -2438,7 +2451,9 @@ async def _sync(
         # Until the slave's first report (not merely its connection, which
         # may be the divergence check's control session) every put would be
         # SLAVE_NOT_AVAILABLE.
-        while not any(s.ack_offset is not None for s in master.slaves()):
+        while not any(
+            s.ack_offset is not None and s.ack_offset >= caught_up for s in master.slaves()
+        ):
             await deferLater(reactor, 0.05, lambda: None)
         body = os.urandom(body_size)
         # One put before the clock starts: the first creates the 1 GiB
@@ -2787,6 +2802,14 @@ def main(argv: list[str] | None = None) -> None:
         help="the reactor of every process (uvloop: Twisted's asyncio reactor on uvloop)",
     )
     sync.add_argument("--body-size", type=int, default=1024)
+    sync.add_argument(
+        "--backlog",
+        type=int,
+        default=0,
+        help="(sync, async) bytes of records in the master's store before it starts, "
+        "which the slave copies before the clock starts and both scrubs re-read while "
+        "the puts run (0)",
+    )
     sync.add_argument(
         "--against",
         type=_existing_dir,
@@ -3286,7 +3309,14 @@ def main(argv: list[str] | None = None) -> None:
         # (Before anything imports the default reactor.)
         os.environ["RMQHA_BENCH_REACTOR"] = args.reactor
         _install_reactor()
+    if args.benchmark == "sync" and args.against is not None:
+        if args.mode == "targets":
+            parser.error("--against takes --mode sync or async")
+        if args.backlog:
+            parser.error("--backlog is not given to --against (the other checkout's bench may not know it)")
     if args.benchmark == "sync" and args.mode == "targets":
+        if args.backlog:
+            parser.error("--backlog takes --mode sync or async")
 
         def run_targets(reactor: Any) -> Deferred[None]:
             async def go() -> None:
@@ -3310,8 +3340,6 @@ def main(argv: list[str] | None = None) -> None:
         react(run_targets)
         return None
     if args.benchmark == "sync" and args.against is not None:
-        if args.mode == "targets":
-            parser.error("--against takes --mode sync or async")
         result = _sync_against(args)
         print(
             f"{args.mode.upper()}_MASTER, {args.producers} producers, {args.runs} runs each: "
@@ -3335,6 +3363,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.dir,
                     args.busy_poll,
                     args.producer,
+                    args.backlog,
                 )
                 print(
                     f"{args.mode.upper()}_MASTER, {args.producers} producers: "
