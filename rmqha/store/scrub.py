@@ -203,8 +203,10 @@ def check_chunk(
     most C{limit}, the end of the bytes that may be checked now (the
     segment's end, or the log's stable end).
 
-    Each record goes through L{parse_record} (strict, with the body CRC); a
-    BLANK filler must reach the segment's end.  After a record that does
+    Each record is held to L{parse_record}'s checks (strict, with the body
+    CRC): the ones that pass are hopped over by L{walk_valid}, the one it
+    stops at is parsed to learn what it is.  A BLANK filler must reach the
+    segment's end.  After a record that does
     not verify, the walk searches for the next place whose MAGICCODE field
     holds a message magic and which L{parse_record} accepts (its
     PHYSICALOFFSET must equal its position, so a match in the middle of
