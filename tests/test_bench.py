@@ -343,27 +343,32 @@ class SyncAgainstTests(SynchronousTestCase):
         self.assertEqual(result["paired_ratios"], [2.99, 2.99])
         self.assertAlmostEqual(result["p99_ratio"], 0.25)
 
-    def test_targets_mode_is_a_usage_error(self) -> None:
+    def _usage_error(self, *argv: str) -> str:
+        """
+        Run C{bench sync ARGV --against DIR} (DIR an existing directory),
+        which must exit with a usage error (2); return what it printed.
+        """
         other = self.mktemp()
         os.mkdir(other)
         stderr = io.StringIO()
         with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as raised:
-            bench.main(["sync", "--mode", "targets", "--against", other])
+            bench.main(["sync", *argv, "--against", other])
         self.assertEqual(raised.exception.code, 2)
-        self.assertIn("--against takes --mode sync or async", stderr.getvalue())
+        return stderr.getvalue()
+
+    def test_targets_mode_is_a_usage_error(self) -> None:
+        self.assertIn(
+            "--against takes --mode sync or async", self._usage_error("--mode", "targets")
+        )
 
     def test_backlog_is_not_given_to_the_other_checkout(self) -> None:
         """
         C{--backlog} with C{--against} is a usage error: the other
         checkout's bench (the filing's) has no such option.
         """
-        other = self.mktemp()
-        os.mkdir(other)
-        stderr = io.StringIO()
-        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as raised:
-            bench.main(["sync", "--backlog", "1000", "--against", other])
-        self.assertEqual(raised.exception.code, 2)
-        self.assertIn("--backlog is not given to --against", stderr.getvalue())
+        self.assertIn(
+            "--backlog is not given to --against", self._usage_error("--backlog", "1000")
+        )
 
 
 class HTTPBenchClientTests(SynchronousTestCase):
